@@ -1,0 +1,85 @@
+"""Training callbacks: throughput and model FLOPs utilisation (MFU)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import lightning as L
+import torch
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) for chips Lightning's own table misses or names differently.
+# MFU = achieved model FLOP/s / this number; the PaLM paper's definition, as nanoGPT's estimate_mfu.
+_PEAK_BF16 = {
+    "h200": 989.5e12,  # same SXM compute die as the H100 SXM; more and faster memory
+    "h100": 989.5e12,
+    "a100": 312e12,
+    "l40s": 362e12,
+    "l4": 121e12,
+    "a10g": 70e12,
+    "4090": 165e12,
+    "3090": 71e12,
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of ``device`` at ``precision`` (a Lightning precision string), or None when unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
+    try:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        flops = get_available_flops(device, dtype)
+    except Exception:  # the lookup is best-effort; our table below is the fallback
+        flops = None
+    if flops:
+        return float(flops)
+    if dtype is torch.float32:
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    return next((v for k, v in _PEAK_BF16.items() if k in name), None)
+
+
+class SpeedMonitor(L.Callback):
+    """Logs ``train/tokens_per_sec`` (all ranks together) and ``train/mfu`` (per device, when its peak is known).
+
+    Rates are averaged over the last ``window`` optimizer steps, so a slow first step (compilation, warm-up) fades
+    out of the number instead of hiding in it.
+
+    Args:
+        window: Number of optimizer steps to average over.
+    """
+
+    def __init__(self, *, window: int = 10) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self._marks: deque[tuple[float, int]] = deque(maxlen=window + 1)  # (time, tokens seen on this rank)
+        self._tokens = 0
+        self._step_seen = -1
+        self._flops_per_token = 0.0
+        self._peak: float | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._flops_per_token = pl_module.model.flops_per_token()
+        self._peak = peak_flops(pl_module.device, str(trainer.precision))
+        self._marks.clear()
+        self._tokens = 0
+        self._step_seen = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        self._tokens += batch[0].numel()
+        if trainer.global_step == self._step_seen:
+            return  # still accumulating gradients: no optimizer step yet
+        self._step_seen = trainer.global_step
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # time finished work, not queued kernels
+        self._marks.append((time.perf_counter(), self._tokens))
+        if len(self._marks) < 2:
+            return
+        (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
+        per_device = (n1 - n0) / max(t1 - t0, 1e-9)
+        pl_module.log("train/tokens_per_sec", per_device * trainer.world_size, prog_bar=True, rank_zero_only=True)
+        if self._peak:
+            pl_module.log("train/mfu", per_device * self._flops_per_token / self._peak, rank_zero_only=True)

@@ -1,0 +1,85 @@
+"""Checkpoint files: atomic writes and safe, clearly-failing reads.
+
+Lightning's own writer moves a temp file from ``$TMPDIR`` without fsync; a crash mid-move can leave a corrupt
+``last.ckpt`` and lose the previous good one (see LIGHTNING-NOTES). Here every save writes ``<path>.tmp`` beside
+the target, fsyncs it, then ``os.replace``s it: the old file stays whole until the new one is complete.
+Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: truncated, foreign, unsafe, or from another model."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the new one, never a mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # some filesystems (and Windows) cannot fsync a directory
+        pass
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely, turning every way it can be broken into one clear :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} not found; pass --ckpt_path PATH to a .ckpt written by `tinylm fit`")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_first_line(e)}); "
+            "tinylm never executes code from a checkpoint"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file: {_first_line(e)}); "
+            "use another one, e.g. an earlier step-*.ckpt from the same run"
+        ) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
+    if "tinylm" not in ckpt:
+        raise CheckpointError(f"{str(path)!r} was not written by tinylm (no 'tinylm' section); pass a .ckpt from `tinylm fit`")
+    return ckpt
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning ``CheckpointIO`` that writes atomically (temp file beside the target, fsync, rename) and loads safely."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        return load_checkpoint(path, map_location=map_location or "cpu")

@@ -1,0 +1,182 @@
+"""The `tinylm` command: LightningCLI's `fit`/`validate` plus `prepare`, `generate`, `export` and `sample-report`.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit (add ``--verbose`` for the traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("tinylm")
+
+LIGHTNING_COMMANDS = ("fit", "validate")
+OWN_COMMANDS = ("prepare", "generate", "export", "sample-report")
+
+
+@dataclass
+class RunOptions:
+    """Where a run lives and what it logs.
+
+    Args:
+        name: Run name: the run folder is ``<root>/<name>`` and W&B shows this name.
+        root: Folder holding all runs.
+        wandb_project: W&B project to log to; null disables W&B (the CSV log is always written).
+        checkpoint_every: Save ``step-N.ckpt`` and ``last.ckpt`` every this many optimizer steps
+            (and always at the end of training).
+        keep_checkpoints: How many periodic ``step-N.ckpt`` files to keep (-1 keeps all).
+    """
+
+    name: str = "tinylm"
+    root: str = "runs"
+    wandb_project: str | None = "tinylm"
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+
+
+def resolve_precision(requested: str | None) -> str:
+    """The Trainer precision to use when a config leaves it unset.
+
+    bf16-mixed on GPUs that support it; on CPUs bf16-mixed only when the CPU has native bf16 instructions
+    (AVX512-BF16 or AMX, where it measured faster), else 32-true, which is faster on CPUs that emulate bf16.
+    """
+    if requested is not None:
+        return str(requested)
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "bf16-mixed" if _cpu_has_native_bf16() else "32-true"
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def _make_cli_class():
+    from lightning.pytorch.cli import LightningCLI
+
+    from tinylm.callbacks import SpeedMonitor
+    from tinylm.checkpoint import AtomicCheckpointIO
+    from tinylm.loggers import make_loggers
+
+    class TinyLMCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser) -> None:
+            parser.add_class_arguments(RunOptions, "run")
+            # Each fact has one source: the data side decides context length and vocabulary.
+            parser.link_arguments("data.block_size", "model.block_size")
+            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+            parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
+
+        def instantiate_trainer(self, **kwargs: Any):
+            from lightning.pytorch.callbacks import ModelCheckpoint
+
+            run: RunOptions = self._get(self.config_init, "run")
+            trainer_cfg = self._get(self.config_init, "trainer", default={})
+            if self.subcommand == "fit":
+                max_steps = trainer_cfg.get("max_steps", -1)
+                if max_steps is None or max_steps <= 0:
+                    raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
+            run_dir = Path(run.root) / run.name
+            ckpt_dir = run_dir / "checkpoints"
+            callbacks = [
+                ModelCheckpoint(
+                    dirpath=ckpt_dir,
+                    filename="best",
+                    monitor="val/loss",
+                    mode="min",
+                    save_top_k=1,
+                    auto_insert_metric_name=False,
+                    enable_version_counter=False,
+                ),
+                ModelCheckpoint(
+                    dirpath=ckpt_dir,
+                    filename="step-{step}",
+                    every_n_train_steps=run.checkpoint_every,
+                    save_top_k=run.keep_checkpoints,
+                    monitor="step",
+                    mode="max",
+                    save_last=True,
+                    auto_insert_metric_name=False,
+                    enable_version_counter=False,
+                ),
+                SpeedMonitor(),
+            ]
+            kwargs.setdefault("default_root_dir", str(run_dir))
+            kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project))
+            kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+            kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision")))
+            kwargs.setdefault("callbacks", (trainer_cfg.get("callbacks") or []) + callbacks)
+            return super().instantiate_trainer(**kwargs)
+
+    return TinyLMCLI
+
+
+def lightning_main(args: list[str]) -> None:
+    """Run a LightningCLI subcommand (fit/validate) with tinylm's model and data module."""
+    from tinylm.data import TinyLMDataModule
+    from tinylm.module import TinyLM
+
+    cli_class = _make_cli_class()
+    cli_class(
+        TinyLM,
+        TinyLMDataModule,
+        args=args,
+        seed_everything_default=1337,
+        save_config_kwargs={"overwrite": True},  # re-running or resuming in the same folder must not fail
+        trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False},
+        parser_kwargs={"prog": "tinylm", "description": __doc__.splitlines()[0]},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not argv or argv[0] in ("-h", "--help"):
+        _print_usage()
+        return
+    command, rest = argv[0], argv[1:]
+    try:
+        if command in LIGHTNING_COMMANDS:
+            lightning_main([command, *rest])
+        elif command in OWN_COMMANDS:
+            from tinylm import commands
+
+            getattr(commands, command.replace("-", "_"))(rest)
+        else:
+            raise ValueError(f"unknown command {command!r}; choose one of {', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)}")
+    except KeyboardInterrupt:
+        print("tinylm: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # every user error: one line, non-zero exit; --verbose shows the traceback
+        if verbose:
+            raise
+        print(f"tinylm {command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _print_usage() -> None:
+    print(
+        "usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each)\n\n"
+        "  fit            train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]\n"
+        "  validate       evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH\n"
+        "  prepare        tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml\n"
+        "  generate       sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT\n"
+        "  export         write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR\n"
+        "  sample-report  compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR\n\n"
+        "  --verbose      show full tracebacks on errors"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The LightningModule: loss, AdamW parameter groups, the LR schedule, metrics and logging around `GPT`.
+
+Batches are ``(x, y)`` with ``x`` and ``y`` int64 of shape (B, T) and ``y`` = ``x`` shifted by one token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.aggregation import MeanMetric
+from torchmetrics.text import Perplexity
+
+from tinylm.model import GPT, GPTConfig
+from tinylm.schedules import SCHEDULES, lr_at
+
+CHECKPOINT_FORMAT = 1
+
+
+class TinyLM(L.LightningModule):
+    """A nanoGPT language model trained with AdamW and a warmup + decay learning-rate schedule.
+
+    Args:
+        vocab_size: Number of token ids. Linked from the data module's tokenizer; do not set it by hand.
+        block_size: Context length in tokens. Linked from ``data.block_size``.
+        eos_id: End-of-document token id (for ``attn_mask: document``). Linked from the data module.
+        n_layer: Number of transformer blocks.
+        n_head: Attention heads per block.
+        n_embd: Width of the residual stream.
+        dropout: Dropout probability on embeddings, attention weights and residual branches (0 for pretraining).
+        bias: Use biases in Linear layers and LayerNorms (GPT-2 style); False is a bit faster and as good.
+        attn_mask: ``causal`` (default), ``document`` (causal, never across the EOS between packed documents) or
+            ``prefix`` (bidirectional over a prefix).
+        pad_vocab_multiple: Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables.
+        lr: Peak learning rate, reached at the end of warmup.
+        min_lr: Learning rate at the end of the decay (typically lr / 10).
+        lr_schedule: ``cosine`` (warmup + cosine decay), ``wsd`` (warmup-stable-decay) or ``constant``.
+        warmup_steps: Optimizer steps of linear warmup.
+        decay_steps: Optimizer step at which the decay reaches ``min_lr``; defaults to ``trainer.max_steps``.
+        decay_fraction: For ``wsd``: the fraction of the run (after warmup) spent decaying.
+        weight_decay: AdamW weight decay on matrices and embeddings (never on biases and LayerNorm gains).
+        beta1: AdamW beta1.
+        beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
+        compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 0,
+        block_size: int = 256,
+        eos_id: int | None = None,
+        n_layer: int = 6,
+        n_head: int = 6,
+        n_embd: int = 384,
+        dropout: float = 0.0,
+        bias: bool = True,
+        attn_mask: str = "causal",
+        pad_vocab_multiple: int = 64,
+        lr: float = 6e-4,
+        min_lr: float = 6e-5,
+        lr_schedule: str = "cosine",
+        warmup_steps: int = 100,
+        decay_steps: int | None = None,
+        decay_fraction: float = 0.2,
+        weight_decay: float = 0.1,
+        beta1: float = 0.9,
+        beta2: float = 0.95,
+        compile_model: bool = False,
+    ) -> None:
+        super().__init__()
+        if vocab_size < 1:
+            raise ValueError(
+                f"vocab_size must be >= 1, got {vocab_size}; it is linked from the data module's tokenizer "
+                "(use `tinylm fit`, or pass TinyLM(vocab_size=datamodule.vocab_size, ...))"
+            )
+        if lr_schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if lr <= 0 or min_lr < 0 or min_lr > lr:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={lr}, min_lr={min_lr}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.save_hyperparameters()
+        self.model = GPT(
+            GPTConfig(
+                vocab_size=vocab_size,
+                block_size=block_size,
+                n_layer=n_layer,
+                n_head=n_head,
+                n_embd=n_embd,
+                dropout=dropout,
+                bias=bias,
+                pad_vocab_multiple=pad_vocab_multiple,
+                attn_mask=attn_mask,
+                eos_id=eos_id,
+            )
+        )
+        self.val_loss = MeanMetric()
+        self.val_ppl = Perplexity()
+        self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
+
+    # ---- model --------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.hparams.compile_model and not getattr(self, "_compiled", False):
+            self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
+            self._compiled = True
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch  # (B, T), (B, T)
+        logits = self.model(x)  # (B, T, V)
+        # mean over all B*T predictions: every position of every row is a training example
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        return loss, logits
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.lr_now(), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        self.val_loss.update(loss, weight=batch[1].numel())
+        self.val_ppl.update(logits.float(), batch[1])
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", self.val_ppl.compute(), sync_dist=True)
+        bytes_per_token = getattr(self.trainer.datamodule, "val_bytes_per_token", None) if self._trainer else None
+        if bytes_per_token:
+            # nats/token -> bits/token -> bits/byte: comparable across tokenizers
+            self.log("val/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True)
+        self.val_loss.reset()
+        self.val_ppl.reset()
+
+    # ---- optimization -------------------------------------------------------------------------------------------
+    def lr_now(self) -> float:
+        """The learning rate of the optimizer step about to be taken."""
+        return self._lr_at(self.global_step)
+
+    def _decay_steps(self) -> int:
+        if self.hparams.decay_steps is not None:
+            return self.hparams.decay_steps
+        max_steps = self.trainer.max_steps if self._trainer is not None else -1
+        if max_steps is None or max_steps < 1:
+            raise ValueError(
+                f"the LR schedule needs a length: set --trainer.max_steps N (got {max_steps}) or --model.decay_steps N"
+            )
+        return max_steps
+
+    def _lr_at(self, step: int) -> float:
+        hp = self.hparams
+        return lr_at(
+            step,
+            schedule=hp.lr_schedule,
+            lr=hp.lr,
+            min_lr=hp.min_lr,
+            warmup_steps=hp.warmup_steps,
+            decay_steps=self._decay_steps(),
+            decay_fraction=hp.decay_fraction,
+        )
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # matrices and embeddings decay; biases and LayerNorm gains (1-D) do not
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": hp.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = self.device.type == "cuda"
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2), fused=fused)
+        self._decay_steps()  # fail early, before the first step, if the schedule has no length
+        # LambdaLR multiplies the peak lr; it is stepped once per optimizer step, so last_epoch == global_step
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self._lr_at(step) / hp.lr)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        # Called on every optimizer step after accumulation and AMP unscaling, before the step: the return value
+        # of clip_grad_norm_ is the total norm *before* clipping, which is what we want to watch.
+        if gradient_clip_algorithm not in (None, "norm"):
+            raise ValueError(f"tinylm clips by norm only; got gradient_clip_algorithm={gradient_clip_algorithm!r}")
+        max_norm = gradient_clip_val if gradient_clip_val else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.log("train/grad_norm", norm)
+
+    # ---- checkpoints carry the tokenizer ------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        self._grab_tokenizer()
+
+    def on_validation_start(self) -> None:
+        self._grab_tokenizer()
+
+    def _grab_tokenizer(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        tok = getattr(dm, "tokenizer", None)
+        if tok is not None and self.tokenizer_state is None:
+            self.tokenizer_state = tok.state_dict()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get("tinylm")
+        if meta is None:
+            raise ValueError("this checkpoint was not written by tinylm (no 'tinylm' section); pass a .ckpt from `tinylm fit`")
+        self.tokenizer_state = meta.get("tokenizer")
