@@ -1,0 +1,52 @@
+import math
+
+import pytest
+
+from tinylm.schedules import constant, lr_at, warmup_cosine, warmup_stable_decay
+
+KW = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, decay_steps=100)
+
+
+def test_warmup_cosine_known_values():
+    """Catches off-by-one warmup, a cosine that misses its midpoint, and decay that undershoots min_lr."""
+    assert warmup_cosine(0, **KW) == pytest.approx(1e-3 / 11)  # never zero: the first step must move weights
+    assert warmup_cosine(9, **KW) == pytest.approx(1e-3 * 10 / 11)
+    assert warmup_cosine(10, **KW) == pytest.approx(1e-3)
+    assert warmup_cosine(55, **KW) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert warmup_cosine(100, **KW) == pytest.approx(1e-4)
+    assert warmup_cosine(10_000, **KW) == pytest.approx(1e-4)
+
+
+def test_warmup_cosine_is_monotone_after_warmup():
+    """Catches a schedule that rises again (a sign flip in the cosine) after the peak."""
+    values = [warmup_cosine(s, **KW) for s in range(10, 120)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert values[0] > values[-1]
+
+
+def test_wsd_holds_then_decays_linearly():
+    """Catches WSD decaying too early or not reaching min_lr at the end."""
+    # decay starts at 10 + 0.8 * 90 = 82
+    assert warmup_stable_decay(50, **KW) == pytest.approx(1e-3)
+    assert warmup_stable_decay(81, **KW) == pytest.approx(1e-3)
+    assert warmup_stable_decay(91, **KW) == pytest.approx(1e-3 + 0.5 * (1e-4 - 1e-3))
+    assert warmup_stable_decay(100, **KW) == pytest.approx(1e-4)
+
+
+def test_constant_after_warmup():
+    """Catches the constant schedule decaying."""
+    assert constant(5, **KW) == pytest.approx(1e-3 * 6 / 11)
+    assert constant(500, **KW) == pytest.approx(1e-3)
+
+
+def test_zero_warmup_starts_at_peak():
+    """Catches a division by zero or a zero learning rate when warmup is off."""
+    kw = dict(KW, warmup_steps=0)
+    assert warmup_cosine(0, **kw) == pytest.approx(1e-3)
+    assert math.isfinite(warmup_stable_decay(0, **kw))
+
+
+def test_unknown_schedule_names_the_choices():
+    """Catches a typo in lr_schedule silently falling back to some default."""
+    with pytest.raises(ValueError, match="cosine, wsd, constant"):
+        lr_at(0, schedule="cosin", **KW)
