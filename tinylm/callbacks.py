@@ -83,3 +83,49 @@ class SpeedMonitor(L.Callback):
         pl_module.log("train/tokens_per_sec", per_device * trainer.world_size, prog_bar=True, rank_zero_only=True)
         if self._peak:
             pl_module.log("train/mfu", per_device * self._flops_per_token / self._peak, rank_zero_only=True)
+
+
+class RNGState(L.Callback):
+    """Puts every random number generator (python, numpy, torch, CUDA) into the checkpoint and restores it on resume.
+
+    Lightning's checkpoint holds no RNG state, so with dropout a resumed run draws different masks than the
+    uninterrupted one. The state is restored at the *first training batch* after loading, not at ``on_train_start``:
+    the training DataLoader's iterator is created in between and would otherwise run on the restored state.
+    Only tensors and plain Python values are stored, so ``torch.load(weights_only=True)`` can read it back.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict | None = None
+
+    def state_dict(self) -> dict:
+        import random
+
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        version, py_state, py_gauss = random.getstate()
+        return {
+            "python": [version, list(py_state), py_gauss],
+            "numpy": [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._pending = state_dict
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if self._pending is None:
+            return
+        import random
+
+        import numpy as np
+
+        s, self._pending = self._pending, None
+        version, py_state, py_gauss = s["python"]
+        random.setstate((version, tuple(py_state), py_gauss))
+        kind, keys, pos, has_gauss, gauss = s["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+        torch.set_rng_state(s["torch"])
+        if s["cuda"] and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(s["cuda"])

@@ -1,0 +1,133 @@
+"""The LightningModule: loss, optimizer groups, the schedule under accumulation, grad-norm logging."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.module import TinyLM
+from tinylm.schedules import lr_at
+
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
+
+
+def _batches(n: int, B: int = 4, T: int = 16, V: int = 50, seed: int = 0) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, V, (n * B, T + 1), generator=g)
+    return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=B)
+
+
+def _trainer(**kw) -> L.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        precision="32-true",
+        limit_val_batches=0,
+    )
+    return L.Trainer(**{**defaults, **kw})
+
+
+def test_initial_loss_is_ln_vocab():
+    """Catches a bad init (or padded vocab columns leaking into the softmax) that starts far from uniform."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY)
+    x, y = next(iter(_batches(1, B=8)))
+    loss, _ = module._loss((x, y))
+    assert abs(loss.item() - math.log(50)) < 0.1
+
+
+def test_padded_vocab_does_not_change_initial_loss():
+    """Catches logits over padding rows being included in the loss (ln 64 instead of ln 50)."""
+    torch.manual_seed(0)
+    module = TinyLM(**{**TINY, "pad_vocab_multiple": 64})
+    x, y = next(iter(_batches(1, B=8)))
+    loss, logits = module._loss((x, y))
+    assert logits.shape[-1] == 50
+    assert abs(loss.item() - math.log(50)) < 0.1
+
+
+def test_weight_decay_groups():
+    """Catches weight decay applied to biases/LayerNorm, or missing from matrices and embeddings."""
+    module = TinyLM(**{**TINY, "bias": True})
+    trainer = _trainer(max_steps=1)
+    module.trainer = trainer  # configure_optimizers reads max_steps through the trainer
+    opt = module.configure_optimizers()["optimizer"]
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    n_total = sum(p.numel() for p in module.model.parameters())
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == n_total  # nothing left out
+    assert len(no_decay["params"]) > 0
+
+
+class _Recorder(L.Callback):
+    def __init__(self):
+        self.lrs, self.steps, self.norms = [], [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+        self.steps.append(trainer.global_step)
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_schedule_steps_once_per_optimizer_step(accumulate):
+    """Catches accumulation stretching the schedule (stepping the LR per micro-batch instead of per update)."""
+    torch.manual_seed(0)
+    hp = dict(lr=1e-2, min_lr=1e-3, warmup_steps=2)
+    module = TinyLM(**TINY, **hp)
+    rec = _Recorder()
+    trainer = _trainer(max_steps=6, accumulate_grad_batches=accumulate, callbacks=[rec])
+    trainer.fit(module, _batches(6 * accumulate))
+    assert rec.steps == list(range(6))
+    expected = [lr_at(s, schedule="cosine", warmup_steps=2, decay_steps=6, **{k: hp[k] for k in ("lr", "min_lr")}) for s in range(6)]
+    assert rec.lrs == pytest.approx(expected)
+
+
+def test_grad_norm_is_logged_before_clipping():
+    """Catches logging the clipped norm (which would always read <= gradient_clip_val and hide spikes)."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-3, warmup_steps=0)
+    rec = _Recorder()
+    trainer = _trainer(max_steps=1, gradient_clip_val=1e-3, callbacks=[rec])
+    trainer.fit(module, _batches(1))
+    logged = trainer.callback_metrics["train/grad_norm"].item()
+    assert logged == pytest.approx(rec.norms[0], rel=1e-4)
+    assert logged > 1e-2  # far above the clip value: it is the pre-clip norm
+
+
+def test_one_batch_overfits():
+    """Catches a training loop that does not learn (detached loss, zero LR, frozen parameters)."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=3e-3, min_lr=3e-3, warmup_steps=0, lr_schedule="constant", weight_decay=0.0)
+    batch = next(iter(_batches(1)))
+    loader = DataLoader(TensorDataset(batch[0].repeat(150, 1), batch[1].repeat(150, 1)), batch_size=4)
+    trainer = _trainer(max_steps=150)
+    trainer.fit(module, loader)
+    loss, _ = module._loss(batch)
+    assert loss.item() < 0.1
+
+
+def test_max_steps_required_for_schedule():
+    """Catches a cosine schedule silently built with no length (max_steps unset)."""
+    module = TinyLM(**TINY)
+    module.trainer = _trainer(max_epochs=1)
+    with pytest.raises(ValueError, match="max_steps"):
+        module.configure_optimizers()
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [({"vocab_size": 0}, "vocab_size"), ({"lr_schedule": "linear"}, "lr_schedule"), ({"min_lr": 1.0}, "min_lr")],
+)
+def test_bad_hyperparameters_raise(bad, match):
+    """Catches nonsense hyperparameters surfacing later as NaNs or shape errors."""
+    with pytest.raises(ValueError, match=match):
+        TinyLM(**{**TINY, **bad})
