@@ -101,6 +101,7 @@ class TinyLM(L.LightningModule):
         self.val_loss = MeanMetric()
         self.val_ppl = Perplexity()
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
+        self.last_grad_norm: torch.Tensor | None = None
 
     # ---- model --------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -193,6 +194,7 @@ class TinyLM(L.LightningModule):
             raise ValueError(f"tinylm clips by norm only; got gradient_clip_algorithm={gradient_clip_algorithm!r}")
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.last_grad_norm = norm.detach()  # read by the health monitor
         self.log("train/grad_norm", norm)
 
     # ---- checkpoints carry the tokenizer ------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The training-health monitor: each detector fires on a deliberately broken run, and a healthy run raises none."""
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.callbacks import SpeedMonitor
+from tinylm.health import HealthMonitor, TrainingHealthError
+from tinylm.module import TinyLM
+
+T = 32
+
+
+@pytest.fixture(scope="module")
+def chars(shared_data):
+    text = (shared_data / "tinyshakespeare.txt").read_text()[:200_000]
+    vocab = sorted(set(text))
+    ids = torch.tensor([vocab.index(c) for c in text[:60_000]], dtype=torch.long)
+    return ids, len(vocab)
+
+
+def _windows(ids: torch.Tensor, n: int, seed: int, shift: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - T - 1, (n,), generator=g)
+    x = torch.stack([ids[s : s + T] for s in starts])
+    y = torch.stack([ids[s + shift : s + shift + T] for s in starts])
+    return TensorDataset(x, y)
+
+
+def _run(module, train, *, steps, val=None, val_every=None, callbacks=(), monitor=None):
+    monitor = monitor or HealthMonitor(stuck_after=30, window=10, spike_window=20, leak_within=200)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        max_epochs=None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None if val_every else 1,
+        limit_val_batches=None if val else 0,
+        callbacks=[SpeedMonitor(window=5), *callbacks, monitor],
+    )
+    trainer.fit(module, DataLoader(train, batch_size=8, shuffle=False), DataLoader(val, batch_size=8) if val else None)
+    return {a.kind for a in monitor.alerts}, monitor
+
+
+def _tiny(vocab, **kw):
+    torch.manual_seed(0)
+    hp = dict(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, lr=3e-3, min_lr=3e-4, warmup_steps=10)
+    return TinyLM(**{**hp, **kw})
+
+
+def test_healthy_run_raises_no_alert(chars):
+    """Catches detectors so twitchy that users learn to ignore them."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 120, 0), steps=120, val=_windows(ids[50_000:], 32, 1), val_every=30)
+    # throughput on a shared CI machine is wall-clock noise, judged only in its own test below
+    assert kinds - {"slowdown"} == set()
+
+
+def test_stuck_loss_is_reported(chars):
+    """Catches a run with a zero learning rate that 'trains' for hours at ln(vocab)."""
+    ids, vocab = chars
+    kinds, monitor = _run(_tiny(vocab, lr=1e-9, min_lr=1e-10, warmup_steps=0), _windows(ids, 8 * 60, 0), steps=60)
+    assert "stuck" in kinds
+    assert "ln(vocab)" in next(a.message for a in monitor.alerts if a.kind == "stuck")
+
+
+def test_target_leakage_is_reported(chars):
+    """Catches y == x (targets not shifted): the loss collapses to ~0 in a few dozen steps."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab, lr=1e-2, min_lr=1e-2, warmup_steps=0), _windows(ids, 8 * 100, 0, shift=0), steps=100)
+    assert "leak" in kinds
+
+
+class _Poison(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 5:
+            with torch.no_grad():
+                pl_module.model.lm_head.weight[0, 0] = float("nan")
+
+
+def test_nonfinite_loss_stops_the_run_with_the_last_good_step(chars):
+    """Catches NaN training that runs on (and checkpoints NaN weights) instead of stopping."""
+    ids, vocab = chars
+    with pytest.raises(TrainingHealthError, match="last good step 5 ") as e:
+        _run(_tiny(vocab), _windows(ids, 8 * 20, 0), steps=20, callbacks=[_Poison()])
+    assert "LR too high" in str(e.value)
+
+
+class _SpikyLM(TinyLM):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * (1e4 if self.global_step == 40 else 1.0)
+
+
+def test_grad_norm_spike_is_reported(chars):
+    """Catches a one-step gradient explosion passing unnoticed because clipping hides it from the loss."""
+    ids, vocab = chars
+    torch.manual_seed(0)
+    module = _SpikyLM(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, lr=3e-3, warmup_steps=5, min_lr=3e-4)
+    kinds, monitor = _run(module, _windows(ids, 8 * 50, 0), steps=50)
+    assert "spike" in kinds
+    assert [a.step for a in monitor.alerts if a.kind == "spike"] == [41]
+
+
+def test_overfitting_is_reported():
+    """Catches a model memorising a tiny train set while validation loss climbs."""
+    g = torch.Generator().manual_seed(0)
+    vocab = 64
+    data = torch.randint(0, vocab, (16, T + 1), generator=g)  # two batches of pure noise: memorisable, no signal
+    train = TensorDataset(data[:, :-1].repeat(40, 1), data[:, 1:].repeat(40, 1))
+    held = torch.randint(0, vocab, (16, T + 1), generator=g)
+    val = TensorDataset(held[:, :-1], held[:, 1:])
+    module = _tiny(vocab, lr=1e-2, min_lr=1e-2, warmup_steps=0, lr_schedule="constant", weight_decay=0.0)
+    monitor = HealthMonitor(overfit_patience=3, stuck_after=10_000, leak_within=0)
+    kinds, _ = _run(module, train, steps=80, val=val, val_every=10, monitor=monitor)
+    assert "overfit" in kinds
+
+
+class _Leak(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > 30:
+            time.sleep(0.03 * (trainer.global_step - 30) / 10)  # each step slower than the last
+
+
+def test_throughput_slowdown_is_reported(chars):
+    """Catches a run that gets steadily slower (a leak) without anyone looking at tokens/sec."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 90, 0), steps=90, callbacks=[_Leak()])
+    assert "slowdown" in kinds

@@ -1,0 +1,219 @@
+"""A training-health monitor: failures that look like training but are not, said in one line each.
+
+Each alert goes to the console (a warning), to the CSV/W&B metrics as ``health/<kind> = 1`` at its step, and to W&B
+as an alert. Non-finite loss or gradients stop the run (before a checkpoint can save broken weights).
+
+Detectors, with what they usually mean:
+- ``stuck``: loss still near ln(vocab) after warmup: LR zero, frozen parameters, or data with no signal.
+- ``leak``: loss far below what text allows, very early: targets leaking into inputs (y not shifted by one).
+- ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data.
+- ``spike``: gradient norm far above its running median: a bad batch or an LR on the edge of stability.
+- ``overfit``: validation loss rising for several evaluations while training loss falls.
+- ``slowdown``: tokens/sec falling steadily: a memory leak, growing Python state, thermal throttling.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+log = logging.getLogger("tinylm")
+
+
+class TrainingHealthError(RuntimeError):
+    """Raised when training cannot go on (non-finite loss or gradients)."""
+
+
+@dataclass
+class Alert:
+    step: int
+    kind: str
+    message: str
+
+
+class HealthMonitor(L.Callback):
+    """Watches loss, gradient norm, validation loss and throughput for the classic silent failures.
+
+    Args:
+        stuck_tolerance: ``stuck`` fires when the mean recent loss is within this fraction of ln(vocab).
+        stuck_after: Optimizer steps after warmup before ``stuck`` is checked.
+        leak_fraction: ``leak`` fires when the loss falls below this fraction of ln(vocab)...
+        leak_within: ...within this many optimizer steps of the start.
+        spike_factor: ``spike`` fires when the grad norm exceeds this multiple of its running median.
+        spike_window: Optimizer steps in the running median (and needed before spikes are judged).
+        overfit_patience: ``overfit`` fires after this many consecutive rising validation losses while the
+            training loss fell over the same span.
+        slowdown_fraction: ``slowdown`` fires when recent tokens/sec is below (1 - this) of the early rate.
+        window: Optimizer steps averaged for loss and throughput comparisons.
+        halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`).
+    """
+
+    def __init__(
+        self,
+        *,
+        stuck_tolerance: float = 0.05,
+        stuck_after: int = 100,
+        leak_fraction: float = 0.05,
+        leak_within: int = 1000,
+        spike_factor: float = 10.0,
+        spike_window: int = 50,
+        overfit_patience: int = 3,
+        slowdown_fraction: float = 0.3,
+        window: int = 20,
+        halt_on_nonfinite: bool = True,
+    ) -> None:
+        self.stuck_tolerance = stuck_tolerance
+        self.stuck_after = stuck_after
+        self.leak_fraction = leak_fraction
+        self.leak_within = leak_within
+        self.spike_factor = spike_factor
+        self.spike_window = spike_window
+        self.overfit_patience = overfit_patience
+        self.slowdown_fraction = slowdown_fraction
+        self.window = window
+        self.halt_on_nonfinite = halt_on_nonfinite
+        self.alerts: list[Alert] = []
+        self._fired: set[str] = set()
+        self._losses: deque[float] = deque(maxlen=window)
+        self._norms: deque[float] = deque(maxlen=spike_window)
+        self._val: list[tuple[float, float]] = []  # (val loss, mean train loss at that time)
+        self._early_rate: float | None = None
+        self._rates: deque[float] = deque(maxlen=window)
+        self._last_spike_step = -(10**9)
+        self._last_good_step = -1
+
+    # ---- reporting ----------------------------------------------------------------------------------------------
+    def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True) -> None:
+        if once and kind in self._fired:
+            return
+        self._fired.add(kind)
+        step = trainer.global_step
+        self.alerts.append(Alert(step, kind, message))
+        if trainer.is_global_zero:
+            log.warning("tinylm health [%s] step %d: %s", kind, step, message)
+            for logger in trainer.loggers:
+                logger.log_metrics({f"health/{kind}": 1.0}, step=step)
+                experiment = getattr(logger, "experiment", None)
+                if type(logger).__name__ == "WandbLogger" and hasattr(experiment, "alert"):
+                    try:
+                        experiment.alert(title=f"tinylm: {kind}", text=f"step {step}: {message}")
+                    except Exception:  # alerts are best-effort (offline runs cannot send them)
+                        pass
+
+    # ---- training -----------------------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        loss_t = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss_t is None:
+            return
+        loss = float(loss_t.detach())
+        norm_t = getattr(pl_module, "last_grad_norm", None)
+        norm = float(norm_t) if norm_t is not None else None
+        step = trainer.global_step
+        if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
+            self._nonfinite(trainer, loss, norm)
+            return
+        self._last_good_step = step
+        self._losses.append(loss)
+        ln_v = math.log(pl_module.hparams.vocab_size)
+        warmup = getattr(pl_module.hparams, "warmup_steps", 0)
+        mean = sum(self._losses) / len(self._losses)
+
+        if step >= warmup + self.stuck_after and len(self._losses) == self.window and mean > (1 - self.stuck_tolerance) * ln_v:
+            self._alert(
+                trainer,
+                "stuck",
+                f"loss {mean:.3f} is still near ln(vocab)={ln_v:.3f} after warmup: check that the LR is not zero, "
+                "that parameters require grad, and that the data is not random or misaligned",
+            )
+        if step <= self.leak_within and loss < self.leak_fraction * ln_v and len(self._losses) >= 3 and mean < self.leak_fraction * ln_v:
+            self._alert(
+                trainer,
+                "leak",
+                f"loss {mean:.4f} after only {step} steps is far below what text allows (ln(vocab)={ln_v:.2f}): "
+                "check that targets are the inputs shifted by one token and that validation does not overlap training",
+            )
+        if norm is not None:
+            if len(self._norms) >= min(10, self.spike_window):
+                median = statistics.median(self._norms)
+                if median > 0 and norm > self.spike_factor * median and step - self._last_spike_step >= self.spike_window:
+                    self._last_spike_step = step
+                    self._alert(
+                        trainer,
+                        "spike",
+                        f"grad norm {norm:.3g} is {norm / median:.0f}x its running median {median:.3g}: a bad batch or "
+                        "an LR near the edge of stability (lower lr, longer warmup, check gradient_clip_val)",
+                        once=False,
+                    )
+            self._norms.append(norm)
+        self._throughput(trainer)
+
+    def _nonfinite(self, trainer: L.Trainer, loss: float, norm: float | None) -> None:
+        history = ", ".join(f"{n:.3g}" for n in list(self._norms)[-8:]) or "none yet"
+        precision = str(trainer.precision)
+        fp16 = " With 16-mixed, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
+        message = (
+            f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
+            f"last good step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms [{history}]. Likely causes: LR too high "
+            f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} "
+            "Resume from the last checkpoint with --ckpt_path last after fixing."
+        )
+        self._alert(trainer, "nonfinite", message)
+        if self.halt_on_nonfinite:
+            raise TrainingHealthError(message)
+
+    def _throughput(self, trainer: L.Trainer) -> None:
+        rate = trainer.callback_metrics.get("train/tokens_per_sec")
+        if rate is None:
+            return
+        self._rates.append(float(rate))
+        if len(self._rates) < self.window:
+            return
+        current = statistics.median(self._rates)
+        if self._early_rate is None:
+            self._early_rate = current  # the first full window after warm-up is the reference
+            return
+        if current < (1 - self.slowdown_fraction) * self._early_rate:
+            self._alert(
+                trainer,
+                "slowdown",
+                f"tokens/sec fell from {self._early_rate:,.0f} to {current:,.0f}: look for a memory leak (tensors kept "
+                "across steps, growing lists), data loading stalls, or thermal throttling",
+            )
+
+    # ---- validation ---------------------------------------------------------------------------------------------
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not self._losses:
+            return
+        val = trainer.callback_metrics.get("val/loss")
+        if val is None:
+            return
+        train = sum(self._losses) / len(self._losses)
+        self._val.append((float(val), train))
+        k = self.overfit_patience
+        if len(self._val) <= k:
+            return
+        recent = self._val[-(k + 1) :]
+        val_rising = all(b[0] > a[0] for a, b in zip(recent, recent[1:]))
+        train_falling = recent[-1][1] < recent[0][1]
+        if val_rising and train_falling:
+            self._alert(
+                trainer,
+                "overfit",
+                f"val loss rose {k} evaluations in a row ({recent[0][0]:.3f} -> {recent[-1][0]:.3f}) while train loss fell "
+                f"({recent[0][1]:.3f} -> {recent[-1][1]:.3f}): overfitting; use more data, dropout, or stop at best.ckpt",
+            )
+
+    # ---- state survives resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._fired = set(state_dict.get("fired", []))
+        self._val = [tuple(v) for v in state_dict.get("val", [])]
+        self._early_rate = state_dict.get("early_rate")
