@@ -1,4 +1,4 @@
-"""Training callbacks: throughput and model FLOPs utilisation (MFU)."""
+"""Training callbacks: throughput and MFU, RNG state for exact resume, checkpoint cadence, the progress bar."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections import deque
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for chips Lightning's own table misses or names differently.
 # MFU = achieved model FLOP/s / this number; the PaLM paper's definition, as nanoGPT's estimate_mfu.
@@ -129,3 +130,41 @@ class RNGState(L.Callback):
         torch.set_rng_state(s["torch"])
         if s["cuda"] and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(s["cuda"])
+
+
+class PeriodicCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step.
+
+    Lightning saves only on the N-step trigger, so a run whose ``max_steps`` is not a multiple of N would end with a
+    ``last.ckpt`` from before its final steps.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        final = 0 < trainer.max_steps <= trainer.global_step
+        if final and not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar showing loss, learning rate and tokens/sec in readable units (no version number)."""
+
+    _SHORT = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr", "train/tokens_per_sec": "tok/s"}
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        out = {}
+        for key, value in items.items():
+            name = self._SHORT.get(key, key)
+            if key == "train/lr":
+                out[name] = f"{float(value):.2e}"
+            elif key == "train/tokens_per_sec":
+                out[name] = f"{float(value):,.0f}"
+            elif isinstance(value, float):
+                out[name] = f"{value:.4f}"
+            else:
+                out[name] = value
+        return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,8 @@ def _cpu_has_native_bf16() -> bool:
 def _make_cli_class():
     from lightning.pytorch.cli import LightningCLI
 
-    from tinylm.callbacks import SpeedMonitor
+    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+    from tinylm.health import HealthMonitor
     from tinylm.checkpoint import AtomicCheckpointIO
     from tinylm.loggers import make_loggers
 
@@ -97,7 +99,7 @@ def _make_cli_class():
                     auto_insert_metric_name=False,
                     enable_version_counter=False,
                 ),
-                ModelCheckpoint(
+                PeriodicCheckpoint(
                     dirpath=ckpt_dir,
                     filename="step-{step}",
                     every_n_train_steps=run.checkpoint_every,
@@ -109,7 +111,11 @@ def _make_cli_class():
                     enable_version_counter=False,
                 ),
                 SpeedMonitor(),
+                RNGState(),
+                HealthMonitor(),
             ]
+            if trainer_cfg.get("enable_progress_bar", True) is not False:
+                callbacks.append(ProgressBar())
             kwargs.setdefault("default_root_dir", str(run_dir))
             kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project))
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
@@ -120,13 +126,15 @@ def _make_cli_class():
     return TinyLMCLI
 
 
-def lightning_main(args: list[str]) -> None:
-    """Run a LightningCLI subcommand (fit/validate) with tinylm's model and data module."""
+def lightning_main(args: list[str]):
+    """Run a LightningCLI subcommand (fit/validate) with tinylm's model and data module; returns the CLI object."""
     from tinylm.data import TinyLMDataModule
     from tinylm.module import TinyLM
 
     cli_class = _make_cli_class()
-    cli_class(
+    # we always pass args explicitly (main() strips --verbose first), which Lightning warns about
+    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+    return cli_class(
         TinyLM,
         TinyLMDataModule,
         args=args,

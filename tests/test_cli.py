@@ -1,0 +1,131 @@
+"""`tinylm fit|validate|prepare` end to end on a tiny model and a slice of tinyshakespeare."""
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tinylm.cli import lightning_main, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def config(tmp_path, shared_data, monkeypatch):
+    """A tiny run config in tmp_path; the working directory is tmp_path so runs/ lands there."""
+    corpus = tmp_path / "shakespeare_small.txt"
+    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:30_000])
+    cfg = {
+        "seed_everything": 7,
+        "run": {"name": "tiny", "checkpoint_every": 4, "wandb_project": None},
+        "trainer": {
+            "max_steps": 6,
+            "val_check_interval": 3,
+            "log_every_n_steps": 1,
+            "precision": "32-true",
+            "enable_model_summary": False,
+            "enable_progress_bar": False,
+            "num_sanity_val_steps": 0,
+        },
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "pad_vocab_multiple": 1},
+        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 32, "batch_size": 4, "val_batches": 3,
+                 "cache_dir": str(tmp_path / "cache")},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_fit_writes_metrics_and_checkpoints(config, tmp_path):
+    """Catches a run that trains but leaves no CSV, no last.ckpt or no best checkpoint behind."""
+    main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    ckpts = run / "checkpoints"
+    assert {"last.ckpt", "best.ckpt", "step-4.ckpt", "step-6.ckpt"} <= {p.name for p in ckpts.iterdir()}
+    rows = _rows(run)
+    for name in ("train/loss", "train/lr", "train/grad_norm", "val/loss", "val/ppl", "val/bpb"):
+        assert any(r.get(name) for r in rows), name
+    val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    ppl = [float(r["val/ppl"]) for r in rows if r.get("val/ppl")]
+    assert len(val) == 2 and ppl[-1] == pytest.approx(math.exp(val[-1]), rel=1e-4)
+    ckpt = torch.load(ckpts / "last.ckpt", weights_only=True)  # loads without executing code
+    assert ckpt["global_step"] == 6
+    assert ckpt["tinylm"]["tokenizer"] is not None  # generate/export need nothing else
+    assert ckpt["hyper_parameters"]["vocab_size"] == len(set(open(tmp_path / "shakespeare_small.txt").read()))
+
+
+def test_vocab_and_block_size_are_linked_from_data(config, tmp_path):
+    """Catches the model's vocab_size/block_size being typed twice (and drifting) instead of coming from data."""
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size == cli.datamodule.tokenizer.vocab_size
+    assert cli.model.hparams.block_size == 32
+
+
+def test_resume_from_last_continues_from_saved_step(config, tmp_path):
+    """Catches --ckpt_path last restarting from step 0 (or failing on the run's existing config.yaml)."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4"])
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    assert cli.trainer.global_step == 6
+    steps = [int(r["step"]) for r in _rows(tmp_path / "runs" / "tiny") if r.get("train/loss")]
+    assert steps[-1] == 5 and 4 in steps  # the resumed run logged steps 4 and 5 (0-based)
+
+
+def test_validate_reproduces_the_runs_last_val_loss(config, tmp_path):
+    """Catches validate evaluating different data or different weights than training did."""
+    main(["fit", "--config", str(config)])
+    last_val = [float(r["val/loss"]) for r in _rows(tmp_path / "runs" / "tiny") if r.get("val/loss")][-1]
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    cli = lightning_main(["validate", "--config", str(config), "--ckpt_path", str(ckpt)])
+    assert cli.trainer.callback_metrics["val/loss"].item() == pytest.approx(last_val, abs=1e-5)
+
+
+def test_rerun_in_same_folder_does_not_fail_on_saved_config(config):
+    """Catches LightningCLI's 'config.yaml already exists' error on the second run in a folder."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_config_parses(name, capsys):
+    """Catches a shipped YAML that no longer matches the code's signatures (renamed or retyped options)."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(REPO / "configs" / name), "--print_config"])
+    assert e.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["max_steps"] > 0 and printed["model"]["n_layer"] > 0
+
+
+def test_max_steps_must_be_positive(config, capsys):
+    """Catches a run with max_steps <= 0 training forever or crashing deep inside Lightning."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config), "--trainer.max_steps", "0"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "max_steps" in errors[0] and "Traceback" not in err
+
+
+def test_config_typo_is_a_message_not_a_traceback(config, capsys):
+    """Catches a misspelled option producing a Python traceback instead of jsonargparse's message."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config), "--model.n_layers", "3"])
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    assert "n_layers" in err and "Traceback" not in err
+
+
+def test_prepare_prints_summary(config, capsys):
+    """Catches `tinylm prepare` not accepting a fit config or not saying what it made."""
+    main(["prepare", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "65" in out or "vocab" in out
+    assert "train" in out and "val" in out

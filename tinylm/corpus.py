@@ -1,0 +1,252 @@
+"""Where text comes from: local files, directories and globs, Hugging Face datasets, named corpora.
+
+`open_corpus(spec, ...)` reads `--data.corpus`:
+    tinyshakespeare        downloaded once into CACHE/corpora (sha256-checked); a verified copy is used offline
+    PATH.txt (any file)    one document, or several when the file separates them with `<|endoftext|>`
+    DIR                    every non-hidden file below DIR, sorted by path, one document per file
+    GLOB (has * ? [)       the matching files, sorted, one document per file
+    PATH.jsonl/.json/.parquet/.csv   a local dataset file read by `datasets`; rows are documents
+    hf:NAME                a Hugging Face dataset (hf:roneneldan/TinyStories; hf:json / hf:parquet with data_files)
+
+A corpus streams documents as str (one at a time) and has a `fingerprint` that changes when its text does.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import hashlib
+import json
+import logging
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EOT = "<|endoftext|>"
+_READ_BYTES = 1 << 20
+_LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+NAMED = {
+    "tinyshakespeare": {
+        "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+        "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        "file": "tinyshakespeare.txt",
+    },
+}
+
+# Counts bytes that were not valid UTF-8 (each becomes U+FFFD); the corpus warns once when it is non-zero.
+_replaced = [0]
+
+
+def _replace_and_count(err: UnicodeDecodeError) -> tuple[str, int]:
+    _replaced[0] += 1
+    return "\ufffd", err.end
+
+
+codecs.register_error("tinylm.replace", _replace_and_count)
+
+
+class Corpus:
+    """A sequence of documents. Subclasses set `spec` and implement `_docs(split)` and `_fingerprint()`."""
+
+    spec: str = ""
+    has_validation: bool = False  # True when the source has its own validation split
+
+    def documents(self, split: str = "train") -> Iterator[str]:
+        """Stream the documents of `split` ("train", or "validation" when `has_validation`)."""
+        if split != "train" and not self.has_validation:
+            raise ValueError(f"corpus {self.spec!r} has no {split!r} split; the validation data is cut from the "
+                             "tail of the train split instead (--data.val_fraction)")
+        return self._docs(split)
+
+    def __iter__(self) -> Iterator[str]:
+        return self.documents("train")
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 hex that changes whenever the corpus's text (or the selection of it) changes."""
+        if not hasattr(self, "_fp"):
+            self._fp = self._fingerprint()
+        return self._fp
+
+    @property
+    def name(self) -> str:
+        """Short readable name for folder names and summaries."""
+        return Path(self.spec.rstrip("/")).name or self.spec
+
+    def _docs(self, split: str) -> Iterator[str]:
+        raise NotImplementedError
+
+    def _fingerprint(self) -> str:
+        raise NotImplementedError
+
+
+class TextFiles(Corpus):
+    """Local text files in the given order; each is one document unless it contains `<|endoftext|>` separators,
+    in which case it is split there and each piece is stripped of surrounding whitespace (empty pieces dropped).
+    Bytes that are not UTF-8 become U+FFFD, with one warning per corpus."""
+
+    def __init__(self, spec: str, files: list[Path]) -> None:
+        self.spec, self.files = spec, files
+        self._warned = False
+
+    def _docs(self, split: str) -> Iterator[str]:
+        for path in self.files:
+            before = _replaced[0]
+            yield from _read_documents(path)
+            if _replaced[0] != before and not self._warned:
+                self._warned = True
+                warnings.warn(f"corpus {self.spec!r}: {path} is not valid UTF-8; {_replaced[0] - before} bad byte "
+                              "sequence(s) were replaced by U+FFFD (re-encode the file as UTF-8 to keep them)",
+                              stacklevel=2)
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(b"tinylm.corpus.files.v1")
+        for path in self.files:
+            h.update(f"\0{path.stat().st_size}\0".encode())
+            with open(path, "rb") as f:
+                while chunk := f.read(_READ_BYTES):
+                    h.update(chunk)
+        return h.hexdigest()
+
+
+def _read_documents(path: Path) -> Iterator[str]:
+    """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
+    buf, scan_from, split = "", 0, False
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_READ_BYTES)
+            buf += decoder.decode(chunk, final=not chunk)
+            while (i := buf.find(EOT, scan_from)) >= 0:
+                split = True
+                if doc := buf[:i].strip():
+                    yield doc
+                buf, scan_from = buf[i + len(EOT):], 0
+            scan_from = max(0, len(buf) - len(EOT) + 1)  # a separator may straddle two reads
+            if not chunk:
+                break
+    if split:
+        buf = buf.strip()
+    if buf:
+        yield buf
+
+
+class HFDataset(Corpus):
+    """A Hugging Face dataset; each row's `text_column` is one document. Loaded (and cached as Arrow, memory-
+    mapped) by `datasets.load_dataset`; also reads local json/parquet/csv/text files through `data_files`."""
+
+    def __init__(self, spec: str, path: str, *, split: str = "train", val_split: str = "validation",
+                 text_column: str = "text", data_files: Any = None, config: str | None = None,
+                 revision: str | None = None) -> None:
+        self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
+        self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
+        self._dd: Any = None
+
+    def _load(self) -> Any:
+        if self._dd is None:
+            import datasets
+
+            try:
+                self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                 revision=self.revision)
+            except (FileNotFoundError, ConnectionError, OSError) as e:
+                raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
+                              "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
+            if self.split not in self._dd:
+                raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
+                                 "(--data.split)")
+            columns = self._dd[self.split].column_names
+            if self.text_column not in columns:
+                raise ValueError(f"dataset {self.path!r} has no column {self.text_column!r}; its columns are "
+                                 f"{columns} (--data.text_column)")
+        return self._dd
+
+    @property
+    def has_validation(self) -> bool:  # type: ignore[override]
+        return self.val_split in self._load() and self.val_split != self.split
+
+    def _docs(self, split: str) -> Iterator[str]:
+        ds = self._load()[self.split if split == "train" else self.val_split]
+        for batch in ds.iter(batch_size=1000):
+            for text in batch[self.text_column]:
+                if text:
+                    yield text
+
+    def _fingerprint(self) -> str:
+        dd = self._load()
+        # datasets' own fingerprint hashes the data files (local) or the resolved hub revision
+        key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
+               "val_split": self.val_split if self.has_validation else None, "column": self.text_column,
+               "data": {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_split: str = "validation",
+                text_column: str = "text", data_files: Any = None, hf_config: str | None = None,
+                hf_revision: str | None = None) -> Corpus:
+    """Resolve `--data.corpus` (see the module docstring); the other arguments apply to datasets only."""
+    hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files, config=hf_config,
+              revision=hf_revision)
+    if spec in NAMED:
+        return TextFiles(spec, [download_named(spec, cache_dir)])
+    if spec.startswith("hf:"):
+        return HFDataset(spec, spec[3:], **hf)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise ValueError(f"corpus directory {spec!r} holds no files; put text files in it or pass "
+                             "--data.corpus PATH")
+        return TextFiles(spec, files)
+    if path.is_file():
+        builder = _LOCAL_DATASET_BUILDERS.get(path.suffix.lower())
+        if builder:
+            return HFDataset(spec, builder, **{**hf, "data_files": str(path)})
+        return TextFiles(spec, [path])
+    if any(c in spec for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
+        return TextFiles(spec, files)
+    raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
+                            f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
+
+
+def download_named(name: str, cache_dir: str | Path) -> Path:
+    """Path of the named corpus in `cache_dir/corpora`, downloading it once; the sha256 is checked either way."""
+    info = NAMED[name]
+    target = Path(cache_dir) / "corpora" / info["file"]
+    if target.is_file() and _sha256(target) == info["sha256"]:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    log.info("downloading %s from %s", name, info["url"])
+    try:
+        with urllib.request.urlopen(info["url"], timeout=30) as r, open(tmp, "wb") as f:
+            while chunk := r.read(_READ_BYTES):
+                f.write(chunk)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"could not download corpus {name!r} from {info['url']} ({e}) and no verified copy is "
+                           f"at {target}; download it there yourself, or pass --data.corpus PATH to a local "
+                           "text file") from e
+    got = _sha256(tmp)
+    if got != info["sha256"]:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"downloaded {name!r} has sha256 {got}, expected {info['sha256']}; the file changed "
+                           "upstream or the download was corrupted. Pass --data.corpus PATH to a copy you trust")
+    tmp.replace(target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ_BYTES):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,403 @@
+"""Tokenizer facade: one class over four backends, chosen by a spec string.
+
+Specs (`--data.tokenizer`):
+    bpe               byte-level BPE trained on the corpus with Hugging Face `tokenizers` (GPT-2 pre-tokenizer)
+    scratch-bpe       the same idea, trained by tinylm's own `tinylm.bpe.ByteLevelBPE`
+    char              one id per character of the corpus (nanoGPT's shakespeare_char)
+    tiktoken:NAME     a pretrained tiktoken encoding (gpt2, r50k_base, cl100k_base, ...)
+    tiktoken:PATH     a local `.tiktoken` rank file, GPT-2 pattern, `<|endoftext|>` = number of ranks
+    PATH              a Hugging Face `tokenizer.json`, or a directory written by `Tokenizer.save`
+
+`encode` treats its input as plain text: a special-token string in the text is encoded as ordinary characters, so
+user text can never inject an end-of-text id. Specials are appended by id (see `tinylm.data`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+EOT = "<|endoftext|>"
+# tiktoken's gpt2 pattern in plain `regex` syntax (what shared/data/README.md documents).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+STATE_FILE = "tinylm_tokenizer.json"
+STATE_VERSION = 1
+TRAINED_SPECS = ("bpe", "scratch-bpe", "char")
+VALID_SPECS = "bpe, scratch-bpe, char, tiktoken:NAME (e.g. tiktoken:gpt2), tiktoken:PATH.tiktoken, or a path to a " \
+              "tokenizer.json / saved tokenizer directory"
+
+
+# ---------------------------------------------------------------------------------------------------- backends
+class _HF:
+    """A Hugging Face `tokenizers.Tokenizer` (trained here or loaded from tokenizer.json)."""
+
+    kind = "hf"
+
+    def __init__(self, tok: Any) -> None:
+        tok.encode_special_tokens = True  # "<|endoftext|>" in user text stays text
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # encode_batch runs on all cores (Rust threads); the _fast variant skips offsets we never use
+        fn = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        return [e.ids for e in fn(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {t.content: i for i, t in sorted(self.tok.get_added_tokens_decoder().items()) if t.special}
+
+    def state(self) -> dict:
+        return {"json": self.tok.to_str()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> _HF:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_str(state["json"]))
+
+
+class _Tiktoken:
+    """A tiktoken `Encoding`; its ranks are kept as `.tiktoken`-format text so the state is str-only."""
+
+    kind = "tiktoken"
+
+    def __init__(self, name: str, pattern: str, ranks_text: str, special_tokens: dict[str, int]) -> None:
+        import tiktoken
+
+        self.name, self.pattern, self.ranks_text, self.specials = name, pattern, ranks_text, dict(special_tokens)
+        self.enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=_parse_ranks(ranks_text),
+                                     special_tokens=self.specials)
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.enc.decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.specials)
+
+    def state(self) -> dict:
+        return {"name": self.name, "pattern": self.pattern, "ranks": self.ranks_text, "special_tokens": self.specials}
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Tiktoken:
+        return cls(state["name"], state["pattern"], state["ranks"], state["special_tokens"])
+
+
+class _Char:
+    """Character-level: id = position of the character in the sorted set of the corpus's characters."""
+
+    kind = "char"
+
+    def __init__(self, chars: str, special_tokens: dict[str, int]) -> None:
+        self.chars, self.specials = chars, dict(special_tokens)
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.itos = {**dict(enumerate(chars)), **{i: s for s, i in self.specials.items()}}
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the char tokenizer's vocabulary of "
+                             f"{len(self.chars)} characters (built from the training corpus); use a corpus that "
+                             "contains it or a byte-level tokenizer (--data.tokenizer bpe)") from None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos[i] for i in ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + len(self.specials)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.specials)
+
+    def state(self) -> dict:
+        return {"chars": self.chars, "special_tokens": self.specials}
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Char:
+        return cls(state["chars"], state["special_tokens"])
+
+
+class _Scratch:
+    """tinylm's own byte-level BPE (`tinylm.bpe.ByteLevelBPE`)."""
+
+    kind = "scratch-bpe"
+
+    def __init__(self, bpe: Any) -> None:
+        self.bpe = bpe
+
+    def encode(self, text: str) -> list[int]:
+        if hasattr(self.bpe, "encode_ordinary"):
+            return self.bpe.encode_ordinary(text)
+        return self.bpe.encode(text, allowed_special=set(), disallowed_special=())
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.bpe.decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.bpe.vocab_size
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.bpe.special_tokens)
+
+    def state(self) -> dict:
+        return self.bpe.to_state()
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Scratch:
+        from tinylm.bpe import ByteLevelBPE
+
+        return cls(ByteLevelBPE.from_state(state))
+
+
+_BACKENDS = {b.kind: b for b in (_HF, _Tiktoken, _Char, _Scratch)}
+
+
+# ---------------------------------------------------------------------------------------------------- facade
+class Tokenizer:
+    """Text <-> token ids, whatever the backend. Build one with `build_tokenizer(spec, ...)`."""
+
+    def __init__(self, backend: Any, spec: str) -> None:
+        self._b = backend
+        self.spec = spec
+        self._fingerprint: str | None = None
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, read as plain text (special-token strings in it are not specials)."""
+        return self._b.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` over many texts, on all cores where the backend can."""
+        return self._b.encode_batch(list(texts))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD."""
+        return self._b.decode([int(i) for i in ids])
+
+    @property
+    def kind(self) -> str:
+        """Backend name: hf, tiktoken, char or scratch-bpe."""
+        return self._b.kind
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids (embedding rows), special tokens included."""
+        return self._b.vocab_size
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """Special-token string -> id."""
+        return self._b.special_tokens
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of `<|endoftext|>` (the document separator), or None when the tokenizer has none."""
+        specials = self.special_tokens
+        for name in (EOT, "</s>", "<eos>"):
+            if name in specials:
+                return specials[name]
+        return None
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 hex of the backend state: equal fingerprints encode every text identically. The spec is left
+        out, so the same tokenizer loaded from a checkpoint or a folder keeps its fingerprint."""
+        if self._fingerprint is None:
+            blob = json.dumps({"kind": self.kind, "state": self._b.state()}, sort_keys=True, ensure_ascii=False)
+            self._fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        return self._fingerprint
+
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild this tokenizer, as str/int/list/dict only (safe for weights_only=True)."""
+        return {"version": STATE_VERSION, "kind": self.kind, "spec": self.spec, "state": self._b.state()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> Tokenizer:
+        """Rebuild a tokenizer from `state_dict()` output."""
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"tokenizer state has version {version!r}; this tinylm reads version {STATE_VERSION}")
+        kind = state.get("kind")
+        if kind not in _BACKENDS:
+            raise ValueError(f"tokenizer state has unknown kind {kind!r}; known: {sorted(_BACKENDS)}")
+        return cls(_BACKENDS[kind].from_state(state["state"]), state.get("spec", kind))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write `tinylm_tokenizer.json` (and, for HF backends, a standard `tokenizer.json`) into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / STATE_FILE).write_text(json.dumps(self.state_dict(), ensure_ascii=False), encoding="utf-8")
+        if self.kind == "hf":
+            (directory / "tokenizer.json").write_text(self._b.tok.to_str(pretty=True), encoding="utf-8")
+        return directory
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Load a directory written by `save`, a Hugging Face `tokenizer.json`, or a directory holding one.
+        Only JSON is read; nothing in the files is executed."""
+        path = Path(path)
+        if path.is_dir():
+            if (path / STATE_FILE).is_file():
+                path = path / STATE_FILE
+            elif (path / "tokenizer.json").is_file():
+                path = path / "tokenizer.json"
+            else:
+                raise FileNotFoundError(f"no tokenizer in directory {path} (expected {STATE_FILE} or tokenizer.json)"
+                                        "; pass --data.tokenizer bpe|char|tiktoken:NAME to make one")
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {path} not found; pass --data.tokenizer with an existing path")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if path.name == STATE_FILE or {"kind", "state"} <= set(data):
+            return cls.from_state_dict(data)
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(spec={self.spec!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+# ---------------------------------------------------------------------------------------------------- builders
+def build_tokenizer(spec: str, *, vocab_size: int = 8192,
+                    documents: Callable[[], Iterable[str]] | None = None) -> Tokenizer:
+    """Make the tokenizer named by `spec` (see the module docstring).
+
+    Args:
+        spec: which tokenizer; trained kinds (bpe, scratch-bpe, char) learn from `documents`.
+        vocab_size: target vocabulary size of trained BPE tokenizers, special tokens included; the result may be
+            smaller when the corpus runs out of pairs to merge. Ignored by the other kinds.
+        documents: a callable returning a fresh iterable of document strings (called once per pass); only the
+            trained kinds need it.
+    """
+    if spec in TRAINED_SPECS:
+        if documents is None:
+            raise ValueError(f"tokenizer {spec!r} is trained on the corpus, so build_tokenizer needs documents=")
+        if spec == "char":
+            return _train_char(documents())
+        if vocab_size < 256 + 1:
+            raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs the 256 byte "
+                             f"tokens plus 1 special token ({EOT}); use --data.vocab_size 257 or more "
+                             "(8192 is a good start)")
+        return _train_bpe(documents(), vocab_size) if spec == "bpe" else _train_scratch(documents(), vocab_size)
+    if spec.startswith("tiktoken:"):
+        return _load_tiktoken(spec)
+    if Path(spec).exists():
+        tok = Tokenizer.load(spec)
+        tok.spec = spec
+        return tok
+    if any(c in spec for c in "/\\") or spec.endswith((".json", ".tiktoken")):
+        raise FileNotFoundError(f"tokenizer path {spec!r} not found; pass an existing path or one of: {VALID_SPECS}")
+    raise ValueError(f"unknown tokenizer {spec!r}; valid specs: {VALID_SPECS}")
+
+
+def _train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex + byte->unicode map
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
+    tok.train_from_iterator(docs, trainer=trainer)
+    return Tokenizer(_HF(tok), "bpe")
+
+
+def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
+    from tinylm.bpe import ByteLevelBPE  # lazily: the char/bpe paths must not depend on it
+
+    return Tokenizer(_Scratch(ByteLevelBPE.train(docs, vocab_size=vocab_size, special_tokens=[EOT])), "scratch-bpe")
+
+
+def _train_char(docs: Iterable[str]) -> Tokenizer:
+    chars: set[str] = set()
+    n_docs = 0
+    for doc in docs:
+        chars.update(doc)
+        n_docs += 1
+    if not chars:
+        raise ValueError("cannot build a char tokenizer from an empty corpus; pass --data.corpus PATH to text")
+    ordered = "".join(sorted(chars))
+    # the separator is needed only when there is something to separate (65 ids for tinyshakespeare, like nanoGPT)
+    specials = {EOT: len(ordered)} if n_docs > 1 else {}
+    return Tokenizer(_Char(ordered, specials), "char")
+
+
+def _load_tiktoken(spec: str) -> Tokenizer:
+    import tiktoken
+
+    target = spec.split(":", 1)[1]
+    if not target:
+        raise ValueError(f"tokenizer {spec!r} names no encoding; use tiktoken:gpt2 or tiktoken:PATH.tiktoken")
+    if Path(target).is_file() or target.endswith(".tiktoken"):
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"tiktoken rank file {target!r} not found; pass tiktoken:PATH to an existing "
+                                    "`.tiktoken` file")
+        ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
+        n = len(ranks_text.splitlines())
+        return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: n}), spec)
+    if target not in tiktoken.list_encoding_names():
+        raise ValueError(f"unknown tiktoken encoding {target!r}; known: {tiktoken.list_encoding_names()}, "
+                         "or pass tiktoken:PATH to a local .tiktoken rank file")
+    try:
+        enc = tiktoken.get_encoding(target)
+    except Exception as e:  # requests/blobfile errors of every kind: all mean "not cached and not reachable"
+        raise RuntimeError(
+            f"tiktoken encoding {target!r} could not be loaded ({type(e).__name__}: {e}); it is downloaded on first "
+            "use and there is no network or no cached copy (TIKTOKEN_CACHE_DIR). Pass tiktoken:PATH to a local "
+            ".tiktoken rank file instead") from e
+    # tiktoken keeps no public accessor for its ranks; these attributes have been stable since 0.3
+    ranks_text = _ranks_to_text(enc._mergeable_ranks)
+    return Tokenizer(_Tiktoken(enc.name, enc._pat_str, ranks_text, dict(enc._special_tokens)), spec)
+
+
+def _ranks_to_text(ranks: dict[bytes, int]) -> str:
+    return "\n".join(f"{base64.b64encode(t).decode('ascii')} {r}" for t, r in sorted(ranks.items(), key=lambda x: x[1]))
+
+
+def _parse_ranks(text: str) -> dict[bytes, int]:
+    ranks = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+            except ValueError as e:
+                raise ValueError(f"line {n} of the tiktoken ranks is not 'base64token rank': {line[:80]!r}") from e
+    return ranks
