@@ -43,13 +43,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely, turning every way it can be broken into one clear :class:`CheckpointError`."""
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint safely, turning every way it can be broken into one clear :class:`CheckpointError`.
+
+    ``mmap=True`` maps tensors lazily from the file: cheap when only metadata (step, hyperparameters) is needed.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} not found; pass --ckpt_path PATH to a .ckpt written by `tinylm fit`")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_first_line(e)}); "

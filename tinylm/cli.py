@@ -117,13 +117,27 @@ def _make_cli_class():
             if trainer_cfg.get("enable_progress_bar", True) is not False:
                 callbacks.append(ProgressBar())
             kwargs.setdefault("default_root_dir", str(run_dir))
-            kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project))
+            resume_step, wandb_id = _resume_info(self.config[self.subcommand].get("ckpt_path"), ckpt_dir) if self.subcommand == "fit" else (None, None)
+            kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project, wandb_id=wandb_id, resume_step=resume_step))
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
             kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision")))
             kwargs.setdefault("callbacks", (trainer_cfg.get("callbacks") or []) + callbacks)
             return super().instantiate_trainer(**kwargs)
 
     return TinyLMCLI
+
+
+def _resume_info(ckpt_path: str | None, ckpt_dir: Path) -> tuple[int | None, str | None]:
+    """(global step, W&B run id) of the checkpoint a fit resumes from, so the CSV and W&B logs continue."""
+    if not ckpt_path:
+        return None, None
+    path = ckpt_dir / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    if ckpt_path in ("best", "hpc", "registry") or not path.is_file():
+        return None, None  # Lightning resolves (or rejects) these itself
+    from tinylm.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path, mmap=True)
+    return int(ckpt.get("global_step", 0)), ckpt["tinylm"].get("wandb_id")
 
 
 def lightning_main(args: list[str]):

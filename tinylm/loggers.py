@@ -10,9 +10,63 @@ import logging
 import os
 from pathlib import Path
 
+import csv
+import time
+
 from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 log = logging.getLogger("tinylm")
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, minus deleting an existing ``metrics.csv``: it appends, keeping the header's columns."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])
+
+
+class RunCSVLogger(CSVLogger):
+    """One ``metrics.csv`` per run folder, continued across resumes.
+
+    Lightning's CSVLogger deletes ``metrics.csv`` when its folder exists (or starts a new ``version_N``), so a resumed
+    run's log is split or lost. Here a resumed run (``resume_step`` = the checkpoint's global step) keeps every row
+    logged before the checkpoint and drops those logged after it (the steps about to be redone); a fresh run in a
+    used folder moves the old file aside to ``metrics.<time>.csv`` instead of deleting it.
+    """
+
+    def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
+        super().__init__(save_dir=str(save_dir), name="csv", version="")
+        self._resume_step = resume_step
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is not None:
+            return self._experiment
+        path = Path(self.log_dir) / "metrics.csv"
+        if path.is_file():
+            if self._resume_step is None:
+                path.rename(path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.csv"))
+            else:
+                _truncate_after(path, self._resume_step)
+        self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def _truncate_after(path: Path, resume_step: int) -> None:
+    """Keep the rows of ``path`` logged before ``resume_step`` optimizer steps were done (rows store step - 1)."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], list(reader)
+    keep = [r for r in rows if r.get("step", "") == "" or int(r["step"]) < resume_step]
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(keep)
+    os.replace(tmp, path)
 
 
 def wandb_mode() -> str:
@@ -34,10 +88,15 @@ def wandb_mode() -> str:
         return "offline"
 
 
-def make_loggers(run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None) -> list[Logger]:
-    """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable."""
+def make_loggers(
+    run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None, resume_step: int | None = None
+) -> list[Logger]:
+    """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable.
+
+    When resuming, pass the checkpoint's ``resume_step`` and ``wandb_id`` so both logs continue instead of restarting.
+    """
     run_dir = Path(run_dir)
-    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
+    loggers: list[Logger] = [RunCSVLogger(run_dir, resume_step=resume_step)]
     if wandb_project is None:
         return loggers
     mode = wandb_mode()

@@ -211,7 +211,8 @@ class TinyLM(L.LightningModule):
             self.tokenizer_state = tok.state_dict()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state}
+        wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
+        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("tinylm")
