@@ -51,6 +51,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} not found; pass --ckpt_path PATH to a .ckpt written by `tinylm fit`")
+    if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; its index sits at the end of the file
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file); "
+            "use another one, e.g. an earlier step-*.ckpt from the same run"
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:

@@ -1,0 +1,119 @@
+"""Crash safety and safe loading: kill -9 mid-write never leaves a file or dataset that looks complete but is not,
+and loading never executes code."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint
+
+_WRITER = r"""
+import sys, torch
+from tinylm.checkpoint import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), sys.argv[1]
+print("ready", flush=True)
+i = 1
+while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
+    io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"version": i}}, path)
+    i += 1
+"""
+
+
+def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.7, 1.2])
+def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path, delay):
+    """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file)."""
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)}, "tinylm": {"version": 0}}, path)
+    proc = _spawn([sys.executable, "-c", _WRITER, str(path)], tmp_path)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpt = load_checkpoint(path)  # whole: old or new, never a mix
+    version = ckpt["tinylm"]["version"]
+    assert torch.all(ckpt["state_dict"]["w"] == float(version))
+
+
+def test_truncated_checkpoint_is_reported_clearly(tmp_path):
+    """Catches a half-written file surfacing as an obscure zip/pickle traceback."""
+    good = tmp_path / "good.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "tinylm": {}}, good)
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated or not a torch file"):
+        load_checkpoint(bad)
+
+
+def test_foreign_files_are_reported_clearly(tmp_path):
+    """Catches a YAML, a plain state_dict or another tool's checkpoint being half-loaded."""
+    text = tmp_path / "config.yaml"
+    text.write_text("model: {}\n")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(text)
+    plain = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(3)}, plain)
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        load_checkpoint(plain)
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(3)}}, other)
+    with pytest.raises(CheckpointError, match="not written by tinylm"):
+        load_checkpoint(other)
+    with pytest.raises(FileNotFoundError, match="--ckpt_path"):
+        load_checkpoint(tmp_path / "missing.ckpt")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_pickle_payload_in_checkpoint_is_refused(tmp_path, monkeypatch):
+    """Catches checkpoint loading that executes code from the file (torch.load without weights_only)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "tinylm": {}, "hook": _Payload()}, path)
+    with zipfile.ZipFile(path) as z:  # not vacuous: the payload really is in the file
+        assert any(b"system" in z.read(n) for n in z.namelist() if n.endswith(".pkl"))
+    with pytest.raises(CheckpointError, match="never executes code"):
+        load_checkpoint(path)
+    assert not (tmp_path / "PWNED").exists()
+    with pytest.raises(pickle.UnpicklingError):  # and the same file would run code under plain pickle rules
+        torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 2.5])
+def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path, shared_data, delay):
+    """Catches a crashed `tinylm prepare` leaving a folder that a later run takes for a finished dataset."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text())
+    cache = tmp_path / "cache"
+    args = ["--data.corpus", str(corpus), "--data.tokenizer", "bpe", "--data.vocab_size", "2048", "--data.cache_dir", str(cache)]
+    proc = _spawn([sys.executable, "-m", "tinylm", "prepare", *args], tmp_path)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for meta in cache.rglob("meta.json"):  # whatever claims to be complete must be complete
+        folder = meta.parent
+        for split in ("train", "val"):
+            assert (folder / f"{split}.bin").stat().st_size > 0
+    from tinylm.data import TinyLMDataModule
+
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="bpe", vocab_size=2048, cache_dir=str(cache), block_size=64)
+    dm.prepare_data()  # rebuilds whatever the crash left half-done
+    meta = dm.meta
+    for split in ("train", "val"):
+        size = (dm.dataset_dir / f"{split}.bin").stat().st_size
+        assert size == meta["splits"][split]["tokens"] * 2 > 0  # uint16: 2 bytes a token, every token there

@@ -1,0 +1,135 @@
+"""Corpora: files, directories, globs, dataset files, the named download; documents, fingerprints, bad input."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+
+import tinylm.corpus as corpus_mod
+from tinylm.corpus import EOT, open_corpus
+
+
+def _no_network(monkeypatch):
+    """Route every HTTP(S) request to a closed local port, so a download fails at once."""
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_single_file_is_one_verbatim_document(shared_data, tmp_path):
+    """Prevents a plain text file from being altered (stripped, split) on its way to the tokenizer."""
+    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000]
+    (tmp_path / "s.txt").write_text(text, encoding="utf-8")
+    assert list(open_corpus(str(tmp_path / "s.txt"), cache_dir=tmp_path)) == [text]
+
+
+def test_endoftext_file_splits_into_documents(shared_data, tmp_path):
+    """Prevents TinyStories-style files from becoming one document with literal '<|endoftext|>' text in it."""
+    raw = (shared_data / "tinystories_sample.txt").read_text(encoding="utf-8")
+    expected = [d.strip() for d in raw.split(EOT) if d.strip()]
+    docs = list(open_corpus(str(shared_data / "tinystories_sample.txt"), cache_dir=tmp_path))
+    assert len(expected) >= 2 and docs == expected
+    assert docs[0].startswith("Once upon a time") and all(EOT not in d for d in docs)
+
+
+def test_separator_across_read_boundary(shared_data, tmp_path, monkeypatch):
+    """Prevents a separator that straddles two streamed reads from being missed."""
+    path = shared_data / "tinystories_sample.txt"
+    whole = list(open_corpus(str(path), cache_dir=tmp_path))
+    monkeypatch.setattr(corpus_mod, "_READ_BYTES", 7)  # every separator now spans reads
+    assert list(open_corpus(str(path), cache_dir=tmp_path)) == whole
+
+
+def test_directory_and_glob_are_sorted_files(tmp_path):
+    """Prevents directory corpora from depending on listing order or swallowing hidden files."""
+    d = tmp_path / "docs"
+    (d / "sub").mkdir(parents=True)
+    (d / "b.txt").write_text("bee")
+    (d / "a.txt").write_text("ay")
+    (d / "sub" / "c.txt").write_text("sea")
+    (d / ".hidden").write_text("secret")
+    assert list(open_corpus(str(d), cache_dir=tmp_path)) == ["ay", "bee", "sea"]
+    assert list(open_corpus(str(d / "*.txt"), cache_dir=tmp_path)) == ["ay", "bee"]
+
+
+def test_non_utf8_replaced_with_one_warning(tmp_path):
+    """Prevents a crash (or silent corruption without notice) on files that are not valid UTF-8."""
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "1.txt").write_bytes(b"caf\xe9 ok")
+    (d / "2.txt").write_bytes(b"\xff\xfe more")
+    corpus = open_corpus(str(d), cache_dir=tmp_path)
+    with pytest.warns(UserWarning, match="not valid UTF-8") as record:
+        docs = list(corpus)
+    assert docs == ["caf\ufffd ok", "\ufffd\ufffd more"]
+    assert len([w for w in record if "UTF-8" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(corpus) == docs  # a second pass (packing after training) does not warn again
+
+
+def test_missing_paths_name_the_fix(tmp_path):
+    """Prevents a missing corpus from failing later with an unrelated error."""
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt.*--data\.corpus PATH"):
+        open_corpus(str(tmp_path / "nope.txt"), cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"matches no files.*--data\.corpus PATH"):
+        open_corpus(str(tmp_path / "*.md"), cache_dir=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"holds no files"):
+        open_corpus(str(tmp_path / "empty"), cache_dir=tmp_path)
+
+
+def test_fingerprint_follows_content(tmp_path):
+    """Prevents a stale dataset being reused after the corpus text changed (or rebuilt when it did not)."""
+    path = tmp_path / "c.txt"
+    path.write_text("hello world")
+    fp1 = open_corpus(str(path), cache_dir=tmp_path).fingerprint
+    assert open_corpus(str(path), cache_dir=tmp_path).fingerprint == fp1
+    path.write_text("hello world!")
+    assert open_corpus(str(path), cache_dir=tmp_path).fingerprint != fp1
+
+
+def test_named_corpus_uses_verified_cache_offline(shared_data, tmp_path, monkeypatch):
+    """Prevents re-downloading (or needing the network for) a cached tinyshakespeare with the right sha256."""
+    _no_network(monkeypatch)
+    (tmp_path / "corpora").mkdir()
+    shutil.copy(shared_data / "tinyshakespeare.txt", tmp_path / "corpora" / "tinyshakespeare.txt")
+    docs = list(open_corpus("tinyshakespeare", cache_dir=tmp_path))
+    assert len(docs) == 1 and len(docs[0]) == 1_115_394
+
+
+def test_named_corpus_without_network_names_the_fix(tmp_path, monkeypatch):
+    """Prevents a corrupt cached copy being used, or a bare network error, when the download is impossible."""
+    _no_network(monkeypatch)
+    (tmp_path / "corpora").mkdir()
+    (tmp_path / "corpora" / "tinyshakespeare.txt").write_text("truncated")
+    with pytest.raises(RuntimeError, match=r"could not download corpus 'tinyshakespeare'.*--data\.corpus PATH"):
+        open_corpus("tinyshakespeare", cache_dir=tmp_path)
+
+
+def test_jsonl_file_rows_are_documents(tmp_path):
+    """Prevents local dataset files from being read as raw text (JSON syntax in the training data)."""
+    rows = [{"text": "first story", "id": 1}, {"text": "second story", "id": 2}, {"text": "", "id": 3}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = open_corpus(str(tmp_path / "d.jsonl"), cache_dir=tmp_path)
+    assert list(corpus) == ["first story", "second story"] and not corpus.has_validation
+    with pytest.raises(ValueError, match=r"no column 'body'.*--data\.text_column"):
+        list(open_corpus(str(tmp_path / "d.jsonl"), cache_dir=tmp_path, text_column="body"))
+
+
+def test_hf_builder_with_validation_split(tmp_path):
+    """Prevents a dataset's own validation split from being ignored (or mixed into training)."""
+    import datasets
+
+    datasets.Dataset.from_dict({"story": ["a tale", "b tale"]}).to_parquet(str(tmp_path / "train.parquet"))
+    datasets.Dataset.from_dict({"story": ["held out"]}).to_parquet(str(tmp_path / "val.parquet"))
+    files = {"train": str(tmp_path / "train.parquet"), "validation": str(tmp_path / "val.parquet")}
+    corpus = open_corpus("hf:parquet", cache_dir=tmp_path, data_files=files, text_column="story")
+    assert corpus.has_validation
+    assert list(corpus.documents("train")) == ["a tale", "b tale"]
+    assert list(corpus.documents("validation")) == ["held out"]
+    other = open_corpus("hf:parquet", cache_dir=tmp_path, data_files={**files, "train": files["validation"]},
+                        text_column="story")
+    assert other.fingerprint != corpus.fingerprint

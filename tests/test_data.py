@@ -1,0 +1,270 @@
+"""Packing, the on-disk dataset, seekable batches, exact resume, and the DataModule's contract with Lightning."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tinylm.corpus import EOT, open_corpus
+from tinylm.data import ResumableLoader, TinyLMDataModule, TrainBatches, _pieces, load_meta, prepare_dataset
+from tinylm.tokenizer import Tokenizer, build_tokenizer
+
+
+@pytest.fixture
+def shakespeare(shared_data, tmp_path):
+    """The first 100 KB of tinyshakespeare as a file of its own."""
+    path = tmp_path / "shakespeare.txt"
+    path.write_text((shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000], encoding="utf-8")
+    return path
+
+
+def _dm(tmp_path, corpus, **kw) -> TinyLMDataModule:
+    kw = {"block_size": 16, "batch_size": 4, "cache_dir": str(tmp_path / "cache"), **kw}
+    return TinyLMDataModule(corpus=str(corpus), **kw)
+
+
+def _tokens(dm: TinyLMDataModule, split: str) -> np.ndarray:
+    return np.fromfile(dm.dataset_dir / f"{split}.bin", dtype=dm.meta["dtype"])
+
+
+def test_char_packing_matches_nanogpt_split(shakespeare, tmp_path):
+    """Prevents a train/val cut other than nanoGPT's data[:int(n*0.9)], stray EOS, or wrong byte counts."""
+    text = shakespeare.read_text(encoding="utf-8")
+    dm = _dm(tmp_path, shakespeare)
+    assert dm.eos_id is None  # single document, char tokenizer: nothing to separate
+    cut = int(len(text) * 0.9)
+    tok = dm.tokenizer
+    assert _tokens(dm, "train").tolist() == tok.encode(text[:cut])
+    assert _tokens(dm, "val").tolist() == tok.encode(text[cut:])
+    meta = dm.meta
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.vocab_size
+    assert meta["splits"]["val"]["bytes"] == len(text[cut:].encode("utf-8"))
+    assert meta["splits"]["train"]["tokens"] == cut and meta["settings"]["val_source"] == "tail"
+    assert dm.val_bytes_per_token == pytest.approx(1.0)
+
+
+def test_documents_packed_with_eos_and_pieces_encode_like_whole(shared_data, tmp_path):
+    """Prevents missing EOS between documents, a wrong val cut, or piecewise encoding changing the ids."""
+    corpus = open_corpus(str(shared_data / "tinystories_sample.txt"), cache_dir=tmp_path)
+    docs = list(corpus)
+    tok = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}")
+    cut = int(sum(map(len, docs)) * 0.9)  # the val split is the last 10% of the characters
+    train, val, seen = [], [], 0
+    for d in docs:  # e.g. docs "aaaa","bbbb" with cut 6: train "aaaa<eos>bb", val "bb<eos>"
+        k = min(max(cut - seen, 0), len(d))
+        if k:
+            train += tok.encode(d[:k]) + ([tok.eos_id] if k == len(d) else [])
+        if k < len(d):
+            val += tok.encode(d[k:]) + [tok.eos_id]
+        seen += len(d)
+    for piece_chars in (10**9, 50):  # 50 chars forces many cuts inside each document
+        out = prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / f"c{piece_chars}",
+                              piece_chars=piece_chars)
+        meta = load_meta(out, tok)
+        assert np.fromfile(out / "train.bin", dtype=meta["dtype"]).tolist() == train
+        assert np.fromfile(out / "val.bin", dtype=meta["dtype"]).tolist() == val
+        total_bytes = sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
+        assert total_bytes == sum(len(d.encode("utf-8")) for d in docs)
+    assert len(list(_pieces(docs[0], 50))) > 5
+
+
+def test_second_run_reuses_and_changes_rebuild(shakespeare, tmp_path):
+    """Prevents retraining/repacking on every run, and reusing a dataset after corpus/tokenizer/split changed."""
+    dm = _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=300)
+    dm.prepare_data()
+    first = dm.dataset_dir
+    stamp = (first / "train.bin").stat().st_mtime_ns
+    again = _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=300)
+    assert again.dataset_dir == first and again.tokenizer.fingerprint == dm.tokenizer.fingerprint
+    again.prepare_data()
+    assert (first / "train.bin").stat().st_mtime_ns == stamp
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 1  # trained once
+    assert _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=300, val_fraction=0.2).dataset_dir != first
+    assert _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=320).dataset_dir != first
+    shakespeare.write_text(shakespeare.read_text() + "\nEPILOGUE.\n")
+    assert _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=300).dataset_dir != first
+
+
+def test_folder_without_meta_is_rebuilt(shakespeare, tmp_path):
+    """Prevents a crashed prepare (bins but no meta.json) from being used as a dataset."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    folder, good = dm.dataset_dir, _tokens(dm, "train")
+    (folder / "meta.json").unlink()
+    (folder / "train.bin").write_bytes(b"\x00\x01")
+    with pytest.raises(FileNotFoundError, match="no meta.json"):
+        load_meta(folder)
+    fresh = _dm(tmp_path, shakespeare)
+    fresh.prepare_data()
+    assert fresh.dataset_dir == folder and np.array_equal(_tokens(fresh, "train"), good)
+    assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_uint32_when_vocab_needs_it(shared_data, tmp_path):
+    """Prevents ids above 65,535 from wrapping around in a uint16 file."""
+    gpt2 = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}").state_dict()
+    gpt2["state"]["special_tokens"] = {EOT: 50256, "<|big|>": 70_000}
+    tok = Tokenizer.from_state_dict(gpt2)
+    assert tok.vocab_size == 70_001
+    corpus = open_corpus(str(shared_data / "german.txt"), cache_dir=tmp_path)
+    out = prepare_dataset(corpus, tok, val_fraction=0.5, cache_dir=tmp_path)
+    meta = load_meta(out, tok)
+    assert meta["dtype"] == "uint32"
+    ids = np.fromfile(out / "train.bin", dtype="<u4")
+    assert ids.dtype.itemsize == 4 and ids[0] == tok.encode(next(iter(corpus)))[0]
+
+
+def test_refuses_wrong_tokenizer_and_uint16_overflow(shakespeare, tmp_path):
+    """Prevents training on ids from another tokenizer, or on a uint16 file for a vocab that needs uint32."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    other = build_tokenizer("char", documents=lambda: ["abc"])
+    with pytest.raises(ValueError, match=r"built with tokenizer .*prepare the dataset with this tokenizer"):
+        load_meta(dm.dataset_dir, other)
+    meta_path = dm.dataset_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["vocab_size"] = 100_277
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"uint16 ids but the vocabulary has 100277 ids"):
+        load_meta(dm.dataset_dir)
+
+
+def test_split_shorter_than_block_is_clear(shakespeare, tmp_path):
+    """Prevents an index error deep in the loader when a split cannot hold one window."""
+    dm = _dm(tmp_path, shakespeare, block_size=20_000)  # val has 10,000 chars
+    with pytest.raises(ValueError, match=r"the val split has 10000 tokens.*20001.*smaller --data\.block_size"):
+        dm.setup("fit")
+
+
+def test_empty_corpus_is_clear(tmp_path):
+    """Prevents an empty corpus from producing an empty vocabulary or zero-length memmaps."""
+    (tmp_path / "empty.txt").write_text("")
+    for spec in ("char", "bpe"):
+        with pytest.raises(ValueError, match=r"is empty.*--data\.corpus PATH"):
+            _ = _dm(tmp_path, tmp_path / "empty.txt", tokenizer=spec, vocab_size=300).vocab_size
+
+
+def test_own_validation_split_is_used(tmp_path):
+    """Prevents a dataset's validation split being ignored in favour of a tail cut of train."""
+    rows = lambda texts: "".join(json.dumps({"text": t}) + "\n" for t in texts)  # noqa: E731
+    (tmp_path / "train.jsonl").write_text(rows(["the cat sat on the mat. " * 20] * 3))
+    (tmp_path / "val.jsonl").write_text(rows(["a dog ran. " * 10]))
+    files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "val.jsonl")}
+    dm = _dm(tmp_path, "hf:json", data_files=files, tokenizer="bpe", vocab_size=300)
+    val_ids = _tokens(dm, "val").tolist()
+    assert dm.tokenizer.decode(val_ids) == "a dog ran. " * 10 + EOT
+    assert dm.meta["settings"] == {"val_source": "validation split", "val_fraction": None}
+    assert dm.meta["splits"]["train"]["documents"] == 3
+
+
+def test_train_batches_are_shifted_windows(shakespeare, tmp_path):
+    """Prevents x/y misalignment, wrong dtype/shape, or windows that are not real slices of the data."""
+    dm = _dm(tmp_path, shakespeare, block_size=8, batch_size=5)
+    dm.setup("fit")
+    data = _tokens(dm, "train")
+    ds = dm.train_dataloader().dataset
+    x, y = ds[3]
+    assert x.shape == y.shape == (5, 8) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row, off in zip(x, ds.offsets(3)):
+        assert row.tolist() == data[off:off + 8].tolist()
+    assert torch.equal(ds[3][0], x) and not torch.equal(ds[4][0], x)  # pure function of k, and k matters
+
+
+def test_sampler_seed_rank_and_split_invariance(shakespeare, tmp_path):
+    """Prevents ranks reading the same windows, and the data depending on how the global batch is split."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.setup("fit")
+    kw = {"path": dm.dataset_dir / "train.bin", "dtype": "uint16", "n_tokens": dm.meta["splits"]["train"]["tokens"],
+          "block_size": 16}
+    one = TrainBatches(**kw, batch_size=8, seed=1)
+    r0 = TrainBatches(**kw, batch_size=4, seed=1, rank=0, world_size=2)
+    r1 = TrainBatches(**kw, batch_size=4, seed=1, rank=1, world_size=2)
+    for k in range(3):
+        assert np.array_equal(one.offsets(k), np.concatenate([r0.offsets(k), r1.offsets(k)]))
+        assert not np.array_equal(r0.offsets(k), r1.offsets(k))
+    assert not np.array_equal(TrainBatches(**kw, batch_size=8, seed=2).offsets(0), one.offsets(0))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_resumes_at_the_next_batch(shakespeare, tmp_path, num_workers):
+    """Prevents a resumed run from replaying or skipping batches (also across a notional epoch and in workers)."""
+    dm = _dm(tmp_path, shakespeare, num_workers=num_workers)
+    dm.setup("fit")
+    ds = dm.train_dataloader().dataset
+    straight = ResumableLoader(ds, epoch_length=3, num_workers=num_workers)
+    seen = [x for _ in range(3) for x, _ in straight][:7]  # 3 epochs of 3 batches, keep 7
+    part = ResumableLoader(ds, epoch_length=3, num_workers=num_workers)
+    got = [x for x, _ in part]
+    it = iter(part)
+    got.append(next(it)[0])  # 4 batches: into the second epoch
+    state = part.state_dict()
+    assert state == {"batches_yielded": 4}
+    fresh = ResumableLoader(ds, epoch_length=3, num_workers=num_workers)
+    fresh.load_state_dict(state)
+    got += [x for x, _ in fresh]  # finishes epoch 2 (batches 4, 5)
+    got += [next(iter(fresh))[0]]  # batch 6 starts epoch 3
+    assert len(got) == 7 and all(torch.equal(a, b) for a, b in zip(seen, got))
+    # the DataModule carries the same counter (Lightning restores it before train_dataloader())
+    dm2 = _dm(tmp_path, shakespeare, num_workers=num_workers)
+    dm2.load_state_dict({"train_batches_yielded": 4})
+    assert torch.equal(next(iter(dm2.train_dataloader()))[0], ds[4][0])
+    assert dm2.state_dict() == {"train_batches_yielded": 5}
+
+
+def test_val_batches_tile_the_split(shakespeare, tmp_path):
+    """Prevents validation windows that overlap, skip data, vary between calls, or ignore val_batches."""
+    dm = _dm(tmp_path, shakespeare, block_size=16, batch_size=64)
+    dm.setup("fit")
+    data = _tokens(dm, "val")
+    batches = [x for x, _ in dm.val_dataloader()]
+    rows = torch.cat(batches)
+    assert rows.shape == ((len(data) - 1) // 16, 16)
+    assert rows.flatten().tolist() == data[: rows.numel()].tolist()
+    assert all(torch.equal(a, b) for a, b in zip(batches, (x for x, _ in dm.val_dataloader())))
+    assert len(_dm(tmp_path, shakespeare, block_size=16, batch_size=64, val_batches=2).val_dataloader()) == 2
+
+
+def test_vocab_size_before_prepare_and_summary(shakespeare, tmp_path):
+    """Prevents LightningCLI's early read of vocab_size failing, and `tinylm prepare` lacking its numbers."""
+    dm = _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=300)
+    assert dm.vocab_size == dm.tokenizer.vocab_size <= 300 and dm.eos_id is not None
+    s = dm.summary()
+    assert s["train_tokens"] + s["val_tokens"] == len(_tokens(dm, "train")) + len(_tokens(dm, "val"))
+    assert s["dtype"] == "uint16" and 1.1 < s["bytes_per_token"] < 4
+    assert Tokenizer.load(dm.dataset_dir / "tokenizer").fingerprint == dm.tokenizer.fingerprint
+
+
+def test_lightning_resume_sees_the_same_batches(shakespeare, tmp_path):
+    """Prevents Lightning from restarting the data on resume (the loader/datamodule state must be saved)."""
+    import lightning as L
+
+    class Recorder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(batch[0][:, 0].tolist())
+            return (self.w * batch[0].float().mean()).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def fit(max_steps, ckpt_path=None):
+        dm = _dm(tmp_path, shakespeare, block_size=512, batch_size=32)  # 90,000 tokens: epochs of 5 batches
+        model = Recorder()
+        trainer = L.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0, use_distributed_sampler=False,
+                            enable_checkpointing=False,
+                            default_root_dir=tmp_path / "run", accelerator="cpu")
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        trainer.save_checkpoint(tmp_path / f"step{max_steps}.ckpt")
+        return model.seen
+
+    straight = fit(8)
+    first = fit(3)
+    rest = fit(8, ckpt_path=tmp_path / "step3.ckpt")  # crosses the epoch boundary after batch 5
+    assert first + rest == straight and len(straight) == 8

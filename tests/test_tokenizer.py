@@ -1,0 +1,195 @@
+"""Tokenizer facade: every backend round-trips, matches its reference, survives state_dict/save, fails clearly."""
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinylm.tokenizer import EOT, GPT2_PATTERN, Tokenizer, build_tokenizer
+
+SHARED_TEXTS = ("german.txt", "address.txt", "tinystories_sample.txt")
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+
+
+def _no_network(monkeypatch):
+    """Route every HTTP(S) request to a closed local port, so a download fails at once."""
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="module")
+def shakespeare_100k(shared_data):
+    return (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000]
+
+
+@pytest.fixture(scope="module")
+def bpe(shakespeare_100k):
+    return build_tokenizer("bpe", vocab_size=400, documents=lambda: [shakespeare_100k[:50_000],
+                                                                       shakespeare_100k[50_000:]])
+
+
+@pytest.fixture(scope="module")
+def gpt2_path(shared_data):
+    return f"tiktoken:{shared_data / 'gpt2.tiktoken'}"
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_path):
+    return build_tokenizer(gpt2_path)
+
+
+def _plain(obj) -> bool:
+    if isinstance(obj, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return all(_plain(v) for v in obj)
+    return obj is None or isinstance(obj, (str, int, float, bool))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=40))
+def test_bpe_round_trips_any_text(bpe, text):
+    """Prevents a byte-level BPE that loses or alters characters it never saw in training (emoji, CJK, controls)."""
+    assert bpe.decode(bpe.encode(text)) == text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=40))
+def test_tiktoken_path_round_trips_any_text(gpt2, text):
+    """Prevents a tiktoken backend whose decode is not the inverse of encode."""
+    assert gpt2.decode(gpt2.encode(text)) == text
+
+
+def test_bpe_trained_shape(bpe):
+    """Prevents a trained BPE without the 256-byte alphabet, without EOS, or over the requested size."""
+    assert 257 <= bpe.vocab_size <= 400
+    assert bpe.eos_id == bpe.special_tokens[EOT]
+    assert len(bpe.encode("To be, or not to be")) < len("To be, or not to be")  # merges were learned
+
+
+def test_special_token_text_is_plain_text(bpe, gpt2):
+    """Prevents user text containing '<|endoftext|>' from injecting the EOS id."""
+    text = f"end{EOT}start"
+    for tok in (bpe, gpt2):
+        ids = tok.encode(text)
+        assert tok.eos_id not in ids
+        assert tok.decode(ids) == text
+    assert bpe.decode([bpe.eos_id]) == EOT  # appended by id it is the separator
+
+
+def test_tiktoken_path_matches_tiktoken(shared_data, gpt2_path):
+    """Prevents ids that differ from tiktoken's own GPT-2 encoding (wrong pattern, ranks or EOS id)."""
+    import tiktoken
+    import tiktoken.load
+
+    ref = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN,
+                            mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(shared_data / "gpt2.tiktoken")),
+                            special_tokens={EOT: 50256})
+    tok = build_tokenizer(gpt2_path)
+    assert (tok.vocab_size, tok.eos_id) == (50257, 50256)
+    texts = [(shared_data / n).read_text(encoding="utf-8") for n in SHARED_TEXTS]
+    texts.append((shared_data / "corpus.en").read_text(encoding="utf-8")[:20_000])
+    for text in texts:
+        assert tok.encode(text) == ref.encode_ordinary(text)
+    assert tok.encode_batch(texts) == [ref.encode_ordinary(t) for t in texts]
+    assert tok.encode("Hello world") == [15496, 995]  # GPT-2's well-known ids
+
+
+def test_tiktoken_name_loads_from_cache_offline(shared_data, gpt2, monkeypatch, tmp_path):
+    """Prevents tiktoken:NAME from ignoring a cached encoding (or disagreeing with the same ranks from a path)."""
+    _no_network(monkeypatch)
+    cache = tmp_path / "tiktoken_cache"  # conftest points TIKTOKEN_CACHE_DIR here
+    cache.mkdir(exist_ok=True)
+    shutil.copy(shared_data / "gpt2.tiktoken", cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    tok = build_tokenizer("tiktoken:r50k_base")
+    text = (shared_data / "address.txt").read_text(encoding="utf-8")
+    assert tok.encode(text) == gpt2.encode(text)
+    assert tok.eos_id == 50256
+
+
+def test_tiktoken_name_unreachable_says_use_path(monkeypatch):
+    """Prevents an opaque network traceback when a tiktoken encoding cannot be downloaded."""
+    _no_network(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"tiktoken:PATH"):
+        build_tokenizer("tiktoken:gpt2")
+    with pytest.raises(ValueError, match=r"unknown tiktoken encoding 'nope'.*cl100k_base"):
+        build_tokenizer("tiktoken:nope")
+
+
+def test_char_tokenizer(shared_data):
+    """Prevents a char vocabulary that differs from nanoGPT's (65 for tinyshakespeare) or hides unknown chars."""
+    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    tok = build_tokenizer("char", documents=lambda: [text])
+    assert (tok.vocab_size, tok.eos_id) == (65, None)
+    assert tok.encode("\n !") == [0, 1, 2] and tok.decode(tok.encode(text[:500])) == text[:500]
+    with pytest.raises(ValueError, match=r"'é' is not in the char tokenizer"):
+        tok.encode("café")
+    multi = build_tokenizer("char", documents=lambda: ["ab", "ba"])
+    assert multi.special_tokens == {EOT: 2} and multi.vocab_size == 3
+
+
+def test_scratch_bpe_backend(shakespeare_100k):
+    """Prevents the scratch-bpe spec from being miswired to tinylm.bpe (round trip, EOS, state)."""
+    pytest.importorskip("tinylm.bpe")
+    tok = build_tokenizer("scratch-bpe", vocab_size=300, documents=lambda: [shakespeare_100k[:20_000]])
+    assert tok.vocab_size == 300 and tok.eos_id is not None
+    text = f"To be{EOT} or not 😀"
+    assert tok.decode(tok.encode(text)) == text and tok.eos_id not in tok.encode(text)
+    again = Tokenizer.from_state_dict(tok.state_dict())
+    assert again.fingerprint == tok.fingerprint and again.encode(text) == tok.encode(text)
+
+
+def test_state_dict_is_plain_and_loads_weights_only(bpe, gpt2, tmp_path):
+    """Prevents a tokenizer state that breaks torch.load(weights_only=True) or does not rebuild the same one."""
+    char = build_tokenizer("char", documents=lambda: ["hello ", "world"])
+    text = "hello world"
+    for tok in (bpe, gpt2, char):
+        state = tok.state_dict()
+        assert _plain(state), tok.kind
+        torch.save({"tokenizer": state}, tmp_path / "t.pt")
+        back = Tokenizer.from_state_dict(torch.load(tmp_path / "t.pt", weights_only=True)["tokenizer"])
+        assert back.fingerprint == tok.fingerprint and back.encode(text) == tok.encode(text)
+        assert back.special_tokens == tok.special_tokens and back.vocab_size == tok.vocab_size
+
+
+def test_save_load_and_tokenizer_json_path(bpe, tmp_path):
+    """Prevents a saved tokenizer (or its HF tokenizer.json) that loads as a different tokenizer."""
+    bpe.save(tmp_path / "tok")
+    text = "Wherefore art thou?"
+    for spec in (str(tmp_path / "tok"), str(tmp_path / "tok" / "tokenizer.json")):
+        tok = build_tokenizer(spec)
+        assert tok.encode(text) == bpe.encode(text) and tok.eos_id == bpe.eos_id
+    assert Tokenizer.load(tmp_path / "tok").fingerprint == bpe.fingerprint
+
+
+def test_fingerprint_tracks_content(shakespeare_100k):
+    """Prevents a fingerprint that changes between identical trainings or stays equal for different vocabs."""
+    docs = lambda: [shakespeare_100k[:30_000]]  # noqa: E731
+    a = build_tokenizer("bpe", vocab_size=300, documents=docs)
+    b = build_tokenizer("bpe", vocab_size=300, documents=docs)
+    c = build_tokenizer("bpe", vocab_size=320, documents=docs)
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    assert len(a.fingerprint) == 64
+
+
+def test_encode_batch_equals_encode(bpe):
+    """Prevents the parallel batch path from producing ids the single-text path would not."""
+    texts = ["First Citizen:", "", "Before we proceed any further, hear me speak.", "ünïcödé 😀"]
+    assert bpe.encode_batch(texts) == [bpe.encode(t) for t in texts]
+
+
+def test_bad_specs_are_clear(tmp_path):
+    """Prevents unknown specs, missing paths or a too-small BPE vocab from failing obscurely."""
+    with pytest.raises(ValueError, match=r"unknown tokenizer 'wordpiece'.*bpe, scratch-bpe, char, tiktoken:NAME"):
+        build_tokenizer("wordpiece")
+    with pytest.raises(FileNotFoundError, match=r"missing/tokenizer.json"):
+        build_tokenizer(str(tmp_path / "missing" / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"vocab_size=200 is too small.*257"):
+        build_tokenizer("bpe", vocab_size=200, documents=lambda: ["abc"])
+    with pytest.raises(FileNotFoundError, match=r"tiktoken:PATH"):
+        build_tokenizer(f"tiktoken:{tmp_path / 'nope.tiktoken'}")
