@@ -21,6 +21,7 @@ def config(tmp_path, shared_data, monkeypatch):
     cfg = {
         "seed_everything": 7,
         "run": {"name": "tiny", "checkpoint_every": 4, "wandb_project": None},
+        "samples": {"every_n_steps": 3, "prompts": ["ROMEO:"], "max_new_tokens": 8},
         "trainer": {
             "max_steps": 6,
             "val_check_interval": 3,
@@ -60,6 +61,8 @@ def test_fit_writes_metrics_and_checkpoints(config, tmp_path):
     ckpt = torch.load(ckpts / "last.ckpt", weights_only=True)  # loads without executing code
     assert ckpt["global_step"] == 6
     assert ckpt["tinylm"]["tokenizer"] is not None  # generate/export need nothing else
+    samples = (run / "samples.txt").read_text()
+    assert "--- step 3 | 'ROMEO:'" in samples and "--- step 6 |" in samples
     assert ckpt["hyper_parameters"]["vocab_size"] == len(set(open(tmp_path / "shakespeare_small.txt").read()))
 
 
@@ -129,3 +132,31 @@ def test_prepare_prints_summary(config, capsys):
     out = capsys.readouterr().out
     assert "65" in out or "vocab" in out
     assert "train" in out and "val" in out
+
+
+def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
+    """Catches `tinylm generate` needing anything beyond the checkpoint (config, data, tokenizer files)."""
+    main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    (tmp_path / "cache").rename(tmp_path / "gone")  # the data and its tokenizer are no longer around
+    capsys.readouterr()
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "20"])
+    first = capsys.readouterr().out
+    assert first.startswith("ROMEO:") and len(first.rstrip("\n")) == len("ROMEO:") + 20  # char model: 1 token = 1 char
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "20"])
+    assert capsys.readouterr().out == first  # greedy is deterministic
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1", "--max_new_tokens", "5"])
+    assert capsys.readouterr().out.count("ROMEO:") == 3
+
+
+@pytest.mark.parametrize("flags, match", [(["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"),
+                                          (["--top_k", "0"], "top_k"), (["--num_beams", "0", "--strategy", "beam"], "num_beams")])
+def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, capsys, flags, match):
+    """Catches out-of-range sampling arguments producing tracebacks or silently wrong text."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--ckpt_path", str(ckpt), "--prompt", "A", *flags])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err

@@ -168,3 +168,101 @@ class ProgressBar(TQDMProgressBar):
             else:
                 out[name] = value
         return out
+
+
+class SampleText(L.Callback):
+    """Samples text from fixed prompts every N optimizer steps, to watch a model learn to write.
+
+    The text goes to the console, to ``<run dir>/samples.txt`` and to W&B as a table (rank zero only). Sampling
+    uses its own seeded generator, so it neither changes the training RNG stream nor breaks exact resume.
+
+    Args:
+        every_n_steps: Optimizer steps between samples; 0 turns sampling off.
+        prompts: Texts to continue (an empty prompt starts from the end-of-text token).
+        max_new_tokens: Tokens generated per prompt.
+        strategy: Decoding strategy (greedy, sample, beam, contrastive); see `tinylm generate --help`.
+        temperature: Sampling temperature.
+        top_k: Keep only the k most likely tokens when sampling (None: all).
+        seed: Seed of the sampling generator (the same samples for the same weights).
+    """
+
+    def __init__(
+        self,
+        *,
+        every_n_steps: int = 500,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 100,
+        strategy: str = "sample",
+        temperature: float = 0.8,
+        top_k: int | None = 200,
+        seed: int = 1234,
+    ) -> None:
+        from tinylm.sampling import SamplingConfig
+
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.prompts = list(prompts) if prompts is not None else ["\n"]
+        self.config = SamplingConfig(
+            strategy=strategy,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k if strategy in ("sample", "contrastive") else None,
+            seed=seed,
+        )
+        self._last_step = -1
+        self.history: list[tuple[int, str, str]] = []  # (step, prompt, text)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if not self.every_n_steps or step % self.every_n_steps or step == self._last_step or not trainer.is_global_zero:
+            return
+        self._last_step = step
+        tokenizer = _run_tokenizer(trainer, pl_module)
+        if tokenizer is None:
+            return
+        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt)) for prompt in self.prompts]
+        self.history.extend(rows)
+        self._publish(trainer, rows)
+
+    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
+        from dataclasses import replace
+
+        from tinylm.sampling import generate_with
+
+        ids = tokenizer.encode(prompt) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
+        if not ids:
+            return ""
+        config = replace(self.config, eos_id=tokenizer.eos_id)
+        compiled = model.__dict__.pop("_compiled_call_impl", None)  # decode shapes vary: run eagerly, no recompiles
+        try:
+            out = generate_with(model, [ids], config)
+        finally:
+            if compiled is not None:
+                model._compiled_call_impl = compiled
+        return tokenizer.decode(out[0])
+
+    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
+        import logging
+        from pathlib import Path
+
+        log = logging.getLogger("tinylm")
+        text = "\n".join(f"--- step {s} | {p!r}\n{p}{t}" for s, p, t in rows)
+        log.info("\n%s", text)
+        path = Path(trainer.default_root_dir) / "samples.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+        for logger in trainer.loggers:
+            if type(logger).__name__ == "WandbLogger":
+                logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
+
+
+def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
+    """The run's tokenizer: the data module's, else the one the module carries from its checkpoint."""
+    tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+    if tok is None and getattr(pl_module, "tokenizer_state", None):
+        from tinylm.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
+    return tok

@@ -91,3 +91,39 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return load_checkpoint(path, map_location=map_location or "cpu")
+
+
+def load_model(path: str | os.PathLike, map_location: Any = "cpu"):
+    """(GPT in eval mode, Tokenizer, hyperparameters) from a tinylm checkpoint: all that generate/export need.
+
+    A checkpoint whose weights do not fit the shape its hyperparameters describe raises :class:`CheckpointError`
+    naming the first mismatching tensor.
+    """
+    import dataclasses
+
+    from tinylm.model import GPT, GPTConfig
+    from tinylm.tokenizer import Tokenizer
+
+    ckpt = load_checkpoint(path, map_location=map_location)
+    hp = dict(ckpt.get("hyper_parameters", {}))
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    try:
+        model = GPT(GPTConfig(**{k: v for k, v in hp.items() if k in fields}))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{str(path)!r} has hyperparameters tinylm cannot build a model from: {e}") from None
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    expected = model.state_dict()
+    for name, tensor in expected.items():
+        if name not in state:
+            raise CheckpointError(f"{str(path)!r} lacks weight {name!r}: it is not a checkpoint of this model")
+        if state[name].shape != tensor.shape:
+            raise CheckpointError(
+                f"{str(path)!r} holds {name!r} of shape {tuple(state[name].shape)} but its hyperparameters describe "
+                f"{tuple(tensor.shape)}: the file mixes two model shapes; use a checkpoint written by one run"
+            )
+    model.load_state_dict(state, strict=False)  # extra keys (none expected) are harmless
+    model.eval()
+    tok_state = ckpt["tinylm"].get("tokenizer")
+    if tok_state is None:
+        raise CheckpointError(f"{str(path)!r} carries no tokenizer; it was saved before training started")
+    return model, Tokenizer.from_state_dict(tok_state), hp

@@ -65,7 +65,7 @@ def _cpu_has_native_bf16() -> bool:
 def _make_cli_class():
     from lightning.pytorch.cli import LightningCLI
 
-    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SampleText, SpeedMonitor
     from tinylm.health import HealthMonitor
     from tinylm.checkpoint import AtomicCheckpointIO
     from tinylm.loggers import make_loggers
@@ -73,6 +73,7 @@ def _make_cli_class():
     class TinyLMCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
             parser.add_class_arguments(RunOptions, "run")
+            parser.add_lightning_class_args(SampleText, "samples")
             # Each fact has one source: the data side decides context length and vocabulary.
             parser.link_arguments("data.block_size", "model.block_size")
             parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")

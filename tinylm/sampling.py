@@ -1,0 +1,455 @@
+"""Decoding: logits processors and strategies (greedy, sampling, beam search, contrastive search) over a GPT.
+
+Everything here is a pure function of logits or of the model: no training state, no printing.
+The one entry point is `generate`; `SamplingConfig` holds and validates the same options for callers that pass
+them around (CLI, sampling callback): `generate_with(model, prompts, config)`.
+
+Shapes: B prompts, L tokens so far (prompt + generated), V vocab, K candidates (top-k / 2·beams), C n_embd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tinylm.model import GPT
+
+STRATEGIES = ("greedy", "sample", "beam", "contrastive")
+CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
+
+
+@dataclass
+class SamplingConfig:
+    """How to decode; validated on creation (bad values raise ValueError naming the value)."""
+
+    strategy: str = "sample"
+    """"greedy" (argmax), "sample" (multinomial), "beam" (beam search), "contrastive" (contrastive search)."""
+    max_new_tokens: int = 256
+    """Most tokens to generate per prompt (EOS and stop strings can end a row earlier)."""
+    temperature: float = 1.0
+    """sample: divide logits by this; < 1 sharper, > 1 flatter. Must be > 0 (use strategy="greedy" for 0)."""
+    top_k: int | None = None
+    """sample: keep only the k most likely tokens (exactly k, ties broken by index). contrastive: candidates per
+    step (default 4)."""
+    top_p: float | None = None
+    """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""
+    min_p: float | None = None
+    """sample: drop tokens less likely than min_p × the top token's probability, in [0, 1]."""
+    repetition_penalty: float = 1.0
+    """All strategies: CTRL penalty on tokens already in the sequence (prompt included); > 1 discourages
+    repeats, 1 is off. Positive logits are divided by it, negative ones multiplied."""
+    num_beams: int = 1
+    """beam: beams kept per prompt."""
+    length_penalty: float = 1.0
+    """beam: hypotheses are ranked by sum(log-probs) / length**length_penalty; > 0 favours longer ones."""
+    early_stopping: bool = False
+    """beam: stop a prompt as soon as num_beams hypotheses ended; False stops when no running beam can still win."""
+    penalty_alpha: float = 0.6
+    """contrastive: weight of the degeneration penalty (max cosine similarity to earlier hidden states), in
+    [0, 1]; 0 is greedy."""
+    eos_id: int | None = None
+    """Stop a row when it produces this token (the EOS is not returned)."""
+    stop_strings: list[str] | None = None
+    """Stop a row once its decoded new text contains one of these (the tokens that made it are returned);
+    needs a `decode` function."""
+    seed: int | None = None
+    """Seed for sampling (a private torch.Generator, so the global RNG is untouched); None uses the global RNG."""
+    use_cache: bool = True
+    """Reuse attention keys/values of earlier tokens (same output, many times faster); False recomputes all."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.strategy == "sample" and not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 for sampling, got {self.temperature}; use strategy='greedy' for argmax"
+            )
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (or None for no limit), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
+        if self.num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.num_beams > 1 and self.strategy != "beam":
+            raise ValueError(f"num_beams={self.num_beams} needs strategy='beam' (got {self.strategy!r})")
+        if not 0 <= self.penalty_alpha <= 1:
+            raise ValueError(f"penalty_alpha must be in [0, 1], got {self.penalty_alpha}")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise ValueError(f"eos_id must be a token id >= 0 (or None), got {self.eos_id}")
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
+        if self.stop_strings is not None and not all(isinstance(s, str) and s for s in self.stop_strings):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+
+
+# ---- logits processors: (B, V) logits in, (B, V) logits out; removed tokens get -inf ---------------------------
+def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
+    """Divide logits by temperature (> 0): below 1 sharpens the distribution, above 1 flattens it."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep exactly the k largest logits per row (ties broken by torch.topk, never more than k)."""
+    if k >= logits.size(-1):
+        return logits
+    values, indices = torch.topk(logits, k, dim=-1)  # (B, k)
+    # scatter the kept values back rather than thresholding at the k-th value, which would keep every tie
+    return torch.full_like(logits, -math.inf).scatter(-1, indices, values)
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus: keep the most likely tokens until their probabilities sum to >= top_p (always at least one)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
+    remove_sorted = mass_before >= top_p  # the top token has mass_before 0, so it always stays
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
+    """Drop tokens whose probability is below min_p times the most likely token's probability."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)  # (B, V)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill(probs < threshold, -math.inf)
+
+
+def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: float) -> Tensor:
+    """CTRL repetition penalty: for each token already in ids (B, L), divide a positive logit by penalty and
+    multiply a negative one, so penalty > 1 always makes it less likely (once per token, however often seen)."""
+    if penalty == 1.0:
+        return logits
+    seen = torch.gather(logits, 1, ids)  # (B, L)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, ids, seen)
+
+
+def sampling_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
+    """The sampling warpers in Hugging Face's order: temperature, top-k, top-p, min-p."""
+    logits = apply_temperature(logits, config.temperature)
+    if config.top_k is not None:
+        logits = top_k_filter(logits, config.top_k)
+    if config.top_p is not None:
+        logits = top_p_filter(logits, config.top_p)
+    if config.min_p is not None:
+        logits = min_p_filter(logits, config.min_p)
+    return logits
+
+
+# ---- feeding the model ---------------------------------------------------------------------------------------
+class _Runner:
+    """Feeds a growing batch of sequences (B, L) to the model; returns the last position's logits (and the new
+    tokens' hidden states).
+
+    Without the cache every call runs the last block_size tokens (nanoGPT's sliding window). With it only the
+    tokens not fed yet run; when they would overflow the cache it is refilled from the last block_size tokens,
+    which is exactly what the uncached path sees, so both give the same logits (past block_size each step then
+    costs a full forward, as without the cache: learned absolute positions shift with the window).
+    """
+
+    def __init__(self, model: GPT, *, use_cache: bool, prompt_len: int) -> None:
+        self.model, self.use_cache = model, use_cache
+        self.block_size = model.config.block_size
+        # a prefix-LM sees its prompt bidirectionally: the prefix is the prompt, wherever the window starts
+        self.prefix_abs = prompt_len if model.config.attn_mask == "prefix" else None
+        self.cache = None
+        self.cache_start = 0  # absolute position of the cache's first token
+        self.fed = 0  # tokens of each sequence the model has seen
+
+    def reorder(self, index: Tensor) -> None:
+        """Rows of the batch were selected/reordered (beams, contrastive candidates): follow in the cache."""
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+    def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        L = ids.size(1)
+        n_new = L - self.fed
+        assert n_new >= 1, "every call must bring at least one new token"
+        if self.use_cache:
+            if self.cache is None:
+                self.cache = self.model.new_kv_cache(ids.size(0))
+            first = L - n_new  # the first token the cache has not seen
+            if self.cache.pos + n_new > self.block_size:
+                self.cache.reset()
+                self.cache_start = first = max(0, L - self.block_size)
+            start, feed = self.cache_start, ids[:, first:]
+        else:
+            start = max(0, L - self.block_size)
+            feed = ids[:, start:]
+        prefix_len = None if self.prefix_abs is None else max(0, self.prefix_abs - start)
+        # .forward, not __call__: a model compiled in place (module.compile()) would recompile for every cache length
+        logits, hidden = self.model.forward(
+            feed, kv_cache=self.cache, prefix_len=prefix_len, return_hidden=True, last_only=True
+        )  # (B, 1, V), (B, T, C)
+        self.fed = L
+        return logits[:, -1].float(), hidden[:, -min(n_new, hidden.size(1)) :]
+
+
+# ---- stopping -----------------------------------------------------------------------------------------------
+class _Rows:
+    """The new tokens of each row, and which rows still run (EOS, stop strings)."""
+
+    def __init__(self, batch_size: int, config: SamplingConfig, decode, on_token) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
+        self.active = [True] * batch_size
+        self.config, self.decode, self.on_token = config, decode, on_token
+
+    def hits_stop_string(self, tokens: list[int]) -> bool:
+        if not self.config.stop_strings:
+            return False
+        text = self.decode(tokens)
+        return any(s in text for s in self.config.stop_strings)
+
+    def accept(self, next_tokens: list[int]) -> None:
+        for row, tok in enumerate(next_tokens):
+            if not self.active[row]:
+                continue
+            if tok == self.config.eos_id:
+                self.active[row] = False
+                continue
+            self.tokens[row].append(tok)
+            if self.on_token is not None:
+                self.on_token(row, tok)
+            if self.hits_stop_string(self.tokens[row]):
+                self.active[row] = False
+
+
+# ---- strategies -----------------------------------------------------------------------------------------------
+def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.Generator | None) -> None:
+    config = rows.config
+    for _ in range(config.max_new_tokens):
+        logits, _ = run(ids)  # (B, V)
+        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+        if config.strategy == "greedy":
+            nxt = logits.argmax(dim=-1)  # (B,)
+        else:
+            probs = sampling_logits(logits, config).softmax(dim=-1)  # (B, V)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, L + 1)
+        rows.accept(nxt.tolist())
+        if not any(rows.active):
+            break
+
+
+def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
+    """Contrastive search (Su et al. 2022): among the top-k tokens pick the one maximising
+    (1 - alpha) · p(token) - alpha · max cosine similarity of its hidden state to the context's."""
+    config = rows.config
+    B = ids.size(0)
+    k = min(config.top_k or CONTRASTIVE_DEFAULT_TOP_K, run.model.config.vocab_size)
+    logits, context = run(ids)  # (B, V), (B, L, C)
+    context = F.normalize(context.float(), dim=-1)
+    expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
+    for _ in range(config.max_new_tokens):
+        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+        top_probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)  # (B, k)
+        run.reorder(expand)
+        cand_logits, cand_hidden = run(torch.cat([ids[expand], top_ids.reshape(-1, 1)], dim=1))  # (B*k, V), (B*k, 1, C)
+        cand_hidden = F.normalize(cand_hidden.float(), dim=-1)
+        similarity = cand_hidden.view(B, k, -1) @ context.transpose(1, 2)  # (B, k, L)
+        degeneration = similarity.max(dim=-1).values  # (B, k)
+        score = (1 - config.penalty_alpha) * top_probs - config.penalty_alpha * degeneration  # (B, k)
+        chosen = torch.arange(B, device=ids.device) * k + score.argmax(dim=-1)  # (B,) rows of the B*k batch
+        run.reorder(chosen)
+        nxt = top_ids.reshape(-1)[chosen]  # (B,)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        logits, context = cand_logits[chosen], torch.cat([context, cand_hidden[chosen]], dim=1)
+        rows.accept(nxt.tolist())
+        if not any(rows.active):
+            break
+
+
+class _Hypotheses:
+    """The best `num_beams` finished hypotheses of one prompt, scored sum(log p) / length**length_penalty."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        self.config = config
+        self.best: list[tuple[float, list[int]]] = []
+        self.done = False
+
+    def add(self, tokens: list[int], sum_logprobs: float, length: int) -> None:
+        self.best.append((sum_logprobs / max(length, 1) ** self.config.length_penalty, tokens))
+        self.best.sort(key=lambda h: -h[0])
+        del self.best[self.config.num_beams :]
+
+    def is_done(self, best_running: float, length: int) -> bool:
+        if len(self.best) < self.config.num_beams:
+            return False
+        if self.config.early_stopping:
+            return True
+        # the best running beam, scored as if it ended now, cannot enter the list: stop (Hugging Face's heuristic)
+        return self.best[-1][0] >= best_running / length**self.config.length_penalty
+
+
+def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
+    config = rows.config
+    nb = config.num_beams
+    B, L0 = ids.shape
+    ids = ids.repeat_interleave(nb, dim=0)  # (B*nb, L): the beams of a prompt are adjacent rows
+    scores = torch.zeros(B, nb, device=ids.device)  # sum of log-probs of each running beam
+    scores[:, 1:] = -math.inf  # only the first copy runs at the start, or all nb would pick the same tokens
+    hyps = [_Hypotheses(config) for _ in range(B)]
+    for step in range(config.max_new_tokens):
+        logits, _ = run(ids)  # (B*nb, V)
+        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+        V = logits.size(-1)
+        cand = (scores.view(-1, 1) + logits.log_softmax(dim=-1)).view(B, nb * V)  # every (beam, token) extension
+        # 2·nb candidates: even if nb of them end (EOS), nb can keep running
+        top_scores, top_flat = cand.topk(min(2 * nb, nb * V), dim=-1)  # (B, K)
+        generated = ids[:, L0:].tolist()  # (B*nb) lists of the tokens each beam generated so far
+        src, tok, new_scores = [], [], []
+        for b in range(B):
+            kept: list[tuple[int, int, float]] = []
+            if not hyps[b].done:
+                for rank, (s, flat) in enumerate(zip(top_scores[b].tolist(), top_flat[b].tolist())):
+                    if s == -math.inf or len(kept) == nb:
+                        break
+                    beam, t = b * nb + flat // V, flat % V
+                    if t == config.eos_id:
+                        if rank < nb:  # only an EOS among the top nb candidates is as good as a running beam
+                            hyps[b].add(generated[beam], s, step + 1)
+                    elif rows.hits_stop_string(generated[beam] + [t]):
+                        if rank < nb:
+                            hyps[b].add(generated[beam] + [t], s, step + 1)
+                    else:
+                        kept.append((beam, t, s))
+                hyps[b].done = not kept or hyps[b].is_done(kept[0][2], step + 1)
+            # finished prompts (and any missing beams) ride along as dead rows
+            kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))
+            for beam, t, s in kept:
+                src.append(beam), tok.append(t), new_scores.append(s)
+        index = torch.tensor(src, device=ids.device)
+        ids = torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)  # (B*nb, L + 1)
+        run.reorder(index)
+        scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
+        if all(h.done for h in hyps):
+            break
+    generated = ids[:, L0:].tolist()
+    for b in range(B):
+        if not hyps[b].done:  # ran out of max_new_tokens: the running beams compete too
+            for j in range(nb):
+                if scores[b, j] > -math.inf:
+                    hyps[b].add(generated[b * nb + j], float(scores[b, j]), len(generated[b * nb + j]))
+        best = hyps[b].best[0][1] if hyps[b].best else []
+        rows.tokens[b] = list(best)
+        if rows.on_token is not None:
+            for t in best:
+                rows.on_token(b, t)
+
+
+# ---- entry points -----------------------------------------------------------------------------------------------
+def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor, model: GPT) -> Tensor:
+    if isinstance(prompt_ids, Tensor):
+        ids = prompt_ids.long()
+        if ids.dim() == 1:
+            ids = ids[None]
+    else:
+        prompts = list(prompt_ids)
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]  # one prompt given as a flat list of ids
+        lengths = sorted({len(p) for p in prompts})
+        if len(lengths) > 1:
+            raise ValueError(
+                f"prompts in a batch must have equal lengths, got lengths {lengths}; "
+                "generate them in separate calls or group them by length"
+            )
+        ids = torch.tensor(prompts, dtype=torch.long)
+    if ids.dim() != 2 or ids.size(0) == 0 or ids.size(1) == 0:
+        raise ValueError(
+            f"prompt_ids must be a non-empty (B, L) batch of token ids, got shape {tuple(ids.shape)}; "
+            "start an empty prompt with the EOS id"
+        )
+    vocab = model.config.vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"prompt token ids must be in [0, {vocab}), got min {int(ids.min())} max {int(ids.max())}")
+    return ids.to(model.lm_head.weight.device)
+
+
+def generate_with(
+    model: GPT,
+    prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
+    config: SamplingConfig,
+    *,
+    decode: Callable[[list[int]], str] | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """`generate` with the options in a SamplingConfig."""
+    if config.stop_strings and decode is None:
+        raise ValueError("stop_strings need decode (a function from token ids to text, e.g. tokenizer.decode)")
+    if config.eos_id is not None and config.eos_id >= model.config.vocab_size:
+        raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
+    ids = _prompt_tensor(prompt_ids, model)  # (B, L)
+    rows = _Rows(ids.size(0), config, decode, on_token)
+    run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
+    generator = None
+    if config.seed is not None:
+        generator = torch.Generator(device=ids.device).manual_seed(config.seed)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if config.strategy == "beam":
+                _beam_search(run, ids, rows)
+            elif config.strategy == "contrastive":
+                _contrastive(run, ids, rows)
+            else:
+                _greedy_or_sample(run, ids, rows, generator)
+    finally:
+        model.train(was_training)
+    return rows.tokens
+
+
+def generate(
+    model: GPT,
+    prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
+    *,
+    strategy: str = "sample",
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool = False,
+    penalty_alpha: float = 0.6,
+    eos_id: int | None = None,
+    stop_strings: list[str] | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """Continue each prompt; return the new token ids per prompt (without the EOS that ended a row).
+
+    prompt_ids: (B, L) tensor or B lists of ids of equal length (one flat list = one prompt). Prompts longer
+        than block_size are cropped to their last block_size tokens, as is the context while generating.
+    decode: token ids -> text; needed for stop_strings.
+    on_token: streaming callback `on_token(row, token_id)`, called as each token is accepted (for beam search,
+        once the best hypothesis is known).
+    The other options are documented on SamplingConfig. Runs in eval mode under no_grad and restores the
+    model's mode.
+    """
+    config = SamplingConfig(
+        strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, repetition_penalty=repetition_penalty, num_beams=num_beams, length_penalty=length_penalty,
+        early_stopping=early_stopping, penalty_alpha=penalty_alpha, eos_id=eos_id, stop_strings=stop_strings,
+        seed=seed, use_cache=use_cache,
+    )
+    return generate_with(model, prompt_ids, config, decode=decode, on_token=on_token)
