@@ -160,3 +160,12 @@ def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, c
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
+
+
+def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, caplog):
+    """Catches `--ckpt_path last --model.lr X` silently mixing a new LR into a resumed run (Lightning #20801)."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last", "--model.lr", "0.5"])
+    assert cli.model.hparams.lr == 3e-3
+    assert any("ignoring model.lr=0.5 (checkpoint: 0.003)" in r.getMessage() for r in caplog.records)

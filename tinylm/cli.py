@@ -79,6 +79,33 @@ def _make_cli_class():
             parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
             parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
 
+        def _parse_ckpt_path(self) -> None:
+            # A resumed run continues the run as it was: model hyperparameters come from the checkpoint, for
+            # `--ckpt_path last` as for a path (Lightning does this only for paths, silently; #20801). Values the
+            # config or command line set differently are named in one warning instead of silently dropped.
+            sub = self.config.get("subcommand")
+            cfg = self.config[sub] if sub else None
+            if cfg is not None and cfg.get("ckpt_path") == "last":
+                last = Path(cfg.run.root) / cfg.run.name / "checkpoints" / "last.ckpt"
+                if last.is_file():
+                    cfg.ckpt_path = str(last)
+            if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
+                from tinylm.checkpoint import load_checkpoint
+
+                saved = load_checkpoint(cfg.ckpt_path, mmap=True).get("hyper_parameters", {})
+                linked = ("vocab_size", "block_size", "eos_id")  # come from data; checked by the data module
+                ignored = [
+                    f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})"
+                    for k, v in saved.items()
+                    if k not in linked and k in cfg.model and cfg.model[k] != v
+                ]
+                if ignored:
+                    log.warning(
+                        "resuming from %s: model hyperparameters come from the checkpoint; ignoring %s "
+                        "(to change them, start a new run)", cfg.ckpt_path, ", ".join(ignored)
+                    )
+            super()._parse_ckpt_path()
+
         def instantiate_trainer(self, **kwargs: Any):
             from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -184,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # every user error: one line, non-zero exit; --verbose shows the traceback
         if verbose:
             raise
-        print(f"tinylm {command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        lines = str(e).strip().splitlines() or [""]
+        more = " (more with --verbose)" if len(lines) > 1 else ""
+        print(f"tinylm {command}: error: {type(e).__name__}: {lines[0]}{more}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -218,4 +218,14 @@ class TinyLM(L.LightningModule):
         meta = checkpoint.get("tinylm")
         if meta is None:
             raise ValueError("this checkpoint was not written by tinylm (no 'tinylm' section); pass a .ckpt from `tinylm fit`")
+        saved = checkpoint.get("hyper_parameters", {})
+        shape = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pad_vocab_multiple")
+        diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
+        if diffs:
+            from tinylm.checkpoint import CheckpointError
+
+            raise CheckpointError(
+                "the checkpoint is for a different model shape (" + "; ".join(diffs) + "); vocab_size and block_size "
+                "come from the data: resume with the same data.tokenizer and data.block_size, or start a new run"
+            )
         self.tokenizer_state = meta.get("tokenizer")

@@ -1,0 +1,102 @@
+"""Every bad input a user can give the CLI ends as one clear line and a non-zero exit, and damages nothing."""
+
+import pytest
+import torch
+import yaml
+
+from tinylm.checkpoint import CheckpointError, load_model
+from tinylm.cli import main
+
+
+@pytest.fixture
+def config(tmp_path, shared_data, monkeypatch):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:20_000])
+    cfg = {
+        "run": {"name": "tiny", "wandb_project": None},
+        "samples": {"every_n_steps": 0},
+        "trainer": {"max_steps": 2, "val_check_interval": 2, "precision": "32-true", "enable_model_summary": False,
+                    "enable_progress_bar": False, "num_sanity_val_steps": 0},
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "warmup_steps": 1, "pad_vocab_multiple": 1},
+        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 16, "batch_size": 2, "val_batches": 1,
+                 "cache_dir": str(tmp_path / "cache")},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        (["--data.corpus", "nope.txt"], ["nope.txt", "--data.corpus"]),
+        (["--data.tokenizer", "sentencepiece"], ["sentencepiece"]),
+        (["--data.block_size", "50000"], ["block_size"]),
+        (["--trainer.max_steps", "-1"], ["max_steps"]),
+        (["--model.lr_schedule", "linear"], ["lr_schedule", "cosine"]),
+        (["--model.n_embd", "33"], ["n_embd"]),
+    ],
+)
+def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
+    """Catches a user mistake ending in a deep traceback instead of a message that names the value and the fix."""
+    _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
+
+
+def test_empty_corpus_is_one_line(config, tmp_path, capsys):
+    """Catches an empty corpus turning into a zero-length dataset and a crash inside the sampler."""
+    (tmp_path / "empty.txt").write_text("")
+    _one_line_error(capsys, ["prepare", "--config", str(config), "--data.corpus", str(tmp_path / "empty.txt")], "empty")
+
+
+def test_wrong_type_in_config_is_jsonargparse_message(config, capsys):
+    """Catches a wrongly typed option reaching the model as a string."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config), "--model.n_layer", "two"])
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    assert "n_layer" in err and "Traceback" not in err
+
+
+def test_resuming_with_another_tokenizer_names_the_mismatch(config, tmp_path, capsys, shared_data):
+    """Catches a resume with a different vocabulary failing on an unreadable state_dict size mismatch."""
+    main(["fit", "--config", str(config)])
+    before = (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes()
+    tiktoken = f"tiktoken:{shared_data / 'gpt2.tiktoken'}"
+    line = _one_line_error(capsys, ["fit", "--config", str(config), "--data.tokenizer", tiktoken, "--trainer.max_steps", "3", "--ckpt_path", "last"],
+                           "vocab_size", "data.tokenizer")
+    assert "50257" in line
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before  # nothing damaged
+
+
+def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path):
+    """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error)."""
+    main(["fit", "--config", str(config)])
+    path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["n_embd"] = 64
+    torch.save(ckpt, tmp_path / "mixed.ckpt")
+    with pytest.raises(CheckpointError, match=r"shape \(.*32\) but its hyperparameters describe \(.*64\)"):
+        load_model(tmp_path / "mixed.ckpt")
+
+
+def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):
+    """Catches a long prompt crashing the position embedding instead of using its last block_size tokens."""
+    main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    with pytest.warns(UserWarning, match="context is 16"):
+        main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO: " * 10, "--strategy", "greedy", "--max_new_tokens", "4"])
+    assert capsys.readouterr().out.startswith("ROMEO: ROMEO:")
