@@ -70,22 +70,39 @@ def _truncate_after(path: Path, resume_step: int) -> None:
 
 
 def wandb_mode() -> str:
-    """``online``, ``offline`` or ``disabled``: what W&B can do here, decided without waiting on the network."""
+    """``online``, ``offline`` or ``disabled``: what W&B can do here, decided without the network or a prompt.
+
+    Credentials are looked up without calling into wandb (``WANDB_API_KEY``, or the ``~/.netrc`` entry that
+    ``wandb login`` writes): probing with ``wandb.login()`` initialises wandb's global settings as online, after which
+    an offline ``wandb.init`` in the same process still asks for a key. Without credentials this sets
+    ``WANDB_MODE=offline`` for the process before wandb starts.
+    """
     mode = os.environ.get("WANDB_MODE", "").lower()
     if mode in ("disabled", "offline"):
         return mode
     if mode == "dryrun":
         return "offline"
     try:
-        import wandb
+        import wandb  # noqa: F401
     except ImportError:
         return "disabled"
-    if os.environ.get("WANDB_API_KEY"):
+    if _has_wandb_key():
         return "online"
-    try:  # returns False at once when no key is stored; never prompts
-        return "online" if wandb.login(prompt=False, verify=False) else "offline"
-    except Exception:
-        return "offline"
+    os.environ["WANDB_MODE"] = "offline"
+    return "offline"
+
+
+def _has_wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
 
 
 def make_loggers(
