@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/shakespeare-char-cpu.yaml
+ARGS   ?=
 
 .PHONY: setup test train prepare bench clean
 
@@ -11,7 +12,6 @@ setup: $(VENV)/.installed
 # Reinstall only when the project's dependencies change.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
@@ -19,13 +19,13 @@ test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 train: setup
-	$(VENV)/bin/tinylm fit --config $(CONFIG)
+	$(VENV)/bin/tinylm fit --config $(CONFIG) $(ARGS)
 
 prepare: setup
-	$(VENV)/bin/tinylm prepare --config $(CONFIG)
+	$(VENV)/bin/tinylm prepare --config $(CONFIG) $(ARGS)
 
 bench: setup
-	$(PY) benchmarks/run_all.py
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
 	rm -rf runs lightning_logs wandb .pytest_cache
