@@ -89,7 +89,7 @@ def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path):
     ckpt = torch.load(path, weights_only=True)
     ckpt["hyper_parameters"]["n_embd"] = 64
     torch.save(ckpt, tmp_path / "mixed.ckpt")
-    with pytest.raises(CheckpointError, match=r"shape \(.*32\) but its hyperparameters describe \(.*64\)"):
+    with pytest.raises(CheckpointError, match=r"shape \(.*32\) but its hyperparameters make \(.*64\)"):
         load_model(tmp_path / "mixed.ckpt")
 
 

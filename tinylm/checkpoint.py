@@ -93,37 +93,42 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return load_checkpoint(path, map_location=map_location or "cpu")
 
 
-def load_model(path: str | os.PathLike, map_location: Any = "cpu"):
-    """(GPT in eval mode, Tokenizer, hyperparameters) from a tinylm checkpoint: all that generate/export need.
+def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+    """(GPT, Tokenizer | None, hyperparameters): the GPT (eval mode, on `map_location`), its tokenizer and hyperparameters from a `tinylm fit` checkpoint.
 
-    A checkpoint whose weights do not fit the shape its hyperparameters describe raises :class:`CheckpointError`
-    naming the first mismatching tensor.
+    The tokenizer is None only for checkpoints written without one (a TinyLM fit without the tinylm data module).
+    Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
+    shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
-    import dataclasses
+    from dataclasses import fields
 
     from tinylm.model import GPT, GPTConfig
     from tinylm.tokenizer import Tokenizer
 
-    ckpt = load_checkpoint(path, map_location=map_location)
-    hp = dict(ckpt.get("hyper_parameters", {}))
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
+    ckpt = load_checkpoint(ckpt_path, map_location="cpu", mmap=True)
+    hparams = dict(ckpt.get("hyper_parameters") or {})
+    names = {f.name for f in fields(GPTConfig)}
     try:
-        model = GPT(GPTConfig(**{k: v for k, v in hp.items() if k in fields}))
+        config = GPTConfig(**{k: v for k, v in hparams.items() if k in names})
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{str(path)!r} has hyperparameters tinylm cannot build a model from: {e}") from None
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} has hyperparameters that build no GPT ({e}); "
+                              "pass a .ckpt written by `tinylm fit`") from None
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model = GPT(config)
     expected = model.state_dict()
-    for name, tensor in expected.items():
-        if name not in state:
-            raise CheckpointError(f"{str(path)!r} lacks weight {name!r}: it is not a checkpoint of this model")
-        if state[name].shape != tensor.shape:
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
             raise CheckpointError(
-                f"{str(path)!r} holds {name!r} of shape {tuple(state[name].shape)} but its hyperparameters describe "
-                f"{tuple(tensor.shape)}: the file mixes two model shapes; use a checkpoint written by one run"
+                f"checkpoint {str(ckpt_path)!r}: tensor {key!r} has shape {tuple(tensor.shape)} but its "
+                f"hyperparameters make {tuple(expected[key].shape)}; the weights and hyper_parameters come from "
+                "different models (was the file edited or merged?)"
             )
-    model.load_state_dict(state, strict=False)  # extra keys (none expected) are harmless
-    model.eval()
-    tok_state = ckpt["tinylm"].get("tokenizer")
-    if tok_state is None:
-        raise CheckpointError(f"{str(path)!r} carries no tokenizer; it was saved before training started")
-    return model, Tokenizer.from_state_dict(tok_state), hp
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
+                              f"{missing[:5]}, unexpected weights {unexpected[:5]}")
+    model.load_state_dict(state)
+    tok_state = (ckpt.get("tinylm") or {}).get("tokenizer")
+    tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
+    return model.to(map_location).eval(), tokenizer, hparams

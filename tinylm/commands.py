@@ -53,10 +53,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in summary.items())
 
 
-def _not_yet(name: str) -> None:
-    raise NotImplementedError(f"`tinylm {name}` is not available in this version")
-
-
 STRATEGIES = ("greedy", "sample", "beam", "contrastive")
 
 
@@ -101,7 +97,8 @@ def generate(args: list[str]) -> None:
         raise ValueError(f"--num_samples must be >= 1, got {opts.num_samples}")
     device = torch.device("cuda" if opts.device == "auto" and torch.cuda.is_available() else "cpu" if opts.device == "auto" else opts.device)
     model, tokenizer, _ = load_model(opts.ckpt_path, map_location=device)
-    model.to(device)
+    if tokenizer is None:
+        raise ValueError(f"checkpoint {opts.ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = SamplingConfig(
         strategy=opts.strategy,
         max_new_tokens=opts.max_new_tokens,
@@ -163,11 +160,17 @@ class _StreamPrinter:
 
 
 def export(args: list[str]) -> None:
-    _not_yet("export")
+    """`tinylm export --ckpt_path PATH --out DIR`: a Hugging Face transformers GPT-2 directory."""
+    from tinylm.export import export_command
+
+    export_command(args)
 
 
 def sample_report(args: list[str]) -> None:
-    _not_yet("sample-report")
+    """`tinylm sample-report --ckpt_path PATH --out DIR`: decoding strategies compared."""
+    from tinylm.report import sample_report_command
+
+    sample_report_command(args)
 
 
 def _stdout_write(text: str) -> None:

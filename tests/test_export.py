@@ -1,0 +1,170 @@
+"""Export to / import from Hugging Face transformers GPT-2: same logits, same tokens, clear errors."""
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.checkpoint import CheckpointError
+from tinylm.export import export_command, export_hf, import_hf, load_model, save_hf_tokenizer
+from tinylm.module import TinyLM
+from tinylm.tokenizer import EOT, Tokenizer, build_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+
+def _texts(shared_data: Path) -> list[str]:
+    """Real text with newlines, punctuation, umlauts and runs of spaces."""
+    shakespeare = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:3000]
+    german = (shared_data / "german.txt").read_text(encoding="utf-8")[:2000]
+    return [shakespeare, german, "  two  spaces\n\n\tand a tab   ", "a"]
+
+
+def _write_checkpoint(path: Path, tokenizer: Tokenizer, *, bias: bool, pad_vocab_multiple: int) -> Path:
+    """A real `trainer.save_checkpoint` file of a 2-layer model whose every weight (biases, LayerNorm gains and the
+    padded embedding rows included) is random, so a mis-mapped or dropped tensor changes the logits."""
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=tokenizer.vocab_size, block_size=32, eos_id=tokenizer.eos_id, n_layer=2, n_head=2,
+                    n_embd=32, bias=bias, pad_vocab_multiple=pad_vocab_multiple, warmup_steps=0)
+    module.tokenizer_state = tokenizer.state_dict()
+    data = torch.randint(0, tokenizer.vocab_size, (4, 33))
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, loader)
+    with torch.no_grad():
+        for p in module.model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer() -> Tokenizer:
+    docs = ["First Citizen:\nBefore we proceed any further, hear me speak.", "All: Speak, speak!  Äpfel? 3.5"]
+    return build_tokenizer("char", documents=lambda: docs)  # 2 documents, so it has <|endoftext|>
+
+
+@pytest.mark.parametrize("bias, pad", [(True, 64), (False, 64), (True, 1)], ids=["bias-padded", "nobias-padded",
+                                                                                "bias-unpadded"])
+def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad):
+    """Catches untransposed Conv1D weights, dropped biases, padded vocab rows leaking into the export, tanh GELU
+    (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad)
+    model, tokenizer, hparams = load_model(ckpt)
+    V = tokenizer.vocab_size
+    assert (model.config.padded_vocab_size != V) == (pad == 64)  # the padded case really pads
+    out = export_hf(ckpt, tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    config = json.loads((out / "config.json").read_text())
+    assert (config["vocab_size"], config["n_positions"], config["activation_function"]) == (V, 32, "gelu")
+    assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eos_id
+
+    idx = torch.tensor([tokenizer.encode("First Citizen:\nBefore we proceed, hear me."[:32]),
+                        tokenizer.encode("All: Speak, speak!  Äpfel? 3.5 First Citizen"[:32])])  # (2, 32)
+    with torch.no_grad():
+        ours, theirs = model(idx), hf(idx).logits  # (B, T, V) each
+    assert theirs.shape == ours.shape == (2, 32, V)
+    assert ours.std() > 0.1  # random weights give spread-out logits: the comparison is not of two near-zero tensors
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+
+    back = import_hf(out)  # and back into tinylm, same architecture options
+    assert (back.config.bias, back.config.pad_vocab_multiple) == (bias, pad)
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx), ours, atol=1e-5, rtol=0)
+    saved = Tokenizer.load(out / "tinylm_tokenizer")
+    assert saved.fingerprint == tokenizer.fingerprint
+
+
+def _tokenizers(shared_data: Path) -> dict:
+    docs = _texts(shared_data)[:2]
+    cl100k_like = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+                   r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
+    from tinylm.bpe import ByteLevelBPE
+    from tinylm.tokenizer import _Scratch
+
+    return {
+        "char": lambda: build_tokenizer("char", documents=lambda: docs + ["  \t\n"]),
+        "bpe": lambda: build_tokenizer("bpe", vocab_size=400, documents=lambda: docs),
+        "scratch-bpe": lambda: build_tokenizer("scratch-bpe", vocab_size=400, documents=lambda: docs),
+        # another pre-tokenization regex (cl100k's shape), so the Split + ByteLevel path is exercised
+        "scratch-bpe-cl100k-regex": lambda: Tokenizer(_Scratch(ByteLevelBPE.train(
+            docs, vocab_size=400, special_tokens=[EOT], pattern=cl100k_like, progress=False)), "scratch-bpe"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "scratch-bpe", "scratch-bpe-cl100k-regex"])
+def test_exported_tokenizer_encodes_like_tinylm(tmp_path, shared_data, kind):
+    """Catches an exported tokenizer that splits text differently (pre-tokenizer regex, merge order, byte mapping,
+    char splitting), shifts the special-token ids, or decodes with extra spaces."""
+    tokenizer = _tokenizers(shared_data)[kind]()
+    files = save_hf_tokenizer(tokenizer, tmp_path, model_max_length=1 << 20)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(files)
+    # GPT-2's vocab.json + merges.txt only where GPT2Tokenizer would split text the same way
+    assert ("vocab.json" in files and "merges.txt" in files) == (kind in ("bpe", "scratch-bpe"))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in _texts(shared_data):
+        ids = tokenizer.encode(text)
+        assert hf.encode(text, add_special_tokens=False) == ids
+        assert hf.decode(ids) == text
+    if kind != "char":  # guard: merges really ran, so their order is what is being compared
+        assert len(tokenizer.encode(_texts(shared_data)[0])) < 0.9 * len(_texts(shared_data)[0])
+    for special, i in tokenizer.special_tokens.items():
+        assert hf.convert_tokens_to_ids(special) == i
+    if tokenizer.eos_id is not None:
+        assert hf.eos_token_id == tokenizer.eos_id
+
+
+def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data):
+    """Catches a tokenizer.json that encodes differently from tiktoken's GPT-2, or vocab.json / merges.txt that differ
+    from OpenAI's GPT-2 files (byte-to-unicode spelling, merge order, ids), which GPT2Tokenizer reads."""
+    tokenizer = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}")
+    save_hf_tokenizer(tokenizer, tmp_path, model_max_length=1 << 20)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in _texts(shared_data):
+        assert hf.encode(text, add_special_tokens=False) == tokenizer.encode(text)
+    assert hf.eos_token_id == tokenizer.eos_id == 50256
+    vocab = json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
+    assert vocab == json.loads((shared_data / "gpt2_vocab.json").read_text(encoding="utf-8"))
+
+    def merges(path: Path) -> list[str]:  # a "#version" header is optional; "# #" is a real merge (rank 1979)
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [m for m in lines[lines[0].startswith("#version"):] if m]
+
+    assert len(merges(tmp_path / "merges.txt")) == 50000
+    assert merges(tmp_path / "merges.txt") == merges(shared_data / "gpt2_merges.txt")
+
+
+def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
+    """Catches --dtype being ignored (weights saved in fp32) or the command writing nothing it reports."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
+    export_command(["--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"])
+    printed = capsys.readouterr().out
+    assert "model.safetensors" in printed and "bfloat16" in printed and "tinylm_tokenizer/" in printed
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "hf" / "model.safetensors", framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="int8"):
+        export_hf(ckpt, tmp_path / "hf2", dtype="int8")
+
+
+def test_bad_checkpoints_fail_clearly(tmp_path, char_tokenizer):
+    """Catches a missing path, a non-checkpoint file or weights of another shape failing deep inside torch instead
+    of with a message naming the file, the tensor and both shapes."""
+    with pytest.raises(FileNotFoundError, match="nope.ckpt.*--ckpt_path"):
+        export_hf(tmp_path / "nope.ckpt", tmp_path / "out")
+    junk = tmp_path / "junk.ckpt"
+    junk.write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="junk.ckpt"):
+        load_model(junk)
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=True, pad_vocab_multiple=1)
+    state = torch.load(ckpt, weights_only=True)
+    state["hyper_parameters"]["block_size"] = 64  # the stored position table has 32 rows
+    torch.save(state, tmp_path / "edited.ckpt")
+    with pytest.raises(CheckpointError, match=r"transformer\.wpe\.weight.*\(32, 32\).*\(64, 32\)"):
+        load_model(tmp_path / "edited.ckpt")
+    assert not (tmp_path / "out").exists()

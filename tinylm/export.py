@@ -1,0 +1,285 @@
+"""To and from Hugging Face transformers' GPT-2 format.
+
+tinylm's GPT is GPT-2's architecture, so a checkpoint maps onto `GPT2LMHeadModel` weight for weight:
+- tinylm's `nn.Linear` stores (out, in); GPT-2's `Conv1D` stores (in, out): the four projection matrices of every
+  block are transposed.
+- tinylm pads the embedding rows up to a multiple of `pad_vocab_multiple`; the export keeps the first vocab_size rows
+  (the padded rows are never inputs nor targets).
+- `bias=False` models get zero biases (GPT-2 always has them), which computes the same function.
+- tinylm's MLP uses exact GELU, so the config says `activation_function="gelu"` (GPT-2 itself uses "gelu_new", the
+  tanh approximation).
+The tokenizer is written as a Hugging Face fast tokenizer (`tokenizer.json`) for every backend, plus GPT-2's
+`vocab.json`/`merges.txt` for byte-level BPEs with GPT-2's pre-tokenization, plus tinylm's own copy in
+`tinylm_tokenizer/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tinylm.checkpoint import CheckpointError, load_checkpoint, load_model  # noqa: F401  (load_model re-exported)
+from tinylm.model import GPT, GPTConfig
+from tinylm.tokenizer import EOT, GPT2_PATTERN, Tokenizer, _parse_ranks
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
+_EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+    return dtype
+
+
+# ---------------------------------------------------------------------------------------------------- model
+def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """tinylm GPT weights renamed and shaped for `GPT2LMHeadModel` (the names already match; Conv1D is transposed)."""
+    c = model.config
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(_CONV1D):
+            tensor = tensor.t()  # Linear (out, in) -> Conv1D (in, out)
+        elif name in ("transformer.wte.weight", "lm_head.weight"):
+            tensor = tensor[: c.vocab_size]  # (Vp, C) -> (V, C): drop the padding rows
+        out[name] = tensor.contiguous()
+    if not c.bias:  # GPT-2 always has biases: zeros compute the same function
+        C = c.n_embd
+        sizes = {"ln_1": C, "ln_2": C, "attn.c_attn": 3 * C, "attn.c_proj": C, "mlp.c_fc": 4 * C, "mlp.c_proj": C}
+        for i in range(c.n_layer):
+            for module, size in sizes.items():
+                out[f"transformer.h.{i}.{module}.bias"] = torch.zeros(size)
+        out["transformer.ln_f.bias"] = torch.zeros(C)
+    return out
+
+
+def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
+    """A transformers `GPT2Config` with tinylm's shape, exact GELU and LayerNorm eps 1e-5."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=config.vocab_size,  # the real vocabulary: padded rows are not exported
+        n_positions=config.block_size,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        n_inner=4 * config.n_embd,
+        activation_function="gelu",  # tinylm's nn.GELU() is exact; GPT-2's "gelu_new" is the tanh approximation
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
+        layer_norm_epsilon=1e-5,  # nn.LayerNorm's default, which tinylm uses
+        bos_token_id=eos_id,  # GPT-2 convention: one <|endoftext|> both starts and ends documents
+        eos_token_id=eos_id,
+        tie_word_embeddings=True,
+        tinylm={k: getattr(config, k) for k in _EXTRA_FIELDS},
+    )
+
+
+def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype | str = torch.float32) -> Path:
+    """Write a transformers `GPT2LMHeadModel` directory from a tinylm checkpoint; returns `out_dir`.
+
+    Args:
+        ckpt_path: a `.ckpt` written by `tinylm fit`.
+        out_dir: directory to write (created; files of an earlier export there are overwritten): config.json,
+            generation_config.json, model.safetensors, the Hugging Face tokenizer files and `tinylm_tokenizer/`.
+        dtype: dtype of the saved weights: torch.float32 (exact), torch.bfloat16 or torch.float16 (or their names).
+    """
+    from transformers import GPT2LMHeadModel
+
+    dtype = _dtype(dtype)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
+    model, tokenizer, _ = load_model(ckpt_path)
+    c = model.config
+    if c.attn_mask != "causal":
+        warnings.warn(f"this model was trained with attn_mask={c.attn_mask!r}; GPT-2 in transformers only does "
+                      "causal attention, so its outputs match tinylm's only on single documents without a prefix")
+    eos_id = tokenizer.eos_id if tokenizer is not None else c.eos_id
+    hf = GPT2LMHeadModel(hf_config(c, eos_id=eos_id)).eval()
+    hf.load_state_dict(hf_state_dict(model), strict=True)  # strict: every GPT-2 weight comes from the checkpoint
+    hf.to(dtype).save_pretrained(out)
+    if tokenizer is None:
+        warnings.warn(f"checkpoint {str(ckpt_path)!r} holds no tokenizer; exported the model only")
+    else:
+        save_hf_tokenizer(tokenizer, out, model_max_length=c.block_size)
+        tokenizer.save(out / TINYLM_TOKENIZER_DIR)
+    log.info("exported %s to %s", ckpt_path, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- tokenizer
+def hf_tokenizer(tokenizer: Tokenizer) -> Any:
+    """The same tokenizer as a Hugging Face `tokenizers.Tokenizer` (one difference: HF tokenizers read special-token
+    strings in the text as specials, tinylm reads them as plain text)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    state = tokenizer.state_dict()["state"]
+    if tokenizer.kind == "hf":
+        tok = HFTokenizer.from_str(state["json"])  # a copy; tinylm's own sets encode_special_tokens on its object
+    elif tokenizer.kind == "char":
+        tok = _char_tokenizer(state["chars"], state["special_tokens"])
+    elif tokenizer.kind == "scratch-bpe":
+        from tinylm.bpe import ByteLevelBPE
+
+        tok = _byte_level_tokenizer(ByteLevelBPE.from_state(state))
+    elif tokenizer.kind == "tiktoken":
+        from tinylm.bpe import ByteLevelBPE
+
+        bpe = ByteLevelBPE(_parse_ranks(state["ranks"]), special_tokens=state["special_tokens"],
+                           pattern=state["pattern"])
+        tok = _byte_level_tokenizer(bpe)
+    else:
+        raise ValueError(f"cannot convert a {tokenizer.kind!r} tokenizer to Hugging Face format")
+    for s, i in tokenizer.special_tokens.items():
+        if tok.token_to_id(s) != i:
+            raise ValueError(f"special token {s!r} got id {tok.token_to_id(s)} in the Hugging Face tokenizer instead "
+                             f"of {i}; it is spelled like an ordinary token")
+    return tok
+
+
+def _char_tokenizer(chars: str, specials: dict[str, int]) -> Any:
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {ch: i for i, ch in enumerate(chars)} | specials
+    # WordLevel over single characters; an unknown character fails ("Missing [UNK]") as it does in tinylm
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one piece per code point
+    tok.decoder = decoders.Fuse()  # join pieces without the spaces a WordLevel decode puts between them
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    return tok
+
+
+def _byte_level_tokenizer(bpe: Any) -> Any:
+    """A tinylm.bpe.ByteLevelBPE as a HF BPE. Specials go into the BPE vocab so they keep their ids."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinylm.bpe import _to_unicode
+
+    state = bpe.to_state()  # tokens in GPT-2's byte-to-unicode form, like vocab.json
+    vocab = state["vocab"] | state["special_tokens"]
+    if len(vocab) != len(state["vocab"]) + len(state["special_tokens"]):
+        raise ValueError(f"special tokens {sorted(state['special_tokens'])} are spelled like ordinary tokens")
+    merges = [(_to_unicode(a), _to_unicode(b)) for a, b in bpe.merges]  # in rank order = HF merge priority
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    if bpe.pattern == GPT2_PATTERN:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's regex
+    else:  # e.g. cl100k: split with the encoding's own regex, then only map bytes to unicode
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(bpe.pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in state["special_tokens"]])
+    return tok
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, *, model_max_length: int) -> list[str]:
+    """Write `tokenizer.json` + `tokenizer_config.json` (a `PreTrainedTokenizerFast`), and GPT-2's `vocab.json` +
+    `merges.txt` when the tokenizer is a byte-level BPE with GPT-2's pre-tokenization. Returns the file names."""
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    tok = hf_tokenizer(tokenizer)
+    eos = next((s for s, i in tokenizer.special_tokens.items() if i == tokenizer.eos_id), None)
+    kwargs = dict(bos_token=eos, eos_token=eos) if eos is not None else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length,
+                                   clean_up_tokenization_spaces=False, **kwargs)
+    written = [Path(p).name for p in fast.save_pretrained(out)]
+    # transformers 5 names the class TokenizersBackend, which 4.x cannot load; both read PreTrainedTokenizerFast
+    config_path = out / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text(encoding="utf-8"))
+    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    gpt2_like = isinstance(tok.model, models.BPE) and type(tok.pre_tokenizer) is pre_tokenizers.ByteLevel
+    if gpt2_like:  # what GPT2Tokenizer (and tools that predate tokenizer.json) read
+        written += [Path(p).name for p in tok.model.save(str(out))]
+    return written
+
+
+# ---------------------------------------------------------------------------------------------------- import
+def import_hf(path: str | Path) -> GPT:
+    """A tinylm GPT (eval mode, fp32) from a transformers GPT-2 directory, e.g. one written by `export_hf`.
+
+    Directories from elsewhere (GPT-2 from the Hub, saved locally) load too; tinylm's MLP uses exact GELU, so one
+    made with "gelu_new" gives outputs close to, not equal to, the original's (a warning says so).
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in {str(path)!r}; pass a directory written by `tinylm export`")
+    hc = GPT2Config.from_pretrained(path)
+    if hc.model_type != "gpt2":
+        raise ValueError(f"{str(path)!r} holds a {hc.model_type!r} model; only GPT-2 (model_type 'gpt2') imports")
+    if hc.n_inner not in (None, 4 * hc.n_embd) or hc.scale_attn_by_inverse_layer_idx or not hc.tie_word_embeddings:
+        raise ValueError(f"{str(path)!r}: GPT-2 variants (n_inner={hc.n_inner}, scale_attn_by_inverse_layer_idx="
+                         f"{hc.scale_attn_by_inverse_layer_idx}, tie_word_embeddings={hc.tie_word_embeddings}) "
+                         "are not tinylm's architecture")
+    if hc.activation_function != "gelu":
+        warnings.warn(f"{str(path)!r} uses activation {hc.activation_function!r}; tinylm uses exact GELU, so "
+                      "outputs will differ slightly from the original model's")
+    state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
+    extra = dict(getattr(hc, "tinylm", None) or {})
+    biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]
+    # a bias-free export carries zero biases; keep them if something (e.g. fine-tuning in transformers) changed them
+    bias = bool(extra.get("bias", True)) or any(bool(b.any()) for b in biases)
+    config = GPTConfig(
+        vocab_size=hc.vocab_size, block_size=hc.n_positions, n_layer=hc.n_layer, n_head=hc.n_head,
+        n_embd=hc.n_embd, dropout=0.0, bias=bias, pad_vocab_multiple=extra.get("pad_vocab_multiple", 64),
+        attn_mask=extra.get("attn_mask", "causal"), eos_id=extra.get("eos_id"),
+    )
+    model = GPT(config)
+    target = model.state_dict()
+    for name in target:
+        if name == "lm_head.weight":
+            continue  # tied to wte
+        tensor = state[name].t() if name.endswith(_CONV1D) else state[name]
+        with torch.no_grad():
+            target[name][: tensor.size(0)].copy_(tensor)  # wte: only the real rows; padded rows stay as initialised
+            if name == "transformer.wte.weight":
+                target[name][tensor.size(0):].zero_()
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def export_command(args: list[str]) -> None:
+    """`tinylm export --ckpt_path PATH --out DIR [--dtype float32|bfloat16|float16]`: print what was written."""
+    parser = argparse.ArgumentParser(
+        prog="tinylm export",
+        description="Write a Hugging Face transformers GPT-2 model directory (config.json, model.safetensors, "
+        "tokenizer) from a tinylm checkpoint; load it with GPT2LMHeadModel.from_pretrained(DIR).",
+    )
+    parser.add_argument("--ckpt_path", required=True, help="checkpoint written by `tinylm fit` (.ckpt)")
+    parser.add_argument("--out", required=True, help="output directory (created if missing)")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
+    ns = parser.parse_args(args)
+    out = export_hf(ns.ckpt_path, ns.out, dtype=ns.dtype)
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    size = sum((out / f).stat().st_size for f in files)
+    print(f"wrote {out}: GPT2LMHeadModel {config['n_layer']} layers, {config['n_head']} heads, "
+          f"{config['n_embd']} wide, vocab {config['vocab_size']:,}, context {config['n_positions']:,}, {ns.dtype}")
+    print(f"files ({size / 1e6:.1f} MB): {', '.join(files)}")
+    print(f"load with: transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
