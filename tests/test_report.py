@@ -1,0 +1,182 @@
+"""sample-report: metric functions by hand, teacher-forced scoring against a plain loop, and the command end to end."""
+
+import json
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm import report
+from tinylm.model import GPT, GPTConfig
+from tinylm.module import TinyLM
+from tinylm.report import (
+    STRATEGIES,
+    distinct_n,
+    ngrams,
+    pooled_repetition_rate,
+    repetition_rate,
+    sample_report,
+    sample_report_command,
+    score_tokens,
+)
+from tinylm.sampling import generate
+from tinylm.tokenizer import build_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """2-layer, 32-wide models: intra-op threads only add overhead (10-30x on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- metrics by hand ---------------------------------------------------------------------------------------------
+def test_distinct_n_by_hand():
+    """Catches counting unique n-grams over the wrong set (types vs tokens) or n-grams spanning two samples."""
+    assert ngrams([1, 2, 3], 2) == [(1, 2), (2, 3)]
+    assert distinct_n([[1, 2, 1, 2]], 2) == pytest.approx(2 / 3)  # (1,2) (2,1) (1,2)
+    assert distinct_n([[1, 2, 1, 2]], 1) == pytest.approx(2 / 4)
+    assert distinct_n([[1, 2], [1, 2]], 2) == pytest.approx(1 / 2)  # pooled: the same bigram twice
+    assert distinct_n([[1, 2], [3, 4]], 2) == 1.0
+    assert math.isnan(distinct_n([[1], [2]], 2))  # (1, 2) would only exist across the two samples
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        distinct_n([[1]], 0)
+
+
+def test_repetition_rate_by_hand():
+    """Catches counting the first occurrence as a repeat, ignoring overlapping repeats, or pooling across samples."""
+    assert repetition_rate([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)  # 1234 2341 3412 4123 [1234]
+    assert repetition_rate([1, 1, 1, 1, 1]) == pytest.approx(1 / 2)  # the 2nd 1111 overlaps the 1st
+    assert repetition_rate([1, 2, 3, 4, 5]) == 0.0
+    assert repetition_rate([1, 2, 1, 2], n=2) == pytest.approx(1 / 3)
+    assert math.isnan(repetition_rate([1, 2, 3]))
+    # each sample is checked against itself only: the second 1234 is new in its own sample
+    assert pooled_repetition_rate([[1, 1, 1, 1, 1], [1, 2, 3, 4], [1, 1, 1, 1]]) == pytest.approx(1 / 4)
+
+
+# ---- scoring -------------------------------------------------------------------------------------------------------
+def _manual_scores(model: GPT, prompt: list[int], out: list[int]) -> tuple[list[float], list[float]]:
+    """Reference: every generated token scored from its own window of the last block_size tokens."""
+    ids = prompt + out
+    block = model.config.block_size
+    nll, ent = [], []
+    for j in range(len(prompt), len(ids)):
+        start = max(0, j - block)
+        kwargs = {"prefix_len": max(0, len(prompt) - start)} if model.config.attn_mask == "prefix" else {}
+        logp = model(torch.tensor([ids[start:j]]), **kwargs)[0, -1].log_softmax(-1)  # (V,)
+        nll.append(-logp[ids[j]].item())
+        ent.append(-(logp.exp() * logp).sum().item())
+    return nll, ent
+
+
+@pytest.mark.parametrize("attn_mask, rows_per_group", [("causal", None), ("prefix", None), ("causal", 2)])
+def test_score_tokens_matches_a_plain_loop_past_block_size(attn_mask, rows_per_group, monkeypatch):
+    """Catches an off-by-one between logits and targets, scoring the prompt, padding leaking into shorter rows,
+    tokens past block_size scored with the wrong window (or prefix) instead of the one generation used, or rows
+    lost or reordered when they are scored in groups."""
+    if rows_per_group is not None:
+        monkeypatch.setattr(report, "SCORE_CHUNK_LOGITS", rows_per_group * 8 * 20)  # T = block 8, V = 20
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=32, attn_mask=attn_mask)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)  # peaked distributions, so a misaligned target changes the numbers a lot
+    prompt = [3, 7, 1]
+    outputs = [[5, 5, 2, 9, 11], list(range(1, 14)), []]  # 13 new tokens reach 8 past block_size
+    nll, ent = score_tokens(model, prompt, outputs)
+    assert [len(n) for n in nll] == [5, 13, 0] and [len(e) for e in ent] == [5, 13, 0]
+    with torch.no_grad():
+        for row, out in enumerate(outputs):
+            want_nll, want_ent = _manual_scores(model, prompt, out)
+            assert nll[row] == pytest.approx(want_nll, abs=1e-4)
+            assert ent[row] == pytest.approx(want_ent, abs=1e-4)
+    assert max(max(n) for n in nll if n) > 2 * min(min(n) for n in nll if n)  # not vacuous: the values vary
+
+
+def test_report_metrics_behave_on_a_peaked_model():
+    """Catches scoring the wrong tokens or the wrong prompt: unbiased T=1 samples must have NLL close to the
+    model's entropy, truncation/search must push NLL below it, and greedy copies must show no diversity."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=48, block_size=64, n_layer=2, n_head=2, n_embd=32, eos_id=0)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(6.0)
+
+    class IdTokenizer:
+        eos_id = 0
+
+        def encode(self, text: str) -> list[int]:
+            return [1 + ord(c) % 40 for c in text]
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    result = sample_report(model, IdTokenizer(), prompts=["", "ab"], num_samples=6, max_new_tokens=20, seed=0)
+    s = result["strategies"]
+    assert list(s) == [st.name for st in STRATEGIES] and result["prompts"] == ["", "ab"]
+    t1 = s["sample T=1.0"]
+    assert abs(t1["nll"] - t1["entropy"]) < 0.25 * t1["entropy"]
+    for name in ("greedy", "beam 4", "sample T=0.7"):
+        assert s[name]["nll"] < s[name]["entropy"] and s[name]["nll"] < t1["nll"], name
+    assert s["greedy"]["samples"] == t1["samples"] == 12  # 6 per prompt: greedy's one run counts 6 times
+    assert s["greedy"]["distinct_2"] < t1["distinct_2"]
+    assert s["rep-penalty 1.3"]["nll"] > t1["nll"]  # it picks tokens the model would not
+    greedy = generate(model, [[0]], strategy="greedy", max_new_tokens=20, eos_id=0)[0]
+    assert s["greedy"]["example"] == IdTokenizer().decode(greedy)  # the first prompt's first sample
+
+
+def test_bad_arguments_name_the_fix():
+    """Catches silently writing an empty report for num_samples=0, or a crash for a tokenizer with no start token."""
+    model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=32)).eval()
+    tok = build_tokenizer("char", documents=lambda: ["abca"])  # one document: no <|endoftext|>, no "\n"
+    with pytest.raises(ValueError, match="num_samples must be >= 1, got 0"):
+        sample_report(model, tok, num_samples=0)
+    with pytest.raises(ValueError, match="--prompts TEXT"):
+        sample_report(model, tok, num_samples=1)
+
+
+# ---- end to end ----------------------------------------------------------------------------------------------------
+def _tiny_checkpoint(path: Path, text: str) -> Path:
+    """A real `trainer.save_checkpoint` file of a 2-layer char model trained 2 steps."""
+    tok = build_tokenizer("char", vocab_size=0, documents=lambda: [text])
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32, warmup_steps=0,
+                    lr=1e-2)
+    module.tokenizer_state = tok.state_dict()
+    data = torch.tensor(tok.encode(text[: 8 * 65]), dtype=torch.long).view(8, 65)
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, loader)
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_sample_report_command_end_to_end(tmp_path, shared_data, capsys):
+    """Catches the command failing on a real checkpoint, a missing output file, NaN in metrics.json, or metrics
+    that contradict what the strategies do (greedy must be the likelier, sampling the more varied)."""
+    pytest.importorskip("matplotlib")
+    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    out = tmp_path / "report"
+    sample_report_command(["--ckpt_path", str(ckpt), "--out", str(out), "--num_samples", "4",
+                           "--max_new_tokens", "24", "--device", "cpu"])
+    assert "wrote report.md, metrics.json, diversity_vs_likelihood.png" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    s = metrics["strategies"]
+    assert set(s) == {st.name for st in STRATEGIES}
+    assert metrics["prompts"] == ["\n"]  # a one-document char tokenizer has no EOS: start from a newline
+    assert s["greedy"]["nll"] <= s["sample T=1.0"]["nll"]
+    assert s["sample T=1.0"]["distinct_2"] >= s["greedy"]["distinct_2"]
+    for m in s.values():
+        assert m["samples"] == 4 and 0 < m["mean_tokens"] <= 24
+        assert all(isinstance(m[k], float) for k in ("distinct_1", "distinct_2", "distinct_3", "entropy", "nll"))
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert all(f"| {name} |" in md and f"### {name}" in md for name in s)
+    assert "How to read this" in md and "](diversity_vs_likelihood.png)" in md
+    assert (out / "diversity_vs_likelihood.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,419 @@
+"""`tinylm sample-report`: sample one checkpoint with several decoding strategies and compare them side by side.
+
+For each strategy it generates samples from the same prompts and measures
+- distinct-n: unique n-grams / all n-grams over all of the strategy's samples (diversity across samples);
+- repetition rate: fraction of each sample's 4-grams that already occurred earlier in that sample (loops);
+- entropy: mean entropy of the model's untruncated next-token distribution (T = 1) along the generated text;
+- NLL: the model's own mean per-token negative log-likelihood of the generated text (teacher-forced, prompt
+  excluded), under the untruncated distribution at T = 1, in nats.
+and writes `report.md`, `metrics.json` and `diversity_vs_likelihood.png` into one folder.
+
+The metric functions at the top are pure functions of token ids, checkable by hand.
+Shapes: B rows (samples), L tokens (prompt + generated), T window length (<= block_size), V vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tinylm.model import GPT
+from tinylm.sampling import SamplingConfig, generate_with
+
+
+# ---- metrics: pure functions of token ids -----------------------------------------------------------------------
+def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    """The n-grams of one sequence in order: ngrams([1, 2, 3], 2) == [(1, 2), (2, 3)]."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
+
+
+def distinct_n(seqs: Sequence[Sequence[int]], n: int) -> float:
+    """Unique n-grams / total n-grams, pooled over all sequences (n-grams never span two sequences).
+
+    distinct_n([[1, 2, 1, 2]], 2) == 2/3: (1,2) (2,1) (1,2). NaN when there is no n-gram at all.
+    """
+    grams = [g for s in seqs for g in ngrams(s, n)]
+    return len(set(grams)) / len(grams) if grams else math.nan
+
+
+def repeated_ngrams(seq: Sequence[int], n: int = 4) -> tuple[int, int]:
+    """(n-grams that already occurred earlier in seq, all n-grams of seq); earlier occurrences may overlap."""
+    seen: set[tuple[int, ...]] = set()
+    repeats = 0
+    grams = ngrams(seq, n)
+    for g in grams:
+        repeats += g in seen
+        seen.add(g)
+    return repeats, len(grams)
+
+
+def repetition_rate(seq: Sequence[int], n: int = 4) -> float:
+    """Fraction of seq's n-grams that already occurred earlier in seq: [1,2,3,4,1,2,3,4] has 4-grams
+    1234 2341 3412 4123 1234, one repeat of five, so 0.2. NaN for a sequence shorter than n."""
+    repeats, total = repeated_ngrams(seq, n)
+    return repeats / total if total else math.nan
+
+
+def pooled_repetition_rate(seqs: Sequence[Sequence[int]], n: int = 4) -> float:
+    """Repetition rate over many sequences, each checked against itself: sum of repeats / sum of n-grams
+    (longer samples weigh more, as in a per-token mean)."""
+    counts = [repeated_ngrams(s, n) for s in seqs]
+    total = sum(t for _, t in counts)
+    return sum(r for r, _ in counts) / total if total else math.nan
+
+
+def mean_of(values: Sequence[Sequence[float]]) -> float:
+    """Mean over every number in a list of lists (per-token values of several samples); NaN when empty."""
+    flat = [v for vs in values for v in vs]
+    return sum(flat) / len(flat) if flat else math.nan
+
+
+# ---- teacher-forced scoring -------------------------------------------------------------------------------------
+SCORE_CHUNK_LOGITS = 2**25  # most logits (rows x positions x vocab) scored at once: 128 MB of fp32
+
+
+def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> tuple[list[list[float]], list[list[float]]]:
+    """(NLL, entropy) of every generated token of each output, in nats, under the model at T = 1, untruncated.
+
+    NLL is -log p(token | context); entropy is that of the whole distribution p(· | context) the token was drawn
+    from. The context is what generation saw: the last block_size tokens before the token (prompt included).
+    Tokens past block_size are scored one window each, exactly as generation (with or without the KV cache)
+    computed them. Rows go through the model in groups small enough to bound the logits' memory.
+    """
+    T = min(model.config.block_size, len(prompt) + max((len(o) for o in outputs), default=0))
+    rows = max(1, SCORE_CHUNK_LOGITS // (max(T, 1) * model.config.vocab_size))
+    nll: list[list[float]] = []
+    ent: list[list[float]] = []
+    for start in range(0, len(outputs), rows):
+        n, e = _score_rows(model, prompt, outputs[start : start + rows])
+        nll += n
+        ent += e
+    return nll, ent
+
+
+@torch.no_grad()
+def _score_rows(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> tuple[list[list[float]], list[list[float]]]:
+    """score_tokens for one group of rows; they are padded at the end, which a causal model never looks at."""
+    block = model.config.block_size
+    P = len(prompt)
+    lengths = [P + len(o) for o in outputs]
+    L = max(lengths)
+    device = model.lm_head.weight.device
+    ids = torch.zeros(len(outputs), L, dtype=torch.long, device=device)  # (B, L), 0-padded
+    for row, out in enumerate(outputs):
+        ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(out), dtype=torch.long, device=device)
+    is_prefix = model.config.attn_mask == "prefix"
+
+    nll = torch.zeros(len(outputs), L, device=device)  # (B, L): nll[:, j] scores target ids[:, j]
+    ent = torch.zeros(len(outputs), L, device=device)
+    # window 0: ids[:, :T] predicts targets 1..T in one pass
+    T = min(L - 1, block)
+    if T > 0:
+        logits = model(ids[:, :T], prefix_len=P if is_prefix else None).float()  # (B, T, V)
+        nll[:, 1 : T + 1], ent[:, 1 : T + 1] = _nll_and_entropy(logits, ids[:, 1 : T + 1])
+    # targets j > block: window ids[:, j-block:j], last position only; a batch holds many windows
+    starts = list(range(1, L - block))  # window start s predicts target s + block
+    chunk = max(1, 16384 // (block * len(outputs)))
+    for c in range(0, len(starts), chunk):
+        s = torch.tensor(starts[c : c + chunk], device=device)  # (W,)
+        windows = ids[:, s[:, None] + torch.arange(block, device=device)]  # (B, W, block)
+        flat = windows.reshape(-1, block)  # (B*W, block)
+        prefix = (P - s).clamp(min=0).repeat(len(outputs)) if is_prefix else None  # (B*W,) prompt left in window
+        logits = model(flat, prefix_len=prefix, last_only=True)[:, -1].float()  # (B*W, V)
+        targets = ids[:, s + block]  # (B, W)
+        n, e = _nll_and_entropy(logits.view(len(outputs), len(s), -1), targets)
+        nll[:, s + block], ent[:, s + block] = n, e
+    nll_rows = [nll[row, P : lengths[row]].tolist() for row in range(len(outputs))]
+    ent_rows = [ent[row, P : lengths[row]].tolist() for row in range(len(outputs))]
+    return nll_rows, ent_rows
+
+
+def _nll_and_entropy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V), targets (B, T) -> per-token NLL and entropy, (B, T) each."""
+    logp = logits.log_softmax(dim=-1)  # (B, T, V)
+    nll = -logp.gather(-1, targets[..., None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return nll, entropy
+
+
+# ---- the strategies compared ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReportStrategy:
+    """One row of the report: a name and the SamplingConfig options that make it."""
+
+    name: str
+    """Short label used in the table, the plot and metrics.json."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """SamplingConfig keyword arguments (strategy, temperature, top_k, ...)."""
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy, beam and contrastive give the same text every time: one sample per prompt is enough."""
+        return self.options.get("strategy", "sample") != "sample"
+
+
+STRATEGIES: tuple[ReportStrategy, ...] = (
+    ReportStrategy("greedy", {"strategy": "greedy"}),
+    ReportStrategy("sample T=1.0", {"strategy": "sample", "temperature": 1.0}),
+    ReportStrategy("sample T=0.7", {"strategy": "sample", "temperature": 0.7}),
+    ReportStrategy("top-k 40", {"strategy": "sample", "top_k": 40}),
+    ReportStrategy("top-p 0.9", {"strategy": "sample", "top_p": 0.9}),
+    ReportStrategy("min-p 0.05", {"strategy": "sample", "min_p": 0.05}),
+    ReportStrategy("rep-penalty 1.3", {"strategy": "sample", "repetition_penalty": 1.3}),
+    ReportStrategy("beam 4", {"strategy": "beam", "num_beams": 4}),
+    ReportStrategy("contrastive k=4 a=0.6", {"strategy": "contrastive", "top_k": 4, "penalty_alpha": 0.6}),
+)
+
+
+def default_prompt(tokenizer) -> tuple[str, list[int]]:
+    """(text shown, ids): the end-of-text token when the tokenizer has one (a fresh document), else a newline."""
+    if tokenizer.eos_id is not None:
+        return "", [tokenizer.eos_id]
+    try:
+        ids = tokenizer.encode("\n")
+    except ValueError:
+        ids = []
+    if not ids:
+        raise ValueError("this tokenizer has no end-of-text token and cannot encode '\\n' to start from; "
+                         "pass --prompts TEXT")
+    return "\n", ids
+
+
+def encode_prompt(tokenizer, text: str) -> tuple[str, list[int]]:
+    """(text shown, ids) of a user prompt; an empty one starts a fresh document as `default_prompt` does."""
+    ids = tokenizer.encode(text) if text else []
+    return (text, ids) if ids else default_prompt(tokenizer)
+
+
+def sample_report(
+    model: GPT,
+    tokenizer,
+    *,
+    prompts: Sequence[str] | None = None,
+    num_samples: int = 50,
+    max_new_tokens: int = 100,
+    seed: int = 0,
+    strategies: Sequence[ReportStrategy] = STRATEGIES,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Generate with every strategy and measure it; returns the metrics.json content.
+
+    prompts: texts to continue (None or "": a fresh document, see `default_prompt`).
+    num_samples: samples per prompt for sampling strategies, generated as one batch. Deterministic ones run once
+        per prompt and count as num_samples identical samples, so every strategy's distinct-n pools the same
+        number of samples (what asking it num_samples times would give).
+    max_new_tokens: most tokens per sample (EOS ends a sample earlier).
+    seed: sampling seed; prompt i uses seed + i for every strategy, so strategies differ by their rule and not by
+        their luck (common random numbers).
+    progress: show a tqdm bar over (strategy, prompt) pairs.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    encoded = [encode_prompt(tokenizer, p) for p in (prompts or [""])]
+    jobs = [(s, i) for s in strategies for i in range(len(encoded))]
+    if progress:
+        from tqdm.auto import tqdm
+
+        jobs = tqdm(jobs, desc="sample-report", unit="run")
+    results: dict[str, dict[str, Any]] = {}
+    for strat, i in jobs:
+        text, ids = encoded[i]
+        config = SamplingConfig(**strat.options, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed + i)
+        rows = 1 if strat.deterministic else num_samples
+        outputs = generate_with(model, [ids] * rows, config)
+        nll, ent = score_tokens(model, ids, outputs)
+        r = results.setdefault(strat.name, {"outputs": [], "nll": [], "entropy": [], "example": None})
+        copies = num_samples if strat.deterministic else 1
+        r["outputs"] += [o for o in outputs for _ in range(copies)]
+        r["nll"] += nll
+        r["entropy"] += ent
+        if r["example"] is None:
+            r["example"] = text + tokenizer.decode(outputs[0])
+    report: dict[str, Any] = {
+        "prompts": [text for text, _ in encoded],
+        "num_samples": num_samples,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "strategies": {},
+    }
+    for strat in strategies:
+        r = results[strat.name]
+        outs = r["outputs"]
+        report["strategies"][strat.name] = {
+            "options": dict(strat.options),
+            "deterministic": strat.deterministic,
+            "samples": len(outs),
+            "mean_tokens": sum(map(len, outs)) / len(outs),
+            "distinct_1": distinct_n(outs, 1),
+            "distinct_2": distinct_n(outs, 2),
+            "distinct_3": distinct_n(outs, 3),
+            "repetition_rate_4": pooled_repetition_rate(outs, 4),
+            "entropy": mean_of(r["entropy"]),
+            "nll": mean_of(r["nll"]),
+            "example": r["example"],
+        }
+    return report
+
+
+# ---- writing ---------------------------------------------------------------------------------------------------
+COLUMNS = (  # (metrics key, table header)
+    ("samples", "samples"), ("mean_tokens", "tokens/sample"), ("distinct_1", "distinct-1"),
+    ("distinct_2", "distinct-2"), ("distinct_3", "distinct-3"), ("repetition_rate_4", "rep-4"),
+    ("entropy", "entropy"), ("nll", "NLL"),
+)
+
+HOW_TO_READ = """\
+**How to read this.** *NLL* is how likely the model finds its own output (nats per token, teacher-forced, at
+T = 1 without truncation); *entropy* is how unsure it was at each step of that output. For plain sampling at
+T = 1 the two agree on average (each token is a draw from the distribution whose entropy is measured), so a gap
+there means something is off; truncation (lower T, top-k, top-p, min-p) and search (greedy, beam) pull NLL below
+entropy by keeping only the likely tokens. Compare NLL with the run's `val/loss`: output much *more* likely than
+real text (NLL far below val loss) is bland or looping, output much *less* likely is drifting into noise.
+*distinct-n* is unique n-grams / all n-grams pooled over all of a strategy's samples: higher means more varied
+text. Greedy, beam and contrastive are deterministic, so they count as that many identical samples and score low
+by construction: that is the variety you get by asking them again. *rep-4* is the fraction of 4-grams that
+repeat an earlier 4-gram of the same sample: the signature of degenerate loops (n-grams are of tokens, so for a
+char-level model normal text repeats many 4-grams too: compare strategies with each other, not with zero).
+In the plot, good strategies sit up and to the left of the rest: varied (high distinct-2) yet likely (low NLL);
+bottom-left is repetitive, far right is incoherent.
+"""
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_markdown(report: dict[str, Any], *, plot_name: str | None) -> str:
+    """The report.md text: settings, the metrics table, one example per strategy, how to read it."""
+    prompts = ", ".join(repr(p) if p else "(empty: starts from end-of-text)" for p in report["prompts"])
+    lines = [
+        "# Sample report",
+        "",
+        f"Checkpoint: `{report.get('checkpoint', '?')}`. Prompts: {prompts}. {report['num_samples']} samples per "
+        f"prompt, up to {report['max_new_tokens']} new tokens each, seed {report['seed']}.",
+        "",
+        "| strategy | " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    for name, m in report["strategies"].items():
+        samples = f"{m['samples']} (1 run/prompt)" if m["deterministic"] else str(m["samples"])
+        cells = [samples, _fmt(m["mean_tokens"], 1)] + [_fmt(m[k]) for k, _ in COLUMNS[2:]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "NLL and entropy in nats per generated token; rep-4 is the 4-gram repetition rate.", ""]
+    if plot_name:
+        lines += [f"![diversity vs likelihood]({plot_name})", ""]
+    lines += [HOW_TO_READ, "## One sample per strategy", ""]
+    for name, m in report["strategies"].items():
+        text = m["example"]
+        fence = "`" * max(3, _longest_run(text, "`") + 1)  # a fence longer than any backtick run inside
+        lines += [f"### {name}", "", fence + "text", text, fence, ""]
+    return "\n".join(lines)
+
+
+def _longest_run(text: str, char: str) -> int:
+    best = run = 0
+    for c in text:
+        run = run + 1 if c == char else 0
+        best = max(best, run)
+    return best
+
+
+def plot_diversity_vs_likelihood(report: dict[str, Any], path: Path) -> bool:
+    """Scatter x = NLL, y = distinct-2, one labelled point per strategy; False (and a warning) without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        warnings.warn("matplotlib is not installed, so no plot was drawn; pip install 'tinylm[plots]'")
+        return False
+    # a bare Figure on the Agg canvas: no pyplot, so the caller's backend and open figures are untouched
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, (name, m) in enumerate(report["strategies"].items(), start=1):
+        x, y = m["nll"], m["distinct_2"]
+        if math.isnan(x) or math.isnan(y):
+            continue
+        # numbered points and a legend: strategies often land on top of each other, full names would overlap
+        ax.scatter(x, y, marker="s" if m["deterministic"] else "o", color=f"C{i - 1}", label=f"{i}  {name}")
+        ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color=f"C{i - 1}")
+    ax.margins(0.1)
+    ax.set_xlabel("model NLL of its own output (nats/token, lower = more likely)")
+    ax.set_ylabel("distinct-2 across samples (higher = more varied)")
+    ax.set_title("Diversity vs likelihood per decoding strategy (squares: deterministic)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write report.md, metrics.json and diversity_vs_likelihood.png into out_dir (created); returns report.md."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot = "diversity_vs_likelihood.png"
+    drawn = plot_diversity_vs_likelihood(report, out / plot)
+    if not drawn:
+        (out / plot).unlink(missing_ok=True)  # a plot left from an earlier report would not match these numbers
+    # NaN is not JSON: empty outputs are written as null
+    clean = json.loads(json.dumps(report), parse_constant=lambda c: None if c == "NaN" else float(c))
+    (out / "metrics.json").write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path = out / "report.md"
+    path.write_text(format_markdown(report, plot_name=plot if drawn else None), encoding="utf-8")
+    return path
+
+
+# ---- the command ------------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tinylm sample-report",
+        description="Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, "
+        "min-p, repetition penalty, beam, contrastive) and compare their diversity, repetition, entropy and "
+        "likelihood in DIR/report.md, DIR/metrics.json and DIR/diversity_vs_likelihood.png.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ckpt_path", required=True, help="a .ckpt written by `tinylm fit`")
+    p.add_argument("--out", required=True, help="folder to write the report into (created)")
+    p.add_argument("--prompts", nargs="+", default=None,
+                   help="texts to continue (default: a fresh document from the end-of-text token, else '\\n')")
+    p.add_argument("--num_samples", type=int, default=50, help="samples per prompt for each sampling strategy")
+    p.add_argument("--max_new_tokens", type=int, default=100, help="most tokens per sample")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same report)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when available)")
+    return p
+
+
+def sample_report_command(args: list[str]) -> None:
+    """`tinylm sample-report --ckpt_path PATH --out DIR [...]`: write the report and say where it is."""
+    from tinylm.checkpoint import load_model
+
+    opts = _parser().parse_args(args)
+    if opts.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(opts.device)
+    model, tokenizer, _ = load_model(opts.ckpt_path, map_location=device)
+    model.to(device)
+    report = sample_report(model, tokenizer, prompts=opts.prompts, num_samples=opts.num_samples,
+                           max_new_tokens=opts.max_new_tokens, seed=opts.seed, progress=True)
+    report = {"checkpoint": str(opts.ckpt_path), **report}
+    path = write_report(report, opts.out)
+    width = max(map(len, report["strategies"]))
+    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4")
+    for name, m in report["strategies"].items():
+        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}")
+    written = [path.name] + [n for n in ("metrics.json", "diversity_vs_likelihood.png") if (path.parent / n).is_file()]
+    print(f"wrote {', '.join(written)} to {path.parent}")
