@@ -255,7 +255,7 @@ class GPT(nn.Module):
     def new_kv_cache(
         self, batch_size: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> KVCache:
-        """An empty KV cache for `batch_size` sequences of up to block_size tokens (default: the model's device/dtype)."""
+        """An empty KV cache for `batch_size` sequences of up to block_size tokens (default: model's device/dtype)."""
         p = self.lm_head.weight
         c = self.config
         return KVCache(
