@@ -4,6 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Two test workers share two cores (make test runs pytest -n 2): one thread each avoids oversubscription, which
+# made tiny-model tests 3-30x slower on a busy machine.
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TINYLM_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -131,3 +131,13 @@ def test_bad_hyperparameters_raise(bad, match):
     """Catches nonsense hyperparameters surfacing later as NaNs or shape errors."""
     with pytest.raises(ValueError, match=match):
         TinyLM(**{**TINY, **bad})
+
+
+@pytest.mark.parametrize("attn_mask", ["causal", "document", "prefix"])
+def test_every_attention_mask_trains(attn_mask):
+    """Catches a mask the model supports but the training step cannot drive (prefix needs prefix_len)."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, attn_mask=attn_mask, eos_id=0, prefix_len=4 if attn_mask == "prefix" else 0)
+    trainer = _trainer(max_steps=2)
+    trainer.fit(module, _batches(2))
+    assert trainer.global_step == 2

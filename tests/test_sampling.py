@@ -156,13 +156,15 @@ def test_cache_gives_the_same_tokens_across_the_crop_boundary(strategy):
     assert generate(model, PROMPTS, use_cache=True, **kw) == generate(model, PROMPTS, use_cache=False, **kw)
 
 
-def test_cached_logits_equal_uncached_across_the_crop_boundary():
-    """Same next-token logits (1e-5) with and without the cache, before and after the context passes block_size."""
-    model = tiny()
-    ids = torch.tensor(PROMPTS)
-    cached, uncached = _Runner(model, use_cache=True, prompt_len=4), _Runner(model, use_cache=False, prompt_len=4)
+@pytest.mark.parametrize("attn_mask", ["causal", "document", "prefix"])
+def test_cached_logits_equal_uncached_across_the_crop_boundary(attn_mask):
+    """Same next-token logits (1e-5) with and without the cache, before and after the context passes block_size
+    (for a prefix LM, the prompt stays the prefix as the window slides over it)."""
+    model = tiny(attn_mask=attn_mask)
+    ids = torch.tensor([[5, 9, 0, 3, 17, 8], [30, 2, 2, 41, 0, 7]])  # EOS (0) inside: two documents per row
+    cached, uncached = _Runner(model, use_cache=True, prompt_len=6), _Runner(model, use_cache=False, prompt_len=6)
     with torch.no_grad():
-        for _ in range(20):  # 4 + 20 tokens > block_size 16
+        for _ in range(14):  # 6 + 14 tokens > block_size 16
             a, b = cached(ids)[0], uncached(ids)[0]
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
             ids = torch.cat([ids, a.argmax(-1, keepdim=True)], dim=1)

@@ -234,12 +234,9 @@ class SampleText(L.Callback):
         if not ids:
             return ""
         config = replace(self.config, eos_id=tokenizer.eos_id)
-        compiled = model.__dict__.pop("_compiled_call_impl", None)  # decode shapes vary: run eagerly, no recompiles
-        try:
-            out = generate_with(model, [ids], config)
-        finally:
-            if compiled is not None:
-                model._compiled_call_impl = compiled
+        # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
+        # shapes of incremental decoding cause no recompilation
+        out = generate_with(model, [ids], config)
         return tokenizer.decode(out[0])
 
     def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:

@@ -34,6 +34,8 @@ class TinyLM(L.LightningModule):
         bias: Use biases in Linear layers and LayerNorms (GPT-2 style); False is a bit faster and as good.
         attn_mask: ``causal`` (default), ``document`` (causal, never across the EOS between packed documents) or
             ``prefix`` (bidirectional over a prefix).
+        prefix_len: With ``attn_mask: prefix``: the first this-many tokens of every training window see each other
+            both ways (a prefix-LM); 0 makes it plain causal.
         pad_vocab_multiple: Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables.
         lr: Peak learning rate, reached at the end of warmup.
         min_lr: Learning rate at the end of the decay (typically lr / 10).
@@ -59,6 +61,7 @@ class TinyLM(L.LightningModule):
         dropout: float = 0.0,
         bias: bool = True,
         attn_mask: str = "causal",
+        prefix_len: int = 0,
         pad_vocab_multiple: int = 64,
         lr: float = 6e-4,
         min_lr: float = 6e-5,
@@ -110,11 +113,12 @@ class TinyLM(L.LightningModule):
             self._compiled = True
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.model(idx)
+        prefix = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else None
+        return self.model(idx, prefix_len=prefix)
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch  # (B, T), (B, T)
-        logits = self.model(x)  # (B, T, V)
+        logits = self(x)  # (B, T, V)
         # mean over all B*T predictions: every position of every row is a training example
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
         return loss, logits
