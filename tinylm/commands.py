@@ -68,14 +68,14 @@ def _generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_new_tokens", type=int, default=256, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=int, default=1, help="independent samples of the same prompt (one batch)")
     p.add_argument("--temperature", type=float, default=1.0, help="sample: divide logits by this (<1 sharper)")
-    p.add_argument("--top_k", type=int, default=None, help="sample: keep only the k most likely tokens")
+    p.add_argument("--top_k", type=int, default=None, help="sample: keep only the k most likely tokens; contrastive: candidates per step (default 4)")
     p.add_argument("--top_p", type=float, default=None, help="sample: keep the smallest set with probability >= p")
     p.add_argument("--min_p", type=float, default=None, help="sample: drop tokens below min_p x the top probability")
     p.add_argument("--repetition_penalty", type=float, default=1.0, help="> 1 discourages tokens already present")
     p.add_argument("--num_beams", type=int, default=4, help="beam: beam width")
     p.add_argument("--length_penalty", type=float, default=1.0, help="beam: score / length**this (>0 favours longer)")
     p.add_argument("--penalty_alpha", type=float, default=0.6, help="contrastive: degeneration penalty weight")
-    p.add_argument("--contrastive_k", type=int, default=4, help="contrastive: candidates per step (top_k)")
+    p.add_argument("--early_stopping", action="store_true", help="beam: stop once num_beams hypotheses have ended")
     p.add_argument("--stop", action="append", default=None, help="stop a sample at this string (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when available)")
@@ -103,12 +103,13 @@ def generate(args: list[str]) -> None:
         strategy=opts.strategy,
         max_new_tokens=opts.max_new_tokens,
         temperature=opts.temperature,
-        top_k=opts.contrastive_k if opts.strategy == "contrastive" else opts.top_k,
+        top_k=(opts.top_k or 4) if opts.strategy == "contrastive" else opts.top_k,
         top_p=opts.top_p,
         min_p=opts.min_p,
         repetition_penalty=opts.repetition_penalty,
         num_beams=opts.num_beams if opts.strategy == "beam" else 1,
         length_penalty=opts.length_penalty,
+        early_stopping=opts.early_stopping,
         penalty_alpha=opts.penalty_alpha,
         eos_id=tokenizer.eos_id,
         stop_strings=opts.stop,
