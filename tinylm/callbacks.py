@@ -9,6 +9,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
+from tinylm.module import logging_step
+
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for chips Lightning's own table misses or names differently.
 # MFU = achieved model FLOP/s / this number; the PaLM paper's definition, as nanoGPT's estimate_mfu.
 _PEAK_BF16 = {
@@ -61,6 +63,7 @@ class SpeedMonitor(L.Callback):
         self._step_seen = -1
         self._flops_per_token = 0.0
         self._peak: float | None = None
+        self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flops_per_token = pl_module.model.flops_per_token()
@@ -81,7 +84,10 @@ class SpeedMonitor(L.Callback):
             return
         (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
         per_device = (n1 - n0) / max(t1 - t0, 1e-9)
-        pl_module.log("train/tokens_per_sec", per_device * trainer.world_size, prog_bar=True, rank_zero_only=True)
+        self.tokens_per_sec = per_device * trainer.world_size
+        if not logging_step(trainer):
+            return
+        pl_module.log("train/tokens_per_sec", self.tokens_per_sec, prog_bar=True, rank_zero_only=True)
         if self._peak:
             pl_module.log("train/mfu", per_device * self._flops_per_token / self._peak, rank_zero_only=True)
 

@@ -41,17 +41,22 @@ class RunOptions:
     keep_checkpoints: int = 3
 
 
-def resolve_precision(requested: str | None) -> str:
+# bf16-mixed on a CPU with native bf16 ran 1.35x slower than 32-true at n_embd 128 (autocast overhead on small
+# matrices) and 1.5x faster at n_embd 384 (benchmarks/bench_precision_cpu.py, docs/benchmarks.md).
+CPU_BF16_MIN_WIDTH = 256
+
+
+def resolve_precision(requested: str | None, n_embd: int) -> str:
     """The Trainer precision to use when a config leaves it unset.
 
-    bf16-mixed on GPUs that support it; on CPUs bf16-mixed only when the CPU has native bf16 instructions
-    (AVX512-BF16 or AMX, where it measured faster), else 32-true, which is faster on CPUs that emulate bf16.
+    bf16-mixed on GPUs that support it (16-mixed on older ones). On CPUs: bf16-mixed only for models at least
+    CPU_BF16_MIN_WIDTH wide on CPUs with native bf16 instructions (AVX512-BF16 or AMX), else 32-true.
     """
     if requested is not None:
         return str(requested)
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "bf16-mixed" if _cpu_has_native_bf16() else "32-true"
+    return "bf16-mixed" if n_embd >= CPU_BF16_MIN_WIDTH and _cpu_has_native_bf16() else "32-true"
 
 
 def _cpu_has_native_bf16() -> bool:
@@ -148,7 +153,7 @@ def _make_cli_class():
             resume_step, wandb_id = _resume_info(self.config[self.subcommand].get("ckpt_path"), ckpt_dir) if self.subcommand == "fit" else (None, None)
             kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project, wandb_id=wandb_id, resume_step=resume_step))
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
-            kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision")))
+            kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd))
             kwargs.setdefault("callbacks", (trainer_cfg.get("callbacks") or []) + callbacks)
             return super().instantiate_trainer(**kwargs)
 

@@ -168,7 +168,8 @@ class HealthMonitor(L.Callback):
             raise TrainingHealthError(message)
 
     def _throughput(self, trainer: L.Trainer) -> None:
-        rate = trainer.callback_metrics.get("train/tokens_per_sec")
+        speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
+        rate = getattr(speed, "tokens_per_sec", None)
         if rate is None:
             return
         self._rates.append(float(rate))

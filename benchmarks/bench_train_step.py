@@ -1,0 +1,340 @@
+"""Lightning's training step (`TinyLM` in a `lightning.Trainer`) vs a plain PyTorch loop doing the same work.
+
+One process, one seed: both sides get the same GPT init, the same AdamW parameter groups and betas, the same LR
+values (`tinylm.schedules.lr_at`), clipping at the config's `gradient_clip_val`, and the same batches in the same
+order (each iterates its own `ResumableLoader` from the same `TinyLMDataModule`). The script checks that the
+per-step losses agree, then times both. The two sides run interleaved in blocks (Lightning block, plain block,
+Lightning block, ...: a callback runs the plain block between Lightning steps), so load from other jobs on a
+shared machine hits both alike.
+
+Per step it reports two times, as medians over the steps after warm-up:
+- step: Lightning's on_train_batch_start -> on_train_batch_end (forward, loss, backward, clip, AdamW step, LR
+  scheduler, `self.log` calls); in the plain loop the same span (batch already fetched -> after zero_grad).
+- loop: start of one step to the start of the next, which adds fetching the batch and, for Lightning,
+  everything the Trainer does between batches (logger connector, callbacks, progress tracking).
+
+Passes: `bare` (no progress bar, logger or checkpointing), `callbacks` (tinylm's SpeedMonitor, HealthMonitor,
+RNGState and the CSV logger, as `tinylm fit` adds them), `full` (additionally the progress bar and checkpoint
+callbacks of `tinylm fit`; the bar writes to stderr).
+
+    python benchmarks/bench_train_step.py                          # laptop recipe, bare + callbacks
+    python benchmarks/bench_train_step.py --steps 300 --passes bare,callbacks,full --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import yaml
+
+from tinylm.data import TinyLMDataModule
+from tinylm.model import GPT
+from tinylm.module import TinyLM
+from tinylm.schedules import lr_at
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "configs" / "shakespeare-char-cpu.yaml"
+PASSES = ("bare", "callbacks", "full")
+DEFAULT_DATA = REPO.parent / "shared" / "data"  # the shared read-only data folder beside the repo
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def load_recipe(config: Path) -> dict[str, Any]:
+    """The config's seed, model, data and trainer sections (what a benchmark needs to rebuild the run)."""
+    cfg = yaml.safe_load(Path(config).read_text())
+    return {
+        "seed": int(cfg.get("seed_everything", 1337)),
+        "model": dict(cfg.get("model") or {}),
+        "data": dict(cfg.get("data") or {}),
+        "trainer": dict(cfg.get("trainer") or {}),
+    }
+
+
+def make_datamodule(recipe: dict[str, Any], data_dir: Path, cache_dir: Path, *, val_batches: int = 1
+                    ) -> TinyLMDataModule:
+    """The recipe's data module on the local tinyshakespeare copy (no download), prepared in `cache_dir`."""
+    corpus = Path(data_dir) / "tinyshakespeare.txt"
+    if not corpus.is_file():
+        raise FileNotFoundError(f"{corpus} not found; pass --data DIR, the folder holding tinyshakespeare.txt")
+    d = recipe["data"]
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=d.get("tokenizer", "char"), block_size=d["block_size"],
+                          batch_size=d["batch_size"], cache_dir=str(cache_dir), seed=recipe["seed"],
+                          val_batches=val_batches)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def make_module(recipe: dict[str, Any], dm: TinyLMDataModule, **overrides: Any) -> TinyLM:
+    """`TinyLM` as `tinylm fit` builds it, seeded first; the schedule's length is the recipe's max_steps."""
+    model_cfg = {**recipe["model"], "compile_model": False, **overrides}
+    L.seed_everything(recipe["seed"], verbose=False)
+    return TinyLM(vocab_size=dm.vocab_size, block_size=dm.block_size, eos_id=dm.eos_id,
+                  decay_steps=recipe["trainer"]["max_steps"], **model_cfg)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's per-fit banners and the warnings that do not apply to a benchmark."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tinylm"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+    warnings.filterwarnings("ignore", message=".*`max_epochs` was not set.*")
+
+
+def machine_line() -> str:
+    """CPU model, cores, torch/lightning versions and the current load (the machine may be shared)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        load = "load average unknown"
+    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), lightning {L.__version__}, {load}")
+
+
+# ------------------------------------------------------------------------------------------------ clocks
+@dataclass
+class Clock:
+    """Per-step timestamps of one side. `block_end[i]` marks a step after which the other side ran a block."""
+
+    starts: list[float] = field(default_factory=list)  # perf_counter at the start of each step
+    steps: list[float] = field(default_factory=list)  # seconds of each step's timed span
+    cpu_start: float = 0.0
+    cpu_steps: list[float] = field(default_factory=list)  # CPU seconds (all threads of the process) of that span
+    losses: list[float] = field(default_factory=list)
+    block_end: set[int] = field(default_factory=set)
+
+    def loop_times(self, warmup: int) -> list[float]:
+        """Start-to-start intervals, leaving out the ones that contain the other side's block."""
+        return [self.starts[i] - self.starts[i - 1] for i in range(max(1, warmup + 1), len(self.starts))
+                if i - 1 not in self.block_end]
+
+    def block_medians(self, warmup: int, block: int) -> list[float]:
+        """Median step time of each block after warm-up (for ratios of neighbouring blocks)."""
+        return [statistics.median(self.steps[j:j + block]) for j in range(0, len(self.steps), block)
+                if j >= warmup and len(self.steps[j:j + block]) == block]
+
+
+class StepStart(L.Callback):
+    """Put first in the callback list: stamps the start of each training step."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.clock.starts.append(time.perf_counter())
+        self.clock.cpu_start = time.process_time()
+
+
+class StepEnd(L.Callback):
+    """Put after tinylm's callbacks: stamps the end of each step and reads its loss (outside the timed span)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.clock.steps.append(time.perf_counter() - self.clock.starts[-1])
+        self.clock.cpu_steps.append(time.process_time() - self.clock.cpu_start)
+        self.clock.losses.append(float(outputs["loss"]))
+
+
+# ------------------------------------------------------------------------------------------------ plain loop
+class PlainLoop:
+    """The same training as `TinyLM` under a Trainer, in plain PyTorch, `block` steps at a time."""
+
+    def __init__(self, lit: TinyLM, dm: TinyLMDataModule, *, seed: int, clip: float) -> None:
+        hp = lit.hparams
+        self.model = _same_init_gpt(lit, seed)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2))
+        self.schedule = dict(schedule=hp.lr_schedule, lr=hp.lr, min_lr=hp.min_lr, warmup_steps=hp.warmup_steps,
+                             decay_steps=hp.decay_steps, decay_fraction=hp.decay_fraction)
+        self.clip = clip
+        self.batches = iter(dm.train_dataloader())  # its own loader: batch k is the same windows as Lightning's k
+        self.step = 0
+        self.clock = Clock()
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.clock.starts.append(time.perf_counter())
+            x, y = next(self.batches)  # (B, T), (B, T)
+            t0, c0 = time.perf_counter(), time.process_time()
+            lr = lr_at(self.step, **self.schedule)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            logits = self.model(x)  # (B, T, V)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.clock.steps.append(time.perf_counter() - t0)
+            self.clock.cpu_steps.append(time.process_time() - c0)
+            self.clock.losses.append(loss.item())
+            self.step += 1
+        self.clock.block_end.add(self.step - 1)
+
+
+def _same_init_gpt(lit: TinyLM, seed: int) -> GPT:
+    """A GPT built like `lit.model` from the same seed; checked to be bit-identical before any step."""
+    torch.manual_seed(seed)
+    model = GPT(lit.model.config)
+    for (name, a), (_, b) in zip(lit.model.state_dict().items(), model.state_dict().items()):
+        if not torch.equal(a, b):
+            raise AssertionError(f"initial weights differ at {name}: the two sides do not start from the same model")
+    return model
+
+
+class Interleave(L.Callback):
+    """After every `block` Lightning steps, runs `block` plain steps (outside Lightning's timed span)."""
+
+    def __init__(self, plain: PlainLoop, clock: Clock, block: int) -> None:
+        self.plain, self.clock, self.block = plain, clock, block
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if (batch_idx + 1) % self.block == 0:
+            self.clock.block_end.add(batch_idx)
+            with torch.enable_grad():
+                self.plain.run(self.block)
+
+
+# ------------------------------------------------------------------------------------------------ one pass
+def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup: int,
+             block: int) -> tuple[Clock, Clock]:
+    """Fit Lightning for warmup + steps with the plain loop interleaved; return (lightning, plain) clocks."""
+    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+    from tinylm.health import HealthMonitor
+    from tinylm.loggers import RunCSVLogger
+
+    if kind not in PASSES:
+        raise ValueError(f"unknown pass {kind!r}; choose from {', '.join(PASSES)}")
+    total = -(-(warmup + steps) // block) * block  # whole blocks, so both sides run the same number of steps
+    dm = make_datamodule(recipe, data_dir, tmp / "cache")
+    lit = make_module(recipe, dm, dropout=0.0)  # dropout draws on the global RNG, which both sides share
+    clip = float(recipe["trainer"].get("gradient_clip_val") or 1.0)
+    plain = PlainLoop(lit, dm, seed=recipe["seed"], clip=clip)
+    clock = Clock()
+    tinylm_callbacks: list[L.Callback] = []
+    logger: Any = False
+    extra: dict[str, Any] = {}
+    if kind in ("callbacks", "full"):
+        tinylm_callbacks = [SpeedMonitor(), RNGState(), HealthMonitor()]
+        logger = RunCSVLogger(tmp / f"run-{kind}")
+        extra["log_every_n_steps"] = int(recipe["trainer"].get("log_every_n_steps", 50))
+    if kind == "full":
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        from tinylm.checkpoint import AtomicCheckpointIO
+
+        ckpt_dir = tmp / f"run-{kind}" / "checkpoints"
+        tinylm_callbacks = [
+            ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
+                            auto_insert_metric_name=False, enable_version_counter=False),
+            PeriodicCheckpoint(dirpath=ckpt_dir, filename="step-{step}", every_n_train_steps=500, save_top_k=3,
+                               monitor="step", mode="max", save_last=True, auto_insert_metric_name=False,
+                               enable_version_counter=False),
+            *tinylm_callbacks, ProgressBar(),
+        ]
+        extra["plugins"] = [AtomicCheckpointIO()]
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, precision="32-true", max_steps=total, max_epochs=None,
+        check_val_every_n_epoch=None, limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+        gradient_clip_val=clip, logger=logger, enable_checkpointing=kind == "full", enable_progress_bar=kind == "full",
+        enable_model_summary=False, default_root_dir=str(tmp / f"run-{kind}"),
+        callbacks=[StepStart(clock), *tinylm_callbacks, StepEnd(clock), Interleave(plain, clock, block)], **extra,
+    )
+    trainer.fit(lit, datamodule=dm)
+    if len(clock.steps) != total or len(plain.clock.steps) != total:
+        raise AssertionError(f"expected {total} steps on each side, got {len(clock.steps)} (Lightning) and "
+                             f"{len(plain.clock.steps)} (plain)")
+    return clock, plain.clock
+
+
+def summarize(kind: str, lit: Clock, plain: Clock, *, warmup: int, block: int) -> dict[str, float]:
+    med = statistics.median
+    pairs = [a / b for a, b in zip(lit.block_medians(warmup, block), plain.block_medians(warmup, block))]
+    return {
+        "pass": kind,
+        "steps": len(lit.steps) - warmup,
+        "lit_step": med(lit.steps[warmup:]),
+        "plain_step": med(plain.steps[warmup:]),
+        "lit_cpu": med(lit.cpu_steps[warmup:]),
+        "plain_cpu": med(plain.cpu_steps[warmup:]),
+        "lit_loop": med(lit.loop_times(warmup)),
+        "plain_loop": med(plain.loop_times(warmup)),
+        "paired": med(pairs) if pairs else float("nan"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="recipe whose model/data shapes to use")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding tinyshakespeare.txt")
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per side and pass (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side at the start of each pass")
+    parser.add_argument("--block", type=int, default=10, help="steps each side runs before the other takes over")
+    parser.add_argument("--passes", default="bare,callbacks", help="comma-separated: bare, callbacks, full")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--show-losses", type=int, default=10, help="print the first N losses of both sides")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    quiet_lightning()
+    recipe = load_recipe(args.config)
+    m, d = recipe["model"], recipe["data"]
+    print(f"machine: {machine_line()}", flush=True)
+    print(f"model: {args.config.name}: n_layer {m['n_layer']}, n_head {m['n_head']}, n_embd {m['n_embd']}, "
+          f"bias {m.get('bias')}, block {d['block_size']}, batch {d['batch_size']}, precision 32-true; "
+          f"{args.warmup} warm-up + {args.steps} timed steps per side, interleaved in blocks of {args.block}\n")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, kind in enumerate(args.passes.split(",")):
+            lit, plain = run_pass(kind, recipe, args.data, Path(tmp), steps=args.steps, warmup=args.warmup,
+                                  block=args.block)
+            diffs = [abs(a - b) for a, b in zip(lit.losses, plain.losses)]
+            n = min(args.show_losses, len(diffs))
+            if i == 0 and n > 0:
+                print(f"first {n} losses ({kind} pass):\n| step | Lightning | plain loop | abs diff |\n"
+                      "|---:|---:|---:|---:|")
+                for s in range(n):
+                    print(f"| {s} | {lit.losses[s]:.7f} | {plain.losses[s]:.7f} | {diffs[s]:.1e} |")
+            print(f"{kind}: max |loss diff| first {min(10, len(diffs))} steps {max(diffs[:10]):.2e}, "
+                  f"all {len(diffs)} steps {max(diffs):.2e}")
+            rows.append(summarize(kind, lit, plain, warmup=args.warmup, block=args.block))
+    print("\nmedians in ms; ratio = Lightning / plain")
+    print("| pass | timed steps | step: Lightning | step: plain | ratio | paired-block ratio "
+          "| step CPU time: Lightning | plain | ratio | loop: Lightning | loop: plain | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['pass']} | {r['steps']} | {r['lit_step'] * 1e3:.2f} | {r['plain_step'] * 1e3:.2f} | "
+              f"{r['lit_step'] / r['plain_step']:.3f} | {r['paired']:.3f} | {r['lit_cpu'] * 1e3:.2f} | "
+              f"{r['plain_cpu'] * 1e3:.2f} | {r['lit_cpu'] / r['plain_cpu']:.3f} | {r['lit_loop'] * 1e3:.2f} | "
+              f"{r['plain_loop'] * 1e3:.2f} | {r['lit_loop'] / r['plain_loop']:.3f} |")
+    print(f"\nafter: {machine_line()}")
+
+
+if __name__ == "__main__":
+    main()
