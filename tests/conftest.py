@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 # Two test workers share two cores (make test runs pytest -n 2): one thread each avoids oversubscription, which
 # made tiny-model tests 3-30x slower on a busy machine.
@@ -34,3 +35,34 @@ def _isolate(monkeypatch, tmp_path):
     monkeypatch.setenv("TINYLM_CACHE_DIR", str(tmp_path / "tinylm_cache"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken_cache"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+
+
+@pytest.fixture
+def run_config(tmp_path, shared_data, monkeypatch):
+    """Factory for a tiny `tinylm fit` config in tmp_path (which becomes the working directory, so runs/ lands there).
+
+    The corpus is the first ``chars`` characters of tinyshakespeare; ``sections`` update the defaults below
+    section by section (``trainer={"max_steps": 6}`` changes only max_steps).
+    """
+
+    def make(*, chars: int = 20_000, name: str = "tiny.yaml", **sections) -> Path:
+        corpus = tmp_path / "shakespeare_small.txt"
+        corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:chars])
+        cfg = {
+            "seed_everything": 7,
+            "run": {"name": "tiny", "wandb_project": None},
+            "samples": {"every_n_steps": 0},
+            "trainer": {"max_steps": 2, "val_check_interval": 2, "log_every_n_steps": 1, "precision": "32-true",
+                        "enable_model_summary": False, "enable_progress_bar": False, "num_sanity_val_steps": 0},
+            "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "warmup_steps": 1, "pad_vocab_multiple": 1},
+            "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 16, "batch_size": 2, "val_batches": 1,
+                     "cache_dir": str(tmp_path / "cache")},
+        }
+        for key, value in sections.items():
+            cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(cfg))
+        monkeypatch.chdir(tmp_path)
+        return path
+
+    return make

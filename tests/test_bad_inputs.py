@@ -2,29 +2,14 @@
 
 import pytest
 import torch
-import yaml
 
 from tinylm.checkpoint import CheckpointError, load_model
 from tinylm.cli import main
 
 
 @pytest.fixture
-def config(tmp_path, shared_data, monkeypatch):
-    corpus = tmp_path / "small.txt"
-    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:20_000])
-    cfg = {
-        "run": {"name": "tiny", "wandb_project": None},
-        "samples": {"every_n_steps": 0},
-        "trainer": {"max_steps": 2, "val_check_interval": 2, "precision": "32-true", "enable_model_summary": False,
-                    "enable_progress_bar": False, "num_sanity_val_steps": 0},
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "warmup_steps": 1, "pad_vocab_multiple": 1},
-        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 16, "batch_size": 2, "val_batches": 1,
-                 "cache_dir": str(tmp_path / "cache")},
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    monkeypatch.chdir(tmp_path)
-    return path
+def config(run_config):
+    return run_config()
 
 
 def _one_line_error(capsys, argv: list[str], *needles: str) -> str:

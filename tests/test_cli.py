@@ -14,31 +14,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def config(tmp_path, shared_data, monkeypatch):
-    """A tiny run config in tmp_path; the working directory is tmp_path so runs/ lands there."""
-    corpus = tmp_path / "shakespeare_small.txt"
-    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:30_000])
-    cfg = {
-        "seed_everything": 7,
-        "run": {"name": "tiny", "checkpoint_every": 4, "wandb_project": None},
-        "samples": {"every_n_steps": 3, "prompts": ["ROMEO:"], "max_new_tokens": 8},
-        "trainer": {
-            "max_steps": 6,
-            "val_check_interval": 3,
-            "log_every_n_steps": 1,
-            "precision": "32-true",
-            "enable_model_summary": False,
-            "enable_progress_bar": False,
-            "num_sanity_val_steps": 0,
-        },
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "pad_vocab_multiple": 1},
-        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 32, "batch_size": 4, "val_batches": 3,
-                 "cache_dir": str(tmp_path / "cache")},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    monkeypatch.chdir(tmp_path)
-    return path
+def config(run_config):
+    """A tiny run: 6 steps, validation every 3, checkpoints every 4, text samples every 3."""
+    return run_config(
+        chars=30_000,
+        run={"checkpoint_every": 4},
+        samples={"every_n_steps": 3, "prompts": ["ROMEO:"], "max_new_tokens": 8},
+        trainer={"max_steps": 6, "val_check_interval": 3},
+        model={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2},
+        data={"block_size": 32, "batch_size": 4, "val_batches": 3},
+    )
 
 
 def _rows(run_dir: Path) -> list[dict]:

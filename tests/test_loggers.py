@@ -3,7 +3,6 @@
 import logging
 
 import pytest
-import yaml
 
 from tinylm.cli import main
 from tinylm.loggers import make_loggers, wandb_mode
@@ -37,21 +36,14 @@ def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):
     assert [type(lg).__name__ for lg in make_loggers(tmp_path, "r", None)] == ["RunCSVLogger"]
 
 
-def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, shared_data, monkeypatch):
+def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config):
     """Catches a resume opening a second W&B run, splitting one training curve in two."""
-    corpus = tmp_path / "small.txt"
-    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:20_000])
-    cfg = {
-        "run": {"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2, "keep_checkpoints": -1},
-        "samples": {"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 4},
-        "trainer": {"max_steps": 2, "val_check_interval": 2, "precision": "32-true", "enable_model_summary": False,
-                    "enable_progress_bar": False, "num_sanity_val_steps": 0, "log_every_n_steps": 1},
-        "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "warmup_steps": 1, "pad_vocab_multiple": 1, "decay_steps": 4},
-        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 16, "batch_size": 2, "val_batches": 1,
-                 "cache_dir": str(tmp_path / "cache")},
-    }
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    monkeypatch.chdir(tmp_path)
+    run_config(
+        name="c.yaml",
+        run={"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2, "keep_checkpoints": -1},
+        samples={"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 4},
+        model={"n_layer": 1, "decay_steps": 4},
+    )
     main(["fit", "--config", "c.yaml"])
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last"])
     import torch

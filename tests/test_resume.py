@@ -4,7 +4,6 @@ import csv
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tinylm.cli import main
 
@@ -12,31 +11,16 @@ STEPS = 8
 
 
 @pytest.fixture
-def config(tmp_path, shared_data, monkeypatch):
-    corpus = tmp_path / "shakespeare_small.txt"
-    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:40_000])
-    cfg = {
-        "seed_everything": 3,
-        "run": {"name": "straight", "checkpoint_every": 2, "keep_checkpoints": -1, "wandb_project": None},
-        "trainer": {
-            "max_steps": STEPS,
-            "accumulate_grad_batches": 2,
-            "val_check_interval": 6,  # batches: validation after optimizer steps 3 and 6
-            "log_every_n_steps": 1,
-            "precision": "32-true",
-            "enable_model_summary": False,
-            "enable_progress_bar": False,
-            "num_sanity_val_steps": 0,
-        },
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4,
-                  "warmup_steps": 2, "decay_steps": STEPS, "pad_vocab_multiple": 1},
-        "data": {"corpus": str(corpus), "tokenizer": "char", "block_size": 32, "batch_size": 4, "val_batches": 2,
-                 "num_workers": 2, "cache_dir": str(tmp_path / "cache")},
-    }
-    path = tmp_path / "resume.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    monkeypatch.chdir(tmp_path)
-    return path
+def config(run_config):
+    """Everything exact resume must survive: dropout, accumulation, loader workers, validation in between."""
+    return run_config(
+        chars=40_000,
+        seed_everything=3,
+        run={"name": "straight", "checkpoint_every": 2, "keep_checkpoints": -1},
+        trainer={"max_steps": STEPS, "accumulate_grad_batches": 2, "val_check_interval": 6},  # val after steps 3, 6
+        model={"dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "decay_steps": STEPS},
+        data={"block_size": 32, "batch_size": 4, "val_batches": 2, "num_workers": 2},
+    )
 
 
 def _losses(run_dir: Path) -> dict[int, list[float]]:
