@@ -31,6 +31,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--data.corpus", "nope.txt"], ["nope.txt", "--data.corpus"]),
         (["--data.tokenizer", "sentencepiece"], ["sentencepiece"]),
         (["--data.block_size", "50000"], ["block_size"]),
+        (["--trainer.max_steps", "0"], ["max_steps", "driven by steps"]),
         (["--trainer.max_steps", "-1"], ["max_steps"]),
         (["--model.lr_schedule", "linear"], ["lr_schedule", "cosine"]),
         (["--model.n_embd", "33"], ["n_embd"]),
@@ -47,13 +48,14 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     _one_line_error(capsys, ["prepare", "--config", str(config), "--data.corpus", str(tmp_path / "empty.txt")], "empty")
 
 
-def test_wrong_type_in_config_is_jsonargparse_message(config, capsys):
-    """Catches a wrongly typed option reaching the model as a string."""
+@pytest.mark.parametrize("override, key", [(["--model.n_layer", "two"], "n_layer"), (["--model.n_layers", "3"], "n_layers")])
+def test_config_type_errors_and_typos_are_jsonargparse_messages(config, capsys, override, key):
+    """Catches a wrongly typed or misspelled option reaching the model, or ending in a Python traceback."""
     with pytest.raises(SystemExit) as e:
-        main(["fit", "--config", str(config), "--model.n_layer", "two"])
+        main(["fit", "--config", str(config), *override])
     assert e.value.code != 0
     err = capsys.readouterr().err
-    assert "n_layer" in err and "Traceback" not in err
+    assert key in err and "Traceback" not in err
 
 
 def test_resuming_with_another_tokenizer_names_the_mismatch(config, tmp_path, capsys, shared_data):

@@ -217,7 +217,6 @@ class SampleText(L.Callback):
             seed=seed,
         )
         self._last_step = -1
-        self.history: list[tuple[int, str, str]] = []  # (step, prompt, text)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -228,7 +227,6 @@ class SampleText(L.Callback):
         if tokenizer is None:
             return
         rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt)) for prompt in self.prompts]
-        self.history.extend(rows)
         self._publish(trainer, rows)
 
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:

@@ -94,10 +94,14 @@ def _make_cli_class():
                 last = Path(cfg.run.root) / cfg.run.name / "checkpoints" / "last.ckpt"
                 if last.is_file():
                     cfg.ckpt_path = str(last)
+            self._resume: tuple[int | None, str | None] = (None, None)  # (global step, W&B run id) for the loggers
             if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
                 from tinylm.checkpoint import load_checkpoint
 
-                saved = load_checkpoint(cfg.ckpt_path, mmap=True).get("hyper_parameters", {})
+                ckpt = load_checkpoint(cfg.ckpt_path, mmap=True)  # mmap: only metadata is read here
+                if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
+                    self._resume = (int(ckpt.get("global_step", 0)), ckpt["tinylm"].get("wandb_id"))
+                saved = ckpt.get("hyper_parameters", {})
                 linked = ("vocab_size", "block_size", "eos_id")  # come from data; checked by the data module
                 ignored = [
                     f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})"
@@ -150,7 +154,7 @@ def _make_cli_class():
             if trainer_cfg.get("enable_progress_bar", True) is not False:
                 callbacks.append(ProgressBar())
             kwargs.setdefault("default_root_dir", str(run_dir))
-            resume_step, wandb_id = _resume_info(self.config[self.subcommand].get("ckpt_path"), ckpt_dir) if self.subcommand == "fit" else (None, None)
+            resume_step, wandb_id = getattr(self, "_resume", (None, None))
             kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project, wandb_id=wandb_id, resume_step=resume_step))
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
             kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd))
@@ -158,19 +162,6 @@ def _make_cli_class():
             return super().instantiate_trainer(**kwargs)
 
     return TinyLMCLI
-
-
-def _resume_info(ckpt_path: str | None, ckpt_dir: Path) -> tuple[int | None, str | None]:
-    """(global step, W&B run id) of the checkpoint a fit resumes from, so the CSV and W&B logs continue."""
-    if not ckpt_path:
-        return None, None
-    path = ckpt_dir / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
-    if ckpt_path in ("best", "hpc", "registry") or not path.is_file():
-        return None, None  # Lightning resolves (or rejects) these itself
-    from tinylm.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(path, mmap=True)
-    return int(ckpt.get("global_step", 0)), ckpt["tinylm"].get("wandb_id")
 
 
 def lightning_main(args: list[str]):

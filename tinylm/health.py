@@ -167,9 +167,11 @@ class HealthMonitor(L.Callback):
         if self.halt_on_nonfinite:
             raise TrainingHealthError(message)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
+
     def _throughput(self, trainer: L.Trainer) -> None:
-        speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
-        rate = getattr(speed, "tokens_per_sec", None)
+        rate = getattr(getattr(self, "_speed", None), "tokens_per_sec", None)
         if rate is None:
             return
         self._rates.append(float(rate))
