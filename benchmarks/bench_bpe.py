@@ -22,7 +22,7 @@ import tiktoken  # noqa: E402
 import tiktoken.load  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from tinylm.bpe import GPT2_PATTERN, ByteLevelBPE  # noqa: E402
+from tinylm.tokenize.bpe import GPT2_PATTERN, ByteLevelBPE  # noqa: E402
 
 EOT = "<|endoftext|>"
 VOCAB = 2048

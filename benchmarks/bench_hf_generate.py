@@ -1,7 +1,7 @@
 """Greedy generation speed: tinylm's `generate` vs transformers' `GPT2LMHeadModel.generate` on the same weights, CPU.
 
 For each model shape: a tinylm checkpoint (a real `trainer.save_checkpoint` file of a randomly initialised model,
-or --ckpt_path), exported with `tinylm.export.export_hf` and loaded back with `GPT2LMHeadModel.from_pretrained`;
+or --ckpt_path), exported with `tinylm.hf.export_hf` and loaded back with `GPT2LMHeadModel.from_pretrained`;
 both continue the same prompt greedily with a KV cache for --new-tokens tokens (EOS does not stop either). Checks
 the two return identical token ids and prints tokens/s and the ratio as a markdown table.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from tinylm.export import export_hf, load_model
-from tinylm.sampling import generate
+from tinylm.hf import export_hf, load_model
+from tinylm.generate.strategies import generate
 
 # block_size 512 so a 64-token prompt + 256 new tokens fit in the window (transformers' GPT-2 cannot slide past it)
 SHAPES = {
@@ -38,7 +38,7 @@ def random_checkpoint(shape: dict, path: Path) -> Path:
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from tinylm.module import TinyLM
+    from tinylm.train.module import TinyLM
 
     torch.manual_seed(0)
     module = TinyLM(**shape, lr=1e-12, min_lr=0.0, warmup_steps=0)

@@ -18,7 +18,7 @@ import time
 import torch
 
 from tinylm.model import GPT, GPTConfig
-from tinylm.sampling import generate
+from tinylm.generate.strategies import generate
 
 # block_size 512 so prompt + 256 new tokens fit in the window (no re-prefill; that regime is as slow as no cache)
 SHAPES = {

@@ -42,8 +42,8 @@ import yaml
 
 from tinylm.data import TinyLMDataModule
 from tinylm.model import GPT
-from tinylm.module import TinyLM
-from tinylm.schedules import lr_at
+from tinylm.train.module import TinyLM
+from tinylm.train.schedules import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "shakespeare-char-cpu.yaml"
@@ -225,9 +225,9 @@ class Interleave(L.Callback):
 def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup: int,
              block: int) -> tuple[Clock, Clock]:
     """Fit Lightning for warmup + steps with the plain loop interleaved; return (lightning, plain) clocks."""
-    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
-    from tinylm.health import HealthMonitor
-    from tinylm.loggers import RunCSVLogger
+    from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+    from tinylm.train.health import HealthMonitor
+    from tinylm.train.loggers import RunCSVLogger
 
     if kind not in PASSES:
         raise ValueError(f"unknown pass {kind!r}; choose from {', '.join(PASSES)}")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinylm.bpe import GPT2_PATTERN, ByteLevelBPE
+from tinylm.tokenize.bpe import GPT2_PATTERN, ByteLevelBPE
 
 EOT = "<|endoftext|>"
 
@@ -50,7 +50,7 @@ _FRAGMENTS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", " 's", "\r\n", 
 
 def _assigned(c: str) -> bool:
     # Characters newer than Python's Unicode tables are left out: `regex` and tiktoken's Rust regex may disagree
-    # on whether such a character is a letter (the known gap in tinylm/bpe.py's docstring).
+    # on whether such a character is a letter (the known gap in tinylm/tokenize/bpe.py's docstring).
     return unicodedata.category(c) not in {"Cn", "Cs"}
 
 

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
-import tinylm.corpus as corpus_mod
-from tinylm.corpus import EOT, open_corpus
+import tinylm.data.corpus as corpus_mod
+from tinylm.data.corpus import EOT, open_corpus
 
 
 def _no_network(monkeypatch):

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from tinylm.corpus import EOT, open_corpus
-from tinylm.data import ResumableLoader, TinyLMDataModule, TrainBatches, _pieces, load_meta, prepare_dataset
-from tinylm.tokenizer import Tokenizer, build_tokenizer
+from tinylm.data.corpus import EOT, open_corpus
+from tinylm.data import TinyLMDataModule
+from tinylm.data.loader import ResumableLoader, TrainBatches
+from tinylm.data.prepare import _pieces, load_meta, prepare_dataset
+from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.checkpoint import CheckpointError
-from tinylm.export import export_command, export_hf, import_hf, load_model, save_hf_tokenizer
-from tinylm.module import TinyLM
-from tinylm.tokenizer import EOT, Tokenizer, build_tokenizer
+from tinylm.hf import export_command, export_hf, import_hf, load_model, save_hf_tokenizer
+from tinylm.train.module import TinyLM
+from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,8 +83,8 @@ def _tokenizers(shared_data: Path) -> dict:
     docs = _texts(shared_data)[:2]
     cl100k_like = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
                    r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
-    from tinylm.bpe import ByteLevelBPE
-    from tinylm.tokenizer import _Scratch
+    from tinylm.tokenize.bpe import ByteLevelBPE
+    from tinylm.tokenize.tokenizer import _Scratch
 
     return {
         "char": lambda: build_tokenizer("char", documents=lambda: docs + ["  \t\n"]),

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tinylm.callbacks import SpeedMonitor
-from tinylm.health import HealthMonitor, TrainingHealthError
-from tinylm.module import TinyLM
+from tinylm.train.callbacks import SpeedMonitor
+from tinylm.train.health import HealthMonitor, TrainingHealthError
+from tinylm.train.module import TinyLM
 
 T = 32
 

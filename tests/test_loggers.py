@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from tinylm.cli import main
-from tinylm.loggers import make_loggers, wandb_mode
+from tinylm.train.loggers import make_loggers, wandb_mode
 
 
 @pytest.fixture

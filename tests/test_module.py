@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tinylm.module import TinyLM
-from tinylm.schedules import lr_at
+from tinylm.train.module import TinyLM
+from tinylm.train.schedules import lr_at
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
 
@@ -147,7 +147,7 @@ def test_every_attention_mask_trains(attn_mask):
 
 def test_cpu_precision_choice():
     """Catches the CPU default picking bf16-mixed for small models, where it measured 1.35x slower than fp32."""
-    from tinylm.cli import CPU_BF16_MIN_WIDTH, _cpu_has_native_bf16, resolve_precision
+    from tinylm.device import CPU_BF16_MIN_WIDTH, _cpu_has_native_bf16, resolve_precision
 
     assert resolve_precision("16-mixed", 128) == "16-mixed"  # an explicit choice always wins
     if torch.cuda.is_available():

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tinylm import report
+from tinylm.generate import report
 from tinylm.model import GPT, GPTConfig
-from tinylm.module import TinyLM
-from tinylm.report import (
+from tinylm.train.module import TinyLM
+from tinylm.generate.report import (
     STRATEGIES,
     distinct_n,
     ngrams,
@@ -22,8 +22,8 @@ from tinylm.report import (
     sample_report_command,
     score_tokens,
 )
-from tinylm.sampling import generate
-from tinylm.tokenizer import build_tokenizer
+from tinylm.generate.strategies import generate
+from tinylm.tokenize.tokenizer import build_tokenizer
 
 
 @pytest.fixture(autouse=True)

@@ -4,17 +4,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tinylm.model import GPT, GPTConfig
-from tinylm.sampling import (
+from tinylm.generate.processors import (
     SamplingConfig,
-    _Runner,
     apply_repetition_penalty,
     apply_temperature,
-    generate,
     min_p_filter,
     top_k_filter,
     top_p_filter,
 )
+from tinylm.generate.strategies import _Runner, generate
+from tinylm.model import GPT, GPTConfig
 
 VOCAB = 48
 

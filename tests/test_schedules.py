@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from tinylm.schedules import constant, lr_at, warmup_cosine, warmup_stable_decay
+from tinylm.train.schedules import constant, lr_at, warmup_cosine, warmup_stable_decay
 
 KW = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, decay_steps=100)
 

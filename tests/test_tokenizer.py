@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinylm.tokenizer import EOT, GPT2_PATTERN, Tokenizer, build_tokenizer
+from tinylm.tokenize.tokenizer import EOT, GPT2_PATTERN, Tokenizer, build_tokenizer
 
 SHARED_TEXTS = ("german.txt", "address.txt", "tinystories_sample.txt")
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
@@ -134,8 +134,8 @@ def test_char_tokenizer(shared_data):
 
 
 def test_scratch_bpe_backend(shakespeare_100k):
-    """Prevents the scratch-bpe spec from being miswired to tinylm.bpe (round trip, EOS, state)."""
-    pytest.importorskip("tinylm.bpe")
+    """Prevents the scratch-bpe spec from being miswired to tinylm.tokenize.bpe (round trip, EOS, state)."""
+    pytest.importorskip("tinylm.tokenize.bpe")
     tok = build_tokenizer("scratch-bpe", vocab_size=300, documents=lambda: [shakespeare_100k[:20_000]])
     assert tok.vocab_size == 300 and tok.eos_id is not None
     text = f"To be{EOT} or not 😀"

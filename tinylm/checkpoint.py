@@ -103,7 +103,7 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     from dataclasses import fields
 
     from tinylm.model import GPT, GPTConfig
-    from tinylm.tokenizer import Tokenizer
+    from tinylm.tokenize.tokenizer import Tokenizer
 
     # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
     ckpt = load_checkpoint(ckpt_path, map_location="cpu", mmap=True)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tinylm.model import GPT
-from tinylm.sampling import SamplingConfig, generate_with
+from tinylm.generate import SamplingConfig, generate_with
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------

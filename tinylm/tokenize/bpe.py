@@ -37,9 +37,7 @@ import regex
 
 log = logging.getLogger(__name__)
 
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-"""GPT-2's pre-tokenization regex (tiktoken's `gpt2` pat_str): contractions, letters, numbers, other symbols
-(each optionally with one leading space), and whitespace runs that leave their last space to the next word."""
+from tinylm.tokenize.patterns import GPT2_PATTERN  # noqa: F401 (re-exported: ByteLevelBPE's default)
 
 FORMAT = "tinylm-bpe"
 FORMAT_VERSION = 1

@@ -2,7 +2,7 @@
 
 Specs (`--data.tokenizer`):
     bpe               byte-level BPE trained on the corpus with Hugging Face `tokenizers` (GPT-2 pre-tokenizer)
-    scratch-bpe       the same idea, trained by tinylm's own `tinylm.bpe.ByteLevelBPE`
+    scratch-bpe       the same idea, trained by tinylm's own `tinylm.tokenize.bpe.ByteLevelBPE`
     char              one id per character of the corpus (nanoGPT's shakespeare_char)
     tiktoken:NAME     a pretrained tiktoken encoding (gpt2, r50k_base, cl100k_base, ...)
     tiktoken:PATH     a local `.tiktoken` rank file, GPT-2 pattern, `<|endoftext|>` = number of ranks
@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-EOT = "<|endoftext|>"
-# tiktoken's gpt2 pattern in plain `regex` syntax (what shared/data/README.md documents).
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+from tinylm.tokenize.patterns import EOT, GPT2_PATTERN
+
 STATE_FILE = "tinylm_tokenizer.json"
 STATE_VERSION = 1
 TRAINED_SPECS = ("bpe", "scratch-bpe", "char")
@@ -149,7 +148,7 @@ class _Char:
 
 
 class _Scratch:
-    """tinylm's own byte-level BPE (`tinylm.bpe.ByteLevelBPE`)."""
+    """tinylm's own byte-level BPE (`tinylm.tokenize.bpe.ByteLevelBPE`)."""
 
     kind = "scratch-bpe"
 
@@ -180,7 +179,7 @@ class _Scratch:
 
     @classmethod
     def from_state(cls, state: dict) -> _Scratch:
-        from tinylm.bpe import ByteLevelBPE
+        from tinylm.tokenize.bpe import ByteLevelBPE
 
         return cls(ByteLevelBPE.from_state(state))
 
@@ -339,7 +338,7 @@ def _train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
-    from tinylm.bpe import ByteLevelBPE  # lazily: the char/bpe paths must not depend on it
+    from tinylm.tokenize.bpe import ByteLevelBPE  # lazily: the char/bpe paths must not depend on it
 
     return Tokenizer(_Scratch(ByteLevelBPE.train(docs, vocab_size=vocab_size, special_tokens=[EOT])), "scratch-bpe")
 

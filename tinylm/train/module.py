@@ -15,7 +15,7 @@ from torchmetrics.aggregation import MeanMetric
 from torchmetrics.text import Perplexity
 
 from tinylm.model import GPT, GPTConfig
-from tinylm.schedules import SCHEDULES, lr_at
+from tinylm.train.schedules import SCHEDULES, lr_at
 
 CHECKPOINT_FORMAT = 1
 

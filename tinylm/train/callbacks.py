@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
-from tinylm.module import logging_step
+from tinylm.train.module import logging_step
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) for chips Lightning's own table misses or names differently.
 # MFU = achieved model FLOP/s / this number; the PaLM paper's definition, as nanoGPT's estimate_mfu.
@@ -203,7 +203,7 @@ class SampleText(L.Callback):
         top_k: int | None = 200,
         seed: int = 1234,
     ) -> None:
-        from tinylm.sampling import SamplingConfig
+        from tinylm.generate import SamplingConfig
 
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
@@ -232,7 +232,7 @@ class SampleText(L.Callback):
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
         from dataclasses import replace
 
-        from tinylm.sampling import generate_with
+        from tinylm.generate.strategies import generate_with
 
         ids = tokenizer.encode(prompt) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
         if not ids:
@@ -263,7 +263,7 @@ def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
     """The run's tokenizer: the data module's, else the one the module carries from its checkpoint."""
     tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
     if tok is None and getattr(pl_module, "tokenizer_state", None):
-        from tinylm.tokenizer import Tokenizer
+        from tinylm.tokenize.tokenizer import Tokenizer
 
         tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
     return tok

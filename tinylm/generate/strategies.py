@@ -1,8 +1,8 @@
-"""Decoding: logits processors and strategies (greedy, sampling, beam search, contrastive search) over a GPT.
+"""Decoding strategies (greedy, sampling, beam search, contrastive search) over a GPT.
 
 Everything here is a pure function of logits or of the model: no training state, no printing.
-The one entry point is `generate`; `SamplingConfig` holds and validates the same options for callers that pass
-them around (CLI, sampling callback): `generate_with(model, prompts, config)`.
+The logits processors and `SamplingConfig` are in `processors.py`. The one entry point is `generate`; callers
+that pass the options around (CLI, sampling callback) use `generate_with(model, prompts, config)`.
 
 Shapes: B prompts, L tokens so far (prompt + generated), V vocab, K candidates (top-k / 2·beams), C n_embd.
 """
@@ -11,144 +11,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tinylm.generate.processors import (
+    CONTRASTIVE_DEFAULT_TOP_K,
+    SamplingConfig,
+    apply_repetition_penalty,
+    sampling_logits,
+)
 from tinylm.model import GPT
-
-STRATEGIES = ("greedy", "sample", "beam", "contrastive")
-CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
-
-
-@dataclass
-class SamplingConfig:
-    """How to decode; validated on creation (bad values raise ValueError naming the value)."""
-
-    strategy: str = "sample"
-    """"greedy" (argmax), "sample" (multinomial), "beam" (beam search), "contrastive" (contrastive search)."""
-    max_new_tokens: int = 256
-    """Most tokens to generate per prompt (EOS and stop strings can end a row earlier)."""
-    temperature: float = 1.0
-    """sample: divide logits by this; < 1 sharper, > 1 flatter. Must be > 0 (use strategy="greedy" for 0)."""
-    top_k: int | None = None
-    """sample: keep only the k most likely tokens (exactly k, ties broken by index). contrastive: candidates per
-    step (default 4)."""
-    top_p: float | None = None
-    """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""
-    min_p: float | None = None
-    """sample: drop tokens less likely than min_p × the top token's probability, in [0, 1]."""
-    repetition_penalty: float = 1.0
-    """All strategies: CTRL penalty on tokens already in the sequence (prompt included); > 1 discourages
-    repeats, 1 is off. Positive logits are divided by it, negative ones multiplied."""
-    num_beams: int = 1
-    """beam: beams kept per prompt."""
-    length_penalty: float = 1.0
-    """beam: hypotheses are ranked by sum(log-probs) / length**length_penalty; > 0 favours longer ones."""
-    early_stopping: bool = False
-    """beam: stop a prompt as soon as num_beams hypotheses ended; False stops when no running beam can still win."""
-    penalty_alpha: float = 0.6
-    """contrastive: weight of the degeneration penalty (max cosine similarity to earlier hidden states), in
-    [0, 1]; 0 is greedy."""
-    eos_id: int | None = None
-    """Stop a row when it produces this token (the EOS is not returned)."""
-    stop_strings: list[str] | None = None
-    """Stop a row once its decoded new text contains one of these (the tokens that made it are returned);
-    needs a `decode` function."""
-    seed: int | None = None
-    """Seed for sampling (a private torch.Generator, so the global RNG is untouched); None uses the global RNG."""
-    use_cache: bool = True
-    """Reuse attention keys/values of earlier tokens (same output, many times faster); False recomputes all."""
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.strategy == "sample" and not self.temperature > 0:
-            raise ValueError(
-                f"temperature must be > 0 for sampling, got {self.temperature}; use strategy='greedy' for argmax"
-            )
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None for no limit), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
-        if self.num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
-        if self.num_beams > 1 and self.strategy != "beam":
-            raise ValueError(f"num_beams={self.num_beams} needs strategy='beam' (got {self.strategy!r})")
-        if not 0 <= self.penalty_alpha <= 1:
-            raise ValueError(f"penalty_alpha must be in [0, 1], got {self.penalty_alpha}")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise ValueError(f"eos_id must be a token id >= 0 (or None), got {self.eos_id}")
-        if isinstance(self.stop_strings, str):
-            self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
-        if self.stop_strings is not None and not all(isinstance(s, str) and s for s in self.stop_strings):
-            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
-
-
-# ---- logits processors: (B, V) logits in, (B, V) logits out; removed tokens get -inf ---------------------------
-def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
-    """Divide logits by temperature (> 0): below 1 sharpens the distribution, above 1 flattens it."""
-    return logits if temperature == 1.0 else logits / temperature
-
-
-def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Keep exactly the k largest logits per row (ties broken by torch.topk, never more than k)."""
-    if k >= logits.size(-1):
-        return logits
-    values, indices = torch.topk(logits, k, dim=-1)  # (B, k)
-    # scatter the kept values back rather than thresholding at the k-th value, which would keep every tie
-    return torch.full_like(logits, -math.inf).scatter(-1, indices, values)
-
-
-def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
-    """Nucleus: keep the most likely tokens until their probabilities sum to >= top_p (always at least one)."""
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
-    remove_sorted = mass_before >= top_p  # the top token has mass_before 0, so it always stays
-    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-    return logits.masked_fill(remove, -math.inf)
-
-
-def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
-    """Drop tokens whose probability is below min_p times the most likely token's probability."""
-    if min_p <= 0.0:
-        return logits
-    probs = logits.softmax(dim=-1)  # (B, V)
-    threshold = min_p * probs.max(dim=-1, keepdim=True).values  # (B, 1)
-    return logits.masked_fill(probs < threshold, -math.inf)
-
-
-def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: float) -> Tensor:
-    """CTRL repetition penalty: for each token already in ids (B, L), divide a positive logit by penalty and
-    multiply a negative one, so penalty > 1 always makes it less likely (once per token, however often seen)."""
-    if penalty == 1.0:
-        return logits
-    seen = torch.gather(logits, 1, ids)  # (B, L)
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(1, ids, seen)
-
-
-def sampling_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
-    """The sampling warpers in Hugging Face's order: temperature, top-k, top-p, min-p."""
-    logits = apply_temperature(logits, config.temperature)
-    if config.top_k is not None:
-        logits = top_k_filter(logits, config.top_k)
-    if config.top_p is not None:
-        logits = top_p_filter(logits, config.top_p)
-    if config.min_p is not None:
-        logits = min_p_filter(logits, config.min_p)
-    return logits
 
 
 # ---- feeding the model ---------------------------------------------------------------------------------------

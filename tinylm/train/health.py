@@ -21,7 +21,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import lightning as L
-import torch
 
 log = logging.getLogger("tinylm")
 

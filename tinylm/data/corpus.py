@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tinylm.tokenize.patterns import EOT
+
 log = logging.getLogger(__name__)
 
-EOT = "<|endoftext|>"
 _READ_BYTES = 1 << 20
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 NAMED = {

@@ -6,14 +6,12 @@ Every error a user can cause ends as one line on stderr and a non-zero exit (add
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 log = logging.getLogger("tinylm")
 
@@ -41,39 +39,14 @@ class RunOptions:
     keep_checkpoints: int = 3
 
 
-# bf16-mixed on a CPU with native bf16 ran 1.35x slower than 32-true at n_embd 128 (autocast overhead on small
-# matrices) and 1.5x faster at n_embd 384 (benchmarks/bench_precision_cpu.py, docs/benchmarks.md).
-CPU_BF16_MIN_WIDTH = 256
-
-
-def resolve_precision(requested: str | None, n_embd: int) -> str:
-    """The Trainer precision to use when a config leaves it unset.
-
-    bf16-mixed on GPUs that support it (16-mixed on older ones). On CPUs: bf16-mixed only for models at least
-    CPU_BF16_MIN_WIDTH wide on CPUs with native bf16 instructions (AVX512-BF16 or AMX), else 32-true.
-    """
-    if requested is not None:
-        return str(requested)
-    if torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "bf16-mixed" if n_embd >= CPU_BF16_MIN_WIDTH and _cpu_has_native_bf16() else "32-true"
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
 def _make_cli_class():
+    from tinylm.device import resolve_precision
     from lightning.pytorch.cli import LightningCLI
 
-    from tinylm.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SampleText, SpeedMonitor
-    from tinylm.health import HealthMonitor
+    from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SampleText, SpeedMonitor
+    from tinylm.train.health import HealthMonitor
     from tinylm.checkpoint import AtomicCheckpointIO
-    from tinylm.loggers import make_loggers
+    from tinylm.train.loggers import make_loggers
 
     class TinyLMCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
@@ -167,7 +140,7 @@ def _make_cli_class():
 def lightning_main(args: list[str]):
     """Run a LightningCLI subcommand (fit/validate) with tinylm's model and data module; returns the CLI object."""
     from tinylm.data import TinyLMDataModule
-    from tinylm.module import TinyLM
+    from tinylm.train.module import TinyLM
 
     cli_class = _make_cli_class()
     # we always pass args explicitly (main() strips --verbose first), which Lightning warns about
@@ -196,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         if command in LIGHTNING_COMMANDS:
             lightning_main([command, *rest])
         elif command in OWN_COMMANDS:
-            from tinylm import commands
+            from tinylm.cli import commands
 
             getattr(commands, command.replace("-", "_"))(rest)
         else:

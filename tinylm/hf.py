@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import warnings
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 
 from tinylm.checkpoint import CheckpointError, load_checkpoint, load_model  # noqa: F401  (load_model re-exported)
 from tinylm.model import GPT, GPTConfig
-from tinylm.tokenizer import EOT, GPT2_PATTERN, Tokenizer, _parse_ranks
+from tinylm.tokenize.tokenizer import GPT2_PATTERN, Tokenizer, _parse_ranks
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +137,11 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     elif tokenizer.kind == "char":
         tok = _char_tokenizer(state["chars"], state["special_tokens"])
     elif tokenizer.kind == "scratch-bpe":
-        from tinylm.bpe import ByteLevelBPE
+        from tinylm.tokenize.bpe import ByteLevelBPE
 
         tok = _byte_level_tokenizer(ByteLevelBPE.from_state(state))
     elif tokenizer.kind == "tiktoken":
-        from tinylm.bpe import ByteLevelBPE
+        from tinylm.tokenize.bpe import ByteLevelBPE
 
         bpe = ByteLevelBPE(_parse_ranks(state["ranks"]), special_tokens=state["special_tokens"],
                            pattern=state["pattern"])
@@ -170,11 +169,11 @@ def _char_tokenizer(chars: str, specials: dict[str, int]) -> Any:
 
 
 def _byte_level_tokenizer(bpe: Any) -> Any:
-    """A tinylm.bpe.ByteLevelBPE as a HF BPE. Specials go into the BPE vocab so they keep their ids."""
+    """A tinylm.tokenize.bpe.ByteLevelBPE as a HF BPE. Specials go into the BPE vocab so they keep their ids."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
-    from tinylm.bpe import _to_unicode
+    from tinylm.tokenize.bpe import _to_unicode
 
     state = bpe.to_state()  # tokens in GPT-2's byte-to-unicode form, like vocab.json
     vocab = state["vocab"] | state["special_tokens"]

@@ -87,15 +87,15 @@ def generate(args: list[str]) -> None:
     """`tinylm generate --ckpt_path PATH --prompt TEXT [strategy flags]`: stream a continuation to stdout."""
     import warnings
 
-    import torch
 
     from tinylm.checkpoint import load_model
-    from tinylm.sampling import SamplingConfig, generate_with
+    from tinylm.device import resolve_device
+    from tinylm.generate import SamplingConfig, generate_with
 
     opts = _generate_parser().parse_args(args)
     if opts.num_samples < 1:
         raise ValueError(f"--num_samples must be >= 1, got {opts.num_samples}")
-    device = torch.device("cuda" if opts.device == "auto" and torch.cuda.is_available() else "cpu" if opts.device == "auto" else opts.device)
+    device = resolve_device(opts.device)
     model, tokenizer, _ = load_model(opts.ckpt_path, map_location=device)
     if tokenizer is None:
         raise ValueError(f"checkpoint {opts.ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
@@ -162,14 +162,14 @@ class _StreamPrinter:
 
 def export(args: list[str]) -> None:
     """`tinylm export --ckpt_path PATH --out DIR`: a Hugging Face transformers GPT-2 directory."""
-    from tinylm.export import export_command
+    from tinylm.hf import export_command
 
     export_command(args)
 
 
 def sample_report(args: list[str]) -> None:
     """`tinylm sample-report --ckpt_path PATH --out DIR`: decoding strategies compared."""
-    from tinylm.report import sample_report_command
+    from tinylm.generate.report import sample_report_command
 
     sample_report_command(args)
 

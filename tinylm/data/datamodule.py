@@ -1,0 +1,183 @@
+"""The LightningDataModule: corpus -> tokenizer -> packed memmaps -> (x, y) batches of shape (B, T)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from tinylm.data.corpus import Corpus, open_corpus
+from tinylm.data.loader import ResumableLoader, TrainBatches, ValBatches
+from tinylm.data.prepare import dataset_dir_for, default_cache_dir, load_meta, prepare_dataset, prepare_tokenizer
+from tinylm.tokenize import Tokenizer
+
+class TinyLMDataModule(L.LightningDataModule):
+    """Corpus -> tokenizer -> packed memmaps -> (x, y) batches of shape (batch_size, block_size).
+
+    Args:
+        corpus: where the text comes from: `tinyshakespeare`, a text file, a directory or glob of text files,
+            a local .jsonl/.json/.parquet/.csv file, or `hf:NAME` for a Hugging Face dataset.
+        tokenizer: `char`, `bpe` (trained with HF tokenizers), `scratch-bpe` (tinylm.tokenize.bpe), `tiktoken:NAME`,
+            `tiktoken:PATH.tiktoken`, or a path to a tokenizer.json / saved tokenizer directory.
+        vocab_size: target vocabulary size (ids, special tokens included) of trained BPE tokenizers. The model
+            gets the tokenizer's real size, which may be smaller.
+        block_size: context length in tokens of each training/validation window.
+        batch_size: windows per batch on each device.
+        val_fraction: share of the corpus's characters, taken from its end, that forms the validation split;
+            unused when the corpus has its own validation split.
+        val_batches: evaluate only the first N validation batches (None: all of the split).
+        cache_dir: folder for downloads, tokenizers and datasets (None: $TINYLM_CACHE_DIR, else ./data_cache).
+        num_workers: DataLoader worker processes (0: load in the main process).
+        seed: seed of the training windows' random offsets.
+        split: dataset split used for training (hf: and local dataset files).
+        val_split: dataset split used for validation when the dataset has it (hf: and local dataset files).
+        text_column: dataset column holding the text (hf: and local dataset files).
+        data_files: files for `hf:json` / `hf:parquet` / `hf:csv` / `hf:text`: a path, a list, or a dict
+            {split: path(s)}.
+        hf_config: dataset configuration name (the `name` argument of `datasets.load_dataset`).
+        hf_revision: dataset revision (git tag, branch or commit) to pin.
+    """
+
+    def __init__(self, *, corpus: str = "tinyshakespeare", tokenizer: str = "char", vocab_size: int = 8192,
+                 block_size: int = 256, batch_size: int = 64, val_fraction: float = 0.1,
+                 val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
+                 seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
+                 data_files: str | list[str] | dict[str, str | list[str]] | None = None,
+                 hf_config: str | None = None, hf_revision: str | None = None) -> None:
+        super().__init__()
+        for name, value in (("block_size", block_size), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}; 0.1 keeps the last 10% for "
+                             "validation")
+        if val_batches is not None and val_batches < 1:
+            raise ValueError(f"val_batches must be >= 1 or None (all), got {val_batches}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
+        self.save_hyperparameters(ignore=["vocab_size"])
+        self.corpus_spec, self.tokenizer_spec, self.target_vocab_size = corpus, tokenizer, vocab_size
+        self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
+                                                                                 val_fraction, val_batches)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.num_workers, self.seed = num_workers, seed
+        self._hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files,
+                        hf_config=hf_config, hf_revision=hf_revision)
+        self._corpus: Corpus | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._meta: dict | None = None
+        self._train_loader: ResumableLoader | None = None
+        self._resume_batches = 0
+
+    # ---- lazy pieces: LightningCLI reads vocab_size right after __init__, before prepare_data
+    @property
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = open_corpus(self.corpus_spec, cache_dir=self.cache_dir, **self._hf)
+        return self._corpus
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer (trained or loaded on first use, then cached on disk)."""
+        if self._tokenizer is None:
+            self._tokenizer = prepare_tokenizer(self.corpus, self.tokenizer_spec, vocab_size=self.target_vocab_size,
+                                                cache_dir=self.cache_dir)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's real vocabulary size (linked into the model)."""
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of the document separator, or None (char tokenizer on a single-document corpus)."""
+        return self.tokenizer.eos_id
+
+    @property
+    def dataset_dir(self) -> Path:
+        """The prepared dataset's folder (it may not be built yet)."""
+        return dataset_dir_for(self.corpus, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir)
+
+    @property
+    def meta(self) -> dict:
+        """The dataset's meta.json, checked against the tokenizer (the dataset is built if missing)."""
+        if self._meta is None:
+            path = prepare_dataset(self.corpus, self.tokenizer, val_fraction=self.val_fraction,
+                                   cache_dir=self.cache_dir)
+            self._meta = load_meta(path, self.tokenizer)
+        return self._meta
+
+    @property
+    def val_bytes_per_token(self) -> float:
+        """UTF-8 bytes of raw text per validation token; val/bpb = loss / ln 2 / this."""
+        val = self.meta["splits"]["val"]
+        return val["bytes"] / max(1, val["tokens"])
+
+    # ---- Lightning hooks
+    def prepare_data(self) -> None:
+        """Train/load the tokenizer and build the dataset (Lightning runs this on one process per node)."""
+        self._meta = None
+        _ = self.meta
+
+    def setup(self, stage: str | None = None) -> None:
+        splits = {"fit": ("train", "val"), "validate": ("val",), None: ("train", "val")}.get(stage, ())
+        for split in splits:
+            n = self.meta["splits"][split]["tokens"]
+            if n < self.block_size + 1:
+                raise ValueError(
+                    f"the {split} split has {n} tokens, but one window needs block_size + 1 = {self.block_size + 1}; "
+                    f"use a smaller --data.block_size, a {'larger' if split == 'val' else 'smaller'} "
+                    f"--data.val_fraction (now {self.val_fraction}), or a bigger corpus")
+
+    def _split(self, name: str) -> dict:
+        return {"path": self.dataset_dir / f"{name}.bin", "dtype": self.meta["dtype"],
+                "n_tokens": self.meta["splits"][name]["tokens"], "block_size": self.block_size,
+                "batch_size": self.batch_size}
+
+    def train_dataloader(self) -> ResumableLoader:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        dataset = TrainBatches(**self._split("train"), seed=self.seed, rank=rank, world_size=world)
+        epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
+        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=self._resume_batches,
+                                             num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                                             seed=self.seed)
+        return self._train_loader
+
+    def val_dataloader(self) -> DataLoader:
+        dataset = ValBatches(**self._split("val"), limit=self.val_batches)
+        return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
+                          pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
+                          generator=torch.Generator().manual_seed(self.seed))
+
+    # ---- the sampler position travels in checkpoints (restored before train_dataloader() is called)
+    def state_dict(self) -> dict:
+        done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
+        return {"train_batches_yielded": done}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume_batches = int(state_dict.get("train_batches_yielded", 0))
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict({"batches_yielded": self._resume_batches})
+
+    def summary(self) -> dict:
+        """What `tinylm prepare` prints."""
+        m = self.meta
+        train, val = m["splits"]["train"], m["splits"]["val"]
+        return {
+            "dataset": str(self.dataset_dir),
+            "corpus": self.corpus_spec,
+            "tokenizer": f"{self.tokenizer_spec} ({self.tokenizer.kind})",
+            "vocab_size": m["vocab_size"],
+            "eos_id": m["eos_id"],
+            "dtype": m["dtype"],
+            "train_tokens": train["tokens"],
+            "val_tokens": val["tokens"],
+            "train_documents": train["documents"],
+            "val_documents": val["documents"],
+            "val_source": m["settings"]["val_source"],
+            "bytes_per_token": (train["bytes"] + val["bytes"]) / max(1, train["tokens"] + val["tokens"]),
+        }

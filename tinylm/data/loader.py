@@ -1,0 +1,126 @@
+"""Reading a packed dataset: seekable training batches, fixed validation windows, a resumable DataLoader.
+
+Letters in shape comments: B = batch size, T = block size (context length in tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A bijective 64-bit mix (splitmix64's finalizer): consecutive inputs give unrelated outputs."""
+    x = x + _M1
+    x = (x ^ (x >> np.uint64(30))) * _M2
+    x = (x ^ (x >> np.uint64(27))) * _M3
+    return x ^ (x >> np.uint64(31))
+
+
+class _TokenWindows(Dataset):
+    """Reads windows of T + 1 tokens from a .bin file, memory-mapped lazily in whichever process reads
+    (an open memmap is never pickled into DataLoader workers)."""
+
+    def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int) -> None:
+        self.path, self.dtype, self.n_tokens = str(path), dtype, n_tokens
+        self.block_size, self.batch_size = block_size, batch_size
+        self._data: np.memmap | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_data": None}
+
+    def windows(self, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
+        idx = offsets[:, None] + np.arange(self.block_size + 1)  # (B, T + 1): the target needs the next token too
+        buf = torch.from_numpy(self._data[idx].astype(np.int64))  # (B, T + 1)
+        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()  # x, y: (B, T) each
+
+
+class TrainBatches(_TokenWindows):
+    """Batch k (of this rank) is B windows at random offsets that are a pure function of (seed, sample index),
+    where rank r's batch k holds samples (k * world_size + r) * B ... + B - 1. So resuming at batch k needs only
+    k, ranks never share windows, and 1 device x batch 2B draws the same windows as 2 devices x batch B."""
+
+    def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
+                 seed: int, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(path, dtype=dtype, n_tokens=n_tokens, block_size=block_size, batch_size=batch_size)
+        if n_tokens < block_size + 1:
+            raise ValueError(f"train split has {n_tokens} tokens, fewer than block_size + 1 = {block_size + 1}")
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+
+    def offsets(self, k: int) -> np.ndarray:
+        first = (k * self.world_size + self.rank) * self.batch_size
+        samples = np.arange(first, first + self.batch_size, dtype=np.uint64)
+        key = _splitmix64(np.array([self.seed], dtype=np.uint64))
+        high = np.uint64(self.n_tokens - self.block_size)  # offsets 0 .. n - T - 1 leave room for the target
+        return (_splitmix64(samples ^ key) % high).astype(np.int64)  # (B,)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.windows(self.offsets(k))
+
+
+class ValBatches(_TokenWindows):
+    """Non-overlapping windows tiling the whole split in order (the last batch may be smaller); `limit` keeps the
+    first batches only. The same on every call and every rank."""
+
+    def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
+                 limit: int | None = None) -> None:
+        super().__init__(path, dtype=dtype, n_tokens=n_tokens, block_size=block_size, batch_size=batch_size)
+        self.n_windows = (n_tokens - 1) // block_size
+        n = -(-self.n_windows // batch_size)
+        self.n_batches = n if limit is None else min(n, limit)
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __getitem__(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= j < self.n_batches:
+            raise IndexError(j)
+        w = np.arange(j * self.batch_size, min((j + 1) * self.batch_size, self.n_windows), dtype=np.int64)
+        return self.windows(w * self.block_size)
+
+
+class _EpochSampler(Sampler[int]):
+    """Global batch ids from `start` to the end of its notional epoch (ids keep counting across epochs)."""
+
+    def __init__(self, epoch_length: int) -> None:
+        self.epoch_length, self.start = epoch_length, 0
+
+    def __len__(self) -> int:
+        return self.epoch_length
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, (self.start // self.epoch_length + 1) * self.epoch_length))
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over `TrainBatches` that counts the batches it has yielded. Lightning saves `state_dict()` in
+    checkpoints (it does so only for loaders that have one) and after `load_state_dict` iteration resumes at that
+    batch. Its own `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
+
+    def __init__(self, dataset: TrainBatches, *, epoch_length: int, start: int = 0, num_workers: int = 0,
+                 pin_memory: bool = False, seed: int = 0) -> None:
+        self.epoch_length, self.batches_yielded = epoch_length, start
+        self._positions = _EpochSampler(epoch_length)
+        super().__init__(dataset, batch_size=None, sampler=self._positions, num_workers=num_workers,
+                         pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+
+    def __iter__(self) -> Iterator[Any]:
+        self._positions.start = self.batches_yielded
+        for batch in super().__iter__():
+            self.batches_yielded += 1  # before yielding: a checkpoint taken while this batch trains counts it
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"batches_yielded": self.batches_yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches_yielded = int(state["batches_yielded"])

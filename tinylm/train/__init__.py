@@ -1,0 +1,1 @@
+"""Training: the LightningModule, LR schedules, callbacks, the health monitor and the loggers."""
