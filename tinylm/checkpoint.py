@@ -18,8 +18,10 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from tinylm.errors import TinyLMError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(TinyLMError, ValueError):
     """A checkpoint file that cannot be used: truncated, foreign, unsafe, or from another model."""
 
 

@@ -43,8 +43,8 @@ def _make_cli_class():
     from tinylm.device import resolve_precision
     from lightning.pytorch.cli import LightningCLI
 
-    from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SampleText, SpeedMonitor
-    from tinylm.train.health import HealthMonitor
+    from tinylm.train.callbacks import SampleText
+    from tinylm.train.run import run_callbacks
     from tinylm.checkpoint import AtomicCheckpointIO
     from tinylm.train.loggers import make_loggers
 
@@ -89,8 +89,6 @@ def _make_cli_class():
             super()._parse_ckpt_path()
 
         def instantiate_trainer(self, **kwargs: Any):
-            from lightning.pytorch.callbacks import ModelCheckpoint
-
             run: RunOptions = self._get(self.config_init, "run")
             trainer_cfg = self._get(self.config_init, "trainer", default={})
             if self.subcommand == "fit":
@@ -99,33 +97,8 @@ def _make_cli_class():
                     raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
             run_dir = Path(run.root) / run.name
             ckpt_dir = run_dir / "checkpoints"
-            callbacks = [
-                ModelCheckpoint(
-                    dirpath=ckpt_dir,
-                    filename="best",
-                    monitor="val/loss",
-                    mode="min",
-                    save_top_k=1,
-                    auto_insert_metric_name=False,
-                    enable_version_counter=False,
-                ),
-                PeriodicCheckpoint(
-                    dirpath=ckpt_dir,
-                    filename="step-{step}",
-                    every_n_train_steps=run.checkpoint_every,
-                    save_top_k=run.keep_checkpoints,
-                    monitor="step",
-                    mode="max",
-                    save_last=True,
-                    auto_insert_metric_name=False,
-                    enable_version_counter=False,
-                ),
-                SpeedMonitor(),
-                RNGState(),
-                HealthMonitor(),
-            ]
-            if trainer_cfg.get("enable_progress_bar", True) is not False:
-                callbacks.append(ProgressBar())
+            callbacks = run_callbacks(ckpt_dir, every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
+                                      progress_bar=trainer_cfg.get("enable_progress_bar", True) is not False)
             kwargs.setdefault("default_root_dir", str(run_dir))
             resume_step, wandb_id = getattr(self, "_resume", (None, None))
             kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project, wandb_id=wandb_id, resume_step=resume_step))

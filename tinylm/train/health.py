@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 import lightning as L
 
+from tinylm.errors import TinyLMError
+
 log = logging.getLogger("tinylm")
 
 
-class TrainingHealthError(RuntimeError):
+class TrainingHealthError(TinyLMError, RuntimeError):
     """Raised when training cannot go on (non-finite loss or gradients)."""
 
 

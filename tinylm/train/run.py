@@ -1,0 +1,55 @@
+"""What every tinylm training run gets from the Trainer: its checkpoint callbacks and its monitors, in one list.
+
+The CLI adds these to whatever callbacks the user's config names; code that builds a Trainer by hand can call
+`run_callbacks` to get the same behaviour.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+from tinylm.train.health import HealthMonitor
+
+
+def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int) -> list[L.Callback]:
+    """``best.ckpt`` by ``val/loss``; ``step-N.ckpt`` every ``every_n_steps`` (keeping ``keep``) plus ``last.ckpt``."""
+    return [
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="best",
+            monitor="val/loss",
+            mode="min",
+            save_top_k=1,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        ),
+        PeriodicCheckpoint(
+            dirpath=ckpt_dir,
+            filename="step-{step}",
+            every_n_train_steps=every_n_steps,
+            save_top_k=keep,
+            monitor="step",
+            mode="max",
+            save_last=True,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        ),
+    ]
+
+
+def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
+    """Throughput/MFU, RNG state for exact resume, the health monitor, and the progress bar when it is on."""
+    callbacks: list[L.Callback] = [SpeedMonitor(), RNGState(), HealthMonitor()]
+    if progress_bar:
+        callbacks.append(ProgressBar())
+    return callbacks
+
+
+def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int, progress_bar: bool) -> list[L.Callback]:
+    """All of a run's callbacks; ``ckpt_dir=None`` leaves out the checkpoint callbacks (checkpointing off)."""
+    ckpts = [] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps, keep=keep)
+    return ckpts + monitor_callbacks(progress_bar=progress_bar)
