@@ -1,6 +1,8 @@
 """Export to / import from Hugging Face transformers GPT-2: same logits, same tokens, clear errors."""
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import lightning as L
@@ -9,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.checkpoint import CheckpointError
+from tinylm.generate import generate
 from tinylm.hf import export_command, export_hf, import_hf, load_model, save_hf_tokenizer
 from tinylm.train.module import TinyLM
 from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
@@ -168,3 +171,121 @@ def test_bad_checkpoints_fail_clearly(tmp_path, char_tokenizer):
     with pytest.raises(CheckpointError, match=r"transformer\.wpe\.weight.*\(32, 32\).*\(64, 32\)"):
         load_model(tmp_path / "edited.ckpt")
     assert not (tmp_path / "out").exists()
+
+
+# ---- import of directories not written by tinylm --------------------------------------------------------------
+def _transformers_dir(path: Path, **overrides) -> Path:
+    """A real `GPT2LMHeadModel` directory (2 layers, 32 wide, vocab 48, exact GELU unless overridden) with random
+    weights everywhere, biases included, and no `tinylm` entry in its config.json."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(**(dict(vocab_size=48, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                             activation_function="gelu") | overrides))
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("field, value", [
+    ("activation_function", "gelu_new"),  # OpenAI's GPT-2: the tanh approximation
+    ("activation_function", "relu"),
+    ("layer_norm_epsilon", 1e-6),
+    ("n_inner", 64),
+    ("scale_attn_weights", False),
+    ("scale_attn_by_inverse_layer_idx", True),
+    ("add_cross_attention", True),
+    ("tie_word_embeddings", False),
+])
+def test_import_refuses_gpt2_variants_tinylm_does_not_compute(tmp_path, field, value):
+    """Catches import_hf loading a GPT-2 whose config asks for a function tinylm's GPT does not compute (it used to
+    warn about gelu_new and ignore eps, attention scaling and cross-attention, then predict differently): the error
+    is one line naming the field, its value and what tinylm supports."""
+    path = _transformers_dir(tmp_path / "hf", **{field: value})
+    assert getattr(transformers.GPT2Config.from_pretrained(path), field) == value  # guard: the setting was saved
+    with pytest.raises(ValueError) as error:
+        import_hf(path)
+    message = str(error.value)
+    assert "\n" not in message and f"{field}={value!r} (tinylm supports " in message and str(path) in message
+
+
+@pytest.mark.parametrize("overrides", [{}, {"reorder_and_upcast_attn": True, "n_inner": 128}],
+                         ids=["plain", "reorder_and_upcast_attn"])
+def test_import_of_a_transformers_gpt2_matches_its_logits(tmp_path, overrides):
+    """Catches import_hf refusing a config tinylm does compute, or mis-mapping a model tinylm did not write (biases
+    present, unpadded vocab, no `tinylm` entry): logits must agree with transformers' to 1e-5. Eager attention runs
+    reorder_and_upcast_attn's own code path, which only reorders the same fp32 arithmetic."""
+    path = _transformers_dir(tmp_path / "hf", **overrides)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
+    model = import_hf(path)
+    idx = torch.randint(0, 48, (2, 32), generator=torch.Generator().manual_seed(0))  # (B, T)
+    with torch.no_grad():
+        ours, theirs = model(idx), hf(idx).logits  # (B, T, V)
+    assert ours.std() > 0.1
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+# ---- decoding: the same beams as transformers' generate -------------------------------------------------------
+@pytest.mark.parametrize("repetition_penalty", [1.3, 0.8])
+def test_beam_search_with_repetition_penalty_equals_transformers(tmp_path, char_tokenizer, repetition_penalty):
+    """Catches beam search applying repetition_penalty to raw logits (or renormalising after it): transformers'
+    beam search penalises the log-probabilities, and users comparing the two must get identical beams."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=True, pad_vocab_multiple=64)
+    model, tokenizer, _ = load_model(ckpt)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(export_hf(ckpt, tmp_path / "hf")).eval()
+    eos = tokenizer.eos_id
+    differs = 0
+    for text in ("First Citizen:", "All: Speak", "hear me"):
+        prompt = torch.tensor([tokenizer.encode(text)])  # (1, L)
+        new = 32 - prompt.size(1)  # transformers' GPT-2 cannot look past n_positions = 32
+        for num_beams, length_penalty in ((3, 1.0), (4, 0.5)):
+            kwargs = dict(num_beams=num_beams, max_new_tokens=new, length_penalty=length_penalty)
+            ours = generate(model, prompt, strategy="beam", repetition_penalty=repetition_penalty, eos_id=eos,
+                            **kwargs)[0]
+            theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, eos_token_id=eos,
+                                 pad_token_id=eos, repetition_penalty=repetition_penalty, **kwargs)[0]
+            theirs = theirs[prompt.size(1):].tolist()
+            while theirs and theirs[-1] == eos:  # tinylm returns no EOS and no padding
+                theirs.pop()
+            assert ours == theirs, (text, num_beams)
+            plain = generate(model, prompt, strategy="beam", eos_id=eos, **kwargs)[0]
+            differs += plain != ours
+    assert differs  # guard: the penalty changed some beams, so it is what is being compared
+
+
+# ---- the README's export instructions run as written ----------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_block(language: str, containing: str) -> str:
+    """The one fenced code block of README.md in `language` that contains `containing`."""
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S | re.M)
+    [block] = [b for b in blocks if containing in b]
+    return block
+
+
+def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, shared_data, monkeypatch, capsys):
+    """Catches the README's export section rotting: its `tinylm export` commands must read the checkpoint that
+    `make train` writes (runs/<run.name of the Makefile's CONFIG>/checkpoints/last.ckpt), and its transformers snippet
+    must run as written on the directory they write (it used paths nothing created, and asked for more new tokens
+    than n_positions, which crashes GPT-2)."""
+    config = re.search(r"^CONFIG\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M).group(1)
+    import yaml
+
+    name = yaml.safe_load((ROOT / config).read_text(encoding="utf-8"))["run"]["name"]
+    monkeypatch.chdir(tmp_path)  # the README's relative paths land in tmp_path
+    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    tokenizer = build_tokenizer("char", documents=lambda: [text])  # the recipe's tokenizer: its 65 characters
+    (tmp_path / "runs" / name / "checkpoints").mkdir(parents=True)
+    _write_checkpoint(tmp_path / "runs" / name / "checkpoints" / "last.ckpt", tokenizer, bias=False,
+                      pad_vocab_multiple=64)
+    commands = [shlex.split(line, comments=True) for line in _readme_block("bash", "tinylm export").splitlines()]
+    assert commands and all(c[:2] == ["tinylm", "export"] for c in commands)
+    for command in commands:
+        export_command(command[2:])  # what `tinylm export` runs
+    capsys.readouterr()
+    snippet = _readme_block("python", "AutoModelForCausalLM.from_pretrained")
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.startswith("ROMEO:") and len(printed.strip()) > len("ROMEO:") + 10

@@ -35,6 +35,8 @@ TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
+ACTIVATION = "gelu"  # tinylm's nn.GELU() is exact; GPT-2's "gelu_new" is the tanh approximation
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which tinylm uses
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -80,11 +82,11 @@ def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
         n_layer=config.n_layer,
         n_head=config.n_head,
         n_inner=4 * config.n_embd,
-        activation_function="gelu",  # tinylm's nn.GELU() is exact; GPT-2's "gelu_new" is the tanh approximation
+        activation_function=ACTIVATION,
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
-        layer_norm_epsilon=1e-5,  # nn.LayerNorm's default, which tinylm uses
+        layer_norm_epsilon=LAYER_NORM_EPS,
         bos_token_id=eos_id,  # GPT-2 convention: one <|endoftext|> both starts and ends documents
         eos_token_id=eos_id,
         tie_word_embeddings=True,
@@ -218,11 +220,27 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, *, model_max_le
 
 
 # ---------------------------------------------------------------------------------------------------- import
+# GPT2Config fields that change the function GPT2LMHeadModel computes, with the one setting tinylm's GPT computes:
+# (field, accepts(value, config), what tinylm supports). Dropout does not matter at inference;
+# reorder_and_upcast_attn only reorders the same fp32 arithmetic (and sdpa attention ignores it), so it imports.
+_IMPORTABLE = (
+    ("activation_function", lambda v, hc: v == ACTIVATION,
+     f"{ACTIVATION!r}: its MLP is exact erf GELU, not the tanh approximation 'gelu_new' of OpenAI's GPT-2"),
+    ("layer_norm_epsilon", lambda v, hc: v == LAYER_NORM_EPS, f"{LAYER_NORM_EPS}, nn.LayerNorm's default"),
+    ("n_inner", lambda v, hc: v in (None, 4 * hc.n_embd), "null or 4 * n_embd"),
+    ("scale_attn_weights", lambda v, hc: v is True, "true: attention scores divided by sqrt(head size)"),
+    ("scale_attn_by_inverse_layer_idx", lambda v, hc: not v, "false"),
+    ("add_cross_attention", lambda v, hc: not v, "false: a decoder-only GPT has no cross-attention"),
+    ("tie_word_embeddings", lambda v, hc: v is True, "true: the LM head is the token embedding"),
+)
+
+
 def import_hf(path: str | Path) -> GPT:
     """A tinylm GPT (eval mode, fp32) from a transformers GPT-2 directory, e.g. one written by `export_hf`.
 
-    Directories from elsewhere (GPT-2 from the Hub, saved locally) load too; tinylm's MLP uses exact GELU, so one
-    made with "gelu_new" gives outputs close to, not equal to, the original's (a warning says so).
+    Directories from elsewhere load too when their config describes the function tinylm's GPT computes (exact GELU,
+    LayerNorm eps 1e-5, ...; see `_IMPORTABLE`); any other config raises ValueError naming the field. OpenAI's
+    GPT-2 itself uses "gelu_new" (the tanh approximation) and so does not import.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -232,13 +250,11 @@ def import_hf(path: str | Path) -> GPT:
     hc = GPT2Config.from_pretrained(path)
     if hc.model_type != "gpt2":
         raise ValueError(f"{str(path)!r} holds a {hc.model_type!r} model; only GPT-2 (model_type 'gpt2') imports")
-    if hc.n_inner not in (None, 4 * hc.n_embd) or hc.scale_attn_by_inverse_layer_idx or not hc.tie_word_embeddings:
-        raise ValueError(f"{str(path)!r}: GPT-2 variants (n_inner={hc.n_inner}, scale_attn_by_inverse_layer_idx="
-                         f"{hc.scale_attn_by_inverse_layer_idx}, tie_word_embeddings={hc.tie_word_embeddings}) "
-                         "are not tinylm's architecture")
-    if hc.activation_function != "gelu":
-        warnings.warn(f"{str(path)!r} uses activation {hc.activation_function!r}; tinylm uses exact GELU, so "
-                      "outputs will differ slightly from the original model's")
+    unsupported = [f"{field}={getattr(hc, field, None)!r} (tinylm supports {what})"
+                   for field, ok, what in _IMPORTABLE if not ok(getattr(hc, field, None), hc)]
+    if unsupported:
+        raise ValueError(f"cannot import {str(path)!r}: its config.json has {'; '.join(unsupported)}; tinylm's GPT "
+                         "would predict differently from this model, so use it with transformers instead")
     state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
     extra = dict(getattr(hc, "tinylm", None) or {})
     biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]

@@ -34,7 +34,8 @@ class SamplingConfig:
     """sample: drop tokens less likely than min_p × the top token's probability, in [0, 1]."""
     repetition_penalty: float = 1.0
     """All strategies: CTRL penalty on tokens already in the sequence (prompt included); > 1 discourages
-    repeats, 1 is off. Positive logits are divided by it, negative ones multiplied."""
+    repeats, 1 is off. Positive logits are divided by it, negative ones multiplied. Beam search applies it to the
+    log-probabilities instead (all <= 0, so a seen token's log p is multiplied by it), as transformers does."""
     num_beams: int = 1
     """beam: beams kept per prompt."""
     length_penalty: float = 1.0

@@ -180,9 +180,11 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     hyps = [_Hypotheses(config) for _ in range(B)]
     for step in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B*nb, V)
-        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
-        V = logits.size(-1)
-        cand = (scores.view(-1, 1) + logits.log_softmax(dim=-1)).view(B, nb * V)  # every (beam, token) extension
+        # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
+        # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
+        logprobs = apply_repetition_penalty(logits.log_softmax(dim=-1), ids, config.repetition_penalty)  # (B*nb, V)
+        V = logprobs.size(-1)
+        cand = (scores.view(-1, 1) + logprobs).view(B, nb * V)  # every (beam, token) extension
         # 2·nb candidates: even if nb of them end (EOS), nb can keep running
         top_scores, top_flat = cand.topk(min(2 * nb, nb * V), dim=-1)  # (B, K)
         generated = ids[:, L0:].tolist()  # (B*nb) lists of the tokens each beam generated so far
