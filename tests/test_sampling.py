@@ -147,6 +147,18 @@ def test_beam_search_finds_the_better_sequence_greedy_misses():
     assert out == [[B]]
 
 
+def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
+    """Catches beam search penalising raw logits and renormalising (transformers' beam search multiplies the seen
+    tokens' log-probs by the penalty and keeps the sum as it is). Prompt [C], penalty 2, 2 beams, 2 steps:
+    [A, C] scores 0.5 · 0.9² = 0.405 (A and C seen) and [B, D] 0.5 · 0.85 = 0.425, so [B, D] wins; renormalising the
+    A row would lift C to 0.81 / 0.82 and make [A, C] (0.494) win."""
+    EOS, A, B, C, D = range(5)
+    table = [[0.2] * 5, [0, 0.1, 0, 0.9, 0], [0.15, 0, 0, 0, 0.85], [0, 0.5, 0.5, 0, 0], [0.2] * 5]
+    beam = dict(strategy="beam", num_beams=2, max_new_tokens=2, use_cache=False)
+    assert generate(TableLM(table), [[C]], repetition_penalty=2.0, **beam) == [[B, D]]
+    assert generate(TableLM(table), [[C]], **beam) == [[A, C]]  # guard: unpenalised, [A, C] (0.45) wins
+
+
 @pytest.mark.parametrize("strategy", ["greedy", "sample", "beam", "contrastive"])
 def test_cache_gives_the_same_tokens_across_the_crop_boundary(strategy):
     """The cache (with its re-prefill past block_size) must not change what any strategy generates."""
