@@ -8,7 +8,8 @@ import pytest
 import torch
 import yaml
 
-from tinylm.cli import lightning_main, main
+from tinylm.cli import main
+from tinylm.cli.fit import lightning_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,10 +77,20 @@ def test_validate_reproduces_the_runs_last_val_loss(config, tmp_path):
     assert cli.trainer.callback_metrics["val/loss"].item() == pytest.approx(last_val, abs=1e-5)
 
 
-def test_rerun_in_same_folder_does_not_fail_on_saved_config(config):
-    """Catches LightningCLI's 'config.yaml already exists' error on the second run in a folder."""
+def test_fresh_run_refuses_a_folder_that_holds_a_run(config, tmp_path, capsys):
+    """Catches a second fresh run writing its last.ckpt over another run's (issue: a BPE run overwrote a char run's
+    checkpoint, after which the README's resume command failed)."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
-    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--data.tokenizer", "bpe"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--ckpt_path last" in err and "--run.name" in err
+    assert last.read_bytes() == before
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--run.name", "other"])
+    assert (tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))

@@ -72,9 +72,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
-    if "tinylm" not in ckpt:
-        raise CheckpointError(f"{str(path)!r} was not written by tinylm (no 'tinylm' section); pass a .ckpt from `tinylm fit`")
+    tinylm_section(ckpt, path)
     return ckpt
+
+
+CHECKPOINT_FORMAT = 1  # version of the checkpoint's "tinylm" section; bump when its meaning changes
+
+
+def tinylm_section(ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint") -> dict[str, Any]:
+    """The checkpoint's ``tinylm`` section (format, tokenizer state, W&B run id), checked: the one place it is read."""
+    meta = ckpt.get("tinylm")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{str(path)!r} was not written by tinylm (no 'tinylm' section); pass a .ckpt from "
+                              "`tinylm fit`")
+    fmt = meta.get("format")
+    if fmt != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{str(path)!r} has tinylm checkpoint format {fmt!r}, this tinylm reads "
+                              f"{CHECKPOINT_FORMAT}; use the tinylm version that wrote it")
+    return meta
 
 
 def _first_line(e: BaseException) -> str:
@@ -131,6 +146,6 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
     model.load_state_dict(state)
-    tok_state = (ckpt.get("tinylm") or {}).get("tokenizer")
+    tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
     tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
     return model.to(map_location).eval(), tokenizer, hparams

@@ -15,7 +15,6 @@ The tokenizer is written as a Hugging Face fast tokenizer (`tokenizer.json`) for
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import warnings
@@ -276,25 +275,3 @@ def import_hf(path: str | Path) -> GPT:
             if name == "transformer.wte.weight":
                 target[name][tensor.size(0):].zero_()
     return model.eval()
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-def export_command(args: list[str]) -> None:
-    """`tinylm export --ckpt_path PATH --out DIR [--dtype float32|bfloat16|float16]`: print what was written."""
-    parser = argparse.ArgumentParser(
-        prog="tinylm export",
-        description="Write a Hugging Face transformers GPT-2 model directory (config.json, model.safetensors, "
-        "tokenizer) from a tinylm checkpoint; load it with GPT2LMHeadModel.from_pretrained(DIR).",
-    )
-    parser.add_argument("--ckpt_path", required=True, help="checkpoint written by `tinylm fit` (.ckpt)")
-    parser.add_argument("--out", required=True, help="output directory (created if missing)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the saved weights")
-    ns = parser.parse_args(args)
-    out = export_hf(ns.ckpt_path, ns.out, dtype=ns.dtype)
-    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    size = sum((out / f).stat().st_size for f in files)
-    print(f"wrote {out}: GPT2LMHeadModel {config['n_layer']} layers, {config['n_head']} heads, "
-          f"{config['n_embd']} wide, vocab {config['vocab_size']:,}, context {config['n_positions']:,}, {ns.dtype}")
-    print(f"files ({size / 1e6:.1f} MB): {', '.join(files)}")
-    print(f"load with: transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")

@@ -1,176 +1,203 @@
-"""The `tinylm` command: LightningCLI's `fit`/`validate` plus `prepare`, `generate`, `export` and `sample-report`.
+"""The `tinylm` command. `fit` and `validate` are LightningCLI; every other command is a typed function parsed by the
+same library (jsonargparse), so `--help`, `--config FILE` and `--print_config` work the same everywhere.
 
-Every error a user can cause ends as one line on stderr and a non-zero exit (add ``--verbose`` for the traceback).
+Every error a user can cause ends as one line on stderr and exit status 1; a bug keeps its traceback (and
+``--verbose`` shows the traceback of any error).
 """
 
 from __future__ import annotations
 
+import argparse
+import errno
 import logging
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
 
 LIGHTNING_COMMANDS = ("fit", "validate")
 OWN_COMMANDS = ("prepare", "generate", "export", "sample-report")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
+USAGE = """usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each; --config FILE and --print_config work everywhere)
 
-@dataclass
-class RunOptions:
-    """Where a run lives and what it logs.
+  fit            train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]
+  validate       evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH
+  prepare        tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml
+  generate       sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT
+  export         write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR
+  sample-report  compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR
 
-    Args:
-        name: Run name: the run folder is ``<root>/<name>`` and W&B shows this name.
-        root: Folder holding all runs.
-        wandb_project: W&B project to log to; null disables W&B (the CSV log is always written).
-        checkpoint_every: Save ``step-N.ckpt`` and ``last.ckpt`` every this many optimizer steps
-            (and always at the end of training).
-        keep_checkpoints: How many periodic ``step-N.ckpt`` files to keep (-1 keeps all).
-    """
-
-    name: str = "tinylm"
-    root: str = "runs"
-    wandb_project: str | None = "tinylm"
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3
-
-
-def _make_cli_class():
-    from tinylm.device import resolve_precision
-    from lightning.pytorch.cli import LightningCLI
-
-    from tinylm.train.callbacks import SampleText
-    from tinylm.train.run import run_callbacks
-    from tinylm.checkpoint import AtomicCheckpointIO
-    from tinylm.train.loggers import make_loggers
-
-    class TinyLMCLI(LightningCLI):
-        def add_arguments_to_parser(self, parser) -> None:
-            parser.add_class_arguments(RunOptions, "run")
-            parser.add_lightning_class_args(SampleText, "samples")
-            # Each fact has one source: the data side decides context length and vocabulary.
-            parser.link_arguments("data.block_size", "model.block_size")
-            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-            parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
-
-        def _parse_ckpt_path(self) -> None:
-            # A resumed run continues the run as it was: model hyperparameters come from the checkpoint, for
-            # `--ckpt_path last` as for a path (Lightning does this only for paths, silently; #20801). Values the
-            # config or command line set differently are named in one warning instead of silently dropped.
-            sub = self.config.get("subcommand")
-            cfg = self.config[sub] if sub else None
-            if cfg is not None and cfg.get("ckpt_path") == "last":
-                last = Path(cfg.run.root) / cfg.run.name / "checkpoints" / "last.ckpt"
-                if last.is_file():
-                    cfg.ckpt_path = str(last)
-            self._resume: tuple[int | None, str | None] = (None, None)  # (global step, W&B run id) for the loggers
-            if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
-                from tinylm.checkpoint import load_checkpoint
-
-                ckpt = load_checkpoint(cfg.ckpt_path, mmap=True)  # mmap: only metadata is read here
-                if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
-                    self._resume = (int(ckpt.get("global_step", 0)), ckpt["tinylm"].get("wandb_id"))
-                saved = ckpt.get("hyper_parameters", {})
-                linked = ("vocab_size", "block_size", "eos_id")  # come from data; checked by the data module
-                ignored = [
-                    f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})"
-                    for k, v in saved.items()
-                    if k not in linked and k in cfg.model and cfg.model[k] != v
-                ]
-                if ignored:
-                    log.warning(
-                        "resuming from %s: model hyperparameters come from the checkpoint; ignoring %s "
-                        "(to change them, start a new run)", cfg.ckpt_path, ", ".join(ignored)
-                    )
-            super()._parse_ckpt_path()
-
-        def instantiate_trainer(self, **kwargs: Any):
-            run: RunOptions = self._get(self.config_init, "run")
-            trainer_cfg = self._get(self.config_init, "trainer", default={})
-            if self.subcommand == "fit":
-                max_steps = trainer_cfg.get("max_steps", -1)
-                if max_steps is None or max_steps <= 0:
-                    raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
-            run_dir = Path(run.root) / run.name
-            ckpt_dir = run_dir / "checkpoints"
-            callbacks = run_callbacks(ckpt_dir, every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=trainer_cfg.get("enable_progress_bar", True) is not False)
-            kwargs.setdefault("default_root_dir", str(run_dir))
-            resume_step, wandb_id = getattr(self, "_resume", (None, None))
-            kwargs.setdefault("logger", make_loggers(run_dir, run.name, run.wandb_project, wandb_id=wandb_id, resume_step=resume_step))
-            kwargs.setdefault("plugins", [AtomicCheckpointIO()])
-            kwargs.setdefault("precision", resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd))
-            kwargs.setdefault("callbacks", (trainer_cfg.get("callbacks") or []) + callbacks)
-            return super().instantiate_trainer(**kwargs)
-
-    return TinyLMCLI
-
-
-def lightning_main(args: list[str]):
-    """Run a LightningCLI subcommand (fit/validate) with tinylm's model and data module; returns the CLI object."""
-    from tinylm.data import TinyLMDataModule
-    from tinylm.train.module import TinyLM
-
-    cli_class = _make_cli_class()
-    # we always pass args explicitly (main() strips --verbose first), which Lightning warns about
-    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-    return cli_class(
-        TinyLM,
-        TinyLMDataModule,
-        args=args,
-        seed_everything_default=1337,
-        save_config_kwargs={"overwrite": True},  # re-running or resuming in the same folder must not fail
-        trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False},
-        parser_kwargs={"prog": "tinylm", "description": __doc__.splitlines()[0]},
-    )
+  --verbose      show full tracebacks on errors"""
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _setup_console()
     if not argv or argv[0] in ("-h", "--help"):
-        _print_usage()
+        print(USAGE)
         return
     command, rest = argv[0], argv[1:]
     try:
+        check_config_files(rest)
         if command in LIGHTNING_COMMANDS:
-            lightning_main([command, *rest])
+            from tinylm.cli.fit import lightning_main
+
+            cli = lightning_main([command, *rest])
+            if command == "validate" and hasattr(cli, "validate_result"):
+                print(format_validate(cli.validate_result, cli.validate_csv))
         elif command in OWN_COMMANDS:
             from tinylm.cli import commands
 
-            getattr(commands, command.replace("-", "_"))(rest)
+            commands.run(command, rest)
         else:
-            raise ValueError(f"unknown command {command!r}; choose one of {', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)}")
+            raise TinyLMError(f"unknown command {command!r}; choose one of "
+                              f"{', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)} (tinylm --help)")
     except KeyboardInterrupt:
         print("tinylm: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # every user error: one line, non-zero exit; --verbose shows the traceback
-        if verbose:
+    except Exception as e:
+        if verbose or not is_user_error(e):
             raise
-        lines = str(e).strip().splitlines() or [""]
-        more = " (more with --verbose)" if len(lines) > 1 else ""
-        print(f"tinylm {command}: error: {type(e).__name__}: {lines[0]}{more}", file=sys.stderr)
+        print(f"tinylm {command}: error: {one_line(e)}", file=sys.stderr)
         sys.exit(1)
 
 
-def _print_usage() -> None:
-    print(
-        "usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each)\n\n"
-        "  fit            train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]\n"
-        "  validate       evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH\n"
-        "  prepare        tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml\n"
-        "  generate       sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT\n"
-        "  export         write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR\n"
-        "  sample-report  compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR\n\n"
-        "  --verbose      show full tracebacks on errors"
-    )
+# ---- errors -----------------------------------------------------------------------------------------------------
+_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EMFILE)
 
 
-if __name__ == "__main__":
-    main()
+def is_user_error(e: BaseException) -> bool:
+    """Whether ``e`` is something the user can fix (printed as one line) rather than a bug (traceback).
+
+    User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a full
+    disk or a denied permission, and ValueError/OSError raised by a `raise` statement in tinylm's own code (which
+    names the bad value and the fix). The same exception types raised inside torch, numpy or another library mean
+    tinylm failed to validate something: a bug, shown with its traceback.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if isinstance(e, (TinyLMError, argparse.ArgumentError, MisconfigurationException)):
+        return True
+    if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
+        return True
+    if isinstance(e, (ValueError, OSError, TypeError)):
+        return _raised_in_tinylm(e)
+    return False
+
+
+def _raised_in_tinylm(e: BaseException) -> bool:
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return PACKAGE_DIR in Path(tb.tb_frame.f_code.co_filename).resolve().parents
+
+
+def one_line(e: BaseException) -> str:
+    """The error as one line that keeps its cause: jsonargparse's nested messages ("Does not validate against any
+    of the Union subtypes ...") are reduced to the option and the innermost reason."""
+    text = str(e).strip()
+    if isinstance(e, argparse.ArgumentError):
+        return _parse_error_line(text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
+    name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
+    return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
+
+
+_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
+          "Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "- Expected a", "Given value:")
+
+
+def _parse_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    key = next((ln.split('"')[1] for ln in lines if ln.startswith('Parser key "')), None)
+    reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
+               and not any(n in ln for n in _NOISE)]
+    # the innermost reasons are the most specific ("No module named 'tensorboard'")
+    specific = [r for r in reasons if any(w in r for w in ("No module named", "not found", "does not exist",
+                                                           "Unrecognized", "Import", "must be", "invalid",
+                                                           "not a valid", "Not a valid", "No such file"))]
+    reason = (specific or reasons or ["invalid value"])[-1 if specific else 0]
+    value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
+    hint = ""
+    if "--optimizer" in text or "--lr_scheduler" in text:
+        hint = "; tinylm's optimizer and LR schedule are set with --model.* (lr, min_lr, lr_schedule, weight_decay, " \
+               "beta1, beta2): see tinylm fit --help"
+    if key:
+        given = f" (given {value})" if value and value not in reason else ""
+        return f"--{key}: {reason}{given}{hint}"
+    return f"{reason}{hint}"
+
+
+def check_config_files(args: list[str]) -> None:
+    """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
+    the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
+    import yaml
+
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+            raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
+                                    "configs/shakespeare-char-cpu.yaml")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {p!r} is not UTF-8 text; pass a YAML file") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in path.read_text() else ""
+            raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
+                             f"got a {type(data).__name__}")
+
+
+# ---- console ----------------------------------------------------------------------------------------------------
+def _setup_console() -> None:
+    """tinylm's log lines on stderr, once: a handler on the "tinylm" logger, none on the root. (A root-logger
+    basicConfig made every Lightning INFO line print twice: once by Lightning's own handler, once by the root's.)"""
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    lightning_log = logging.getLogger("lightning.pytorch")
+    if not any(isinstance(f, _NoTips) for f in lightning_log.filters):
+        lightning_log.addFilter(_NoTips())
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def format_validate(row: dict, path: Path) -> str:
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("val/"))
+    return f"step {row['step']}: {metrics}\n(appended to {path})"

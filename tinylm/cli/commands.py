@@ -1,38 +1,70 @@
-"""tinylm's own subcommands (the ones LightningCLI does not provide): prepare, generate, export, sample-report.
+"""tinylm's own commands (the ones LightningCLI does not provide), each a typed function parsed by jsonargparse.
 
-Each takes the argument list after its name, talks to the terminal (library code never does), and raises on
-user errors; `tinylm.cli.main` turns those into one line and a non-zero exit.
+A command's signature and docstring are its `--help`; `--config FILE` (YAML of the same options) and
+`--print_config` come with every one. Commands call library functions that return values and print here: the
+library never prints.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from tinylm.generate.processors import CONTRASTIVE_DEFAULT_TOP_K, STRATEGIES
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
 _FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "optimizer", "lr_scheduler")
 
 
-def prepare(args: list[str]) -> None:
+def parser_for(fn: Callable, prog: str):
+    """A jsonargparse parser for ``fn``'s keyword arguments (types, defaults and help from its signature and
+    docstring), with ``--config FILE`` and ``--print_config``."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    parser = ArgumentParser(prog=prog, description=doc, exit_on_error=False, env_prefix="TINYLM",
+                            default_env=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML file of these options")
+    parser.add_function_arguments(fn, as_group=False)
+    return parser
+
+
+def run(command: str, args: list[str]) -> Any:
+    """Parse ``args`` for ``command`` and run it."""
+    if command == "prepare":
+        return prepare(args)
+    fn = COMMANDS[command]
+    cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
+    kwargs = cfg.as_dict()
+    kwargs.pop("config", None)
+    return fn(**kwargs)
+
+
+# ---- prepare ----------------------------------------------------------------------------------------------------
+def prepare(args: list[str]) -> dict[str, Any]:
     """`tinylm prepare --config FILE [--data.KEY VALUE ...]`: tokenizer + packed dataset, then a summary."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from tinylm.data import TinyLMDataModule
 
     parser = ArgumentParser(
-        prog="tinylm prepare",
+        prog="tinylm prepare", exit_on_error=False,
         description="Train/load the tokenizer and pack the corpus into token memmaps; print what was made. "
-        "Takes the same config file and --data.* overrides as `tinylm fit`.",
+        "Takes the same config file and --data.* overrides as `tinylm fit` (other sections are ignored).",
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a tinylm fit config (YAML); only `data` is used")
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a tinylm fit config (YAML); only `data` is used")
     parser.add_class_arguments(TinyLMDataModule, "data")
     for key in _FIT_SECTIONS:
-        parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
+        parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
     dm = TinyLMDataModule(**cfg.data.as_dict())
     dm.prepare_data()
-    print(format_summary(dm.summary()))
+    summary = dm.summary()
+    print(format_summary(summary))
+    return summary
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -53,90 +85,107 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in summary.items())
 
 
-STRATEGIES = ("greedy", "sample", "beam", "contrastive")
+# ---- generate ---------------------------------------------------------------------------------------------------
+def unescape(text: str) -> str:
+    r"""Turn the escape sequences a shell passes through literally into characters: "\n\n" -> two newlines,
+    "\t" -> tab, "\\" -> backslash; other characters (non-ASCII included) stay as they are."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
 
 
-def _generate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tinylm generate",
-        description="Continue a prompt with a trained model. Needs only the checkpoint: the tokenizer travels inside it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--ckpt_path", required=True, help="a .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt)")
-    p.add_argument("--prompt", default="", help="text to continue; empty starts from the end-of-text token")
-    p.add_argument("--strategy", default="sample", choices=STRATEGIES, help="decoding strategy")
-    p.add_argument("--max_new_tokens", type=int, default=256, help="tokens to generate per sample")
-    p.add_argument("--num_samples", type=int, default=1, help="independent samples of the same prompt (one batch)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sample: divide logits by this (<1 sharper)")
-    p.add_argument("--top_k", type=int, default=None, help="sample: keep only the k most likely tokens; contrastive: candidates per step (default 4)")
-    p.add_argument("--top_p", type=float, default=None, help="sample: keep the smallest set with probability >= p")
-    p.add_argument("--min_p", type=float, default=None, help="sample: drop tokens below min_p x the top probability")
-    p.add_argument("--repetition_penalty", type=float, default=1.0, help="> 1 discourages tokens already present")
-    p.add_argument("--num_beams", type=int, default=4, help="beam: beam width")
-    p.add_argument("--length_penalty", type=float, default=1.0, help="beam: score / length**this (>0 favours longer)")
-    p.add_argument("--penalty_alpha", type=float, default=0.6, help="contrastive: degeneration penalty weight")
-    p.add_argument("--early_stopping", action="store_true", help="beam: stop once num_beams hypotheses have ended")
-    p.add_argument("--stop", action="append", default=None, help="stop a sample at this string (repeatable)")
-    p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when available)")
-    p.add_argument("--no_cache", action="store_true", help="recompute the whole context each step (slow; for checking)")
-    return p
+def generate(
+    ckpt_path: str,
+    prompt: str = "",
+    strategy: Literal[STRATEGIES] = "sample",  # type: ignore[valid-type]
+    max_new_tokens: int = 256,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
+    early_stopping: bool = False,
+    penalty_alpha: float = 0.6,
+    stop: str | list[str] | None = None,
+    seed: int | None = None,
+    device: str = "auto",
+    no_cache: bool = False,
+) -> list[str]:
+    r"""Continue a prompt with a trained model and stream the text. Needs only the checkpoint: the tokenizer travels
+    inside it.
 
-
-def generate(args: list[str]) -> None:
-    """`tinylm generate --ckpt_path PATH --prompt TEXT [strategy flags]`: stream a continuation to stdout."""
+    Args:
+        ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
+        prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token.
+        strategy: Decoding strategy.
+        max_new_tokens: Tokens to generate per sample.
+        num_samples: Independent samples of the same prompt (one batch).
+        temperature: sample: divide logits by this (< 1 sharper).
+        top_k: sample: keep only the k most likely tokens; contrastive: candidates per step (default 4).
+        top_p: sample: keep the smallest set of tokens with probability >= p.
+        min_p: sample: drop tokens below min_p x the top probability.
+        repetition_penalty: > 1 discourages tokens already present (beam: applied to log-probabilities).
+        num_beams: beam: beam width.
+        length_penalty: beam: score / length**this (> 0 favours longer).
+        early_stopping: beam: stop once num_beams hypotheses have ended.
+        penalty_alpha: contrastive: degeneration penalty weight.
+        stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
+        seed: Random seed, for reproducible samples.
+        device: cpu, cuda, cuda:1, ... (auto: cuda when available).
+        no_cache: Recompute the whole context each step (slow; for checking the KV cache).
+    """
     import warnings
-
 
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
 
-    opts = _generate_parser().parse_args(args)
-    if opts.num_samples < 1:
-        raise ValueError(f"--num_samples must be >= 1, got {opts.num_samples}")
-    device = resolve_device(opts.device)
-    model, tokenizer, _ = load_model(opts.ckpt_path, map_location=device)
+    if num_samples < 1:
+        raise ValueError(f"--num_samples must be >= 1, got {num_samples}")
+    stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
+    prompt = unescape(prompt)
+    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
-        raise ValueError(f"checkpoint {opts.ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
+        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = SamplingConfig(
-        strategy=opts.strategy,
-        max_new_tokens=opts.max_new_tokens,
-        temperature=opts.temperature,
-        top_k=(opts.top_k or 4) if opts.strategy == "contrastive" else opts.top_k,
-        top_p=opts.top_p,
-        min_p=opts.min_p,
-        repetition_penalty=opts.repetition_penalty,
-        num_beams=opts.num_beams if opts.strategy == "beam" else 1,
-        length_penalty=opts.length_penalty,
-        early_stopping=opts.early_stopping,
-        penalty_alpha=opts.penalty_alpha,
+        strategy=strategy,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=(top_k or CONTRASTIVE_DEFAULT_TOP_K) if strategy == "contrastive" else top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        num_beams=num_beams if strategy == "beam" else 1,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        penalty_alpha=penalty_alpha,
         eos_id=tokenizer.eos_id,
-        stop_strings=opts.stop,
-        seed=opts.seed,
-        use_cache=not opts.no_cache,
+        stop_strings=stops,
+        seed=seed,
+        use_cache=not no_cache,
     )
-    prompt = tokenizer.encode(opts.prompt)
-    if not prompt:
+    ids = tokenizer.encode(prompt)
+    if not ids:
         if tokenizer.eos_id is None:
-            raise ValueError("the prompt is empty and this tokenizer has no end-of-text token to start from; pass --prompt TEXT")
-        prompt = [tokenizer.eos_id]
+            raise ValueError("the prompt is empty and this tokenizer has no end-of-text token to start from; "
+                             "pass --prompt TEXT")
+        ids = [tokenizer.eos_id]
     block = model.config.block_size
-    if len(prompt) > block:
-        warnings.warn(f"the prompt is {len(prompt)} tokens but the model's context is {block}; using its last {block} tokens")
-    stream = opts.num_samples == 1 and opts.strategy != "beam"
+    if len(ids) > block:
+        warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
+    stream = num_samples == 1 and strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode) if stream else None
-    _stdout_write(opts.prompt)
-    out = generate_with(model, [prompt] * opts.num_samples, config, decode=tokenizer.decode, on_token=printer)
+    _write(prompt)
+    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
+    texts = [tokenizer.decode(row) for row in out]
     if stream:
         printer.finish(out[0])
-        _stdout_write("\n")
-        return
-    for i, ids in enumerate(out):
-        if i:
-            _stdout_write(f"\n\n----- sample {i + 1} -----\n{opts.prompt}")
-        _stdout_write(tokenizer.decode(ids))
-    _stdout_write("\n")
+    else:
+        for i, text in enumerate(texts):
+            _write((f"\n\n----- sample {i + 1} -----\n{prompt}" if i else "") + text)
+    _write("\n")
+    return texts
 
 
 class _StreamPrinter:
@@ -151,29 +200,85 @@ class _StreamPrinter:
         text = self.decode(self.ids)
         if text.endswith("\ufffd"):
             return
-        _stdout_write(text[self.shown :])
+        _write(text[self.shown:])
         self.shown = len(text)
 
     def finish(self, ids: list[int]) -> None:
         text = self.decode(ids)  # the final ids (a stop string may have trimmed the tail)
         if len(text) > self.shown:
-            _stdout_write(text[self.shown :])
+            _write(text[self.shown:])
 
 
-def export(args: list[str]) -> None:
-    """`tinylm export --ckpt_path PATH --out DIR`: a Hugging Face transformers GPT-2 directory."""
-    from tinylm.hf import export_command
-
-    export_command(args)
-
-
-def sample_report(args: list[str]) -> None:
-    """`tinylm sample-report --ckpt_path PATH --out DIR`: decoding strategies compared."""
-    from tinylm.generate.report import sample_report_command
-
-    sample_report_command(args)
-
-
-def _stdout_write(text: str) -> None:
+def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+# ---- export -----------------------------------------------------------------------------------------------------
+def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "float16"] = "float32") -> Path:
+    """Write a Hugging Face transformers GPT-2 model directory (config.json, model.safetensors, tokenizer) from a
+    tinylm checkpoint; load it with GPT2LMHeadModel.from_pretrained(DIR).
+
+    Args:
+        ckpt_path: Checkpoint written by `tinylm fit` (.ckpt).
+        out: Output directory (created if missing).
+        dtype: dtype of the saved weights.
+    """
+    from tinylm.hf import export_hf
+
+    folder = export_hf(ckpt_path, out, dtype=dtype)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    size = sum((folder / f).stat().st_size for f in files)
+    print(f"wrote {folder}: GPT2LMHeadModel {config['n_layer']} layers, {config['n_head']} heads, "
+          f"{config['n_embd']} wide, vocab {config['vocab_size']:,}, context {config['n_positions']:,}, {dtype}")
+    print(f"files ({size / 1e6:.1f} MB): {', '.join(files)}")
+    print(f"load with: transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r})")
+    return folder
+
+
+# ---- sample-report ----------------------------------------------------------------------------------------------
+def sample_report(
+    ckpt_path: str,
+    out: str,
+    prompts: list[str] | None = None,
+    num_samples: int = 50,
+    max_new_tokens: int = 100,
+    seed: int = 0,
+    device: str = "auto",
+) -> dict[str, Any]:
+    """Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, min-p, repetition
+    penalty, beam, contrastive) and compare their diversity, repetition, entropy and likelihood in DIR/report.md,
+    DIR/metrics.json and DIR/diversity_vs_likelihood.png.
+
+    Args:
+        ckpt_path: A .ckpt written by `tinylm fit`.
+        out: Folder to write the report into (created).
+        prompts: Texts to continue (default: a fresh document from the end-of-text token, else a newline).
+        num_samples: Samples per prompt for each sampling strategy.
+        max_new_tokens: Most tokens per sample.
+        seed: Sampling seed (same seed, same report).
+        device: cpu, cuda, cuda:1, ... (auto: cuda when available).
+    """
+    from tinylm.checkpoint import load_model
+    from tinylm.device import resolve_device
+    from tinylm.generate.report import _fmt, write_report
+    from tinylm.generate.report import sample_report as make_report
+
+    if num_samples < 1 or max_new_tokens < 1:
+        raise ValueError(f"--num_samples and --max_new_tokens must be >= 1, got {num_samples} and {max_new_tokens}")
+    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
+    report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
+                         max_new_tokens=max_new_tokens, seed=seed, progress=True)
+    report = {"checkpoint": str(ckpt_path), **report}
+    path = write_report(report, out)
+    width = max(map(len, report["strategies"]))
+    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4")
+    for name, m in report["strategies"].items():
+        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}")
+    written = [path.name] + [n for n in ("metrics.json", "diversity_vs_likelihood.png") if (path.parent / n).is_file()]
+    print(f"wrote {', '.join(written)} to {path.parent}")
+    return report
+
+
+COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report}

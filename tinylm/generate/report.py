@@ -14,7 +14,6 @@ Shapes: B rows (samples), L tokens (prompt + generated), T window length (<= blo
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import warnings
@@ -374,46 +373,3 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     path = out / "report.md"
     path.write_text(format_markdown(report, plot_name=plot if drawn else None), encoding="utf-8")
     return path
-
-
-# ---- the command ------------------------------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tinylm sample-report",
-        description="Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, "
-        "min-p, repetition penalty, beam, contrastive) and compare their diversity, repetition, entropy and "
-        "likelihood in DIR/report.md, DIR/metrics.json and DIR/diversity_vs_likelihood.png.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--ckpt_path", required=True, help="a .ckpt written by `tinylm fit`")
-    p.add_argument("--out", required=True, help="folder to write the report into (created)")
-    p.add_argument("--prompts", nargs="+", default=None,
-                   help="texts to continue (default: a fresh document from the end-of-text token, else '\\n')")
-    p.add_argument("--num_samples", type=int, default=50, help="samples per prompt for each sampling strategy")
-    p.add_argument("--max_new_tokens", type=int, default=100, help="most tokens per sample")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same report)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when available)")
-    return p
-
-
-def sample_report_command(args: list[str]) -> None:
-    """`tinylm sample-report --ckpt_path PATH --out DIR [...]`: write the report and say where it is."""
-    from tinylm.checkpoint import load_model
-
-    opts = _parser().parse_args(args)
-    if opts.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(opts.device)
-    model, tokenizer, _ = load_model(opts.ckpt_path, map_location=device)
-    model.to(device)
-    report = sample_report(model, tokenizer, prompts=opts.prompts, num_samples=opts.num_samples,
-                           max_new_tokens=opts.max_new_tokens, seed=opts.seed, progress=True)
-    report = {"checkpoint": str(opts.ckpt_path), **report}
-    path = write_report(report, opts.out)
-    width = max(map(len, report["strategies"]))
-    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4")
-    for name, m in report["strategies"].items():
-        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}")
-    written = [path.name] + [n for n in ("metrics.json", "diversity_vs_likelihood.png") if (path.parent / n).is_file()]
-    print(f"wrote {', '.join(written)} to {path.parent}")

@@ -1,0 +1,332 @@
+"""`tinylm fit` and `tinylm validate`: LightningCLI over `TinyLM` and `TinyLMDataModule`, with tinylm's run folders.
+
+A run lives in ``<trainer.default_root_dir>/<run.name>/`` (default ``runs/NAME``):
+    config.yaml                 the config that started the run (a resume adds config.resume-step<N>.yaml)
+    checkpoints/                best.ckpt, last.ckpt, step-<N>.ckpt
+    csv/metrics.csv             every logged metric, one file continued across resumes
+    samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials)
+    validate/metrics.csv        one row per `tinylm validate` of one of this run's checkpoints
+A fresh `fit` refuses a folder that already holds a run: continue it with `--ckpt_path last`, or pick a new
+`--run.name`. Nothing a run wrote is ever overwritten by another run.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+from tinylm.errors import TinyLMError
+
+log = logging.getLogger("tinylm")
+
+
+@dataclass
+class RunOptions:
+    """Where a run lives and what it logs.
+
+    Args:
+        name: Run name: the run folder is ``<trainer.default_root_dir>/<name>`` and W&B shows this name.
+        wandb_project: W&B project to log to; null disables W&B (the CSV log is always written).
+        checkpoint_every: Save ``step-N.ckpt`` and ``last.ckpt`` every this many optimizer steps
+            (and always at the end of training).
+        keep_checkpoints: How many periodic ``step-N.ckpt`` files to keep (-1 keeps all).
+    """
+
+    name: str = "tinylm"
+    wandb_project: str | None = "tinylm"
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
+            raise ValueError(f"run.name must be a plain folder name (no '/'), got {self.name!r}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
+        if self.keep_checkpoints < -1:
+            raise ValueError(f"run.keep_checkpoints must be -1 (keep all) or >= 0, got {self.keep_checkpoints}")
+
+
+RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all runs
+
+# Trainer options that must be positive / non-negative numbers when set (a bad value otherwise fails deep inside
+# Lightning, e.g. accumulate_grad_batches 0 -> ZeroDivisionError).
+_POSITIVE = ("accumulate_grad_batches", "log_every_n_steps", "val_check_interval",
+             "check_val_every_n_epoch", "num_nodes")
+_NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches", "max_time_s")
+
+
+def run_dir_of(root: str | Path | None, name: str) -> Path:
+    return Path(root if root is not None else RUNS_ROOT) / name
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether a folder holds another run's results (checkpoints or logged metrics)."""
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.glob("*.ckpt")):
+        return True
+    metrics = run_dir / "csv" / "metrics.csv"
+    return metrics.is_file() and metrics.stat().st_size > 0 and sum(1 for _ in open(metrics, "rb")) > 1
+
+
+def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
+    """Range checks of the Trainer options that Lightning only trips over later (or never)."""
+    for key in _POSITIVE:
+        value = trainer_cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"trainer.{key} must be > 0, got {value}")
+    for key in _NON_NEGATIVE:
+        value = trainer_cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"trainer.{key} must be >= 0, got {value}")
+    if subcommand == "fit":
+        max_steps = trainer_cfg.get("max_steps", -1)
+        if max_steps is None or max_steps <= 0:
+            raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
+        if trainer_cfg.get("max_epochs") not in (None, -1):
+            raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
+                             "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+
+
+class RunConfig(SaveConfigCallback):
+    """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
+    writes ``config.resume-step<N>.yaml`` beside the original."""
+
+    def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, **kwargs: Any) -> None:
+        super().__init__(*args, save_to_log_dir=False, **kwargs)
+        self.run_dir, self.resume_step = run_dir, resume_step
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        path = self.run_dir / "config.yaml"
+        if self.resume_step is not None and path.exists():
+            path = self.run_dir / f"config.resume-step{self.resume_step}.yaml"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+
+
+class TinyLMCLI(LightningCLI):
+    """LightningCLI with tinylm's run folders, loggers, checkpoints and monitors."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+                "validate": {"model", "dataloaders", "datamodule"}}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        from tinylm.train.callbacks import SampleText
+
+        parser.add_class_arguments(RunOptions, "run")
+        parser.add_lightning_class_args(SampleText, "samples")
+        # Each fact has one source: the data side decides context length and vocabulary.
+        parser.link_arguments("data.block_size", "model.block_size")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
+
+    # ---- the run folder ----------------------------------------------------------------------------------------
+    def _section(self):
+        return self.config[self.config["subcommand"]]
+
+    def _parse_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path last`` to this run's file, check the run folder, and take the model's
+        hyperparameters from the checkpoint.
+
+        Overrides LightningCLI's private hook (the only place between parsing and instantiation; see
+        tests/test_lightning_private_api.py). Lightning applies checkpoint hyperparameters for paths but not for
+        ``last`` (#20801), silently, and reads the whole file; here both behave the same, every ignored override is
+        named in one warning, and only the metadata is read (mmap).
+        """
+        sub = self.config.get("subcommand")
+        cfg = self._section()
+        self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+        self.resume_step: int | None = None
+        self.wandb_id: str | None = None
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path == "last":
+            last = self.run_dir / "checkpoints" / "last.ckpt"
+            cfg.ckpt_path = ckpt_path = str(last) if last.is_file() else None
+            if ckpt_path is None and sub == "fit":
+                log.info("--ckpt_path last: %s has no last.ckpt yet; starting the run from step 0", self.run_dir)
+        if sub == "validate" and not ckpt_path:
+            raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
+                             f"{self.run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
+                             "weights")
+        if ckpt_path and not Path(ckpt_path).is_file():
+            raise FileNotFoundError(f"checkpoint {ckpt_path!r} not found; pass --ckpt_path PATH to a .ckpt written "
+                                    "by `tinylm fit`, or `last` for this run's latest")
+        if sub == "fit":
+            self._check_run_folder(ckpt_path)
+        if ckpt_path:
+            self._apply_checkpoint(ckpt_path, cfg, sub)
+
+    def _check_run_folder(self, ckpt_path: str | None) -> None:
+        inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
+        if holds_run(self.run_dir) and not inside:
+            what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
+            raise TinyLMError(
+                f"{self.run_dir} already holds a run; refusing to start {what} over it. Continue it with "
+                f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
+
+    def _apply_checkpoint(self, ckpt_path: str, cfg, sub: str) -> None:
+        from tinylm.checkpoint import load_checkpoint, tinylm_section
+        from tinylm.train.module import TinyLM
+
+        ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
+        meta = tinylm_section(ckpt, ckpt_path)
+        self.ckpt_step = int(ckpt.get("global_step", 0))
+        if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
+            self.resume_step, self.wandb_id = self.ckpt_step, meta.get("wandb_id")
+        saved = dict(ckpt.get("hyper_parameters") or {})
+        saved.pop("_instantiator", None)
+        known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
+        unknown = sorted(set(saved) - known)
+        if unknown:  # version skew: a checkpoint from another tinylm version
+            log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
+                        ckpt_path, ", ".join(unknown))
+        saved = {k: v for k, v in saved.items() if k in known}
+        linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
+        ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
+                   if k not in linked and k in cfg.model and cfg.model[k] != v]
+        if ignored:
+            log.warning("resuming from %s: model hyperparameters come from the checkpoint; ignoring %s "
+                        "(to change them, start a new run)", ckpt_path, ", ".join(ignored))
+        for key in linked:
+            saved.pop(key, None)
+        self.config = self.parser.parse_object({sub: {"model": saved}}, self.config)
+
+    # ---- the trainer -------------------------------------------------------------------------------------------
+    def instantiate_trainer(self, **kwargs: Any):
+        from tinylm.device import resolve_precision
+        from tinylm.train.run import run_callbacks
+
+        sub = self.subcommand
+        trainer_cfg = dict(self.config_init[sub]["trainer"])
+        check_trainer_options(trainer_cfg, sub)
+        run: RunOptions = self.config_init[sub]["run"]
+        checkpointing = trainer_cfg.get("enable_checkpointing") is not False
+        if sub == "fit":
+            callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
+                                      every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
+                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False)
+        else:
+            from tinylm.train.callbacks import ProgressBar
+
+            callbacks = [ProgressBar()] if trainer_cfg.get("enable_progress_bar") is not False else []
+        user_callbacks = trainer_cfg.get("callbacks") or []
+        trainer_cfg["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
+        trainer_cfg["default_root_dir"] = str(self.run_dir)
+        trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
+        trainer_cfg["plugins"] = _with_atomic_checkpoints(trainer_cfg.get("plugins"))
+        trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
+        extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
+        return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)
+
+    def _loggers(self, user: Any, run: RunOptions) -> Any:
+        """tinylm's CSV (+ W&B) loggers joined by the user's; ``--trainer.logger false`` turns all logging off.
+        `validate` logs nothing by default: its result goes to ``<run dir>/validate/metrics.csv``."""
+        from lightning.pytorch.loggers import Logger
+
+        if user is False:
+            log.info("--trainer.logger false: no metrics are logged (no csv/metrics.csv, no W&B)")
+            return False
+        mine: list[Logger] = []
+        if self.subcommand == "fit":
+            from tinylm.train.loggers import make_loggers
+
+            mine = make_loggers(self.run_dir, run.name, run.wandb_project, wandb_id=self.wandb_id,
+                                resume_step=self.resume_step)
+        theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
+        return mine + theirs or False
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        # LightningCLI adds its SaveConfigCallback here; ours writes <run dir>/config.yaml (fit only)
+        self.save_config_callback = None
+        trainer = super()._instantiate_trainer(config, callbacks)
+        if self.subcommand == "fit":
+            saver = RunConfig(self._parser("fit"), self.config["fit"], run_dir=self.run_dir,
+                              resume_step=self.resume_step, **self.save_config_kwargs)
+            trainer.callbacks.append(saver)
+        return trainer
+
+    # ---- after the command -------------------------------------------------------------------------------------
+    def before_fit(self) -> None:
+        _warn_small_vocab(self.datamodule)
+
+    def after_validate(self) -> None:
+        """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""
+        if not self.trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
+        row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
+               "step": getattr(self, "ckpt_step", 0), **metrics}
+        path = self.run_dir / "validate" / "metrics.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_header = not path.is_file()
+        fields = list(row) if write_header else next(csv.reader(open(path, newline="")), list(row))
+        with open(path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            if write_header:
+                writer.writeheader()
+            writer.writerow(row)
+        self.validate_result = row
+        self.validate_csv = path
+
+
+def _with_atomic_checkpoints(plugins: Any) -> list:
+    """The user's plugins plus tinylm's atomic CheckpointIO, unless they bring a CheckpointIO of their own."""
+    from lightning.pytorch.plugins.io import CheckpointIO
+
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if any(isinstance(p, CheckpointIO) for p in plugins):
+        log.warning("--trainer.plugins brings its own CheckpointIO: tinylm's atomic checkpoint writes are off")
+        return plugins
+    return plugins + [AtomicCheckpointIO()]
+
+
+def _warn_small_vocab(dm) -> None:
+    """A trained BPE far below the requested size (a small corpus) is worth a line at fit time, not only in
+    `prepare`: the model's embedding is sized by the real vocabulary."""
+    if dm is None or getattr(dm, "tokenizer_spec", None) not in ("bpe", "scratch-bpe"):
+        return
+    got, wanted = dm.vocab_size, dm.target_vocab_size
+    if got < 0.9 * wanted:
+        warnings.warn(f"the {dm.tokenizer_spec} tokenizer has {got:,} ids, far below --data.vocab_size {wanted:,}: "
+                      "the corpus is too small (or repetitive) for that many merges; the model uses "
+                      f"{got:,}. Use a bigger corpus or a smaller --data.vocab_size to silence this")
+
+
+def lightning_main(args: list[str]) -> TinyLMCLI:
+    """Run `fit` or `validate` with tinylm's model and data module; returns the CLI object."""
+    from tinylm.data import TinyLMDataModule
+    from tinylm.train.module import TinyLM
+
+    # args are always passed explicitly (main() strips --verbose first), which Lightning warns about
+    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+    # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    return TinyLMCLI(
+        TinyLM,
+        TinyLMDataModule,
+        args=args,
+        seed_everything_default=1337,
+        auto_configure_optimizers=False,  # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False,
+                          "default_root_dir": RUNS_ROOT},
+        parser_kwargs={"prog": "tinylm", "exit_on_error": False,
+                       "fit": {"description": "Train a model: tinylm fit --config configs/NAME.yaml "
+                                              "[--trainer.max_steps N] [--ckpt_path last]"},
+                       "validate": {"description": "Evaluate a checkpoint on the validation split: tinylm validate "
+                                                   "--config configs/NAME.yaml --ckpt_path PATH"}},
+    )
