@@ -205,3 +205,16 @@ def test_compression_within_2pct_of_hf_tokenizers(shared_data):
     assert ours.vocab_size == hf.get_vocab_size() == 2048
     assert hf_bpt > 2.0  # guard: a real BPE, not bytes
     assert abs(ours_bpt / hf_bpt - 1) < 0.02, (ours_bpt, hf_bpt)
+
+
+def test_long_pieces_encode_like_tiktoken_in_linear_time(gpt2, reference):
+    """Prevents the merge loop from going quadratic on one long pre-token (DNA, minified code: 40 k characters
+    took two minutes, a megabyte hours) and its fast path from disagreeing with tiktoken, ties included."""
+    import random
+    import time
+
+    dna = "".join(random.Random(0).choices("ACGT", k=40_000))
+    start = time.perf_counter()
+    for text in (dna, "a" * 5_000, "ab" * 3_000, " " + dna[:3_001]):
+        assert gpt2.encode_ordinary(text) == reference.encode_ordinary(text)
+    assert time.perf_counter() - start < 10

@@ -37,7 +37,7 @@ import regex
 
 log = logging.getLogger(__name__)
 
-from tinylm.tokenize.patterns import GPT2_PATTERN  # noqa: F401 (re-exported: ByteLevelBPE's default)
+from tinylm.tokenize.patterns import GPT2_PATTERN, TRAIN_PIECE_CHARS  # noqa: F401 (re-exported: train's defaults)
 
 FORMAT = "tinylm-bpe"
 FORMAT_VERSION = 1
@@ -80,7 +80,10 @@ def _bpe(piece: bytes, ranks: Mapping[bytes, int], max_rank: int | None = None) 
     """Split `piece` into tokens by tiktoken's rule: merge the lowest-rank adjacent pair first (leftmost on ties).
 
     `max_rank` (exclusive) restricts the merges to older tokens; used to recover the merge that made a token.
+    This scan is O(len^2); long pieces (text without spaces) go to `_bpe_heap`, which gives the same result.
     """
+    if len(piece) > _LONG_PIECE and max_rank is None:
+        return _bpe_heap(piece, ranks)
     parts = [piece[i : i + 1] for i in range(len(piece))]
     while len(parts) > 1:
         best_rank, best_i = None, -1
@@ -92,6 +95,34 @@ def _bpe(piece: bytes, ranks: Mapping[bytes, int], max_rank: int | None = None) 
             break
         parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
     return parts
+
+
+_LONG_PIECE = 256  # bytes; above this the heap wins over the plain scan
+
+
+def _bpe_heap(piece: bytes, ranks: Mapping[bytes, int]) -> list[bytes]:
+    """`_bpe` in O(len log len): a heap of (rank, start) over a linked list of parts. Starts grow along the list,
+    so the smallest (rank, start) is the lowest-rank pair, leftmost on ties, exactly as `_bpe` chooses. An entry
+    is stale when the pair starting there has changed; since a merged token is longer than either half, a stale
+    entry can never carry the rank of the pair now at its start, so checking the rank is enough."""
+    n = len(piece)
+    parts: list[bytes | None] = [piece[i : i + 1] for i in range(n)]
+    nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))  # nxt[i] == n: i is the last part
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get(piece[i : i + 2])) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = nxt[i]
+        if parts[i] is None or j >= n or ranks.get(parts[i] + parts[j]) != rank:
+            continue  # stale
+        parts[i], parts[j] = parts[i] + parts[j], None
+        nxt[i] = nxt[j]
+        if nxt[i] < n:
+            prv[nxt[i]] = i
+        for a in (prv[i], i):  # the two pairs that now include the merged part
+            if a >= 0 and nxt[a] < n and (r := ranks.get(parts[a] + parts[nxt[a]])) is not None:
+                heapq.heappush(heap, (r, a))
+    return [p for p in parts if p is not None]
 
 
 def _merge_pair(word: list[int], a: int, b: int, new_id: int) -> list[int]:
@@ -122,15 +153,20 @@ def _valid_utf8(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _count_pieces(texts: str | Iterable[str], pattern: regex.Pattern, specials: Collection[str]) -> Counter[str]:
-    """Count pre-tokens over all documents; text is first split on special-token strings so no merge spans one."""
+def _count_pieces(texts: str | Iterable[str], pattern: regex.Pattern, specials: Collection[str],
+                  max_chars: int | None = None) -> Counter[str]:
+    """Count pre-tokens over all documents; text is first split on special-token strings so no merge spans one.
+    A pre-token longer than `max_chars` counts as its chunks of `max_chars` ("ACGTAC", 4 -> "ACGT", "AC")."""
     split = _special_regex(specials)
     counts: Counter[str] = Counter()
     for doc in [texts] if isinstance(texts, str) else texts:
         if not isinstance(doc, str):
             raise TypeError(f"train() needs str documents, got {type(doc).__name__}; decode bytes first")
         for chunk in split.split(doc) if split else [doc]:
-            counts.update(pattern.findall(_valid_utf8(chunk)))
+            pieces = pattern.findall(_valid_utf8(chunk))
+            if max_chars is not None and any(len(p) > max_chars for p in pieces):
+                pieces = [p[i : i + max_chars] for p in pieces for i in range(0, len(p), max_chars)]
+            counts.update(pieces)
     return counts
 
 
@@ -372,6 +408,7 @@ class ByteLevelBPE:
         special_tokens: Collection[str] = (),
         pattern: str = GPT2_PATTERN,
         progress: bool = True,
+        max_piece_chars: int | None = TRAIN_PIECE_CHARS,
     ) -> ByteLevelBPE:
         """Learn a byte-level BPE from `text` (one str or an iterable of documents).
 
@@ -381,13 +418,16 @@ class ByteLevelBPE:
             special_tokens: special-token strings, e.g. ["<|endoftext|>"].
             pattern: pre-tokenization regex; GPT-2's by default.
             progress: show a tqdm bar over the merges.
+            max_piece_chars: pre-tokens longer than this many characters are learned from as chunks of it, which
+                keeps training linear on text without spaces (None: no limit; quadratic there). Encoding never
+                chunks, so no token is longer than this many characters but any text still encodes.
         """
         specials = list(dict.fromkeys(special_tokens))
         if vocab_size < 256 + len(specials):
             raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs 256 byte tokens plus "
                              f"{len(specials)} special tokens; use vocab_size >= {256 + len(specials)}")
         pat = regex.compile(pattern)
-        counts = _count_pieces(text, pat, specials)
+        counts = _count_pieces(text, pat, specials, max_piece_chars)
         n_new = vocab_size - 256 - len(specials)
         vocab, merges = _train_merges(counts, n_new, progress=progress)
         if len(vocab) - 256 < n_new:

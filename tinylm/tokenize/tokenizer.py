@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tinylm.tokenize.patterns import EOT, GPT2_PATTERN
+from tinylm.tokenize.patterns import EOT, GPT2_PATTERN, TRAIN_PIECE_CHARS
 
 STATE_FILE = "tinylm_tokenizer.json"
 STATE_VERSION = 1
@@ -324,16 +324,25 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
     raise ValueError(f"unknown tokenizer {spec!r}; valid specs: {VALID_SPECS}")
 
 
-def _train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
+def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None = TRAIN_PIECE_CHARS) -> Tokenizer:
+    from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex + byte->unicode map
+    encoding_split = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex + byte->unicode map
+    if max_piece_chars is not None:  # train on GPT-2's pieces cut into chunks (see TRAIN_PIECE_CHARS)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(GPT2_PATTERN), "isolated"),
+            pre_tokenizers.Split(Regex(rf"[\s\S]{{1,{max_piece_chars}}}"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = encoding_split
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
     tok.train_from_iterator(docs, trainer=trainer)
+    tok.pre_tokenizer = encoding_split  # encoding does not chunk: the saved tokenizer is plain GPT-2 style
     return Tokenizer(_HF(tok), "bpe")
 
 
