@@ -133,3 +133,64 @@ def test_hf_builder_with_validation_split(tmp_path):
     other = open_corpus("hf:parquet", cache_dir=tmp_path, data_files={**files, "train": files["validation"]},
                         text_column="story")
     assert other.fingerprint != corpus.fingerprint
+
+
+def test_symlinks_and_loops_read_each_file_once(tmp_path):
+    """Prevents a `**` glob through a symlink loop (dir/loop -> dir), or a link beside its target, from reading
+    the same file many times: duplicated text that lands in both train and val."""
+    d = tmp_path / "docs"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("ay")
+    (d / "sub" / "b.txt").write_text("bee")
+    (d / "sub" / "loop").symlink_to(d, target_is_directory=True)
+    (d / "z.txt").symlink_to(d / "a.txt")
+    assert list(open_corpus(str(d / "**" / "*.txt"), cache_dir=tmp_path)) == ["ay", "bee"]
+    assert list(open_corpus(str(d), cache_dir=tmp_path)) == ["ay", "bee"]
+
+
+def test_binary_files_are_refused_by_name(tmp_path):
+    """Prevents an executable or image in a corpus folder from being trained on as text with a single UTF-8
+    warning; a few stray bytes in a real text file still only warn."""
+    import random
+
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "notes.txt").write_bytes(b"caf\xe9 au lait, " * 100)  # Latin-1: 1 bad byte in 15, still text
+    (d / "z.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + random.Random(0).randbytes(4000))
+    with pytest.warns(UserWarning, match="not valid UTF-8"), \
+            pytest.raises(ValueError, match=r"z\.png looks binary.*remove it from the corpus"):
+        list(open_corpus(str(d), cache_dir=tmp_path))
+    (d / "z.png").write_bytes(bytes(100_000))  # a file of NULs (a sparse or preallocated file) is valid UTF-8
+    with pytest.raises(ValueError, match=r"z\.png looks binary"):
+        list(open_corpus(str(d / "z.png"), cache_dir=tmp_path))
+
+
+def test_fifo_and_devices_are_refused_at_once(tmp_path):
+    """Prevents a FIFO from being reported as "not found" and /dev/zero from being read forever."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"'.*pipe' is a FIFO \(named pipe\), not a regular file.*--data\.corpus"):
+        open_corpus(str(tmp_path / "pipe"), cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"'/dev/zero' is a character device"):
+        open_corpus("/dev/zero", cache_dir=tmp_path)
+
+
+def test_absurdly_long_document_is_refused(tmp_path, monkeypatch):
+    """Prevents one giant document (a multi-GB file with no separators) from being built up in memory until the
+    machine runs out of it; separated documents of the same total size are fine."""
+    monkeypatch.setattr(corpus_mod, "MAX_DOCUMENT_CHARS", 1000)
+    monkeypatch.setattr(corpus_mod, "_READ_BYTES", 300)
+    (tmp_path / "ok.txt").write_text(f"{'a' * 900}{EOT}{'b' * 900}")
+    assert [len(d) for d in open_corpus(str(tmp_path / "ok.txt"), cache_dir=tmp_path)] == [900, 900]
+    (tmp_path / "huge.txt").write_text("a" * 1800)
+    with pytest.raises(ValueError, match=rf"huge\.txt holds a document of more than 1,000 characters.*{EOT}"):
+        list(open_corpus(str(tmp_path / "huge.txt"), cache_dir=tmp_path))
+
+
+def test_malformed_dataset_file_is_named(tmp_path):
+    """Prevents a broken .jsonl from failing with datasets' bare "An error occurred while generating the dataset"
+    (no file, no cause)."""
+    (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{"text": oops\n')
+    with pytest.raises(ValueError, match=r"broken\.jsonl.*as a json dataset.*fix the file"):
+        list(open_corpus(str(tmp_path / "broken.jsonl"), cache_dir=tmp_path))

@@ -9,6 +9,9 @@
     hf:NAME                a Hugging Face dataset (hf:roneneldan/TinyStories; hf:json / hf:parquet with data_files)
 
 A corpus streams documents as str (one at a time) and has a `fingerprint` that changes when its text does.
+Each file is read once, however many links or glob matches lead to it. Only regular files are read: a FIFO,
+device or socket named as the corpus is refused, and a file that looks binary (many undecodable or NUL bytes) or
+holds one absurdly long document is refused when it is read, naming the file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import glob
 import hashlib
 import json
 import logging
+import os
+import stat
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -29,6 +34,9 @@ from tinylm.tokenize.patterns import EOT
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 1 << 20
+BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
+_BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
+MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 NAMED = {
     "tinyshakespeare": {
@@ -38,7 +46,7 @@ NAMED = {
     },
 }
 
-# Counts bytes that were not valid UTF-8 (each becomes U+FFFD); the corpus warns once when it is non-zero.
+# Counts byte sequences that were not valid UTF-8 (each becomes U+FFFD); the corpus warns once when it is non-zero.
 _replaced = [0]
 
 
@@ -118,16 +126,26 @@ def _read_documents(path: Path) -> Iterator[str]:
     """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
     buf, scan_from, split = "", 0, False
+    n_read = n_bad = 0
     with open(path, "rb") as f:
         while True:
             chunk = f.read(_READ_BYTES)
+            before = _replaced[0]
             buf += decoder.decode(chunk, final=not chunk)
+            n_read, n_bad = n_read + len(chunk), n_bad + _replaced[0] - before + chunk.count(0)
+            if n_bad >= _BINARY_MIN_BAD and n_bad > BINARY_FRACTION * n_read:
+                raise ValueError(f"corpus file {path} looks binary, not text: {n_bad} of its first {n_read} bytes "
+                                 "are undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
+                                 "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it is text")
             while (i := buf.find(EOT, scan_from)) >= 0:
                 split = True
                 if doc := buf[:i].strip():
                     yield doc
                 buf, scan_from = buf[i + len(EOT):], 0
             scan_from = max(0, len(buf) - len(EOT) + 1)  # a separator may straddle two reads
+            if len(buf) > MAX_DOCUMENT_CHARS:
+                raise ValueError(f"corpus file {path} holds a document of more than {MAX_DOCUMENT_CHARS:,} "
+                                 f"characters; separate its documents with {EOT} or split it into several files")
             if not chunk:
                 break
     if split:
@@ -157,6 +175,11 @@ class HFDataset(Corpus):
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
+            except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
+                cause = e.__cause__ or e
+                raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
+                                 f"({type(cause).__name__}: {str(cause).strip()[:300]}); fix the file, or pass "
+                                 "--data.corpus PATH to plain text files") from e
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
@@ -198,24 +221,47 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         return HFDataset(spec, spec[3:], **hf)
     path = Path(spec).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = _unique_files(sorted(p for p in path.rglob("*") if p.is_file()
+                                     and not any(part.startswith(".") for part in p.relative_to(path).parts)))
         if not files:
             raise ValueError(f"corpus directory {spec!r} holds no files; put text files in it or pass "
                              "--data.corpus PATH")
         return TextFiles(spec, files)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"corpus {spec!r} is a {_file_kind(path)}, not a regular file: it could be read forever; "
+                         "save the text to a file first and pass --data.corpus PATH to it")
     if path.is_file():
         builder = _LOCAL_DATASET_BUILDERS.get(path.suffix.lower())
         if builder:
             return HFDataset(spec, builder, **{**hf, "data_files": str(path)})
         return TextFiles(spec, [path])
     if any(c in spec for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        files = _unique_files(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()))
         if not files:
             raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
         return TextFiles(spec, files)
     raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
+
+
+def _unique_files(files: list[Path]) -> list[Path]:
+    """`files` without repeats of one file: a symlink loop under a `**` glob (dir/loop -> dir) or a link beside
+    its target would otherwise put the same text in the corpus many times, in both train and val."""
+    seen: set[str] = set()
+    unique = []
+    for path in files:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            unique.append(path)
+    return unique
+
+
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def download_named(name: str, cache_dir: str | Path) -> Path:
