@@ -1,11 +1,17 @@
-"""Shared fixtures: the real corpora in ../shared/data, tiny sizes, and determinism."""
+"""Shared fixtures: the small corpora in tests/fixtures, a BPE trained on them, the large corpora in ../shared/data,
+tiny sizes, and determinism."""
 
+import base64
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 import torch
 import yaml
+
+if TYPE_CHECKING:
+    from tinylm.tokenize.bpe import ByteLevelBPE
 
 # Two test workers share two cores (make test runs pytest -n 2): one thread each avoids oversubscription, which
 # made tiny-model tests 3-30x slower on a busy machine.
@@ -13,11 +19,45 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TINYLM_SHARED_DATA", REPO.parent / "shared" / "data"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def small_data() -> Path:
+    """The folder of small texts shipped in the repo (tests/fixtures; origins in its README.md): the first 100,000
+    characters of tinyshakespeare, TinyStories-style stories separated by <|endoftext|>, and German UTF-8 text."""
+    return FIXTURES
+
+
+class BPEFiles(NamedTuple):
+    """One real byte-level BPE (512 ids, <|endoftext|> = 511) written in GPT-2's two file formats."""
+
+    bpe: "ByteLevelBPE"  # the tokenizer the files were written from
+    vocab: Path  # vocab.json: byte-to-unicode token -> id, <|endoftext|> included
+    merges: Path  # merges.txt, GPT-2's "#version: 0.2" form
+    tiktoken: Path  # "base64(token) rank" lines; `tiktoken:PATH` gives <|endoftext|> the next id, 511, as GPT-2 does
+
+
+@pytest.fixture(scope="session")
+def small_bpe(small_data, tmp_path_factory) -> BPEFiles:
+    """A BPE trained by tinylm's own ByteLevelBPE on the fixture texts (~0.2 s), for tests that need *a* real
+    vocab.json + merges.txt or .tiktoken file; GPT-2's own 50k-id files stay in shared_data."""
+    from tinylm.tokenize.bpe import ByteLevelBPE
+    from tinylm.tokenize.patterns import EOT
+
+    docs = [(small_data / n).read_text(encoding="utf-8") for n in ("tinyshakespeare_100k.txt", "german.txt")]
+    bpe = ByteLevelBPE.train(docs, vocab_size=512, special_tokens=[EOT], progress=False)
+    folder = bpe.save(tmp_path_factory.mktemp("small_bpe"))
+    ranks = sorted(bpe.ranks.items(), key=lambda kv: kv[1])
+    tiktoken = folder / "small.tiktoken"
+    tiktoken.write_text("".join(f"{base64.b64encode(t).decode('ascii')} {r}\n" for t, r in ranks), encoding="ascii")
+    return BPEFiles(bpe, folder / "vocab.json", folder / "merges.txt", tiktoken)
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The folder of real corpora and tokenizer files. Skips outside CI when absent; fails in CI."""
+    """The folder of large corpora and GPT-2's tokenizer files, for the few tests that need them (GPT-2 parity,
+    the full tinyshakespeare). Skips outside CI when absent; fails in CI."""
     if not SHARED_DATA.is_dir():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"shared test data not found at {SHARED_DATA} (CI must provide it)")
@@ -38,16 +78,17 @@ def _isolate(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def run_config(tmp_path, shared_data, monkeypatch):
+def run_config(tmp_path, small_data, monkeypatch):
     """Factory for a tiny `tinylm fit` config in tmp_path (which becomes the working directory, so runs/ lands there).
 
-    The corpus is the first ``chars`` characters of tinyshakespeare; ``sections`` update the defaults below
-    section by section (``trainer={"max_steps": 6}`` changes only max_steps).
+    The corpus is the first ``chars`` (at most 100,000, the fixture's length) characters of tinyshakespeare;
+    ``sections`` update the defaults below section by section (``trainer={"max_steps": 6}`` changes only max_steps).
     """
 
     def make(*, chars: int = 20_000, name: str = "tiny.yaml", **sections) -> Path:
         corpus = tmp_path / "shakespeare_small.txt"
-        corpus.write_text((shared_data / "tinyshakespeare.txt").read_text()[:chars])
+        assert chars <= 100_000, "tests/fixtures holds 100,000 characters of tinyshakespeare"
+        corpus.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:chars])
         cfg = {
             "seed_everything": 7,
             "run": {"name": "tiny", "wandb_project": None},

@@ -95,10 +95,11 @@ def test_pickle_payload_in_checkpoint_is_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 2.5])
-def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path, shared_data, delay):
+def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path, small_data, delay):
     """Catches a crashed `tinylm prepare` leaving a folder that a later run takes for a finished dataset."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text((shared_data / "tinyshakespeare.txt").read_text())
+    # 1.1 MB like all of tinyshakespeare, so prepare runs for seconds (~6 s on 2 cores) and every kill lands mid-way
+    corpus.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8") * 11, encoding="utf-8")
     cache = tmp_path / "cache"
     args = ["--data.corpus", str(corpus), "--data.tokenizer", "bpe", "--data.vocab_size", "2048", "--data.cache_dir", str(cache)]
     proc = _spawn([sys.executable, "-m", "tinylm", "prepare", *args], tmp_path)

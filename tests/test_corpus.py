@@ -18,25 +18,25 @@ def _no_network(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def test_single_file_is_one_verbatim_document(shared_data, tmp_path):
+def test_single_file_is_one_verbatim_document(small_data, tmp_path):
     """Prevents a plain text file from being altered (stripped, split) on its way to the tokenizer."""
-    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000]
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
     (tmp_path / "s.txt").write_text(text, encoding="utf-8")
     assert list(open_corpus(str(tmp_path / "s.txt"), cache_dir=tmp_path)) == [text]
 
 
-def test_endoftext_file_splits_into_documents(shared_data, tmp_path):
+def test_endoftext_file_splits_into_documents(small_data, tmp_path):
     """Prevents TinyStories-style files from becoming one document with literal '<|endoftext|>' text in it."""
-    raw = (shared_data / "tinystories_sample.txt").read_text(encoding="utf-8")
+    raw = (small_data / "stories.txt").read_text(encoding="utf-8")
     expected = [d.strip() for d in raw.split(EOT) if d.strip()]
-    docs = list(open_corpus(str(shared_data / "tinystories_sample.txt"), cache_dir=tmp_path))
+    docs = list(open_corpus(str(small_data / "stories.txt"), cache_dir=tmp_path))
     assert len(expected) >= 2 and docs == expected
     assert docs[0].startswith("Once upon a time") and all(EOT not in d for d in docs)
 
 
-def test_separator_across_read_boundary(shared_data, tmp_path, monkeypatch):
+def test_separator_across_read_boundary(small_data, tmp_path, monkeypatch):
     """Prevents a separator that straddles two streamed reads from being missed."""
-    path = shared_data / "tinystories_sample.txt"
+    path = small_data / "stories.txt"
     whole = list(open_corpus(str(path), cache_dir=tmp_path))
     monkeypatch.setattr(corpus_mod, "_READ_BYTES", 7)  # every separator now spans reads
     assert list(open_corpus(str(path), cache_dir=tmp_path)) == whole

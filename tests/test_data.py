@@ -14,10 +14,10 @@ from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
 
 @pytest.fixture
-def shakespeare(shared_data, tmp_path):
+def shakespeare(small_data, tmp_path):
     """The first 100 KB of tinyshakespeare as a file of its own."""
     path = tmp_path / "shakespeare.txt"
-    path.write_text((shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:100_000], encoding="utf-8")
+    path.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8"), encoding="utf-8")
     return path
 
 
@@ -46,11 +46,11 @@ def test_char_packing_matches_nanogpt_split(shakespeare, tmp_path):
     assert dm.val_bytes_per_token == pytest.approx(1.0)
 
 
-def test_documents_packed_with_eos_and_pieces_encode_like_whole(shared_data, tmp_path):
+def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, small_bpe, tmp_path):
     """Prevents missing EOS between documents, a wrong val cut, or piecewise encoding changing the ids."""
-    corpus = open_corpus(str(shared_data / "tinystories_sample.txt"), cache_dir=tmp_path)
+    corpus = open_corpus(str(small_data / "stories.txt"), cache_dir=tmp_path)
     docs = list(corpus)
-    tok = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}")
+    tok = build_tokenizer(f"tiktoken:{small_bpe.tiktoken}")
     cut = int(sum(map(len, docs)) * 0.9)  # the val split is the last 10% of the characters
     train, val, seen = [], [], 0
     for d in docs:  # e.g. docs "aaaa","bbbb" with cut 6: train "aaaa<eos>bb", val "bb<eos>"
@@ -103,13 +103,13 @@ def test_folder_without_meta_is_rebuilt(shakespeare, tmp_path):
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]
 
 
-def test_uint32_when_vocab_needs_it(shared_data, tmp_path):
+def test_uint32_when_vocab_needs_it(small_data, small_bpe, tmp_path):
     """Prevents ids above 65,535 from wrapping around in a uint16 file."""
-    gpt2 = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}").state_dict()
-    gpt2["state"]["special_tokens"] = {EOT: 50256, "<|big|>": 70_000}
-    tok = Tokenizer.from_state_dict(gpt2)
+    state = build_tokenizer(f"tiktoken:{small_bpe.tiktoken}").state_dict()
+    state["state"]["special_tokens"]["<|big|>"] = 70_000  # beside <|endoftext|> = 511
+    tok = Tokenizer.from_state_dict(state)
     assert tok.vocab_size == 70_001
-    corpus = open_corpus(str(shared_data / "german.txt"), cache_dir=tmp_path)
+    corpus = open_corpus(str(small_data / "german.txt"), cache_dir=tmp_path)
     out = prepare_dataset(corpus, tok, val_fraction=0.5, cache_dir=tmp_path)
     meta = load_meta(out, tok)
     assert meta["dtype"] == "uint32"

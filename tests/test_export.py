@@ -19,10 +19,10 @@ from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def _texts(shared_data: Path) -> list[str]:
+def _texts(small_data: Path) -> list[str]:
     """Real text with newlines, punctuation, umlauts and runs of spaces."""
-    shakespeare = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:3000]
-    german = (shared_data / "german.txt").read_text(encoding="utf-8")[:2000]
+    shakespeare = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:3000]
+    german = (small_data / "german.txt").read_text(encoding="utf-8")[:2000]
     return [shakespeare, german, "  two  spaces\n\n\tand a tab   ", "a"]
 
 
@@ -82,8 +82,8 @@ def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad):
     assert saved.fingerprint == tokenizer.fingerprint
 
 
-def _tokenizers(shared_data: Path) -> dict:
-    docs = _texts(shared_data)[:2]
+def _tokenizers(small_data: Path) -> dict:
+    docs = _texts(small_data)[:2]
     cl100k_like = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
                    r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
     from tinylm.tokenize.bpe import ByteLevelBPE
@@ -100,34 +100,34 @@ def _tokenizers(shared_data: Path) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe", "scratch-bpe", "scratch-bpe-cl100k-regex"])
-def test_exported_tokenizer_encodes_like_tinylm(tmp_path, shared_data, kind):
+def test_exported_tokenizer_encodes_like_tinylm(tmp_path, small_data, kind):
     """Catches an exported tokenizer that splits text differently (pre-tokenizer regex, merge order, byte mapping,
     char splitting), shifts the special-token ids, or decodes with extra spaces."""
-    tokenizer = _tokenizers(shared_data)[kind]()
+    tokenizer = _tokenizers(small_data)[kind]()
     files = save_hf_tokenizer(tokenizer, tmp_path, model_max_length=1 << 20)
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(files)
     # GPT-2's vocab.json + merges.txt only where GPT2Tokenizer would split text the same way
     assert ("vocab.json" in files and "merges.txt" in files) == (kind in ("bpe", "scratch-bpe"))
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    for text in _texts(shared_data):
+    for text in _texts(small_data):
         ids = tokenizer.encode(text)
         assert hf.encode(text, add_special_tokens=False) == ids
         assert hf.decode(ids) == text
     if kind != "char":  # guard: merges really ran, so their order is what is being compared
-        assert len(tokenizer.encode(_texts(shared_data)[0])) < 0.9 * len(_texts(shared_data)[0])
+        assert len(tokenizer.encode(_texts(small_data)[0])) < 0.9 * len(_texts(small_data)[0])
     for special, i in tokenizer.special_tokens.items():
         assert hf.convert_tokens_to_ids(special) == i
     if tokenizer.eos_id is not None:
         assert hf.eos_token_id == tokenizer.eos_id
 
 
-def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data):
+def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data, small_data):
     """Catches a tokenizer.json that encodes differently from tiktoken's GPT-2, or vocab.json / merges.txt that differ
     from OpenAI's GPT-2 files (byte-to-unicode spelling, merge order, ids), which GPT2Tokenizer reads."""
     tokenizer = build_tokenizer(f"tiktoken:{shared_data / 'gpt2.tiktoken'}")
     save_hf_tokenizer(tokenizer, tmp_path, model_max_length=1 << 20)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    for text in _texts(shared_data):
+    for text in _texts(small_data):
         assert hf.encode(text, add_special_tokens=False) == tokenizer.encode(text)
     assert hf.eos_token_id == tokenizer.eos_id == 50256
     vocab = json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
@@ -265,7 +265,7 @@ def _readme_block(language: str, containing: str) -> str:
     return block
 
 
-def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, shared_data, monkeypatch, capsys):
+def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, small_data, monkeypatch, capsys):
     """Catches the README's export section rotting: its `tinylm export` commands must read the checkpoint that
     `make train` writes (runs/<run.name of the Makefile's CONFIG>/checkpoints/last.ckpt), and its transformers snippet
     must run as written on the directory they write (it used paths nothing created, and asked for more new tokens
@@ -275,8 +275,8 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, shar
 
     name = yaml.safe_load((ROOT / config).read_text(encoding="utf-8"))["run"]["name"]
     monkeypatch.chdir(tmp_path)  # the README's relative paths land in tmp_path
-    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    tokenizer = build_tokenizer("char", documents=lambda: [text])  # the recipe's tokenizer: its 65 characters
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
+    tokenizer = build_tokenizer("char", documents=lambda: [text])  # the recipe's kind: 61 of its 65 characters
     (tmp_path / "runs" / name / "checkpoints").mkdir(parents=True)
     _write_checkpoint(tmp_path / "runs" / name / "checkpoints" / "last.ckpt", tokenizer, bias=False,
                       pad_vocab_multiple=64)

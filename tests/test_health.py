@@ -15,8 +15,8 @@ T = 32
 
 
 @pytest.fixture(scope="module")
-def chars(shared_data):
-    text = (shared_data / "tinyshakespeare.txt").read_text()[:200_000]
+def chars(small_data):
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
     vocab = sorted(set(text))
     ids = torch.tensor([vocab.index(c) for c in text[:60_000]], dtype=torch.long)
     return ids, len(vocab)

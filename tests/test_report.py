@@ -157,11 +157,11 @@ def _tiny_checkpoint(path: Path, text: str) -> Path:
     return path
 
 
-def test_sample_report_command_end_to_end(tmp_path, shared_data, capsys):
+def test_sample_report_command_end_to_end(tmp_path, small_data, capsys):
     """Catches the command failing on a real checkpoint, a missing output file, NaN in metrics.json, or metrics
     that contradict what the strategies do (greedy must be the likelier, sampling the more varied)."""
     pytest.importorskip("matplotlib")
-    text = (shared_data / "tinyshakespeare.txt").read_text(encoding="utf-8")[:2000]
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
     ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
     out = tmp_path / "report"
     sample_report_command(["--ckpt_path", str(ckpt), "--out", str(out), "--num_samples", "4",
