@@ -1,10 +1,12 @@
 """Exact resume: an interrupted and resumed run reproduces the uninterrupted run step for step."""
 
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
 
+from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
 
 STEPS = 8
@@ -23,14 +25,24 @@ def config(run_config):
     )
 
 
-def _losses(run_dir: Path) -> dict[int, list[float]]:
-    """train/loss rows by logged step (several rows per step under accumulation), in order."""
+def _losses(run_dir: Path, key: str = "train/loss") -> dict[int, list[float]]:
+    """``key``'s rows by logged step (several rows per step under accumulation), in order."""
     out: dict[int, list[float]] = {}
     with open(run_dir / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
-            if row.get("train/loss"):
-                out.setdefault(int(row["step"]), []).append(float(row["train/loss"]))
+            if row.get(key):
+                out.setdefault(int(row["step"]), []).append(float(row[key]))
     return out
+
+
+def _val_losses(run_dir: Path) -> dict[int, list[float]]:
+    return _losses(run_dir, "val/loss")
+
+
+def _assert_same_rows(got: dict[int, list[float]], want: dict[int, list[float]]) -> None:
+    assert sorted(got) == sorted(want)  # no step lost or logged twice
+    for step, values in want.items():
+        assert got[step] == pytest.approx(values, abs=1e-4), f"step {step}"
 
 
 @pytest.mark.parametrize("resume_from", ["last", "step-2.ckpt"])
@@ -52,3 +64,43 @@ def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
     for step in range(STEPS):
         assert resumed[step] == pytest.approx(straight[step], abs=1e-4), f"step {step} (resumed from {start})"
     assert straight[STEPS - 1] != straight[0]  # not vacuous: the losses do change
+
+
+def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):
+    """Catches a checkpoint taken between a step and its validation: a run killed in that gap resumed past the
+    validation, so its val/loss row and its best.ckpt candidate were lost (and the CSV lost unflushed rows)."""
+    config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 2})
+    straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_then_snapshot(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == 2 and not killed.exists():
+            shutil.copytree(straight, killed)  # what a `kill -9` right after this write leaves on disk
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
+    main(["fit", "--config", str(config)])
+    assert (killed / "checkpoints" / "best.ckpt").is_file()
+
+    main(["fit", "--config", str(config), "--run.name", "killed", "--ckpt_path", "last"])
+    assert sorted(_val_losses(straight)) == [1, 3]  # validations after steps 2 and 4 (rows store step - 1)
+    _assert_same_rows(_val_losses(killed), _val_losses(straight))
+    _assert_same_rows(_losses(killed), _losses(straight))
+
+
+@pytest.mark.parametrize("cut", ["0", "0,3,1.2"], ids=["before-step", "inside-row"])
+def test_resume_past_a_cut_csv_row(run_config, tmp_path, cut):
+    """Catches `--ckpt_path last` failing (TypeError) or keeping a half row when a crash cut metrics.csv's last
+    append short."""
+    config = run_config(trainer={"max_steps": 4})
+    main(["fit", "--config", str(config)])
+    path = tmp_path / "runs" / "tiny" / "csv" / "metrics.csv"
+    whole = path.read_text()
+    path.write_text(whole + cut)  # a row whose append was cut off: no newline
+
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["train/loss"]] == list(range(6))
+    assert all(r["train/loss"] or r["val/loss"] for r in rows)  # no half row kept
+    assert path.read_text().startswith(whole)  # every whole row kept

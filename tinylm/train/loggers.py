@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import csv
+import io
 import time
 
 from lightning.pytorch.loggers import CSVLogger, Logger
@@ -56,11 +57,21 @@ class RunCSVLogger(CSVLogger):
 
 
 def _truncate_after(path: Path, resume_step: int) -> None:
-    """Keep the rows of ``path`` logged before ``resume_step`` optimizer steps were done (rows store step - 1)."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        fields, rows = reader.fieldnames or [], list(reader)
-    keep = [r for r in rows if r.get("step", "") == "" or int(r["step"]) < resume_step]
+    """Keep the rows of ``path`` logged before ``resume_step`` optimizer steps were done (rows store step - 1).
+
+    A last line without its newline is an append cut short by a crash: it is dropped, as is any row with fewer or
+    more fields than the header; a file without a whole header line is removed (the logger starts a new one).
+    """
+    text = path.read_text(encoding="utf-8")
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]  # for "a,b\n0,1\n0,2,3." this keeps "a,b\n0,1\n"
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    fields = reader.fieldnames
+    if not fields:
+        path.unlink()
+        return
+    whole = (r for r in reader if None not in r and None not in r.values())
+    keep = [r for r in whole if r.get("step", "") == "" or int(r["step"]) < resume_step]
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)

@@ -13,10 +13,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
 from tinylm.train.health import HealthMonitor
+from tinylm.train.interrupt import InterruptCheckpoint
 
 
 def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int) -> list[L.Callback]:
-    """``best.ckpt`` by ``val/loss``; ``step-N.ckpt`` every ``every_n_steps`` (keeping ``keep``) plus ``last.ckpt``."""
+    """``best.ckpt`` by ``val/loss``; ``step-N.ckpt`` every ``every_n_steps`` (keeping ``keep``) plus ``last.ckpt``;
+    ``last.ckpt`` also when SIGTERM or Ctrl+C stops the run (see `tinylm.train.interrupt`)."""
     return [
         ModelCheckpoint(
             dirpath=ckpt_dir,
@@ -38,6 +40,7 @@ def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int)
             auto_insert_metric_name=False,
             enable_version_counter=False,
         ),
+        InterruptCheckpoint(ckpt_dir),  # after the others: a validation's best.ckpt is saved before it stops a run
     ]
 
 

@@ -1,0 +1,79 @@
+"""SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_resume import _assert_same_rows, _losses, _val_losses
+from tinylm.cli import main
+
+
+@pytest.fixture
+def config(run_config):
+    """Long enough to be interrupted; accumulation, dropout, workers and validation every 3 steps in between."""
+    return run_config(
+        chars=40_000,
+        seed_everything=3,
+        run={"name": "run", "checkpoint_every": 2, "keep_checkpoints": -1},
+        trainer={"max_steps": 100_000, "accumulate_grad_batches": 2, "val_check_interval": 6},
+        # the schedule's length is pinned, so runs that stop at different max_steps follow the same schedule
+        model={"dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "decay_steps": 8},
+        data={"block_size": 32, "batch_size": 4, "val_batches": 2, "num_workers": 2},
+    )
+
+
+def _interrupt(config, tmp_path, signum: int) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `tinylm fit` in a child process, send ``signum`` once step 2 is saved; (finished process, its last.ckpt step)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process runs here: the same float sums
+    # its own session, like a terminal job: Ctrl+C reaches the whole group (loader workers too), kill the process
+    err = open(tmp_path / "stderr.txt", "w+")  # a file, not a pipe: a full pipe would stall the child
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
+    ckpts = tmp_path / "runs" / "run" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    proc.wait(timeout=120)
+    err.close()
+    step = torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["global_step"]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", (tmp_path / "stderr.txt").read_text()), step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum):
+    """Catches SIGTERM exiting 0 and Ctrl+C exiting 1 without a checkpoint (the steps since the last periodic save
+    were lost), a save mid-accumulation or before the step's validation, and loader workers killed by Ctrl+C."""
+    done, step = _interrupt(config, tmp_path, signum)
+    name = signal.Signals(signum).name
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert step >= 2
+    line = f"interrupted by {name} at step {step}; saved runs/run/checkpoints/last.ckpt; resume with `tinylm fit"
+    assert line in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+
+    end = step + 3
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", str(end)])
+    main(["fit", "--config", str(config), "--run.name", "straight", "--trainer.max_steps", str(end)])
+    resumed, straight = tmp_path / "runs" / "run", tmp_path / "runs" / "straight"
+    assert sorted(_losses(straight)) == list(range(end))
+    _assert_same_rows(_losses(resumed), _losses(straight))
+    _assert_same_rows(_val_losses(resumed), _val_losses(straight))
+    assert _losses(straight)[end - 1] != _losses(straight)[0]  # not vacuous: the losses do change
+
+
+def test_handlers_are_restored_after_fit(config):
+    """Catches a finished run leaving its SIGINT handler behind, after which Ctrl+C no longer stops the process."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -1,0 +1,145 @@
+"""Stopping a run on SIGTERM (schedulers, `kill`) or Ctrl+C (SIGINT) without losing it.
+
+Lightning alone exits 0 on SIGTERM without a checkpoint (its loops raise ``SIGTERMException``, a ``SystemExit``,
+even mid-accumulation or mid-validation) and 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands). Here either
+signal only sets a flag; the run stops at the next point where its state is whole: after an optimizer step, and
+after that step's validation when one is due. It saves ``last.ckpt`` there (as exact to resume from as a periodic
+checkpoint) and raises :class:`RunInterrupted`. A second Ctrl+C stops at once, without saving.
+
+Under SLURM nothing of Lightning's changes: its SIGUSR1 requeue handler is untouched, and its SIGTERM handlers
+still run (Lightning composes them with the one found installed, this one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
+
+from tinylm.errors import TinyLMError
+from tinylm.train.callbacks import validation_follows
+
+log = logging.getLogger("tinylm")
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(TinyLMError):
+    """A run stopped by a signal after saving ``last.ckpt``; ``exit_code`` is the shell's 128 + signal number."""
+
+    def __init__(self, message: str, *, signum: int | None, step: int, ckpt_path: str) -> None:
+        super().__init__(message)
+        self.signum, self.step, self.ckpt_path = signum, step, ckpt_path
+        self.exit_code = 128 + signum if signum else 1
+
+
+class InterruptCheckpoint(Checkpoint):
+    """On SIGTERM or SIGINT: finish the optimizer step (and its validation), save ``<dirpath>/last.ckpt``, stop.
+
+    A ``Checkpoint`` so that Lightning runs it after the other checkpoint callbacks: a validation's ``best.ckpt``
+    candidate is saved before the run stops.
+
+    Args:
+        dirpath: The run's checkpoint folder.
+    """
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.dirpath = Path(dirpath)
+        self._previous: dict[int, object] = {}  # handlers found installed, restored when the run ends
+        self._armed = False
+        self._received: int | None = None
+        self._step_seen = -1
+        self._stepped = False  # the last training batch ended an optimizer step
+        self._trainer: L.Trainer | None = None
+
+    # Installed at setup, before Lightning registers its own handlers (which then compose with these) and before
+    # the DataLoader workers fork: forked workers inherit this handler, so a terminal's Ctrl+C, which reaches the
+    # whole process group, does not kill them under the step being finished.
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self._trainer, self._received, self._armed = trainer, None, True
+        self._previous = {s: _outer_handler(s) for s in _SIGNALS}
+        for s in _SIGNALS:
+            signal.signal(s, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if not self._armed:  # the run is over (Lightning's teardown can reinstall this handler): act as before it
+            self._restore()
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGINT and self._received == signal.SIGINT:
+            self._disarm()
+            raise KeyboardInterrupt  # a second Ctrl+C: stop now, unsaved
+        self._received = signum
+        # Lightning's SIGTERM handler ran just before this one and set `trainer.received_sigterm`, on which its
+        # loops raise SIGTERMException mid-accumulation or mid-validation; the run stops at a whole step instead.
+        if self._trainer is not None:
+            self._trainer._signal_connector.received_sigterm = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_seen, self._stepped = trainer.global_step, False
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
+        if not self._stepped or validation_follows(trainer) or not self._should_stop(trainer):
+            return
+        # the step's metrics reach the loggers just after this hook; log them now or the CSV loses the step's row
+        trainer._logger_connector.update_train_step_metrics()
+        self._stop(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._stepped and self._should_stop(trainer):
+            self._stop(trainer)
+
+    def _should_stop(self, trainer: L.Trainer) -> bool:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            return False  # training is complete: the run ends normally, with its final checkpoint
+        # every rank stops at the same step (one of them may have missed the signal)
+        return trainer.strategy.reduce_boolean_decision(self._received is not None, all=False)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        path = self.dirpath / "last.ckpt"
+        trainer.save_checkpoint(path)
+        name = signal.Signals(self._received).name if self._received else "a signal to another rank"
+        raise RunInterrupted(
+            f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
+            "resume with `tinylm fit --config ... --ckpt_path last`",
+            signum=self._received,
+            step=trainer.global_step,
+            ckpt_path=str(path),
+        )
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._disarm()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._disarm()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()  # again: Lightning's teardown reinstalls the handlers it found, this one among them
+
+    def _disarm(self) -> None:
+        self._armed = False
+        self._restore()
+
+    def _restore(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in self._previous.items():
+                signal.signal(s, handler)
+
+
+def _outer_handler(signum: int):
+    """The handler installed for ``signum``, looking through one left behind by an earlier run's callback."""
+    handler = signal.getsignal(signum)
+    owner = getattr(handler, "__self__", None)
+    return owner._previous.get(signum, signal.SIG_DFL) if isinstance(owner, InterruptCheckpoint) else handler
