@@ -138,20 +138,55 @@ class RNGState(L.Callback):
             torch.cuda.set_rng_state_all(s["cuda"])
 
 
+def validation_follows(trainer: L.Trainer) -> bool:
+    """Whether Lightning validates right after the current training batch (ask in ``on_train_batch_end``).
+
+    Lightning's own test (``_should_check_val_fx``): the same interval, epoch and last-batch rules it applies.
+    """
+    loop = trainer.fit_loop
+    return loop._data_fetcher is not None and loop.epoch_loop._should_check_val_fx(loop._data_fetcher)
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step.
 
     Lightning saves only on the N-step trigger, so a run whose ``max_steps`` is not a multiple of N would end with a
-    ``last.ckpt`` from before its final steps.
+    ``last.ckpt`` from before its final steps. At a step where validation runs, the save waits for that validation:
+    Lightning saves in ``on_train_batch_end``, before it, and a run killed in between resumed past the validation
+    (its ``val/*`` row and ``best.ckpt`` candidate were lost). Each save first flushes the loggers, so after a
+    ``kill -9`` the CSV on disk holds every row logged before the newest checkpoint.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._save_after_validation = False
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         final = 0 < trainer.max_steps <= trainer.global_step
-        if final and not self._should_skip_saving_checkpoint(trainer):
+        if validation_follows(trainer):
+            due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
+            self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if final:
+            self._save_now(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self._save_after_validation:
+            self._save_after_validation = False
+            self._save_now(trainer)
+
+    def _save_now(self, trainer: L.Trainer) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        for logger in trainer.loggers:
+            logger.save()
+        super()._save_checkpoint(trainer, filepath)
 
 
 class ProgressBar(TQDMProgressBar):
