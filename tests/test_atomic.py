@@ -118,3 +118,20 @@ def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path
     for split in ("train", "val"):
         size = (dm.dataset_dir / f"{split}.bin").stat().st_size
         assert size == meta["splits"][split]["tokens"] * 2 > 0  # uint16: 2 bytes a token, every token there
+
+
+def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
+    """Prevents a save killed mid-write (step-100.ckpt.tmp, the size of a checkpoint) from staying on disk for
+    good: later saves write other names, so nothing ever overwrote it."""
+    from tinylm.checkpoint import atomic_write_bytes
+
+    io = AtomicCheckpointIO()
+    stale = tmp_path / "step-100.ckpt.tmp"
+    stale.write_bytes(b"half a checkpoint")  # what kill -9 during the save of step-100.ckpt leaves
+    (tmp_path / "notes.tmp").write_text("not ours")
+    io.save_checkpoint({"state_dict": {}, "tinylm": {}}, tmp_path / "step-200.ckpt")
+    assert not stale.exists() and (tmp_path / "notes.tmp").exists()
+    assert torch.load(tmp_path / "step-200.ckpt", weights_only=True)["tinylm"] == {}
+    with pytest.raises(TypeError):  # a write that fails in-process removes its own temp file at once
+        atomic_write_bytes(tmp_path / "step-300.ckpt", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-200.ckpt"]

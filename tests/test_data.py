@@ -270,3 +270,61 @@ def test_lightning_resume_sees_the_same_batches(shakespeare, tmp_path):
     first = fit(3)
     rest = fit(8, ckpt_path=tmp_path / "step3.ckpt")  # crosses the epoch boundary after batch 5
     assert first + rest == straight and len(straight) == 8
+
+
+def test_foreign_dtype_and_damaged_meta_are_refused_by_name(shakespeare, tmp_path):
+    """Prevents a meta.json naming a dtype tinylm never writes (int16 has uint16's size, so the size check passed
+    and training read garbage) and an unparsable meta.json from failing without the file's name."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    meta_path = dm.dataset_dir / "meta.json"
+    good = meta_path.read_text()
+    meta_path.write_text(good.replace('"uint16"', '"int16"'))
+    with pytest.raises(ValueError, match=r"meta\.json is damaged.*dtype 'int16'.*uint16, uint32.*tinylm prepare"):
+        load_meta(dm.dataset_dir)
+    meta_path.write_text(good[:40])  # cut short
+    with pytest.raises(ValueError, match=r"meta\.json is damaged.*JSONDecodeError.*tinylm prepare"):
+        load_meta(dm.dataset_dir)
+    meta_path.write_text(good)
+    assert load_meta(dm.dataset_dir)["dtype"] == "uint16"  # guard: the untouched file loads
+
+
+def test_ids_outside_the_vocabulary_are_refused_when_opened(shakespeare, tmp_path, monkeypatch):
+    """Prevents a .bin with ids >= vocab_size from failing only when a batch draws one (an index error inside the
+    embedding, a device-side assert on GPU), maybe hours in. The scan reads bounded chunks; the bad id is in a
+    later one."""
+    import tinylm.data.prepare as prepare_mod
+
+    monkeypatch.setattr(prepare_mod, "SCAN_TOKENS", 1000)
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    load_meta(dm.dataset_dir, dm.tokenizer)  # guard: clean before the damage
+    ids = np.memmap(dm.dataset_dir / "train.bin", dtype="<u2", mode="r+")
+    ids[5_432] = dm.tokenizer.vocab_size
+    ids.flush()
+    del ids
+    with pytest.raises(ValueError, match=rf"train\.bin holds token id {dm.tokenizer.vocab_size} at position 5432, "
+                                         r"outside the vocabulary.*tinylm prepare"):
+        load_meta(dm.dataset_dir, dm.tokenizer)
+
+
+def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
+    """Prevents every killed `prepare` from leaving its <dataset>.tmp-<pid> folder (the size of a dataset) forever,
+    without touching those of builds still running or of other hosts sharing the cache."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a process that has exited
+    datasets = tmp_path / "cache" / "datasets"
+    host = socket.gethostname()
+    names = {"stale": f"a.tmp-{host}-{dead}", "stale_old_style": f"b.tmp-{dead}",
+             "running": f"c.tmp-{host}-{os.getpid()}", "other_host": f"d.tmp-elsewhere-{dead}"}
+    for name in names.values():
+        (datasets / name).mkdir(parents=True)
+        (datasets / name / "train.bin").write_bytes(bytes(1000))
+    _dm(tmp_path, shakespeare).prepare_data()
+    left = {p.name for p in datasets.iterdir() if ".tmp-" in p.name}
+    assert left == {names["running"], names["other_host"]}

@@ -2,7 +2,8 @@
 
 Lightning's own writer moves a temp file from ``$TMPDIR`` without fsync; a crash mid-move can leave a corrupt
 ``last.ckpt`` and lose the previous good one (see LIGHTNING-NOTES). Here every save writes ``<path>.tmp`` beside
-the target, fsyncs it, then ``os.replace``s it: the old file stays whole until the new one is complete.
+the target, fsyncs it, then ``os.replace``s it: the old file stays whole until the new one is complete. A save
+that fails (killed, disk full) leaves its ``.tmp``; the next successful save into that folder removes it.
 Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
 """
 
@@ -30,11 +31,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
+        tmp.unlink(missing_ok=True)
+        raise
+    if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
+        for stale in path.parent.glob(f"*{path.suffix}.tmp"):  # one writer per folder: rank zero, one at a time
+            stale.unlink(missing_ok=True)
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
         try:

@@ -5,7 +5,8 @@ On disk (under `cache_dir`, see `TinyLMDataModule`):
     datasets/<corpus>-<kind><V>-<key>/    keyed by corpus fingerprint + tokenizer fingerprint + split settings
         tokenizer/  train.bin  val.bin    flat little-endian token ids (uint16 when the vocab fits, else uint32)
         meta.json                         written last; a folder without it is an interrupted build and is rebuilt
-Each folder is built as `<dir>.tmp-<pid>` and renamed into place, so readers never see half of one.
+Each folder is built as `<dir>.tmp-<host>-<pid>` and renamed into place, so readers never see half of one; the
+temp folders of builds that were killed are removed by the next build once their process is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenize
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+DTYPES = ("uint16", "uint32")  # the id types a dataset may store (little-endian)
+SCAN_TOKENS = 1 << 24  # ids checked per step when a dataset is opened (32-64 MB of memory)
 PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bounded memory, parallel batches)
 BATCH_CHARS = 8 << 20  # text handed to one encode_batch call
 
@@ -51,11 +55,36 @@ def _check_not_empty(corpus: Corpus) -> None:
                          "with text")
 
 
+_TMP = re.compile(r"\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # "<dir>.tmp-<host>-<pid>", or "<dir>.tmp-<pid>" (older)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's
+        pass
+    return True
+
+
+def _remove_stale_temps(parent: Path) -> None:
+    """Remove temp folders left in `parent` by builds on this host whose process is gone (a killed `prepare`);
+    those of live processes, or of other hosts sharing the folder, are left alone."""
+    host = socket.gethostname()
+    for entry in parent.iterdir():
+        m = _TMP.search(entry.name)
+        if m and entry.is_dir() and m["host"] in (None, host) and not _process_alive(int(m["pid"])):
+            log.warning("removing %s: a temp folder of an interrupted build", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _publish(final: Path, write: Callable[[Path], None], complete: str) -> None:
     """Build `final` through `write(tmp)` in a sibling temp folder, then rename it into place atomically.
     `complete` is the file whose presence marks a finished folder; a folder without it is rebuilt."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    _remove_stale_temps(final.parent)
+    tmp = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -233,10 +262,19 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
     if not path.is_file():
         raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json: its build did not finish); "
                                 "delete it and run `tinylm prepare` again")
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    redo = "delete the folder and run `tinylm prepare` again"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise TypeError(f"expected a JSON object, got {type(meta).__name__}")
+        if meta.get("format_version") == FORMAT_VERSION:
+            _check_meta_fields(meta)
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path} is damaged or not a tinylm dataset's meta.json ({type(e).__name__}: {e}); "
+                         f"{redo}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{dataset_dir} has dataset format {meta.get('format_version')!r}, this tinylm reads "
-                         f"{FORMAT_VERSION}; delete the folder and run `tinylm prepare` again")
+                         f"{FORMAT_VERSION}; {redo}")
     if tokenizer is not None and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise ValueError(f"dataset {dataset_dir} was built with tokenizer {meta['tokenizer_spec']!r} (fingerprint "
                          f"{meta['tokenizer_fingerprint'][:12]}), but this run's tokenizer {tokenizer.spec!r} has "
@@ -248,9 +286,39 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
                          "65,536 need uint32); delete the folder and run `tinylm prepare` again")
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split, stats in meta["splits"].items():
-        size = (dataset_dir / f"{split}.bin").stat().st_size
+        bin_path = dataset_dir / f"{split}.bin"
+        if not bin_path.is_file():
+            raise FileNotFoundError(f"{bin_path} is missing from the dataset; {redo}")
+        size = bin_path.stat().st_size
         if size != stats["tokens"] * itemsize:
-            raise ValueError(f"{dataset_dir / f'{split}.bin'} has {size} bytes, meta.json says "
-                             f"{stats['tokens']} tokens x {itemsize}; the file is damaged: delete the folder and "
-                             "run `tinylm prepare` again")
+            raise ValueError(f"{bin_path} has {size} bytes, meta.json says "
+                             f"{stats['tokens']} tokens x {itemsize}; the file is damaged: {redo}")
+        _check_ids(bin_path, meta["dtype"], vocab)
     return meta
+
+
+def _check_meta_fields(meta: dict) -> None:
+    """Raise (KeyError/TypeError/ValueError) unless `meta` has the fields and types `load_meta` relies on."""
+    for key in ("format_version", "dtype", "vocab_size", "splits", "tokenizer_spec", "tokenizer_fingerprint"):
+        if key not in meta:
+            raise KeyError(key)
+    if meta["dtype"] not in DTYPES:
+        raise ValueError(f"dtype {meta['dtype']!r} is not one tinylm stores ({', '.join(DTYPES)})")
+    if not isinstance(meta["vocab_size"], int) or not all(isinstance(s.get("tokens"), int)
+                                                          for s in meta["splits"].values()):
+        raise TypeError("vocab_size and each split's tokens must be integers")
+
+
+def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:
+    """Refuse a .bin holding an id outside 0..vocab_size-1 now, not when a batch happens to draw it (an index
+    error deep inside the embedding, or on GPU a device-side assert). Reads SCAN_TOKENS ids at a time."""
+    if path.stat().st_size == 0:
+        return
+    data = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+    for start in range(0, len(data), SCAN_TOKENS):
+        chunk = data[start : start + SCAN_TOKENS]
+        if int(chunk.max()) >= vocab_size:
+            at = start + int(np.argmax(chunk >= vocab_size))
+            raise ValueError(f"{path} holds token id {int(data[at])} at position {at}, outside the vocabulary of "
+                             f"{vocab_size} ids; it was made by another tokenizer or is damaged: delete the "
+                             "folder and run `tinylm prepare` again")
