@@ -155,5 +155,9 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
     model.load_state_dict(state)
     tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
-    tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
+    try:
+        tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds a tokenizer this tinylm cannot rebuild "
+                              f"({type(e).__name__}: {e}); use the tinylm version that wrote it") from None
     return model.to(map_location).eval(), tokenizer, hparams

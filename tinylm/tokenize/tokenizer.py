@@ -15,10 +15,11 @@ user text can never inject an end-of-text id. Specials are appended by id (see `
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,15 +281,28 @@ class Tokenizer:
                                         "; pass --data.tokenizer bpe|char|tiktoken:NAME to make one")
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} not found; pass --data.tokenizer with an existing path")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if path.name == STATE_FILE or {"kind", "state"} <= set(data):
-            return cls.from_state_dict(data)
-        from tokenizers import Tokenizer as HFTokenizer
+        with _naming(path, "a tokenizer file (tinylm_tokenizer.json, or a Hugging Face tokenizer.json)"):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if path.name == STATE_FILE or isinstance(data, dict) and {"kind", "state"} <= set(data):
+                return cls.from_state_dict(data)
+            from tokenizers import Tokenizer as HFTokenizer
 
-        return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
+            return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
 
     def __repr__(self) -> str:
         return f"Tokenizer(spec={self.spec!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+@contextlib.contextmanager
+def _naming(path: Path, expected: str) -> Iterator[None]:
+    """Turn any failure to read `path` as `expected` (bad JSON, binary bytes, missing fields, a library's own
+    parse error) into one ValueError naming the file and the kinds of tokenizer tinylm reads."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 (tokenizers raises bare Exception for JSON that is not a tokenizer)
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "
+                         f"{VALID_SPECS}") from e
 
 
 # ---------------------------------------------------------------------------------------------------- builders
@@ -377,9 +391,12 @@ def _load_tiktoken(spec: str) -> Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"tiktoken rank file {target!r} not found; pass tiktoken:PATH to an existing "
                                     "`.tiktoken` file")
-        ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
-        n = len(ranks_text.splitlines())
-        return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: n}), spec)
+        with _naming(path, "a .tiktoken rank file (lines of 'base64token rank')"):
+            ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
+            n = len(ranks_text.splitlines())
+            if n < 256:
+                raise ValueError(f"it has {n} ranks; a byte-level BPE has at least the 256 single bytes")
+            return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: n}), spec)
     if target not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown tiktoken encoding {target!r}; known: {tiktoken.list_encoding_names()}, "
                          "or pass tiktoken:PATH to a local .tiktoken rank file")
