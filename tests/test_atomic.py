@@ -137,23 +137,6 @@ def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-200.ckpt"]
 
 
-def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
-    """Prevents a save killed mid-write (step-100.ckpt.tmp, the size of a checkpoint) from staying on disk for
-    good: later saves write other names, so nothing ever overwrote it."""
-    from tinylm.checkpoint import atomic_write_bytes
-
-    io = AtomicCheckpointIO()
-    stale = tmp_path / "step-100.ckpt.tmp"
-    stale.write_bytes(b"half a checkpoint")  # what kill -9 during the save of step-100.ckpt leaves
-    (tmp_path / "notes.tmp").write_text("not ours")
-    io.save_checkpoint({"state_dict": {}, "tinylm": {}}, tmp_path / "step-200.ckpt")
-    assert not stale.exists() and (tmp_path / "notes.tmp").exists()
-    assert torch.load(tmp_path / "step-200.ckpt", weights_only=True)["tinylm"] == {}
-    with pytest.raises(TypeError):  # a write that fails in-process removes its own temp file at once
-        atomic_write_bytes(tmp_path / "step-300.ckpt", None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-200.ckpt"]
-
-
 def test_checkpoint_with_unreadable_tokenizer_names_the_checkpoint(tmp_path):
     """Prevents a checkpoint whose tokenizer state this tinylm cannot rebuild (another version, an edit) from
     failing with "tokenizer state has version 99" and no word of which file."""

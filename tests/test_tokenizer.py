@@ -242,42 +242,6 @@ def test_piece_cap_leaves_training_on_ordinary_text_unchanged(shakespeare_100k):
     assert capped.ranks == ByteLevelBPE.train(docs, vocab_size=300, progress=False, max_piece_chars=None).ranks
 
 
-_TRAIN_ON_DNA = r"""
-import random, sys
-from tinylm.tokenize.patterns import TRAIN_PIECE_CHARS
-from tinylm.tokenize.tokenizer import build_tokenizer
-spec, n = sys.argv[1], int(sys.argv[2])
-text = "".join(random.Random(0).choices("ACGT", k=n))
-tok = build_tokenizer(spec, vocab_size=300, documents=lambda: [text])
-ids = tok.encode(text[:60_000])  # scratch-bpe used to take minutes here: the whole text is one pre-token
-assert tok.decode(ids) == text[:60_000] and len(ids) < 60_000 / 2  # merges were learned
-assert tok.vocab_size == 300 and max(len(tok.decode([i])) for i in range(256, 299)) <= TRAIN_PIECE_CHARS
-"""
-
-
-@pytest.mark.parametrize("spec, chars", [("bpe", 2_000_000), ("scratch-bpe", 60_000)])
-def test_training_on_text_without_spaces_stays_linear(spec, chars):
-    """Prevents BPE training from going quadratic on text with no whitespace (DNA, base64, minified code), where
-    the whole text is one pre-token: 2 MB hung `bpe` training, and 60 k characters took scratch-bpe minutes to
-    encode. Runs in a subprocess so that a regression fails at the timeout instead of hanging the suite."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", _TRAIN_ON_DNA, spec, str(chars)], env=env, timeout=60,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def test_piece_cap_leaves_training_on_ordinary_text_unchanged(shakespeare_100k):
-    """Prevents the training-time pre-token cap (TRAIN_PIECE_CHARS) from changing tokenizers trained on ordinary
-    text: a changed fingerprint would rebuild every cached dataset for nothing."""
-    from tinylm.tokenize.bpe import ByteLevelBPE
-    from tinylm.tokenize.tokenizer import _train_bpe
-
-    docs = [shakespeare_100k[:30_000], shakespeare_100k[30_000:40_000]]
-    assert _train_bpe(docs, 400).fingerprint == _train_bpe(docs, 400, max_piece_chars=None).fingerprint
-    capped = ByteLevelBPE.train(docs, vocab_size=300, progress=False)
-    assert capped.ranks == ByteLevelBPE.train(docs, vocab_size=300, progress=False, max_piece_chars=None).ranks
-
-
 def test_files_that_are_not_tokenizers_are_named(tmp_path):
     """Prevents `--data.tokenizer x.yaml` (or a binary file, another tool's JSON, a broken .tiktoken) from failing
     with a bare JSON/Unicode/KeyError that names neither the file nor what tinylm accepts."""
