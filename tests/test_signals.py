@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import lightning as L
 import pytest
 import torch
 
@@ -72,8 +73,37 @@ def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum):
     assert _losses(straight)[end - 1] != _losses(straight)[0]  # not vacuous: the losses do change
 
 
-def test_handlers_are_restored_after_fit(config):
+def test_handlers_are_restored_after_fit(run_config):
     """Catches a finished run leaving its SIGINT handler behind, after which Ctrl+C no longer stops the process."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    main(["fit", "--config", str(run_config())])
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class SendSignals(L.Callback):
+    """A scheduler inside the run: SIGUSR1 (SLURM's requeue warning) after step ``usr1_at``, SIGTERM after ``term_at``."""
+
+    def __init__(self, usr1_at: int = 1, term_at: int = 3) -> None:
+        self.at = {usr1_at: signal.SIGUSR1, term_at: signal.SIGTERM}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (signum := self.at.pop(trainer.global_step, None)) is not None:
+            os.kill(os.getpid(), signum)
+
+
+def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
+    """Catches tinylm's signal handling displacing Lightning's SLURM auto-requeue (SIGUSR1: save hpc_ckpt, requeue)."""
+    for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "tinylm", "SLURM_JOB_ID": "123", "SLURM_PROCID": "0",
+                       "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-scontrol"))  # requeueing fails (logged); the hpc save is what counts
+    config = run_config(trainer={"max_steps": 6, "callbacks": [{"class_path": "test_signals.SendSignals"}]})
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(config)])
+    assert {s: signal.getsignal(s) for s in before} == before  # an interrupted run leaves no handler behind
+    assert exit_.value.code != 0
+    assert "interrupted by SIGTERM at step 3" in capsys.readouterr().err
+    run = tmp_path / "runs" / "tiny"
+    assert torch.load(run / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 1
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3

@@ -64,8 +64,9 @@ class InterruptCheckpoint(Checkpoint):
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
         self._trainer, self._received, self._armed = trainer, None, True
-        self._previous = {s: _outer_handler(s) for s in _SIGNALS}
-        for s in _SIGNALS:
+        # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone
+        self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None}
+        for s in self._previous:
             signal.signal(s, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
@@ -125,12 +126,12 @@ class InterruptCheckpoint(Checkpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._disarm()
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore()  # again: Lightning's teardown reinstalls the handlers it found, this one among them
-
     def _disarm(self) -> None:
         self._armed = False
         self._restore()
+        if self._trainer is not None:  # Lightning's teardown reinstalls the handlers it found (this one): not these
+            self._trainer._signal_connector._original_handlers.update(self._previous)
+            self._trainer = None
 
     def _restore(self) -> None:
         if threading.current_thread() is threading.main_thread():
