@@ -5,6 +5,7 @@ import math
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.train.module import TinyLM
@@ -165,3 +166,48 @@ def test_bf16_mixed_trains_on_cpu():
     trainer.fit(module, _batches(3))
     assert math.isfinite(trainer.callback_metrics["train/loss"].item())
     assert all(p.dtype == torch.float32 for p in module.parameters())  # mixed: weights stay fp32
+
+
+def test_prefix_positions_that_see_their_target_count_in_no_loss():
+    """Catches a prefix-LM scored on prefix positions whose own target is inside the bidirectional prefix: the
+    target is read off the input (loss ~0.1, so the `leak` alert would fire on a correct run) and teaches nothing.
+    The counted positions are derived from the mask itself: position i counts iff it cannot see token i + 1."""
+    from tinylm.model import build_attention_mask
+    from tinylm.train.module import IGNORE
+
+    P, T = 5, TINY["block_size"]
+    module = TinyLM(**TINY, attn_mask="prefix", prefix_len=P)
+    x, y = next(iter(_batches(1, B=2)))
+    sees = build_attention_mask(x, attn_mask="prefix", prefix_len=P)[0, 0]  # (T, T): query i sees key j
+    sees_target = [bool(sees[i, i + 1]) for i in range(T - 1)] + [False]  # the last target is not in x at all
+    assert sees_target == [True] * (P - 1) + [False] * (T - P + 1)  # hand check: positions 0..3 see tokens 1..4
+    counted = module._targets(y) != IGNORE  # (B, T)
+    assert counted.tolist() == [[not s for s in sees_target]] * 2
+    loss, logits = module._loss((x, y))
+    by_hand = F.cross_entropy(logits[:, P - 1 :].reshape(-1, 50), y[:, P - 1 :].reshape(-1))
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-6)
+    causal = TinyLM(**TINY)
+    assert (causal._targets(y) != IGNORE).all()  # guard: causal models count every position
+
+
+def test_prefix_lm_cannot_win_by_copying_on_random_tokens():
+    """Catches the prefix-LM loss (train and val) dropping far below ln(V) on random tokens, which only copying
+    visible targets can do: before the fix the loss over the window fell from 3.9 to 2.9 in 80 steps (1.5 on the
+    prefix positions) while the counted positions stayed at ln(50) = 3.91."""
+    torch.manual_seed(0)
+    hp = dict(lr=1e-2, min_lr=1e-2, lr_schedule="constant", warmup_steps=0, weight_decay=0.0)
+    module = TinyLM(**TINY, attn_mask="prefix", prefix_len=8, **hp)
+    trainer = _trainer(max_steps=80, limit_val_batches=None)
+    trainer.fit(module, _batches(80, B=8, seed=1))
+    assert trainer.callback_metrics["train/loss"].item() > 0.93 * math.log(50)
+    (metrics,) = trainer.validate(module, _batches(4, B=8, seed=2), verbose=False)
+    assert metrics["val/loss"] > 0.95 * math.log(50)
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-4)  # same targets counted
+    # guard: the model did train (a model that cannot learn would pass the above trivially)
+    torch.manual_seed(0)
+    copy_task = TinyLM(**TINY, **hp)
+    x = torch.randint(0, 50, (80 * 8, 16), generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(x, x), batch_size=8)  # y = x: the causal model sees its target; it must copy
+    trainer = _trainer(max_steps=80)
+    trainer.fit(copy_task, loader)
+    assert trainer.callback_metrics["train/loss"].item() < 0.5 * math.log(50)

@@ -6,12 +6,22 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from tinylm.data.corpus import Corpus, open_corpus
 from tinylm.data.loader import ResumableLoader, TrainBatches, ValBatches
 from tinylm.data.prepare import dataset_dir_for, default_cache_dir, load_meta, prepare_dataset, prepare_tokenizer
+from tinylm.ranges import check_ranges
 from tinylm.tokenize import Tokenizer
+
+# ids are stored as uint32 at most; the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed
+RANGES = {
+    "vocab_size": "[1, 2**32)", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
+    "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)",
+}
+"""Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
+
 
 class TinyLMDataModule(L.LightningDataModule):
     """Corpus -> tokenizer -> packed memmaps -> (x, y) batches of shape (batch_size, block_size).
@@ -47,16 +57,7 @@ class TinyLMDataModule(L.LightningDataModule):
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  hf_config: str | None = None, hf_revision: str | None = None) -> None:
         super().__init__()
-        for name, value in (("block_size", block_size), ("batch_size", batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}; 0.1 keeps the last 10% for "
-                             "validation")
-        if val_batches is not None and val_batches < 1:
-            raise ValueError(f"val_batches must be >= 1 or None (all), got {val_batches}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
         self.save_hyperparameters(ignore=["vocab_size"])
         self.corpus_spec, self.tokenizer_spec, self.target_vocab_size = corpus, tokenizer, vocab_size
@@ -154,14 +155,44 @@ class TinyLMDataModule(L.LightningDataModule):
                           generator=torch.Generator().manual_seed(self.seed))
 
     # ---- the sampler position travels in checkpoints (restored before train_dataloader() is called)
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
-        return {"train_batches_yielded": done}
+        return {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
+                "seed": self.seed, "block_size": self.block_size}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting:  # validating or testing from a checkpoint draws no training data: any batch size will do
+            self._check_same_data(state_dict)
         self._resume_batches = int(state_dict.get("train_batches_yielded", 0))
         if self._train_loader is not None:
             self._train_loader.load_state_dict({"batches_yielded": self._resume_batches})
+
+    def _check_same_data(self, saved: dict) -> None:
+        """Refuse a resume that would draw other training data than the checkpoint's run (checkpoints from before
+        these keys were saved are not checked). Batch k holds global samples k * B * W ... (k + 1) * B * W - 1, keyed
+        by the seed (loader.TrainBatches), so what must match is the *global* batch B x W and the seed, not B and W
+        one by one: that keeps the door open to an elastic resume onto another device count."""
+        from tinylm.checkpoint import CheckpointError
+
+        if "batch_size" not in saved:
+            return
+        world, n = self._world_size(), saved["world_size"]
+        was, now = saved["batch_size"] * n, self.batch_size * world
+        diffs = [(f"data.{k}={saved[k]}", f"data.{k}={getattr(self, k)}", f"--data.{k} {saved[k]}")
+                 for k in ("seed", "block_size") if saved[k] != getattr(self, k)]
+        if was != now:
+            fix = (f"--data.batch_size {was // world}" if was % world == 0
+                   else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
+            diffs.insert(0, (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
+                             f"device(s))", f"{now} (data.batch_size={self.batch_size} x {world})", fix))
+        if diffs:
+            (before, after, fix), *_ = diffs
+            raise CheckpointError(f"the checkpoint was trained with {before} but this run has {after}, so the resumed "
+                                  f"run would draw different data; resume with {fix}, or start a new run")
 
     def summary(self) -> dict:
         """What `tinylm prepare` prints."""

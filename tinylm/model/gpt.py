@@ -17,7 +17,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from tinylm.ranges import check_ranges
+
 ATTN_MASKS = ("causal", "document", "prefix")
+CONFIG_RANGES = {
+    "vocab_size": "[1, inf)", "block_size": "[1, inf)", "n_layer": "[1, inf)", "n_head": "[1, inf)",
+    "n_embd": "[1, inf)", "pad_vocab_multiple": "[1, inf)", "dropout": "[0, 1)", "eos_id": "[0, vocab_size)",
+}
+"""Valid values of GPTConfig's numeric fields (interval notation, see tinylm.ranges)."""
 
 
 @dataclass
@@ -47,24 +54,21 @@ class GPTConfig:
     """End-of-document token id; needed by attn_mask="document"."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        values = vars(self)
+        for name in [n for n in CONFIG_RANGES if n != "dropout"]:  # counts and ids: a float fails later, in torch
+            if values[name] is not None and type(values[name]) is not int:
+                raise ValueError(f"{name} must be an integer, got {values[name]!r}")
+        check_ranges("", values, CONFIG_RANGES)
         if self.n_embd % self.n_head:
             near = next(d for d in range(self.n_head, 0, -1) if self.n_embd % d == 0)
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
                 f"pick a divisor of n_embd, e.g. n_head={near}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attn_mask not in ATTN_MASKS:
             raise ValueError(f"unknown attn_mask {self.attn_mask!r}; choose one of {', '.join(ATTN_MASKS)}")
         if self.attn_mask == "document" and self.eos_id is None:
             raise ValueError("attn_mask='document' needs eos_id (the token that ends each packed document)")
-        if self.eos_id is not None and not 0 <= self.eos_id < self.vocab_size:
-            raise ValueError(f"eos_id must be in [0, vocab_size={self.vocab_size}), got {self.eos_id}")
 
     @property
     def padded_vocab_size(self) -> int:

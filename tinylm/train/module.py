@@ -15,9 +15,18 @@ from torchmetrics.aggregation import MeanMetric
 from torchmetrics.text import Perplexity
 
 from tinylm.model import GPT, GPTConfig
+from tinylm.model.gpt import CONFIG_RANGES
+from tinylm.ranges import check_ranges
 from tinylm.train.schedules import SCHEDULES, lr_at
 
 CHECKPOINT_FORMAT = 1
+IGNORE = -100  # F.cross_entropy's and Perplexity's ignore_index: a target that counts in no loss
+RANGES = {
+    **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
+    "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
+    "beta1": "[0, 1)", "beta2": "[0, 1)",
+}
+"""Valid values of TinyLM's numeric options (interval notation, see tinylm.ranges)."""
 
 
 def logging_step(trainer: L.Trainer | None) -> bool:
@@ -45,7 +54,8 @@ class TinyLM(L.LightningModule):
         attn_mask: ``causal`` (default), ``document`` (causal, never across the EOS between packed documents) or
             ``prefix`` (bidirectional over a prefix).
         prefix_len: With ``attn_mask: prefix``: the first this-many tokens of every training window see each other
-            both ways (a prefix-LM); 0 makes it plain causal.
+            both ways (a prefix-LM); 0 makes it plain causal. The loss counts only the predictions of tokens after
+            the prefix (positions >= prefix_len - 1): a prefix position would otherwise see its own target.
         pad_vocab_multiple: Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables.
         lr: Peak learning rate, reached at the end of warmup.
         min_lr: Learning rate at the end of the decay (typically lr / 10).
@@ -92,11 +102,11 @@ class TinyLM(L.LightningModule):
             )
         if lr_schedule not in SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if lr <= 0 or min_lr < 0 or min_lr > lr:
-            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={lr}, min_lr={min_lr}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.save_hyperparameters()
+        check_ranges("model", self.hparams, RANGES)
+        if prefix_len and attn_mask != "prefix":
+            raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
+                             f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
         self.model = GPT(
             GPTConfig(
                 vocab_size=vocab_size,
@@ -112,7 +122,7 @@ class TinyLM(L.LightningModule):
             )
         )
         self.val_loss = MeanMetric()
-        self.val_ppl = Perplexity()
+        self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.last_grad_norm: torch.Tensor | None = None
 
@@ -126,11 +136,24 @@ class TinyLM(L.LightningModule):
         prefix = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else None
         return self.model(idx, prefix_len=prefix)
 
+    def _targets(self, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (B, T) with IGNORE where the input can see the target. Under the prefix mask position i sees tokens
+        0 .. max(i, P - 1) and its target is token i + 1, so positions 0 .. P - 2 see theirs: for P = 4, positions
+        0, 1, 2 predict tokens 1, 2, 3 of the prefix they attend to, position 3 predicts token 4 (unseen)."""
+        P = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else 0
+        if P < 2:
+            return y
+        y = y.clone()
+        y[:, : P - 1] = IGNORE
+        return y
+
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch  # (B, T), (B, T)
         logits = self(x)  # (B, T, V)
-        # mean over all B*T predictions: every position of every row is a training example
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        # mean over all counted B*T predictions: every position of every row is a training example, except prefix
+        # positions that see their own target (copying it would drive their loss to ~0 and teach nothing)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), self._targets(y).reshape(-1),
+                               ignore_index=IGNORE)
         return loss, logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -142,8 +165,9 @@ class TinyLM(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss, logits = self._loss(batch)
-        self.val_loss.update(loss, weight=batch[1].numel())
-        self.val_ppl.update(logits.float(), batch[1])
+        y = self._targets(batch[1])  # the targets the loss counted, so val/ppl = exp(val/loss)
+        self.val_loss.update(loss, weight=(y != IGNORE).sum())
+        self.val_ppl.update(logits.float(), y)
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
@@ -207,6 +231,8 @@ class TinyLM(L.LightningModule):
         # of clip_grad_norm_ is the total norm *before* clipping, which is what we want to watch.
         if gradient_clip_algorithm not in (None, "norm"):
             raise ValueError(f"tinylm clips by norm only; got gradient_clip_algorithm={gradient_clip_algorithm!r}")
+        # a negative max_norm flips every gradient (clip_grad_norm_ scales by max_norm / norm): gradient ascent
+        check_ranges("trainer", {"gradient_clip_val": gradient_clip_val}, {"gradient_clip_val": "[0, inf)"})
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.last_grad_norm = norm.detach()  # read by the health monitor on every step
@@ -244,4 +270,23 @@ class TinyLM(L.LightningModule):
                 "the checkpoint is for a different model shape (" + "; ".join(diffs) + "); vocab_size and block_size "
                 "come from the data: resume with the same data.tokenizer and data.block_size, or start a new run"
             )
+        self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
+
+    def _check_tokenizer(self, saved: dict | None) -> None:
+        """Refuse a resume (or validation) whose data module has another tokenizer than the checkpoint's, even of the
+        same vocabulary size: the checkpoint keeps its own, so generate/export would decode with the wrong one."""
+        tok = getattr(getattr(self._trainer, "datamodule", None), "tokenizer", None)
+        if saved is None or tok is None:
+            return  # loaded outside a run (load_from_checkpoint), or no tinylm data module
+        from tinylm.checkpoint import CheckpointError
+        from tinylm.tokenize import Tokenizer
+
+        fingerprint = Tokenizer.from_state_dict(saved).fingerprint
+        if fingerprint != tok.fingerprint:
+            raise CheckpointError(
+                f"the checkpoint's tokenizer ({saved.get('spec')!r}, fingerprint {fingerprint[:12]}) is not this run's "
+                f"({tok.spec!r}, fingerprint {tok.fingerprint[:12]}), so generate/export would decode with the wrong "
+                "one; resume with the data.tokenizer, data.corpus and data.vocab_size the checkpoint was trained "
+                "with, or start a new run"
+            )

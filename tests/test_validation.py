@@ -1,0 +1,148 @@
+"""Every numeric option is range-checked when it is built, and resuming refuses settings that change the run."""
+
+import math
+import re
+
+import lightning as L
+import pytest
+import torch
+from test_bad_inputs import _one_line_error
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.cli import main
+from tinylm.data.datamodule import TinyLMDataModule
+from tinylm.model import GPTConfig
+from tinylm.ranges import check_ranges
+from tinylm.train.module import TinyLM
+
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
+
+
+def test_check_ranges_reads_interval_notation():
+    """Catches an off-by-one bound (open vs closed), NaN or a bool slipping through, and options named wrongly."""
+    ok = {"lo": 0, "hi": 1}
+    for value, interval in [(0, "[0, 1)"), (0.5, "(0, 1)"), (1, "(0, 1]"), (2**64 - 1, "[0, 2**64)"), (5, "[0, inf)")]:
+        check_ranges("x", {"v": value, **ok}, {"v": interval})
+    for value, interval in [(1, "[0, 1)"), (0, "(0, 1)"), (-1, "[0, inf)"), (2**64, "[0, 2**64)"),
+                            (float("nan"), "[0, 1]"), (float("inf"), "(0, inf)"), (True, "[0, 2]"), ("1", "[0, 2]")]:
+        with pytest.raises(ValueError, match=rf"^x\.v must be in {re.escape(interval)}, got "):
+            check_ranges("x", {"v": value}, {"v": interval})
+    with pytest.raises(ValueError, match=r"^model\.min_lr must be in \[0, lr=0\.1\], got 0\.2$"):
+        check_ranges("model", {"lr": 0.1, "min_lr": 0.2}, {"min_lr": "[0, lr]"})
+    check_ranges("data", {"val_batches": None}, {"val_batches": "[1, inf)"})  # None = unset: the default
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"weight_decay": -1.0}, r"model\.weight_decay must be in \[0, inf\), got -1"),
+        ({"decay_steps": -5}, r"model\.decay_steps must be in \[1, inf\), got -5"),
+        ({"prefix_len": -5, "attn_mask": "prefix"}, r"model\.prefix_len must be in \[0, block_size=16\), got -5"),
+        ({"prefix_len": 16, "attn_mask": "prefix"}, r"model\.prefix_len must be in \[0, block_size=16\), got 16"),
+        ({"prefix_len": 4}, r"prefix_len=4 is used only with model\.attn_mask: prefix"),
+        ({"dropout": 1.0}, r"model\.dropout must be in \[0, 1\)"),
+        ({"dropout": -0.1}, r"model\.dropout must be in \[0, 1\)"),
+        ({"beta1": 1.0}, r"model\.beta1 must be in \[0, 1\)"),
+        ({"beta2": -0.5}, r"model\.beta2 must be in \[0, 1\)"),
+        ({"decay_fraction": 1.5}, r"model\.decay_fraction must be in \[0, 1\]"),
+        ({"lr": 0.0}, r"model\.lr must be in \(0, inf\)"),
+        ({"lr": float("nan")}, r"model\.lr must be in \(0, inf\), got nan"),
+        ({"min_lr": 1.0}, r"model\.min_lr must be in \[0, lr=0\.0006\]"),
+        ({"warmup_steps": -1}, r"model\.warmup_steps must be in \[0, inf\)"),
+        ({"n_layer": 0}, r"model\.n_layer must be in \[1, inf\)"),
+        ({"eos_id": 50}, r"model\.eos_id must be in \[0, vocab_size=50\)"),
+        ({"n_embd": 33}, r"n_embd \(33\) must be divisible by n_head \(2\)"),
+    ],
+)
+def test_bad_model_options_fail_at_construction(bad, message):
+    """Catches an out-of-range model option (negative weight decay, a prefix as long as the window, beta2 = 1)
+    training silently wrong, or failing much later with a message that does not name the option."""
+    with pytest.raises(ValueError, match=message):
+        TinyLM(**{**TINY, **bad})
+
+
+def test_gpt_config_checks_the_same_ranges():
+    """Catches the model used without Lightning (GPTConfig) accepting what TinyLM refuses."""
+    with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got 1\.5$"):
+        GPTConfig(vocab_size=50, block_size=16, dropout=1.5)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"seed": -1}, r"data\.seed must be in \[0, 2\*\*64\), got -1"),  # was an OverflowError inside numpy
+        ({"vocab_size": 0}, r"data\.vocab_size must be in \[1, 2\*\*32\)"),
+        ({"batch_size": 0}, r"data\.batch_size must be in \[1, inf\)"),
+        ({"block_size": -3}, r"data\.block_size must be in \[1, inf\)"),
+        ({"val_fraction": 1.0}, r"data\.val_fraction must be in \(0, 1\)"),
+        ({"val_batches": 0}, r"data\.val_batches must be in \[1, inf\)"),
+        ({"num_workers": -1}, r"data\.num_workers must be in \[0, inf\)"),
+    ],
+)
+def test_bad_data_options_fail_at_construction(bad, message):
+    """Catches an out-of-range data option failing deep in numpy (data.seed -1: OverflowError) or not at all."""
+    with pytest.raises(ValueError, match=message):
+        TinyLMDataModule(**bad)
+
+
+def test_negative_gradient_clip_val_is_refused():
+    """Catches gradient_clip_val=-1 flipping every gradient (clip_grad_norm_ scales by max_norm / norm): gradient
+    ascent, the loss rising, and exit 0."""
+    torch.manual_seed(0)
+    data = torch.randint(0, 50, (4, 17))
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=-1.0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val must be in \[0, inf\), got -1\.0$"):
+        trainer.fit(TinyLM(**TINY, warmup_steps=0), loader)
+    assert math.isfinite(trainer.gradient_clip_val)  # guard: the bad value did reach the hook
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        (["--model.weight_decay", "-1"], ["model.weight_decay", "[0, inf)", "-1"]),
+        (["--model.attn_mask", "prefix", "--model.prefix_len", "16"], ["model.prefix_len", "block_size=16"]),
+        (["--data.seed", "-1"], ["data.seed", "[0, 2**64)"]),
+    ],
+)
+def test_bad_options_are_one_line_through_the_cli(run_config, capsys, override, needles):
+    """Catches a range error escaping the CLI as a traceback (an OverflowError from numpy for data.seed -1)."""
+    _one_line_error(capsys, ["fit", "--config", str(run_config()), *override], *needles)
+
+
+@pytest.fixture
+def trained(run_config, tmp_path):
+    """A 2-step run with last.ckpt; returns (config, checkpoint bytes)."""
+    config = run_config()
+    main(["fit", "--config", str(config)])
+    return config, (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        (["--data.batch_size", "3"], ["global batch of 2", "data.batch_size=2", "--data.batch_size 2"]),
+        (["--data.seed", "5"], ["data.seed=1337", "--data.seed 1337"]),
+    ],
+)
+def test_resume_with_other_data_settings_is_refused(trained, tmp_path, capsys, override, needles):
+    """Catches a resume with another data.batch_size or data.seed silently drawing other data (losses then
+    differed by 0.16-0.21 from the uninterrupted run)."""
+    config, before = trained
+    argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", *override]
+    _one_line_error(capsys, argv, *needles)
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before  # nothing damaged
+
+
+def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, tmp_path, capsys):
+    """Catches a resume under another tokenizer of the same vocabulary size being accepted: the checkpoint keeps
+    the old tokenizer, so generate/export would decode the new run's ids with the wrong one."""
+    config, before = trained
+    text = (tmp_path / "shakespeare_small.txt").read_text()
+    assert "." in text and "\u00e9" not in text
+    other = tmp_path / "other.txt"
+    other.write_text(text.replace(".", "\u00e9"))  # the same number of distinct characters, one of them different
+    argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--data.corpus", str(other)]
+    _one_line_error(capsys, argv, "tokenizer", "fingerprint", "data.tokenizer")
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before

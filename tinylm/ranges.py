@@ -1,0 +1,63 @@
+"""Range checks for numeric options, written as intervals: one helper for every option of every class.
+
+A range is a string in interval notation whose bounds are numbers (``inf``, ``2**64`` allowed) or the name of
+another option in the same mapping::
+
+    check_ranges("model", {"dropout": 1.5}, {"dropout": "[0, 1)"})
+    # ValueError: model.dropout must be in [0, 1), got 1.5
+    check_ranges("model", {"prefix_len": 16, "block_size": 16}, {"prefix_len": "[0, block_size)"})
+    # ValueError: model.prefix_len must be in [0, block_size=16), got 16
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])")
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(interval: str) -> tuple[bool, str, str, bool]:
+    m = _INTERVAL.fullmatch(interval.strip())
+    if m is None:
+        raise AssertionError(f"not an interval: {interval!r}")  # a typo in tinylm's own range tables
+    low_bracket, low, high, high_bracket = m.groups()
+    return low_bracket == "(", low, high, high_bracket == ")"
+
+
+def _bound(token: str, values: Mapping[str, Any]) -> tuple[float, str]:
+    """(value, how to print it) of a bound: a number, ``B**E``, or another option's name."""
+    if token in values:
+        return values[token], f"{token}={values[token]}"
+    if "**" in token:
+        base, exp = token.split("**")
+        return int(base) ** int(exp), token
+    return float(token), token
+
+
+def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str]) -> None:
+    """Raise ValueError naming the first option of ``ranges`` whose value in ``values`` lies outside its interval.
+
+    owner: the config section the options belong to (``model``, ``data``, ``trainer``), printed as the prefix of
+        each name so the message names the command-line option (``model.dropout``); "" for none.
+    values: option name -> value; an option that is missing or None (unset: use the default) is skipped, and so
+        is one whose bound names an option that is None.
+    ranges: option name -> interval. NaN, bools and non-numbers are out of every range.
+    """
+    for name, interval in ranges.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        low_open, low, high, high_open = _parse(interval)
+        (lo, lo_text), (hi, hi_text) = _bound(low, values), _bound(high, values)
+        if lo is None or hi is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        above = number and (value > lo if low_open else value >= lo)
+        below = number and (value < hi if high_open else value <= hi)
+        if not (above and below):  # NaN fails both comparisons
+            shown = f"{'(' if low_open else '['}{lo_text}, {hi_text}{')' if high_open else ']'}"
+            raise ValueError(f"{owner + '.' if owner else ''}{name} must be in {shown}, got {value!r}")
