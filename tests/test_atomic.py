@@ -22,7 +22,7 @@ io, path = AtomicCheckpointIO(), sys.argv[1]
 print("ready", flush=True)
 i = 1
 while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
-    io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"version": i}}, path)
+    io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"format": 1, "version": i}}, path)
     i += 1
 """
 
@@ -36,7 +36,7 @@ def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
 def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path, delay):
     """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file)."""
     path = tmp_path / "last.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)}, "tinylm": {"version": 0}}, path)
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)}, "tinylm": {"format": 1, "version": 0}}, path)
     proc = _spawn([sys.executable, "-c", _WRITER, str(path)], tmp_path)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(delay)
@@ -50,7 +50,7 @@ def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path, delay):
 def test_truncated_checkpoint_is_reported_clearly(tmp_path):
     """Catches a half-written file surfacing as an obscure zip/pickle traceback."""
     good = tmp_path / "good.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "tinylm": {}}, good)
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "tinylm": {"format": 1}}, good)
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="truncated or not a torch file"):

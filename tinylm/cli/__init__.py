@@ -75,37 +75,44 @@ _ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EMF
 def is_user_error(e: BaseException) -> bool:
     """Whether ``e`` is something the user can fix (printed as one line) rather than a bug (traceback).
 
-    User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a full
+    User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a missing
+    optional package (ModuleNotFoundError: install it), a full
     disk or a denied permission, and ValueError/OSError raised by a `raise` statement in tinylm's own code (which
     names the bad value and the fix). The same exception types raised inside torch, numpy or another library mean
     tinylm failed to validate something: a bug, shown with its traceback.
     """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    if isinstance(e, (TinyLMError, argparse.ArgumentError, MisconfigurationException)):
+    if isinstance(e, (TinyLMError, argparse.ArgumentError, MisconfigurationException, ModuleNotFoundError)):
         return True
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
         return True
     if isinstance(e, (ValueError, OSError, TypeError)):
-        return _raised_in_tinylm(e)
+        return _raised_in(e, PACKAGE_DIR) or _raised_in(e, _jsonargparse_dir())  # tinylm's checks, config parsing
     return False
 
 
-def _raised_in_tinylm(e: BaseException) -> bool:
+def _raised_in(e: BaseException, package: Path) -> bool:
     tb = e.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return PACKAGE_DIR in Path(tb.tb_frame.f_code.co_filename).resolve().parents
+    return package in Path(tb.tb_frame.f_code.co_filename).resolve().parents
+
+
+def _jsonargparse_dir() -> Path:
+    import jsonargparse
+
+    return Path(jsonargparse.__file__).resolve().parent
 
 
 def one_line(e: BaseException) -> str:
     """The error as one line that keeps its cause: jsonargparse's nested messages ("Does not validate against any
     of the Union subtypes ...") are reduced to the option and the innermost reason."""
     text = str(e).strip()
-    if isinstance(e, argparse.ArgumentError):
-        return _parse_error_line(text)
+    if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
+        return _parse_error_line(text, _chain(e))
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
@@ -115,23 +122,37 @@ _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "E
           "Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "- Expected a", "Given value:")
 
 
-def _parse_error_line(text: str) -> str:
+def _chain(e: BaseException) -> list[str]:
+    """The messages of ``e`` and its causes, outermost first (jsonargparse wraps the real reason several times)."""
+    messages, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        messages.append(str(e).strip() or type(e).__name__)
+        e = e.__cause__ or e.__context__
+    return messages
+
+
+def _parse_error_line(text: str, chain: list[str]) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     key = next((ln.split('"')[1] for ln in lines if ln.startswith('Parser key "')), None)
-    reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
-               and not any(n in ln for n in _NOISE)]
-    # the innermost reasons are the most specific ("No module named 'tensorboard'")
-    specific = [r for r in reasons if any(w in r for w in ("No module named", "not found", "does not exist",
-                                                           "Unrecognized", "Import", "must be", "invalid",
-                                                           "not a valid", "Not a valid", "No such file"))]
-    reason = (specific or reasons or ["invalid value"])[-1 if specific else 0]
+    # the innermost message of the chain that is not a Union summary is the real reason ("save_dir is required",
+    # "No module named 'tensorboard'"); a class_path problem is named with it
+    causes = [m for m in chain if m and not m.startswith(("Parser key", "Does not validate"))]
+    reason = causes[-1].splitlines()[0] if causes else None
+    problem = next((m.splitlines()[0] for m in causes if m.startswith("Problem with given class_path")), None)
+    if problem and reason and reason != problem:
+        reason = f"{problem.rstrip(':')}: {reason}"
+    if reason is None:
+        reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
+                   and not any(n in ln for n in _NOISE)]
+        reason = (reasons or ["invalid value"])[0]
     value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
     hint = ""
     if "--optimizer" in text or "--lr_scheduler" in text:
         hint = "; tinylm's optimizer and LR schedule are set with --model.* (lr, min_lr, lr_schedule, weight_decay, " \
                "beta1, beta2): see tinylm fit --help"
     if key:
-        given = f" (given {value})" if value and value not in reason else ""
+        given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
         return f"--{key}: {reason}{given}{hint}"
     return f"{reason}{hint}"
 
@@ -173,10 +194,14 @@ def _setup_console() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    lightning_log = logging.getLogger("lightning.pytorch")
-    if not any(isinstance(f, _NoTips) for f in lightning_log.filters):
-        lightning_log.addFilter(_NoTips())
+    import lightning.pytorch  # noqa: F401  (installs Lightning's console handler, which the filter goes on)
+
+    for handler in logging.getLogger("lightning.pytorch").handlers:
+        if not any(isinstance(f, _NoTips) for f in handler.filters):
+            handler.addFilter(_NoTips())
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
+    # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 class _Stderr(logging.StreamHandler):

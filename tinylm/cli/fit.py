@@ -146,6 +146,7 @@ class TinyLMCLI(LightningCLI):
         """
         sub = self.config.get("subcommand")
         cfg = self._section()
+        check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
@@ -209,7 +210,6 @@ class TinyLMCLI(LightningCLI):
 
         sub = self.subcommand
         trainer_cfg = dict(self.config_init[sub]["trainer"])
-        check_trainer_options(trainer_cfg, sub)
         run: RunOptions = self.config_init[sub]["run"]
         checkpointing = trainer_cfg.get("enable_checkpointing") is not False
         if sub == "fit":
@@ -226,6 +226,8 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = _with_atomic_checkpoints(trainer_cfg.get("plugins"))
         trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
+        if sub == "fit":
+            _warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
         extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
         return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)
 
@@ -291,6 +293,28 @@ def _with_atomic_checkpoints(plugins: Any) -> list:
         log.warning("--trainer.plugins brings its own CheckpointIO: tinylm's atomic checkpoint writes are off")
         return plugins
     return plugins + [AtomicCheckpointIO()]
+
+
+def _warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
+    """A GPU recipe (compile, many loader workers, a wide model) run on a CPU takes minutes per step: say so once,
+    with the fix, instead of leaving the user to wonder (shakespeare-char.yaml ran at ~75 s/step on 2 cores)."""
+    import torch
+
+    accelerator = str(trainer_cfg.get("accelerator") or "auto")
+    if accelerator not in ("cpu", "auto") or (accelerator == "auto" and torch.cuda.is_available()):
+        return
+    slow = []
+    if hparams.get("compile_model"):
+        slow.append("model.compile_model true (minutes of compilation)")
+    if getattr(dm, "num_workers", 0) > (torch.get_num_threads() // 2):
+        slow.append(f"data.num_workers {dm.num_workers} (workers compete with training for the cores)")
+    flops = 6 * hparams["n_layer"] * 12 * hparams["n_embd"] ** 2 * getattr(dm, "batch_size", 1) * hparams["block_size"]
+    if flops > 5e11:  # ~6 N B T > 0.5 TFLOP per micro-batch: seconds per step on a laptop CPU
+        slow.append(f"a {hparams['n_layer']}-layer, {hparams['n_embd']}-wide model on batches of "
+                    f"{getattr(dm, 'batch_size', '?')} x {hparams['block_size']} tokens")
+    if slow:
+        warnings.warn("this recipe is sized for a GPU and will be very slow on this CPU: " + "; ".join(slow)
+                      + ". For a laptop use configs/shakespeare-char-cpu.yaml (or override those options)")
 
 
 def _warn_small_vocab(dm) -> None:

@@ -1,0 +1,49 @@
+"""tinylm leans on a few private Lightning APIs where no public route exists. Each test here fails loudly, naming the
+API, when a Lightning release renames or reshapes it, instead of tinylm silently misbehaving."""
+
+import inspect
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def test_cli_parse_ckpt_path_hook():
+    """tinylm.cli.fit.TinyLMCLI overrides `_parse_ckpt_path` (the one hook between parsing and instantiation) to
+    resume from `last` with the checkpoint's hyperparameters (#20801); it must still be called from __init__."""
+    assert _params(LightningCLI._parse_ckpt_path) == ["self"]
+    assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.parse_arguments) + inspect.getsource(
+        LightningCLI.__init__)
+
+
+def test_cli_instantiate_trainer_internals():
+    """TinyLMCLI.instantiate_trainer calls `_instantiate_trainer(config, callbacks)` and `_parser(subcommand)`."""
+    assert _params(LightningCLI._instantiate_trainer) == ["self", "config", "callbacks"]
+    assert _params(LightningCLI._parser) == ["self", "subcommand"]
+    assert "self.save_config_callback" in inspect.getsource(LightningCLI._instantiate_trainer)
+
+
+def test_model_checkpoint_internals_used_by_periodic_checkpoint():
+    """PeriodicCheckpoint saves at the final step through ModelCheckpoint's own private save path."""
+    assert _params(ModelCheckpoint._save_topk_checkpoint) == ["self", "trainer", "monitor_candidates"]
+    assert _params(ModelCheckpoint._save_last_checkpoint) == ["self", "trainer", "monitor_candidates"]
+    assert _params(ModelCheckpoint._monitor_candidates) == ["self", "trainer"]
+    assert _params(ModelCheckpoint._should_skip_saving_checkpoint) == ["self", "trainer"]
+
+
+def test_csv_writer_hook():
+    """RunCSVLogger's writer overrides `_check_log_dir_exists` (which deletes an existing metrics.csv) to append."""
+    assert _params(ExperimentWriter._check_log_dir_exists) == ["self"]
+    inits = "".join(inspect.getsource(c.__init__) for c in ExperimentWriter.__mro__ if "__init__" in vars(c))
+    assert "self._check_log_dir_exists()" in inits
+
+
+def test_logger_connector_should_update_logs():
+    """tinylm.train.module.logging_step reads `trainer._logger_connector.should_update_logs` to call self.log only
+    on logged steps (~1 ms per call saved); a public equivalent would need the fit loop's private counters too."""
+    assert isinstance(inspect.getattr_static(_LoggerConnector, "should_update_logs"), property)

@@ -1,0 +1,283 @@
+"""Run folders never lose a result, and Lightning's own flags do what Lightning's users expect (issue 9)."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinylm.cli import is_user_error, main, one_line
+from tinylm.cli.commands import unescape
+from tinylm.cli.fit import lightning_main
+
+
+@pytest.fixture
+def config(run_config):
+    """A tiny run: 4 steps, validation every 2, checkpoints every 2."""
+    return run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 2})
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _error_line(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
+    """Catches `tinylm validate` moving the run's metrics.csv aside, rewriting its config.yaml or starting a log at
+    step 0 that a later resume appends to; the result must land in runs/NAME/validate/ at the checkpoint's step."""
+    main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    main(["validate", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "step-2.ckpt")])
+    out = capsys.readouterr().out
+    assert "step 2:" in out and "val/loss" in out
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "validate" not in p.parts}
+    assert after == before  # nothing of the training run changed, nothing was added beside it
+    rows = _rows(run / "validate" / "metrics.csv")
+    assert len(rows) == 1 and rows[0]["step"] == "2" and rows[0]["checkpoint"].endswith("step-2.ckpt")
+    val_at_2 = [float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss")][0]
+    assert float(rows[0]["val/loss"]) == pytest.approx(val_at_2, abs=1e-5)
+    main(["validate", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced
+
+
+def test_validate_without_a_checkpoint_is_refused(config, capsys):
+    """Catches `tinylm validate` evaluating random weights with exit 0 when --ckpt_path is forgotten."""
+    line = _error_line(capsys, ["validate", "--config", str(config)])
+    assert "--ckpt_path" in line
+
+
+def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_path):
+    """Catches config.yaml landing in csv/ when W&B is off, or a resume overwriting the config that started the run."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    run = tmp_path / "runs" / "tiny"
+    first = (run / "config.yaml").read_text()
+    assert "max_steps: 2" in first and not (run / "csv" / "config.yaml").exists()
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    assert (run / "config.yaml").read_text() == first
+    assert "max_steps: 4" in (run / "config.resume-step2.yaml").read_text()
+
+
+def test_default_root_dir_is_where_runs_go(config, tmp_path):
+    """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])
+    assert (tmp_path / "elsewhere" / "tiny" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "elsewhere" / "tiny" / "csv" / "metrics.csv").is_file()
+    assert not (tmp_path / "runs").exists()
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last",
+                          "--trainer.default_root_dir", "elsewhere"])
+    assert cli.trainer.global_step == 3  # `last` is looked up under the same root
+
+
+def test_user_logger_joins_tinylms_and_plugins_keep_atomic_writes(config, tmp_path):
+    """Catches --trainer.logger and --trainer.plugins being replaced by tinylm's own (they were ignored)."""
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "2",
+                          "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                          "--trainer.logger.save_dir", str(tmp_path / "mine"),
+                          "--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"])
+    assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["RunCSVLogger", "CSVLogger"]
+    assert list((tmp_path / "mine").rglob("metrics.csv"))  # the user's logger wrote its own file
+    assert (tmp_path / "runs" / "tiny" / "csv" / "metrics.csv").is_file()
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # the user's plugin joined it
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--run.name", "own_io",
+                          "--trainer.plugins", "lightning.pytorch.plugins.io.TorchCheckpointIO"])
+    assert type(cli.trainer.strategy.checkpoint_io).__name__ == "TorchCheckpointIO"  # a user's CheckpointIO wins
+
+
+def test_logger_false_turns_logging_off(config, tmp_path):
+    """Catches --trainer.logger false being ignored (Lightning documents it as: no logger)."""
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.logger", "false"])
+    assert cli.trainer.loggers == []
+    assert not (tmp_path / "runs" / "tiny" / "csv").exists()
+
+
+def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys):
+    """Catches a logger whose package is missing failing with only "Does not validate against any of the Union
+    subtypes" (the cause, e.g. tensorboard not installed, was lost)."""
+    pytest.importorskip("lightning")
+    try:
+        import tensorboard  # noqa: F401
+
+        pytest.skip("tensorboard is installed here")
+    except ImportError:
+        pass
+    line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.logger",
+                                "lightning.pytorch.loggers.TensorBoardLogger", "--trainer.logger.save_dir", "tb"])
+    assert "tensorboard" in line and "Union" not in line
+
+
+def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):
+    """Catches --trainer.enable_checkpointing false crashing with a MisconfigurationException."""
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.enable_checkpointing", "false"])
+    assert cli.trainer.global_step == 4
+    assert not (tmp_path / "runs" / "tiny" / "checkpoints").exists()
+
+
+def test_optimizer_and_scheduler_flags_are_refused(config, capsys):
+    """Catches --optimizer/--lr_scheduler replacing AdamW while train/lr kept logging tinylm's schedule."""
+    line = _error_line(capsys, ["fit", "--config", str(config), "--optimizer", "torch.optim.SGD"])
+    assert "--optimizer" in line and "--model." in line
+
+
+def test_train_lr_is_what_the_optimizer_uses(config, tmp_path):
+    """Catches train/lr logging the schedule's value when the optimizer runs with another (here a callback halves
+    it before every step, as a user's callback or scheduler could)."""
+    import lightning as L
+
+    from tinylm.train.module import TinyLM
+
+    class Halve(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] = group["lr"] / 2
+
+    dm = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "1"]).datamodule
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, warmup_steps=2)
+    trainer = L.Trainer(max_steps=4, logger=L.pytorch.loggers.CSVLogger(tmp_path / "halved", name=""),
+                        callbacks=[Halve()], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1)
+    trainer.fit(module, datamodule=dm)
+    rows = [r for r in _rows(next((tmp_path / "halved").rglob("metrics.csv"))) if r.get("train/lr")]
+    assert len(rows) == 4
+    for r in rows:
+        step = int(r["step"])
+        assert float(r["train/lr"]) == pytest.approx(module._lr_at(step) / 2, rel=1e-6), r
+
+
+def test_user_errors_are_one_line_and_bugs_keep_their_traceback(config, monkeypatch):
+    """Catches a programming bug being disguised as a user error (a ZeroDivisionError or a ValueError raised deep
+    inside torch printed as "error: ..." with no traceback)."""
+    import torch.nn.functional as F
+
+    from tinylm.data.datamodule import TinyLMDataModule
+
+    try:
+        F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long))
+    except ValueError as e:
+        assert not is_user_error(e)  # raised by torch: tinylm failed to validate something
+    try:
+        TinyLMDataModule(batch_size=0)
+    except ValueError as e:
+        assert is_user_error(e) and "batch_size" in one_line(e)
+
+    def bug(self, stage=None):
+        return 1 / 0
+
+    monkeypatch.setattr(TinyLMDataModule, "setup", bug)
+    with pytest.raises(ZeroDivisionError):
+        main(["fit", "--config", str(config)])
+
+
+def test_lightning_info_lines_print_once(config, tmp_path):
+    """Catches every Lightning INFO line printed twice (a root-logger basicConfig beside Lightning's handler)."""
+    proc = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.max_steps", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("GPU available") == 1
+    assert "Tip:" not in proc.stderr
+
+
+def test_gpu_recipe_on_cpu_says_so(monkeypatch):
+    """Catches a GPU recipe (compile, a wide model, many workers) silently running at a minute per step on a CPU."""
+    import yaml
+
+    from tinylm.cli.fit import _warn_gpu_recipe_on_cpu
+
+    class Data:
+        batch_size, num_workers = 64, 2
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml").read_text())
+    hparams = {**recipe["model"], "block_size": recipe["data"]["block_size"]}
+    with pytest.warns(UserWarning, match="sized for a GPU.*compile_model.*6-layer, 384-wide"):
+        _warn_gpu_recipe_on_cpu({}, hparams, Data())
+    laptop = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char-cpu.yaml").read_text())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the laptop recipe is not warned about
+        _warn_gpu_recipe_on_cpu({}, {**laptop["model"], "block_size": 64}, type("D", (), {"batch_size": 12,
+                                                                                          "num_workers": 0})())
+
+
+def test_small_bpe_vocab_warns_at_fit_time(config, recwarn):
+    """Catches a BPE that ends far below --data.vocab_size going unnoticed at fit time (only `prepare` said so)."""
+    lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--data.tokenizer", "bpe",
+                    "--data.vocab_size", "4096"])
+    assert any("far below --data.vocab_size 4,096" in str(w.message) for w in recwarn)
+
+
+def test_config_file_errors_name_the_file_and_line(tmp_path, capsys):
+    """Catches a YAML with a tab reported as `<unicode string>` instead of the file, and a missing config file."""
+    bad = tmp_path / "tabs.yaml"
+    bad.write_text("trainer:\n\tmax_steps: 3\n")
+    line = _error_line(capsys, ["fit", "--config", str(bad)])
+    assert "tabs.yaml" in line and "line 2" in line and "tabs" in line.lower()
+    line = _error_line(capsys, ["prepare", "--config", str(tmp_path / "nope.yaml")])
+    assert "nope.yaml" in line and "not found" in line
+
+
+def test_trainer_option_ranges_are_one_line(config, capsys):
+    """Catches accumulate_grad_batches 0 ending in a ZeroDivisionError and a negative clip value running gradient
+    ascent."""
+    assert "accumulate_grad_batches" in _error_line(
+        capsys, ["fit", "--config", str(config), "--trainer.accumulate_grad_batches", "0"])
+    assert "gradient_clip_val" in _error_line(
+        capsys, ["fit", "--config", str(config), "--trainer.gradient_clip_val", "-1"])
+
+
+def test_checkpoint_with_an_unknown_hyperparameter_resumes_with_a_warning(config, tmp_path, caplog):
+    """Catches a checkpoint from another tinylm version (one extra hyperparameter) failing with ~90 lines of usage."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["hyper_parameters"]["option_from_the_future"] = 1
+    torch.save(ckpt, last)
+    with caplog.at_level("WARNING", logger="tinylm"):
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    assert cli.trainer.global_step == 3
+    assert any("option_from_the_future" in r.getMessage() for r in caplog.records)
+
+
+def test_stop_strings_and_prompts_accept_escapes(config, tmp_path, capsys):
+    """Catches `--stop "\\n\\n"` (as the README writes it) matching a literal backslash-n instead of a blank line."""
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb" and unescape("Grüße\\n") == "Grüße\n"
+    main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "A", "--max_new_tokens", "200", "--seed", "0",
+          "--stop", r"\n", "--strategy", "sample"])
+    out = capsys.readouterr().out
+    assert out.endswith("\n\n") and "\n" not in out[:-2] and "\\n" not in out  # stopped at (and kept) the newline
+
+
+def test_every_command_takes_config_and_print_config(tmp_path, capsys):
+    """Catches commands parsed by different mechanisms (argparse here, jsonargparse there): each takes --config FILE
+    and --print_config the same way."""
+    opts = tmp_path / "gen.yaml"
+    opts.write_text("ckpt_path: some.ckpt\nmax_new_tokens: 7\n")
+    for command in ("generate", "export", "sample-report"):
+        extra = ["--out", "x"] if command != "generate" else []
+        with pytest.raises(SystemExit) as e:
+            main([command, "--config", str(opts), *extra, "--print_config"]) if command == "generate" else \
+                main([command, "--ckpt_path", "a.ckpt", *extra, "--print_config"])
+        assert e.value.code == 0
+        printed = capsys.readouterr().out
+        assert "ckpt_path:" in printed
+        if command == "generate":
+            assert "max_new_tokens: 7" in printed
