@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.checkpoint import CheckpointError
 from tinylm.generate import generate
-from tinylm.hf import export_command, export_hf, import_hf, load_model, save_hf_tokenizer
+from tinylm.cli.commands import run as run_command
+from tinylm.hf import export_hf, import_hf, load_model, save_hf_tokenizer
 from tinylm.train.module import TinyLM
 from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
 
@@ -144,7 +145,7 @@ def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data, small_da
 def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
     """Catches --dtype being ignored (weights saved in fp32) or the command writing nothing it reports."""
     ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
-    export_command(["--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"])
+    run_command("export", ["--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"])
     printed = capsys.readouterr().out
     assert "model.safetensors" in printed and "bfloat16" in printed and "tinylm_tokenizer/" in printed
     from safetensors import safe_open
@@ -283,7 +284,7 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, smal
     commands = [shlex.split(line, comments=True) for line in _readme_block("bash", "tinylm export").splitlines()]
     assert commands and all(c[:2] == ["tinylm", "export"] for c in commands)
     for command in commands:
-        export_command(command[2:])  # what `tinylm export` runs
+        run_command("export", command[2:])  # what `tinylm export` runs
     capsys.readouterr()
     snippet = _readme_block("python", "AutoModelForCausalLM.from_pretrained")
     exec(compile(snippet, "README.md", "exec"), {})

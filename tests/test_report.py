@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tinylm.cli.commands import run as run_command
 from tinylm.generate import report
 from tinylm.model import GPT, GPTConfig
 from tinylm.train.module import TinyLM
@@ -19,7 +20,6 @@ from tinylm.generate.report import (
     pooled_repetition_rate,
     repetition_rate,
     sample_report,
-    sample_report_command,
     score_tokens,
 )
 from tinylm.generate.strategies import generate
@@ -164,8 +164,8 @@ def test_sample_report_command_end_to_end(tmp_path, small_data, capsys):
     text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
     ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
     out = tmp_path / "report"
-    sample_report_command(["--ckpt_path", str(ckpt), "--out", str(out), "--num_samples", "4",
-                           "--max_new_tokens", "24", "--device", "cpu"])
+    run_command("sample-report", ["--ckpt_path", str(ckpt), "--out", str(out), "--num_samples", "4",
+                                  "--max_new_tokens", "24", "--device", "cpu"])
     assert "wrote report.md, metrics.json, diversity_vs_likelihood.png" in capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     s = metrics["strategies"]

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.text import Perplexity
 
+from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.gpt import CONFIG_RANGES
 from tinylm.ranges import check_ranges
 from tinylm.train.schedules import SCHEDULES, lr_at
 
-CHECKPOINT_FORMAT = 1
 IGNORE = -100  # F.cross_entropy's and Perplexity's ignore_index: a target that counts in no loss
 RANGES = {
     **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
@@ -160,7 +160,7 @@ class TinyLM(L.LightningModule):
         loss, _ = self._loss(batch)
         if logging_step(self.trainer):
             self.log("train/loss", loss, prog_bar=True)
-            self.log("train/lr", self.lr_now(), prog_bar=True)
+            self.log("train/lr", self.current_lr(), prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -182,8 +182,15 @@ class TinyLM(L.LightningModule):
 
     # ---- optimization -------------------------------------------------------------------------------------------
     def lr_now(self) -> float:
-        """The learning rate of the optimizer step about to be taken."""
+        """The learning rate tinylm's schedule gives the optimizer step about to be taken."""
         return self._lr_at(self.global_step)
+
+    def current_lr(self) -> float:
+        """The learning rate the optimizer will use for this step, read from its first parameter group (what
+        `train/lr` logs: the truth even if a callback or a user's scheduler changed it)."""
+        optimizers = self.optimizers(use_pl_optimizer=False) if self._trainer is not None else None
+        optimizer = optimizers[0] if isinstance(optimizers, list) else optimizers
+        return float(optimizer.param_groups[0]["lr"]) if optimizer is not None else self.lr_now()
 
     def _decay_steps(self) -> int:
         if self.hparams.decay_steps is not None:
@@ -257,9 +264,7 @@ class TinyLM(L.LightningModule):
         checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        meta = checkpoint.get("tinylm")
-        if meta is None:
-            raise ValueError("this checkpoint was not written by tinylm (no 'tinylm' section); pass a .ckpt from `tinylm fit`")
+        meta = tinylm_section(checkpoint)
         saved = checkpoint.get("hyper_parameters", {})
         shape = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pad_vocab_multiple")
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
