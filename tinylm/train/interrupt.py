@@ -110,7 +110,7 @@ class InterruptCheckpoint(Checkpoint):
 
     def _stop(self, trainer: L.Trainer) -> None:
         path = self.dirpath / "last.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state: optimizer, loops, callbacks
         name = signal.Signals(self._received).name if self._received else "a signal to another rank"
         raise RunInterrupted(
             f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
