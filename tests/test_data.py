@@ -43,7 +43,6 @@ def test_char_packing_matches_nanogpt_split(shakespeare, tmp_path):
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.vocab_size
     assert meta["splits"]["val"]["bytes"] == len(text[cut:].encode("utf-8"))
     assert meta["splits"]["train"]["tokens"] == cut and meta["settings"]["val_source"] == "tail"
-    assert dm.val_bytes_per_token == pytest.approx(1.0)
 
 
 def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, small_bpe, tmp_path):

@@ -112,12 +112,6 @@ class TinyLMDataModule(L.LightningDataModule):
             self._meta = load_meta(path, self.tokenizer)
         return self._meta
 
-    @property
-    def val_bytes_per_token(self) -> float:
-        """UTF-8 bytes of raw text per validation token; val/bpb = loss / ln 2 / this."""
-        val = self.meta["splits"]["val"]
-        return val["bytes"] / max(1, val["tokens"])
-
     # ---- Lightning hooks
     def prepare_data(self) -> None:
         """Train/load the tokenizer and build the dataset (Lightning runs this on one process per node)."""

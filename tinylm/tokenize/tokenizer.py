@@ -53,6 +53,14 @@ class _HF:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
+    def token_bytes(self, i: int) -> bytes:
+        token = self.tok.id_to_token(i) or ""
+        if type(self.tok.decoder).__name__ == "ByteLevel":  # GPT-2's byte-to-unicode spelling
+            from tinylm.tokenize.bpe import _from_unicode
+
+            return _from_unicode(token)
+        return self.tok.decode([i], skip_special_tokens=False).encode("utf-8")  # other decoders: best effort
+
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
@@ -91,6 +99,9 @@ class _Tiktoken:
 
     def decode(self, ids: list[int]) -> str:
         return self.enc.decode(ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.enc.decode_single_token_bytes(i)
 
     @property
     def vocab_size(self) -> int:
@@ -132,6 +143,9 @@ class _Char:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos[i] for i in ids)
 
+    def token_bytes(self, i: int) -> bytes:
+        return self.itos[i].encode("utf-8")
+
     @property
     def vocab_size(self) -> int:
         return len(self.chars) + len(self.specials)
@@ -166,6 +180,9 @@ class _Scratch:
 
     def decode(self, ids: list[int]) -> str:
         return self.bpe.decode(ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.bpe.decode_bytes([i])
 
     @property
     def vocab_size(self) -> int:
@@ -208,6 +225,12 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD."""
         return self._b.decode([int(i) for i in ids])
+
+    def token_byte_lengths(self) -> list[int]:
+        """UTF-8 bytes of raw text that each id stands for; 0 for special tokens (an EOS is not text). Summed over
+        the targets of an evaluation this is the byte count behind val/bpb. For "ab" + "c" + "é" -> [2, 1, 2]."""
+        specials = set(self.special_tokens.values())
+        return [0 if i in specials else len(self._b.token_bytes(i)) for i in range(self.vocab_size)]
 
     @property
     def kind(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torchmetrics.aggregation import MeanMetric
+from torchmetrics.aggregation import MeanMetric, SumMetric
 from torchmetrics.text import Perplexity
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
@@ -123,6 +123,9 @@ class TinyLM(L.LightningModule):
         )
         self.val_loss = MeanMetric()
         self.val_ppl = Perplexity(ignore_index=IGNORE)
+        # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
+        self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
+        self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.last_grad_norm: torch.Tensor | None = None
 
@@ -164,21 +167,29 @@ class TinyLM(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        loss, logits = self._loss(batch)
-        y = self._targets(batch[1])  # the targets the loss counted, so val/ppl = exp(val/loss)
-        self.val_loss.update(loss, weight=(y != IGNORE).sum())
+        x, y = batch[0], self._targets(batch[1])  # the targets the loss counts, so val/ppl = exp(val/loss)
+        logits = self(x)  # (B, T, V)
+        nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
+                               reduction="none")  # (B*T,), 0 where ignored
+        counted = y.reshape(-1) != IGNORE
+        self.val_loss.update(nats.sum() / counted.sum(), weight=counted.sum())
         self.val_ppl.update(logits.float(), y)
+        if self.token_bytes is not None:
+            nbytes = self.token_bytes.to(y.device)[y.reshape(-1).clamp(min=0)] * counted  # (B*T,)
+            self.val_text_nats.update((nats * (nbytes > 0)).sum())
+            self.val_text_bytes.update(nbytes.sum())
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/ppl", self.val_ppl.compute(), sync_dist=True)
-        bytes_per_token = getattr(self.trainer.datamodule, "val_bytes_per_token", None) if self._trainer else None
-        if bytes_per_token:
-            # nats/token -> bits/token -> bits/byte: comparable across tokenizers
-            self.log("val/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True)
-        self.val_loss.reset()
-        self.val_ppl.reset()
+        if self.token_bytes is not None:
+            # the nats of the tokens evaluated over the raw UTF-8 bytes they stand for: bits per byte, comparable
+            # across tokenizers (an EOS is no text: neither its nats nor bytes count)
+            nats, nbytes = self.val_text_nats.compute(), self.val_text_bytes.compute()
+            self.log("val/bpb", nats / math.log(2) / nbytes.clamp(min=1), sync_dist=True)
+        for metric in (self.val_loss, self.val_ppl, self.val_text_nats, self.val_text_bytes):
+            metric.reset()
 
     # ---- optimization -------------------------------------------------------------------------------------------
     def lr_now(self) -> float:
@@ -258,6 +269,8 @@ class TinyLM(L.LightningModule):
         tok = getattr(dm, "tokenizer", None)
         if tok is not None and self.tokenizer_state is None:
             self.tokenizer_state = tok.state_dict()
+        if tok is not None and self.token_bytes is None:
+            self.token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.float64)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"), None)

@@ -1,0 +1,59 @@
+"""val/bpb: the nats of the tokens actually evaluated over the UTF-8 bytes those tokens stand for."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinylm.data import TinyLMDataModule
+from tinylm.tokenize import EOT, build_tokenizer
+from tinylm.train.module import TinyLM
+
+
+def test_token_byte_lengths_are_utf8_bytes_and_zero_for_specials(small_data):
+    """Catches a byte table that counts characters instead of bytes, or counts the EOS as text."""
+    text = (small_data / "german.txt").read_text(encoding="utf-8")
+    for spec in ("char", "bpe", "scratch-bpe"):
+        tok = build_tokenizer(spec, vocab_size=300, documents=lambda: [text[:3000], text[3000:6000]])
+        lengths = tok.token_byte_lengths()
+        ids = tok.encode(text[:500])
+        assert sum(lengths[i] for i in ids) == len(text[:500].encode("utf-8")), spec
+        if tok.eos_id is not None:
+            assert lengths[tok.eos_id] == 0
+        assert max(lengths) > 1  # guard: multi-byte tokens exist (umlauts, merges)
+
+
+def test_val_bpb_divides_by_the_bytes_evaluated(tmp_path):
+    """Catches val/bpb using the whole split's bytes per token when data.val_batches evaluates only part of it
+    (+0.36 % on a BPE model; any tokenizer whose tokens vary in bytes shows it), and counting the EOS between documents as text."""
+    corpus = tmp_path / "docs.txt"  # short documents with 1-, 2- and 3-byte characters
+    docs = ["Grüße aus Köln, schön war's!", "Ein Bär aß zwölf Äpfel für 3 €.", "Plain ASCII text here."]
+    corpus.write_text(EOT.join(docs[i % 3] * (1 + i % 2) for i in range(60)), encoding="utf-8")
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="char", block_size=64, batch_size=4,
+                          val_batches=1, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("validate")
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=64, eos_id=dm.eos_id, n_layer=2, n_head=2, n_embd=32,
+                    decay_steps=10)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    bpb = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bpb"]
+
+    # by hand: the one evaluated batch, its targets' text (EOS excluded) and their nats
+    x, y = next(iter(dm.val_dataloader()))
+    tok = dm.tokenizer
+    assert (y == tok.eos_id).any()  # guard: an EOS sits among the evaluated targets
+    with torch.no_grad():
+        logits = module(x)
+        nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                               reduction="none")
+    text = y.reshape(-1) != tok.eos_id
+    nbytes = sum(len(tok.decode([i]).encode("utf-8")) for i in y.reshape(-1)[text].tolist() if EOT != tok.decode([i]))
+    # (a char tokenizer, so decoding token by token is exact; its characters are 1-3 UTF-8 bytes each)
+    expected = nats[text].sum().item() / math.log(2) / nbytes
+    assert bpb == pytest.approx(expected, rel=1e-5)
+    split_bytes_per_token = dm.meta["splits"]["val"]["bytes"] / dm.meta["splits"]["val"]["tokens"]
+    old_formula = nats.mean().item() / math.log(2) / split_bytes_per_token
+    assert abs(old_formula - expected) / expected > 1e-3  # guard: the two formulas differ on this data
