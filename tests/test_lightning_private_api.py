@@ -47,3 +47,18 @@ def test_logger_connector_should_update_logs():
     """tinylm.train.module.logging_step reads `trainer._logger_connector.should_update_logs` to call self.log only
     on logged steps (~1 ms per call saved); a public equivalent would need the fit loop's private counters too."""
     assert isinstance(inspect.getattr_static(_LoggerConnector, "should_update_logs"), property)
+
+
+def test_internals_used_by_the_interrupt_checkpoint():
+    """tinylm.train.interrupt stops at a whole step on SIGTERM/SIGINT: it reads Lightning's SIGTERM flag and the
+    handlers it saved, and flushes the step's logged metrics before saving; PeriodicCheckpoint asks the fit loop
+    whether validation is due at this step."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+    assert "received_sigterm" in inspect.getsource(_SignalConnector.__init__)
+    assert "_original_handlers" in inspect.getsource(_SignalConnector)
+    assert _params(_LoggerConnector.update_train_step_metrics) == ["self"]
+    assert _params(_TrainingEpochLoop._should_check_val_fx) == ["self", "data_fetcher"]
+    assert "self._data_fetcher" in inspect.getsource(_FitLoop.__init__)

@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if verbose or not is_user_error(e):
             raise
-        print(f"tinylm {command}: error: {one_line(e)}", file=sys.stderr)
-        sys.exit(1)
+        line = one_line(e)
+        configs = [rest[i + 1] for i, a in enumerate(rest[:-1]) if a in ("--config", "-c")]
+        if configs:  # messages that tell how to rerun name the user's own config
+            line = line.replace("--config ...", " ".join(f"--config {c}" for c in configs))
+        print(f"tinylm {command}: error: {line}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
