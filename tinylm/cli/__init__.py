@@ -19,19 +19,25 @@ from tinylm.errors import TinyLMError
 log = logging.getLogger("tinylm")
 
 LIGHTNING_COMMANDS = ("fit", "validate")
-OWN_COMMANDS = ("prepare", "generate", "export", "sample-report")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
-USAGE = """usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each; --config FILE and --print_config work everywhere)
+# command -> its usage line; `fit`/`validate` are LightningCLI's, the rest are functions in tinylm.cli.commands
+USAGE_LINES = {
+    "fit": "train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]",
+    "validate": "evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH",
+    "prepare": "tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml",
+    "generate": "sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT",
+    "export": "write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",
+    "sample-report": "compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR",
+}
+OWN_COMMANDS = tuple(c for c in USAGE_LINES if c not in LIGHTNING_COMMANDS)
 
-  fit            train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]
-  validate       evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH
-  prepare        tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml
-  generate       sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT
-  export         write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR
-  sample-report  compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR
 
-  --verbose      show full tracebacks on errors"""
+def usage() -> str:
+    width = max(map(len, USAGE_LINES)) + 2
+    lines = [f"  {name:<{width}} {text}" for name, text in USAGE_LINES.items()]
+    return ("usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each; --config FILE and --print_config "
+            "work everywhere)\n\n" + "\n".join(lines) + f"\n\n  {'--verbose':<{width}} show full tracebacks on errors")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = [a for a in argv if a != "--verbose"]
     _setup_console()
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return
     command, rest = argv[0], argv[1:]
     try:
