@@ -87,3 +87,24 @@ def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):
     with pytest.warns(UserWarning, match="context is 16"):
         main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO: " * 10, "--strategy", "greedy", "--max_new_tokens", "4"])
     assert capsys.readouterr().out.startswith("ROMEO: ROMEO:")
+
+
+@pytest.mark.parametrize("flags, needle", [(["--max_new_tokens", "1000000000"], "max_new_tokens"),
+                                           (["--strategy", "beam", "--num_beams", "100000"], "num_beams"),
+                                           (["--num_samples", "1000000"], "num_samples")])
+def test_generate_sizes_have_upper_bounds(config, tmp_path, capsys, flags, needle):
+    """Catches a typo'd size (an extra zero or three) running for hours or exhausting memory instead of failing."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    _one_line_error(capsys, ["generate", "--ckpt_path", str(ckpt), "--prompt", "A", *flags], needle)
+
+
+def test_generation_that_cannot_fit_in_memory_is_refused():
+    """Catches a batch whose KV cache needs far more memory than the machine has being started anyway."""
+    from tinylm.generate.strategies import check_memory
+    from tinylm.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=64, block_size=4096, n_layer=2, n_head=2, n_embd=512))  # ~32 MiB of cache a row
+    check_memory(model, 1)  # one row fits
+    with pytest.raises(ValueError, match="num_samples"):
+        check_memory(model, 100_000)  # ~3 TiB

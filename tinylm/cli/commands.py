@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from tinylm.generate.processors import CONTRASTIVE_DEFAULT_TOP_K, STRATEGIES
 
+MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
+
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
 _FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "optimizer", "lr_scheduler")
 
@@ -141,8 +143,8 @@ def generate(
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
 
-    if num_samples < 1:
-        raise ValueError(f"--num_samples must be >= 1, got {num_samples}")
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
     stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
@@ -265,8 +267,8 @@ def sample_report(
     from tinylm.generate.report import _fmt, write_report
     from tinylm.generate.report import sample_report as make_report
 
-    if num_samples < 1 or max_new_tokens < 1:
-        raise ValueError(f"--num_samples and --max_new_tokens must be >= 1, got {num_samples} and {max_new_tokens}")
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, seed=seed, progress=True)

@@ -15,6 +15,12 @@ STRATEGIES = ("greedy", "sample", "beam", "contrastive")
 CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
 
 
+# Upper bounds that catch a typo (an extra zero or three) before it runs for hours; memory is checked separately,
+# against the machine, by strategies.check_memory.
+MAX_NEW_TOKENS = 1_000_000
+MAX_BEAMS = 256
+
+
 @dataclass
 class SamplingConfig:
     """How to decode; validated on creation (bad values raise ValueError naming the value)."""
@@ -58,8 +64,8 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS:,}], got {self.max_new_tokens}")
         if self.strategy == "sample" and not self.temperature > 0:
             raise ValueError(
                 f"temperature must be > 0 for sampling, got {self.temperature}; use strategy='greedy' for argmax"
@@ -72,8 +78,8 @@ class SamplingConfig:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
-        if self.num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
+        if not 1 <= self.num_beams <= MAX_BEAMS:
+            raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {self.num_beams}")
         if self.num_beams > 1 and self.strategy != "beam":
             raise ValueError(f"num_beams={self.num_beams} needs strategy='beam' (got {self.strategy!r})")
         if not 0 <= self.penalty_alpha <= 1:

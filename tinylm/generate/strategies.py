@@ -10,6 +10,7 @@ Shapes: B prompts, L tokens so far (prompt + generated), V vocab, K candidates (
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -256,6 +257,24 @@ def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
     return ids.to(model.lm_head.weight.device)
 
 
+def check_memory(model: GPT, rows: int) -> None:
+    """Refuse a batch whose KV cache and logits would not fit in the device's free memory, naming the sizes:
+    better one line now than the machine swapping or the OOM killer later."""
+    c, p = model.config, model.lm_head.weight
+    per_row = c.n_layer * 2 * c.block_size * c.n_embd * p.element_size() + 3 * c.padded_vocab_size * 4
+    need = rows * per_row
+    if p.device.type == "cuda":
+        free = torch.cuda.mem_get_info(p.device)[0]
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not Linux: no cheap reading, no check
+            return
+    if need > 0.8 * free:
+        raise ValueError(f"generating {rows:,} sequences at once needs ~{need / 2**30:.1f} GiB (KV cache and logits) "
+                         f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / --num_beams")
+
+
 def generate_with(
     model: GPT,
     prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
@@ -270,6 +289,8 @@ def generate_with(
     if config.eos_id is not None and config.eos_id >= model.config.vocab_size:
         raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
     ids = _prompt_tensor(prompt_ids, model)  # (B, L)
+    check_memory(model, ids.size(0) * (config.num_beams if config.strategy == "beam" else 1)
+                 * ((config.top_k or CONTRASTIVE_DEFAULT_TOP_K) if config.strategy == "contrastive" else 1))
     rows = _Rows(ids.size(0), config, decode, on_token)
     run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
     generator = None
