@@ -1,4 +1,5 @@
-"""The GPT: nanoGPT's architecture with SDPA attention, three attention masks and a KV cache. No training code here.
+"""The GPT: nanoGPT's architecture (the default) or a modern one (RoPE, RMSNorm, QK-norm, SwiGLU/ReLU², untied head,
+logit soft-cap), SDPA attention, three attention masks and a KV cache. No training code here.
 
 Shape letters used in the comments:
     B  batch size                 T   tokens fed in this call (queries)
@@ -10,196 +11,28 @@ Shape letters used in the comments:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
-from tinylm.ranges import check_ranges
+from tinylm.model.attention import ATTN_MASKS, CausalSelfAttention, KVCache, build_attention_mask
+from tinylm.model.config import CONFIG_RANGES, GPTConfig
+from tinylm.model.layers import MLP, make_norm, rope_cos_sin
 
-ATTN_MASKS = ("causal", "document", "prefix")
-CONFIG_RANGES = {
-    "vocab_size": "[1, inf)", "block_size": "[1, inf)", "n_layer": "[1, inf)", "n_head": "[1, inf)",
-    "n_embd": "[1, inf)", "pad_vocab_multiple": "[1, inf)", "dropout": "[0, 1)", "eos_id": "[0, vocab_size)",
-}
-"""Valid values of GPTConfig's numeric fields (interval notation, see tinylm.ranges)."""
-
-
-@dataclass
-class GPTConfig:
-    """Shape and options of a GPT; validated on creation."""
-
-    vocab_size: int
-    """Number of token ids the tokenizer produces (logits have this many columns)."""
-    block_size: int
-    """Longest sequence the model sees, in tokens (length of the learned position table)."""
-    n_layer: int = 6
-    """Number of transformer blocks."""
-    n_head: int = 6
-    """Attention heads per block; must divide n_embd."""
-    n_embd: int = 384
-    """Width of the residual stream (channels)."""
-    dropout: float = 0.0
-    """Dropout probability on embeddings, attention weights and residual branches (0 for pretraining)."""
-    bias: bool = True
-    """Biases in Linear layers and LayerNorms (GPT-2 style); False is a little faster and about as good."""
-    pad_vocab_multiple: int = 64
-    """Pad the embedding / LM-head rows up to a multiple of this (faster matmuls); 1 = no padding."""
-    attn_mask: str = "causal"
-    """"causal"; "document" (causal and not across EOS boundaries of packed documents; needs eos_id);
-    "prefix" (bidirectional over the first prefix_len tokens, causal after; forward needs prefix_len)."""
-    eos_id: int | None = None
-    """End-of-document token id; needed by attn_mask="document"."""
-
-    def __post_init__(self) -> None:
-        values = vars(self)
-        for name in [n for n in CONFIG_RANGES if n != "dropout"]:  # counts and ids: a float fails later, in torch
-            if values[name] is not None and type(values[name]) is not int:
-                raise ValueError(f"{name} must be an integer, got {values[name]!r}")
-        check_ranges("", values, CONFIG_RANGES)
-        if self.n_embd % self.n_head:
-            near = next(d for d in range(self.n_head, 0, -1) if self.n_embd % d == 0)
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                f"pick a divisor of n_embd, e.g. n_head={near}"
-            )
-        if self.attn_mask not in ATTN_MASKS:
-            raise ValueError(f"unknown attn_mask {self.attn_mask!r}; choose one of {', '.join(ATTN_MASKS)}")
-        if self.attn_mask == "document" and self.eos_id is None:
-            raise ValueError("attn_mask='document' needs eos_id (the token that ends each packed document)")
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """Rows of the embedding / LM head: vocab_size rounded up to a multiple of pad_vocab_multiple."""
-        m = self.pad_vocab_multiple
-        return (self.vocab_size + m - 1) // m * m
-
-
-class KVCache:
-    """Keys and values of every layer for the tokens fed so far, preallocated to `max_len` positions.
-
-    `pos` counts the cached tokens; the next forward writes at [pos, pos + T) and its positions continue from pos.
-    The token ids are kept too, so the document mask can see where earlier documents ended.
-    """
-
-    def __init__(
-        self, *, n_layer: int, batch_size: int, n_head: int, head_size: int, max_len: int,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:
-        shape = (batch_size, n_head, max_len, head_size)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.idx = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)  # (B, max_len)
-        self.pos = 0
-
-    @property
-    def batch_size(self) -> int:
-        return self.idx.size(0)
-
-    @property
-    def max_len(self) -> int:
-        return self.idx.size(1)
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new tokens' keys/values of `layer` at [pos, pos + T); return all S = pos + T of them."""
-        end = self.pos + k.size(2)
-        self.k[layer][:, :, self.pos : end] = k  # k: (B, nh, T, hs)
-        self.v[layer][:, :, self.pos : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, nh, S, hs) each
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` of the batch, in that order (beam search; may also grow or shrink the batch)."""
-        self.k = [k.index_select(0, index) for k in self.k]
-        self.v = [v.index_select(0, index) for v in self.v]
-        self.idx = self.idx.index_select(0, index)
-
-    def reset(self) -> None:
-        """Forget every cached token (the buffers stay allocated)."""
-        self.pos = 0
-
-
-def build_attention_mask(
-    idx: Tensor, *, q_len: int | None = None, attn_mask: str = "causal",
-    eos_id: int | None = None, prefix_len: int | Tensor | None = None,
-) -> Tensor:
-    """Which keys each query may attend to: a boolean (B or 1, 1, T, S) mask for SDPA, True = visible.
-
-    idx: (B, S) token ids of all key positions; the queries are its last `q_len` positions (default all S),
-    so with a KV cache pass the cached ids followed by the new ones.
-    - causal: key j is visible from query i when j <= i.
-    - document: causal, and i and j lie in the same document; a document starts after each eos_id and
-      the EOS belongs to the document it ends.
-    - prefix: causal, plus every position < prefix_len sees every other position < prefix_len.
-    """
-    B, S = idx.shape
-    T = S if q_len is None else q_len
-    k_pos = torch.arange(S, device=idx.device)  # (S,)
-    q_pos = k_pos[S - T :]  # (T,) absolute positions of the queries
-    visible = (k_pos[None, :] <= q_pos[:, None])[None]  # (1, T, S)
-    if attn_mask == "document":
-        if eos_id is None:
-            raise ValueError("attn_mask='document' needs eos_id")
-        is_eos = (idx == eos_id).long()  # (B, S)
-        doc = torch.cumsum(is_eos, dim=1) - is_eos  # for [a b EOS c d] the document ids are [0 0 0 1 1]
-        visible = visible & (doc[:, S - T :, None] == doc[:, None, :])  # (B, T, S)
-    elif attn_mask == "prefix":
-        if prefix_len is None:
-            raise ValueError("attn_mask='prefix' needs prefix_len (an int or a (B,) tensor of prefix lengths)")
-        p = torch.as_tensor(prefix_len, device=idx.device).reshape(-1, 1)  # (B or 1, 1)
-        in_prefix_q, in_prefix_k = q_pos[None] < p, k_pos[None] < p  # (B, T), (B, S)
-        visible = visible | (in_prefix_q[:, :, None] & in_prefix_k[:, None, :])  # (B, T, S)
-    elif attn_mask != "causal":
-        raise ValueError(f"unknown attn_mask {attn_mask!r}; choose one of {', '.join(ATTN_MASKS)}")
-    return visible.unsqueeze(1)  # (B or 1, 1, T, S): one mask shared by all heads
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def forward(
-        self, x: Tensor, *, mask: Tensor | None, is_causal: bool, kv_cache: KVCache | None, layer: int
-    ) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)
-            k, v = k.to(q.dtype), v.to(q.dtype)  # under autocast the cache may hold another dtype
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
-        )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all heads side by side
-        return self.resid_dropout(self.c_proj(y))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, 4C) inside, (B, T, C) out
+__all__ = ["ATTN_MASKS", "CONFIG_RANGES", "GPT", "GPTConfig", "KVCache", "build_attention_mask"]
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (ln: LayerNorm or RMSNorm)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        c = config
+        self.ln_1 = make_norm(c.norm, c.n_embd, bias=c.bias)
+        self.attn = CausalSelfAttention(c.n_embd, c.n_head, bias=c.bias, dropout=c.dropout, qk_norm=c.qk_norm)
+        self.ln_2 = make_norm(c.norm, c.n_embd, bias=c.bias)
+        self.mlp = MLP(c.n_embd, kind=c.mlp, bias=c.bias, dropout=c.dropout)
 
     def forward(self, x: Tensor, **attn_kwargs) -> Tensor:
         x = x + self.attn(self.ln_1(x), **attn_kwargs)
@@ -207,27 +40,34 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT: token + learned position embeddings, pre-LN blocks, final LayerNorm, LM head tied to the embedding."""
+    """nanoGPT by default: token + learned position embeddings, pre-LN blocks, final LayerNorm, LM head tied to the
+    embedding. The config's options swap in rotary positions, RMSNorm, QK-norm, other MLPs, an untied head, a logit
+    soft-cap and zero-initialised residual projections. The default builds and initialises its modules in nanoGPT's
+    order, so a seed gives the same weights as before the options existed (tests/test_modern.py pins it)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
+        c = config
+        modules = dict(wte=nn.Embedding(c.padded_vocab_size, c.n_embd))
+        if c.positions == "learned":
+            modules["wpe"] = nn.Embedding(c.block_size, c.n_embd)
+        modules |= dict(
+            drop=nn.Dropout(c.dropout),
+            h=nn.ModuleList([Block(c) for _ in range(c.n_layer)]),
+            ln_f=make_norm(c.norm, c.n_embd, bias=c.bias),
         )
-        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix embeds and un-embeds
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix embeds and un-embeds
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                # GPT-2: residual branches add up over 2 per layer, so shrink them to keep the stream's variance flat
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                if c.zero_init_proj:  # each block starts as the identity; its gradients still reach c_proj
+                    nn.init.zeros_(p)
+                else:  # GPT-2: residual branches add up over 2 per layer; shrink them to keep the variance flat
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -244,7 +84,9 @@ class GPT(nn.Module):
         exclude_position: leave out the position table, as nanoGPT's count and the FLOP estimate do.
         """
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if exclude_position else n
+        if exclude_position and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token, forward + backward: 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT's estimate_mfu).
@@ -321,12 +163,20 @@ class GPT(nn.Module):
             )
 
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if c.positions == "learned":
+            x = x + self.transformer.wpe(pos)
+        else:  # positions continue from the cache, so cached keys and new queries turn by their true positions
+            rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)  # (T, hs) each
+        x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, mask=mask, is_causal=is_causal, kv_cache=kv_cache, layer=layer)  # (B, T, C)
+            x = block(x, mask=mask, is_causal=is_causal, kv_cache=kv_cache, layer=layer, rope=rope)  # (B, T, C)
         if kv_cache is not None:
             kv_cache.pos = start + T
         hidden = self.transformer.ln_f(x)  # (B, T, C)
         logits = self.lm_head(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, Vp)
         logits = logits[..., : c.vocab_size]  # (B, T or 1, V): padded rows are never targets
+        if c.logit_softcap is not None:
+            logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)  # smooth clamp to (-cap, cap)
         return (logits, hidden) if return_hidden else logits

@@ -1,0 +1,188 @@
+"""The modern-GPT options (RoPE, RMSNorm, QK-norm, SwiGLU/ReLU², untied head, logit soft-cap, zero-init): the default
+stays nanoGPT bit for bit; every option keeps causality, the KV cache and generation past block_size exact."""
+
+import pytest
+import torch
+
+from tinylm.generate.strategies import _Runner, generate
+from tinylm.model import GPT, GPTConfig
+from tinylm.model.layers import RMSNorm, apply_rope, rope_cos_sin, swiglu_hidden
+
+VOCAB = 50
+MODERN = dict(positions="rope", norm="rmsnorm", qk_norm=True, mlp="swiglu", tie_embeddings=False, logit_softcap=15.0,
+              zero_init_proj=True)
+OPTIONS = {  # each option alone, the Llama combination, and everything at once
+    "rope": dict(positions="rope"), "rmsnorm": dict(norm="rmsnorm"), "qk_norm": dict(qk_norm=True),
+    "swiglu": dict(mlp="swiglu"), "relu2": dict(mlp="relu2"), "untied": dict(tie_embeddings=False),
+    "softcap": dict(logit_softcap=5.0), "llama": dict(positions="rope", norm="rmsnorm", mlp="swiglu"),
+    "modern": MODERN,
+}
+
+
+def tiny(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32) | overrides
+    model = GPT(GPTConfig(**cfg)).eval()
+    if cfg.get("zero_init_proj"):  # zero projections make every block the identity: perturb them so tests see them
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    p.normal_(0, 0.02)
+    return model
+
+
+def ids(B: int, T: int, seed: int = 7) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_default_model_is_unchanged():
+    """Catches any change to the nanoGPT default (module order, init draws, forward): the numbers were printed by the
+    code before the modern options existed (commit c15386b: torch.manual_seed(1234); GPT(GPTConfig(vocab_size=50,
+    block_size=16, n_layer=2, n_head=4, n_embd=32)); idx = ids(2, 12)), so same seed -> same weights and logits."""
+    model = tiny(seed=1234)
+    names = [n for n, _ in model.named_parameters()]
+    assert len(names) == 28 and names[:2] == ["transformer.wte.weight", "transformer.wpe.weight"]
+    assert model.num_params() == 28032
+    assert sum(float(p.detach().double().abs().sum()) for p in model.parameters()) == pytest.approx(513.8981985711313,
+                                                                                                     abs=1e-6)
+    assert model.transformer.h[1].mlp.c_proj.weight[3, 5].item() == pytest.approx(0.007401358801871538, abs=1e-9)
+    assert model.transformer.wpe.weight[4, 2].item() == pytest.approx(0.014937024563550949, abs=1e-9)
+    with torch.no_grad():
+        logits = model(ids(2, 12))
+    want = [-0.2886916399002075, -0.05567612498998642, 0.11742376536130905, 0.05422186106443405]
+    torch.testing.assert_close(logits[0, -1, :4], torch.tensor(want), rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits[1, 0, 10:12], torch.tensor([0.1781034618616104, 0.1526201069355011]), rtol=0,
+                               atol=1e-6)
+    assert float(logits.double().sum()) == pytest.approx(9.609386245312635, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_every_option_is_causal_and_caches_exactly(name):
+    """Catches an option that leaks future tokens (RoPE/QK-norm applied across positions) or breaks the KV cache
+    (keys rotated by the wrong position): logits of earlier positions never change, cached == uncached."""
+    model = tiny(**OPTIONS[name])
+    x = ids(2, 16)
+    with torch.no_grad():
+        full = model(x)
+        assert full.shape == (2, 16, VOCAB)
+        changed = x.clone()
+        changed[:, 9] = (changed[:, 9] + 1) % VOCAB
+        after = model(changed)
+        torch.testing.assert_close(after[:, :9], full[:, :9], rtol=0, atol=1e-6)
+        assert (after[:, 9:] - full[:, 9:]).abs().max() > 1e-4  # not vacuous: the change is seen later on
+        cache = model.new_kv_cache(2)
+        pieces = [model(x[:, :5], kv_cache=cache), model(x[:, 5:9], kv_cache=cache)]
+        pieces += [model(x[:, t: t + 1], kv_cache=cache) for t in range(9, 16)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rope", "modern"])
+def test_rope_generation_past_block_size_matches_uncached(name):
+    """Catches RoPE positions that keep counting when the window slides past block_size (the cached path must then
+    see the same window, at the same positions, as the uncached one), for every decoding strategy."""
+    model = tiny(**OPTIONS[name])
+    x = ids(2, 6)
+    cached, uncached = _Runner(model, use_cache=True, prompt_len=6), _Runner(model, use_cache=False, prompt_len=6)
+    with torch.no_grad():
+        for _ in range(14):  # 6 + 14 tokens > block_size 16
+            a, b = cached(x)[0], uncached(x)[0]
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            x = torch.cat([x, a.argmax(-1, keepdim=True)], dim=1)
+    assert x.size(1) > model.config.block_size
+    prompts = [[5, 9, 3, 17], [30, 2, 2, 41]]
+    for strategy in ("greedy", "sample", "beam", "contrastive"):
+        kw = dict(strategy=strategy, max_new_tokens=20, seed=1, num_beams=3 if strategy == "beam" else 1)
+        assert generate(model, prompts, use_cache=True, **kw) == generate(model, prompts, use_cache=False, **kw)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    """Catches a RoPE with the wrong pairing or angles: q·k after rotation must depend only on the distance between
+    the two positions (and the rotation must keep vector lengths)."""
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+    def score(m: int, n: int) -> float:
+        cq, sq = rope_cos_sin(torch.tensor([m]), 8, 10000.0)
+        ck, sk = rope_cos_sin(torch.tensor([n]), 8, 10000.0)
+        return float((apply_rope(q, cq, sq) * apply_rope(k, ck, sk)).sum())
+
+    assert score(3, 1) == pytest.approx(score(10, 8), abs=1e-5) == pytest.approx(score(2, 0), abs=1e-5)
+    assert score(3, 1) != pytest.approx(score(3, 0), abs=1e-3)  # not vacuous: distance matters
+    c, s = rope_cos_sin(torch.tensor([5]), 8, 10000.0)
+    assert apply_rope(q, c, s).norm() == pytest.approx(float(q.norm()), rel=1e-5)
+
+
+def test_option_shapes_and_parameters():
+    """Catches options wired to the wrong modules: RMSNorm without a bias, no position table with RoPE, an untied
+    head that still shares the embedding, a SwiGLU far from the GELU MLP's parameter count (must be within 10 %)."""
+    base = tiny(n_embd=96, n_head=4)
+    rope = tiny(positions="rope", norm="rmsnorm")
+    assert "wpe" not in rope.transformer and isinstance(rope.transformer.ln_f, RMSNorm)
+    assert not any(n.endswith("ln_1.bias") for n, _ in rope.named_parameters())
+    untied = tiny(tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.num_params() == tiny().num_params() + untied.lm_head.weight.numel()
+    assert swiglu_hidden(384) == 1024 and swiglu_hidden(768) == 2048 and swiglu_hidden(32) == 64
+    swiglu = tiny(n_embd=96, n_head=4, mlp="swiglu")
+    assert swiglu.num_params() == pytest.approx(base.num_params(), rel=0.10)
+    assert tiny(mlp="relu2").num_params() == tiny().num_params()
+
+
+def test_zero_init_proj_makes_every_block_the_identity():
+    """Catches zero_init_proj missing a residual projection (SwiGLU's included): at init every block adds zero, so
+    the logits are the LM head applied to the final norm of the embeddings alone."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32, mlp="swiglu",
+                          zero_init_proj=True)).eval()
+    projections = [p for n, p in model.named_parameters() if n.endswith("c_proj.weight")]
+    assert len(projections) == 4 and all(bool((p == 0).all()) for p in projections)
+    x = ids(1, 8)
+    t = model.transformer
+    with torch.no_grad():
+        expected = model.lm_head(t.ln_f(t.wte(x) + t.wpe(torch.arange(8))))[..., :VOCAB]
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-6)
+
+
+def test_qk_norm_ignores_the_scale_of_queries_and_keys():
+    """Catches QK-norm not applied (or applied after the scores): scaling the q and k projections by 10 leaves the
+    output unchanged with it and changes it without it."""
+    x = ids(2, 10)
+    for qk_norm in (True, False):
+        model = tiny(qk_norm=qk_norm, bias=False)
+        with torch.no_grad():
+            before = model(x)
+            for block in model.transformer.h:
+                block.attn.c_attn.weight[: 2 * 32].mul_(10.0)  # rows of q and k
+            after = model(x)
+        if qk_norm:
+            torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+        else:
+            assert (after - before).abs().max() > 1e-3
+
+
+def test_logit_softcap_bounds_the_logits():
+    """Catches a soft-cap applied nowhere or as a hard clamp: |logits| < cap, and small logits nearly unchanged."""
+    model = tiny()
+    capped = tiny(logit_softcap=1.0)
+    with torch.no_grad():
+        for p in (model.lm_head.weight, capped.lm_head.weight):
+            p.mul_(50)  # large logits
+        raw, out = model(ids(1, 8)), capped(ids(1, 8))
+    assert raw.abs().max() > 3 and out.abs().max() <= 1.0
+    torch.testing.assert_close(out, torch.tanh(raw), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(positions="alibi"), "unknown positions 'alibi'; choose one of learned, rope"),
+        (dict(norm="batchnorm"), "unknown norm 'batchnorm'"),
+        (dict(mlp="geglu"), "unknown mlp 'geglu'; choose one of gelu, swiglu, relu2"),
+        (dict(positions="rope", n_head=32), "head size n_embd/n_head = 1 must be even"),
+        (dict(logit_softcap=0.0), r"logit_softcap must be in \(0, inf\)"),
+        (dict(rope_theta=1.0), r"rope_theta must be in \(1, inf\)"),
+    ],
+)
+def test_bad_modern_options_raise_naming_the_value(overrides, message):
+    """A typo in an architecture option must fail at construction naming it and the choices."""
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**(dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32) | overrides))
