@@ -44,3 +44,41 @@ def _cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+# Dense bf16/fp16 tensor-core peaks (FLOP/s), most specific name first. MFU = achieved model FLOP/s / this number
+# (the PaLM paper's definition, as nanoGPT's estimate_mfu). These take precedence over Lightning's table
+# (`get_available_flops`), which misses newer chips and lists Hopper at its 2:4-sparse peak (H100 SXM bf16 1979e12,
+# twice the dense 989e12 a dense matmul can reach); Lightning's table covers the rest (V100, T4, A6000, fp32, ...).
+PEAK_BF16 = {
+    "b200": 2250e12,
+    "h200": 989.5e12,  # same SXM compute die as the H100 SXM; more and faster memory
+    "h100 pcie": 756e12,
+    "h100 nvl": 835e12,
+    "h100": 989.5e12,  # SXM ("NVIDIA H100 80GB HBM3")
+    "mi300x": 1307e12,
+    "a100": 312e12,
+    "l40s": 362e12,
+    "l40": 181e12,
+    "l4": 121e12,
+    "a10g": 70e12,
+    "4090": 165e12,
+    "3090": 71e12,
+}
+
+
+def peak_flops_by_name(name: str, precision: str) -> float | None:
+    """Dense peak FLOP/s of the GPU called ``name`` (e.g. "NVIDIA H100 80GB HBM3", "h100", "a100") at a Lightning
+    precision string, or None when unknown."""
+    name = name.lower()
+    half = "16" in precision
+    if half:
+        found = next((v for k, v in PEAK_BF16.items() if k in name), None)
+        if found is not None:
+            return found
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS  # private: guarded in test_lightning_private_api
+
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else torch.float32
+    chip = next((k for k in _CUDA_FLOPS if k in name or name in k), None)
+    flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
+    return float(flops) if flops else None

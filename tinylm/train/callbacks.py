@@ -9,39 +9,27 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
+from tinylm.device import peak_flops_by_name
 from tinylm.train.module import logging_step
 
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) for chips Lightning's own table misses or names differently.
-# MFU = achieved model FLOP/s / this number; the PaLM paper's definition, as nanoGPT's estimate_mfu.
-_PEAK_BF16 = {
-    "h200": 989.5e12,  # same SXM compute die as the H100 SXM; more and faster memory
-    "h100": 989.5e12,
-    "a100": 312e12,
-    "l40s": 362e12,
-    "l4": 121e12,
-    "a10g": 70e12,
-    "4090": 165e12,
-    "3090": 71e12,
-}
-
-
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of ``device`` at ``precision`` (a Lightning precision string), or None when unknown (CPUs)."""
+    """Dense peak FLOP/s of ``device`` at ``precision`` (a Lightning precision string), or None when unknown (CPUs).
+
+    tinylm's table (tinylm.device.PEAK_BF16, then Lightning's by chip name) first; Lightning's `get_available_flops`
+    parses a few more device names (GeForce, Tesla) as the fallback."""
     if device.type != "cuda":
         return None
+    flops = peak_flops_by_name(torch.cuda.get_device_name(device), precision)
+    if flops:
+        return flops
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
     try:
         from lightning.fabric.utilities.throughput import get_available_flops
 
         flops = get_available_flops(device, dtype)
-    except Exception:  # the lookup is best-effort; our table below is the fallback
+    except Exception:  # the lookup is best-effort
         flops = None
-    if flops:
-        return float(flops)
-    if dtype is torch.float32:
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    return next((v for k, v in _PEAK_BF16.items() if k in name), None)
+    return float(flops) if flops else None
 
 
 class SpeedMonitor(L.Callback):

@@ -5,12 +5,14 @@ Batches are ``(x, y)`` with ``x`` and ``y`` int64 of shape (B, T) and ``y`` = ``
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
 from torchmetrics.text import Perplexity
 
@@ -37,6 +39,19 @@ def logging_step(trainer: L.Trainer | None) -> bool:
     """
     connector = getattr(trainer, "_logger_connector", None)
     return True if connector is None else bool(connector.should_update_logs)
+
+
+def _recomputed_in_backward(forward):
+    """``forward`` (a block's) run under torch.utils.checkpoint when it is training with gradients: only its input is
+    saved, and the backward pass runs it again to get what it needs. Evaluation and generation run it as is."""
+
+    @functools.wraps(forward)
+    def run(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if forward.__self__.training and torch.is_grad_enabled():
+            return checkpoint(forward, x, use_reentrant=False, **kwargs)
+        return forward(x, **kwargs)
+
+    return run
 
 
 class TinyLM(L.LightningModule):
@@ -67,6 +82,10 @@ class TinyLM(L.LightningModule):
         beta1: AdamW beta1.
         beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
+        activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
+            rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
+            block's per layer, for about one more forward pass of compute (measured in docs/benchmarks.md;
+            `tinylm plan` shows both memory estimates).
     """
 
     def __init__(
@@ -93,6 +112,7 @@ class TinyLM(L.LightningModule):
         beta1: float = 0.9,
         beta2: float = 0.95,
         compile_model: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if vocab_size < 1:
@@ -121,6 +141,9 @@ class TinyLM(L.LightningModule):
                 eos_id=eos_id,
             )
         )
+        if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
+            for block in self.model.transformer.h:
+                block.forward = _recomputed_in_backward(block.forward)
         self.val_loss = MeanMetric()
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
