@@ -186,3 +186,25 @@ def test_bad_modern_options_raise_naming_the_value(overrides, message):
     """A typo in an architecture option must fail at construction naming it and the choices."""
     with pytest.raises(ValueError, match=message):
         GPTConfig(**(dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32) | overrides))
+
+
+def test_checkpoint_of_a_modern_model_loads_with_its_options(tmp_path):
+    """Catches load_model building a nanoGPT from a modern checkpoint's hyperparameters (missing or unexpected
+    weights, or the same weights run through another architecture): the loaded GPT computes the same logits."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tinylm.checkpoint import load_model
+    from tinylm.train.module import TinyLM
+
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32, warmup_steps=0, **MODERN)
+    data = torch.randint(0, VOCAB, (4, 17))
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    model, _, hparams = load_model(tmp_path / "m.ckpt")
+    assert {k: model.config.__dict__[k] for k in MODERN} == MODERN and hparams["positions"] == "rope"
+    with torch.no_grad():
+        torch.testing.assert_close(model(data[:, :16]), module.model.eval()(data[:, :16]), rtol=0, atol=1e-6)

@@ -10,17 +10,21 @@ from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
 
 STEPS = 8
+MUON_MODERN = {"optimizer": "muon", "positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
+               "tie_embeddings": False, "logit_softcap": 15.0, "zero_init_proj": True}
 
 
 @pytest.fixture
-def config(run_config):
-    """Everything exact resume must survive: dropout, accumulation, loader workers, validation in between."""
+def config(run_config, request):
+    """Everything exact resume must survive: dropout, accumulation, loader workers, validation in between; with
+    `model` parametrized (indirect), also Muon's momentum buffers beside AdamW's moments."""
     return run_config(
         chars=40_000,
         seed_everything=3,
         run={"name": "straight", "checkpoint_every": 2, "keep_checkpoints": -1},
         trainer={"max_steps": STEPS, "accumulate_grad_batches": 2, "val_check_interval": 6},  # val after steps 3, 6
-        model={"dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "decay_steps": STEPS},
+        model={"dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "decay_steps": STEPS,
+               **getattr(request, "param", {})},
         data={"block_size": 32, "batch_size": 4, "val_batches": 2, "num_workers": 2},
     )
 
@@ -45,9 +49,11 @@ def _assert_same_rows(got: dict[int, list[float]], want: dict[int, list[float]])
         assert got[step] == pytest.approx(values, abs=1e-4), f"step {step}"
 
 
-@pytest.mark.parametrize("resume_from", ["last", "step-2.ckpt"])
+@pytest.mark.parametrize("resume_from, config", [("last", {}), ("step-2.ckpt", {}), ("last", MUON_MODERN)],
+                         ids=["last", "step-2", "muon-modern-last"], indirect=["config"])
 def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
-    """Catches non-exact resume: replayed or skipped batches, fresh RNG (dropout), lost optimizer/scheduler state."""
+    """Catches non-exact resume: replayed or skipped batches, fresh RNG (dropout), lost optimizer/scheduler state
+    (with Muon: a momentum buffer not saved or restored to the wrong matrix)."""
     main(["fit", "--config", str(config)])
     straight = _losses(tmp_path / "runs" / "straight")
     assert sorted(straight) == list(range(STEPS))

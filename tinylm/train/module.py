@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import fields
 from typing import Any
 
 import lightning as L
@@ -20,13 +21,15 @@ from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.gpt import CONFIG_RANGES
 from tinylm.ranges import check_ranges
+from tinylm.train.optim import OPTIMIZERS, build_optimizer
 from tinylm.train.schedules import SCHEDULES, lr_at
 
 IGNORE = -100  # F.cross_entropy's and Perplexity's ignore_index: a target that counts in no loss
 RANGES = {
     **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
     "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
-    "beta1": "[0, 1)", "beta2": "[0, 1)",
+    "beta1": "[0, 1)", "beta2": "[0, 1)", "muon_lr": "(0, inf)", "muon_momentum": "[0, 1)",
+    "muon_weight_decay": "[0, inf)",
 }
 """Valid values of TinyLM's numeric options (interval notation, see tinylm.ranges)."""
 
@@ -55,7 +58,8 @@ def _recomputed_in_backward(forward):
 
 
 class TinyLM(L.LightningModule):
-    """A nanoGPT language model trained with AdamW and a warmup + decay learning-rate schedule.
+    """A GPT language model (nanoGPT by default; modern options below) trained with AdamW (or Muon + AdamW) and a
+    warmup + decay learning-rate schedule.
 
     Args:
         vocab_size: Number of token ids. Linked from the data module's tokenizer; do not set it by hand.
@@ -72,14 +76,33 @@ class TinyLM(L.LightningModule):
             both ways (a prefix-LM); 0 makes it plain causal. The loss counts only the predictions of tokens after
             the prefix (positions >= prefix_len - 1): a prefix position would otherwise see its own target.
         pad_vocab_multiple: Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables.
-        lr: Peak learning rate, reached at the end of warmup.
+        positions: ``learned`` (nanoGPT's table of block_size position vectors) or ``rope`` (rotary embeddings of
+            q and k: relative positions, no table).
+        rope_theta: RoPE base: channel pair i turns by rope_theta^(-2i/head_size) radians per position.
+        norm: ``layernorm`` (nanoGPT) or ``rmsnorm`` (no mean subtraction and no bias; Llama, modded-nanogpt).
+        qk_norm: RMS-normalise each head's queries and keys before attention (bounded attention logits).
+        mlp: ``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
+            same parameters) or ``relu2`` (relu(x)², 4·n_embd wide; modded-nanogpt).
+        tie_embeddings: The LM head shares the token embedding matrix (nanoGPT); false gives it its own.
+        logit_softcap: Squash logits into (-cap, cap) with cap·tanh(logits/cap) (modded-nanogpt: 15-30); null: off.
+        zero_init_proj: Start every residual branch's output projection at zero, so each block begins as the
+            identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer)).
+        optimizer: ``adamw`` (every parameter) or ``muon``: torch.optim.Muon (torch >= 2.9) for the 2-D matrices
+            inside the blocks at ``muon_lr``; AdamW at ``lr`` for embeddings, LM head, norms and biases. Both follow
+            the LR schedule (the same warmup/decay factor times their own peak).
+        muon_lr: Muon's peak learning rate. 0.02 as Keller Jordan's Muon reference and nanochat's ``matrix_lr``
+            (modded-nanogpt's record runs use 0.05 at a much larger batch).
+        muon_momentum: Muon's (Nesterov) momentum; 0.95 in modded-nanogpt and nanochat.
+        muon_weight_decay: Muon's decoupled weight decay (applied as lr·wd·W); 0 as in modded-nanogpt's and
+            nanochat's speedruns.
+        lr: Peak learning rate, reached at the end of warmup (with ``optimizer: muon``: the AdamW part's).
         min_lr: Learning rate at the end of the decay (typically lr / 10).
         lr_schedule: ``cosine`` (warmup + cosine decay), ``wsd`` (warmup-stable-decay) or ``constant``.
         warmup_steps: Optimizer steps of linear warmup.
         decay_steps: Optimizer step at which the decay reaches ``min_lr``; defaults to ``trainer.max_steps``.
         decay_fraction: For ``wsd``: the fraction of the run (after warmup) spent decaying.
         weight_decay: AdamW weight decay on matrices and embeddings (never on biases and LayerNorm gains).
-        beta1: AdamW beta1.
+        beta1: AdamW beta1 (the speedruns use 0.8 with Muon; tinylm keeps one default).
         beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
         activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
@@ -102,6 +125,18 @@ class TinyLM(L.LightningModule):
         attn_mask: str = "causal",
         prefix_len: int = 0,
         pad_vocab_multiple: int = 64,
+        positions: str = "learned",
+        rope_theta: float = 10000.0,
+        norm: str = "layernorm",
+        qk_norm: bool = False,
+        mlp: str = "gelu",
+        tie_embeddings: bool = True,
+        logit_softcap: float | None = None,
+        zero_init_proj: bool = False,
+        optimizer: str = "adamw",
+        muon_lr: float = 0.02,
+        muon_momentum: float = 0.95,
+        muon_weight_decay: float = 0.0,
         lr: float = 6e-4,
         min_lr: float = 6e-5,
         lr_schedule: str = "cosine",
@@ -122,25 +157,15 @@ class TinyLM(L.LightningModule):
             )
         if lr_schedule not in SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown model.optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         self.save_hyperparameters()
         check_ranges("model", self.hparams, RANGES)
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
                              f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
-        self.model = GPT(
-            GPTConfig(
-                vocab_size=vocab_size,
-                block_size=block_size,
-                n_layer=n_layer,
-                n_head=n_head,
-                n_embd=n_embd,
-                dropout=dropout,
-                bias=bias,
-                pad_vocab_multiple=pad_vocab_multiple,
-                attn_mask=attn_mask,
-                eos_id=eos_id,
-            )
-        )
+        # every GPTConfig field has a TinyLM option of the same name (checkpoint.load_model relies on it too)
+        self.model = GPT(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}))
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
             for block in self.model.transformer.h:
                 block.forward = _recomputed_in_backward(block.forward)
@@ -187,6 +212,8 @@ class TinyLM(L.LightningModule):
         if logging_step(self.trainer):
             self.log("train/loss", loss, prog_bar=True)
             self.log("train/lr", self.current_lr(), prog_bar=True)
+            if self.hparams.optimizer == "muon":
+                self.log("train/muon_lr", self.current_lr(group=-1))
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -219,12 +246,15 @@ class TinyLM(L.LightningModule):
         """The learning rate tinylm's schedule gives the optimizer step about to be taken."""
         return self._lr_at(self.global_step)
 
-    def current_lr(self) -> float:
+    def current_lr(self, group: int = 0) -> float:
         """The learning rate the optimizer will use for this step, read from its first parameter group (what
-        `train/lr` logs: the truth even if a callback or a user's scheduler changed it)."""
+        `train/lr` logs: the truth even if a callback or a user's scheduler changed it). With Muon the first group
+        is AdamW's and the last Muon's (`train/muon_lr`)."""
         optimizers = self.optimizers(use_pl_optimizer=False) if self._trainer is not None else None
         optimizer = optimizers[0] if isinstance(optimizers, list) else optimizers
-        return float(optimizer.param_groups[0]["lr"]) if optimizer is not None else self.lr_now()
+        if optimizer is None:
+            return self.lr_now() * (self.hparams.muon_lr / self.hparams.lr if group == -1 else 1.0)
+        return float(optimizer.param_groups[group]["lr"])
 
     def _decay_steps(self) -> int:
         if self.hparams.decay_steps is not None:
@@ -250,18 +280,16 @@ class TinyLM(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        # matrices and embeddings decay; biases and LayerNorm gains (1-D) do not
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": hp.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        fused = self.device.type == "cuda"
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2), fused=fused)
+        # matrices and embeddings decay; biases and norm gains (1-D) do not. With Muon, one optimizer object holds
+        # Muon and AdamW (tinylm/train/optim.py says why): Lightning's clipping, accumulation and checkpoints just work
+        optimizer = build_optimizer(
+            self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay, betas=(hp.beta1, hp.beta2),
+            muon_lr=hp.muon_lr, muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
+            fused=self.device.type == "cuda",
+        )
         self._decay_steps()  # fail early, before the first step, if the schedule has no length
-        # LambdaLR multiplies the peak lr; it is stepped once per optimizer step, so last_epoch == global_step
+        # LambdaLR multiplies each group's own peak lr (AdamW's lr, Muon's muon_lr) by the schedule's factor; it is
+        # stepped once per optimizer step, so last_epoch == global_step
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self._lr_at(step) / hp.lr)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
@@ -302,7 +330,8 @@ class TinyLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = tinylm_section(checkpoint)
         saved = checkpoint.get("hyper_parameters", {})
-        shape = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pad_vocab_multiple")
+        shape = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pad_vocab_multiple", "positions",
+                 "norm", "mlp", "tie_embeddings", "optimizer")
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
         if diffs:
             from tinylm.checkpoint import CheckpointError

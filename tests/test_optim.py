@@ -1,0 +1,111 @@
+"""Muon + AdamW as one optimizer: who gets which parameters, both on the schedule, clipping and grad-norm logging
+intact, a clear error on torch without Muon. (Exact resume with Muon: tests/test_resume.py.)"""
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.train.module import TinyLM
+from tinylm.train.optim import MuonAdamW
+from tinylm.train.schedules import lr_at
+
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, optimizer="muon")
+
+
+def _batches(n: int, B: int = 4, T: int = 16, V: int = 50) -> DataLoader:
+    data = torch.randint(0, V, (n * B, T + 1), generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=B)
+
+
+def _trainer(**kw) -> L.Trainer:
+    return L.Trainer(**dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, precision="32-true",
+                            limit_val_batches=0, log_every_n_steps=1) | kw)
+
+
+class _LRs(L.Callback):
+    def __init__(self):
+        self.adamw, self.muon = [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.adamw.append(optimizer.param_groups[0]["lr"])
+        self.muon.append(optimizer.param_groups[-1]["lr"])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_gets_the_hidden_matrices_and_adamw_the_rest(tie):
+    """Catches Muon on an embedding or the LM head (which its authors leave to AdamW), a 1-D gain or bias given to
+    Muon (it refuses them), or a parameter in no group or in two (a tied embedding counted twice)."""
+    module = TinyLM(**TINY, tie_embeddings=tie)
+    module.trainer = _trainer(max_steps=4)
+    opt = module.configure_optimizers()["optimizer"]
+    assert isinstance(opt, MuonAdamW)
+    muon = {id(p) for g in opt.muon.param_groups for p in g["params"]}
+    adamw = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    assert sorted(names[i] for i in muon) == sorted(
+        n for n in names.values() if n.startswith("transformer.h.") and n.endswith("weight") and "ln_" not in n)
+    assert len(muon) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per layer
+    assert "transformer.wte.weight" in {names[i] for i in adamw}
+    assert ("lm_head.weight" in {names[i] for i in adamw}) == (not tie)
+    assert not muon & adamw and muon | adamw == set(names)
+    assert [g["optimizer"] for g in opt.param_groups] == ["adamw", "adamw", "muon"]  # train/lr reads AdamW's
+
+
+def test_both_optimizers_follow_the_schedule_per_optimizer_step():
+    """Catches a Muon lr left at its peak (or stepped per micro-batch) while AdamW's decays: under accumulation both
+    groups follow warmup + cosine, each at its own peak, once per optimizer step."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-2, min_lr=1e-3, warmup_steps=2, muon_lr=0.05)
+    rec = _LRs()
+    _trainer(max_steps=6, accumulate_grad_batches=2, callbacks=[rec]).fit(module, _batches(12))
+    factor = [lr_at(s, schedule="cosine", lr=1.0, min_lr=0.1, warmup_steps=2, decay_steps=6) for s in range(6)]
+    assert rec.adamw == pytest.approx([1e-2 * f for f in factor])
+    assert rec.muon == pytest.approx([0.05 * f for f in factor])
+
+
+def test_grad_norm_and_clipping_cover_every_parameter_with_muon():
+    """Catches clipping or the logged grad norm seeing only one of the two optimizers' parameters."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, warmup_steps=0)
+    norms = []
+
+    class Norm(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            grads = [p.grad.norm() for p in pl_module.parameters() if p.grad is not None]
+            norms.append(torch.stack(grads).norm().item())  # the gradients the step used: clipped
+
+    trainer = _trainer(max_steps=1, gradient_clip_val=1e-3, callbacks=[Norm()])
+    trainer.fit(module, _batches(1))
+    assert trainer.callback_metrics["train/grad_norm"].item() > 1e-2  # the norm before clipping
+    assert norms[0] == pytest.approx(1e-3, rel=1e-3)  # every gradient was clipped, Muon's and AdamW's
+
+
+def test_muon_learns_one_batch():
+    """Catches a Muon part that never steps (or steps with lr 0): the model must overfit one batch."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=3e-3, min_lr=3e-3, muon_lr=0.02, warmup_steps=0, lr_schedule="constant",
+                    weight_decay=0.0)
+    batch = next(iter(_batches(1)))
+    loader = DataLoader(TensorDataset(batch[0].repeat(100, 1), batch[1].repeat(100, 1)), batch_size=4)
+    _trainer(max_steps=100).fit(module, loader)
+    assert module._loss(batch)[0].item() < 0.5
+
+
+def test_old_torch_without_muon_gets_one_line(monkeypatch):
+    """Catches an AttributeError deep in configure_optimizers on torch < 2.9: the message names the fix."""
+    monkeypatch.delattr(torch.optim, "Muon")
+    module = TinyLM(**TINY)
+    module.trainer = _trainer(max_steps=4)
+    with pytest.raises(RuntimeError, match=r"torch.optim.Muon \(torch >= 2.9\).*model.optimizer=adamw"):
+        module.configure_optimizers()
+
+
+@pytest.mark.parametrize("bad, match", [({"optimizer": "sgd"}, "unknown model.optimizer 'sgd'; choose one of adamw, muon"),
+                                        ({"muon_lr": 0.0}, r"model.muon_lr must be in \(0, inf\)"),
+                                        ({"muon_momentum": 1.0}, r"model.muon_momentum must be in \[0, 1\)")])
+def test_bad_optimizer_options_raise(bad, match):
+    """Catches a typo'd optimizer silently training with AdamW, or a Muon lr/momentum that diverges."""
+    with pytest.raises(ValueError, match=match):
+        TinyLM(**(TINY | bad))

@@ -1,0 +1,110 @@
+"""Optimizers: AdamW (nanoGPT) or Muon for the hidden matrices + AdamW for the rest (modded-nanogpt, nanochat).
+
+Design: Muon and AdamW live in ONE optimizer object, `MuonAdamW`, whose `param_groups` are the two inner optimizers'
+own group dicts (AdamW's first). Lightning then sees a single optimizer, so its automatic optimization keeps
+working unchanged: gradient accumulation, `configure_gradient_clipping` (one total norm over every parameter, logged
+as train/grad_norm), AMP unscaling, the LambdaLR schedule (it scales every group's own initial lr by the same factor
+per optimizer step: both optimizers follow the schedule), and checkpoints (`state_dict` holds both optimizers' states,
+so a resume is exact). Two optimizers in Lightning would need manual optimization and re-implementing all of that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+OPTIMIZERS = ("adamw", "muon")
+MUON_TORCH = "2.9"  # torch.optim.Muon arrived in PyTorch 2.9 (pytorch/pytorch#160213, August 2025)
+
+
+def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(hidden matrices, other matrices and embeddings, 1-D gains and biases) of a tinylm GPT.
+
+    Hidden matrices are the 2-D weights inside the blocks (attention and MLP projections): Muon's domain. The token
+    and position embeddings and the LM head are 2-D too but are lookups / a classifier, which Muon's authors leave to
+    AdamW; so are norms and biases (1-D).
+    """
+    hidden, matrices, vectors = [], [], []
+    for name, p in model.named_parameters():  # a tied embedding is listed once
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2:
+            vectors.append(p)
+        elif ".h." in f".{name}":
+            hidden.append(p)
+        else:
+            matrices.append(p)
+    return hidden, matrices, vectors
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """`torch.optim.Muon` on `muon_groups` and `torch.optim.AdamW` on `adamw_groups`, stepped together as one
+    optimizer. `param_groups` are the inner optimizers' own dicts (AdamW's first), so a scheduler or a user writing
+    `group["lr"]` changes what the inner optimizer uses."""
+
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], *, muon: dict[str, Any],
+                 adamw: dict[str, Any]) -> None:
+        self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
+        self.muon = torch.optim.Muon(muon_groups, **muon)
+        for group in self.muon.param_groups:
+            group["optimizer"] = "muon"
+        for group in self.adamw.param_groups:
+            group["optimizer"] = "adamw"
+        # no defaults: add_param_group appends the very same group dicts, adding no keys
+        super().__init__(self.adamw.param_groups + self.muon.param_groups, defaults={})
+
+    @property
+    def state(self) -> dict:
+        """Both optimizers' per-parameter states (the same dicts: Lightning moves them between devices in place)."""
+        return {**self.adamw.state, **self.muon.state}
+
+    @state.setter
+    def state(self, value: Any) -> None:  # Optimizer.__init__ assigns an empty state; the inner optimizers own it
+        pass
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:  # Lightning's closure: forward, backward, clipping; then both optimizers step
+            with torch.enable_grad():
+                loss = closure()
+        self.adamw.step()
+        self.muon.step()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) != {"adamw", "muon"}:
+            raise ValueError("the checkpoint's optimizer state is not Muon + AdamW (it has keys "
+                             f"{sorted(state_dict)}); resume with the model.optimizer the run was started with")
+        self.adamw.load_state_dict(state_dict["adamw"])
+        self.muon.load_state_dict(state_dict["muon"])
+        # Optimizer.load_state_dict makes new group dicts: point ours at them, in place (LightningOptimizer and the
+        # LR scheduler hold this very list), or the schedule would write lrs the inner optimizers never read
+        self.param_groups[:] = self.adamw.param_groups + self.muon.param_groups
+
+
+def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay: float, betas: tuple[float, float],
+                    muon_lr: float, muon_momentum: float, muon_weight_decay: float,
+                    fused: bool) -> torch.optim.Optimizer:
+    """AdamW over everything (matrices and embeddings decay, 1-D gains and biases do not), or `MuonAdamW`: Muon for
+    the hidden matrices at `muon_lr`, AdamW at `lr` for embeddings, LM head, norms and biases."""
+    if optimizer == "adamw":
+        params = [p for p in model.parameters() if p.requires_grad]  # in model order: checkpoints index by it
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+    hidden, matrices, vectors = split_params(model)
+    if not hasattr(torch.optim, "Muon"):
+        raise RuntimeError(f"model.optimizer=muon needs torch.optim.Muon (torch >= {MUON_TORCH}); this is torch "
+                           f"{torch.__version__}: upgrade torch, or use model.optimizer=adamw")
+    adamw_groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+    # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
+    muon = dict(lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay, nesterov=True, ns_steps=5,
+                adjust_lr_fn="original")
+    return MuonAdamW([{"params": hidden}], [g for g in adamw_groups if g["params"]], muon=muon,
+                     adamw=dict(lr=lr, betas=betas, fused=fused))
