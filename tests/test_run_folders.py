@@ -204,7 +204,7 @@ def test_gpu_recipe_on_cpu_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     recipe = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml").read_text())
     hparams = {**recipe["model"], "block_size": recipe["data"]["block_size"]}
-    with pytest.warns(UserWarning, match="sized for a GPU.*compile_model.*6-layer, 384-wide"):
+    with pytest.warns(UserWarning, match="sized for a GPU.*compile_model.*6-layer, 384-wide.*num_workers 2"):
         _warn_gpu_recipe_on_cpu({}, hparams, Data())
     laptop = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char-cpu.yaml").read_text())
     import warnings

@@ -306,12 +306,12 @@ def _warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
     slow = []
     if hparams.get("compile_model"):
         slow.append("model.compile_model true (minutes of compilation)")
-    if getattr(dm, "num_workers", 0) > (torch.get_num_threads() // 2):
-        slow.append(f"data.num_workers {dm.num_workers} (workers compete with training for the cores)")
     flops = 6 * hparams["n_layer"] * 12 * hparams["n_embd"] ** 2 * getattr(dm, "batch_size", 1) * hparams["block_size"]
     if flops > 5e11:  # ~6 N B T > 0.5 TFLOP per micro-batch: seconds per step on a laptop CPU
         slow.append(f"a {hparams['n_layer']}-layer, {hparams['n_embd']}-wide model on batches of "
                     f"{getattr(dm, 'batch_size', '?')} x {hparams['block_size']} tokens")
+    if slow and getattr(dm, "num_workers", 0) > 0:  # on their own, a few workers are fine on a CPU
+        slow.append(f"data.num_workers {dm.num_workers} (workers compete with training for the cores)")
     if slow:
         warnings.warn("this recipe is sized for a GPU and will be very slow on this CPU: " + "; ".join(slow)
                       + ". For a laptop use configs/shakespeare-char-cpu.yaml (or override those options)")
