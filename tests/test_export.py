@@ -27,12 +27,12 @@ def _texts(small_data: Path) -> list[str]:
     return [shakespeare, german, "  two  spaces\n\n\tand a tab   ", "a"]
 
 
-def _write_checkpoint(path: Path, tokenizer: Tokenizer, *, bias: bool, pad_vocab_multiple: int) -> Path:
+def _write_checkpoint(path: Path, tokenizer: Tokenizer, *, bias: bool, pad_vocab_multiple: int, **options) -> Path:
     """A real `trainer.save_checkpoint` file of a 2-layer model whose every weight (biases, LayerNorm gains and the
     padded embedding rows included) is random, so a mis-mapped or dropped tensor changes the logits."""
     torch.manual_seed(0)
     module = TinyLM(vocab_size=tokenizer.vocab_size, block_size=32, eos_id=tokenizer.eos_id, n_layer=2, n_head=2,
-                    n_embd=32, bias=bias, pad_vocab_multiple=pad_vocab_multiple, warmup_steps=0)
+                    n_embd=32, bias=bias, pad_vocab_multiple=pad_vocab_multiple, warmup_steps=0, **options)
     module.tokenizer_state = tokenizer.state_dict()
     data = torch.randint(0, tokenizer.vocab_size, (4, 33))
     loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
@@ -290,3 +290,50 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, smal
     exec(compile(snippet, "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.startswith("ROMEO:") and len(printed.strip()) > len("ROMEO:") + 10
+
+
+# ---- Llama: rope + rmsnorm + swiglu ---------------------------------------------------------------------------
+LLAMA = dict(positions="rope", norm="rmsnorm", mlp="swiglu", rope_theta=500.0)
+
+
+@pytest.mark.parametrize("bias, tie", [(False, False), (True, False), (False, True)],
+                         ids=["untied", "bias-untied", "tied"])
+def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie):
+    """Catches a wrong q/k/v split, gate/up swapped, RoPE pairing or theta lost, RMSNorm eps or placement, padded
+    vocab rows or an untied head mis-exported: LlamaForCausalLM's logits must equal tinylm's to 1e-4 (fp32), and
+    importing the directory back gives the same model."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=64,
+                             tie_embeddings=tie, **LLAMA)
+    model, tokenizer, _ = load_model(ckpt)
+    out = export_hf(ckpt, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] == tie
+    hf = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    assert isinstance(hf, transformers.LlamaForCausalLM)
+    idx = torch.tensor([tokenizer.encode("First Citizen:\nBefore we proceed, hear me."[:32])])  # (1, 32)
+    with torch.no_grad():
+        ours, theirs = model(idx), hf(idx).logits
+    assert ours.std() > 0.1 and theirs.shape == ours.shape == (1, 32, tokenizer.vocab_size)
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+    back = import_hf(out)
+    assert (back.config.positions, back.config.mlp, back.config.rope_theta, back.config.tie_embeddings) == \
+        ("rope", "swiglu", 500.0, tie)
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx), ours, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(LLAMA, qk_norm=True), "model.qk_norm=true cannot be exported"),
+    (dict(LLAMA, logit_softcap=15.0), "model.logit_softcap=15.0 cannot be exported"),
+    (dict(LLAMA, mlp="relu2"), "model.mlp='relu2' with positions='rope' cannot be exported.*mlp='swiglu'"),
+    (dict(positions="rope"), "model.norm='layernorm' with positions='rope'"),
+    (dict(norm="rmsnorm"), "model.norm='rmsnorm' with positions='learned'.*norm='layernorm'"),
+    (dict(tie_embeddings=False), "model.tie_embeddings=False with positions='learned'"),
+])
+def test_export_refuses_what_transformers_cannot_represent(tmp_path, char_tokenizer, options, message):
+    """Catches an export that silently drops an option (a model that predicts differently in transformers): the
+    refusal is one line naming the option, and nothing is written."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64, **options)
+    with pytest.raises(ValueError, match=message) as err:
+        export_hf(ckpt, tmp_path / "hf")
+    assert "\n" not in str(err.value) and not (tmp_path / "hf").exists()

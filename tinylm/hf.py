@@ -1,4 +1,7 @@
-"""To and from Hugging Face transformers' GPT-2 format.
+"""To and from Hugging Face transformers' GPT-2 format (and, through tinylm/hf_llama.py, Llama's).
+
+`hf_family` picks the format from the architecture options: nanoGPT's (learned positions, LayerNorm, GELU, tied)
+is GPT-2; rope + rmsnorm + swiglu is Llama; anything else is refused naming the option.
 
 tinylm's GPT is GPT-2's architecture, so a checkpoint maps onto `GPT2LMHeadModel` weight for weight:
 - tinylm's `nn.Linear` stores (out, in); GPT-2's `Conv1D` stores (in, out): the four projection matrices of every
@@ -50,6 +53,27 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 # ---------------------------------------------------------------------------------------------------- model
+def hf_family(config: GPTConfig) -> str:
+    """"gpt2" or "llama": the transformers architecture that computes this GPT; ValueError naming the option that
+    neither can represent."""
+    if config.qk_norm:
+        raise ValueError("model.qk_norm=true cannot be exported: neither GPT-2 nor Llama in transformers normalises "
+                         "queries and keys; train with qk_norm false to export")
+    if config.logit_softcap is not None:
+        raise ValueError(f"model.logit_softcap={config.logit_softcap} cannot be exported: GPT-2 and Llama in "
+                         "transformers do not soft-cap logits; train with logit_softcap null to export")
+    from tinylm.hf_llama import LLAMA_OPTIONS
+
+    family, wanted = ("gpt2", dict(norm="layernorm", mlp="gelu", tie_embeddings=True)) \
+        if config.positions == "learned" else ("llama", {k: v for k, v in LLAMA_OPTIONS.items() if k != "positions"})
+    for name, value in wanted.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"model.{name}={getattr(config, name)!r} with positions={config.positions!r} cannot be "
+                             f"exported: transformers' {'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}="
+                             f"{value!r} (GPT-2: learned + layernorm + gelu + tied; Llama: rope + rmsnorm + swiglu)")
+    return family
+
+
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """tinylm GPT weights renamed and shaped for `GPT2LMHeadModel` (the names already match; Conv1D is transposed)."""
     c = model.config
@@ -94,7 +118,9 @@ def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
 
 
 def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype | str = torch.float32) -> Path:
-    """Write a transformers `GPT2LMHeadModel` directory from a tinylm checkpoint; returns `out_dir`.
+    """Write a transformers `GPT2LMHeadModel` (nanoGPT architecture) or `LlamaForCausalLM` (rope + rmsnorm +
+    swiglu) directory from a tinylm checkpoint; returns `out_dir`. Other architectures raise ValueError naming the
+    option transformers cannot represent.
 
     Args:
         ckpt_path: a `.ckpt` written by `tinylm fit`.
@@ -102,20 +128,30 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
             generation_config.json, model.safetensors, the Hugging Face tokenizer files and `tinylm_tokenizer/`.
         dtype: dtype of the saved weights: torch.float32 (exact), torch.bfloat16 or torch.float16 (or their names).
     """
-    from transformers import GPT2LMHeadModel
-
     dtype = _dtype(dtype)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
     model, tokenizer, _ = load_model(ckpt_path)
     c = model.config
+    family = hf_family(c)
     if c.attn_mask != "causal":
-        warnings.warn(f"this model was trained with attn_mask={c.attn_mask!r}; GPT-2 in transformers only does "
+        warnings.warn(f"this model was trained with attn_mask={c.attn_mask!r}; transformers' {family} only does "
                       "causal attention, so its outputs match tinylm's only on single documents without a prefix")
     eos_id = tokenizer.eos_id if tokenizer is not None else c.eos_id
-    hf = GPT2LMHeadModel(hf_config(c, eos_id=eos_id)).eval()
-    hf.load_state_dict(hf_state_dict(model), strict=True)  # strict: every GPT-2 weight comes from the checkpoint
+    if family == "gpt2":
+        from transformers import GPT2LMHeadModel
+
+        hf = GPT2LMHeadModel(hf_config(c, eos_id=eos_id)).eval()
+        state = hf_state_dict(model)
+    else:
+        from transformers import LlamaForCausalLM
+
+        from tinylm.hf_llama import llama_config, llama_state_dict
+
+        hf = LlamaForCausalLM(llama_config(c, eos_id=eos_id)).eval()
+        state = llama_state_dict(model)
+    hf.load_state_dict(state, strict=True)  # strict: every transformers weight comes from the checkpoint
     hf.to(dtype).save_pretrained(out)
     if tokenizer is None:
         warnings.warn(f"checkpoint {str(ckpt_path)!r} holds no tokenizer; exported the model only")
@@ -235,7 +271,7 @@ _IMPORTABLE = (
 
 
 def import_hf(path: str | Path) -> GPT:
-    """A tinylm GPT (eval mode, fp32) from a transformers GPT-2 directory, e.g. one written by `export_hf`.
+    """A tinylm GPT (eval mode, fp32) from a transformers GPT-2 or Llama directory, e.g. one written by `export_hf`.
 
     Directories from elsewhere load too when their config describes the function tinylm's GPT computes (exact GELU,
     LayerNorm eps 1e-5, ...; see `_IMPORTABLE`); any other config raises ValueError naming the field. OpenAI's
@@ -246,9 +282,15 @@ def import_hf(path: str | Path) -> GPT:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {str(path)!r}; pass a directory written by `tinylm export`")
+    model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if model_type == "llama":
+        from tinylm.hf_llama import import_llama
+
+        return import_llama(path)
+    if model_type != "gpt2":
+        raise ValueError(f"{str(path)!r} holds a {model_type!r} model; only GPT-2 and Llama (model_type 'gpt2', "
+                         "'llama') import")
     hc = GPT2Config.from_pretrained(path)
-    if hc.model_type != "gpt2":
-        raise ValueError(f"{str(path)!r} holds a {hc.model_type!r} model; only GPT-2 (model_type 'gpt2') imports")
     unsupported = [f"{field}={getattr(hc, field, None)!r} (tinylm supports {what})"
                    for field, ok, what in _IMPORTABLE if not ok(getattr(hc, field, None), hc)]
     if unsupported:
