@@ -9,7 +9,8 @@ import torch
 from tinylm.data.corpus import EOT, open_corpus
 from tinylm.data import TinyLMDataModule
 from tinylm.data.loader import ResumableLoader, TrainBatches
-from tinylm.data.prepare import _pieces, load_meta, prepare_dataset
+from tinylm.data.prepare import load_meta, prepare_dataset
+from tinylm.data.writer import pieces
 from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
 
@@ -67,7 +68,7 @@ def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, smal
         assert np.fromfile(out / "val.bin", dtype=meta["dtype"]).tolist() == val
         total_bytes = sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
         assert total_bytes == sum(len(d.encode("utf-8")) for d in docs)
-    assert len(list(_pieces(docs[0], 50))) > 5
+    assert len(list(pieces(docs[0], 50))) > 5
 
 
 def test_second_run_reuses_and_changes_rebuild(shakespeare, tmp_path):
@@ -327,3 +328,23 @@ def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     _dm(tmp_path, shakespeare).prepare_data()
     left = {p.name for p in datasets.iterdir() if ".tmp-" in p.name}
     assert left == {names["running"], names["other_host"]}
+
+
+def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
+    """Prevents `data.tokenizer_train_chars` from training on the head of a sorted corpus only (or on all of it),
+    and from changing the cache key of corpora smaller than the sample (which would retrain them for nothing)."""
+    from tinylm.data.prepare import _sample, tokenizer_dir_for
+
+    path = tmp_path / "docs.txt"  # 40 documents "doc00 xxx...", 100 characters each
+    path.write_text("".join(f"doc{i:02d} " + "x" * 94 + f"\n{EOT}\n" for i in range(40)), encoding="utf-8")
+    corpus = open_corpus(str(path), cache_dir=tmp_path)
+    sample = list(_sample(corpus, 1000))  # 1000 of the file's 4,600 bytes: a share of 0.217 of the documents
+    assert len(sample) == 9 and sum(map(len, sample)) == 900  # 0.217 x 4,000 characters of text, whole documents
+    assert sample[0].startswith("doc00") and int(sample[-1][3:5]) >= 35  # spread to the end, not the head
+    assert [s[:5] for s in _sample(corpus, None)] == [f"doc{i:02d}" for i in range(40)]
+    where = lambda n: tokenizer_dir_for(corpus, "bpe", vocab_size=300, train_chars=n, cache_dir=tmp_path)  # noqa
+    assert where(10**9) == where(None) != where(1000)
+    dm = _dm(tmp_path, path, tokenizer="bpe", vocab_size=300, tokenizer_train_chars=1000)
+    summary = dm.summary()
+    assert dm.tokenizer.vocab_size <= 300 and "tokenizer trained on 0.0 MB" in summary["measured"]
+    assert "MB/s" in summary["measured"].split("tokenized")[1]

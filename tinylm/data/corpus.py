@@ -82,6 +82,11 @@ class Corpus:
         return self._fp
 
     @property
+    def size_bytes(self) -> int | None:
+        """About how many bytes of text the corpus holds (for progress bars and sampling), None when unknown."""
+        return None
+
+    @property
     def name(self) -> str:
         """Short readable name for folder names and summaries."""
         return Path(self.spec.rstrip("/")).name or self.spec
@@ -112,6 +117,10 @@ class TextFiles(Corpus):
                               "sequence(s) were replaced by U+FFFD (re-encode the file as UTF-8 to keep them)",
                               stacklevel=2)
 
+    @property
+    def size_bytes(self) -> int:  # type: ignore[override]
+        return sum(path.stat().st_size for path in self.files)
+
     def _fingerprint(self) -> str:
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
         for path in self.files:
@@ -137,11 +146,12 @@ def _read_documents(path: Path) -> Iterator[str]:
                 raise ValueError(f"corpus file {path} looks binary, not text: {n_bad} of its first {n_read} bytes "
                                  "are undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
                                  "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it is text")
-            while (i := buf.find(EOT, scan_from)) >= 0:
+            if buf.find(EOT, scan_from) >= 0:  # one split per read, not one copy of the rest per document
                 split = True
-                if doc := buf[:i].strip():
-                    yield doc
-                buf, scan_from = buf[i + len(EOT):], 0
+                *docs, buf = buf.split(EOT)
+                for doc in docs:
+                    if doc := doc.strip():
+                        yield doc
             scan_from = max(0, len(buf) - len(EOT) + 1)  # a separator may straddle two reads
             if len(buf) > MAX_DOCUMENT_CHARS:
                 raise ValueError(f"corpus file {path} holds a document of more than {MAX_DOCUMENT_CHARS:,} "
@@ -192,6 +202,11 @@ class HFDataset(Corpus):
     @property
     def has_validation(self) -> bool:  # type: ignore[override]
         return self.val_split in self._load() and self.val_split != self.split
+
+    @property
+    def size_bytes(self) -> int | None:  # type: ignore[override]
+        dd = self._load()  # Arrow bytes of the splits read: close to the text's size
+        return sum(dd[s].data.nbytes for s in {self.split, self.val_split} if s in dd) or None
 
     def _docs(self, split: str) -> Iterator[str]:
         ds = self._load()[self.split if split == "train" else self.val_split]

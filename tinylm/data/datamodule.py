@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import lightning as L
@@ -11,14 +12,15 @@ from torch.utils.data import DataLoader
 
 from tinylm.data.corpus import Corpus, open_corpus
 from tinylm.data.loader import ResumableLoader, TrainBatches, ValBatches
-from tinylm.data.prepare import dataset_dir_for, default_cache_dir, load_meta, prepare_dataset, prepare_tokenizer
+from tinylm.data.prepare import (TRAIN_STATS, dataset_dir_for, default_cache_dir, load_meta, prepare_dataset,
+                                 prepare_tokenizer, tokenizer_dir_for)
 from tinylm.ranges import check_ranges
-from tinylm.tokenize import Tokenizer
+from tinylm.tokenize import TRAINED_SPECS, Tokenizer
 
 # ids are stored as uint32 at most; the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed
 RANGES = {
     "vocab_size": "[1, 2**32)", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
-    "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)",
+    "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)", "tokenizer_train_chars": "[1, inf)",
 }
 """Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
 
@@ -33,6 +35,9 @@ class TinyLMDataModule(L.LightningDataModule):
             `tiktoken:PATH.tiktoken`, or a path to a tokenizer.json / saved tokenizer directory.
         vocab_size: target vocabulary size (ids, special tokens included) of trained BPE tokenizers. The model
             gets the tokenizer's real size, which may be smaller.
+        tokenizer_train_chars: trained BPE tokenizers learn from about this many characters of documents spread
+            evenly over a larger corpus (None: the whole corpus). The default trains in minutes on 2 cores and
+            costs well under 1% of compression (docs/benchmarks.md).
         block_size: context length in tokens of each training/validation window.
         batch_size: windows per batch on each device.
         val_fraction: share of the corpus's characters, taken from its end, that forms the validation split;
@@ -51,8 +56,8 @@ class TinyLMDataModule(L.LightningDataModule):
     """
 
     def __init__(self, *, corpus: str = "tinyshakespeare", tokenizer: str = "char", vocab_size: int = 8192,
-                 block_size: int = 256, batch_size: int = 64, val_fraction: float = 0.1,
-                 val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
+                 tokenizer_train_chars: int | None = 250_000_000, block_size: int = 256, batch_size: int = 64,
+                 val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  hf_config: str | None = None, hf_revision: str | None = None) -> None:
@@ -61,6 +66,7 @@ class TinyLMDataModule(L.LightningDataModule):
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
         self.save_hyperparameters(ignore=["vocab_size"])
         self.corpus_spec, self.tokenizer_spec, self.target_vocab_size = corpus, tokenizer, vocab_size
+        self.tokenizer_train_chars = tokenizer_train_chars
         self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
                                                                                  val_fraction, val_batches)
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -85,7 +91,7 @@ class TinyLMDataModule(L.LightningDataModule):
         """The run's tokenizer (trained or loaded on first use, then cached on disk)."""
         if self._tokenizer is None:
             self._tokenizer = prepare_tokenizer(self.corpus, self.tokenizer_spec, vocab_size=self.target_vocab_size,
-                                                cache_dir=self.cache_dir)
+                                                train_chars=self.tokenizer_train_chars, cache_dir=self.cache_dir)
         return self._tokenizer
 
     @property
@@ -205,4 +211,22 @@ class TinyLMDataModule(L.LightningDataModule):
             "val_documents": val["documents"],
             "val_source": m["settings"]["val_source"],
             "bytes_per_token": (train["bytes"] + val["bytes"]) / max(1, train["tokens"] + val["tokens"]),
+            "measured": self._measured(),
         }
+
+    def _measured(self) -> str:
+        """How fast the tokenizer trained and the corpus was tokenized, when they were built (on this machine or
+        wherever the cached folders were made)."""
+        parts = []
+        if self.tokenizer_spec in TRAINED_SPECS:
+            stats = Path(tokenizer_dir_for(self.corpus, self.tokenizer_spec, vocab_size=self.target_vocab_size,
+                                           train_chars=self.tokenizer_train_chars, cache_dir=self.cache_dir),
+                         TRAIN_STATS)
+            if stats.is_file():
+                t = json.loads(stats.read_text(encoding="utf-8"))
+                parts.append(f"tokenizer trained on {t['bytes'] / 1e6:,.1f} MB in {t['seconds']:,.1f} s "
+                             f"({t['mb_per_s']:.2f} MB/s)")
+        if "build" in self.meta:
+            b = self.meta["build"]
+            parts.append(f"tokenized {b['bytes'] / 1e6:,.1f} MB in {b['seconds']:,.1f} s ({b['mb_per_s']:.2f} MB/s)")
+        return "; ".join(parts) or "nothing was timed (folders made by an older tinylm)"

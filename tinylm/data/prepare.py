@@ -19,21 +19,22 @@ import re
 import shutil
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tinylm.data.corpus import Corpus
+from tinylm.data.writer import PIECE_CHARS, SplitWriter, Stopwatch, progress, rate
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+TRAIN_STATS = "train_stats.json"  # beside a trained tokenizer: what its training read and how fast
 DTYPES = ("uint16", "uint32")  # the id types a dataset may store (little-endian)
 SCAN_TOKENS = 1 << 24  # ids checked per step when a dataset is opened (32-64 MB of memory)
-PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bounded memory, parallel batches)
-BATCH_CHARS = 8 << 20  # text handed to one encode_batch call
 
 
 def default_cache_dir() -> Path:
@@ -101,20 +102,78 @@ def _publish(final: Path, write: Callable[[Path], None], complete: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ preparing
-def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: Path) -> Tokenizer:
-    """The run's tokenizer: trained kinds are trained once per (corpus, spec, vocab_size) and cached."""
+def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: Path,
+                      train_chars: int | None = None) -> Tokenizer:
+    """The run's tokenizer: trained kinds are trained once per (corpus, spec, vocab_size, sample) and cached.
+    BPE kinds learn from about `train_chars` characters of documents spread over the corpus (None: all of it);
+    `char` always reads everything (a character it never saw could not be encoded)."""
     if spec not in TRAINED_SPECS:
         return build_tokenizer(spec, vocab_size=vocab_size)
-    size = None if spec == "char" else vocab_size
-    final = Path(cache_dir) / "tokenizers" / f"{spec}-{_slug(corpus.name)}-{_key([corpus.fingerprint, spec, size])}"
+    sample = _sample_chars(corpus, spec, train_chars)
+    final = tokenizer_dir_for(corpus, spec, vocab_size=vocab_size, train_chars=train_chars, cache_dir=cache_dir)
     if not (final / STATE_FILE).is_file():
         _check_not_empty(corpus)
         log.info("training a %s tokenizer on %s", spec, corpus.spec)
-        tok = build_tokenizer(spec, vocab_size=vocab_size, documents=lambda: corpus.documents("train"))
-        _publish(final, tok.save, STATE_FILE)
+        _publish(final, lambda tmp: _train_tokenizer(tmp, corpus, spec, vocab_size, sample), STATE_FILE)
     tok = Tokenizer.load(final)  # always the published copy, so concurrent ranks agree on one tokenizer
     tok.spec = spec
     return tok
+
+
+def tokenizer_dir_for(corpus: Corpus, spec: str, *, vocab_size: int, train_chars: int | None,
+                      cache_dir: Path) -> Path:
+    """Where the tokenizer of kind `spec` (one of TRAINED_SPECS) trained on `corpus` lives."""
+    sample = _sample_chars(corpus, spec, train_chars)
+    key = [corpus.fingerprint, spec, None if spec == "char" else vocab_size] + ([sample] if sample else [])
+    return Path(cache_dir) / "tokenizers" / f"{spec}-{_slug(corpus.name)}-{_key(key)}"
+
+
+def _sample_chars(corpus: Corpus, spec: str, train_chars: int | None) -> int | None:
+    """The sample a tokenizer trains on, None for all of the corpus (also when the corpus is smaller than the
+    sample: it then keeps the cache key it had before sampling existed)."""
+    if spec == "char" or train_chars is None or (corpus.size_bytes or 1 << 62) <= train_chars:
+        return None
+    return train_chars
+
+
+def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, sample: int | None) -> None:
+    total = corpus.size_bytes if sample is None or corpus.size_bytes is None else min(sample, corpus.size_bytes)
+    clock, read = Stopwatch(), [0]
+
+    def documents() -> Iterator[str]:
+        read[0] = 0
+        with progress(total, f"training {spec} on {corpus.name}") as bar:
+            for doc in _sample(corpus, sample):
+                n = len(doc.encode("utf-8"))
+                read[0] += n
+                bar.update(n)
+                yield doc
+
+    build_tokenizer(spec, vocab_size=vocab_size, documents=documents).save(out)
+    stats = {**rate(read[0], clock()), "sample_chars": sample}
+    log.info("trained the %s tokenizer on %.1f MB in %.1f s", spec, stats["bytes"] / 1e6, stats["seconds"])
+    (out / TRAIN_STATS).write_text(json.dumps(stats) + "\n", encoding="utf-8")
+
+
+def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
+    """About `max_chars` characters of the train documents, spread evenly over the corpus: a document is kept
+    while the characters kept are below max_chars / size of those read so far (size: `corpus.size_bytes`); e.g.
+    max_chars = size / 4 keeps one document in four. Without a known size it is the head of the corpus."""
+    docs = corpus.documents("train")
+    if max_chars is None:
+        yield from docs
+        return
+    size = corpus.size_bytes
+    share = 1.0 if size is None else min(1.0, max_chars / max(size, 1))
+    kept = seen = 0
+    for doc in docs:
+        seen += len(doc)
+        if kept < share * seen:
+            doc = doc[: max_chars - kept]
+            kept += len(doc)
+            yield doc
+        if kept >= max_chars:
+            return
 
 
 def dataset_dir_for(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float, cache_dir: Path) -> Path:
@@ -139,105 +198,22 @@ def prepare_dataset(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float
     return final
 
 
-class _SplitWriter:
-    """Appends documents' tokens to one .bin file, EOS after each complete document, encoding in batches."""
-
-    def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int) -> None:
-        self.file, self.tok, self.dtype, self.piece_chars = open(path, "wb"), tok, dtype, piece_chars
-        self.eos = None if tok.eos_id is None else np.array([tok.eos_id], dtype=dtype)
-        self.texts: list[str] = []
-        self.ends: list[bool] = []
-        self.pending = 0
-        self.stats = {"tokens": 0, "documents": 0, "bytes": 0, "chars": 0}
-
-    def add(self, text: str, *, ends_document: bool) -> None:
-        """Add a document, or part of one (the two sides of the train/val cut)."""
-        self.stats["documents"] += 1
-        self.stats["chars"] += len(text)
-        for piece in _pieces(text, self.piece_chars):
-            self.texts.append(piece)
-            self.ends.append(False)
-            self.stats["bytes"] += len(piece.encode("utf-8"))
-            self.pending += len(piece)
-        self.ends[-1] = ends_document
-        if self.pending >= BATCH_CHARS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.texts:
-            return
-        parts = []
-        for ids, end in zip(self.tok.encode_batch(self.texts), self.ends):
-            parts.append(np.asarray(ids, dtype=self.dtype))
-            if end and self.eos is not None:
-                parts.append(self.eos)
-        tokens = np.concatenate(parts)
-        self.file.write(tokens.tobytes())
-        self.stats["tokens"] += len(tokens)
-        self.texts, self.ends, self.pending = [], [], 0
-
-    def close(self) -> dict:
-        self.flush()
-        self.file.close()
-        return self.stats
-
-
-def _pieces(text: str, max_chars: int) -> Iterator[str]:
-    """Cut text longer than max_chars where no pre-token of the GPT-2 or cl100k patterns can span the cut, so
-    the pieces encode to exactly the ids of the whole text: after a lone newline between two non-space
-    characters, else before a space that follows a non-space character ("ab\\n\\ncd ef" -> "ab\\n\\ncd", " ef";
-    a cut after the second newline would turn the whitespace run "\\n\\n" into one token).
-    Text with neither (one giant word) is cut hard at max_chars."""
-    start, n = 0, len(text)
-    while n - start > max_chars:
-        end = start + max_chars
-        cut = end
-        i = text.rfind("\n", start + 1, end - 1)
-        while i > start and (text[i - 1].isspace() or text[i + 1].isspace()):
-            i = text.rfind("\n", start + 1, i)
-        if i > start:
-            cut = i + 1
-        else:
-            j = text.rfind(" ", start + 1, end)
-            while j > start and text[j - 1].isspace():
-                j = text.rfind(" ", start + 1, j)
-            if j > start:
-                cut = j
-        yield text[start:cut]
-        start = cut
-    if start < n:
-        yield text[start:]
-
-
 def _write_dataset(out: Path, corpus: Corpus, tok: Tokenizer, val_fraction: float, piece_chars: int) -> None:
-    from tqdm.auto import tqdm
-
     dtype_name = "uint16" if tok.vocab_size <= 2**16 else "uint32"
     dtype = np.dtype(dtype_name).newbyteorder("<")
     tok.save(out / "tokenizer")
-    writers = {s: _SplitWriter(out / f"{s}.bin", tok, dtype, piece_chars) for s in ("train", "val")}
     settings = _split_settings(corpus, val_fraction)
-    if corpus.has_validation:
-        for split, name in (("train", "train"), ("validation", "val")):
-            for doc in tqdm(corpus.documents(split), desc=f"tokenizing {split}", unit="doc", disable=None):
-                writers[name].add(doc, ends_document=True)
-    else:
-        # The tail by characters, exactly like nanoGPT's data[:int(n * 0.9)]; cut inside the straddling document.
-        total = sum(len(doc) for doc in corpus.documents("train"))
-        cut = int(total * (1 - val_fraction))
-        seen = 0
-        bar = tqdm(total=total, desc=f"tokenizing {corpus.name}", unit="char", unit_scale=True, disable=None)
-        for doc in corpus.documents("train"):
-            if seen + len(doc) <= cut:
-                writers["train"].add(doc, ends_document=True)
-            elif seen >= cut:
-                writers["val"].add(doc, ends_document=True)
-            else:
-                writers["train"].add(doc[: cut - seen], ends_document=False)
-                writers["val"].add(doc[cut - seen:], ends_document=True)
-            seen += len(doc)
-            bar.update(len(doc))
-        bar.close()
+    clock = Stopwatch()
+    with ThreadPoolExecutor(1, thread_name_prefix="tinylm-encode") as pool, \
+            progress(corpus.size_bytes, f"tokenizing {corpus.name}") as bar:
+        writers = {s: SplitWriter(out / f"{s}.bin", tok, dtype, piece_chars, pool, bar) for s in ("train", "val")}
+        try:
+            _fill(writers, corpus, val_fraction)
+        finally:
+            splits = {name: w.close() for name, w in writers.items()}
+    build = rate(sum(s["bytes"] for s in splits.values()), clock())
+    log.info("tokenized %s: %.1f MB in %.1f s (%.2f MB/s)", corpus.spec, build["bytes"] / 1e6, build["seconds"],
+             build["mb_per_s"])
     splits = {name: w.close() for name, w in writers.items()}
     meta = {
         "format_version": FORMAT_VERSION,
@@ -251,8 +227,31 @@ def _write_dataset(out: Path, corpus: Corpus, tok: Tokenizer, val_fraction: floa
         "corpus_spec": corpus.spec,
         "corpus_fingerprint": corpus.fingerprint,
         "settings": settings,
+        "build": build,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _fill(writers: dict[str, SplitWriter], corpus: Corpus, val_fraction: float) -> None:
+    """Hand every document to the train or val writer."""
+    if corpus.has_validation:
+        for split, name in (("train", "train"), ("validation", "val")):
+            for doc in corpus.documents(split):
+                writers[name].add(doc, ends_document=True)
+        return
+    # The tail by characters, exactly like nanoGPT's data[:int(n * 0.9)]; cut inside the straddling document.
+    total = sum(len(doc) for doc in corpus.documents("train"))
+    cut = int(total * (1 - val_fraction))
+    seen = 0
+    for doc in corpus.documents("train"):
+        if seen + len(doc) <= cut:
+            writers["train"].add(doc, ends_document=True)
+        elif seen >= cut:
+            writers["val"].add(doc, ends_document=True)
+        else:
+            writers["train"].add(doc[: cut - seen], ends_document=False)
+            writers["val"].add(doc[cut - seen:], ends_document=True)
+        seen += len(doc)
 
 
 def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> dict:

@@ -1,0 +1,75 @@
+"""Elastic resume: a run may continue on another number of devices when the global batch stays the same.
+
+Batch k of rank r holds the global samples (k * world_size + r) * B ... + B - 1 (tinylm.data.loader.TrainBatches),
+so 1 device with batch 2B draws exactly the windows of 2 devices with batch B, and DDP's gradient average over the
+two halves equals the single device's mean over all of them. These tests run real DDP on 2 CPU processes.
+"""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinylm.cli import main
+
+pytestmark = pytest.mark.slow
+B, STEPS, HALF = 4, 6, 3
+
+
+@pytest.fixture
+def config(run_config):
+    return run_config(chars=40_000, seed_everything=5, run={"name": "straight", "checkpoint_every": HALF},
+                      trainer={"max_steps": STEPS, "val_check_interval": HALF},
+                      model={"lr": 3e-3, "warmup_steps": 1, "decay_steps": STEPS},
+                      data={"block_size": 32, "batch_size": 2 * B, "val_batches": None})  # all of val:
+    # val_batches counts per-device batches, so a limit would evaluate other windows after the batch size changes
+
+
+def _fit(config: Path, *args: str, devices: int) -> None:
+    """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command)."""
+    if devices == 1:
+        main(["fit", "--config", str(config), *args])
+        return
+    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+           "--trainer.devices", str(devices), "--trainer.strategy", "ddp", *args]
+    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _metric(run: Path, key: str) -> dict[int, float]:
+    with open(run / "csv" / "metrics.csv") as f:
+        return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+def test_resume_on_another_device_count_continues_the_same_run(config, tmp_path, before, after):
+    """Catches an elastic resume that draws other windows than the uninterrupted run (ranks replaying each other's
+    samples, a position counted per rank instead of globally, a batch of the wrong size): the resumed run's
+    losses must match a straight single-device run with the same global batch."""
+    _fit(config, devices=1)
+    straight = tmp_path / "runs" / "straight"
+    per_device = lambda n: str(2 * B // n)  # noqa: E731 (the same global batch of 2B windows)
+    _fit(config, "--run.name", "elastic", "--trainer.max_steps", str(HALF), "--data.batch_size", per_device(before),
+         devices=before)
+    _fit(config, "--run.name", "elastic", "--ckpt_path", "last", "--data.batch_size", per_device(after),
+         devices=after)
+    elastic = tmp_path / "runs" / "elastic"
+    want, got = _metric(straight, "val/loss"), _metric(elastic, "val/loss")
+    assert sorted(got) == sorted(want) == [HALF - 1, STEPS - 1]  # validated before and after the device change
+    assert got == pytest.approx(want, abs=1e-4)
+    if after == 1:  # one process logs the loss of the whole global batch: every resumed step must match
+        want, got = _metric(straight, "train/loss"), _metric(elastic, "train/loss")
+        assert [got[s] for s in range(HALF, STEPS)] == pytest.approx([want[s] for s in range(HALF, STEPS)], abs=1e-4)
+
+
+def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
+    """Catches a resume with another global batch silently drawing other data (or a refusal that does not say
+    which --data.batch_size restores the run's global batch)."""
+    _fit(config, "--trainer.max_steps", str(HALF), devices=1)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", str(B)])
+    err = capsys.readouterr().err.strip().splitlines()
+    line = next(ln for ln in err if "global batch" in ln)
+    assert f"global batch of {2 * B} windows" in line and f"resume with --data.batch_size {2 * B}" in line

@@ -1,0 +1,130 @@
+"""Documents -> token ids on disk, at the speed of the tokenizer: encoding runs in a background thread (the Rust
+tokenizers release the GIL and use every core) while this thread reads and decodes the next batch, and a
+progress bar reports MB/s and an ETA.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinylm.tokenize import Tokenizer
+
+PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bounded memory, parallel batches)
+BATCH_CHARS = 8 << 20  # text handed to one encode_batch call
+
+
+def progress(total_bytes: int | None, desc: str) -> Any:
+    """A tqdm bar in bytes (shows MB/s, and an ETA when the total is known); silent when stderr is no terminal."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, disable=None,
+                smoothing=0.05)
+
+
+def rate(n_bytes: int, seconds: float) -> dict:
+    """What a timed pass measured, as stored in meta.json and printed by `tinylm prepare`."""
+    return {"bytes": n_bytes, "seconds": round(seconds, 3), "mb_per_s": round(n_bytes / 1e6 / max(seconds, 1e-9), 3)}
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class SplitWriter:
+    """Appends documents' tokens to one .bin file, EOS after each complete document, encoding in batches of
+    BATCH_CHARS characters. At most one batch encodes in `pool` while the next is gathered, so memory stays at a
+    few batches whatever the corpus size, and the file is written in document order."""
+
+    def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
+                 bar: Any = None) -> None:
+        self.file, self.tok, self.dtype, self.piece_chars = open(path, "wb"), tok, dtype, piece_chars
+        self.pool, self.bar = pool, bar
+        self.eos = None if tok.eos_id is None else np.array([tok.eos_id], dtype=dtype)
+        self.texts: list[str] = []
+        self.ends: list[bool] = []
+        self.pending = 0
+        self._encoding: Future | None = None
+        self.stats = {"tokens": 0, "documents": 0, "bytes": 0, "chars": 0}
+
+    def add(self, text: str, *, ends_document: bool) -> None:
+        """Add a document, or part of one (the two sides of the train/val cut)."""
+        self.stats["documents"] += 1
+        self.stats["chars"] += len(text)
+        for piece in pieces(text, self.piece_chars):
+            self.texts.append(piece)
+            self.ends.append(False)
+            n_bytes = len(piece.encode("utf-8"))
+            self.stats["bytes"] += n_bytes
+            if self.bar is not None:
+                self.bar.update(n_bytes)
+            self.pending += len(piece)
+        self.ends[-1] = ends_document
+        if self.pending >= BATCH_CHARS:
+            self.flush()
+
+    def _encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
+        parts = []
+        for ids, end in zip(self.tok.encode_batch(texts), ends):
+            parts.append(np.asarray(ids, dtype=self.dtype))
+            if end and self.eos is not None:
+                parts.append(self.eos)
+        return np.concatenate(parts)
+
+    def _write_encoded(self) -> None:
+        if self._encoding is not None:
+            tokens, self._encoding = self._encoding.result(), None
+            self.file.write(tokens.tobytes())
+            self.stats["tokens"] += len(tokens)
+
+    def flush(self) -> None:
+        """Start encoding the gathered texts; write the batch before it (which had this long to encode)."""
+        if self.texts:
+            started = self.pool.submit(self._encode, self.texts, self.ends)
+            self.texts, self.ends, self.pending = [], [], 0
+            self._write_encoded()
+            self._encoding = started
+
+    def close(self) -> dict:
+        try:
+            self.flush()
+            self._write_encoded()
+        finally:
+            self.file.close()
+        return self.stats
+
+
+def pieces(text: str, max_chars: int) -> Iterator[str]:
+    """Cut text longer than max_chars where no pre-token of the GPT-2 or cl100k patterns can span the cut, so
+    the pieces encode to exactly the ids of the whole text: after a lone newline between two non-space
+    characters, else before a space that follows a non-space character ("ab\\n\\ncd ef" -> "ab\\n\\ncd", " ef";
+    a cut after the second newline would turn the whitespace run "\\n\\n" into one token).
+    Text with neither (one giant word) is cut hard at max_chars."""
+    start, n = 0, len(text)
+    while n - start > max_chars:
+        end = start + max_chars
+        cut = end
+        i = text.rfind("\n", start + 1, end - 1)
+        while i > start and (text[i - 1].isspace() or text[i + 1].isspace()):
+            i = text.rfind("\n", start + 1, i)
+        if i > start:
+            cut = i + 1
+        else:
+            j = text.rfind(" ", start + 1, end)
+            while j > start and text[j - 1].isspace():
+                j = text.rfind(" ", start + 1, j)
+            if j > start:
+                cut = j
+        yield text[start:cut]
+        start = cut
+    if start < n:
+        yield text[start:]
