@@ -337,3 +337,47 @@ def test_export_refuses_what_transformers_cannot_represent(tmp_path, char_tokeni
     with pytest.raises(ValueError, match=message) as err:
         export_hf(ckpt, tmp_path / "hf")
     assert "\n" not in str(err.value) and not (tmp_path / "hf").exists()
+
+
+# ---- init_from: a new run from pretrained weights --------------------------------------------------------------
+@pytest.mark.parametrize("source", ["checkpoint", "llama-dir", "gpt2-dir"])
+def test_init_from_takes_weights_and_shape_from_the_source(tmp_path, char_tokenizer, source):
+    """Catches init_from ignoring the weights (a random model), building the config's shape instead of the weights'
+    (n_layer 4 asked, 2 stored), or hyperparameters that no longer describe the model (load_model would fail)."""
+    options = {} if source == "gpt2-dir" else LLAMA
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64, **options)
+    path = ckpt if source == "checkpoint" else export_hf(ckpt, tmp_path / "hf")
+    want, _, _ = load_model(ckpt)
+    module = TinyLM(vocab_size=char_tokenizer.vocab_size, block_size=16, n_layer=4, n_head=4, n_embd=64,
+                    init_from=str(path))
+    assert (module.hparams.n_layer, module.hparams.n_embd, module.model.config.positions) == \
+        (2, 32, options.get("positions", "learned"))
+    idx = torch.tensor([char_tokenizer.encode("First Citizen:\nBefore")])  # (1, 21) > block_size 16: crop
+    with torch.no_grad():
+        torch.testing.assert_close(module.model.eval()(idx[:, :16]), want(idx[:, :16]), atol=1e-5, rtol=0)
+    if source == "gpt2-dir":
+        assert module.model.transformer.wpe.weight.shape == (16, 32)  # the learned table cropped to block_size
+
+
+def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
+    """Catches fine-tuning with a different tokenizer of the same size (ids would mean other characters): the run
+    stops before training in one line naming init_from; a different vocabulary size is refused at once."""
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"name": "source"}))])
+    source = tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt"
+    text = (tmp_path / "shakespeare_small.txt").read_text()
+    assert "#" not in text and "z" in text
+    other = tmp_path / "other.txt"
+    other.write_text(text.replace("z", "#"))  # same number of distinct characters, another alphabet
+    config = run_config(run={"name": "finetune"}, model={"init_from": str(source)},
+                        data={"corpus": str(other), "cache_dir": str(tmp_path / "cache2")})
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(config)])
+    err = capsys.readouterr().err.strip().splitlines()  # the data preparation's log lines, then the error
+    assert exit_.value.code == 1
+    assert re.search(r"model.init_from .*last.ckpt' was trained with another tokenizer", err[-1])
+    with pytest.raises(ValueError, match="has 48 token ids but this run's tokenizer has 2"):
+        TinyLM(vocab_size=2, block_size=16, init_from=str(_write_checkpoint(
+            tmp_path / "m.ckpt", build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU", "v"]),
+            bias=False, pad_vocab_multiple=1)))

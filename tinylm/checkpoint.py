@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import zipfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,6 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
-    from dataclasses import fields
-
     from tinylm.model import GPT, GPTConfig
     from tinylm.tokenize.tokenizer import Tokenizer
 
@@ -161,3 +160,43 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds a tokenizer this tinylm cannot rebuild "
                               f"({type(e).__name__}: {e}); use the tinylm version that wrote it") from None
     return model.to(map_location).eval(), tokenizer, hparams
+
+
+# GPTConfig fields a run takes from the data or its own config, not from pretrained weights (init_from)
+RUN_FIELDS = ("vocab_size", "block_size", "dropout", "attn_mask", "eos_id")
+
+
+def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
+                    ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(architecture, GPT state_dict, tokenizer fingerprint or None) of pretrained weights for ``model.init_from``: a
+    Hugging Face GPT-2 or Llama directory (e.g. from `tinylm export`) or a tinylm checkpoint.
+
+    The architecture is every GPTConfig field except RUN_FIELDS. The weights must have `vocab_size` ids; with learned
+    positions their table must cover `block_size` (a longer one is cropped, as nanoGPT's crop_block_size does).
+    """
+    from tinylm.tokenize.tokenizer import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        from tinylm.hf import TINYLM_TOKENIZER_DIR, import_hf
+
+        model = import_hf(path)
+        tok_dir = path / TINYLM_TOKENIZER_DIR
+        tokenizer = Tokenizer.load(tok_dir) if tok_dir.is_dir() else None
+    elif path.is_file():
+        model, tokenizer, _ = load_model(path)
+    else:
+        raise FileNotFoundError(f"model.init_from {str(path)!r} not found; pass a tinylm .ckpt or a Hugging Face "
+                                "GPT-2/Llama directory (e.g. one written by `tinylm export`)")
+    c = model.config
+    if c.vocab_size != vocab_size:
+        raise ValueError(f"model.init_from {str(path)!r} has {c.vocab_size} token ids but this run's tokenizer has "
+                         f"{vocab_size}: fine-tune with the tokenizer the weights were trained with (data.tokenizer)")
+    state = model.state_dict()
+    if c.positions == "learned":
+        if block_size > c.block_size:
+            raise ValueError(f"data.block_size {block_size} is longer than the {c.block_size} positions model.init_from "
+                             f"{str(path)!r} learned; use data.block_size <= {c.block_size}")
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size]
+    architecture = {f.name: getattr(c, f.name) for f in fields(c) if f.name not in RUN_FIELDS}
+    return architecture, state, tokenizer.fingerprint if tokenizer is not None else None

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
 from torchmetrics.text import Perplexity
 
-from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
+from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.gpt import CONFIG_RANGES
 from tinylm.ranges import check_ranges
@@ -109,6 +109,10 @@ class TinyLM(L.LightningModule):
             rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
             block's per layer, for about one more forward pass of compute (measured in docs/benchmarks.md;
             `tinylm plan` shows both memory estimates).
+        init_from: Start from pretrained weights (a new run, not a resume; nanoGPT's ``init_from='gpt2'``): a tinylm
+            ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``). The architecture
+            (n_layer, n_head, n_embd, bias, positions, norm, mlp, ...) comes from the weights and overrides this
+            section's; vocab_size and the tokenizer must be the weights' own (a different one is refused).
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class TinyLM(L.LightningModule):
         beta2: float = 0.95,
         compile_model: bool = False,
         activation_checkpointing: bool = False,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         if vocab_size < 1:
@@ -164,8 +169,15 @@ class TinyLM(L.LightningModule):
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
                              f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
+        self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
+        if init_from is not None:
+            architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
+                                                                          block_size=block_size)
+            self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
         # every GPTConfig field has a TinyLM option of the same name (checkpoint.load_model relies on it too)
         self.model = GPT(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}))
+        if state is not None:
+            self.model.load_state_dict(state)
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
             for block in self.model.transformer.h:
                 block.forward = _recomputed_in_backward(block.forward)
@@ -318,6 +330,10 @@ class TinyLM(L.LightningModule):
     def _grab_tokenizer(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
+        if tok is not None and self._init_fingerprint not in (None, tok.fingerprint):
+            raise ValueError(f"model.init_from {self.hparams.init_from!r} was trained with another tokenizer "
+                             f"(fingerprint {self._init_fingerprint[:12]}) than this run's {tok.spec!r} (fingerprint "
+                             f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer (data.tokenizer)")
         if tok is not None and self.tokenizer_state is None:
             self.tokenizer_state = tok.state_dict()
         if tok is not None and self.token_bytes is None:
