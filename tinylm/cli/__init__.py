@@ -29,6 +29,8 @@ USAGE_LINES = {
     "generate": "sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT",
     "export": "write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",
     "sample-report": "compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR",
+    "plan": "size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE [--gpu H100]",
+    "plot": "loss, LR, grad norm, tokens/s and health alerts of runs, one PNG: tinylm plot RUN [RUN ...]",
 }
 OWN_COMMANDS = tuple(c for c in USAGE_LINES if c not in LIGHTNING_COMMANDS)
 

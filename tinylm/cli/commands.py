@@ -7,6 +7,7 @@ library never prints.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -29,8 +30,10 @@ def parser_for(fn: Callable, prog: str):
     doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     parser = ArgumentParser(prog=prog, description=doc, exit_on_error=False, env_prefix="TINYLM",
                             default_env=False)
-    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML file of these options")
-    parser.add_function_arguments(fn, as_group=False)
+    fit_config = "fit_args" in inspect.signature(fn).parameters  # see tinylm.cli.fit_config
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a `tinylm fit` config (YAML), as for fit"
+                        if fit_config else "a YAML file of these options")
+    parser.add_function_arguments(fn, as_group=False, skip={"fit_args"})  # fit_args: see tinylm.cli.fit_config
     return parser
 
 
@@ -38,11 +41,31 @@ def run(command: str, args: list[str]) -> Any:
     """Parse ``args`` for ``command`` and run it."""
     if command == "prepare":
         return prepare(args)
+    from tinylm.cli.fit_config import split_args, takes_fit_config
+
     fn = COMMANDS[command]
+    args = _leading_positionals(fn, args)
+    fit_args = None
+    if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
+        args, fit_args = split_args(fn, args)
     cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
     kwargs = cfg.as_dict()
     kwargs.pop("config", None)
-    return fn(**kwargs)
+    return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
+
+
+def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
+    """A command whose first parameter is a required ``list[str]`` takes it as leading positional arguments
+    (`tinylm plot RUN [RUN ...]`): they become ``--NAME=[...]`` for jsonargparse."""
+    first = next(iter(inspect.signature(fn).parameters.values()), None)
+    if first is None or first.default is not inspect.Parameter.empty or first.annotation not in ("list[str]", list[str]):
+        return args
+    lead = []
+    for arg in args:
+        if arg.startswith("-"):
+            break
+        lead.append(arg)
+    return ([f"--{first.name}={json.dumps(lead)}"] if lead else []) + args[len(lead):]
 
 
 # ---- prepare ----------------------------------------------------------------------------------------------------
@@ -283,4 +306,8 @@ def sample_report(
     return report
 
 
-COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report}
+from tinylm.cli.plan import plan  # noqa: E402  (commands in files of their own)
+from tinylm.cli.plot import plot  # noqa: E402
+
+COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report,
+                                 "plan": plan, "plot": plot}

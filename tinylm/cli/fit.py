@@ -329,8 +329,9 @@ def _warn_small_vocab(dm) -> None:
                       f"{got:,}. Use a bigger corpus or a smaller --data.vocab_size to silence this")
 
 
-def lightning_main(args: list[str]) -> TinyLMCLI:
-    """Run `fit` or `validate` with tinylm's model and data module; returns the CLI object."""
+def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> TinyLMCLI:
+    """Run `fit` or `validate` with tinylm's model and data module; returns the CLI object. (``cli_class``: a
+    subclass that stops earlier, for commands that only read a fit config: tinylm.cli.fit_config.)"""
     from tinylm.data import TinyLMDataModule
     from tinylm.train.module import TinyLM
 
@@ -339,7 +340,7 @@ def lightning_main(args: list[str]) -> TinyLMCLI:
     # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-    return TinyLMCLI(
+    return cli_class(
         TinyLM,
         TinyLMDataModule,
         args=args,

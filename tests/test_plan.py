@@ -1,0 +1,116 @@
+"""`tinylm plan`: the arithmetic of a run (parameters, FLOPs, tokens, Chinchilla, memory) and the command."""
+
+import json
+
+import pytest
+import torch
+
+from tinylm.cli import main
+from tinylm.model import GPT, GPTConfig
+from tinylm.train.plan import compute_optimal, element_sizes, memory, plan
+
+
+def _gpt(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64,
+                                   pad_vocab_multiple=1), **kw}))
+
+
+def test_compute_optimal_by_hand():
+    """Chinchilla's rule: C = 6 N D with D = 20 N, so C = 120 N^2; a slip (6 vs 120, sqrt missing) moves the
+    recommended size by orders of magnitude."""
+    n, d = compute_optimal(120 * 1e6**2)
+    assert n == pytest.approx(1e6) and d == pytest.approx(2e7)
+
+
+def test_plan_tokens_flops_and_params():
+    """Tokens per step are micro-batch x accumulation x devices x context (a missing factor misplans the run's
+    length and cost by that factor); the run's FLOPs are FLOPs/token x tokens; the non-embedding count leaves
+    out exactly the token and position tables."""
+    model = _gpt()
+    p = plan(model, batch_size=3, accumulate=4, devices=2, max_steps=10, precision="32-true", gpu="h100",
+             mfu=0.5, peak_flops=1e15)
+    assert p.tokens_per_step == 3 * 4 * 2 * 32 and p.tokens == 10 * p.tokens_per_step
+    assert p.run_flops == pytest.approx(model.flops_per_token() * p.tokens)
+    assert p.params == sum(q.numel() for q in model.parameters())
+    assert p.params - p.non_embedding_params == 64 * 64 + 32 * 64
+    assert p.tokens_per_param == pytest.approx(p.tokens / p.params)
+    assert p.wall_seconds == pytest.approx(p.run_flops / (2 * 1e15 * 0.5))
+
+
+def test_memory_states_by_precision_and_checkpointing():
+    """Weights, gradients and AdamW's two moments are 4 + 4 + 8 bytes per parameter in fp32 (2 + 2 + 4 in
+    bf16-true; mixed keeps fp32 states plus 16-bit matrix copies); FSDP splits them; checkpointing shrinks only
+    the activations."""
+    model = _gpt()
+    n = model.num_params()
+    fp32 = memory(model, batch_size=4, precision="32-true", checkpointing=False)
+    assert (fp32.weights, fp32.gradients, fp32.optimizer) == (4 * n, 4 * n, 8 * n)
+    bf16 = memory(model, batch_size=4, precision="bf16-true", checkpointing=False)
+    assert (bf16.weights, bf16.optimizer) == (2 * n, 4 * n) and bf16.activations < fp32.activations
+    mixed = memory(model, batch_size=4, precision="bf16-mixed", checkpointing=False)
+    assert mixed.weights > fp32.weights and mixed.optimizer == fp32.optimizer
+    sharded = memory(model, batch_size=4, precision="32-true", checkpointing=False, shards=4)
+    assert sharded.optimizer == 2 * n
+    deep = _gpt(n_layer=8)  # 8 block inputs + one block recomputed, against 8 blocks' saved tensors
+    full = memory(deep, batch_size=4, precision="32-true", checkpointing=False)
+    ckpt = memory(deep, batch_size=4, precision="32-true", checkpointing=True)
+    assert ckpt.activations < full.activations / 2 and ckpt.optimizer == full.optimizer
+    assert element_sizes("16-mixed") == (4, 2) and element_sizes("32") == (4, 4)
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_memory_estimate_matches_measured_peak(ckpt):
+    """The estimate is within 15% of the measured peak of live tensors in a real training step (a wrong activation
+    count, a missing optimizer state or the head's logits left out is off by far more). Measured with the torch
+    profiler's memory timeline, as benchmarks/bench_memory.py does for larger models."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    from tinylm.train.module import TinyLM
+
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=64, block_size=64, n_layer=2, n_head=2, n_embd=64, pad_vocab_multiple=1,
+                    activation_checkpointing=ckpt)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    x, y = torch.randint(0, 64, (8, 64)), torch.randint(0, 64, (8, 64))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        module._loss((x, y))[0].backward()
+        opt.step()
+
+    step(), step()  # the optimizer's states exist from the first step on
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
+        step()
+    _, sizes = MemoryProfileTimeline(p._memory_profile())._coalesce_timeline(torch.device("cpu"))
+    measured = max(sum(s) for s in sizes)
+    est = memory(module.model, batch_size=8, precision="32-true", checkpointing=ckpt).peak
+    assert abs(est / measured - 1) < 0.15, (est, measured)
+
+
+def test_plan_command_json_and_overrides(run_config, capsys):
+    """`tinylm plan` reads a fit config as fit does (overrides included) and prints JSON with --json: a plan of
+    another model than the one fit would train would be worse than none."""
+    cfg = run_config(trainer={"accumulate_grad_batches": 3, "max_steps": 5})
+    main(["plan", "--config", str(cfg), "--json", "--model.n_layer", "3", "--gpu", "A100"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens_per_step"] == 2 * 3 * 16 and out["tokens"] == 5 * 2 * 3 * 16
+    assert out["precision"] == "32-true" and out["peak_flops"] > 0  # A100 fp32 from Lightning's table
+    main(["plan", "--config", str(cfg), "--json"])
+    two_layers = json.loads(capsys.readouterr().out)
+    assert two_layers["params"] < out["params"]
+    assert two_layers["memory_checkpointed"]["activations"] < two_layers["memory"]["activations"]
+
+
+def test_plan_command_table_and_errors(run_config, capsys):
+    """The table names every quantity a learner asks about; bad values are one-line errors naming the option."""
+    cfg = run_config()
+    main(["plan", "--config", str(cfg), "--gpu", "cpu"])
+    out = capsys.readouterr().out
+    for word in ("parameters", "FLOPs per token", "tokens per parameter", "compute-optimal", "memory per device",
+                 "activation ckpt", "wall time"):
+        assert word in out
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg), "--mfu", "2"])
+    assert "mfu" in capsys.readouterr().err

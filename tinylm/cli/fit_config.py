@@ -1,0 +1,96 @@
+"""Commands that read a whole `tinylm fit` config (plan, lr-find, scaling).
+
+Their arguments are split in two: the command's own options (its function's parameters, e.g. ``--gpu``, ``--json``)
+and everything else, which LightningCLI parses exactly as `tinylm fit` would (``--config FILE``, ``--model.*``,
+``--trainer.*``, ``--print_config``), so a config that trains is a config these commands understand.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from tinylm.cli.fit import TinyLMCLI, check_trainer_options, lightning_main, run_dir_of
+
+FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
+
+
+def takes_fit_config(fn: Callable) -> bool:
+    return FIT_ARGS in inspect.signature(fn).parameters
+
+
+def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own options, the fit config's arguments). A bare boolean flag (``--json``) means true."""
+    params = inspect.signature(fn).parameters
+    own_names = {f"--{name}" for name in params if name != FIT_ARGS}
+    flags = {f"--{name}" for name, p in params.items() if p.annotation in (bool, "bool")}
+    own: list[str] = []
+    fit: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key = arg.split("=", 1)[0]
+        if arg in ("-h", "--help"):
+            own.append(arg)
+        elif key in own_names:
+            own.append(arg)
+            has_value = "=" in arg or (i + 1 < len(args) and not args[i + 1].startswith("--"))
+            if key in flags and not has_value:
+                own.append("true")
+            elif "=" not in arg and i + 1 < len(args):
+                i += 1
+                own.append(args[i])
+        else:
+            fit.append(arg)
+        i += 1
+    return own, fit
+
+
+class _ConfigOnlyCLI(TinyLMCLI):
+    """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
+
+    def _parse_ckpt_path(self) -> None:
+        cfg = self._section()
+        check_trainer_options(dict(cfg.trainer), "fit")
+        self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+
+    def instantiate_trainer(self, **kwargs: Any) -> None:
+        return None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def fit_objects(fit_args: list[str]) -> _ConfigOnlyCLI:
+    """Parse a fit config as `tinylm fit` does and build its model and data module (the tokenizer is trained or
+    loaded: the model's vocabulary comes from it). ``.model``, ``.datamodule``, ``.config["fit"]`` (the resolved
+    options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set."""
+    return lightning_main(["fit", *fit_args], cli_class=_ConfigOnlyCLI)
+
+
+def trainer_options(cli: _ConfigOnlyCLI, *, gpu: bool = False) -> dict[str, Any]:
+    """The fit config's Trainer options, with the precision tinylm would pick when it is unset: on this machine, or
+    (``gpu``) on a bf16-capable GPU."""
+    from tinylm.device import resolve_precision
+
+    opts = dict(cli.config["fit"]["trainer"])
+    if opts.get("precision") is None:
+        opts["precision"] = "bf16-mixed" if gpu else resolve_precision(None, cli.model.hparams.n_embd)
+    return opts
+
+
+def device_count(opts: dict[str, Any]) -> int:
+    """Devices of the run (all nodes): ``devices`` as an int, a list, "2" or "auto"/-1 (one per GPU here, else 1)."""
+    import torch
+
+    devices = opts.get("devices", "auto")
+    if isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif str(devices).lstrip("-").isdigit() and int(devices) > 0:
+        n = int(devices)
+    elif "," in str(devices):
+        n = len([d for d in str(devices).split(",") if d.strip()])
+    else:  # "auto" / -1: every GPU of this machine, or one process on a CPU
+        n = max(torch.cuda.device_count(), 1)
+    return n * int(opts.get("num_nodes") or 1)

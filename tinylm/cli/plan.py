@@ -1,0 +1,94 @@
+"""`tinylm plan`: what a run will cost, from its fit config, before it runs."""
+
+from __future__ import annotations
+
+from tinylm.train.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
+
+
+def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: bool = False) -> Plan:
+    """Plan a run without training: parameters, FLOPs, tokens, Chinchilla's compute-optimal size, memory per device
+    (with and without activation checkpointing) and wall time on a GPU. Takes every `tinylm fit` option
+    (--config FILE, --model.*, --data.*, --trainer.*, --print_config: see tinylm fit --help) plus the options
+    below. The tokenizer is trained or loaded (its vocabulary sizes the model); nothing is trained.
+
+    Args:
+        gpu: GPU to plan for (H100, H200, B200, A100, L4, 4090, MI300X, ..., or a full device name such as
+            "NVIDIA H100 80GB HBM3"): its dense peak FLOP/s at the run's precision gives the wall time, and an unset
+            trainer.precision means bf16-mixed. `cpu`: plan for this machine (its precision; no wall time).
+        mfu: Model FLOPs utilisation to assume (0.3-0.5 is typical for a well-tuned GPT on one GPU).
+        json: Print the plan as JSON instead of a table.
+    """
+    import json as jsonlib
+
+    from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.device import peak_flops_by_name
+    from tinylm.ranges import check_ranges
+    from tinylm.train.plan import plan as make_plan
+
+    check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
+    cli = fit_objects(fit_args)
+    opts = trainer_options(cli, gpu=gpu.lower() != "cpu")
+    max_steps = opts.get("max_steps")
+    if not max_steps or max_steps < 1:
+        raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")
+    result = make_plan(
+        cli.model.model, batch_size=cli.datamodule.batch_size, accumulate=int(opts.get("accumulate_grad_batches") or 1),
+        devices=device_count(opts), max_steps=int(max_steps), precision=opts["precision"], gpu=gpu, mfu=mfu,
+        peak_flops=peak_flops_by_name(gpu, opts["precision"]), fsdp="fsdp" in str(opts.get("strategy", "")).lower(),
+    )
+    print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams))
+    return result
+
+
+def _n(x: float) -> str:
+    """3 significant digits with a unit: 12.3M, 1.23B, 4.56e+18 stays scientific above T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _mb(x: int) -> str:
+    return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.1f} MiB"
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days"
+
+
+def format_plan(p: Plan, hparams) -> str:
+    under = p.tokens_per_param / CHINCHILLA_TOKENS_PER_PARAM
+    verdict = ("about compute-optimal" if 0.5 <= under <= 2 else
+               "more tokens per parameter than compute-optimal (a smaller model would reach this loss cheaper; "
+               "fine if it will serve a lot)" if under > 2 else
+               "undertrained for its size (a smaller model would reach a lower loss with this compute)")
+
+    def mem(m: Memory) -> str:
+        return (f"{_mb(m.peak)} peak  (weights {_mb(m.weights)}, gradients {_mb(m.gradients)}, optimizer "
+                f"{_mb(m.optimizer)}, activations {_mb(m.activations)})")
+
+    wall = (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
+            f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else
+            f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)")
+    rows = [
+        ("model", f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
+                  f"context {hparams.block_size}, vocab {hparams.vocab_size:,}"),
+        ("parameters", f"{_n(p.params)} total, {_n(p.non_embedding_params)} non-embedding"),
+        ("FLOPs per token", f"{_n(p.flops_per_token)} (6N + attention; forward + backward)"),
+        ("tokens per step", f"{p.tokens_per_step:,} (micro-batch x accumulation x {p.devices} device(s) x context)"),
+        ("tokens in the run", f"{_n(p.tokens)} ({p.max_steps:,} steps)"),
+        ("FLOPs of the run", f"{p.run_flops:.3g} (~6ND)"),
+        ("tokens per parameter", f"{p.tokens_per_param:.1f} (Chinchilla: ~{CHINCHILLA_TOKENS_PER_PARAM:.0f}): "
+                                 f"{verdict}"),
+        ("compute-optimal size", f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for the same "
+                                 "FLOPs"),
+        (f"memory per device ({p.precision})", mem(p.memory)),
+        ("with activation ckpt", mem(p.memory_checkpointed) + "  (--model.activation_checkpointing true)"),
+        ("wall time", wall),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,33 @@
+"""`tinylm plot`: a run's (or several runs') curves from metrics.csv, as one PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot(runs: list[str], out: str | None = None, reference: float | None = None) -> Path:
+    """Draw train/val loss, learning rate, gradient norm and tokens/s of one or more runs, with training-health
+    alerts marked, into one PNG (several runs are overlaid): tinylm plot RUN [RUN ...] [--out PNG].
+
+    Args:
+        runs: Run folders written by `tinylm fit` (runs/NAME, holding csv/metrics.csv), run names under runs/, or
+            metrics.csv files.
+        out: PNG to write (default: plot.png in the first run's folder).
+        reference: Draw a horizontal reference loss (e.g. a published result) in the loss panel.
+    """
+    from tinylm.train.curves import metrics_csv, plot_runs, read_run
+
+    if not runs:
+        raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
+    curves = [read_run(r) for r in runs]
+    if out is None:
+        csv = metrics_csv(runs[0])
+        out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")
+    path = plot_runs(curves, out, reference=reference)
+    for c in curves:
+        last = {k: v[-1] for k, v in c.series.items() if k in ("train/loss", "val/loss")}
+        said = ", ".join(f"{k} {v:.4f} (step {s})" for k, (s, v) in last.items()) or "no loss logged yet"
+        alerts = f"; health alerts: {', '.join(f'{k} at {s}' for s, k in c.alerts)}" if c.alerts else ""
+        print(f"{c.name}: {said}{alerts}")
+    print(f"wrote {path}")
+    return path

@@ -1,0 +1,123 @@
+"""The four charts to watch on every run (loss, learning rate, gradient norm, tokens/s) with the training-health
+alerts marked, read back from runs' ``csv/metrics.csv``: no W&B account needed. Several runs share one figure."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PANELS = (  # (title, metric keys drawn in it, log-scale y)
+    ("loss (nats/token)", ("train/loss", "val/loss"), False),
+    ("learning rate", ("train/lr",), False),
+    ("gradient norm (before clipping)", ("train/grad_norm",), True),
+    ("tokens / s", ("train/tokens_per_sec",), False),
+)
+HEALTH_PREFIX = "health/"
+
+
+@dataclass
+class RunCurves:
+    """One run's logged series: metric -> [(step, value)], and its health alerts [(step, kind)]."""
+
+    name: str
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    alerts: list[tuple[int, str]] = field(default_factory=list)
+
+
+def metrics_csv(run: str | Path) -> Path:
+    """The metrics.csv of ``run``: a run folder (``runs/NAME``), a run name under ``runs/``, or the CSV itself."""
+    path = Path(run)
+    candidates = [path] if path.suffix == ".csv" else [path / "csv" / "metrics.csv", Path("runs") / run / "csv" /
+                                                         "metrics.csv"]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"no metrics for run {str(run)!r}: {candidates[0]} not found; pass a run folder "
+                                "written by `tinylm fit` (e.g. runs/NAME, holding csv/metrics.csv)")
+    return found
+
+
+def read_run(run: str | Path) -> RunCurves:
+    """Every numeric column of the run's metrics.csv; rows cut short by an interrupted write are read as far as
+    they go."""
+    path = metrics_csv(run)
+    name = path.parent.parent.name if path.parent.name == "csv" else path.stem
+    curves = RunCurves(name)
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            step = _number(row.get("step"))
+            if step is None:
+                continue
+            for key, text in row.items():
+                value = _number(text)
+                if key in (None, "step", "epoch") or value is None:
+                    continue
+                if key.startswith(HEALTH_PREFIX):
+                    curves.alerts.append((int(step), key[len(HEALTH_PREFIX):]))
+                else:
+                    curves.series.setdefault(key, []).append((int(step), value))
+    return curves
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None) -> Path:
+    """Draw the four panels for ``runs`` (one colour per run; train thin, validation dots; health alerts as red
+    dashed lines named in the loss panel) into the PNG ``out``."""
+    from tinylm.plots import figure_canvas
+
+    fig, canvas = figure_canvas(figsize=(11, 7))
+    axes = fig.subplots(2, 2).ravel()
+    colours = [f"C{i % 10}" for i in range(len(runs))]
+    for ax, (title, keys, log_y) in zip(axes, PANELS):
+        for run, colour in zip(runs, colours):
+            for key in keys:
+                points = run.series.get(key)
+                if not points:
+                    continue
+                steps, values = zip(*points)
+                if key.startswith("val/"):
+                    ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
+                else:
+                    ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
+                            label=f"{run.name} {key}")
+            for step, kind in run.alerts:
+                ax.axvline(step, color="red", ls="--", lw=0.8, alpha=0.7)
+                if title.startswith("loss"):
+                    ax.annotate(kind, (step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top",
+                                ha="right", fontsize=7, color="red")
+        if reference is not None and title.startswith("loss"):
+            ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
+        if log_y and any(run.series.get(k) for run in runs for k in keys):
+            ax.set_yscale("log")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", color="gray")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(", ".join(_headline(run) for run in runs), fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.print_png(str(out))
+    return out
+
+
+def _headline(run: RunCurves) -> str:
+    val = run.series.get("val/loss")
+    train = run.series.get("train/loss")
+    if val:
+        return f"{run.name}: val/loss {val[-1][1]:.3f} at step {val[-1][0]}"
+    if train:
+        return f"{run.name}: train/loss {train[-1][1]:.3f} at step {train[-1][0]} (no validation yet)"
+    return f"{run.name}: nothing logged yet"
