@@ -348,3 +348,32 @@ def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
     summary = dm.summary()
     assert dm.tokenizer.vocab_size <= 300 and "tokenizer trained on 0.0 MB" in summary["measured"]
     assert "MB/s" in summary["measured"].split("tokenized")[1]
+
+
+def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog):
+    """Prevents every DDP rank training its own tokenizer (torchrun and SLURM start all ranks at once, and
+    LightningCLI reads the vocab size at instantiation): the first takes the lock and trains, the others wait
+    for it and load the published copy."""
+    import logging
+    import threading
+
+    from tinylm.data.prepare import prepare_tokenizer
+
+    small = tmp_path / "small.txt"
+    small.write_text(shakespeare.read_text(encoding="utf-8")[:5000], encoding="utf-8")
+    corpus = open_corpus(str(small), cache_dir=tmp_path)
+    start, got = threading.Barrier(3), []
+
+    def rank():
+        start.wait()
+        got.append(prepare_tokenizer(corpus, "scratch-bpe", vocab_size=270, cache_dir=tmp_path / "cache"))
+
+    with caplog.at_level(logging.INFO, logger="tinylm.data.prepare"):
+        threads = [threading.Thread(target=rank) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    trained = [r for r in caplog.records if r.getMessage().startswith("training a scratch-bpe")]
+    assert len(trained) == 1 and len(got) == 3 and len({t.fingerprint for t in got}) == 1
+    assert sum("waiting for another process" in r.getMessage() for r in caplog.records) == 2

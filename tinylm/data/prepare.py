@@ -25,6 +25,11 @@ from typing import Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: no lock; concurrent builds still end in one complete folder (see _publish)
+    fcntl = None  # type: ignore[assignment]
+
 from tinylm.data.corpus import Corpus
 from tinylm.data.writer import PIECE_CHARS, SplitWriter, Stopwatch, progress, rate
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
@@ -101,6 +106,27 @@ def _publish(final: Path, write: Callable[[Path], None], complete: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename happened
 
 
+def _build_once(final: Path, write: Callable[[Path], None], complete: str, corpus: Corpus, what: str) -> None:
+    """`_publish` unless `final` is complete, by one process at a time: under DDP (torchrun, SLURM: every rank
+    starts at once and LightningCLI reads the vocab size at instantiation) the first process to take
+    `<final>.lock` builds while the others wait for it, then find the folder complete and read it. The lock
+    (flock) goes with its process, so a killed builder leaves the next one free to build."""
+    if (final / complete).is_file():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(final.name + ".lock"), "w") as lock:
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("waiting for another process that is %s", what)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / complete).is_file():
+            _check_not_empty(corpus)
+            log.info("%s", what)
+            _publish(final, write, complete)
+
+
 # ------------------------------------------------------------------------------------------------ preparing
 def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: Path,
                       train_chars: int | None = None) -> Tokenizer:
@@ -111,10 +137,8 @@ def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: 
         return build_tokenizer(spec, vocab_size=vocab_size)
     sample = _sample_chars(corpus, spec, train_chars)
     final = tokenizer_dir_for(corpus, spec, vocab_size=vocab_size, train_chars=train_chars, cache_dir=cache_dir)
-    if not (final / STATE_FILE).is_file():
-        _check_not_empty(corpus)
-        log.info("training a %s tokenizer on %s", spec, corpus.spec)
-        _publish(final, lambda tmp: _train_tokenizer(tmp, corpus, spec, vocab_size, sample), STATE_FILE)
+    _build_once(final, lambda tmp: _train_tokenizer(tmp, corpus, spec, vocab_size, sample), STATE_FILE, corpus,
+                f"training a {spec} tokenizer on {corpus.spec}")
     tok = Tokenizer.load(final)  # always the published copy, so concurrent ranks agree on one tokenizer
     tok.spec = spec
     return tok
@@ -192,9 +216,8 @@ def prepare_dataset(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float
                     piece_chars: int = PIECE_CHARS) -> Path:
     """Build the packed dataset unless a complete one exists; return its folder."""
     final = dataset_dir_for(corpus, tokenizer, val_fraction=val_fraction, cache_dir=cache_dir)
-    if not (final / "meta.json").is_file():
-        _check_not_empty(corpus)
-        _publish(final, lambda tmp: _write_dataset(tmp, corpus, tokenizer, val_fraction, piece_chars), "meta.json")
+    _build_once(final, lambda tmp: _write_dataset(tmp, corpus, tokenizer, val_fraction, piece_chars), "meta.json",
+                corpus, f"packing {corpus.spec} into {final}")
     return final
 
 
