@@ -1,5 +1,8 @@
 """The training-health monitor: each detector fires on a deliberately broken run, and a healthy run raises none."""
 
+import os
+import subprocess
+import sys
 import time
 
 import lightning as L
@@ -135,3 +138,77 @@ def test_throughput_slowdown_is_reported(chars):
     ids, vocab = chars
     kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 90, 0), steps=90, callbacks=[_Leak()])
     assert "slowdown" in kinds
+
+
+class _GrowingWork(L.Callback):
+    """Each step after step 30 burns more CPU than the last in the training thread (growing Python state)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step > 30:
+            end = time.thread_time() + 0.0006 * (trainer.global_step - 30)
+            while time.thread_time() < end:
+                pass
+
+
+def test_growing_per_step_work_is_reported(chars):
+    """Catches a run whose every step does more work than the last (a leak) going unreported."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 90, 0), steps=90, callbacks=[_GrowingWork()])
+    assert "slowdown" in kinds
+
+
+class _OtherJobs(L.Callback):
+    """From step 40, busy processes (3 per core) compete with the run for the CPUs, as other jobs on a shared
+    machine do; records the wall-clock tokens/sec before they start and at the end."""
+
+    def __init__(self, speed: SpeedMonitor) -> None:
+        self.speed, self.procs, self.before, self.after = speed, [], None, None
+
+    def on_train_start(self, trainer, pl_module):
+        # started here, idle until their stdin closes: spawning them mid-run would bill the run for the spawning
+        busy = [sys.executable, "-c", "import sys; sys.stdin.read(); exec('while True: pass')"]
+        self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE) for _ in range(3 * (os.cpu_count() or 1))]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 40:
+            self.before = self.speed.tokens_per_sec
+            for p in self.procs:
+                p.stdin.close()  # go
+
+    def on_train_end(self, trainer, pl_module):
+        self.after = self.speed.tokens_per_sec
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def test_other_jobs_loading_the_machine_raise_no_slowdown(chars):
+    """Catches a false `slowdown` alert when other processes take the CPUs: the run itself did not get slower."""
+    ids, vocab = chars
+    speed = SpeedMonitor(window=5)
+    jobs = _OtherJobs(speed)
+    monitor = HealthMonitor(stuck_after=30, window=10, spike_window=20, leak_within=200)
+    trainer = L.Trainer(accelerator="cpu", max_steps=120, max_epochs=None, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        callbacks=[speed, jobs, monitor])
+    try:
+        trainer.fit(_tiny(vocab), DataLoader(_windows(ids, 8 * 120, 0), batch_size=8))
+    finally:
+        for p in jobs.procs:
+            p.kill()
+    assert jobs.after < 0.8 * jobs.before, "the busy processes did not slow the run: the test would prove nothing"
+    assert "slowdown" not in {a.kind for a in monitor.alerts}
+
+
+def test_nonfinite_is_caught_before_a_checkpoint_between_syncs(chars, tmp_path):
+    """Catches the batched loss/grad-norm reads letting a checkpoint save NaN weights before the next read."""
+    ids, vocab = chars
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=7, save_top_k=-1)
+    monitor = HealthMonitor(sync_every=1000)  # no read before the checkpoint at step 7 but the one it forces
+    trainer = L.Trainer(accelerator="cpu", max_steps=20, max_epochs=None, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, callbacks=[_Poison(), monitor, ckpt])
+    with pytest.raises(TrainingHealthError, match="last good step 5 "):
+        trainer.fit(_tiny(vocab), DataLoader(_windows(ids, 8 * 20, 0), batch_size=8))
+    assert not list(tmp_path.glob("*.ckpt")), "a checkpoint was written from NaN weights"

@@ -9,7 +9,14 @@ Detectors, with what they usually mean:
 - ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data.
 - ``spike``: gradient norm far above its running median: a bad batch or an LR on the edge of stability.
 - ``overfit``: validation loss rising for several evaluations while training loss falls.
-- ``slowdown``: tokens/sec falling steadily: a memory leak, growing Python state, thermal throttling.
+- ``slowdown``: tokens/sec falling steadily: a memory leak, growing Python state, thermal throttling. Not judged
+  while other processes keep the run waiting for CPUs more than when the reference rate was measured (a shared
+  machine): neither wall nor CPU time can tell a busier machine from a slower run (idle OpenMP threads spin, and
+  time slices shared with other jobs cost cache refills: the run's own time per step rose 20-50% in tests).
+
+Loss and gradient norm stay tensors on the device until ``sync_every`` steps have gathered, then are read with one
+device synchronisation (a ``float()`` per step would stall a GPU's queue every step); pending values are always
+checked before a checkpoint is written and at the end of training.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 
 from tinylm.errors import TinyLMError
 
@@ -50,9 +58,16 @@ class HealthMonitor(L.Callback):
         spike_window: Optimizer steps in the running median (and needed before spikes are judged).
         overfit_patience: ``overfit`` fires after this many consecutive rising validation losses while the
             training loss fell over the same span.
-        slowdown_fraction: ``slowdown`` fires when recent tokens/sec is below (1 - this) of the early rate.
+        slowdown_fraction: ``slowdown`` fires when recent tokens/sec stays below (1 - this) of the early rate for
+            ``window`` optimizer steps...
+        contention_margin: ...except the share of the CPUs the run got (1 - time waiting for CPUs held by other
+            processes) fell by more than this fraction since the early rate was measured: then the window is not
+            judged (the rate falls with that share: 4x less CPU time is 4x fewer tokens/sec for an unchanged run).
         window: Optimizer steps averaged for loss and throughput comparisons.
         halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`).
+        sync_every: Training batches whose loss and grad norm are read from the device together (None:
+            ``trainer.log_every_n_steps``); a non-finite value stops the run at the latest then, and always before a
+            checkpoint is saved.
     """
 
     def __init__(
@@ -66,9 +81,13 @@ class HealthMonitor(L.Callback):
         spike_window: int = 50,
         overfit_patience: int = 3,
         slowdown_fraction: float = 0.3,
+        contention_margin: float = 0.2,
         window: int = 20,
         halt_on_nonfinite: bool = True,
+        sync_every: int | None = None,
     ) -> None:
+        if sync_every is not None and sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1 (or None: trainer.log_every_n_steps), got {sync_every}")
         self.stuck_tolerance = stuck_tolerance
         self.stuck_after = stuck_after
         self.leak_fraction = leak_fraction
@@ -77,8 +96,11 @@ class HealthMonitor(L.Callback):
         self.spike_window = spike_window
         self.overfit_patience = overfit_patience
         self.slowdown_fraction = slowdown_fraction
+        self.contention_margin = contention_margin
         self.window = window
         self.halt_on_nonfinite = halt_on_nonfinite
+        self.sync_every = sync_every
+        self._pending: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []  # (step, loss, grad norm) unread
         self.alerts: list[Alert] = []
         self._fired: set[str] = set()
         self._losses: deque[float] = deque(maxlen=window)
@@ -86,15 +108,18 @@ class HealthMonitor(L.Callback):
         self._val: list[tuple[float, float]] = []  # (val loss, mean train loss at that time)
         self._early_rate: float | None = None
         self._rates: deque[float] = deque(maxlen=window)
+        self._shares: deque[float] = deque(maxlen=window)  # share of the CPUs the run got, beside each rate
+        self._early_share = 1.0
+        self._slow_streak = 0
         self._last_spike_step = -(10**9)
         self._last_good_step = -1
 
     # ---- reporting ----------------------------------------------------------------------------------------------
-    def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True) -> None:
+    def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True, step: int | None = None) -> None:
         if once and kind in self._fired:
             return
         self._fired.add(kind)
-        step = trainer.global_step
+        step = trainer.global_step if step is None else step
         self.alerts.append(Alert(step, kind, message))
         if trainer.is_global_zero:
             log.warning("tinylm health [%s] step %d: %s", kind, step, message)
@@ -112,12 +137,33 @@ class HealthMonitor(L.Callback):
         loss_t = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss_t is None:
             return
-        loss = float(loss_t.detach())
         norm_t = getattr(pl_module, "last_grad_norm", None)
-        norm = float(norm_t) if norm_t is not None else None
-        step = trainer.global_step
+        self._pending.append((trainer.global_step, loss_t.detach(), None if norm_t is None else norm_t.detach()))
+        self._throughput(trainer)
+        if len(self._pending) >= (self.sync_every or trainer.log_every_n_steps or 1):
+            self._check_pending(trainer, pl_module)
+
+    def _check_pending(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Read the pending losses and grad norms in one device sync, then judge them step by step, in order."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        values = [loss.float().reshape(()) for _, loss, _ in pending]
+        values += [norm.float().reshape(()) for _, _, norm in pending if norm is not None]
+        flat = iter(torch.stack(values).tolist())
+        losses = [next(flat) for _ in pending]
+        for (step, _, norm_t), loss in zip(pending, losses):
+            self._check(trainer, pl_module, step, loss, None if norm_t is None else next(flat))
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._check_pending(trainer, pl_module)  # raises before a non-finite run's weights reach the file
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_pending(trainer, pl_module)
+
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, loss: float, norm: float | None) -> None:
         if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
-            self._nonfinite(trainer, loss, norm)
+            self._nonfinite(trainer, loss, norm, step)
             return
         self._last_good_step = step
         self._losses.append(loss)
@@ -131,6 +177,7 @@ class HealthMonitor(L.Callback):
                 "stuck",
                 f"loss {mean:.3f} is still near ln(vocab)={ln_v:.3f} after warmup: check that the LR is not zero, "
                 "that parameters require grad, and that the data is not random or misaligned",
+                step=step,
             )
         if step <= self.leak_within and loss < self.leak_fraction * ln_v and len(self._losses) >= 3 and mean < self.leak_fraction * ln_v:
             self._alert(
@@ -138,6 +185,7 @@ class HealthMonitor(L.Callback):
                 "leak",
                 f"loss {mean:.4f} after only {step} steps is far below what text allows (ln(vocab)={ln_v:.2f}): "
                 "check that targets are the inputs shifted by one token and that validation does not overlap training",
+                step=step,
             )
         if norm is not None:
             if len(self._norms) >= min(10, self.spike_window):
@@ -150,11 +198,11 @@ class HealthMonitor(L.Callback):
                         f"grad norm {norm:.3g} is {norm / median:.0f}x its running median {median:.3g}: a bad batch or "
                         "an LR near the edge of stability (lower lr, longer warmup, check gradient_clip_val)",
                         once=False,
+                        step=step,
                     )
             self._norms.append(norm)
-        self._throughput(trainer)
 
-    def _nonfinite(self, trainer: L.Trainer, loss: float, norm: float | None) -> None:
+    def _nonfinite(self, trainer: L.Trainer, loss: float, norm: float | None, step: int) -> None:
         history = ", ".join(f"{n:.3g}" for n in list(self._norms)[-8:]) or "none yet"
         precision = str(trainer.precision)
         fp16 = " With 16-mixed, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
@@ -164,7 +212,7 @@ class HealthMonitor(L.Callback):
             f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} "
             "Resume from the last checkpoint with --ckpt_path last after fixing."
         )
-        self._alert(trainer, "nonfinite", message)
+        self._alert(trainer, "nonfinite", message, step=step)
         if self.halt_on_nonfinite:
             raise TrainingHealthError(message)
 
@@ -172,26 +220,36 @@ class HealthMonitor(L.Callback):
         self._speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
 
     def _throughput(self, trainer: L.Trainer) -> None:
-        rate = getattr(getattr(self, "_speed", None), "tokens_per_sec", None)
+        speed = getattr(self, "_speed", None)
+        rate = getattr(speed, "tokens_per_sec", None)
         if rate is None:
             return
         self._rates.append(float(rate))
+        self._shares.append(min(1.0, max(0.01, 1.0 - (getattr(speed, "cpu_wait_fraction", None) or 0.0))))
         if len(self._rates) < self.window:
             return
-        current = statistics.median(self._rates)
+        current, share = statistics.median(self._rates), statistics.median(self._shares)
         if self._early_rate is None:
-            self._early_rate = current  # the first full window after warm-up is the reference
+            self._early_rate, self._early_share = current, share  # the first full window is the reference
             return
-        if current < (1 - self.slowdown_fraction) * self._early_rate:
+        if share < (1 - self.contention_margin) * self._early_share:
+            self._slow_streak = 0
+            return  # other jobs hold the CPUs more than at the reference: a lower rate says nothing about the run
+        # sustained: `window` judged steps in a row (a load arriving moves the rate a little before the share)
+        self._slow_streak = self._slow_streak + 1 if current < (1 - self.slowdown_fraction) * self._early_rate else 0
+        if self._slow_streak >= self.window:
             self._alert(
                 trainer,
                 "slowdown",
-                f"tokens/sec fell from {self._early_rate:,.0f} to {current:,.0f}: look for a memory leak (tensors kept "
-                "across steps, growing lists), data loading stalls, or thermal throttling",
+                f"tokens/sec fell from {self._early_rate:,.0f} to {current:,.0f} while other processes took no more "
+                "of the CPUs: look for a memory leak (tensors kept across steps, growing lists), data loading stalls, "
+                "or thermal throttling",
             )
 
     # ---- validation ---------------------------------------------------------------------------------------------
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check_pending(trainer, pl_module)
         if trainer.sanity_checking or not self._losses:
             return
         val = trainer.callback_metrics.get("val/loss")
@@ -215,9 +273,11 @@ class HealthMonitor(L.Callback):
 
     # ---- state survives resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate}
+        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate,
+                "early_share": self._early_share}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
         self._val = [tuple(v) for v in state_dict.get("val", [])]
         self._early_rate = state_dict.get("early_rate")
+        self._early_share = state_dict.get("early_share", 1.0)
