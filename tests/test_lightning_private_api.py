@@ -62,3 +62,24 @@ def test_internals_used_by_the_interrupt_checkpoint():
     assert _params(_LoggerConnector.update_train_step_metrics) == ["self"]
     assert _params(_TrainingEpochLoop._should_check_val_fx) == ["self", "data_fetcher"]
     assert "self._data_fetcher" in inspect.getsource(_FitLoop.__init__)
+
+
+def test_lr_finder_debias_exponent():
+    """tinylm.train.lr_find.debiased undoes Lightning's off-by-one debiasing of the range test's running loss
+    (global_step is read after the step counted it). When Lightning fixes it, this fails: drop the correction."""
+    from lightning.pytorch.tuner.lr_finder import _LRCallback
+
+    source = inspect.getsource(_LRCallback.on_train_batch_end)
+    assert "current_step = trainer.global_step" in source
+    assert "self.beta ** (current_step + 1)" in source
+    from tinylm.train.lr_find import SMOOTHING
+
+    assert inspect.signature(_LRCallback.__init__).parameters["beta"].default == SMOOTHING
+
+
+def test_cuda_flops_table():
+    """tinylm.device.peak_flops_by_name reads Lightning's per-chip table for chips tinylm's own table lacks."""
+    import torch
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS
+
+    assert _CUDA_FLOPS["a100"][torch.float32] > 1e13 and _CUDA_FLOPS["a100"][torch.bfloat16] > 1e14

@@ -1,0 +1,54 @@
+"""`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve, the rule of thumb."""
+
+import pytest
+import torch
+
+from tinylm.cli import main
+from tinylm.train.lr_find import SMOOTHING, debiased, rule_of_thumb_lr
+
+
+def test_rule_of_thumb_by_hand():
+    """6e-4 at GPT-2 small's 124M parameters, x2 at a quarter of the size (sqrt scaling, not linear)."""
+    assert rule_of_thumb_lr(124_000_000) == pytest.approx(6e-4)
+    assert rule_of_thumb_lr(31_000_000) == pytest.approx(1.2e-3)
+
+
+def test_debiased_recovers_a_constant_loss():
+    """Lightning's running average of a constant loss, debiased with its off-by-one exponent, starts at about half
+    the loss and rises; the correction must give the constant back at every point (else the curve's first tens of
+    points slope the wrong way and the suggestion lands there)."""
+    avg, lightning = 0.0, []
+    for k in range(1, 30):  # Lightning: global_step is already k when it debiases the k-th loss
+        avg = SMOOTHING * avg + (1 - SMOOTHING) * 3.0
+        lightning.append(avg / (1 - SMOOTHING ** (k + 1)))
+    assert lightning[0] < 1.6
+    assert debiased(lightning) == pytest.approx([3.0] * len(lightning))
+
+
+def test_lr_find_command(run_config, capsys):
+    """The range test runs on the fit config, prints the suggestion beside the rule of thumb, writes the plot,
+    and leaves the weights as they were (a tuner that trains the model in place would hand a half-trained model
+    to the run that follows)."""
+    from tinylm.cli import fit_config
+
+    cfg = run_config()
+    built = []
+    original = fit_config.fit_objects
+
+    def spy(args):
+        cli = original(args)
+        built.append((cli.model, {k: v.clone() for k, v in cli.model.state_dict().items()}))
+        return cli
+
+    fit_config.fit_objects = spy
+    try:
+        main(["lr-find", "--config", str(cfg), "--num_training", "12", "--out", "lr.png"])
+    finally:
+        fit_config.fit_objects = original
+    out = capsys.readouterr().out
+    assert "steepest descent" in out and "rule of thumb 6e-4·(124M/N)^0.5" in out
+    assert (cfg.parent / "lr.png").stat().st_size > 10_000
+    model, before = built[0]
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key], msg=key)
+    assert not list(cfg.parent.glob("**/.lr_find_*.ckpt"))  # Lightning's restore file is gone

@@ -1,0 +1,49 @@
+"""`tinylm lr-find`: the LR range test on a fit config, with the size-based rule of thumb beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0, num_training: int = 100,
+            out: str | None = None) -> dict:
+    """Find a learning rate: train num_training steps while the LR grows exponentially from min_lr to max_lr
+    (Lightning's Tuner.lr_find; the weights are restored afterwards), plot loss against LR, and print the LR of the
+    steepest descent beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option (--config FILE,
+    --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device.
+
+    Args:
+        min_lr: LR of the first step.
+        max_lr: LR of the last step (the test stops early once the loss exceeds 4x its best).
+        num_training: Optimizer steps of the test (more gives a smoother curve).
+        out: PNG to write (default: lr_find.png in the run's folder, runs/NAME/).
+    """
+    import tempfile
+
+    import lightning as L
+
+    from tinylm.cli.fit_config import fit_objects, trainer_options
+    from tinylm.ranges import check_ranges
+    from tinylm.train.lr_find import lr_find as range_test
+    from tinylm.train.lr_find import plot_lr_find
+
+    check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},
+                 {"min_lr": "(0, max_lr)", "max_lr": "(0, inf)", "num_training": "[3, inf)"})
+    cli = fit_objects(fit_args)
+    opts = trainer_options(cli)
+    keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")
+    with tempfile.TemporaryDirectory() as tmp:  # Lightning's restore checkpoint lives here, not in the run folder
+        trainer = L.Trainer(**{k: opts[k] for k in keep if opts.get(k) is not None}, devices=1, max_steps=num_training,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                            use_distributed_sampler=False, default_root_dir=tmp)
+        result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(), min_lr=min_lr,
+                            max_lr=max_lr, num_training=num_training)
+    path = plot_lr_find(result, Path(out) if out else cli.run_dir / "lr_find.png",
+                        title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
+    said = f"{result.suggestion:.2e}" if result.suggestion else "none (too few points: raise --num_training)"
+    print(f"steepest descent (Lightning's suggestion): {said}")
+    print(f"rule of thumb 6e-4·(124M/N)^0.5:            {result.rule_of_thumb:.2e}")
+    print(f"this config's model.lr:                      {cli.model.hparams.lr:.2e}")
+    print(f"wrote {path}")
+    return {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb, "plot": str(path)}
