@@ -224,6 +224,31 @@ class HFDataset(Corpus):
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class Mixture(Corpus):
+    """Several corpora read one after the other: what a tokenizer shared by a mixture of corpora learns from."""
+
+    def __init__(self, parts: list[Corpus]) -> None:
+        self.parts = parts
+        self.spec = " + ".join(p.spec for p in parts)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def size_bytes(self) -> int | None:  # type: ignore[override]
+        sizes = [p.size_bytes for p in self.parts]
+        return None if None in sizes else sum(sizes)  # type: ignore[arg-type]
+
+    def _docs(self, split: str) -> Iterator[str]:
+        for part in self.parts:
+            yield from part.documents("train")
+
+    def _fingerprint(self) -> str:
+        return hashlib.sha256("\0".join(["tinylm.corpus.mixture.v1", *(p.fingerprint for p in self.parts)])
+                              .encode()).hexdigest()
+
+
 def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_split: str = "validation",
                 text_column: str = "text", data_files: Any = None, hf_config: str | None = None,
                 hf_revision: str | None = None) -> Corpus:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import lightning as L
@@ -10,8 +12,8 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
-from tinylm.data.corpus import Corpus, open_corpus
-from tinylm.data.loader import ResumableLoader, TrainBatches, ValBatches
+from tinylm.data.corpus import Corpus, Mixture, open_corpus
+from tinylm.data.loader import MixedTrainBatches, ResumableLoader, TrainBatches, ValBatches
 from tinylm.data.prepare import (TRAIN_STATS, dataset_dir_for, default_cache_dir, load_meta, prepare_dataset,
                                  prepare_tokenizer, tokenizer_dir_for)
 from tinylm.ranges import check_ranges
@@ -30,7 +32,12 @@ class TinyLMDataModule(L.LightningDataModule):
 
     Args:
         corpus: where the text comes from: `tinyshakespeare`, a text file, a directory or glob of text files,
-            a local .jsonl/.json/.parquet/.csv file, or `hf:NAME` for a Hugging Face dataset.
+            a local .jsonl/.json/.parquet/.csv file, or `hf:NAME` for a Hugging Face dataset; or a list of these
+            to train on a mixture (see `weights`).
+        weights: with a list of corpora, the share of training windows drawn from each (normalised to sum to 1;
+            None: in proportion to their train tokens, as if concatenated). Each corpus is prepared on its own,
+            all with one tokenizer trained on all of them, and validation logs val/loss/NAME for each corpus
+            beside val/loss over all of them.
         tokenizer: `char`, `bpe` (trained with HF tokenizers), `scratch-bpe` (tinylm.tokenize.bpe), `tiktoken:NAME`,
             `tiktoken:PATH.tiktoken`, or a path to a tokenizer.json / saved tokenizer directory.
         vocab_size: target vocabulary size (ids, special tokens included) of trained BPE tokenizers. The model
@@ -55,7 +62,8 @@ class TinyLMDataModule(L.LightningDataModule):
         hf_revision: dataset revision (git tag, branch or commit) to pin.
     """
 
-    def __init__(self, *, corpus: str = "tinyshakespeare", tokenizer: str = "char", vocab_size: int = 8192,
+    def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
+                 tokenizer: str = "char", vocab_size: int = 8192,
                  tokenizer_train_chars: int | None = 250_000_000, block_size: int = 256, batch_size: int = 64,
                  val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
@@ -65,7 +73,11 @@ class TinyLMDataModule(L.LightningDataModule):
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
         self.save_hyperparameters(ignore=["vocab_size"])
-        self.corpus_spec, self.tokenizer_spec, self.target_vocab_size = corpus, tokenizer, vocab_size
+        self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
+        _check_mixture(self.corpus_specs, weights)
+        self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
+        self.weights = weights
+        self.tokenizer_spec, self.target_vocab_size = tokenizer, vocab_size
         self.tokenizer_train_chars = tokenizer_train_chars
         self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
                                                                                  val_fraction, val_batches)
@@ -73,18 +85,24 @@ class TinyLMDataModule(L.LightningDataModule):
         self.num_workers, self.seed = num_workers, seed
         self._hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files,
                         hf_config=hf_config, hf_revision=hf_revision)
-        self._corpus: Corpus | None = None
+        self._corpora: list[Corpus] | None = None
         self._tokenizer: Tokenizer | None = None
-        self._meta: dict | None = None
+        self._metas: list[dict] | None = None
         self._train_loader: ResumableLoader | None = None
         self._resume_batches = 0
 
     # ---- lazy pieces: LightningCLI reads vocab_size right after __init__, before prepare_data
     @property
+    def corpora(self) -> list[Corpus]:
+        """The corpora of `data.corpus`, one per list entry."""
+        if self._corpora is None:
+            self._corpora = [open_corpus(spec, cache_dir=self.cache_dir, **self._hf) for spec in self.corpus_specs]
+        return self._corpora
+
+    @property
     def corpus(self) -> Corpus:
-        if self._corpus is None:
-            self._corpus = open_corpus(self.corpus_spec, cache_dir=self.cache_dir, **self._hf)
-        return self._corpus
+        """The corpus, or for a mixture all of its corpora one after the other (what the tokenizer learns from)."""
+        return self.corpora[0] if len(self.corpora) == 1 else Mixture(self.corpora)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -105,54 +123,78 @@ class TinyLMDataModule(L.LightningDataModule):
         return self.tokenizer.eos_id
 
     @property
+    def dataset_dirs(self) -> list[Path]:
+        """The prepared datasets' folders, one per corpus (they may not be built yet)."""
+        return [dataset_dir_for(c, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir)
+                for c in self.corpora]
+
+    @property
     def dataset_dir(self) -> Path:
-        """The prepared dataset's folder (it may not be built yet)."""
-        return dataset_dir_for(self.corpus, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir)
+        """The prepared dataset's folder (the first corpus's, for a mixture)."""
+        return self.dataset_dirs[0]
+
+    @property
+    def metas(self) -> list[dict]:
+        """Each dataset's meta.json, checked against the tokenizer (datasets are built if missing)."""
+        if self._metas is None:
+            self._metas = [load_meta(prepare_dataset(c, self.tokenizer, val_fraction=self.val_fraction,
+                                                     cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
+        return self._metas
 
     @property
     def meta(self) -> dict:
-        """The dataset's meta.json, checked against the tokenizer (the dataset is built if missing)."""
-        if self._meta is None:
-            path = prepare_dataset(self.corpus, self.tokenizer, val_fraction=self.val_fraction,
-                                   cache_dir=self.cache_dir)
-            self._meta = load_meta(path, self.tokenizer)
-        return self._meta
+        """The dataset's meta.json (the first corpus's, for a mixture)."""
+        return self.metas[0]
+
+    @property
+    def val_names(self) -> list[str]:
+        """One name per corpus, as in val/loss/NAME: the corpus's file or dataset name, numbered when repeated."""
+        names = [_metric_name(c.name) for c in self.corpora]
+        return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
     # ---- Lightning hooks
     def prepare_data(self) -> None:
-        """Train/load the tokenizer and build the dataset (Lightning runs this on one process per node)."""
-        self._meta = None
-        _ = self.meta
+        """Train/load the tokenizer and build the datasets (Lightning runs this on one process per node)."""
+        self._metas = None
+        _ = self.metas
 
     def setup(self, stage: str | None = None) -> None:
         splits = {"fit": ("train", "val"), "validate": ("val",), None: ("train", "val")}.get(stage, ())
         for split in splits:
-            n = self.meta["splits"][split]["tokens"]
-            if n < self.block_size + 1:
-                raise ValueError(
-                    f"the {split} split has {n} tokens, but one window needs block_size + 1 = {self.block_size + 1}; "
-                    f"use a smaller --data.block_size, a {'larger' if split == 'val' else 'smaller'} "
-                    f"--data.val_fraction (now {self.val_fraction}), or a bigger corpus")
+            for spec, meta in zip(self.corpus_specs, self.metas):
+                n = meta["splits"][split]["tokens"]
+                if n < self.block_size + 1:
+                    raise ValueError(
+                        f"the {split} split{f' of {spec}' if len(self.metas) > 1 else ''} has {n} tokens, but one window needs block_size + 1 = "
+                        f"{self.block_size + 1}; use a smaller --data.block_size, a "
+                        f"{'larger' if split == 'val' else 'smaller'} --data.val_fraction (now {self.val_fraction}), "
+                        "or a bigger corpus")
 
-    def _split(self, name: str) -> dict:
-        return {"path": self.dataset_dir / f"{name}.bin", "dtype": self.meta["dtype"],
-                "n_tokens": self.meta["splits"][name]["tokens"], "block_size": self.block_size,
+    def _split(self, i: int, name: str) -> dict:
+        meta = self.metas[i]
+        return {"path": self.dataset_dirs[i] / f"{name}.bin", "dtype": meta["dtype"],
+                "n_tokens": meta["splits"][name]["tokens"], "block_size": self.block_size,
                 "batch_size": self.batch_size}
 
     def train_dataloader(self) -> ResumableLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-        dataset = TrainBatches(**self._split("train"), seed=self.seed, rank=rank, world_size=world)
+        parts = [TrainBatches(**self._split(i, "train"), seed=self.seed, rank=rank, world_size=world)
+                 for i in range(len(self.corpora))]
+        dataset = parts[0] if len(parts) == 1 else MixedTrainBatches(parts, self.weights or
+                                                                      [p.n_tokens for p in parts])
         epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
         self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=self._resume_batches,
                                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                                              seed=self.seed)
         return self._train_loader
 
-    def val_dataloader(self) -> DataLoader:
-        dataset = ValBatches(**self._split("val"), limit=self.val_batches)
-        return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
-                          generator=torch.Generator().manual_seed(self.seed))
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """One loader, or for a mixture one per corpus (the module logs val/loss/NAME for each)."""
+        loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches), batch_size=None,
+                              shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                              persistent_workers=self.num_workers > 0,
+                              generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     # ---- the sampler position travels in checkpoints (restored before train_dataloader() is called)
     def _world_size(self) -> int:
@@ -195,24 +237,29 @@ class TinyLMDataModule(L.LightningDataModule):
                                   f"run would draw different data; resume with {fix}, or start a new run")
 
     def summary(self) -> dict:
-        """What `tinylm prepare` prints."""
-        m = self.meta
-        train, val = m["splits"]["train"], m["splits"]["val"]
-        return {
-            "dataset": str(self.dataset_dir),
+        """What `tinylm prepare` prints (totals over the corpora of a mixture)."""
+        m, metas = self.meta, self.metas
+        split = lambda s, k: sum(x["splits"][s][k] for x in metas)  # noqa: E731
+        out = {
+            "dataset": ", ".join(map(str, self.dataset_dirs)),
             "corpus": self.corpus_spec,
             "tokenizer": f"{self.tokenizer_spec} ({self.tokenizer.kind})",
             "vocab_size": m["vocab_size"],
             "eos_id": m["eos_id"],
             "dtype": m["dtype"],
-            "train_tokens": train["tokens"],
-            "val_tokens": val["tokens"],
-            "train_documents": train["documents"],
-            "val_documents": val["documents"],
+            "train_tokens": split("train", "tokens"),
+            "val_tokens": split("val", "tokens"),
+            "train_documents": split("train", "documents"),
+            "val_documents": split("val", "documents"),
             "val_source": m["settings"]["val_source"],
-            "bytes_per_token": (train["bytes"] + val["bytes"]) / max(1, train["tokens"] + val["tokens"]),
-            "measured": self._measured(),
+            "bytes_per_token": (split("train", "bytes") + split("val", "bytes"))
+            / max(1, split("train", "tokens") + split("val", "tokens")),
         }
+        if len(metas) > 1:
+            weights = self.weights or [x["splits"]["train"]["tokens"] for x in metas]
+            out["mixture"] = ", ".join(f"{n} {w / sum(weights):.3f}" for n, w in zip(self.val_names, weights))
+        out["measured"] = self._measured()
+        return out
 
     def _measured(self) -> str:
         """How fast the tokenizer trained and the corpus was tokenized, when they were built (on this machine or
@@ -226,7 +273,24 @@ class TinyLMDataModule(L.LightningDataModule):
                 t = json.loads(stats.read_text(encoding="utf-8"))
                 parts.append(f"tokenizer trained on {t['bytes'] / 1e6:,.1f} MB in {t['seconds']:,.1f} s "
                              f"({t['mb_per_s']:.2f} MB/s)")
-        if "build" in self.meta:
-            b = self.meta["build"]
-            parts.append(f"tokenized {b['bytes'] / 1e6:,.1f} MB in {b['seconds']:,.1f} s ({b['mb_per_s']:.2f} MB/s)")
+        builds = [x["build"] for x in self.metas if "build" in x]
+        if builds:
+            n, secs = sum(b["bytes"] for b in builds), sum(b["seconds"] for b in builds)
+            parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)")
         return "; ".join(parts) or "nothing was timed (folders made by an older tinylm)"
+
+
+def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
+    if not specs:
+        raise ValueError("data.corpus is an empty list; name at least one corpus")
+    if weights is None:
+        return
+    if len(weights) != len(specs):
+        raise ValueError(f"data.weights has {len(weights)} entries but data.corpus names {len(specs)} corpora; give "
+                         "one weight per corpus, in the same order (or leave data.weights unset)")
+    if not all(w > 0 and math.isfinite(w) for w in weights):
+        raise ValueError(f"data.weights must all be positive finite numbers, got {weights}")
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "corpus"

@@ -67,6 +67,40 @@ class TrainBatches(_TokenWindows):
         return self.windows(self.offsets(k))
 
 
+class MixedTrainBatches(Dataset):
+    """Training batches drawn from several datasets in proportion to `weights`. Sample s comes from the source
+    that a second hash of (seed, s) picks (source j when the hash, read as a number in [0, 1), falls in the j-th
+    slice of the cumulative weights), at the offset that source's own `TrainBatches` gives sample s. So a batch is
+    still a pure function of (seed, batch index, rank): exact and elastic resume hold as for one dataset."""
+
+    def __init__(self, parts: list[TrainBatches], weights: list[float]) -> None:
+        assert len(parts) == len(weights) > 0 and all(w > 0 for w in weights)
+        self.parts, self.weights = parts, [w / sum(weights) for w in weights]
+        self.cum = np.cumsum(self.weights)
+        self.cum[-1] = 1.0  # float rounding must not leave a gap at the top
+        self.batch_size, self.block_size = parts[0].batch_size, parts[0].block_size
+        self.n_tokens = sum(p.n_tokens for p in parts)
+
+    def sources(self, k: int) -> np.ndarray:
+        """Which part each of batch k's samples comes from: (B,) ints."""
+        p = self.parts[0]
+        first = (k * p.world_size + p.rank) * self.batch_size
+        samples = np.arange(first, first + self.batch_size, dtype=np.uint64)
+        key = _splitmix64(np.array([p.seed ^ 0x6D6978], dtype=np.uint64))  # "mix": unrelated to the offsets' key
+        u = (_splitmix64(samples ^ key) >> np.uint64(11)).astype(np.float64) * 2.0**-53  # uniform in [0, 1)
+        return np.searchsorted(self.cum, u, side="right")
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        src = self.sources(k)
+        x = torch.empty(self.batch_size, self.block_size, dtype=torch.int64)  # (B, T)
+        y = torch.empty_like(x)
+        for j, part in enumerate(self.parts):
+            rows = np.flatnonzero(src == j)
+            if len(rows):
+                x[rows], y[rows] = part.windows(part.offsets(k)[rows])
+        return x, y
+
+
 class ValBatches(_TokenWindows):
     """Non-overlapping windows tiling the whole split in order (the last batch may be smaller); `limit` keeps the
     first batches only. The same on every call and every rank."""

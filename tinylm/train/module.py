@@ -188,6 +188,7 @@ class TinyLM(L.LightningModule):
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.last_grad_norm: torch.Tensor | None = None
+        self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -228,13 +229,15 @@ class TinyLM(L.LightningModule):
                 self.log("train/muon_lr", self.current_lr(group=-1))
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         x, y = batch[0], self._targets(batch[1])  # the targets the loss counts, so val/ppl = exp(val/loss)
         logits = self(x)  # (B, T, V)
         nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
                                reduction="none")  # (B*T,), 0 where ignored
         counted = y.reshape(-1) != IGNORE
         self.val_loss.update(nats.sum() / counted.sum(), weight=counted.sum())
+        part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
+        part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
         self.val_ppl.update(logits.float(), y)
         if self.token_bytes is not None:
             nbytes = self.token_bytes.to(y.device)[y.reshape(-1).clamp(min=0)] * counted  # (B*T,)
@@ -250,6 +253,11 @@ class TinyLM(L.LightningModule):
             # across tokenizers (an EOS is no text: neither its nats nor bytes count)
             nats, nbytes = self.val_text_nats.compute(), self.val_text_bytes.compute()
             self.log("val/bpb", nats / math.log(2) / nbytes.clamp(min=1), sync_dist=True)
+        names = getattr(getattr(self._trainer, "datamodule", None), "val_names", [])
+        if len(names) > 1:
+            for i, (nats, n) in sorted(self._val_parts.items()):
+                self.log(f"val/loss/{names[i]}", nats / n.clamp(min=1), sync_dist=True)
+        self._val_parts = {}
         for metric in (self.val_loss, self.val_ppl, self.val_text_nats, self.val_text_bytes):
             metric.reset()
 

@@ -1,0 +1,87 @@
+"""Mixing corpora: `data.corpus` as a list with `data.weights`; windows drawn in proportion, resumable, per-corpus val."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from tinylm.cli import main
+from tinylm.data import TinyLMDataModule
+from tinylm.data.loader import MixedTrainBatches
+
+
+@pytest.fixture
+def two_corpora(tmp_path):
+    """Corpus A uses only the letters a-e, corpus B only v-z: every window shows where it came from."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for name, letters in (("a.txt", "abcde"), ("b.txt", "vwxyz")):
+        path = tmp_path / name
+        path.write_text("".join(rng.choice(list(letters), size=20_000)), encoding="utf-8")
+        paths.append(str(path))
+    return paths
+
+
+def _dm(tmp_path, corpora, **kw):
+    return TinyLMDataModule(corpus=corpora, block_size=16, batch_size=8, cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def _rows_from_a(dm, x) -> np.ndarray:
+    a_ids = [dm.tokenizer.encode(c)[0] for c in "abcde"]
+    from_a = np.isin(x.numpy(), a_ids)
+    assert (from_a.all(axis=1) | ~from_a.any(axis=1)).all()  # no window mixes the two corpora
+    return from_a.all(axis=1)
+
+
+def test_windows_are_drawn_in_proportion_to_the_weights(two_corpora, tmp_path):
+    """Catches weights that are ignored, inverted or applied per batch instead of per window: over 500 batches of
+    8 windows, the share of windows from corpus A must be its weight 0.7 (3 standard deviations: 0.015)."""
+    dm = _dm(tmp_path, two_corpora, weights=[7, 3])  # normalised: 0.7, 0.3
+    dm.prepare_data()
+    loader = dm.train_dataloader()
+    assert isinstance(loader.dataset, MixedTrainBatches)
+    share = np.mean([_rows_from_a(dm, loader.dataset[k][0]).mean() for k in range(500)])
+    assert abs(share - 0.7) < 0.015
+    equal = _dm(tmp_path, two_corpora).train_dataloader().dataset  # no weights: by train tokens, here 50/50
+    assert abs(np.mean([(equal.sources(k) == 0).mean() for k in range(500)]) - 0.5) < 0.02
+
+
+def test_mixed_batches_are_a_pure_function_of_seed_batch_and_rank(two_corpora, tmp_path):
+    """Catches a mixture that breaks exact or elastic resume: batch k must not depend on what was drawn before,
+    and 1 device with batch 2B must draw the windows of 2 devices with batch B."""
+    dm = _dm(tmp_path, two_corpora, weights=[0.5, 0.5])
+    dm.prepare_data()
+    whole = dm.train_dataloader().dataset
+    fresh = dm.train_dataloader().dataset
+    assert all((whole[k][0] == fresh[k][0]).all() for k in (3, 0, 7))  # any order, same batches
+    dm.batch_size = 4
+    ranks = []
+    for r in range(2):
+        dm.trainer = type("T", (), {"global_rank": r, "world_size": 2})()  # what train_dataloader reads
+        ranks.append(dm.train_dataloader().dataset)
+    for k in range(5):
+        x = np.concatenate([ranks[0][k][0].numpy(), ranks[1][k][0].numpy()])
+        assert (x == whole[k][0].numpy()).all()
+    assert len({tuple(whole.sources(k)) for k in range(5)}) > 1  # the sources really vary
+
+
+def test_fit_on_a_mixture_logs_val_loss_per_corpus(run_config, two_corpora, tmp_path):
+    """Catches a mixture whose validation reports only one corpus, or drops the overall val/loss."""
+    config = run_config(data={"corpus": two_corpora, "weights": [0.5, 0.5], "block_size": 16, "batch_size": 2,
+                              "val_batches": 2, "cache_dir": str(tmp_path / "cache"), "tokenizer": "char"})
+    main(["fit", "--config", str(config)])
+    with open(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/loss")]
+    assert len(rows) == 1 and rows[0]["val/loss/a.txt"] and rows[0]["val/loss/b.txt"]
+    per = [float(rows[0][f"val/loss/{n}"]) for n in ("a.txt", "b.txt")]
+    assert min(per) <= float(rows[0]["val/loss"]) <= max(per)  # the overall loss lies between the two
+
+
+def test_bad_weights_name_the_fix(two_corpora, tmp_path):
+    """Catches weights that do not match the corpora being accepted (and silently mis-mixed)."""
+    with pytest.raises(ValueError, match=r"data.weights has 3 entries but data.corpus names 2 corpora"):
+        _dm(tmp_path, two_corpora, weights=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"positive finite"):
+        _dm(tmp_path, two_corpora, weights=[1, 0])
+    with pytest.raises(ValueError, match=r"empty list"):
+        _dm(tmp_path, [])
