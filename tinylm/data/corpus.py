@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -224,6 +225,82 @@ class HFDataset(Corpus):
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class HFStream(Corpus):
+    """A Hugging Face dataset read with `streaming=True`: rows arrive as they are downloaded and only the tokens
+    are kept. Training takes the first `max_documents` documents of `split` (None: all). Validation is the
+    dataset's own `val_split` when it has one (its first `val_documents`), else a held-out head: the first
+    `val_documents` documents of `split`, which training then skips."""
+
+    has_validation = True
+
+    def __init__(self, spec: str, path: str, *, split: str, val_split: str, text_column: str, data_files: Any,
+                 config: str | None, revision: str | None, max_documents: int | None,
+                 val_fraction: float) -> None:
+        self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
+        self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
+        self.max_documents = max_documents
+        self.val_documents = None if max_documents is None else max(1, int(val_fraction * max_documents))
+        self._dd: Any = None
+
+    def _load(self) -> Any:
+        if self._dd is None:
+            import datasets
+
+            try:
+                self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                 revision=self.revision, streaming=True)
+            except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
+                raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({type(e).__name__}: {e}); "
+                                 "check the name, the network and --data.data_files") from e
+            if self.split not in self._dd:
+                raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
+                                 "(--data.split)")
+            if self.val_source == "held-out head" and self.max_documents is None:
+                raise ValueError(f"streamed dataset {self.path!r} has no {self.val_split!r} split, so validation "
+                                 "is a held-out head of the train split, and its size needs --data.max_documents N "
+                                 "(val is the first val_fraction x N documents)")
+        return self._dd
+
+    @property
+    def val_source(self) -> str:
+        """"validation split" (the dataset's own) or "held-out head" (the first documents of the train split)."""
+        return "validation split" if self.val_split in self._load() and self.val_split != self.split \
+            else "held-out head"
+
+    def _rows(self, split: str) -> Iterator[str]:
+        for row in self._load()[split]:
+            if text := row[self.text_column]:
+                yield text
+
+    def _docs(self, split: str) -> Iterator[str]:
+        head = self.val_source == "held-out head"
+        if split == "train":
+            start = self.val_documents if head else 0
+            stop = None if self.max_documents is None else start + self.max_documents
+            return itertools.islice(self._rows(self.split), start, stop)
+        return itertools.islice(self._rows(self.split if head else self.val_split), self.val_documents)
+
+    def _fingerprint(self) -> str:
+        # a stream cannot be hashed without reading it: local files are hashed, hub data is named by its revision
+        # (pin --data.hf_revision to make it reproducible)
+        key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
+               "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
+               "val_documents": self.val_documents, "val_source": self.val_source,
+               "files": _hash_files(self.data_files)}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hash_files(data_files: Any) -> Any:
+    """sha256 of each local file named in `data_files` (a path, list or {split: path(s)}); other names as given."""
+    if isinstance(data_files, dict):
+        return {k: _hash_files(v) for k, v in sorted(data_files.items())}
+    if isinstance(data_files, (list, tuple)):
+        return [_hash_files(v) for v in data_files]
+    if isinstance(data_files, str):
+        return [(p, _sha256(Path(p))) for p in sorted(glob.glob(data_files, recursive=True))] or data_files
+    return data_files
+
+
 class Mixture(Corpus):
     """Several corpora read one after the other: what a tokenizer shared by a mixture of corpora learns from."""
 
@@ -251,10 +328,22 @@ class Mixture(Corpus):
 
 def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_split: str = "validation",
                 text_column: str = "text", data_files: Any = None, hf_config: str | None = None,
-                hf_revision: str | None = None) -> Corpus:
-    """Resolve `--data.corpus` (see the module docstring); the other arguments apply to datasets only."""
+                hf_revision: str | None = None, streaming: bool = False, max_documents: int | None = None,
+                val_fraction: float = 0.1) -> Corpus:
+    """Resolve `--data.corpus` (see the module docstring); the other arguments apply to datasets only
+    (`streaming`, `max_documents`, `val_fraction`: to streamed ones, see `HFStream`)."""
     hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files, config=hf_config,
               revision=hf_revision)
+    if streaming:
+        builder = _LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
+        if spec.startswith("hf:"):
+            path = spec[3:]
+        elif builder and Path(spec).is_file():
+            path, hf["data_files"] = builder, spec
+        else:
+            raise ValueError(f"--data.streaming reads hf:NAME or a local .jsonl/.json/.parquet/.csv dataset file, "
+                             f"not {spec!r} (text files are read as a stream already); drop --data.streaming")
+        return HFStream(spec, path, **hf, max_documents=max_documents, val_fraction=val_fraction)
     if spec in NAMED:
         return TextFiles(spec, [download_named(spec, cache_dir)])
     if spec.startswith("hf:"):

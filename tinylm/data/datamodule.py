@@ -23,6 +23,7 @@ from tinylm.tokenize import TRAINED_SPECS, Tokenizer
 RANGES = {
     "vocab_size": "[1, 2**32)", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
     "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)", "tokenizer_train_chars": "[1, inf)",
+    "max_documents": "[1, inf)",
 }
 """Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
 
@@ -60,6 +61,11 @@ class TinyLMDataModule(L.LightningDataModule):
             {split: path(s)}.
         hf_config: dataset configuration name (the `name` argument of `datasets.load_dataset`).
         hf_revision: dataset revision (git tag, branch or commit) to pin.
+        streaming: read an `hf:` dataset (or a local .jsonl/.parquet/.csv file) with `streaming=True`: nothing is
+            downloaded whole, tokens are written as documents arrive. Validation is the dataset's own `val_split`
+            when it has one, else the first val_fraction x max_documents documents of the train split (held out).
+        max_documents: with `streaming`, train on the first N documents of the stream (None: all of it; needed
+            when validation is a held-out head, to size it).
     """
 
     def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
@@ -68,7 +74,8 @@ class TinyLMDataModule(L.LightningDataModule):
                  val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
-                 hf_config: str | None = None, hf_revision: str | None = None) -> None:
+                 hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
+                 max_documents: int | None = None) -> None:
         super().__init__()
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
@@ -84,7 +91,8 @@ class TinyLMDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.num_workers, self.seed = num_workers, seed
         self._hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files,
-                        hf_config=hf_config, hf_revision=hf_revision)
+                        hf_config=hf_config, hf_revision=hf_revision, streaming=streaming,
+                        max_documents=max_documents, val_fraction=val_fraction)
         self._corpora: list[Corpus] | None = None
         self._tokenizer: Tokenizer | None = None
         self._metas: list[dict] | None = None

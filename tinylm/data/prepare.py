@@ -19,7 +19,6 @@ import re
 import shutil
 import socket
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
     fcntl = None  # type: ignore[assignment]
 
 from tinylm.data.corpus import Corpus
-from tinylm.data.writer import PIECE_CHARS, SplitWriter, Stopwatch, progress, rate
+from tinylm.data.pack import write_splits
+from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def dataset_dir_for(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float
 
 def _split_settings(corpus: Corpus, val_fraction: float) -> dict:
     if corpus.has_validation:
-        return {"val_source": "validation split", "val_fraction": None}
+        return {"val_source": getattr(corpus, "val_source", "validation split"), "val_fraction": None}
     return {"val_source": "tail", "val_fraction": val_fraction}
 
 
@@ -217,28 +217,23 @@ def prepare_dataset(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float
                     piece_chars: int = PIECE_CHARS) -> Path:
     """Build the packed dataset unless a complete one exists; return its folder."""
     final = dataset_dir_for(corpus, tokenizer, val_fraction=val_fraction, cache_dir=cache_dir)
-    _build_once(final, lambda tmp: _write_dataset(tmp, corpus, tokenizer, val_fraction, piece_chars), "meta.json",
-                corpus, f"packing {corpus.spec} into {final}")
+    partial = final.with_name(final.name + ".partial")  # completed shards of an interrupted build (tinylm.data.pack)
+    _build_once(final, lambda tmp: _write_dataset(tmp, partial, corpus, tokenizer, val_fraction, piece_chars),
+                "meta.json", corpus, f"packing {corpus.spec} into {final}")
+    shutil.rmtree(partial, ignore_errors=True)
     return final
 
 
-def _write_dataset(out: Path, corpus: Corpus, tok: Tokenizer, val_fraction: float, piece_chars: int) -> None:
+def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val_fraction: float,
+                   piece_chars: int) -> None:
     dtype_name = "uint16" if tok.vocab_size <= 2**16 else "uint32"
-    dtype = np.dtype(dtype_name).newbyteorder("<")
     tok.save(out / "tokenizer")
-    settings = _split_settings(corpus, val_fraction)
     clock = Stopwatch()
-    with ThreadPoolExecutor(1, thread_name_prefix="tinylm-encode") as pool, \
-            progress(corpus.size_bytes, f"tokenizing {corpus.name}") as bar:
-        writers = {s: SplitWriter(out / f"{s}.bin", tok, dtype, piece_chars, pool, bar) for s in ("train", "val")}
-        try:
-            _fill(writers, corpus, val_fraction)
-        finally:
-            splits = {name: w.close() for name, w in writers.items()}
+    splits = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
+                          val_fraction=val_fraction, piece_chars=piece_chars)
     build = rate(sum(s["bytes"] for s in splits.values()), clock())
     log.info("tokenized %s: %.1f MB in %.1f s (%.2f MB/s)", corpus.spec, build["bytes"] / 1e6, build["seconds"],
              build["mb_per_s"])
-    splits = {name: w.close() for name, w in writers.items()}
     meta = {
         "format_version": FORMAT_VERSION,
         "dtype": dtype_name,
@@ -250,32 +245,10 @@ def _write_dataset(out: Path, corpus: Corpus, tok: Tokenizer, val_fraction: floa
         "tokenizer_fingerprint": tok.fingerprint,
         "corpus_spec": corpus.spec,
         "corpus_fingerprint": corpus.fingerprint,
-        "settings": settings,
+        "settings": _split_settings(corpus, val_fraction),
         "build": build,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _fill(writers: dict[str, SplitWriter], corpus: Corpus, val_fraction: float) -> None:
-    """Hand every document to the train or val writer."""
-    if corpus.has_validation:
-        for split, name in (("train", "train"), ("validation", "val")):
-            for doc in corpus.documents(split):
-                writers[name].add(doc, ends_document=True)
-        return
-    # The tail by characters, exactly like nanoGPT's data[:int(n * 0.9)]; cut inside the straddling document.
-    total = sum(len(doc) for doc in corpus.documents("train"))
-    cut = int(total * (1 - val_fraction))
-    seen = 0
-    for doc in corpus.documents("train"):
-        if seen + len(doc) <= cut:
-            writers["train"].add(doc, ends_document=True)
-        elif seen >= cut:
-            writers["val"].add(doc, ends_document=True)
-        else:
-            writers["train"].add(doc[: cut - seen], ends_document=False)
-            writers["val"].add(doc[cut - seen:], ends_document=True)
-        seen += len(doc)
 
 
 def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> dict:

@@ -1,0 +1,106 @@
+"""Streamed Hugging Face datasets (`data.streaming`) and builds that resume after an interruption."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tinylm.data import TinyLMDataModule
+from tinylm.data import pack
+from tinylm.data.corpus import Corpus
+from tinylm.data.prepare import dataset_dir_for, load_meta, prepare_dataset
+from tinylm.tokenize.tokenizer import build_tokenizer
+
+
+def _jsonl(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def _ids(path, meta) -> list[int]:
+    return np.fromfile(path, dtype=meta["dtype"]).tolist()
+
+
+def _expected(tok, docs) -> list[int]:
+    return [i for d in docs for i in tok.encode(d) + [tok.eos_id]]
+
+
+def test_streamed_dataset_takes_a_prefix_and_holds_out_its_head(tmp_path):
+    """Catches a streamed corpus that reads past data.max_documents, trains on its validation documents, or
+    packs other text than the stream's rows in order."""
+    docs = [f"story number {i}: " + "la " * (i % 7) for i in range(300)]
+    path = _jsonl(tmp_path / "rows.jsonl", docs)
+    dm = TinyLMDataModule(corpus=str(path), streaming=True, max_documents=100, val_fraction=0.1,
+                          tokenizer="scratch-bpe", vocab_size=270, cache_dir=str(tmp_path / "cache"))
+    meta, tok = dm.meta, dm.tokenizer
+    assert meta["settings"]["val_source"] == "held-out head"
+    assert _ids(dm.dataset_dir / "val.bin", meta) == _expected(tok, docs[:10])  # the first 10% of 100, held out
+    assert _ids(dm.dataset_dir / "train.bin", meta) == _expected(tok, docs[10:110])
+    assert meta["splits"]["train"]["documents"] == 100
+
+
+def test_streamed_dataset_uses_its_own_validation_split(tmp_path):
+    """Catches a stream with a validation split still cutting validation out of its train split."""
+    train = _jsonl(tmp_path / "train.jsonl", [f"train doc {i}" for i in range(50)])
+    val = _jsonl(tmp_path / "val.jsonl", [f"dart cod {i}" for i in range(50)])
+    dm = TinyLMDataModule(corpus="hf:json", data_files={"train": str(train), "validation": str(val)},
+                          streaming=True, max_documents=40, tokenizer="char", cache_dir=str(tmp_path / "cache"))
+    meta, tok = dm.meta, dm.tokenizer
+    assert meta["settings"]["val_source"] == "validation split"
+    assert _ids(dm.dataset_dir / "train.bin", meta) == _expected(tok, [f"train doc {i}" for i in range(40)])
+    assert _ids(dm.dataset_dir / "val.bin", meta) == _expected(tok, [f"dart cod {i}" for i in range(4)])
+
+
+def test_streaming_misuse_names_the_fix(tmp_path):
+    """Catches a stream with no validation split reading forever (no size for its held-out head), and
+    --data.streaming on a text file being silently ignored."""
+    path = _jsonl(tmp_path / "rows.jsonl", ["a", "b"])
+    with pytest.raises(ValueError, match=r"--data.max_documents"):
+        _ = TinyLMDataModule(corpus=str(path), streaming=True, cache_dir=str(tmp_path / "c")).meta
+    (tmp_path / "t.txt").write_text("text")
+    with pytest.raises(ValueError, match=r"drop --data.streaming"):
+        _ = TinyLMDataModule(corpus=str(tmp_path / "t.txt"), streaming=True, cache_dir=str(tmp_path / "c")).meta
+
+
+class _FlakyStream(Corpus):
+    """A stream of documents whose connection drops after `fail_after` documents (once)."""
+
+    has_validation = True
+
+    def __init__(self, docs, fail_after):
+        self.spec, self.docs, self.fail_after = "flaky", docs, fail_after
+
+    def _docs(self, split):
+        for i, doc in enumerate(self.docs if split == "train" else self.docs[:5]):
+            if self.fail_after is not None and i == self.fail_after:
+                self.fail_after = None
+                raise ConnectionError("the stream dropped")
+            yield doc
+
+    def _fingerprint(self):
+        return "flaky-v1"
+
+
+def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatch, caplog):
+    """Catches an interrupted prepare that starts over (re-encoding everything), leaves a folder a later run
+    takes for a dataset, or resumes into different ids than an uninterrupted build."""
+    monkeypatch.setattr(pack, "SHARD_CHARS", 500)  # shards of ~500 characters: 20 documents of 26-27
+    docs = [f"document {i:03d} " + "abc " * 3 for i in range(200)]
+    tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
+    flaky = _FlakyStream(docs, fail_after=150)
+    with pytest.raises(ConnectionError):
+        prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    final = dataset_dir_for(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert not final.exists()  # nothing that looks like a dataset
+    partial = final.with_name(final.name + ".partial")
+    assert len(list(partial.glob("*.json"))) == 7  # 7 complete shards of 20 documents; the 8th was cut off
+    with caplog.at_level("INFO", logger="tinylm.data.pack"):
+        resumed = prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert "7 shard(s) of 140 documents already done" in caplog.text  # not encoded again
+    meta = load_meta(resumed, tok)
+    assert not partial.exists()
+    clean = prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "clean")
+    for split in ("train", "val"):
+        assert (resumed / f"{split}.bin").read_bytes() == (clean / f"{split}.bin").read_bytes()
+    assert _ids(resumed / "train.bin", meta) == _expected(tok, docs)
+    assert meta["splits"]["train"]["documents"] == 200

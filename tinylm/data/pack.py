@@ -1,0 +1,128 @@
+"""Corpus -> train.bin / val.bin, in shards that survive an interrupted build.
+
+Documents are routed to train or val (`routed`), encoded by `SplitWriter`s, and written as shards of about
+`shard_chars` characters into `<dataset>.partial/`: `00003.train.bin`, `00003.val.bin`, then `00003.json`, the
+shard's completion marker (written last, atomically). A build that is killed or fails keeps its completed shards;
+the next build skips the documents they hold and goes on from there. The shards are concatenated into the
+dataset's folder at the end, which `prepare._publish` renames into place with meta.json: a `.partial` folder is
+never a dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from tinylm.data.corpus import Corpus
+from tinylm.data.writer import SplitWriter, progress
+from tinylm.tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val")
+SHARD_CHARS = 1 << 28  # ~268 M characters per shard: the most an interrupted build has to redo
+
+
+def routed(corpus: Corpus, val_fraction: float) -> Iterator[list[tuple[str, str, bool]]]:
+    """For each document of the corpus, its parts as (split, text, ends_document): the corpus's own validation
+    split when it has one, else the tail by characters, exactly like nanoGPT's data[:int(n * 0.9)], with the
+    document that straddles the cut divided (its train part has no EOS)."""
+    if corpus.has_validation:
+        for split, name in (("train", "train"), ("validation", "val")):
+            for doc in corpus.documents(split):
+                yield [(name, doc, True)]
+        return
+    total = sum(len(doc) for doc in corpus.documents("train"))
+    cut = int(total * (1 - val_fraction))
+    seen = 0
+    for doc in corpus.documents("train"):
+        if seen + len(doc) <= cut:
+            yield [("train", doc, True)]
+        elif seen >= cut:
+            yield [("val", doc, True)]
+        else:
+            yield [("train", doc[: cut - seen], False), ("val", doc[cut - seen:], True)]
+        seen += len(doc)
+
+
+def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, *, val_fraction: float,
+                 piece_chars: int) -> dict:
+    """Write out/train.bin and out/val.bin through the shards in `partial` (resuming from those complete);
+    return each split's stats (tokens, documents, bytes, chars)."""
+    partial.mkdir(parents=True, exist_ok=True)
+    shard_chars = SHARD_CHARS  # read here, so a test can make shards small
+    done = _complete_shards(partial, dtype.itemsize)
+    skip = done[-1]["next_document"] if done else 0
+    if done:
+        log.info("resuming the build of %s: %d shard(s) of %d documents already done", out.name, len(done), skip)
+    bytes_done = sum(s["bytes"] for d in done for s in d["splits"].values())
+    total = corpus.size_bytes
+    with ThreadPoolExecutor(1, thread_name_prefix="tinylm-encode") as pool, \
+            progress(total, f"tokenizing {corpus.name}", initial=bytes_done) as bar:
+        writers: dict[str, SplitWriter] | None = None
+        chars, index = 0, skip
+        for parts in itertools.islice(routed(corpus, val_fraction), skip, None):
+            if writers is None:
+                writers = {s: SplitWriter(_shard(partial, len(done), s), tok, dtype, piece_chars, pool, bar)
+                           for s in SPLITS}
+            for split, text, ends in parts:
+                writers[split].add(text, ends_document=ends)
+                chars += len(text)
+            index += 1
+            if chars >= shard_chars:
+                done.append(_close_shard(partial, len(done), writers, index))
+                writers, chars = None, 0
+        if writers is not None:
+            done.append(_close_shard(partial, len(done), writers, index))
+    stats = {}
+    for split in SPLITS:
+        with open(out / f"{split}.bin", "wb") as f:
+            for k in range(len(done)):
+                with open(_shard(partial, k, split), "rb") as shard:
+                    shutil.copyfileobj(shard, f, 1 << 24)
+        stats[split] = {key: sum(d["splits"][split][key] for d in done)
+                        for key in ("tokens", "documents", "bytes", "chars")}
+    return stats
+
+
+def _shard(partial: Path, k: int, split: str) -> Path:
+    return partial / f"{k:05d}.{split}.bin"
+
+
+def _close_shard(partial: Path, k: int, writers: dict[str, SplitWriter], next_document: int) -> dict:
+    """Finish shard k's files, then mark it complete (after this, a new build skips its documents)."""
+    stats = {split: w.close() for split, w in writers.items()}
+    for split in SPLITS:
+        with open(_shard(partial, k, split), "rb+") as f:
+            os.fsync(f.fileno())  # the data is on disk before the marker that says so
+    marker = {"shard": k, "next_document": next_document, "splits": stats}
+    tmp = partial / f"{k:05d}.json.tmp"
+    tmp.write_text(json.dumps(marker) + "\n", encoding="utf-8")
+    os.replace(tmp, partial / f"{k:05d}.json")
+    return marker
+
+
+def _complete_shards(partial: Path, itemsize: int) -> list[dict]:
+    """The markers of shards 0, 1, ... that are complete (their files whole); files of later shards are removed."""
+    done = []
+    while (path := partial / f"{len(done):05d}.json").is_file():
+        try:
+            marker = json.loads(path.read_text(encoding="utf-8"))
+            for split in SPLITS:
+                if _shard(partial, len(done), split).stat().st_size != marker["splits"][split]["tokens"] * itemsize:
+                    raise ValueError(f"shard {len(done)} {split} is not whole")
+        except (OSError, ValueError, KeyError, TypeError):
+            break  # a damaged shard: it and everything after it are redone
+        done.append(marker)
+    for path in partial.iterdir():
+        if path.name[:5].isdigit() and int(path.name[:5]) >= len(done):
+            path.unlink()
+    return done
