@@ -32,6 +32,7 @@ USAGE_LINES = {
     "plan": "size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE [--gpu H100]",
     "plot": "loss, LR, grad norm, tokens/s and health alerts of runs, one PNG: tinylm plot RUN [RUN ...]",
     "lr-find": "LR range test with the size rule of thumb beside it: tinylm lr-find --config FILE",
+    "scaling": "compute-matched ladder, scaling-law fit, checked prediction: tinylm scaling --config FILE",
 }
 OWN_COMMANDS = tuple(c for c in USAGE_LINES if c not in LIGHTNING_COMMANDS)
 

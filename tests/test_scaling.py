@@ -1,0 +1,72 @@
+"""`tinylm scaling`: the ladder's arithmetic, the power-law and IsoFLOP fits, and the command's reuse of runs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tinylm.cli import main
+from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
+
+SHAPE = dict(vocab_size=65, block_size=16, bias=True, pad_vocab_multiple=1)
+
+
+def test_rung_spends_the_budget():
+    """max_steps x tokens per step x FLOPs per token is the budget (to rounding): a ladder that is not
+    compute-matched compares models trained on different compute and its fit means nothing."""
+    r = rung(n_layer=2, n_embd=32, head_size=16, budget=1e10, tokens_per_step=64, **SHAPE)
+    assert r.n_head == 2 and r.max_steps == round(1e10 / (r.flops_per_token * 64))
+    assert abs(r.max_steps * 64 * r.flops_per_token / 1e10 - 1) < 0.01
+    with pytest.raises(ValueError, match="head size"):
+        rung(n_layer=2, n_embd=40, head_size=16, budget=1e10, tokens_per_step=64, **SHAPE)
+
+
+def test_fit_power_law_recovers_a_known_law():
+    """Losses made from L = 1.5 + 30 N^-0.5 give back E, A and alpha (a fit stuck on its grid's edge or with E and
+    A swapped would not), and losses that rise with size are refused with the reason."""
+    ns = [1e4, 3e4, 1e5, 3e5]
+    law = fit_power_law(ns, [1.5 + 30 * n**-0.5 for n in ns])
+    assert (law.E, law.A, law.alpha) == pytest.approx((1.5, 30, 0.5), rel=0.02)
+    assert law.rmse < 1e-3 and law(1e6) == pytest.approx(1.5 + 30 * 1e6**-0.5, abs=1e-3)
+    with pytest.raises(ValueError, match="do not fall with model size"):
+        fit_power_law(ns, [2.0, 2.1, 2.2, 2.3])
+
+
+def test_isoflop_optimum_is_the_parabola_minimum():
+    """A U-shaped IsoFLOP curve with its minimum at N = 1e5 gives that N; a curve still falling at its largest
+    model gives None (the optimum is beyond the ladder), not an extrapolated guess."""
+    ns = [1e4, 3e4, 1e5, 3e5, 1e6]
+    u = [2.0 + 0.1 * (np.log(n) - np.log(1e5)) ** 2 for n in ns]
+    n_opt, l_opt = isoflop_optimum(ns, u)
+    assert n_opt == pytest.approx(1e5, rel=1e-6) and l_opt == pytest.approx(2.0)
+    assert isoflop_optimum(ns, [3.0, 2.5, 2.2, 2.0, 1.9]) is None
+
+
+def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, capsys):
+    """Finished ladder runs are reused (a rerun after an interruption must not retrain them), the missing model is
+    trained as an ordinary run in its own folder, and the law fitted over the ladder's logged losses comes out."""
+    from tinylm.cli.fit_config import fit_objects
+
+    cfg = run_config()
+    cli = fit_objects(["--config", str(cfg)])
+    shape = dict(vocab_size=cli.model.hparams.vocab_size, block_size=16, bias=True, pad_vocab_multiple=1)
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    for n_layer, n_embd in sizes:  # finished runs: a val/loss at their last step, from L = 1.5 + 30 N^-0.5
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
+        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
+        folder.mkdir(parents=True)
+        loss = 1.5 + 30 * r.params**-0.5
+        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
+            "--head_size", "8", "--out", "fit.png"]
+    main(args)
+    out = capsys.readouterr().out
+    result = json.loads((cfg.parent / "fit.json").read_text())
+    assert (result["law"]["E"], result["law"]["A"], result["law"]["alpha"]) == pytest.approx((1.5, 30, 0.5), rel=0.05)
+    for n_layer, n_embd in sizes:  # reused, not retrained
+        assert not (cfg.parent / "runs" / f"tiny-C1.0e08-L{n_layer}-d{n_embd}" / "checkpoints").exists()
+    assert (cfg.parent / "runs" / "tiny-C1.0e08-L1-d24" / "checkpoints" / "last.ckpt").is_file()
+    assert result["prediction"]["measured"] > 0 and "prediction for L1-d24" in out
+    assert (cfg.parent / "fit.png").stat().st_size > 10_000
+    main(args)  # everything finished: nothing trains again, same answer
+    assert json.loads((cfg.parent / "fit.json").read_text())["prediction"] == result["prediction"]

@@ -1,0 +1,120 @@
+"""`tinylm scaling`: a compute-matched ladder of ordinary tinylm runs, a scaling-law fit, and a checked prediction."""
+
+from __future__ import annotations
+
+import csv
+import json as jsonlib
+from pathlib import Path
+
+DEFAULT_SIZES = ((2, 64), (3, 96), (4, 128), (5, 160))  # (n_layer, n_embd): ~0.1M to ~1.5M parameters at vocab 65
+DEFAULT_PREDICT = (6, 192)
+
+
+def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[int]] | None = None,
+            predict: list[int] | None = None, head_size: int | None = None, out: str | None = None) -> dict:
+    """Train a compute-matched ladder (models of several sizes, each for the same training FLOPs), fit
+    L(N) = E + A·N^-alpha to their final validation losses, find the compute-optimal size of the budget, then train
+    a larger model and compare its loss with the law's prediction. Takes every `tinylm fit` option (--config FILE,
+    --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below.
+
+    Every model is an ordinary tinylm run in its own folder (runs/<run.name>-C<budget>-L<layers>-d<width>: logged,
+    checkpointed, resumable): rerunning the command resumes an interrupted run and reuses finished ones.
+
+    Args:
+        budget: Training FLOPs per model (6N + attention per token, times tokens); each model's max_steps follows.
+        sizes: The ladder as [[n_layer, n_embd], ...] (at least 3; default [[2,64],[3,96],[4,128],[5,160]]).
+        predict: [n_layer, n_embd] of the larger model to predict and then train (default [6,192]).
+        head_size: Channels per attention head; n_head = n_embd / head_size (default: the config's).
+        out: PNG of the fit (default: <trainer.default_root_dir>/<run.name>-scaling-C<budget>.png); the numbers go
+            to a .json beside it.
+    """
+    from tinylm.cli.fit import lightning_main
+    from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.ranges import check_ranges
+    from tinylm.train.plan import compute_optimal
+    from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
+
+    check_ranges("", {"budget": budget}, {"budget": "(0, inf)"})
+    sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
+    target = tuple(predict or DEFAULT_PREDICT)
+    if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
+        raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got {sizes} "
+                         f"and {list(target)}")
+    cli = fit_objects(fit_args)
+    hp, opts = cli.model.hparams, trainer_options(cli)
+    accumulate = int(opts.get("accumulate_grad_batches") or 1)
+    tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
+    shape = dict(vocab_size=hp.vocab_size, block_size=hp.block_size, bias=hp.bias, dropout=hp.dropout,
+                 pad_vocab_multiple=hp.pad_vocab_multiple)
+    head = head_size or hp.n_embd // hp.n_head
+    rungs = [rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget, tokens_per_step=tokens_per_step,
+                  **shape) for n_layer, n_embd in sizes + [target]]
+    root, base = cli.run_dir.parent, cli.run_dir.name
+    tag = f"C{budget:.1e}".replace("+", "")
+    losses = []
+    for r in rungs:
+        name = f"{base}-{tag}-{r.label}"
+        loss = final_val_loss(root / name, r.max_steps)
+        if loss is None:
+            lightning_main(["fit", *fit_args, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
+                            "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
+                            "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
+                            "--ckpt_path", "last"])
+            loss = final_val_loss(root / name, r.max_steps)
+            if loss is None:
+                raise RuntimeError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv")
+        losses.append(loss)
+    ladder, ladder_losses = rungs[:-1], losses[:-1]
+    law = fit_power_law([r.params for r in ladder], ladder_losses)
+    optimum = isoflop_optimum([r.params for r in ladder], ladder_losses)
+    big, measured = rungs[-1], losses[-1]
+    out_path = Path(out) if out else root / f"{base}-scaling-{tag}.png"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
+    result = {
+        "budget_flops": budget, "tokens_per_step": tokens_per_step,
+        "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "tokens": r.max_steps * tokens_per_step,
+                  "val_loss": loss, "fit": law(r.params)} for r, loss in zip(rungs, losses)],
+        "law": {"E": law.E, "A": law.A, "alpha": law.alpha, "rmse": law.rmse},
+        "isoflop_optimum": None if optimum is None else {"params": optimum[0], "val_loss": optimum[1]},
+        "chinchilla_optimal_params": compute_optimal(budget)[0],
+        "prediction": {"model": big.label, "params": big.params, "predicted": law(big.params), "measured": measured,
+                       "error": measured - law(big.params)},
+        "plot": str(out_path),
+    }
+    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
+    print(format_scaling(result))
+    return result
+
+
+def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
+    """The val/loss a finished run logged at its last step, or None (not run, or not finished)."""
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/loss") and r.get("step")]
+    done = [r for r in rows if int(float(r["step"])) >= max_steps - 1]
+    return float(done[-1]["val/loss"]) if done else None
+
+
+def format_scaling(r: dict) -> str:
+    lines = [f"compute-matched ladder: {r['budget_flops']:.3g} training FLOPs per model, "
+             f"{r['tokens_per_step']:,} tokens per step",
+             f"{'model':<10} {'params':>9} {'steps':>7} {'tokens':>11} {'val/loss':>9} {'fit':>7}"]
+    for run in r["runs"]:
+        lines.append(f"{run['model']:<10} {run['params']:>9,} {run['steps']:>7,} {run['tokens']:>11,} "
+                     f"{run['val_loss']:>9.4f} {run['fit']:>7.4f}")
+    law = r["law"]
+    lines.append(f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}·N^-{law['alpha']:.4f}"
+                 f" (rmse {law['rmse']:.4f} nats)")
+    opt = r["isoflop_optimum"]
+    lines.append("compute-optimal size for this budget: " + (
+        f"{opt['params']:,.0f} parameters (IsoFLOP parabola minimum, val/loss {opt['val_loss']:.4f})" if opt else
+        "beyond the ladder's range (the loss still falls at its largest model)")
+        + f"; Chinchilla's 20 tokens/param says {r['chinchilla_optimal_params']:,.0f}")
+    p = r["prediction"]
+    lines.append(f"prediction for {p['model']} ({p['params']:,} parameters): {p['predicted']:.4f}; measured "
+                 f"{p['measured']:.4f}; error {p['error']:+.4f} nats")
+    lines.append(f"wrote {r['plot']} and {Path(r['plot']).with_suffix('.json')}")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""Scaling laws from a compute-matched ladder: models of several sizes trained on the same FLOPs budget, the fit
+L(N) = E + A N^-alpha over them, the compute-optimal size of the budget (Chinchilla's IsoFLOP approach: a parabola
+in log N through the losses), and a prediction for a larger model. Pure functions; `tinylm scaling` runs the ladder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tinylm.model import GPT, GPTConfig
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One model of the ladder and how long it trains to spend the budget."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    params: int
+    flops_per_token: float
+    max_steps: int
+
+    @property
+    def label(self) -> str:
+        return f"L{self.n_layer}-d{self.n_embd}"
+
+
+def rung(*, n_layer: int, n_embd: int, head_size: int, budget: float, tokens_per_step: int, **shape) -> Rung:
+    """The rung of width ``n_embd`` and depth ``n_layer`` (heads of ``head_size``) that spends ``budget`` training
+    FLOPs on steps of ``tokens_per_step``; ``shape`` holds the rest of GPTConfig (vocab_size, block_size, bias, ...).
+    The model is built on the meta device: counting costs no memory."""
+    if n_embd % head_size:
+        raise ValueError(f"n_embd {n_embd} is not a multiple of the head size {head_size}; pick a multiple")
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head_size, **shape))
+    per_token = model.flops_per_token()
+    steps = max(1, round(budget / (per_token * tokens_per_step)))
+    return Rung(n_layer, n_embd, n_embd // head_size, model.num_params(), per_token, steps)
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """L(N) = E + A N^-alpha."""
+
+    E: float
+    A: float
+    alpha: float
+    rmse: float  # of the fit over its points, nats
+
+    def __call__(self, n: float) -> float:
+        return self.E + self.A * n ** -self.alpha
+
+
+def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
+    """Least-squares fit of L = E + A N^-alpha: for each alpha on a fine grid E and A are linear (closed form), and
+    the alpha with the smallest squared error wins (no optimiser to start or to diverge). Needs >= 3 points."""
+    if len(params) < 3 or len(params) != len(losses):
+        raise ValueError(f"a power-law fit needs >= 3 (size, loss) points, got {len(params)}")
+    n, y = np.asarray(params, dtype=np.float64), np.asarray(losses, dtype=np.float64)
+    best = None
+    for alpha in np.linspace(0.01, 2.0, 2000):
+        x = n ** -alpha
+        X = np.stack([np.ones_like(x), x], axis=1)
+        (E, A), *_ = np.linalg.lstsq(X, y, rcond=None)
+        if A <= 0:  # loss must fall with size for this law
+            continue
+        sse = float(((X @ np.array([E, A]) - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            best = (sse, float(E), float(A), float(alpha))
+    if best is None:
+        raise ValueError("the losses do not fall with model size, so no L = E + A N^-alpha fits; the budget may be "
+                         "too small for the larger models (raise --budget) or the sizes too close")
+    sse, E, A, alpha = best
+    return PowerLaw(E, A, alpha, math.sqrt(sse / len(n)))
+
+
+def isoflop_optimum(params: list[float], losses: list[float]) -> tuple[float, float] | None:
+    """(N, L) at the minimum of a parabola in log N through the ladder's losses (Chinchilla, approach 2): the
+    compute-optimal size of this budget. None when the losses still fall at the largest size (the optimum lies
+    beyond the ladder: the budget favours bigger models than it holds) or the parabola opens downwards."""
+    if len(params) < 3:
+        return None
+    x = np.log(np.asarray(params, dtype=np.float64))
+    a, b, c = np.polyfit(x, np.asarray(losses, dtype=np.float64), 2)
+    if a <= 0:
+        return None
+    x_opt = -b / (2 * a)
+    if not x.min() <= x_opt <= x.max():
+        return None
+    return float(math.exp(x_opt)), float(a * x_opt**2 + b * x_opt + c)
+
+
+def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw, *, predicted: tuple[Rung, float | None] | None,
+                 budget: float, out) -> None:
+    """Log-log plot of the ladder's final validation losses against parameters, the fitted law, and the predicted
+    and measured loss of the larger model."""
+    from tinylm.plots import figure_canvas
+
+    fig, canvas = figure_canvas(figsize=(7, 4.5))
+    ax = fig.subplots()
+    ns = [r.params for r in rungs]
+    ax.plot(ns, losses, "o", color="C0", ms=7, label="ladder (final val/loss)")
+    for r, loss in zip(rungs, losses):
+        ax.annotate(r.label, (r.params, loss), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    top = max(ns + ([predicted[0].params] if predicted else []))
+    grid = np.geomspace(min(ns) / 1.5, top * 1.5, 100)
+    ax.plot(grid, [law(n) for n in grid], "--", color="C1",
+            label=f"L = {law.E:.3f} + {law.A:.3g}·N^-{law.alpha:.3f}")
+    if predicted:
+        r, measured = predicted
+        ax.plot([r.params], [law(r.params)], "D", mfc="none", color="C3", ms=9, label=f"predicted {r.label}")
+        if measured is not None:
+            ax.plot([r.params], [measured], "D", color="C3", ms=6,
+                    label=f"measured {r.label}: {measured:.3f} (predicted {law(r.params):.3f})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters N")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title(f"compute-matched ladder: {budget:.2g} training FLOPs per model", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    canvas.print_png(str(out))
