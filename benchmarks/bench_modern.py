@@ -1,0 +1,210 @@
+"""nanoGPT vs the modern options (each alone, all together, and with Muon) on the laptop recipe, side by side.
+
+Every variant trains from the same seed on the same batches in the same order (fetched once from the recipe's
+`TinyLMDataModule`), with the recipe's schedule, clipping and AdamW settings; only the option under test changes.
+The model and optimizer are tinylm's own (`TinyLM(...).model`, `tinylm.train.optim.build_optimizer`); the loop is a
+plain one so that all variants can run interleaved step by step in one process: step i of every variant runs
+before step i + 1 of any, so load from other jobs on a shared machine hits all of them alike.
+
+Reported per variant: parameters, final val/loss and val/bpb (the same fixed validation batches for all, every
+`--eval_every` steps), median step time (forward, backward, clip, optimizer step) and its ratio to the baseline, and
+the first evaluated step at which val/loss <= the baseline's final val/loss.
+
+    python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, ~15-25 min on 2 cores
+    python benchmarks/bench_modern.py --steps 500 --variants baseline,modern+muon --out /tmp/modern
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train_step import DEFAULT_CONFIG, DEFAULT_DATA, load_recipe, machine_line, make_datamodule, make_module  # noqa: E402
+
+from tinylm.train.optim import build_optimizer  # noqa: E402
+from tinylm.train.schedules import lr_at  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODERN = dict(positions="rope", norm="rmsnorm", qk_norm=True, mlp="relu2", tie_embeddings=False, logit_softcap=15.0,
+              zero_init_proj=True)  # = configs/shakespeare-char-cpu-modern.yaml's model options
+VARIANTS = {
+    "baseline": {},
+    "rope": dict(positions="rope"),
+    "rmsnorm": dict(norm="rmsnorm"),
+    "qk_norm": dict(qk_norm=True),
+    "swiglu": dict(mlp="swiglu"),
+    "relu2": dict(mlp="relu2"),
+    "untied": dict(tie_embeddings=False),
+    "softcap": dict(logit_softcap=15.0),
+    "zero_init": dict(zero_init_proj=True),
+    "modern": MODERN,
+    "modern+muon": {**MODERN, "optimizer": "muon"},
+}
+
+
+class Run:
+    """One variant: its model, optimizer, clock and validation curve."""
+
+    def __init__(self, name: str, recipe: dict, dm, steps: int) -> None:
+        self.name = name
+        module = make_module(recipe, dm, **VARIANTS[name])
+        hp = module.hparams
+        self.model = module.model.train()
+        self.optimizer = build_optimizer(self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay,
+                                         betas=(hp.beta1, hp.beta2), muon_lr=hp.muon_lr,
+                                         muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
+                                         fused=False)
+        self.peaks = [g["lr"] for g in self.optimizer.param_groups]
+        self.factor = [lr_at(s, schedule=hp.lr_schedule, lr=1.0, min_lr=hp.min_lr / hp.lr,
+                             warmup_steps=hp.warmup_steps, decay_steps=steps) for s in range(steps)]
+        self.clip = recipe["trainer"].get("gradient_clip_val") or float("inf")
+        self.params = self.model.num_params()
+        self.times: list[float] = []
+        self.val: list[tuple[int, float, float]] = []  # (step, val/loss, val/bpb)
+
+    def step(self, i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        for group, peak in zip(self.optimizer.param_groups, self.peaks):
+            group["lr"] = peak * self.factor[i]  # what the LambdaLR in TinyLM sets: the factor times each peak
+        logits = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.times.append(time.perf_counter() - t0)
+
+    @torch.no_grad()
+    def evaluate(self, step: int, batches: list, token_bytes: torch.Tensor) -> None:
+        self.model.eval()
+        nats = text_nats = nbytes = count = 0.0
+        for x, y in batches:
+            logits = self.model(x)
+            losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
+            b = token_bytes[y.reshape(-1)]  # UTF-8 bytes each target stands for (0 for EOS), as val/bpb in TinyLM
+            nats, count = nats + float(losses.sum()), count + losses.numel()
+            text_nats, nbytes = text_nats + float((losses * (b > 0)).sum()), nbytes + float(b.sum())
+        self.model.train()
+        self.val.append((step, nats / count, text_nats / math.log(2) / max(nbytes, 1.0)))
+
+
+def first_reaching(val: list[tuple[int, float, float]], target: float) -> int | None:
+    return next((s for s, loss, _ in val if loss <= target), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding tinyshakespeare.txt")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's max_steps)")
+    ap.add_argument("--eval_every", type=int, default=50)
+    ap.add_argument("--val_batches", type=int, default=20, help="fixed validation batches (the recipe's 20)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modern")
+    ap.add_argument("--plot", type=Path, nargs="+", help="only draw these results.json files side by side into "
+                    "--out/modern.png (e.g. a long run of a few variants beside a short one of every option)")
+    args = ap.parse_args()
+    if args.plot:
+        results = [json.loads(p.read_text()) for p in args.plot]
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot([(r["rows"], r["meta"]["steps"]) for r in results], args.out / "modern.png")
+        return
+    torch.set_num_threads(args.threads)
+    recipe = load_recipe(args.config)
+    steps = args.steps or recipe["trainer"]["max_steps"]
+    names = args.variants.split(",")
+    with tempfile.TemporaryDirectory() as cache:
+        dm = make_datamodule(recipe, args.data, Path(cache), val_batches=args.val_batches)
+        loader, batches = dm.train_dataloader(), []
+        while len(batches) < steps:  # a notional epoch ends; the same loader goes on with new windows, as in fit
+            batches += list(itertools.islice(loader, steps - len(batches)))
+        val_batches = list(dm.val_dataloader())[: args.val_batches]
+        token_bytes = torch.tensor(dm.tokenizer.token_byte_lengths(), dtype=torch.float64)
+    runs = [Run(n, recipe, dm, steps) for n in names]
+    print(machine_line(), flush=True)
+    for i, (x, y) in enumerate(batches):
+        for run in runs:  # interleaved: every variant takes step i before any takes step i + 1
+            run.step(i, x, y)
+        if (i + 1) % args.eval_every == 0 or i + 1 == steps:
+            for run in runs:
+                run.evaluate(i + 1, val_batches, token_bytes)
+            print(f"step {i + 1}: " + ", ".join(f"{r.name} {r.val[-1][1]:.4f}" for r in runs), flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)  # curves so far, should the run be cut short
+            (args.out / "partial.json").write_text(json.dumps({r.name: r.val for r in runs}))
+    report(runs, steps, args, recipe)
+
+
+def report(runs: list[Run], steps: int, args, recipe: dict) -> None:
+    base = runs[0]
+    target = base.val[-1][1]
+    warm = min(50, steps // 10)
+    base_time = statistics.median(base.times[warm:])
+    rows = []
+    for r in runs:
+        reach = first_reaching(r.val, target)
+        t = statistics.median(r.times[warm:])
+        rows.append(dict(variant=r.name, params=r.params, val_loss=r.val[-1][1], val_bpb=r.val[-1][2],
+                         step_ms=1000 * t, step_ratio=t / base_time, reaches_baseline_at=reach,
+                         steps_ratio=None if reach is None else reach / steps,
+                         param_ratio=r.params / base.params, curve=r.val))
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=machine_line(), steps=steps, eval_every=args.eval_every, val_batches=args.val_batches,
+                config=str(args.config), recipe_model=recipe["model"])
+    (args.out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(f"\n{meta['machine']}; {steps} steps; target = baseline final val/loss {target:.4f}\n")
+    print("| variant | params | val/loss | val/bpb | Δ loss vs baseline | step ms | step × | reaches baseline at |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        reach = "—" if row["reaches_baseline_at"] is None else \
+            f"{row['reaches_baseline_at']} ({row['steps_ratio']:.2f}×)"
+        print(f"| {row['variant']} | {row['params'] / 1e6:.3f}M ({row['param_ratio']:.2f}×) | {row['val_loss']:.4f} | "
+              f"{row['val_bpb']:.3f} | {row['val_loss'] - target:+.4f} | {row['step_ms']:.1f} | "
+              f"{row['step_ratio']:.2f} | {reach} |")
+    plot([(rows, steps)], args.out / "modern.png")
+
+
+def plot(panels: list[tuple[list[dict], int]], path: Path) -> None:
+    """One panel of val curves per run (rows, steps); the baseline's final val/loss dotted in each."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no picture")
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    for ax, (rows, n_steps) in zip(axes[0], panels):
+        target = rows[0]["val_loss"]  # the first variant is the baseline
+        for row in rows:
+            steps, losses = zip(*[(s, v) for s, v, _ in row["curve"]])
+            bold = row["variant"] in ("baseline", "modern", "modern+muon")
+            color = {"baseline": "black", "modern": "tab:blue", "modern+muon": "tab:red"}.get(row["variant"])
+            ax.plot(steps, losses, label=row["variant"], color=color, linewidth=2.2 if bold else 0.9,
+                    alpha=1.0 if bold else 0.8)
+        ax.axhline(target, color="grey", linestyle=":", linewidth=1, label="baseline final")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("val/loss (nats per char)")
+        lowest = min(v for row in rows for _, v, _ in row["curve"])
+        ax.set_ylim(lowest - 0.05, target + 0.75)
+        ax.set_title(f"laptop recipe, {n_steps} steps: {len(rows)} variants")
+        ax.legend(ncol=2, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"picture: {path}")
+
+
+if __name__ == "__main__":
+    main()
