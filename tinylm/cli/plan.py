@@ -63,9 +63,9 @@ def _duration(s: float) -> str:
 def format_plan(p: Plan, hparams) -> str:
     under = p.tokens_per_param / CHINCHILLA_TOKENS_PER_PARAM
     verdict = ("about compute-optimal" if 0.5 <= under <= 2 else
-               "more tokens per parameter than compute-optimal (a smaller model would reach this loss cheaper; "
-               "fine if it will serve a lot)" if under > 2 else
-               "undertrained for its size (a smaller model would reach a lower loss with this compute)")
+               "past compute-optimal: a larger model on fewer tokens would reach a lower loss with these FLOPs "
+               "(a small model trained long is still right when it will serve a lot)" if under > 2 else
+               "undertrained for its size: a smaller model on more tokens would reach a lower loss with these FLOPs")
 
     def mem(m: Memory) -> str:
         return (f"{_mb(m.peak)} peak  (weights {_mb(m.weights)}, gradients {_mb(m.gradients)}, optimizer "
