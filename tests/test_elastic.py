@@ -34,7 +34,7 @@ def _fit(config: Path, *args: str, devices: int) -> None:
         return
     cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", str(devices), "--trainer.strategy", "ddp", *args]
-    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -50,7 +50,7 @@ def test_resume_on_another_device_count_continues_the_same_run(config, tmp_path,
     losses must match a straight single-device run with the same global batch."""
     _fit(config, devices=1)
     straight = tmp_path / "runs" / "straight"
-    per_device = lambda n: str(2 * B // n)  # noqa: E731 (the same global batch of 2B windows)
+    per_device = lambda n: str(2 * B // n)
     _fit(config, "--run.name", "elastic", "--trainer.max_steps", str(HALF), "--data.batch_size", per_device(before),
          devices=before)
     _fit(config, "--run.name", "elastic", "--ckpt_path", "last", "--data.batch_size", per_device(after),

@@ -5,8 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from tinylm.data import TinyLMDataModule
-from tinylm.data import pack
+from tinylm.data import TinyLMDataModule, pack
 from tinylm.data.corpus import Corpus
 from tinylm.data.prepare import dataset_dir_for, load_meta, prepare_dataset
 from tinylm.tokenize.tokenizer import build_tokenizer

@@ -13,9 +13,21 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from tinylm.data.corpus import Corpus, Mixture, open_corpus
-from tinylm.data.loader import MixedTrainBatches, ResumableLoader, TrainBatches, ValBatches
-from tinylm.data.prepare import (TRAIN_STATS, dataset_dir_for, default_cache_dir, load_meta, prepare_dataset,
-                                 prepare_tokenizer, tokenizer_dir_for)
+from tinylm.data.loader import (
+    MixedTrainBatches,
+    ResumableLoader,
+    TrainBatches,
+    ValBatches,
+)
+from tinylm.data.prepare import (
+    TRAIN_STATS,
+    dataset_dir_for,
+    default_cache_dir,
+    load_meta,
+    prepare_dataset,
+    prepare_tokenizer,
+    tokenizer_dir_for,
+)
 from tinylm.ranges import check_ranges
 from tinylm.tokenize import TRAINED_SPECS, Tokenizer
 
@@ -211,7 +223,7 @@ class TinyLMDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         return {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
-                "seed": self.seed, "block_size": self.block_size}
+                "seed": self.seed, "block_size": self.block_size, "weights": self.weights}
 
     def load_state_dict(self, state_dict: dict) -> None:
         fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
@@ -233,7 +245,7 @@ class TinyLMDataModule(L.LightningDataModule):
         world, n = self._world_size(), saved["world_size"]
         was, now = saved["batch_size"] * n, self.batch_size * world
         diffs = [(f"data.{k}={saved[k]}", f"data.{k}={getattr(self, k)}", f"--data.{k} {saved[k]}")
-                 for k in ("seed", "block_size") if saved[k] != getattr(self, k)]
+                 for k in ("seed", "block_size", "weights") if k in saved and saved[k] != getattr(self, k)]
         if was != now:
             fix = (f"--data.batch_size {was // world}" if was % world == 0
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
@@ -247,7 +259,7 @@ class TinyLMDataModule(L.LightningDataModule):
     def summary(self) -> dict:
         """What `tinylm prepare` prints (totals over the corpora of a mixture)."""
         m, metas = self.meta, self.metas
-        split = lambda s, k: sum(x["splits"][s][k] for x in metas)  # noqa: E731
+        split = lambda s, k: sum(x["splits"][s][k] for x in metas)
         out = {
             "dataset": ", ".join(map(str, self.dataset_dirs)),
             "corpus": self.corpus_spec,

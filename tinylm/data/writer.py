@@ -47,7 +47,8 @@ class SplitWriter:
 
     def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
                  bar: Any = None) -> None:
-        self.file, self.tok, self.dtype, self.piece_chars = open(path, "wb"), tok, dtype, piece_chars
+        self.file = open(path, "wb")  # noqa: SIM115 (open across add() calls; close() closes it)
+        self.tok, self.dtype, self.piece_chars = tok, dtype, piece_chars
         self.pool, self.bar = pool, bar
         self.eos = None if tok.eos_id is None else np.array([tok.eos_id], dtype=dtype)
         self.texts: list[str] = []
