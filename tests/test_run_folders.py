@@ -29,7 +29,7 @@ def _error_line(capsys, argv: list[str]) -> str:
         main(argv)
     assert e.value.code == 1
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if "error" in ln.lower()]
+    lines = [ln for ln in err.splitlines() if ln.startswith("tinylm ") and ": error:" in ln]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
@@ -281,3 +281,81 @@ def test_every_command_takes_config_and_print_config(tmp_path, capsys):
         assert "ckpt_path:" in printed
         if command == "generate":
             assert "max_new_tokens: 7" in printed
+
+
+def test_two_fits_in_one_folder_cannot_run_at_once(config, tmp_path, capsys):
+    """Catches two concurrent `tinylm fit` in one run folder both exiting 0 with interleaved metrics and each other's
+    checkpoints (the second must be refused while the first holds the folder)."""
+    from tinylm.cli.fit import lock_run_folder, release_run_folders
+
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1'); f.flush(); print('locked', flush=True); "
+                               "time.sleep(60)", str(tmp_path / "runs" / "tiny" / ".lock")], stdout=subprocess.PIPE,
+                              text=True) if (tmp_path / "runs" / "tiny").mkdir(parents=True) is None else None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        line = _error_line(capsys, ["fit", "--config", str(config)])
+        assert "in use by another tinylm process" in line
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_run_folder(tmp_path / "runs" / "tiny")  # free again once the other process is gone
+    release_run_folders()
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last"])  # same process: fine
+
+
+def test_resuming_an_earlier_checkpoint_in_place_is_refused(config, tmp_path, capsys):
+    """Catches `--ckpt_path runs/X/checkpoints/step-2.ckpt` on a run that went on to step 4 silently deleting the
+    CSV rows after step 2 and overwriting last.ckpt; branching into a new folder works."""
+    main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    before = (run / "csv" / "metrics.csv").read_bytes()
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "step-2.ckpt"),
+                                "--trainer.max_steps", "3"])
+    assert "step 2" in line and "step 4" in line and "--run.name" in line
+    assert (run / "csv" / "metrics.csv").read_bytes() == before
+    cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "step-2.ckpt"),
+                          "--trainer.max_steps", "3", "--run.name", "branch"])
+    assert cli.trainer.global_step == 3 and (tmp_path / "runs" / "branch" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(config, capsys):
+    """Catches `--ckpt_path last --trainer.max_steps N` below the checkpoint's step exiting 0 having trained nothing."""
+    main(["fit", "--config", str(config)])
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    assert "already at step 4" in line and "--trainer.max_steps" in line
+
+
+def test_small_user_errors_are_one_line(config, tmp_path, capsys):
+    """Catches tracebacks for: an unusable --device, a file as data.cache_dir, a seed out of range, a linked option
+    given by hand, a checkpoint path that is a folder, and a block_size the corpus cannot fill in `prepare`."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    assert "--device" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--device", "mps"])
+    assert "seed" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--seed", str(10**25)])
+    assert "cache_dir" in _error_line(capsys, ["prepare", "--config", str(config), "--data.cache_dir", str(config)])
+    assert "set from --data.eos_id" in _error_line(capsys, ["fit", "--config", str(config), "--model.eos_id", "3"])
+    assert "is a folder" in _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(tmp_path)])
+    assert "block_size" in _error_line(capsys, ["prepare", "--config", str(config), "--data.block_size", "1000000"])
+    with pytest.warns(UserWarning, match="--top_k do nothing with --strategy greedy"):
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "greedy", "--top_k", "5",
+              "--max_new_tokens", "2"])
+
+
+def test_interrupt_hint_repeats_the_users_command():
+    """Catches the resume hint after SIGTERM dropping --run.name (following it resumed another run)."""
+    from tinylm.cli import resume_command
+
+    assert resume_command(["--config", "c.yaml", "--run.name", "sig2", "--ckpt_path", "x.ckpt"]) == \
+        "tinylm fit --config c.yaml --run.name sig2 --ckpt_path last"
+
+
+def test_a_diverged_checkpoint_is_refused_by_generate(config, tmp_path, capsys):
+    """Catches a checkpoint whose weights are NaN printing blank text (greedy) or a torch traceback (sampling)."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["state_dict"] = {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
+    torch.save(ckpt, tmp_path / "nan.ckpt")
+    assert "non-finite" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path / "nan.ckpt"), "--prompt", "A"])

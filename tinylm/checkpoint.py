@@ -152,6 +152,11 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
+    broken = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if broken:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds non-finite weights (NaN or inf) in {len(broken)} "
+                              f"tensors, e.g. {broken[0]!r}: the run diverged before this save; use an earlier "
+                              "step-*.ckpt of the run")
     model.load_state_dict(state)
     tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
     try:

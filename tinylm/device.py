@@ -17,6 +17,11 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from e
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but this machine has no CUDA device; use --device cpu")
+    try:
+        torch.empty(0, device=device)  # mps without Apple's backend, cuda:7 on a 1-GPU machine, ...
+    except (RuntimeError, AssertionError) as e:
+        reason = str(e).splitlines()[0].split(". ")[0][:150]
+        raise ValueError(f"device {name!r} is not usable here ({reason}); use --device auto or cpu") from None
     return device
 
 

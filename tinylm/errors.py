@@ -12,3 +12,8 @@ from __future__ import annotations
 
 class TinyLMError(Exception):
     """An error the user can fix; its message names the bad value or file and the fix."""
+
+
+class UnavailableError(TinyLMError, RuntimeError):
+    """Something a run needs cannot be had here (no network and no cached copy, a download that does not verify,
+    a torch too old for an option); the message says what to provide instead."""

@@ -75,11 +75,26 @@ def main(argv: list[str] | None = None) -> None:
         if verbose or not is_user_error(e):
             raise
         line = one_line(e)
-        configs = [rest[i + 1] for i, a in enumerate(rest[:-1]) if a in ("--config", "-c")]
-        if configs:  # messages that tell how to rerun name the user's own config
-            line = line.replace("--config ...", " ".join(f"--config {c}" for c in configs))
+        if command == "fit" and "`tinylm fit --config ... --ckpt_path last`" in line:
+            # the resume command with the user's own config and overrides (--run.name among them)
+            line = line.replace("`tinylm fit --config ... --ckpt_path last`", f"`{resume_command(rest)}`")
         print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+def resume_command(args: list[str]) -> str:
+    """`tinylm fit ARGS --ckpt_path last`, ARGS being this command's own minus any --ckpt_path."""
+    import shlex
+
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return shlex.join(["tinylm", "fit", *kept, "--ckpt_path", "last"])
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
@@ -127,6 +142,10 @@ def one_line(e: BaseException) -> str:
     text = str(e).strip()
     if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
         return _parse_error_line(text, _chain(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {e.filename}" if e.filename else ""
+        return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or put runs and data on "
+                "another disk (--trainer.default_root_dir DIR, --data.cache_dir DIR or $TINYLM_CACHE_DIR)")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
@@ -162,6 +181,11 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         reason = (reasons or ["invalid value"])[0]
     value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
     hint = ""
+    linked = next((ln for ln in lines if " --> model." in ln), None)
+    if linked:  # `--model.vocab_size 3`: a linked key given by hand
+        target = linked.split(" --> ")[1].split(":")[0].strip()
+        source = linked.split(" --> ")[0].split()[-1]
+        return f"--{target} is set from --{source} (the data decides it); do not pass it"
     if "--optimizer" in text or "--lr_scheduler" in text:
         hint = "; tinylm's optimizer and LR schedule are set with --model.* (lr, min_lr, lr_schedule, weight_decay, " \
                "beta1, beta2): see tinylm fit --help"

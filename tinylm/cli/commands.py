@@ -87,6 +87,7 @@ def prepare(args: list[str]) -> dict[str, Any]:
     cfg = parser.parse_args(args)
     dm = TinyLMDataModule(**cfg.data.as_dict())
     dm.prepare_data()
+    dm.setup("fit")  # a split too short for one window is refused here, as fit would
     summary = dm.summary()
     print(format_summary(summary))
     return summary
@@ -168,6 +169,13 @@ def generate(
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
+    ignored = {"greedy": ("temperature", "top_k", "top_p", "min_p"), "beam": ("temperature", "top_k", "top_p", "min_p"),
+               "contrastive": ("temperature", "top_p", "min_p"), "sample": ()}[strategy]
+    given = [f"--{k}" for k, v in (("temperature", temperature != 1.0), ("top_k", top_k is not None),
+                                   ("top_p", top_p is not None), ("min_p", min_p is not None)) if k in ignored and v]
+    if given:
+        warnings.warn(f"{', '.join(given)} do nothing with --strategy {strategy} (they shape sampling: use --strategy "
+                      "sample)")
     stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
@@ -177,7 +185,7 @@ def generate(
         strategy=strategy,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
-        top_k=(top_k or CONTRASTIVE_DEFAULT_TOP_K) if strategy == "contrastive" else top_k,
+        top_k=(CONTRASTIVE_DEFAULT_TOP_K if top_k is None else top_k) if strategy == "contrastive" else top_k,
         top_p=top_p,
         min_p=min_p,
         repetition_penalty=repetition_penalty,

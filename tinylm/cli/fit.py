@@ -76,6 +76,47 @@ def holds_run(run_dir: Path) -> bool:
     return metrics.is_file() and metrics.stat().st_size > 0 and sum(1 for _ in open(metrics, "rb")) > 1
 
 
+_LOCKS: dict[str, Any] = {}  # run folder -> the open lock file of this process
+
+
+def lock_run_folder(run_dir: Path):
+    """An exclusive lock on ``<run dir>/.lock`` until `release_run_folders` (or the process's end, even by kill -9):
+    two `tinylm fit` in one folder would interleave their logs and overwrite each other's checkpoints."""
+    import fcntl
+    import os
+
+    key = str(run_dir.resolve())
+    if key in _LOCKS:
+        return _LOCKS[key]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise TinyLMError(f"{run_dir} is in use by another tinylm process ({holder}); wait for it to finish, or "
+                          "use another --run.name") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    _LOCKS[key] = f
+    return f
+
+
+def _rank_zero() -> bool:
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def release_run_folders() -> None:
+    while _LOCKS:
+        _LOCKS.popitem()[1].close()  # closing the file releases its flock
+
+
 def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
     """Range checks of the Trainer options that Lightning only trips over later (or never)."""
     for key in _POSITIVE:
@@ -161,20 +202,34 @@ class TinyLMCLI(LightningCLI):
                              f"{self.run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
                              "weights")
         if ckpt_path and not Path(ckpt_path).is_file():
-            raise FileNotFoundError(f"checkpoint {ckpt_path!r} not found; pass --ckpt_path PATH to a .ckpt written "
-                                    "by `tinylm fit`, or `last` for this run's latest")
-        if sub == "fit":
+            what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
+            raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
+                                    "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
+                                    "latest")
+        if sub == "fit" and _rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
             self._check_run_folder(ckpt_path)
         if ckpt_path:
             self._apply_checkpoint(ckpt_path, cfg, sub)
 
     def _check_run_folder(self, ckpt_path: str | None) -> None:
+        self._lock = lock_run_folder(self.run_dir)  # held until the process ends: one writer per run folder
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
             what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
             raise TinyLMError(
                 f"{self.run_dir} already holds a run; refusing to start {what} over it. Continue it with "
                 f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
+        last = self.run_dir / "checkpoints" / "last.ckpt"
+        if inside and last.is_file() and Path(ckpt_path).resolve() != last.resolve():
+            from tinylm.checkpoint import load_checkpoint
+
+            at, latest = (int(load_checkpoint(p, mmap=True).get("global_step", 0)) for p in (ckpt_path, last))
+            if at < latest:  # going back in the same folder would drop the later history and overwrite last.ckpt
+                raise TinyLMError(
+                    f"{ckpt_path} is at step {at} but {self.run_dir} has gone on to step {latest}; continuing from it "
+                    f"here would discard steps {at}-{latest} of this run's logs and overwrite its last.ckpt. Branch "
+                    f"from it into a new folder with --run.name NEW_NAME (same --ckpt_path), or continue the run "
+                    f"with --ckpt_path last")
 
     def _apply_checkpoint(self, ckpt_path: str, cfg, sub: str) -> None:
         from tinylm.checkpoint import load_checkpoint, tinylm_section
@@ -185,6 +240,10 @@ class TinyLMCLI(LightningCLI):
         self.ckpt_step = int(ckpt.get("global_step", 0))
         if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
             self.resume_step, self.wandb_id = self.ckpt_step, meta.get("wandb_id")
+            max_steps = cfg.trainer.get("max_steps")
+            if max_steps is not None and self.ckpt_step >= max_steps:
+                raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
+                                  f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
         saved = dict(ckpt.get("hyper_parameters") or {})
         saved.pop("_instantiator", None)
         known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
@@ -340,18 +399,21 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-    return cli_class(
-        TinyLM,
-        TinyLMDataModule,
-        args=args,
-        seed_everything_default=1337,
-        auto_configure_optimizers=False,  # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False,
-                          "default_root_dir": RUNS_ROOT},
-        parser_kwargs={"prog": "tinylm", "exit_on_error": False,
-                       "fit": {"description": "Train a model: tinylm fit --config configs/NAME.yaml "
-                                              "[--trainer.max_steps N] [--ckpt_path last]"},
-                       "validate": {"description": "Evaluate a checkpoint on the validation split: tinylm validate "
-                                                   "--config configs/NAME.yaml --ckpt_path PATH"}},
-    )
+    try:
+        return cli_class(
+            TinyLM,
+            TinyLMDataModule,
+            args=args,
+            seed_everything_default=1337,
+            auto_configure_optimizers=False,  # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False,
+                              "default_root_dir": RUNS_ROOT},
+            parser_kwargs={"prog": "tinylm", "exit_on_error": False,
+                           "fit": {"description": "Train a model: tinylm fit --config configs/NAME.yaml "
+                                                  "[--trainer.max_steps N] [--ckpt_path last]"},
+                           "validate": {"description": "Evaluate a checkpoint on the validation split: tinylm validate "
+                                                       "--config configs/NAME.yaml --ckpt_path PATH"}},
+        )
+    finally:
+        release_run_folders()

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tinylm.errors import UnavailableError
 from tinylm.tokenize.patterns import EOT
 
 log = logging.getLogger(__name__)
@@ -408,13 +409,13 @@ def download_named(name: str, cache_dir: str | Path) -> Path:
                 f.write(chunk)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"could not download corpus {name!r} from {info['url']} ({e}) and no verified copy is "
+        raise UnavailableError(f"could not download corpus {name!r} from {info['url']} ({e}) and no verified copy is "
                            f"at {target}; download it there yourself, or pass --data.corpus PATH to a local "
                            "text file") from e
     got = _sha256(tmp)
     if got != info["sha256"]:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"downloaded {name!r} has sha256 {got}, expected {info['sha256']}; the file changed "
+        raise UnavailableError(f"downloaded {name!r} has sha256 {got}, expected {info['sha256']}; the file changed "
                            "upstream or the download was corrupted. Pass --data.corpus PATH to a copy you trust")
     tmp.replace(target)
     return target

@@ -101,6 +101,9 @@ class TinyLMDataModule(L.LightningDataModule):
         self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
                                                                                  val_fraction, val_batches)
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise NotADirectoryError(f"data.cache_dir {str(self.cache_dir)!r} is a file, not a folder; pass "
+                                     "--data.cache_dir DIR (or set $TINYLM_CACHE_DIR) to a folder")
         self.num_workers, self.seed = num_workers, seed
         self._hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files,
                         hf_config=hf_config, hf_revision=hf_revision, streaming=streaming,

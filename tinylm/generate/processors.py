@@ -78,6 +78,8 @@ class SamplingConfig:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if not 1 <= self.num_beams <= MAX_BEAMS:
             raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {self.num_beams}")
         if self.num_beams > 1 and self.strategy != "beam":

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tinylm.errors import UnavailableError
 from tinylm.tokenize.patterns import EOT, GPT2_PATTERN, TRAIN_PIECE_CHARS
 
 STATE_FILE = "tinylm_tokenizer.json"
@@ -428,7 +429,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
     try:
         enc = tiktoken.get_encoding(target)
     except Exception as e:  # requests/blobfile errors of every kind: all mean "not cached and not reachable"
-        raise RuntimeError(
+        raise UnavailableError(
             f"tiktoken encoding {target!r} could not be loaded ({type(e).__name__}: {e}); it is downloaded on first "
             "use and there is no network or no cached copy (TIKTOKEN_CACHE_DIR). Pass tiktoken:PATH to a local "
             ".tiktoken rank file instead") from e

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from tinylm.errors import UnavailableError
+
 OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # torch.optim.Muon arrived in PyTorch 2.9 (pytorch/pytorch#160213, August 2025)
 
@@ -100,7 +102,7 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
     hidden, matrices, vectors = split_params(model)
     if not hasattr(torch.optim, "Muon"):
-        raise RuntimeError(f"model.optimizer=muon needs torch.optim.Muon (torch >= {MUON_TORCH}); this is torch "
+        raise UnavailableError(f"model.optimizer=muon needs torch.optim.Muon (torch >= {MUON_TORCH}); this is torch "
                            f"{torch.__version__}: upgrade torch, or use model.optimizer=adamw")
     adamw_groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
