@@ -52,3 +52,20 @@ def test_lr_find_command(run_config, capsys):
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key], msg=key)
     assert not list(cfg.parent.glob("**/.lr_find_*.ckpt"))  # Lightning's restore file is gone
+
+
+def test_steepest_descent_is_per_decade():
+    """On an exponential sweep whose loss falls fastest (per decade) at 1e-3, the suggestion is 1e-3; the slope
+    against the LR itself (Lightning's suggestion) lands on the first points, where the LRs are packed together."""
+    import numpy as np
+
+    from tinylm.train.lr_find import steepest_descent
+
+    lrs = list(np.geomspace(1e-6, 1.0, 100))
+    # a gentle fall everywhere (0.01 nats per decade, as real curves have) plus the big drop around 1e-3
+    losses = [4.0 - 0.01 * np.log10(lr / 1e-6) - 1.0 / (1.0 + np.exp(-2.0 * (np.log(lr) - np.log(1e-3))))
+              for lr in lrs]
+    assert steepest_descent(lrs, losses) == pytest.approx(1e-3, rel=0.15)
+    linear = np.gradient(np.array(losses[10:-1]), np.array(lrs[10:-1]))
+    assert lrs[10 + int(np.argmin(linear))] < 1e-5  # what this function exists to avoid
+    assert steepest_descent(lrs[:3], losses[:3]) is None

@@ -8,8 +8,8 @@ from pathlib import Path
 def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0, num_training: int = 100,
             out: str | None = None) -> dict:
     """Find a learning rate: train num_training steps while the LR grows exponentially from min_lr to max_lr
-    (Lightning's Tuner.lr_find; the weights are restored afterwards), plot loss against LR, and print the LR of the
-    steepest descent beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option (--config FILE,
+    (Lightning's Tuner.lr_find; the weights are restored afterwards), plot loss against LR, and print the LR where
+    the loss falls fastest per decade beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option (--config FILE,
     --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device.
 
     Args:
@@ -18,6 +18,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         num_training: Optimizer steps of the test (more gives a smoother curve).
         out: PNG to write (default: lr_find.png in the run's folder, runs/NAME/).
     """
+    import json
     import tempfile
 
     import lightning as L
@@ -42,8 +43,11 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     path = plot_lr_find(result, Path(out) if out else cli.run_dir / "lr_find.png",
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
     said = f"{result.suggestion:.2e}" if result.suggestion else "none (too few points: raise --num_training)"
-    print(f"steepest descent (Lightning's suggestion): {said}")
-    print(f"rule of thumb 6e-4·(124M/N)^0.5:            {result.rule_of_thumb:.2e}")
-    print(f"this config's model.lr:                      {cli.model.hparams.lr:.2e}")
-    print(f"wrote {path}")
-    return {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb, "plot": str(path)}
+    summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
+               "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    print(f"steepest descent (per decade of LR): {said}")
+    print(f"rule of thumb 6e-4·(124M/N)^0.5:      {result.rule_of_thumb:.2e}")
+    print(f"this config's model.lr:                {cli.model.hparams.lr:.2e}")
+    print(f"wrote {path} and {path.with_suffix('.json')}")
+    return summary
