@@ -29,6 +29,7 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
             to a .json beside it.
     """
     from tinylm.cli.fit import lightning_main
+    from tinylm.errors import TinyLMError
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.ranges import check_ranges
     from tinylm.train.plan import compute_optimal
@@ -62,7 +63,9 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
                             "--ckpt_path", "last"])
             loss = final_val_loss(root / name, r.max_steps)
             if loss is None:
-                raise RuntimeError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv")
+                raise TinyLMError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv; the "
+                                  "ladder needs validation at the last step: leave trainer.limit_val_batches and "
+                                  "logging on")
         losses.append(loss)
     ladder, ladder_losses = rungs[:-1], losses[:-1]
     law = fit_power_law([r.params for r in ladder], ladder_losses)
