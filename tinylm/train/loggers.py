@@ -14,6 +14,7 @@ import csv
 import io
 import time
 
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
@@ -43,6 +44,7 @@ class RunCSVLogger(CSVLogger):
         self._resume_step = resume_step
 
     @property
+    @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
     def experiment(self) -> ExperimentWriter:
         if self._experiment is not None:
             return self._experiment
