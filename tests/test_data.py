@@ -149,7 +149,7 @@ def test_empty_corpus_is_clear(tmp_path):
 
 def test_own_validation_split_is_used(tmp_path):
     """Prevents a dataset's validation split being ignored in favour of a tail cut of train."""
-    rows = lambda texts: "".join(json.dumps({"text": t}) + "\n" for t in texts)  # noqa: E731
+    rows = lambda texts: "".join(json.dumps({"text": t}) + "\n" for t in texts)
     (tmp_path / "train.jsonl").write_text(rows(["the cat sat on the mat. " * 20] * 3))
     (tmp_path / "val.jsonl").write_text(rows(["a dog ran. " * 10]))
     files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "val.jsonl")}
@@ -342,7 +342,7 @@ def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
     assert len(sample) == 9 and sum(map(len, sample)) == 900  # 0.217 x 4,000 characters of text, whole documents
     assert sample[0].startswith("doc00") and int(sample[-1][3:5]) >= 35  # spread to the end, not the head
     assert [s[:5] for s in _sample(corpus, None)] == [f"doc{i:02d}" for i in range(40)]
-    where = lambda n: tokenizer_dir_for(corpus, "bpe", vocab_size=300, train_chars=n, cache_dir=tmp_path)  # noqa
+    where = lambda n: tokenizer_dir_for(corpus, "bpe", vocab_size=300, train_chars=n, cache_dir=tmp_path)
     assert where(10**9) == where(None) != where(1000)
     dm = _dm(tmp_path, path, tokenizer="bpe", vocab_size=300, tokenizer_train_chars=1000)
     summary = dm.summary()
