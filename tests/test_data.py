@@ -376,4 +376,4 @@ def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog
             t.join()
     trained = [r for r in caplog.records if r.getMessage().startswith("training a scratch-bpe")]
     assert len(trained) == 1 and len(got) == 3 and len({t.fingerprint for t in got}) == 1
-    assert sum("waiting for another process" in r.getMessage() for r in caplog.records) == 2
+    # (how many logged "waiting" depends on scheduling: a thread that starts late finds the folder complete)
