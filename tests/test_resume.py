@@ -58,16 +58,19 @@ def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
     straight = _losses(tmp_path / "runs" / "straight")
     assert sorted(straight) == list(range(STEPS))
 
-    # interrupted at step 4 (same schedule length), then resumed to the end in the same run folder
+    # interrupted at step 4 (same schedule length), then resumed to the end: from last.ckpt in the same run folder,
+    # or from the earlier step-2.ckpt branched into a new folder (rewinding a run in place is refused)
     main(["fit", "--config", str(config), "--run.name", "resumed", "--trainer.max_steps", "4"])
     run = tmp_path / "runs" / "resumed"
     ckpt = "last" if resume_from == "last" else str(run / "checkpoints" / resume_from)
     start = 4 if resume_from == "last" else 2
-    main(["fit", "--config", str(config), "--run.name", "resumed", "--ckpt_path", ckpt])
-    resumed = _losses(run)
+    name = "resumed" if resume_from == "last" else "branch"
+    main(["fit", "--config", str(config), "--run.name", name, "--ckpt_path", ckpt])
+    resumed = _losses(tmp_path / "runs" / name)
 
-    assert sorted(resumed) == list(range(STEPS))  # one CSV, continued, no duplicated steps
-    for step in range(STEPS):
+    expected = list(range(STEPS)) if resume_from == "last" else list(range(start, STEPS))
+    assert sorted(resumed) == expected  # one CSV, continued, no duplicated steps
+    for step in expected:
         assert resumed[step] == pytest.approx(straight[step], abs=1e-4), f"step {step} (resumed from {start})"
     assert straight[STEPS - 1] != straight[0]  # not vacuous: the losses do change
 
