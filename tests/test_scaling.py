@@ -70,3 +70,27 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer
     assert json.loads((cfg.parent / "fit.json").read_text())["prediction"] == result["prediction"]
+
+
+def test_scaling_without_a_law_still_reports(run_config, capsys):
+    """Losses that rise with size (a budget past the ladder's optimal size, as happens on small data) give no
+    power law, but the command still prints the table and the measured larger model instead of failing after
+    hours of training; every run here is finished, so nothing trains."""
+    from tinylm.cli.fit_config import fit_objects
+
+    cfg = run_config()
+    cli = fit_objects(["--config", str(cfg)])
+    shape = dict(vocab_size=cli.model.hparams.vocab_size, block_size=16, bias=True, pad_vocab_multiple=1)
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
+    for (n_layer, n_embd), loss in zip(sizes, [1.9, 1.93, 2.0, 2.1]):  # rising: the optimum is below the ladder
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
+        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+          json.dumps(sizes[3]), "--head_size", "8", "--out", "u.png"])
+    out = capsys.readouterr().out
+    result = json.loads((cfg.parent / "u.json").read_text())
+    assert "do not fall with model size" in result["law"]["none"] and "no law over the first 3" in out
+    assert result["prediction"]["measured"] == 2.1 and "compute-optimal size for this budget" in out
+    assert (cfg.parent / "u.png").stat().st_size > 10_000

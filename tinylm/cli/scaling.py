@@ -68,7 +68,10 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
                                   "logging on")
         losses.append(loss)
     ladder, ladder_losses = rungs[:-1], losses[:-1]
-    law = fit_power_law([r.params for r in ladder], ladder_losses)
+    try:
+        law = fit_power_law([r.params for r in ladder], ladder_losses)
+    except ValueError as e:  # losses that do not fall with size: the IsoFLOP optimum is the answer, not a law
+        law, no_law = None, str(e)
     optimum = isoflop_optimum([r.params for r in ladder], ladder_losses)
     big, measured = rungs[-1], losses[-1]
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}.png"
@@ -77,12 +80,12 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
     result = {
         "budget_flops": budget, "tokens_per_step": tokens_per_step,
         "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "tokens": r.max_steps * tokens_per_step,
-                  "val_loss": loss, "fit": law(r.params)} for r, loss in zip(rungs, losses)],
-        "law": {"E": law.E, "A": law.A, "alpha": law.alpha, "rmse": law.rmse},
+                  "val_loss": loss, "fit": law(r.params) if law else None} for r, loss in zip(rungs, losses)],
+        "law": {"E": law.E, "A": law.A, "alpha": law.alpha, "rmse": law.rmse} if law else {"none": no_law},
         "isoflop_optimum": None if optimum is None else {"params": optimum[0], "val_loss": optimum[1]},
         "chinchilla_optimal_params": compute_optimal(budget)[0],
-        "prediction": {"model": big.label, "params": big.params, "predicted": law(big.params), "measured": measured,
-                       "error": measured - law(big.params)},
+        "prediction": {"model": big.label, "params": big.params, "predicted": law(big.params) if law else None,
+                       "measured": measured, "error": measured - law(big.params) if law else None},
         "plot": str(out_path),
     }
     out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
@@ -106,10 +109,12 @@ def format_scaling(r: dict) -> str:
              f"{r['tokens_per_step']:,} tokens per step",
              f"{'model':<10} {'params':>9} {'steps':>7} {'tokens':>11} {'val/loss':>9} {'fit':>7}"]
     for run in r["runs"]:
+        fit = "—" if run["fit"] is None else f"{run['fit']:.4f}"
         lines.append(f"{run['model']:<10} {run['params']:>9,} {run['steps']:>7,} {run['tokens']:>11,} "
-                     f"{run['val_loss']:>9.4f} {run['fit']:>7.4f}")
+                     f"{run['val_loss']:>9.4f} {fit:>7}")
     law = r["law"]
-    lines.append(f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}·N^-{law['alpha']:.4f}"
+    lines.append(f"no law over the first {len(r['runs']) - 1}: {law['none']}" if "none" in law else
+                 f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}·N^-{law['alpha']:.4f}"
                  f" (rmse {law['rmse']:.4f} nats)")
     opt = r["isoflop_optimum"]
     lines.append("compute-optimal size for this budget: " + (
@@ -118,6 +123,7 @@ def format_scaling(r: dict) -> str:
         + f"; Chinchilla's 20 tokens/param says {r['chinchilla_optimal_params']:,.0f}")
     p = r["prediction"]
     lines.append(f"prediction for {p['model']} ({p['params']:,} parameters): {p['predicted']:.4f}; measured "
-                 f"{p['measured']:.4f}; error {p['error']:+.4f} nats")
+                 f"{p['measured']:.4f}; error {p['error']:+.4f} nats" if p["predicted"] is not None else
+                 f"{p['model']} ({p['params']:,} parameters): measured {p['measured']:.4f} (no law to predict it)")
     lines.append(f"wrote {r['plot']} and {Path(r['plot']).with_suffix('.json')}")
     return "\n".join(lines)

@@ -95,10 +95,10 @@ def isoflop_optimum(params: list[float], losses: list[float]) -> tuple[float, fl
     return float(math.exp(x_opt)), float(a * x_opt**2 + b * x_opt + c)
 
 
-def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw, *, predicted: tuple[Rung, float | None] | None,
+def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *, predicted: tuple[Rung, float | None] | None,
                  budget: float, out) -> None:
-    """Log-log plot of the ladder's final validation losses against parameters, the fitted law, and the predicted
-    and measured loss of the larger model."""
+    """Log-log plot of the ladder's final validation losses against parameters, the fitted law (None: none fits),
+    and the predicted and measured loss of the larger model."""
     from tinylm.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(7, 4.5))
@@ -109,14 +109,16 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw, *, predi
         ax.annotate(r.label, (r.params, loss), textcoords="offset points", xytext=(4, 4), fontsize=7)
     top = max(ns + ([predicted[0].params] if predicted else []))
     grid = np.geomspace(min(ns) / 1.5, top * 1.5, 100)
-    ax.plot(grid, [law(n) for n in grid], "--", color="C1",
-            label=f"L = {law.E:.3f} + {law.A:.3g}·N^-{law.alpha:.3f}")
+    if law is not None:
+        ax.plot(grid, [law(n) for n in grid], "--", color="C1",
+                label=f"L = {law.E:.3f} + {law.A:.3g}·N^-{law.alpha:.3f}")
     if predicted:
         r, measured = predicted
-        ax.plot([r.params], [law(r.params)], "D", mfc="none", color="C3", ms=9, label=f"predicted {r.label}")
+        if law is not None:
+            ax.plot([r.params], [law(r.params)], "D", mfc="none", color="C3", ms=9, label=f"predicted {r.label}")
         if measured is not None:
-            ax.plot([r.params], [measured], "D", color="C3", ms=6,
-                    label=f"measured {r.label}: {measured:.3f} (predicted {law(r.params):.3f})")
+            said = f" (predicted {law(r.params):.3f})" if law is not None else " (no law: losses do not fall)"
+            ax.plot([r.params], [measured], "D", color="C3", ms=6, label=f"measured {r.label}: {measured:.3f}{said}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters N")
