@@ -331,7 +331,10 @@ class TinyLMCLI(LightningCLI):
         path = self.run_dir / "validate" / "metrics.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_header = not path.is_file()
-        fields = list(row) if write_header else next(csv.reader(open(path, newline="")), list(row))
+        fields = list(row)
+        if not write_header:
+            with open(path, newline="") as f:
+                fields = next(csv.reader(f), fields)
         with open(path, "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             if write_header:

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
-from torchmetrics.text import Perplexity
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
 from tinylm.model import GPT, GPTConfig
@@ -24,7 +23,7 @@ from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS, build_optimizer
 from tinylm.train.schedules import SCHEDULES, lr_at
 
-IGNORE = -100  # F.cross_entropy's and Perplexity's ignore_index: a target that counts in no loss
+IGNORE = -100  # F.cross_entropy's ignore_index: a target that counts in no loss
 RANGES = {
     **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
     "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
@@ -182,7 +181,6 @@ class TinyLM(L.LightningModule):
             for block in self.model.transformer.h:
                 block.forward = _recomputed_in_backward(block.forward)
         self.val_loss = MeanMetric()
-        self.val_ppl = Perplexity(ignore_index=IGNORE)
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
         self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
@@ -238,7 +236,6 @@ class TinyLM(L.LightningModule):
         self.val_loss.update(nats.sum() / counted.sum(), weight=counted.sum())
         part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
         part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
-        self.val_ppl.update(logits.float(), y)
         if self.token_bytes is not None:
             nbytes = self.token_bytes.to(y.device)[y.reshape(-1).clamp(min=0)] * counted  # (B*T,)
             self.val_text_nats.update((nats * (nbytes > 0)).sum())
@@ -247,7 +244,7 @@ class TinyLM(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", self.val_ppl.compute(), sync_dist=True)
+        self.log("val/ppl", loss.exp(), sync_dist=True)  # exp of the token-weighted mean: no second softmax pass
         if self.token_bytes is not None:
             # the nats of the tokens evaluated over the raw UTF-8 bytes they stand for: bits per byte, comparable
             # across tokenizers (an EOS is no text: neither its nats nor bytes count)
@@ -258,7 +255,7 @@ class TinyLM(L.LightningModule):
             for i, (nats, n) in sorted(self._val_parts.items()):
                 self.log(f"val/loss/{names[i]}", nats / n.clamp(min=1), sync_dist=True)
         self._val_parts = {}
-        for metric in (self.val_loss, self.val_ppl, self.val_text_nats, self.val_text_bytes):
+        for metric in (self.val_loss, self.val_text_nats, self.val_text_bytes):
             metric.reset()
 
     # ---- optimization -------------------------------------------------------------------------------------------
