@@ -13,16 +13,16 @@ import os
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one core for HF tokenizers too (before it is imported)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import platform
+import time
+from pathlib import Path
 
-import tiktoken  # noqa: E402
-import tiktoken.load  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+import tiktoken
+import tiktoken.load
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tinylm.tokenize.bpe import GPT2_PATTERN, ByteLevelBPE  # noqa: E402
+from tinylm.tokenize.bpe import GPT2_PATTERN, ByteLevelBPE
 
 EOT = "<|endoftext|>"
 VOCAB = 2048

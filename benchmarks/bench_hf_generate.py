@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from tinylm.hf import export_hf, load_model
 from tinylm.generate.strategies import generate
+from tinylm.hf import export_hf, load_model
 
 # block_size 512 so a 64-token prompt + 256 new tokens fit in the window (transformers' GPT-2 cannot slide past it)
 SHAPES = {
     # the CPU laptop recipe's shape (character-level vocab)
-    "laptop": dict(vocab_size=65, block_size=512, n_layer=4, n_head=4, n_embd=128),
+    "laptop": {"vocab_size": 65, "block_size": 512, "n_layer": 4, "n_head": 4, "n_embd": 128},
     # a 6-layer 384-wide model with the GPT-2 BPE vocab (padded to 50304 rows in tinylm, 50257 in the export)
-    "small": dict(vocab_size=50257, block_size=512, n_layer=6, n_head=6, n_embd=384),
+    "small": {"vocab_size": 50257, "block_size": 512, "n_layer": 6, "n_head": 6, "n_embd": 384},
 }
 
 
@@ -60,7 +60,7 @@ def bench(ckpt: Path, out_dir: Path, *, prompt: list[int] | None, prompt_len: in
           repeats: int) -> dict:
     from transformers import GenerationConfig, GPT2LMHeadModel
 
-    model, tokenizer, _ = load_model(ckpt)
+    model, _tokenizer, _ = load_model(ckpt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no tokenizer in the checkpoint" for the random models
         export_hf(ckpt, out_dir)
@@ -95,11 +95,11 @@ def bench(ckpt: Path, out_dir: Path, *, prompt: list[int] | None, prompt_len: in
     first_diff = next((i for i, (a, b) in enumerate(zip(*outputs.values())) if a != b), None)
     n = len(outputs["tinylm"])
     assert n == len(outputs["transformers"]) == new_tokens, (n, len(outputs["transformers"]))
-    return dict(
-        model=f"{c.n_layer}L {c.n_head}H {c.n_embd}d, vocab {c.vocab_size}, {model.num_params() / 1e6:.1f}M",
-        tinylm=n / best["tinylm"], transformers=n / best["transformers"],
-        ratio=best["transformers"] / best["tinylm"], same=same, first_diff=first_diff,
-    )
+    return {
+        "model": f"{c.n_layer}L {c.n_head}H {c.n_embd}d, vocab {c.vocab_size}, {model.num_params() / 1e6:.1f}M",
+        "tinylm": n / best["tinylm"], "transformers": n / best["transformers"],
+        "ratio": best["transformers"] / best["tinylm"], "same": same, "first_diff": first_diff,
+    }
 
 
 def main() -> None:

@@ -17,15 +17,15 @@ import time
 
 import torch
 
-from tinylm.model import GPT, GPTConfig
 from tinylm.generate.strategies import generate
+from tinylm.model import GPT, GPTConfig
 
 # block_size 512 so prompt + 256 new tokens fit in the window (no re-prefill; that regime is as slow as no cache)
 SHAPES = {
     # the CPU laptop recipe's shape (character-level vocab)
-    "laptop": dict(vocab_size=65, block_size=512, n_layer=4, n_head=4, n_embd=128),
+    "laptop": {"vocab_size": 65, "block_size": 512, "n_layer": 4, "n_head": 4, "n_embd": 128},
     # a 6-layer 384-wide model with the GPT-2 BPE vocab (padded to 50304 rows)
-    "small": dict(vocab_size=50257, block_size=512, n_layer=6, n_head=6, n_embd=384),
+    "small": {"vocab_size": 50257, "block_size": 512, "n_layer": 6, "n_head": 6, "n_embd": 384},
 }
 
 
@@ -56,10 +56,10 @@ def bench(name: str, *, new_tokens: int, prompt_len: int, batch_size: int, repea
         raise AssertionError(f"{name}: cached and uncached generations differ")
     n = sum(len(o) for o in outputs[True])
     c = model.config
-    return dict(
-        model=f"{name}: {c.n_layer}L {c.n_head}H {c.n_embd}d, vocab {c.vocab_size}, {model.num_params() / 1e6:.1f}M",
-        cached=n / best[True], uncached=n / best[False], ratio=best[False] / best[True],
-    )
+    return {
+        "model": f"{name}: {c.n_layer}L {c.n_head}H {c.n_embd}d, vocab {c.vocab_size}, {model.num_params() / 1e6:.1f}M",
+        "cached": n / best[True], "uncached": n / best[False], "ratio": best[False] / best[True],
+    }
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ import time
 import torch
 
 CONFIGS = {  # name: (TinyLM kwargs, batch_size, precision)
-    "laptop recipe (char, 4x128, T=64, B=12)": (dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128,
-                                                       bias=False), 12, "32-true"),
-    "char 6x384, T=256, B=8, bf16-mixed": (dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "laptop recipe (char, 4x128, T=64, B=12)": ({"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128,
+                                                       "bias": False}, 12, "32-true"),
+    "char 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384},
                                           8, "bf16-mixed"),
-    "GPT-2 vocab 4x256, T=256, B=4": (dict(vocab_size=50257, block_size=256, n_layer=4, n_head=4, n_embd=256),
+    "GPT-2 vocab 4x256, T=256, B=4": ({"vocab_size": 50257, "block_size": 256, "n_layer": 4, "n_head": 4, "n_embd": 256},
                                       4, "32-true"),
 }
 
@@ -60,7 +60,9 @@ def _setup(name: str, ckpt: bool):
 
 def measure_tensors(name: str, ckpt: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import MemoryProfileTimeline  # private; a benchmark may lean on it
+    from torch.profiler._memory_profiler import (
+        MemoryProfileTimeline,  # private; a benchmark may lean on it
+    )
 
     _, _, _, step = _setup(name, ckpt)
     step(), step()
@@ -75,7 +77,7 @@ def measure_rss(name: str, ckpt: bool) -> dict:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize()
 
-    kwargs, batch, precision = CONFIGS[name]
+    kwargs, _batch, precision = CONFIGS[name]
     CONFIGS["warm-up"] = (dict(kwargs, n_layer=1, n_embd=32, n_head=1), 1, precision)
     warm = _setup("warm-up", ckpt)[3]
     warm(), warm()  # the runtime's one-time costs (thread pools, kernel caches: ~190 MB) are not the model's

@@ -30,24 +30,31 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_step import DEFAULT_CONFIG, DEFAULT_DATA, load_recipe, machine_line, make_datamodule, make_module  # noqa: E402
+from bench_train_step import (
+    DEFAULT_CONFIG,
+    DEFAULT_DATA,
+    load_recipe,
+    machine_line,
+    make_datamodule,
+    make_module,
+)
 
-from tinylm.train.optim import build_optimizer  # noqa: E402
-from tinylm.train.schedules import lr_at  # noqa: E402
+from tinylm.train.optim import build_optimizer
+from tinylm.train.schedules import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
-MODERN = dict(positions="rope", norm="rmsnorm", qk_norm=True, mlp="relu2", tie_embeddings=False, logit_softcap=15.0,
-              zero_init_proj=True)  # = configs/shakespeare-char-cpu-modern.yaml's model options
+MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False, "logit_softcap": 15.0,
+              "zero_init_proj": True}  # = configs/shakespeare-char-cpu-modern.yaml's model options
 VARIANTS = {
     "baseline": {},
-    "rope": dict(positions="rope"),
-    "rmsnorm": dict(norm="rmsnorm"),
-    "qk_norm": dict(qk_norm=True),
-    "swiglu": dict(mlp="swiglu"),
-    "relu2": dict(mlp="relu2"),
-    "untied": dict(tie_embeddings=False),
-    "softcap": dict(logit_softcap=15.0),
-    "zero_init": dict(zero_init_proj=True),
+    "rope": {"positions": "rope"},
+    "rmsnorm": {"norm": "rmsnorm"},
+    "qk_norm": {"qk_norm": True},
+    "swiglu": {"mlp": "swiglu"},
+    "relu2": {"mlp": "relu2"},
+    "untied": {"tie_embeddings": False},
+    "softcap": {"logit_softcap": 15.0},
+    "zero_init": {"zero_init_proj": True},
     "modern": MODERN,
     "modern+muon": {**MODERN, "optimizer": "muon"},
 }
@@ -155,14 +162,14 @@ def report(runs: list[Run], steps: int, args, recipe: dict) -> None:
     for r in runs:
         reach = first_reaching(r.val, target)
         t = statistics.median(r.times[warm:])
-        rows.append(dict(variant=r.name, params=r.params, val_loss=r.val[-1][1], val_bpb=r.val[-1][2],
-                         step_ms=1000 * t, step_ratio=t / base_time, reaches_baseline_at=reach,
-                         steps_ratio=None if reach is None else reach / steps,
-                         param_ratio=r.params / base.params, curve=r.val))
+        rows.append({"variant": r.name, "params": r.params, "val_loss": r.val[-1][1], "val_bpb": r.val[-1][2],
+                         "step_ms": 1000 * t, "step_ratio": t / base_time, "reaches_baseline_at": reach,
+                         "steps_ratio": None if reach is None else reach / steps,
+                         "param_ratio": r.params / base.params, "curve": r.val})
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=machine_line(), steps=steps, eval_every=args.eval_every, val_batches=args.val_batches,
-                config=str(args.config), recipe_model=recipe["model"])
-    (args.out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    meta = {"machine": machine_line(), "steps": steps, "eval_every": args.eval_every, "val_batches": args.val_batches,
+                "config": str(args.config), "recipe_model": recipe["model"]}
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\n{meta['machine']}; {steps} steps; target = baseline final val/loss {target:.4f}\n")
     print("| variant | params | val/loss | val/bpb | Δ loss vs baseline | step ms | step × | reaches baseline at |")
     print("|---|---|---|---|---|---|---|---|")

@@ -28,8 +28,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_step import (  # noqa: E402  (the shared benchmark helpers live beside this file)
-    DEFAULT_CONFIG, DEFAULT_DATA, Clock, StepEnd, StepStart, load_recipe, machine_line, make_datamodule, make_module,
+from bench_train_step import (
+    DEFAULT_CONFIG,
+    DEFAULT_DATA,
+    Clock,
+    StepEnd,
+    StepStart,
+    load_recipe,
+    machine_line,
+    make_datamodule,
+    make_module,
     quiet_lightning,
 )
 

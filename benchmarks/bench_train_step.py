@@ -170,8 +170,8 @@ class PlainLoop:
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2))
-        self.schedule = dict(schedule=hp.lr_schedule, lr=hp.lr, min_lr=hp.min_lr, warmup_steps=hp.warmup_steps,
-                             decay_steps=hp.decay_steps, decay_fraction=hp.decay_fraction)
+        self.schedule = {"schedule": hp.lr_schedule, "lr": hp.lr, "min_lr": hp.min_lr, "warmup_steps": hp.warmup_steps,
+                             "decay_steps": hp.decay_steps, "decay_fraction": hp.decay_fraction}
         self.clip = clip
         self.batches = iter(dm.train_dataloader())  # its own loader: batch k is the same windows as Lightning's k
         self.step = 0
@@ -225,7 +225,12 @@ class Interleave(L.Callback):
 def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup: int,
              block: int) -> tuple[Clock, Clock]:
     """Fit Lightning for warmup + steps with the plain loop interleaved; return (lightning, plain) clocks."""
-    from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+    from tinylm.train.callbacks import (
+        PeriodicCheckpoint,
+        ProgressBar,
+        RNGState,
+        SpeedMonitor,
+    )
     from tinylm.train.health import HealthMonitor
     from tinylm.train.loggers import RunCSVLogger
 

@@ -37,7 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_step import DEFAULT_CONFIG, DEFAULT_DATA, load_recipe, machine_line, make_datamodule, quiet_lightning  # noqa: E402
+from bench_train_step import (
+    DEFAULT_CONFIG,
+    DEFAULT_DATA,
+    load_recipe,
+    machine_line,
+    make_datamodule,
+    quiet_lightning,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "benchmarks" / "baseline_nanogpt_run.py"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tinylm.data.corpus import EOT, open_corpus
 from tinylm.data import TinyLMDataModule
+from tinylm.data.corpus import EOT, open_corpus
 from tinylm.data.loader import ResumableLoader, TrainBatches
 from tinylm.data.prepare import load_meta, prepare_dataset
 from tinylm.data.writer import pieces

@@ -11,11 +11,11 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.checkpoint import CheckpointError
-from tinylm.generate import generate
 from tinylm.cli.commands import run as run_command
+from tinylm.generate import generate
 from tinylm.hf import export_hf, import_hf, load_model, save_hf_tokenizer
-from tinylm.train.module import TinyLM
 from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
+from tinylm.train.module import TinyLM
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,7 +58,7 @@ def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad):
     """Catches untransposed Conv1D weights, dropped biases, padded vocab rows leaking into the export, tanh GELU
     (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5."""
     ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad)
-    model, tokenizer, hparams = load_model(ckpt)
+    model, tokenizer, _hparams = load_model(ckpt)
     V = tokenizer.vocab_size
     assert (model.config.padded_vocab_size != V) == (pad == 64)  # the padded case really pads
     out = export_hf(ckpt, tmp_path / "hf")
@@ -151,7 +151,7 @@ def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
     from safetensors import safe_open
 
     with safe_open(tmp_path / "hf" / "model.safetensors", framework="pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (safe_open is not iterable)
     with pytest.raises(ValueError, match="int8"):
         export_hf(ckpt, tmp_path / "hf2", dtype="int8")
 
@@ -179,8 +179,8 @@ def _transformers_dir(path: Path, **overrides) -> Path:
     """A real `GPT2LMHeadModel` directory (2 layers, 32 wide, vocab 48, exact GELU unless overridden) with random
     weights everywhere, biases included, and no `tinylm` entry in its config.json."""
     torch.manual_seed(0)
-    config = transformers.GPT2Config(**(dict(vocab_size=48, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                             activation_function="gelu") | overrides))
+    config = transformers.GPT2Config(**({"vocab_size": 48, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 2,
+                                             "activation_function": "gelu"} | overrides))
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -241,7 +241,7 @@ def test_beam_search_with_repetition_penalty_equals_transformers(tmp_path, char_
         prompt = torch.tensor([tokenizer.encode(text)])  # (1, L)
         new = 32 - prompt.size(1)  # transformers' GPT-2 cannot look past n_positions = 32
         for num_beams, length_penalty in ((3, 1.0), (4, 0.5)):
-            kwargs = dict(num_beams=num_beams, max_new_tokens=new, length_penalty=length_penalty)
+            kwargs = {"num_beams": num_beams, "max_new_tokens": new, "length_penalty": length_penalty}
             ours = generate(model, prompt, strategy="beam", repetition_penalty=repetition_penalty, eos_id=eos,
                             **kwargs)[0]
             theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, eos_token_id=eos,
@@ -261,7 +261,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _readme_block(language: str, containing: str) -> str:
     """The one fenced code block of README.md in `language` that contains `containing`."""
-    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S | re.M)
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
     [block] = [b for b in blocks if containing in b]
     return block
 
@@ -271,7 +271,7 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, smal
     `make train` writes (runs/<run.name of the Makefile's CONFIG>/checkpoints/last.ckpt), and its transformers snippet
     must run as written on the directory they write (it used paths nothing created, and asked for more new tokens
     than n_positions, which crashes GPT-2)."""
-    config = re.search(r"^CONFIG\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M).group(1)
+    config = re.search(r"^CONFIG\s*\?=\s*(\S+)", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE).group(1)
     import yaml
 
     name = yaml.safe_load((ROOT / config).read_text(encoding="utf-8"))["run"]["name"]
@@ -293,7 +293,7 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, smal
 
 
 # ---- Llama: rope + rmsnorm + swiglu ---------------------------------------------------------------------------
-LLAMA = dict(positions="rope", norm="rmsnorm", mlp="swiglu", rope_theta=500.0)
+LLAMA = {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "rope_theta": 500.0}
 
 
 @pytest.mark.parametrize("bias, tie", [(False, False), (True, False), (False, True)],
@@ -326,9 +326,9 @@ def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie):
     (dict(LLAMA, qk_norm=True), "model.qk_norm=true cannot be exported"),
     (dict(LLAMA, logit_softcap=15.0), "model.logit_softcap=15.0 cannot be exported"),
     (dict(LLAMA, mlp="relu2"), "model.mlp='relu2' with positions='rope' cannot be exported.*mlp='swiglu'"),
-    (dict(positions="rope"), "model.norm='layernorm' with positions='rope'"),
-    (dict(norm="rmsnorm"), "model.norm='rmsnorm' with positions='learned'.*norm='layernorm'"),
-    (dict(tie_embeddings=False), "model.tie_embeddings=False with positions='learned'"),
+    ({"positions": "rope"}, "model.norm='layernorm' with positions='rope'"),
+    ({"norm": "rmsnorm"}, "model.norm='rmsnorm' with positions='learned'.*norm='layernorm'"),
+    ({"tie_embeddings": False}, "model.tie_embeddings=False with positions='learned'"),
 ])
 def test_export_refuses_what_transformers_cannot_represent(tmp_path, char_tokenizer, options, message):
     """Catches an export that silently drops an option (a model that predicts differently in transformers): the

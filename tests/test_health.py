@@ -55,7 +55,7 @@ def _run(module, train, *, steps, val=None, val_every=None, callbacks=(), monito
 
 def _tiny(vocab, **kw):
     torch.manual_seed(0)
-    hp = dict(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, lr=3e-3, min_lr=3e-4, warmup_steps=10)
+    hp = {"vocab_size": vocab, "block_size": T, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 10}
     return TinyLM(**{**hp, **kw})
 
 

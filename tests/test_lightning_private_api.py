@@ -6,7 +6,9 @@ import inspect
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import (
+    _LoggerConnector,
+)
 
 
 def _params(fn) -> list[str]:

@@ -15,7 +15,7 @@ EOS = 0
 def tiny(seed: int = 0, **overrides) -> GPT:
     """A 2-layer, 32-wide GPT in eval mode (dropout off), seeded so every test sees the same weights."""
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, eos_id=EOS) | overrides
+    cfg = {"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "eos_id": EOS} | overrides
     return GPT(GPTConfig(**cfg)).eval()
 
 
@@ -28,19 +28,19 @@ def random_ids(B: int, T: int, seed: int = 1, low: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(n_embd=30, n_head=4), "divisible by n_head"),
-        (dict(attn_mask="sliding"), "unknown attn_mask 'sliding'"),
-        (dict(attn_mask="document", eos_id=None), "needs eos_id"),
-        (dict(eos_id=VOCAB), "eos_id must be in"),
-        (dict(block_size=0), r"block_size must be in \[1, inf\), got 0"),
-        (dict(n_layer=2.0), "n_layer must be an integer"),
-        (dict(dropout=1.0), "dropout must be in"),
-        (dict(pad_vocab_multiple=0), "pad_vocab_multiple"),
+        ({"n_embd": 30, "n_head": 4}, "divisible by n_head"),
+        ({"attn_mask": "sliding"}, "unknown attn_mask 'sliding'"),
+        ({"attn_mask": "document", "eos_id": None}, "needs eos_id"),
+        ({"eos_id": VOCAB}, "eos_id must be in"),
+        ({"block_size": 0}, r"block_size must be in \[1, inf\), got 0"),
+        ({"n_layer": 2.0}, "n_layer must be an integer"),
+        ({"dropout": 1.0}, "dropout must be in"),
+        ({"pad_vocab_multiple": 0}, "pad_vocab_multiple"),
     ],
 )
 def test_bad_config_raises_naming_the_value(overrides, message):
     """A typo in the config must fail at construction with a message naming it, not deep inside forward."""
-    cfg = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32) | overrides
+    cfg = {"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32} | overrides
     with pytest.raises(ValueError, match=message):
         GPTConfig(**cfg)
 

@@ -9,19 +9,19 @@ from tinylm.model import GPT, GPTConfig
 from tinylm.model.layers import RMSNorm, apply_rope, rope_cos_sin, swiglu_hidden
 
 VOCAB = 50
-MODERN = dict(positions="rope", norm="rmsnorm", qk_norm=True, mlp="swiglu", tie_embeddings=False, logit_softcap=15.0,
-              zero_init_proj=True)
+MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0,
+              "zero_init_proj": True}
 OPTIONS = {  # each option alone, the Llama combination, and everything at once
-    "rope": dict(positions="rope"), "rmsnorm": dict(norm="rmsnorm"), "qk_norm": dict(qk_norm=True),
-    "swiglu": dict(mlp="swiglu"), "relu2": dict(mlp="relu2"), "untied": dict(tie_embeddings=False),
-    "softcap": dict(logit_softcap=5.0), "llama": dict(positions="rope", norm="rmsnorm", mlp="swiglu"),
+    "rope": {"positions": "rope"}, "rmsnorm": {"norm": "rmsnorm"}, "qk_norm": {"qk_norm": True},
+    "swiglu": {"mlp": "swiglu"}, "relu2": {"mlp": "relu2"}, "untied": {"tie_embeddings": False},
+    "softcap": {"logit_softcap": 5.0}, "llama": {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
     "modern": MODERN,
 }
 
 
 def tiny(seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32) | overrides
+    cfg = {"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 32} | overrides
     model = GPT(GPTConfig(**cfg)).eval()
     if cfg.get("zero_init_proj"):  # zero projections make every block the identity: perturb them so tests see them
         with torch.no_grad():
@@ -91,7 +91,7 @@ def test_rope_generation_past_block_size_matches_uncached(name):
     assert x.size(1) > model.config.block_size
     prompts = [[5, 9, 3, 17], [30, 2, 2, 41]]
     for strategy in ("greedy", "sample", "beam", "contrastive"):
-        kw = dict(strategy=strategy, max_new_tokens=20, seed=1, num_beams=3 if strategy == "beam" else 1)
+        kw = {"strategy": strategy, "max_new_tokens": 20, "seed": 1, "num_beams": 3 if strategy == "beam" else 1}
         assert generate(model, prompts, use_cache=True, **kw) == generate(model, prompts, use_cache=False, **kw)
 
 
@@ -174,18 +174,18 @@ def test_logit_softcap_bounds_the_logits():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(positions="alibi"), "unknown positions 'alibi'; choose one of learned, rope"),
-        (dict(norm="batchnorm"), "unknown norm 'batchnorm'"),
-        (dict(mlp="geglu"), "unknown mlp 'geglu'; choose one of gelu, swiglu, relu2"),
-        (dict(positions="rope", n_head=32), "head size n_embd/n_head = 1 must be even"),
-        (dict(logit_softcap=0.0), r"logit_softcap must be in \(0, inf\)"),
-        (dict(rope_theta=1.0), r"rope_theta must be in \(1, inf\)"),
+        ({"positions": "alibi"}, "unknown positions 'alibi'; choose one of learned, rope"),
+        ({"norm": "batchnorm"}, "unknown norm 'batchnorm'"),
+        ({"mlp": "geglu"}, "unknown mlp 'geglu'; choose one of gelu, swiglu, relu2"),
+        ({"positions": "rope", "n_head": 32}, "head size n_embd/n_head = 1 must be even"),
+        ({"logit_softcap": 0.0}, r"logit_softcap must be in \(0, inf\)"),
+        ({"rope_theta": 1.0}, r"rope_theta must be in \(1, inf\)"),
     ],
 )
 def test_bad_modern_options_raise_naming_the_value(overrides, message):
     """A typo in an architecture option must fail at construction naming it and the choices."""
     with pytest.raises(ValueError, match=message):
-        GPTConfig(**(dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=4, n_embd=32) | overrides))
+        GPTConfig(**({"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 32} | overrides))
 
 
 def test_checkpoint_of_a_modern_model_loads_with_its_options(tmp_path):

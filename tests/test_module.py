@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tinylm.train.module import TinyLM
 from tinylm.train.schedules import lr_at
 
-TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
+TINY = {"vocab_size": 50, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1}
 
 
 def _batches(n: int, B: int = 4, T: int = 16, V: int = 50, seed: int = 0) -> DataLoader:
@@ -21,17 +21,17 @@ def _batches(n: int, B: int = 4, T: int = 16, V: int = 50, seed: int = 0) -> Dat
 
 
 def _trainer(**kw) -> L.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        precision="32-true",
-        limit_val_batches=0,
-        log_every_n_steps=1,
-    )
+    defaults = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "precision": "32-true",
+        "limit_val_batches": 0,
+        "log_every_n_steps": 1,
+    }
     return L.Trainer(**{**defaults, **kw})
 
 
@@ -83,7 +83,7 @@ class _Recorder(L.Callback):
 def test_schedule_steps_once_per_optimizer_step(accumulate):
     """Catches accumulation stretching the schedule (stepping the LR per micro-batch instead of per update)."""
     torch.manual_seed(0)
-    hp = dict(lr=1e-2, min_lr=1e-3, warmup_steps=2)
+    hp = {"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2}
     module = TinyLM(**TINY, **hp)
     rec = _Recorder()
     trainer = _trainer(max_steps=6, accumulate_grad_batches=accumulate, callbacks=[rec])
@@ -148,7 +148,11 @@ def test_every_attention_mask_trains(attn_mask):
 
 def test_cpu_precision_choice():
     """Catches the CPU default picking bf16-mixed for small models, where it measured 1.35x slower than fp32."""
-    from tinylm.device import CPU_BF16_MIN_WIDTH, _cpu_has_native_bf16, resolve_precision
+    from tinylm.device import (
+        CPU_BF16_MIN_WIDTH,
+        _cpu_has_native_bf16,
+        resolve_precision,
+    )
 
     assert resolve_precision("16-mixed", 128) == "16-mixed"  # an explicit choice always wins
     if torch.cuda.is_available():
@@ -195,7 +199,7 @@ def test_prefix_lm_cannot_win_by_copying_on_random_tokens():
     visible targets can do: before the fix the loss over the window fell from 3.9 to 2.9 in 80 steps (1.5 on the
     prefix positions) while the counted positions stayed at ln(50) = 3.91."""
     torch.manual_seed(0)
-    hp = dict(lr=1e-2, min_lr=1e-2, lr_schedule="constant", warmup_steps=0, weight_decay=0.0)
+    hp = {"lr": 1e-2, "min_lr": 1e-2, "lr_schedule": "constant", "warmup_steps": 0, "weight_decay": 0.0}
     module = TinyLM(**TINY, attn_mask="prefix", prefix_len=8, **hp)
     trainer = _trainer(max_steps=80, limit_val_batches=None)
     trainer.fit(module, _batches(80, B=8, seed=1))

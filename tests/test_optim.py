@@ -10,7 +10,7 @@ from tinylm.train.module import TinyLM
 from tinylm.train.optim import MuonAdamW
 from tinylm.train.schedules import lr_at
 
-TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, optimizer="muon")
+TINY = {"vocab_size": 50, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1, "optimizer": "muon"}
 
 
 def _batches(n: int, B: int = 4, T: int = 16, V: int = 50) -> DataLoader:
@@ -19,9 +19,9 @@ def _batches(n: int, B: int = 4, T: int = 16, V: int = 50) -> DataLoader:
 
 
 def _trainer(**kw) -> L.Trainer:
-    return L.Trainer(**dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, precision="32-true",
-                            limit_val_batches=0, log_every_n_steps=1) | kw)
+    return L.Trainer(**{"accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False,
+                            "enable_progress_bar": False, "enable_model_summary": False, "precision": "32-true",
+                            "limit_val_batches": 0, "log_every_n_steps": 1} | kw)
 
 
 class _LRs(L.Callback):

@@ -12,8 +12,8 @@ from tinylm.train.plan import compute_optimal, element_sizes, memory, plan
 
 def _gpt(**kw) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(**{**dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64,
-                                   pad_vocab_multiple=1), **kw}))
+    return GPT(GPTConfig(**{**{"vocab_size": 64, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 64,
+                                   "pad_vocab_multiple": 1}, **kw}))
 
 
 def test_compute_optimal_by_hand():

@@ -11,8 +11,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.cli.commands import run as run_command
 from tinylm.generate import report
-from tinylm.model import GPT, GPTConfig
-from tinylm.train.module import TinyLM
 from tinylm.generate.report import (
     STRATEGIES,
     distinct_n,
@@ -23,7 +21,9 @@ from tinylm.generate.report import (
     score_tokens,
 )
 from tinylm.generate.strategies import generate
+from tinylm.model import GPT, GPTConfig
 from tinylm.tokenize.tokenizer import build_tokenizer
+from tinylm.train.module import TinyLM
 
 
 @pytest.fixture(autouse=True)

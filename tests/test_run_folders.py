@@ -48,7 +48,7 @@ def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
     assert after == before  # nothing of the training run changed, nothing was added beside it
     rows = _rows(run / "validate" / "metrics.csv")
     assert len(rows) == 1 and rows[0]["step"] == "2" and rows[0]["checkpoint"].endswith("step-2.ckpt")
-    val_at_2 = [float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss")][0]
+    val_at_2 = next(float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss"))
     assert float(rows[0]["val/loss"]) == pytest.approx(val_at_2, abs=1e-5)
     main(["validate", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from tinylm.generate.processors import (
     SamplingConfig,
@@ -21,7 +21,7 @@ VOCAB = 48
 def tiny(seed: int = 0, **overrides) -> GPT:
     """A 2-layer, 32-wide random GPT with a short block_size so generation crosses the crop boundary."""
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32, eos_id=0) | overrides
+    cfg = {"vocab_size": VOCAB, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "eos_id": 0} | overrides
     return GPT(GPTConfig(**cfg)).eval()
 
 
@@ -152,9 +152,9 @@ def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
     tokens' log-probs by the penalty and keeps the sum as it is). Prompt [C], penalty 2, 2 beams, 2 steps:
     [A, C] scores 0.5 · 0.9² = 0.405 (A and C seen) and [B, D] 0.5 · 0.85 = 0.425, so [B, D] wins; renormalising the
     A row would lift C to 0.81 / 0.82 and make [A, C] (0.494) win."""
-    EOS, A, B, C, D = range(5)
+    _EOS, A, B, C, D = range(5)
     table = [[0.2] * 5, [0, 0.1, 0, 0.9, 0], [0.15, 0, 0, 0, 0.85], [0, 0.5, 0.5, 0, 0], [0.2] * 5]
-    beam = dict(strategy="beam", num_beams=2, max_new_tokens=2, use_cache=False)
+    beam = {"strategy": "beam", "num_beams": 2, "max_new_tokens": 2, "use_cache": False}
     assert generate(TableLM(table), [[C]], repetition_penalty=2.0, **beam) == [[B, D]]
     assert generate(TableLM(table), [[C]], **beam) == [[A, C]]  # guard: unpenalised, [A, C] (0.45) wins
 
@@ -163,7 +163,7 @@ def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
 def test_cache_gives_the_same_tokens_across_the_crop_boundary(strategy):
     """The cache (with its re-prefill past block_size) must not change what any strategy generates."""
     model = tiny(attn_mask="document")
-    kw = dict(strategy=strategy, max_new_tokens=24, seed=1, num_beams=3 if strategy == "beam" else 1)
+    kw = {"strategy": strategy, "max_new_tokens": 24, "seed": 1, "num_beams": 3 if strategy == "beam" else 1}
     assert generate(model, PROMPTS, use_cache=True, **kw) == generate(model, PROMPTS, use_cache=False, **kw)
 
 
@@ -185,7 +185,7 @@ def test_cached_logits_equal_uncached_across_the_crop_boundary(attn_mask):
 def test_prefix_lm_generation_matches_without_cache():
     """A prefix-LM model sees its prompt bidirectionally; the cached path must keep that prefix as well."""
     model = tiny(attn_mask="prefix")
-    kw = dict(strategy="greedy", max_new_tokens=16)
+    kw = {"strategy": "greedy", "max_new_tokens": 16}
     assert generate(model, PROMPTS, use_cache=True, **kw) == generate(model, PROMPTS, use_cache=False, **kw)
 
 
@@ -233,7 +233,7 @@ def test_eos_stops_a_row_and_is_not_returned():
 def test_stop_string_stops_generation():
     """Generation must stop once the decoded text contains a stop string, keeping the tokens that made it."""
     model = tiny()
-    decode = lambda ids: "".join(chr(ord("a") + i % 26) for i in ids)  # noqa: E731
+    decode = lambda ids: "".join(chr(ord("a") + i % 26) for i in ids)
     full = generate(model, [PROMPTS[0]], max_new_tokens=20, seed=5)[0]
     stop = decode(full[6:8])
     cut = next(n for n in range(1, 21) if stop in decode(full[:n]))
@@ -245,7 +245,7 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
     """Streaming must deliver every token once, in order; generation runs in eval and restores train mode."""
     model = tiny(dropout=0.5).train()
     streamed: list[tuple[int, int, bool]] = []
-    record = lambda row, tok: streamed.append((row, tok, model.training))  # noqa: E731
+    record = lambda row, tok: streamed.append((row, tok, model.training))
     out = generate(model, PROMPTS, strategy="greedy", max_new_tokens=6, on_token=record)
     assert [t for r, t, _ in streamed if r == 0] == out[0] and [t for r, t, _ in streamed if r == 1] == out[1]
     assert not any(training for _, _, training in streamed)  # dropout off while generating
@@ -255,19 +255,19 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(temperature=0.0), "temperature must be > 0"),
-        (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
-        (dict(top_p=1.5), "top_p must be in"),
-        (dict(top_k=0), "top_k must be >= 1"),
-        (dict(min_p=1.5), "min_p must be in \\[0, 1\\]"),
-        (dict(strategy="beam", num_beams=0), r"num_beams must be in \[1, "),
-        (dict(num_beams=4), "needs strategy='beam'"),
-        (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
-        (dict(max_new_tokens=0), r"max_new_tokens must be in \[1, "),
-        (dict(strategy="nucleus"), "unknown strategy 'nucleus'"),
-        (dict(penalty_alpha=2.0), "penalty_alpha must be in"),
-        (dict(stop_strings=["x"]), "stop_strings need decode"),
-        (dict(eos_id=VOCAB), "eos_id must be < vocab_size"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"top_p": 0.0}, "top_p must be in \\(0, 1\\], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in"),
+        ({"top_k": 0}, "top_k must be >= 1"),
+        ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
+        ({"strategy": "beam", "num_beams": 0}, r"num_beams must be in \[1, "),
+        ({"num_beams": 4}, "needs strategy='beam'"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be in \[1, "),
+        ({"strategy": "nucleus"}, "unknown strategy 'nucleus'"),
+        ({"penalty_alpha": 2.0}, "penalty_alpha must be in"),
+        ({"stop_strings": ["x"]}, "stop_strings need decode"),
+        ({"eos_id": VOCAB}, "eos_id must be < vocab_size"),
     ],
 )
 def test_bad_arguments_raise(kwargs, message):

@@ -8,7 +8,7 @@ import pytest
 from tinylm.cli import main
 from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
 
-SHAPE = dict(vocab_size=65, block_size=16, bias=True, pad_vocab_multiple=1)
+SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 
 
 def test_rung_spends_the_budget():
@@ -49,7 +49,7 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
 
     cfg = run_config()
     cli = fit_objects(["--config", str(cfg)])
-    shape = dict(vocab_size=cli.model.hparams.vocab_size, block_size=16, bias=True, pad_vocab_multiple=1)
+    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16]]
     for n_layer, n_embd in sizes:  # finished runs: a val/loss at their last step, from L = 1.5 + 30 N^-0.5
         r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
@@ -80,7 +80,7 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
 
     cfg = run_config()
     cli = fit_objects(["--config", str(cfg)])
-    shape = dict(vocab_size=cli.model.hparams.vocab_size, block_size=16, bias=True, pad_vocab_multiple=1)
+    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
     for (n_layer, n_embd), loss in zip(sizes, [1.9, 1.93, 2.0, 2.1]):  # rising: the optimum is below the ladder
         r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)

@@ -4,7 +4,7 @@ import pytest
 
 from tinylm.train.schedules import constant, lr_at, warmup_cosine, warmup_stable_decay
 
-KW = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, decay_steps=100)
+KW = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "decay_steps": 100}
 
 
 def test_warmup_cosine_known_values():

@@ -9,8 +9,8 @@ import time
 import lightning as L
 import pytest
 import torch
-
 from test_resume import _assert_same_rows, _losses, _val_losses
+
 from tinylm.cli import main
 
 

@@ -180,7 +180,7 @@ def test_save_load_and_tokenizer_json_path(bpe, tmp_path):
 
 def test_fingerprint_tracks_content(shakespeare_100k):
     """Prevents a fingerprint that changes between identical trainings or stays equal for different vocabs."""
-    docs = lambda: [shakespeare_100k[:30_000]]  # noqa: E731
+    docs = lambda: [shakespeare_100k[:30_000]]
     a = build_tokenizer("bpe", vocab_size=300, documents=docs)
     b = build_tokenizer("bpe", vocab_size=300, documents=docs)
     c = build_tokenizer("bpe", vocab_size=320, documents=docs)

@@ -15,7 +15,7 @@ from tinylm.model import GPTConfig
 from tinylm.ranges import check_ranges
 from tinylm.train.module import TinyLM
 
-TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
+TINY = {"vocab_size": 50, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1}
 
 
 def test_check_ranges_reads_interval_notation():

@@ -81,7 +81,9 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
         found = next((v for k, v in PEAK_BF16.items() if k in name), None)
         if found is not None:
             return found
-    from lightning.fabric.utilities.throughput import _CUDA_FLOPS  # private: guarded in test_lightning_private_api
+    from lightning.fabric.utilities.throughput import (
+        _CUDA_FLOPS,  # private: guarded in test_lightning_private_api
+    )
 
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else torch.float32
     chip = next((k for k in _CUDA_FLOPS if k in name or name in k), None)

@@ -64,7 +64,7 @@ def hf_family(config: GPTConfig) -> str:
                          "transformers do not soft-cap logits; train with logit_softcap null to export")
     from tinylm.hf_llama import LLAMA_OPTIONS
 
-    family, wanted = ("gpt2", dict(norm="layernorm", mlp="gelu", tie_embeddings=True)) \
+    family, wanted = ("gpt2", {"norm": "layernorm", "mlp": "gelu", "tie_embeddings": True}) \
         if config.positions == "learned" else ("llama", {k: v for k, v in LLAMA_OPTIONS.items() if k != "positions"})
     for name, value in wanted.items():
         if getattr(config, name) != value:
@@ -239,7 +239,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, *, model_max_le
     out = Path(out_dir)
     tok = hf_tokenizer(tokenizer)
     eos = next((s for s, i in tokenizer.special_tokens.items() if i == tokenizer.eos_id), None)
-    kwargs = dict(bos_token=eos, eos_token=eos) if eos is not None else {}
+    kwargs = {"bos_token": eos, "eos_token": eos} if eos is not None else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length,
                                    clean_up_tokenization_spaces=False, **kwargs)
     written = [Path(p).name for p in fast.save_pretrained(out)]

@@ -22,7 +22,7 @@ from tinylm.model.layers import RMS_NORM_EPS, swiglu_hidden
 
 # GPTConfig fields Llama's config cannot express; kept under "tinylm" in config.json for an exact import
 EXTRA_FIELDS = ("pad_vocab_multiple", "attn_mask", "eos_id")
-LLAMA_OPTIONS = dict(positions="rope", norm="rmsnorm", mlp="swiglu")  # the architecture Llama computes
+LLAMA_OPTIONS = {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu"}  # the architecture Llama computes
 _LINEAR = {  # tinylm module -> Llama module, per block (c_attn is split three ways)
     "attn.c_proj": "self_attn.o_proj", "mlp.c_gate": "mlp.gate_proj", "mlp.c_fc": "mlp.up_proj",
     "mlp.c_proj": "mlp.down_proj",

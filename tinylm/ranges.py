@@ -19,7 +19,7 @@ from typing import Any
 _INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(interval: str) -> tuple[bool, str, str, bool]:
     m = _INTERVAL.fullmatch(interval.strip())
     if m is None:

@@ -314,10 +314,10 @@ def sample_report(
     return report
 
 
-from tinylm.cli.plan import plan  # noqa: E402  (commands in files of their own)
-from tinylm.cli.plot import plot  # noqa: E402
-from tinylm.cli.lr_find import lr_find  # noqa: E402
-from tinylm.cli.scaling import scaling  # noqa: E402
+from tinylm.cli.lr_find import lr_find
+from tinylm.cli.plan import plan
+from tinylm.cli.plot import plot
+from tinylm.cli.scaling import scaling
 
 COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report,
                                  "plan": plan, "plot": plot, "lr-find": lr_find,

@@ -29,8 +29,8 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
             to a .json beside it.
     """
     from tinylm.cli.fit import lightning_main
-    from tinylm.errors import TinyLMError
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.errors import TinyLMError
     from tinylm.ranges import check_ranges
     from tinylm.train.plan import compute_optimal
     from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
@@ -45,8 +45,8 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
-    shape = dict(vocab_size=hp.vocab_size, block_size=hp.block_size, bias=hp.bias, dropout=hp.dropout,
-                 pad_vocab_multiple=hp.pad_vocab_multiple)
+    shape = {"vocab_size": hp.vocab_size, "block_size": hp.block_size, "bias": hp.bias, "dropout": hp.dropout,
+                 "pad_vocab_multiple": hp.pad_vocab_multiple}
     head = head_size or hp.n_embd // hp.n_head
     rungs = [rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget, tokens_per_step=tokens_per_step,
                   **shape) for n_layer, n_embd in sizes + [target]]

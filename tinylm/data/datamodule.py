@@ -105,9 +105,9 @@ class TinyLMDataModule(L.LightningDataModule):
             raise NotADirectoryError(f"data.cache_dir {str(self.cache_dir)!r} is a file, not a folder; pass "
                                      "--data.cache_dir DIR (or set $TINYLM_CACHE_DIR) to a folder")
         self.num_workers, self.seed = num_workers, seed
-        self._hf = dict(split=split, val_split=val_split, text_column=text_column, data_files=data_files,
-                        hf_config=hf_config, hf_revision=hf_revision, streaming=streaming,
-                        max_documents=max_documents, val_fraction=val_fraction)
+        self._hf = {"split": split, "val_split": val_split, "text_column": text_column, "data_files": data_files,
+                        "hf_config": hf_config, "hf_revision": hf_revision, "streaming": streaming,
+                        "max_documents": max_documents, "val_fraction": val_fraction}
         self._corpora: list[Corpus] | None = None
         self._tokenizer: Tokenizer | None = None
         self._metas: list[dict] | None = None

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tinylm.model import GPT
 from tinylm.generate import SamplingConfig, generate_with
+from tinylm.model import GPT
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------

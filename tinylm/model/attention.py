@@ -4,9 +4,8 @@ rotary positions). Shape letters as in gpt.py."""
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from tinylm.model.layers import apply_rope, rms_norm
 
@@ -69,7 +68,7 @@ def build_attention_mask(
       the EOS belongs to the document it ends.
     - prefix: causal, plus every position < prefix_len sees every other position < prefix_len.
     """
-    B, S = idx.shape
+    _B, S = idx.shape
     T = S if q_len is None else q_len
     k_pos = torch.arange(S, device=idx.device)  # (S,)
     q_pos = k_pos[S - T :]  # (T,) absolute positions of the queries

@@ -13,10 +13,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
-from torch import Tensor
+from torch import Tensor, nn
 
-from tinylm.model.attention import ATTN_MASKS, CausalSelfAttention, KVCache, build_attention_mask
+from tinylm.model.attention import (
+    ATTN_MASKS,
+    CausalSelfAttention,
+    KVCache,
+    build_attention_mask,
+)
 from tinylm.model.config import CONFIG_RANGES, GPTConfig
 from tinylm.model.layers import MLP, make_norm, rope_cos_sin
 
@@ -49,14 +53,14 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        modules = dict(wte=nn.Embedding(c.padded_vocab_size, c.n_embd))
+        modules = {"wte": nn.Embedding(c.padded_vocab_size, c.n_embd)}
         if c.positions == "learned":
             modules["wpe"] = nn.Embedding(c.block_size, c.n_embd)
-        modules |= dict(
-            drop=nn.Dropout(c.dropout),
-            h=nn.ModuleList([Block(c) for _ in range(c.n_layer)]),
-            ln_f=make_norm(c.norm, c.n_embd, bias=c.bias),
-        )
+        modules |= {
+            "drop": nn.Dropout(c.dropout),
+            "h": nn.ModuleList([Block(c) for _ in range(c.n_layer)]),
+            "ln_f": make_norm(c.norm, c.n_embd, bias=c.bias),
+        }
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
         if c.tie_embeddings:

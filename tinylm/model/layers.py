@@ -4,9 +4,8 @@ rotary position embeddings (RoPE). Shape letters as in gpt.py; H is the MLP's hi
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 RMS_NORM_EPS = 1e-6  # Llama's rms_norm_eps; written into the exported config, so both compute the same
 

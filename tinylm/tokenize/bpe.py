@@ -37,7 +37,7 @@ import regex
 
 log = logging.getLogger(__name__)
 
-from tinylm.tokenize.patterns import GPT2_PATTERN, TRAIN_PIECE_CHARS  # noqa: F401 (re-exported: train's defaults)
+from tinylm.tokenize.patterns import GPT2_PATTERN, TRAIN_PIECE_CHARS
 
 FORMAT = "tinylm-bpe"
 FORMAT_VERSION = 1

@@ -323,7 +323,7 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
     parse error) into one ValueError naming the file and the kinds of tokenizer tinylm reads."""
     try:
         yield
-    except Exception as e:  # noqa: BLE001 (tokenizers raises bare Exception for JSON that is not a tokenizer)
+    except Exception as e:
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "
                          f"{VALID_SPECS}") from e
@@ -363,9 +363,8 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
 
 
 def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None = TRAIN_PIECE_CHARS) -> Tokenizer:
-    from tokenizers import Regex
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     encoding_split = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex + byte->unicode map
@@ -387,7 +386,9 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
 
 
 def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
-    from tinylm.tokenize.bpe import ByteLevelBPE  # lazily: the char/bpe paths must not depend on it
+    from tinylm.tokenize.bpe import (
+        ByteLevelBPE,  # lazily: the char/bpe paths must not depend on it
+    )
 
     return Tokenizer(_Scratch(ByteLevelBPE.train(docs, vocab_size=vocab_size, special_tokens=[EOT])), "scratch-bpe")
 

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from tinylm.device import peak_flops_by_name
 from tinylm.train.module import logging_step
 
+
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """Dense peak FLOP/s of ``device`` at ``precision`` (a Lightning precision string), or None when unknown (CPUs).
 

@@ -102,7 +102,7 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, _labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)
     fig.suptitle(", ".join(_headline(run) for run in runs), fontsize=10)

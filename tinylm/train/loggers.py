@@ -6,13 +6,12 @@ says so in one line; ``WANDB_MODE=disabled`` or ``run.wandb_project: null`` turn
 
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
-
 import csv
 import io
+import logging
+import os
 import time
+from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger

@@ -10,10 +10,11 @@ so a resume is exact). Two optimizers in Lightning would need manual optimizatio
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from tinylm.errors import UnavailableError
 
@@ -106,7 +107,7 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
                            f"{torch.__version__}: upgrade torch, or use model.optimizer=adamw")
     adamw_groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
-    muon = dict(lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay, nesterov=True, ns_steps=5,
-                adjust_lr_fn="original")
+    muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True, "ns_steps": 5,
+                "adjust_lr_fn": "original"}
     return MuonAdamW([{"params": hidden}], [g for g in adamw_groups if g["params"]], muon=muon,
-                     adamw=dict(lr=lr, betas=betas, fused=fused))
+                     adamw={"lr": lr, "betas": betas, "fused": fused})

@@ -11,7 +11,12 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from tinylm.train.callbacks import PeriodicCheckpoint, ProgressBar, RNGState, SpeedMonitor
+from tinylm.train.callbacks import (
+    PeriodicCheckpoint,
+    ProgressBar,
+    RNGState,
+    SpeedMonitor,
+)
 from tinylm.train.health import HealthMonitor
 from tinylm.train.interrupt import InterruptCheckpoint
 
