@@ -12,6 +12,7 @@ the first evaluated step at which val/loss <= the baseline's final val/loss.
 
     python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, ~15-25 min on 2 cores
     python benchmarks/bench_modern.py --steps 500 --variants baseline,modern+muon --out /tmp/modern
+    python benchmarks/bench_modern.py --ops        # the one-node layers (layers.py) vs their plain autograd formulas
 """
 
 from __future__ import annotations
@@ -106,6 +107,46 @@ class Run:
         self.val.append((step, nats / count, text_nats / math.log(2) / max(nbytes, 1.0)))
 
 
+def bench_ops(threads: int, repeats: int = 400) -> None:
+    """Forward + backward of rms_norm, apply_rope and relu_squared (one autograd node each, hand-written backward)
+    against the plain formulas autograd differentiates, at the laptop recipe's shapes (batch 12, block 64, 4 heads
+    of 32; q and k together as attention feeds them), interleaved call by call; median microseconds."""
+    from tinylm.model.layers import apply_rope, relu_squared, rms_norm, rope_cos_sin
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 64, 128, generator=g, requires_grad=True)  # the residual stream (B, T, C)
+    w = torch.ones(128, requires_grad=True)
+    qk = torch.randn(12, 64, 2, 4, 32, generator=g, requires_grad=True)  # (B, T, 2, nh, hs)
+    h = torch.randn(12, 64, 512, generator=g, requires_grad=True)  # the MLP's hidden activations
+    cos, sin = (t[:, None, None, :] for t in rope_cos_sin(torch.arange(64), 32, 10000.0))
+
+    def plain_rope(t):
+        t1, t2 = t.chunk(2, dim=-1)
+        return t * cos + torch.cat([-t2, t1], dim=-1) * sin
+
+    pairs = {
+        "rms_norm (B, T, C) with gain": (lambda: rms_norm(x, w),
+                                         lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w),
+        "qk-norm (B, T, 2, nh, hs)": (lambda: rms_norm(qk), lambda: qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True)
+                                                                                      + 1e-6)),
+        "rope (B, T, 2, nh, hs)": (lambda: apply_rope(qk, cos, sin), lambda: plain_rope(qk)),
+        "relu² (B, T, 4C)": (lambda: relu_squared(h), lambda: torch.relu(h).square()),
+        "layer_norm (B, T, C), for scale": (lambda: F.layer_norm(x, (128,), w), lambda: F.layer_norm(x, (128,), w)),
+    }
+    print(machine_line(), f"threads {threads}")
+    print("| op, forward + backward | one node µs | plain autograd µs | plain / one node |\n|---|---|---|---|")
+    for name, (fused, plain) in pairs.items():
+        times = {fused: [], plain: []}
+        for _ in range(repeats):
+            for fn in (fused, plain):
+                t0 = time.perf_counter()
+                fn().sum().backward()
+                times[fn].append(time.perf_counter() - t0)
+        a, b = (statistics.median(times[fn][repeats // 10 :]) * 1e6 for fn in (fused, plain))
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}× |")
+
+
 def first_reaching(val: list[tuple[int, float, float]], target: float) -> int | None:
     return next((s for s, loss, _ in val if loss <= target), None)
 
@@ -119,10 +160,16 @@ def main() -> None:
     ap.add_argument("--val_batches", type=int, default=20, help="fixed validation batches (the recipe's 20)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch_size", type=int, default=None, help="sequences per step (default: the recipe's 12); "
+                    "Muon's cost per step does not grow with it, the model's does")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modern")
     ap.add_argument("--plot", type=Path, nargs="+", help="only draw these results.json files side by side into "
                     "--out/modern.png (e.g. a long run of a few variants beside a short one of every option)")
+    ap.add_argument("--ops", action="store_true", help="only time the one-node layers against the plain formulas")
     args = ap.parse_args()
+    if args.ops:
+        bench_ops(args.threads)
+        return
     if args.plot:
         results = [json.loads(p.read_text()) for p in args.plot]
         args.out.mkdir(parents=True, exist_ok=True)
@@ -130,6 +177,8 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     recipe = load_recipe(args.config)
+    if args.batch_size:
+        recipe["data"]["batch_size"] = args.batch_size
     steps = args.steps or recipe["trainer"]["max_steps"]
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory() as cache:
@@ -168,7 +217,7 @@ def report(runs: list[Run], steps: int, args, recipe: dict) -> None:
                          "param_ratio": r.params / base.params, "curve": r.val})
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": machine_line(), "steps": steps, "eval_every": args.eval_every, "val_batches": args.val_batches,
-                "config": str(args.config), "recipe_model": recipe["model"]}
+                "config": str(args.config), "recipe_model": recipe["model"], "batch_size": recipe["data"]["batch_size"]}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\n{meta['machine']}; {steps} steps; target = baseline final val/loss {target:.4f}\n")
     print("| variant | params | val/loss | val/bpb | Δ loss vs baseline | step ms | step × | reaches baseline at |")

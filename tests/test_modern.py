@@ -208,3 +208,53 @@ def test_checkpoint_of_a_modern_model_loads_with_its_options(tmp_path):
     assert {k: model.config.__dict__[k] for k in MODERN} == MODERN and hparams["positions"] == "rope"
     with torch.no_grad():
         torch.testing.assert_close(model(data[:, :16]), module.model.eval()(data[:, :16]), rtol=0, atol=1e-6)
+
+
+def _composite(name: str):
+    """The textbook formulas the one-node autograd Functions in layers.py replace (plain autograd, no shortcuts)."""
+    def rms(x, w=None):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return y if w is None else y * w
+
+    def rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    return {"rms": rms, "rope": rope, "relu2": lambda x: torch.relu(x) ** 2}[name]
+
+
+def test_fused_layers_match_autograd_of_the_plain_formulas():
+    """rms_norm, apply_rope and relu_squared have hand-written backwards (fewer passes on CPU): values and gradients
+    equal the plain formulas' (float64, gradcheck), including RoPE's broadcast over the (B, T, 2, nh, hs) q/k layout
+    that attention uses."""
+    from tinylm.model.layers import relu_squared, rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 2, 3, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
+    cos, sin = (t.double()[:, None, None, :] for t in rope_cos_sin(torch.arange(3, 8), 8, 10000.0))  # (T, 1, 1, hs)
+    cases = [(lambda x, w: rms_norm(x, w), _composite("rms"), (x, w)), (rms_norm, _composite("rms"), (x,)),
+             (lambda x: apply_rope(x, cos, sin), lambda x: _composite("rope")(x, cos, sin), (x,)),
+             (relu_squared, _composite("relu2"), (x,))]
+    for fused, plain, inputs in cases:
+        assert torch.autograd.gradcheck(fused, inputs)
+        out = torch.randn_like(fused(*inputs), generator=g)
+        grads = torch.autograd.grad((fused(*inputs) * out).sum(), inputs)
+        want = torch.autograd.grad((plain(*inputs) * out).sum(), inputs)
+        torch.testing.assert_close(fused(*inputs), plain(*inputs))
+        for a, b in zip(grads, want):
+            torch.testing.assert_close(a, b)
+
+
+def test_fused_layers_keep_bf16_and_compute_in_fp32():
+    """Under bf16 (autocast's activations) the outputs and gradients stay bf16, computed in fp32 as Llama does."""
+    from tinylm.model.layers import rms_norm
+
+    x32 = torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(1))
+    x = x32.bfloat16().requires_grad_()
+    cos, sin = rope_cos_sin(torch.arange(6), 16, 10000.0)
+    for fn in (rms_norm, lambda t: apply_rope(t, cos, sin)):
+        y = fn(x)
+        (grad,) = torch.autograd.grad(y.float().sum(), x)
+        assert y.dtype == grad.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), fn(x.detach().float()), atol=1e-2, rtol=1e-2)

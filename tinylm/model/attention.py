@@ -108,12 +108,18 @@ class CausalSelfAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if self.qk_norm:
-            q, k = rms_norm(q), rms_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # cached keys were rotated by their own positions
+        if self.qk_norm or rope is not None:  # queries and keys normed and rotated together: one call each
+            qk, v = self.c_attn(x).split([2 * C, C], dim=2)  # (B, T, 2C), (B, T, C); backward: one cat
+            qk, v = qk.view(B, T, 2, self.n_head, C // self.n_head), v.view(B, T, self.n_head, C // self.n_head)
+            if self.qk_norm:
+                qk = rms_norm(qk)
+            if rope is not None:  # cached keys were rotated by their own positions
+                cos, sin = (t[:, None, None, :] for t in rope)  # (T, 1, 1, hs): broadcast over q/k and heads
+                qk = apply_rope(qk, cos, sin)
+            q, k, v = (t.transpose(1, 2) for t in (*qk.unbind(2), v))  # (B, nh, T, hs) each
+        else:
+            q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, nh, S, hs)
             k, v = k.to(q.dtype), v.to(q.dtype)  # under autocast the cache may hold another dtype

@@ -10,11 +10,42 @@ from torch import Tensor, nn
 RMS_NORM_EPS = 1e-6  # Llama's rms_norm_eps; written into the exported config, so both compute the same
 
 
+def _at_least_fp32(x: Tensor) -> Tensor:
+    """x in fp32 when it is in a 16-bit float type (autocast's bf16 activations), else x itself (fp32, fp64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = RMS_NORM_EPS) -> Tensor:
-    """x / rms(x) over the last dimension (in fp32, as Llama does), times an optional gain."""
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return y if weight is None else weight * y
+    """x / rms(x) over the last dimension (in fp32, as Llama does), times an optional gain.
+
+    One autograd node with a hand-written backward (`_RMSNormFn`): on CPU, where nothing fuses elementwise ops, the
+    ~12 passes over x of the composite (pow, mean, rsqrt, two muls and their backwards) cost more than LayerNorm's
+    fused kernel; this takes ~7 (benchmarks/bench_modern.py --ops measures both)."""
+    return _RMSNormFn.apply(x, weight, eps)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """y = x·r·w with r = (mean(x²) + eps)^-1/2. Backward, with ŷ = x·r and gŷ = g·w:
+    dx = r·(gŷ - ŷ·mean(gŷ·ŷ)),  dw = Σ g·ŷ over every dimension but the last."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+        xf = _at_least_fp32(x)
+        r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
+        y = xf * r  # fp32
+        ctx.save_for_backward(y, r, weight)
+        return (y if weight is None else y * weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
+        y, r, weight = ctx.saved_tensors
+        g = _at_least_fp32(grad)
+        gy = g if weight is None else g * weight
+        dx = torch.addcmul(gy, y, (gy * y).mean(-1, keepdim=True), value=-1).mul_(r)
+        dw = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            dw = (g * y).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
+        return dx.to(grad.dtype), dw, None
 
 
 class RMSNorm(nn.Module):
@@ -60,10 +91,29 @@ class MLP(nn.Module):
         if self.kind == "gelu":
             h = self.gelu(h)
         elif self.kind == "relu2":
-            h = F.relu(h).square()
+            h = relu_squared(h)
         else:
             h = F.silu(self.c_gate(x)) * h
         return self.dropout(self.c_proj(h))  # (B, T, C)
+
+
+def relu_squared(x: Tensor) -> Tensor:
+    """relu(x)² as one autograd node (`_ReLU2Fn`): keeps relu(x) only, backward 2·relu(x)·g (the composite keeps
+    x and relu(x) and takes four passes back)."""
+    return _ReLU2Fn.apply(x)
+
+
+class _ReLU2Fn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (r,) = ctx.saved_tensors
+        return (r * grad).mul_(2)
 
 
 def rope_cos_sin(positions: Tensor, head_size: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -76,8 +126,34 @@ def rope_cos_sin(positions: Tensor, head_size: int, theta: float) -> tuple[Tenso
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate queries or keys x (B, nh, T, hs) by their positions' angles; q·k then depends on positions only
-    through their difference, which is why cached keys stay valid when new tokens arrive."""
-    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
-    rotated = torch.cat([-x2, x1], dim=-1)  # for the pair (a, b): (-b, a)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    """Rotate queries or keys x (..., hs) by their positions' angles (cos and sin broadcast against x, e.g. (T, hs)
+    for x (B, nh, T, hs)); q·k then depends on positions only through their difference, which is why cached keys
+    stay valid when new tokens arrive. One autograd node (`_RoPEFn`): the backward of a rotation is the rotation
+    back, so no intermediate is kept."""
+    return _RoPEFn.apply(x, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x·cos + rotate_half(x)·sin in fp32, written as two half-width products per half: for the pair (a, b) at
+    angle θ, (a cos θ - b sin θ, b cos θ + a sin θ). cos and sin hold the same angles in both halves."""
+    h = x.size(-1) // 2
+    x = _at_least_fp32(x)
+    x1, x2, c, s = x[..., :h], x[..., h:], cos[..., :h], sin[..., :h]
+    out = torch.empty_like(x)  # cos and sin broadcast against x, never x against them
+    torch.mul(x1, c, out=out[..., :h]).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=out[..., h:]).addcmul_(x1, s)
+    return out
+
+
+class _RoPEFn(torch.autograd.Function):
+    """y = R(θ)x per pair of channels; dx = R(θ)ᵀg = R(-θ)g (cos and sin are constants: no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin).to(grad.dtype), None, None
