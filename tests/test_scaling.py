@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from tinylm.cli import main
 from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
@@ -44,10 +45,12 @@ def test_isoflop_optimum_is_the_parabola_minimum():
 
 def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, capsys):
     """Finished ladder runs are reused (a rerun after an interruption must not retrain them), the missing model is
-    trained as an ordinary run in its own folder, and the law fitted over the ladder's logged losses comes out."""
+    trained as an ordinary run in its own folder (without the config's text samples, and with the default head
+    size: the largest dividing the config's 16 and every width), and the law fitted over the ladder's logged losses
+    comes out."""
     from tinylm.cli.fit_config import fit_objects
 
-    cfg = run_config()
+    cfg = run_config(samples={"every_n_steps": 1})
     cli = fit_objects(["--config", str(cfg)])
     shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16]]
@@ -58,14 +61,17 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
         loss = 1.5 + 30 * r.params**-0.5
         (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
     args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
-            "--head_size", "8", "--out", "fit.png"]
+            "--out", "fit.png"]
     main(args)
     out = capsys.readouterr().out
     result = json.loads((cfg.parent / "fit.json").read_text())
     assert (result["law"]["E"], result["law"]["A"], result["law"]["alpha"]) == pytest.approx((1.5, 30, 0.5), rel=0.05)
     for n_layer, n_embd in sizes:  # reused, not retrained
         assert not (cfg.parent / "runs" / f"tiny-C1.0e08-L{n_layer}-d{n_embd}" / "checkpoints").exists()
-    assert (cfg.parent / "runs" / "tiny-C1.0e08-L1-d24" / "checkpoints" / "last.ckpt").is_file()
+    trained = cfg.parent / "runs" / "tiny-C1.0e08-L1-d24"
+    assert (trained / "checkpoints" / "last.ckpt").is_file()
+    saved = yaml.safe_load((trained / "config.yaml").read_text())
+    assert saved["samples"]["every_n_steps"] == 0 and saved["model"]["n_head"] == 3  # 24 / 8
     assert result["prediction"]["measured"] > 0 and "prediction for L1-d24" in out
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer

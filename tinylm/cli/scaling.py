@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import csv
 import json as jsonlib
+import math
 from pathlib import Path
 
-DEFAULT_SIZES = ((2, 64), (3, 96), (4, 128), (5, 160))  # (n_layer, n_embd): ~0.1M to ~1.5M parameters at vocab 65
-DEFAULT_PREDICT = (6, 192)
+# The ladder measured on the laptop recipe (tinyshakespeare, characters, --data.batch_size 64): one layer, widths 8 to
+# 20 (2k to 9k parameters), all below the budget's compute-optimal size, so the loss still falls with size and the
+# law predicted the 12k-parameter model within 0.006 nats (docs/benchmarks.md). Bigger rungs at this budget pass the
+# optimum (~16-30k parameters on 1M characters) and the loss rises again.
+DEFAULT_BUDGET = 2e12
+DEFAULT_SIZES = ((1, 8), (1, 12), (1, 16), (1, 20))  # (n_layer, n_embd)
+DEFAULT_PREDICT = (1, 24)
 
 
-def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[int]] | None = None,
+def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: list[list[int]] | None = None,
             predict: list[int] | None = None, head_size: int | None = None, out: str | None = None) -> dict:
     """Train a compute-matched ladder (models of several sizes, each for the same training FLOPs), fit
     L(N) = E + A·N^-alpha to their final validation losses, find the compute-optimal size of the budget, then train
@@ -18,13 +24,17 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
     --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below.
 
     Every model is an ordinary tinylm run in its own folder (runs/<run.name>-C<budget>-L<layers>-d<width>: logged,
-    checkpointed, resumable): rerunning the command resumes an interrupted run and reuses finished ones.
+    checkpointed, resumable): rerunning the command resumes an interrupted run and reuses finished ones. Text
+    samples are off in these runs unless --samples.every_n_steps is given. The law holds below the budget's
+    compute-optimal size: past it, at equal FLOPs, a bigger model sees too few tokens and its loss rises again.
 
     Args:
         budget: Training FLOPs per model (6N + attention per token, times tokens); each model's max_steps follows.
-        sizes: The ladder as [[n_layer, n_embd], ...] (at least 3; default [[2,64],[3,96],[4,128],[5,160]]).
-        predict: [n_layer, n_embd] of the larger model to predict and then train (default [6,192]).
-        head_size: Channels per attention head; n_head = n_embd / head_size (default: the config's).
+        sizes: The ladder as [[n_layer, n_embd], ...] (at least 3; default [[1,8],[1,12],[1,16],[1,20]], below
+            the optimum for the laptop recipe at 2e12 FLOPs with --data.batch_size 64).
+        predict: [n_layer, n_embd] of the larger model to predict and then train (default [1,24]).
+        head_size: Channels per attention head; n_head = n_embd / head_size (default: the largest that divides
+            the config's head size and every width, 4 for the defaults).
         out: PNG of the fit (default: <trainer.default_root_dir>/<run.name>-scaling-C<budget>.png); the numbers go
             to a .json beside it.
     """
@@ -47,17 +57,20 @@ def scaling(fit_args: list[str], /, *, budget: float = 4e12, sizes: list[list[in
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
     shape = {"vocab_size": hp.vocab_size, "block_size": hp.block_size, "bias": hp.bias, "dropout": hp.dropout,
                  "pad_vocab_multiple": hp.pad_vocab_multiple}
-    head = head_size or hp.n_embd // hp.n_head
+    head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes + [target]))
     rungs = [rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget, tokens_per_step=tokens_per_step,
                   **shape) for n_layer, n_embd in sizes + [target]]
     root, base = cli.run_dir.parent, cli.run_dir.name
     tag = f"C{budget:.1e}".replace("+", "")
+    # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
+    no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
+        ["--samples.every_n_steps", "0"]
     losses = []
     for r in rungs:
         name = f"{base}-{tag}-{r.label}"
         loss = final_val_loss(root / name, r.max_steps)
         if loss is None:
-            lightning_main(["fit", *fit_args, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
+            lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
                             "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
                             "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
                             "--ckpt_path", "last"])
@@ -105,8 +118,8 @@ def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
 
 
 def format_scaling(r: dict) -> str:
-    lines = [f"compute-matched ladder: {r['budget_flops']:.3g} training FLOPs per model, "
-             f"{r['tokens_per_step']:,} tokens per step",
+    lines = [(f"compute-matched ladder: {r['budget_flops']:.3g} training FLOPs per model, "
+              f"{r['tokens_per_step']:,} tokens per step"),
              f"{'model':<10} {'params':>9} {'steps':>7} {'tokens':>11} {'val/loss':>9} {'fit':>7}"]
     for run in r["runs"]:
         fit = "—" if run["fit"] is None else f"{run['fit']:.4f}"

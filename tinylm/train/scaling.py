@@ -99,6 +99,8 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
                  budget: float, out) -> None:
     """Log-log plot of the ladder's final validation losses against parameters, the fitted law (None: none fits),
     and the predicted and measured loss of the larger model."""
+    from matplotlib.ticker import ScalarFormatter
+
     from tinylm.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(7, 4.5))
@@ -121,6 +123,8 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
             ax.plot([r.params], [measured], "D", color="C3", ms=6, label=f"measured {r.label}: {measured:.3f}{said}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())  # losses span less than a decade: 2.1, not 2.1 x 10^0
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("parameters N")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title(f"compute-matched ladder: {budget:.2g} training FLOPs per model", fontsize=10)
