@@ -7,13 +7,23 @@ import torch
 
 from tinylm.cli import main
 from tinylm.model import GPT, GPTConfig
-from tinylm.train.plan import compute_optimal, element_sizes, memory, plan
+from tinylm.train.plan import (
+    MEMORY_PARTS,
+    compute_optimal,
+    draw_plan,
+    element_sizes,
+    frontier_points,
+    memory,
+    memory_bars,
+    memory_in_name,
+    plan,
+)
 
 
 def _gpt(**kw) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(**{**{"vocab_size": 64, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 64,
-                                   "pad_vocab_multiple": 1}, **kw}))
+    return GPT(GPTConfig(**{"vocab_size": 64, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 64,
+                            "pad_vocab_multiple": 1, **kw}))
 
 
 def test_compute_optimal_by_hand():
@@ -114,3 +124,79 @@ def test_plan_command_table_and_errors(run_config, capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(cfg), "--mfu", "2"])
     assert "mfu" in capsys.readouterr().err
+
+
+def _png(path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_plot_draws_the_tables_numbers():
+    """The picture's bars are the Memory values the table prints (stacked in MEMORY_PARTS order), and its points
+    are the run's (N, D) and Chinchilla's optimum on the budget's isoFLOP line: a picture drawn from a second,
+    drifting estimate would contradict the text beside it. The device line appears only when its size is known."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    p = plan(_gpt(n_layer=4), batch_size=4, accumulate=2, devices=1, max_steps=100, precision="bf16-mixed",
+             gpu="h100", mfu=0.4, peak_flops=1e15)
+    bars = memory_bars(p)
+    assert list(bars) == ["no checkpointing", "activation checkpointing"]
+    assert bars["no checkpointing"] == {k: getattr(p.memory, k) for k in MEMORY_PARTS}
+    assert bars["activation checkpointing"]["activations"] == p.memory_checkpointed.activations
+    assert bars["activation checkpointing"]["activations"] < bars["no checkpointing"]["activations"]  # not vacuous
+    (n, d), (n_opt, d_opt) = frontier_points(p)["run"], frontier_points(p)["optimal"]
+    assert (n, d) == (p.params, p.tokens)
+    assert 6 * n_opt * d_opt == pytest.approx(p.run_flops) and d_opt == pytest.approx(20 * n_opt)
+
+    fig = Figure()
+    draw_plan(fig, p)
+    mem_ax = fig.axes[0]
+    heights = [r.get_height() for r in mem_ax.patches]  # part by part, each over both bars
+    expected = [bars[b][part] / 2**20 for part in MEMORY_PARTS for b in bars]  # MiB: this model is small
+    assert heights == pytest.approx(expected)
+    assert "MiB" in mem_ax.get_ylabel()
+    assert not any(line.get_linestyle() == "--" for line in mem_ax.lines)  # no device memory: no line
+    fig = Figure()
+    draw_plan(fig, p, device_memory=2**29)
+    assert [line.get_ydata()[0] for line in fig.axes[0].lines if line.get_linestyle() == "--"] == [512]
+
+
+def test_memory_in_name_reads_only_what_the_name_states():
+    """The device line comes from the name the user gave ("80GB"), never from a guess: a bare "H100" (80 or 94
+    GB?) or "cpu" has no line."""
+    assert memory_in_name("NVIDIA H100 80GB HBM3") == 80 * 2**30
+    assert memory_in_name("NVIDIA A100-SXM4-40GB") == 40 * 2**30
+    assert memory_in_name("H100") is None and memory_in_name("cpu") is None and memory_in_name("GB200") is None
+
+
+def test_plan_command_writes_png(run_config, tmp_path, capsys):
+    """--out writes a PNG (its folder made) after the table; with --json stdout stays one JSON document."""
+    pytest.importorskip("matplotlib")
+    cfg = run_config()
+    png = tmp_path / "pictures" / "plan.png"
+    main(["plan", "--config", str(cfg), "--gpu", "cpu", "--out", str(png)])
+    out = capsys.readouterr().out
+    assert "memory per device" in out and f"wrote {png}" in out
+    assert _png(png)
+    again = tmp_path / "plan2.png"
+    main(["plan", "--config", str(cfg), "--json", "--out", str(again), "--gpu", "NVIDIA A100-SXM4-40GB"])
+    assert json.loads(capsys.readouterr().out)["params"] > 0 and _png(again)
+
+
+def test_plan_command_out_errors(run_config, tmp_path, monkeypatch, capsys):
+    """A path that cannot be written, a name that is not a .png and a missing matplotlib are each one line on
+    stderr naming the path or the fix, not a traceback from inside matplotlib."""
+    cfg = run_config()
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    for bad, said in ((tmp_path / "notes.txt" / "plan.png", "cannot write the plot to"),
+                      (tmp_path / "plan.pdf", "--out must name a .png file"), (tmp_path, "--out must name a .png")):
+        if said.startswith("cannot"):
+            pytest.importorskip("matplotlib")
+        with pytest.raises(SystemExit):
+            main(["plan", "--config", str(cfg), "--gpu", "cpu", "--out", str(bad)])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tinylm plan: error:")]
+        assert len(err) == 1 and said in err[0] and str(bad) in err[0], err
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.figure", None)
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg), "--gpu", "cpu", "--out", str(tmp_path / "p.png")])
+    assert 'pip install "tinylm[plots]"' in capsys.readouterr().err

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tinylm.train.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
+from tinylm.train.plan import short_count as _n
 
 
-def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: bool = False) -> Plan:
+def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: bool = False,
+         out: str | None = None) -> Plan:
     """Plan a run without training: parameters, FLOPs, tokens, Chinchilla's compute-optimal size, memory per device
     (with and without activation checkpointing) and wall time on a GPU. Takes every `tinylm fit` option
     (--config FILE, --model.*, --data.*, --trainer.*, --print_config: see tinylm fit --help) plus the options
@@ -17,6 +21,9 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
             trainer.precision means bf16-mixed. `cpu`: plan for this machine (its precision; no wall time).
         mfu: Model FLOPs utilisation to assume (0.3-0.5 is typical for a well-tuned GPT on one GPU).
         json: Print the plan as JSON instead of a table.
+        out: Also draw the plan into this PNG: memory per device as stacked bars without and with activation
+            checkpointing (a line at the GPU's memory when --gpu states it, as in "NVIDIA H100 80GB HBM3"), and the
+            run's parameters and tokens against Chinchilla's compute-optimal frontier (default: no picture).
     """
     import json as jsonlib
 
@@ -26,6 +33,8 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
     from tinylm.train.plan import plan as make_plan
 
     check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
+    if out is not None:
+        _check_png(out)  # before the tokenizer is trained or loaded, which can take a while
     cli = fit_objects(fit_args)
     opts = trainer_options(cli, gpu=gpu.lower() != "cpu")
     max_steps = opts.get("max_steps")
@@ -37,15 +46,36 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
         peak_flops=peak_flops_by_name(gpu, opts["precision"]), fsdp="fsdp" in str(opts.get("strategy", "")).lower(),
     )
     print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams))
+    if out is not None:
+        hp = cli.model.hparams
+        title = (f"{cli.run_dir.name}: {hp.n_layer} layers x {hp.n_embd} wide, micro-batch "
+                 f"{cli.datamodule.batch_size} x context {hp.block_size}, {result.devices} x {result.gpu}")
+        path = _write_plot(result, out, title)
+        if not json:  # stdout stays one JSON document
+            print(f"wrote {path}")
     return result
 
 
-def _n(x: float) -> str:
-    """3 significant digits with a unit: 12.3M, 1.23B, 4.56e+18 stays scientific above T."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g}"
+def _check_png(out: str) -> None:
+    """A path the picture can be written to, and matplotlib to draw it: one-line errors now, not after planning."""
+    from tinylm.plots import figure_canvas
+
+    if Path(out).suffix.lower() != ".png" or Path(out).is_dir():
+        raise ValueError(f"--out must name a .png file, got {out!r}")
+    figure_canvas()  # the one-line error naming the extra when matplotlib is missing
+
+
+def _write_plot(result: Plan, out: str, title: str) -> Path:
+    from tinylm.errors import TinyLMError
+    from tinylm.train.plan import memory_in_name, plot_plan
+
+    try:
+        return plot_plan(result, out, device_memory=memory_in_name(result.gpu), title=title)
+    except OSError as e:  # a parent that is a file, a read-only folder, ...
+        why = (f"{e.filename} is a file, not a folder" if isinstance(e, FileExistsError) else
+               f"{e.strerror or e}: {e.filename}" if e.filename else e.strerror or str(e))
+        raise TinyLMError(f"cannot write the plot to {out!r} ({why}); pass --out PATH.png in a writable folder"
+                          ) from None
 
 
 def _mb(x: int) -> str:
@@ -75,17 +105,17 @@ def format_plan(p: Plan, hparams) -> str:
             f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else
             f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)")
     rows = [
-        ("model", f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
-                  f"context {hparams.block_size}, vocab {hparams.vocab_size:,}"),
+        ("model", (f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
+                   f"context {hparams.block_size}, vocab {hparams.vocab_size:,}")),
         ("parameters", f"{_n(p.params)} total, {_n(p.non_embedding_params)} non-embedding"),
         ("FLOPs per token", f"{_n(p.flops_per_token)} (6N + attention; forward + backward)"),
         ("tokens per step", f"{p.tokens_per_step:,} (micro-batch x accumulation x {p.devices} device(s) x context)"),
         ("tokens in the run", f"{_n(p.tokens)} ({p.max_steps:,} steps)"),
         ("FLOPs of the run", f"{p.run_flops:.3g} (~6ND)"),
-        ("tokens per parameter", f"{p.tokens_per_param:.1f} (Chinchilla: ~{CHINCHILLA_TOKENS_PER_PARAM:.0f}): "
-                                 f"{verdict}"),
-        ("compute-optimal size", f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for the same "
-                                 "FLOPs"),
+        ("tokens per parameter", (f"{p.tokens_per_param:.1f} (Chinchilla: ~{CHINCHILLA_TOKENS_PER_PARAM:.0f}): "
+                                  f"{verdict}")),
+        ("compute-optimal size", (f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for the same "
+                                  "FLOPs")),
         (f"memory per device ({p.precision})", mem(p.memory)),
         ("with activation ckpt", mem(p.memory_checkpointed) + "  (--model.activation_checkpointing true)"),
         ("wall time", wall),

@@ -1,5 +1,6 @@
 """What a run costs before it runs: parameters, FLOPs, tokens, Chinchilla's compute-optimal size, memory per device
-and wall time on a named GPU. Pure functions of the model and the run's settings; `tinylm plan` prints them.
+and wall time on a named GPU. Pure functions of the model and the run's settings; `tinylm plan` prints them, and
+`plot_plan` draws them (memory per device; the run against Chinchilla's frontier).
 
 Memory model (per device, bytes; checked against measured peaks in docs/benchmarks.md):
     weights    N x 4 (fp32 master weights; 2 under bf16-true), plus a 16-bit copy of every matrix under *-mixed
@@ -20,6 +21,7 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tinylm.model import GPT
 
@@ -135,3 +137,107 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
         optimal_params=n_opt, optimal_tokens=d_opt, precision=precision, devices=devices, memory=mem[False],
         memory_checkpointed=mem[True], gpu=gpu, peak_flops=peak_flops, mfu=mfu, wall_seconds=wall,
     )
+
+
+# ---- the picture: `tinylm plan --out PNG` ------------------------------------------------------------------------
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")  # stacking order, bottom up
+
+
+def short_count(x: float) -> str:
+    """3 significant digits with a unit: 12.3M, 1.23B, 4.56T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def memory_in_name(gpu: str) -> int | None:
+    """Bytes of memory a GPU's name states ("NVIDIA H100 80GB HBM3", "A100-SXM4-40GB" -> 80 / 40 GiB: vendors' GB
+    of HBM and GDDR are binary), or None when the name states none ("H100", "cpu"): tinylm keeps no table of
+    memory sizes, so a short name draws no memory line rather than a guessed one."""
+    import re
+
+    found = re.search(r"(\d+(?:\.\d+)?)\s*GB\b", gpu, flags=re.IGNORECASE)
+    return int(float(found.group(1)) * 2**30) if found else None
+
+
+def memory_bars(p: Plan) -> dict[str, dict[str, int]]:
+    """{bar: {part: bytes per device}} of the memory panel, parts in MEMORY_PARTS order: the same Memory values
+    the table prints, without and with activation checkpointing."""
+    bars = {"no checkpointing": p.memory, "activation checkpointing": p.memory_checkpointed}
+    return {label: {part: getattr(m, part) for part in MEMORY_PARTS} for label, m in bars.items()}
+
+
+def frontier_points(p: Plan) -> dict[str, tuple[float, float]]:
+    """(parameters N, tokens D) of this run and of the compute-optimal model for the same FLOPs, as the table
+    states them. The optimum lies on 6ND = run_flops; the run a little below it, by its attention FLOPs."""
+    return {"run": (float(p.params), float(p.tokens)), "optimal": (p.optimal_params, p.optimal_tokens)}
+
+
+def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = "") -> None:
+    """Two panels on ``fig``: memory per device as stacked bars (the peak marked, the device's memory as a line
+    when known), and the run's (N, D) against Chinchilla's frontier D = 20 N and the budget's isoFLOP line."""
+    import numpy as np
+
+    mem_ax, chin_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.3]})
+    bars = memory_bars(p)
+    peaks = [p.memory.peak, p.memory_checkpointed.peak]
+    top = max([*peaks, *(sum(b.values()) for b in bars.values()), device_memory or 0])
+    unit, scale, digits = ("GiB", 2**30, 2) if top >= 2**30 else ("MiB", 2**20, 1)  # as the table prints them
+    xs = np.arange(len(bars))
+    bottom = np.zeros(len(bars))
+    for i, part in enumerate(MEMORY_PARTS):
+        values = np.array([b[part] for b in bars.values()]) / scale
+        mem_ax.bar(xs, values, 0.55, bottom=bottom, color=f"C{i}", label=part)
+        bottom += values
+    for x, peak in zip(xs, peaks):
+        # the backward pass frees activations as it makes gradients: the stack overcounts, the peak does not
+        mem_ax.plot([x - 0.35, x + 0.35], [peak / scale] * 2, color="black", lw=2,
+                    label="peak (gradients and activations\nare never all alive at once)" if x == 0 else None)
+        mem_ax.annotate(f"{peak / scale:.{digits}f} {unit}", (x + 0.36, peak / scale), va="center", fontsize=8)
+    if device_memory:
+        mem_ax.axhline(device_memory / scale, color="C3", ls="--", label=f"{p.gpu}: {device_memory / scale:.3g} {unit}")
+    mem_ax.set_xticks(xs, list(bars))
+    mem_ax.set_xlim(-0.6, len(bars) - 0.1)
+    mem_ax.set_ylim(0, top / scale * 1.5)  # room above the bars (and the device's line) for the legend
+    mem_ax.set_ylabel(f"memory per device ({unit})")
+    mem_ax.set_title(f"memory per device, {p.precision}", fontsize=10)
+    mem_ax.grid(alpha=0.3, axis="y")
+    by_label = dict(zip(*reversed(mem_ax.get_legend_handles_labels())))
+    order = [*reversed(MEMORY_PARTS), *(k for k in by_label if k not in MEMORY_PARTS)]  # as stacked, top down
+    mem_ax.legend([by_label[k] for k in order], order, fontsize=7, loc="upper center", ncols=2)
+
+    points = frontier_points(p)
+    (n_run, d_run), (n_opt, d_opt) = points["run"], points["optimal"]
+    ns = np.geomspace(min(n_run, n_opt) / 10, max(n_run, n_opt) * 10, 100)
+    chin_ax.plot(ns, p.run_flops / (6 * ns), color="C0",
+                 label=f"same FLOPs: 6ND = {p.run_flops:.3g}\n(the run sits just off it: 6ND leaves out attention)")
+    chin_ax.plot(ns, CHINCHILLA_TOKENS_PER_PARAM * ns, color="C2", ls="--",
+                 label=f"Chinchilla compute-optimal: D = {CHINCHILLA_TOKENS_PER_PARAM:.0f} N")
+    chin_ax.plot([n_opt], [d_opt], "*", color="C2", ms=14,
+                 label=f"optimal: {short_count(n_opt)} params, {short_count(d_opt)} tokens")
+    chin_ax.plot([n_run], [d_run], "o", color="C3", ms=8,
+                 label=f"this run: {short_count(n_run)} params, {short_count(d_run)} tokens "
+                       f"({p.tokens_per_param:.3g} tokens/param)")
+    chin_ax.set_xscale("log")
+    chin_ax.set_yscale("log")
+    chin_ax.set_xlabel("parameters N")
+    chin_ax.set_ylabel("training tokens D")
+    chin_ax.set_title("this run against Chinchilla's compute-optimal frontier", fontsize=10)
+    chin_ax.grid(alpha=0.3, which="both")
+    chin_ax.legend(fontsize=7, loc="upper right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+
+
+def plot_plan(p: Plan, out: str | Path, *, device_memory: int | None = None, title: str = "") -> Path:
+    """`draw_plan` into the PNG ``out`` (its folder is made if missing)."""
+    from tinylm.plots import figure_canvas
+
+    fig, canvas = figure_canvas(figsize=(12, 4.8))
+    draw_plan(fig, p, device_memory=device_memory, title=title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.print_png(str(out))
+    return out
