@@ -29,7 +29,7 @@ USAGE_LINES = {
     "generate": "sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT",
     "export": "write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",
     "sample-report": "compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR",
-    "plan": "size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE [--gpu H100]",
+    "plan": "size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE [--gpu H100] [--out PNG]",
     "plot": "loss, LR, grad norm, tokens/s and health alerts of runs, one PNG: tinylm plot RUN [RUN ...]",
     "lr-find": "LR range test with the size rule of thumb beside it: tinylm lr-find --config FILE",
     "scaling": "compute-matched ladder, scaling-law fit, checked prediction: tinylm scaling --config FILE",
