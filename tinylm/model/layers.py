@@ -134,15 +134,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x·cos + rotate_half(x)·sin in fp32, written as two half-width products per half: for the pair (a, b) at
-    angle θ, (a cos θ - b sin θ, b cos θ + a sin θ). cos and sin hold the same angles in both halves."""
+    """x·cos + rotate_half(x)·sin in fp32, as half-width products: for the pair (a, b) at angle θ,
+    (a cos θ - b sin θ, b cos θ + a sin θ). cos and sin hold the same angles in both halves. Functional (no
+    in-place writes into views), so torch.compile traces it."""
     h = x.size(-1) // 2
     x = _at_least_fp32(x)
     x1, x2, c, s = x[..., :h], x[..., h:], cos[..., :h], sin[..., :h]
-    out = torch.empty_like(x)  # cos and sin broadcast against x, never x against them
-    torch.mul(x1, c, out=out[..., :h]).addcmul_(x2, s, value=-1)
-    torch.mul(x2, c, out=out[..., h:]).addcmul_(x1, s)
-    return out
+    return torch.cat([torch.addcmul(x1 * c, x2, s, value=-1), torch.addcmul(x2 * c, x1, s)], dim=-1)
 
 
 class _RoPEFn(torch.autograd.Function):
