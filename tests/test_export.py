@@ -298,7 +298,7 @@ LLAMA = {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "rope_theta": 
 
 @pytest.mark.parametrize("bias, tie", [(False, False), (True, False), (False, True)],
                          ids=["untied", "bias-untied", "tied"])
-def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie):
+def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie, capsys):
     """Catches a wrong q/k/v split, gate/up swapped, RoPE pairing or theta lost, RMSNorm eps or placement, padded
     vocab rows or an untied head mis-exported: LlamaForCausalLM's logits must equal tinylm's to 1e-4 (fp32), and
     importing the directory back gives the same model."""
@@ -318,6 +318,8 @@ def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie):
     back = import_hf(out)
     assert (back.config.positions, back.config.mlp, back.config.rope_theta, back.config.tie_embeddings) == \
         ("rope", "swiglu", 500.0, tie)
+    run_command("export", ["--ckpt_path", str(ckpt), "--out", str(tmp_path / "cli")])  # the command's summary too
+    assert "LlamaForCausalLM 2 layers" in capsys.readouterr().out
     with torch.no_grad():
         torch.testing.assert_close(back(idx), ours, atol=1e-5, rtol=0)
 

@@ -249,8 +249,9 @@ def _write(text: str) -> None:
 
 # ---- export -----------------------------------------------------------------------------------------------------
 def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "float16"] = "float32") -> Path:
-    """Write a Hugging Face transformers GPT-2 model directory (config.json, model.safetensors, tokenizer) from a
-    tinylm checkpoint; load it with GPT2LMHeadModel.from_pretrained(DIR).
+    """Write a Hugging Face transformers model directory (config.json, model.safetensors, tokenizer) from a tinylm
+    checkpoint: GPT2LMHeadModel for nanoGPT's architecture, LlamaForCausalLM for rope + rmsnorm + swiglu; load it
+    with transformers.AutoModelForCausalLM.from_pretrained(DIR).
 
     Args:
         ckpt_path: Checkpoint written by `tinylm fit` (.ckpt).
@@ -263,8 +264,13 @@ def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "floa
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     size = sum((folder / f).stat().st_size for f in files)
-    print(f"wrote {folder}: GPT2LMHeadModel {config['n_layer']} layers, {config['n_head']} heads, "
-          f"{config['n_embd']} wide, vocab {config['vocab_size']:,}, context {config['n_positions']:,}, {dtype}")
+
+    def get(gpt2_key: str, llama_key: str):  # the two families name their sizes differently
+        return config[gpt2_key] if gpt2_key in config else config[llama_key]
+
+    print(f"wrote {folder}: {config['architectures'][0]} {get('n_layer', 'num_hidden_layers')} layers, "
+          f"{get('n_head', 'num_attention_heads')} heads, {get('n_embd', 'hidden_size')} wide, vocab "
+          f"{config['vocab_size']:,}, context {get('n_positions', 'max_position_embeddings'):,}, {dtype}")
     print(f"files ({size / 1e6:.1f} MB): {', '.join(files)}")
     print(f"load with: transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r})")
     return folder
