@@ -188,7 +188,7 @@ def test_plan_command_out_errors(run_config, tmp_path, monkeypatch, capsys):
     stderr naming the path or the fix, not a traceback from inside matplotlib."""
     cfg = run_config()
     (tmp_path / "notes.txt").write_text("a file, not a folder")
-    for bad, said in ((tmp_path / "notes.txt" / "plan.png", "cannot write the plot to"),
+    for bad, said in ((tmp_path / "notes.txt" / "plan.png", "which is a file, not a folder"),
                       (tmp_path / "plan.pdf", "--out must name a .png file"), (tmp_path, "--out must name a .png")):
         if said.startswith("cannot"):
             pytest.importorskip("matplotlib")
@@ -200,3 +200,14 @@ def test_plan_command_out_errors(run_config, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(cfg), "--gpu", "cpu", "--out", str(tmp_path / "p.png")])
     assert 'pip install "tinylm[plots]"' in capsys.readouterr().err
+
+
+def test_gpu_names_match_whole_chip_names_only():
+    """Catches `--gpu ""`, `--gpu x` or `--gpu a` planning at some GPU's peak (a fragment matched inside a chip
+    name); real names and short chip names still find their peak."""
+    from tinylm.device import peak_flops_by_name
+
+    for fragment in ("", "x", "a", "cpu", "nvidia"):
+        assert peak_flops_by_name(fragment, "bf16-mixed") is None and peak_flops_by_name(fragment, "32-true") is None
+    assert peak_flops_by_name("NVIDIA H100 80GB HBM3", "bf16-mixed") == peak_flops_by_name("h100", "bf16-mixed") > 9e14
+    assert peak_flops_by_name("NVIDIA A100-SXM4-40GB", "32-true") == peak_flops_by_name("a100", "32-true") > 1e13

@@ -1,6 +1,7 @@
 """`tinylm scaling`: the ladder's arithmetic, the power-law and IsoFLOP fits, and the command's reuse of runs."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -100,3 +101,45 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
     assert "do not fall with model size" in result["law"]["none"] and "no law over the first 3" in out
     assert result["prediction"]["measured"] == 2.1 and "compute-optimal size for this budget" in out
     assert (cfg.parent / "u.png").stat().st_size > 10_000
+
+
+def test_scaling_refuses_a_folder_of_another_ladder(run_config):
+    """Catches a rung's folder from another --head_size (or budget with the same rounded tag, or model options)
+    being reused as this rung: its loss reported as this model's, or its checkpoint resumed as it."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    folder = cfg.parent / "runs" / "tiny-C1.0e08-L1-d8"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"model": {"n_layer": 1, "n_embd": 8, "n_head": 8},
+                                                        "trainer": {"max_steps": 3}}))
+    with pytest.raises(SystemExit):
+        main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict",
+              "[1,24]", "--head_size", "8"])
+    assert not (cfg.parent / "runs" / "tiny-C1.0e08-L1-d16").exists()  # refused before anything trained
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--head_size", "0"], "head_size"),
+    (["--predict", "[1,16]"], "repeat a size"),
+    (["--budget", "1e-3"], "less than one step.*raise --budget"),
+    (["--head_size", "3"], r"\[1, 8\] with head size 3.*--head_size"),
+    (["--out", "fit.json"], "--out must name a .png file"),
+])
+def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
+    cfg = run_config()
+    base = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", "[[1,8],[1,16],[2,16]]",
+            "--predict", "[1,24]"]
+    with pytest.raises(SystemExit) as e:
+        main(base + args)
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # (earlier lines: logging from the config's data preparation)
+    assert e.value.code != 0 and last.startswith("tinylm scaling: error:") and re.search(message, last), err
+    assert not (cfg.parent / "runs").exists()
+
+
+def test_scaling_counts_the_configs_architecture():
+    """Catches the ladder sizing a plain nanoGPT when the config has RoPE (no position table) and an untied head."""
+    plain = rung(n_layer=1, n_embd=16, head_size=8, budget=1e10, tokens_per_step=64, **SHAPE)
+    modern = rung(n_layer=1, n_embd=16, head_size=8, budget=1e10, tokens_per_step=64, **SHAPE,
+                  positions="rope", tie_embeddings=False)
+    assert modern.params == plain.params - 16 * 16 + 65 * 16  # no position table (block 16), an LM head of its own

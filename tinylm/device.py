@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -86,6 +87,9 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
     )
 
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else torch.float32
-    chip = next((k for k in _CUDA_FLOPS if k in name or name in k), None)
+    # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one, "h100" is the start
+    # of one; a fragment that names no chip ("", "x", "a") matches nothing
+    chip = next((k for k in _CUDA_FLOPS if k in name or (re.fullmatch(r"[a-z]+\d+\w*", name) and k.startswith(name))),
+                None)
     flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
     return float(flops) if flops else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tinylm.errors import TinyLMError
@@ -16,3 +17,16 @@ def figure_canvas(**figure_kwargs: Any) -> tuple[Any, Any]:
         raise TinyLMError('matplotlib is not installed, and plots need it: pip install "tinylm[plots]"') from None
     fig = Figure(dpi=120, **figure_kwargs)
     return fig, FigureCanvasAgg(fig)
+
+
+def check_png_path(out: str | Path, option: str = "--out") -> Path:
+    """`out` as a Path a PNG can be written to, checked before any work: a .png name that is not a folder, under
+    no file posing as a folder, and matplotlib installed (one-line errors naming the fix)."""
+    path = Path(out)
+    if path.suffix.lower() != ".png" or path.is_dir():
+        raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
+    ancestor = next((p for p in path.parents if p.exists()), None)  # the nearest one that exists
+    if ancestor is not None and not ancestor.is_dir():
+        raise ValueError(f"{option} {str(out)!r} lies under {ancestor}, which is a file, not a folder; pick another path")
+    figure_canvas()  # the one-line error naming the extra when matplotlib is missing
+    return path

@@ -29,12 +29,13 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
 
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.device import peak_flops_by_name
+    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
     from tinylm.train.plan import plan as make_plan
 
     check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
     if out is not None:
-        _check_png(out)  # before the tokenizer is trained or loaded, which can take a while
+        check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
     cli = fit_objects(fit_args)
     opts = trainer_options(cli, gpu=gpu.lower() != "cpu")
     max_steps = opts.get("max_steps")
@@ -54,15 +55,6 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
         if not json:  # stdout stays one JSON document
             print(f"wrote {path}")
     return result
-
-
-def _check_png(out: str) -> None:
-    """A path the picture can be written to, and matplotlib to draw it: one-line errors now, not after planning."""
-    from tinylm.plots import figure_canvas
-
-    if Path(out).suffix.lower() != ".png" or Path(out).is_dir():
-        raise ValueError(f"--out must name a .png file, got {out!r}")
-    figure_canvas()  # the one-line error naming the extra when matplotlib is missing
 
 
 def _write_plot(result: Plan, out: str, title: str) -> Path:

@@ -38,36 +38,57 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         out: PNG of the fit (default: <trainer.default_root_dir>/<run.name>-scaling-C<budget>.png); the numbers go
             to a .json beside it.
     """
+    from dataclasses import fields
+
     from tinylm.cli.fit import lightning_main
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.errors import TinyLMError
+    from tinylm.model import GPTConfig
+    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
     from tinylm.train.plan import compute_optimal
     from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
 
-    check_ranges("", {"budget": budget}, {"budget": "(0, inf)"})
+    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, inf)", "head_size": "[1, inf)"})
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
     target = tuple(predict or DEFAULT_PREDICT)
     if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
         raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got {sizes} "
                          f"and {list(target)}")
+    if len(set(sizes + [target])) < len(sizes) + 1:
+        raise ValueError(f"--sizes {[list(s) for s in sizes]} and --predict {list(target)} repeat a size; every "
+                         "rung and the predicted model must differ")
+    if out:
+        check_png_path(out)  # before hours of training, not after
     cli = fit_objects(fit_args)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
-    shape = {"vocab_size": hp.vocab_size, "block_size": hp.block_size, "bias": hp.bias, "dropout": hp.dropout,
-                 "pad_vocab_multiple": hp.pad_vocab_multiple}
+    # every architecture option of the config (positions, mlp, tied head, ...): they change N and the FLOPs
+    shape = {f.name: hp[f.name] for f in fields(GPTConfig) if f.name not in ("n_layer", "n_embd", "n_head")}
     head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes + [target]))
-    rungs = [rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget, tokens_per_step=tokens_per_step,
-                  **shape) for n_layer, n_embd in sizes + [target]]
+    rungs = []
+    for n_layer, n_embd in sizes + [target]:
+        try:
+            rungs.append(rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget,
+                              tokens_per_step=tokens_per_step, **shape))
+        except ValueError as e:  # a width the head size does not divide, an odd head size with RoPE, ...
+            raise ValueError(f"ladder model [{n_layer}, {n_embd}] with head size {head}: {e}; or pass another "
+                             "--head_size") from None
+    short = [r for r in rungs if r.max_steps < 1]
+    if short:
+        raise ValueError(f"--budget {budget:g} buys {short[0].label} less than one step of {tokens_per_step:,} "
+                         f"tokens ({short[0].flops_per_token * tokens_per_step:.3g} FLOPs); raise --budget")
     root, base = cli.run_dir.parent, cli.run_dir.name
     tag = f"C{budget:.1e}".replace("+", "")
+    names = [f"{base}-{tag}-{r.label}" for r in rungs]
+    for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
+        check_ladder_run(root / name, r, shape)
     # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
     losses = []
-    for r in rungs:
-        name = f"{base}-{tag}-{r.label}"
+    for r, name in zip(rungs, names):
         loss = final_val_loss(root / name, r.max_steps)
         if loss is None:
             lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
@@ -86,6 +107,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     except ValueError as e:  # losses that do not fall with size: the IsoFLOP optimum is the answer, not a law
         law, no_law = None, str(e)
     optimum = isoflop_optimum([r.params for r in ladder], ladder_losses)
+    # with no minimum inside, the optimum lies past the end where the loss is lower: above if it still falls
+    beyond = "below" if ladder_losses[0] < ladder_losses[-1] else "above"
     big, measured = rungs[-1], losses[-1]
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}.png"
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +118,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "tokens": r.max_steps * tokens_per_step,
                   "val_loss": loss, "fit": law(r.params) if law else None} for r, loss in zip(rungs, losses)],
         "law": {"E": law.E, "A": law.A, "alpha": law.alpha, "rmse": law.rmse} if law else {"none": no_law},
-        "isoflop_optimum": None if optimum is None else {"params": optimum[0], "val_loss": optimum[1]},
+        "isoflop_optimum": {"outside": beyond} if optimum is None else {"params": optimum[0], "val_loss": optimum[1]},
         "chinchilla_optimal_params": compute_optimal(budget)[0],
         "prediction": {"model": big.label, "params": big.params, "predicted": law(big.params) if law else None,
                        "measured": measured, "error": measured - law(big.params) if law else None},
@@ -104,6 +127,26 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
     print(format_scaling(result))
     return result
+
+
+def check_ladder_run(run_dir: Path, r, shape: dict) -> None:
+    """Refuse a run folder of this rung's name that holds another model or budget (another --head_size, another
+    budget with the same rounded tag, other model options): its loss would be reported as this rung's, or its
+    checkpoint resumed as this rung."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return
+    saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    model, trainer = saved.get("model") or {}, saved.get("trainer") or {}
+    want = {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd, "model.n_head": r.n_head,
+            "trainer.max_steps": r.max_steps} | {f"model.{k}": v for k, v in shape.items() if k in model}
+    have = {k: (model if k.startswith("model.") else trainer).get(k.split(".", 1)[1]) for k in want}
+    diff = [f"{k} {have[k]!r} (this ladder: {want[k]!r})" for k in want if have[k] != want[k]]
+    if diff:
+        raise ValueError(f"{run_dir} holds a run of another ladder: {', '.join(diff)}; pass another --run.name "
+                         "for this ladder, or move that folder away")
 
 
 def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
@@ -131,8 +174,10 @@ def format_scaling(r: dict) -> str:
                  f" (rmse {law['rmse']:.4f} nats)")
     opt = r["isoflop_optimum"]
     lines.append("compute-optimal size for this budget: " + (
-        f"{opt['params']:,.0f} parameters (IsoFLOP parabola minimum, val/loss {opt['val_loss']:.4f})" if opt else
-        "beyond the ladder's range (the loss still falls at its largest model)")
+        f"{opt['params']:,.0f} parameters (IsoFLOP parabola minimum, val/loss {opt['val_loss']:.4f})"
+        if "params" in opt else
+        "above the ladder's range (the loss still falls at its largest model)" if opt["outside"] == "above" else
+        "below the ladder's range (the loss already rises from its smallest model)")
         + f"; Chinchilla's 20 tokens/param says {r['chinchilla_optimal_params']:,.0f}")
     p = r["prediction"]
     lines.append(f"prediction for {p['model']} ({p['params']:,} parameters): {p['predicted']:.4f}; measured "

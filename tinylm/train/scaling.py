@@ -39,7 +39,7 @@ def rung(*, n_layer: int, n_embd: int, head_size: int, budget: float, tokens_per
     with torch.device("meta"):
         model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head_size, **shape))
     per_token = model.flops_per_token()
-    steps = max(1, round(budget / (per_token * tokens_per_step)))
+    steps = round(budget / (per_token * tokens_per_step))  # 0 when the budget buys no step: the caller refuses it
     return Rung(n_layer, n_embd, n_embd // head_size, model.num_params(), per_token, steps)
 
 
