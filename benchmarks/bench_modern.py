@@ -145,6 +145,34 @@ def bench_ops(threads: int, repeats: int = 400) -> None:
                 times[fn].append(time.perf_counter() - t0)
         a, b = (statistics.median(times[fn][repeats // 10 :]) * 1e6 for fn in (fused, plain))
         print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}× |")
+    optimizer_steps(repeats // 4)
+
+
+def optimizer_steps(repeats: int) -> None:
+    """What one optimizer step costs on the recipe's model: Muon (hidden matrices) + AdamW (the rest) against AdamW
+    on everything, beside the forward + backward of a batch of 12 x 64 tokens; interleaved, median milliseconds."""
+    from tinylm.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, bias=False, vocab_size=65, block_size=64, **MODERN))
+    x = torch.randint(0, 65, (12, 65))
+    settings = {"lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.99), "muon_lr": 0.02, "muon_momentum": 0.95,
+                "muon_weight_decay": 0.0, "fused": False}
+    optimizers = {name: build_optimizer(model, optimizer=name, **settings) for name in ("adamw", "muon")}
+    times = {"forward + backward": [], "adamw": [], "muon": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = model(x[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 65), x[:, 1:].reshape(-1)).backward()
+        times["forward + backward"].append(time.perf_counter() - t0)
+        for name, opt in optimizers.items():  # the same gradients for both: step() does not clear them
+            t0 = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+    ms = {k: statistics.median(v[repeats // 10 :]) * 1e3 for k, v in times.items()}
+    print(f"\nmodern model, batch 12 x 64: forward + backward {ms['forward + backward']:.1f} ms; optimizer step: AdamW "
+          f"{ms['adamw']:.2f} ms, Muon + AdamW {ms['muon']:.2f} ms (+{ms['muon'] - ms['adamw']:.2f} ms)")
 
 
 def first_reaching(val: list[tuple[int, float, float]], target: float) -> int | None:
