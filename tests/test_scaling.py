@@ -101,6 +101,9 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
     assert "do not fall with model size" in result["law"]["none"] and "no law over the first 3" in out
     assert result["prediction"]["measured"] == 2.1 and "compute-optimal size for this budget" in out
     assert (cfg.parent / "u.png").stat().st_size > 10_000
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+          json.dumps(sizes[3]), "--head_size", "8"])  # the default name tells ladders apart: none overwrites another
+    assert (cfg.parent / "runs" / "tiny-scaling-C1.0e08-L1-d8_L1-d16_L2-d16_L1-d24.json").is_file()
 
 
 def test_scaling_refuses_a_folder_of_another_ladder(run_config):
@@ -143,3 +146,22 @@ def test_scaling_counts_the_configs_architecture():
     modern = rung(n_layer=1, n_embd=16, head_size=8, budget=1e10, tokens_per_step=64, **SHAPE,
                   positions="rope", tie_embeddings=False)
     assert modern.params == plain.params - 16 * 16 + 65 * 16  # no position table (block 16), an LM head of its own
+
+
+@pytest.mark.parametrize("losses, side", [([1.9, 2.3, 2.4, 2.5], "below"), ([2.4, 2.2, 2.1, 2.05], "above")])
+def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses, side):
+    """Catches "beyond the ladder (the loss still falls)" printed for losses that rise from the smallest model."""
+    from tinylm.cli.fit_config import fit_objects
+
+    cfg = run_config()
+    cli = fit_objects(["--config", str(cfg)])
+    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
+    for (n_layer, n_embd), loss in zip(sizes, losses):
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
+        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+          json.dumps(sizes[3]), "--head_size", "8", "--out", "s.png"])
+    assert f"{side} the ladder's range" in capsys.readouterr().out

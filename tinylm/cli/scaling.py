@@ -35,8 +35,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         predict: [n_layer, n_embd] of the larger model to predict and then train (default [1,24]).
         head_size: Channels per attention head; n_head = n_embd / head_size (default: the largest that divides
             the config's head size and every width, 4 for the defaults).
-        out: PNG of the fit (default: <trainer.default_root_dir>/<run.name>-scaling-C<budget>.png); the numbers go
-            to a .json beside it.
+        out: PNG of the fit (default: <trainer.default_root_dir>/<run.name>-scaling-C<budget>-<every model>.png,
+            e.g. ...-scaling-C2.0e12-L1-d8_L1-d12_L1-d16_L1-d20_L1-d24.png: another ladder does not overwrite it);
+            the numbers go to a .json beside it.
     """
     from dataclasses import fields
 
@@ -110,7 +111,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     # with no minimum inside, the optimum lies past the end where the loss is lower: above if it still falls
     beyond = "below" if ladder_losses[0] < ladder_losses[-1] else "above"
     big, measured = rungs[-1], losses[-1]
-    out_path = Path(out) if out else root / f"{base}-scaling-{tag}.png"
+    out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
     result = {
