@@ -10,7 +10,7 @@ Reported per variant: parameters, final val/loss and val/bpb (the same fixed val
 `--eval_every` steps), median step time (forward, backward, clip, optimizer step) and its ratio to the baseline, and
 the first evaluated step at which val/loss <= the baseline's final val/loss.
 
-    python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, ~15-25 min on 2 cores
+    python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, every variant: ~28 min (1 thread)
     python benchmarks/bench_modern.py --steps 500 --variants baseline,modern+muon --out /tmp/modern
     python benchmarks/bench_modern.py --ops        # the one-node layers (layers.py) vs their plain autograd formulas
 """
