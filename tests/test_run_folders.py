@@ -359,3 +359,14 @@ def test_a_diverged_checkpoint_is_refused_by_generate(config, tmp_path, capsys):
     ckpt["state_dict"] = {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
     torch.save(ckpt, tmp_path / "nan.ckpt")
     assert "non-finite" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path / "nan.ckpt"), "--prompt", "A"])
+
+
+def test_a_run_refused_before_writing_anything_leaves_no_folder(config, tmp_path, capsys):
+    """Catches a config error (here an odd RoPE head size, found when the model is built) leaving an empty run
+    folder holding only its lock file; a run that wrote something keeps its folder."""
+    line = _error_line(capsys, ["fit", "--config", str(config), "--model.positions", "rope", "--model.n_head", "4",
+                                "--model.n_embd", "12"])
+    assert "must be even" in line
+    assert not (tmp_path / "runs" / "tiny").exists()
+    main(["fit", "--config", str(config)])
+    assert (tmp_path / "runs" / "tiny" / "config.yaml").is_file() and (tmp_path / "runs" / "tiny" / ".lock").exists()

@@ -12,6 +12,7 @@ A fresh `fit` refuses a folder that already holds a run: continue it with `--ckp
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import inspect
 import logging
@@ -113,8 +114,18 @@ def _rank_zero() -> bool:
 
 
 def release_run_folders() -> None:
+    """Release this process's run-folder locks; a folder left holding nothing but its lock (the run failed before
+    writing anything, e.g. a config error) is removed, so a typo leaves no empty run behind."""
     while _LOCKS:
-        _LOCKS.popitem()[1].close()  # closing the file releases its flock
+        key, f = _LOCKS.popitem()
+        folder = Path(key)
+        empty = folder.is_dir() and [p.name for p in folder.iterdir()] == [".lock"]
+        if empty:
+            (folder / ".lock").unlink()  # while still locked: no other process holds this file
+        f.close()  # closing the file releases its flock
+        if empty:
+            with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
+                folder.rmdir()
 
 
 def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
