@@ -13,6 +13,20 @@ from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
 SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 
 
+def _finished_runs(cfg, sizes, loss_of) -> None:
+    """Ladder runs of the tiny config as if finished: a val/loss at their last step (budget 1e8, head size 8);
+    loss_of(rung, i) gives each one's loss."""
+    from tinylm.cli.fit_config import fit_objects
+
+    cli = fit_objects(["--config", str(cfg)])
+    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
+    for i, (n_layer, n_embd) in enumerate(sizes):
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
+        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss_of(r, i)}\n")
+
+
 def test_rung_spends_the_budget():
     """max_steps x tokens per step x FLOPs per token is the budget (to rounding): a ladder that is not
     compute-matched compares models trained on different compute and its fit means nothing."""
@@ -49,18 +63,9 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     trained as an ordinary run in its own folder (without the config's text samples, and with the default head
     size: the largest dividing the config's 16 and every width), and the law fitted over the ladder's logged losses
     comes out."""
-    from tinylm.cli.fit_config import fit_objects
-
     cfg = run_config(samples={"every_n_steps": 1})
-    cli = fit_objects(["--config", str(cfg)])
-    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16]]
-    for n_layer, n_embd in sizes:  # finished runs: a val/loss at their last step, from L = 1.5 + 30 N^-0.5
-        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
-        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
-        folder.mkdir(parents=True)
-        loss = 1.5 + 30 * r.params**-0.5
-        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)  # losses from L = 1.5 + 30 N^-0.5
     args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
             "--out", "fit.png"]
     main(args)
@@ -83,17 +88,9 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
     """Losses that rise with size (a budget past the ladder's optimal size, as happens on small data) give no
     power law, but the command still prints the table and the measured larger model instead of failing after
     hours of training; every run here is finished, so nothing trains."""
-    from tinylm.cli.fit_config import fit_objects
-
     cfg = run_config()
-    cli = fit_objects(["--config", str(cfg)])
-    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
-    for (n_layer, n_embd), loss in zip(sizes, [1.9, 1.93, 2.0, 2.1]):  # rising: the optimum is below the ladder
-        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
-        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
-        folder.mkdir(parents=True)
-        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    _finished_runs(cfg, sizes, lambda _, i: [1.9, 1.93, 2.0, 2.1][i])  # rising: the optimum is below the ladder
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8", "--out", "u.png"])
     out = capsys.readouterr().out
@@ -151,17 +148,9 @@ def test_scaling_counts_the_configs_architecture():
 @pytest.mark.parametrize("losses, side", [([1.9, 2.3, 2.4, 2.5], "below"), ([2.4, 2.2, 2.1, 2.05], "above")])
 def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses, side):
     """Catches "beyond the ladder (the loss still falls)" printed for losses that rise from the smallest model."""
-    from tinylm.cli.fit_config import fit_objects
-
     cfg = run_config()
-    cli = fit_objects(["--config", str(cfg)])
-    shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
-    for (n_layer, n_embd), loss in zip(sizes, losses):
-        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
-        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
-        folder.mkdir(parents=True)
-        (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss}\n")
+    _finished_runs(cfg, sizes, lambda _, i: losses[i])
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8", "--out", "s.png"])
     assert f"{side} the ladder's range" in capsys.readouterr().out
