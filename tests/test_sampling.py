@@ -1,5 +1,7 @@
 """Decoding: logits processors by hand, each strategy against its definition, stopping, and bad arguments."""
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -210,7 +212,7 @@ def test_repetition_penalty_lowers_repeated_ngrams():
 
     def repeated_bigrams(penalty: float) -> int:
         out = generate(model, PROMPTS, strategy="greedy", max_new_tokens=40, repetition_penalty=penalty)
-        return sum(len(o) - 1 - len(set(zip(o, o[1:]))) for o in out)
+        return sum(len(o) - 1 - len(set(itertools.pairwise(o))) for o in out)
 
     plain = repeated_bigrams(1.0)
     assert plain > 10  # guard: without the penalty the model does repeat

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -20,7 +21,7 @@ def test_warmup_cosine_known_values():
 def test_warmup_cosine_is_monotone_after_warmup():
     """Catches a schedule that rises again (a sign flip in the cosine) after the peak."""
     values = [warmup_cosine(s, **KW) for s in range(10, 120)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
     assert values[0] > values[-1]
 
 

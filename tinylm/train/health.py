@@ -21,6 +21,7 @@ checked before a checkpoint is written and at the end of training.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -261,7 +262,7 @@ class HealthMonitor(L.Callback):
         if len(self._val) <= k:
             return
         recent = self._val[-(k + 1) :]
-        val_rising = all(b[0] > a[0] for a, b in zip(recent, recent[1:]))
+        val_rising = all(b[0] > a[0] for a, b in itertools.pairwise(recent))
         train_falling = recent[-1][1] < recent[0][1]
         if val_rising and train_falling:
             self._alert(
