@@ -109,3 +109,31 @@ def test_bad_optimizer_options_raise(bad, match):
     """Catches a typo'd optimizer silently training with AdamW, or a Muon lr/momentum that diverges."""
     with pytest.raises(ValueError, match=match):
         TinyLM(**(TINY | bad))
+
+
+@pytest.mark.parametrize("nesterov, weight_decay, adjust", [(True, 0.0, "original"), (False, 0.1, "match_rms_adamw")])
+def test_batched_muon_step_equals_torch_muon(nesterov, weight_decay, adjust):
+    """Catches the batched Newton–Schulz step (`muon_step`) drifting from torch.optim.Muon's own step: a tall
+    matrix not transposed back, one matrix's norm used for its whole batch, the lr scaled by the wrong shape,
+    momentum or decay applied differently. Square, wide and tall matrices, two of each shape, three steps."""
+    from tinylm.train.optim import muon_step
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(32, 32), (96, 32), (32, 128), (128, 32)] * 2
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    start = [p.detach().clone() for p in ours]
+    settings = {"lr": 0.02, "momentum": 0.95, "nesterov": nesterov, "weight_decay": weight_decay,
+                "adjust_lr_fn": adjust}
+    opt_ours, opt_ref = torch.optim.Muon(ours, **settings), torch.optim.Muon(ref, **settings)
+    for _ in range(3):
+        for a, b in zip(ours, ref):
+            a.grad = torch.randn(a.shape, generator=g)
+            b.grad = a.grad.clone()
+        muon_step(opt_ours)
+        opt_ref.step()
+    for a, b, a0 in zip(ours, ref, start):
+        assert (a - a0).abs().max() > 1e-2  # it moved
+        assert (a - b).abs().max() <= 1e-5  # bf16 matmuls: allow an ulp somewhere
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(opt_ours.state[a]["momentum_buffer"], opt_ref.state[b]["momentum_buffer"])
