@@ -12,6 +12,7 @@ the first evaluated step at which val/loss <= the baseline's final val/loss.
 
     python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, every variant: ~28 min (1 thread)
     python benchmarks/bench_modern.py --steps 500 --variants baseline,modern+muon --out /tmp/modern
+    python benchmarks/bench_modern.py --data ../shared/data --compile --variants baseline,modern,modern+muon --out /tmp/c
     python benchmarks/bench_modern.py --ops        # the one-node layers (layers.py) vs their plain autograd formulas
 """
 
@@ -64,11 +65,12 @@ VARIANTS = {
 class Run:
     """One variant: its model, optimizer, clock and validation curve."""
 
-    def __init__(self, name: str, recipe: dict, dm, steps: int) -> None:
+    def __init__(self, name: str, recipe: dict, dm, steps: int, compile_model: bool = False) -> None:
         self.name = name
         module = make_module(recipe, dm, **VARIANTS[name])
         hp = module.hparams
         self.model = module.model.train()
+        self.forward = torch.compile(self.model) if compile_model else self.model  # evaluation runs eager
         self.optimizer = build_optimizer(self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay,
                                          betas=(hp.beta1, hp.beta2), muon_lr=hp.muon_lr,
                                          muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
@@ -85,7 +87,7 @@ class Run:
         t0 = time.perf_counter()
         for group, peak in zip(self.optimizer.param_groups, self.peaks):
             group["lr"] = peak * self.factor[i]  # what the LambdaLR in TinyLM sets: the factor times each peak
-        logits = self.model(x)
+        logits = self.forward(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
@@ -206,6 +208,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modern")
     ap.add_argument("--plot", type=Path, nargs="+", help="only draw these results.json files side by side into "
                     "--out/modern.png (e.g. a long run of a few variants beside a short one of every option)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile every variant's model (model.compile_model: "
+                    "true), as the speedruns train; the first steps then include compiling")
     ap.add_argument("--ops", action="store_true", help="only time the one-node layers against the plain formulas")
     args = ap.parse_args()
     if args.ops:
@@ -229,7 +233,7 @@ def main() -> None:
             batches += list(itertools.islice(loader, steps - len(batches)))
         val_batches = list(dm.val_dataloader())[: args.val_batches]
         token_bytes = torch.tensor(dm.tokenizer.token_byte_lengths(), dtype=torch.float64)
-    runs = [Run(n, recipe, dm, steps) for n in names]
+    runs = [Run(n, recipe, dm, steps, args.compile) for n in names]
     print(machine_line(), flush=True)
     for i, (x, y) in enumerate(batches):
         for run in runs:  # interleaved: every variant takes step i before any takes step i + 1
@@ -257,10 +261,10 @@ def report(runs: list[Run], steps: int, args, recipe: dict) -> None:
                          "steps_ratio": None if reach is None else reach / steps,
                          "param_ratio": r.params / base.params, "curve": r.val})
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": machine_line(), "steps": steps, "eval_every": args.eval_every, "val_batches": args.val_batches,
+    meta = {"machine": machine_line(), "steps": steps, "compile": args.compile, "eval_every": args.eval_every, "val_batches": args.val_batches,
                 "config": str(args.config), "recipe_model": recipe["model"], "batch_size": recipe["data"]["batch_size"]}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\n{meta['machine']}; {steps} steps; target = baseline final val/loss {target:.4f}\n")
+    print(f"\n{meta['machine']}; {steps} steps{', compiled' if args.compile else ''}; target = baseline final val/loss {target:.4f}\n")
     print("| variant | params | val/loss | val/bpb | Δ loss vs baseline | step ms | step × | reaches baseline at |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
