@@ -58,6 +58,7 @@ VARIANTS = {
     "softcap": {"logit_softcap": 15.0},
     "zero_init": {"zero_init_proj": True},
     "modern": MODERN,
+    "muon": {"optimizer": "muon"},  # nanoGPT's architecture, Muon for its hidden matrices
     "modern+muon": {**MODERN, "optimizer": "muon"},
 }
 
