@@ -292,8 +292,9 @@ def plot(panels: list[tuple[list[dict], int]], path: Path) -> None:
         target = rows[0]["val_loss"]  # the first variant is the baseline
         for row in rows:
             steps, losses = zip(*[(s, v) for s, v, _ in row["curve"]])
-            bold = row["variant"] in ("baseline", "modern", "modern+muon")
-            color = {"baseline": "black", "modern": "tab:blue", "modern+muon": "tab:red"}.get(row["variant"])
+            bold = row["variant"] in ("baseline", "modern", "muon", "modern+muon")
+            color = {"baseline": "black", "modern": "tab:blue", "muon": "darkgoldenrod",
+                     "modern+muon": "tab:red"}.get(row["variant"])
             ax.plot(steps, losses, label=row["variant"], color=color, linewidth=2.2 if bold else 0.9,
                     alpha=1.0 if bold else 0.8)
         ax.axhline(target, color="grey", linestyle=":", linewidth=1, label="baseline final")

@@ -87,8 +87,9 @@ class TinyLM(L.LightningModule):
         zero_init_proj: Start every residual branch's output projection at zero, so each block begins as the
             identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer)).
         optimizer: ``adamw`` (every parameter) or ``muon``: torch.optim.Muon (torch >= 2.9) for the 2-D matrices
-            inside the blocks at ``muon_lr``; AdamW at ``lr`` for embeddings, LM head, norms and biases. Both follow
-            the LR schedule (the same warmup/decay factor times their own peak).
+            inside the blocks at ``muon_lr`` (its maths and state, stepped with same-shape matrices batched);
+            AdamW at ``lr`` for embeddings, LM head, norms and biases. Both follow the LR schedule (the same
+            warmup/decay factor times their own peak).
         muon_lr: Muon's peak learning rate. 0.02 as Keller Jordan's Muon reference and nanochat's ``matrix_lr``
             (modded-nanogpt's record runs use 0.05 at a much larger batch).
         muon_momentum: Muon's (Nesterov) momentum; 0.95 in modded-nanogpt and nanochat.
