@@ -383,3 +383,27 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
         TinyLM(vocab_size=2, block_size=16, init_from=str(_write_checkpoint(
             tmp_path / "m.ckpt", build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU", "v"]),
             bias=False, pad_vocab_multiple=1)))
+
+
+def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_config, tmp_path):
+    """Catches a resume (or `tinylm validate`) of a fine-tuning run reading model.init_from again: with the source
+    moved it failed ('not found'); with another model written there it silently trained a different architecture
+    (rope_theta) on the checkpoint's weights. The checkpoint alone must do."""
+    import shutil
+
+    from tinylm.checkpoint import load_checkpoint
+    from tinylm.cli import main
+
+    rope = {"positions": "rope", "rope_theta": 10000.0}
+    main(["fit", "--config", str(run_config(run={"name": "source"}, model=rope))])
+    source = tmp_path / "source.ckpt"
+    shutil.copy(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt", source)
+    config = run_config(run={"name": "finetune"}, model={"init_from": str(source)})
+    main(["fit", "--config", str(config)])
+    last = tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["hyper_parameters"]["rope_theta"] == 10000.0
+    source.unlink()
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    main(["validate", "--config", str(config), "--ckpt_path", str(last)])
+    hp = load_checkpoint(last)["hyper_parameters"]
+    assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 4

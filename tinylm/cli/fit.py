@@ -271,6 +271,10 @@ class TinyLMCLI(LightningCLI):
                         "(to change them, start a new run)", ckpt_path, ", ".join(ignored))
         for key in linked:
             saved.pop(key, None)
+        if saved.get("init_from") is not None:  # the checkpoint holds the weights, and the shape they gave
+            log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
+                     ckpt_path, saved["init_from"])
+            saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
         self.config = self.parser.parse_object({sub: {"model": saved}}, self.config)
 
     # ---- the trainer -------------------------------------------------------------------------------------------
