@@ -99,6 +99,17 @@ def test_memory_estimate_matches_measured_peak(ckpt):
     assert abs(est / measured - 1) < 0.15, (est, measured)
 
 
+def test_plan_of_a_rope_model_without_a_position_table(run_config, capsys):
+    """Catches `tinylm plan` assuming a learned position table: every RoPE config (the shipped *-modern.yaml)
+    crashed with an AttributeError on `wpe`; its non-embedding count leaves out the token table alone."""
+    model = _gpt(positions="rope")
+    p = plan(model, batch_size=1, accumulate=1, devices=1, max_steps=1, precision="32-true", gpu="cpu", mfu=0.5,
+             peak_flops=None)
+    assert p.params - p.non_embedding_params == 64 * 64
+    main(["plan", "--config", str(run_config(model={"positions": "rope", "norm": "rmsnorm"})), "--json"])
+    assert json.loads(capsys.readouterr().out)["params"] > 0
+
+
 def test_plan_command_json_and_overrides(run_config, capsys):
     """`tinylm plan` reads a fit config as fit does (overrides included) and prints JSON with --json: a plan of
     another model than the one fit would train would be worse than none."""

@@ -121,7 +121,7 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     """
     c = model.config
     n = model.num_params()
-    embeddings = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
+    embeddings = model.transformer.wte.weight.numel() + n - model.num_params(exclude_position=True)  # + wpe, if any
     per_token = model.flops_per_token()
     tokens_per_step = batch_size * accumulate * devices * c.block_size
     tokens = tokens_per_step * max_steps
