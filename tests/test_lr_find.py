@@ -54,6 +54,35 @@ def test_lr_find_command(run_config, capsys):
     assert not list(cfg.parent.glob("**/.lr_find_*.ckpt"))  # Lightning's restore file is gone
 
 
+def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
+    """Catches the range test sweeping Muon at AdamW's LR (Lightning sets every parameter group to the same LR):
+    at every step of the sweep Muon's LR must be muon_lr / lr times AdamW's, and the output must say so."""
+    import lightning as L
+
+    from tinylm.cli.fit_config import fit_objects
+    from tinylm.train.lr_find import lr_find
+
+    cfg = run_config(model={"optimizer": "muon", "lr": 1e-3, "muon_lr": 0.02})
+    cli = fit_objects(["--config", str(cfg)])
+    seen, model = [], cli.model
+    step = model.optimizer_step  # the LightningModule hook that steps the optimizer, after tinylm's hooks
+
+    def record(epoch, batch_idx, optimizer, optimizer_closure=None):
+        step(epoch, batch_idx, optimizer, optimizer_closure)  # runs the closure (hooks) and the step
+        seen.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[-1]["lr"]))
+
+    model.optimizer_step = record
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=8, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        default_root_dir=str(cfg.parent))
+    lr_find(trainer, model, cli.datamodule, params=1, min_lr=1e-5, max_lr=1e-1, num_training=8)
+    assert len(seen) == 8 and seen[-1][0] > 100 * seen[0][0]  # the sweep ran
+    assert all(muon == pytest.approx(20 * adamw) for adamw, muon in seen)
+    assert model.muon_lr_ratio is None  # a fit after the test is not tied
+    main(["lr-find", "--config", str(cfg), "--num_training", "6", "--out", "lr.png"])
+    assert "swept model.lr with muon_lr at 20x it" in capsys.readouterr().out
+
+
 def test_steepest_descent_is_per_decade():
     """On an exponential sweep whose loss falls fastest (per decade) at 1e-3, the suggestion is 1e-3; the slope
     against the LR itself (Lightning's suggestion) lands on the first points, where the LRs are packed together."""

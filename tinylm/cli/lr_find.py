@@ -49,5 +49,9 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     print(f"steepest descent (per decade of LR): {said}")
     print(f"rule of thumb 6e-4·(124M/N)^0.5:      {result.rule_of_thumb:.2e}")
     print(f"this config's model.lr:                {cli.model.hparams.lr:.2e}")
+    if cli.model.hparams.optimizer == "muon":
+        ratio = cli.model.hparams.muon_lr / cli.model.hparams.lr
+        print(f"model.optimizer muon: swept model.lr with muon_lr at {ratio:g}x it (this config's ratio); for a "
+              f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L")
     print(f"wrote {path} and {path.with_suffix('.json')}")
     return summary

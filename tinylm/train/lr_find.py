@@ -46,11 +46,23 @@ class LRFind:
 def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, *, params: int,
             min_lr: float, max_lr: float, num_training: int) -> LRFind:
     """Run the range test from ``min_lr`` to ``max_lr`` over ``num_training`` optimizer steps; the module's weights
-    and the trainer are as they were afterwards (Lightning saves and restores a checkpoint around it)."""
+    and the trainer are as they were afterwards (Lightning saves and restores a checkpoint around it).
+
+    Lightning's range test sets every parameter group to the same LR, so with model.optimizer muon Muon would be
+    swept at AdamW's LRs (50x below its own at the defaults) and the suggestion would mix the two optimizers. Here
+    TinyLM's `muon_lr_ratio` keeps Muon's LR at muon_lr / lr times AdamW's at every step (as the schedule does in
+    a run): the sweep is over model.lr with muon_lr moving with it. (A Lightning callback cannot do it: the range
+    test runs with its own callback only.)"""
     from lightning.pytorch.tuner import Tuner
 
-    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
-                                    num_training=num_training, update_attr=False)
+    hp = module.hparams
+    if hp.get("optimizer") == "muon":
+        module.muon_lr_ratio = hp.muon_lr / hp.lr
+    try:
+        finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
+                                        num_training=num_training, update_attr=False)
+    finally:
+        module.muon_lr_ratio = None
     points = [(lr, loss) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
               if math.isfinite(loss)]
     lrs, losses = [p[0] for p in points], [p[1] for p in points]

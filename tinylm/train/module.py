@@ -169,6 +169,7 @@ class TinyLM(L.LightningModule):
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
                              f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
+        self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.train.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         if init_from is not None:
             architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
@@ -310,6 +311,13 @@ class TinyLM(L.LightningModule):
         # stepped once per optimizer step, so last_epoch == global_step
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self._lr_at(step) / hp.lr)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.train.lr_find says why)
+            adamw_lr = optimizer.param_groups[0]["lr"]
+            for group in optimizer.param_groups:
+                if group.get("optimizer") == "muon":
+                    group["lr"] = adamw_lr * self.muon_lr_ratio
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
