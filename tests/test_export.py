@@ -407,3 +407,26 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     main(["validate", "--config", str(config), "--ckpt_path", str(last)])
     hp = load_checkpoint(last)["hyper_parameters"]
     assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 4
+
+
+def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_path, small_data, char_tokenizer):
+    """Catches a re-export leaving the earlier export's files behind (a BPE export's vocab.json and merges.txt beside
+    a char model's tokenizer: two tokenizers in one folder), and an export writing into a folder of the user's
+    (a downloaded model, notes), which would mix or overwrite their files."""
+    first = _write_checkpoint(tmp_path / "a.ckpt", _tokenizers(small_data)["bpe"](), bias=False,
+                              pad_vocab_multiple=1)
+    out = export_hf(first, tmp_path / "hf")
+    assert (out / "merges.txt").is_file()
+    second = _write_checkpoint(tmp_path / "b.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    export_hf(second, out)
+    assert not (out / "merges.txt").exists() and not (out / "vocab.json").exists()
+    assert Tokenizer.load(out / "tinylm_tokenizer").fingerprint == char_tokenizer.fingerprint
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.export")]  # no temporary folder left
+    (out / "notes.md").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds files that are not a tinylm export \(notes.md\); pass a new"):
+        export_hf(second, out)
+    assert (out / "notes.md").read_text() == "mine" and (out / "config.json").is_file()
+    (out / "notes.md").unlink()
+    (out / "config.json").write_text('{"model_type": "gpt2"}')  # a downloaded model, not tinylm's
+    with pytest.raises(FileExistsError, match=r"config.json \(not a tinylm export's\)"):
+        export_hf(second, out)

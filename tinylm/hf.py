@@ -18,8 +18,11 @@ The tokenizer is written as a Hugging Face fast tokenizer (`tokenizer.json`) for
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
+import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,11 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
+# what an export folder holds (transformers' model and tokenizer files, sharded weights included): a folder holding
+# only these is an earlier export, which export_hf replaces whole; anything else there is the user's and stops it
+EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", "pytorch_model*.bin*",
+                "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                "chat_template*", TINYLM_TOKENIZER_DIR)
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
@@ -124,14 +132,48 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
 
     Args:
         ckpt_path: a `.ckpt` written by `tinylm fit`.
-        out_dir: directory to write (created; files of an earlier export there are overwritten): config.json,
-            generation_config.json, model.safetensors, the Hugging Face tokenizer files and `tinylm_tokenizer/`.
+        out_dir: directory to write: config.json, generation_config.json, model.safetensors, the Hugging Face
+            tokenizer files and `tinylm_tokenizer/`. An earlier export there is replaced whole (no file of it
+            left behind to mix with this one); a folder holding anything else is refused.
         dtype: dtype of the saved weights: torch.float32 (exact), torch.bfloat16 or torch.float16 (or their names).
     """
     dtype = _dtype(dtype)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
+    foreign = _not_an_export(out) if out.is_dir() else []
+    if foreign:
+        raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); pass a new or empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"  # written whole, then swapped in: no half export
+    try:
+        _write_export(ckpt_path, tmp, dtype)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported %s to %s", ckpt_path, out)
+    return out
+
+
+def _not_an_export(folder: Path) -> list[str]:
+    """What in `folder` an earlier `export_hf` did not write: names outside EXPORT_FILES, and a config.json without
+    tinylm's own section (GPT-2 and Llama exports both have one). Empty for an empty folder or an earlier export."""
+    names = sorted(p.name for p in folder.iterdir())
+    foreign = [n for n in names if not any(fnmatch.fnmatch(n, f) for f in EXPORT_FILES)]
+    if names and not foreign:
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None
+        if not (isinstance(config, dict) and "tinylm" in config):
+            foreign = ["config.json (not a tinylm export's)" if config is not None else "no tinylm config.json"]
+    return foreign
+
+
+def _write_export(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
     model, tokenizer, _ = load_model(ckpt_path)
     c = model.config
     family = hf_family(c)
@@ -158,8 +200,6 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     else:
         save_hf_tokenizer(tokenizer, out, model_max_length=c.block_size)
         tokenizer.save(out / TINYLM_TOKENIZER_DIR)
-    log.info("exported %s to %s", ckpt_path, out)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer
