@@ -153,9 +153,10 @@ def bench_ops(threads: int, repeats: int = 400) -> None:
 
 def optimizer_steps(repeats: int) -> None:
     """What one optimizer step costs on the recipe's model: AdamW on everything; Muon (hidden matrices) + AdamW (the
-    rest) as torch.optim.Muon.step() computes it, one matrix at a time; and as tinylm steps it (`muon_step`: the
-    Newton–Schulz iterations of same-shape matrices batched), beside the forward + backward of a batch of 12 x 64
-    tokens; interleaved, median milliseconds."""
+    rest) as torch.optim.Muon.step() computes it, one matrix at a time; as tinylm steps it (`muon_step`: the
+    Newton–Schulz iterations of same-shape matrices batched), with the same maths as torch's and with c_attn's q, k
+    and v orthogonalised apart (as tinylm trains); beside the forward + backward of a batch of 12 x 64 tokens;
+    interleaved, median milliseconds."""
     from tinylm.model import GPT, GPTConfig
     from tinylm.train.optim import MuonAdamW
 
@@ -168,11 +169,19 @@ def optimizer_steps(repeats: int) -> None:
     muon = build_optimizer(model, optimizer="muon", **settings)
     assert isinstance(muon, MuonAdamW)
 
+    splits = muon.splits
+
     def torch_muon() -> None:
         muon.adamw.step()
         muon.muon.step()
 
-    steps = {"adamw": adamw.step, "torch.optim.Muon + AdamW": torch_muon, "tinylm Muon + AdamW": muon.step}
+    def tinylm_muon(split: bool) -> None:  # the same maths as torch's step, or with q, k, v apart (as trained)
+        muon.splits = splits if split else {}
+        muon.step()
+
+    steps = {"adamw": adamw.step, "torch.optim.Muon + AdamW": torch_muon,
+             "tinylm Muon + AdamW": lambda: tinylm_muon(False),
+             "tinylm Muon + AdamW, q/k/v apart": lambda: tinylm_muon(True)}
     times = {"forward + backward": [], **{name: [] for name in steps}}
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -47,6 +47,7 @@ def test_muon_gets_the_hidden_matrices_and_adamw_the_rest(tie):
     assert sorted(names[i] for i in muon) == sorted(
         n for n in names.values() if n.startswith("transformer.h.") and n.endswith("weight") and "ln_" not in n)
     assert len(muon) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per layer
+    assert {names[i]: n for i, n in opt.splits.items()} == {f"transformer.h.{i}.attn.c_attn.weight": 3 for i in (0, 1)}
     assert "transformer.wte.weight" in {names[i] for i in adamw}
     assert ("lm_head.weight" in {names[i] for i in adamw}) == (not tie)
     assert not muon & adamw and muon | adamw == set(names)
@@ -137,3 +138,22 @@ def test_batched_muon_step_equals_torch_muon(nesterov, weight_decay, adjust):
         assert (a - b).abs().max() <= 1e-5  # bf16 matmuls: allow an ulp somewhere
     for a, b in zip(ours, ref):
         torch.testing.assert_close(opt_ours.state[a]["momentum_buffer"], opt_ref.state[b]["momentum_buffer"])
+
+
+def test_muon_orthogonalises_q_k_and_v_of_c_attn_on_their_own():
+    """Catches c_attn's stacked q, k, v weights orthogonalised as one (3C, C) matrix (its update then couples the
+    three, and is scaled by sqrt(3)) instead of as three (C, C) matrices, as the speedruns' separate weights are:
+    the split step must equal torch.optim.Muon on three separate parameters."""
+    from tinylm.train.optim import muon_step
+
+    g = torch.Generator().manual_seed(0)
+    stacked = torch.nn.Parameter(torch.randn(96, 32, generator=g))
+    parts = [torch.nn.Parameter(t.detach().clone()) for t in stacked.detach().chunk(3)]
+    ours, ref = torch.optim.Muon([stacked], lr=0.02, weight_decay=0.1), torch.optim.Muon(parts, lr=0.02, weight_decay=0.1)
+    for _ in range(3):
+        stacked.grad = torch.randn(stacked.shape, generator=g)
+        for p, grad in zip(parts, stacked.grad.chunk(3)):
+            p.grad = grad.clone()
+        muon_step(ours, {id(stacked): 3})
+        ref.step()
+    assert (stacked.detach() - torch.cat([p.detach() for p in parts])).abs().max() <= 1e-5

@@ -53,7 +53,8 @@ class MuonAdamW(torch.optim.Optimizer):
     `group["lr"]` changes what the inner optimizer uses."""
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], *, muon: dict[str, Any],
-                 adamw: dict[str, Any]) -> None:
+                 adamw: dict[str, Any], splits: dict[int, int] | None = None) -> None:
+        self.splits = splits or {}  # muon_step's: parameters stacking several matrices
         self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
         self.muon = torch.optim.Muon(muon_groups, **muon)
         for group in self.muon.param_groups:
@@ -79,7 +80,7 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.adamw.step()
-        muon_step(self.muon)
+        muon_step(self.muon, self.splits)
         return loss
 
     def state_dict(self) -> dict[str, Any]:
@@ -120,12 +121,16 @@ def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: in
 
 
 @torch.no_grad()
-def muon_step(muon: torch.optim.Optimizer) -> None:
+def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None) -> None:
     """One step of the torch.optim.Muon `muon`, computed as its own `step()` computes it (Nesterov momentum in the
     "momentum_buffer" state, decoupled weight decay, orthogonalised update scaled per matrix shape), but with the
     Newton–Schulz iterations of all matrices of one shape batched (`newton_schulz`) and the momentum and decay as
     foreach ops. At the laptop recipe's 16 matrices of 4 shapes this halves Muon's step on CPU
-    (benchmarks/bench_modern.py --ops); tests/test_optim.py checks it against torch's step."""
+    (benchmarks/bench_modern.py --ops); tests/test_optim.py checks it against torch's step.
+
+    splits: {id(parameter): n} for parameters whose rows stack n matrices (attention's c_attn: q, k and v), each
+    then orthogonalised on its own, as the speedruns do with separate q, k and v weights."""
+    splits = splits or {}
     for group in muon.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
@@ -143,16 +148,21 @@ def muon_step(muon: torch.optim.Optimizer) -> None:
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+        # (update, parameter) pairs of matrices: a split parameter gives n of them, views of its rows
+        pieces = [pair for i, p in enumerate(params) for pair in
+                  (zip(updates[i].chunk(splits[id(p)]), p.chunk(splits[id(p)])) if id(p) in splits
+                   else [(updates[i], p)])]
         batches: dict[tuple, list[int]] = defaultdict(list)  # same shape, device and dtype: one batch
-        for i, u in enumerate(updates):
-            batches[(u.shape, u.device, u.dtype)].append(i)
+        for k, (u, _) in enumerate(pieces):
+            batches[(u.shape, u.device, u.dtype)].append(k)
         for (shape, _, _), index in batches.items():
             tall = shape[0] > shape[1]
-            stacked = torch.stack([updates[i] for i in index]).bfloat16()  # (n, rows, cols)
+            stacked = torch.stack([pieces[k][0] for k in index]).bfloat16()  # (n, rows, cols)
             ortho = newton_schulz(stacked.mT if tall else stacked, group["ns_coefficients"], group["ns_steps"],
                                   group["eps"])  # wide views of tall matrices, as torch's .T
             alpha = -lr * _muon_lr_scale(group["adjust_lr_fn"], shape)
-            torch._foreach_add_([params[i] for i in index], list((ortho.mT if tall else ortho).unbind(0)), alpha=alpha)
+            torch._foreach_add_([pieces[k][1] for k in index], list((ortho.mT if tall else ortho).unbind(0)),
+                                alpha=alpha)
 
 
 def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -173,5 +183,8 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
     # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
     muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True, "ns_steps": 5,
                 "adjust_lr_fn": "original"}
+    # c_attn stacks q, k and v: each is orthogonalised on its own, as the speedruns' separate weights are (over
+    # the laptop recipe's 2000 steps this ended 0.02-0.03 nats lower than one (3C, C) matrix; docs/benchmarks.md)
+    splits = {id(m.weight): 3 for name, m in model.named_modules() if name.endswith("attn.c_attn")}
     return MuonAdamW([{"params": hidden}], [g for g in adamw_groups if g["params"]], muon=muon,
-                     adamw={"lr": lr, "betas": betas, "fused": fused})
+                     adamw={"lr": lr, "betas": betas, "fused": fused}, splits=splits)
