@@ -87,7 +87,7 @@ class TinyLM(L.LightningModule):
         zero_init_proj: Start every residual branch's output projection at zero, so each block begins as the
             identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer)).
         optimizer: ``adamw`` (every parameter) or ``muon``: torch.optim.Muon (torch >= 2.9) for the 2-D matrices
-            inside the blocks at ``muon_lr`` (its maths and state, stepped with same-shape matrices batched);
+            inside the blocks at ``muon_lr`` (its maths and state; c_attn's q, k, v orthogonalised apart);
             AdamW at ``lr`` for embeddings, LM head, norms and biases. Both follow the LR schedule (the same
             warmup/decay factor times their own peak).
         muon_lr: Muon's peak learning rate. 0.02 as Keller Jordan's Muon reference and nanochat's ``matrix_lr``
