@@ -8,7 +8,8 @@ per optimizer step: both optimizers follow the schedule), and checkpoints (`stat
 so a resume is exact). Two optimizers in Lightning would need manual optimization and re-implementing all of that.
 
 Muon's step is `muon_step`: torch.optim.Muon's own maths on its own state, with the Newton–Schulz iterations of
-every same-shape matrix run as one batched matmul chain (torch's loops over the matrices one by one).
+every same-shape matrix run as one batched matmul chain (torch's loops over the matrices one by one), and attention's
+stacked q, k, v weight (c_attn) orthogonalised as three matrices, as the speedruns' separate weights are.
 """
 
 from __future__ import annotations
