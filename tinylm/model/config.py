@@ -13,7 +13,7 @@ MLPS = ("gelu", "swiglu", "relu2")
 CONFIG_RANGES = {
     "vocab_size": "[1, inf)", "block_size": "[1, inf)", "n_layer": "[1, inf)", "n_head": "[1, inf)",
     "n_embd": "[1, inf)", "pad_vocab_multiple": "[1, inf)", "dropout": "[0, 1)", "eos_id": "[0, vocab_size)",
-    "rope_theta": "(1, inf)", "logit_softcap": "(0, inf)",
+    "rope_theta": "(1, inf)", "logit_softcap": "[1, inf)",
 }
 """Valid values of GPTConfig's numeric fields (interval notation, see tinylm.ranges)."""
 _FLOATS = ("dropout", "rope_theta", "logit_softcap")

@@ -83,7 +83,8 @@ class TinyLM(L.LightningModule):
         mlp: ``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
             same parameters) or ``relu2`` (relu(x)², 4·n_embd wide; modded-nanogpt).
         tie_embeddings: The LM head shares the token embedding matrix (nanoGPT); false gives it its own.
-        logit_softcap: Squash logits into (-cap, cap) with cap·tanh(logits/cap) (modded-nanogpt: 15-30); null: off.
+        logit_softcap: Squash logits into (-cap, cap) with cap·tanh(logits/cap), cap >= 1 (modded-nanogpt: 15-30);
+            null: off.
         zero_init_proj: Start every residual branch's output projection at zero, so each block begins as the
             identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer)).
         optimizer: ``adamw`` (every parameter) or ``muon``: torch.optim.Muon (torch >= 2.9) for the 2-D matrices
