@@ -379,6 +379,7 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()  # the data preparation's log lines, then the error
     assert exit_.value.code == 1
     assert re.search(r"model.init_from .*last.ckpt' was trained with another tokenizer", err[-1])
+    assert not (tmp_path / "runs" / "finetune").exists()  # refused before it wrote anything: no empty run left
     with pytest.raises(ValueError, match="has 48 token ids but this run's tokenizer has 2"):
         TinyLM(vocab_size=2, block_size=16, init_from=str(_write_checkpoint(
             tmp_path / "m.ckpt", build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU", "v"]),

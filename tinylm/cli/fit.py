@@ -335,6 +335,7 @@ class TinyLMCLI(LightningCLI):
     # ---- after the command -------------------------------------------------------------------------------------
     def before_fit(self) -> None:
         _warn_small_vocab(self.datamodule)
+        self.model.check_init_tokenizer(getattr(self.datamodule, "tokenizer", None))  # before the run writes
 
     def after_validate(self) -> None:
         """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""

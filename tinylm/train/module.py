@@ -342,13 +342,18 @@ class TinyLM(L.LightningModule):
     def on_validation_start(self) -> None:
         self._grab_tokenizer()
 
-    def _grab_tokenizer(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        tok = getattr(dm, "tokenizer", None)
+    def check_init_tokenizer(self, tok: Any) -> None:
+        """Refuse to fine-tune model.init_from's weights with another tokenizer than theirs (the ids would mean
+        other text). The CLI calls it before the run writes anything; fit start checks again for library users."""
         if tok is not None and self._init_fingerprint not in (None, tok.fingerprint):
             raise ValueError(f"model.init_from {self.hparams.init_from!r} was trained with another tokenizer "
                              f"(fingerprint {self._init_fingerprint[:12]}) than this run's {tok.spec!r} (fingerprint "
                              f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer (data.tokenizer)")
+
+    def _grab_tokenizer(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        tok = getattr(dm, "tokenizer", None)
+        self.check_init_tokenizer(tok)
         if tok is not None and self.tokenizer_state is None:
             self.tokenizer_state = tok.state_dict()
         if tok is not None and self.token_bytes is None:
