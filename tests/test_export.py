@@ -422,7 +422,12 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
     export_hf(second, out)
     assert not (out / "merges.txt").exists() and not (out / "vocab.json").exists()
     assert Tokenizer.load(out / "tinylm_tokenizer").fingerprint == char_tokenizer.fingerprint
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.export")]  # no temporary folder left
+    assert not list(out.glob(".export-*"))  # no temporary folder left
+    refused = _write_checkpoint(tmp_path / "c.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1, qk_norm=True)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(ValueError, match="qk_norm"):
+        export_hf(refused, out)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # a failed export keeps the earlier one
     (out / "notes.md").write_text("mine")
     with pytest.raises(FileExistsError, match=r"holds files that are not a tinylm export \(notes.md\); pass a new"):
         export_hf(second, out)

@@ -41,7 +41,7 @@ TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
 # only these is an earlier export, which export_hf replaces whole; anything else there is the user's and stops it
 EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", "pytorch_model*.bin*",
                 "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-                "chat_template*", TINYLM_TOKENIZER_DIR)
+                "chat_template*", TINYLM_TOKENIZER_DIR, ".export-*")  # the last: an interrupted export's
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
@@ -145,15 +145,24 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     if foreign:
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); pass a new or empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.export-{os.getpid()}"  # written whole, then swapped in: no half export
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".export-{os.getpid()}"  # written whole first: a failed export leaves the earlier one as it was
     try:
         _write_export(ckpt_path, tmp, dtype)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(out if created else tmp, ignore_errors=True)
+        raise
+    for old in out.iterdir():  # only an earlier export's files are here (checked above)
+        if old == tmp:
+            continue
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    for new in tmp.iterdir():
+        new.rename(out / new.name)
+    tmp.rmdir()
     log.info("exported %s to %s", ckpt_path, out)
     return out
 
