@@ -422,7 +422,7 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
     export_hf(second, out)
     assert not (out / "merges.txt").exists() and not (out / "vocab.json").exists()
     assert Tokenizer.load(out / "tinylm_tokenizer").fingerprint == char_tokenizer.fingerprint
-    assert not list(out.glob(".export-*"))  # no temporary folder left
+    assert not (out / ".tinylm-export.partial").exists()  # no temporary folder left
     refused = _write_checkpoint(tmp_path / "c.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1, qk_norm=True)
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     with pytest.raises(ValueError, match="qk_norm"):
@@ -433,6 +433,19 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
         export_hf(second, out)
     assert (out / "notes.md").read_text() == "mine" and (out / "config.json").is_file()
     (out / "notes.md").unlink()
+    (out / "tokenizer_notes.json").write_text("mine")  # named like an export's file, but not one
+    with pytest.raises(FileExistsError, match=r"\(tokenizer_notes.json\)"):
+        export_hf(second, out)
+    (out / "tokenizer_notes.json").unlink()
+    partial = out / ".tinylm-export.partial"  # what a killed export leaves: recognised, and never mixed in
+    partial.mkdir()
+    (partial / "merges.txt").write_text("stale")
+    (out / "config.json").unlink()  # killed while moving the new files in: config.json comes last
+    export_hf(second, out)
+    assert not partial.exists() and not (out / "merges.txt").exists() and (out / "config.json").is_file()
+    with pytest.raises(ValueError, match="qk_norm"):
+        export_hf(refused, tmp_path / "new" / "deeper" / "hf")
+    assert not (tmp_path / "new").exists()  # a failed export leaves no folders it made
     (out / "config.json").write_text('{"model_type": "gpt2"}')  # a downloaded model, not tinylm's
     with pytest.raises(FileExistsError, match=r"config.json \(not a tinylm export's\)"):
         export_hf(second, out)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -37,11 +36,14 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
-# what an export folder holds (transformers' model and tokenizer files, sharded weights included): a folder holding
-# only these is an earlier export, which export_hf replaces whole; anything else there is the user's and stops it
-EXPORT_FILES = ("config.json", "generation_config.json", "model*.safetensors*", "pytorch_model*.bin*",
-                "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-                "chat_template*", TINYLM_TOKENIZER_DIR, ".export-*")  # the last: an interrupted export's
+# what an export folder holds: transformers' model files (sharded weights included) and tokenizer files, and
+# tinylm's own tokenizer. A folder holding only these (with tinylm's config.json) is an earlier export, which
+# export_hf replaces whole; any other name there is the user's and stops it.
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                "chat_template.jinja", TINYLM_TOKENIZER_DIR)
+PARTIAL = ".tinylm-export.partial"  # the export being written, inside --out; left behind only by a killed export
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
@@ -141,26 +143,28 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
+    if out.is_symlink() and not out.exists():
+        raise NotADirectoryError(f"--out {str(out)!r} is a link to nothing; pass a directory path")
     foreign = _not_an_export(out) if out.is_dir() else []
     if foreign:
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); pass a new or empty folder")
-    created = not out.exists()
+    made = [p for p in [*reversed(out.parents), out] if not p.exists()]  # the folders mkdir makes, outermost first
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".export-{os.getpid()}"  # written whole first: a failed export leaves the earlier one as it was
+    tmp = out / PARTIAL  # written whole first: a failed export leaves the earlier one as it was
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed export's: never mixed into this one
     try:
         _write_export(ckpt_path, tmp, dtype)
     except BaseException:
-        shutil.rmtree(out if created else tmp, ignore_errors=True)
+        shutil.rmtree(made[0] if made else tmp, ignore_errors=True)
         raise
-    for old in out.iterdir():  # only an earlier export's files are here (checked above)
-        if old == tmp:
-            continue
+    # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
+    for old in sorted((p for p in out.iterdir() if p != tmp), key=lambda p: p.name == "config.json"):
         if old.is_dir():
             shutil.rmtree(old)
         else:
             old.unlink()
-    for new in tmp.iterdir():
+    for new in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
         new.rename(out / new.name)
     tmp.rmdir()
     log.info("exported %s to %s", ckpt_path, out)
@@ -169,17 +173,17 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
 
 def _not_an_export(folder: Path) -> list[str]:
     """What in `folder` an earlier `export_hf` did not write: names outside EXPORT_FILES, and a config.json without
-    tinylm's own section (GPT-2 and Llama exports both have one). Empty for an empty folder or an earlier export."""
-    names = sorted(p.name for p in folder.iterdir())
+    tinylm's own section (GPT-2 and Llama exports both have one). Empty for an empty folder, an earlier export, or
+    what a killed export left (its PARTIAL folder, beside some of the files it was moving in)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name != PARTIAL)
     foreign = [n for n in names if not any(fnmatch.fnmatch(n, f) for f in EXPORT_FILES)]
-    if names and not foreign:
-        try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = None
-        if not (isinstance(config, dict) and "tinylm" in config):
-            foreign = ["config.json (not a tinylm export's)" if config is not None else "no tinylm config.json"]
-    return foreign
+    if foreign or not names or (folder / PARTIAL).is_dir():
+        return foreign
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ["no tinylm config.json"]
+    return [] if isinstance(config, dict) and "tinylm" in config else ["config.json (not a tinylm export's)"]
 
 
 def _write_export(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
