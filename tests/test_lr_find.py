@@ -83,6 +83,19 @@ def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     assert "swept model.lr with muon_lr at 20x it" in capsys.readouterr().out
 
 
+def test_lr_find_losses_are_per_token_under_accumulation(run_config, tmp_path):
+    """Catches the curve showing Lightning's recorded loss, which is divided by the accumulation count (what backward
+    sees): with accumulation 2 an untrained model's first loss read ~ln(V)/2 instead of ~ln(V) nats."""
+    import json
+    import math
+
+    cfg = run_config(trainer={"accumulate_grad_batches": 2})
+    main(["lr-find", "--config", str(cfg), "--num_training", "6", "--out", "lr.png"])
+    losses = json.loads((tmp_path / "lr.json").read_text())["losses"]
+    vocab = len(set((tmp_path / "shakespeare_small.txt").read_text()))
+    assert abs(losses[0] - math.log(vocab)) < 0.5
+
+
 def test_steepest_descent_is_per_decade():
     """On an exponential sweep whose loss falls fastest (per decade) at 1e-3, the suggestion is 1e-3; the slope
     against the LR itself (Lightning's suggestion) lands on the first points, where the LRs are packed together."""

@@ -63,7 +63,9 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
                                         num_training=num_training, update_attr=False)
     finally:
         module.muon_lr_ratio = None
-    points = [(lr, loss) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
+    # Lightning records the loss that backward sees: divided by the accumulation count; scaled back here
+    scale = trainer.accumulate_grad_batches
+    points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
               if math.isfinite(loss)]
     lrs, losses = [p[0] for p in points], [p[1] for p in points]
     return LRFind(lrs, losses, steepest_descent(lrs, losses), rule_of_thumb_lr(params))
