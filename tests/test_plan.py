@@ -110,6 +110,23 @@ def test_plan_of_a_rope_model_without_a_position_table(run_config, capsys):
     assert json.loads(capsys.readouterr().out)["params"] > 0
 
 
+def test_muon_optimizer_memory_is_what_its_state_holds():
+    """Catches the plan counting AdamW's two moments for Muon's matrices, which keep one momentum buffer: the
+    estimate must equal the bytes of the optimizer state after a real step."""
+    from tinylm.train.optim import build_optimizer
+
+    model = _gpt()
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt = build_optimizer(model, optimizer="muon", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
+                          muon_momentum=0.95, muon_weight_decay=0.0, fused=False)
+    opt.step()
+    held = sum(t.numel() * t.element_size() for state in opt.state.values() for t in state.values()
+               if torch.is_tensor(t) and t.dim() > 0)  # AdamW's step counters are scalars
+    estimate = memory(model, batch_size=1, precision="32-true", checkpointing=False, optimizer="muon").optimizer
+    assert estimate == held < memory(model, batch_size=1, precision="32-true", checkpointing=False).optimizer
+
+
 def test_plan_command_json_and_overrides(run_config, capsys):
     """`tinylm plan` reads a fit config as fit does (overrides included) and prints JSON with --json: a plan of
     another model than the one fit would train would be worse than none."""

@@ -45,6 +45,7 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
         cli.model.model, batch_size=cli.datamodule.batch_size, accumulate=int(opts.get("accumulate_grad_batches") or 1),
         devices=device_count(opts), max_steps=int(max_steps), precision=opts["precision"], gpu=gpu, mfu=mfu,
         peak_flops=peak_flops_by_name(gpu, opts["precision"]), fsdp="fsdp" in str(opts.get("strategy", "")).lower(),
+        optimizer=cli.model.hparams.optimizer,
     )
     print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams))
     if out is not None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinylm.model import GPT
+from tinylm.train.optim import split_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
 
@@ -85,10 +86,13 @@ def element_sizes(precision: str) -> tuple[int, int]:
     return 4, 4
 
 
-def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1) -> Memory:
+def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
+           optimizer: str = "adamw") -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
     shards: devices the weights, gradients and optimizer states are split over (FSDP); 1 for DDP / one device.
+    optimizer: ``adamw`` (two moments per parameter) or ``muon`` (one momentum buffer per hidden matrix element,
+    AdamW's two moments for the rest).
     """
     c = model.config
     n = model.num_params()
@@ -97,7 +101,8 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
     gradients = n * state // shards
-    optimizer = 2 * n * state // shards
+    muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
+    optimizer = (2 * (n - muon) + muon) * state // shards
     tokens = batch_size * c.block_size
     resid = max(state, act)  # the residual stream stays fp32 under autocast
     per_layer = tokens * c.n_embd * (2 * resid + 15 * act)  # what one block saves for backward
@@ -114,7 +119,7 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
 
 
 def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
-         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False) -> Plan:
+         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw") -> Plan:
     """The plan of a run of ``max_steps`` optimizer steps of ``model``.
 
     peak_flops: dense FLOP/s of one ``gpu`` at ``precision`` (tinylm.device.peak_flops_by_name), None if unknown.
@@ -128,7 +133,8 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     run_flops = per_token * tokens
     n_opt, d_opt = compute_optimal(run_flops)
     shards = devices if fsdp else 1
-    mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards)
+    mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
+                        optimizer=optimizer)
            for ckpt in (False, True)}
     wall = run_flops / (devices * peak_flops * mfu) if peak_flops else None
     return Plan(
