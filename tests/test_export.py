@@ -386,7 +386,7 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
             bias=False, pad_vocab_multiple=1)))
 
 
-def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_config, tmp_path):
+def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_config, tmp_path, caplog):
     """Catches a resume (or `tinylm validate`) of a fine-tuning run reading model.init_from again: with the source
     moved it failed ('not found'); with another model written there it silently trained a different architecture
     (rope_theta) on the checkpoint's weights. The checkpoint alone must do."""
@@ -404,7 +404,12 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     last = tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt"
     assert load_checkpoint(last)["hyper_parameters"]["rope_theta"] == 10000.0
     source.unlink()
-    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    plain = run_config(run={"name": "finetune"}, name="plain.yaml")  # the same run, init_from not passed again
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(plain), "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("its weights came from model.init_from" in m for m in messages)  # said where they came from
+    assert not any("ignoring" in m for m in messages)  # init_from not passed, the architecture from the weights
     main(["validate", "--config", str(config), "--ckpt_path", str(last)])
     hp = load_checkpoint(last)["hyper_parameters"]
     assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 4

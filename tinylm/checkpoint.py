@@ -171,6 +171,13 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
 RUN_FIELDS = ("vocab_size", "block_size", "dropout", "attn_mask", "eos_id")
 
 
+def architecture_fields() -> tuple[str, ...]:
+    """The GPTConfig fields ``model.init_from`` takes from the weights (all but RUN_FIELDS)."""
+    from tinylm.model import GPTConfig
+
+    return tuple(f.name for f in fields(GPTConfig) if f.name not in RUN_FIELDS)
+
+
 def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
                     ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(architecture, GPT state_dict, tokenizer fingerprint or None) of pretrained weights for ``model.init_from``: a

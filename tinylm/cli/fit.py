@@ -243,7 +243,7 @@ class TinyLMCLI(LightningCLI):
                     f"with --ckpt_path last")
 
     def _apply_checkpoint(self, ckpt_path: str, cfg, sub: str) -> None:
-        from tinylm.checkpoint import load_checkpoint, tinylm_section
+        from tinylm.checkpoint import architecture_fields, load_checkpoint, tinylm_section
         from tinylm.train.module import TinyLM
 
         ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
@@ -264,8 +264,11 @@ class TinyLMCLI(LightningCLI):
                         ckpt_path, ", ".join(unknown))
         saved = {k: v for k, v in saved.items() if k in known}
         linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
+        # a run from init_from took its architecture from the weights, never from the config: nothing to ignore there
+        from_weights = architecture_fields() if saved.get("init_from") is not None else ()
         ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
-                   if k not in linked and k in cfg.model and cfg.model[k] != v]
+                   if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
+                   and not (k == "init_from" and cfg.model[k] is None)]  # not passed: nothing to ignore
         if ignored:
             log.warning("resuming from %s: model hyperparameters come from the checkpoint; ignoring %s "
                         "(to change them, start a new run)", ckpt_path, ", ".join(ignored))
