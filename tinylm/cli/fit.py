@@ -243,7 +243,11 @@ class TinyLMCLI(LightningCLI):
                     f"with --ckpt_path last")
 
     def _apply_checkpoint(self, ckpt_path: str, cfg, sub: str) -> None:
-        from tinylm.checkpoint import architecture_fields, load_checkpoint, tinylm_section
+        from tinylm.checkpoint import (
+            architecture_fields,
+            load_checkpoint,
+            tinylm_section,
+        )
         from tinylm.train.module import TinyLM
 
         ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
