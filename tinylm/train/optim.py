@@ -113,7 +113,7 @@ def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: in
     x (n, rows, cols), rows <= cols, in bf16: each ≈ U·Vᵀ of its SVD U·S·Vᵀ. Same operations, in the same order and
     precision, as torch's one matrix at a time; batched, the matmuls of the n matrices run as one call each."""
     a, b, c = coefficients
-    x = x.bfloat16()  # a no-op when the caller stacked in bf16
+    x = x.bfloat16()
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
         gram = x @ x.mT  # (n, rows, rows)
@@ -126,7 +126,7 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None)
     """One step of the torch.optim.Muon `muon`, computed as its own `step()` computes it (Nesterov momentum in the
     "momentum_buffer" state, decoupled weight decay, orthogonalised update scaled per matrix shape), but with the
     Newton–Schulz iterations of all matrices of one shape batched (`newton_schulz`) and the momentum and decay as
-    foreach ops. At the laptop recipe's 16 matrices of 4 shapes this halves Muon's step on CPU
+    foreach ops. At the laptop recipe's 16 matrices of 4 shapes this makes the step 1.44x faster on CPU
     (benchmarks/bench_modern.py --ops); tests/test_optim.py checks it against torch's step.
 
     splits: {id(parameter): n} for parameters whose rows stack n matrices (attention's c_attn: q, k and v), each
@@ -158,7 +158,7 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None)
             batches[(u.shape, u.device, u.dtype)].append(k)
         for (shape, _, _), index in batches.items():
             tall = shape[0] > shape[1]
-            stacked = torch.stack([pieces[k][0] for k in index]).bfloat16()  # (n, rows, cols)
+            stacked = torch.stack([pieces[k][0] for k in index])  # (n, rows, cols)
             ortho = newton_schulz(stacked.mT if tall else stacked, group["ns_coefficients"], group["ns_steps"],
                                   group["eps"])  # wide views of tall matrices, as torch's .T
             alpha = -lr * _muon_lr_scale(group["adjust_lr_fn"], shape)
