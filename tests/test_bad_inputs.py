@@ -35,11 +35,45 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--trainer.max_steps", "-1"], ["max_steps"]),
         (["--model.lr_schedule", "linear"], ["lr_schedule", "cosine"]),
         (["--model.n_embd", "33"], ["n_embd"]),
+        (["--data.corpus", ""], ["--data.corpus is empty"]),
+        (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
     """Catches a user mistake ending in a deep traceback instead of a message that names the value and the fix."""
     _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
+
+
+def test_damaged_cached_tokenizer_says_delete_it(config, tmp_path, capsys):
+    """Catches a damaged cached tokenizer being reported as a bad --data.tokenizer value (the user gave none)."""
+    main(["prepare", "--config", str(config)])
+    (state,) = (tmp_path / "cache" / "tokenizers").glob("char-*/tinylm_tokenizer.json")
+    state.write_text("{not json")
+    line = _one_line_error(capsys, ["prepare", "--config", str(config)], "is damaged", "delete that folder")
+    assert str(state.parent) in line and "--data.tokenizer takes" not in line
+
+
+def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path):
+    """Catches SIGTERM killing `tinylm prepare` without a word and leaving its temp folder for the next run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    big = tmp_path / "big.txt"
+    big.write_text((tmp_path / "shakespeare_small.txt").read_text(encoding="utf-8") * 400)  # 8 MB
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "prepare", "--config", str(config), "--data.corpus",
+                             str(big)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    datasets = tmp_path / "cache" / "datasets"
+    deadline = time.monotonic() + 120
+    while not any(datasets.glob("*.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    if proc.returncode == 0:
+        pytest.skip("prepare finished before the signal came (a very fast machine)")
+    assert proc.returncode == 143 and "terminated by SIGTERM" in err and "Traceback" not in err, err
+    assert not list(datasets.glob("*.tmp-*"))
 
 
 def test_empty_corpus_is_one_line(config, tmp_path, capsys):
@@ -67,6 +101,21 @@ def test_resuming_with_another_tokenizer_names_the_mismatch(config, tmp_path, ca
                            "vocab_size", "data.tokenizer")
     assert "512" in line
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before  # nothing damaged
+
+
+def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
+    """Catches a resume silently training on a corpus whose text changed since the checkpoint (same characters,
+    other order: the same char tokenizer), or on another train/val cut, as if it were the same run."""
+    main(["fit", "--config", str(config)])
+    corpus = tmp_path / "shakespeare_small.txt"
+    text = corpus.read_text(encoding="utf-8")
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"]
+    _one_line_error(capsys, [*resume, "--data.val_fraction", "0.2"], "data.val_fraction=0.1",
+                    "--data.val_fraction 0.1")
+    corpus.write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")
+    _one_line_error(capsys, resume, "other text", "--model.init_from")
+    corpus.write_text(text, encoding="utf-8")
+    main(resume)  # the text it was trained on: resumes
 
 
 def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path):

@@ -1,7 +1,10 @@
 """Corpora: files, directories, globs, dataset files, the named download; documents, fingerprints, bad input."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -194,3 +197,67 @@ def test_malformed_dataset_file_is_named(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{"text": oops\n')
     with pytest.raises(ValueError, match=r"broken\.jsonl.*as a json dataset.*fix the file"):
         list(open_corpus(str(tmp_path / "broken.jsonl"), cache_dir=tmp_path))
+
+
+def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, monkeypatch):
+    """Catches `--data.corpus ""` (an unset shell variable) reading the whole current folder, and a corpus of `.`
+    reading tinylm's own cache (its .bin files) into the next run's training text."""
+    for spec in ("", "  "):
+        with pytest.raises(ValueError, match=r"--data.corpus is empty .*unset shell variable"):
+            open_corpus(spec, cache_dir=tmp_path / "cache")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "data_cache" / "datasets").mkdir(parents=True)
+    (tmp_path / "data_cache" / "datasets" / "train.bin").write_bytes(b"\0\1" * 100)
+    assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
+    assert list(open_corpus("**/*", cache_dir="data_cache")) == ["my notes"]
+
+
+def test_a_folder_that_cannot_be_read_is_an_error_not_a_gap(tmp_path):
+    """Catches an unreadable subfolder being left out of a directory corpus without a word (2 of 3 documents
+    trained on, exit 0)."""
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "a.txt").write_text("ay")
+    (tmp_path / "docs" / "sub" / "b.txt").write_text("bee")
+    (tmp_path / "docs" / "sub").chmod(0)
+    cmd = [sys.executable, "-c", "import sys; from tinylm.data.corpus import open_corpus; "
+           "print(list(open_corpus(sys.argv[1], cache_dir=sys.argv[2])))", str(tmp_path / "docs"), str(tmp_path)]
+    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop the right to read any folder")
+        caps = "-dac_override,-dac_read_search"
+        cmd = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", "--", *cmd]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        (tmp_path / "docs" / "sub").chmod(0o755)
+    assert out.returncode != 0, out.stdout
+    assert "PermissionError" in out.stderr and "sub" in out.stderr and "make it readable" in out.stderr
+
+
+def test_folders_and_globs_of_dataset_files_are_datasets(tmp_path):
+    """Catches a folder or glob of .jsonl shards being trained on as raw JSON text ('{"text": ...}' in train.bin),
+    and a folder mixing dataset and text files being read either way without a word."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    for i in range(2):
+        (d / f"part{i}.jsonl").write_text("".join(json.dumps({"text": f"doc {i}.{j}"}) + "\n" for j in range(2)))
+    for spec in (str(d), str(d / "*.jsonl")):
+        corpus = open_corpus(spec, cache_dir=tmp_path / "cache")
+        assert list(corpus) == ["doc 0.0", "doc 0.1", "doc 1.0", "doc 1.1"]
+    (d / "README.txt").write_text("about these shards")
+    with pytest.raises(ValueError, match=r"mixes dataset files and text files \(\.jsonl, \.txt\).*'DIR/\*\*/\*\.txt'"):
+        open_corpus(str(d), cache_dir=tmp_path / "cache")
+
+
+def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
+    """Catches a local .jsonl edited with its modification time kept (cp -p, rsync -a, tar x) reusing the stale
+    dataset: `datasets` fingerprints local files by path and mtime."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"text": "hello world"}) + "\n")
+    before = open_corpus(str(path), cache_dir=tmp_path / "c1").fingerprint
+    stamp = path.stat()
+    path.write_text(json.dumps({"text": "hi there friend"}) + "\n")
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    after = open_corpus(str(path), cache_dir=tmp_path / "c2")
+    assert after.fingerprint != before and list(after) == ["hi there friend"]

@@ -10,7 +10,7 @@ from tinylm.data import TinyLMDataModule
 from tinylm.data.corpus import EOT, open_corpus
 from tinylm.data.loader import ResumableLoader, TrainBatches
 from tinylm.data.prepare import load_meta, prepare_dataset
-from tinylm.data.writer import pieces
+from tinylm.data.writer import SplitWriter, pieces
 from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
 
@@ -69,6 +69,33 @@ def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, smal
         total_bytes = sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
         assert total_bytes == sum(len(d.encode("utf-8")) for d in docs)
     assert len(list(pieces(docs[0], 50))) > 5
+
+
+def test_one_long_document_is_encoded_in_bounded_batches(small_data, tmp_path, monkeypatch):
+    """Catches a one-document corpus being gathered whole before it is encoded (memory in proportion to the
+    corpus: 4.7 GB for a 67 MB file, and a progress bar frozen until the end)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tinylm.data import writer
+
+    monkeypatch.setattr(writer, "BATCH_CHARS", 4000)
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:40_000]
+    tok = build_tokenizer("char", documents=lambda: iter([text]))
+    batches = []
+
+    class Recording(Tokenizer):  # the real tokenizer, with each encode_batch call's size written down
+        def encode_batch(self, texts):
+            batches.append(sum(map(len, texts)))
+            return super().encode_batch(texts)
+
+    spy = Recording(tok._b, tok.spec)
+    with ThreadPoolExecutor(1) as pool:
+        w = SplitWriter(tmp_path / "t.bin", spy, np.dtype("uint16"), 1000, pool)
+        w.add(text, ends_document=True)
+        stats = w.close()
+    assert max(batches) <= 4000 + 1000 and len(batches) >= 8  # a batch is cut as soon as it passes BATCH_CHARS
+    assert np.fromfile(tmp_path / "t.bin", dtype="uint16").tolist() == tok.encode(text)
+    assert stats["tokens"] == len(text) and stats["documents"] == 1
 
 
 def test_second_run_reuses_and_changes_rebuild(shakespeare, tmp_path):
@@ -158,6 +185,17 @@ def test_own_validation_split_is_used(tmp_path):
     assert dm.tokenizer.decode(val_ids) == "a dog ran. " * 10 + EOT
     assert dm.meta["settings"] == {"val_source": "validation split", "val_fraction": None}
     assert dm.meta["splits"]["train"]["documents"] == 3
+
+
+def test_char_vocabulary_covers_the_datasets_own_validation_split(tmp_path):
+    """Catches `char` on a dataset with its own validation split failing on a character only validation has
+    ("character 'v' is not in the char tokenizer's vocabulary"), as TinyStories would."""
+    rows = lambda texts: "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    (tmp_path / "train.jsonl").write_text(rows(["the cat sat on the mat. " * 20] * 3))
+    (tmp_path / "val.jsonl").write_text(rows(["a dog ran very far. " * 10]))
+    files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "val.jsonl")}
+    dm = _dm(tmp_path, "hf:json", data_files=files, tokenizer="char")
+    assert dm.tokenizer.decode(_tokens(dm, "val").tolist()) == "a dog ran very far. " * 10 + EOT
 
 
 def test_train_batches_are_shifted_windows(shakespeare, tmp_path):

@@ -56,6 +56,9 @@ def test_streaming_misuse_names_the_fix(tmp_path):
     path = _jsonl(tmp_path / "rows.jsonl", ["a", "b"])
     with pytest.raises(ValueError, match=r"--data.max_documents"):
         _ = TinyLMDataModule(corpus=str(path), streaming=True, cache_dir=str(tmp_path / "c")).meta
+    with pytest.raises(ValueError, match=r"validation holds out its first 100 .*lower --data.max_documents"):
+        _ = TinyLMDataModule(corpus=str(path), streaming=True, max_documents=1000,
+                             cache_dir=str(tmp_path / "c")).meta  # 2 rows: validation's head takes both
     (tmp_path / "t.txt").write_text("text")
     with pytest.raises(ValueError, match=r"drop --data.streaming"):
         _ = TinyLMDataModule(corpus=str(tmp_path / "t.txt"), streaming=True, cache_dir=str(tmp_path / "c")).meta

@@ -253,5 +253,9 @@ def test_files_that_are_not_tokenizers_are_named(tmp_path):
     for name in ("x.yaml", "image.json", "config.json", "state.json"):
         with pytest.raises(ValueError, match=rf"{name} is not a tokenizer file .*--data\.tokenizer takes bpe, .*tiktoken:NAME"):
             build_tokenizer(str(tmp_path / name))
+    (tmp_path / "vocab.json").write_text('{"hello": 0, "kind": 1, "state": 2, "version": 3}')  # GPT-2's has these
+    with pytest.raises(ValueError, match=r"vocab\.json is not a tokenizer file .*a vocabulary \(token -> id\) "
+                                         r"without the rest"):
+        build_tokenizer(str(tmp_path / "vocab.json"))
     with pytest.raises(ValueError, match=r"bad\.tiktoken is not a \.tiktoken rank file .*tiktoken:NAME"):
         build_tokenizer(f"tiktoken:{tmp_path / 'bad.tiktoken'}")

@@ -8,10 +8,14 @@ Every error a user can cause ends as one line on stderr and exit status 1; a bug
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import signal
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from tinylm.errors import TinyLMError
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         elif command in OWN_COMMANDS:
             from tinylm.cli import commands
 
-            commands.run(command, rest)
+            with _terminate_cleanly(command):
+                commands.run(command, rest)
         else:
             raise TinyLMError(f"unknown command {command!r}; choose one of "
                               f"{', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)} (tinylm --help)")
@@ -80,6 +85,28 @@ def main(argv: list[str] | None = None) -> None:
             line = line.replace("`tinylm fit --config ... --ckpt_path last`", f"`{resume_command(rest)}`")
         print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+class Terminated(TinyLMError):
+    """SIGTERM reached a command other than fit/validate (which save and stop on their own, tinylm.train.interrupt);
+    raised so that its cleanup runs (temp folders, partial exports) and it ends with a line, exit 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _terminate_cleanly(command: str) -> Iterator[None]:
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise Terminated(f"terminated by SIGTERM before it finished; run the same `tinylm {command}` again")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def resume_command(args: list[str]) -> str:
@@ -146,6 +173,10 @@ def one_line(e: BaseException) -> str:
         where = f" writing {e.filename}" if e.filename else ""
         return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or put runs and data on "
                 "another disk (--trainer.default_root_dir DIR, --data.cache_dir DIR or $TINYLM_CACHE_DIR)")
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and "; " not in text:
+        what = "read-only file system" if e.errno == errno.EROFS else "permission denied"
+        return (f"{type(e).__name__}: {what}: {e.filename or text}; give yourself access (chmod/chown), or choose "
+                "another path")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"

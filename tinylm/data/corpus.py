@@ -3,8 +3,9 @@
 `open_corpus(spec, ...)` reads `--data.corpus`:
     tinyshakespeare        downloaded once into CACHE/corpora (sha256-checked); a verified copy is used offline
     PATH.txt (any file)    one document, or several when the file separates them with `<|endoftext|>`
-    DIR                    every non-hidden file below DIR, sorted by path, one document per file
-    GLOB (has * ? [)       the matching files, sorted, one document per file
+    DIR                    every non-hidden file below DIR, sorted by path, one document per file (dataset
+                           files of one kind, e.g. all .jsonl: one dataset of their rows)
+    GLOB (has * ? [)       the matching files, sorted, one document per file (dataset files: as for DIR)
     PATH.jsonl/.json/.parquet/.csv   a local dataset file read by `datasets`; rows are documents
     hf:NAME                a Hugging Face dataset (hf:roneneldan/TinyStories; hf:json / hf:parquet with data_files)
 
@@ -172,18 +173,33 @@ class HFDataset(Corpus):
 
     def __init__(self, spec: str, path: str, *, split: str = "train", val_split: str = "validation",
                  text_column: str = "text", data_files: Any = None, config: str | None = None,
-                 revision: str | None = None) -> None:
+                 revision: str | None = None, cache_dir: str | Path | None = None) -> None:
         self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
         self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
+        self.cache_dir = cache_dir
         self._dd: Any = None
+        self._files: Any = None
+
+    @property
+    def files(self) -> Any:
+        """`data_files` with each local file's sha256 (see `_hash_files`), computed once."""
+        if self._files is None:
+            self._files = _hash_files(self.data_files)
+        return self._files
 
     def _load(self) -> Any:
         if self._dd is None:
             import datasets
 
+            # `datasets` caches a local file's rows under its path and mtime: an edit that keeps the mtime (cp -p,
+            # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
+            local = None
+            if self.cache_dir is not None and _any_local(self.files):
+                key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
+                local = str(Path(self.cache_dir) / "hf-local" / key)
             try:
                 self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                 revision=self.revision)
+                                                 revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
@@ -222,7 +238,8 @@ class HFDataset(Corpus):
         # datasets' own fingerprint hashes the data files (local) or the resolved hub revision
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split if self.has_validation else None, "column": self.text_column,
-               "data": {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}}
+               "data": {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)},
+               "files": self.files}  # datasets' fingerprint of a local file follows its mtime, not its text
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -298,8 +315,18 @@ def _hash_files(data_files: Any) -> Any:
     if isinstance(data_files, (list, tuple)):
         return [_hash_files(v) for v in data_files]
     if isinstance(data_files, str):
-        return [(p, _sha256(Path(p))) for p in sorted(glob.glob(data_files, recursive=True))] or data_files
+        return [(p, f"sha256:{_sha256(Path(p))}") for p in sorted(glob.glob(data_files, recursive=True))
+                if Path(p).is_file()] or data_files
     return data_files
+
+
+def _any_local(hashed: Any) -> bool:
+    """Whether `_hash_files` output names a local file."""
+    if isinstance(hashed, dict):
+        return any(_any_local(v) for v in hashed.values())
+    if isinstance(hashed, list):
+        return any(isinstance(v, tuple) or _any_local(v) for v in hashed)
+    return False
 
 
 class Mixture(Corpus):
@@ -335,6 +362,9 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     (`streaming`, `max_documents`, `val_fraction`: to streamed ones, see `HFStream`)."""
     hf = {"split": split, "val_split": val_split, "text_column": text_column, "data_files": data_files, "config": hf_config,
               "revision": hf_revision}
+    if not spec.strip():
+        raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
+                         "a named corpus or hf:NAME")
     if streaming:
         builder = _LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
         if spec.startswith("hf:"):
@@ -348,30 +378,69 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     if spec in NAMED:
         return TextFiles(spec, [download_named(spec, cache_dir)])
     if spec.startswith("hf:"):
-        return HFDataset(spec, spec[3:], **hf)
+        return HFDataset(spec, spec[3:], **hf, cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
-        files = _unique_files(sorted(p for p in path.rglob("*") if p.is_file()
-                                     and not any(part.startswith(".") for part in p.relative_to(path).parts)))
+        files = _unique_files(_files_below(path, skip=_made_by_tinylm(cache_dir)))
         if not files:
             raise ValueError(f"corpus directory {spec!r} holds no files; put text files in it or pass "
                              "--data.corpus PATH")
-        return TextFiles(spec, files)
+        return _files_corpus(spec, files, hf, cache_dir)
     if path.exists() and not path.is_file():
         raise ValueError(f"corpus {spec!r} is a {_file_kind(path)}, not a regular file: it could be read forever; "
                          "save the text to a file first and pass --data.corpus PATH to it")
     if path.is_file():
         builder = _LOCAL_DATASET_BUILDERS.get(path.suffix.lower())
         if builder:
-            return HFDataset(spec, builder, **{**hf, "data_files": str(path)})
+            return HFDataset(spec, builder, **{**hf, "data_files": str(path)}, cache_dir=cache_dir)
         return TextFiles(spec, [path])
     if any(c in spec for c in "*?["):
-        files = _unique_files(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()))
+        made = _made_by_tinylm(cache_dir)
+        files = _unique_files(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()
+                                     and not any(_is_below(os.path.realpath(p), m) for m in made)))
         if not files:
             raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
-        return TextFiles(spec, files)
+        return _files_corpus(spec, files, hf, cache_dir)
     raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
+
+
+def _made_by_tinylm(cache_dir: str | Path) -> list[str]:
+    """The cache's folders of tokenizers and token ids: never text of a corpus (e.g. `--data.corpus .`)."""
+    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers")]
+
+
+def _files_below(root: Path, *, skip: list[str]) -> list[Path]:
+    """Every non-hidden file below `root`, sorted by path, leaving out the folders `skip` (real paths).
+    Symlinked folders are not entered; a folder that cannot be read is an error, not a gap."""
+    def unreadable(err: OSError) -> None:
+        raise PermissionError(err.errno, f"corpus directory {str(root)!r}: cannot read {err.filename} "
+                              f"({err.strerror}); make it readable (chmod), or name only the files to use "
+                              "(--data.corpus 'DIR/**/*.txt')", err.filename)
+
+    found: list[Path] = []
+    for folder, dirs, names in os.walk(root, onerror=unreadable):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(folder, d)) not in skip]
+        found += [Path(folder, name) for name in names if not name.startswith(".")]
+    return sorted(p for p in found if p.is_file())
+
+
+def _is_below(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path) -> Corpus:
+    """Text files as text; dataset files (.jsonl, .parquet, ...) of one kind as one dataset of all of them."""
+    builders = {_LOCAL_DATASET_BUILDERS.get(p.suffix.lower()) for p in files}
+    if builders == {None}:
+        return TextFiles(spec, files)
+    if len(builders) == 1:
+        builder = builders.pop()
+        return HFDataset(spec, builder, **{**hf, "data_files": [str(p) for p in files]}, cache_dir=cache_dir)
+    kinds = sorted({p.suffix.lower() or "(no suffix)" for p in files})
+    raise ValueError(f"corpus {spec!r} mixes dataset files and text files ({', '.join(kinds)}): dataset rows "
+                     "would be read as raw text; name one kind, e.g. --data.corpus 'DIR/**/*.txt' or "
+                     "'DIR/**/*.jsonl'")
 
 
 def _unique_files(files: list[Path]) -> list[Path]:

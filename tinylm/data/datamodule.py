@@ -31,9 +31,10 @@ from tinylm.data.prepare import (
 from tinylm.ranges import check_ranges
 from tinylm.tokenize import TRAINED_SPECS, Tokenizer
 
-# ids are stored as uint32 at most; the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed
+# the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed; a trained vocabulary of 2**21
+# ids is 8x the largest in use (256k), and a BPE trainer's memory grows with the target (2**31 asks for 283 GB)
 RANGES = {
-    "vocab_size": "[1, 2**32)", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
+    "vocab_size": "[1, 2**21]", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
     "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)", "tokenizer_train_chars": "[1, inf)",
     "max_documents": "[1, inf)",
 }
@@ -225,8 +226,12 @@ class TinyLMDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
-        return {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
-                "seed": self.seed, "block_size": self.block_size, "weights": self.weights}
+        state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
+                 "seed": self.seed, "block_size": self.block_size, "weights": self.weights}
+        if self._metas is not None:  # what the training windows were drawn from: each corpus's text and split
+            state.update(corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
+                         split_settings=[m["settings"] for m in self._metas], val_fraction=self.val_fraction)
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
@@ -254,10 +259,20 @@ class TinyLMDataModule(L.LightningDataModule):
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
             diffs.insert(0, (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
                              f"device(s))", f"{now} (data.batch_size={self.batch_size} x {world})", fix))
+        if saved.get("split_settings") not in (None, [m["settings"] for m in self.metas]):
+            diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
+                          f"--data.val_fraction {saved['val_fraction']}"))
         if diffs:
             (before, after, fix), *_ = diffs
             raise CheckpointError(f"the checkpoint was trained with {before} but this run has {after}, so the resumed "
                                   f"run would draw different data; resume with {fix}, or start a new run")
+        was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
+        if was_fps is not None and was_fps != now_fps:
+            changed = next((s for s, a, b in zip(self.corpus_specs, was_fps, now_fps) if a != b), self.corpus_spec)
+            raise CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now "
+                                  "(its fingerprint changed: the files were edited or replaced), so the resumed run "
+                                  "would draw different data; resume with the text it was trained on, or start a "
+                                  "new run from its weights (--model.init_from CHECKPOINT)")
 
     def summary(self) -> dict:
         """What `tinylm prepare` prints (totals over the corpora of a mixture)."""

@@ -12,6 +12,7 @@ temp folders of builds that were killed are removed by the next build once their
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ try:
 except ImportError:  # Windows: no lock; concurrent builds still end in one complete folder (see _publish)
     fcntl = None  # type: ignore[assignment]
 
-from tinylm.data.corpus import Corpus
+from tinylm.data.corpus import Corpus, Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
@@ -57,6 +58,11 @@ def _slug(text: str) -> str:
 
 def _check_not_empty(corpus: Corpus) -> None:
     if next(iter(corpus.documents("train")), None) is None:
+        held_out = getattr(corpus, "val_documents", None)
+        if held_out and corpus.val_source == "held-out head" and next(iter(corpus.documents("validation")), None):
+            raise ValueError(f"streamed corpus {corpus.spec!r} has no documents left for training: validation holds "
+                             f"out its first {held_out:,} (val_fraction x max_documents), and that is all of it; "
+                             "lower --data.max_documents to about the number of documents it has")
         raise ValueError(f"corpus {corpus.spec!r} is empty (no text in it); pass --data.corpus PATH to a corpus "
                          "with text")
 
@@ -140,7 +146,13 @@ def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: 
     final = tokenizer_dir_for(corpus, spec, vocab_size=vocab_size, train_chars=train_chars, cache_dir=cache_dir)
     _build_once(final, lambda tmp: _train_tokenizer(tmp, corpus, spec, vocab_size, sample), STATE_FILE, corpus,
                 f"training a {spec} tokenizer on {corpus.spec}")
-    tok = Tokenizer.load(final)  # always the published copy, so concurrent ranks agree on one tokenizer
+    try:
+        tok = Tokenizer.load(final)  # always the published copy, so concurrent ranks agree on one tokenizer
+    except ValueError as e:
+        cause = e.__cause__ or e
+        reason = (str(cause).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"the cached tokenizer in {final} is damaged ({type(cause).__name__}: {reason}); delete "
+                         "that folder and run again to retrain it") from e
     tok.spec = spec
     return tok
 
@@ -150,6 +162,8 @@ def tokenizer_dir_for(corpus: Corpus, spec: str, *, vocab_size: int, train_chars
     """Where the tokenizer of kind `spec` (one of TRAINED_SPECS) trained on `corpus` lives."""
     sample = _sample_chars(corpus, spec, train_chars)
     key = [corpus.fingerprint, spec, None if spec == "char" else vocab_size] + ([sample] if sample else [])
+    if spec == "char" and _own_validation(corpus):
+        key.append("with validation")  # the char vocabulary has the validation split's characters too
     return Path(cache_dir) / "tokenizers" / f"{spec}-{_slug(corpus.name)}-{_key(key)}"
 
 
@@ -168,7 +182,8 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
     def documents() -> Iterator[str]:
         read[0] = 0
         with progress(total, f"training {spec} on {corpus.name}") as bar:
-            for doc in _sample(corpus, sample):
+            for doc in itertools.chain(_sample(corpus, sample), *(c.documents("validation") for c in
+                                                                  (_own_validation(corpus) if spec == "char" else []))):
                 n = len(doc.encode("utf-8"))
                 read[0] += n
                 bar.update(n)
@@ -178,6 +193,12 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
     stats = {**rate(read[0], clock()), "sample_chars": sample}
     log.info("trained the %s tokenizer on %.1f MB in %.1f s", spec, stats["bytes"] / 1e6, stats["seconds"])
     (out / TRAIN_STATS).write_text(json.dumps(stats) + "\n", encoding="utf-8")
+
+
+def _own_validation(corpus: Corpus) -> list[Corpus]:
+    """The corpora (of a mixture: its parts) with a validation split of their own, which a char tokenizer also
+    reads: a character only validation has could not be encoded otherwise."""
+    return [c for c in (corpus.parts if isinstance(corpus, Mixture) else [corpus]) if c.has_validation]
 
 
 def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:

@@ -61,16 +61,22 @@ class SplitWriter:
         """Add a document, or part of one (the two sides of the train/val cut)."""
         self.stats["documents"] += 1
         self.stats["chars"] += len(text)
-        for piece in pieces(text, self.piece_chars):
-            self.texts.append(piece)
-            self.ends.append(False)
-            n_bytes = len(piece.encode("utf-8"))
-            self.stats["bytes"] += n_bytes
-            if self.bar is not None:
-                self.bar.update(n_bytes)
-            self.pending += len(piece)
-        self.ends[-1] = ends_document
-        if self.pending >= BATCH_CHARS:
+        last = None
+        for piece in pieces(text, self.piece_chars):  # one piece behind: only the last one may end the document
+            if last is not None:
+                self._add_piece(last, ends_document=False)
+            last = piece
+        self._add_piece(last or "", ends_document=ends_document)
+
+    def _add_piece(self, piece: str, *, ends_document: bool) -> None:
+        self.texts.append(piece)
+        self.ends.append(ends_document)
+        n_bytes = len(piece.encode("utf-8"))
+        self.stats["bytes"] += n_bytes
+        if self.bar is not None:
+            self.bar.update(n_bytes)
+        self.pending += len(piece)
+        if self.pending >= BATCH_CHARS:  # inside a document too: a one-document corpus stays at a few batches
             self.flush()
 
     def _encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:

@@ -307,8 +307,12 @@ class Tokenizer:
             raise FileNotFoundError(f"tokenizer file {path} not found; pass --data.tokenizer with an existing path")
         with _naming(path, "a tokenizer file (tinylm_tokenizer.json, or a Hugging Face tokenizer.json)"):
             data = json.loads(path.read_text(encoding="utf-8"))
-            if path.name == STATE_FILE or isinstance(data, dict) and {"kind", "state"} <= set(data):
+            if path.name == STATE_FILE or isinstance(data, dict) and isinstance(data.get("state"), dict):
                 return cls.from_state_dict(data)
+            if isinstance(data, dict) and "model" not in data and all(isinstance(v, int) for v in data.values()):
+                raise ValueError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
+                                 "tokenizer as one tokenizer.json (tokenizers.Tokenizer.save, or "
+                                 "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
             from tokenizers import Tokenizer as HFTokenizer
 
             return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
