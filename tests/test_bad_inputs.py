@@ -36,6 +36,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--model.lr_schedule", "linear"], ["lr_schedule", "cosine"]),
         (["--model.n_embd", "33"], ["n_embd"]),
         (["--data.corpus", ""], ["--data.corpus is empty"]),
+        (["--trainer.overfit_batches", "1"], ["trainer.overfit_batches=1", "tiny corpus"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
     ],
 )

@@ -54,6 +54,18 @@ def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
     assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced
 
 
+def test_validate_records_into_the_checkpoints_own_run(config, tmp_path, capsys, caplog):
+    """Catches `tinylm validate --ckpt_path runs/other/...` appending its result to the config's run folder (made
+    empty for it) instead of the checkpoint's, and its warning saying 'resuming' for an evaluation."""
+    main(["fit", "--config", str(config), "--run.name", "other"])
+    capsys.readouterr()
+    main(["validate", "--config", str(config), "--model.n_layer", "3",
+          "--ckpt_path", str(tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt")])
+    assert len(_rows(tmp_path / "runs" / "other" / "validate" / "metrics.csv")) == 1
+    assert not (tmp_path / "runs" / "tiny").exists()
+    assert "evaluating" in caplog.text and "resuming" not in caplog.text and "model.n_layer=3" in caplog.text
+
+
 def test_validate_without_a_checkpoint_is_refused(config, capsys):
     """Catches `tinylm validate` evaluating random weights with exit 0 when --ckpt_path is forgotten."""
     line = _error_line(capsys, ["validate", "--config", str(config)])
@@ -119,6 +131,59 @@ def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys)
     line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.logger",
                                 "lightning.pytorch.loggers.TensorBoardLogger", "--trainer.logger.save_dir", "tb"])
     assert "tensorboard" in line and "Union" not in line
+
+
+@pytest.mark.parametrize("stop", ["max_time", "early_stopping"])
+def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, stop):
+    """Catches --trainer.max_time or EarlyStopping ending a run with last.ckpt at an older periodic save: a resume
+    went back there and cut the logged steps after it. max_time also stopped mid-accumulation (not resumable
+    exactly): the run now finishes the optimizer step it is in."""
+    flags = {"max_time": ["--trainer.max_time", "{microseconds: 1}", "--trainer.accumulate_grad_batches", "2"],
+             "early_stopping": ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+                                "--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "10"]}[stop]
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every", "3",
+                          *flags])
+    stopped = cli.trainer.global_step
+    assert stopped == {"max_time": 1, "early_stopping": 4}[stop]  # 1 whole step of 2 batches; val at 2, then 4
+    ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
+    assert ckpt["global_step"] == stopped
+    batches = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
+    assert batches == stopped * (2 if stop == "max_time" else 1)
+
+
+def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(config, tmp_path, capsys, caplog):
+    """Catches a run folder without last.ckpt (killed before its first periodic save: only best.ckpt) or with a
+    damaged one being a dead end: the refusal said 'continue it with --ckpt_path last', which said the same."""
+    main(["fit", "--config", str(config)])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    (ckpts / "last.ckpt").write_bytes((ckpts / "last.ckpt").read_bytes()[:5000])  # torn
+    cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert "last.ckpt is damaged; continuing from the newest readable checkpoint, step-4.ckpt (step 4)" in caplog.text
+    assert cli.trainer.global_step == 6
+    for path in ckpts.glob("*.ckpt"):
+        path.unlink()
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
+    assert "saved no readable checkpoint" in line and "--run.name NEW_NAME" in line
+
+
+def test_extending_a_run_names_the_lr_jump(config, caplog):
+    """Catches a resume with a larger trainer.max_steps silently jumping the LR back up (the default schedule's
+    length is max_steps); with model.decay_steps pinned the schedule goes on as it was, without a word."""
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
+    assert "with trainer.max_steps 8: the LR schedule's length is max_steps" in caplog.text
+    assert "pin model.decay_steps" in caplog.text
+    caplog.clear()
+    main(["fit", "--config", str(config), "--run.name", "pinned", "--model.decay_steps", "8"])
+    main(["fit", "--config", str(config), "--run.name", "pinned", "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert "LR jumps" not in caplog.text
+
+
+def test_warmup_longer_than_the_run_warns(config):
+    """Catches --model.warmup_steps 50 on a 4-step run training silently at a fraction of model.lr."""
+    with pytest.warns(UserWarning, match=r"model\.warmup_steps=50 is not below the schedule's length 4 .*never "
+                                         r"reaches model\.lr"):
+        main(["fit", "--config", str(config), "--model.warmup_steps", "50"])
 
 
 def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):

@@ -108,3 +108,20 @@ def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
     run = tmp_path / "runs" / "tiny"
     assert torch.load(run / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 1
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
+def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
+    """Catches SIGTERM ending a run with checkpointing off with exit 0 halfway (a scheduler would record success)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config),
+                             "--trainer.enable_checkpointing", "false", "--data.num_workers", "0"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = tmp_path / "runs" / "run" / "csv" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while (not metrics.is_file() or metrics.stat().st_size < 200) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143, err[-3000:]
+    assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err

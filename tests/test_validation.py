@@ -71,7 +71,7 @@ def test_gpt_config_checks_the_same_ranges():
     "bad, message",
     [
         ({"seed": -1}, r"data\.seed must be in \[0, 2\*\*64\), got -1"),  # was an OverflowError inside numpy
-        ({"vocab_size": 0}, r"data\.vocab_size must be in \[1, 2\*\*32\)"),
+        ({"vocab_size": 0}, r"data\.vocab_size must be in \[1, 2\*\*21\]"),
         ({"batch_size": 0}, r"data\.batch_size must be in \[1, inf\)"),
         ({"block_size": -3}, r"data\.block_size must be in \[1, inf\)"),
         ({"val_fraction": 1.0}, r"data\.val_fraction must be in \(0, 1\)"),

@@ -16,6 +16,7 @@ import contextlib
 import csv
 import inspect
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -142,6 +143,11 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
         max_steps = trainer_cfg.get("max_steps", -1)
         if max_steps is None or max_steps <= 0:
             raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
+        if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):
+            raise ValueError(f"trainer.overfit_batches={trainer_cfg['overfit_batches']} is not supported by tinylm "
+                             "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
+                             "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
+                             "characters")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
@@ -203,11 +209,11 @@ class TinyLMCLI(LightningCLI):
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         ckpt_path = cfg.get("ckpt_path")
+        self.asked_last = ckpt_path == "last"
         if ckpt_path == "last":
-            last = self.run_dir / "checkpoints" / "last.ckpt"
-            cfg.ckpt_path = ckpt_path = str(last) if last.is_file() else None
+            cfg.ckpt_path = ckpt_path = latest_checkpoint(self.run_dir)
             if ckpt_path is None and sub == "fit":
-                log.info("--ckpt_path last: %s has no last.ckpt yet; starting the run from step 0", self.run_dir)
+                log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
         if sub == "validate" and not ckpt_path:
             raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
                              f"{self.run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
@@ -227,14 +233,23 @@ class TinyLMCLI(LightningCLI):
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
             what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
+            if latest_checkpoint(self.run_dir, quiet=True) is None:  # logs only: --ckpt_path last has nothing
+                raise TinyLMError(
+                    f"{self.run_dir} holds the logs of a run that saved no readable checkpoint (it stopped before "
+                    f"its first), so there is nothing to continue; refusing to start {what} over it. Start a new "
+                    f"run with --run.name NEW_NAME, or delete {self.run_dir} to reuse its name")
             raise TinyLMError(
                 f"{self.run_dir} already holds a run; refusing to start {what} over it. Continue it with "
                 f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
-        last = self.run_dir / "checkpoints" / "last.ckpt"
-        if inside and last.is_file() and Path(ckpt_path).resolve() != last.resolve():
-            from tinylm.checkpoint import load_checkpoint
+        from tinylm.checkpoint import CheckpointError, load_checkpoint
 
-            at, latest = (int(load_checkpoint(p, mmap=True).get("global_step", 0)) for p in (ckpt_path, last))
+        last = self.run_dir / "checkpoints" / "last.ckpt"
+        try:  # a damaged last.ckpt does not count: continuing from an earlier checkpoint is the way out
+            latest = int(load_checkpoint(last, mmap=True).get("global_step", 0)) if last.is_file() else None
+        except CheckpointError:
+            latest = None
+        if inside and latest is not None and Path(ckpt_path).resolve() != last.resolve():
+            at = int(load_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
             if at < latest:  # going back in the same folder would drop the later history and overwrite last.ckpt
                 raise TinyLMError(
                     f"{ckpt_path} is at step {at} but {self.run_dir} has gone on to step {latest}; continuing from it "
@@ -274,8 +289,11 @@ class TinyLMCLI(LightningCLI):
                    if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
                    and not (k == "init_from" and cfg.model[k] is None)]  # not passed: nothing to ignore
         if ignored:
-            log.warning("resuming from %s: model hyperparameters come from the checkpoint; ignoring %s "
-                        "(to change them, start a new run)", ckpt_path, ", ".join(ignored))
+            log.warning("%s %s: model hyperparameters come from the checkpoint; ignoring %s%s",
+                        "resuming from" if sub == "fit" else "evaluating", ckpt_path, ", ".join(ignored),
+                        " (to change them, start a new run)" if sub == "fit" else "")
+        if sub == "fit":
+            _warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
         for key in linked:
             saved.pop(key, None)
         if saved.get("init_from") is not None:  # the checkpoint holds the weights, and the shape they gave
@@ -351,7 +369,10 @@ class TinyLMCLI(LightningCLI):
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
         row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
                "step": getattr(self, "ckpt_step", 0), **metrics}
-        path = self.run_dir / "validate" / "metrics.csv"
+        ckpt = Path(self._section().ckpt_path).resolve()
+        # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names
+        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else self.run_dir
+        path = run_dir / "validate" / "metrics.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_header = not path.is_file()
         fields = list(row)
@@ -365,6 +386,50 @@ class TinyLMCLI(LightningCLI):
             writer.writerow(row)
         self.validate_result = row
         self.validate_csv = path
+
+
+def latest_checkpoint(run_dir: Path, *, quiet: bool = False) -> str | None:
+    """What ``--ckpt_path last`` means: ``last.ckpt`` when it loads, else the newest readable checkpoint of the run
+    folder (by step: a run killed before its first periodic save may have a ``best.ckpt``; a damaged last.ckpt
+    leaves its step-N.ckpt), with a warning; None when the folder holds none."""
+    from tinylm.checkpoint import CheckpointError, load_checkpoint
+
+    folder = run_dir / "checkpoints"
+    last = folder / "last.ckpt"
+    steps, broken = [], []
+    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
+        try:
+            steps.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path == last, path))
+        except CheckpointError:
+            broken.append(path.name)
+    if not steps:
+        return None
+    step, is_last, path = max(steps)
+    if not is_last and not quiet:
+        why = "is damaged" if "last.ckpt" in broken else "is missing"
+        log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
+                    last, why, path.name, step)
+    return str(path)
+
+
+def _warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_path: str) -> None:
+    """Name the learning-rate jump of a resume whose schedule length changed (its length is trainer.max_steps
+    unless model.decay_steps was set): the cosine is stretched from here on, not continued."""
+    from tinylm.train.schedules import lr_at
+
+    try:
+        was = float(ckpt["lr_schedulers"][0]["_last_lr"][0])  # the LR the next step would have used
+        step = int(ckpt["global_step"])
+        now = lr_at(step, schedule=hparams["lr_schedule"], lr=hparams["lr"], min_lr=hparams["min_lr"],
+                    warmup_steps=hparams["warmup_steps"], decay_steps=hparams.get("decay_steps") or max_steps,
+                    decay_fraction=hparams.get("decay_fraction", 0.2))
+    except (KeyError, IndexError, TypeError, ValueError):  # an older checkpoint, another scheduler
+        return
+    if max_steps and not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
+        log.warning("resuming from %s at step %d with trainer.max_steps %d: the LR schedule's length is max_steps "
+                    "(model.decay_steps is unset), so the LR jumps from %.3g to %.3g and the decay is stretched over "
+                    "the new length; pin model.decay_steps when you start a run you may extend", ckpt_path, step,
+                    max_steps, was, now)
 
 
 def _with_atomic_checkpoints(plugins: Any) -> list:

@@ -167,7 +167,8 @@ def validation_follows(trainer: L.Trainer) -> bool:
 
 
 class PeriodicCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step.
+    """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
+    the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.
 
     Lightning saves only on the N-step trigger, so a run whose ``max_steps`` is not a multiple of N would end with a
     ``last.ckpt`` from before its final steps. At a step where validation runs, the save waits for that validation:
@@ -179,8 +180,17 @@ class PeriodicCheckpoint(ModelCheckpoint):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._save_after_validation = False
+        self._step_seen = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_seen = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
+        if trainer.should_stop and not stepped:
+            # --trainer.max_time (Lightning's Timer checks after every batch) would stop in the middle of a gradient
+            # accumulation: the final checkpoint could not be resumed exactly. Stop after the step instead.
+            trainer.should_stop = False
         final = 0 < trainer.max_steps <= trainer.global_step
         if validation_follows(trainer):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
@@ -195,6 +205,13 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if self._save_after_validation:
             self._save_after_validation = False
             self._save_now(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a run stopped before max_steps (--trainer.max_time, EarlyStopping) saves where it stopped: Lightning's own
+        # on_train_end saves last.ckpt only when nothing was saved during the run, so a resume went back to an
+        # older checkpoint and cut the logged steps after it
+        self._save_now(trainer)
+        super().on_train_end(trainer, pl_module)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):

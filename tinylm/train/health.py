@@ -211,7 +211,8 @@ class HealthMonitor(L.Callback):
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
             f"last good step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms [{history}]. Likely causes: LR too high "
             f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} "
-            "Resume from the last checkpoint with --ckpt_path last after fixing."
+            "After fixing, continue from the newest checkpoint with --ckpt_path last, or start again under a new "
+            "--run.name if the run saved none yet."
         )
         self._alert(trainer, "nonfinite", message, step=step)
         if self.halt_on_nonfinite:

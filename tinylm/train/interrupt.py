@@ -38,18 +38,16 @@ class RunInterrupted(TinyLMError):
         self.exit_code = 128 + signum if signum else 1
 
 
-class InterruptCheckpoint(Checkpoint):
-    """On SIGTERM or SIGINT: finish the optimizer step (and its validation), save ``<dirpath>/last.ckpt``, stop.
-
-    A ``Checkpoint`` so that Lightning runs it after the other checkpoint callbacks: a validation's ``best.ckpt``
-    candidate is saved before the run stops.
+class InterruptStop(L.Callback):
+    """On SIGTERM or SIGINT: finish the optimizer step (and its validation), save ``<dirpath>/last.ckpt`` (unless
+    ``dirpath`` is None: checkpointing is off), stop with :class:`RunInterrupted`.
 
     Args:
-        dirpath: The run's checkpoint folder.
+        dirpath: The run's checkpoint folder, or None to stop without saving.
     """
 
-    def __init__(self, dirpath: str | Path) -> None:
-        self.dirpath = Path(dirpath)
+    def __init__(self, dirpath: str | Path | None) -> None:
+        self.dirpath = None if dirpath is None else Path(dirpath)
         self._previous: dict[int, object] = {}  # handlers found installed, restored when the run ends
         self._armed = False
         self._received: int | None = None
@@ -109,9 +107,13 @@ class InterruptCheckpoint(Checkpoint):
         return trainer.strategy.reduce_boolean_decision(self._received is not None, all=False)
 
     def _stop(self, trainer: L.Trainer) -> None:
+        name = signal.Signals(self._received).name if self._received else "a signal to another rank"
+        if self.dirpath is None:
+            raise RunInterrupted(f"interrupted by {name} at step {trainer.global_step}; nothing was saved "
+                                 "(--trainer.enable_checkpointing false)", signum=self._received,
+                                 step=trainer.global_step, ckpt_path="")
         path = self.dirpath / "last.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # the full state: optimizer, loops, callbacks
-        name = signal.Signals(self._received).name if self._received else "a signal to another rank"
         raise RunInterrupted(
             f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
             "resume with `tinylm fit --config ... --ckpt_path last`",
@@ -144,3 +146,15 @@ def _outer_handler(signum: int):
     handler = signal.getsignal(signum)
     owner = getattr(handler, "__self__", None)
     return owner._previous.get(signum, signal.SIG_DFL) if isinstance(owner, InterruptCheckpoint) else handler
+
+
+class InterruptCheckpoint(InterruptStop, Checkpoint):
+    """`InterruptStop` that saves ``<dirpath>/last.ckpt``. A ``Checkpoint`` so that Lightning runs it after the
+    other checkpoint callbacks: a validation's ``best.ckpt`` candidate is saved before the run stops.
+
+    Args:
+        dirpath: The run's checkpoint folder.
+    """
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__(dirpath)

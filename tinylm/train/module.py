@@ -307,7 +307,13 @@ class TinyLM(L.LightningModule):
             muon_lr=hp.muon_lr, muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
             fused=self.device.type == "cuda",
         )
-        self._decay_steps()  # fail early, before the first step, if the schedule has no length
+        decay_steps = self._decay_steps()  # fail early, before the first step, if the schedule has no length
+        if hp.warmup_steps >= decay_steps:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(f"model.warmup_steps={hp.warmup_steps} is not below the schedule's length {decay_steps} "
+                           f"(model.decay_steps, else trainer.max_steps): the warmup outlasts the run and the LR "
+                           f"never reaches model.lr={hp.lr:g}; lower --model.warmup_steps or lengthen the run")
         # LambdaLR multiplies each group's own peak lr (AdamW's lr, Muon's muon_lr) by the schedule's factor; it is
         # stepped once per optimizer step, so last_epoch == global_step
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self._lr_at(step) / hp.lr)

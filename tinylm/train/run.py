@@ -18,7 +18,7 @@ from tinylm.train.callbacks import (
     SpeedMonitor,
 )
 from tinylm.train.health import HealthMonitor
-from tinylm.train.interrupt import InterruptCheckpoint
+from tinylm.train.interrupt import InterruptCheckpoint, InterruptStop
 
 
 def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int) -> list[L.Callback]:
@@ -59,5 +59,7 @@ def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
 
 def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int, progress_bar: bool) -> list[L.Callback]:
     """All of a run's callbacks; ``ckpt_dir=None`` leaves out the checkpoint callbacks (checkpointing off)."""
-    ckpts = [] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps, keep=keep)
+    # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
+    ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
+                                                                               keep=keep)
     return ckpts + monitor_callbacks(progress_bar=progress_bar)
