@@ -397,6 +397,9 @@ def latest_checkpoint(run_dir: Path, *, quiet: bool = False) -> str | None:
     folder = run_dir / "checkpoints"
     last = folder / "last.ckpt"
     steps, broken = [], []
+    with contextlib.suppress(CheckpointError, FileNotFoundError):
+        load_checkpoint(last, mmap=True)  # the usual case: nothing else to read
+        return str(last)
     for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
         try:
             steps.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path == last, path))
