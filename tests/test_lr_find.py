@@ -111,3 +111,10 @@ def test_steepest_descent_is_per_decade():
     linear = np.gradient(np.array(losses[10:-1]), np.array(lrs[10:-1]))
     assert lrs[10 + int(np.argmin(linear))] < 1e-5  # what this function exists to avoid
     assert steepest_descent(lrs[:3], losses[:3]) is None
+
+
+def test_lr_find_num_training_has_an_upper_bound(run_config, capsys):
+    """Catches a typo'd --num_training 1000000000 running silently for days instead of failing at once."""
+    with pytest.raises(SystemExit):
+        main(["lr-find", "--config", str(run_config()), "--num_training", "1000000000"])
+    assert "num_training must be in [3, 10000]" in capsys.readouterr().err

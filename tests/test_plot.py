@@ -20,11 +20,13 @@ def _png(path) -> bool:
 
 
 def test_read_run_series_alerts_and_cut_rows(tmp_path):
-    """Every logged metric is read with its step, health columns become alerts, and a row cut short by an
-    interrupted write is read as far as it goes (a reader that chokes on it hides the whole run)."""
+    """Every logged metric is read with its step, health columns become alerts, and a last row cut short by an
+    interrupted (or ongoing) write is left out: its "3." may be the start of "3.5" (a reader that chokes on it
+    hides the whole run; one that reads it plots a made-up point)."""
     folder = _run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,1,1,9.0,4.0,2e-4,950,\n0,,1,,,,,3.9\n0,,2,1.1,3.")
     curves = read_run(folder)
-    assert curves.series["train/loss"] == [(0, 4.2), (1, 4.0), (2, 3.0)]
+    assert curves.series["train/loss"] == [(0, 4.2), (1, 4.0)]
+    assert curves.series["train/grad_norm"] == [(0, 1.5), (1, 9.0)]
     assert curves.series["val/loss"] == [(1, 3.9)]
     assert curves.alerts == [(1, "spike")]
     assert "health/spike" not in curves.series

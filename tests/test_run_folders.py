@@ -322,6 +322,9 @@ def test_checkpoint_with_an_unknown_hyperparameter_resumes_with_a_warning(config
 def test_stop_strings_and_prompts_accept_escapes(config, tmp_path, capsys):
     """Catches `--stop "\\n\\n"` (as the README writes it) matching a literal backslash-n instead of a blank line."""
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb" and unescape("Grüße\\n") == "Grüße\n"
+    for literal in (r"C:\xyz", "abc\\", r"a\N{foo}", r"see \d and \alpha"):  # kept as typed, not crashed on or changed
+        assert unescape(literal) == literal
+    assert unescape(r"a\\n") == r"a\n"
     main(["fit", "--config", str(config)])
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
@@ -406,6 +409,50 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
     with pytest.warns(UserWarning, match="--top_k do nothing with --strategy greedy"):
         main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "greedy", "--top_k", "5",
               "--max_new_tokens", "2"])
+    with pytest.warns(UserWarning, match="--num_beams do nothing with --strategy sample .*--strategy beam"):
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--num_beams", "8", "--max_new_tokens", "2"])
+    capsys.readouterr()
+    assert "cannot run a model" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--device", "meta"])
+    assert "is a folder" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path)])
+    assert "is not a regular file" in _error_line(capsys, ["generate", "--ckpt_path", "/dev/null"])
+    # contrastive decodes min(top_k, vocab) candidates: a huge --top_k is no memory problem on a 58-char vocabulary
+    main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "contrastive", "--top_k", "10000000",
+          "--max_new_tokens", "2"])
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(config, tmp_path, capsys):
+    """Catches a bad --out ending in a traceback after the work was done (sampling every strategy, the LR sweep)
+    or before it with a traceback: a folder where a file is wanted, a file where a folder is, a place where nothing
+    can be created."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    (tmp_path / "text.txt").write_text("not a folder")
+    cases = [
+        (["sample-report", "--ckpt_path", ckpt, "--out", "text.txt"], "is a file; pass a folder path"),
+        (["export", "--ckpt_path", ckpt, "--out", "text.txt/sub"], "which is a file, not a folder"),
+        (["plot", "runs/tiny", "--out", "runs"], "--out must name a .png file"),
+        (["lr-find", "--config", str(config), "--out", "text.txt/lr.png"], "which is a file, not a folder"),
+    ]
+    unwritable = tmp_path / "ro"
+    unwritable.mkdir()
+    unwritable.chmod(0o555)
+    try:
+        with open(unwritable / "probe", "w"):  # root writes anywhere: then /proc, where nobody can create a file
+            pass
+        unwritable = Path("/proc")
+    except PermissionError:
+        pass
+    cases += [(["export", "--ckpt_path", ckpt, "--out", str(unwritable / "x" / "y")], "nothing can be written in"),
+              (["plot", "runs/tiny", "--out", str(unwritable / "x" / "p.png")], "nothing can be written in")]
+    for argv, needle in cases:
+        assert needle in _error_line(capsys, argv), argv
+    assert not (tmp_path / "runs" / "tiny" / "lr_find.png").exists()
+
+
+def test_plan_refuses_a_gpu_it_does_not_know(config, capsys):
+    """Catches `--gpu XYZ-9000` (a typo) printing 'wall time unknown' and exiting 0, unnoticed in a script."""
+    line = _error_line(capsys, ["plan", "--config", str(config), "--gpu", "XYZ-9000"])
+    assert "--gpu 'XYZ-9000'" in line and "h100" in line
 
 
 def test_interrupt_hint_repeats_the_users_command():

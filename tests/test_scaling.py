@@ -82,6 +82,12 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer
     assert json.loads((cfg.parent / "fit.json").read_text())["prediction"] == result["prediction"]
+    capsys.readouterr()
+    for other in (["--model.warmup_steps", "5"], ["--data.seed", "7"]):  # trained otherwise: not this ladder's run
+        with pytest.raises(SystemExit):
+            main(args + other)
+        err = capsys.readouterr().err
+        assert "holds a run of another ladder" in err and f"{other[0][2:]} " in err, err
 
 
 def test_scaling_without_a_law_still_reports(run_config, capsys):
@@ -124,6 +130,7 @@ def test_scaling_refuses_a_folder_of_another_ladder(run_config):
     (["--budget", "1e-3"], "less than one step.*raise --budget"),
     (["--head_size", "3"], r"\[1, 8\] with head size 3.*--head_size"),
     (["--out", "fit.json"], "--out must name a .png file"),
+    (["--budget", "1e30"], r"budget must be in \(0, 1e24\]"),
 ])
 def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
     cfg = run_config()

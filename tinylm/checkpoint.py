@@ -61,7 +61,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} not found; pass --ckpt_path PATH to a .ckpt written by `tinylm fit`")
+        what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+        raise FileNotFoundError(f"checkpoint {str(path)!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
+                                "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")
     if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; its index sits at the end of the file
         raise CheckpointError(
             f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file); "

@@ -16,6 +16,8 @@ def resolve_device(name: str = "auto") -> torch.device:
         device = torch.device(name)
     except RuntimeError as e:
         raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from e
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):  # e.g. meta: tensors without data, nothing can run there
+        raise ValueError(f"device {name!r} cannot run a model; use auto, cpu, cuda or cuda:N (or mps, xpu)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but this machine has no CUDA device; use --device cpu")
     try:
@@ -71,6 +73,18 @@ PEAK_BF16 = {
     "4090": 165e12,
     "3090": 71e12,
 }
+
+
+def known_gpu(name: str) -> bool:
+    """Whether ``name`` names a GPU whose peak FLOP/s tinylm knows at some precision (ours or Lightning's table)."""
+    return any(peak_flops_by_name(name, p) for p in ("bf16-mixed", "16-mixed", "32-true"))
+
+
+def gpu_names() -> list[str]:
+    """The GPU names `--gpu` takes (short forms; a full device name containing one works too)."""
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS
+
+    return sorted(set(PEAK_BF16) | set(_CUDA_FLOPS))
 
 
 def peak_flops_by_name(name: str, precision: str) -> float | None:

@@ -30,6 +30,7 @@ import torch
 
 from tinylm.checkpoint import CheckpointError, load_checkpoint, load_model  # noqa: F401  (load_model re-exported)
 from tinylm.model import GPT, GPTConfig
+from tinylm.paths import check_output_path
 from tinylm.tokenize.tokenizer import GPT2_PATTERN, Tokenizer, _parse_ranks
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
     if out.is_symlink() and not out.exists():
         raise NotADirectoryError(f"--out {str(out)!r} is a link to nothing; pass a directory path")
+    check_output_path(out, folder=True)  # a folder that cannot be made (under /proc, read-only): one line, now
     foreign = _not_an_export(out) if out.is_dir() else []
     if foreign:
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"

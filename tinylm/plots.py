@@ -20,13 +20,13 @@ def figure_canvas(**figure_kwargs: Any) -> tuple[Any, Any]:
 
 
 def check_png_path(out: str | Path, option: str = "--out") -> Path:
-    """`out` as a Path a PNG can be written to, checked before any work: a .png name that is not a folder, under
-    no file posing as a folder, and matplotlib installed (one-line errors naming the fix)."""
+    """`out` as a Path a PNG can be written to, checked before any work: a .png name that is not a folder, in a
+    place where files can be created (tinylm.paths), and matplotlib installed (one-line errors naming the fix)."""
+    from tinylm.paths import check_output_path
+
     path = Path(out)
     if path.suffix.lower() != ".png" or path.is_dir():
         raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
-    ancestor = next((p for p in path.parents if p.exists()), None)  # the nearest one that exists
-    if ancestor is not None and not ancestor.is_dir():
-        raise ValueError(f"{option} {str(out)!r} lies under {ancestor}, which is a file, not a folder; pick another path")
+    check_output_path(path, option)
     figure_canvas()  # the one-line error naming the extra when matplotlib is missing
     return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -112,10 +113,14 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 # ---- generate ---------------------------------------------------------------------------------------------------
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
 def unescape(text: str) -> str:
     r"""Turn the escape sequences a shell passes through literally into characters: "\n\n" -> two newlines,
-    "\t" -> tab, "\\" -> backslash; other characters (non-ASCII included) stay as they are."""
-    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    "\t" -> tab, "\r" -> carriage return, "\\" -> backslash. Any other backslash is kept as typed ("C:\xyz",
+    "\alpha", a trailing "\"): Python's full escape syntax would fail on some and silently change others."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def generate(
@@ -166,16 +171,21 @@ def generate(
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
+    from tinylm.generate.strategies import batch_rows, check_memory
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
-    ignored = {"greedy": ("temperature", "top_k", "top_p", "min_p"), "beam": ("temperature", "top_k", "top_p", "min_p"),
-               "contrastive": ("temperature", "top_p", "min_p"), "sample": ()}[strategy]
-    given = [f"--{k}" for k, v in (("temperature", temperature != 1.0), ("top_k", top_k is not None),
-                                   ("top_p", top_p is not None), ("min_p", min_p is not None)) if k in ignored and v]
+    # each option shapes the strategies named here; given to another (set away from its default), it does nothing
+    used_by = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",),
+               "min_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
+               "early_stopping": ("beam",), "penalty_alpha": ("contrastive",)}
+    set_ = {"temperature": temperature != 1.0, "top_k": top_k is not None, "top_p": top_p is not None,
+            "min_p": min_p is not None, "num_beams": num_beams != 4, "length_penalty": length_penalty != 1.0,
+            "early_stopping": early_stopping, "penalty_alpha": penalty_alpha != 0.6}
+    given = [k for k, on in set_.items() if on and strategy not in used_by[k]]
     if given:
-        warnings.warn(f"{', '.join(given)} do nothing with --strategy {strategy} (they shape sampling: use --strategy "
-                      "sample)")
+        warnings.warn(f"{', '.join('--' + k for k in given)} do nothing with --strategy {strategy} (they shape "
+                      f"--strategy {' / '.join(sorted({s for k in given for s in used_by[k]}))})")
     stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
@@ -209,6 +219,7 @@ def generate(
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
     stream = num_samples == 1 and strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode) if stream else None
+    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
     _write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
     texts = [tokenizer.decode(row) for row in out]
@@ -303,9 +314,11 @@ def sample_report(
     from tinylm.device import resolve_device
     from tinylm.generate.report import _fmt, write_report
     from tinylm.generate.report import sample_report as make_report
+    from tinylm.paths import check_output_path
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
+    check_output_path(out, folder=True)  # before the sampling, not after
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, seed=seed, progress=True)

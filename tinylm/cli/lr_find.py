@@ -24,12 +24,15 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
+    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
     from tinylm.train.lr_find import lr_find as range_test
     from tinylm.train.lr_find import plot_lr_find
 
     check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},
-                 {"min_lr": "(0, max_lr)", "max_lr": "(0, inf)", "num_training": "[3, inf)"})
+                 {"min_lr": "(0, max_lr)", "max_lr": "(0, inf)", "num_training": "[3, 10000]"})
+    if out:
+        check_png_path(out)  # before the sweep, not after
     cli = fit_objects(fit_args)
     opts = trainer_options(cli)
     keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")

@@ -28,12 +28,16 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
     import json as jsonlib
 
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
-    from tinylm.device import peak_flops_by_name
+    from tinylm.device import gpu_names, known_gpu, peak_flops_by_name
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
     from tinylm.train.plan import plan as make_plan
 
     check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
+    if gpu.lower() != "cpu" and not known_gpu(gpu):
+        raise ValueError(f"--gpu {gpu!r} is not a GPU whose peak FLOP/s tinylm knows; use one of "
+                         f"{', '.join(gpu_names())}, a full device name containing one (as nvidia-smi prints it), "
+                         "or cpu")
     if out is not None:
         check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
     cli = fit_objects(fit_args)

@@ -15,6 +15,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         out: PNG to write (default: plot.png in the first run's folder).
         reference: Draw a horizontal reference loss (e.g. a published result) in the loss panel.
     """
+    from tinylm.plots import check_png_path
     from tinylm.train.curves import metrics_csv, plot_runs, read_run
 
     if not runs:
@@ -23,6 +24,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     if out is None:
         csv = metrics_csv(runs[0])
         out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")
+    check_png_path(out)
     path = plot_runs(curves, out, reference=reference)
     for c in curves:
         last = {k: v[-1] for k, v in c.series.items() if k in ("train/loss", "val/loss")}

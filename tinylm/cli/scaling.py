@@ -50,7 +50,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     from tinylm.train.plan import compute_optimal
     from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
 
-    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, inf)", "head_size": "[1, inf)"})
+    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
     target = tuple(predict or DEFAULT_PREDICT)
     if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
@@ -83,8 +83,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     root, base = cli.run_dir.parent, cli.run_dir.name
     tag = f"C{budget:.1e}".replace("+", "")
     names = [f"{base}-{tag}-{r.label}" for r in rungs]
+    settings = ladder_settings(cli.config["fit"].as_dict())
     for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
-        check_ladder_run(root / name, r, shape)
+        check_ladder_run(root / name, r, shape, settings)
     # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
@@ -130,9 +131,29 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     return result
 
 
-def check_ladder_run(run_dir: Path, r, shape: dict) -> None:
+# what a rung learns besides its size and length: every model option, the data (but where it is cached and how
+# many workers read it), these Trainer options and the seed. Anything else (paths, logging, samples) may differ.
+_RUNG_SIZE = ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "eos_id")  # set per rung, or from the data
+_DATA_AS_IS = ("cache_dir", "num_workers")
+_TRAINER = ("accumulate_grad_batches", "precision", "gradient_clip_val", "gradient_clip_algorithm", "devices",
+            "num_nodes")
+
+
+def ladder_settings(config: dict) -> dict[str, object]:
+    """The options of a fit config (as a dict, or a run's config.yaml) that must agree for two runs of a ladder's
+    rung to be the same run: "section.key" -> value, JSON-normalised."""
+    model, data, trainer = (config.get(k) or {} for k in ("model", "data", "trainer"))
+    flat = {f"model.{k}": v for k, v in model.items() if k not in _RUNG_SIZE}
+    flat |= {f"data.{k}": v for k, v in data.items() if k not in _DATA_AS_IS}
+    flat |= {f"trainer.{k}": trainer[k] for k in _TRAINER if k in trainer}
+    flat["seed_everything"] = config.get("seed_everything")
+    return jsonlib.loads(jsonlib.dumps(flat, default=str))
+
+
+def check_ladder_run(run_dir: Path, r, shape: dict, settings: dict | None = None) -> None:
     """Refuse a run folder of this rung's name that holds another model or budget (another --head_size, another
-    budget with the same rounded tag, other model options): its loss would be reported as this rung's, or its
+    budget with the same rounded tag, other model options) or was trained otherwise (another lr, warmup,
+    optimizer, data seed, batch, ...: `ladder_settings`): its loss would be reported as this rung's, or its
     checkpoint resumed as this rung."""
     import yaml
 
@@ -144,10 +165,16 @@ def check_ladder_run(run_dir: Path, r, shape: dict) -> None:
     want = {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd, "model.n_head": r.n_head,
             "trainer.max_steps": r.max_steps} | {f"model.{k}": v for k, v in shape.items() if k in model}
     have = {k: (model if k.startswith("model.") else trainer).get(k.split(".", 1)[1]) for k in want}
+    if settings is not None:  # options in one config only (another tinylm version's) are not compared
+        then = ladder_settings(saved)
+        common = [k for k in settings if k in then and k not in want]
+        want |= {k: settings[k] for k in common}
+        have |= {k: then[k] for k in common}
     diff = [f"{k} {have[k]!r} (this ladder: {want[k]!r})" for k in want if have[k] != want[k]]
     if diff:
-        raise ValueError(f"{run_dir} holds a run of another ladder: {', '.join(diff)}; pass another --run.name "
-                         "for this ladder, or move that folder away")
+        raise ValueError(f"{run_dir} holds a run of another ladder: {', '.join(diff[:4])}"
+                         f"{f' and {len(diff) - 4} more' if len(diff) > 4 else ''}; pass another --run.name for this "
+                         "ladder, or move that folder away")
 
 
 def final_val_loss(run_dir: Path, max_steps: int) -> float | None:

@@ -257,7 +257,17 @@ def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
     return ids.to(model.lm_head.weight.device)
 
 
-def check_memory(model: GPT, rows: int) -> None:
+def batch_rows(config: SamplingConfig, prompts: int, vocab_size: int) -> int:
+    """Sequences decoded at once: prompts x beams (beam search) or x candidates (contrastive: top_k, at most the
+    vocabulary)."""
+    if config.strategy == "beam":
+        return prompts * config.num_beams
+    if config.strategy == "contrastive":
+        return prompts * min(config.top_k or CONTRASTIVE_DEFAULT_TOP_K, vocab_size)
+    return prompts
+
+
+def check_memory(model: GPT, rows: int, strategy: str = "sample") -> None:
     """Refuse a batch whose KV cache and logits would not fit in the device's free memory, naming the sizes:
     better one line now than the machine swapping or the OOM killer later."""
     c, p = model.config, model.lm_head.weight
@@ -272,7 +282,8 @@ def check_memory(model: GPT, rows: int) -> None:
             return
     if need > 0.8 * free:
         raise ValueError(f"generating {rows:,} sequences at once needs ~{need / 2**30:.1f} GiB (KV cache and logits) "
-                         f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / --num_beams")
+                         f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / "
+                         f"{'--top_k' if strategy == 'contrastive' else '--num_beams'}")
 
 
 def generate_with(
@@ -289,8 +300,7 @@ def generate_with(
     if config.eos_id is not None and config.eos_id >= model.config.vocab_size:
         raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
     ids = _prompt_tensor(prompt_ids, model)  # (B, L)
-    check_memory(model, ids.size(0) * (config.num_beams if config.strategy == "beam" else 1)
-                 * ((config.top_k or CONTRASTIVE_DEFAULT_TOP_K) if config.strategy == "contrastive" else 1))
+    check_memory(model, batch_rows(config, ids.size(0), model.config.vocab_size), config.strategy)
     rows = _Rows(ids.size(0), config, decode, on_token)
     run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
     generator = None

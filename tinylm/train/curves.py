@@ -39,24 +39,27 @@ def metrics_csv(run: str | Path) -> Path:
 
 
 def read_run(run: str | Path) -> RunCurves:
-    """Every numeric column of the run's metrics.csv; rows cut short by an interrupted write are read as far as
-    they go."""
+    """Every numeric column of the run's metrics.csv. A last line without its newline is being written (a run in
+    progress) or was cut by a crash: it is left out, as a resume drops it ("2." may be the start of "2.5")."""
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name)
     with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            step = _number(row.get("step"))
-            if step is None:
+        lines = f.read().splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines.pop()
+    for row in csv.DictReader(lines):
+        step = _number(row.get("step"))
+        if step is None:
+            continue
+        for key, text in row.items():
+            value = _number(text)
+            if key in (None, "step", "epoch") or value is None:
                 continue
-            for key, text in row.items():
-                value = _number(text)
-                if key in (None, "step", "epoch") or value is None:
-                    continue
-                if key.startswith(HEALTH_PREFIX):
-                    curves.alerts.append((int(step), key[len(HEALTH_PREFIX):]))
-                else:
-                    curves.series.setdefault(key, []).append((int(step), value))
+            if key.startswith(HEALTH_PREFIX):
+                curves.alerts.append((int(step), key[len(HEALTH_PREFIX):]))
+            else:
+                curves.series.setdefault(key, []).append((int(step), value))
     return curves
 
 

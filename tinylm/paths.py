@@ -1,0 +1,29 @@
+"""Output paths checked before any work: a command that trains or samples for minutes must not fail at the end
+because its `--out` could never be written."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+
+def check_output_path(out: str | Path, option: str = "--out", *, folder: bool = False) -> Path:
+    """`out` as a Path tinylm can write a file (or, with `folder`, a folder) at: not a folder where a file is wanted
+    nor a file where a folder is, under no file posing as a folder, and in a place where files can be created.
+    Raises ValueError naming the option, the path and the fix; creates nothing."""
+    path = Path(out)
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {str(out)!r} is a file; pass a folder path (it is created if missing)")
+    if not folder and path.is_dir():
+        raise ValueError(f"{option} {str(out)!r} is a folder; pass a file path")
+    ancestor = path if folder and path.is_dir() else next((p for p in path.parents if p.exists()), Path("."))
+    if not ancestor.is_dir():
+        raise ValueError(f"{option} {str(out)!r} lies under {ancestor}, which is a file, not a folder; pick another "
+                         "path")
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):  # the one test of writability that holds for root too
+            pass
+    except OSError as e:
+        raise ValueError(f"{option} {str(out)!r}: nothing can be written in {ancestor} ({e.strerror or e}); pick "
+                         "another path") from None
+    return path
