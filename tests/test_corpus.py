@@ -209,6 +209,8 @@ def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, mon
     (tmp_path / "notes.txt").write_text("my notes")
     (tmp_path / "data_cache" / "datasets").mkdir(parents=True)
     (tmp_path / "data_cache" / "datasets" / "train.bin").write_bytes(b"\0\1" * 100)
+    (tmp_path / "data_cache" / "hf-local" / "k").mkdir(parents=True)
+    (tmp_path / "data_cache" / "hf-local" / "k" / "rows.arrow").write_bytes(b"ARROW1")
     assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
     assert list(open_corpus("**/*", cache_dir="data_cache")) == ["my notes"]
 
@@ -261,3 +263,9 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     after = open_corpus(str(path), cache_dir=tmp_path / "c2")
     assert after.fingerprint != before and list(after) == ["hi there friend"]
+    moved = tmp_path / "elsewhere" / "renamed.jsonl"  # same text, another path and mtime: the same corpus
+    moved.parent.mkdir()
+    shutil.copy(path, moved)
+    assert open_corpus(str(moved), cache_dir=tmp_path / "c2").fingerprint == after.fingerprint
+    with pytest.raises(FileNotFoundError, match=r"--data.data_files .*matches no file"):
+        list(open_corpus("hf:json", cache_dir=tmp_path / "c3", data_files=str(tmp_path / "none" / "*.jsonl")))

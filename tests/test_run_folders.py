@@ -133,22 +133,27 @@ def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys)
     assert "tensorboard" in line and "Union" not in line
 
 
-@pytest.mark.parametrize("stop", ["max_time", "early_stopping"])
+@pytest.mark.parametrize("stop", ["max_time", "early_stopping", "early_stopping_mid_step"])
 def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, stop):
     """Catches --trainer.max_time or EarlyStopping ending a run with last.ckpt at an older periodic save: a resume
     went back there and cut the logged steps after it. max_time also stopped mid-accumulation (not resumable
     exactly): the run now finishes the optimizer step it is in."""
+    early = ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+             "--trainer.callbacks.min_delta", "10"]
     flags = {"max_time": ["--trainer.max_time", "{microseconds: 1}", "--trainer.accumulate_grad_batches", "2"],
-             "early_stopping": ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
-                                "--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "10"]}[stop]
+             "early_stopping": [*early, "--trainer.callbacks.patience", "1"],
+             # validations after batches 5 and 10 of 4-batch steps; the second stops the run: after step 3 (batch 12),
+             # not inside it
+             "early_stopping_mid_step": [*early, "--trainer.callbacks.patience", "0", "--trainer.val_check_interval",
+                                         "5", "--trainer.accumulate_grad_batches", "4"]}[stop]
     cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every", "3",
                           *flags])
     stopped = cli.trainer.global_step
-    assert stopped == {"max_time": 1, "early_stopping": 4}[stop]  # 1 whole step of 2 batches; val at 2, then 4
+    assert stopped == {"max_time": 1, "early_stopping": 4, "early_stopping_mid_step": 3}[stop]
     ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert ckpt["global_step"] == stopped
     batches = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
-    assert batches == stopped * (2 if stop == "max_time" else 1)
+    assert batches == stopped * {"max_time": 2, "early_stopping": 1, "early_stopping_mid_step": 4}[stop]
 
 
 def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(config, tmp_path, capsys, caplog):

@@ -195,7 +195,7 @@ class HFDataset(Corpus):
             # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
             local = None
             if self.cache_dir is not None and _any_local(self.files):
-                key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
+                key = hashlib.sha256(json.dumps(_contents(self.files), sort_keys=True).encode()).hexdigest()[:16]
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             try:
                 self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
@@ -203,6 +203,9 @@ class HFDataset(Corpus):
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
+            except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
+                raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                        "and globs") from None
             except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
                 cause = e.__cause__ or e
                 raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
@@ -235,11 +238,12 @@ class HFDataset(Corpus):
 
     def _fingerprint(self) -> str:
         dd = self._load()
-        # datasets' own fingerprint hashes the data files (local) or the resolved hub revision
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
-               "val_split": self.val_split if self.has_validation else None, "column": self.text_column,
-               "data": {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)},
-               "files": self.files}  # datasets' fingerprint of a local file follows its mtime, not its text
+               "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
+        if _any_local(self.files):  # local files: their contents, wherever they lie and whatever their mtime
+            key["contents"] = _contents(self.files)
+        else:  # hub data: datasets' own fingerprint follows the resolved revision
+            key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -304,7 +308,7 @@ class HFStream(Corpus):
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
                "val_documents": self.val_documents, "val_source": self.val_source,
-               "files": _hash_files(self.data_files)}
+               "files": _contents(_hash_files(self.data_files))}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -318,6 +322,16 @@ def _hash_files(data_files: Any) -> Any:
         return [(p, f"sha256:{_sha256(Path(p))}") for p in sorted(glob.glob(data_files, recursive=True))
                 if Path(p).is_file()] or data_files
     return data_files
+
+
+def _contents(hashed: Any) -> Any:
+    """`_hash_files` output with each local file's path dropped (its sha256 kept, in order): a corpus that was
+    moved, copied or named by another path is the same text."""
+    if isinstance(hashed, dict):
+        return {k: _contents(v) for k, v in hashed.items()}
+    if isinstance(hashed, list):
+        return [v[1] if isinstance(v, tuple) else _contents(v) for v in hashed]
+    return hashed
 
 
 def _any_local(hashed: Any) -> bool:
@@ -406,8 +420,9 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
 
 
 def _made_by_tinylm(cache_dir: str | Path) -> list[str]:
-    """The cache's folders of tokenizers and token ids: never text of a corpus (e.g. `--data.corpus .`)."""
-    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers")]
+    """The cache's own folders (token ids, tokenizers, Arrow caches, downloads): never part of a corpus such as
+    `--data.corpus .`."""
+    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers", "hf-local", "corpora")]
 
 
 def _files_below(root: Path, *, skip: list[str]) -> list[Path]:

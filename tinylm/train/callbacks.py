@@ -181,16 +181,24 @@ class PeriodicCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self._save_after_validation = False
         self._step_seen = -1
+        self._stepped = True  # the last training batch ended an optimizer step
+        self._stop_after_step = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._step_seen = trainer.global_step
+        self._step_seen, self._stepped, self._stop_after_step = trainer.global_step, True, False
+
+    def _hold_stop_to_the_step(self, trainer: L.Trainer) -> None:
+        # --trainer.max_time (Lightning's Timer checks after every batch), or EarlyStopping after a validation that
+        # ran mid-accumulation, would stop inside a gradient accumulation: the final checkpoint could not be resumed
+        # exactly (its batches counted, their gradients lost). The stop waits for the end of the step.
+        if trainer.should_stop and not self._stepped:
+            trainer.should_stop, self._stop_after_step = False, True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
-        if trainer.should_stop and not stepped:
-            # --trainer.max_time (Lightning's Timer checks after every batch) would stop in the middle of a gradient
-            # accumulation: the final checkpoint could not be resumed exactly. Stop after the step instead.
-            trainer.should_stop = False
+        self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
+        if self._stepped and self._stop_after_step:
+            trainer.should_stop, self._stop_after_step = True, False
+        self._hold_stop_to_the_step(trainer)
         final = 0 < trainer.max_steps <= trainer.global_step
         if validation_follows(trainer):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
@@ -200,7 +208,13 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if final:
             self._save_now(trainer)
 
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._hold_stop_to_the_step(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._hold_stop_to_the_step(trainer)
         super().on_validation_end(trainer, pl_module)
         if self._save_after_validation:
             self._save_after_validation = False
