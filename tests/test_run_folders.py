@@ -165,6 +165,10 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert "last.ckpt is damaged; continuing from the newest readable checkpoint, step-4.ckpt (step 4)" in caplog.text
     assert cli.trainer.global_step == 6
+    (ckpts / "last.ckpt").unlink()  # going back in place is refused by the newest checkpoint, whatever its name
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(ckpts / "step-4.ckpt"),
+                                "--trainer.max_steps", "8"])
+    assert "is at step 4 but" in line and "gone on to step 6" in line
     for path in ckpts.glob("*.ckpt"):
         path.unlink()
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
@@ -189,6 +193,13 @@ def test_warmup_longer_than_the_run_warns(config):
     with pytest.warns(UserWarning, match=r"model\.warmup_steps=50 is not below the schedule's length 4 .*never "
                                          r"reaches model\.lr"):
         main(["fit", "--config", str(config), "--model.warmup_steps", "50"])
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:  # a smoke test of one step is not the run: no warning
+        warnings.simplefilter("always")
+        main(["fit", "--config", str(config), "--run.name", "dev", "--model.warmup_steps", "50",
+              "--trainer.fast_dev_run", "true"])
+    assert not [w for w in seen if "warmup outlasts" in str(w.message)]
 
 
 def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):

@@ -75,6 +75,13 @@ PEAK_BF16 = {
 }
 
 
+def _names_chip(name: str, chip: str) -> bool:
+    """Whether `chip` ("a40", "v100 sxm") appears in `name` as whole words, or a model number's start ("v100 sxm"
+    in "v100 sxm2"): "a40" is not in "rtx a4000", "l4" not in "l40s", "h20" not in "h200"."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(chip)}(?![a-z0-9])", name) is not None or (
+        " " in chip and re.search(rf"(?<![a-z0-9]){re.escape(chip)}\d*(?![a-z])", name) is not None)
+
+
 def known_gpu(name: str) -> bool:
     """Whether ``name`` names a GPU whose peak FLOP/s tinylm knows at some precision (ours or Lightning's table)."""
     return any(peak_flops_by_name(name, p) for p in ("bf16-mixed", "16-mixed", "32-true"))
@@ -90,10 +97,10 @@ def gpu_names() -> list[str]:
 def peak_flops_by_name(name: str, precision: str) -> float | None:
     """Dense peak FLOP/s of the GPU called ``name`` (e.g. "NVIDIA H100 80GB HBM3", "h100", "a100") at a Lightning
     precision string, or None when unknown."""
-    name = name.lower()
+    name = re.sub(r"[-_\s]+", " ", name.lower()).strip()  # "Tesla V100-SXM2-16GB" -> "tesla v100 sxm2 16gb"
     half = "16" in precision
     if half:
-        found = next((v for k, v in PEAK_BF16.items() if k in name), None)
+        found = next((v for k, v in PEAK_BF16.items() if _names_chip(name, k)), None)
         if found is not None:
             return found
     from lightning.fabric.utilities.throughput import (
@@ -103,7 +110,7 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else torch.float32
     # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one, "h100" is the start
     # of one; a fragment that names no chip ("", "x", "a") matches nothing
-    chip = next((k for k in _CUDA_FLOPS if k in name or (re.fullmatch(r"[a-z]+\d+\w*", name) and k.startswith(name))),
-                None)
+    chip = next((k for k in _CUDA_FLOPS if _names_chip(name, k) or (re.fullmatch(r"[a-z]+\d+\w*", name)
+                                                                    and k.startswith(name + " "))), None)
     flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
     return float(flops) if flops else None

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import shlex
 import signal
 import sys
 import threading
@@ -80,9 +81,16 @@ def main(argv: list[str] | None = None) -> None:
         if verbose or not is_user_error(e):
             raise
         line = one_line(e)
-        if command == "fit" and "`tinylm fit --config ... --ckpt_path last`" in line:
-            # the resume command with the user's own config and overrides (--run.name among them)
-            line = line.replace("`tinylm fit --config ... --ckpt_path last`", f"`{resume_command(rest)}`")
+        hint = "`tinylm fit --config ... --ckpt_path last`"
+        if hint in line:
+            # the resume command with the user's own config and overrides (--run.name among them); a command that
+            # runs fits inside (scaling) resumes them when it is run again
+            again = resume_command(rest) if command == "fit" else shlex.join(["tinylm", command, *rest])
+            line = line.replace(hint, f"`{again}`")
+        commands = sys.modules.get("tinylm.cli.commands")
+        if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
@@ -111,8 +119,6 @@ def _terminate_cleanly(command: str) -> Iterator[None]:
 
 def resume_command(args: list[str]) -> str:
     """`tinylm fit ARGS --ckpt_path last`, ARGS being this command's own minus any --ckpt_path."""
-    import shlex
-
     kept, skip = [], False
     for arg in args:
         if skip:

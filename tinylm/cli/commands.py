@@ -253,9 +253,19 @@ class _StreamPrinter:
             _write(text[self.shown:])
 
 
+_MID_LINE = [False]  # the last text written to stdout did not end its line
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+    if text:
+        _MID_LINE[0] = not text.endswith("\n")
+
+
+def mid_line() -> bool:
+    """Whether generate's output stopped in the middle of a line (an error line then starts on a new one)."""
+    return _MID_LINE[0]
 
 
 # ---- export -----------------------------------------------------------------------------------------------------

@@ -233,24 +233,22 @@ class TinyLMCLI(LightningCLI):
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
             what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
-            if latest_checkpoint(self.run_dir, quiet=True) is None:  # logs only: --ckpt_path last has nothing
+            found, broken = checkpoints_by_step(self.run_dir)
+            if not found:  # logs only, or only damaged checkpoints: --ckpt_path last has nothing to go on from
+                why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else "it stopped before its first"
                 raise TinyLMError(
-                    f"{self.run_dir} holds the logs of a run that saved no readable checkpoint (it stopped before "
-                    f"its first), so there is nothing to continue; refusing to start {what} over it. Start a new "
-                    f"run with --run.name NEW_NAME, or delete {self.run_dir} to reuse its name")
+                    f"{self.run_dir} holds a run that saved no readable checkpoint ({why}), so there is nothing to "
+                    f"continue; refusing to start {what} over it. Start a new run with --run.name NEW_NAME, or delete "
+                    f"{self.run_dir} to reuse its name")
             raise TinyLMError(
                 f"{self.run_dir} already holds a run; refusing to start {what} over it. Continue it with "
                 f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
-        from tinylm.checkpoint import CheckpointError, load_checkpoint
-
-        last = self.run_dir / "checkpoints" / "last.ckpt"
-        try:  # a damaged last.ckpt does not count: continuing from an earlier checkpoint is the way out
-            latest = int(load_checkpoint(last, mmap=True).get("global_step", 0)) if last.is_file() else None
-        except CheckpointError:
-            latest = None
-        if inside and latest is not None and Path(ckpt_path).resolve() != last.resolve():
-            at = int(load_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
-            if at < latest:  # going back in the same folder would drop the later history and overwrite last.ckpt
+        if inside:
+            # the newest readable checkpoint, whatever its name (last.ckpt may be missing or damaged)
+            found, _ = checkpoints_by_step(self.run_dir)
+            latest = max((step for step, _, _ in found), default=None)
+            at = next((step for step, _, p in found if p.resolve() == Path(ckpt_path).resolve()), latest)
+            if latest is not None and at < latest:  # going back here would drop later history and checkpoints
                 raise TinyLMError(
                     f"{ckpt_path} is at step {at} but {self.run_dir} has gone on to step {latest}; continuing from it "
                     f"here would discard steps {at}-{latest} of this run's logs and overwrite its last.ckpt. Branch "
@@ -388,26 +386,33 @@ class TinyLMCLI(LightningCLI):
         self.validate_csv = path
 
 
+def checkpoints_by_step(run_dir: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
+    """The run folder's readable checkpoints as (step, is last.ckpt, path), and the names of the unreadable ones."""
+    from tinylm.checkpoint import CheckpointError, load_checkpoint
+
+    folder, found, broken = run_dir / "checkpoints", [], []
+    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
+        try:
+            found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))
+        except CheckpointError:
+            broken.append(path.name)
+    return found, broken
+
+
 def latest_checkpoint(run_dir: Path, *, quiet: bool = False) -> str | None:
     """What ``--ckpt_path last`` means: ``last.ckpt`` when it loads, else the newest readable checkpoint of the run
     folder (by step: a run killed before its first periodic save may have a ``best.ckpt``; a damaged last.ckpt
     leaves its step-N.ckpt), with a warning; None when the folder holds none."""
     from tinylm.checkpoint import CheckpointError, load_checkpoint
 
-    folder = run_dir / "checkpoints"
-    last = folder / "last.ckpt"
-    steps, broken = [], []
+    last = run_dir / "checkpoints" / "last.ckpt"
     with contextlib.suppress(CheckpointError, FileNotFoundError):
         load_checkpoint(last, mmap=True)  # the usual case: nothing else to read
         return str(last)
-    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
-        try:
-            steps.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path == last, path))
-        except CheckpointError:
-            broken.append(path.name)
-    if not steps:
+    found, broken = checkpoints_by_step(run_dir)
+    if not found:
         return None
-    step, is_last, path = max(steps)
+    step, is_last, path = max(found)
     if not is_last and not quiet:
         why = "is damaged" if "last.ckpt" in broken else "is missing"
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",

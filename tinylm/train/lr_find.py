@@ -58,11 +58,12 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     hp = module.hparams
     if hp.get("optimizer") == "muon":
         module.muon_lr_ratio = hp.muon_lr / hp.lr
+    module.lr_range_test = True
     try:
         finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
                                         num_training=num_training, update_attr=False)
     finally:
-        module.muon_lr_ratio = None
+        module.muon_lr_ratio, module.lr_range_test = None, False
     # Lightning records the loss that backward sees: divided by the accumulation count; scaled back here
     scale = trainer.accumulate_grad_batches
     points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))

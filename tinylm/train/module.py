@@ -171,6 +171,7 @@ class TinyLM(L.LightningModule):
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
                              f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
         self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.train.lr_find)
+        self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.train.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         if init_from is not None:
             architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
@@ -308,7 +309,8 @@ class TinyLM(L.LightningModule):
             fused=self.device.type == "cuda",
         )
         decay_steps = self._decay_steps()  # fail early, before the first step, if the schedule has no length
-        if hp.warmup_steps >= decay_steps:
+        fast_dev_run = self._trainer is not None and bool(self.trainer.fast_dev_run)
+        if hp.warmup_steps >= decay_steps and not (self.lr_range_test or fast_dev_run):  # those are not the run
             from lightning.pytorch.utilities import rank_zero_warn
 
             rank_zero_warn(f"model.warmup_steps={hp.warmup_steps} is not below the schedule's length {decay_steps} "
