@@ -200,6 +200,7 @@ def test_warmup_longer_than_the_run_warns(config):
         main(["fit", "--config", str(config), "--run.name", "dev", "--model.warmup_steps", "50",
               "--trainer.fast_dev_run", "true"])
     assert not [w for w in seen if "warmup outlasts" in str(w.message)]
+    assert not list((config.parent / "runs" / "dev").glob("**/*.ckpt"))  # a smoke test saves nothing to resume
 
 
 def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):

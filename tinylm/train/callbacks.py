@@ -225,7 +225,8 @@ class PeriodicCheckpoint(ModelCheckpoint):
         # on_train_end saves last.ckpt only when nothing was saved during the run, so a resume went back to an
         # older checkpoint and cut the logged steps after it
         self._save_now(trainer)
-        super().on_train_end(trainer, pl_module)
+        if not trainer.fast_dev_run:  # Lightning's own save of last.ckpt forgets fast_dev_run's "save nothing"
+            super().on_train_end(trainer, pl_module)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):
