@@ -248,7 +248,7 @@ def test_folders_and_globs_of_dataset_files_are_datasets(tmp_path):
         corpus = open_corpus(spec, cache_dir=tmp_path / "cache")
         assert list(corpus) == ["doc 0.0", "doc 0.1", "doc 1.0", "doc 1.1"]
     (d / "README.txt").write_text("about these shards")
-    with pytest.raises(ValueError, match=r"mixes dataset files and text files \(\.jsonl, \.txt\).*'DIR/\*\*/\*\.txt'"):
+    with pytest.raises(ValueError, match=r"mixes files of different kinds \(\.jsonl, \.txt\).*'DIR/\*\*/\*\.txt'"):
         open_corpus(str(d), cache_dir=tmp_path / "cache")
 
 

@@ -179,10 +179,10 @@ def generate(
     used_by = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",),
                "min_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
                "early_stopping": ("beam",), "penalty_alpha": ("contrastive",)}
-    set_ = {"temperature": temperature != 1.0, "top_k": top_k is not None, "top_p": top_p is not None,
-            "min_p": min_p is not None, "num_beams": num_beams != 4, "length_penalty": length_penalty != 1.0,
-            "early_stopping": early_stopping, "penalty_alpha": penalty_alpha != 0.6}
-    given = [k for k, on in set_.items() if on and strategy not in used_by[k]]
+    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "num_beams": num_beams,
+              "length_penalty": length_penalty, "early_stopping": early_stopping, "penalty_alpha": penalty_alpha}
+    defaults = inspect.signature(generate).parameters
+    given = [k for k, v in values.items() if v != defaults[k].default and strategy not in used_by[k]]
     if given:
         warnings.warn(f"{', '.join('--' + k for k in given)} do nothing with --strategy {strategy} (they shape "
                       f"--strategy {' / '.join(sorted({s for k in given for s in used_by[k]}))})")

@@ -209,7 +209,6 @@ class TinyLMCLI(LightningCLI):
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         ckpt_path = cfg.get("ckpt_path")
-        self.asked_last = ckpt_path == "last"
         if ckpt_path == "last":
             cfg.ckpt_path = ckpt_path = latest_checkpoint(self.run_dir)
             if ckpt_path is None and sub == "fit":
@@ -399,7 +398,7 @@ def checkpoints_by_step(run_dir: Path) -> tuple[list[tuple[int, bool, Path]], li
     return found, broken
 
 
-def latest_checkpoint(run_dir: Path, *, quiet: bool = False) -> str | None:
+def latest_checkpoint(run_dir: Path) -> str | None:
     """What ``--ckpt_path last`` means: ``last.ckpt`` when it loads, else the newest readable checkpoint of the run
     folder (by step: a run killed before its first periodic save may have a ``best.ckpt``; a damaged last.ckpt
     leaves its step-N.ckpt), with a warning; None when the folder holds none."""
@@ -412,11 +411,9 @@ def latest_checkpoint(run_dir: Path, *, quiet: bool = False) -> str | None:
     found, broken = checkpoints_by_step(run_dir)
     if not found:
         return None
-    step, is_last, path = max(found)
-    if not is_last and not quiet:
-        why = "is damaged" if "last.ckpt" in broken else "is missing"
-        log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
-                    last, why, path.name, step)
+    step, _, path = max(found)
+    log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
+                last, "is damaged" if "last.ckpt" in broken else "is missing", path.name, step)
     return str(path)
 
 

@@ -195,7 +195,7 @@ class HFDataset(Corpus):
             # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
             local = None
             if self.cache_dir is not None and _any_local(self.files):
-                key = hashlib.sha256(json.dumps(_contents(self.files), sort_keys=True).encode()).hexdigest()[:16]
+                key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             try:
                 self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
@@ -241,7 +241,7 @@ class HFDataset(Corpus):
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
         if _any_local(self.files):  # local files: their contents, wherever they lie and whatever their mtime
-            key["contents"] = _contents(self.files)
+            key["contents"] = self.files
         else:  # hub data: datasets' own fingerprint follows the resolved revision
             key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
@@ -308,39 +308,31 @@ class HFStream(Corpus):
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
                "val_documents": self.val_documents, "val_source": self.val_source,
-               "files": _contents(_hash_files(self.data_files))}
+               "files": _hash_files(self.data_files)}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _hash_files(data_files: Any) -> Any:
-    """sha256 of each local file named in `data_files` (a path, list or {split: path(s)}); other names as given."""
+    """`data_files` (a path or glob, a list, or {split: path(s)}) with each local file replaced by "sha256:<hex>" of
+    its contents, in path order: a corpus moved, copied or named by another path is the same text. A name that
+    matches no local file (a hub dataset's) stays as given."""
     if isinstance(data_files, dict):
         return {k: _hash_files(v) for k, v in sorted(data_files.items())}
     if isinstance(data_files, (list, tuple)):
         return [_hash_files(v) for v in data_files]
     if isinstance(data_files, str):
-        return [(p, f"sha256:{_sha256(Path(p))}") for p in sorted(glob.glob(data_files, recursive=True))
+        return [f"sha256:{_sha256(Path(p))}" for p in sorted(glob.glob(data_files, recursive=True))
                 if Path(p).is_file()] or data_files
     return data_files
 
 
-def _contents(hashed: Any) -> Any:
-    """`_hash_files` output with each local file's path dropped (its sha256 kept, in order): a corpus that was
-    moved, copied or named by another path is the same text."""
-    if isinstance(hashed, dict):
-        return {k: _contents(v) for k, v in hashed.items()}
-    if isinstance(hashed, list):
-        return [v[1] if isinstance(v, tuple) else _contents(v) for v in hashed]
-    return hashed
-
-
 def _any_local(hashed: Any) -> bool:
-    """Whether `_hash_files` output names a local file."""
+    """Whether `_hash_files` output holds a local file's hash."""
     if isinstance(hashed, dict):
         return any(_any_local(v) for v in hashed.values())
     if isinstance(hashed, list):
-        return any(isinstance(v, tuple) or _any_local(v) for v in hashed)
-    return False
+        return any(_any_local(v) for v in hashed)
+    return isinstance(hashed, str) and hashed.startswith("sha256:")
 
 
 class Mixture(Corpus):
@@ -453,9 +445,9 @@ def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path)
         builder = builders.pop()
         return HFDataset(spec, builder, **{**hf, "data_files": [str(p) for p in files]}, cache_dir=cache_dir)
     kinds = sorted({p.suffix.lower() or "(no suffix)" for p in files})
-    raise ValueError(f"corpus {spec!r} mixes dataset files and text files ({', '.join(kinds)}): dataset rows "
-                     "would be read as raw text; name one kind, e.g. --data.corpus 'DIR/**/*.txt' or "
-                     "'DIR/**/*.jsonl'")
+    raise ValueError(f"corpus {spec!r} mixes files of different kinds ({', '.join(kinds)}): text and dataset "
+                     "files, or datasets of two formats, cannot be read as one; name one kind, e.g. --data.corpus "
+                     "'DIR/**/*.txt' or 'DIR/**/*.jsonl'")
 
 
 def _unique_files(files: list[Path]) -> list[Path]:

@@ -155,6 +155,3 @@ class InterruptCheckpoint(InterruptStop, Checkpoint):
     Args:
         dirpath: The run's checkpoint folder.
     """
-
-    def __init__(self, dirpath: str | Path) -> None:
-        super().__init__(dirpath)
