@@ -54,8 +54,10 @@ def test_damaged_cached_tokenizer_says_delete_it(config, tmp_path, capsys):
     assert str(state.parent) in line and "--data.tokenizer takes" not in line
 
 
-def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path):
-    """Catches SIGTERM killing `tinylm prepare` without a word and leaving its temp folder for the next run."""
+@pytest.mark.parametrize("command", ["prepare", "fit"])
+def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path, command):
+    """Catches SIGTERM killing `tinylm prepare` (or `fit` while it prepares its data, before its own handler takes
+    over at the first step) without a word and leaving its temp folder for the next run."""
     import signal
     import subprocess
     import sys
@@ -63,7 +65,7 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path)
 
     big = tmp_path / "big.txt"
     big.write_text((tmp_path / "shakespeare_small.txt").read_text(encoding="utf-8") * 400)  # 8 MB
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "prepare", "--config", str(config), "--data.corpus",
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", command, "--config", str(config), "--data.corpus",
                              str(big)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     datasets = tmp_path / "cache" / "datasets"
     deadline = time.monotonic() + 120
@@ -75,6 +77,7 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path)
         pytest.skip("prepare finished before the signal came (a very fast machine)")
     assert proc.returncode == 143 and "terminated by SIGTERM" in err and "Traceback" not in err, err
     assert not list(datasets.glob("*.tmp-*"))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no half-made run folder
 
 
 def test_empty_corpus_is_one_line(config, tmp_path, capsys):

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
         if command in LIGHTNING_COMMANDS:
             from tinylm.cli.fit import lightning_main
 
-            cli = lightning_main([command, *rest])
+            # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
+            with _terminate_cleanly(command):
+                cli = lightning_main([command, *rest])
             if command == "validate" and hasattr(cli, "validate_result"):
                 print(format_validate(cli.validate_result, cli.validate_csv))
         elif command in OWN_COMMANDS:
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 class Terminated(TinyLMError):
-    """SIGTERM reached a command other than fit/validate (which save and stop on their own, tinylm.train.interrupt);
+    """SIGTERM reached a command outside fit's training loop (which saves and stops on its own, tinylm.train.interrupt):
     raised so that its cleanup runs (temp folders, partial exports) and it ends with a line, exit 143."""
 
     exit_code = 128 + signal.SIGTERM
