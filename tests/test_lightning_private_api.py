@@ -66,6 +66,16 @@ def test_internals_used_by_the_interrupt_checkpoint():
     assert "self._data_fetcher" in inspect.getsource(_FitLoop.__init__)
 
 
+def test_logged_step_counter():
+    """tinylm.train.callbacks.LoggedStep sets the fit loop's `_batches_that_stepped` (the step metrics are logged
+    under, saved in checkpoints) to global_step at a run's first batch."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    assert "self._batches_that_stepped: int = 0" in inspect.getsource(_TrainingEpochLoop.__init__)
+    assert "self._batches_that_stepped" in inspect.getsource(_TrainingEpochLoop._save_loggers_on_train_batch_end) + \
+        inspect.getsource(_TrainingEpochLoop.on_advance_end)
+
+
 def test_lr_finder_debias_exponent():
     """tinylm.train.lr_find.debiased undoes Lightning's off-by-one debiasing of the range test's running loss
     (global_step is read after the step counted it). When Lightning fixes it, this fails: drop the correction."""

@@ -140,20 +140,39 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, stop):
     exactly): the run now finishes the optimizer step it is in."""
     early = ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
              "--trainer.callbacks.min_delta", "10"]
-    flags = {"max_time": ["--trainer.max_time", "{microseconds: 1}", "--trainer.accumulate_grad_batches", "2"],
+    # the settings kept when the run goes on, and what stops it
+    same = {"max_time": ["--trainer.accumulate_grad_batches", "2"], "early_stopping": [],
+            # validations after batches 5 and 10 of 4-batch steps; the second stops the run: after step 3 (batch 12),
+            # not inside it
+            "early_stopping_mid_step": ["--trainer.val_check_interval", "5", "--trainer.accumulate_grad_batches", "4"]}
+    same = [*same[stop], "--model.decay_steps", "20"]  # the schedule's length, whatever max_steps is
+    flags = {"max_time": ["--trainer.max_time", "{microseconds: 1}"],
              "early_stopping": [*early, "--trainer.callbacks.patience", "1"],
-             # validations after batches 5 and 10 of 4-batch steps; the second stops the run: after step 3 (batch 12),
-             # not inside it
-             "early_stopping_mid_step": [*early, "--trainer.callbacks.patience", "0", "--trainer.val_check_interval",
-                                         "5", "--trainer.accumulate_grad_batches", "4"]}[stop]
+             "early_stopping_mid_step": [*early, "--trainer.callbacks.patience", "0"]}[stop]
     cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every", "3",
-                          *flags])
+                          *same, *flags])
     stopped = cli.trainer.global_step
     assert stopped == {"max_time": 1, "early_stopping": 4, "early_stopping_mid_step": 3}[stop]
     ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert ckpt["global_step"] == stopped
     batches = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
     assert batches == stopped * {"max_time": 2, "early_stopping": 1, "early_stopping_mid_step": 4}[stop]
+
+    # Going on from there logs what an unstopped run logs, under the same step labels. Caught: a resume one logging
+    # step off (two rows under one step, W&B refusing a lower step), from a last.ckpt saved after the ended epoch or
+    # after the validation Lightning runs where a run stops between two scheduled ones (early_stopping_mid_step).
+    csv_of = {name: tmp_path / "runs" / name / "csv" / "metrics.csv" for name in ("tiny", "straight")}
+    stop_rows = len(_rows(csv_of["tiny"]))
+    end = ["--trainer.max_steps", str(stopped + 2)]
+    main(["fit", "--config", str(config), "--ckpt_path", "last", *end, *same])
+    main(["fit", "--config", str(config), "--run.name", "straight", *end, *same])
+    rows = {name: [(r["step"], r["epoch"], "train" if r["train/loss"] else "val", float(r["train/loss"] or r["val/loss"]))
+                   for r in _rows(path)] for name, path in csv_of.items()}
+    if stop == "early_stopping_mid_step":  # that validation at the stop (step 3) is one row more than straight's
+        assert rows["tiny"][stop_rows - 1][:3] == ("2", "0", "val")
+        del rows["tiny"][stop_rows - 1]
+    assert [row[:3] for row in rows["tiny"]] == [row[:3] for row in rows["straight"]]
+    assert [row[3] for row in rows["tiny"]] == pytest.approx([row[3] for row in rows["straight"]], abs=1e-4)
 
 
 def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(config, tmp_path, capsys, caplog):

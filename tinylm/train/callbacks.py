@@ -157,6 +157,29 @@ class RNGState(L.Callback):
             torch.cuda.set_rng_state_all(s["cuda"])
 
 
+class LoggedStep(L.Callback):
+    """Keeps the step that metrics are logged under equal to the optimizer steps done, across a resume.
+
+    Lightning logs under its own counter (the fit loop's ``_batches_that_stepped``, one behind ``global_step`` while
+    a step's metrics are written). On resume it restores that counter and corrects it by guessing where in a batch
+    the checkpoint was saved; the guess is off by one for a checkpoint saved after a validation that ran only because
+    the run was stopping (EarlyStopping or ``--trainer.max_time`` between two scheduled validations), or after the
+    epoch ended. The resumed run then logged every step under its neighbour's label: two CSV rows under one step, and
+    W&B refusing a step lower than its last. Before the first batch of a run the counter equals ``global_step``.
+    """
+
+    def __init__(self) -> None:
+        self._first = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first = True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if self._first:  # here, not at on_train_start: Lightning makes its correction in between
+            self._first = False
+            trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+
+
 def validation_follows(trainer: L.Trainer) -> bool:
     """Whether Lightning validates right after the current training batch (ask in ``on_train_batch_end``).
 
@@ -199,7 +222,8 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if self._stepped and self._stop_after_step:
             trainer.should_stop, self._stop_after_step = True, False
         self._hold_stop_to_the_step(trainer)
-        final = 0 < trainer.max_steps <= trainer.global_step
+        # the run's last step: max_steps, or a stop that went through (max_time, EarlyStopping, held to this step)
+        final = 0 < trainer.max_steps <= trainer.global_step or (self._stepped and trainer.should_stop)
         if validation_follows(trainer):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
@@ -216,14 +240,17 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if not trainer.sanity_checking:
             self._hold_stop_to_the_step(trainer)
         super().on_validation_end(trainer, pl_module)
-        if self._save_after_validation:
+        stops_here = not trainer.sanity_checking and self._stepped and trainer.should_stop  # EarlyStopping
+        if self._save_after_validation or stops_here:
             self._save_after_validation = False
             self._save_now(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # a run stopped before max_steps (--trainer.max_time, EarlyStopping) saves where it stopped: Lightning's own
-        # on_train_end saves last.ckpt only when nothing was saved during the run, so a resume went back to an
-        # older checkpoint and cut the logged steps after it
+        # A run stopped before max_steps (--trainer.max_time, EarlyStopping) has saved where it stopped, in the hooks
+        # above (Lightning's own on_train_end saves last.ckpt only when nothing was saved during the run, so a resume
+        # went back to an older checkpoint and cut the logged steps after it). Not here: after the epoch's end, whose
+        # loop state resumes one logging step off (Lightning counts the ended epoch's last batch again). This save is
+        # for the stops those hooks do not see; it is skipped when the step is saved already.
         self._save_now(trainer)
         if not trainer.fast_dev_run:  # Lightning's own save of last.ckpt forgets fast_dev_run's "save nothing"
             super().on_train_end(trainer, pl_module)

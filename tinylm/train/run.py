@@ -12,6 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tinylm.train.callbacks import (
+    LoggedStep,
     PeriodicCheckpoint,
     ProgressBar,
     RNGState,
@@ -50,8 +51,9 @@ def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int)
 
 
 def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
-    """Throughput/MFU, RNG state for exact resume, the health monitor, and the progress bar when it is on."""
-    callbacks: list[L.Callback] = [SpeedMonitor(), RNGState(), HealthMonitor()]
+    """Throughput/MFU, RNG state and logged step for exact resume, the health monitor, and the progress bar when it
+    is on."""
+    callbacks: list[L.Callback] = [SpeedMonitor(), RNGState(), LoggedStep(), HealthMonitor()]
     if progress_bar:
         callbacks.append(ProgressBar())
     return callbacks
