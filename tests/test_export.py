@@ -410,9 +410,19 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     messages = [r.getMessage() for r in caplog.records]
     assert any("its weights came from model.init_from" in m for m in messages)  # said where they came from
     assert not any("ignoring" in m for m in messages)  # init_from not passed, the architecture from the weights
+    # a second resume (init_from passed again, as the run's own config has it): the checkpoints the first one wrote
+    # still say where the weights came from (they had lost it, and the architecture the weights gave, and init_from
+    # itself, were then taken for config values being ignored)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"its weights came from model.init_from {source}" in m for m in messages), messages
+    assert not any("ignoring" in m for m in messages), messages
+    assert load_checkpoint(last)["tinylm"]["init_from"] == str(source)
     main(["validate", "--config", str(config), "--ckpt_path", str(last)])
     hp = load_checkpoint(last)["hyper_parameters"]
-    assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 4
+    assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 6
 
 
 def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_path, small_data, char_tokenizer):

@@ -281,7 +281,9 @@ class TinyLMCLI(LightningCLI):
         saved = {k: v for k, v in saved.items() if k in known}
         linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
         # a run from init_from took its architecture from the weights, never from the config: nothing to ignore there
-        from_weights = architecture_fields() if saved.get("init_from") is not None else ()
+        source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
+        from_weights = architecture_fields() if source is not None else ()
+        saved["init_from"] = source
         ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
                    if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
                    and not (k == "init_from" and cfg.model[k] is None)]  # not passed: nothing to ignore
@@ -293,9 +295,9 @@ class TinyLMCLI(LightningCLI):
             _warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
         for key in linked:
             saved.pop(key, None)
-        if saved.get("init_from") is not None:  # the checkpoint holds the weights, and the shape they gave
+        if source is not None:  # the checkpoint holds the weights, and the shape they gave
             log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
-                     ckpt_path, saved["init_from"])
+                     ckpt_path, source)
             saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
         self.config = self.parser.parse_object({sub: {"model": saved}}, self.config)
 

@@ -173,6 +173,9 @@ class TinyLM(L.LightningModule):
         self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.train.lr_find)
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.train.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
+        # where the run's first weights came from: kept in every checkpoint of the run, its resumes' too (a resume
+        # passes init_from=None, so that the source is not read again, and takes this from the checkpoint)
+        self.init_source = init_from
         if init_from is not None:
             architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
                                                                           block_size=block_size)
@@ -369,7 +372,8 @@ class TinyLM(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
-        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id}
+        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
+                                "init_from": self.init_source}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = tinylm_section(checkpoint)
@@ -386,6 +390,7 @@ class TinyLM(L.LightningModule):
             )
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
+        self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
 
     def _check_tokenizer(self, saved: dict | None) -> None:
         """Refuse a resume (or validation) whose data module has another tokenizer than the checkpoint's, even of the
