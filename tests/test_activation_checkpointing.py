@@ -54,3 +54,23 @@ def test_checkpointing_changes_no_keys_and_not_eval():
     x = torch.randint(0, 50, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x), ckpt(x))
+
+
+def test_checkpointed_copies_and_pickles_compute_with_their_own_weights():
+    """Catches blocks patched through a closure over the original block: a deepcopy (EMA, SWA) ran with the
+    original's weights, and pickling (ddp_spawn) failed."""
+    import copy
+    import pickle
+
+    _, ckpt = _pair()
+    x = torch.randint(0, 50, (2, 16))
+    y = torch.randint(0, 50, (2, 16))
+    twin, unpickled = copy.deepcopy(ckpt), pickle.loads(pickle.dumps(ckpt))
+    with torch.no_grad():
+        for p in ckpt.model.transformer.h.parameters():
+            p.add_(0.5)  # only the original changes
+    for other in (twin, unpickled):
+        other.zero_grad()
+        other._loss((x, y))[0].backward()
+        assert all(p.grad is not None for p in other.model.transformer.h.parameters())  # its own blocks' graph
+        torch.testing.assert_close(other.eval()(x), _pair()[0].eval()(x))  # its own (unchanged) weights

@@ -5,7 +5,6 @@ Batches are ``(x, y)`` with ``x`` and ``y`` int64 of shape (B, T) and ``y`` = ``
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import fields
 from typing import Any
@@ -18,7 +17,7 @@ from torchmetrics.aggregation import MeanMetric, SumMetric
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
 from tinylm.model import GPT, GPTConfig
-from tinylm.model.gpt import CONFIG_RANGES
+from tinylm.model.gpt import CONFIG_RANGES, Block
 from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS, build_optimizer
 from tinylm.train.schedules import SCHEDULES, lr_at
@@ -43,17 +42,16 @@ def logging_step(trainer: L.Trainer | None) -> bool:
     return True if connector is None else bool(connector.should_update_logs)
 
 
-def _recomputed_in_backward(forward):
-    """``forward`` (a block's) run under torch.utils.checkpoint when it is training with gradients: only its input is
-    saved, and the backward pass runs it again to get what it needs. Evaluation and generation run it as is."""
+class RecomputedBlock(Block):
+    """A `Block` run under torch.utils.checkpoint while training with gradients: only its input is saved, and the
+    backward pass runs it again to get what it needs. Evaluation and generation run it as is. A block becomes one by
+    its class (``block.__class__ = RecomputedBlock``): the same parameters and state_dict keys, and copies and
+    pickles (EMA, ``ddp_spawn``) that carry their own behaviour."""
 
-    @functools.wraps(forward)
-    def run(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        if forward.__self__.training and torch.is_grad_enabled():
-            return checkpoint(forward, x, use_reentrant=False, **kwargs)
-        return forward(x, **kwargs)
-
-    return run
+    def forward(self, x: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(super().forward, x, use_reentrant=False, **attn_kwargs)
+        return super().forward(x, **attn_kwargs)
 
 
 class TinyLM(L.LightningModule):
@@ -186,7 +184,7 @@ class TinyLM(L.LightningModule):
             self.model.load_state_dict(state)
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
             for block in self.model.transformer.h:
-                block.forward = _recomputed_in_backward(block.forward)
+                block.__class__ = RecomputedBlock
         self.val_loss = MeanMetric()
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
         self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
