@@ -161,3 +161,11 @@ def test_generation_that_cannot_fit_in_memory_is_refused():
     check_memory(model, 1)  # one row fits
     with pytest.raises(ValueError, match="num_samples"):
         check_memory(model, 100_000)  # ~3 TiB
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "{class_path: lightning.pytorch.strategies.DDPStrategy, "
+                                                   "init_args: {start_method: spawn}}"])
+def test_spawning_strategies_are_one_line(config, capsys, strategy):
+    """Catches --trainer.strategy ddp_spawn dying in a pickling traceback (cannot pickle '_io.TextIOWrapper')."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy, "--trainer.devices", "2",
+                             "--trainer.accelerator", "cpu"], "spawning", "--trainer.strategy ddp")

@@ -148,6 +148,13 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
                              "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
                              "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
                              "characters")
+        strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
+        start = strategy if isinstance(strategy, str) and "." not in strategy else \
+            trainer_cfg.get("strategy.init_args.start_method")
+        if isinstance(start, str) and "spawn" in start:
+            raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
+                             "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
+                             "(one process per device, each running the command: the same training)")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
