@@ -194,6 +194,17 @@ class TinyLM(L.LightningModule):
         self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
+    def _apply(self, fn, *args: Any, **kwargs: Any):
+        # Lightning's bf16-true (and 16-/64-true) converts the whole module with .to(dtype), torchmetrics' states
+        # too; the validation sums keep their own precision (a bf16 sum stops growing at ~256x its increment:
+        # val/loss, val/ppl and val/bpb came out quantised and biased)
+        out = super()._apply(fn, *args, **kwargs)
+        for metric, dtype in ((self.val_loss, torch.float32), (self.val_text_nats, torch.float64),
+                              (self.val_text_bytes, torch.float64)):
+            if metric.dtype != dtype:
+                metric.set_dtype(dtype)
+        return out
+
     def configure_model(self) -> None:
         if self.hparams.compile_model and not getattr(self, "_compiled", False):
             self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
