@@ -214,3 +214,21 @@ def test_nonfinite_is_caught_before_a_checkpoint_between_syncs(chars, tmp_path):
     with pytest.raises(TrainingHealthError, match="last good step 5 "):
         trainer.fit(_tiny(vocab), DataLoader(_windows(ids, 8 * 20, 0), batch_size=8))
     assert not list(tmp_path.glob("*.ckpt")), "a checkpoint was written from NaN weights"
+
+
+def test_nonfinite_names_a_restart_that_works(run_config, tmp_path, capsys):
+    """Catches the divergence message advising `--ckpt_path last` after lowering the lr: a resume keeps the
+    checkpoint's lr (it diverged again). It must name a new run from the newest weights saved before the NaN."""
+    from tinylm.cli import main
+
+    config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 8, "val_check_interval": 100,
+                                                             "callbacks": [{"class_path": "test_health._Poison"}]})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    err = capsys.readouterr().err
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "step-4.ckpt"
+    assert f"--model.init_from {ckpt.relative_to(tmp_path)} --run.name NEW_NAME" in err, err[-2000:]
+    assert "--ckpt_path last" not in err
+    main(["fit", "--config", str(run_config(run={"name": "again"})), "--model.init_from", str(ckpt),
+          "--model.lr", "1e-4"])  # the advice, followed
+    assert (tmp_path / "runs" / "again" / "checkpoints" / "last.ckpt").is_file()

@@ -24,9 +24,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -206,13 +208,12 @@ class HealthMonitor(L.Callback):
     def _nonfinite(self, trainer: L.Trainer, loss: float, norm: float | None, step: int) -> None:
         history = ", ".join(f"{n:.3g}" for n in list(self._norms)[-8:]) or "none yet"
         precision = str(trainer.precision)
-        fp16 = " With 16-mixed, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
+        fp16 = f" With {precision}, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
         message = (
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
             f"last good step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms [{history}]. Likely causes: LR too high "
-            f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} "
-            "After fixing, continue from the newest checkpoint with --ckpt_path last, or start again under a new "
-            "--run.name if the run saved none yet."
+            f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} After fixing, "
+            + _restart_hint(trainer, self._last_good_step)
         )
         self._alert(trainer, "nonfinite", message, step=step)
         if self.halt_on_nonfinite:
@@ -283,3 +284,15 @@ class HealthMonitor(L.Callback):
         self._val = [tuple(v) for v in state_dict.get("val", [])]
         self._early_rate = state_dict.get("early_rate")
         self._early_share = state_dict.get("early_share", 1.0)
+
+
+def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:
+    """How to go on after a divergence: a new run from the newest weights saved before it. Not a resume, which keeps
+    the checkpoint's lr and other model settings (and, with changed data, is refused)."""
+    dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+    saved = sorted((int(m[1]), p) for d in dirs for p in d.glob("step-*.ckpt")
+                   if (m := re.fullmatch(r"step-(\d+)\.ckpt", p.name)) and int(m[1]) < last_good_step)
+    if not saved:
+        return "start again under a new --run.name (the run saved no checkpoint before the divergence)."
+    return (f"start a new run from the newest weights saved before it: --model.init_from {saved[-1][1]} --run.name "
+            "NEW_NAME (a resume, --ckpt_path, would keep the checkpoint's lr and other model settings).")
