@@ -123,7 +123,13 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "20"])
     assert capsys.readouterr().out == first  # greedy is deterministic
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1", "--max_new_tokens", "5"])
-    assert capsys.readouterr().out.count("ROMEO:") == 3
+    out = capsys.readouterr().out
+    assert out.count("ROMEO:") == 3
+    assert [line for line in out.splitlines() if line.startswith("-----")] == \
+        [f"----- sample {i} -----" for i in (1, 2, 3)]  # the first one was unlabelled
+    # no prompt: a char tokenizer has no end-of-text token, so it starts from a newline (it was an error)
+    main(["generate", "--ckpt_path", str(ckpt), "--strategy", "greedy", "--max_new_tokens", "7"])
+    assert len(capsys.readouterr().out) == len("\n") + 7 + len("\n")
 
 
 @pytest.mark.parametrize("flags, match", [(["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"),

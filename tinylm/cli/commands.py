@@ -148,7 +148,8 @@ def generate(
 
     Args:
         ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
-        prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token.
+        prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token
+            (a newline where the tokenizer has none).
         strategy: Decoding strategy.
         max_new_tokens: Tokens to generate per sample.
         num_samples: Independent samples of the same prompt (one batch).
@@ -171,6 +172,7 @@ def generate(
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
+    from tinylm.generate.report import encode_prompt
     from tinylm.generate.strategies import batch_rows, check_memory
 
     if not 1 <= num_samples <= MAX_SAMPLES:
@@ -208,26 +210,24 @@ def generate(
         seed=seed,
         use_cache=not no_cache,
     )
-    ids = tokenizer.encode(prompt)
-    if not ids:
-        if tokenizer.eos_id is None:
-            raise ValueError("the prompt is empty and this tokenizer has no end-of-text token to start from; "
-                             "pass --prompt TEXT")
-        ids = [tokenizer.eos_id]
+    prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     block = model.config.block_size
     if len(ids) > block:
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
     stream = num_samples == 1 and strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
-    _write(prompt)
+    if stream:
+        _write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
     texts = [tokenizer.decode(row) for row in out]
     if stream:
         printer.finish(out[0])
+    elif num_samples == 1:  # beam: the one best
+        _write(prompt + texts[0])
     else:
         for i, text in enumerate(texts):
-            _write((f"\n\n----- sample {i + 1} -----\n{prompt}" if i else "") + text)
+            _write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
     _write("\n")
     return texts
 

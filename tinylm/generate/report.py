@@ -185,7 +185,7 @@ def default_prompt(tokenizer) -> tuple[str, list[int]]:
         ids = []
     if not ids:
         raise ValueError("this tokenizer has no end-of-text token and cannot encode '\\n' to start from; "
-                         "pass --prompts TEXT")
+                         "pass a prompt")
     return "\n", ids
 
 
