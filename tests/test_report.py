@@ -136,7 +136,7 @@ def test_bad_arguments_name_the_fix():
     tok = build_tokenizer("char", documents=lambda: ["abca"])  # one document: no <|endoftext|>, no "\n"
     with pytest.raises(ValueError, match="num_samples must be >= 1, got 0"):
         sample_report(model, tok, num_samples=0)
-    with pytest.raises(ValueError, match="--prompts TEXT"):
+    with pytest.raises(ValueError, match="pass a prompt"):
         sample_report(model, tok, num_samples=1)
 
 
