@@ -180,3 +180,16 @@ def test_sample_report_command_end_to_end(tmp_path, small_data, capsys):
     assert all(f"| {name} |" in md and f"### {name}" in md for name in s)
     assert "How to read this" in md and "](diversity_vs_likelihood.png)" in md
     assert (out / "diversity_vs_likelihood.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, capsys):
+    """Catches `--prompts TEXT` failing ("Expected a <class 'list'>"): one prompt is plain text, `--prompts+` adds
+    more, and escapes are understood as in generate."""
+    pytest.importorskip("matplotlib")
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    common = ["--ckpt_path", str(ckpt), "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"]
+    for name, prompts, want in [("one", ["--prompts", "the"], ["the"]),
+                                ("two", ["--prompts+", "the", "--prompts+", "and\\n"], ["the", "and\n"])]:
+        run_command("sample-report", [*common, "--out", str(tmp_path / name), *prompts])
+        assert json.loads((tmp_path / name / "metrics.json").read_text(encoding="utf-8"))["prompts"] == want

@@ -301,20 +301,21 @@ def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "floa
 def sample_report(
     ckpt_path: str,
     out: str,
-    prompts: list[str] | None = None,
+    prompts: str | list[str] | None = None,
     num_samples: int = 50,
     max_new_tokens: int = 100,
     seed: int = 0,
     device: str = "auto",
 ) -> dict[str, Any]:
-    """Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, min-p, repetition
+    r"""Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, min-p, repetition
     penalty, beam, contrastive) and compare their diversity, repetition, entropy and likelihood in DIR/report.md,
     DIR/metrics.json and DIR/diversity_vs_likelihood.png.
 
     Args:
         ckpt_path: A .ckpt written by `tinylm fit`.
         out: Folder to write the report into (created).
-        prompts: Texts to continue (default: a fresh document from the end-of-text token, else a newline).
+        prompts: Text to continue (escapes such as \n are understood); `--prompts+ TEXT` adds more (default: a
+            fresh document from the end-of-text token, else a newline).
         num_samples: Samples per prompt for each sampling strategy.
         max_new_tokens: Most tokens per sample.
         seed: Sampling seed (same seed, same report).
@@ -329,6 +330,8 @@ def sample_report(
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
     check_output_path(out, folder=True)  # before the sampling, not after
+    if prompts is not None:
+        prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, seed=seed, progress=True)
