@@ -32,7 +32,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--data.tokenizer", "sentencepiece"], ["sentencepiece"]),
         (["--data.block_size", "50000"], ["block_size"]),
         (["--trainer.max_steps", "0"], ["max_steps", "driven by steps"]),
-        (["--trainer.max_steps", "-1"], ["max_steps"]),
+        (["--trainer.max_steps", "-1"], ["max_steps is not set", "--config configs/NAME.yaml"]),
         (["--model.lr_schedule", "linear"], ["lr_schedule", "cosine"]),
         (["--model.n_embd", "33"], ["n_embd"]),
         (["--data.corpus", ""], ["--data.corpus is empty"]),
@@ -43,6 +43,12 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
     """Catches a user mistake ending in a deep traceback instead of a message that names the value and the fix."""
     _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
+
+
+def test_fit_without_a_config_says_to_pass_one(tmp_path, capsys, monkeypatch):
+    """Catches `tinylm fit --data.corpus X` (no --config) blaming a value the user never typed (max_steps -1)."""
+    monkeypatch.chdir(tmp_path)
+    _one_line_error(capsys, ["fit", "--data.corpus", "x.txt"], "--config configs/NAME.yaml", "--trainer.max_steps N")
 
 
 def test_damaged_cached_tokenizer_says_delete_it(config, tmp_path, capsys):

@@ -141,7 +141,10 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
     if subcommand == "fit":
         max_steps = trainer_cfg.get("max_steps", -1)
-        if max_steps is None or max_steps <= 0:
+        if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
+            raise ValueError("trainer.max_steps is not set (tinylm runs are driven by steps): pass --config "
+                             "configs/NAME.yaml (a recipe), or --trainer.max_steps N")
+        if max_steps <= 0:
             raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
         if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):
             raise ValueError(f"trainer.overfit_batches={trainer_cfg['overfit_batches']} is not supported by tinylm "
