@@ -66,6 +66,21 @@ def test_validate_records_into_the_checkpoints_own_run(config, tmp_path, capsys,
     assert "evaluating" in caplog.text and "resuming" not in caplog.text and "model.n_layer=3" in caplog.text
 
 
+def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):
+    """Catches `--ckpt_path best`, which --help offers, failing with "checkpoint 'best' not found", and
+    `hpc`/`registry` failing the same way instead of saying what to pass."""
+    line = _error_line(capsys, ["validate", "--config", str(config), "--ckpt_path", "best"])
+    assert "best.ckpt not found" in line and "`last`" in line
+    main(["fit", "--config", str(config)])
+    capsys.readouterr()
+    main(["validate", "--config", str(config), "--ckpt_path", "best"])
+    rows = _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")
+    assert len(rows) == 1 and rows[0]["checkpoint"].endswith("best.ckpt")
+    for name in ("hpc", "registry"):
+        line = _error_line(capsys, ["validate", "--config", str(config), "--ckpt_path", name])
+        assert f"--ckpt_path {name} is not used by tinylm" in line
+
+
 def test_validate_without_a_checkpoint_is_refused(config, capsys):
     """Catches `tinylm validate` evaluating random weights with exit 0 when --ckpt_path is forgotten."""
     line = _error_line(capsys, ["validate", "--config", str(config)])

@@ -181,6 +181,21 @@ class RunConfig(SaveConfigCallback):
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
 
 
+_HELP = {
+    "ckpt_path": "`last` (this run's newest checkpoint), `best` (its best.ckpt by val/loss) or the path of a .ckpt "
+                 "written by `tinylm fit`: fit resumes from it, validate evaluates it",
+    "weights_only": "Not used: tinylm always loads checkpoints with weights_only=True (tensors and plain values, "
+                    "never code)",
+    "trainer.default_root_dir": "The folder of all runs: a run lives in DIR/<run.name>/",
+    "trainer.precision": "32-true, bf16-mixed, 16-mixed, bf16-true, 64-true, ... Unset: bf16-mixed on GPUs "
+                         "(16-mixed where bf16 is missing); on CPUs bf16-mixed for models at least 256 wide where "
+                         "the CPU has native bf16, else 32-true",
+    "trainer.logger": "Loggers added to tinylm's own (a CSV in the run folder, W&B when run.wandb_project is set), "
+                      "e.g. lightning.pytorch.loggers.TensorBoardLogger; false turns all logging off",
+}
+"""Help texts of Trainer options whose Lightning docstring says other than what they do in tinylm."""
+
+
 class TinyLMCLI(LightningCLI):
     """LightningCLI with tinylm's run folders, loggers, checkpoints and monitors."""
 
@@ -188,6 +203,14 @@ class TinyLMCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
                 "validate": {"model", "dataloaders", "datamodule"}}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        # --help says what these do in tinylm, not Lightning's docstrings (its defaults are tinylm's to choose)
+        parsers = self._subcommand_parsers.values() if add_subcommands else [self.parser]
+        for parser in parsers:
+            for action in parser._actions:
+                action.help = _HELP.get(action.dest, action.help)
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.callbacks import SampleText
@@ -223,6 +246,15 @@ class TinyLMCLI(LightningCLI):
             cfg.ckpt_path = ckpt_path = latest_checkpoint(self.run_dir)
             if ckpt_path is None and sub == "fit":
                 log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
+        elif ckpt_path == "best":
+            best = self.run_dir / "checkpoints" / "best.ckpt"
+            if not best.is_file():
+                raise FileNotFoundError(f"--ckpt_path best: {best} not found (a run's best.ckpt is saved at its "
+                                        "first validation); pass `last` or the path of a .ckpt")
+            cfg.ckpt_path = ckpt_path = str(best)
+        elif ckpt_path in ("hpc", "registry") or str(ckpt_path).startswith("registry:"):
+            raise ValueError(f"--ckpt_path {ckpt_path} is not used by tinylm; pass `last`, `best` or the path of a "
+                             ".ckpt written by `tinylm fit`")
         if sub == "validate" and not ckpt_path:
             raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
                              f"{self.run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
