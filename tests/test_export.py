@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.checkpoint import CheckpointError
@@ -400,11 +401,18 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     source = tmp_path / "source.ckpt"
     shutil.copy(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt", source)
     config = run_config(run={"name": "finetune"}, model={"init_from": str(source)})
-    main(["fit", "--config", str(config)])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--model.n_layer", "3"])
     last = tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt"
     assert load_checkpoint(last)["hyper_parameters"]["rope_theta"] == 10000.0
+    # the architecture comes from the weights: an option set otherwise is named, and config.yaml records the model
+    # built (it said n_layer 3 and positions learned, which a rerun of that file would have built)
+    assert "the architecture comes from the weights; ignoring model.n_layer=3 (weights: 2)" in caplog.text
+    recorded = yaml.safe_load((tmp_path / "runs" / "finetune" / "config.yaml").read_text())["model"]
+    assert (recorded["n_layer"], recorded["positions"], recorded["rope_theta"]) == (2, "rope", 10000.0)
     source.unlink()
     plain = run_config(run={"name": "finetune"}, name="plain.yaml")  # the same run, init_from not passed again
+    caplog.clear()
     with caplog.at_level("INFO", logger="tinylm"):
         main(["fit", "--config", str(plain), "--trainer.max_steps", "4", "--ckpt_path", "last"])
     messages = [r.getMessage() for r in caplog.records]

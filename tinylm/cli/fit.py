@@ -402,6 +402,25 @@ class TinyLMCLI(LightningCLI):
     def before_fit(self) -> None:
         _warn_small_vocab(self.datamodule)
         self.model.check_init_tokenizer(getattr(self.datamodule, "tokenizer", None))  # before the run writes
+        self._record_architecture_from_weights()
+
+    def _record_architecture_from_weights(self) -> None:
+        """model.init_from takes the architecture from the weights: name the options set otherwise (a config's or
+        the command line's) that it overrides, and have config.yaml (written at setup) record the model built."""
+        from tinylm.checkpoint import architecture_fields
+
+        cfg = self.config["fit"]
+        if cfg.model.get("init_from") is None:  # also on resume: the checkpoint gave the architecture
+            return
+        built, defaults = self.model.hparams, self._parser("fit").get_defaults().model
+        overridden = [f"model.{k}={cfg.model[k]!r} (weights: {built[k]!r})" for k in architecture_fields()
+                      if k in cfg.model and cfg.model[k] != built[k] and cfg.model[k] != defaults.get(k)]
+        if overridden:
+            log.warning("model.init_from %s: the architecture comes from the weights; ignoring %s",
+                        cfg.model.init_from, ", ".join(overridden))
+        for k in architecture_fields():
+            if k in cfg.model:
+                cfg.model[k] = built[k]
 
     def after_validate(self) -> None:
         """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""
