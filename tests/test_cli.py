@@ -152,3 +152,15 @@ def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, c
         cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last", "--model.lr", "0.5"])
     assert cli.model.hparams.lr == 3e-3
     assert any("ignoring model.lr=0.5 (checkpoint: 0.003)" in r.getMessage() for r in caplog.records)
+
+
+def test_resume_takes_runtime_options_from_this_run(config, caplog):
+    """Catches a resume ignoring --model.activation_checkpointing true (the way out of an OOM) as if it were a
+    hyperparameter: it changes memory, not the numbers."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last",
+                              "--model.activation_checkpointing", "true"])
+    assert cli.model.hparams.activation_checkpointing
+    assert all(type(b).__name__ == "RecomputedBlock" for b in cli.model.model.transformer.h)
+    assert "ignoring" not in caplog.text

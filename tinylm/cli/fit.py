@@ -181,6 +181,10 @@ class RunConfig(SaveConfigCallback):
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
 
 
+RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing")
+"""TinyLM options that a resume or validation takes from its own config, not the checkpoint: they change speed and
+memory, never the numbers."""
+
 _HELP = {
     "ckpt_path": "`last` (this run's newest checkpoint), `best` (its best.ckpt by val/loss) or the path of a .ckpt "
                  "written by `tinylm fit`: fit resumes from it, validate evaluates it",
@@ -320,7 +324,8 @@ class TinyLMCLI(LightningCLI):
         if unknown:  # version skew: a checkpoint from another tinylm version
             log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
                         ckpt_path, ", ".join(unknown))
-        saved = {k: v for k, v in saved.items() if k in known}
+        # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)
+        saved = {k: v for k, v in saved.items() if k in known and k not in RUNTIME_OPTIONS}
         linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
         # a run from init_from took its architecture from the weights, never from the config: nothing to ignore there
         source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
