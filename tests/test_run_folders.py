@@ -531,5 +531,8 @@ def test_a_run_refused_before_writing_anything_leaves_no_folder(config, tmp_path
                                 "--model.n_embd", "12"])
     assert "must be even" in line
     assert not (tmp_path / "runs" / "tiny").exists()
+    (tmp_path / "short.txt").write_text("too short to train on")  # refused after the loggers made csv/
+    line = _error_line(capsys, ["fit", "--config", str(config), "--data.corpus", str(tmp_path / "short.txt")])
+    assert not (tmp_path / "runs" / "tiny").exists(), line
     main(["fit", "--config", str(config)])
     assert (tmp_path / "runs" / "tiny" / "config.yaml").is_file() and (tmp_path / "runs" / "tiny" / ".lock").exists()

@@ -115,17 +115,23 @@ def _rank_zero() -> bool:
 
 
 def release_run_folders() -> None:
-    """Release this process's run-folder locks; a folder left holding nothing but its lock (the run failed before
-    writing anything, e.g. a config error) is removed, so a typo leaves no empty run behind."""
+    """Release this process's run-folder locks; a folder left holding nothing but its lock and empty folders (the
+    run failed before writing anything: a config error, a corpus too short) is removed, so a typo leaves no empty
+    run behind."""
     while _LOCKS:
         key, f = _LOCKS.popitem()
         folder = Path(key)
-        empty = folder.is_dir() and [p.name for p in folder.iterdir()] == [".lock"]
+        inside = sorted(folder.rglob("*"), reverse=True) if folder.is_dir() else []  # deepest first
+        lock = folder / ".lock"
+        empty = lock in inside and all(p.is_dir() for p in inside if p != lock)  # no file but the lock
         if empty:
-            (folder / ".lock").unlink()  # while still locked: no other process holds this file
+            lock.unlink()  # while still locked: no other process holds this file
         f.close()  # closing the file releases its flock
         if empty:
             with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
+                for sub in inside:
+                    if sub.is_dir():
+                        sub.rmdir()
                 folder.rmdir()
 
 
