@@ -66,6 +66,19 @@ def test_validate_records_into_the_checkpoints_own_run(config, tmp_path, capsys,
     assert "evaluating" in caplog.text and "resuming" not in caplog.text and "model.n_layer=3" in caplog.text
 
 
+def test_validate_without_a_config_uses_the_checkpoints_data(config, tmp_path, capsys, caplog):
+    """Catches `tinylm validate --ckpt_path X` without --config warning that the default model options are ignored
+    (the user set none) and evaluating on the default corpus (a download) instead of the run's own data."""
+    main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    caplog.clear()
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "step-2.ckpt")])
+    assert "ignoring" not in caplog.text
+    val_at_2 = next(float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss"))
+    (row,) = _rows(run / "validate" / "metrics.csv")
+    assert float(row["val/loss"]) == pytest.approx(val_at_2, abs=1e-5)
+
+
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):
     """Catches `--ckpt_path best`, which --help offers, failing with "checkpoint 'best' not found", and
     `hpc`/`registry` failing the same way instead of saying what to pass."""

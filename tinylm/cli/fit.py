@@ -337,9 +337,11 @@ class TinyLMCLI(LightningCLI):
         source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
         from_weights = architecture_fields() if source is not None else ()
         saved["init_from"] = source
+        defaults = self._parser(sub).get_defaults()
+        # a value left at its default was not set by the user (e.g. validate without --config): nothing to ignore
         ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
                    if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
-                   and not (k == "init_from" and cfg.model[k] is None)]  # not passed: nothing to ignore
+                   and cfg.model[k] != defaults.model.get(k)]
         if ignored:
             log.warning("%s %s: model hyperparameters come from the checkpoint; ignoring %s%s",
                         "resuming from" if sub == "fit" else "evaluating", ckpt_path, ", ".join(ignored),
@@ -352,7 +354,13 @@ class TinyLMCLI(LightningCLI):
             log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
                      ckpt_path, source)
             saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
-        self.config = self.parser.parse_object({sub: {"model": saved}}, self.config)
+        update = {"model": saved}
+        if sub == "validate":  # the data the run trained on, where the command does not set it otherwise
+            data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items()
+                    if k in cfg.data and cfg.data[k] == defaults.data.get(k) and cfg.data[k] != v}
+            if data:
+                update["data"] = data
+        self.config = self.parser.parse_object({sub: update}, self.config)
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
