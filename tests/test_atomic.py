@@ -87,8 +87,9 @@ def test_pickle_payload_in_checkpoint_is_refused(tmp_path, monkeypatch):
     torch.save({"state_dict": {}, "tinylm": {}, "hook": _Payload()}, path)
     with zipfile.ZipFile(path) as z:  # not vacuous: the payload really is in the file
         assert any(b"system" in z.read(n) for n in z.namelist() if n.endswith(".pkl"))
-    with pytest.raises(CheckpointError, match="never executes code"):
+    with pytest.raises(CheckpointError, match="never executes code") as e:
         load_checkpoint(path)
+    assert "it needs" in str(e.value) and "weights_only" not in str(e.value)  # not torch's advice to load unsafely
     assert not (tmp_path / "PWNED").exists()
     with pytest.raises(pickle.UnpicklingError):  # and the same file would run code under plain pickle rules
         torch.load(path, weights_only=True)

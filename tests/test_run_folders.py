@@ -470,10 +470,10 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
     assert "set from --data.eos_id" in _error_line(capsys, ["fit", "--config", str(config), "--model.eos_id", "3"])
     assert "is a folder" in _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(tmp_path)])
     assert "block_size" in _error_line(capsys, ["prepare", "--config", str(config), "--data.block_size", "1000000"])
-    with pytest.warns(UserWarning, match="--top_k do nothing with --strategy greedy"):
+    with pytest.warns(UserWarning, match="--top_k does nothing with --strategy greedy"):
         main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "greedy", "--top_k", "5",
               "--max_new_tokens", "2"])
-    with pytest.warns(UserWarning, match="--num_beams do nothing with --strategy sample .*--strategy beam"):
+    with pytest.warns(UserWarning, match="--num_beams does nothing with --strategy sample .*--strategy beam"):
         main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--num_beams", "8", "--max_new_tokens", "2"])
     capsys.readouterr()
     assert "cannot run a model" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--device", "meta"])

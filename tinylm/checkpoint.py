@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import zipfile
 from dataclasses import fields
 from pathlib import Path
@@ -73,7 +74,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
-            f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_first_line(e)}); "
+            f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_unsafe(e)}); "
             "tinylm never executes code from a checkpoint"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
@@ -102,6 +103,13 @@ def tinylm_section(ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint")
         raise CheckpointError(f"{str(path)!r} has tinylm checkpoint format {fmt!r}, this tinylm reads "
                               f"{CHECKPOINT_FORMAT}; use the tinylm version that wrote it")
     return meta
+
+
+def _unsafe(e: pickle.UnpicklingError) -> str:
+    """What a weights-only load refused (torch's "Unsupported global: GLOBAL x.y" line), without torch's advice to
+    load with weights_only=False: the one thing tinylm never does."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))  # "Unsupported global: GLOBAL x" / "unsupported GLOBAL x whose"
+    return f"it needs {found[1]}" if found else "it needs code to load"
 
 
 def _first_line(e: BaseException) -> str:

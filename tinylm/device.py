@@ -91,7 +91,8 @@ def gpu_names() -> list[str]:
     """The GPU names `--gpu` takes (short forms; a full device name containing one works too)."""
     from lightning.fabric.utilities.throughput import _CUDA_FLOPS
 
-    return sorted(set(PEAK_BF16) | set(_CUDA_FLOPS))
+    # Lightning's table spells two H200 keys "h200 nvl1" / "h200 sxm1"; "h200" covers them
+    return sorted(n for n in set(PEAK_BF16) | set(_CUDA_FLOPS) if not re.search(r"(nvl|sxm)1$", n))
 
 
 def peak_flops_by_name(name: str, precision: str) -> float | None:

@@ -186,7 +186,8 @@ def generate(
     defaults = inspect.signature(generate).parameters
     given = [k for k, v in values.items() if v != defaults[k].default and strategy not in used_by[k]]
     if given:
-        warnings.warn(f"{', '.join('--' + k for k in given)} do nothing with --strategy {strategy} (they shape "
+        verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
+        warnings.warn(f"{', '.join('--' + k for k in given)} {verb} nothing with --strategy {strategy} ({they} "
                       f"--strategy {' / '.join(sorted({s for k in given for s in used_by[k]}))})")
     stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     prompt = unescape(prompt)

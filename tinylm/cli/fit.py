@@ -577,6 +577,8 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
+    warnings.filterwarnings("ignore", message="The dirpath has changed from")
     try:
         return cli_class(
             TinyLM,

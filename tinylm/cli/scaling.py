@@ -41,7 +41,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     """
     from dataclasses import fields
 
-    from tinylm.cli.fit import lightning_main
+    from tinylm.cli.fit import latest_checkpoint, lightning_main
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.errors import TinyLMError
     from tinylm.model import GPTConfig
@@ -96,7 +96,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
                             "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
                             "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
-                            "--ckpt_path", "last"])
+                            *(["--ckpt_path", "last"] if latest_checkpoint(root / name) else [])])
             loss = final_val_loss(root / name, r.max_steps)
             if loss is None:
                 raise TinyLMError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv; the "

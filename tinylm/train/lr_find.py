@@ -4,6 +4,7 @@ optimizer afterwards; this module adds the size-based rule of thumb to compare w
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,11 +60,17 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     if hp.get("optimizer") == "muon":
         module.muon_lr_ratio = hp.muon_lr / hp.lr
     module.lr_range_test = True
+    # Lightning's own save of the weights it restores says "`weights_only` was not set, defaulting to `False`": a
+    # note about its temporary file, not the user's
+    quiet = logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
     try:
         finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
                                         num_training=num_training, update_attr=False)
     finally:
         module.muon_lr_ratio, module.lr_range_test = None, False
+        quiet.setLevel(level)
     # Lightning records the loss that backward sees: divided by the accumulation count; scaled back here
     scale = trainer.accumulate_grad_batches
     points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
