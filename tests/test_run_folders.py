@@ -162,7 +162,7 @@ def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys)
 
 
 @pytest.mark.parametrize("stop", ["max_time", "early_stopping", "early_stopping_mid_step"])
-def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, stop):
+def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, stop):
     """Catches --trainer.max_time or EarlyStopping ending a run with last.ckpt at an older periodic save: a resume
     went back there and cut the logged steps after it. max_time also stopped mid-accumulation (not resumable
     exactly): the run now finishes the optimizer step it is in."""
@@ -177,9 +177,11 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, stop):
     flags = {"max_time": ["--trainer.max_time", "{microseconds: 1}"],
              "early_stopping": [*early, "--trainer.callbacks.patience", "1"],
              "early_stopping_mid_step": [*early, "--trainer.callbacks.patience", "0"]}[stop]
-    cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every", "3",
-                          *same, *flags])
+    with caplog.at_level("INFO", logger="tinylm"):
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every",
+                              "3", *same, *flags])
     stopped = cli.trainer.global_step
+    assert f"the run stopped at step {stopped} of trainer.max_steps 20" in caplog.text  # EarlyStopping says nothing
     assert stopped == {"max_time": 1, "early_stopping": 4, "early_stopping_mid_step": 3}[stop]
     ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert ckpt["global_step"] == stopped

@@ -441,6 +441,13 @@ class TinyLMCLI(LightningCLI):
             if k in cfg.model:
                 cfg.model[k] = built[k]
 
+    def after_fit(self) -> None:
+        t = self.trainer
+        if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
+            saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
+            log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
+                     "EarlyStopping)%s", t.global_step, t.max_steps, saved)
+
     def after_validate(self) -> None:
         """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""
         if not self.trainer.is_global_zero:
