@@ -1,5 +1,6 @@
 """Export to / import from Hugging Face transformers GPT-2: same logits, same tokens, clear errors."""
 
+import itertools
 import json
 import re
 import shlex
@@ -228,6 +229,27 @@ def test_import_of_a_transformers_gpt2_matches_its_logits(tmp_path, overrides):
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
+def test_import_keeps_biases_changed_in_transformers(tmp_path, char_tokenizer):
+    """Catches import_hf trusting the export's `bias: false` and dropping biases that are no longer zero (e.g. after
+    fine-tuning in transformers): a bias-free export whose biases were then changed must import with them, so its
+    logits equal transformers' (1e-5)."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(export_hf(ckpt, tmp_path / "hf")).eval()
+    idx = torch.tensor([char_tokenizer.encode("First Citizen:\nBefore we proceed")])  # (1, 31)
+    with torch.no_grad():
+        before = hf(idx).logits
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.2)
+        theirs = hf(idx).logits  # (1, T, V)
+    assert (theirs - before).abs().max() > 0.1  # guard: the new biases change the function
+    hf.save_pretrained(tmp_path / "tuned")
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["tinylm"]["bias"] is False  # still says so
+    model = import_hf(tmp_path / "tuned")
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), theirs, atol=1e-5, rtol=0)
+
+
 # ---- decoding: the same beams as transformers' generate -------------------------------------------------------
 @pytest.mark.parametrize("repetition_penalty", [1.3, 0.8])
 def test_beam_search_with_repetition_penalty_equals_transformers(tmp_path, char_tokenizer, repetition_penalty):
@@ -254,6 +276,51 @@ def test_beam_search_with_repetition_penalty_equals_transformers(tmp_path, char_
             plain = generate(model, prompt, strategy="beam", eos_id=eos, **kwargs)[0]
             differs += plain != ours
     assert differs  # guard: the penalty changed some beams, so it is what is being compared
+
+
+def _eos_prone_pair() -> tuple:
+    """A tinylm GPT (2 layers, 32 wide, vocab 48, EOS 0) with spread-out random weights and its EOS embedding (tied to
+    the LM head) scaled up 3x, so EOS is often among the best candidates and hypotheses end at different lengths;
+    and the same weights in transformers' GPT2LMHeadModel, mapped by tinylm's own export functions."""
+    from tinylm.hf import hf_config, hf_state_dict
+    from tinylm.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=48, block_size=32, n_layer=2, n_head=2, n_embd=32, eos_id=0,
+                          pad_vocab_multiple=1)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        model.transformer.wte.weight[0] *= 3.0
+    hf = transformers.GPT2LMHeadModel(hf_config(model.config, eos_id=0)).eval()
+    hf.load_state_dict(hf_state_dict(model), strict=True)
+    return model, hf
+
+
+def test_beam_length_penalty_and_early_stopping_equal_transformers():
+    """Catches beam search ranking finished hypotheses without length_penalty (raw sum of log-probs, or always
+    / length), deciding a prompt is done with a bound that ignores length_penalty, or keeping an EOS ranked below the
+    top num_beams candidates as a finished hypothesis: for length_penalty 0.5, 1, 2 and early_stopping True/False,
+    tinylm's beams must be transformers' `generate(num_beams=3, do_sample=False)` on the same weights."""
+    model, hf = _eos_prone_pair()
+    prompts = torch.randint(1, 48, (4, 4), generator=torch.Generator().manual_seed(1)).tolist()  # no EOS inside
+    penalties, new = (0.5, 1.0, 2.0), 12
+    out = {}
+    for length_penalty, early_stopping, prompt in itertools.product(penalties, (True, False), prompts):
+        kwargs = {"num_beams": 3, "max_new_tokens": new, "length_penalty": length_penalty,
+                  "early_stopping": early_stopping}
+        ours = generate(model, [prompt], strategy="beam", eos_id=0, **kwargs)[0]
+        ids = torch.tensor([prompt])  # (1, 4)
+        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=0,
+                             pad_token_id=0, **kwargs)[0, ids.size(1):].tolist()
+        while theirs and theirs[-1] == 0:  # tinylm returns no EOS and no padding
+            theirs.pop()
+        assert ours == theirs, (length_penalty, early_stopping, prompt)
+        out[length_penalty, early_stopping, tuple(prompt)] = ours
+    # guards: finished hypotheses of different lengths won, and both options change some prompt's result
+    assert len({len(o) for o in out.values() if len(o) < new}) >= 2
+    assert any(len({tuple(out[lp, es, p]) for lp in penalties}) > 1 for _, es, p in out)
+    assert any(out[lp, True, p] != out[lp, False, p] for lp, _, p in out)
 
 
 # ---- the README's export instructions run as written ----------------------------------------------------------

@@ -470,6 +470,8 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
     assert "seed" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--seed", str(10**25)])
     assert "cache_dir" in _error_line(capsys, ["prepare", "--config", str(config), "--data.cache_dir", str(config)])
     assert "set from --data.eos_id" in _error_line(capsys, ["fit", "--config", str(config), "--model.eos_id", "3"])
+    assert "--model.vocab_size is set from --data.vocab_size" in _error_line(
+        capsys, ["fit", "--config", str(config), "--model.vocab_size", "3"])  # jsonargparse's own words before
     assert "is a folder" in _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(tmp_path)])
     assert "block_size" in _error_line(capsys, ["prepare", "--config", str(config), "--data.block_size", "1000000"])
     with pytest.warns(UserWarning, match="--top_k does nothing with --strategy greedy"):

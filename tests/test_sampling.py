@@ -11,6 +11,7 @@ from tinylm.generate.processors import (
     apply_repetition_penalty,
     apply_temperature,
     min_p_filter,
+    sampling_logits,
     top_k_filter,
     top_p_filter,
 )
@@ -78,6 +79,37 @@ def test_min_p_scales_with_the_top_probability():
     assert torch.isfinite(min_p_filter(logits, 0.5)).tolist() == [[True, True, False, False]]
 
 
+def test_top_p_boundary_keeps_the_smallest_set_reaching_p():
+    """Catches a nucleus that stops only once the mass *exceeds* top_p (`>` for `>=`): with two equally likely
+    tokens, top_p 0.5 is reached by one of them, so exactly one stays; of four, 0.5 keeps two."""
+    assert torch.isfinite(top_p_filter(torch.zeros(1, 2), 0.5)).sum() == 1
+    assert torch.isfinite(top_p_filter(torch.zeros(1, 4), 0.5)).sum() == 2
+
+
+def test_min_p_1_keeps_the_top_token_and_samples_greedily():
+    """Catches min_p dropping tokens at exactly the threshold (`<=` for `<`): min_p=1.0 is allowed and keeps only the
+    most likely token (sampling becomes greedy); dropping every token gave NaN probabilities and a crash."""
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    assert torch.isfinite(min_p_filter(logits, 1.0)).tolist() == [[True, False, False, False]]
+    model = tiny()
+    greedy = generate(model, PROMPTS, strategy="greedy", max_new_tokens=12)
+    assert generate(model, PROMPTS, strategy="sample", min_p=1.0, seed=7, max_new_tokens=12) == greedy
+
+
+def test_temperature_is_applied_before_top_p_and_min_p():
+    """Catches temperature applied after the filters (transformers applies it first): probabilities .7 .25 .05 at
+    T=1 need two tokens to reach top_p 0.8, but at T=0.5 (.88 .11 .005) the top token alone does, so sampling at
+    temperature 0.5, top_p 0.8 must keep one token, the logits being those of logits / 0.5."""
+    logits = torch.tensor([[0.25, 0.7, 0.05]]).log()
+    assert torch.isfinite(top_p_filter(logits, 0.8)).sum() == 2  # guard: at T=1 the nucleus has two tokens
+    out = sampling_logits(logits, SamplingConfig(temperature=0.5, top_p=0.8))
+    assert torch.isfinite(out).tolist() == [[False, True, False]]
+    torch.testing.assert_close(out, top_p_filter(logits / 0.5, 0.8), rtol=0, atol=0)
+    # min-p sees the tempered logits too: min_p 0.15 keeps .25 at T=1 (threshold .105), not its tempered .11 (.13)
+    tempered = sampling_logits(logits, SamplingConfig(temperature=0.5, min_p=0.15))
+    assert torch.isfinite(tempered).tolist() == [[False, True, False]]
+
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative():
     """Dividing a negative logit would make a seen token MORE likely (the CTRL sign rule)."""
     logits = torch.tensor([[2.0, -2.0, 1.0]])
@@ -134,6 +166,19 @@ def test_contrastive_with_alpha_0_equals_greedy():
     greedy = generate(model, PROMPTS, strategy="greedy", max_new_tokens=12)
     assert generate(model, PROMPTS, strategy="contrastive", penalty_alpha=0.0, top_k=4, max_new_tokens=12) == greedy
     assert generate(model, PROMPTS, strategy="contrastive", penalty_alpha=0.6, top_k=4, max_new_tokens=12) != greedy
+
+
+def test_contrastive_penalises_candidates_similar_to_the_context():
+    """Catches the degeneration penalty's sign flipped (a bonus for repeating the context). TableLM's hidden state is
+    the one-hot of the token, so a candidate's max cosine similarity to the context is 1 if it already occurred, else
+    0. Prompt [A, C], from C: A .5, B .4. Scores with alpha .5: A .5·.5 - .5·1 = -.25, B .5·.4 - 0 = .2, so B; then,
+    from B, C .6 (seen) and D .3 (new): C .3 - .5 = -.2, D .15, so D. Greedy (and a flipped sign) say [A, ...]."""
+    _EOS, A, B, C, D = range(5)
+    table = [[0.2] * 5, [0.2] * 5, [0.05, 0.0, 0.05, 0.6, 0.3], [0.05, 0.5, 0.4, 0.05, 0.0], [0.2] * 5]
+    kw = {"max_new_tokens": 2, "use_cache": False}
+    out = generate(TableLM(table), [[A, C]], strategy="contrastive", penalty_alpha=0.5, top_k=2, **kw)
+    assert out == [[B, D]]
+    assert generate(TableLM(table), [[A, C]], strategy="greedy", **kw)[0][0] == A  # guard: the penalty decides
 
 
 def test_beam_search_finds_the_better_sequence_greedy_misses():

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import re
 import shlex
 import signal
 import sys
@@ -175,6 +176,8 @@ def one_line(e: BaseException) -> str:
     """The error as one line that keeps its cause: jsonargparse's nested messages ("Does not validate against any
     of the Union subtypes ...") are reduced to the option and the innermost reason."""
     text = str(e).strip()
+    if linked := re.search(r'Linked "([\w.]+)" must be given via "([\w.]+)"', text):  # --model.vocab_size 3
+        return f"--{linked[1]} is set from --{linked[2]} (the data decides it); do not pass it"
     if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
         return _parse_error_line(text, _chain(e))
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
