@@ -36,8 +36,9 @@ def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):
     assert [type(lg).__name__ for lg in make_loggers(tmp_path, "r", None)] == ["RunCSVLogger"]
 
 
-def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config):
-    """Catches a resume opening a second W&B run, splitting one training curve in two."""
+def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config, capfd):
+    """Catches a resume opening a second W&B run, splitting one training curve in two; and wandb's deprecation
+    warning about the `anonymous` setting Lightning passes (W&B offline was to say one line, not six)."""
     run_config(
         name="c.yaml",
         run={"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2, "keep_checkpoints": -1},
@@ -46,6 +47,8 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     )
     main(["fit", "--config", "c.yaml"])
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    err = capfd.readouterr().err
+    assert "wandb" in err and "anonymous" not in err  # guard: wandb did talk
     import torch
 
     first_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "step-2.ckpt", weights_only=True)["tinylm"]["wandb_id"]

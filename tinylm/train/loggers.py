@@ -137,8 +137,10 @@ def make_loggers(
     if mode == "offline":
         log.info("W&B: no credentials or network; logging offline to %s (upload later with `wandb sync`)", run_dir / "wandb")
     run_dir.mkdir(parents=True, exist_ok=True)
-    loggers.insert(
-        0,
-        WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline", id=wandb_id, resume="allow"),
-    )
+    wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline", id=wandb_id,
+                        resume="allow")
+    # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
+    if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:
+        del wandb._wandb_init["anonymous"]
+    loggers.insert(0, wandb)
     return loggers
