@@ -539,3 +539,12 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
     (out / "config.json").write_text('{"model_type": "gpt2"}')  # a downloaded model, not tinylm's
     with pytest.raises(FileExistsError, match=r"config.json \(not a tinylm export's\)"):
         export_hf(second, out)
+
+
+def test_init_from_one_file_of_an_export_names_its_folder(tmp_path, char_tokenizer):
+    """Catches --model.init_from DIR/model.safetensors failing as "not a readable checkpoint" instead of naming
+    the folder to pass."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
+    folder = export_hf(ckpt, tmp_path / "hf")
+    with pytest.raises(ValueError, match=f"pass the folder that holds it: --model.init_from {folder}"):
+        TinyLM(vocab_size=char_tokenizer.vocab_size, block_size=16, init_from=str(folder / "model.safetensors"))

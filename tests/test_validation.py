@@ -52,6 +52,9 @@ def test_check_ranges_reads_interval_notation():
         ({"n_layer": 0}, r"model\.n_layer must be in \[1, inf\)"),
         ({"eos_id": 50}, r"model\.eos_id must be in \[0, vocab_size=50\)"),
         ({"n_embd": 33}, r"n_embd \(33\) must be divisible by n_head \(2\)"),
+        ({"logit_softcap": 1e300}, r"model\.logit_softcap must be in \[1, 10000\]"),  # inf in fp32: NaN logits
+        ({"attn_mask": "document"}, r"needs eos_id.*use attn_mask causal"),  # eos_id cannot be passed by hand
+        ({"init_from": ""}, r"model\.init_from is empty"),  # was "no config.json in '.'"
     ],
 )
 def test_bad_model_options_fail_at_construction(bad, message):
@@ -146,3 +149,19 @@ def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, tmp_
     argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--data.corpus", str(other)]
     _one_line_error(capsys, argv, "tokenizer", "fingerprint", "data.tokenizer")
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_a_model_too_large_for_memory_is_one_line(monkeypatch):
+    """Catches a model too large to allocate (--model.n_embd 1048576) ending in torch's allocator traceback. The
+    allocator's failure is raised directly: really allocating terabytes would depend on the machine's overcommit."""
+    import tinylm.train.module as module
+
+    def fail(config):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 TiB")
+
+    monkeypatch.setattr(module, "GPT", fail)
+    with pytest.raises(ValueError, match="does not fit in this machine's memory .*tinylm plan"):
+        TinyLM(**TINY)
+    monkeypatch.setattr(module, "GPT", lambda config: (_ for _ in ()).throw(RuntimeError("a bug, not memory")))
+    with pytest.raises(RuntimeError, match="a bug"):  # other errors stay what they are
+        TinyLM(**TINY)

@@ -199,7 +199,13 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
     """
     from tinylm.tokenize.tokenizer import Tokenizer
 
+    if not str(path).strip():
+        raise ValueError("model.init_from is empty; pass a tinylm .ckpt or a Hugging Face GPT-2/Llama directory, or "
+                         "leave it unset (null) to start from random weights")
     path = Path(path)
+    if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
+        raise ValueError(f"model.init_from {str(path)!r} is one file of a Hugging Face model; pass the folder that "
+                         f"holds it: --model.init_from {path.parent}")
     if path.is_dir():
         from tinylm.hf import TINYLM_TOKENIZER_DIR, import_hf
 

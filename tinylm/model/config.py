@@ -13,7 +13,7 @@ MLPS = ("gelu", "swiglu", "relu2")
 CONFIG_RANGES = {
     "vocab_size": "[1, inf)", "block_size": "[1, inf)", "n_layer": "[1, inf)", "n_head": "[1, inf)",
     "n_embd": "[1, inf)", "pad_vocab_multiple": "[1, inf)", "dropout": "[0, 1)", "eos_id": "[0, vocab_size)",
-    "rope_theta": "(1, inf)", "logit_softcap": "[1, inf)",
+    "rope_theta": "(1, inf)", "logit_softcap": "[1, 10000]",
 }
 """Valid values of GPTConfig's numeric fields (interval notation, see tinylm.ranges)."""
 _FLOATS = ("dropout", "rope_theta", "logit_softcap")
@@ -83,7 +83,9 @@ class GPTConfig:
             raise ValueError(f"positions='rope' rotates pairs of channels: the head size n_embd/n_head = "
                              f"{self.n_embd // self.n_head} must be even; change n_head or n_embd")
         if self.attn_mask == "document" and self.eos_id is None:
-            raise ValueError("attn_mask='document' needs eos_id (the token that ends each packed document)")
+            raise ValueError("attn_mask='document' needs eos_id, the token that ends each packed document, and this "
+                             "tokenizer has none (a char tokenizer of a text without <|endoftext|>); use attn_mask "
+                             "causal, or a corpus of documents with a tokenizer that has one (bpe)")
 
     @property
     def padded_vocab_size(self) -> int:

@@ -179,7 +179,15 @@ class TinyLM(L.LightningModule):
                                                                           block_size=block_size)
             self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
         # every GPTConfig field has a TinyLM option of the same name (checkpoint.load_model relies on it too)
-        self.model = GPT(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}))
+        config = GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)})
+        try:
+            self.model = GPT(config)
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
+                raise
+            raise ValueError(f"the model does not fit in this machine's memory ({n_layer} layers, n_embd {n_embd}, "
+                             f"{config.padded_vocab_size:,} embedding rows): lower model.n_embd, model.n_layer or "
+                             "model.pad_vocab_multiple (`tinylm plan --config ...` shows a model's size first)") from None
         if state is not None:
             self.model.load_state_dict(state)
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
