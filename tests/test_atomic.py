@@ -151,3 +151,42 @@ def test_checkpoint_with_unreadable_tokenizer_names_the_checkpoint(tmp_path):
                 "tinylm": {"format": CHECKPOINT_FORMAT, "tokenizer": tok}}, tmp_path / "old.ckpt")
     with pytest.raises(CheckpointError, match=r"old\.ckpt' holds a tokenizer this tinylm cannot rebuild.*version 99"):
         load_model(tmp_path / "old.ckpt")
+
+
+def test_prepared_dataset_appears_by_one_rename_of_a_complete_folder(tmp_path, small_data, monkeypatch):
+    """Catches a prepared dataset published by copying its temp folder into place (or built in place): a crash
+    mid-copy leaves a folder whose meta.json says "complete" beside a short or missing train.bin/val.bin. The
+    folder must take its name by one rename (os.replace, atomic) of a sibling temp folder that is already a whole
+    dataset; and when that rename fails, no folder with meta.json may be left under the name."""
+    from tinylm.data.corpus import open_corpus
+    from tinylm.data.prepare import dataset_dir_for, load_meta, prepare_dataset
+    from tinylm.tokenize.tokenizer import build_tokenizer
+
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:5000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    corpus = open_corpus(str(tmp_path / "c.txt"), cache_dir=tmp_path)
+    tok = build_tokenizer("char", documents=lambda: iter([text]))
+    real_replace, renames, fail = os.replace, [], [False]
+
+    def replace(src, dst, *args, **kwargs):  # the real rename, watched (and made to fail on request)
+        if Path(dst).name.startswith("c.txt-") and Path(dst).parent.name == "datasets":
+            assert not (Path(dst) / "meta.json").exists()
+            load_meta(src, tok)  # the folder being published is already a whole dataset
+            renames.append((Path(src), Path(dst)))
+            if fail[0]:
+                raise OSError("simulated failure of the publishing rename")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    final = dataset_dir_for(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "cache") == final
+    assert [dst for _, dst in renames] == [final] and renames[0][0].parent == final.parent
+    assert load_meta(final, tok)["splits"]["train"]["tokens"] == 4500
+
+    fail[0], renames[:] = True, []
+    broken = dataset_dir_for(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "cache2")
+    with pytest.raises(OSError, match="simulated failure"):
+        prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "cache2")
+    assert [dst for _, dst in renames] == [broken]
+    assert not (broken / "meta.json").exists()
+    assert not [p for p in broken.parent.iterdir() if (p / "meta.json").exists()]  # no temp folder left either

@@ -415,3 +415,87 @@ def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog
     trained = [r for r in caplog.records if r.getMessage().startswith("training a scratch-bpe")]
     assert len(trained) == 1 and len(got) == 3 and len({t.fingerprint for t in got}) == 1
     # (how many logged "waiting" depends on scheduling: a thread that starts late finds the folder complete)
+
+
+def test_cut_on_a_document_boundary_leaves_whole_documents_on_both_sides(tmp_path):
+    """Catches a document that ends exactly at the train/val cut being treated as straddling it: its train part
+    lost its EOS and val began with an empty document (a stray EOS), counted as one more document. Four documents
+    of 50 characters with val_fraction 0.25 put the cut (int(200 x 0.75) = 150) on the end of the third."""
+    path = tmp_path / "docs.txt"
+    docs = [letter * 50 for letter in "abcd"]
+    path.write_text(f"\n{EOT}\n".join(docs), encoding="utf-8")
+    dm = _dm(tmp_path, path, tokenizer="char", val_fraction=0.25)
+    tok, eos = dm.tokenizer, dm.eos_id
+    assert eos is not None
+    assert _tokens(dm, "train").tolist() == [t for d in docs[:3] for t in tok.encode(d) + [eos]]
+    assert _tokens(dm, "val").tolist() == tok.encode(docs[3]) + [eos]
+    splits = dm.meta["splits"]
+    assert splits["train"]["documents"] == 3 and splits["val"]["documents"] == 1
+    assert splits["train"]["chars"] == 150 and splits["val"]["chars"] == 50
+
+
+def test_train_windows_reach_the_last_valid_offset(tmp_path):
+    """Catches an off-by-one in the training offsets' bound that never draws the last window of the split: with
+    n = T + 2 tokens the valid offsets are 0 and 1 (a window needs T + 1 tokens), and both must come up."""
+    T, n = 4, 6
+    path = tmp_path / "train.bin"
+    np.arange(n, dtype="<u2").tofile(path)
+    ds = TrainBatches(path, dtype="uint16", n_tokens=n, block_size=T, batch_size=8, seed=0)
+    offsets = np.concatenate([ds.offsets(k) for k in range(50)])
+    assert set(offsets.tolist()) == {0, 1}
+    _, y = ds.windows(np.array([1]))
+    assert y[0].tolist() == [2, 3, 4, 5]  # offset 1's target ends at the split's last token
+
+
+def test_val_windows_cover_the_split_to_its_last_token(tmp_path):
+    """Catches validation dropping its last window when n - 1 is a multiple of T (exactly k windows fit: their
+    targets end at the final token): with T = 4 and n = 13 tokens, 3 windows whose last target is token 12."""
+    from tinylm.data.loader import ValBatches
+
+    T, n = 4, 13
+    path = tmp_path / "val.bin"
+    np.arange(n, dtype="<u2").tofile(path)
+    val = ValBatches(path, dtype="uint16", n_tokens=n, block_size=T, batch_size=2)
+    batches = [val[j] for j in range(len(val))]
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    assert len(val) == 2 and x.shape == (3, T)
+    assert x.flatten().tolist() == list(range(12)) and y[-1].tolist() == [9, 10, 11, 12]
+
+
+@pytest.mark.parametrize("top_id, dtype", [(65_535, "uint16"), (65_536, "uint32")])
+def test_uint16_holds_exactly_65536_ids(small_data, small_bpe, tmp_path, top_id, dtype):
+    """Catches an off-by-one in the dtype choice: a vocabulary of 65,536 ids (0..65,535) fits uint16, one of
+    65,537 needs uint32. The top id is a special token, and a uint16 dataset must hold it (the scan accepts it)."""
+    state = build_tokenizer(f"tiktoken:{small_bpe.tiktoken}").state_dict()
+    state["state"]["special_tokens"]["<|top|>"] = top_id  # beside <|endoftext|> = 511
+    tok = Tokenizer.from_state_dict(state)
+    assert tok.vocab_size == top_id + 1
+    corpus = open_corpus(str(small_data / "german.txt"), cache_dir=tmp_path)
+    out = prepare_dataset(corpus, tok, val_fraction=0.5, cache_dir=tmp_path)
+    assert load_meta(out, tok)["dtype"] == dtype
+    if dtype == "uint16":
+        ids = np.memmap(out / "train.bin", dtype="<u2", mode="r+")
+        ids[0] = top_id
+        ids.flush()
+        del ids
+        load_meta(out, tok)  # the top id is inside the vocabulary and survives the round trip
+        assert int(np.fromfile(out / "train.bin", dtype="<u2")[0]) == 65_535
+
+
+@pytest.mark.parametrize("vocab_size, refused", [(65_536, False), (65_537, True)])
+def test_uint16_dataset_is_refused_exactly_when_the_vocab_overflows_it(shakespeare, tmp_path, vocab_size, refused):
+    """Catches the overflow check on load being off by one: a meta.json that says uint16 for 65,537 ids must be
+    refused (id 65,536 cannot be stored), and 65,536 ids in uint16 accepted."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    meta_path = dm.dataset_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["dtype"] == "uint16"
+    meta["vocab_size"] = vocab_size
+    meta_path.write_text(json.dumps(meta))
+    if refused:
+        with pytest.raises(ValueError, match=r"uint16 ids but the vocabulary has 65537 ids"):
+            load_meta(dm.dataset_dir)
+    else:
+        assert load_meta(dm.dataset_dir)["vocab_size"] == 65_536

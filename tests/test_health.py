@@ -113,6 +113,23 @@ def test_grad_norm_spike_is_reported(chars):
     assert [a.step for a in monitor.alerts if a.kind == "spike"] == [41]
 
 
+class _SpikeBurstLM(TinyLM):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * (100.0 if 60 <= self.global_step < 65 else 1.0)  # 5 consecutive steps of 100x gradients
+
+
+def test_consecutive_spikes_raise_one_alert_per_spike_window(chars):
+    """Catches spike alerts that are not rate-limited: 60 normal steps then 5 consecutive steps of 100x the grad
+    norm are one incident, and must give exactly one `spike` alert within spike_window (20) steps, not five."""
+    ids, vocab = chars
+    torch.manual_seed(0)
+    module = _SpikeBurstLM(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1,
+                           lr=3e-3, warmup_steps=5, min_lr=3e-4)
+    _, monitor = _run(module, _windows(ids, 8 * 70, 0), steps=70)
+    assert [a.step for a in monitor.alerts if a.kind == "spike"] == [61]  # after the burst's first step (60)
+
+
 def test_overfitting_is_reported():
     """Catches a model memorising a tiny train set while validation loss climbs."""
     g = torch.Generator().manual_seed(0)
@@ -232,3 +249,49 @@ def test_nonfinite_names_a_restart_that_works(run_config, tmp_path, capsys):
     main(["fit", "--config", str(run_config(run={"name": "again"})), "--model.init_from", str(ckpt),
           "--model.lr", "1e-4"])  # the advice, followed
     assert (tmp_path / "runs" / "again" / "checkpoints" / "last.ckpt").is_file()
+
+
+class _OwnRate(L.Callback):
+    """Beside SpeedMonitor (after it in the list): this rank's tokens/sec over its last `window` optimizer steps,
+    from the clock reads SpeedMonitor itself made (`reads`, one per step), logged as test/own_rate from rank 0."""
+
+    def __init__(self, window: int, reads: list[float]) -> None:
+        self.window, self.reads, self.tokens = window, reads, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.tokens.append(batch[0].numel())  # one batch per optimizer step here (no accumulation)
+        if len(self.reads) > self.window:
+            seconds = self.reads[-1] - self.reads[-1 - self.window]
+            pl_module.log("test/own_rate", sum(self.tokens[-self.window:]) / seconds, rank_zero_only=True)
+
+
+def test_tokens_per_sec_counts_all_ranks_and_mfu_is_per_device(monkeypatch):
+    """Catches train/tokens_per_sec reporting one device's rate under DDP (it is all ranks together), and
+    train/mfu dividing all ranks' FLOPs by one device's peak (it is per device: per-device rate x FLOPs per token
+    / peak). Real DDP on 2 CPU processes (forked, so they keep the patches: the peak-FLOPs lookup, and a clock
+    that records the real times SpeedMonitor reads, so the test computes its rate from the same instants)."""
+    import types
+
+    from tinylm.train import callbacks
+
+    peak, reads = 1e12, []
+
+    def perf_counter() -> float:
+        reads.append(time.perf_counter())
+        return reads[-1]
+
+    monkeypatch.setattr(callbacks, "peak_flops", lambda device, precision: peak)  # CPUs have no known peak
+    monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    torch.manual_seed(0)
+    module = _tiny(50, warmup_steps=0)
+    data = torch.randint(0, 50, (64, T + 1), generator=torch.Generator().manual_seed(0))
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=4, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, log_every_n_steps=1,
+                        callbacks=[SpeedMonitor(window=2), _OwnRate(2, reads)])
+    trainer.fit(module, DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4))
+    assert trainer.world_size == 2
+    got = {k: v.item() for k, v in trainer.callback_metrics.items()}  # rank 0's, sent back by the launcher
+    per_device = got["test/own_rate"]
+    assert got["train/tokens_per_sec"] == pytest.approx(2 * per_device, rel=1e-5)
+    assert got["train/mfu"] == pytest.approx(per_device * module.model.flops_per_token() / peak, rel=1e-5)

@@ -85,3 +85,40 @@ def test_bad_weights_name_the_fix(two_corpora, tmp_path):
         _dm(tmp_path, two_corpora, weights=[1, 0])
     with pytest.raises(ValueError, match=r"empty list"):
         _dm(tmp_path, [])
+
+
+def test_per_corpus_val_losses_are_each_corpus_own(tmp_path):
+    """Catches val/loss/NAME reporting the overall loss (or another corpus's) instead of its own corpus's: the
+    two per-corpus losses must differ, each must be the loss over that corpus's validation windows alone, and the
+    overall val/loss their token-weighted mean (here 125 windows of A to 50 of B)."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+
+    from tinylm.train.module import TinyLM
+
+    rng = np.random.default_rng(0)
+    corpora = []
+    for name, letters, size in (("a.txt", "abcde", 20_000), ("b.txt", "vwxyz", 8_000)):
+        path = tmp_path / name
+        path.write_text("".join(rng.choice(list(letters), size=size)), encoding="utf-8")
+        corpora.append(str(path))
+    dm = _dm(tmp_path, corpora)
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.validate(module, datamodule=dm, verbose=False)
+    got = {k: v.item() for k, v in trainer.callback_metrics.items()}
+    by_hand, tokens = {}, {}
+    module.eval()
+    with torch.no_grad():
+        for name, loader in zip(("a.txt", "b.txt"), dm.val_dataloader()):
+            nats = [F.cross_entropy(module(x).flatten(0, 1), y.flatten(), reduction="sum").item() for x, y in loader]
+            tokens[name] = sum(y.numel() for _, y in loader)
+            by_hand[name] = sum(nats) / tokens[name]
+    assert tokens == {"a.txt": 125 * 16, "b.txt": 50 * 16}  # 2,001 and 801 val tokens (EOS at the end)
+    for name in ("a.txt", "b.txt"):
+        assert got[f"val/loss/{name}"] == pytest.approx(by_hand[name], rel=1e-5), name
+    assert abs(got["val/loss/a.txt"] - got["val/loss/b.txt"]) > 1e-3
+    weighted = sum(by_hand[n] * tokens[n] for n in tokens) / sum(tokens.values())
+    assert got["val/loss"] == pytest.approx(weighted, rel=1e-5)

@@ -215,3 +215,67 @@ def test_prefix_lm_cannot_win_by_copying_on_random_tokens():
     trainer = _trainer(max_steps=80)
     trainer.fit(copy_task, loader)
     assert trainer.callback_metrics["train/loss"].item() < 0.5 * math.log(50)
+
+
+class _SteppedGrads(L.Callback):
+    """The total gradient norm each optimizer step used: read at the end of the batch, after the step. Lightning
+    clips after `on_before_optimizer_step` (so that hook sees the raw gradients), AdamW leaves `.grad` as it found
+    it, and the gradients are zeroed only when the next batch's closure starts."""
+
+    def __init__(self):
+        self.norms = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+
+
+def test_adamw_steps_with_the_clipped_gradient():
+    """Catches gradient clipping that is never applied (the pre-clip norm is logged, then the step uses the raw
+    gradients): with gradient_clip_val=1e-3 the gradients AdamW steps with must have total norm <= 1e-3, while
+    train/grad_norm (logged before clipping) is far above it."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-3, warmup_steps=0)
+    rec, raw = _SteppedGrads(), _Recorder()
+    trainer = _trainer(max_steps=3, gradient_clip_val=1e-3, callbacks=[rec, raw])
+    trainer.fit(module, _batches(3))
+    assert len(rec.norms) == 3
+    assert all(n <= 1e-3 * (1 + 1e-4) for n in rec.norms), rec.norms
+    assert all(n > 1e-2 for n in raw.norms)  # guard: the raw gradients really were clipped (>10x the bound)
+    assert trainer.callback_metrics["train/grad_norm"].item() == pytest.approx(raw.norms[-1], rel=1e-4)
+
+
+def test_prefix_lm_validation_scores_the_training_targets():
+    """Catches validation of a prefix-LM counting the prefix positions that training leaves out (they see their
+    own target): val/loss on a batch must be the training loss `_loss` gives that batch."""
+    torch.manual_seed(0)
+    P = 6
+    module = TinyLM(**TINY, attn_mask="prefix", prefix_len=P)
+    x, y = next(iter(_batches(1, B=4)))
+    (metrics,) = _trainer(limit_val_batches=None).validate(module, DataLoader(TensorDataset(x, y), batch_size=4),
+                                                            verbose=False)
+    with torch.no_grad():
+        loss, logits = module._loss((x, y))
+    assert metrics["val/loss"] == pytest.approx(loss.item(), rel=1e-5)
+    every_position = F.cross_entropy(logits.reshape(-1, 50), y.reshape(-1)).item()
+    assert abs(every_position - loss.item()) > 1e-3  # guard: counting the prefix too would give another number
+
+
+def test_val_loss_is_the_token_weighted_mean_over_batches():
+    """Catches val/loss averaging the batch means (a last, smaller batch weighing as much as a full one): 5
+    windows in batches of 4 then 1 must give the mean cross-entropy over all 5 x 16 targets."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY)
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 50, (5, 17), generator=g)
+    data[4] = 7  # the lone last window: a constant run, whose loss is far from the random windows'
+    x, y = data[:, :-1], data[:, 1:]
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    assert [len(b[0]) for b in loader] == [4, 1]
+    (metrics,) = _trainer(limit_val_batches=None).validate(module, loader, verbose=False)
+    module.eval()
+    with torch.no_grad():
+        nats = F.cross_entropy(module(x).reshape(-1, 50), y.reshape(-1), reduction="none").reshape(5, 16)
+    assert metrics["val/loss"] == pytest.approx(nats.mean().item(), rel=1e-5)
+    batch_means = (nats[:4].mean() + nats[4].mean()) / 2
+    assert abs(batch_means - nats.mean()) > 1e-3  # guard: the unweighted mean is another number

@@ -157,3 +157,26 @@ def test_muon_orthogonalises_q_k_and_v_of_c_attn_on_their_own():
         muon_step(ours, {id(stacked): 3})
         ref.step()
     assert (stacked.detach() - torch.cat([p.detach() for p in parts])).abs().max() <= 1e-5
+
+
+class _LoggedLRs(L.Callback):
+    """train/lr and train/muon_lr as logged for each optimizer step (callback_metrics right after the step)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        metrics = trainer.callback_metrics
+        self.rows.append((metrics["train/lr"].item(), metrics["train/muon_lr"].item()))
+
+
+def test_logged_muon_lr_follows_its_own_peak_on_the_schedule():
+    """Catches train/muon_lr logging AdamW's learning rate (or a constant) instead of Muon's: at every logged
+    step it must be train/lr x muon_lr / lr, the schedule's factor times Muon's own peak."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-2, min_lr=1e-3, warmup_steps=2, muon_lr=0.05)
+    rec = _LoggedLRs()
+    _trainer(max_steps=3, callbacks=[rec]).fit(module, _batches(3))
+    assert len(rec.rows) == 3
+    assert [muon for _, muon in rec.rows] == pytest.approx([lr * 0.05 / 1e-2 for lr, _ in rec.rows], rel=1e-6)
+    assert len({lr for lr, _ in rec.rows}) == 3  # guard: the factor changes from step to step

@@ -113,3 +113,30 @@ def test_resume_past_a_cut_csv_row(run_config, tmp_path, cut):
     assert [int(r["step"]) for r in rows if r["train/loss"]] == list(range(6))
     assert all(r["train/loss"] or r["val/loss"] for r in rows)  # no half row kept
     assert path.read_text().startswith(whole)  # every whole row kept
+
+
+def test_resume_on_a_notional_epoch_boundary_keeps_dropout_exact(run_config, tmp_path):
+    """Catches the training loader drawing its base seed from the global torch RNG (no generator of its own): a
+    new epoch's iterator then advances that RNG in the uninterrupted run, but before the restored RNG state in the
+    resumed one, so every dropout mask after a checkpoint on an epoch boundary differed. Epochs of 3 steps here
+    (100 train tokens, batches of 2 x 16), checkpoint and interruption after step 3."""
+    config = run_config(
+        chars=200,
+        run={"name": "straight", "checkpoint_every": 3},
+        trainer={"max_steps": 6, "val_check_interval": 3},
+        model={"dropout": 0.1, "lr": 3e-3, "warmup_steps": 1, "decay_steps": 6},
+        data={"val_fraction": 0.5},
+    )
+    main(["fit", "--config", str(config)])
+    from tinylm.data import TinyLMDataModule
+
+    dm = TinyLMDataModule(corpus=str(tmp_path / "shakespeare_small.txt"), tokenizer="char", block_size=16,
+                          batch_size=2, val_fraction=0.5, cache_dir=str(tmp_path / "cache"))
+    assert dm.train_dataloader().epoch_length == 3
+    straight = _losses(tmp_path / "runs" / "straight")
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--trainer.max_steps", "3"])
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--ckpt_path", "last"])
+    resumed = _losses(tmp_path / "runs" / "resumed")
+    assert sorted(resumed) == sorted(straight) == list(range(6))
+    for step in range(6):
+        assert resumed[step] == pytest.approx(straight[step], abs=1e-5), f"step {step}"
