@@ -140,3 +140,21 @@ def test_resume_on_a_notional_epoch_boundary_keeps_dropout_exact(run_config, tmp
     assert sorted(resumed) == sorted(straight) == list(range(6))
     for step in range(6):
         assert resumed[step] == pytest.approx(straight[step], abs=1e-5), f"step {step}"
+
+
+def test_progress_bar_counts_batches_under_accumulation_and_after_a_resume(run_config, capsys):
+    """The bar ends at its total: a step is accumulate_grad_batches batches, and a run resumed mid-epoch starts its
+    bar at the batch it resumed from (Lightning's own bar showed `20/5` and, after a resume, `Training: 40/?`)."""
+    config = run_config(trainer={"max_steps": 3, "accumulate_grad_batches": 2, "val_check_interval": 100,
+                                 "enable_progress_bar": True})
+
+    def bar_ends() -> list[str]:
+        out = capsys.readouterr().out.replace("\r", "\n")  # Lightning draws its bars on stdout
+        return [line.split("[")[0].strip() for line in out.splitlines() if line.startswith(("Epoch", "Training"))]
+
+    main(["fit", "--config", str(config)])
+    assert bar_ends()[-1] == "Epoch 0: 100%|██████████| 6/6"
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5"])
+    lines = bar_ends()
+    assert lines[-1] == "Epoch 0: 100%|██████████| 10/10"
+    assert not any("?" in line for line in lines if line.startswith("Epoch")), lines

@@ -9,6 +9,7 @@ from collections import deque
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import peak_flops_by_name
 from tinylm.train.module import logging_step
@@ -280,6 +281,33 @@ class ProgressBar(TQDMProgressBar):
         super().__init__(**kwargs)
         self.min_interval = min_interval
         self._drawn = 0.0
+        self._first = 0  # the epoch's batch index this run began at (not 0 after a resume mid-epoch)
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """The batch index at which this epoch's bar ends: the epoch's end, or the batch of the run's last step.
+
+        Lightning's own counts `max_steps - global_step` batches, which is too few under gradient accumulation
+        (a step is `accumulate_grad_batches` batches) and after a resume mid-epoch (the bar starts there)."""
+        trainer = self.trainer
+        total = trainer.num_training_batches
+        if trainer.max_steps > 0:
+            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+            total = min(total, self._first + left)
+        return total
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if trainer.fit_loop.restarted_mid_epoch:  # Lightning calls no on_train_epoch_start for this epoch
+            self._first = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            bar = self.train_progress_bar
+            bar.reset(total=convert_inf(self.total_train_batches))
+            bar.initial = bar.n = self._first
+            bar.set_description(f"Epoch {trainer.current_epoch}")
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
+        self._first = 0
+        super().on_train_epoch_start(trainer, *args)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         now = time.perf_counter()
