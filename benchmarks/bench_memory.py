@@ -2,6 +2,7 @@
 checkpointing saves and costs.
 
     python benchmarks/bench_memory.py            # all configs; one fresh process per measurement
+    python benchmarks/bench_memory.py --configs 0,2 --no-times   # the first and third configs, memory only
 
 How it is measured: the step is TinyLM's own loss + backward + AdamW step, as Lightning runs it (gradients set to
 None before backward; autocast around the forward only under bf16-mixed), after two warm-up steps so the optimizer
@@ -16,6 +17,7 @@ states exist.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import resource
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -114,27 +117,38 @@ def estimate(name: str, ckpt: bool) -> dict:
 
 
 def _in_fresh_process(fn: str, name: str, ckpt: bool) -> dict:
-    code = f"import json, sys; sys.path.insert(0, 'benchmarks'); import bench_memory as b; " \
+    code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_memory as b; " \
            f"print(json.dumps(b.{fn}({name!r}, {ckpt})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default=",".join(map(str, range(len(CONFIGS)))),
+                        help="comma-separated indices into: " + "; ".join(f"{i} {n}" for i, n in enumerate(CONFIGS)))
+    parser.add_argument("--no-times", action="store_true", help="skip the step-time comparison")
+    args = parser.parse_args()
+    try:
+        names = [list(CONFIGS)[int(i)] for i in args.configs.split(",")]
+    except (ValueError, IndexError):
+        parser.error(f"--configs {args.configs!r}: expected comma-separated indices from 0 to {len(CONFIGS) - 1}")
     mb = 1e6
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print("| config | act. ckpt | estimate (MB) | tensor peak (MB) | est./tensor | RSS delta (MB) | est./RSS |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for name in CONFIGS:
+    for name in names:
         for ckpt in (False, True):
             est = estimate(name, ckpt)["peak"]
             peak = _in_fresh_process("measure_tensors", name, ckpt)["tensor_peak"]
             delta = _in_fresh_process("measure_rss", name, ckpt)["rss_delta"]
             print(f"| {name} | {'on' if ckpt else 'off'} | {est / mb:.1f} | {peak / mb:.1f} | {est / peak:.3f} | "
                   f"{delta / mb:.1f} | {est / delta:.3f} |", flush=True)
+    if args.no_times:
+        return
     print("\n| config | step, ckpt off (s) | step, ckpt on (s) | wall ratio | CPU-time ratio |")
     print("|---|---:|---:|---:|---:|")
-    for name in list(CONFIGS)[:2]:
+    for name in names[:2]:
         t = step_times(name)
         print(f"| {name} | {t['wall_off']:.3f} | {t['wall_on']:.3f} | {t['wall_on'] / t['wall_off']:.2f} | "
               f"{t['cpu_on'] / t['cpu_off']:.2f} |", flush=True)
