@@ -30,7 +30,7 @@ def config(run_config, request):
 
 
 def _losses(run_dir: Path, key: str = "train/loss") -> dict[int, list[float]]:
-    """``key``'s rows by logged step (several rows per step under accumulation), in order."""
+    """``key``'s rows by logged step, in order."""
     out: dict[int, list[float]] = {}
     with open(run_dir / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
@@ -158,3 +158,17 @@ def test_progress_bar_counts_batches_under_accumulation_and_after_a_resume(run_c
     lines = bar_ends()
     assert lines[-1] == "Epoch 0: 100%|██████████| 10/10"
     assert not any("?" in line for line in lines if line.startswith("Epoch")), lines
+
+
+def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_config):
+    """Batch k of size B holds global samples k*B .. k*B + B - 1, so 2 micro-batches of B are the batch of 2B: the
+    logged train/loss (one row a step, the mean over its micro-batches) must not depend on the split."""
+    config = run_config(chars=40_000, trainer={"max_steps": 4, "val_check_interval": 100},
+                        data={"block_size": 16, "batch_size": 8})
+    main(["fit", "--config", str(config), "--run.name", "whole"])
+    main(["fit", "--config", str(config), "--run.name", "split", "--data.batch_size", "4",
+          "--trainer.accumulate_grad_batches", "2"])
+    whole, split = _losses(config.parent / "runs" / "whole"), _losses(config.parent / "runs" / "split")
+    assert list(split) == list(whole) == [0, 1, 2, 3]
+    assert all(len(rows) == 1 for rows in split.values()), split
+    assert [r[0] for r in split.values()] == pytest.approx([r[0] for r in whole.values()], abs=1e-5)
