@@ -1,5 +1,6 @@
 """The GPT: init, masks, causality, weight tying, parameter counts, the KV cache, and that it can learn."""
 
+import dataclasses
 import math
 
 import pytest
@@ -114,6 +115,10 @@ def test_param_count_of_gpt2_small_is_124m():
     assert model.num_params() == 124_439_808
     N = 124_439_808 - 1024 * 768
     assert model.flops_per_token() == 6 * N + 12 * 12 * 12 * 64 * 1024
+    with torch.device("meta"):  # untied, the input embedding is a lookup: the same FLOPs, 38.6M more parameters
+        untied = GPT(dataclasses.replace(cfg, tie_embeddings=False))
+    assert untied.num_params() == 124_439_808 + 50257 * 768
+    assert untied.flops_per_token() == model.flops_per_token()
 
 
 def test_hidden_and_last_only_match_the_full_forward():

@@ -95,12 +95,14 @@ class GPT(nn.Module):
     def flops_per_token(self) -> float:
         """Training FLOPs per token, forward + backward: 6N + 12·L·H·Q·T (PaLM appendix B; nanoGPT's estimate_mfu).
 
-        N excludes the position table; L layers, H heads, Q head size, T = block_size.
+        N counts the parameters that multiply: not the position table, nor an untied token embedding (a lookup;
+        tied, the same matrix is the LM head's matmul). L layers, H heads, Q head size, T = block_size.
         """
         c = self.config
-        return 6.0 * self.num_params(exclude_position=True) + 12.0 * c.n_layer * c.n_head * (
-            c.n_embd // c.n_head
-        ) * c.block_size
+        n = self.num_params(exclude_position=True)
+        if not c.tie_embeddings:
+            n -= self.transformer.wte.weight.numel()
+        return 6.0 * n + 12.0 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
 
     def new_kv_cache(
         self, batch_size: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
