@@ -51,3 +51,14 @@ def test_unknown_schedule_names_the_choices():
     """Catches a typo in lr_schedule silently falling back to some default."""
     with pytest.raises(ValueError, match="cosine, wsd, constant"):
         lr_at(0, schedule="cosin", **KW)
+
+
+def test_constant_schedule_needs_no_length():
+    """`constant` ignores decay_steps, so a module with neither max_steps nor decay_steps still has an LR; the
+    others say what they need."""
+    from tinylm.train.module import TinyLM
+
+    kwargs = {"vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 8, "warmup_steps": 0}
+    assert TinyLM(lr_schedule="constant", lr=2e-3, **kwargs).lr_now() == 2e-3
+    with pytest.raises(ValueError, match="the LR schedule needs a length"):
+        TinyLM(lr_schedule="cosine", **kwargs).lr_now()

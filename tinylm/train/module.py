@@ -316,7 +316,7 @@ class TinyLM(L.LightningModule):
             lr=hp.lr,
             min_lr=hp.min_lr,
             warmup_steps=hp.warmup_steps,
-            decay_steps=self._decay_steps(),
+            decay_steps=0 if hp.lr_schedule == "constant" else self._decay_steps(),  # constant needs no length
             decay_fraction=hp.decay_fraction,
         )
 
