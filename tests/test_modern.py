@@ -171,6 +171,16 @@ def test_logit_softcap_bounds_the_logits():
     torch.testing.assert_close(out, torch.tanh(raw), rtol=0, atol=1e-6)
 
 
+def test_logit_softcap_runs_in_fp32_under_bf16_autocast():
+    """Catches the tanh run in bf16 (up to 0.06 off near the cap): the capped logits are fp32, from the bf16 matmul."""
+    model = tiny(logit_softcap=15.0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, hidden = model(ids(1, 8), return_hidden=True)
+        raw = model.lm_head(hidden)[..., :VOCAB]  # bf16 under autocast
+    assert raw.dtype == torch.bfloat16 and out.dtype == torch.float32
+    torch.testing.assert_close(out, 15.0 * torch.tanh(raw.float() / 15.0), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

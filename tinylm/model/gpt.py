@@ -184,5 +184,6 @@ class GPT(nn.Module):
         logits = self.lm_head(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, Vp)
         logits = logits[..., : c.vocab_size]  # (B, T or 1, V): padded rows are never targets
         if c.logit_softcap is not None:
-            logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)  # smooth clamp to (-cap, cap)
+            # smooth clamp to (-cap, cap), in fp32: under bf16 autocast the tanh was off by up to 0.06
+            logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
         return (logits, hidden) if return_hidden else logits
