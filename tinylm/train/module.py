@@ -185,7 +185,7 @@ class TinyLM(L.LightningModule):
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
                 raise
-            raise ValueError(f"the model does not fit in this machine's memory ({n_layer} layers, n_embd {n_embd}, "
+            raise ValueError(f"the model does not fit in this machine's memory ({config.n_layer} layers, n_embd {config.n_embd}, "
                              f"{config.padded_vocab_size:,} embedding rows): lower model.n_embd, model.n_layer or "
                              "model.pad_vocab_multiple (`tinylm plan --config ...` shows a model's size first)") from None
         if state is not None:
