@@ -217,6 +217,8 @@ class TinyLMDataModule(L.LightningDataModule):
         loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
+                              # every iteration draws a base seed from `generator`, from the global RNG without
+                              # one: validation would shift the training's dropout stream (exact resume)
                               generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]
         return loaders[0] if len(loaders) == 1 else loaders
 
