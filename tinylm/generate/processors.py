@@ -32,7 +32,7 @@ class SamplingConfig:
     temperature: float = 1.0
     """sample: divide logits by this; < 1 sharper, > 1 flatter. Must be > 0 (use strategy="greedy" for 0)."""
     top_k: int | None = None
-    """sample: keep only the k most likely tokens (exactly k, ties broken by index). contrastive: candidates per
+    """sample: keep only the k most likely tokens (exactly k; ties broken by torch.topk). contrastive: candidates per
     step (default 4)."""
     top_p: float | None = None
     """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""

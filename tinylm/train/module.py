@@ -100,7 +100,8 @@ class TinyLM(L.LightningModule):
         warmup_steps: Optimizer steps of linear warmup.
         decay_steps: Optimizer step at which the decay reaches ``min_lr``; defaults to ``trainer.max_steps``.
         decay_fraction: For ``wsd``: the fraction of the run (after warmup) spent decaying.
-        weight_decay: AdamW weight decay on matrices and embeddings (never on biases and LayerNorm gains).
+        weight_decay: AdamW weight decay on matrices and embeddings (never on biases and norm gains); with
+            ``optimizer: muon`` only the embeddings and LM head (AdamW's) take it, the blocks' matrices muon_weight_decay.
         beta1: AdamW beta1 (the speedruns use 0.8 with Muon; tinylm keeps one default).
         beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
