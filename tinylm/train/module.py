@@ -17,7 +17,8 @@ from torchmetrics.aggregation import MeanMetric, SumMetric
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
 from tinylm.model import GPT, GPTConfig
-from tinylm.model.gpt import CONFIG_RANGES, Block
+from tinylm.model.config import CONFIG_RANGES
+from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS, build_optimizer
 from tinylm.train.schedules import SCHEDULES, lr_at
