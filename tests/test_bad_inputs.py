@@ -175,3 +175,27 @@ def test_spawning_strategies_are_one_line(config, capsys, strategy):
     """Catches --trainer.strategy ddp_spawn dying in a pickling traceback (cannot pickle '_io.TextIOWrapper')."""
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy, "--trainer.devices", "2",
                              "--trainer.accelerator", "cpu"], "spawning", "--trainer.strategy ddp")
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "{class_path: lightning.pytorch.strategies.FSDPStrategy, "
+                                              "init_args: {state_dict_type: sharded}}"])
+def test_fsdp_is_refused_in_one_line(config, capsys, strategy):
+    """Catches FSDP training silently without weight decay or Muon, clipping by one shard's norm (it hands the
+    optimizer flattened shards), or, on a CPU, Lightning's own refusal as a traceback."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy],
+                    "not supported by tinylm", "--trainer.strategy ddp")
+
+
+def test_lightnings_own_trainer_flag_checks_are_one_line(config, capsys):
+    """Catches the Trainer's own ValueError for a bad flag (an unknown strategy name) printed as a traceback."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "bogus"], "strategy='bogus'")
+
+
+def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch, tmp_path):
+    """Catches --trainer.num_nodes 2 on one machine waiting forever for node 1 (and deaf to SIGTERM meanwhile)."""
+    for var in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE",
+                "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu"],
+                    "trainer.num_nodes 2", "MASTER_ADDR", "NODE_RANK")
+    assert not (tmp_path / "runs").exists()

@@ -74,3 +74,20 @@ def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     line = next(ln for ln in err if "global batch" in ln)
     assert f"global batch of {2 * B} windows" in line and f"resume with --data.batch_size {2 * B}" in line
+
+
+def test_ddp_fork_trains_and_resumes(config, tmp_path):
+    """Catches `--trainer.strategy ddp_fork` (what Lightning picks in notebooks as ddp_notebook) failing after a run
+    that trained fine: its main process loads the weights back from a bare state_dict that tinylm refused as
+    "not a Lightning checkpoint". A resume on fork must also continue the same run."""
+    fork = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork",
+            "--data.batch_size", str(B), "--run.name", "fork"]
+    for args in (["--trainer.max_steps", str(HALF)], ["--ckpt_path", "last"]):
+        cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), *fork, *args]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "stopped at step" not in done.stderr, done.stderr[-3000:]  # the forking process trained nothing itself
+    _fit(config, devices=1)
+    want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "fork", "train/loss")
+    assert sorted(got) == list(range(STEPS))
+    assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)

@@ -95,3 +95,14 @@ def test_cuda_flops_table():
     from lightning.fabric.utilities.throughput import _CUDA_FLOPS
 
     assert _CUDA_FLOPS["a100"][torch.float32] > 1e13 and _CUDA_FLOPS["a100"][torch.bfloat16] > 1e14
+
+
+def test_multiprocessing_launcher():
+    """ddp_fork hands the weights back as `<tempdir>/.temp.ckpt` through the CheckpointIO (AtomicCheckpointIO loads it
+    as a bare state_dict), and TinyLMCLI.after_fit recognises the fork launcher's main process by its class."""
+    from lightning.pytorch.strategies.launchers.multiprocessing import (
+        _MultiProcessingLauncher,
+    )
+
+    source = inspect.getsource(_MultiProcessingLauncher)
+    assert '".temp.ckpt"' in source and "checkpoint_io.load_checkpoint(worker_output.weights_path)" in source

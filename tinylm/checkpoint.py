@@ -127,6 +127,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, buffer.getvalue())
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if Path(path).name == ".temp.ckpt":  # ddp_fork/ddp_notebook hand the trained weights back to the main
+            # process as a bare state_dict in a fresh temp folder (Lightning's _MultiProcessingLauncher)
+            return torch.load(path, map_location=map_location or "cpu", weights_only=True)
         return load_checkpoint(path, map_location=map_location or "cpu")
 
 

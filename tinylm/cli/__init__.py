@@ -141,9 +141,9 @@ def is_user_error(e: BaseException) -> bool:
     """Whether ``e`` is something the user can fix (printed as one line) rather than a bug (traceback).
 
     User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a missing
-    optional package (ModuleNotFoundError: install it), a full
-    disk or a denied permission, and ValueError/OSError raised by a `raise` statement in tinylm's own code (which
-    names the bad value and the fix). The same exception types raised inside torch, numpy or another library mean
+    optional package (ModuleNotFoundError: install it), a full disk or a denied permission, ValueError/OSError raised
+    by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks of
+    its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another library mean
     tinylm failed to validate something: a bug, shown with its traceback.
     """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -153,7 +153,8 @@ def is_user_error(e: BaseException) -> bool:
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
         return True
     if isinstance(e, (ValueError, OSError, TypeError)):
-        return _raised_in(e, PACKAGE_DIR) or _raised_in(e, _jsonargparse_dir())  # tinylm's checks, config parsing
+        # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
+        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()))
     return False
 
 
@@ -163,13 +164,21 @@ def _raised_in(e: BaseException, package: Path) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return package in Path(tb.tb_frame.f_code.co_filename).resolve().parents
+    where = Path(tb.tb_frame.f_code.co_filename).resolve()
+    return where == package or package in where.parents  # a file, or a folder of them
 
 
 def _jsonargparse_dir() -> Path:
     import jsonargparse
 
     return Path(jsonargparse.__file__).resolve().parent
+
+
+def _trainer_flags_file() -> Path:
+    """Where Lightning checks the Trainer's arguments (accelerator, strategy, devices, precision, ...)."""
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    return Path(accelerator_connector.__file__).resolve()
 
 
 def one_line(e: BaseException) -> str:

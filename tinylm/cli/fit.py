@@ -17,6 +17,7 @@ import csv
 import inspect
 import logging
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -160,6 +161,18 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
         strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
         start = strategy if isinstance(strategy, str) and "." not in strategy else \
             trainer_cfg.get("strategy.init_args.start_method")
+        if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
+            raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP hands the optimizer "
+                             "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
+                             "matrices) and gradient clipping (one shard's norm) would silently train another "
+                             "model; use --trainer.strategy ddp (`tinylm plan --config ...` shows the memory a "
+                             "device needs)")
+        nodes = trainer_cfg.get("num_nodes")
+        if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
+            raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                             "and MASTER_ADDR is unset: this node would wait for the others forever; run "
+                             "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
+                             "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
         if isinstance(start, str) and "spawn" in start:
             raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
                              "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
@@ -167,6 +180,20 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+
+
+def _cluster_found() -> bool:
+    """Whether this process was started by a cluster Lightning detects, or told by hand where the others are."""
+    from lightning.fabric.plugins.environments import (
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    if "MASTER_ADDR" in os.environ:  # Kubeflow's PyTorchJob sets it too (Lightning cannot detect Kubeflow)
+        return True
+    return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
 
 
 class RunConfig(SaveConfigCallback):
@@ -442,7 +469,13 @@ class TinyLMCLI(LightningCLI):
                 cfg.model[k] = built[k]
 
     def after_fit(self) -> None:
+        from lightning.pytorch.strategies.launchers.multiprocessing import (
+            _MultiProcessingLauncher,
+        )
+
         t = self.trainer
+        if isinstance(getattr(t.strategy, "launcher", None), _MultiProcessingLauncher):
+            return  # ddp_fork: the forked processes trained; this one's trainer stayed at step 0
         if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
             saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
             log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
