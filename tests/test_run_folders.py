@@ -1,6 +1,7 @@
 """Run folders never lose a result, and Lightning's own flags do what Lightning's users expect (issue 9)."""
 
 import csv
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,18 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
         path.unlink()
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
     assert "saved no readable checkpoint" in line and "--run.name NEW_NAME" in line
+
+
+def test_ckpt_path_last_behind_a_newer_step_checkpoint_continues_from_the_newest(config, tmp_path, caplog):
+    """Catches a run that died between its two saves at one step (step-N.ckpt written, last.ckpt not yet: a full
+    disk, a kill -9) being refused by `--ckpt_path last` for going back, with advice to run the same command."""
+    main(["fit", "--config", str(config)])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    shutil.copy(ckpts / "step-2.ckpt", ckpts / "last.ckpt")  # last.ckpt still at step 2, step-4.ckpt at 4
+    cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert "last.ckpt is at step 2, behind it (the run stopped between two saves); continuing from the newest " \
+           "readable checkpoint, step-4.ckpt (step 4)" in caplog.text
+    assert cli.trainer.global_step == 6
 
 
 def test_extending_a_run_names_the_lr_jump(config, caplog):

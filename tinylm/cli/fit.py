@@ -521,21 +521,20 @@ def checkpoints_by_step(run_dir: Path) -> tuple[list[tuple[int, bool, Path]], li
 
 
 def latest_checkpoint(run_dir: Path) -> str | None:
-    """What ``--ckpt_path last`` means: ``last.ckpt`` when it loads, else the newest readable checkpoint of the run
-    folder (by step: a run killed before its first periodic save may have a ``best.ckpt``; a damaged last.ckpt
-    leaves its step-N.ckpt), with a warning; None when the folder holds none."""
-    from tinylm.checkpoint import CheckpointError, load_checkpoint
-
-    last = run_dir / "checkpoints" / "last.ckpt"
-    with contextlib.suppress(CheckpointError, FileNotFoundError):
-        load_checkpoint(last, mmap=True)  # the usual case: nothing else to read
-        return str(last)
+    """What ``--ckpt_path last`` means: the newest readable checkpoint of the run folder by step, ``last.ckpt`` when
+    it is that; else (a damaged or missing last.ckpt, or one older than a step-N.ckpt because the run died between
+    the two saves, or a run killed before its first periodic save with only a ``best.ckpt``) the newest other one,
+    with a warning. None when the folder holds none."""
     found, broken = checkpoints_by_step(run_dir)
     if not found:
         return None
-    step, _, path = max(found)
-    log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
-                last, "is damaged" if "last.ckpt" in broken else "is missing", path.name, step)
+    step, is_last, path = max(found)  # at one step, last.ckpt first
+    if not is_last:
+        last = next((s for s, is_l, _ in found if is_l), None)
+        why = ("is damaged" if "last.ckpt" in broken else "is missing" if last is None
+               else f"is at step {last}, behind it (the run stopped between two saves)")
+        log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
+                    run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
     return str(path)
 
 
