@@ -193,3 +193,35 @@ def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, c
                                 ("two", ["--prompts+", "the", "--prompts+", "and\\n"], ["the", "and\n"])]:
         run_command("sample-report", [*common, "--out", str(tmp_path / name), *prompts])
         assert json.loads((tmp_path / name / "metrics.json").read_text(encoding="utf-8"))["prompts"] == want
+
+
+def test_sample_report_replaces_only_an_earlier_report(tmp_path, small_data, capsys, monkeypatch):
+    """Catches --out's own files (a report.md of the user's, notes) silently overwritten, and a failed write leaving
+    a mix of an earlier report and this one: an earlier report is replaced whole, anything else is refused."""
+    pytest.importorskip("matplotlib")
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    common = ["--ckpt_path", str(ckpt), "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes\n")
+    with pytest.raises(FileExistsError, match=r"holds files that are not a tinylm sample report \(report.md\)"):
+        run_command("sample-report", [*common, "--out", str(mine)])
+    assert (mine / "report.md").read_text() == "my notes\n"
+    out = tmp_path / "report"
+    run_command("sample-report", [*common, "--out", str(out)])
+    run_command("sample-report", [*common, "--out", str(out), "--seed", "1"])  # an earlier report: replaced
+    assert sorted(p.name for p in out.iterdir()) == ["diversity_vs_likelihood.png", "metrics.json", "report.md"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "format_markdown", disk_full)  # the last file of the new report fails to write
+    with pytest.raises(OSError, match="No space left"):
+        run_command("sample-report", [*common, "--out", str(out), "--seed", "2"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier report whole, no partial left
+    monkeypatch.undo()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        run_command("sample-report", [*common, "--out", str(out)])

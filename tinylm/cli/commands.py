@@ -324,13 +324,14 @@ def sample_report(
     """
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
-    from tinylm.generate.report import _fmt, write_report
+    from tinylm.generate.report import _fmt, check_report_folder, write_report
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
     check_output_path(out, folder=True)  # before the sampling, not after
+    check_report_folder(out)
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -359,17 +360,55 @@ def plot_diversity_vs_likelihood(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write report.md, metrics.json and diversity_vs_likelihood.png into out_dir (created); returns report.md."""
+REPORT_FILES = ("report.md", "metrics.json", "diversity_vs_likelihood.png")
+PARTIAL = ".tinylm-report.partial"  # the report being written, inside the folder; left only by a killed report
+
+
+def check_report_folder(out_dir: str | Path) -> None:
+    """Refuse a folder holding anything but an earlier report (whose metrics.json names its checkpoint): a user's
+    report.md or notes there are not ours to replace."""
     out = Path(out_dir)
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir() if p.name != PARTIAL)
+    foreign = [n for n in names if n not in REPORT_FILES]
+    if not foreign and names:
+        try:
+            earlier = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            earlier = None
+        if not (isinstance(earlier, dict) and "checkpoint" in earlier and "strategies" in earlier):
+            foreign = [n for n in names if n != "diversity_vs_likelihood.png"] or names
+    if foreign:
+        raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm sample report "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); pass a new or "
+                              "empty folder")
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write report.md, metrics.json and diversity_vs_likelihood.png into out_dir (created); returns report.md.
+
+    They are written whole into a folder inside out_dir first, then moved in place of an earlier report's: a full
+    disk or a kill leaves the earlier report as it was, never a mix of the two."""
+    out = Path(out_dir)
+    check_report_folder(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot = "diversity_vs_likelihood.png"
-    drawn = plot_diversity_vs_likelihood(report, out / plot)
+    tmp = out / PARTIAL
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        plot = "diversity_vs_likelihood.png"
+        drawn = plot_diversity_vs_likelihood(report, tmp / plot)
+        # NaN is not JSON: empty outputs are written as null
+        clean = json.loads(json.dumps(report), parse_constant=lambda c: None if c == "NaN" else float(c))
+        (tmp / "metrics.json").write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "report.md").write_text(format_markdown(report, plot_name=plot if drawn else None), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if not drawn:
         (out / plot).unlink(missing_ok=True)  # a plot left from an earlier report would not match these numbers
-    # NaN is not JSON: empty outputs are written as null
-    clean = json.loads(json.dumps(report), parse_constant=lambda c: None if c == "NaN" else float(c))
-    (out / "metrics.json").write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    path = out / "report.md"
-    path.write_text(format_markdown(report, plot_name=plot if drawn else None), encoding="utf-8")
-    return path
+    for new in sorted(tmp.iterdir(), key=lambda p: p.name == "metrics.json"):  # metrics.json, which marks a
+        new.replace(out / new.name)  # report as ours, comes last
+    tmp.rmdir()
+    return out / "report.md"
