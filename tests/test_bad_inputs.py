@@ -199,3 +199,17 @@ def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu"],
                     "trainer.num_nodes 2", "MASTER_ADDR", "NODE_RANK")
     assert not (tmp_path / "runs").exists()
+
+
+def test_disk_errors_name_the_path_and_a_fix_that_can_work():
+    """Catches a read-only file system told to chmod (which cannot help) and a disk-full line without the path."""
+    import errno
+
+    from tinylm.cli import is_user_error, one_line
+
+    for code, needles, absent in [(errno.EROFS, ["read-only file system: /mnt/ro/x", "writable disk"], "chmod"),
+                                  (errno.EACCES, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),
+                                  (errno.ENOSPC, ["no space left on the disk writing /mnt/ro/x", "--out DIR"], "chmod")]:
+        e = OSError(code, "oops", "/mnt/ro/x")
+        line = one_line(e)
+        assert is_user_error(e) and all(n in line for n in needles) and absent not in line, line

@@ -548,3 +548,26 @@ def test_init_from_one_file_of_an_export_names_its_folder(tmp_path, char_tokeniz
     folder = export_hf(ckpt, tmp_path / "hf")
     with pytest.raises(ValueError, match=f"pass the folder that holds it: --model.init_from {folder}"):
         TinyLM(vocab_size=char_tokenizer.vocab_size, block_size=16, init_from=str(folder / "model.safetensors"))
+
+
+def test_export_on_a_full_disk_is_one_line(tmp_path, char_tokenizer, monkeypatch, capsys):
+    """Catches safetensors' disk-full error (a SafetensorError, not an OSError) printed as a 23-line traceback: it is
+    reported as the disk-full line, and the earlier export stays whole."""
+    from safetensors import SafetensorError
+
+    from tinylm import hf
+    from tinylm.cli import main
+
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    out = export_hf(ckpt, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def disk_full(*args, **kwargs):  # what safetensors raises when the disk fills mid-write
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(hf, "_write_export", disk_full)
+    with pytest.raises(SystemExit):
+        main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "no space left on the disk" in err and str(out) in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -18,6 +18,7 @@ The tokenizer is written as a Hugging Face fast tokenizer (`tokenizer.json`) for
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import logging
@@ -157,8 +158,10 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     shutil.rmtree(tmp, ignore_errors=True)  # a killed export's: never mixed into this one
     try:
         _write_export(ckpt_path, tmp, dtype)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(made[0] if made else tmp, ignore_errors=True)
+        if not isinstance(e, OSError) and "(os error 28)" in str(e):  # safetensors' Rust writer: not an OSError
+            raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
         raise
     # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
     for old in sorted((p for p in out.iterdir() if p != tmp), key=lambda p: p.name == "config.json"):

@@ -191,12 +191,14 @@ def one_line(e: BaseException) -> str:
         return _parse_error_line(text, _chain(e))
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {e.filename}" if e.filename else ""
-        return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or put runs and data on "
-                "another disk (--trainer.default_root_dir DIR, --data.cache_dir DIR or $TINYLM_CACHE_DIR)")
+        return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or write on another "
+                "disk (runs: --trainer.default_root_dir DIR; datasets: --data.cache_dir DIR or $TINYLM_CACHE_DIR; "
+                "export and sample-report: --out DIR)")
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and "; " not in text:
-        what = "read-only file system" if e.errno == errno.EROFS else "permission denied"
-        return (f"{type(e).__name__}: {what}: {e.filename or text}; give yourself access (chmod/chown), or choose "
-                "another path")
+        if e.errno == errno.EROFS:
+            return f"{type(e).__name__}: read-only file system: {e.filename or text}; choose a path on a writable disk"
+        return (f"{type(e).__name__}: permission denied: {e.filename or text}; give yourself access (chmod/chown), "
+                "or choose another path")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
