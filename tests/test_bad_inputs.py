@@ -213,3 +213,24 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
         e = OSError(code, "oops", "/mnt/ro/x")
         line = one_line(e)
         assert is_user_error(e) and all(n in line for n in needles) and absent not in line, line
+
+
+@pytest.mark.parametrize("blocker, args", [
+    ("ff", ["--trainer.default_root_dir", "ff"]),  # the runs folder is a file
+    ("runs/tiny", []),  # the run folder is a file
+    ("runs/tiny/checkpoints", []),  # found before training, not at the first save after it
+    ("cache/datasets", []),  # the dataset cache
+    ("dangling", ["--trainer.default_root_dir", "dangling"]),  # a link to nothing
+])
+def test_a_file_where_a_folder_is_needed_is_one_line(config, capsys, tmp_path, blocker, args):
+    """Catches NotADirectoryError/FileExistsError tracebacks from mkdir when a file sits where tinylm makes a folder."""
+    path = tmp_path / blocker
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if blocker == "dangling":
+        path.symlink_to(tmp_path / "nowhere")
+    else:
+        path.write_text("mine")
+    line = _one_line_error(capsys, ["fit", "--config", str(config), *args], "where a folder is needed",
+                           "move it away")
+    assert blocker in line
+    assert not (tmp_path / "runs" / "tiny" / "csv").exists()  # refused before training

@@ -134,7 +134,8 @@ def resume_command(args: list[str]) -> str:
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
-_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EMFILE)
+_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EMFILE,
+                errno.ENOTDIR, errno.EEXIST)  # the last two: a file (or a broken link) where a folder must be made
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -199,6 +200,12 @@ def one_line(e: BaseException) -> str:
             return f"{type(e).__name__}: read-only file system: {e.filename or text}; choose a path on a writable disk"
         return (f"{type(e).__name__}: permission denied: {e.filename or text}; give yourself access (chmod/chown), "
                 "or choose another path")
+    if isinstance(e, OSError) and e.errno in (errno.ENOTDIR, errno.EEXIST) and "; " not in text:
+        where = Path(e.filename or text)
+        blocker = next((p for p in (where, *where.parents) if p.is_symlink() or p.is_file()), where)
+        what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
+        return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, or "
+                "choose another path")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import inspect
 import logging
 import math
@@ -308,6 +309,9 @@ class TinyLMCLI(LightningCLI):
 
     def _check_run_folder(self, ckpt_path: str | None) -> None:
         self._lock = lock_run_folder(self.run_dir)  # held until the process ends: one writer per run folder
+        ckpts = self.run_dir / "checkpoints"  # made at the first save: found now, not after the training
+        if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():
+            raise FileExistsError(errno.EEXIST, "File exists", str(ckpts))
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
             what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
