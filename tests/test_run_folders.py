@@ -55,6 +55,18 @@ def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
     assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced
 
 
+def test_validate_prints_its_result_when_it_cannot_record_it(config, tmp_path, capsys, caplog):
+    """Catches validate printing its numbers and then failing (exit 1) because the record cannot be written (a
+    read-only run folder, a full disk; here a file where the validate/ folder goes): a warning, not a failure."""
+    main(["fit", "--config", str(config)])
+    (tmp_path / "runs" / "tiny" / "validate").write_text("mine")
+    capsys.readouterr()
+    main(["validate", "--config", str(config), "--ckpt_path", "last"])
+    out = capsys.readouterr().out
+    assert "step 4:" in out and "val/loss" in out and "appended" not in out
+    assert "could not append the result to" in caplog.text
+
+
 def test_validate_records_into_the_checkpoints_own_run(config, tmp_path, capsys, caplog):
     """Catches `tinylm validate --ckpt_path runs/other/...` appending its result to the config's run folder (made
     empty for it) instead of the checkpoint's, and its warning saying 'resuming' for an evaluation."""

@@ -321,6 +321,6 @@ class _NoTips(logging.Filter):
         return "Tip:" not in str(record.msg)
 
 
-def format_validate(row: dict, path: Path) -> str:
+def format_validate(row: dict, path: Path | None) -> str:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("val/"))
-    return f"step {row['step']}: {metrics}\n(appended to {path})"
+    return f"step {row['step']}: {metrics}" + (f"\n(appended to {path})" if path is not None else "")

@@ -496,19 +496,22 @@ class TinyLMCLI(LightningCLI):
         # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names
         run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else self.run_dir
         path = run_dir / "validate" / "metrics.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_header = not path.is_file()
-        fields = list(row)
-        if not write_header:
-            with open(path, newline="") as f:
-                fields = next(csv.reader(f), fields)
-        with open(path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            if write_header:
-                writer.writeheader()
-            writer.writerow(row)
-        self.validate_result = row
-        self.validate_csv = path
+        self.validate_result, self.validate_csv = row, path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_header = not path.is_file()
+            fields = list(row)
+            if not write_header:
+                with open(path, newline="") as f:
+                    fields = next(csv.reader(f), fields)
+            with open(path, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+                if write_header:
+                    writer.writeheader()
+                writer.writerow(row)
+        except OSError as e:  # a read-only or full disk: the result is printed all the same
+            log.warning("could not append the result to %s (%s)", path, e.strerror or e)
+            self.validate_csv = None
 
 
 def checkpoints_by_step(run_dir: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
