@@ -94,8 +94,16 @@ def main(argv: list[str] | None = None) -> None:
         if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
             sys.stdout.write("\n")
             sys.stdout.flush()
-        print(f"tinylm {command}: error: {line}", file=sys.stderr)
+        if not (type(e).__name__ == "RunInterrupted" and _other_rank()):  # every rank stops; rank 0 says so
+            print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+def _other_rank() -> bool:
+    """Whether this process is a rank other than 0 of a distributed run (Lightning's launcher sets its rank)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) != 0
 
 
 class Terminated(TinyLMError):

@@ -87,6 +87,12 @@ class InterruptStop(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False
+        # Lightning (2.6) has since put its own SIGTERM handler in front of this one, and under DDP that handler
+        # runs a broadcast: inside whatever collective rank 0 was in (a gradient all-reduce, a metric's sync) while
+        # the other ranks wait in theirs, so the run hung for good on SIGTERM about 3 times in 4. This handler
+        # alone is enough: the ranks agree to stop at a step's end (_should_stop), every rank in the same call.
+        if self._armed and signal.SIGTERM in self._previous and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
