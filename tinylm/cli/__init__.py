@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import errno
 import logging
+import multiprocessing
+import os
 import re
 import shlex
 import signal
@@ -116,6 +118,13 @@ class Terminated(TinyLMError):
 @contextlib.contextmanager
 def _terminate_cleanly(command: str) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
+        children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+        if children and command == "fit":  # this process only waits for the ones that train; it exits after them
+            raise Terminated("terminated by SIGTERM, passed on to the training processes: they finish their step "
+                             "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`")
         raise Terminated(f"terminated by SIGTERM before it finished; run the same `tinylm {command}` again")
 
     if threading.current_thread() is not threading.main_thread():
