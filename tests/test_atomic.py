@@ -57,6 +57,18 @@ def test_truncated_checkpoint_is_reported_clearly(tmp_path):
         load_checkpoint(bad)
 
 
+def test_garbled_bytes_inside_a_checkpoint_are_reported_clearly(tmp_path):
+    """Catches bytes garbled inside the pickle (a bad disk, a bad copy) escaping as a UnicodeDecodeError traceback
+    from fit, validate and generate, and `--ckpt_path last` not skipping such a file."""
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "tinylm": {"format": 1}, "name": "x" * 20}, path)
+    data = path.read_bytes()
+    assert data.count(b"x" * 20) == 1  # torch's zip stores the pickle uncompressed
+    path.write_bytes(data.replace(b"x" * 20, b"\xff" * 20))
+    with pytest.raises(CheckpointError, match="not a readable checkpoint.*can't decode"):
+        load_checkpoint(path)
+
+
 def test_foreign_files_are_reported_clearly(tmp_path):
     """Catches a YAML, a plain state_dict or another tool's checkpoint being half-loaded."""
     text = tmp_path / "config.yaml"

@@ -77,7 +77,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
             f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_unsafe(e)}); "
             "tinylm never executes code from a checkpoint"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError, KeyError, IndexError) as e:
+        # garbled bytes inside the pickle surface as any of these (a UnicodeDecodeError for a damaged string)
         raise CheckpointError(
             f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file: {_first_line(e)}); "
             "use another one, e.g. an earlier step-*.ckpt from the same run"
