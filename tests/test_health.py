@@ -33,12 +33,13 @@ def _windows(ids: torch.Tensor, n: int, seed: int, shift: int = 1) -> TensorData
     return TensorDataset(x, y)
 
 
-def _run(module, train, *, steps, val=None, val_every=None, callbacks=(), monitor=None):
+def _run(module, train, *, steps, val=None, val_every=None, callbacks=(), monitor=None, accumulate=1):
     monitor = monitor or HealthMonitor(stuck_after=30, window=10, spike_window=20, leak_within=200)
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=steps,
         max_epochs=None,
+        accumulate_grad_batches=accumulate,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -73,6 +74,17 @@ def test_stuck_loss_is_reported(chars):
     kinds, monitor = _run(_tiny(vocab, lr=1e-9, min_lr=1e-10, warmup_steps=0), _windows(ids, 8 * 60, 0), steps=60)
     assert "stuck" in kinds
     assert "ln(vocab)" in next(a.message for a in monitor.alerts if a.kind == "stuck")
+
+
+def test_gradient_accumulation_neither_hides_stuck_nor_fakes_leak(chars):
+    """Catches the monitor judging Lightning's per-micro-batch loss, which is divided by accumulate_grad_batches:
+    `stuck` could never fire and `leak` fired at step 0 (gpt2-124m's recipe accumulates 32 micro-batches)."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 32 * 3, 0), steps=3, accumulate=32)
+    assert "leak" not in kinds
+    kinds, _ = _run(_tiny(vocab, lr=1e-9, min_lr=1e-10, warmup_steps=0), _windows(ids, 8 * 4 * 45, 0),
+                          steps=45, accumulate=4)
+    assert "stuck" in kinds
 
 
 def test_target_leakage_is_reported(chars):

@@ -58,7 +58,8 @@ class HealthMonitor(L.Callback):
         leak_fraction: ``leak`` fires when the loss falls below this fraction of ln(vocab)...
         leak_within: ...within this many optimizer steps of the start.
         spike_factor: ``spike`` fires when the grad norm exceeds this multiple of its running median.
-        spike_window: Optimizer steps in the running median (and needed before spikes are judged).
+        spike_window: Optimizer steps in the running median (spikes are judged once it holds 10 of them, or all of
+            them if fewer).
         overfit_patience: ``overfit`` fires after this many consecutive rising validation losses while the
             training loss fell over the same span.
         slowdown_fraction: ``slowdown`` fires when recent tokens/sec stays below (1 - this) of the early rate for
@@ -68,7 +69,7 @@ class HealthMonitor(L.Callback):
             judged (the rate falls with that share: 4x less CPU time is 4x fewer tokens/sec for an unchanged run).
         window: Optimizer steps averaged for loss and throughput comparisons.
         halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`).
-        sync_every: Training batches whose loss and grad norm are read from the device together (None:
+        sync_every: Optimizer steps whose loss and grad norm are read from the device together (None:
             ``trainer.log_every_n_steps``); a non-finite value stops the run at the latest then, and always before a
             checkpoint is saved.
     """
@@ -104,6 +105,7 @@ class HealthMonitor(L.Callback):
         self.halt_on_nonfinite = halt_on_nonfinite
         self.sync_every = sync_every
         self._pending: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []  # (step, loss, grad norm) unread
+        self._step_seen = -1  # trainer.global_step at the last batch judged: a new value is a new optimizer step
         self.alerts: list[Alert] = []
         self._fired: set[str] = set()
         self._losses: deque[float] = deque(maxlen=window)
@@ -137,9 +139,17 @@ class HealthMonitor(L.Callback):
 
     # ---- training -----------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        loss_t = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if trainer.global_step == self._step_seen:
+            return  # mid-accumulation: the optimizer step is judged once it is taken
+        self._step_seen = trainer.global_step
+        # the step's loss (the mean of its micro-batches); Lightning's `outputs` hold the last micro-batch's loss
+        # divided by accumulate_grad_batches, which made `stuck` unable to fire and `leak` fire at step 0
+        loss_t = getattr(pl_module, "step_loss", None)
         if loss_t is None:
-            return
+            loss_t = outputs["loss"] if isinstance(outputs, dict) else outputs
+            if loss_t is None:
+                return
+            loss_t = loss_t * trainer.accumulate_grad_batches
         norm_t = getattr(pl_module, "last_grad_norm", None)
         self._pending.append((trainer.global_step, loss_t.detach(), None if norm_t is None else norm_t.detach()))
         self._throughput(trainer)
@@ -221,6 +231,7 @@ class HealthMonitor(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
+        self._step_seen = trainer.global_step
 
     def _throughput(self, trainer: L.Trainer) -> None:
         speed = getattr(self, "_speed", None)

@@ -201,7 +201,8 @@ class TinyLM(L.LightningModule):
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.last_grad_norm: torch.Tensor | None = None
-        self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses, on logging steps
+        self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
+        self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
         self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
@@ -247,8 +248,8 @@ class TinyLM(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
+        self._step_losses.append(loss.detach())  # the step's loss is their mean, taken when the optimizer steps
         if logging_step(self.trainer):
-            self._step_losses.append(loss.detach())  # logged as one mean when the optimizer steps
             self.log("train/lr", self.current_lr(), prog_bar=True)
             if self.hparams.optimizer == "muon":
                 self.log("train/muon_lr", self.current_lr(group=-1))
@@ -345,12 +346,11 @@ class TinyLM(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._step_losses:
-            # the loss of the whole optimizer step: the mean over its micro-batches and the ranks' (each the same
-            # number of windows), so the curve does not depend on how the global batch is split
-            loss = torch.stack(self._step_losses).mean()
+        if self._step_losses:  # the loss of the whole optimizer step, the mean over its micro-batches (on device)
+            self.step_loss = torch.stack(self._step_losses).mean()
             self._step_losses = []
-            self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+            if logging_step(self.trainer):  # and over the ranks' (each the same number of windows), so the curve
+                self.log("train/loss", self.step_loss, prog_bar=True, sync_dist=True)  # ignores how it is split
         if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.train.lr_find says why)
             adamw_lr = optimizer.param_groups[0]["lr"]
             for group in optimizer.param_groups:
