@@ -259,3 +259,16 @@ def test_files_that_are_not_tokenizers_are_named(tmp_path):
         build_tokenizer(str(tmp_path / "vocab.json"))
     with pytest.raises(ValueError, match=r"bad\.tiktoken is not a \.tiktoken rank file .*tiktoken:NAME"):
         build_tokenizer(f"tiktoken:{tmp_path / 'bad.tiktoken'}")
+
+
+def test_byte_lengths_of_a_tiktoken_encoding_with_unused_ids(small_bpe, tmp_path):
+    """Catches cl100k_base/o200k_base (ids no token has, below n_vocab) crashing fit at its start with a KeyError
+    from token_byte_lengths: an unused id stands for no text, 0 bytes."""
+    lines = small_bpe.tiktoken.read_text(encoding="ascii").splitlines()
+    gap = tmp_path / "gap.tiktoken"
+    gap.write_text("\n".join(line for line in lines if not line.endswith(" 300")) + "\n", encoding="ascii")
+    tok = build_tokenizer(f"tiktoken:{gap}")
+    lengths = tok.token_byte_lengths()
+    assert len(lengths) == tok.vocab_size and lengths[300] == 0
+    text = "First Citizen:\nBefore we proceed any further, hear me speak."
+    assert sum(lengths[i] for i in tok.encode(text)) == len(text.encode("utf-8"))

@@ -102,7 +102,10 @@ class _Tiktoken:
         return self.enc.decode(ids)
 
     def token_bytes(self, i: int) -> bytes:
-        return self.enc.decode_single_token_bytes(i)
+        try:
+            return self.enc.decode_single_token_bytes(i)
+        except KeyError:  # an id no token has: cl100k_base leaves 100256 and 100261-100275 unused
+            return b""
 
     @property
     def vocab_size(self) -> int:
@@ -228,8 +231,9 @@ class Tokenizer:
         return self._b.decode([int(i) for i in ids])
 
     def token_byte_lengths(self) -> list[int]:
-        """UTF-8 bytes of raw text that each id stands for; 0 for special tokens (an EOS is not text). Summed over
-        the targets of an evaluation this is the byte count behind val/bpb. For "ab" + "c" + "é" -> [2, 1, 2]."""
+        """UTF-8 bytes of raw text that each id stands for; 0 for special tokens (an EOS is not text) and for ids
+        no token has (tiktoken's cl100k_base and o200k_base leave some unused). Summed over the targets of an
+        evaluation this is the byte count behind val/bpb. For "ab" + "c" + "é" -> [2, 1, 2]."""
         specials = set(self.special_tokens.values())
         return [0 if i in specials else len(self._b.token_bytes(i)) for i in range(self.vocab_size)]
 
