@@ -68,7 +68,7 @@ class SpeedMonitor(L.Callback):
     them), and reports only after ``window_size`` batches. tinylm's metric names are part of its contract.
 
     Args:
-        window: Number of optimizer steps to average over.
+        window: Number of optimizer steps to average over (time spent validating excluded).
     """
 
     def __init__(self, *, window: int = 10) -> None:
@@ -80,6 +80,7 @@ class SpeedMonitor(L.Callback):
         self._step_seen = -1
         self._flops_per_token = 0.0
         self._peak: float | None = None
+        self._validating_since: float | None = None
         self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
 
@@ -89,6 +90,18 @@ class SpeedMonitor(L.Callback):
         self._marks.clear()
         self._tokens = 0
         self._step_seen = trainer.global_step
+
+    # validation time is no training time: the window's marks move forward by it (tokens/sec and MFU fell ~4.5x for
+    # the 10 steps after each validation, and the health monitor took that for a slowdown)
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._validating_since = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._validating_since is not None:
+            paused = time.perf_counter() - self._validating_since
+            self._marks = deque(((t + paused, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
+            self._validating_since = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self._tokens += batch[0].numel()
