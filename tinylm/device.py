@@ -56,8 +56,9 @@ def _cpu_has_native_bf16() -> bool:
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s), most specific name first. MFU = achieved model FLOP/s / this number
 # (the PaLM paper's definition, as nanoGPT's estimate_mfu). These take precedence over Lightning's table
-# (`get_available_flops`), which misses newer chips and lists Hopper at its 2:4-sparse peak (H100 SXM bf16 1979e12,
-# twice the dense 989e12 a dense matmul can reach); Lightning's table covers the rest (V100, T4, A6000, fp32, ...).
+# (`get_available_flops`), which misses newer chips and lists some Hopper parts at their 2:4-sparse peak (H100 NVL
+# bf16 1979e12 and the H200s ~2000e12, twice the dense peak a dense matmul can reach; its H100 SXM entry is the
+# dense 989e12); Lightning's table covers the rest (V100, T4, A6000, fp32, ...).
 PEAK_BF16 = {
     "b200": 2250e12,
     "h200": 989.5e12,  # same SXM compute die as the H100 SXM; more and faster memory

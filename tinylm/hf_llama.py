@@ -3,8 +3,9 @@
 A tinylm GPT with ``positions: rope``, ``norm: rmsnorm`` and ``mlp: swiglu`` computes what Llama computes:
 - c_attn (3C, C) is q, k and v stacked: it splits into q_proj, k_proj, v_proj (all heads are query heads and
   key/value heads: num_key_value_heads = n_head); c_proj is o_proj.
-- RoPE uses Llama's layout (pair i = channels i and i + hs/2) and theta = rope_theta; RMSNorm's eps is 1e-6 and its
-  gain multiplies after normalising in fp32, as LlamaRMSNorm does.
+- RoPE uses Llama's layout (pair i = channels i and i + hs/2) and theta = rope_theta; RMSNorm's eps is 1e-6; tinylm
+  multiplies the gain into the fp32 normalised value and then casts, LlamaRMSNorm casts and then multiplies: the
+  same numbers in fp32, a rounding apart in bf16.
 - the MLP's c_gate, c_fc, c_proj are gate_proj, up_proj, down_proj; `bias: true` sets attention_bias and mlp_bias
   (the norms never have biases).
 - padded embedding rows are dropped; an untied head is exported as lm_head, a tied one ties in transformers too.
