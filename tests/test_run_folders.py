@@ -247,6 +247,13 @@ def test_ckpt_path_last_behind_a_newer_step_checkpoint_continues_from_the_newest
     assert "last.ckpt is at step 2, behind it (the run stopped between two saves); continuing from the newest " \
            "readable checkpoint, step-4.ckpt (step 4)" in caplog.text
     assert cli.trainer.global_step == 6
+    shutil.copy(ckpts / "step-4.ckpt", ckpts / "last.ckpt")
+    for path in ckpts.glob("step-*.ckpt"):
+        path.unlink()  # best.ckpt (step 6) is the newest: a validation saved it after last.ckpt
+    caplog.clear()
+    lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
+    assert "last.ckpt is at step 4, behind it (a validation saved it since); continuing from the newest readable " \
+           "checkpoint, best.ckpt (step 6)" in caplog.text
 
 
 def test_extending_a_run_names_the_lr_jump(config, caplog):

@@ -539,6 +539,7 @@ def latest_checkpoint(run_dir: Path) -> str | None:
     if not is_last:
         last = next((s for s, is_l, _ in found if is_l), None)
         why = ("is damaged" if "last.ckpt" in broken else "is missing" if last is None
+               else f"is at step {last}, behind it (a validation saved it since)" if path.name == "best.ckpt"
                else f"is at step {last}, behind it (the run stopped between two saves)")
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
                     run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
