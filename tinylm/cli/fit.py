@@ -93,7 +93,7 @@ def lock_run_folder(run_dir: Path):
     if key in _LOCKS:
         return _LOCKS[key]
     run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / ".lock", "a+")
+    f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

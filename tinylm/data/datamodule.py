@@ -259,8 +259,8 @@ class TinyLMDataModule(L.LightningDataModule):
         if was != now:
             fix = (f"--data.batch_size {was // world}" if was % world == 0
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
-            diffs.insert(0, (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
-                             f"device(s))", f"{now} (data.batch_size={self.batch_size} x {world})", fix))
+            diffs.insert(0, ((f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
+                              f"device(s))"), f"{now} (data.batch_size={self.batch_size} x {world})", fix))
         if saved.get("split_settings") not in (None, [m["settings"] for m in self.metas]):
             diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
                           f"--data.val_fraction {saved['val_fraction']}"))

@@ -302,8 +302,8 @@ def format_markdown(report: dict[str, Any], *, plot_name: str | None) -> str:
     lines = [
         "# Sample report",
         "",
-        f"Checkpoint: `{report.get('checkpoint', '?')}`. Prompts: {prompts}. {report['num_samples']} samples per "
-        f"prompt, up to {report['max_new_tokens']} new tokens each, seed {report['seed']}.",
+        (f"Checkpoint: `{report.get('checkpoint', '?')}`. Prompts: {prompts}. {report['num_samples']} samples per "
+         f"prompt, up to {report['max_new_tokens']} new tokens each, seed {report['seed']}."),
         "",
         "| strategy | " + " | ".join(h for _, h in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),

@@ -30,6 +30,7 @@ import logging
 import warnings
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,7 +191,7 @@ def _train_merges(
     pair_counts: Counter[tuple[int, int]] = Counter()
     where: dict[tuple[int, int], set[int]] = {}  # pair -> words that may contain it (may hold stale entries)
     for w, (word, f) in enumerate(zip(words, freqs)):
-        for pair in zip(word, word[1:]):
+        for pair in pairwise(word):
             pair_counts[pair] += f
             where.setdefault(pair, set()).add(w)
     heap = [(-c, vocab[a], vocab[b], a, b) for (a, b), c in pair_counts.items()]
@@ -216,10 +217,10 @@ def _train_merges(
             if len(new) == len(old):
                 continue
             f = freqs[w]
-            for pair in zip(old, old[1:]):
+            for pair in pairwise(old):
                 pair_counts[pair] -= f
                 changed.add(pair)
-            for pair in zip(new, new[1:]):
+            for pair in pairwise(new):
                 pair_counts[pair] += f
                 changed.add(pair)
                 where.setdefault(pair, set()).add(w)

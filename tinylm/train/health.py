@@ -134,8 +134,8 @@ class HealthMonitor(L.Callback):
                 if type(logger).__name__ == "WandbLogger" and hasattr(experiment, "alert"):
                     try:
                         experiment.alert(title=f"tinylm: {kind}", text=f"step {step}: {message}")
-                    except Exception:  # alerts are best-effort (offline runs cannot send them)
-                        pass
+                    except Exception as e:  # noqa: BLE001 (best-effort: offline runs cannot send alerts)
+                        log.debug("W&B alert not sent: %s", e)
 
     # ---- training -----------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
