@@ -169,16 +169,16 @@ def test_generation_that_cannot_fit_in_memory_is_refused():
         check_memory(model, 100_000)  # ~3 TiB
 
 
-@pytest.mark.parametrize("strategy", ["ddp_spawn", "{class_path: lightning.pytorch.strategies.DDPStrategy, "
-                                                   "init_args: {start_method: spawn}}"])
+@pytest.mark.parametrize("strategy", ["ddp_spawn", ("{class_path: lightning.pytorch.strategies.DDPStrategy, "
+                                                    "init_args: {start_method: spawn}}")])
 def test_spawning_strategies_are_one_line(config, capsys, strategy):
     """Catches --trainer.strategy ddp_spawn dying in a pickling traceback (cannot pickle '_io.TextIOWrapper')."""
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy, "--trainer.devices", "2",
                              "--trainer.accelerator", "cpu"], "spawning", "--trainer.strategy ddp")
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "{class_path: lightning.pytorch.strategies.FSDPStrategy, "
-                                              "init_args: {state_dict_type: sharded}}"])
+@pytest.mark.parametrize("strategy", ["fsdp", ("{class_path: lightning.pytorch.strategies.FSDPStrategy, "
+                                               "init_args: {state_dict_type: sharded}}")])
 def test_fsdp_is_refused_in_one_line(config, capsys, strategy):
     """Catches FSDP training silently without weight decay or Muon, clipping by one shard's norm (it hands the
     optimizer flattened shards), or, on a CPU, Lightning's own refusal as a traceback."""
@@ -213,6 +213,8 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
         e = OSError(code, "oops", "/mnt/ro/x")
         line = one_line(e)
         assert is_user_error(e) and all(n in line for n in needles) and absent not in line, line
+    # a clash with a folder is no file where a folder is needed: the plain line, which names it
+    assert one_line(FileExistsError(errno.EEXIST, "File exists", "/tmp")) == "FileExistsError: [Errno 17] File exists: '/tmp'"
 
 
 @pytest.mark.parametrize("blocker, args", [

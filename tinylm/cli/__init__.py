@@ -96,16 +96,10 @@ def main(argv: list[str] | None = None) -> None:
         if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
             sys.stdout.write("\n")
             sys.stdout.flush()
-        if not (type(e).__name__ == "RunInterrupted" and _other_rank()):  # every rank stops; rank 0 says so
+        interrupted = type(e).__name__ == "RunInterrupted"  # raised by every rank of a run: rank 0 says it
+        if not interrupted or sys.modules["tinylm.cli.fit"]._rank_zero():
             print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
-
-
-def _other_rank() -> bool:
-    """Whether this process is a rank other than 0 of a distributed run (Lightning's launcher sets its rank)."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    return getattr(rank_zero_only, "rank", 0) != 0
 
 
 class Terminated(TinyLMError):
@@ -219,10 +213,11 @@ def one_line(e: BaseException) -> str:
                 "or choose another path")
     if isinstance(e, OSError) and e.errno in (errno.ENOTDIR, errno.EEXIST) and "; " not in text:
         where = Path(e.filename or text)
-        blocker = next((p for p in (where, *where.parents) if p.is_symlink() or p.is_file()), where)
-        what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
-        return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, or "
-                "choose another path")
+        blocker = next((p for p in (where, *where.parents) if p.is_symlink() or p.is_file()), None)
+        if blocker is not None:  # else some other clash: the plain line below
+            what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
+            return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, "
+                    "or choose another path")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"

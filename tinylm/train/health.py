@@ -144,12 +144,9 @@ class HealthMonitor(L.Callback):
         self._step_seen = trainer.global_step
         # the step's loss (the mean of its micro-batches); Lightning's `outputs` hold the last micro-batch's loss
         # divided by accumulate_grad_batches, which made `stuck` unable to fire and `leak` fire at step 0
-        loss_t = getattr(pl_module, "step_loss", None)
+        loss_t = pl_module.step_loss
         if loss_t is None:
-            loss_t = outputs["loss"] if isinstance(outputs, dict) else outputs
-            if loss_t is None:
-                return
-            loss_t = loss_t * trainer.accumulate_grad_batches
+            return
         norm_t = getattr(pl_module, "last_grad_norm", None)
         self._pending.append((trainer.global_step, loss_t.detach(), None if norm_t is None else norm_t.detach()))
         self._throughput(trainer)
