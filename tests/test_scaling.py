@@ -48,6 +48,15 @@ def test_fit_power_law_recovers_a_known_law():
         fit_power_law(ns, [2.0, 2.1, 2.2, 2.3])
 
 
+def test_fit_power_law_keeps_the_irreducible_loss_non_negative():
+    """Losses that fall nearly as a pure power law (here: L = -0.4 + 12 N^-0.08, which a free fit matches exactly)
+    must not give a negative irreducible loss, which would predict a cross-entropy below 0 for large N."""
+    ns = [1e5, 3e5, 1e6, 3e6, 1e7]
+    law = fit_power_law(ns, [-0.4 + 12 * n**-0.08 for n in ns])
+    assert law.E >= 0 and law(1e15) > 0
+    assert law.rmse < 0.01  # still a close fit over the points
+
+
 def test_isoflop_optimum_is_the_parabola_minimum():
     """A U-shaped IsoFLOP curve with its minimum at N = 1e5 gives that N; a curve still falling at its largest
     model gives None (the optimum is beyond the ladder), not an extrapolated guess."""

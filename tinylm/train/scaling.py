@@ -57,8 +57,9 @@ class PowerLaw:
 
 
 def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
-    """Least-squares fit of L = E + A N^-alpha: for each alpha on a fine grid E and A are linear (closed form), and
-    the alpha with the smallest squared error wins (no optimiser to start or to diverge). Needs >= 3 points."""
+    """Least-squares fit of L = E + A N^-alpha with E >= 0 (the irreducible loss: a cross-entropy): for each alpha
+    on a fine grid E and A are linear (closed form), and the alpha with the smallest squared error wins (no
+    optimiser to start or to diverge). Needs >= 3 points."""
     if len(params) < 3 or len(params) != len(losses):
         raise ValueError(f"a power-law fit needs >= 3 (size, loss) points, got {len(params)}")
     n, y = np.asarray(params, dtype=np.float64), np.asarray(losses, dtype=np.float64)
@@ -67,6 +68,8 @@ def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
         x = n ** -alpha
         X = np.stack([np.ones_like(x), x], axis=1)
         (E, A), *_ = np.linalg.lstsq(X, y, rcond=None)
+        if E < 0:  # a cross-entropy cannot fall below 0: the best fit with E >= 0 then has E = 0
+            E, A = 0.0, float(x @ y / (x @ x))
         if A <= 0:  # loss must fall with size for this law
             continue
         sse = float(((X @ np.array([E, A]) - y) ** 2).sum())
