@@ -388,6 +388,18 @@ def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
     assert "MB/s" in summary["measured"].split("tokenized")[1]
 
 
+def test_tokenizer_sample_counts_characters_of_a_multibyte_corpus(tmp_path):
+    """Prevents a corpus of 2-byte characters (Cyrillic) from giving the tokenizer half the sample it asked for:
+    the share of documents kept is max_chars over the corpus's size in bytes, so it must be applied to bytes read."""
+    from tinylm.data.prepare import _sample
+
+    path = tmp_path / "ru.txt"  # 40 documents of 100 Cyrillic characters (200 bytes) each
+    path.write_text("".join(f"д{i:02d} " + "ж" * 96 + f"\n{EOT}\n" for i in range(40)), encoding="utf-8")
+    corpus = open_corpus(str(path), cache_dir=tmp_path)
+    kept = sum(map(len, _sample(corpus, 1000)))
+    assert 800 <= kept <= 1000  # about 1000 characters (whole documents; separators are in the size, not the text)
+
+
 def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog):
     """Prevents every DDP rank training its own tokenizer (torchrun and SLURM start all ranks at once, and
     LightningCLI reads the vocab size at instantiation): the first takes the lock and trains, the others wait

@@ -186,7 +186,7 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
                                                                   (_own_validation(corpus) if spec == "char" else []))):
                 n = len(doc.encode("utf-8"))
                 read[0] += n
-                bar.update(n)
+                bar.update(n if sample is None else len(doc))  # a sample's total is in characters
                 yield doc
 
     build_tokenizer(spec, vocab_size=vocab_size, documents=documents).save(out)
@@ -203,7 +203,8 @@ def _own_validation(corpus: Corpus) -> list[Corpus]:
 
 def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
     """About `max_chars` characters of the train documents, spread evenly over the corpus: a document is kept
-    while the characters kept are below max_chars / size of those read so far (size: `corpus.size_bytes`); e.g.
+    while the characters kept are below max_chars / size times the bytes read so far (size: `corpus.size_bytes`,
+    so bytes on both sides of the ratio: a corpus of 2-byte characters gets max_chars too, not half); e.g.
     max_chars = size / 4 keeps one document in four. Without a known size it is the head of the corpus."""
     docs = corpus.documents("train")
     if max_chars is None:
@@ -213,7 +214,7 @@ def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
     share = 1.0 if size is None else min(1.0, max_chars / max(size, 1))
     kept = seen = 0
     for doc in docs:
-        seen += len(doc)
+        seen += len(doc) if size is None else len(doc.encode("utf-8"))
         if kept < share * seen:
             doc = doc[: max_chars - kept]
             kept += len(doc)
