@@ -178,6 +178,15 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
             raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
                              "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
                              "(one process per device, each running the command: the same training)")
+        every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+        if isinstance(every, int) and isinstance(accumulate, int) and not isinstance(every, bool) and \
+                accumulate > 1 and every % accumulate:
+            below = every - every % accumulate
+            nearest = f"{below} or {below + accumulate}" if below else f"{accumulate}"
+            raise ValueError(f"trainer.val_check_interval={every} (batches) is not a multiple of "
+                             f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
+                             f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
+                             f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
