@@ -4,9 +4,10 @@ checkpointing saves and costs.
     python benchmarks/bench_memory.py            # all configs; one fresh process per measurement
     python benchmarks/bench_memory.py --configs 0,2 --no-times   # the first and third configs, memory only
 
-How it is measured: the step is TinyLM's own loss + backward + AdamW step, as Lightning runs it (gradients set to
-None before backward; autocast around the forward only under bf16-mixed), after two warm-up steps so the optimizer
-states exist.
+How it is measured: the step is TinyLM's own loss + backward + clip + optimizer step + zero_grad(set_to_none=True),
+in the order tinylm's module runs them under Lightning (it frees the gradients right after the step; autocast
+around the forward only under bf16-mixed), with tinylm's optimizer (`build_optimizer`: fused AdamW where torch has
+it, Muon + AdamW for the modern recipe), after two warm-up steps so the optimizer states exist.
 - tensor peak: the torch profiler's memory timeline (profile_memory, record_shapes, with_stack) of the third step:
   the most bytes of live tensors at any moment, by category. This is what the allocator hands out (what a GPU's
   `max_memory_allocated` reports), independent of malloc's caching.
@@ -36,27 +37,36 @@ CONFIGS = {  # name: (TinyLM kwargs, batch_size, precision)
                                           8, "bf16-mixed"),
     "GPT-2 vocab 4x256, T=256, B=4": ({"vocab_size": 50257, "block_size": 256, "n_layer": 4, "n_head": 4, "n_embd": 256},
                                       4, "32-true"),
+    "modern laptop recipe (RoPE, RMSNorm, qk_norm, relu2, softcap, Muon; 4x128, T=64, B=12)": (
+        {"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "bias": False, "positions": "rope",
+         "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False, "logit_softcap": 15.0,
+         "zero_init_proj": True, "optimizer": "muon"}, 12, "32-true"),
+    "SwiGLU 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384,
+                                              "mlp": "swiglu"}, 8, "bf16-mixed"),
 }
 
 
 def _setup(name: str, ckpt: bool):
     from tinylm.train.module import TinyLM
+    from tinylm.train.optim import build_optimizer, fused_adamw
 
     kwargs, batch, precision = CONFIGS[name]
     torch.manual_seed(0)
     module = TinyLM(**kwargs, activation_checkpointing=ckpt)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=False)
+    hp = module.hparams
+    opt = build_optimizer(module.model, optimizer=hp.optimizer, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                          muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, fused=fused_adamw(module.device))
     x = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]))
     y = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]))
     mixed = precision == "bf16-mixed"
 
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
             loss = module._loss((x, y))[0]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
+        opt.zero_grad(set_to_none=True)
 
     return module, batch, precision, step
 
@@ -113,7 +123,8 @@ def estimate(name: str, ckpt: bool) -> dict:
     from tinylm.train.plan import memory
 
     module, batch, precision, _ = _setup(name, ckpt)
-    return vars(memory(module.model, batch_size=batch, precision=precision, checkpointing=ckpt))
+    return vars(memory(module.model, batch_size=batch, precision=precision, checkpointing=ckpt,
+                       optimizer=module.hparams.optimizer))
 
 
 def _in_fresh_process(fn: str, name: str, ckpt: bool) -> dict:

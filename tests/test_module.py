@@ -217,17 +217,37 @@ def test_prefix_lm_cannot_win_by_copying_on_random_tokens():
     assert trainer.callback_metrics["train/loss"].item() < 0.5 * math.log(50)
 
 
-class _SteppedGrads(L.Callback):
-    """The total gradient norm each optimizer step used: read at the end of the batch, after the step. Lightning
-    clips after `on_before_optimizer_step` (so that hook sees the raw gradients), AdamW leaves `.grad` as it found
-    it, and the gradients are zeroed only when the next batch's closure starts."""
+class _SteppedGrads(TinyLM):
+    """Records the total gradient norm each optimizer step uses: right after tinylm's clipping, which Lightning
+    calls after `on_before_optimizer_step` (so that hook sees the raw gradients) and before the step (after which
+    tinylm frees the gradients)."""
 
-    def __init__(self):
+    def __init__(self, **kw):
+        super().__init__(**kw)
         self.norms = []
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+    def configure_gradient_clipping(self, optimizer, *args, **kwargs):
+        super().configure_gradient_clipping(optimizer, *args, **kwargs)
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+
+
+def test_gradients_are_freed_after_each_optimizer_step_and_kept_while_accumulating():
+    """Prevents the gradients from staying alive beside the next forward's activations (Lightning sets them to None
+    only after the next training_step: a peak higher by the gradients' size), and freeing them mid-accumulation
+    (which would drop the earlier micro-batches' gradients)."""
+
+    class Grads(L.Callback):
+        def __init__(self):
+            self.alive = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, i):
+            self.alive.append(any(p.grad is not None for p in module.parameters()))
+
+    torch.manual_seed(0)
+    rec = Grads()
+    _trainer(max_steps=3, accumulate_grad_batches=2, callbacks=[rec]).fit(TinyLM(**TINY), _batches(6))
+    assert rec.alive == [True, False] * 3  # after the first micro-batch: accumulating; after the step: freed
 
 
 def test_adamw_steps_with_the_clipped_gradient():
@@ -235,9 +255,9 @@ def test_adamw_steps_with_the_clipped_gradient():
     gradients): with gradient_clip_val=1e-3 the gradients AdamW steps with must have total norm <= 1e-3, while
     train/grad_norm (logged before clipping) is far above it."""
     torch.manual_seed(0)
-    module = TinyLM(**TINY, lr=1e-3, warmup_steps=0)
-    rec, raw = _SteppedGrads(), _Recorder()
-    trainer = _trainer(max_steps=3, gradient_clip_val=1e-3, callbacks=[rec, raw])
+    module = rec = _SteppedGrads(**TINY, lr=1e-3, warmup_steps=0)
+    raw = _Recorder()
+    trainer = _trainer(max_steps=3, gradient_clip_val=1e-3, callbacks=[raw])
     trainer.fit(module, _batches(3))
     assert len(rec.norms) == 3
     assert all(n <= 1e-3 * (1 + 1e-4) for n in rec.norms), rec.norms

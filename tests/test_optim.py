@@ -69,15 +69,16 @@ def test_both_optimizers_follow_the_schedule_per_optimizer_step():
 def test_grad_norm_and_clipping_cover_every_parameter_with_muon():
     """Catches clipping or the logged grad norm seeing only one of the two optimizers' parameters."""
     torch.manual_seed(0)
-    module = TinyLM(**TINY, warmup_steps=0)
     norms = []
 
-    class Norm(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            grads = [p.grad.norm() for p in pl_module.parameters() if p.grad is not None]
-            norms.append(torch.stack(grads).norm().item())  # the gradients the step used: clipped
+    class Norm(TinyLM):
+        def configure_gradient_clipping(self, optimizer, *args, **kwargs):  # Lightning clips just before the step
+            super().configure_gradient_clipping(optimizer, *args, **kwargs)
+            grads = [p.grad.norm() for p in self.parameters() if p.grad is not None]
+            norms.append(torch.stack(grads).norm().item())  # the gradients the step uses: clipped
 
-    trainer = _trainer(max_steps=1, gradient_clip_val=1e-3, callbacks=[Norm()])
+    module = Norm(**TINY, warmup_steps=0)
+    trainer = _trainer(max_steps=1, gradient_clip_val=1e-3)
     trainer.fit(module, _batches(1))
     assert trainer.callback_metrics["train/grad_norm"].item() > 1e-2  # the norm before clipping
     assert norms[0] == pytest.approx(1e-3, rel=1e-3)  # every gradient was clipped, Muon's and AdamW's

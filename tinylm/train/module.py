@@ -20,7 +20,7 @@ from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import CONFIG_RANGES
 from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
-from tinylm.train.optim import OPTIMIZERS, build_optimizer
+from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
 from tinylm.train.schedules import SCHEDULES, lr_at
 
 IGNORE = -100  # F.cross_entropy's ignore_index: a target that counts in no loss
@@ -330,7 +330,7 @@ class TinyLM(L.LightningModule):
         optimizer = build_optimizer(
             self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay, betas=(hp.beta1, hp.beta2),
             muon_lr=hp.muon_lr, muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
-            fused=self.device.type == "cuda",
+            fused=fused_adamw(self.device),
         )
         decay_steps = self._decay_steps()  # fail early, before the first step, if the schedule has no length
         fast_dev_run = self._trainer is not None and bool(self.trainer.fast_dev_run)
@@ -356,6 +356,13 @@ class TinyLM(L.LightningModule):
             for group in optimizer.param_groups:
                 if group.get("optimizer") == "muon":
                     group["lr"] = adamw_lr * self.muon_lr_ratio
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # Free the gradients as soon as the step has used them, as nanoGPT does. Lightning sets them to None only
+        # after the next training_step's forward, so they would stay alive beside that forward's activations:
+        # a peak higher by the gradients' size (tinylm.train.plan's memory model counts this).
+        optimizer.zero_grad(set_to_none=True)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None

@@ -7,15 +7,23 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                (autocast caches the cast weights for the backward pass)
     gradients  N x the weights' element size
     optimizer  AdamW's exp_avg and exp_avg_sq: 2 x N x the weights' element size
-    activations what autograd saves for backward per layer and token: 17 x n_embd values, 2 of them in the fp32
-               residual stream (the LayerNorm inputs), 15 in the compute dtype (the Linear inputs, q, k, v, the
-               attention output, the GELU input and output: 1+1+3+1+1+1+4+4); SDPA's fused kernels keep no T x T
-               matrix. Plus the head: three B x T x V fp32 tensors are alive at once (the logits or their
-               copy, the log-softmax, and in the backward pass the gradients of both).
-               With activation checkpointing: one block input per layer, plus one block recomputed at a time.
-    peak       weights + optimizer + the larger of (activations + the tied embedding's gradient) and gradients:
-               the backward pass frees a layer's activations as it makes that layer's gradients (and Lightning
-               sets gradients to None before each backward), so the two are never all alive at once.
+    activations what autograd saves for backward per layer and token (measured with saved-tensor hooks): 17 x n_embd
+               values, 2 of them in the fp32 residual stream (the norm inputs), 15 in the compute dtype (the Linear
+               inputs, q, k, v, the attention output, the MLP's hidden values: 1+1+3+1+1+1+4+4; relu2 keeps as
+               many as GELU, SwiGLU 4 x its hidden width instead of 8 x n_embd); rotary positions or qk_norm add
+               the rotated/normed q and k (2 more, v keeps the c_attn output alive), qk_norm its fp32 normed copy
+               (2 more in the fp32 stream). SDPA's fused kernels keep no T x T matrix. Plus the head: three B x T x V
+               fp32 tensors are alive at once (the logits or their copy, the log-softmax, and in the backward pass
+               the gradients of both), four with logit_softcap (its tanh).
+               With activation checkpointing: one block input per layer, plus one block recomputed at a time;
+               the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
+    peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
+               head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
+               backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
+               all alive at once. Under gradient accumulation the summed gradients stay alive through the later
+               micro-batches' forward passes: weights + optimizer + gradients + activations + that first gradient.
+               Muon's step holds its updates and one shape's Newton–Schulz iterates beside weights, optimizer and
+               gradients, which can be the peak when activations are small (AdamW is fused on GPUs: no copies).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinylm.model import GPT
+from tinylm.model.layers import swiglu_hidden
 from tinylm.train.optim import split_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
@@ -87,12 +96,13 @@ def element_sizes(precision: str) -> tuple[int, int]:
 
 
 def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
-           optimizer: str = "adamw") -> Memory:
+           optimizer: str = "adamw", accumulate: int = 1) -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
     shards: devices the weights, gradients and optimizer states are split over (FSDP); 1 for DDP / one device.
     optimizer: ``adamw`` (two moments per parameter) or ``muon`` (one momentum buffer per hidden matrix element,
     AdamW's two moments for the rest).
+    accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
     """
     c = model.config
     n = model.num_params()
@@ -105,17 +115,37 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     optimizer = (2 * (n - muon) + muon) * state // shards
     tokens = batch_size * c.block_size
     resid = max(state, act)  # the residual stream stays fp32 under autocast
-    per_layer = tokens * c.n_embd * (2 * resid + 15 * act)  # what one block saves for backward
-    head = 3 * tokens * c.padded_vocab_size * 4  # fp32: the log-softmax, its gradient and the logits' gradient
-    stream = tokens * c.n_embd * resid  # the input of the final LayerNorm / a checkpointed block
+    mlp = 4 * swiglu_hidden(c.n_embd) if c.mlp == "swiglu" else 8 * c.n_embd
+    qk = 2 * c.n_embd if (c.qk_norm or c.positions == "rope") else 0  # q and k rotated/normed apart from v
+    per_layer = tokens * ((2 * c.n_embd + (qk if c.qk_norm else 0)) * resid + (7 * c.n_embd + qk + mlp) * act)
+    head = (3 + (c.logit_softcap is not None)) * tokens * c.padded_vocab_size * 4  # fp32, see the module docstring
+    stream = tokens * c.n_embd * resid  # the input of the final norm / a checkpointed block
     if checkpointing:
         layers = c.n_layer * stream + per_layer  # block inputs + the one block being recomputed
     else:
         layers = c.n_layer * per_layer
     activations = layers + stream + head
-    embedding_grad = c.padded_vocab_size * c.n_embd * state  # the first gradient the backward pass makes
-    peak = weights + optimizer + max(activations + embedding_grad, gradients)
-    return Memory(weights, gradients, optimizer, activations, peak)
+    first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
+    if accumulate > 1:
+        peak = weights + optimizer + gradients + activations + first_grad
+    else:  # with checkpointing the first block is recomputed when nearly every gradient exists
+        peak = weights + optimizer + max(activations + first_grad, gradients + (per_layer if checkpointing else 0))
+    step = weights + optimizer + gradients + (_muon_step_memory(model, state) // shards if muon else 0)
+    return Memory(weights, gradients, optimizer, activations, max(peak, step))
+
+
+def _muon_step_memory(model: GPT, state: int) -> int:
+    """What tinylm's Muon step holds besides the states: the Nesterov updates (one per hidden matrix element) and,
+    while one shape's matrices are orthogonalised together, their stack and the bf16 Newton–Schulz iterates."""
+    shapes: dict[tuple, int] = {}
+    hidden = {id(p) for p in split_params(model)[0]}
+    for name, p in model.named_parameters():
+        if id(p) in hidden:
+            n = 3 if name.endswith("attn.c_attn.weight") else 1  # q, k and v orthogonalised apart
+            shape = (p.shape[0] // n, *p.shape[1:])
+            shapes[shape] = shapes.get(shape, 0) + p.numel()
+    total = sum(shapes.values())
+    return total * state + max(shapes.values(), default=0) * (state + 3 * 2)
 
 
 def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
@@ -134,7 +164,7 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     n_opt, d_opt = compute_optimal(run_flops)
     shards = devices if fsdp else 1
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
-                        optimizer=optimizer)
+                        optimizer=optimizer, accumulate=accumulate)
            for ckpt in (False, True)}
     wall = run_flops / (devices * peak_flops * mfu) if peak_flops else None
     return Plan(
@@ -196,10 +226,13 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
         values = np.array([b[part] for b in bars.values()]) / scale
         mem_ax.bar(xs, values, 0.55, bottom=bottom, color=f"C{i}", label=part)
         bottom += values
+    # one step: the backward pass frees activations as it makes gradients, so the stack overcounts; under
+    # accumulation the summed gradients stay beside the next micro-batch's activations, and the peak tops the stack
+    why = ("gradients and activations\nare never all alive at once" if p.memory.peak < sum(bars["no checkpointing"].values())
+           else "accumulated gradients stay\nbeside the activations")
     for x, peak in zip(xs, peaks):
-        # the backward pass frees activations as it makes gradients: the stack overcounts, the peak does not
         mem_ax.plot([x - 0.35, x + 0.35], [peak / scale] * 2, color="black", lw=2,
-                    label="peak (gradients and activations\nare never all alive at once)" if x == 0 else None)
+                    label=f"peak ({why})" if x == 0 else None)
         mem_ax.annotate(f"{peak / scale:.{digits}f} {unit}", (x + 0.36, peak / scale), va="center", fontsize=8)
     if device_memory:
         mem_ax.axhline(device_memory / scale, color="C3", ls="--", label=f"{p.gpu}: {device_memory / scale:.3g} {unit}")
