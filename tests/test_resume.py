@@ -65,8 +65,12 @@ def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
     ckpt = "last" if resume_from == "last" else str(run / "checkpoints" / resume_from)
     start = 4 if resume_from == "last" else 2
     name = "resumed" if resume_from == "last" else "branch"
+    at_stop = (run / "checkpoints" / "step-4.ckpt").read_bytes()
     main(["fit", "--config", str(config), "--run.name", name, "--ckpt_path", ckpt])
     resumed = _losses(tmp_path / "runs" / name)
+    # the step the run went on from is not saved again from inside the next step's accumulation (its first
+    # micro-batch's gradients would be lost to a resume from it)
+    assert (run / "checkpoints" / "step-4.ckpt").read_bytes() == at_stop
 
     expected = list(range(STEPS)) if resume_from == "last" else list(range(start, STEPS))
     assert sorted(resumed) == expected  # one CSV, continued, no duplicated steps

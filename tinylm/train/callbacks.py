@@ -239,6 +239,11 @@ class PeriodicCheckpoint(ModelCheckpoint):
         self._hold_stop_to_the_step(trainer)
         # the run's last step: max_steps, or a stop that went through (max_time, EarlyStopping, held to this step)
         final = 0 < trainer.max_steps <= trainer.global_step or (self._stepped and trainer.should_stop)
+        if not self._stepped:
+            # inside an optimizer step: Lightning's own test (global_step % N) would save the step before again,
+            # mid-accumulation, after a resume from it (its "saved at this step" mark is not restored), overwriting
+            # step-N.ckpt and last.ckpt with a file whose accumulated gradients are lost
+            return
         if validation_follows(trainer):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
