@@ -1,6 +1,7 @@
 """Exact resume: an interrupted and resumed run reproduces the uninterrupted run step for step."""
 
 import csv
+import re
 import shutil
 from pathlib import Path
 
@@ -77,6 +78,22 @@ def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
     for step in expected:
         assert resumed[step] == pytest.approx(straight[step], abs=1e-4), f"step {step} (resumed from {start})"
     assert straight[STEPS - 1] != straight[0]  # not vacuous: the losses do change
+
+
+def test_samples_once_per_step_across_a_resume_under_accumulation(run_config, tmp_path):
+    """Catches text samples taken per micro-batch: a fresh run with accumulation sampled the untrained step 0, and
+    a resumed run sampled its first step again; and samples written after the checkpoint by a killed run being
+    kept beside the resumed run's own (the metrics CSV drops its rows after the checkpoint)."""
+    config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4, "accumulate_grad_batches": 2},
+                        samples={"every_n_steps": 2, "max_new_tokens": 4}, model={"decay_steps": 6})
+    main(["fit", "--config", str(config)])
+    samples = tmp_path / "runs" / "tiny" / "samples.txt"
+    with open(samples, "a", encoding="utf-8") as f:
+        f.write("--- step 6 | '\\n'\nwritten after step-4.ckpt by a run killed before it saved again\n")
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    text = samples.read_text(encoding="utf-8")
+    assert re.findall(r"^--- step (\d+) \|", text, flags=re.MULTILINE) == ["2", "4", "6"]
+    assert "killed" not in text
 
 
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):

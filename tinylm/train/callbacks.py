@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import deque
+from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
@@ -395,6 +397,13 @@ class SampleText(L.Callback):
         )
         self._last_step = -1
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the step a run starts at was sampled by the run it resumes (or is the untrained step 0, which a run
+        # without accumulation never samples either): not again after the next step's first micro-batch
+        self._last_step = trainer.global_step
+        if trainer.global_step and trainer.is_global_zero:
+            _cut_samples_after(Path(trainer.default_root_dir) / "samples.txt", trainer.global_step)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if not self.every_n_steps or step % self.every_n_steps or step == self._last_step or not trainer.is_global_zero:
@@ -422,7 +431,6 @@ class SampleText(L.Callback):
 
     def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
         import logging
-        from pathlib import Path
 
         log = logging.getLogger("tinylm")
         text = "\n".join(f"--- step {s} | {p!r}\n{p}{t}" for s, p, t in rows)
@@ -434,6 +442,20 @@ class SampleText(L.Callback):
         for logger in trainer.loggers:
             if type(logger).__name__ == "WandbLogger":
                 logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
+
+
+def _cut_samples_after(path: Path, step: int) -> None:
+    """Drop the samples a run wrote after `step` (it was killed after them, before its next checkpoint), as the
+    metrics CSV drops its rows: the resumed run writes them again."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return
+    later = next((m for m in re.finditer(r"^--- step (\d+) \| ", text, flags=re.MULTILINE) if int(m.group(1)) > step), None)
+    if later:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text[: later.start()], encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
