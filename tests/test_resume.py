@@ -96,6 +96,22 @@ def test_samples_once_per_step_across_a_resume_under_accumulation(run_config, tm
     assert "killed" not in text
 
 
+def test_an_extended_run_takes_its_first_step_at_the_new_schedules_lr(run_config, tmp_path, caplog):
+    """Catches the first step after `--ckpt_path last --trainer.max_steps` (longer, decay_steps unset) using the old
+    schedule's LR, restored with the optimizer: the warning promised the new one."""
+    from tinylm.train.schedules import lr_at
+
+    config = run_config(trainer={"max_steps": 4}, model={"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1})
+    main(["fit", "--config", str(config)])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
+    assert "the LR jumps from" in caplog.text
+    with open(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv") as f:
+        lrs = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(f) if r.get("train/lr")}
+    new = {s: lr_at(s, schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_steps=8) for s in range(4, 8)}
+    assert {s: lrs[s] for s in new} == pytest.approx(new, rel=1e-6)
+
+
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):
     """Catches a checkpoint taken between a step and its validation: a run killed in that gap resumed past the
     validation, so its val/loss row and its best.ckpt candidate were lost (and the CSV lost unflushed rows)."""

@@ -379,6 +379,16 @@ class TinyLM(L.LightningModule):
         if logging_step(self.trainer):
             self.log("train/grad_norm", norm)
 
+    def on_train_start(self) -> None:
+        # A resume restores each group's LR as the checkpoint's schedule left it, and LambdaLR sets the schedule's
+        # value only at its next step: a run extended without model.decay_steps took its first step at the old
+        # schedule's LR. Set the LR of this step now (for an unchanged schedule the very value it had: exact resume).
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+                    group["lr"] = base * fn(sched.last_epoch)
+
     # ---- checkpoints carry the tokenizer ------------------------------------------------------------------------
     def on_fit_start(self) -> None:
         self._grab_tokenizer()
