@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import yaml
 
 from tinylm.model import GPT, GPTConfig
+from tinylm.train.optim import fused_adamw
 
 
 def main() -> None:
@@ -73,7 +74,8 @@ def main() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": m.get("weight_decay", 0.1)},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(m.get("beta1", 0.9), m.get("beta2", 0.95)))
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(m.get("beta1", 0.9), m.get("beta2", 0.95)),
+                                  fused=fused_adamw(torch.device("cpu")))  # as tinylm: the same work
 
     def get_lr(it: int) -> float:
         if it < warmup:

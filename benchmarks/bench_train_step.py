@@ -43,6 +43,7 @@ import yaml
 from tinylm.data import TinyLMDataModule
 from tinylm.model import GPT
 from tinylm.train.module import TinyLM
+from tinylm.train.optim import fused_adamw
 from tinylm.train.schedules import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ class PlainLoop:
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        self.opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2))
+        self.opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(hp.beta1, hp.beta2), fused=fused_adamw(torch.device("cpu")))
         self.schedule = {"schedule": hp.lr_schedule, "lr": hp.lr, "min_lr": hp.min_lr, "warmup_steps": hp.warmup_steps,
                              "decay_steps": hp.decay_steps, "decay_fraction": hp.decay_fraction}
         self.clip = clip

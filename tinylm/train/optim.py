@@ -168,8 +168,8 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None)
 
 def fused_adamw(device: torch.device) -> bool:
     """Whether AdamW runs its fused kernel on `device`: one pass over each parameter instead of the foreach
-    implementation's dozen, and no parameter-sized temporaries. CUDA, and CPU from torch 2.4 (there 6x faster at
-    the laptop recipe's size: benchmarks/bench_adamw.py)."""
+    implementation's dozen, and no parameter-sized temporaries. CUDA, and CPU from torch 2.4 (there the step takes
+    0.37x the time at the laptop recipe's size, 0.25x at 6x384: benchmarks/bench_adamw.py)."""
     if device.type == "cuda":
         return True
     return device.type == "cpu" and tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4)
