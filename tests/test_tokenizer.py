@@ -272,3 +272,47 @@ def test_byte_lengths_of_a_tiktoken_encoding_with_unused_ids(small_bpe, tmp_path
     assert len(lengths) == tok.vocab_size and lengths[300] == 0
     text = "First Citizen:\nBefore we proceed any further, hear me speak."
     assert sum(lengths[i] for i in tok.encode(text)) == len(text.encode("utf-8"))
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "wordpiece"])
+def test_byte_lengths_of_tokenizer_files_that_spell_tokens_by_their_place(shakespeare_100k, tmp_path, kind):
+    """Catches bits-per-byte 14-20 % off for SentencePiece-style (Metaspace) and WordPiece tokenizer.json files:
+    a token decoded alone loses the space its "▁" stands for, and keeps WordPiece's "##". The byte lengths of a
+    text's tokens must add up to the text's bytes (WordPiece drops line breaks: within 3 %)."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    text = shakespeare_100k[:30_000]
+    if kind == "metaspace":
+        hf = HF(models.Unigram())
+        hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=["<unk>"], unk_token="<unk>")
+    else:
+        hf = HF(models.WordPiece(unk_token="[UNK]"))
+        hf.normalizer, hf.pre_tokenizer = normalizers.BertNormalizer(lowercase=False), pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=["[UNK]"])
+    hf.train_from_iterator([text], trainer)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    lengths = tok.token_byte_lengths()
+    held_out = shakespeare_100k[50_000:60_000]
+    counted = sum(lengths[i] for i in tok.encode(held_out))
+    assert counted == pytest.approx(len(held_out.encode()), rel=0.005 if kind == "metaspace" else 0.03)
+
+
+def test_byte_lengths_of_byte_fallback_tokens(tmp_path):
+    """Catches Llama-style byte-fallback tokens ("<0xC3>") counted as the 3-byte replacement character their lone
+    decoding gives: each stands for one byte."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models
+
+    vocab = {"<unk>": 0, "▁": 1, "a": 2, "<0xC3>": 3, "<0xA9>": 4}
+    hf = HF(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    ids = tok.encode("aé")
+    assert tok.decode(ids) == "aé" and [hf.id_to_token(i) for i in ids] == ["a", "<0xC3>", "<0xA9>"]
+    assert sum(tok.token_byte_lengths()[i] for i in ids) == len("aé".encode())
