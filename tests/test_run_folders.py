@@ -92,6 +92,23 @@ def test_validate_without_a_config_uses_the_checkpoints_data(config, tmp_path, c
     assert float(row["val/loss"]) == pytest.approx(val_at_2, abs=1e-5)
 
 
+def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_default_named(run_config, tmp_path,
+                                                                                            capsys):
+    """Catches `tinylm validate --ckpt_path X` of a run whose BPE was trained to --data.vocab_size 300 training a new
+    8192 BPE (the target was not in the checkpoint) and failing on the vocabulary; and `--data.val_batches null`
+    (the default, named on the command line) being replaced by the run's val_batches 1."""
+    config = run_config(data={"tokenizer": "bpe", "vocab_size": 300})
+    main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    tokenizers = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    val_at_2 = next(float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss"))
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.val_batches", "null"])
+    assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == tokenizers  # none trained
+    one_batch, whole = (float(r["val/loss"]) for r in _rows(run / "validate" / "metrics.csv"))
+    assert one_batch == pytest.approx(val_at_2, abs=1e-5) and whole != pytest.approx(one_batch, abs=1e-4)
+
+
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):
     """Catches `--ckpt_path best`, which --help offers, failing with "checkpoint 'best' not found", and
     `hpc`/`registry` failing the same way instead of saying what to pass."""

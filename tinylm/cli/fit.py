@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -259,6 +260,14 @@ class TinyLMCLI(LightningCLI):
             for action in parser._actions:
                 action.help = _HELP.get(action.dest, action.help)
 
+    def parse_arguments(self, parser, args) -> None:
+        argv = sys.argv[1:] if args is None else args
+        # options named on the command line: set by the user even where equal to the default (--data.val_batches
+        # null evaluates the whole split, not the checkpoint's setting)
+        self._named = {a[2:].split("=", 1)[0] for a in argv if isinstance(a, str) and a.startswith("--")} \
+            if isinstance(argv, (list, tuple)) else set()
+        super().parse_arguments(parser, args)
+
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.callbacks import SampleText
 
@@ -396,8 +405,14 @@ class TinyLMCLI(LightningCLI):
             saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
         update = {"model": saved}
         if sub == "validate":  # the data the run trained on, where the command does not set it otherwise
-            data = {k: v for k, v in (ckpt.get("datamodule_hyper_parameters") or {}).items()
-                    if k in cfg.data and cfg.data[k] == defaults.data.get(k) and cfg.data[k] != v}
+            trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
+            # data.vocab_size: the target a BPE tokenizer was trained to, which finds it in the cache (checkpoints
+            # before it was kept: the model's vocabulary, the same unless the corpus had too few merges)
+            target = trained.pop("target_vocab_size", None) or (ckpt.get("hyper_parameters") or {}).get("vocab_size")
+            if target is not None:
+                trained["vocab_size"] = target
+            data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
+                    and f"data.{k}" not in self._named and cfg.data[k] != v}
             if data:
                 update["data"] = data
         self.config = self.parser.parse_object({sub: update}, self.config)

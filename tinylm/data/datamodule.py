@@ -93,6 +93,7 @@ class TinyLMDataModule(L.LightningDataModule):
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
         self.save_hyperparameters(ignore=["vocab_size"])
+        self.hparams["target_vocab_size"] = vocab_size  # for `tinylm validate` without --config (not logged twice)
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)
         self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
