@@ -226,6 +226,16 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
     assert [row[3] for row in rows["tiny"]] == pytest.approx([row[3] for row in rows["straight"]], abs=1e-4)
 
 
+def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):
+    """Catches `--ckpt_path last` with the same --trainer.max_time stopping at once, training nothing and saying it
+    can go on (Lightning's Timer counts on from the time in the checkpoint): a loop of such jobs never trains."""
+    flags = ["--trainer.max_steps", "20", "--trainer.max_time", "{microseconds: 1}"]
+    main(["fit", "--config", str(config), *flags])
+    capsys.readouterr()
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", *flags])
+    assert "max_time" in line and "already spent" in line and "larger --trainer.max_time" in line
+
+
 def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(config, tmp_path, capsys, caplog):
     """Catches a run folder without last.ckpt (killed before its first periodic save: only best.ckpt) or with a
     damaged one being a dead end: the refusal said 'continue it with --ckpt_path last', which said the same."""

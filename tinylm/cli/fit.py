@@ -372,6 +372,7 @@ class TinyLMCLI(LightningCLI):
             if max_steps is not None and self.ckpt_step >= max_steps:
                 raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
                                   f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
+            _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
         saved = dict(ckpt.get("hyper_parameters") or {})
         saved.pop("_instantiator", None)
         known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
@@ -588,6 +589,25 @@ def _warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt
                     "(model.decay_steps is unset), so the LR jumps from %.3g to %.3g and the decay is stretched over "
                     "the new length; pin model.decay_steps when you start a run you may extend", ckpt_path, step,
                     max_steps, was, now)
+
+
+def _check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
+    """Refuse a resume whose --trainer.max_time the run has already spent: Lightning's Timer keeps the training
+    time in the checkpoint and counts on from it (max_time is the run's total), so the resume would stop at once,
+    train nothing, and say it can go on: repeated, it never would."""
+    spent = (((ckpt.get("callbacks") or {}).get("Timer") or {}).get("time_elapsed") or {}).get("train")
+    if max_time is None or spent is None:
+        return
+    from lightning.pytorch.callbacks import Timer
+
+    try:  # Timer's own parsing of "DD:HH:MM:SS", a dict of timedelta's arguments, or a timedelta
+        budget = Timer(duration=dict(vars(max_time)) if hasattr(max_time, "__dict__") else max_time)._duration
+    except (TypeError, ValueError):
+        return  # Lightning names the bad value when it builds its Timer
+    if budget is not None and spent >= budget:
+        raise TinyLMError(f"--trainer.max_time {max_time} is already spent: {ckpt_path} has trained for {spent:.0f} s "
+                          "(Lightning's Timer keeps a run's training time in its checkpoints and counts on from it: "
+                          "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
 
 
 def _with_atomic_checkpoints(plugins: Any) -> list:
