@@ -106,3 +106,13 @@ def test_multiprocessing_launcher():
 
     source = inspect.getsource(_MultiProcessingLauncher)
     assert '".temp.ckpt"' in source and "checkpoint_io.load_checkpoint(worker_output.weights_path)" in source
+
+
+def test_timer_duration_and_saved_training_time():
+    """tinylm.cli.fit._check_time_left reads Timer's parsed `_duration` (seconds) and the training time it saves in
+    a checkpoint under callbacks["Timer"]["time_elapsed"]["train"]."""
+    from lightning.pytorch.callbacks import Timer
+
+    timer = Timer(duration="00:00:01:03")
+    assert timer._duration == 63 and Timer(duration={"microseconds": 1})._duration == 1e-6
+    assert timer.state_key == "Timer" and "train" in timer.state_dict()["time_elapsed"]
