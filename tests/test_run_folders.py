@@ -131,14 +131,18 @@ def test_validate_without_a_checkpoint_is_refused(config, capsys):
 
 
 def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_path):
-    """Catches config.yaml landing in csv/ when W&B is off, or a resume overwriting the config that started the run."""
+    """Catches config.yaml landing in csv/ when W&B is off, or a resume overwriting the config that started the run
+    or that of an earlier resume from the same step."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     run = tmp_path / "runs" / "tiny"
     first = (run / "config.yaml").read_text()
     assert "max_steps: 2" in first and not (run / "csv" / "config.yaml").exists()
+    killed = run / "config.resume-step2.yaml"  # an earlier resume from step 2, killed before its first save
+    killed.write_text("data:\n  val_batches: 5\n")
     main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
     assert (run / "config.yaml").read_text() == first
-    assert "max_steps: 4" in (run / "config.resume-step2.yaml").read_text()
+    assert killed.read_text() == "data:\n  val_batches: 5\n"  # the record of that resume is kept too
+    assert "max_steps: 4" in (run / "config.resume-step2-2.yaml").read_text()
 
 
 def test_default_root_dir_is_where_runs_go(config, tmp_path):

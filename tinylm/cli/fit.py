@@ -1,7 +1,7 @@
 """`tinylm fit` and `tinylm validate`: LightningCLI over `TinyLM` and `TinyLMDataModule`, with tinylm's run folders.
 
 A run lives in ``<trainer.default_root_dir>/<run.name>/`` (default ``runs/NAME``):
-    config.yaml                 the config that started the run (a resume adds config.resume-step<N>.yaml)
+    config.yaml                 the config that started the run (a resume adds config.resume-step<N>[-2, -3...].yaml)
     checkpoints/                best.ckpt, last.ckpt, step-<N>.ckpt
     csv/metrics.csv             every logged metric, one file continued across resumes
     samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials)
@@ -221,6 +221,10 @@ class RunConfig(SaveConfigCallback):
         path = self.run_dir / "config.yaml"
         if self.resume_step is not None and path.exists():
             path = self.run_dir / f"config.resume-step{self.resume_step}.yaml"
+            n = 1
+            while path.exists():  # resumed from this step before (killed in between): keep that record too
+                n += 1
+                path = self.run_dir / f"config.resume-step{self.resume_step}-{n}.yaml"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
 
