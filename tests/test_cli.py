@@ -103,12 +103,17 @@ def test_every_shipped_config_parses(name, capsys):
     assert printed["trainer"]["max_steps"] > 0 and printed["model"]["n_layer"] > 0
 
 
-def test_prepare_prints_summary(config, capsys):
-    """Catches `tinylm prepare` not accepting a fit config or not saying what it made."""
+def test_prepare_prints_summary(config, tmp_path, capsys):
+    """Catches `tinylm prepare` not accepting a fit config (also a run's own config.yaml, which LightningCLI writes
+    with its `weights_only` option) or not saying what it made."""
     main(["prepare", "--config", str(config)])
     out = capsys.readouterr().out
     assert "65" in out or "vocab" in out
     assert "train" in out and "val" in out
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    capsys.readouterr()
+    main(["prepare", "--config", str(tmp_path / "runs" / "tiny" / "config.yaml")])
+    assert capsys.readouterr().out == out
 
 
 def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
