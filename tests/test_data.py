@@ -368,6 +368,17 @@ def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     assert left == {names["running"], names["other_host"]}
 
 
+def test_bytes_per_token_counts_text_tokens_only(tmp_path):
+    """Catches `tinylm prepare`'s bytes/token dividing by the end-of-text ids too: a char tokenizer on ASCII
+    documents is exactly 1 byte per token however many documents there are (it said 0.98 for short ones)."""
+    path = tmp_path / "docs.txt"
+    path.write_text("".join(f"story {i}: a cat sat.\n{EOT}\n" for i in range(300)), encoding="utf-8")
+    dm = _dm(tmp_path, path)
+    dm.prepare_data()
+    assert dm.summary()["bytes_per_token"] == pytest.approx(1.0)
+    assert sum(dm.meta["splits"][s]["eos"] for s in ("train", "val")) == 300  # one per document, not per part
+
+
 def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
     """Prevents `data.tokenizer_train_chars` from training on the head of a sorted corpus only (or on all of it),
     and from changing the cache key of corpora smaller than the sample (which would retrain them for nothing)."""

@@ -293,14 +293,20 @@ class TinyLMDataModule(L.LightningDataModule):
             "train_documents": split("train", "documents"),
             "val_documents": split("val", "documents"),
             "val_source": m["settings"]["val_source"],
+            # per token of text: the end-of-text ids stand for no bytes (datasets before the count: documents)
             "bytes_per_token": (split("train", "bytes") + split("val", "bytes"))
-            / max(1, split("train", "tokens") + split("val", "tokens")),
+            / max(1, sum(split(s, "tokens") - self._eos_count(s) for s in ("train", "val"))),
         }
         if len(metas) > 1:
             weights = self.weights or [x["splits"]["train"]["tokens"] for x in metas]
             out["mixture"] = ", ".join(f"{n} {w / sum(weights):.3f}" for n, w in zip(self.val_names, weights))
         out["measured"] = self._measured()
         return out
+
+    def _eos_count(self, split: str) -> int:
+        if self.meta["eos_id"] is None:
+            return 0
+        return sum(x["splits"][split].get("eos", x["splits"][split]["documents"]) for x in self.metas)
 
     def _measured(self) -> str:
         """How fast the tokenizer trained and the corpus was tokenized, when they were built (on this machine or

@@ -56,7 +56,7 @@ def routed(corpus: Corpus, val_fraction: float) -> Iterator[list[tuple[str, str,
 def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, *, val_fraction: float,
                  piece_chars: int) -> dict:
     """Write out/train.bin and out/val.bin through the shards in `partial` (resuming from those complete);
-    return each split's stats (tokens, documents, bytes, chars)."""
+    return each split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens)."""
     partial.mkdir(parents=True, exist_ok=True)
     shard_chars = SHARD_CHARS  # read here, so a test can make shards small
     done = _complete_shards(partial, dtype.itemsize)
@@ -88,8 +88,8 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
             for k in range(len(done)):
                 with open(_shard(partial, k, split), "rb") as shard:
                     shutil.copyfileobj(shard, f, 1 << 24)
-        stats[split] = {key: sum(d["splits"][split][key] for d in done)
-                        for key in ("tokens", "documents", "bytes", "chars")}
+        stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)  # .get: shards of an older build
+                        for key in ("tokens", "documents", "bytes", "chars", "eos")}
     return stats
 
 

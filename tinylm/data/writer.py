@@ -55,7 +55,7 @@ class SplitWriter:
         self.ends: list[bool] = []
         self.pending = 0
         self._encoding: Future | None = None
-        self.stats = {"tokens": 0, "documents": 0, "bytes": 0, "chars": 0}
+        self.stats = {"tokens": 0, "documents": 0, "bytes": 0, "chars": 0, "eos": 0}  # eos: end-of-text ids written
 
     def add(self, text: str, *, ends_document: bool) -> None:
         """Add a document, or part of one (the two sides of the train/val cut)."""
@@ -69,6 +69,7 @@ class SplitWriter:
         self._add_piece(last or "", ends_document=ends_document)
 
     def _add_piece(self, piece: str, *, ends_document: bool) -> None:
+        self.stats["eos"] += ends_document and self.eos is not None
         self.texts.append(piece)
         self.ends.append(ends_document)
         n_bytes = len(piece.encode("utf-8"))
