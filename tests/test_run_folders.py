@@ -230,6 +230,21 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
     assert [row[3] for row in rows["tiny"]] == pytest.approx([row[3] for row in rows["straight"]], abs=1e-4)
 
 
+def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
+    """Catches a resume with another gradient_clip_val (or precision, accumulation) training on silently as another
+    run, and a seed_everything that the checkpoint's random state overrides being taken without a word."""
+    main(["fit", "--config", str(config)])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5"])
+    assert "the run had" not in caplog.text  # the same settings: nothing to say
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
+              "--trainer.gradient_clip_val", "0.5", "--seed_everything", "42"])
+    assert "trainer.gradient_clip_val 0.5 (the run had None)" in caplog.text
+    assert "seed_everything 42 has no effect (the run had 7)" in caplog.text
+
+
 def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):
     """Catches `--ckpt_path last` with the same --trainer.max_time stopping at once, training nothing and saying it
     can go on (Lightning's Timer counts on from the time in the checkpoint): a loop of such jobs never trains."""

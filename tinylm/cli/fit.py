@@ -402,6 +402,7 @@ class TinyLMCLI(LightningCLI):
                         " (to change them, start a new run)" if sub == "fit" else "")
         if sub == "fit":
             _warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
+            _warn_training_changes(cfg, ckpt_path)
         for key in linked:
             saved.pop(key, None)
         if source is not None:  # the checkpoint holds the weights, and the shape they gave
@@ -573,6 +574,37 @@ def latest_checkpoint(run_dir: Path) -> str | None:
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
                     run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
     return str(path)
+
+
+_TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision")
+"""Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
+
+
+def _warn_training_changes(cfg, ckpt_path: str) -> None:
+    """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
+    newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
+    taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
+    import yaml
+
+    folder = Path(ckpt_path).resolve().parent.parent
+    configs = sorted(folder.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
+    try:
+        had = yaml.safe_load(configs[-1].read_text(encoding="utf-8")) if configs else None
+    except (OSError, yaml.YAMLError):
+        return
+    if not isinstance(had, dict):
+        return
+    trainer = had.get("trainer") or {}
+    changed = [f"trainer.{k} {cfg.trainer.get(k)!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
+               if k in trainer and cfg.trainer.get(k) != trainer.get(k)]
+    if changed:
+        log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
+                    ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
+    seed = cfg.get("seed_everything")
+    if "seed_everything" in had and seed not in (None, True) and seed != had["seed_everything"]:
+        log.warning("resuming from %s: seed_everything %r has no effect (the run had %r); the checkpoint restores the "
+                    "run's random state, so dropout and data order go on as they were", ckpt_path, seed,
+                    had["seed_everything"])
 
 
 def _warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_path: str) -> None:
