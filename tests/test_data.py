@@ -260,8 +260,10 @@ def test_val_batches_tile_the_split(shakespeare, tmp_path):
     data = _tokens(dm, "val")
     batches = [x for x, _ in dm.val_dataloader()]
     rows = torch.cat(batches)
-    assert rows.shape == ((len(data) - 1) // 16, 16)
-    assert rows.flatten().tolist() == data[: rows.numel()].tolist()
+    whole = (len(data) - 1) // 16
+    assert rows.shape == (whole + ((len(data) - 1) % 16 > 0), 16)  # and one window for the last targets
+    assert rows[:whole].flatten().tolist() == data[: whole * 16].tolist()
+    assert rows[-1].tolist() == data[-17:-1].tolist()
     assert all(torch.equal(a, b) for a, b in zip(batches, (x for x, _ in dm.val_dataloader())))
     assert len(_dm(tmp_path, shakespeare, block_size=16, batch_size=64, val_batches=2).val_dataloader()) == 2
 
@@ -484,6 +486,25 @@ def test_val_windows_cover_the_split_to_its_last_token(tmp_path):
     y = torch.cat([b[1] for b in batches])
     assert len(val) == 2 and x.shape == (3, T)
     assert x.flatten().tolist() == list(range(12)) and y[-1].tolist() == [9, 10, 11, 12]
+
+
+@pytest.mark.parametrize("n", [15, 16, 13, 5, 4])
+def test_val_windows_score_every_target_once(tmp_path, n):
+    """Catches validation dropping the split's last targets when n - 1 is not a multiple of T (up to T - 1 of
+    them were never scored): a last window ends at the split's end, its targets scored already ignored. With
+    T = 4 every target 1 .. n - 1 is counted exactly once; a split shorter than one window gives none."""
+    from tinylm.data.loader import IGNORE, ValBatches
+
+    T = 4
+    path = tmp_path / "val.bin"
+    np.arange(n, dtype="<u2").tofile(path)
+    val = ValBatches(path, dtype="uint16", n_tokens=n, block_size=T, batch_size=1 if n == 15 else 2)
+    ys = torch.cat([val[j][1] for j in range(len(val))]) if len(val) else torch.empty(0, T, dtype=torch.long)
+    counted = sorted(ys[ys != IGNORE].tolist())
+    assert counted == (list(range(1, n)) if n - 1 >= T else [])
+    for j in range(len(val)):  # the tokens are 0 .. n - 1: each target is the token after its input
+        x, y = val[j]
+        assert ((y == x + 1) | (y == IGNORE)).all() and (x[:, 1:] == x[:, :-1] + 1).all()
 
 
 @pytest.mark.parametrize("top_id, dtype", [(65_535, "uint16"), (65_536, "uint32")])

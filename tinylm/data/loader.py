@@ -101,14 +101,21 @@ class MixedTrainBatches(Dataset):
         return x, y
 
 
+IGNORE = -100  # F.cross_entropy's ignore_index (tinylm.train.module.IGNORE): a target that counts in no loss
+
+
 class ValBatches(_TokenWindows):
-    """Non-overlapping windows tiling the whole split in order (the last batch may be smaller); `limit` keeps the
-    first batches only. The same on every call and every rank."""
+    """Windows tiling the whole split in order (the last batch may be smaller), every target scored once: the
+    non-overlapping windows, then, when the split's last targets are left over (fewer than T), one window ending
+    at the split's end whose earlier targets, scored already, are IGNORE (they keep their full context). `limit`
+    keeps the first batches only. The same on every call and every rank."""
 
     def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
                  limit: int | None = None) -> None:
         super().__init__(path, dtype=dtype, n_tokens=n_tokens, block_size=block_size, batch_size=batch_size)
-        self.n_windows = (n_tokens - 1) // block_size
+        whole = (n_tokens - 1) // block_size
+        self.tail = (n_tokens - 1) - whole * block_size if whole else 0  # targets after the whole windows
+        self.n_windows = whole + (self.tail > 0)
         n = -(-self.n_windows // batch_size)
         self.n_batches = n if limit is None else min(n, limit)
 
@@ -118,8 +125,13 @@ class ValBatches(_TokenWindows):
     def __getitem__(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= j < self.n_batches:
             raise IndexError(j)
+        T = self.block_size
         w = np.arange(j * self.batch_size, min((j + 1) * self.batch_size, self.n_windows), dtype=np.int64)
-        return self.windows(w * self.block_size)
+        x, y = self.windows(np.minimum(w * T, self.n_tokens - 1 - T))  # the last window ends at the split's end
+        if self.tail and w[-1] == self.n_windows - 1:
+            y = y.clone()  # x and y may be views of one buffer (a batch of one window)
+            y[-1, : T - self.tail] = IGNORE
+        return x, y
 
 
 class _EpochSampler(Sampler[int]):
