@@ -138,8 +138,9 @@ def release_run_folders() -> None:
                 folder.rmdir()
 
 
-def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
-    """Range checks of the Trainer options that Lightning only trips over later (or never)."""
+def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, validates: bool = True) -> None:
+    """Range checks of the Trainer options that Lightning only trips over later (or never). `validates`: the
+    command runs the config's validations (plan, lr-find and scaling do not)."""
     for key in _POSITIVE:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
@@ -180,7 +181,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str) -> None:
                              "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
                              "(one process per device, each running the command: the same training)")
         every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
-        if isinstance(every, int) and isinstance(accumulate, int) and not isinstance(every, bool) and \
+        if validates and isinstance(every, int) and isinstance(accumulate, int) and not isinstance(every, bool) and \
                 accumulate > 1 and every % accumulate:
             below = every - every % accumulate
             nearest = f"{below} or {below + accumulate}" if below else f"{accumulate}"
