@@ -106,6 +106,23 @@ def test_grad_norm_is_logged_before_clipping(precision):
     assert logged > 1e-2  # far above the clip value: it is the pre-clip norm
 
 
+def test_fp16_gradient_scaling_is_undone_before_clipping():
+    """Catches fp16 (16-mixed: a GradScaler, the default on GPUs without bf16) with a fused AdamW: Lightning leaves
+    unscaling to the fused step, so clipping and train/grad_norm saw gradients ~65536x too large. The norm seen
+    under fp16 must be the fp32 run's, up to fp16's rounding."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    norms = {}
+    for name, kw in (("fp32", {"precision": "32-true"}), ("fp16", {"plugins": [MixedPrecision("16-mixed", "cpu")],
+                                                                   "precision": None})):
+        torch.manual_seed(0)
+        module = _SteppedGrads(**TINY, lr=1e-3, warmup_steps=0)
+        trainer = _trainer(max_steps=2, gradient_clip_val=1e3, **kw)
+        trainer.fit(module, _batches(2))
+        norms[name] = trainer.callback_metrics["train/grad_norm"].item()
+    assert norms["fp16"] == pytest.approx(norms["fp32"], rel=0.05)
+
+
 def test_one_batch_overfits():
     """Catches a training loop that does not learn (detached loss, zero LR, frozen parameters)."""
     torch.manual_seed(0)

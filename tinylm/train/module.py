@@ -330,7 +330,9 @@ class TinyLM(L.LightningModule):
         optimizer = build_optimizer(
             self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay, betas=(hp.beta1, hp.beta2),
             muon_lr=hp.muon_lr, muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
-            fused=fused_adamw(self.device),
+            # not under fp16's GradScaler: Lightning leaves unscaling to a fused optimizer's step, so the clipping
+            # (tinylm's own, before the step) would see gradients scaled by ~65536
+            fused=fused_adamw(self.device) and getattr(self._precision_plugin(), "scaler", None) is None,
         )
         decay_steps = self._decay_steps()  # fail early, before the first step, if the schedule has no length
         fast_dev_run = self._trainer is not None and bool(self.trainer.fast_dev_run)
@@ -356,6 +358,9 @@ class TinyLM(L.LightningModule):
             for group in optimizer.param_groups:
                 if group.get("optimizer") == "muon":
                     group["lr"] = adamw_lr * self.muon_lr_ratio
+
+    def _precision_plugin(self) -> Any:
+        return getattr(self._trainer, "precision_plugin", None) if self._trainer is not None else None
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
