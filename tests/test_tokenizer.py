@@ -274,11 +274,12 @@ def test_byte_lengths_of_a_tiktoken_encoding_with_unused_ids(small_bpe, tmp_path
     assert sum(lengths[i] for i in tok.encode(text)) == len(text.encode("utf-8"))
 
 
-@pytest.mark.parametrize("kind", ["metaspace", "wordpiece"])
+@pytest.mark.parametrize("kind", ["metaspace", "wordpiece", "bytelevel-no-decoder", "bytelevel-in-a-sequence"])
 def test_byte_lengths_of_tokenizer_files_that_spell_tokens_by_their_place(shakespeare_100k, tmp_path, kind):
     """Catches bits-per-byte 14-20 % off for SentencePiece-style (Metaspace) and WordPiece tokenizer.json files:
-    a token decoded alone loses the space its "▁" stands for, and keeps WordPiece's "##". The byte lengths of a
-    text's tokens must add up to the text's bytes (WordPiece drops line breaks: within 3 %)."""
+    a token decoded alone loses the space its "▁" stands for, and keeps WordPiece's "##"; and for byte-level files
+    whose ByteLevel is only in the pre-tokenizer or inside a decoder Sequence. The byte lengths of a text's tokens
+    must add up to the text's bytes (WordPiece drops line breaks: within 3 %)."""
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -287,6 +288,11 @@ def test_byte_lengths_of_tokenizer_files_that_spell_tokens_by_their_place(shakes
         hf = HF(models.Unigram())
         hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=["<unk>"], unk_token="<unk>")
+    elif kind.startswith("bytelevel"):  # GPT-2's byte alphabet, spelled out by the pre-tokenizer
+        hf = HF(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.Sequence([decoders.ByteLevel()]) if kind.endswith("sequence") else None
+        trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     else:
         hf = HF(models.WordPiece(unk_token="[UNK]"))
         hf.normalizer, hf.pre_tokenizer = normalizers.BertNormalizer(lowercase=False), pre_tokenizers.BertPreTokenizer()
@@ -296,9 +302,12 @@ def test_byte_lengths_of_tokenizer_files_that_spell_tokens_by_their_place(shakes
     hf.save(str(tmp_path / "tokenizer.json"))
     tok = Tokenizer.load(tmp_path / "tokenizer.json")
     lengths = tok.token_byte_lengths()
-    held_out = shakespeare_100k[50_000:60_000]
+    held_out = shakespeare_100k[50_000:60_000] + (" naïve café — 東京" if kind.startswith("bytelevel") else "")
     counted = sum(lengths[i] for i in tok.encode(held_out))
-    assert counted == pytest.approx(len(held_out.encode()), rel=0.005 if kind == "metaspace" else 0.03)
+    if kind.startswith("bytelevel"):  # lossless bytes: exact, also for tokens that are parts of a character
+        assert counted == len(held_out.encode())
+    else:
+        assert counted == pytest.approx(len(held_out.encode()), rel=0.03 if kind == "wordpiece" else 0.005)
 
 
 def test_byte_lengths_of_byte_fallback_tokens(tmp_path):

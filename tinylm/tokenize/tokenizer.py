@@ -58,7 +58,7 @@ class _HF:
 
     def token_bytes(self, i: int) -> bytes:
         token = self.tok.id_to_token(i) or ""
-        if type(self.tok.decoder).__name__ == "ByteLevel":  # GPT-2's byte-to-unicode spelling
+        if self._byte_level:  # GPT-2's byte-to-unicode spelling
             from tinylm.tokenize.bpe import _from_unicode
 
             return _from_unicode(token)
@@ -74,6 +74,12 @@ class _HF:
         anchor, before = self._anchor
         both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
         return both[len(before):] if both.startswith(before) else alone
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether tokens are spelled in GPT-2's byte-to-unicode alphabet: a ByteLevel decoder or pre-tokenizer,
+        alone or inside a Sequence (a file may have the pre-tokenizer and no decoder, or a wrapped decoder)."""
+        return "ByteLevel" in repr(self.tok.decoder) + repr(self.tok.pre_tokenizer)
 
     @functools.cached_property
     def _anchor(self) -> tuple[int, bytes] | None:
