@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
@@ -110,6 +111,31 @@ def test_an_extended_run_takes_its_first_step_at_the_new_schedules_lr(run_config
         lrs = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(f) if r.get("train/lr")}
     new = {s: lr_at(s, schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_steps=8) for s in range(4, 8)}
     assert {s: lrs[s] for s in new} == pytest.approx(new, rel=1e-6)
+
+
+def test_an_epoch_of_an_odd_number_of_batches_ends_on_a_whole_step(run_config, tmp_path):
+    """Catches a notional epoch whose batches are not a multiple of accumulate_grad_batches: Lightning ends an epoch
+    with an optimizer step (here on one micro-batch of two) and counts validations over all batches, so after the
+    first epoch every validation, and the best.ckpt it saves, fell inside a step (not resumable exactly)."""
+    from tinylm.data import TinyLMDataModule
+
+    config = run_config(chars=2750, run={"checkpoint_every": 5, "keep_checkpoints": -1},
+                        trainer={"max_steps": 30, "accumulate_grad_batches": 2, "val_check_interval": 4},
+                        data={"batch_size": 3}, model={"decay_steps": 30})
+    dm = TinyLMDataModule(corpus=str(tmp_path / "shakespeare_small.txt"), tokenizer="char", block_size=16,
+                          batch_size=3, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    assert (dm.train_dataloader().epoch_length) % 2 == 1  # the case: an odd epoch, crossed by the run
+    main(["fit", "--config", str(config)])
+    for ckpt in sorted((tmp_path / "runs" / "tiny" / "checkpoints").glob("*.ckpt")):
+        state = torch.load(ckpt, weights_only=True, mmap=True)
+        batches = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["ready"]
+        assert batches == 2 * state["global_step"], ckpt.name  # saved between two whole steps
+    last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
+    assert last["epoch"] >= 1  # the run crossed the epoch's end
+    # and the periodic save at the epoch's last batch (step 25) is not put off to the next validation (Lightning's)
+    steps = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "runs" / "tiny" / "checkpoints").glob("step-*.ckpt"))
+    assert steps == [5, 10, 15, 20, 25, 30]
 
 
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):

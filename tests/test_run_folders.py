@@ -448,6 +448,10 @@ def test_validation_inside_an_optimizer_step_is_refused(config, tmp_path, capsys
                                 "--trainer.accumulate_grad_batches", "4"])
     assert "val_check_interval=5" in line and "accumulate_grad_batches=4" in line and "4 or 8" in line
     assert not (tmp_path / "runs" / "tiny").exists()
+    for every in ("00:00:00:02", "0.5"):  # a time, a fraction of an epoch: validations land anywhere
+        line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", every,
+                                    "--trainer.accumulate_grad_batches", "4"])
+        assert "a time or a fraction" in line and "4 (or a multiple)" in line
 
 
 def test_checkpoint_with_an_unknown_hyperparameter_resumes_with_a_warning(config, tmp_path, caplog):

@@ -207,7 +207,12 @@ class TinyLMDataModule(L.LightningDataModule):
                  for i in range(len(self.corpora))]
         dataset = parts[0] if len(parts) == 1 else MixedTrainBatches(parts, self.weights or
                                                                       [p.n_tokens for p in parts])
+        # a notional epoch of whole optimizer steps: Lightning ends an epoch with an optimizer step, so an epoch of
+        # batches not a multiple of accumulate_grad_batches stepped on a partial accumulation, and validations
+        # every N batches (counted over epochs) fell inside steps after it
+        accumulate = getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
         epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
+        epoch_length = max(accumulate, epoch_length - epoch_length % accumulate)
         self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=self._resume_batches,
                                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                                              seed=self.seed)

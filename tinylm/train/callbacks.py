@@ -250,8 +250,9 @@ class PeriodicCheckpoint(ModelCheckpoint):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
             return
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if final:
+        # every N steps, by tinylm's own test: Lightning 2.6 defers a save at an epoch's last batch to the next
+        # validation (it expects one at each epoch's end), which here comes steps later (step-25 saved as step-26)
+        if final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0):
             self._save_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
