@@ -85,16 +85,19 @@ def test_samples_once_per_step_across_a_resume_under_accumulation(run_config, tm
     """Catches text samples taken per micro-batch: a fresh run with accumulation sampled the untrained step 0, and
     a resumed run sampled its first step again; and samples written after the checkpoint by a killed run being
     kept beside the resumed run's own (the metrics CSV drops its rows after the checkpoint)."""
+    prompt = "a\n--- step 99 | b\n"  # a line of the text that looks like a sample's header (byte-level BPE)
     config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4, "accumulate_grad_batches": 2},
-                        samples={"every_n_steps": 2, "max_new_tokens": 4}, model={"decay_steps": 6})
+                        samples={"every_n_steps": 2, "max_new_tokens": 4, "prompts": [prompt]},
+                        model={"decay_steps": 6}, data={"tokenizer": "bpe", "vocab_size": 300})
     main(["fit", "--config", str(config)])
     samples = tmp_path / "runs" / "tiny" / "samples.txt"
+    at_stop = samples.read_text(encoding="utf-8")
     with open(samples, "a", encoding="utf-8") as f:
-        f.write("--- step 6 | '\\n'\nwritten after step-4.ckpt by a run killed before it saved again\n")
+        f.write(f"--- step 6 | {prompt!r}\nwritten after step-4.ckpt by a run killed before it saved again\n")
     main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     text = samples.read_text(encoding="utf-8")
-    assert re.findall(r"^--- step (\d+) \|", text, flags=re.MULTILINE) == ["2", "4", "6"]
-    assert "killed" not in text
+    assert re.findall(rf"^--- step (\d+) \| {re.escape(repr(prompt))}$", text, flags=re.MULTILINE) == ["2", "4", "6"]
+    assert "killed" not in text and text.startswith(at_stop)
 
 
 def test_an_extended_run_takes_its_first_step_at_the_new_schedules_lr(run_config, tmp_path, caplog):

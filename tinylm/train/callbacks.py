@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import deque
 from pathlib import Path
@@ -397,13 +396,28 @@ class SampleText(L.Callback):
             seed=seed,
         )
         self._last_step = -1
+        self._path: Path | None = None
+        self._saved_bytes: int | None = None  # from the checkpoint resumed
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the step a run starts at was sampled by the run it resumes (or is the untrained step 0, which a run
         # without accumulation never samples either): not again after the next step's first micro-batch
         self._last_step = trainer.global_step
-        if trainer.global_step and trainer.is_global_zero:
-            _cut_samples_after(Path(trainer.default_root_dir) / "samples.txt", trainer.global_step)
+        self._path = Path(trainer.default_root_dir) / "samples.txt"
+        saved, self._saved_bytes = self._saved_bytes, None
+        if trainer.global_step and trainer.is_global_zero and saved is not None:
+            _cut_after(self._path, saved)
+
+    def state_dict(self) -> dict:
+        # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
+        # next checkpoint, is cut back to it on resume (as the metrics CSV drops its rows), and writes them again
+        try:
+            return {"samples_bytes": self._path.stat().st_size}
+        except (AttributeError, OSError):  # not training yet, or no sample written
+            return {"samples_bytes": 0}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._saved_bytes = state_dict.get("samples_bytes")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -445,18 +459,14 @@ class SampleText(L.Callback):
                 logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
 
 
-def _cut_samples_after(path: Path, step: int) -> None:
-    """Drop the samples a run wrote after `step` (it was killed after them, before its next checkpoint), as the
-    metrics CSV drops its rows: the resumed run writes them again."""
+def _cut_after(path: Path, size: int) -> None:
+    """Cut `path` back to its first `size` bytes (nothing when it is not longer)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, UnicodeDecodeError):
-        return
-    later = next((m for m in re.finditer(r"^--- step (\d+) \| ", text, flags=re.MULTILINE) if int(m.group(1)) > step), None)
-    if later:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text[: later.start()], encoding="utf-8")
-        os.replace(tmp, path)
+        if path.stat().st_size > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
+    except OSError:
+        pass
 
 
 def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
