@@ -104,9 +104,15 @@ def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_def
     val_at_2 = next(float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss"))
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.val_batches", "null"])
+    whole_config = tmp_path / "whole.yaml"  # the same, set in a config file, or as the section
+    whole_config.write_text(f"data:\n  corpus: {tmp_path / 'shakespeare_small.txt'}\n  cache_dir: {tmp_path / 'cache'}\n"
+                            "  val_batches: null\n")
+    main(["validate", "--config", str(whole_config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data", '{"val_batches": null}'])
     assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == tokenizers  # none trained
-    one_batch, whole = (float(r["val/loss"]) for r in _rows(run / "validate" / "metrics.csv"))
-    assert one_batch == pytest.approx(val_at_2, abs=1e-5) and whole != pytest.approx(one_batch, abs=1e-4)
+    one_batch, *whole = (float(r["val/loss"]) for r in _rows(run / "validate" / "metrics.csv"))
+    assert one_batch == pytest.approx(val_at_2, abs=1e-5) and whole[0] != pytest.approx(one_batch, abs=1e-4)
+    assert whole == pytest.approx([whole[0]] * 3, abs=1e-6)
 
 
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):

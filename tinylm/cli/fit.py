@@ -138,6 +138,36 @@ def release_run_folders() -> None:
                 folder.rmdir()
 
 
+def _named_options(argv: list) -> set[str]:
+    """The options a command sets, even to their defaults (`--data.val_batches null` evaluates the whole split,
+    not the checkpoint's setting): named on the command line (`--data.KEY`, `--data.KEY=V`), or keys of the
+    `data`/`model`/`trainer` sections of a `--config` file or of a section given whole (`--data '{...}'`)."""
+    import yaml
+
+    named: set[str] = set()
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str) or not arg.startswith("--"):
+            continue
+        key, _, value = arg[2:].partition("=")
+        named.add(key)
+        if not value and i + 1 < len(argv) and isinstance(argv[i + 1], str):
+            value = argv[i + 1]
+        if key in ("config", "data", "model", "trainer"):
+            text = value
+            with contextlib.suppress(OSError, ValueError):  # a file's name, or the section itself as YAML/JSON
+                if Path(value).is_file():
+                    text = Path(value).read_text(encoding="utf-8")
+            try:
+                loaded = yaml.safe_load(text)
+            except yaml.YAMLError:
+                continue
+            if isinstance(loaded, dict):
+                sections = loaded if key == "config" else {key: loaded}
+                named |= {f"{name}.{k}" for name, section in sections.items() if isinstance(section, dict)
+                          for k in section}
+    return named
+
+
 def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, validates: bool = True) -> None:
     """Range checks of the Trainer options that Lightning only trips over later (or never). `validates`: the
     command runs the config's validations (plan, lr-find and scaling do not)."""
@@ -271,10 +301,7 @@ class TinyLMCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
-        # options named on the command line: set by the user even where equal to the default (--data.val_batches
-        # null evaluates the whole split, not the checkpoint's setting)
-        self._named = {a[2:].split("=", 1)[0] for a in argv if isinstance(a, str) and a.startswith("--")} \
-            if isinstance(argv, (list, tuple)) else set()
+        self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
         super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser) -> None:
