@@ -618,25 +618,31 @@ def _warn_training_changes(cfg, ckpt_path: str) -> None:
     taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
     import yaml
 
+    def read(path: Path) -> dict:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
     folder = Path(ckpt_path).resolve().parent.parent
     configs = sorted(folder.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
-    try:
-        had = yaml.safe_load(configs[-1].read_text(encoding="utf-8")) if configs else None
-    except (OSError, yaml.YAMLError):
+    if not configs:
         return
-    if not isinstance(had, dict):
-        return
-    trainer = had.get("trainer") or {}
+    trainer = read(configs[-1]).get("trainer") or {}  # what the run trained with last
+    # an unset precision was resolved by device and width (tinylm.device): an explicit one may be the same
     changed = [f"trainer.{k} {cfg.trainer.get(k)!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
-               if k in trainer and cfg.trainer.get(k) != trainer.get(k)]
+               if k in trainer and cfg.trainer.get(k) != trainer.get(k) and not (k == "precision" and None in
+                                                                                  (trainer[k], cfg.trainer.get(k)))]
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
+    started = read(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
-    if "seed_everything" in had and seed not in (None, True) and seed != had["seed_everything"]:
-        log.warning("resuming from %s: seed_everything %r has no effect (the run had %r); the checkpoint restores the "
-                    "run's random state, so dropout and data order go on as they were", ckpt_path, seed,
-                    had["seed_everything"])
+    if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
+        log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
+                    "restores the run's random state, so dropout and data order go on as they were", ckpt_path, seed,
+                    started["seed_everything"])
 
 
 def _warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_path: str) -> None:
