@@ -108,11 +108,12 @@ def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_def
     whole_config.write_text(f"data:\n  corpus: {tmp_path / 'shakespeare_small.txt'}\n  cache_dir: {tmp_path / 'cache'}\n"
                             "  val_batches: null\n")
     main(["validate", "--config", str(whole_config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "-c", str(whole_config)])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data", '{"val_batches": null}'])
     assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == tokenizers  # none trained
     one_batch, *whole = (float(r["val/loss"]) for r in _rows(run / "validate" / "metrics.csv"))
     assert one_batch == pytest.approx(val_at_2, abs=1e-5) and whole[0] != pytest.approx(one_batch, abs=1e-4)
-    assert whole == pytest.approx([whole[0]] * 3, abs=1e-6)
+    assert whole == pytest.approx([whole[0]] * 4, abs=1e-6)
 
 
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):
@@ -459,6 +460,9 @@ def test_validation_inside_an_optimizer_step_is_refused(config, tmp_path, capsys
                                 "--trainer.accumulate_grad_batches", "4"])
     assert "val_check_interval=5" in line and "accumulate_grad_batches=4" in line and "4 or 8" in line
     assert not (tmp_path / "runs" / "tiny").exists()
+    line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", "1",
+                                "--trainer.accumulate_grad_batches", "4"])
+    assert "val_check_interval=1 (batches)" in line  # 1 == 1.0 in Python: not a fraction
     for every in ("00:00:00:02", "0.5"):  # a time, a fraction of an epoch: validations land anywhere
         line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", every,
                                     "--trainer.accumulate_grad_batches", "4"])

@@ -146,9 +146,10 @@ def _named_options(argv: list) -> set[str]:
 
     named: set[str] = set()
     for i, arg in enumerate(argv):
-        if not isinstance(arg, str) or not arg.startswith("--"):
+        if not isinstance(arg, str) or not arg.startswith("-"):
             continue
-        key, _, value = arg[2:].partition("=")
+        key, _, value = arg.lstrip("-").partition("=")
+        key = "config" if key == "c" else key  # -c FILE, as --help lists it
         named.add(key)
         if not value and i + 1 < len(argv) and isinstance(argv[i + 1], str):
             value = argv[i + 1]
@@ -212,8 +213,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, valid
                              "(one process per device, each running the command: the same training)")
         every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
         if validates and every is not None and isinstance(accumulate, int) and accumulate > 1 and \
-                not (isinstance(every, int) and not isinstance(every, bool) and every % accumulate == 0) and \
-                every != 1.0:
+                not (isinstance(every, int) and not isinstance(every, bool) and every % accumulate == 0):
             # a number of batches not a multiple, a time (Lightning validates when it has passed) or a fraction of
             # the notional epoch: a validation could fall between two micro-batches of a step
             whole = isinstance(every, int) and not isinstance(every, bool)
