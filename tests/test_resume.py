@@ -141,6 +141,26 @@ def test_an_epoch_of_an_odd_number_of_batches_ends_on_a_whole_step(run_config, t
     assert steps == [5, 10, 15, 20, 25, 30]
 
 
+def test_a_timed_stop_at_an_epochs_last_batch_resumes_exactly(run_config, tmp_path, monkeypatch):
+    """Catches the checkpoint of a --trainer.max_time stop that lands on a notional epoch's last batch being saved
+    after the extra validation Lightning runs there: Lightning's loop state then said the epoch's batches were all
+    done but not the epoch, and the resumed run trained one batch more in it (a one-micro-batch step) and went on
+    other batches. Here epochs are 3 steps of 2 micro-batches; the timer runs out at step 3."""
+    from lightning.pytorch.callbacks.timer import Timer
+
+    config = run_config(chars=260, run={"name": "straight", "checkpoint_every": 5},
+                        trainer={"max_steps": 8, "accumulate_grad_batches": 2, "val_check_interval": 4},
+                        model={"dropout": 0.1, "lr": 3e-3, "decay_steps": 8})
+    main(["fit", "--config", str(config)])
+    with monkeypatch.context() as m:  # the budget runs out at step 3, the first epoch's end
+        m.setattr(Timer, "_check_time_remaining",
+                  lambda self, trainer: setattr(trainer, "should_stop", trainer.should_stop or trainer.global_step >= 3))
+        main(["fit", "--config", str(config), "--run.name", "timed", "--trainer.max_time", "01:00:00:00"])
+    assert sorted(_losses(tmp_path / "runs" / "timed")) == [0, 1, 2]
+    main(["fit", "--config", str(config), "--run.name", "timed", "--ckpt_path", "last"])
+    _assert_same_rows(_losses(tmp_path / "runs" / "timed"), _losses(tmp_path / "runs" / "straight"))
+
+
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):
     """Catches a checkpoint taken between a step and its validation: a run killed in that gap resumed past the
     validation, so its val/loss row and its best.ckpt candidate were lost (and the CSV lost unflushed rows)."""

@@ -205,6 +205,16 @@ def validation_follows(trainer: L.Trainer) -> bool:
     return loop._data_fetcher is not None and loop.epoch_loop._should_check_val_fx(loop._data_fetcher)
 
 
+def scheduled_validation_follows(trainer: L.Trainer) -> bool:
+    """`validation_follows`, leaving out the one validation Lightning adds where a run stops between two scheduled
+    ones (`--trainer.max_time`, EarlyStopping): that one is not part of the run's schedule."""
+    stop, trainer.should_stop = trainer.should_stop, False
+    try:
+        return validation_follows(trainer)
+    finally:
+        trainer.should_stop = stop
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
     the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.
@@ -245,7 +255,11 @@ class PeriodicCheckpoint(ModelCheckpoint):
             # mid-accumulation, after a resume from it (its "saved at this step" mark is not restored), overwriting
             # step-N.ckpt and last.ckpt with a file whose accumulated gradients are lost
             return
-        if validation_follows(trainer):
+        # A scheduled validation at this step: the save waits for it (a kill in between lost its row and best.ckpt
+        # candidate). The extra validation Lightning runs at a stop between two scheduled ones does not: saved after
+        # it, at an epoch's last batch, the checkpoint resumed one batch off (Lightning's loop state then says the
+        # epoch's batches are all done but the epoch is not).
+        if scheduled_validation_follows(trainer):
             due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
             return
