@@ -255,6 +255,15 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "7",
               "--trainer.gradient_clip_val", "0.5"])
     assert "the run had" not in caplog.text and "seed_everything" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):  # unset: 32-true for this width on a CPU, the run's own
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8",
+              "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "null"])
+    assert "the run had" not in caplog.text
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "9",
+              "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed"])
+    assert "trainer.precision 'bf16-mixed' (the run had '32-true')" in caplog.text
 
 
 def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):

@@ -434,7 +434,7 @@ class TinyLMCLI(LightningCLI):
                         " (to change them, start a new run)" if sub == "fit" else "")
         if sub == "fit":
             _warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
-            _warn_training_changes(cfg, ckpt_path)
+            _warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"))
         for key in linked:
             saved.pop(key, None)
         if source is not None:  # the checkpoint holds the weights, and the shape they gave
@@ -612,7 +612,7 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 """Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
 
 
-def _warn_training_changes(cfg, ckpt_path: str) -> None:
+def _warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
     """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
     newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
     taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
@@ -630,10 +630,14 @@ def _warn_training_changes(cfg, ckpt_path: str) -> None:
     if not configs:
         return
     trainer = read(configs[-1]).get("trainer") or {}  # what the run trained with last
-    # an unset precision was resolved by device and width (tinylm.device): an explicit one may be the same
-    changed = [f"trainer.{k} {cfg.trainer.get(k)!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
-               if k in trainer and cfg.trainer.get(k) != trainer.get(k) and not (k == "precision" and None in
-                                                                                  (trainer[k], cfg.trainer.get(k)))]
+    now = {k: cfg.trainer.get(k) for k in _TRAINING_OPTIONS}
+    if n_embd and "precision" in trainer:  # an unset precision is resolved by device and width, here as there
+        from tinylm.device import resolve_precision
+
+        trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
+        now["precision"] = resolve_precision(now["precision"], n_embd)
+    changed = [f"trainer.{k} {now[k]!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
+               if k in trainer and now[k] != trainer.get(k)]
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
