@@ -89,7 +89,7 @@ def bench(ckpt: Path, out_dir: Path, *, prompt: list[int] | None, prompt_len: in
     outputs = {}
     for _ in range(repeats):  # alternate, keep the best: the machine is shared, noise only ever adds time
         for name, fn in (("tinylm", ours), ("transformers", theirs)):
-            outputs[name], seconds = timed(lambda: fn(new_tokens))
+            outputs[name], seconds = timed(lambda fn=fn: fn(new_tokens))
             best[name] = min(best[name], seconds)
     same = outputs["tinylm"] == outputs["transformers"]
     first_diff = next((i for i, (a, b) in enumerate(zip(*outputs.values())) if a != b), None)

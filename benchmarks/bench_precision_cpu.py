@@ -124,7 +124,7 @@ def run(recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup
         r = runs[precision]
         try:
             r["trainer"].fit(r["lit"], datamodule=r["dm"])
-        except BaseException as e:  # re-raised in the main thread
+        except BaseException as e:  # noqa: BLE001 (re-raised in the main thread)
             r["error"] = e
         finally:
             baton.finish(precision)

@@ -49,7 +49,7 @@ def test_fit_writes_metrics_and_checkpoints(config, tmp_path):
     assert ckpt["tinylm"]["tokenizer"] is not None  # generate/export need nothing else
     samples = (run / "samples.txt").read_text()
     assert "--- step 3 | 'ROMEO:'" in samples and "--- step 6 |" in samples
-    assert ckpt["hyper_parameters"]["vocab_size"] == len(set(open(tmp_path / "shakespeare_small.txt").read()))
+    assert ckpt["hyper_parameters"]["vocab_size"] == len(set((tmp_path / "shakespeare_small.txt").read_text()))
 
 
 def test_vocab_and_block_size_are_linked_from_data(config, tmp_path):

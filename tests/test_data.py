@@ -357,7 +357,7 @@ def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     import sys
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()  # a process that has exited
+                          text=True, check=True).stdout.strip()  # a process that has exited
     datasets = tmp_path / "cache" / "datasets"
     host = socket.gethostname()
     names = {"stale": f"a.tmp-{host}-{dead}", "stale_old_style": f"b.tmp-{dead}",

@@ -32,7 +32,7 @@ def _interrupt(config, tmp_path, signum: int) -> tuple[subprocess.CompletedProce
     """Run `tinylm fit` in a child process, send ``signum`` once step 2 is saved; (finished process, its last.ckpt step)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process runs here: the same float sums
     # its own session, like a terminal job: Ctrl+C reaches the whole group (loader workers too), kill the process
-    err = open(tmp_path / "stderr.txt", "w+")  # a file, not a pipe: a full pipe would stall the child
+    err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (a file, not a pipe: a full pipe would stall the child)
     proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
@@ -135,7 +135,7 @@ def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy
     on SIGTERM while its training processes trained on: the run stops at a step, saves last.ckpt, says so once."""
     config = run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2},
                         trainer={"max_steps": 100_000, "val_check_interval": 1000})
-    err = open(tmp_path / "stderr.txt", "w+")
+    err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
     proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator",
                              "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err,

@@ -226,7 +226,7 @@ def test_training_on_text_without_spaces_stays_linear(spec, chars):
     encode. Runs in a subprocess so that a regression fails at the timeout instead of hanging the suite."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, "-c", _TRAIN_ON_DNA, spec, str(chars)], env=env, timeout=60,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -154,7 +154,7 @@ def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, tmp_
 def test_a_model_too_large_for_memory_is_one_line(monkeypatch):
     """Catches a model too large to allocate (--model.n_embd 1048576) ending in torch's allocator traceback. The
     allocator's failure is raised directly: really allocating terabytes would depend on the machine's overcommit."""
-    import tinylm.train.module as module
+    from tinylm.train import module
 
     def fail(config):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 TiB")
