@@ -212,14 +212,13 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, valid
                              "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
                              "(one process per device, each running the command: the same training)")
         every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+        whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time or a fraction
         if validates and every is not None and isinstance(accumulate, int) and accumulate > 1 and \
-                not (isinstance(every, int) and not isinstance(every, bool) and every % accumulate == 0):
-            # a number of batches not a multiple, a time (Lightning validates when it has passed) or a fraction of
-            # the notional epoch: a validation could fall between two micro-batches of a step
-            whole = isinstance(every, int) and not isinstance(every, bool)
+                not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
             below = every - every % accumulate if whole else 0
             nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
-            raise ValueError(f"trainer.val_check_interval={every}{' (batches) is not a multiple of' if whole else ' (a time or a fraction of an epoch) under'} "
+            what = "(batches) is not a multiple of" if whole else "(a time or a fraction of an epoch) under"
+            raise ValueError(f"trainer.val_check_interval={every} {what} "
                              f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
                              f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
                              f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")

@@ -101,7 +101,7 @@ class MixedTrainBatches(Dataset):
         return x, y
 
 
-IGNORE = -100  # F.cross_entropy's ignore_index (tinylm.train.module.IGNORE): a target that counts in no loss
+IGNORE = -100  # F.cross_entropy's ignore_index: a target that counts in no loss (training's and validation's)
 
 
 class ValBatches(_TokenWindows):

@@ -68,12 +68,12 @@ class _HF:
         # start of a text, WordPiece's "##ing" joins the word before it while "the" gets a space. Decoded alone, a
         # token lost that space (or kept "##"): bits-per-byte came out 14-20 % off. What it adds after an ordinary
         # word is what it adds in running text.
-        alone = self.tok.decode([i], skip_special_tokens=False).encode("utf-8")
-        if self._anchor is None:
-            return alone
-        anchor, before = self._anchor
-        both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
-        return both[len(before):] if both.startswith(before) else alone
+        if self._anchor is not None:
+            anchor, before = self._anchor
+            both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
+            if both.startswith(before):
+                return both[len(before):]
+        return self.tok.decode([i], skip_special_tokens=False).encode("utf-8")
 
     @functools.cached_property
     def _byte_level(self) -> bool:

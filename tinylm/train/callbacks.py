@@ -259,13 +259,12 @@ class PeriodicCheckpoint(ModelCheckpoint):
         # candidate). The extra validation Lightning runs at a stop between two scheduled ones does not: saved after
         # it, at an epoch's last batch, the checkpoint resumed one batch off (Lightning's loop state then says the
         # epoch's batches are all done but the epoch is not).
-        if scheduled_validation_follows(trainer):
-            due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
-            self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
-            return
         # every N steps, by tinylm's own test: Lightning 2.6 defers a save at an epoch's last batch to the next
         # validation (it expects one at each epoch's end), which here comes steps later (step-25 saved as step-26)
-        if final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0):
+        due = final or (self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0)
+        if scheduled_validation_follows(trainer):
+            self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
+        elif due:
             self._save_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -425,9 +424,11 @@ class SampleText(L.Callback):
     def state_dict(self) -> dict:
         # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
         # next checkpoint, is cut back to it on resume (as the metrics CSV drops its rows), and writes them again
+        if self._path is None:  # not training (nothing to cut back to)
+            return {}
         try:
             return {"samples_bytes": self._path.stat().st_size}
-        except (AttributeError, OSError):  # not training yet, or no sample written
+        except OSError:  # no sample written yet
             return {"samples_bytes": 0}
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
+from tinylm.data.loader import IGNORE
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import CONFIG_RANGES
 from tinylm.model.gpt import Block
@@ -23,7 +24,6 @@ from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
 from tinylm.train.schedules import SCHEDULES, lr_at
 
-IGNORE = -100  # F.cross_entropy's ignore_index: a target that counts in no loss
 RANGES = {
     **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
     "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
