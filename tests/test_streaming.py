@@ -85,7 +85,8 @@ class _FlakyStream(Corpus):
 
 def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatch, caplog):
     """Catches an interrupted prepare that starts over (re-encoding everything), leaves a folder a later run
-    takes for a dataset, or resumes into different ids than an uninterrupted build."""
+    takes for a dataset, resumes into different ids than an uninterrupted build (keeping tokens a killed build wrote
+    after its last complete shard), or copies the token files at the end (twice the dataset's size on disk)."""
     monkeypatch.setattr(pack, "SHARD_CHARS", 500)  # shards of ~500 characters: 20 documents of 26-27
     docs = [f"document {i:03d} " + "abc " * 3 for i in range(200)]
     tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
@@ -96,11 +97,14 @@ def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatc
     assert not final.exists()  # nothing that looks like a dataset
     partial = final.with_name(final.name + ".partial")
     assert len(list(partial.glob("*.json"))) == 7  # 7 complete shards of 20 documents; the 8th was cut off
+    with open(partial / "train.bin", "ab") as f:
+        f.write(b"\x07\x00" * 33)  # what a build killed mid-shard wrote after its last complete shard
+    inode = (partial / "train.bin").stat().st_ino
     with caplog.at_level("INFO", logger="tinylm.data.pack"):
         resumed = prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
     assert "7 shard(s) of 140 documents already done" in caplog.text  # not encoded again
     meta = load_meta(resumed, tok)
-    assert not partial.exists()
+    assert not partial.exists() and (resumed / "train.bin").stat().st_ino == inode  # renamed into place, not copied
     clean = prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "clean")
     for split in ("train", "val"):
         assert (resumed / f"{split}.bin").read_bytes() == (clean / f"{split}.bin").read_bytes()

@@ -1,11 +1,12 @@
-"""Corpus -> train.bin / val.bin, in shards that survive an interrupted build.
+"""Corpus -> train.bin / val.bin, built so that an interrupted build goes on where it stopped.
 
-Documents are routed to train or val (`routed`), encoded by `SplitWriter`s, and written as shards of about
-`shard_chars` characters into `<dataset>.partial/`: `00003.train.bin`, `00003.val.bin`, then `00003.json`, the
-shard's completion marker (written last, atomically). A build that is killed or fails keeps its completed shards;
-the next build skips the documents they hold and goes on from there. The shards are concatenated into the
-dataset's folder at the end, which `prepare._publish` renames into place with meta.json: a `.partial` folder is
-never a dataset.
+Documents are routed to train or val (`routed`) and encoded by `SplitWriter`s, which append to `train.bin` and
+`val.bin` in `<dataset>.partial/`. Every `SHARD_CHARS` characters a shard is closed: the files are synced, then
+`00003.json`, the shard's completion marker (written last, atomically), records its documents and tokens. A build
+that is killed or fails keeps what its complete shards wrote; the next one cuts the files back to the end of the
+last complete shard, skips the documents it holds and goes on from there. At the end the two files are renamed
+into the dataset's folder (no copy: the build needs the disk space of the dataset once), which `prepare._publish`
+renames into place with meta.json: a `.partial` folder is never a dataset.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,8 +55,8 @@ def routed(corpus: Corpus, val_fraction: float) -> Iterator[list[tuple[str, str,
 
 def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, *, val_fraction: float,
                  piece_chars: int) -> dict:
-    """Write out/train.bin and out/val.bin through the shards in `partial` (resuming from those complete);
-    return each split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens)."""
+    """Write out/train.bin and out/val.bin through `partial` (going on after its complete shards); return each
+    split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens)."""
     partial.mkdir(parents=True, exist_ok=True)
     shard_chars = SHARD_CHARS  # read here, so a test can make shards small
     done = _complete_shards(partial, dtype.itemsize)
@@ -71,8 +71,7 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
         chars, index = 0, skip
         for parts in itertools.islice(routed(corpus, val_fraction), skip, None):
             if writers is None:
-                writers = {s: SplitWriter(_shard(partial, len(done), s), tok, dtype, piece_chars, pool, bar)
-                           for s in SPLITS}
+                writers = {s: SplitWriter(partial / f"{s}.bin", tok, dtype, piece_chars, pool, bar) for s in SPLITS}
             for split, text, ends in parts:
                 writers[split].add(text, ends_document=ends)
                 chars += len(text)
@@ -84,24 +83,17 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
             done.append(_close_shard(partial, len(done), writers, index))
     stats = {}
     for split in SPLITS:
-        with open(out / f"{split}.bin", "wb") as f:
-            for k in range(len(done)):
-                with open(_shard(partial, k, split), "rb") as shard:
-                    shutil.copyfileobj(shard, f, 1 << 24)
-        stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)  # .get: shards of an older build
+        os.replace(partial / f"{split}.bin", out / f"{split}.bin")  # out is a sibling of partial: a rename
+        stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)
                         for key in ("tokens", "documents", "bytes", "chars", "eos")}
     return stats
 
 
-def _shard(partial: Path, k: int, split: str) -> Path:
-    return partial / f"{k:05d}.{split}.bin"
-
-
 def _close_shard(partial: Path, k: int, writers: dict[str, SplitWriter], next_document: int) -> dict:
-    """Finish shard k's files, then mark it complete (after this, a new build skips its documents)."""
+    """Finish shard k's tokens, then mark it complete (after this, a new build skips its documents)."""
     stats = {split: w.close() for split, w in writers.items()}
     for split in SPLITS:
-        with open(_shard(partial, k, split), "rb+") as f:
+        with open(partial / f"{split}.bin", "rb+") as f:
             os.fsync(f.fileno())  # the data is on disk before the marker that says so
     marker = {"shard": k, "next_document": next_document, "splits": stats}
     tmp = partial / f"{k:05d}.json.tmp"
@@ -111,18 +103,25 @@ def _close_shard(partial: Path, k: int, writers: dict[str, SplitWriter], next_do
 
 
 def _complete_shards(partial: Path, itemsize: int) -> list[dict]:
-    """The markers of shards 0, 1, ... that are complete (their files whole); files of later shards are removed."""
-    done = []
+    """The markers of shards 0, 1, ... that are complete (their tokens all in the files); the files are cut back
+    to the end of the last one, and later markers (and the per-shard .bin files of older builds) removed."""
+    done: list[dict] = []
+    ends = dict.fromkeys(SPLITS, 0)  # bytes of each file that complete shards wrote
     while (path := partial / f"{len(done):05d}.json").is_file():
         try:
             marker = json.loads(path.read_text(encoding="utf-8"))
-            for split in SPLITS:
-                if _shard(partial, len(done), split).stat().st_size != marker["splits"][split]["tokens"] * itemsize:
-                    raise ValueError(f"shard {len(done)} {split} is not whole")
+            after = {s: ends[s] + marker["splits"][s]["tokens"] * itemsize for s in SPLITS}
+            if any(not (partial / f"{s}.bin").is_file() or (partial / f"{s}.bin").stat().st_size < after[s]
+                   for s in SPLITS):
+                raise ValueError(f"shard {len(done)} is not whole")
         except (OSError, ValueError, KeyError, TypeError):
             break  # a damaged shard: it and everything after it are redone
         done.append(marker)
+        ends = after
     for path in partial.iterdir():
-        if path.name[:5].isdigit() and int(path.name[:5]) >= len(done):
+        if path.name[:5].isdigit() and (path.suffix != ".json" or int(path.name[:5]) >= len(done)):
             path.unlink()
+    for split in SPLITS:
+        with open(partial / f"{split}.bin", "ab") as f:
+            f.truncate(ends[split])  # what a killed build wrote after its last complete shard
     return done

@@ -41,13 +41,13 @@ class Stopwatch:
 
 
 class SplitWriter:
-    """Appends documents' tokens to one .bin file, EOS after each complete document, encoding in batches of
-    BATCH_CHARS characters. At most one batch encodes in `pool` while the next is gathered, so memory stays at a
+    """Appends documents' tokens to a .bin file (after what it holds), EOS after each complete document, encoding
+    in batches of BATCH_CHARS characters. At most one batch encodes in `pool` while the next is gathered, so memory stays at a
     few batches whatever the corpus size, and the file is written in document order."""
 
     def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
                  bar: Any = None) -> None:
-        self.file = open(path, "wb")  # noqa: SIM115 (open across add() calls; close() closes it)
+        self.file = open(path, "ab")  # noqa: SIM115 (open across add() calls; close() closes it)
         self.tok, self.dtype, self.piece_chars = tok, dtype, piece_chars
         self.pool, self.bar = pool, bar
         self.eos = None if tok.eos_id is None else np.array([tok.eos_id], dtype=dtype)
