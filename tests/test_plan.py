@@ -46,6 +46,14 @@ def test_plan_tokens_flops_and_params():
     assert p.params - p.non_embedding_params == 64 * 64 + 32 * 64
     assert p.tokens_per_param == pytest.approx(p.tokens / p.params)
     assert p.wall_seconds == pytest.approx(p.run_flops / (2 * 1e15 * 0.5))
+    # Chinchilla's optimum spends this run's 6ND (not the attention FLOPs too: at 20 tokens/param the run is it)
+    assert (p.optimal_params, p.optimal_tokens) == pytest.approx(compute_optimal(6 * p.params * p.tokens))
+    at_20 = plan(model, batch_size=1, accumulate=1, devices=1, max_steps=round(20 * p.params / 32),
+                 precision="32-true", gpu="h100", mfu=0.5, peak_flops=1e15)
+    assert at_20.optimal_params == pytest.approx(p.params, rel=0.01)
+    untied = plan(_gpt(tie_embeddings=False), batch_size=1, accumulate=1, devices=1, max_steps=1,
+                  precision="32-true", gpu="h100", mfu=0.5, peak_flops=1e15)
+    assert untied.non_embedding_params == p.non_embedding_params  # the untied LM head is a vocabulary matrix too
 
 
 def test_memory_states_by_precision_and_checkpointing():
@@ -162,6 +170,23 @@ def test_plan_command_json_and_overrides(run_config, capsys):
     assert two_layers["memory_checkpointed"]["activations"] < two_layers["memory"]["activations"]
 
 
+def test_plan_command_plans_fsdp_that_fit_refuses(run_config, capsys):
+    """`tinylm plan --trainer.strategy fsdp` divides the states by the devices (what the README and fit's refusal
+    point to), and plans several nodes without a cluster: plan starts no processes, so fit's launch checks do
+    not apply to it."""
+    cfg = run_config()
+    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "4"])
+    ddp = json.loads(capsys.readouterr().out)
+    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "4", "--trainer.strategy", "fsdp"])
+    fsdp = json.loads(capsys.readouterr().out)
+    assert fsdp["memory"]["optimizer"] == ddp["memory"]["optimizer"] // 4 and fsdp["devices"] == 4
+    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "2", "--trainer.num_nodes", "2"])
+    assert json.loads(capsys.readouterr().out)["devices"] == 4
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(cfg), "--trainer.devices", "4", "--trainer.strategy", "fsdp"])
+    assert "fsdp' is not supported by tinylm" in capsys.readouterr().err
+
+
 def test_plan_command_table_and_errors(run_config, capsys):
     """The table names every quantity a learner asks about; bad values are one-line errors naming the option."""
     cfg = run_config()
@@ -181,7 +206,7 @@ def _png(path) -> bool:
 
 def test_plot_draws_the_tables_numbers():
     """The picture's bars are the Memory values the table prints (stacked in MEMORY_PARTS order), and its points
-    are the run's (N, D) and Chinchilla's optimum on the budget's isoFLOP line: a picture drawn from a second,
+    are the run's (N, D) and Chinchilla's optimum on the run's isoFLOP line 6ND: a picture drawn from a second,
     drifting estimate would contradict the text beside it. The device line appears only when its size is known."""
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
@@ -195,7 +220,7 @@ def test_plot_draws_the_tables_numbers():
     assert bars["activation checkpointing"]["activations"] < bars["no checkpointing"]["activations"]  # not vacuous
     (n, d), (n_opt, d_opt) = frontier_points(p)["run"], frontier_points(p)["optimal"]
     assert (n, d) == (p.params, p.tokens)
-    assert 6 * n_opt * d_opt == pytest.approx(p.run_flops) and d_opt == pytest.approx(20 * n_opt)
+    assert 6 * n_opt * d_opt == pytest.approx(6 * n * d) and d_opt == pytest.approx(20 * n_opt)
 
     fig = Figure()
     draw_plan(fig, p)

@@ -169,9 +169,10 @@ def _named_options(argv: list) -> set[str]:
     return named
 
 
-def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, validates: bool = True) -> None:
-    """Range checks of the Trainer options that Lightning only trips over later (or never). `validates`: the
-    command runs the config's validations (plan, lr-find and scaling do not)."""
+def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True) -> None:
+    """Range checks of the Trainer options that Lightning only trips over later (or never). `runs`: the command
+    runs the config as configured, its strategy's processes and validations (plan, lr-find and scaling do not:
+    `tinylm plan --trainer.strategy fsdp` plans the memory of a strategy that `fit` refuses)."""
     for key in _POSITIVE:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
@@ -192,39 +193,45 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, valid
                              "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
                              "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
                              "characters")
-        strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
-        start = strategy if isinstance(strategy, str) and "." not in strategy else \
-            trainer_cfg.get("strategy.init_args.start_method")
-        if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
-            raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP hands the optimizer "
-                             "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
-                             "matrices) and gradient clipping (one shard's norm) would silently train another "
-                             "model; use --trainer.strategy ddp (`tinylm plan --config ...` shows the memory a "
-                             "device needs)")
-        nodes = trainer_cfg.get("num_nodes")
-        if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
-            raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
-                             "and MASTER_ADDR is unset: this node would wait for the others forever; run "
-                             "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
-                             "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
-        if isinstance(start, str) and "spawn" in start:
-            raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
-                             "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
-                             "(one process per device, each running the command: the same training)")
-        every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
-        whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time or a fraction
-        if validates and every is not None and isinstance(accumulate, int) and accumulate > 1 and \
-                not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
-            below = every - every % accumulate if whole else 0
-            nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
-            what = "(batches) is not a multiple of" if whole else "(a time or a fraction of an epoch) under"
-            raise ValueError(f"trainer.val_check_interval={every} {what} "
-                             f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
-                             f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
-                             f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+        if runs:
+            _check_how_it_runs(trainer_cfg)
+
+
+def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
+    """The strategy, nodes and validation interval of a run that trains as configured."""
+    strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
+    start = strategy if isinstance(strategy, str) and "." not in strategy else \
+        trainer_cfg.get("strategy.init_args.start_method")
+    if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
+        raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP hands the optimizer "
+                         "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
+                         "matrices) and gradient clipping (one shard's norm) would silently train another "
+                         "model; use --trainer.strategy ddp (`tinylm plan --config ...` shows the memory a "
+                         "device needs)")
+    nodes = trainer_cfg.get("num_nodes")
+    if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
+        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                         "and MASTER_ADDR is unset: this node would wait for the others forever; run "
+                         "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
+                         "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
+    if isinstance(start, str) and "spawn" in start:
+        raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
+                         "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
+                         "(one process per device, each running the command: the same training)")
+    every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+    whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time or a fraction
+    if every is not None and isinstance(accumulate, int) and accumulate > 1 and \
+            not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
+        below = every - every % accumulate if whole else 0
+        nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
+        what = "(batches) is not a multiple of" if whole else "(a time or a fraction of an epoch) under"
+        raise ValueError(f"trainer.val_check_interval={every} {what} "
+                         f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
+                         f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
+                         f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
 
 
 def _cluster_found() -> bool:

@@ -52,7 +52,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
 
     def _parse_ckpt_path(self) -> None:
         cfg = self._section()
-        check_trainer_options(dict(cfg.trainer), "fit", validates=False)  # plan, lr-find, scaling: no validations
+        check_trainer_options(dict(cfg.trainer), "fit", runs=False)  # plan, lr-find, scaling: not as configured
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
 
     def instantiate_trainer(self, **kwargs: Any) -> None:

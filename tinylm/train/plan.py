@@ -54,14 +54,14 @@ class Plan:
     """Everything `tinylm plan` reports about one run."""
 
     params: int  # total, the tied embedding once, the position table included
-    non_embedding_params: int  # without the token and position tables
+    non_embedding_params: int  # without the token and position tables and an untied LM head (Kaplan's N)
     flops_per_token: float  # training (forward + backward): 6N + the attention term
     tokens_per_step: int  # micro-batch x accumulation x devices x block_size
     max_steps: int
     tokens: int  # tokens_per_step x max_steps
-    run_flops: float  # flops_per_token x tokens (~ 6 N D)
+    run_flops: float  # flops_per_token x tokens: 6 N D and the attention FLOPs
     tokens_per_param: float
-    optimal_params: float  # Chinchilla: the size whose 20 tokens/param spend run_flops
+    optimal_params: float  # Chinchilla: the size whose 20 tokens/param spend this run's C = 6 N D
     optimal_tokens: float
     precision: str
     devices: int
@@ -157,11 +157,15 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     c = model.config
     n = model.num_params()
     embeddings = model.transformer.wte.weight.numel() + n - model.num_params(exclude_position=True)  # + wpe, if any
+    if not c.tie_embeddings:
+        embeddings += model.lm_head.weight.numel()  # the un-embedding: a vocabulary matrix too
     per_token = model.flops_per_token()
     tokens_per_step = batch_size * accumulate * devices * c.block_size
     tokens = tokens_per_step * max_steps
     run_flops = per_token * tokens
-    n_opt, d_opt = compute_optimal(run_flops)
+    # the rule of thumb D = 20N goes with C = 6ND: counting the attention FLOPs in C (a large share of run_flops
+    # at long contexts) would call a run of 20 tokens/param "too small" and recommend a larger model
+    n_opt, d_opt = compute_optimal(6 * n * tokens)
     shards = devices if fsdp else 1
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
                         optimizer=optimizer, accumulate=accumulate)
@@ -206,7 +210,7 @@ def memory_bars(p: Plan) -> dict[str, dict[str, int]]:
 
 def frontier_points(p: Plan) -> dict[str, tuple[float, float]]:
     """(parameters N, tokens D) of this run and of the compute-optimal model for the same FLOPs, as the table
-    states them. The optimum lies on 6ND = run_flops; the run a little below it, by its attention FLOPs."""
+    states them. Both lie on the run's isoFLOP line 6ND = C."""
     return {"run": (float(p.params), float(p.tokens)), "optimal": (p.optimal_params, p.optimal_tokens)}
 
 
@@ -249,8 +253,8 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
     points = frontier_points(p)
     (n_run, d_run), (n_opt, d_opt) = points["run"], points["optimal"]
     ns = np.geomspace(min(n_run, n_opt) / 10, max(n_run, n_opt) * 10, 100)
-    chin_ax.plot(ns, p.run_flops / (6 * ns), color="C0",
-                 label=f"same FLOPs: 6ND = {p.run_flops:.3g}\n(the run sits just off it: 6ND leaves out attention)")
+    budget = 6 * n_run * d_run
+    chin_ax.plot(ns, budget / (6 * ns), color="C0", label=f"same FLOPs: 6ND = {budget:.3g}")
     chin_ax.plot(ns, CHINCHILLA_TOKENS_PER_PARAM * ns, color="C2", ls="--",
                  label=f"Chinchilla compute-optimal: D = {CHINCHILLA_TOKENS_PER_PARAM:.0f} N")
     chin_ax.plot([n_opt], [d_opt], "*", color="C2", ms=14,
