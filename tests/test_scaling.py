@@ -37,6 +37,15 @@ def test_rung_spends_the_budget():
         rung(n_layer=2, n_embd=40, head_size=16, budget=1e10, tokens_per_step=64, **SHAPE)
 
 
+def test_rung_warms_up_for_at_most_a_tenth_of_its_steps():
+    """Catches a small budget's rungs keeping the config's warmup: rungs of 17 to 76 steps under a warmup of 100
+    never reach the peak LR, the larger (fewer steps) the lower, and the fit measures the schedule, not the size."""
+    long = rung(n_layer=2, n_embd=32, head_size=16, budget=1e11, tokens_per_step=64, warmup_steps=100, **SHAPE)
+    short = rung(n_layer=2, n_embd=32, head_size=16, budget=1e9, tokens_per_step=64, warmup_steps=100, **SHAPE)
+    assert long.max_steps > 1000 and long.warmup_steps == 100
+    assert 10 < short.max_steps < 1000 and short.warmup_steps == short.max_steps // 10
+
+
 def test_fit_power_law_recovers_a_known_law():
     """Losses made from L = 1.5 + 30 N^-0.5 give back E, A and alpha (a fit stuck on its grid's edge or with E and
     A swapped would not), and losses that rise with size are refused with the reason."""
@@ -46,6 +55,23 @@ def test_fit_power_law_recovers_a_known_law():
     assert law.rmse < 1e-3 and law(1e6) == pytest.approx(1.5 + 30 * 1e6**-0.5, abs=1e-3)
     with pytest.raises(ValueError, match="do not fall with model size"):
         fit_power_law(ns, [2.0, 2.1, 2.2, 2.3])
+    ladder = [2e3, 4e3, 6e3, 8e3, 1e4]  # a narrow range, as the default ladder's: a grid alone was 0.03 nats off E
+    law = fit_power_law(ladder, [1.69 + 406.4 * n**-0.34 for n in ladder])
+    assert (law.E, law.A, law.alpha) == pytest.approx((1.69, 406.4, 0.34), rel=1e-6)
+
+
+@pytest.mark.parametrize("ns, losses, message", [
+    ([1e6, 1e7, 1e8, 1e9], [2.0, 1.8, 1.9, 2.1], "only at the edge of the exponents"),  # falls, then rises
+    ([1e6, 1e7, 1e8, 1e9], [2.0, float("nan"), 1.7, 1.65], "finite losses"),
+    ([1e6, 1e7, 1e8, 1e9], [2.0, float("inf"), 1.7, 1.65], "finite losses"),
+    ([0, 1e7, 1e8, 1e9], [2.0, 1.8, 1.7, 1.65], "positive sizes"),
+    ([1e6, 1e7, 1e8, 1e9], [2.0, 1.8, 1.7], "4 sizes and 3 losses"),
+])
+def test_fit_power_law_refuses_what_no_law_describes(ns, losses, message):
+    """Catches a NaN loss (a diverged rung) coming out as L = nan + nan N^-0.01, and a U-shaped ladder as a
+    confident law with alpha pinned at the grid's edge, 0.25 nats off its next point."""
+    with pytest.raises(ValueError, match=message):
+        fit_power_law(ns, losses)
 
 
 def test_fit_power_law_keeps_the_irreducible_loss_non_negative():
@@ -87,6 +113,7 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     assert (trained / "checkpoints" / "last.ckpt").is_file()
     saved = yaml.safe_load((trained / "config.yaml").read_text())
     assert saved["samples"]["every_n_steps"] == 0 and saved["model"]["n_head"] == 3  # 24 / 8
+    assert saved["model"]["decay_steps"] is None and saved["model"]["warmup_steps"] == result["runs"][-1]["warmup_steps"]
     assert result["prediction"]["measured"] > 0 and "prediction for L1-d24" in out
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer
@@ -116,6 +143,18 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8"])  # the default name tells ladders apart: none overwrites another
     assert (cfg.parent / "runs" / "tiny-scaling-C1.0e08-L1-d8_L1-d16_L2-d16_L1-d24.json").is_file()
+
+
+def test_scaling_refuses_a_diverged_rung(run_config, capsys):
+    """Catches a rung whose final val/loss is nan flowing into the fit and a report with exit status 0."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
+    _finished_runs(cfg, sizes, lambda _, i: [2.4, float("nan"), 2.1, 2.0][i])
+    with pytest.raises(SystemExit) as e:
+        main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+              json.dumps(sizes[3]), "--head_size", "8"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 1 and "tiny-C1.0e08-L1-d16 ended with val/loss nan" in last and "--model.lr" in last
 
 
 def test_scaling_refuses_a_folder_of_another_ladder(run_config):

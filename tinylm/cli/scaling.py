@@ -24,7 +24,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below.
 
     Every model is an ordinary tinylm run in its own folder (runs/<run.name>-C<budget>-L<layers>-d<width>: logged,
-    checkpointed, resumable): rerunning the command resumes an interrupted run and reuses finished ones. Text
+    checkpointed, resumable): rerunning the command resumes an interrupted run and reuses finished ones. Each
+    warms up for the config's warmup_steps, at most a tenth of its steps, and decays over its own length. Text
     samples are off in these runs unless --samples.every_n_steps is given. The law holds below the budget's
     compute-optimal size: past it, at equal FLOPs, a bigger model sees too few tokens and its loss rises again.
 
@@ -72,7 +73,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     for n_layer, n_embd in sizes + [target]:
         try:
             rungs.append(rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget,
-                              tokens_per_step=tokens_per_step, **shape))
+                              tokens_per_step=tokens_per_step, warmup_steps=hp.warmup_steps, **shape))
         except ValueError as e:  # a width the head size does not divide, an odd head size with RoPE, ...
             raise ValueError(f"ladder model [{n_layer}, {n_embd}] with head size {head}: {e}; or pass another "
                              "--head_size") from None
@@ -95,6 +96,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         if loss is None:
             lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
                             "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
+                            "--model.warmup_steps", str(r.warmup_steps), "--model.decay_steps", "null",
                             "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
                             *(["--ckpt_path", "last"] if latest_checkpoint(root / name) else [])])
             loss = final_val_loss(root / name, r.max_steps)
@@ -102,6 +104,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
                 raise TinyLMError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv; the "
                                   "ladder needs validation at the last step: leave trainer.limit_val_batches and "
                                   "logging on")
+        if not math.isfinite(loss):
+            raise TinyLMError(f"run {root / name} ended with val/loss {loss}: it diverged, and no law fits it; "
+                              "lower --model.lr, move that folder away and run the ladder again")
         losses.append(loss)
     ladder, ladder_losses = rungs[:-1], losses[:-1]
     try:
@@ -117,7 +122,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
     result = {
         "budget_flops": budget, "tokens_per_step": tokens_per_step,
-        "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "tokens": r.max_steps * tokens_per_step,
+        "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "warmup_steps": r.warmup_steps,
+                  "tokens": r.max_steps * tokens_per_step,
                   "val_loss": loss, "fit": law(r.params) if law else None} for r, loss in zip(rungs, losses)],
         "law": {"E": law.E, "A": law.A, "alpha": law.alpha, "rmse": law.rmse} if law else {"none": no_law},
         "isoflop_optimum": {"outside": beyond} if optimum is None else {"params": optimum[0], "val_loss": optimum[1]},
@@ -133,7 +139,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
 
 # what a rung learns besides its size and length: every model option, the data (but where it is cached and how
 # many workers read it), these Trainer options and the seed. Anything else (paths, logging, samples) may differ.
-_RUNG_SIZE = ("n_layer", "n_embd", "n_head", "vocab_size", "block_size", "eos_id")  # set per rung, or from the data
+_PER_RUNG = ("n_layer", "n_embd", "n_head", "warmup_steps", "decay_steps",  # set per rung,
+             "vocab_size", "block_size", "eos_id")  # or from the data
 _DATA_AS_IS = ("cache_dir", "num_workers")
 _TRAINER = ("accumulate_grad_batches", "precision", "gradient_clip_val", "gradient_clip_algorithm", "devices",
             "num_nodes")
@@ -143,7 +150,7 @@ def ladder_settings(config: dict) -> dict[str, object]:
     """The options of a fit config (as a dict, or a run's config.yaml) that must agree for two runs of a ladder's
     rung to be the same run: "section.key" -> value, JSON-normalised."""
     model, data, trainer = (config.get(k) or {} for k in ("model", "data", "trainer"))
-    flat = {f"model.{k}": v for k, v in model.items() if k not in _RUNG_SIZE}
+    flat = {f"model.{k}": v for k, v in model.items() if k not in _PER_RUNG}
     flat |= {f"data.{k}": v for k, v in data.items() if k not in _DATA_AS_IS}
     flat |= {f"trainer.{k}": trainer[k] for k in _TRAINER if k in trainer}
     flat["seed_everything"] = config.get("seed_everything")
@@ -163,7 +170,8 @@ def check_ladder_run(run_dir: Path, r, shape: dict, settings: dict | None = None
     saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     model, trainer = saved.get("model") or {}, saved.get("trainer") or {}
     want = {"model.n_layer": r.n_layer, "model.n_embd": r.n_embd, "model.n_head": r.n_head,
-            "trainer.max_steps": r.max_steps} | {f"model.{k}": v for k, v in shape.items() if k in model}
+            "model.warmup_steps": r.warmup_steps, "model.decay_steps": None, "trainer.max_steps": r.max_steps}
+    want |= {f"model.{k}": v for k, v in shape.items() if k in model}
     have = {k: (model if k.startswith("model.") else trainer).get(k.split(".", 1)[1]) for k in want}
     if settings is not None:  # options in one config only (another tinylm version's) are not compared
         then = ladder_settings(saved)

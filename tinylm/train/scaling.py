@@ -24,23 +24,28 @@ class Rung:
     params: int
     flops_per_token: float
     max_steps: int
+    warmup_steps: int = 0
 
     @property
     def label(self) -> str:
         return f"L{self.n_layer}-d{self.n_embd}"
 
 
-def rung(*, n_layer: int, n_embd: int, head_size: int, budget: float, tokens_per_step: int, **shape) -> Rung:
+def rung(*, n_layer: int, n_embd: int, head_size: int, budget: float, tokens_per_step: int, warmup_steps: int = 0,
+         **shape) -> Rung:
     """The rung of width ``n_embd`` and depth ``n_layer`` (heads of ``head_size``) that spends ``budget`` training
     FLOPs on steps of ``tokens_per_step``; ``shape`` holds the rest of GPTConfig (vocab_size, block_size, bias, ...).
-    The model is built on the meta device: counting costs no memory."""
+    It warms up for ``warmup_steps`` (the config's), at most a tenth of its steps: a small budget's larger rungs
+    would otherwise spend their few steps warming up, at lower LRs than the smaller rungs, and the ladder would
+    measure the schedule instead of the size. The model is built on the meta device: counting costs no memory."""
     if n_embd % head_size:
         raise ValueError(f"n_embd {n_embd} is not a multiple of the head size {head_size}; pick a multiple")
     with torch.device("meta"):
         model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head_size, **shape))
     per_token = model.flops_per_token()
     steps = round(budget / (per_token * tokens_per_step))  # 0 when the budget buys no step: the caller refuses it
-    return Rung(n_layer, n_embd, n_embd // head_size, model.num_params(), per_token, steps)
+    return Rung(n_layer, n_embd, n_embd // head_size, model.num_params(), per_token, steps,
+                min(warmup_steps, steps // 10))
 
 
 @dataclass(frozen=True)
@@ -56,30 +61,54 @@ class PowerLaw:
         return self.E + self.A * n ** -self.alpha
 
 
+ALPHAS = (0.01, 2.0)  # the exponents searched: the laws measured for language models lie well inside
+GOLDEN = (1 + 5**0.5) / 2
+
+
 def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
     """Least-squares fit of L = E + A N^-alpha with E >= 0 (the irreducible loss: a cross-entropy): for each alpha
-    on a fine grid E and A are linear (closed form), and the alpha with the smallest squared error wins (no
-    optimiser to start or to diverge). Needs >= 3 points."""
+    E and A are linear (closed form); alpha is searched on a fine grid over ALPHAS, then refined between the best
+    point's neighbours (golden section), so there is no optimiser to start or to diverge. Needs >= 3 points, and
+    refuses losses that do not fall with size or fit only at the edge of ALPHAS (they fall and rise again)."""
     if len(params) < 3 or len(params) != len(losses):
-        raise ValueError(f"a power-law fit needs >= 3 (size, loss) points, got {len(params)}")
+        raise ValueError(f"a power-law fit needs >= 3 (size, loss) pairs, got {len(params)} sizes and "
+                         f"{len(losses)} losses")
     n, y = np.asarray(params, dtype=np.float64), np.asarray(losses, dtype=np.float64)
-    best = None
-    for alpha in np.linspace(0.01, 2.0, 2000):
+    if not (np.isfinite(n).all() and (n > 0).all() and np.isfinite(y).all()):
+        raise ValueError(f"a power-law fit needs positive sizes and finite losses, got sizes {list(params)} and "
+                         f"losses {list(losses)}")
+
+    def fit(alpha: float) -> tuple[float, float, float]:
+        """(squared error, E, A) of the best law with this alpha; an infinite error if it does not fall."""
         x = n ** -alpha
         X = np.stack([np.ones_like(x), x], axis=1)
         (E, A), *_ = np.linalg.lstsq(X, y, rcond=None)
         if E < 0:  # a cross-entropy cannot fall below 0: the best fit with E >= 0 then has E = 0
             E, A = 0.0, float(x @ y / (x @ x))
         if A <= 0:  # loss must fall with size for this law
-            continue
-        sse = float(((X @ np.array([E, A]) - y) ** 2).sum())
-        if best is None or sse < best[0]:
-            best = (sse, float(E), float(A), float(alpha))
-    if best is None:
+            return math.inf, 0.0, 0.0
+        return float(((X @ np.array([E, A]) - y) ** 2).sum()), float(E), float(A)
+
+    grid = np.linspace(*ALPHAS, 2000)
+    errors = [fit(a)[0] for a in grid]
+    i = int(np.argmin(errors))
+    if math.isinf(errors[i]):
         raise ValueError("the losses do not fall with model size, so no L = E + A N^-alpha fits; the budget may be "
                          "too small for the larger models (raise --budget) or the sizes too close")
-    sse, E, A, alpha = best
-    return PowerLaw(E, A, alpha, math.sqrt(sse / len(n)))
+    if i in (0, len(grid) - 1):
+        raise ValueError(f"the losses fit L = E + A N^-alpha only at the edge of the exponents searched (alpha "
+                         f"{grid[i]:g}): they do not fall as a power law (falling, then flat or rising: the larger "
+                         "models are past the budget's optimal size); use smaller --sizes or a larger --budget")
+    lo, hi = grid[i - 1], grid[i + 1]
+    for _ in range(60):  # golden section: the bracket shrinks to ~1e-15 of the grid step
+        a, b = hi - (hi - lo) / GOLDEN, lo + (hi - lo) / GOLDEN
+        if fit(a)[0] < fit(b)[0]:
+            hi = b
+        else:
+            lo = a
+    alpha = (lo + hi) / 2
+    sse, E, A = fit(alpha)
+    return PowerLaw(E, A, float(alpha), math.sqrt(sse / len(n)))
 
 
 def isoflop_optimum(params: list[float], losses: list[float]) -> tuple[float, float] | None:
