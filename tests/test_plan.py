@@ -290,3 +290,30 @@ def test_gpu_names_match_whole_chip_names_only():
     assert peak_flops_by_name("Tesla V100-SXM2-16GB", "32-true") == 15.7e12
     assert peak_flops_by_name("NVIDIA RTX A4000", "bf16-mixed") is None and peak_flops_by_name("H20", "bf16-mixed") is None
     assert peak_flops_by_name("L40S", "32-true") != peak_flops_by_name("L4", "32-true")
+
+
+@pytest.mark.parametrize("name, precision, tflops", [
+    ("NVIDIA H100 80GB HBM3", "32-true", 66.9),  # the SXM part: was None (and "h100" the NVL's two-GPU 133.8)
+    ("h100", "32-true", 66.9),
+    ("h100", "64-true", 33.5),  # fp64, not fp32's figure
+    ("NVIDIA H200 NVL", "bf16-mixed", 835.5),  # not the SXM's 989.5
+    ("NVIDIA GH200 480GB", "bf16-mixed", 989.5),  # was unknown
+    ("NVIDIA RTX A6000", "bf16-mixed", 154.8),  # tensor cores, not Lightning's vector 38.7: MFU was 4x too high
+    ("NVIDIA A40", "16-mixed", 149.7),
+    ("NVIDIA GeForce RTX 4080", "bf16-mixed", 97.5),
+    ("NVIDIA GeForce RTX 3080", "bf16-mixed", 59.5),
+    ("v100", "16-mixed", 125.0),
+])
+def test_peak_flops_are_dense_tensor_core_peaks(name, precision, tflops):
+    """Catches MFU and wall times off by 2-4x from a table entry of another form factor, the vector rate, or
+    another precision's column."""
+    from tinylm.device import peak_flops_by_name
+
+    assert peak_flops_by_name(name, precision) == pytest.approx(tflops * 1e12)
+
+
+def test_plan_for_a_gpu_without_bf16_takes_fit_s_precision(run_config, capsys):
+    """Catches `tinylm plan --gpu V100` planning bf16-mixed (which fit would not pick there) and so no wall time."""
+    main(["plan", "--config", str(run_config(trainer={"precision": None})), "--json", "--gpu", "V100"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == "16-mixed" and out["peak_flops"] == 125e12 and out["wall_seconds"] > 0

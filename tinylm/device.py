@@ -54,13 +54,16 @@ def _cpu_has_native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
-# Dense bf16/fp16 tensor-core peaks (FLOP/s), most specific name first. MFU = achieved model FLOP/s / this number
-# (the PaLM paper's definition, as nanoGPT's estimate_mfu). These take precedence over Lightning's table
-# (`get_available_flops`), which misses newer chips and lists some Hopper parts at their 2:4-sparse peak (H100 NVL
-# bf16 1979e12 and the H200s ~2000e12, twice the dense peak a dense matmul can reach; its H100 SXM entry is the
-# dense 989e12); Lightning's table covers the rest (V100, T4, A6000, fp32, ...).
+# Dense bf16/fp16 tensor-core peaks (FLOP/s, fp32 accumulation as PyTorch's matmuls use), most specific name first.
+# MFU = achieved model FLOP/s / this number (the PaLM paper's definition, as nanoGPT's estimate_mfu). These take
+# precedence over Lightning's table (`get_available_flops`), which misses newer chips, lists some Hopper parts at
+# their 2:4-sparse peak (H100 NVL bf16 1979e12 and the H200s ~2000e12, twice what a dense matmul can reach; its H100
+# SXM entry is the dense 989e12), and gives the RTX/A6000/A40 cards their vector (non-tensor-core) rate for 16-bit,
+# a half or a quarter of what their tensor cores reach. Lightning's table covers the rest (V100, T4, fp32, ...).
 PEAK_BF16 = {
     "b200": 2250e12,
+    "gh200": 989.5e12,  # the H100 SXM's compute die beside a Grace CPU
+    "h200 nvl": 835.5e12,
     "h200": 989.5e12,  # same SXM compute die as the H100 SXM; more and faster memory
     "h100 pcie": 756e12,
     "h100 nvl": 835e12,
@@ -71,9 +74,19 @@ PEAK_BF16 = {
     "l40": 181e12,
     "l4": 121e12,
     "a10g": 70e12,
-    "4090": 165e12,
+    "a6000": 154.8e12,  # RTX A6000 (Ampere): pro cards accumulate in fp32 at full rate
+    "a40": 149.7e12,
+    "4090": 165.2e12,  # GeForce: fp32 accumulation at half the fp16-accumulate rate
+    "4080 super": 104.4e12,
+    "4080": 97.5e12,
+    "3090 ti": 80e12,
     "3090": 71e12,
+    "3080 ti": 68.2e12,
+    "3080": 59.5e12,
+    "3070": 40.6e12,
 }
+# nvidia-smi's names of the SXM parts name no form factor ("NVIDIA H100 80GB HBM3"): Lightning's key for each
+_SXM = {"h100": "h100 sxm", "h200": "h200 sxm1"}
 
 
 def _names_chip(name: str, chip: str) -> bool:
@@ -109,10 +122,15 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
         _CUDA_FLOPS,  # private: guarded in test_lightning_private_api
     )
 
-    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else torch.float32
-    # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one, "h100" is the start
-    # of one; a fragment that names no chip ("", "x", "a") matches nothing
-    chip = next((k for k in _CUDA_FLOPS if _names_chip(name, k) or (re.fullmatch(r"[a-z]+\d+\w*", name)
-                                                                    and k.startswith(name + " "))), None)
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else \
+        torch.float64 if str(precision).startswith("64") else torch.float32
+    # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one; an H100 or H200
+    # that names no form factor is the SXM part; a short name is the start of a key ("v100": "v100 sxm", SXM
+    # first); a fragment that names no chip ("", "x", "a") matches nothing
+    prefix = re.fullmatch(r"[a-z]*\d+\w*", name) is not None
+    chip = next((k for k in _CUDA_FLOPS if _names_chip(name, k)), None) or \
+        next((sxm for short, sxm in _SXM.items() if _names_chip(name, short)), None) or \
+        next((k for k in sorted(_CUDA_FLOPS, key=lambda k: "sxm" not in k) if prefix and k.startswith(name + " ")),
+             None)
     flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
     return float(flops) if flops else None

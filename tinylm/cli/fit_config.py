@@ -69,14 +69,18 @@ def fit_objects(fit_args: list[str]) -> _ConfigOnlyCLI:
     return lightning_main(["fit", *fit_args], cli_class=_ConfigOnlyCLI)
 
 
-def trainer_options(cli: _ConfigOnlyCLI, *, gpu: bool = False) -> dict[str, Any]:
+def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str, Any]:
     """The fit config's Trainer options, with the precision tinylm would pick when it is unset: on this machine, or
-    (``gpu``) on a bf16-capable GPU."""
-    from tinylm.device import resolve_precision
+    on the GPU named ``gpu`` (bf16-mixed, or 16-mixed on one without bf16: V100, T4, ...)."""
+    from tinylm.device import peak_flops_by_name, resolve_precision
 
     opts = dict(cli.config["fit"]["trainer"])
     if opts.get("precision") is None:
-        opts["precision"] = "bf16-mixed" if gpu else resolve_precision(None, cli.model.hparams.n_embd)
+        if gpu is None:
+            opts["precision"] = resolve_precision(None, cli.model.hparams.n_embd)
+        else:
+            no_bf16 = peak_flops_by_name(gpu, "bf16-mixed") is None and peak_flops_by_name(gpu, "16-mixed")
+            opts["precision"] = "16-mixed" if no_bf16 else "bf16-mixed"
     return opts
 
 

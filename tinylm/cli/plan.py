@@ -18,7 +18,8 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
     Args:
         gpu: GPU to plan for (H100, H200, B200, A100, L4, 4090, MI300X, ..., or a full device name such as
             "NVIDIA H100 80GB HBM3"): its dense peak FLOP/s at the run's precision gives the wall time, and an unset
-            trainer.precision means bf16-mixed. `cpu`: plan for this machine (its precision; no wall time).
+            trainer.precision means what fit picks there: bf16-mixed (16-mixed on a V100, T4, ... without bf16).
+            `cpu`: plan for this machine (its precision; no wall time).
         mfu: Model FLOPs utilisation to assume (0.3-0.5 is typical for a well-tuned GPT on one GPU).
         json: Print the plan as JSON instead of a table.
         out: Also draw the plan into this PNG: memory per device as stacked bars without and with activation
@@ -41,7 +42,7 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
     if out is not None:
         check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
     cli = fit_objects(fit_args)
-    opts = trainer_options(cli, gpu=gpu.lower() != "cpu")
+    opts = trainer_options(cli, gpu=None if gpu.lower() == "cpu" else gpu)
     max_steps = opts.get("max_steps")
     if not max_steps or max_steps < 1:
         raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")
