@@ -1,5 +1,7 @@
 """`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve, the rule of thumb."""
 
+import re
+
 import pytest
 import torch
 
@@ -111,10 +113,27 @@ def test_steepest_descent_is_per_decade():
     linear = np.gradient(np.array(losses[10:-1]), np.array(lrs[10:-1]))
     assert lrs[10 + int(np.argmin(linear))] < 1e-5  # what this function exists to avoid
     assert steepest_descent(lrs[:3], losses[:3]) is None
+    rng = np.random.default_rng(0)
+    assert steepest_descent(lrs, list(np.linspace(4.0, 8.0, 100))) is None  # only rises
+    assert steepest_descent(lrs, list(4.17 + 0.002 * rng.standard_normal(100))) is None  # flat: noise only
+
+
+@pytest.mark.parametrize("lrs, why", [(["1e-9", "1e-7"], "did not fall between 1e-09 and 1e-07: raise --max_lr"),
+                                      (["10", "1e4"], "diverged after .* lower --min_lr")])
+def test_lr_find_says_why_it_has_no_suggestion(run_config, capsys, lrs, why):
+    """Catches a "steepest descent" LR printed for a sweep whose loss never fell (its noise's steepest point), and
+    "raise --num_training" for a sweep that diverged at once (only a lower --min_lr helps)."""
+    main(["lr-find", "--config", str(run_config()), "--num_training", "20", "--min_lr", lrs[0], "--max_lr", lrs[1]])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("steepest descent"))
+    assert re.search(r"none \(the loss " + why, line), line
 
 
 def test_lr_find_num_training_has_an_upper_bound(run_config, capsys):
-    """Catches a typo'd --num_training 1000000000 running silently for days instead of failing at once."""
+    """Catches a typo'd --num_training 1000000000 running silently for days instead of failing at once, and
+    --max_lr 0 blamed on min_lr (whose bound it is)."""
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(run_config()), "--num_training", "1000000000"])
     assert "num_training must be in [3, 10000]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["lr-find", "--config", str(run_config()), "--max_lr", "0"])
+    assert "max_lr must be in (0, inf), got 0" in capsys.readouterr().err

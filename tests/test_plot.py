@@ -61,6 +61,10 @@ def test_plot_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["plot", "nope"])
     assert "csv/metrics.csv not found" in capsys.readouterr().err
+    _run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n")
+    with pytest.raises(SystemExit):
+        main(["plot", "a", "--reference", "-1"])  # a loss below 0: a typo, not a published result
+    assert "reference must be in [0, inf), got -1" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):

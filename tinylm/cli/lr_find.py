@@ -29,8 +29,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     from tinylm.train.lr_find import lr_find as range_test
     from tinylm.train.lr_find import plot_lr_find
 
-    check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},
-                 {"min_lr": "(0, max_lr)", "max_lr": "(0, inf)", "num_training": "[3, 10000]"})
+    check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},  # max_lr first: min_lr's
+                 {"max_lr": "(0, inf)", "min_lr": "(0, max_lr)", "num_training": "[3, 10000]"})  # bound is max_lr
     if out:
         check_png_path(out)  # before the sweep, not after
     cli = fit_objects(fit_args)
@@ -45,7 +45,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                             max_lr=max_lr, num_training=num_training)
     path = plot_lr_find(result, Path(out) if out else cli.run_dir / "lr_find.png",
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
-    said = f"{result.suggestion:.2e}" if result.suggestion else "none (too few points: raise --num_training)"
+    said = f"{result.suggestion:.2e}" if result.suggestion else f"none ({result.why_none})"
     summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))

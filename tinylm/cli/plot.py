@@ -16,8 +16,10 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         reference: Draw a horizontal reference loss (e.g. a published result) in the loss panel.
     """
     from tinylm.plots import check_png_path
+    from tinylm.ranges import check_ranges
     from tinylm.train.curves import metrics_csv, plot_runs, read_run
 
+    check_ranges("", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:
         raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
     curves = [read_run(r) for r in runs]

@@ -22,6 +22,7 @@ def rule_of_thumb_lr(params: int) -> float:
     return GPT2_SMALL_LR * math.sqrt(GPT2_SMALL_PARAMS / params)
 
 
+MIN_POINTS = 3  # points of the curve a suggestion needs (past the skipped ones)
 SMOOTHING = 0.98  # the beta of Lightning's running loss in the range test (_LRCallback)
 
 
@@ -40,8 +41,9 @@ def debiased(losses: list[float]) -> list[float]:
 class LRFind:
     lrs: list[float]
     losses: list[float]  # Lightning's smoothed training loss at each LR
-    suggestion: float | None  # the LR of the steepest loss descent against log LR, None when too few points
+    suggestion: float | None  # the LR of the steepest loss descent against log LR
     rule_of_thumb: float
+    why_none: str = ""  # why there is no suggestion, and the fix
 
 
 def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, *, params: int,
@@ -76,20 +78,35 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
               if math.isfinite(loss)]
     lrs, losses = [p[0] for p in points], [p[1] for p in points]
-    return LRFind(lrs, losses, steepest_descent(lrs, losses), rule_of_thumb_lr(params))
+    suggestion, why = steepest_descent(lrs, losses), ""
+    if suggestion is None:
+        stopped = len(finder.results["lr"]) < num_training  # Lightning ends the test once the loss exceeds 4x its best
+        why = (f"the loss diverged after {len(finder.results['lr'])} steps, at LR {finder.results['lr'][-1]:.2e}: "
+               "lower --min_lr" if stopped else
+               "too few points: raise --num_training" if len(_trimmed(lrs)) < MIN_POINTS else
+               f"the loss did not fall between {min_lr:g} and {max_lr:g}: raise --max_lr (or check the data)")
+    return LRFind(lrs, losses, suggestion, rule_of_thumb_lr(params), why)
 
 
-def steepest_descent(lrs: list[float], losses: list[float], *, skip_begin: int = 10, skip_end: int = 1) -> float | None:
+def _trimmed(points: list, skip_begin: int = 10, skip_end: int = 1) -> list:
+    """The points a suggestion reads: without the first min(skip_begin, n/5) (the running loss still settling)
+    and the last skip_end."""
+    return points[min(skip_begin, len(points) // 5):len(points) - skip_end]
+
+
+def steepest_descent(lrs: list[float], losses: list[float]) -> float | None:
     """The LR where the loss falls fastest per *decade* of LR (the slope against log LR, as Smith and fastai read
     the curve). Lightning's `suggestion()` differentiates against the LR itself, which on an exponential sweep
     favours the first points (their LRs are packed together, so any small drop there is a steep slope): on the
     laptop recipe it picked 7.9e-6, on the flat start of the curve, where the loss falls fastest near 3e-3.
-    None with fewer than 3 points past the skipped ones."""
-    skip_begin = min(skip_begin, len(lrs) // 5)
-    lrs, losses = lrs[skip_begin:len(lrs) - skip_end], losses[skip_begin:len(losses) - skip_end]
-    if len(lrs) < 3:
+    None with fewer than MIN_POINTS points past the skipped ones, or when the loss does not fall: no slope is
+    below 0, or it never gets 1 % below where the sweep started (noise: its steepest point would mean nothing)."""
+    lrs, losses = _trimmed(lrs), _trimmed(losses)
+    if len(lrs) < MIN_POINTS:
         return None
     slopes = np.gradient(np.asarray(losses), np.log(np.asarray(lrs)))
+    if slopes.min() >= 0 or min(losses) > losses[0] - 0.01 * abs(losses[0]):
+        return None
     return float(lrs[int(np.argmin(slopes))])
 
 
