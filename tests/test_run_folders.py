@@ -152,6 +152,21 @@ def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_pa
     assert "max_steps: 4" in (run / "config.resume-step2-2.yaml").read_text()
 
 
+def test_a_refused_resume_leaves_no_config_record(config, tmp_path, capsys):
+    """Catches a resume refused on restoring the checkpoint (here: another batch size) writing
+    config.resume-stepN.yaml: the next resume compares its trainer options with the newest record, so a refused
+    attempt's record hid the warning that accumulate_grad_batches changed."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    run = tmp_path / "runs" / "tiny"
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last",
+              "--trainer.accumulate_grad_batches", "2"]
+    line = _error_line(capsys, [*resume, "--data.batch_size", "3"])
+    assert "global batch" in line and sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]
+    main(resume)
+    assert "trainer.accumulate_grad_batches 2 (the run had 1)" in capsys.readouterr().err
+    assert "accumulate_grad_batches: 2" in (run / "config.resume-step2.yaml").read_text()
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

@@ -250,11 +250,23 @@ def _cluster_found() -> bool:
 
 class RunConfig(SaveConfigCallback):
     """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
-    writes ``config.resume-step<N>.yaml`` beside the original."""
+    writes ``config.resume-step<N>.yaml`` beside the original, once the checkpoint is restored and training starts
+    (a resume refused on restoring, e.g. for another batch size, leaves no record: a later resume's warnings compare
+    with the newest record, which must be of a run that trained)."""
 
     def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run_dir, self.resume_step = run_dir, resume_step
+
+    def _resuming(self) -> bool:
+        return self.resume_step is not None and (self.run_dir / "config.yaml").exists()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not self._resuming():
+            super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
