@@ -135,6 +135,8 @@ def test_validate_without_a_checkpoint_is_refused(config, capsys):
     """Catches `tinylm validate` evaluating random weights with exit 0 when --ckpt_path is forgotten."""
     line = _error_line(capsys, ["validate", "--config", str(config)])
     assert "--ckpt_path" in line
+    line = _error_line(capsys, ["validate", "--ckpt_path", "last"])  # no --config: the default run has none
+    assert "--ckpt_path last: runs/tinylm holds no checkpoint" in line and "--config" in line
 
 
 def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_path):

@@ -32,7 +32,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # command -> its usage line; `fit`/`validate` are LightningCLI's, the rest are functions in tinylm.cli.commands
 USAGE_LINES = {
     "fit": "train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]",
-    "validate": "evaluate: tinylm validate --config configs/NAME.yaml --ckpt_path PATH",
+    "validate": "evaluate: tinylm validate --ckpt_path PATH [--config configs/NAME.yaml]",
     "prepare": "tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml",
     "generate": "sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT",
     "export": "write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",

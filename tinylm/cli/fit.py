@@ -351,7 +351,7 @@ class TinyLMCLI(LightningCLI):
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
-        ckpt_path = cfg.get("ckpt_path")
+        asked = ckpt_path = cfg.get("ckpt_path")
         if ckpt_path == "last":
             cfg.ckpt_path = ckpt_path = latest_checkpoint(self.run_dir)
             if ckpt_path is None and sub == "fit":
@@ -365,6 +365,10 @@ class TinyLMCLI(LightningCLI):
         elif ckpt_path in ("hpc", "registry") or str(ckpt_path).startswith("registry:"):
             raise ValueError(f"--ckpt_path {ckpt_path} is not used by tinylm; pass `last`, `best` or the path of a "
                              ".ckpt written by `tinylm fit`")
+        if sub == "validate" and asked == "last" and not ckpt_path:
+            raise FileNotFoundError(f"--ckpt_path last: {self.run_dir} holds no checkpoint (`last` and `best` are "
+                                    "those of the run that --config, or --run.name, names); pass the run's --config "
+                                    "or the path of a .ckpt")
         if sub == "validate" and not ckpt_path:
             raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
                              f"{self.run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
@@ -780,7 +784,8 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
                            "fit": {"description": "Train a model: tinylm fit --config configs/NAME.yaml "
                                                   "[--trainer.max_steps N] [--ckpt_path last]"},
                            "validate": {"description": "Evaluate a checkpoint on the validation split: tinylm validate "
-                                                       "--config configs/NAME.yaml --ckpt_path PATH"}},
+                                                       "--ckpt_path PATH (the data it was trained on), or "
+                                                       "--config configs/NAME.yaml --ckpt_path PATH|last|best"}},
         )
     finally:
         release_run_folders()
