@@ -236,3 +236,16 @@ def test_a_file_where_a_folder_is_needed_is_one_line(config, capsys, tmp_path, b
                            "move it away")
     assert blocker in line
     assert not (tmp_path / "runs" / "tiny" / "csv").exists()  # refused before training
+
+
+@pytest.mark.parametrize("flags, verbose", [(["--verbose", "false"], False), (["--verbose=false"], False),
+                                            (["--verbose", "true"], True), (["--verbose"], True)])
+def test_verbose_takes_the_value_validate_help_shows(config, capsys, flags, verbose):
+    """Catches `tinylm validate ... --verbose false` (the form `validate --help` lists) ending in argparse's
+    "unrecognized arguments: false": tinylm's --verbose took the flag and left its value behind."""
+    argv = ["validate", "--config", str(config), "--ckpt_path", "missing.ckpt", *flags]
+    if verbose:  # the error itself, with its traceback
+        with pytest.raises(FileNotFoundError, match="checkpoint 'missing.ckpt' not found"):
+            main(argv)
+    else:
+        _one_line_error(capsys, argv, "checkpoint 'missing.ckpt' not found")

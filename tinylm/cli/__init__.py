@@ -52,10 +52,24 @@ def usage() -> str:
             "work everywhere)\n\n" + "\n".join(lines) + f"\n\n  {'--verbose':<{width}} show full tracebacks on errors")
 
 
+def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
+    """tinylm's --verbose (also `--verbose true|false`, `--verbose=false`: the form validate's --help shows) out of
+    the arguments."""
+    verbose, rest, i = False, [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if flag != "--verbose":
+            rest.append(argv[i])
+        else:
+            if not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):
+                i, value = i + 1, argv[i + 1]
+            verbose = value.lower() != "false"
+        i += 1
+    return verbose, rest
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in argv
-    argv = [a for a in argv if a != "--verbose"]
+    verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     _setup_console()
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())

@@ -289,6 +289,8 @@ memory, never the numbers."""
 _HELP = {
     "ckpt_path": "`last` (this run's newest checkpoint), `best` (its best.ckpt by val/loss) or the path of a .ckpt "
                  "written by `tinylm fit`: fit resumes from it, validate evaluates it",
+    "verbose": "Show full tracebacks on errors (tinylm's flag, as for every command; the metrics are always "
+               "printed)",
     "weights_only": "Not used: tinylm always loads checkpoints with weights_only=True (tensors and plain values, "
                     "never code)",
     "trainer.default_root_dir": "The folder of all runs: a run lives in DIR/<run.name>/",
