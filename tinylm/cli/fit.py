@@ -222,12 +222,16 @@ def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
                          "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
                          "(one process per device, each running the command: the same training)")
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
-    whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time or a fraction
+    if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
+        raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "
+                         "notional (random windows, driven by max_steps); give a number of batches (e.g. "
+                         "--trainer.val_check_interval 500) or a time (00:00:30:00)")
+    whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time
     if every is not None and isinstance(accumulate, int) and accumulate > 1 and \
             not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
         below = every - every % accumulate if whole else 0
         nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
-        what = "(batches) is not a multiple of" if whole else "(a time or a fraction of an epoch) under"
+        what = "(batches) is not a multiple of" if whole else "(a time) under"
         raise ValueError(f"trainer.val_check_interval={every} {what} "
                          f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
                          f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
@@ -297,6 +301,19 @@ _HELP = {
     "trainer.precision": "32-true, bf16-mixed, 16-mixed, bf16-true, 64-true, ... Unset: bf16-mixed on GPUs "
                          "(16-mixed where bf16 is missing); on CPUs bf16-mixed for models at least 256 wide where "
                          "the CPU has native bf16, else 32-true",
+    "trainer.max_steps": "Optimizer steps of the run (required: tinylm runs are driven by steps)",
+    "trainer.max_epochs": "Refused by tinylm: runs are driven by --trainer.max_steps (an epoch is a notional pass "
+                          "over random windows)",
+    "trainer.min_epochs": "Not useful in tinylm: its epochs are notional; use --trainer.min_steps",
+    "trainer.overfit_batches": "Refused by tinylm (its loader draws windows by step); to see a model overfit, train "
+                               "on a tiny corpus",
+    "trainer.val_check_interval": "Validate every this many batches (micro-batches: a multiple of "
+                                  "accumulate_grad_batches) or after this much time (DD:HH:MM:SS); a fraction of "
+                                  "an epoch only with --trainer.check_val_every_n_epoch (tinylm's epochs are "
+                                  "notional)",
+    "trainer.check_val_every_n_epoch": "Validate every N notional epochs (an epoch: the train split's tokens / "
+                                       "(batch_size x block_size) windows); unset (tinylm's default): validation "
+                                       "follows --trainer.val_check_interval alone",
     "trainer.logger": "Loggers added to tinylm's own (a CSV in the run folder, W&B when run.wandb_project is set), "
                       "e.g. lightning.pytorch.loggers.TensorBoardLogger; false turns all logging off",
 }
