@@ -308,8 +308,10 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     assert "is at step 4 but" in line and "gone on to step 6" in line
     for path in ckpts.glob("*.ckpt"):
         path.unlink()
+    caplog.clear()
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
     assert "saved no readable checkpoint" in line and "--run.name NEW_NAME" in line
+    assert "starting the run from step 0" not in caplog.text  # what the refusal then contradicted
 
 
 def test_ckpt_path_last_behind_a_newer_step_checkpoint_continues_from_the_newest(config, tmp_path, caplog):

@@ -373,8 +373,6 @@ class TinyLMCLI(LightningCLI):
         asked = ckpt_path = cfg.get("ckpt_path")
         if ckpt_path == "last":
             cfg.ckpt_path = ckpt_path = latest_checkpoint(self.run_dir)
-            if ckpt_path is None and sub == "fit":
-                log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
         elif ckpt_path == "best":
             best = self.run_dir / "checkpoints" / "best.ckpt"
             if not best.is_file():
@@ -399,6 +397,8 @@ class TinyLMCLI(LightningCLI):
                                     "latest")
         if sub == "fit" and _rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
             self._check_run_folder(ckpt_path)
+        if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
+            log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
         if ckpt_path:
             self._apply_checkpoint(ckpt_path, cfg, sub)
 
