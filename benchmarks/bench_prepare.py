@@ -145,7 +145,8 @@ def main() -> None:
     ap.add_argument("--make-corpus", type=Path, help="write a generated corpus here and exit")
     ap.add_argument("--mb", type=float, default=100, help="size of the generated corpus (MB)")
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
-    ap.add_argument("--corpus", type=Path, help="the corpus both sides prepare")
+    ap.add_argument("--corpus", type=Path, help="the corpus both sides prepare (default: a generated one of --mb MB, "
+                    "made in a temporary folder)")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (tinylm, bare, tinylm, bare ...)")
     ap.add_argument("--extra", nargs="*", default=[], help="extra --data.* arguments for tinylm prepare")
@@ -154,10 +155,13 @@ def main() -> None:
         make_corpus(args.make_corpus, args.mb, args.data)
         print(f"wrote {args.make_corpus} ({args.make_corpus.stat().st_size / 1e6:.1f} MB)")
         return
-    size_mb = args.corpus.stat().st_size / 1e6
     tinylm = [str(Path(sys.executable).with_name("tinylm"))]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_prepare-") as tmp:
+        if args.corpus is None:
+            args.corpus = Path(tmp) / "corpus.txt"
+            make_corpus(args.corpus, args.mb, args.data)
+        size_mb = args.corpus.stat().st_size / 1e6
         for r in range(args.rounds):
             for side in ("tinylm", "bare") if r % 2 == 0 else ("bare", "tinylm"):
                 cache = Path(tmp) / f"{side}-{r}"

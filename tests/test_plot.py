@@ -55,6 +55,14 @@ def test_plot_a_real_run(run_config, capsys):
     assert _png(cfg.parent / "runs" / "tiny" / "plot.png")
 
 
+def test_plot_help_shows_the_positional_form(capsys):
+    """Catches `tinylm plot --help` showing `--runs [ITEM,...]`, a form that takes only a JSON list (`--runs
+    runs/NAME` fails), instead of the positional `tinylm plot RUN [RUN ...]` that works."""
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    assert capsys.readouterr().out.startswith("usage: tinylm plot RUN [RUN ...] [options]")
+
+
 def test_plot_errors(tmp_path, monkeypatch, capsys):
     """A run folder without metrics is a one-line error naming the file and what to pass."""
     monkeypatch.chdir(tmp_path)

@@ -36,6 +36,8 @@ def parser_for(fn: Callable, prog: str):
     parser.add_argument("-c", "--config", action=ActionConfigFile, help="a `tinylm fit` config (YAML), as for fit"
                         if fit_config else "a YAML file of these options")
     parser.add_function_arguments(fn, as_group=False, skip={"fit_args"})  # fit_args: see tinylm.cli.fit_config
+    if name := _positional_list(fn):  # jsonargparse would show "--runs [ITEM,...]", which takes a JSON list only
+        parser.usage = f"{prog} {name.upper().rstrip('S')} [{name.upper().rstrip('S')} ...] [options]"
     return parser
 
 
@@ -56,18 +58,27 @@ def run(command: str, args: list[str]) -> Any:
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
 
 
-def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
-    """A command whose first parameter is a required ``list[str]`` takes it as leading positional arguments
-    (`tinylm plot RUN [RUN ...]`): they become ``--NAME=[...]`` for jsonargparse."""
+def _positional_list(fn: Callable) -> str | None:
+    """The name of ``fn``'s first parameter if it is a required ``list[str]``: the command takes it as leading
+    positional arguments (`tinylm plot RUN [RUN ...]`)."""
     first = next(iter(inspect.signature(fn).parameters.values()), None)
     if first is None or first.default is not inspect.Parameter.empty or first.annotation not in ("list[str]", list[str]):
+        return None
+    return first.name
+
+
+def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
+    """The leading positional arguments of a command that takes them (`_positional_list`) as ``--NAME=[...]`` for
+    jsonargparse."""
+    name = _positional_list(fn)
+    if name is None:
         return args
     lead = []
     for arg in args:
         if arg.startswith("-"):
             break
         lead.append(arg)
-    return ([f"--{first.name}={json.dumps(lead)}"] if lead else []) + args[len(lead):]
+    return ([f"--{name}={json.dumps(lead)}"] if lead else []) + args[len(lead):]
 
 
 # ---- prepare ----------------------------------------------------------------------------------------------------

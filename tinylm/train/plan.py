@@ -23,7 +23,7 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                all alive at once. Under gradient accumulation the summed gradients stay alive through the later
                micro-batches' forward passes: weights + optimizer + gradients + activations + that first gradient.
                Muon's step holds its updates and one shape's Newton–Schulz iterates beside weights, optimizer and
-               gradients, which can be the peak when activations are small (AdamW is fused on GPUs: no copies).
+               gradients, which can be the peak when activations are small (AdamW is fused: no copies).
 """
 
 from __future__ import annotations
