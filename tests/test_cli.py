@@ -137,6 +137,42 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
     assert len(capsys.readouterr().out) == len("\n") + 7 + len("\n")
 
 
+def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path, small_data, capsys):
+    """Catches a SentencePiece-style (Metaspace) model printing "Once upon aLel" for "Once upon a Lel": new tokens
+    decoded on their own lose the space their "▁" stands for, in the streamed text, the returned texts and the
+    stop strings. What generate prints must be the tokenizer's decoding of prompt + new tokens."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from tinylm.checkpoint import load_model
+    from tinylm.generate import SamplingConfig, generate_with
+    from tinylm.generate.strategies import _Rows, decode_after
+
+    hf = HF(models.Unigram())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:30_000]
+    hf.train_from_iterator([text], trainers.UnigramTrainer(vocab_size=300, special_tokens=["<unk>"], unk_token="<unk>"))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    main(["fit", "--config", str(run_config(data={"tokenizer": str(tmp_path / "tokenizer.json")}))])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    model, tok, _ = load_model(ckpt)
+    prompt = tok.encode("Once upon a")
+    assert tok.decode(tok.encode(" time")) == "time"  # what decoding alone loses
+    assert decode_after(tok.decode, prompt, tok.encode(" time")) == " time"
+    for strategy in ("greedy", "beam"):  # streamed, and printed at the end
+        beams = 2 if strategy == "beam" else 1
+        new = generate_with(model, [prompt], SamplingConfig(strategy=strategy, max_new_tokens=12, num_beams=beams))[0]
+        capsys.readouterr()
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "Once upon a", "--strategy", strategy,
+              "--max_new_tokens", "12"] + (["--num_beams", "2"] if strategy == "beam" else []))
+        assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
+    # a stop string at the start of the continuation: " t" is there only after the prompt's words
+    rows = _Rows(SamplingConfig(stop_strings=[" t"]), tok.decode, None, [prompt])
+    for token in tok.encode(" time"):
+        rows.accept([token])  # one row: its next token
+    assert rows.active == [False]
+
+
 @pytest.mark.parametrize("flags, match", [(["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"),
                                           (["--top_k", "0"], "top_k"), (["--num_beams", "0", "--strategy", "beam"], "num_beams")])
 def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, capsys, flags, match):

@@ -185,7 +185,7 @@ def generate(
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
     from tinylm.generate.report import encode_prompt
-    from tinylm.generate.strategies import batch_rows, check_memory
+    from tinylm.generate.strategies import batch_rows, check_memory, decode_after
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
@@ -228,12 +228,12 @@ def generate(
     if len(ids) > block:
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
     stream = num_samples == 1 and strategy != "beam"
-    printer = _StreamPrinter(tokenizer.decode) if stream else None
+    printer = _StreamPrinter(tokenizer.decode, ids) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
     if stream:
         _write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
-    texts = [tokenizer.decode(row) for row in out]
+    texts = [decode_after(tokenizer.decode, ids, row) for row in out]
     if stream:
         printer.finish(out[0])
     elif num_samples == 1:  # beam: the one best
@@ -246,24 +246,31 @@ def generate(
 
 
 class _StreamPrinter:
-    """Prints text as tokens arrive. Decodes the whole continuation each time and prints what is new, holding
-    back an incomplete UTF-8 character (shown as U+FFFD) until the token that completes it arrives."""
+    """Prints text as tokens arrive: each time, the tokens not yet shown are decoded after the few before them
+    (`decode_after`: a SentencePiece "▁" is a space only after a word), so the cost of a token does not grow with
+    the text, and an incomplete UTF-8 character (decoded as U+FFFD) is held back until the token that completes it
+    arrives."""
 
-    def __init__(self, decode) -> None:
-        self.decode, self.ids, self.shown = decode, [], 0
+    def __init__(self, decode, context: list[int]) -> None:
+        from tinylm.generate.strategies import CONTEXT_TOKENS, decode_after
+
+        self.text_after = lambda ids, end: decode_after(decode, ids[max(0, end - CONTEXT_TOKENS):end], ids[end:])
+        self.ids = list(context)
+        self.start = self.shown = len(self.ids)  # ids[start:] are the new ones; ids[shown:] are not printed yet
+        self.printed = 0  # characters printed
 
     def __call__(self, row: int, token: int) -> None:
         self.ids.append(token)
-        text = self.decode(self.ids)
+        text = self.text_after(self.ids, self.shown)
         if text.endswith("\ufffd"):
             return
-        _write(text[self.shown:])
-        self.shown = len(text)
+        _write(text)
+        self.shown, self.printed = len(self.ids), self.printed + len(text)
 
     def finish(self, ids: list[int]) -> None:
-        text = self.decode(ids)  # the final ids (a stop string may have trimmed the tail)
-        if len(text) > self.shown:
-            _write(text[self.shown:])
+        text = self.text_after(self.ids[:self.start] + list(ids), self.start)  # the final ids (a stop may trim)
+        if len(text) > self.printed:
+            _write(text[self.printed:])
 
 
 _MID_LINE = [False]  # the last text written to stdout did not end its line

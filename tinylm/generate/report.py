@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tinylm.generate import SamplingConfig, generate_with
+from tinylm.generate.strategies import decode_after
 from tinylm.model import GPT
 
 
@@ -239,7 +240,7 @@ def sample_report(
         r["nll"] += nll
         r["entropy"] += ent
         if r["example"] is None:
-            r["example"] = text + tokenizer.decode(outputs[0])
+            r["example"] = text + decode_after(tokenizer.decode, ids, outputs[0])
     report: dict[str, Any] = {
         "prompts": [text for text, _ in encoded],
         "num_samples": num_samples,

@@ -75,19 +75,43 @@ class _Runner:
         return logits[:, -1].float(), hidden[:, -min(n_new, hidden.size(1)) :]
 
 
+# ---- decoding a continuation -----------------------------------------------------------------------------------
+CONTEXT_TOKENS = 4  # tokens decoded before a continuation, for the text they give its first token
+
+
+def decode_after(decode: Callable[[list[int]], str], context: Sequence[int], ids: Sequence[int]) -> str:
+    """The text ``ids`` add after ``context``: decode(context + ids) less decode(context). A token decoded alone
+    can lose what its left neighbour gives it (SentencePiece's "▁" is a space only after a word; WordPiece's "##"
+    joins it to one), so a continuation is decoded after the tokens before it. Falls back to decoding ``ids``
+    alone if the context's text is not a prefix (a decoder that rewrites across the boundary)."""
+    context = list(context)[-CONTEXT_TOKENS:]
+    if not context:
+        return decode(list(ids))
+    before, text = decode(context), decode(context + list(ids))
+    return text[len(before):] if text.startswith(before) else decode(list(ids))
+
+
 # ---- stopping -----------------------------------------------------------------------------------------------
 class _Rows:
-    """The new tokens of each row, and which rows still run (EOS, stop strings)."""
+    """The new tokens of each row, and which rows still run (EOS, stop strings). ``contexts``: the last tokens of
+    each prompt, before which its first new tokens are decoded."""
 
-    def __init__(self, batch_size: int, config: SamplingConfig, decode, on_token) -> None:
-        self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
-        self.active = [True] * batch_size
-        self.config, self.decode, self.on_token = config, decode, on_token
+    def __init__(self, config: SamplingConfig, decode, on_token, contexts: list[list[int]]) -> None:
+        self.tokens: list[list[int]] = [[] for _ in contexts]
+        self.active = [True] * len(contexts)
+        self.config, self.decode, self.on_token, self.contexts = config, decode, on_token, contexts
+        # a stop string that the newest token completes ends in it, and spans at most 4 tokens per character
+        # (each token adds a byte or more): decoding that tail, not the whole continuation, keeps each check short
+        self.tail = 4 * max(map(len, config.stop_strings or [""])) + 1
 
-    def hits_stop_string(self, tokens: list[int]) -> bool:
+    def hits_stop_string(self, tokens: list[int], prompt: int) -> bool:
+        """Whether the new ``tokens`` of the row of prompt ``prompt`` have made a stop string (text of the prompt
+        is not searched)."""
         if not self.config.stop_strings:
             return False
-        text = self.decode(tokens)
+        cut = max(0, len(tokens) - self.tail)
+        before = (self.contexts[prompt] + tokens[max(0, cut - CONTEXT_TOKENS):cut])[-CONTEXT_TOKENS:]
+        text = decode_after(self.decode, before, tokens[cut:])
         return any(s in text for s in self.config.stop_strings)
 
     def accept(self, next_tokens: list[int]) -> None:
@@ -100,7 +124,7 @@ class _Rows:
             self.tokens[row].append(tok)
             if self.on_token is not None:
                 self.on_token(row, tok)
-            if self.hits_stop_string(self.tokens[row]):
+            if self.hits_stop_string(self.tokens[row], row):
                 self.active[row] = False
 
 
@@ -200,7 +224,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
                     if t == config.eos_id:
                         if rank < nb:  # only an EOS among the top nb candidates is as good as a running beam
                             hyps[b].add(generated[beam], s, step + 1)
-                    elif rows.hits_stop_string(generated[beam] + [t]):
+                    elif rows.hits_stop_string(generated[beam] + [t], b):
                         if rank < nb:
                             hyps[b].add(generated[beam] + [t], s, step + 1)
                     else:
@@ -301,7 +325,7 @@ def generate_with(
         raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
     ids = _prompt_tensor(prompt_ids, model)  # (B, L)
     check_memory(model, batch_rows(config, ids.size(0), model.config.vocab_size), config.strategy)
-    rows = _Rows(ids.size(0), config, decode, on_token)
+    rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()])
     run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
     generator = None
     if config.seed is not None:
