@@ -173,6 +173,22 @@ def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path
     assert rows.active == [False]
 
 
+def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
+    """Catches `tinylm generate ... | head -c 10` ending in a two-part BrokenPipeError traceback: the error
+    handler wrote to the same closed stdout."""
+    import subprocess
+    import sys
+
+    main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "generate", "--ckpt_path", str(ckpt), "--prompt", "a",
+                             "--max_new_tokens", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()  # the reader goes away, as head does (20,000 tokens take far longer than this)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err, err
+
+
 @pytest.mark.parametrize("flags, match", [(["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"),
                                           (["--top_k", "0"], "top_k"), (["--num_beams", "0", "--strategy", "beam"], "num_beams")])
 def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, capsys, flags, match):

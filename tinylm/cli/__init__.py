@@ -94,8 +94,14 @@ def main(argv: list[str] | None = None) -> None:
             raise TinyLMError(f"unknown command {command!r}; choose one of "
                               f"{', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)} (tinylm --help)")
     except KeyboardInterrupt:
+        commands = sys.modules.get("tinylm.cli.commands")
+        if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
+            print(flush=True)
         print("tinylm: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
+        sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
     except Exception as e:
         if verbose or not is_user_error(e):
             raise
