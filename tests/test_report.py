@@ -195,6 +195,17 @@ def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, c
         assert json.loads((tmp_path / name / "metrics.json").read_text(encoding="utf-8"))["prompts"] == want
 
 
+def test_sample_report_seed_leaves_room_for_every_prompt(tmp_path, small_data):
+    """Catches the largest seed with two prompts failing after the first prompt's sampling, naming seed + 1, a
+    value the user never passed: prompt i samples with seed + i."""
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*63 - 2\] .* got 9223372036854775807"):
+        run_command("sample-report", ["--ckpt_path", str(ckpt), "--out", str(tmp_path / "r"), "--seed", str(2**63 - 1),
+                                      "--prompts+", "a", "--prompts+", "b"])
+    assert not (tmp_path / "r").exists()
+
+
 def test_sample_report_replaces_only_an_earlier_report(tmp_path, small_data, capsys, monkeypatch):
     """Catches --out's own files (a report.md of the user's, notes) silently overwritten, and a failed write leaving
     a mix of an earlier report and this one: an earlier report is replaced whole, anything else is refused."""

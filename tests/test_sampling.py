@@ -71,6 +71,8 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.isfinite(top_p_filter(logits, 0.8)).tolist() == [[False, True, False, True]]
     assert torch.isfinite(top_p_filter(logits, 0.81)).tolist() == [[False, True, True, True]]
     assert torch.isfinite(top_p_filter(logits, 0.01)).tolist() == [[False, True, False, False]]
+    # a top_p below float32's range is 0 there: "mass before >= 0" removed the top token too, and sampling crashed
+    assert torch.isfinite(top_p_filter(logits, 1e-46)).tolist() == [[False, True, False, False]]
 
 
 def test_min_p_scales_with_the_top_probability():
@@ -302,14 +304,14 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"temperature": 0.0}, "temperature must be >= 0.0001"),
         ({"top_p": 0.0}, "top_p must be in \\(0, 1\\], got 0.0"),
         ({"top_p": 1.5}, "top_p must be in"),
         ({"top_k": 0}, "top_k must be >= 1"),
         ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
         ({"strategy": "beam", "num_beams": 0}, r"num_beams must be in \[1, "),
         ({"num_beams": 4}, "needs strategy='beam'"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be >= 0.001"),
         ({"max_new_tokens": 0}, r"max_new_tokens must be in \[1, "),
         ({"strategy": "nucleus"}, "unknown strategy 'nucleus'"),
         ({"penalty_alpha": 2.0}, "penalty_alpha must be in"),

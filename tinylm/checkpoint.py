@@ -60,6 +60,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
 
     ``mmap=True`` maps tensors lazily from the file: cheap when only metadata (step, hyperparameters) is needed.
     """
+    if not str(path).strip():  # Path("") is ".", a folder: name what was really given
+        raise FileNotFoundError("--ckpt_path is empty (an unset shell variable?); pass the path of a .ckpt written by "
+                                "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"

@@ -197,6 +197,9 @@ def generate(
               "length_penalty": length_penalty, "early_stopping": early_stopping, "penalty_alpha": penalty_alpha}
     defaults = inspect.signature(generate).parameters
     given = [k for k, v in values.items() if v != defaults[k].default and strategy not in used_by[k]]
+    if num_samples > 1 and strategy != "sample":
+        raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
+                         f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
     if given:
         verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
         warnings.warn(f"{', '.join('--' + k for k in given)} {verb} nothing with --strategy {strategy} ({they} "
@@ -349,10 +352,14 @@ def sample_report(
 
     if not 1 <= num_samples <= MAX_SAMPLES:
         raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
-    check_output_path(out, folder=True)  # before the sampling, not after
-    check_report_folder(out)
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+    last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
+    if not 0 <= seed <= last:
+        raise ValueError(f"--seed must be in [0, 2**63 - {len(prompts or [''])}] (prompt i samples with seed + i), "
+                         f"got {seed}")
+    check_output_path(out, folder=True)  # before the sampling, not after
+    check_report_folder(out)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, seed=seed, progress=True)

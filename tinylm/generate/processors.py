@@ -19,6 +19,9 @@ CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (th
 # against the machine, by strategies.check_memory.
 MAX_NEW_TOKENS = 1_000_000
 MAX_BEAMS = 256
+MIN_TEMPERATURE = 1e-4  # colder is argmax anyway (strategy "greedy"), and logits / 1e-40 overflow float32
+MIN_PENALTY = 1e-3
+MAX_LENGTH_PENALTY = 10.0
 
 
 @dataclass
@@ -66,18 +69,21 @@ class SamplingConfig:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS:,}], got {self.max_new_tokens}")
-        if self.strategy == "sample" and not self.temperature > 0:
-            raise ValueError(
-                f"temperature must be > 0 for sampling, got {self.temperature}; use strategy='greedy' for argmax"
-            )
+        if self.strategy == "sample" and not self.temperature >= MIN_TEMPERATURE:  # logits / 1e-40 overflow
+            raise ValueError(f"temperature must be >= {MIN_TEMPERATURE:g} for sampling, got {self.temperature}; use "
+                             "strategy='greedy' for argmax")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or None for no limit), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
+        if not self.repetition_penalty >= MIN_PENALTY:  # a positive logit / 1e-40 overflows
+            raise ValueError(f"repetition_penalty must be >= {MIN_PENALTY:g} (1.0 is off), got "
+                             f"{self.repetition_penalty}")
+        if not -MAX_LENGTH_PENALTY <= self.length_penalty <= MAX_LENGTH_PENALTY:  # length ** 400 overflows
+            raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] (1.0: "
+                             f"the mean log-probability; 0: the sum), got {self.length_penalty}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if not 1 <= self.num_beams <= MAX_BEAMS:
@@ -116,7 +122,8 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
-    remove_sorted = mass_before >= top_p  # the top token has mass_before 0, so it always stays
+    remove_sorted = mass_before >= top_p
+    remove_sorted[..., 0] = False  # the top token always stays (a top_p of 1e-46 is 0 in float32: 0 >= 0)
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, -math.inf)
 

@@ -193,6 +193,12 @@ def default_prompt(tokenizer) -> tuple[str, list[int]]:
 
 def encode_prompt(tokenizer, text: str) -> tuple[str, list[int]]:
     """(text shown, ids) of a user prompt; an empty one starts a fresh document as `default_prompt` does."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes the shell could not decode (Python keeps them as lone surrogates)
+        bad = text[e.start].encode("utf-8", "surrogateescape")
+        raise ValueError(f"the prompt is not valid UTF-8 (byte {bad!r} at character {e.start}); pass text in "
+                         "UTF-8") from None
     ids = tokenizer.encode(text) if text else []
     return (text, ids) if ids else default_prompt(tokenizer)
 

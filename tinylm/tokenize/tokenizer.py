@@ -168,8 +168,9 @@ class _Char:
             return [self.stoi[c] for c in text]
         except KeyError as e:
             raise ValueError(f"character {e.args[0]!r} is not in the char tokenizer's vocabulary of "
-                             f"{len(self.chars)} characters (built from the training corpus); use a corpus that "
-                             "contains it or a byte-level tokenizer (--data.tokenizer bpe)") from None
+                             f"{len(self.chars)} characters (built from the training corpus); remove it from "
+                             "the text (a prompt), or train on a corpus that contains it or with a byte-level "
+                             "tokenizer (--data.tokenizer bpe)") from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
