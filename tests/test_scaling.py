@@ -13,16 +13,16 @@ from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
 SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 
 
-def _finished_runs(cfg, sizes, loss_of) -> None:
-    """Ladder runs of the tiny config as if finished: a val/loss at their last step (budget 1e8, head size 8);
-    loss_of(rung, i) gives each one's loss."""
+def _finished_runs(cfg, sizes, loss_of, budget: float = 1e8) -> None:
+    """Ladder runs of the tiny config as if finished: a val/loss at their last step (head size 8); loss_of(rung, i)
+    gives each one's loss."""
     from tinylm.cli.fit_config import fit_objects
 
     cli = fit_objects(["--config", str(cfg)])
     shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     for i, (n_layer, n_embd) in enumerate(sizes):
-        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=1e8, tokens_per_step=32, **shape)
-        folder = cfg.parent / "runs" / f"tiny-C1.0e08-{r.label}" / "csv"
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=budget, tokens_per_step=32, **shape)
+        folder = cfg.parent / "runs" / f"tiny-C{budget:.1e}-{r.label}".replace("+", "") / "csv"
         folder.mkdir(parents=True)
         (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss_of(r, i)}\n")
 
@@ -143,6 +143,18 @@ def test_scaling_without_a_law_still_reports(run_config, capsys):
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8"])  # the default name tells ladders apart: none overwrites another
     assert (cfg.parent / "runs" / "tiny-scaling-C1.0e08-L1-d8_L1-d16_L2-d16_L1-d24.json").is_file()
+
+
+def test_scaling_warns_when_whole_steps_miss_the_budget(run_config, capsys, caplog):
+    """Catches a ladder whose larger rungs get 1-2 steps (a rung needing 1.49 steps trained 1: a third of the
+    budget) reported as compute-matched without a word."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
+    _finished_runs(cfg, sizes, lambda _, i: [2.4, 2.3, 2.2, 2.1][i], budget=3e6)
+    main(["scaling", "--config", str(cfg), "--budget", "3e6", "--sizes", json.dumps(sizes[:3]), "--predict",
+          json.dumps(sizes[3]), "--head_size", "8", "--out", "w.png"])
+    assert "L1-d24 trains 2 steps" in caplog.text and "not compute-matched; raise --budget" in caplog.text
+    assert "L1-d8 trains" not in caplog.text  # ~12 steps: within 5 %
 
 
 def test_scaling_refuses_a_diverged_rung(run_config, capsys):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json as jsonlib
+import logging
 import math
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # The ladder measured on the laptop recipe (tinyshakespeare, characters, --data.batch_size 64): one layer, widths 8 to
 # 20 (2k to 9k parameters), all below the budget's compute-optimal size, so the loss still falls with size and the
@@ -81,6 +84,11 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     if short:
         raise ValueError(f"--budget {budget:g} buys {short[0].label} less than one step of {tokens_per_step:,} "
                          f"tokens ({short[0].flops_per_token * tokens_per_step:.3g} FLOPs); raise --budget")
+    for r in rungs:  # whole steps: a rung of a few steps spends a budget that is off by up to half a step
+        spent = r.max_steps * tokens_per_step * r.flops_per_token / budget
+        if abs(spent - 1) > 0.05:
+            log.warning("%s trains %d steps, %.0f%% of the budget's FLOPs (steps are whole): the ladder is not "
+                        "compute-matched; raise --budget", r.label, r.max_steps, 100 * spent)
     root, base = cli.run_dir.parent, cli.run_dir.name
     tag = f"C{budget:.1e}".replace("+", "")
     names = [f"{base}-{tag}-{r.label}" for r in rungs]
