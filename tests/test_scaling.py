@@ -191,6 +191,7 @@ def test_scaling_refuses_a_folder_of_another_ladder(run_config):
     (["--head_size", "3"], r"\[1, 8\] with head size 3.*--head_size"),
     (["--out", "fit.json"], "--out must name a .png file"),
     (["--budget", "1e30"], r"budget must be in \(0, 1e24\]"),
+    (["--sizes", "[[1,7],[1,12],[1,16]]"], "share no head size above 1.*--head_size"),  # heads of one channel
 ])
 def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
     cfg = run_config()

@@ -72,6 +72,10 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     # every architecture option of the config (positions, mlp, tied head, ...): they change N and the FLOPs
     shape = {f.name: hp[f.name] for f in fields(GPTConfig) if f.name not in ("n_layer", "n_embd", "n_head")}
     head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes + [target]))
+    if head_size is None and head < 4:  # [[1,7],[1,12],[1,16]]: gcd 1, one-channel heads
+        raise ValueError(f"the widths of --sizes and --predict and the config's head size {hp.n_embd // hp.n_head} "
+                         f"share no head size above {head}: their heads would have {head} channel(s); pass "
+                         "--head_size N (dividing every width) or widths that share one (multiples of 4, say)")
     rungs = []
     for n_layer, n_embd in sizes + [target]:
         try:
