@@ -127,15 +127,19 @@ def trained(run_config, tmp_path):
     [
         (["--data.batch_size", "3"], ["global batch of 2", "data.batch_size=2", "--data.batch_size 2"]),
         (["--data.seed", "5"], ["data.seed=1337", "--data.seed 1337"]),
+        (["--data.val_fraction", "0.2"], ["data.val_fraction=0.1", "--data.val_fraction 0.1"]),
     ],
 )
 def test_resume_with_other_data_settings_is_refused(trained, tmp_path, capsys, override, needles):
-    """Catches a resume with another data.batch_size or data.seed silently drawing other data (losses then
-    differed by 0.16-0.21 from the uninterrupted run)."""
+    """Catches a resume with another data.batch_size, data.seed or val_fraction silently drawing other data
+    (losses then differed by 0.16-0.21 from the uninterrupted run), and another val_fraction building a whole new
+    dataset before it was refused."""
     config, before = trained
+    datasets = sorted((tmp_path / "cache" / "datasets").iterdir())
     argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", *override]
     _one_line_error(capsys, argv, *needles)
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before  # nothing damaged
+    assert sorted((tmp_path / "cache" / "datasets").iterdir()) == datasets
 
 
 def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, tmp_path, capsys):

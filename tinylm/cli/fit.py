@@ -450,6 +450,10 @@ class TinyLMCLI(LightningCLI):
                 raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
                                   f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
             _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
+            from tinylm.data import TinyLMDataModule
+
+            TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
+                                                          cfg.data.get("val_fraction"))
         saved = dict(ckpt.get("hyper_parameters") or {})
         saved.pop("_instantiator", None)
         known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}

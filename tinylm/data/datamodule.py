@@ -41,6 +41,14 @@ RANGES = {
 """Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
 
 
+def other_data(before: str, after: str, fix: str) -> Exception:
+    """The error of a resume that would draw other training data than its checkpoint's run."""
+    from tinylm.checkpoint import CheckpointError
+
+    return CheckpointError(f"the checkpoint was trained with {before} but this run has {after}, so the resumed run "
+                           f"would draw different data; resume with {fix}, or start a new run")
+
+
 class TinyLMDataModule(L.LightningDataModule):
     """Corpus -> tokenizer -> packed memmaps -> (x, y) batches of shape (batch_size, block_size).
 
@@ -271,9 +279,7 @@ class TinyLMDataModule(L.LightningDataModule):
             diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
                           f"--data.val_fraction {saved['val_fraction']}"))
         if diffs:
-            (before, after, fix), *_ = diffs
-            raise CheckpointError(f"the checkpoint was trained with {before} but this run has {after}, so the resumed "
-                                  f"run would draw different data; resume with {fix}, or start a new run")
+            raise other_data(*diffs[0])
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is not None and was_fps != now_fps:
             changed = next((s for s, a, b in zip(self.corpus_specs, was_fps, now_fps) if a != b), self.corpus_spec)
@@ -281,6 +287,16 @@ class TinyLMDataModule(L.LightningDataModule):
                                   "(its fingerprint changed: the files were edited or replaced), so the resumed run "
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
+
+    @staticmethod
+    def check_split_before_preparing(saved: dict, val_fraction: float) -> None:
+        """Refuse a resume with another val_fraction from the checkpoint's datamodule state alone: the restore
+        refuses it too (`_check_same_data`), but only after the data was prepared, which builds a new dataset for
+        nothing (the split settings are part of a dataset's key)."""
+        cut_by_fraction = any((s or {}).get("val_source") == "tail" for s in saved.get("split_settings") or [])
+        if cut_by_fraction and saved.get("val_fraction") != val_fraction:
+            raise other_data(f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={val_fraction}",
+                             f"--data.val_fraction {saved['val_fraction']}")
 
     def summary(self) -> dict:
         """What `tinylm prepare` prints (totals over the corpora of a mixture)."""
