@@ -92,6 +92,18 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     _one_line_error(capsys, ["prepare", "--config", str(config), "--data.corpus", str(tmp_path / "empty.txt")], "empty")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["fit", "--model.lr", "nan"], "--model.lr: expected a finite number, got nan"),
+    (["generate", "--ckpt_path", "x.ckpt", "--temperature", "inf"], "--temperature: expected a finite number, got inf"),
+    (["generate", "--ckpt_path", "x.ckpt", "--max_new_tokens", "1.5"], "--max_new_tokens: expected a whole number"),
+])
+def test_wrongly_typed_values_are_named_in_plain_words(config, capsys, argv, message):
+    """Catches jsonargparse's "Expected a <class 'float'>. Got value: nan" (a float was given, and it is one)."""
+    if argv[0] == "fit":
+        argv = [argv[0], "--config", str(config), *argv[1:]]
+    _one_line_error(capsys, argv, message)
+
+
 @pytest.mark.parametrize("override, key", [(["--model.n_layer", "two"], "n_layer"), (["--model.n_layers", "3"], "n_layers")])
 def test_config_type_errors_and_typos_are_jsonargparse_messages(config, capsys, override, key):
     """Catches a wrongly typed or misspelled option reaching the model, or ending in a Python traceback."""

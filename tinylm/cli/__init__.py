@@ -272,6 +272,12 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
                    and not any(n in ln for n in _NOISE)]
         reason = (reasons or ["invalid value"])[0]
     value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
+    if typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
+        kind, got = typed.groups()
+        what = {"float": "a number", "int": "a whole number", "bool": "true or false"}.get(kind, f"a {kind}")
+        if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            what = "a finite number"
+        reason = f"expected {what}, got {got}"
     hint = ""
     linked = next((ln for ln in lines if " --> model." in ln), None)
     if linked:  # `--model.vocab_size 3`: a linked key given by hand
