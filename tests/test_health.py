@@ -245,6 +245,46 @@ def test_nonfinite_is_caught_before_a_checkpoint_between_syncs(chars, tmp_path):
     assert not list(tmp_path.glob("*.ckpt")), "a checkpoint was written from NaN weights"
 
 
+def test_nonfinite_restart_can_be_from_best_ckpt(run_config, tmp_path, capsys):
+    """Catches the divergence message saying "the run saved no checkpoint before the divergence" when its only
+    checkpoint is best.ckpt (a validation at step 4, no periodic save yet): it holds good weights."""
+    from tinylm.cli import main
+
+    config = run_config(run={"checkpoint_every": 100}, trainer={"max_steps": 8, "val_check_interval": 4,
+                                                               "callbacks": [{"class_path": "test_health._Poison"}]})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert "--model.init_from runs/tiny/checkpoints/best.ckpt --run.name NEW_NAME" in err, err[-2000:]
+
+
+class _Boost(L.Callback):
+    """Gradients 100x at optimizer step 14 (the 15th): a spike."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == 14:
+            for p in pl_module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(100)
+
+
+def test_health_column_is_in_the_row_of_the_step_that_fired(run_config, tmp_path):
+    """Catches health/<kind> = 1 written one row after the step that caused it (the alert used global_step, steps
+    done; metrics rows are one behind): `tinylm plot` drew the alert a step late, beside the wrong grad norm."""
+    import csv
+
+    from tinylm.cli import main
+
+    config = run_config(trainer={"max_steps": 18, "val_check_interval": 100, "gradient_clip_val": 0.0,
+                                 "callbacks": [{"class_path": "test_health._Boost"}]})
+    main(["fit", "--config", str(config)])
+    with open(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    fired = [int(r["step"]) for r in rows if r.get("health/spike")]
+    biggest = max((r for r in rows if r.get("train/grad_norm")), key=lambda r: float(r["train/grad_norm"]))
+    assert fired == [int(biggest["step"])] == [14]
+
+
 def test_nonfinite_names_a_restart_that_works(run_config, tmp_path, capsys):
     """Catches the divergence message advising `--ckpt_path last` after lowering the lr: a resume keeps the
     checkpoint's lr (it diverged again). It must name a new run from the newest weights saved before the NaN."""

@@ -236,3 +236,15 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size]
     architecture = {f.name: getattr(c, f.name) for f in fields(c) if f.name not in RUN_FIELDS}
     return architecture, state, tokenizer.fingerprint if tokenizer is not None else None
+
+
+def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
+    """A checkpoints folder's readable checkpoints as (step, is last.ckpt, path), and the names of the unreadable
+    ones (only the metadata is read: mmap)."""
+    found, broken = [], []
+    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
+        try:
+            found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))
+        except CheckpointError:
+            broken.append(path.name)
+    return found, broken

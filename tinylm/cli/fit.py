@@ -28,6 +28,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
+from tinylm.checkpoint import checkpoints_by_step
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -410,7 +411,7 @@ class TinyLMCLI(LightningCLI):
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
             what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
-            found, broken = checkpoints_by_step(self.run_dir)
+            found, broken = checkpoints_by_step(self.run_dir / "checkpoints")
             if not found:  # logs only, or only damaged checkpoints: --ckpt_path last has nothing to go on from
                 why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else "it stopped before its first"
                 raise TinyLMError(
@@ -422,7 +423,7 @@ class TinyLMCLI(LightningCLI):
                 f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
         if inside:
             # the newest readable checkpoint, whatever its name (last.ckpt may be missing or damaged)
-            found, _ = checkpoints_by_step(self.run_dir)
+            found, _ = checkpoints_by_step(self.run_dir / "checkpoints")
             latest = max((step for step, _, _ in found), default=None)
             at = next((step for step, _, p in found if p.resolve() == Path(ckpt_path).resolve()), latest)
             if latest is not None and at < latest:  # going back here would drop later history and checkpoints
@@ -621,25 +622,12 @@ class TinyLMCLI(LightningCLI):
             self.validate_csv = None
 
 
-def checkpoints_by_step(run_dir: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
-    """The run folder's readable checkpoints as (step, is last.ckpt, path), and the names of the unreadable ones."""
-    from tinylm.checkpoint import CheckpointError, load_checkpoint
-
-    folder, found, broken = run_dir / "checkpoints", [], []
-    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
-        try:
-            found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))
-        except CheckpointError:
-            broken.append(path.name)
-    return found, broken
-
-
 def latest_checkpoint(run_dir: Path) -> str | None:
     """What ``--ckpt_path last`` means: the newest readable checkpoint of the run folder by step, ``last.ckpt`` when
     it is that; else (a damaged or missing last.ckpt, or one older than a step-N.ckpt because the run died between
     the two saves, or a run killed before its first periodic save with only a ``best.ckpt``) the newest other one,
     with a warning. None when the folder holds none."""
-    found, broken = checkpoints_by_step(run_dir)
+    found, broken = checkpoints_by_step(run_dir / "checkpoints")
     if not found:
         return None
     step, is_last, path = max(found)  # at one step, last.ckpt first

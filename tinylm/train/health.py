@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import re
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -124,12 +123,12 @@ class HealthMonitor(L.Callback):
         if once and kind in self._fired:
             return
         self._fired.add(kind)
-        step = trainer.global_step if step is None else step
+        step = trainer.global_step if step is None else step  # optimizer steps done, as in step-N.ckpt
         self.alerts.append(Alert(step, kind, message))
         if trainer.is_global_zero:
             log.warning("tinylm health [%s] step %d: %s", kind, step, message)
-            for logger in trainer.loggers:
-                logger.log_metrics({f"health/{kind}": 1.0}, step=step)
+            for logger in trainer.loggers:  # in the row of the step's own metrics: they are logged one behind
+                logger.log_metrics({f"health/{kind}": 1.0}, step=max(step - 1, 0))
                 experiment = getattr(logger, "experiment", None)
                 if type(logger).__name__ == "WandbLogger" and hasattr(experiment, "alert"):
                     try:
@@ -295,11 +294,13 @@ class HealthMonitor(L.Callback):
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:
-    """How to go on after a divergence: a new run from the newest weights saved before it. Not a resume, which keeps
-    the checkpoint's lr and other model settings (and, with changed data, is refused)."""
+    """How to go on after a divergence: a new run from the newest weights saved before it (step-N, best or last
+    .ckpt, by the step inside). Not a resume, which keeps the checkpoint's lr and other model settings (and, with
+    changed data, is refused)."""
+    from tinylm.checkpoint import checkpoints_by_step
+
     dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
-    saved = sorted((int(m[1]), p) for d in dirs for p in d.glob("step-*.ckpt")
-                   if (m := re.fullmatch(r"step-(\d+)\.ckpt", p.name)) and int(m[1]) < last_good_step)
+    saved = sorted((step, path) for d in dirs for step, _, path in checkpoints_by_step(d)[0] if step < last_good_step)
     if not saved:
         return "start again under a new --run.name (the run saved no checkpoint before the divergence)."
     return (f"start a new run from the newest weights saved before it: --model.init_from {saved[-1][1]} --run.name "
