@@ -45,6 +45,23 @@ def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, cap
     assert "b: train/loss 4.1000 (step 1)" in out
 
 
+def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
+    """Catches alerts of overlaid runs drawn as identical red lines labelled by kind alone: which run diverged?"""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tinylm.train.curves import draw_runs
+
+    a = read_run(_run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,1,1,9.0,4.0,2e-4,950,\n"))
+    b = read_run(_run(tmp_path, "b", "0,,0,1.4,4.3,1e-4,800,\n0,,1,1.3,4.1,2e-4,820,\n"))
+    fig = Figure()
+    draw_runs(fig, [a, b])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["a: spike"]
+    fig = Figure()
+    draw_runs(fig, [a])
+    assert [t.get_text() for t in fig.axes[0].texts] == ["spike"]
+
+
 def test_plot_a_real_run(run_config, capsys):
     """A run written by `tinylm fit` plots with default output in its folder (the CSV written by Lightning is the
     format the reader must follow, not a hand-made one)."""

@@ -72,11 +72,20 @@ def _number(text: str | None) -> float | None:
 
 
 def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None) -> Path:
-    """Draw the four panels for ``runs`` (one colour per run; train thin, validation dots; health alerts as red
-    dashed lines named in the loss panel) into the PNG ``out``."""
+    """Draw the four panels for ``runs`` into the PNG ``out`` (`draw_runs`)."""
     from tinylm.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(11, 7))
+    draw_runs(fig, runs, reference=reference)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.print_png(str(out))
+    return out
+
+
+def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> None:
+    """The four panels for ``runs`` on ``fig``: one colour per run, train thin, validation dots, health alerts as
+    dashed lines named in the loss panel (red for one run; in the run's colour, with its name, for several)."""
     axes = fig.subplots(2, 2).ravel()
     colours = [f"C{i % 10}" for i in range(len(runs))]
     for ax, (title, keys, log_y) in zip(axes, PANELS):
@@ -91,11 +100,12 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
                 else:
                     ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
                             label=f"{run.name} {key}")
-            for step, kind in run.alerts:
-                ax.axvline(step, color="red", ls="--", lw=0.8, alpha=0.7)
+            for step, kind in run.alerts:  # red for one run; with several, each run's colour, named in the label
+                ax.axvline(step, color="red" if len(runs) == 1 else colour, ls="--", lw=0.8, alpha=0.7)
                 if title.startswith("loss"):
-                    ax.annotate(kind, (step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top",
-                                ha="right", fontsize=7, color="red")
+                    ax.annotate(kind if len(runs) == 1 else f"{run.name}: {kind}", (step, 1),
+                                xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7,
+                                color="red" if len(runs) == 1 else colour)
         if reference is not None and title.startswith("loss"):
             ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
         if log_y and any(run.series.get(k) for run in runs for k in keys):
@@ -110,10 +120,6 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
         axes[0].legend(fontsize=7)
     fig.suptitle(", ".join(_headline(run) for run in runs), fontsize=10)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.print_png(str(out))
-    return out
 
 
 def _headline(run: RunCurves) -> str:
