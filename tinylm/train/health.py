@@ -4,7 +4,8 @@ Each alert goes to the console (a warning), to the CSV/W&B metrics as ``health/<
 as an alert. Non-finite loss or gradients stop the run (before a checkpoint can save broken weights).
 
 Detectors, with what they usually mean:
-- ``stuck``: loss still near ln(vocab) after warmup: LR zero, frozen parameters, or data with no signal.
+- ``stuck``: loss still near ln(vocab) after warmup: LR zero, frozen parameters, or uniformly random data (targets
+  unrelated to their inputs still teach the token frequencies: a loss near the unigram entropy, not caught here).
 - ``leak``: loss far below what text allows, very early: targets leaking into inputs (y not shifted by one).
 - ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data.
 - ``spike``: gradient norm far above its running median: a bad batch or an LR on the edge of stability.
@@ -185,7 +186,7 @@ class HealthMonitor(L.Callback):
                 trainer,
                 "stuck",
                 f"loss {mean:.3f} is still near ln(vocab)={ln_v:.3f} after warmup: check that the LR is not zero, "
-                "that parameters require grad, and that the data is not random or misaligned",
+                "that parameters require grad, and that the data is not random",
                 step=step,
             )
         if step <= self.leak_within and loss < self.leak_fraction * ln_v and len(self._losses) >= 3 and mean < self.leak_fraction * ln_v:
