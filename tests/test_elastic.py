@@ -6,10 +6,13 @@ two halves equals the single device's mean over all of them. These tests run rea
 """
 
 import csv
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 
 from tinylm.cli import main
@@ -27,6 +30,14 @@ def config(run_config):
     # val_batches counts per-device batches, so a limit would evaluate other windows after the batch size changes
 
 
+class SlowRankOne(L.Callback):
+    """Rank 1 reaches its setup a moment after rank 0 (a busy node, a slower import)."""
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.global_rank == 1:
+            time.sleep(2.0)
+
+
 def _fit(config: Path, *args: str, devices: int) -> None:
     """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command)."""
     if devices == 1:
@@ -34,7 +45,8 @@ def _fit(config: Path, *args: str, devices: int) -> None:
         return
     cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", str(devices), "--trainer.strategy", "ddp", *args]
-    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -91,3 +103,16 @@ def test_ddp_fork_trains_and_resumes(config, tmp_path):
     want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "fork", "train/loss")
     assert sorted(got) == list(range(STEPS))
     assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)
+
+
+def test_a_branch_into_a_new_folder_on_two_ranks_does_not_hang(config, tmp_path):
+    """A run from another run's checkpoint into a new folder (a branch) on two ranks, rank 1 late: it trains and
+    writes the new folder's config.yaml, not a resume record. (Ranks once decided apart whether this was a resume:
+    rank 1, looking after rank 0 had written config.yaml, skipped a broadcast the others made; a hang when the
+    unmatched collectives did not happen to pair up, which this timing did not reproduce reliably.)"""
+    _fit(config, "--trainer.max_steps", str(HALF), devices=1)
+    ckpt = tmp_path / "runs" / "straight" / "checkpoints" / "last.ckpt"
+    _fit(config, "--run.name", "branch", "--ckpt_path", str(ckpt), "--data.batch_size", str(B),
+         "--trainer.callbacks+=test_elastic.SlowRankOne", devices=2)
+    assert (tmp_path / "runs" / "branch" / "config.yaml").is_file()
+    assert not list((tmp_path / "runs" / "branch").glob("config.resume-*.yaml"))  # a new folder: its first config

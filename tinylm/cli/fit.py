@@ -263,11 +263,11 @@ class RunConfig(SaveConfigCallback):
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run_dir, self.resume_step = run_dir, resume_step
 
-    def _resuming(self) -> bool:
-        return self.resume_step is not None and (self.run_dir / "config.yaml").exists()
-
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if not self._resuming():
+        # rank zero's answer, taken before it writes: a rank that looked after it wrote config.yaml (a branch into a
+        # new folder) would wait at on_train_start for a broadcast the others made here, forever
+        resuming = self.resume_step is not None and (self.run_dir / "config.yaml").exists()
+        if not trainer.strategy.broadcast(resuming):
             super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer, pl_module) -> None:
