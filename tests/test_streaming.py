@@ -110,3 +110,25 @@ def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatc
         assert (resumed / f"{split}.bin").read_bytes() == (clean / f"{split}.bin").read_bytes()
     assert _ids(resumed / "train.bin", meta) == _expected(tok, docs)
     assert meta["splits"]["train"]["documents"] == 200
+
+
+def test_a_build_stopped_while_publishing_keeps_its_shards(tmp_path, monkeypatch, caplog):
+    """Catches the finished token files moved out of .partial/ into the temporary dataset folder, which a failure
+    before publishing (here: writing meta.json) removes: the next build encoded everything again."""
+    from tinylm.data import prepare
+
+    monkeypatch.setattr(pack, "SHARD_CHARS", 500)
+    docs = [f"document {i:03d} " + "abc " * 3 for i in range(100)]
+    tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(prepare, "rate", fail)  # after the token files are placed, before meta.json
+        with pytest.raises(OSError, match="disk full"):
+            prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    with caplog.at_level("INFO", logger="tinylm.data.pack"):
+        built = prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert f"{built.name}: 6 shard(s) of 105 documents already done" in caplog.text  # every shard kept
+    assert _ids(built / "train.bin", load_meta(built, tok)) == _expected(tok, docs)

@@ -4,7 +4,7 @@ Documents are routed to train or val (`routed`) and encoded by `SplitWriter`s, w
 `val.bin` in `<dataset>.partial/`. Every `SHARD_CHARS` characters a shard is closed: the files are synced, then
 `00003.json`, the shard's completion marker (written last, atomically), records its documents and tokens. A build
 that is killed or fails keeps what its complete shards wrote; the next one cuts the files back to the end of the
-last complete shard, skips the documents it holds and goes on from there. At the end the two files are renamed
+last complete shard, skips the documents it holds and goes on from there. At the end the two files are linked
 into the dataset's folder (no copy: the build needs the disk space of the dataset once), which `prepare._publish`
 renames into place with meta.json: a `.partial` folder is never a dataset.
 """
@@ -62,7 +62,8 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
     done = _complete_shards(partial, dtype.itemsize)
     skip = done[-1]["next_document"] if done else 0
     if done:
-        log.info("resuming the build of %s: %d shard(s) of %d documents already done", out.name, len(done), skip)
+        log.info("resuming the build of %s: %d shard(s) of %d documents already done",
+                 partial.name.removesuffix(".partial"), len(done), skip)
     bytes_done = sum(s["bytes"] for d in done for s in d["splits"].values())
     total = corpus.size_bytes
     with ThreadPoolExecutor(1, thread_name_prefix="tinylm-encode") as pool, \
@@ -83,10 +84,20 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
             done.append(_close_shard(partial, len(done), writers, index))
     stats = {}
     for split in SPLITS:
-        os.replace(partial / f"{split}.bin", out / f"{split}.bin")  # out is a sibling of partial: a rename
+        _link_or_move(partial / f"{split}.bin", out / f"{split}.bin")
         stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)
                         for key in ("tokens", "documents", "bytes", "chars", "eos")}
     return stats
+
+
+def _link_or_move(src: Path, dst: Path) -> None:
+    """Put ``src`` at ``dst`` without copying (the folders are siblings): a hard link, so that a build killed before
+    the dataset is published still finds every shard in .partial/ (which is removed after publishing); a rename
+    where the file system has no hard links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        os.replace(src, dst)
 
 
 def _close_shard(partial: Path, k: int, writers: dict[str, SplitWriter], next_document: int) -> dict:
