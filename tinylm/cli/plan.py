@@ -109,11 +109,11 @@ def format_plan(p: Plan, hparams) -> str:
         ("FLOPs per token", f"{_n(p.flops_per_token)} (6N + attention; forward + backward)"),
         ("tokens per step", f"{p.tokens_per_step:,} (micro-batch x accumulation x {p.devices} device(s) x context)"),
         ("tokens in the run", f"{_n(p.tokens)} ({p.max_steps:,} steps)"),
-        ("FLOPs of the run", f"{p.run_flops:.3g} (6ND = {6 * p.params * p.tokens:.3g}, and attention)"),
+        ("FLOPs of the run", f"{p.run_flops:.3g} (FLOPs per token x tokens)"),
         ("tokens per parameter", (f"{p.tokens_per_param:.1f} (Chinchilla: ~{CHINCHILLA_TOKENS_PER_PARAM:.0f}): "
                                   f"{verdict}")),
-        ("compute-optimal size", (f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for the same "
-                                  "6ND")),
+        ("compute-optimal size", (f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for this "
+                                  f"run's C = 6ND = {6 * p.params * p.tokens:.3g} (N: all parameters)")),
         (f"memory per device ({p.precision})", mem(p.memory)),
         ("with activation ckpt", mem(p.memory_checkpointed) + "  (--model.activation_checkpointing true)"),
         ("wall time", wall),

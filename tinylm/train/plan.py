@@ -254,7 +254,7 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
     (n_run, d_run), (n_opt, d_opt) = points["run"], points["optimal"]
     ns = np.geomspace(min(n_run, n_opt) / 10, max(n_run, n_opt) * 10, 100)
     budget = 6 * n_run * d_run
-    chin_ax.plot(ns, budget / (6 * ns), color="C0", label=f"same FLOPs: 6ND = {budget:.3g}")
+    chin_ax.plot(ns, budget / (6 * ns), color="C0", label=f"this run's C = 6ND = {budget:.3g}")
     chin_ax.plot(ns, CHINCHILLA_TOKENS_PER_PARAM * ns, color="C2", ls="--",
                  label=f"Chinchilla compute-optimal: D = {CHINCHILLA_TOKENS_PER_PARAM:.0f} N")
     chin_ax.plot([n_opt], [d_opt], "*", color="C2", ms=14,
