@@ -251,6 +251,7 @@ def test_a_file_where_a_folder_is_needed_is_one_line(config, capsys, tmp_path, b
 
 
 @pytest.mark.parametrize("flags, verbose", [(["--verbose", "false"], False), (["--verbose=false"], False),
+                                            (["--verbose=no"], False), (["--verbose", "0"], False),
                                             (["--verbose", "true"], True), (["--verbose"], True)])
 def test_verbose_takes_the_value_validate_help_shows(config, capsys, flags, verbose):
     """Catches `tinylm validate ... --verbose false` (the form `validate --help` lists) ending in argparse's
@@ -261,3 +262,10 @@ def test_verbose_takes_the_value_validate_help_shows(config, capsys, flags, verb
             main(argv)
     else:
         _one_line_error(capsys, argv, "checkpoint 'missing.ckpt' not found")
+
+
+def test_verbose_with_a_value_it_does_not_know_is_refused(config, capsys):
+    """Catches `--verbose=maybe` (or `=no` before) quietly turning tracebacks on."""
+    with pytest.raises(SystemExit) as e:
+        main(["validate", "--config", str(config), "--ckpt_path", "missing.ckpt", "--verbose=maybe"])
+    assert e.value.code == "tinylm: error: --verbose takes true or false, got 'maybe'"

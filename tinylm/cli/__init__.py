@@ -52,6 +52,9 @@ def usage() -> str:
             "work everywhere)\n\n" + "\n".join(lines) + f"\n\n  {'--verbose':<{width}} show full tracebacks on errors")
 
 
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
 def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
     """tinylm's --verbose (also `--verbose true|false`, `--verbose=false`: the form validate's --help shows) out of
     the arguments."""
@@ -60,10 +63,14 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
         flag, eq, value = argv[i].partition("=")
         if flag != "--verbose":
             rest.append(argv[i])
+        elif eq:
+            if value.lower() not in _BOOLEANS:
+                sys.exit(f"tinylm: error: --verbose takes true or false, got {value!r}")
+            verbose = _BOOLEANS[value.lower()]
+        elif i + 1 < len(argv) and argv[i + 1].lower() in _BOOLEANS:
+            i, verbose = i + 1, _BOOLEANS[argv[i + 1].lower()]
         else:
-            if not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):
-                i, value = i + 1, argv[i + 1]
-            verbose = value.lower() != "false"
+            verbose = True
         i += 1
     return verbose, rest
 

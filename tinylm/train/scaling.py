@@ -107,6 +107,8 @@ def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
         else:
             lo = a
     alpha = (lo + hi) / 2
+    if fit(alpha)[0] > errors[i]:  # the error is not unimodal in the bracket (E's clamp at 0): keep the grid's best
+        alpha = grid[i]
     sse, E, A = fit(alpha)
     return PowerLaw(E, A, float(alpha), math.sqrt(sse / len(n)))
 
