@@ -302,6 +302,8 @@ def test_gpu_names_match_whole_chip_names_only():
     ("NVIDIA A40", "16-mixed", 149.7),
     ("NVIDIA GeForce RTX 4080", "bf16-mixed", 97.5),
     ("NVIDIA GeForce RTX 3080", "bf16-mixed", 59.5),
+    ("NVIDIA GeForce RTX 3070 Ti", "bf16-mixed", 43.5),  # not the 3070's entry
+    ("NVIDIA GH200 480GB", "32-true", 66.9),
     ("v100", "16-mixed", 125.0),
 ])
 def test_peak_flops_are_dense_tensor_core_peaks(name, precision, tflops):

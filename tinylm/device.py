@@ -83,10 +83,11 @@ PEAK_BF16 = {
     "3090": 71e12,
     "3080 ti": 68.2e12,
     "3080": 59.5e12,
+    "3070 ti": 43.5e12,
     "3070": 40.6e12,
 }
 # nvidia-smi's names of the SXM parts name no form factor ("NVIDIA H100 80GB HBM3"): Lightning's key for each
-_SXM = {"h100": "h100 sxm", "h200": "h200 sxm1"}
+_SXM = {"gh200": "h100 sxm", "h100": "h100 sxm", "h200": "h200 sxm1"}  # GH200: the H100 SXM's compute die
 
 
 def _names_chip(name: str, chip: str) -> bool:

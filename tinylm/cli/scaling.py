@@ -192,9 +192,11 @@ def check_ladder_run(run_dir: Path, r, shape: dict, settings: dict | None = None
         have |= {k: then[k] for k in common}
     diff = [f"{k} {have[k]!r} (this ladder: {want[k]!r})" for k in want if have[k] != want[k]]
     if diff:
+        why = (" (a rung warms up for at most a tenth of its steps: a ladder run by an earlier tinylm kept the "
+               "config's warmup)" if diff[0].startswith("model.warmup_steps") else "")
         raise ValueError(f"{run_dir} holds a run of another ladder: {', '.join(diff[:4])}"
-                         f"{f' and {len(diff) - 4} more' if len(diff) > 4 else ''}; pass another --run.name for this "
-                         "ladder, or move that folder away")
+                         f"{f' and {len(diff) - 4} more' if len(diff) > 4 else ''}{why}; pass another --run.name for "
+                         "this ladder, or move that folder away")
 
 
 def final_val_loss(run_dir: Path, max_steps: int) -> float | None:

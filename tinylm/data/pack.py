@@ -131,6 +131,8 @@ def _complete_shards(partial: Path, itemsize: int) -> list[dict]:
         ends = after
     for path in partial.iterdir():
         if path.name[:5].isdigit() and (path.suffix != ".json" or int(path.name[:5]) >= len(done)):
+            if path.suffix == ".bin":
+                log.info("removing %s: a shard of an earlier tinylm's build (encoded again)", path.name)
             path.unlink()
     for split in SPLITS:
         with open(partial / f"{split}.bin", "ab") as f:
