@@ -251,7 +251,7 @@ def test_a_file_where_a_folder_is_needed_is_one_line(config, capsys, tmp_path, b
 
 
 @pytest.mark.parametrize("flags, verbose", [(["--verbose", "false"], False), (["--verbose=false"], False),
-                                            (["--verbose=no"], False), (["--verbose", "0"], False),
+                                            (["--verbose=no"], False), (["--verbose=0"], False),
                                             (["--verbose", "true"], True), (["--verbose"], True)])
 def test_verbose_takes_the_value_validate_help_shows(config, capsys, flags, verbose):
     """Catches `tinylm validate ... --verbose false` (the form `validate --help` lists) ending in argparse's

@@ -104,7 +104,7 @@ class _Poison(L.Callback):
 def test_nonfinite_loss_stops_the_run_with_the_last_good_step(chars):
     """Catches NaN training that runs on (and checkpoints NaN weights) instead of stopping."""
     ids, vocab = chars
-    with pytest.raises(TrainingHealthError, match="last good step 5 ") as e:
+    with pytest.raises(TrainingHealthError, match="last finite loss at step 5 ") as e:
         _run(_tiny(vocab), _windows(ids, 8 * 20, 0), steps=20, callbacks=[_Poison()])
     assert "LR too high" in str(e.value)
 
@@ -240,7 +240,7 @@ def test_nonfinite_is_caught_before_a_checkpoint_between_syncs(chars, tmp_path):
     monitor = HealthMonitor(sync_every=1000)  # no read before the checkpoint at step 7 but the one it forces
     trainer = L.Trainer(accelerator="cpu", max_steps=20, max_epochs=None, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, callbacks=[_Poison(), monitor, ckpt])
-    with pytest.raises(TrainingHealthError, match="last good step 5 "):
+    with pytest.raises(TrainingHealthError, match="last finite loss at step 5 "):
         trainer.fit(_tiny(vocab), DataLoader(_windows(ids, 8 * 20, 0), batch_size=8))
     assert not list(tmp_path.glob("*.ckpt")), "a checkpoint was written from NaN weights"
 
@@ -256,6 +256,43 @@ def test_nonfinite_restart_can_be_from_best_ckpt(run_config, tmp_path, capsys):
         main(["fit", "--config", str(config)])
     err = capsys.readouterr().err
     assert "--model.init_from runs/tiny/checkpoints/best.ckpt --run.name NEW_NAME" in err, err[-2000:]
+
+
+class _PoisonAtResume(L.Callback):
+    """NaN weights at the first step after a resume from step 4."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 4:
+            with torch.no_grad():
+                pl_module.model.lm_head.weight[0, 0] = float("nan")
+
+
+def test_divergence_right_after_a_resume_names_an_earlier_checkpoint(run_config, capsys):
+    """Catches "the run saved no checkpoint before the divergence" (last good step -1) when a resumed run diverges
+    at its first step: the checkpoints before the one it resumed from hold good weights."""
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4}))])
+    config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 8, "val_check_interval": 100,
+                                                             "callbacks": [{"class_path": "test_health._PoisonAtResume"}]})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert "--model.init_from runs/tiny/checkpoints/step-2.ckpt --run.name NEW_NAME" in err, err[-2000:]
+
+
+def test_an_alert_raised_while_saving_is_in_that_checkpoint(run_config, tmp_path):
+    """Catches a step-N.ckpt without the alert its own save raised (Lightning collects callback states before
+    on_save_checkpoint judged the pending steps): a resume from it raised the once-only alert again."""
+    from tinylm.cli import main
+
+    config = run_config(run={"checkpoint_every": 13}, trainer={
+        "max_steps": 13, "val_check_interval": 100, "gradient_clip_val": 0.0, "log_every_n_steps": 50,
+        "callbacks": [{"class_path": "test_health._Boost"}]})  # a spike at step 14's read, pending until the save
+    main(["fit", "--config", str(config), "--trainer.max_steps", "15", "--run.checkpoint_every", "15"])
+    ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "step-15.ckpt", weights_only=True)
+    states = [v for k, v in ckpt["callbacks"].items() if k.startswith("HealthMonitor")]
+    assert states and "spike" in states[0]["fired"]
 
 
 class _Boost(L.Callback):

@@ -47,7 +47,8 @@ def test_plan_tokens_flops_and_params():
     assert p.tokens_per_param == pytest.approx(p.tokens / p.params)
     assert p.wall_seconds == pytest.approx(p.run_flops / (2 * 1e15 * 0.5))
     # Chinchilla's optimum spends this run's 6ND (not the attention FLOPs too: at 20 tokens/param the run is it)
-    assert (p.optimal_params, p.optimal_tokens) == pytest.approx(compute_optimal(6 * p.params * p.tokens))
+    assert p.chinchilla_flops == 6 * p.params * p.tokens  # in --json too: what optimal_params spends
+    assert (p.optimal_params, p.optimal_tokens) == pytest.approx(compute_optimal(p.chinchilla_flops))
     at_20 = plan(model, batch_size=1, accumulate=1, devices=1, max_steps=round(20 * p.params / 32),
                  precision="32-true", gpu="h100", mfu=0.5, peak_flops=1e15)
     assert at_20.optimal_params == pytest.approx(p.params, rel=0.01)

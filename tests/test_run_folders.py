@@ -154,6 +154,19 @@ def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_pa
     assert "max_steps: 4" in (run / "config.resume-step2-2.yaml").read_text()
 
 
+def test_a_refused_branch_leaves_no_config_yaml(config, tmp_path, capsys):
+    """Catches a branch into a new folder refused on restoring (another batch size) writing that folder's
+    config.yaml: the retry then counted as a resume of it, and the run's record showed a batch it never trained."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    branch = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", ckpt, "--run.name", "br"]
+    assert "global batch" in _error_line(capsys, [*branch, "--data.batch_size", "3"])
+    assert not (tmp_path / "runs" / "br" / "config.yaml").exists()
+    main(branch)
+    assert sorted(p.name for p in (tmp_path / "runs" / "br").glob("config*.yaml")) == ["config.yaml"]
+    assert "batch_size: 2" in (tmp_path / "runs" / "br" / "config.yaml").read_text()
+
+
 def test_a_refused_resume_leaves_no_config_record(config, tmp_path, capsys):
     """Catches a resume refused on restoring the checkpoint (here: another batch size) writing
     config.resume-stepN.yaml: the next resume compares its trainer options with the newest record, so a refused

@@ -56,8 +56,8 @@ _BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "
 
 
 def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
-    """tinylm's --verbose (also `--verbose true|false`, `--verbose=false`: the form validate's --help shows) out of
-    the arguments."""
+    """tinylm's --verbose out of the arguments: also `--verbose true|false` (the form validate's --help shows) and
+    `--verbose=VALUE` (true/false, yes/no, on/off, 1/0)."""
     verbose, rest, i = False, [], 0
     while i < len(argv):
         flag, eq, value = argv[i].partition("=")
@@ -67,7 +67,7 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
             if value.lower() not in _BOOLEANS:
                 sys.exit(f"tinylm: error: --verbose takes true or false, got {value!r}")
             verbose = _BOOLEANS[value.lower()]
-        elif i + 1 < len(argv) and argv[i + 1].lower() in _BOOLEANS:
+        elif i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):  # (not "1": a run folder of plot's)
             i, verbose = i + 1, _BOOLEANS[argv[i + 1].lower()]
         else:
             verbose = True

@@ -255,19 +255,19 @@ def _cluster_found() -> bool:
 
 class RunConfig(SaveConfigCallback):
     """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
-    writes ``config.resume-step<N>.yaml`` beside the original, once the checkpoint is restored and training starts
-    (a resume refused on restoring, e.g. for another batch size, leaves no record: a later resume's warnings compare
-    with the newest record, which must be of a run that trained)."""
+    writes ``config.resume-step<N>.yaml`` beside the original. A run from a checkpoint writes once the checkpoint
+    is restored and training starts (a resume refused on restoring, e.g. for another batch size, leaves no record: a
+    later resume's warnings compare with the newest record, which must be of a run that trained)."""
 
     def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run_dir, self.resume_step = run_dir, resume_step
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        # rank zero's answer, taken before it writes: a rank that looked after it wrote config.yaml (a branch into a
-        # new folder) would wait at on_train_start for a broadcast the others made here, forever
-        resuming = self.resume_step is not None and (self.run_dir / "config.yaml").exists()
-        if not trainer.strategy.broadcast(resuming):
+        # a run from a checkpoint (a resume, or a branch into a new folder) writes at on_train_start: every rank
+        # decides alike from the command line (a decision by what is on disk once hung DDP: a rank that looked after
+        # rank zero wrote config.yaml skipped a broadcast), and a branch refused on restoring leaves no config.yaml
+        if self.resume_step is None:
             super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer, pl_module) -> None:

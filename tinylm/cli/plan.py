@@ -106,14 +106,14 @@ def format_plan(p: Plan, hparams) -> str:
         ("model", (f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
                    f"context {hparams.block_size}, vocab {hparams.vocab_size:,}")),
         ("parameters", f"{_n(p.params)} total, {_n(p.non_embedding_params)} non-embedding"),
-        ("FLOPs per token", f"{_n(p.flops_per_token)} (6N + attention; forward + backward)"),
+        ("FLOPs per token", f"{_n(p.flops_per_token)} (6 x the multiplying parameters + attention; fwd + bwd)"),
         ("tokens per step", f"{p.tokens_per_step:,} (micro-batch x accumulation x {p.devices} device(s) x context)"),
         ("tokens in the run", f"{_n(p.tokens)} ({p.max_steps:,} steps)"),
         ("FLOPs of the run", f"{p.run_flops:.3g} (FLOPs per token x tokens)"),
         ("tokens per parameter", (f"{p.tokens_per_param:.1f} (Chinchilla: ~{CHINCHILLA_TOKENS_PER_PARAM:.0f}): "
                                   f"{verdict}")),
         ("compute-optimal size", (f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for this "
-                                  f"run's C = 6ND = {6 * p.params * p.tokens:.3g} (N: all parameters)")),
+                                  f"run's C = 6ND = {p.chinchilla_flops:.3g} (N: all parameters)")),
         (f"memory per device ({p.precision})", mem(p.memory)),
         ("with activation ckpt", mem(p.memory_checkpointed) + "  (--model.activation_checkpointing true)"),
         ("wall time", wall),

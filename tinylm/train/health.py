@@ -218,7 +218,8 @@ class HealthMonitor(L.Callback):
         fp16 = f" With {precision}, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
         message = (
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
-            f"last good step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms [{history}]. Likely causes: LR too high "
+            f"last finite loss at step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms "
+            f"[{history}]. Likely causes: LR too high "
             f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} After fixing, "
             + _restart_hint(trainer, self._last_good_step)
         )
@@ -229,6 +230,10 @@ class HealthMonitor(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._speed = next((cb for cb in trainer.callbacks if hasattr(cb, "tokens_per_sec")), None)
         self._step_seen = trainer.global_step
+        # a resumed run's checkpoint passed these checks when it was saved: a divergence in the first step after a
+        # resume still has the checkpoints before it to restart from
+        self._last_good_step = trainer.global_step
+        self._owner = (trainer, pl_module)  # for state_dict, which Lightning calls without them
 
     def _throughput(self, trainer: L.Trainer) -> None:
         speed = getattr(self, "_speed", None)
@@ -284,6 +289,10 @@ class HealthMonitor(L.Callback):
 
     # ---- state survives resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        # Lightning collects callback states before on_save_checkpoint: judge what is pending first, so that an alert
+        # it raises is in this checkpoint (a resume from it would raise it again) and NaN stops the save here
+        if getattr(self, "_owner", None) is not None:
+            self._check_pending(*self._owner)
         return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate,
                 "early_share": self._early_share}
 

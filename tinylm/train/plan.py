@@ -61,7 +61,8 @@ class Plan:
     tokens: int  # tokens_per_step x max_steps
     run_flops: float  # flops_per_token x tokens: 6 N D and the attention FLOPs
     tokens_per_param: float
-    optimal_params: float  # Chinchilla: the size whose 20 tokens/param spend this run's C = 6 N D
+    chinchilla_flops: float  # C = 6 N D, N all parameters: the budget of Chinchilla's rule of thumb
+    optimal_params: float  # Chinchilla: the size whose 20 tokens/param spend this C
     optimal_tokens: float
     precision: str
     devices: int
@@ -165,7 +166,7 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     run_flops = per_token * tokens
     # the rule of thumb D = 20N goes with C = 6ND: counting the attention FLOPs in C (a large share of run_flops
     # at long contexts) would call a run of 20 tokens/param "too small" and recommend a larger model
-    n_opt, d_opt = compute_optimal(6 * n * tokens)
+    n_opt, d_opt = compute_optimal(6.0 * n * tokens)
     shards = devices if fsdp else 1
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
                         optimizer=optimizer, accumulate=accumulate)
@@ -174,6 +175,7 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     return Plan(
         params=n, non_embedding_params=n - embeddings, flops_per_token=per_token, tokens_per_step=tokens_per_step,
         max_steps=max_steps, tokens=tokens, run_flops=run_flops, tokens_per_param=tokens / n,
+        chinchilla_flops=6.0 * n * tokens,
         optimal_params=n_opt, optimal_tokens=d_opt, precision=precision, devices=devices, memory=mem[False],
         memory_checkpointed=mem[True], gpu=gpu, peak_flops=peak_flops, mfu=mfu, wall_seconds=wall,
     )
@@ -253,8 +255,7 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
     points = frontier_points(p)
     (n_run, d_run), (n_opt, d_opt) = points["run"], points["optimal"]
     ns = np.geomspace(min(n_run, n_opt) / 10, max(n_run, n_opt) * 10, 100)
-    budget = 6 * n_run * d_run
-    chin_ax.plot(ns, budget / (6 * ns), color="C0", label=f"this run's C = 6ND = {budget:.3g}")
+    chin_ax.plot(ns, p.chinchilla_flops / (6 * ns), color="C0", label=f"this run's C = 6ND = {p.chinchilla_flops:.3g}")
     chin_ax.plot(ns, CHINCHILLA_TOKENS_PER_PARAM * ns, color="C2", ls="--",
                  label=f"Chinchilla compute-optimal: D = {CHINCHILLA_TOKENS_PER_PARAM:.0f} N")
     chin_ax.plot([n_opt], [d_opt], "*", color="C2", ms=14,
