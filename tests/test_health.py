@@ -169,6 +169,22 @@ def test_throughput_slowdown_is_reported(chars):
     assert "slowdown" in kinds
 
 
+class _SlowStartThenLeak(L.Callback):
+    """Slow for the first 25 steps (a start caught in a dip), fast, then slow again from step 70 (a real slowdown)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step < 25 or trainer.global_step >= 70:
+            time.sleep(0.05)
+
+
+def test_slowdown_after_a_slow_start_is_reported(chars):
+    """Catches the first full window being the reference for good: a start caught in a dip (here 25 slow steps)
+    hid the real slowdown that came later."""
+    ids, vocab = chars
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 110, 0), steps=110, callbacks=[_SlowStartThenLeak()])
+    assert "slowdown" in kinds
+
+
 class _GrowingWork(L.Callback):
     """Each step after step 30 burns more CPU than the last in the training thread (growing Python state)."""
 

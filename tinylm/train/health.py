@@ -62,10 +62,10 @@ class HealthMonitor(L.Callback):
             them if fewer).
         overfit_patience: ``overfit`` fires after this many consecutive rising validation losses while the
             training loss fell over the same span.
-        slowdown_fraction: ``slowdown`` fires when recent tokens/sec stays below (1 - this) of the early rate for
-            ``window`` optimizer steps...
+        slowdown_fraction: ``slowdown`` fires when recent tokens/sec stays below (1 - this) of the reference rate
+            (the best ``window``-step median so far) for ``window`` optimizer steps...
         contention_margin: ...except the share of the CPUs the run got (1 - time waiting for CPUs held by other
-            processes) fell by more than this fraction since the early rate was measured: then the window is not
+            processes) fell by more than this fraction since the reference rate was measured: then the window is not
             judged (the rate falls with that share: 4x less CPU time is 4x fewer tokens/sec for an unchanged run).
         window: Optimizer steps averaged for loss and throughput comparisons.
         halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`).
@@ -245,8 +245,11 @@ class HealthMonitor(L.Callback):
         if len(self._rates) < self.window:
             return
         current, share = statistics.median(self._rates), statistics.median(self._shares)
-        if self._early_rate is None:
-            self._early_rate, self._early_share = current, share  # the first full window is the reference
+        if self._early_rate is None or current > self._early_rate:
+            # the reference is the best window so far: a first window caught in a dip (a validation, the page cache
+            # warming up) would hide a real slowdown later
+            self._early_rate, self._early_share = current, share
+            self._slow_streak = 0
             return
         if share < (1 - self.contention_margin) * self._early_share:
             self._slow_streak = 0
