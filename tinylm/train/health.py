@@ -118,6 +118,7 @@ class HealthMonitor(L.Callback):
         self._slow_streak = 0
         self._last_spike_step = -(10**9)
         self._last_good_step = -1
+        self._owner: tuple[L.Trainer, L.LightningModule] | None = None  # set at train start, for state_dict
 
     # ---- reporting ----------------------------------------------------------------------------------------------
     def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True, step: int | None = None) -> None:
@@ -233,7 +234,7 @@ class HealthMonitor(L.Callback):
         # a resumed run's checkpoint passed these checks when it was saved: a divergence in the first step after a
         # resume still has the checkpoints before it to restart from
         self._last_good_step = trainer.global_step
-        self._owner = (trainer, pl_module)  # for state_dict, which Lightning calls without them
+        self._owner = (trainer, pl_module)  # Lightning calls state_dict without them
 
     def _throughput(self, trainer: L.Trainer) -> None:
         speed = getattr(self, "_speed", None)
@@ -294,7 +295,7 @@ class HealthMonitor(L.Callback):
     def state_dict(self) -> dict:
         # Lightning collects callback states before on_save_checkpoint: judge what is pending first, so that an alert
         # it raises is in this checkpoint (a resume from it would raise it again) and NaN stops the save here
-        if getattr(self, "_owner", None) is not None:
+        if self._owner is not None:
             self._check_pending(*self._owner)
         return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate,
                 "early_share": self._early_share}
