@@ -182,6 +182,18 @@ def test_a_refused_resume_leaves_no_config_record(config, tmp_path, capsys):
     assert "accumulate_grad_batches: 2" in (run / "config.resume-step2.yaml").read_text()
 
 
+def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, capsys):
+    """Catches a resume with an accumulate_grad_batches that does not divide the micro-batches done in the epoch:
+    Lightning steps when that count reaches a multiple, so the first step summed 1 micro-batch divided by 2."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3"])
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"]
+    line = _error_line(capsys, [*resume, "--trainer.accumulate_grad_batches", "2"])
+    assert "accumulate_grad_batches 2 does not divide the 3 micro-batches" in line and "(3)" in line
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny").glob("config*.yaml")) == ["config.yaml"]
+    main([*resume, "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "3"])
+    assert "trainer.accumulate_grad_batches 3 (the run had 1)" in capsys.readouterr().err
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

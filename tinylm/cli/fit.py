@@ -451,6 +451,7 @@ class TinyLMCLI(LightningCLI):
                 raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
                                   f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
             _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
+            _check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path)
             from tinylm.data import TinyLMDataModule
 
             TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
@@ -719,6 +720,26 @@ def _check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
         raise TinyLMError(f"--trainer.max_time {max_time} is already spent: {ckpt_path} has trained for {spent:.0f} s "
                           "(Lightning's Timer keeps a run's training time in its checkpoints and counts on from it: "
                           "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
+
+
+def _check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str) -> None:
+    """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
+    epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
+    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such)."""
+    try:
+        progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
+    except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
+        return
+    if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
+        return
+    short = accumulate - done % accumulate
+    near = sorted((a for a in range(2, min(done, 4 * accumulate) + 1) if done % a == 0),
+                  key=lambda a: abs(a - accumulate))[:3]
+    fits = f"one that divides {done} ({', '.join(map(str, sorted(near)))})" if near else "1"
+    raise TinyLMError(f"--trainer.accumulate_grad_batches {accumulate} does not divide the {done} micro-batches "
+                      f"{ckpt_path} has done in its epoch: the first step would sum {short} micro-batches, each "
+                      f"divided by {accumulate}; resume with the run's own accumulate_grad_batches or {fits}")
 
 
 def _with_atomic_checkpoints(plugins: Any) -> list:
