@@ -1,6 +1,7 @@
 """Packing, the on-disk dataset, seekable batches, exact resume, and the DataModule's contract with Lightning."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -69,6 +70,48 @@ def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, smal
         total_bytes = sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
         assert total_bytes == sum(len(d.encode("utf-8")) for d in docs)
     assert len(list(pieces(docs[0], 50))) > 5
+
+
+def test_a_tokenizer_that_marks_a_texts_start_encodes_long_documents_whole(small_data, tmp_path):
+    """Catches documents longer than the piece size encoded in pieces by a SentencePiece-style tokenizer.json
+    (Metaspace, prepend scheme "first" as in Llama): each piece began with its own "▁", a space at every cut."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:20_000]
+    hf = HF(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    hf.decoder = decoders.Metaspace(prepend_scheme="first")
+    hf.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"]))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    (tmp_path / "one.txt").write_text(text, encoding="utf-8")
+    out = prepare_dataset(open_corpus(str(tmp_path / "one.txt"), cache_dir=tmp_path), tok, val_fraction=0.1,
+                          cache_dir=tmp_path / "cache", piece_chars=500)
+    train = np.fromfile(out / "train.bin", dtype=load_meta(out, tok)["dtype"]).tolist()
+    assert train == tok.encode(text[:int(len(text) * 0.9)])
+    assert tok.decode(train) == text[:int(len(text) * 0.9)]
+
+
+@pytest.mark.parametrize("specials", [["<|begin_of_text|>", "<|end_of_text|>"], ["<|begin_of_text|>"]])
+def test_a_tokenizer_without_an_end_of_text_token_is_named(small_data, tmp_path, caplog, specials):
+    """Catches documents packed back to back in silence by a tokenizer.json whose end of text has another name
+    than <|endoftext|> (Llama 3's <|end_of_text|>, now read as one) or that has none (now a warning)."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HF(models.BPE())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    hf.train_from_iterator([(small_data / "stories.txt").read_text(encoding="utf-8")],
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    dm = _dm(tmp_path, small_data / "stories.txt", tokenizer=str(tmp_path / "tokenizer.json"))
+    with caplog.at_level(logging.WARNING, logger="tinylm.data"):
+        dm.prepare_data()
+    eos = hf.token_to_id("<|end_of_text|>")
+    assert dm.eos_id == eos and (dm.meta["splits"]["train"]["eos"] >= 4) == (eos is not None)  # 6 stories
+    assert ("has no end-of-text token" in caplog.text) == (eos is None)
 
 
 def test_one_long_document_is_encoded_in_bounded_batches(small_data, tmp_path, monkeypatch):

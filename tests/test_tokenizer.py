@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -253,12 +254,32 @@ def test_files_that_are_not_tokenizers_are_named(tmp_path):
     for name in ("x.yaml", "image.json", "config.json", "state.json"):
         with pytest.raises(ValueError, match=rf"{name} is not a tokenizer file .*--data\.tokenizer takes bpe, .*tiktoken:NAME"):
             build_tokenizer(str(tmp_path / name))
-    (tmp_path / "vocab.json").write_text('{"hello": 0, "kind": 1, "state": 2, "version": 3}')  # GPT-2's has these
+    (tmp_path / "vocab.json").write_text('{"hello": 0, "kind": 1, "state": 2, "version": 3, "model": 4}')  # as GPT-2's
     with pytest.raises(ValueError, match=r"vocab\.json is not a tokenizer file .*a vocabulary \(token -> id\) "
                                          r"without the rest"):
         build_tokenizer(str(tmp_path / "vocab.json"))
     with pytest.raises(ValueError, match=r"bad\.tiktoken is not a \.tiktoken rank file .*tiktoken:NAME"):
         build_tokenizer(f"tiktoken:{tmp_path / 'bad.tiktoken'}")
+
+
+def test_a_folder_of_vocab_and_merges_loads_with_its_ranks(small_bpe, tmp_path):
+    """Catches a Hugging Face GPT-2 download (vocab.json + merges.txt) or ByteLevelBPE.save's folder refused with a
+    hint that does not help ("pass bpe|char|tiktoken:NAME"), and GPT-2's vocab.json passed alone failing to parse
+    (its words "model" and "state" made it look like a tokenizer.json)."""
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. <|endoftext|> naïve"
+    expected = build_tokenizer(f"tiktoken:{small_bpe.tiktoken}")
+    bare = tmp_path / "gpt2-like"
+    bare.mkdir()
+    for file in (small_bpe.vocab, small_bpe.merges):
+        shutil.copy(file, bare / file.name)
+    (bare / "config.json").write_text('{"n_layer": 2}')  # a model's config.json, as in a Hugging Face download
+    for folder in (small_bpe.vocab.parent, bare):
+        tok = build_tokenizer(str(folder))
+        assert tok.encode(text) == expected.encode(text) and tok.decode(tok.encode(text)) == text
+        assert tok.eos_id == expected.eos_id == 511
+    with pytest.raises(ValueError, match=r"pass the folder that holds it and merges\.txt, --data\.tokenizer "
+                                         + re.escape(str(bare))):
+        build_tokenizer(str(bare / "vocab.json"))
 
 
 def test_byte_lengths_of_a_tiktoken_encoding_with_unused_ids(small_bpe, tmp_path):
@@ -272,6 +293,11 @@ def test_byte_lengths_of_a_tiktoken_encoding_with_unused_ids(small_bpe, tmp_path
     assert len(lengths) == tok.vocab_size and lengths[300] == 0
     text = "First Citizen:\nBefore we proceed any further, hear me speak."
     assert sum(lengths[i] for i in tok.encode(text)) == len(text.encode("utf-8"))
+    # the end-of-text id follows the highest rank: the number of ranks (511) is a real token's id in a file with gaps
+    highest = max(int(line.split()[1]) for line in lines)
+    assert tok.eos_id == highest + 1 == tok.vocab_size - 1 and tok.decode([highest]) != "<|endoftext|>"
+    # a sampler can pick an unused id (a model gives it a small probability): it decodes to nothing, not a KeyError
+    assert tok.decode([*tok.encode("ab"), 300, *tok.encode("cd")]) == "abcd"
 
 
 @pytest.mark.parametrize("kind", ["metaspace", "wordpiece", "bytelevel-no-decoder", "bytelevel-in-a-sequence"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -30,6 +31,7 @@ from tinylm.data.prepare import (
 )
 from tinylm.ranges import check_ranges
 from tinylm.tokenize import TRAINED_SPECS, Tokenizer
+from tinylm.tokenize.tokenizer import EOS_NAMES
 
 # the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed; a trained vocabulary of 2**21
 # ids is 8x the largest in use (256k), and a BPE trainer's memory grows with the target (2**31 asks for 283 GB)
@@ -39,6 +41,8 @@ RANGES = {
     "max_documents": "[1, inf)",
 }
 """Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
+
+log = logging.getLogger(__name__)
 
 
 def other_data(before: str, after: str, fix: str) -> Exception:
@@ -172,6 +176,13 @@ class TinyLMDataModule(L.LightningDataModule):
         if self._metas is None:
             self._metas = [load_meta(prepare_dataset(c, self.tokenizer, val_fraction=self.val_fraction,
                                                      cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
+            for corpus, meta in zip(self.corpora, self._metas):
+                documents = max(split["documents"] for split in meta["splits"].values())  # one cut one counts 1+1
+                if meta["eos_id"] is None and documents > 1:
+                    log.warning("tokenizer %s has no end-of-text token (none of %s): the documents of %s are packed "
+                                "with nothing between them, and generation has no token to end a text at; add one "
+                                "of these to the tokenizer's special tokens", self.tokenizer.spec,
+                                ", ".join(EOS_NAMES), corpus.spec)
         return self._metas
 
     @property

@@ -5,6 +5,7 @@ progress bar reports MB/s and an ETA.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,7 +49,9 @@ class SplitWriter:
     def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
                  bar: Any = None) -> None:
         self.file = open(path, "ab")  # noqa: SIM115 (open across add() calls; close() closes it)
-        self.tok, self.dtype, self.piece_chars = tok, dtype, piece_chars
+        # a tokenizer that marks the start of a text (SentencePiece's "▁" before the first word) would put a space at
+        # every cut: documents are encoded whole for it
+        self.tok, self.dtype, self.piece_chars = tok, dtype, piece_chars if cuts_exactly(tok) else sys.maxsize
         self.pool, self.bar = pool, bar
         self.eos = None if tok.eos_id is None else np.array([tok.eos_id], dtype=dtype)
         self.texts: list[str] = []
@@ -109,6 +112,19 @@ class SplitWriter:
         finally:
             self.file.close()
         return self.stats
+
+
+_PROBE = "Once upon a time there was a cat.\nIt sat on the mat, and it purred.\n\nThe end: naïve café, 42 days!"
+
+
+def cuts_exactly(tok: Tokenizer) -> bool:
+    """Whether text cut by `pieces` encodes to the ids of the whole text, as it does for tinylm's own kinds (they
+    split text by the GPT-2 or cl100k patterns, or by character). A tokenizer.json may not: SentencePiece-style ones
+    (Metaspace, Llama's prepend scheme) start every text with "▁", so each piece would begin with a space."""
+    if tok.kind != "hf":
+        return True
+    whole = tok.encode(_PROBE)
+    return all([i for piece in pieces(_PROBE, n) for i in tok.encode(piece)] == whole for n in (12, 40))
 
 
 def pieces(text: str, max_chars: int) -> Iterator[str]:

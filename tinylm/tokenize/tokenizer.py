@@ -5,8 +5,9 @@ Specs (`--data.tokenizer`):
     scratch-bpe       the same idea, trained by tinylm's own `tinylm.tokenize.bpe.ByteLevelBPE`
     char              one id per character of the corpus (nanoGPT's shakespeare_char)
     tiktoken:NAME     a pretrained tiktoken encoding (gpt2, r50k_base, cl100k_base, ...)
-    tiktoken:PATH     a local `.tiktoken` rank file, GPT-2 pattern, `<|endoftext|>` = number of ranks
-    PATH              a Hugging Face `tokenizer.json`, or a directory written by `Tokenizer.save`
+    tiktoken:PATH     a local `.tiktoken` rank file, GPT-2 pattern, `<|endoftext|>` = the highest rank + 1
+    PATH              a Hugging Face `tokenizer.json`, a directory written by `Tokenizer.save`, or a folder of
+                      GPT-2's vocab.json + merges.txt
 
 `encode` treats its input as plain text: a special-token string in the text is encoded as ordinary characters, so
 user text can never inject an end-of-text id. Specials are appended by id (see `tinylm.data`).
@@ -31,8 +32,10 @@ from tinylm.tokenize.patterns import EOT, GPT2_PATTERN, TRAIN_PIECE_CHARS
 STATE_FILE = "tinylm_tokenizer.json"
 STATE_VERSION = 1
 TRAINED_SPECS = ("bpe", "scratch-bpe", "char")
+EOS_NAMES = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+"""Special tokens read as the end of a document, first found wins: GPT-2's, Llama 3's, SentencePiece's, Gemma's."""
 VALID_SPECS = "bpe, scratch-bpe, char, tiktoken:NAME (e.g. tiktoken:gpt2), tiktoken:PATH.tiktoken, or a path to a " \
-              "tokenizer.json / saved tokenizer directory"
+              "tokenizer.json / saved tokenizer directory / folder of vocab.json + merges.txt"
 
 
 # ---------------------------------------------------------------------------------------------------- backends
@@ -129,7 +132,16 @@ class _Tiktoken:
         return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: list[int]) -> str:
+        if self._unused:  # tiktoken raises KeyError on them; a sampler can pick one (a model gives it a tiny p)
+            ids = [i for i in ids if i not in self._unused]
         return self.enc.decode(ids)
+
+    @functools.cached_property
+    def _unused(self) -> frozenset[int]:
+        """Ids below n_vocab that no token has (cl100k_base leaves 100256 and 100261-100275 unused): they decode to
+        nothing."""
+        used = set(self.enc._mergeable_ranks.values()) | set(self.specials.values())
+        return frozenset(range(self.enc.n_vocab)) - used
 
     def token_bytes(self, i: int) -> bytes:
         try:
@@ -285,9 +297,9 @@ class Tokenizer:
 
     @property
     def eos_id(self) -> int | None:
-        """Id of `<|endoftext|>` (the document separator), or None when the tokenizer has none."""
+        """Id of the end-of-text token (the document separator; one of EOS_NAMES), or None when it has none."""
         specials = self.special_tokens
-        for name in (EOT, "</s>", "<eos>"):
+        for name in EOS_NAMES:
             if name in specials:
                 return specials[name]
         return None
@@ -335,22 +347,42 @@ class Tokenizer:
                 path = path / STATE_FILE
             elif (path / "tokenizer.json").is_file():
                 path = path / "tokenizer.json"
+            elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+                return cls._from_vocab_merges(path)
             else:
-                raise FileNotFoundError(f"no tokenizer in directory {path} (expected {STATE_FILE} or tokenizer.json)"
-                                        "; pass --data.tokenizer bpe|char|tiktoken:NAME to make one")
+                raise FileNotFoundError(f"no tokenizer in directory {path} (expected {STATE_FILE}, tokenizer.json, "
+                                        "or vocab.json + merges.txt); pass --data.tokenizer bpe|char|tiktoken:NAME "
+                                        "to make one")
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} not found; pass --data.tokenizer with an existing path")
         with _naming(path, "a tokenizer file (tinylm_tokenizer.json, or a Hugging Face tokenizer.json)"):
             data = json.loads(path.read_text(encoding="utf-8"))
             if path.name == STATE_FILE or isinstance(data, dict) and isinstance(data.get("state"), dict):
                 return cls.from_state_dict(data)
-            if isinstance(data, dict) and "model" not in data and all(isinstance(v, int) for v in data.values()):
+            if isinstance(data, dict) and all(isinstance(v, int) for v in data.values()):  # GPT-2's has "model": 19849
+                if (path.parent / "merges.txt").is_file():
+                    raise ValueError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
+                                     f"merges.txt, --data.tokenizer {path.parent}")
                 raise ValueError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
                                  "tokenizer as one tokenizer.json (tokenizers.Tokenizer.save, or "
                                  "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
             from tokenizers import Tokenizer as HFTokenizer
 
             return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
+
+    @classmethod
+    def _from_vocab_merges(cls, folder: Path) -> Tokenizer:
+        """A folder of GPT-2's vocab.json + merges.txt (a Hugging Face GPT-2 download, or `ByteLevelBPE.save`),
+        encoded by tiktoken with the same ranks (the ids of the merges, in order)."""
+        from tinylm.tokenize.bpe import FORMAT, ByteLevelBPE
+
+        with _naming(folder / "vocab.json", "a GPT-2 vocab.json (with merges.txt beside it)"):
+            config = folder / "config.json"  # ByteLevelBPE.save's (pattern, specials); a model's config.json is not
+            header = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
+            bpe = (ByteLevelBPE.load(folder) if isinstance(header, dict) and header.get("format") == FORMAT
+                   else ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt"))
+            return cls(_Tiktoken(folder.name, bpe.pattern, _ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
+                       str(folder))
 
     def __repr__(self) -> str:
         return f"Tokenizer(spec={self.spec!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
@@ -459,10 +491,11 @@ def _load_tiktoken(spec: str) -> Tokenizer:
                                     "`.tiktoken` file")
         with _naming(path, "a .tiktoken rank file (lines of 'base64token rank')"):
             ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
-            n = len(ranks_text.splitlines())
-            if n < 256:
-                raise ValueError(f"it has {n} ranks; a byte-level BPE has at least the 256 single bytes")
-            return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: n}), spec)
+            ranks = [int(line.rsplit(" ", 1)[1]) for line in ranks_text.splitlines()]
+            if len(ranks) < 256:
+                raise ValueError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
+            # after the highest rank: a file whose ranks have gaps would otherwise give EOS the id of a real token
+            return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
     if target not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown tiktoken encoding {target!r}; known: {tiktoken.list_encoding_names()}, "
                          "or pass tiktoken:PATH to a local .tiktoken rank file")
