@@ -124,6 +124,23 @@ def test_exported_tokenizer_encodes_like_tinylm(tmp_path, small_data, kind):
         assert hf.eos_token_id == tokenizer.eos_id
 
 
+def test_exported_tokenizer_adds_no_post_processor_tokens(tmp_path, small_data):
+    """Catches a user's tokenizer.json with a post-processor (Llama's BOS before each text) exported as it is:
+    transformers adds the BOS by default, tinylm never did, so the exported model saw other ids than it trained on."""
+    from tokenizers import processors
+
+    tokenizer = _tokenizers(small_data)["bpe"]()
+    hf = tokenizer._b.tok
+    bos = tokenizer.eos_id
+    hf.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    mine = Tokenizer.load(tmp_path / "tokenizer.json")
+    save_hf_tokenizer(mine, tmp_path / "hf", model_max_length=64)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = _texts(small_data)[0][:200]
+    assert exported(text)["input_ids"] == mine.encode(text) and mine.encode(text)[0] != bos
+
+
 def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data, small_data):
     """Catches a tokenizer.json that encodes differently from tiktoken's GPT-2, or vocab.json / merges.txt that differ
     from OpenAI's GPT-2 files (byte-to-unicode spelling, merge order, ids), which GPT2Tokenizer reads."""
@@ -173,6 +190,14 @@ def test_bad_checkpoints_fail_clearly(tmp_path, char_tokenizer):
     torch.save(state, tmp_path / "edited.ckpt")
     with pytest.raises(CheckpointError, match=r"transformer\.wpe\.weight.*\(32, 32\).*\(64, 32\)"):
         load_model(tmp_path / "edited.ckpt")
+    bpe = _write_checkpoint(tmp_path / "bpe.ckpt", build_tokenizer("bpe", vocab_size=300, documents=lambda: [
+        "First Citizen:\nBefore we proceed any further, hear me speak."]), bias=True, pad_vocab_multiple=1)
+    state = torch.load(bpe, weights_only=True)
+    state["tinylm"]["tokenizer"]["state"]["json"] = state["tinylm"]["tokenizer"]["state"]["json"].replace(
+        '"added_tokens"', '"added_tokens\x01"', 1)  # a damaged byte: tokenizers raises a bare Exception
+    torch.save(state, tmp_path / "damaged.ckpt")
+    with pytest.raises(CheckpointError, match=r"damaged\.ckpt.*holds a tokenizer this tinylm cannot rebuild"):
+        load_model(tmp_path / "damaged.ckpt")
     assert not (tmp_path / "out").exists()
 
 
@@ -536,6 +561,11 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
     with pytest.raises(ValueError, match="qk_norm"):
         export_hf(refused, tmp_path / "new" / "deeper" / "hf")
     assert not (tmp_path / "new").exists()  # a failed export leaves no folders it made
+    (out / "tinylm_tokenizer" / "notes.md").write_text("mine")  # the user's file inside the export's folder
+    with pytest.raises(FileExistsError, match=r"\(tinylm_tokenizer/notes.md\)"):
+        export_hf(second, out)
+    assert (out / "tinylm_tokenizer" / "notes.md").read_text() == "mine"
+    (out / "tinylm_tokenizer" / "notes.md").unlink()
     (out / "config.json").write_text('{"model_type": "gpt2"}')  # a downloaded model, not tinylm's
     with pytest.raises(FileExistsError, match=r"config.json \(not a tinylm export's\)"):
         export_hf(second, out)

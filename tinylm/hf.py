@@ -32,7 +32,7 @@ import torch
 from tinylm.checkpoint import CheckpointError, load_checkpoint, load_model  # noqa: F401  (load_model re-exported)
 from tinylm.model import GPT, GPTConfig
 from tinylm.paths import check_output_path
-from tinylm.tokenize.tokenizer import GPT2_PATTERN, Tokenizer, _parse_ranks
+from tinylm.tokenize.tokenizer import GPT2_PATTERN, STATE_FILE, Tokenizer, _parse_ranks
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,9 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
             raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
         raise
     # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
-    for old in sorted((p for p in out.iterdir() if p != tmp), key=lambda p: p.name == "config.json"):
+    # only the names an export writes: a file that appeared meanwhile is the user's
+    olds = [p for p in out.iterdir() if p != tmp and any(fnmatch.fnmatch(p.name, f) for f in EXPORT_FILES)]
+    for old in sorted(olds, key=lambda p: p.name == "config.json"):
         if old.is_dir():
             shutil.rmtree(old)
         else:
@@ -182,6 +184,10 @@ def _not_an_export(folder: Path) -> list[str]:
     what a killed export left (its PARTIAL folder, beside some of the files it was moving in)."""
     names = sorted(p.name for p in folder.iterdir() if p.name != PARTIAL)
     foreign = [n for n in names if not any(fnmatch.fnmatch(n, f) for f in EXPORT_FILES)]
+    own = folder / TINYLM_TOKENIZER_DIR  # what Tokenizer.save writes there
+    if own.is_dir():
+        foreign += [f"{TINYLM_TOKENIZER_DIR}/{p.name}" for p in sorted(own.iterdir())
+                    if p.name not in (STATE_FILE, "tokenizer.json")]
     if foreign or not names or (folder / PARTIAL).is_dir():
         return foreign
     try:
@@ -229,6 +235,9 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     state = tokenizer.state_dict()["state"]
     if tokenizer.kind == "hf":
         tok = HFTokenizer.from_str(state["json"])  # a copy; tinylm's own sets encode_special_tokens on its object
+        # tinylm encodes without the post-processor's additions (a BOS before each text, Llama style): the model
+        # never saw them, so the export must not add them either
+        tok.post_processor = None
     elif tokenizer.kind == "char":
         tok = _char_tokenizer(state["chars"], state["special_tokens"])
     elif tokenizer.kind == "scratch-bpe":
