@@ -100,7 +100,9 @@ def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_def
     config = run_config(data={"tokenizer": "bpe", "vocab_size": 300})
     main(["fit", "--config", str(config)])
     run = tmp_path / "runs" / "tiny"
-    tokenizers = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    trained = lambda: sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()
+                             if not p.name.startswith("checkpoint-"))  # validate's copy of the checkpoint's own
+    tokenizers = trained()
     val_at_2 = next(float(r["val/loss"]) for r in _rows(run / "csv" / "metrics.csv") if r.get("val/loss"))
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.val_batches", "null"])
@@ -110,10 +112,41 @@ def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_def
     main(["validate", "--config", str(whole_config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "-c", str(whole_config)])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data", '{"val_batches": null}'])
-    assert sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()) == tokenizers  # none trained
+    assert trained() == tokenizers  # none trained
     one_batch, *whole = (float(r["val/loss"]) for r in _rows(run / "validate" / "metrics.csv"))
     assert one_batch == pytest.approx(val_at_2, abs=1e-5) and whole[0] != pytest.approx(one_batch, abs=1e-4)
     assert whole == pytest.approx([whole[0]] * 4, abs=1e-6)
+
+
+def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_overlap(run_config, tmp_path, small_data,
+                                                                                    caplog):
+    """Catches `validate --data.corpus OTHER` of a BPE run training a BPE on OTHER and refusing it as another
+    tokenizer (with advice to "resume"), and a validation whose split holds text the model trained on (a larger
+    val_fraction than the run's, or the run's corpus edited since) passing in silence."""
+    config = run_config(data={"tokenizer": "bpe", "vocab_size": 300})
+    main(["fit", "--config", str(config)])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    other = tmp_path / "german.txt"
+    other.write_text((small_data / "german.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["validate", "--ckpt_path", ckpt, "--data.corpus", str(other)])
+    assert "with the checkpoint's own bpe tokenizer" in caplog.text and "larger than" not in caplog.text
+    (row,) = _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")
+    assert float(row["val/loss"]) > 0
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.2"])
+    assert "data.val_fraction 0.2 is larger than the 0.1 the checkpoint trained with" in caplog.text
+    assert "50% of it is text the model trained on" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.05"])  # a part of the held-out text
+    assert "larger than" not in caplog.text
+    corpus = tmp_path / "shakespeare_small.txt"
+    corpus.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["validate", "--ckpt_path", ckpt])
+    assert "holds other text than when the checkpoint trained on it" in caplog.text
 
 
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):

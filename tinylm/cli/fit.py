@@ -498,6 +498,22 @@ class TinyLMCLI(LightningCLI):
                 trained["vocab_size"] = target
             data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
                     and f"data.{k}" not in self._named and cfg.data[k] != v}
+            from tinylm.tokenize import TRAINED_SPECS
+
+            now = {**cfg.data, **data}
+            if now.get("tokenizer") in TRAINED_SPECS and meta.get("tokenizer"):
+                # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
+                # another tokenizer than the model's
+                from tinylm.data.prepare import (
+                    checkpoint_tokenizer_dir,
+                    default_cache_dir,
+                )
+
+                data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
+                                                                 now.get("cache_dir") or default_cache_dir()))
+                if now.get("corpus") != trained.get("corpus"):
+                    log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
+                             now.get("corpus"), now["tokenizer"], trained.get("corpus"))
             if data:
                 update["data"] = data
         self.config = self.parser.parse_object({sub: update}, self.config)

@@ -256,7 +256,8 @@ class TinyLMDataModule(L.LightningDataModule):
         state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
                  "seed": self.seed, "block_size": self.block_size, "weights": self.weights}
         if self._metas is not None:  # what the training windows were drawn from: each corpus's text and split
-            state.update(corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
+            state.update(corpus_specs=list(self.corpus_specs),
+                         corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
                          split_settings=[m["settings"] for m in self._metas], val_fraction=self.val_fraction)
         return state
 
@@ -264,6 +265,8 @@ class TinyLMDataModule(L.LightningDataModule):
         fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
         if fitting:  # validating or testing from a checkpoint draws no training data: any batch size will do
             self._check_same_data(state_dict)
+        elif self.trainer is not None:
+            self._check_held_out(state_dict)
         self._resume_batches = int(state_dict.get("train_batches_yielded", 0))
         if self._train_loader is not None:
             self._train_loader.load_state_dict({"batches_yielded": self._resume_batches})
@@ -298,6 +301,27 @@ class TinyLMDataModule(L.LightningDataModule):
                                   "(its fingerprint changed: the files were edited or replaced), so the resumed run "
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
+
+    def _check_held_out(self, saved: dict) -> None:
+        """Name an evaluation whose validation split may hold text the checkpoint trained on: a val_fraction larger
+        than the run's (the split is the corpus's tail, so it reaches back into the run's training text), or the
+        run's own corpus holding other text now."""
+        was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
+        if was_fps is None or saved.get("corpus_specs", self.corpus_specs) != list(self.corpus_specs):
+            return  # another corpus: evaluated as such (checkpoints before corpus_specs: the fingerprints decide)
+        if was_fps != now_fps:
+            if "corpus_specs" in saved:
+                log.warning("data.corpus %s holds other text than when the checkpoint trained on it (its fingerprint "
+                            "changed: the files were edited or replaced): the validation split may hold text the "
+                            "model trained on", self.corpus_spec)
+            return
+        tail = any((s or {}).get("val_source") == "tail" for s in saved.get("split_settings") or [])
+        was = saved.get("val_fraction")
+        if tail and was is not None and self.val_fraction > was:
+            log.warning("data.val_fraction %s is larger than the %s the checkpoint trained with: the split is the "
+                        "corpus's tail, so %.0f%% of it is text the model trained on and val/loss comes out low; "
+                        "pass --data.val_fraction %s or smaller", self.val_fraction, was,
+                        100 * (self.val_fraction - was) / self.val_fraction, was)
 
     @staticmethod
     def check_split_before_preparing(saved: dict, val_fraction: float) -> None:

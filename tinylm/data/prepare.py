@@ -157,6 +157,17 @@ def prepare_tokenizer(corpus: Corpus, spec: str, *, vocab_size: int, cache_dir: 
     return tok
 
 
+def checkpoint_tokenizer_dir(state: dict, cache_dir: str | Path) -> Path:
+    """A folder holding the tokenizer a checkpoint carries (`CACHE/tokenizers/checkpoint-<fingerprint>`), written
+    once: `tinylm validate` on another corpus evaluates with it, where training one on that corpus would make
+    another tokenizer than the model's."""
+    tok = Tokenizer.from_state_dict(state)
+    final = Path(cache_dir) / "tokenizers" / f"checkpoint-{tok.fingerprint[:16]}"
+    if not (final / STATE_FILE).is_file():
+        _publish(final, tok.save, STATE_FILE)
+    return final
+
+
 def tokenizer_dir_for(corpus: Corpus, spec: str, *, vocab_size: int, train_chars: int | None,
                       cache_dir: Path) -> Path:
     """Where the tokenizer of kind `spec` (one of TRAINED_SPECS) trained on `corpus` lives."""

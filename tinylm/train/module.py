@@ -446,14 +446,18 @@ class TinyLM(L.LightningModule):
         tok = getattr(getattr(self._trainer, "datamodule", None), "tokenizer", None)
         if saved is None or tok is None:
             return  # loaded outside a run (load_from_checkpoint), or no tinylm data module
+        from lightning.pytorch.trainer.states import TrainerFn
+
         from tinylm.checkpoint import CheckpointError
         from tinylm.tokenize import Tokenizer
 
         fingerprint = Tokenizer.from_state_dict(saved).fingerprint
         if fingerprint != tok.fingerprint:
+            fix = ("resume with the data.tokenizer, data.corpus and data.vocab_size the checkpoint was trained with, "
+                   "or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
+                   "leave --data.tokenizer out: tinylm validate then uses the checkpoint's own")
             raise CheckpointError(
                 f"the checkpoint's tokenizer ({saved.get('spec')!r}, fingerprint {fingerprint[:12]}) is not this run's "
                 f"({tok.spec!r}, fingerprint {tok.fingerprint[:12]}), so generate/export would decode with the wrong "
-                "one; resume with the data.tokenizer, data.corpus and data.vocab_size the checkpoint was trained "
-                "with, or start a new run"
+                f"one; {fix}"
             )
