@@ -351,3 +351,12 @@ def test_byte_lengths_of_byte_fallback_tokens(tmp_path):
     ids = tok.encode("aé")
     assert tok.decode(ids) == "aé" and [hf.id_to_token(i) for i in ids] == ["a", "<0xC3>", "<0xA9>"]
     assert sum(tok.token_byte_lengths()[i] for i in ids) == len("aé".encode())
+
+
+@pytest.mark.parametrize("spec", ["bpe", "scratch-bpe"])
+def test_a_corpus_too_small_for_the_vocabulary_is_named(spec):
+    """Catches the Hugging Face trainer returning fewer ids than --data.vocab_size in silence (scratch-bpe said so):
+    the model's vocabulary, and its size in the run name, are not what the user asked for."""
+    with pytest.warns(UserWarning, match=r"ran out of pairs to merge after \d+ merges; vocab_size is \d+ instead of 8192"):
+        tok = build_tokenizer(spec, vocab_size=8192, documents=lambda: ["the cat sat on the mat, the cat sat"])
+    assert tok.vocab_size < 300

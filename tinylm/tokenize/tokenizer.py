@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -452,6 +453,9 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
     tok.train_from_iterator(docs, trainer=trainer)
+    if tok.get_vocab_size() < vocab_size:  # as scratch-bpe says it
+        warnings.warn(f"training text ran out of pairs to merge after {tok.get_vocab_size() - 257} merges; vocab_size "
+                      f"is {tok.get_vocab_size()} instead of {vocab_size} (give more text for a larger one)")
     tok.pre_tokenizer = encoding_split  # encoding does not chunk: the saved tokenizer is plain GPT-2 style
     return Tokenizer(_HF(tok), "bpe")
 
