@@ -28,8 +28,9 @@ def config(run_config):
     )
 
 
-def _interrupt(config, tmp_path, signum: int) -> tuple[subprocess.CompletedProcess, int]:
-    """Run `tinylm fit` in a child process, send ``signum`` once step 2 is saved; (finished process, its last.ckpt step)."""
+def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `tinylm fit` in a child process, send ``signum`` once step 2 is saved, to its whole process group (loader
+    workers too) or to it alone; (finished process, its last.ckpt step)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process runs here: the same float sums
     # its own session, like a terminal job: Ctrl+C reaches the whole group (loader workers too), kill the process
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (a file, not a pipe: a full pipe would stall the child)
@@ -40,7 +41,7 @@ def _interrupt(config, tmp_path, signum: int) -> tuple[subprocess.CompletedProce
     while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-    if signum == signal.SIGINT:
+    if group:
         os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
@@ -51,11 +52,13 @@ def _interrupt(config, tmp_path, signum: int) -> tuple[subprocess.CompletedProce
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum):
+@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+                         ids=["SIGTERM", "SIGTERM-to-the-group", "SIGINT"])
+def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum, group):
     """Catches SIGTERM exiting 0 and Ctrl+C exiting 1 without a checkpoint (the steps since the last periodic save
-    were lost), a save mid-accumulation or before the step's validation, and loader workers killed by Ctrl+C."""
-    done, step = _interrupt(config, tmp_path, signum)
+    were lost), a save mid-accumulation or before the step's validation, and loader workers killed by Ctrl+C or by
+    a SIGTERM to every process of the job (SLURM's time limit, systemd): "DataLoader worker is killed", no save."""
+    done, step = _interrupt(config, tmp_path, signum, group)
     name = signal.Signals(signum).name
     assert done.returncode == 128 + signum, done.stderr[-3000:]  # 143 for SIGTERM, 130 for Ctrl+C, as a shell says
     assert step >= 2

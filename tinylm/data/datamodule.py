@@ -19,6 +19,7 @@ from tinylm.data.loader import (
     ResumableLoader,
     TrainBatches,
     ValBatches,
+    outlive_first_sigterm,
 )
 from tinylm.data.prepare import (
     TRAIN_STATS,
@@ -242,6 +243,7 @@ class TinyLMDataModule(L.LightningDataModule):
         loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
+                              worker_init_fn=outlive_first_sigterm if self.num_workers else None,
                               # every iteration draws a base seed from `generator`, from the global RNG without
                               # one: validation would shift the training's dropout stream (exact resume)
                               generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]

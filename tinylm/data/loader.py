@@ -5,6 +5,7 @@ Letters in shape comments: B = batch size, T = block size (context length in tok
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,19 @@ class _EpochSampler(Sampler[int]):
         return iter(range(self.start, (self.start // self.epoch_length + 1) * self.epoch_length))
 
 
+def outlive_first_sigterm(worker_id: int) -> None:
+    """A DataLoader worker's `worker_init_fn`: the first SIGTERM leaves the worker running. A SIGTERM sent to every
+    process of a job (SLURM's time limit and scancel, systemd, `kill -TERM -- -PGID`) reached the workers too, and
+    torch's handler ended them: the main process then failed with "DataLoader worker ... is killed by signal"
+    instead of saving at the step boundary (tinylm.train.interrupt). The loader stops its workers itself when the
+    run ends; a second SIGTERM (the loader's or multiprocessing's terminate of a stuck worker) ends it as before."""
+
+    def first(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, first)
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader over `TrainBatches` that counts the batches it has yielded. Lightning saves `state_dict()` in
     checkpoints (it does so only for loaders that have one) and after `load_state_dict` iteration resumes at that
@@ -157,7 +171,8 @@ class ResumableLoader(DataLoader):
         self.epoch_length, self.batches_yielded = epoch_length, start
         self._positions = _EpochSampler(epoch_length)
         super().__init__(dataset, batch_size=None, sampler=self._positions, num_workers=num_workers,
-                         pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed))
+                         pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
+                         worker_init_fn=outlive_first_sigterm if num_workers else None)
 
     def __iter__(self) -> Iterator[Any]:
         self._positions.start = self.batches_yielded
