@@ -220,6 +220,14 @@ def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, c
         cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last", "--model.lr", "0.5"])
     assert cli.model.hparams.lr == 3e-3
     assert any("ignoring model.lr=0.5 (checkpoint: 0.003)" in r.getMessage() for r in caplog.records)
+    # a value equal to the default, named on the command line, is ignored too: and says so
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--run.name", "drop", "--model.dropout", "0.1"])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--run.name", "drop",
+                              "--ckpt_path", "last", "--model.dropout", "0.0"])
+    assert cli.model.hparams.dropout == 0.1
+    assert "ignoring model.dropout=0.0 (checkpoint: 0.1)" in caplog.text
 
 
 def test_resume_takes_runtime_options_from_this_run(config, caplog):

@@ -471,10 +471,11 @@ class TinyLMCLI(LightningCLI):
         from_weights = architecture_fields() if source is not None else ()
         saved["init_from"] = source
         defaults = self._parser(sub).get_defaults()
-        # a value left at its default was not set by the user (e.g. validate without --config): nothing to ignore
+        # a value at its default that the command does not name was not set by the user (validate without
+        # --config): nothing to ignore; `--model.dropout 0.0` (the default) is named, and ignored
         ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
                    if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
-                   and cfg.model[k] != defaults.model.get(k)]
+                   and (cfg.model[k] != defaults.model.get(k) or f"model.{k}" in self._named)]
         if ignored:
             log.warning("%s %s: model hyperparameters come from the checkpoint; ignoring %s%s",
                         "resuming from" if sub == "fit" else "evaluating", ckpt_path, ", ".join(ignored),
