@@ -339,6 +339,11 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "9",
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed"])
     assert "trainer.precision 'bf16-mixed' (the run had '32-true')" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "10",
+              "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2"])
+    assert "with data.val_batches 2 (the run had 1): val/loss is measured on other windows" in caplog.text
 
 
 def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):

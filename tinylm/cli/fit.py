@@ -692,6 +692,11 @@ def _warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) ->
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
+    data = read(configs[-1]).get("data") or {}
+    if "val_batches" in data and cfg.data.get("val_batches") != data["val_batches"]:
+        log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
+                    "windows from here on, so its curve jumps and best.ckpt is picked across the two",
+                    ckpt_path, cfg.data.get("val_batches"), data["val_batches"])
     started = read(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
