@@ -120,6 +120,12 @@ def test_jsonl_file_rows_are_documents(tmp_path):
     assert list(corpus) == ["first story", "second story"] and not corpus.has_validation
     with pytest.raises(ValueError, match=r"no column 'body'.*--data\.text_column"):
         list(open_corpus(str(tmp_path / "d.jsonl"), cache_dir=tmp_path, text_column="body"))
+    (tmp_path / "n.jsonl").write_text('{"text": 5, "body": "a"}\n{"text": 7, "body": "b"}\n')  # numbers, not text
+    for streaming in (False, True):
+        with pytest.raises(ValueError, match=r"column 'text' holds int values \(e\.g\. '5'\), not text; pass "
+                                             r"--data\.text_column"):
+            list(open_corpus(str(tmp_path / "n.jsonl"), cache_dir=tmp_path / str(streaming), streaming=streaming,
+                             **({"max_documents": 2} if streaming else {})))
 
 
 def test_hf_builder_with_validation_split(tmp_path):

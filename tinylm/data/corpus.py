@@ -40,6 +40,14 @@ _READ_BYTES = 1 << 20
 BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
 _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
+def _text(value: Any, path: str, column: str) -> str:
+    """A row's document, checked: a column of numbers or lists is no text to train on."""
+    if not isinstance(value, str):  # a bad input, not a bug: ValueError is the kind the CLI prints as one line
+        raise ValueError(f"dataset {path!r}: column {column!r} holds {type(value).__name__} values (e.g. "  # noqa: TRY004
+                         f"{str(value)[:40]!r}), not text; pass --data.text_column NAME of a column of text")
+    return value
+
+
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 NAMED = {
     "tinyshakespeare": {
@@ -234,7 +242,7 @@ class HFDataset(Corpus):
         for batch in ds.iter(batch_size=1000):
             for text in batch[self.text_column]:
                 if text:
-                    yield text
+                    yield _text(text, self.path, self.text_column)
 
     def _fingerprint(self) -> str:
         dd = self._load()
@@ -292,7 +300,7 @@ class HFStream(Corpus):
     def _rows(self, split: str) -> Iterator[str]:
         for row in self._load()[split]:
             if text := row[self.text_column]:
-                yield text
+                yield _text(text, self.path, self.text_column)
 
     def _docs(self, split: str) -> Iterator[str]:
         head = self.val_source == "held-out head"
