@@ -38,6 +38,11 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--data.corpus", ""], ["--data.corpus is empty"]),
         (["--trainer.overfit_batches", "1"], ["trainer.overfit_batches=1", "tiny corpus"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
+        # found at the first sample step, these ended the run there, before that step's checkpoint
+        (["--samples.every_n_steps", "2", "--samples.prompts", '["é"]'],
+         ["samples.prompts: 'é' cannot be encoded", "change --samples.prompts"]),
+        (["--samples.every_n_steps", "2", "--samples.prompts", '[""]'],
+         ["an empty prompt starts from the end-of-text token, and this char tokenizer has none"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):

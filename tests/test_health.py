@@ -426,3 +426,34 @@ def test_tokens_per_sec_leaves_out_validation_time(chars):
     _run(module, _windows(ids, 8 * 30, 0), steps=30, val=_windows(ids[50_000:], 8, 1), val_every=10, callbacks=[rates])
     measured = [r for r in rates.rates if r is not None]
     assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after validations
+
+
+def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data):
+    """Catches the text samples written during training counted as training time: tokens/sec and MFU fell ~3x for
+    the window after each sample (always, with samples.every_n_steps <= the window)."""
+    from tinylm.tokenize.tokenizer import build_tokenizer
+    from tinylm.train.callbacks import SampleText
+
+    ids, vocab = chars
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
+
+    class SlowSamples(SampleText):
+        def _sample(self, model, tokenizer, prompt):
+            time.sleep(0.5)  # sampling far longer than the window's training steps
+            return super()._sample(model, tokenizer, prompt)
+
+    class Rates(L.Callback):
+        def __init__(self):
+            self.rates = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            speed = next(cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor))
+            self.rates.append(speed.tokens_per_sec)
+
+    module = _tiny(vocab)
+    module.tokenizer_state = build_tokenizer("char", documents=lambda: [text]).state_dict()
+    rates = Rates()
+    _run(module, _windows(ids, 8 * 30, 0), steps=30, callbacks=[rates, SlowSamples(every_n_steps=10, max_new_tokens=4)])
+    measured = [r for r in rates.rates if r is not None]
+    assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after samples
+

@@ -101,9 +101,12 @@ class SpeedMonitor(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._validating_since is not None:
-            paused = time.perf_counter() - self._validating_since
-            self._marks = deque(((t + paused, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
+            self.exclude(time.perf_counter() - self._validating_since)
             self._validating_since = None
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` of wall time just spent on other work (validating, sampling text) out of the rates."""
+        self._marks = deque(((t + seconds, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self._tokens += batch[0].numel()
@@ -417,9 +420,27 @@ class SampleText(L.Callback):
         # without accumulation never samples either): not again after the next step's first micro-batch
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
+        if self.every_n_steps:
+            self._check_prompts(_run_tokenizer(trainer, pl_module))
         saved, self._saved_bytes = self._saved_bytes, None
         if trainer.global_step and trainer.is_global_zero and saved is not None:
             _cut_after(self._path, saved)
+
+    def _check_prompts(self, tokenizer) -> None:
+        """Refuse, before the first step, a prompt the run's tokenizer cannot encode: found at the first sample step,
+        it ended the run there, before that step's checkpoint was saved."""
+        if tokenizer is None:
+            return
+        for prompt in self.prompts:
+            try:
+                ids = tokenizer.encode(prompt)
+            except ValueError as e:
+                raise ValueError(f"samples.prompts: {prompt!r} cannot be encoded by the run's tokenizer ({e}); "
+                                 "change --samples.prompts") from None
+            if not ids and tokenizer.eos_id is None:
+                raise ValueError(f"samples.prompts: an empty prompt starts from the end-of-text token, and this "
+                                 f"{tokenizer.kind} tokenizer has none; give each prompt some text "
+                                 "(--samples.prompts '[\"\\n\"]')")
 
     def state_dict(self) -> dict:
         # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
@@ -442,8 +463,11 @@ class SampleText(L.Callback):
         tokenizer = _run_tokenizer(trainer, pl_module)
         if tokenizer is None:
             return
+        started = time.perf_counter()
         rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt)) for prompt in self.prompts]
         self._publish(trainer, rows)
+        for speed in (cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)):
+            speed.exclude(time.perf_counter() - started)  # sampling is no training: tokens/sec and MFU leave it out
 
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
         from dataclasses import replace
