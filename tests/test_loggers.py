@@ -28,6 +28,30 @@ def test_no_credentials_means_offline(no_wandb_account, tmp_path, caplog):
     assert len(offline_lines) == 1 and "wandb sync" in offline_lines[0]
 
 
+def test_a_key_wandb_login_stores_or_no_network_are_seen(no_wandb_account, tmp_path, monkeypatch):
+    """Catches the ~/.netrc entry wandb 0.31's `wandb login` writes (for CoreWeave Forge's host) going unseen, so a
+    logged-in user's runs went offline; and a key with no network going online: wandb.init retried for ~95 s, then
+    ended the run with a CommError traceback."""
+    import os
+    import socket
+
+    from tinylm.train.loggers import _has_wandb_key
+
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".netrc").write_text(f"machine api.forge.coreweave.com\n  login user\n  password {'ab' * 20}\n")
+    os.chmod(home / ".netrc", 0o600)
+    assert _has_wandb_key()
+    with socket.socket() as s:  # a port nothing listens on: the server cannot be reached
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("WANDB_API_KEY", "ab" * 20)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    assert wandb_mode() == "offline" and os.environ["WANDB_MODE"] == "offline"
+
+
 def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):
     """Catches W&B starting although the user turned it off."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -56,3 +80,28 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     runs = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
     assert first_id and last_id == first_id  # the resumed process logged into the run the checkpoint named
     assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
+
+
+def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id(no_wandb_account, tmp_path,
+                                                                                   run_config):
+    """Catches a branch into a new folder (--ckpt_path X --run.name NEW) logging into its parent's W&B run (its steps
+    logged there a second time, the run renamed), and a resume with --run.wandb_project null saving checkpoints
+    without the run's W&B id, so the next resume with W&B started another W&B run."""
+    import torch
+
+    def wandb_id(path):
+        return torch.load(path, weights_only=True)["tinylm"]["wandb_id"]
+
+    run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2,
+                                   "keep_checkpoints": -1}, model={"n_layer": 1, "decay_steps": 8})
+    main(["fit", "--config", "c.yaml"])
+    ckpts = tmp_path / "runs" / "wb" / "checkpoints"
+    first = wandb_id(ckpts / "last.ckpt")
+    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.wandb_project", "null"])
+    assert first and wandb_id(ckpts / "last.ckpt") == first
+    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    assert wandb_id(ckpts / "last.ckpt") == first
+    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", str(ckpts / "step-2.ckpt"),
+          "--run.name", "br"])
+    branch = wandb_id(tmp_path / "runs" / "br" / "checkpoints" / "last.ckpt")
+    assert branch and branch != first

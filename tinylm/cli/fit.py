@@ -445,7 +445,11 @@ class TinyLMCLI(LightningCLI):
         meta = tinylm_section(ckpt, ckpt_path)
         self.ckpt_step = int(ckpt.get("global_step", 0))
         if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
-            self.resume_step, self.wandb_id = self.ckpt_step, meta.get("wandb_id")
+            self.resume_step = self.ckpt_step
+            # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
+            # into its parent's W&B run would log its steps a second time there, under the branch's name
+            if self.run_dir.resolve() in Path(ckpt_path).resolve().parents:
+                self.wandb_id = meta.get("wandb_id")
             max_steps = cfg.trainer.get("max_steps")
             if max_steps is not None and self.ckpt_step >= max_steps:
                 raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
@@ -544,6 +548,7 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
         if sub == "fit":
             _warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
+            self.model.wandb_id = self.wandb_id
         extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
         return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)
 
@@ -825,7 +830,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
     try:
-        return cli_class(
+        cli = cli_class(
             TinyLM,
             TinyLMDataModule,
             args=args,
@@ -841,5 +846,20 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
                                                        "--ckpt_path PATH (the data it was trained on), or "
                                                        "--config configs/NAME.yaml --ckpt_path PATH|last|best"}},
         )
+    except BaseException:
+        _finish_wandb(exit_code=1)
+        raise
+    else:
+        _finish_wandb(exit_code=0)
+        return cli
     finally:
         release_run_folders()
+
+
+def _finish_wandb(exit_code: int) -> None:
+    """End this process's W&B run. Lightning's WandbLogger leaves it open, and a WandbLogger made later in the same
+    process (the next rung of `tinylm scaling`, a notebook's second fit) reuses an open run: every rung logged into
+    the first rung's W&B run."""
+    wandb = sys.modules.get("wandb")  # not imported: no run was started
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)

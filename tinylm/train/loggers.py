@@ -1,6 +1,6 @@
 """Loggers: a CSV file always (readable without any account), W&B as the primary dashboard when available.
 
-W&B never blocks a run: with no credentials (or ``WANDB_MODE=offline``) it logs offline into the run folder and
+W&B never blocks a run: with no credentials or no network (or ``WANDB_MODE=offline``) it logs offline into the run folder and
 says so in one line; ``WANDB_MODE=disabled`` or ``run.wandb_project: null`` turns it off.
 """
 
@@ -86,8 +86,9 @@ def wandb_mode() -> str:
 
     Credentials are looked up without calling into wandb (``WANDB_API_KEY``, or the ``~/.netrc`` entry that
     ``wandb login`` writes): probing with ``wandb.login()`` initialises wandb's global settings as online, after which
-    an offline ``wandb.init`` in the same process still asks for a key. Without credentials this sets
-    ``WANDB_MODE=offline`` for the process before wandb starts.
+    an offline ``wandb.init`` in the same process still asks for a key. With a key, one TCP connection (3 s at
+    most) tells whether the server can be reached. Without credentials or network this sets ``WANDB_MODE=offline``
+    for the process before wandb starts.
     """
     mode = os.environ.get("WANDB_MODE", "").lower()
     if mode in ("disabled", "offline"):
@@ -98,10 +99,15 @@ def wandb_mode() -> str:
 
     if importlib.util.find_spec("wandb") is None:  # not `import wandb`: 0.5 s and 20 MB for a yes/no answer
         return "disabled"
-    if _has_wandb_key():
+    if _has_wandb_key() and _reachable():
         return "online"
     os.environ["WANDB_MODE"] = "offline"
     return "offline"
+
+
+WANDB_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
+"""Where `wandb login` stores its key in ~/.netrc: W&B's API host (wandb < 0.31), CoreWeave Forge's (0.31's
+default base URL); WANDB_BASE_URL's host instead when it is set."""
 
 
 def _has_wandb_key() -> bool:
@@ -110,10 +116,29 @@ def _has_wandb_key() -> bool:
     import netrc
     from urllib.parse import urlparse
 
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    base = os.environ.get("WANDB_BASE_URL")
+    hosts = [urlparse(base).hostname] if base else WANDB_HOSTS
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        stored = netrc.netrc(os.environ.get("NETRC"))
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return any(host and stored.authenticators(host) is not None for host in hosts)
+
+
+def _reachable(timeout: float = 3.0) -> bool:
+    """Whether the W&B server takes a TCP connection (through a proxy: trusted to). With a key and no network,
+    wandb.init retried for ~95 s and then ended the run with a CommError traceback."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    try:
+        with socket.create_connection((url.hostname or "api.wandb.ai", url.port or
+                                       (80 if url.scheme == "http" else 443)), timeout=timeout):
+            return True
+    except OSError:
         return False
 
 

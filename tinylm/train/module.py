@@ -200,6 +200,9 @@ class TinyLM(L.LightningModule):
         self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
+        # the W&B run of the run folder, set by `tinylm fit` on a resume: kept in checkpoints saved by a resume that
+        # logs without W&B, so a later resume with W&B continues that run instead of starting another
+        self.wandb_id: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
         self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
         self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
@@ -419,7 +422,8 @@ class TinyLM(L.LightningModule):
             self.token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.float64)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
+        wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"),
+                        self.wandb_id)
         checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
                                 "init_from": self.init_source}
 
