@@ -30,6 +30,9 @@ def test_read_run_series_alerts_and_cut_rows(tmp_path):
     assert curves.series["val/loss"] == [(1, 3.9)]
     assert curves.alerts == [(1, "spike")]
     assert "health/spike" not in curves.series
+    damaged = folder / "csv" / "metrics.csv"  # a byte that is no UTF-8 (a disk error): that cell only is lost
+    damaged.write_bytes(damaged.read_bytes().replace(b"4.0", b"4.\xff"))
+    assert read_run(folder).series["train/loss"] == [(0, 4.2)]
 
 
 def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, capsys):

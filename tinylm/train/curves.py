@@ -44,7 +44,7 @@ def read_run(run: str | Path) -> RunCurves:
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name)
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:  # damaged bytes: that cell is no number
         lines = f.read().splitlines(keepends=True)
     if lines and not lines[-1].endswith(("\n", "\r")):
         lines.pop()
