@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from tinylm.cli import main
+from tinylm.cli.fit import lightning_main
 from tinylm.train.loggers import make_loggers, wandb_mode
 
 
@@ -94,7 +95,10 @@ def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id
 
     run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2,
                                    "keep_checkpoints": -1}, model={"n_layer": 1, "decay_steps": 8})
-    main(["fit", "--config", "c.yaml"])
+    cli = lightning_main(["fit", "--config", "c.yaml"])
+    config = dict(cli.trainer.loggers[0].experiment.config)  # the run's settings beside the model's and data's
+    assert (config["trainer"]["max_steps"], config["seed_everything"], config["run"]["name"]) == (2, 7, "wb")
+    assert config["n_layer"] == 1 and config["block_size"] == 16
     ckpts = tmp_path / "runs" / "wb" / "checkpoints"
     first = wandb_id(ckpts / "last.ckpt")
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.wandb_project", "null"])

@@ -16,6 +16,7 @@ import contextlib
 import csv
 import errno
 import inspect
+import json
 import logging
 import math
 import os
@@ -285,6 +286,13 @@ class RunConfig(SaveConfigCallback):
                 path = self.run_dir / f"config.resume-step{self.resume_step}-{n}.yaml"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+        # W&B has the model's and the data's hyperparameters (Lightning logs those); the rest of the run's settings
+        # (max_steps, accumulate_grad_batches, precision, seed, ...) only the config holds
+        wandb = [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
+        if wandb:
+            config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+            for logger in wandb:
+                logger.log_hyperparams({k: v for k, v in config.items() if k not in ("model", "data")})
 
 
 RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing")
