@@ -149,6 +149,26 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
     assert "holds other text than when the checkpoint trained on it" in caplog.text
 
 
+def test_validate_of_a_tokenizer_file_run_needs_the_file_no_more(run_config, tmp_path, small_data, caplog):
+    """Catches `validate --ckpt_path X` of a run trained with --data.tokenizer FILE failing once that file moved
+    (FileNotFoundError) or changed (refused as another tokenizer, with advice to leave out an option never passed),
+    though the checkpoint holds the tokenizer; and a larger val_fraction going unnamed when the corpus is named by
+    another path (relative, not absolute) than the run's."""
+    from tinylm.tokenize.tokenizer import build_tokenizer
+
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:20_000]
+    build_tokenizer("bpe", vocab_size=300, documents=lambda: [text]).save(tmp_path / "tok")
+    config = run_config(data={"tokenizer": str(tmp_path / "tok" / "tokenizer.json")})
+    main(["fit", "--config", str(config)])
+    shutil.rmtree(tmp_path / "tok")
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["validate", "--ckpt_path", ckpt, "--data.corpus", "shakespeare_small.txt", "--data.val_fraction", "0.2"])
+    assert "data.val_fraction 0.2 is larger than the 0.1" in caplog.text
+    (row,) = _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")
+    assert float(row["val/loss"]) > 0
+
+
 def test_validate_ckpt_path_best_and_the_names_tinylm_does_not_use(config, tmp_path, capsys):
     """Catches `--ckpt_path best`, which --help offers, failing with "checkpoint 'best' not found", and
     `hpc`/`registry` failing the same way instead of saying what to pass."""
@@ -221,7 +241,10 @@ def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, 
     main(["fit", "--config", str(config), "--trainer.max_steps", "3"])
     resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"]
     line = _error_line(capsys, [*resume, "--trainer.accumulate_grad_batches", "2"])
-    assert "accumulate_grad_batches 2 does not divide the 3 micro-batches" in line and "(3)" in line
+    assert "accumulate_grad_batches 2 does not divide the 3 micro-batches" in line
+    assert line.endswith("resume with the run's own 1")  # 3 divides the micro-batches, not val_check_interval 2
+    line = _error_line(capsys, [*resume, "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "6"])
+    assert line.endswith("resume with the run's own 1 or one that divides 3 and trainer.val_check_interval 6 (3)")
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny").glob("config*.yaml")) == ["config.yaml"]
     main([*resume, "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "3"])
     assert "trainer.accumulate_grad_batches 3 (the run had 1)" in capsys.readouterr().err

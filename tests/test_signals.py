@@ -43,6 +43,9 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
     assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
     if group:
         os.killpg(proc.pid, signum)
+        if signum == signal.SIGTERM:  # and once more: the main process takes it as the same request
+            time.sleep(0.2)
+            os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
     proc.wait(timeout=120)
@@ -53,14 +56,18 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
-                         ids=["SIGTERM", "SIGTERM-to-the-group", "SIGINT"])
+                         ids=["SIGTERM", "SIGTERM-twice-to-the-group", "SIGINT"])
 def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum, group):
     """Catches SIGTERM exiting 0 and Ctrl+C exiting 1 without a checkpoint (the steps since the last periodic save
     were lost), a save mid-accumulation or before the step's validation, and loader workers killed by Ctrl+C or by
-    a SIGTERM to every process of the job (SLURM's time limit, systemd): "DataLoader worker is killed", no save."""
+    a SIGTERM to every process of the job (SLURM's time limit, systemd; here sent twice): "DataLoader worker is
+    killed", no save."""
     done, step = _interrupt(config, tmp_path, signum, group)
     name = signal.Signals(signum).name
-    assert done.returncode == 128 + signum, done.stderr[-3000:]  # 143 for SIGTERM, 130 for Ctrl+C, as a shell says
+    # 143 for SIGTERM, 130 for Ctrl+C, as a shell says; a second SIGTERM that comes once the run has saved and
+    # given the signal back ends the process by it: a shell says 143 too
+    assert done.returncode == 128 + signum or group and done.returncode == -signal.SIGTERM == -signum, \
+        done.stderr[-3000:]
     assert step >= 2
     line = (f"interrupted by {name} at step {step}; saved runs/run/checkpoints/last.ckpt; resume with `tinylm fit "
             f"--config {config} --ckpt_path last`")

@@ -179,7 +179,9 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
     try:
         tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
-    except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception on a damaged tokenizer.json)
+    except Exception as e:
+        if type(e) is not Exception and not isinstance(e, (ValueError, KeyError, TypeError)):
+            raise  # a bug, not a damaged file (tokenizers raises a bare Exception on a damaged tokenizer.json)
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds a tokenizer this tinylm cannot rebuild "
                               f"({type(e).__name__}: {str(e)[:200]}): the file is damaged, or was written by another "
                               "tinylm version; use another checkpoint of the run, or the version that wrote it") from None

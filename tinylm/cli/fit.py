@@ -86,6 +86,20 @@ def holds_run(run_dir: Path) -> bool:
 _LOCKS: dict[str, Any] = {}  # run folder -> the open lock file of this process
 
 
+def _drop_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker): close the run-folder lock files inherited from the parent. A child
+    holding one kept the folder locked after the parent died (a worker outlives it by seconds), and the resume
+    that followed was refused as "in use by another tinylm process"."""
+    for f in _LOCKS.values():
+        with contextlib.suppress(OSError):
+            f.close()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 def lock_run_folder(run_dir: Path):
     """An exclusive lock on ``<run dir>/.lock`` until `release_run_folders` (or the process's end, even by kill -9):
     two `tinylm fit` in one folder would interleave their logs and overwrite each other's checkpoints."""
@@ -463,7 +477,8 @@ class TinyLMCLI(LightningCLI):
                 raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
                                   f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
             _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
-            _check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path)
+            _check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path,
+                                cfg.trainer.get("val_check_interval"))
             from tinylm.data import TinyLMDataModule
 
             TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
@@ -514,9 +529,9 @@ class TinyLMCLI(LightningCLI):
             from tinylm.tokenize import TRAINED_SPECS
 
             now = {**cfg.data, **data}
-            if now.get("tokenizer") in TRAINED_SPECS and meta.get("tokenizer"):
+            if meta.get("tokenizer") and (now.get("tokenizer") in TRAINED_SPECS or "data.tokenizer" not in self._named):
                 # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
-                # another tokenizer than the model's
+                # another tokenizer than the model's, and a tokenizer file may have moved or changed since
                 from tinylm.data.prepare import (
                     checkpoint_tokenizer_dir,
                     default_cache_dir,
@@ -676,24 +691,31 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 """Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
 
 
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _run_config(ckpt_path: str) -> dict:
+    """The newest config*.yaml of the checkpoint's run folder (what the run trained with last); {} if none."""
+    configs = sorted(Path(ckpt_path).resolve().parent.parent.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
+    return _read_yaml(configs[-1]) if configs else {}
+
+
 def _warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
     """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
     newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
     taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
-    import yaml
-
-    def read(path: Path) -> dict:
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
-
     folder = Path(ckpt_path).resolve().parent.parent
-    configs = sorted(folder.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
-    if not configs:
+    newest = _run_config(ckpt_path)
+    if not newest:
         return
-    trainer = read(configs[-1]).get("trainer") or {}  # what the run trained with last
+    trainer = newest.get("trainer") or {}  # what the run trained with last
     now = {k: cfg.trainer.get(k) for k in _TRAINING_OPTIONS}
     if n_embd and "precision" in trainer:  # an unset precision is resolved by device and width, here as there
         from tinylm.device import resolve_precision
@@ -705,12 +727,12 @@ def _warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) ->
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
-    data = read(configs[-1]).get("data") or {}
+    data = newest.get("data") or {}
     if "val_batches" in data and cfg.data.get("val_batches") != data["val_batches"]:
         log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
                     "windows from here on, so its curve jumps and best.ckpt is picked across the two",
                     ckpt_path, cfg.data.get("val_batches"), data["val_batches"])
-    started = read(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
+    started = _read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
         log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
@@ -757,7 +779,7 @@ def _check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
                           "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
 
 
-def _check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str) -> None:
+def _check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None) -> None:
     """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
     epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
     micro-batches than it divides by (a gradient too small by that ratio, and clipped as such)."""
@@ -769,12 +791,17 @@ def _check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str) -> None:
     if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
         return
     short = accumulate - done % accumulate
-    near = sorted((a for a in range(2, min(done, 4 * accumulate) + 1) if done % a == 0),
-                  key=lambda a: abs(a - accumulate))[:3]
-    fits = f"one that divides {done} ({', '.join(map(str, sorted(near)))})" if near else "1"
+    every = val_check_interval if isinstance(val_check_interval, int) else None
+    # the values that divide both the micro-batches done and the validation interval (fit's own check)
+    usable = [a for a in range(2, min(done, 4 * accumulate) + 1) if done % a == 0 and (every is None or every % a == 0)]
+    near = sorted(sorted(usable, key=lambda a: abs(a - accumulate))[:3])
+    had = (_run_config(ckpt_path).get("trainer") or {}).get("accumulate_grad_batches")
+    own = f"the run's own {had}" if isinstance(had, int) else "the run's own value"
+    fits = f" or one that divides {done}" + (f" and trainer.val_check_interval {every}" if every else "") + \
+           f" ({', '.join(map(str, near))})" if near else ""
     raise TinyLMError(f"--trainer.accumulate_grad_batches {accumulate} does not divide the {done} micro-batches "
                       f"{ckpt_path} has done in its epoch: the first step would sum {short} micro-batches, each "
-                      f"divided by {accumulate}; resume with the run's own accumulate_grad_batches or {fits}")
+                      f"divided by {accumulate}; resume with {own}{fits}")
 
 
 def _with_atomic_checkpoints(plugins: Any) -> list:

@@ -40,6 +40,8 @@ _READ_BYTES = 1 << 20
 BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
 _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
+
+
 def _text(value: Any, path: str, column: str) -> str:
     """A row's document, checked: a column of numbers or lists is no text to train on."""
     if not isinstance(value, str):  # a bad input, not a bug: ValueError is the kind the CLI prints as one line

@@ -19,7 +19,7 @@ from tinylm.data.loader import (
     ResumableLoader,
     TrainBatches,
     ValBatches,
-    outlive_first_sigterm,
+    outlive_sigterm,
 )
 from tinylm.data.prepare import (
     TRAIN_STATS,
@@ -179,7 +179,7 @@ class TinyLMDataModule(L.LightningDataModule):
                                                      cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
             for corpus, meta in zip(self.corpora, self._metas):
                 documents = max(split["documents"] for split in meta["splits"].values())  # one cut one counts 1+1
-                if meta["eos_id"] is None and documents > 1:
+                if self.tokenizer.eos_id is None and documents > 1:
                     log.warning("tokenizer %s has no end-of-text token (none of %s): the documents of %s are packed "
                                 "with nothing between them, and generation has no token to end a text at; add one "
                                 "of these to the tokenizer's special tokens", self.tokenizer.spec,
@@ -243,7 +243,7 @@ class TinyLMDataModule(L.LightningDataModule):
         loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
-                              worker_init_fn=outlive_first_sigterm if self.num_workers else None,
+                              worker_init_fn=outlive_sigterm if self.num_workers else None,
                               # every iteration draws a base seed from `generator`, from the global RNG without
                               # one: validation would shift the training's dropout stream (exact resume)
                               generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]
@@ -309,10 +309,10 @@ class TinyLMDataModule(L.LightningDataModule):
         than the run's (the split is the corpus's tail, so it reaches back into the run's training text), or the
         run's own corpus holding other text now."""
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
-        if was_fps is None or saved.get("corpus_specs", self.corpus_specs) != list(self.corpus_specs):
-            return  # another corpus: evaluated as such (checkpoints before corpus_specs: the fingerprints decide)
-        if was_fps != now_fps:
-            if "corpus_specs" in saved:
+        if was_fps is None:
+            return
+        if was_fps != now_fps:  # another corpus, evaluated as such; or the run's own, edited since
+            if saved.get("corpus_specs") == list(self.corpus_specs):
                 log.warning("data.corpus %s holds other text than when the checkpoint trained on it (its fingerprint "
                             "changed: the files were edited or replaced): the validation split may hold text the "
                             "model trained on", self.corpus_spec)

@@ -148,15 +148,21 @@ class _EpochSampler(Sampler[int]):
         return iter(range(self.start, (self.start // self.epoch_length + 1) * self.epoch_length))
 
 
-def outlive_first_sigterm(worker_id: int) -> None:
-    """A DataLoader worker's `worker_init_fn`: the first SIGTERM leaves the worker running. A SIGTERM sent to every
-    process of a job (SLURM's time limit and scancel, systemd, `kill -TERM -- -PGID`) reached the workers too, and
-    torch's handler ended them: the main process then failed with "DataLoader worker ... is killed by signal"
-    instead of saving at the step boundary (tinylm.train.interrupt). The loader stops its workers itself when the
-    run ends; a second SIGTERM (the loader's or multiprocessing's terminate of a stuck worker) ends it as before."""
+WORKER_GRACE_S = 60
+"""How long a DataLoader worker lives on after a SIGTERM (see `outlive_sigterm`)."""
+
+
+def outlive_sigterm(worker_id: int) -> None:
+    """A DataLoader worker's `worker_init_fn`: SIGTERM leaves the worker running, for WORKER_GRACE_S seconds. A
+    SIGTERM sent to every process of a job (SLURM's time limit and scancel, systemd, `kill -TERM -- -PGID`) reached
+    the workers too, and torch's handler ended them: the main process then failed with "DataLoader worker ... is
+    killed by signal" instead of saving at the step boundary (tinylm.train.interrupt), which needs its next batch.
+    The loader stops its workers itself when the run ends; a worker stuck past the grace (the loader's terminate of
+    a hung worker is a SIGTERM too) ends by SIGALRM."""
 
     def first(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM to the group, too
+        signal.alarm(WORKER_GRACE_S)
 
     signal.signal(signal.SIGTERM, first)
 
@@ -172,7 +178,7 @@ class ResumableLoader(DataLoader):
         self._positions = _EpochSampler(epoch_length)
         super().__init__(dataset, batch_size=None, sampler=self._positions, num_workers=num_workers,
                          pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
-                         worker_init_fn=outlive_first_sigterm if num_workers else None)
+                         worker_init_fn=outlive_sigterm if num_workers else None)
 
     def __iter__(self) -> Iterator[Any]:
         self._positions.start = self.batches_yielded

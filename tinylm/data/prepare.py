@@ -304,6 +304,10 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{dataset_dir} has dataset format {meta.get('format_version')!r}, this tinylm reads "
                          f"{FORMAT_VERSION}; {redo}")
+    if tokenizer is not None and meta["tokenizer_fingerprint"] == tokenizer.fingerprint and \
+            meta["eos_id"] != tokenizer.eos_id:  # packed by a tinylm that read the end-of-text token otherwise
+        raise ValueError(f"dataset {dataset_dir} was packed with end-of-text id {meta['eos_id']}, but its tokenizer's "
+                         f"is {tokenizer.eos_id} (an older tinylm packed it); {redo}")
     if tokenizer is not None and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise ValueError(f"dataset {dataset_dir} was built with tokenizer {meta['tokenizer_spec']!r} (fingerprint "
                          f"{meta['tokenizer_fingerprint'][:12]}), but this run's tokenizer {tokenizer.spec!r} has "

@@ -124,7 +124,8 @@ def cuts_exactly(tok: Tokenizer) -> bool:
     if tok.kind != "hf":
         return True
     whole = tok.encode(_PROBE)
-    return all([i for piece in pieces(_PROBE, n) for i in tok.encode(piece)] == whole for n in (12, 40))
+    # piece sizes at which every piece of the probe has a place `pieces` may cut (a smaller one cuts a word)
+    return all([i for piece in pieces(_PROBE, n) for i in tok.encode(piece)] == whole for n in (20, 40))
 
 
 def pieces(text: str, max_chars: int) -> Iterator[str]:

@@ -382,7 +382,9 @@ class Tokenizer:
             header = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
             bpe = (ByteLevelBPE.load(folder) if isinstance(header, dict) and header.get("format") == FORMAT
                    else ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt"))
-            return cls(_Tiktoken(folder.name, bpe.pattern, _ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
+            # a fixed name: the name is part of the state (and so of the fingerprint), a folder's name is not (a
+            # Hugging Face download is named by its revision; a renamed folder is the same tokenizer)
+            return cls(_Tiktoken("vocab-merges", bpe.pattern, _ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
                        str(folder))
 
     def __repr__(self) -> str:

@@ -459,7 +459,8 @@ class TinyLM(L.LightningModule):
         if fingerprint != tok.fingerprint:
             fix = ("resume with the data.tokenizer, data.corpus and data.vocab_size the checkpoint was trained with, "
                    "or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
-                   "leave --data.tokenizer out: tinylm validate then uses the checkpoint's own")
+                   "leave --data.tokenizer out (of the command and its --config): tinylm validate then uses the "
+                   "checkpoint's own")
             raise CheckpointError(
                 f"the checkpoint's tokenizer ({saved.get('spec')!r}, fingerprint {fingerprint[:12]}) is not this run's "
                 f"({tok.spec!r}, fingerprint {tok.fingerprint[:12]}), so generate/export would decode with the wrong "
