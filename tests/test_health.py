@@ -402,6 +402,17 @@ def test_tokens_per_sec_counts_all_ranks_and_mfu_is_per_device(monkeypatch):
     assert got["train/mfu"] == pytest.approx(per_device * module.model.flops_per_token() / peak, rel=1e-5)
 
 
+class _Rates(L.Callback):
+    """SpeedMonitor's tokens/sec after every training batch."""
+
+    def __init__(self):
+        self.rates = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        speed = next(cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor))
+        self.rates.append(speed.tokens_per_sec)
+
+
 def test_tokens_per_sec_leaves_out_validation_time(chars):
     """Catches the speed window counting the time of a validation: tokens/sec and MFU fell ~4.5x for the steps after
     each one, and the health monitor could take that for a slowdown."""
@@ -412,17 +423,9 @@ def test_tokens_per_sec_leaves_out_validation_time(chars):
             time.sleep(0.5)  # a validation far longer than the window's training steps
             return super().validation_step(batch, batch_idx, dataloader_idx)
 
-    class Rates(L.Callback):
-        def __init__(self):
-            self.rates = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            speed = next(cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor))
-            self.rates.append(speed.tokens_per_sec)
-
     torch.manual_seed(0)
     module = SlowValidation(vocab_size=vocab, block_size=T, n_layer=1, n_head=1, n_embd=16, pad_vocab_multiple=1)
-    rates = Rates()
+    rates = _Rates()
     _run(module, _windows(ids, 8 * 30, 0), steps=30, val=_windows(ids[50_000:], 8, 1), val_every=10, callbacks=[rates])
     measured = [r for r in rates.rates if r is not None]
     assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after validations
@@ -442,17 +445,9 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data):
             time.sleep(0.5)  # sampling far longer than the window's training steps
             return super()._sample(model, tokenizer, prompt)
 
-    class Rates(L.Callback):
-        def __init__(self):
-            self.rates = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            speed = next(cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor))
-            self.rates.append(speed.tokens_per_sec)
-
     module = _tiny(vocab)
     module.tokenizer_state = build_tokenizer("char", documents=lambda: [text]).state_dict()
-    rates = Rates()
+    rates = _Rates()
     _run(module, _windows(ids, 8 * 30, 0), steps=30, callbacks=[rates, SlowSamples(every_n_steps=10, max_new_tokens=4)])
     measured = [r for r in rates.rates if r is not None]
     assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after samples
