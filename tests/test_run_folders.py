@@ -250,6 +250,18 @@ def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, 
     assert "trainer.accumulate_grad_batches 3 (the run had 1)" in capsys.readouterr().err
 
 
+def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_path):
+    """Catches a resume with a smaller --run.keep_checkpoints keeping every step-N.ckpt of the run: Lightning removes
+    one file per save, and only when it holds exactly that many."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--run.keep_checkpoints", "-1"])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    steps = lambda: sorted(p.name for p in ckpts.glob("step-*.ckpt"))
+    assert steps() == ["step-2.ckpt", "step-4.ckpt", "step-6.ckpt"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "8", "--ckpt_path", "last", "--run.keep_checkpoints",
+          "2"])
+    assert steps() == ["step-6.ckpt", "step-8.ckpt"] and (ckpts / "last.ckpt").is_file()
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

@@ -295,9 +295,23 @@ class PeriodicCheckpoint(ModelCheckpoint):
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):
+            self._trim_to_keep(trainer)
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
+
+    def _trim_to_keep(self, trainer: L.Trainer) -> None:
+        """Remove the oldest step-N.ckpt beyond save_top_k (run.keep_checkpoints): Lightning removes one per save,
+        and only when it holds exactly save_top_k, so a resume with a smaller keep_checkpoints (the run kept
+        more, or all) never shrank the folder."""
+        if not 0 < self.save_top_k < len(self.best_k_models):
+            return
+        oldest_first = sorted(self.best_k_models, key=lambda path: float(self.best_k_models[path]))  # monitor: step
+        for path in oldest_first[: len(oldest_first) - self.save_top_k]:
+            self.best_k_models.pop(path)
+            self._remove_checkpoint(trainer, path)
+        self.kth_best_model_path = oldest_first[-self.save_top_k]
+        self.kth_value = self.best_k_models[self.kth_best_model_path]
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         for logger in trainer.loggers:
