@@ -277,8 +277,11 @@ def test_a_folder_of_vocab_and_merges_loads_with_its_ranks(small_bpe, tmp_path):
         tok = build_tokenizer(str(folder))
         assert tok.encode(text) == expected.encode(text) and tok.decode(tok.encode(text)) == text
         assert tok.eos_id == expected.eos_id == 511
-    # the same files in a folder of another name are the same tokenizer (a renamed download resumes its runs)
+    # the same files in a folder or a rank file of another name are the same tokenizer (a renamed download resumes
+    # its runs)
     assert build_tokenizer(str(small_bpe.vocab.parent)).fingerprint == build_tokenizer(str(bare)).fingerprint
+    shutil.copy(small_bpe.tiktoken, tmp_path / "renamed.tiktoken")
+    assert build_tokenizer(f"tiktoken:{tmp_path / 'renamed.tiktoken'}").fingerprint == expected.fingerprint
     with pytest.raises(ValueError, match=r"pass the folder that holds it and merges\.txt, --data\.tokenizer "
                                          + re.escape(str(bare))):
         build_tokenizer(str(bare / "vocab.json"))

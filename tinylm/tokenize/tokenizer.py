@@ -310,7 +310,10 @@ class Tokenizer:
         """sha256 hex of the backend state: equal fingerprints encode every text identically. The spec is left
         out, so the same tokenizer loaded from a checkpoint or a folder keeps its fingerprint."""
         if self._fingerprint is None:
-            blob = json.dumps({"kind": self.kind, "state": self._b.state()}, sort_keys=True, ensure_ascii=False)
+            state = self._b.state()
+            if self.kind == "tiktoken":  # its name is a rank file's stem: a renamed file is the same tokenizer
+                state = {k: v for k, v in state.items() if k != "name"}
+            blob = json.dumps({"kind": self.kind, "state": state}, sort_keys=True, ensure_ascii=False)
             self._fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         return self._fingerprint
 
@@ -382,8 +385,6 @@ class Tokenizer:
             header = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
             bpe = (ByteLevelBPE.load(folder) if isinstance(header, dict) and header.get("format") == FORMAT
                    else ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt"))
-            # a fixed name: the name is part of the state (and so of the fingerprint), a folder's name is not (a
-            # Hugging Face download is named by its revision; a renamed folder is the same tokenizer)
             return cls(_Tiktoken("vocab-merges", bpe.pattern, _ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
                        str(folder))
 
