@@ -897,4 +897,8 @@ def _finish_wandb(exit_code: int) -> None:
     the first rung's W&B run."""
     wandb = sys.modules.get("wandb")  # not imported: no run was started
     if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish(exit_code=exit_code)
+        try:
+            wandb.finish(exit_code=exit_code)
+        except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
+            log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
+                        type(e).__name__, e)

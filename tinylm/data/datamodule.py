@@ -178,7 +178,7 @@ class TinyLMDataModule(L.LightningDataModule):
             self._metas = [load_meta(prepare_dataset(c, self.tokenizer, val_fraction=self.val_fraction,
                                                      cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
             for corpus, meta in zip(self.corpora, self._metas):
-                documents = max(split["documents"] for split in meta["splits"].values())  # one cut one counts 1+1
+                documents = max(split["documents"] for split in meta["splits"].values())  # a document cut between the splits counts in both
                 if self.tokenizer.eos_id is None and documents > 1:
                     log.warning("tokenizer %s has no end-of-text token (none of %s): the documents of %s are packed "
                                 "with nothing between them, and generation has no token to end a text at; add one "
