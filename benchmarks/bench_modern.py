@@ -41,7 +41,7 @@ from bench_train_step import (
     make_module,
 )
 
-from tinylm.train.optim import build_optimizer
+from tinylm.train.optim import build_optimizer, fused_adamw
 from tinylm.train.schedules import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,9 @@ class Run:
         self.optimizer = build_optimizer(self.model, optimizer=hp.optimizer, lr=hp.lr, weight_decay=hp.weight_decay,
                                          betas=(hp.beta1, hp.beta2), muon_lr=hp.muon_lr,
                                          muon_momentum=hp.muon_momentum, muon_weight_decay=hp.muon_weight_decay,
-                                         fused=False)
+                                         # the AdamW kernel `tinylm fit` runs (fused on CPU from torch 2.4): with
+                                         # foreach, modern + Muon ended 0.008 nats off the CLI's run
+                                         fused=fused_adamw(torch.device("cpu")))
         self.peaks = [g["lr"] for g in self.optimizer.param_groups]
         self.factor = [lr_at(s, schedule=hp.lr_schedule, lr=1.0, min_lr=hp.min_lr / hp.lr,
                              warmup_steps=hp.warmup_steps, decay_steps=steps) for s in range(steps)]
