@@ -109,7 +109,11 @@ def lock_run_folder(run_dir: Path):
     key = str(run_dir.resolve())
     if key in _LOCKS:
         return _LOCKS[key]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # under /proc, a read-only disk, a file on the way: one line naming the folder
+        raise TinyLMError(f"cannot make the run folder {run_dir} ({e.strerror or e}); pick a writable "
+                          "--trainer.default_root_dir DIR") from None
     f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -197,6 +201,10 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
+    if trainer_cfg.get("barebones"):  # Lightning then refuses every logger, callback and checkpoint tinylm adds
+        raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
+                         "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
+                         "test: benchmarks/bench_train_step.py)")
     if subcommand == "fit":
         max_steps = trainer_cfg.get("max_steps", -1)
         if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
@@ -328,6 +336,7 @@ _HELP = {
     "trainer.max_epochs": "Refused by tinylm: runs are driven by --trainer.max_steps (an epoch is a notional pass "
                           "over random windows)",
     "trainer.min_epochs": "Not useful in tinylm: its epochs are notional; use --trainer.min_steps",
+    "trainer.barebones": "Refused by tinylm: a run is made of the logging, checkpoints and callbacks it turns off",
     "trainer.overfit_batches": "Refused by tinylm (its loader draws windows by step); to see a model overfit, train "
                                "on a tiny corpus",
     "trainer.val_check_interval": "Validate every this many batches (micro-batches: a multiple of "
