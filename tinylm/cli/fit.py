@@ -111,7 +111,8 @@ def lock_run_folder(run_dir: Path):
         return _LOCKS[key]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # under /proc, a read-only disk, a file on the way: one line naming the folder
+    except FileNotFoundError as e:  # under /proc: one line naming the folder (a file on the way, a read-only disk:
+        # one_line names those)
         raise TinyLMError(f"cannot make the run folder {run_dir} ({e.strerror or e}); pick a writable "
                           "--trainer.default_root_dir DIR") from None
     f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
