@@ -431,7 +431,7 @@ def test_tokens_per_sec_leaves_out_validation_time(chars):
     assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after validations
 
 
-def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data):
+def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, monkeypatch):
     """Catches the text samples written during training counted as training time: tokens/sec and MFU fell ~3x for
     the window after each sample (always, with samples.every_n_steps <= the window)."""
     from tinylm.tokenize.tokenizer import build_tokenizer
@@ -445,6 +445,7 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data):
             time.sleep(0.5)  # sampling far longer than the window's training steps
             return super()._sample(model, tokenizer, prompt)
 
+    monkeypatch.chdir(tmp_path)  # the trainer's default_root_dir, where samples.txt goes
     module = _tiny(vocab)
     module.tokenizer_state = build_tokenizer("char", documents=lambda: [text]).state_dict()
     rates = _Rates()
