@@ -165,7 +165,7 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         raise
     # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
     # only the names an export writes: a file that appeared meanwhile is the user's
-    olds = [p for p in out.iterdir() if p != tmp and any(fnmatch.fnmatch(p.name, f) for f in EXPORT_FILES)]
+    olds = [p for p in out.iterdir() if p != tmp and _export_name(p.name)]
     for old in sorted(olds, key=lambda p: p.name == "config.json"):
         if old.is_dir():
             shutil.rmtree(old)
@@ -178,12 +178,17 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     return out
 
 
+def _export_name(name: str) -> bool:
+    """Whether an export writes a file or folder of this name (EXPORT_FILES)."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in EXPORT_FILES)
+
+
 def _not_an_export(folder: Path) -> list[str]:
     """What in `folder` an earlier `export_hf` did not write: names outside EXPORT_FILES, and a config.json without
     tinylm's own section (GPT-2 and Llama exports both have one). Empty for an empty folder, an earlier export, or
     what a killed export left (its PARTIAL folder, beside some of the files it was moving in)."""
     names = sorted(p.name for p in folder.iterdir() if p.name != PARTIAL)
-    foreign = [n for n in names if not any(fnmatch.fnmatch(n, f) for f in EXPORT_FILES)]
+    foreign = [n for n in names if not _export_name(n)]
     own = folder / TINYLM_TOKENIZER_DIR  # what Tokenizer.save writes there
     if own.is_dir():
         foreign += [f"{TINYLM_TOKENIZER_DIR}/{p.name}" for p in sorted(own.iterdir())
