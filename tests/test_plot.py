@@ -83,6 +83,18 @@ def test_plot_help_shows_the_positional_form(capsys):
     assert capsys.readouterr().out.startswith("usage: tinylm plot RUN [RUN ...] [options]")
 
 
+def test_plot_takes_runs_as_a_flag_too(tmp_path, monkeypatch, capsys):
+    """Catches `--runs NAME` (the flag --help lists) failing with "expected a list": it takes one or more names,
+    and `--runs=NAME`, as well as the positional form."""
+    monkeypatch.chdir(tmp_path)
+    for name in "abc":
+        _run(tmp_path, name, "0,,0,1.5,4.2,1e-4,900,\n")
+    for args in (["--runs", "a", "b"], ["a", "--runs=b"], ["--runs", "a", "--runs", "b", "--out", "x.png"]):
+        main(["plot", *args])
+        printed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+        assert printed == ["a", "b"]
+
+
 def test_plot_errors(tmp_path, monkeypatch, capsys):
     """A run folder without metrics is a one-line error naming the file and what to pass."""
     monkeypatch.chdir(tmp_path)

@@ -73,12 +73,24 @@ def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
     name = _positional_list(fn)
     if name is None:
         return args
-    lead = []
-    for arg in args:
-        if arg.startswith("-"):
-            break
-        lead.append(arg)
-    return ([f"--{name}={json.dumps(lead)}"] if lead else []) + args[len(lead):]
+    lead, rest, i = [], [], 0
+    while i < len(args) and not args[i].startswith("-"):
+        lead.append(args[i])
+        i += 1
+    while i < len(args):  # `--runs A B` and `--runs=A` as well (not a JSON list: jsonargparse would refuse them)
+        flag, eq, value = args[i].partition("=")
+        if flag != f"--{name}" or value.startswith("["):
+            rest.append(args[i])
+        elif eq:
+            lead.append(value)
+        elif i + 1 < len(args) and args[i + 1].startswith("["):
+            rest.append(args[i])
+        else:
+            while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                i += 1
+                lead.append(args[i])
+        i += 1
+    return ([f"--{name}={json.dumps(lead)}"] if lead else []) + rest
 
 
 # ---- prepare ----------------------------------------------------------------------------------------------------
