@@ -220,6 +220,23 @@ def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, capsys, tmp_path):
+    """Catches --run.name a/b refused only after the tokenizer was trained and the data packed, leaving an empty
+    runs/a/ behind."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", "a/b"], "run.name must be a plain folder "
+                    "name", "'a/b'")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("command", ["fit", "lr-find"])
+def test_a_gpu_accelerator_without_a_gpu_is_one_line(config, capsys, command):
+    """Catches --trainer.accelerator gpu on a machine without one failing with Lightning's "No supported gpu
+    backend found!", which names no fix."""
+    _one_line_error(capsys, [command, "--config", str(config), "--trainer.accelerator", "gpu"],
+                    "trainer.accelerator 'gpu'", "--trainer.accelerator cpu")
+
+
 def test_disk_errors_name_the_path_and_a_fix_that_can_work():
     """Catches a read-only file system told to chmod (which cannot help) and a disk-full line without the path."""
     import errno

@@ -37,8 +37,8 @@ def test_lr_find_command(run_config, capsys):
     built = []
     original = fit_config.fit_objects
 
-    def spy(args):
-        cli = original(args)
+    def spy(args, **kwargs):
+        cli = original(args, **kwargs)
         built.append((cli.model, {k: v.clone() for k, v in cli.model.state_dict().items()}))
         return cli
 

@@ -53,8 +53,7 @@ class RunOptions:
     keep_checkpoints: int = 3
 
     def __post_init__(self) -> None:
-        if not self.name or Path(self.name).name != self.name or self.name in (".", ".."):
-            raise ValueError(f"run.name must be a plain folder name (no '/'), got {self.name!r}")
+        _check_run_name(self.name)
         if self.checkpoint_every < 1:
             raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
         if self.keep_checkpoints < -1:
@@ -70,7 +69,13 @@ _POSITIVE = ("accumulate_grad_batches", "log_every_n_steps", "val_check_interval
 _NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches", "max_time_s")
 
 
+def _check_run_name(name: str) -> None:
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"run.name must be a plain folder name (no '/'), got {name!r}")
+
+
 def run_dir_of(root: str | Path | None, name: str) -> Path:
+    _check_run_name(name)  # before anything is made: the data prepared, a folder runs/a for the name a/b
     return Path(root if root is not None else RUNS_ROOT) / name
 
 
@@ -206,6 +211,8 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
                          "test: benchmarks/bench_train_step.py)")
+    if runs:
+        check_accelerator(trainer_cfg.get("accelerator"))
     if subcommand == "fit":
         max_steps = trainer_cfg.get("max_steps", -1)
         if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
@@ -223,6 +230,25 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
         if runs:
             _check_how_it_runs(trainer_cfg)
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """A GPU (or TPU) accelerator named on a machine without one: one line naming what was found and the fix,
+    not Lightning's "No supported gpu backend found!"."""
+    import torch
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    if not isinstance(accelerator, str) or accelerator.lower() in ("auto", "cpu"):
+        return  # an Accelerator object: Lightning checks it
+    name = accelerator.lower()
+    if name not in ("gpu", *AcceleratorRegistry.available_accelerators()):
+        return  # a name Lightning refuses itself, with the list of names
+    if any(AcceleratorRegistry[n]["accelerator"].is_available() for n in (("cuda", "mps") if name == "gpu" else (name,))):
+        return
+    what = {"gpu": "no CUDA GPU or Apple MPS device", "cuda": "no CUDA GPU", "mps": "no Apple MPS device"}
+    build = " (this torch is a CPU-only build)" if name in ("gpu", "cuda") and torch.version.cuda is None else ""
+    raise ValueError(f"trainer.accelerator {accelerator!r}: {what.get(name, f'no {name} device')} is available "
+                     f"here{build}; leave the option out (auto uses what there is) or pass --trainer.accelerator cpu")
 
 
 def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:

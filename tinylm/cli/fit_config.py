@@ -11,7 +11,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from tinylm.cli.fit import TinyLMCLI, check_trainer_options, lightning_main, run_dir_of
+from tinylm.cli.fit import (
+    TinyLMCLI,
+    check_accelerator,
+    check_trainer_options,
+    lightning_main,
+    run_dir_of,
+)
 
 FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
 
@@ -50,9 +56,13 @@ def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
 class _ConfigOnlyCLI(TinyLMCLI):
     """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
 
+    trains_here = False  # lr-find trains (on the configured accelerator); plan does not
+
     def _parse_ckpt_path(self) -> None:
         cfg = self._section()
         check_trainer_options(dict(cfg.trainer), "fit", runs=False)  # plan, lr-find, scaling: not as configured
+        if self.trains_here:
+            check_accelerator(cfg.trainer.get("accelerator"))
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
 
     def instantiate_trainer(self, **kwargs: Any) -> None:
@@ -62,11 +72,16 @@ class _ConfigOnlyCLI(TinyLMCLI):
         pass
 
 
-def fit_objects(fit_args: list[str]) -> _ConfigOnlyCLI:
+class _TrainingConfigCLI(_ConfigOnlyCLI):
+    trains_here = True
+
+
+def fit_objects(fit_args: list[str], *, trains_here: bool = False) -> _ConfigOnlyCLI:
     """Parse a fit config as `tinylm fit` does and build its model and data module (the tokenizer is trained or
     loaded: the model's vocabulary comes from it). ``.model``, ``.datamodule``, ``.config["fit"]`` (the resolved
-    options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set."""
-    return lightning_main(["fit", *fit_args], cli_class=_ConfigOnlyCLI)
+    options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set.
+    ``trains_here``: the caller trains on the configured accelerator, which must then be there."""
+    return lightning_main(["fit", *fit_args], cli_class=_TrainingConfigCLI if trains_here else _ConfigOnlyCLI)
 
 
 def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                  {"max_lr": "(0, inf)", "min_lr": "(0, max_lr)", "num_training": "[3, 10000]"})  # bound is max_lr
     if out:
         check_png_path(out)  # before the sweep, not after
-    cli = fit_objects(fit_args)
+    cli = fit_objects(fit_args, trains_here=True)
     opts = trainer_options(cli)
     keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")
     with tempfile.TemporaryDirectory() as tmp:  # Lightning's restore checkpoint lives here, not in the run folder
