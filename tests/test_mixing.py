@@ -77,6 +77,19 @@ def test_fit_on_a_mixture_logs_val_loss_per_corpus(run_config, two_corpora, tmp_
     assert min(per) <= float(rows[0]["val/loss"]) <= max(per)  # the overall loss lies between the two
 
 
+def test_resume_takes_the_same_shares_written_otherwise(run_config, two_corpora, tmp_path, capsys):
+    """Catches a resume with data.weights [1, 1] refused as other data after a run with [0.5, 0.5] (the same
+    shares), while [2, 1] is still refused."""
+    config = run_config(data={"corpus": two_corpora, "weights": [0.5, 0.5], "block_size": 16, "batch_size": 2,
+                              "cache_dir": str(tmp_path / "cache"), "tokenizer": "char"})
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3", "--data.weights", "[1, 1]"])
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4", "--data.weights",
+              "[2, 1]"])
+    assert "data.weights=[2" in capsys.readouterr().err
+
+
 def test_bad_weights_name_the_fix(two_corpora, tmp_path):
     """Catches weights that do not match the corpora being accepted (and silently mis-mixed)."""
     with pytest.raises(ValueError, match=r"data.weights has 3 entries but data.corpus names 2 corpora"):

@@ -7,6 +7,7 @@ import logging
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -285,7 +286,7 @@ class TinyLMDataModule(L.LightningDataModule):
         world, n = self._world_size(), saved["world_size"]
         was, now = saved["batch_size"] * n, self.batch_size * world
         diffs = [(f"data.{k}={saved[k]}", f"data.{k}={getattr(self, k)}", f"--data.{k} {saved[k]}")
-                 for k in ("seed", "block_size", "weights") if k in saved and saved[k] != getattr(self, k)]
+                 for k in ("seed", "block_size", "weights") if k in saved and not _same(k, saved[k], getattr(self, k))]
         if was != now:
             fix = (f"--data.batch_size {was // world}" if was % world == 0
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
@@ -383,6 +384,14 @@ class TinyLMDataModule(L.LightningDataModule):
             n, secs = sum(b["bytes"] for b in builds), sum(b["seconds"] for b in builds)
             parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)")
         return "; ".join(parts) or "nothing was timed (folders made by an older tinylm)"
+
+
+def _same(key: str, was: Any, now: Any) -> bool:
+    """Whether a saved data setting draws the same training windows as the current one: weights are shares
+    (normalised), so [7, 3] is [0.7, 0.3]."""
+    if key != "weights" or was is None or now is None or len(was) != len(now):
+        return was == now
+    return all(math.isclose(a / sum(was), b / sum(now), rel_tol=1e-12) for a, b in zip(was, now))
 
 
 def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
