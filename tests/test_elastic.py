@@ -38,6 +38,14 @@ class SlowRankOne(L.Callback):
             time.sleep(2.0)
 
 
+class InfLossOnRankOne(L.Callback):
+    """Rank 1's own loss of step 1 turns infinite (its gradients stay finite): the other rank's loss is finite."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 2:  # step 1 was just taken
+            pl_module.step_loss.fill_(float("inf"))  # in place: the health monitor holds this tensor until it reads
+
+
 def _fit(config: Path, *args: str, devices: int) -> None:
     """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command)."""
     if devices == 1:
@@ -116,3 +124,18 @@ def test_a_branch_into_a_new_folder_on_two_ranks_does_not_hang(config, tmp_path)
          "--trainer.callbacks+=test_elastic.SlowRankOne", devices=2)
     assert (tmp_path / "runs" / "branch" / "config.yaml").is_file()
     assert not list((tmp_path / "runs" / "branch").glob("config.resume-*.yaml"))  # a new folder: its first config
+
+
+def test_a_nonfinite_loss_on_one_rank_halts_every_rank_in_one_line(config, tmp_path):
+    """Catches the health monitor judging each rank's own loss: rank 1 halted alone on its infinite loss and rank 0
+    died in the next collective with a gloo traceback (on GPUs: a hang until NCCL's timeout), no alert logged."""
+    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+           "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
+           "--trainer.log_every_n_steps", "2", "--trainer.callbacks+=test_elastic.InfLossOnRankOne"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("tinylm fit: error:")]
+    assert len(errors) == 1 and "non-finite loss" in errors[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert _metric(tmp_path / "runs" / "straight", "health/nonfinite") == {1: 1.0}

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
             sys.stdout.write("\n")
             sys.stdout.flush()
-        interrupted = type(e).__name__ == "RunInterrupted"  # raised by every rank of a run: rank 0 says it
-        if not interrupted or sys.modules["tinylm.cli.fit"]._rank_zero():
+        # raised by every rank of a run together (the ranks agree on a stop and on the health checks): rank 0 says it
+        every_rank = type(e).__name__ in ("RunInterrupted", "TrainingHealthError")
+        if not every_rank or sys.modules["tinylm.cli.fit"]._rank_zero():
             print(f"tinylm {command}: error: {line}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 

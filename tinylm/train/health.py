@@ -161,7 +161,10 @@ class HealthMonitor(L.Callback):
         pending, self._pending = self._pending, []
         values = [loss.float().reshape(()) for _, loss, _ in pending]
         values += [norm.float().reshape(()) for _, _, norm in pending if norm is not None]
-        flat = iter(torch.stack(values).tolist())
+        values = torch.stack(values)
+        if trainer.world_size > 1:  # each rank's loss is its own batch's: judge the mean, every rank the same values
+            values = trainer.strategy.reduce(values, reduce_op="mean")  # (one rank's NaN is every rank's halt)
+        flat = iter(values.tolist())
         losses = [next(flat) for _ in pending]
         for (step, _, norm_t), loss in zip(pending, losses):
             self._check(trainer, pl_module, step, loss, None if norm_t is None else next(flat))
