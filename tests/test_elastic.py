@@ -92,7 +92,7 @@ def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", str(B)])
     err = capsys.readouterr().err.strip().splitlines()
-    line = next(ln for ln in err if "global batch" in ln)
+    line = next(ln for ln in err if "global batch of" in ln)
     assert f"global batch of {2 * B} windows" in line and f"resume with --data.batch_size {2 * B}" in line
 
 
@@ -126,9 +126,10 @@ def test_a_branch_into_a_new_folder_on_two_ranks_does_not_hang(config, tmp_path)
     assert not list((tmp_path / "runs" / "branch").glob("config.resume-*.yaml"))  # a new folder: its first config
 
 
-def test_a_nonfinite_loss_on_one_rank_halts_every_rank_in_one_line(config, tmp_path):
+def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfinite_loss(config, tmp_path):
     """Catches the health monitor judging each rank's own loss: rank 1 halted alone on its infinite loss and rank 0
-    died in the next collective with a gloo traceback (on GPUs: a hang until NCCL's timeout), no alert logged."""
+    died in the next collective with a gloo traceback (on GPUs: a hang until NCCL's timeout), no alert logged. And
+    a run on 2 devices never saying that its optimizer step takes twice the windows of data.batch_size."""
     cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
            "--trainer.log_every_n_steps", "2", "--trainer.callbacks+=test_elastic.InfLossOnRankOne"]
@@ -139,3 +140,5 @@ def test_a_nonfinite_loss_on_one_rank_halts_every_rank_in_one_line(config, tmp_p
     assert len(errors) == 1 and "non-finite loss" in errors[0], done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert _metric(tmp_path / "runs" / "straight", "health/nonfinite") == {1: 1.0}
+    said = [line for line in done.stderr.splitlines() if "global batch:" in line]
+    assert len(said) == 1 and f"global batch: {2 * B} windows of 32 tokens" in said[0] and "x 2 device(s)" in said[0]

@@ -322,6 +322,11 @@ class RunConfig(SaveConfigCallback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
+        data = trainer.datamodule
+        if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
+            B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
+            log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
+                     "device(s): %s tokens per optimizer step", f"{B * A * W:,}", T, B, A, W, f"{B * A * W * T:,}")
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
