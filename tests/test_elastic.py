@@ -46,16 +46,18 @@ class InfLossOnRankOne(L.Callback):
             pl_module.step_loss.fill_(float("inf"))  # in place: the health monitor holds this tensor until it reads
 
 
-def _fit(config: Path, *args: str, devices: int) -> None:
-    """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command)."""
+def _fit(config: Path, *args: str, devices: int) -> str:
+    """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command);
+    what it printed on stderr (2 devices)."""
     if devices == 1:
         main(["fit", "--config", str(config), *args])
-        return
+        return ""
     cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", str(devices), "--trainer.strategy", "ddp", *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
 
 
 def _metric(run: Path, key: str) -> dict[int, float]:
@@ -73,8 +75,10 @@ def test_resume_on_another_device_count_continues_the_same_run(config, tmp_path,
     per_device = lambda n: str(2 * B // n)
     _fit(config, "--run.name", "elastic", "--trainer.max_steps", str(HALF), "--data.batch_size", per_device(before),
          devices=before)
-    _fit(config, "--run.name", "elastic", "--ckpt_path", "last", "--data.batch_size", per_device(after),
-         devices=after)
+    err = _fit(config, "--run.name", "elastic", "--ckpt_path", "last", "--data.batch_size", per_device(after),
+               "--model.lr", "0.5", devices=after)  # ignored (the checkpoint's is kept), with a warning
+    if after == 2:  # said by rank 0 alone (the other rank runs the same command)
+        assert err.count("ignoring model.lr=0.5") == 1, err[-3000:]
     elastic = tmp_path / "runs" / "elastic"
     want, got = _metric(straight, "val/loss"), _metric(elastic, "val/loss")
     assert sorted(got) == sorted(want) == [HALF - 1, STEPS - 1]  # validated before and after the device change

@@ -344,6 +344,11 @@ def _setup_console() -> None:
         if not any(isinstance(f, _NoTips) for f in handler.filters):
             handler.addFilter(_NoTips())
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0:  # another rank of a run (from its environment): rank 0 says the same
+        log.setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
