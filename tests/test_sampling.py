@@ -196,6 +196,18 @@ def test_beam_search_finds_the_better_sequence_greedy_misses():
     assert out == [[B]]
 
 
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_beams_running_at_max_new_tokens_compete_with_the_last_steps_finished_ones(early_stopping):
+    """Catches early stopping dropping the running beams at the last step: there [A, A] (log .5 + log .9, -0.40 a
+    token) and [B] + EOS (log .2 + log .9, -0.86) are its two best candidates, and the EOS one fills the list beside
+    step 0's [] + EOS (-1.20); [A, A] must still win, as in transformers' generate, not [B]."""
+    EOS, A, _B, C = range(4)
+    table = [[0.25] * 4, [0.1, 0.9, 0.0, 0.0], [0.9, 0.0, 0.0, 0.1], [0.3, 0.5, 0.2, 0.0]]
+    out = generate(TableLM(table), [[C]], strategy="beam", num_beams=2, max_new_tokens=2, eos_id=EOS,
+                   early_stopping=early_stopping, use_cache=False)
+    assert out == [[A, A]]
+
+
 def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
     """Catches beam search penalising raw logits and renormalising (transformers' beam search multiplies the seen
     tokens' log-probs by the penalty and keeps the sum as it is). Prompt [C], penalty 2, 2 beams, 2 steps:

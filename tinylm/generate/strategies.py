@@ -229,7 +229,9 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
                             hyps[b].add(generated[beam] + [t], s, step + 1)
                     else:
                         kept.append((beam, t, s))
-                hyps[b].done = not kept or hyps[b].is_done(kept[0][2], step + 1)
+                # at the last step the running beams end too, and compete with the ones that ended on EOS there
+                last = step == config.max_new_tokens - 1
+                hyps[b].done = not kept or (not last and hyps[b].is_done(kept[0][2], step + 1))
             # finished prompts (and any missing beams) ride along as dead rows
             kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))
             for beam, t, s in kept:
