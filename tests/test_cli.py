@@ -194,8 +194,8 @@ def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
     (["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"), (["--top_k", "0"], "top_k"),
     (["--num_beams", "0", "--strategy", "beam"], "num_beams"),
     # accepted once, then NaN probabilities (logits / 1e-40, a penalty of 1e-40) or length ** 400 crashed
-    (["--temperature", "1e-40"], "temperature must be >= 0.0001"),
-    (["--repetition_penalty", "1e-40"], "repetition_penalty must be >= 0.001"),
+    (["--temperature", "1e-40"], r"temperature must be in \[0.0001, inf\)"),
+    (["--repetition_penalty", "1e-40"], r"repetition_penalty must be in \[0.001, inf\)"),
     (["--strategy", "beam", "--length_penalty", "400"], r"length_penalty must be in \[-10, 10\]"),
     (["--strategy", "contrastive", "--num_samples", "3"], "3 identical texts"),  # N x the work, nothing new
     (["--ckpt_path", ""], "--ckpt_path is empty"),  # was "checkpoint '.' is a folder"

@@ -316,15 +316,18 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"temperature": 0.0}, "temperature must be >= 0.0001"),
+        ({"temperature": 0.0}, r"temperature must be in \[0.0001, inf\), got 0.0; .*--strategy greedy"),
+        ({"temperature": float("inf")}, r"temperature must be in \[0.0001, inf\), got inf$"),  # was: uniform samples
         ({"top_p": 0.0}, "top_p must be in \\(0, 1\\], got 0.0"),
         ({"top_p": 1.5}, "top_p must be in"),
-        ({"top_k": 0}, "top_k must be >= 1"),
+        ({"top_k": 0}, "top_k must be a whole number in \\[1, inf\\), got 0; leave it unset for no limit"),
+        ({"top_k": 2.5}, "top_k must be a whole number"),  # was a TypeError inside torch
+        ({"seed": 1.5}, "seed must be a whole number"),
         ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
-        ({"strategy": "beam", "num_beams": 0}, r"num_beams must be in \[1, "),
-        ({"num_beams": 4}, "needs strategy='beam'"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be >= 0.001"),
-        ({"max_new_tokens": 0}, r"max_new_tokens must be in \[1, "),
+        ({"strategy": "beam", "num_beams": 0}, r"num_beams must be a whole number in \[1, "),
+        ({"num_beams": 4}, "needs the beam strategy \\(--strategy beam\\)"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \[0.001, inf\)"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be a whole number in \[1, "),
         ({"strategy": "nucleus"}, "unknown strategy 'nucleus'"),
         ({"penalty_alpha": 2.0}, "penalty_alpha must be in"),
         ({"stop_strings": ["x"]}, "stop_strings need decode"),
@@ -335,6 +338,17 @@ def test_bad_arguments_raise(kwargs, message):
     """Out-of-range options must fail up front with the value named, not produce NaNs or silent defaults."""
     with pytest.raises(ValueError, match=message):
         generate(tiny(), PROMPTS, **kwargs)
+
+
+def test_numpy_prompts_are_prompts():
+    """Catches a 1-D numpy array of ids (or a list of numpy ints, as `np.array(...).tolist()` is not) failing with
+    "object of type 'numpy.int64' has no len()"."""
+    import numpy as np
+
+    model = tiny()
+    want = generate(model, [[1, 2, 3]], strategy="greedy", max_new_tokens=4)
+    assert generate(model, np.array([1, 2, 3]), strategy="greedy", max_new_tokens=4) == want
+    assert generate(model, list(np.array([1, 2, 3])), strategy="greedy", max_new_tokens=4) == want
 
 
 def test_bad_prompts_raise():

@@ -12,8 +12,9 @@ another option in the same mapping::
 from __future__ import annotations
 
 import functools
+import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 _INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])")
@@ -38,7 +39,8 @@ def _bound(token: str, values: Mapping[str, Any]) -> tuple[float, str]:
     return float(token), token
 
 
-def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str]) -> None:
+def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str], *,
+                 whole: Collection[str] = ()) -> None:
     """Raise ValueError naming the first option of ``ranges`` whose value in ``values`` lies outside its interval.
 
     owner: the config section the options belong to (``model``, ``data``, ``trainer``), printed as the prefix of
@@ -46,6 +48,7 @@ def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str
     values: option name -> value; an option that is missing or None (unset: use the default) is skipped, and so
         is one whose bound names an option that is None.
     ranges: option name -> interval. NaN, bools and non-numbers are out of every range.
+    whole: the options that must be whole numbers (counts, ids, seeds): 2.5 is out of their range.
     """
     for name, interval in ranges.items():
         value = values.get(name)
@@ -55,9 +58,10 @@ def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str
         (lo, lo_text), (hi, hi_text) = _bound(low, values), _bound(high, values)
         if lo is None or hi is None:
             continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = isinstance(value, numbers.Integral if name in whole else numbers.Real) and not isinstance(value, bool)
         above = number and (value > lo if low_open else value >= lo)
         below = number and (value < hi if high_open else value <= hi)
         if not (above and below):  # NaN fails both comparisons
             shown = f"{'(' if low_open else '['}{lo_text}, {hi_text}{')' if high_open else ']'}"
-            raise ValueError(f"{owner + '.' if owner else ''}{name} must be in {shown}, got {value!r}")
+            what = "a whole number in" if name in whole else "in"
+            raise ValueError(f"{owner + '.' if owner else ''}{name} must be {what} {shown}, got {value!r}")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tinylm.ranges import check_ranges
+
 STRATEGIES = ("greedy", "sample", "beam", "contrastive")
 CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
 
@@ -22,6 +24,12 @@ MAX_BEAMS = 256
 MIN_TEMPERATURE = 1e-4  # colder is argmax anyway (strategy "greedy"), and logits / 1e-40 overflow float32
 MIN_PENALTY = 1e-3
 MAX_LENGTH_PENALTY = 10.0
+_HINTS = {  # after "NAME must be in [..], got X"
+    "temperature": "; for the most likely token at each step use the greedy strategy (--strategy greedy)",
+    "top_k": "; leave it unset for no limit",
+    "repetition_penalty": " (1.0 is off)",
+    "length_penalty": " (1.0: the mean log-probability; 0: the sum)",
+}
 
 
 @dataclass
@@ -67,33 +75,21 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS:,}], got {self.max_new_tokens}")
-        if self.strategy == "sample" and not self.temperature >= MIN_TEMPERATURE:  # logits / 1e-40 overflow
-            raise ValueError(f"temperature must be >= {MIN_TEMPERATURE:g} for sampling, got {self.temperature}; use "
-                             "strategy='greedy' for argmax")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None for no limit), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty >= MIN_PENALTY:  # a positive logit / 1e-40 overflows
-            raise ValueError(f"repetition_penalty must be >= {MIN_PENALTY:g} (1.0 is off), got "
-                             f"{self.repetition_penalty}")
-        if not -MAX_LENGTH_PENALTY <= self.length_penalty <= MAX_LENGTH_PENALTY:  # length ** 400 overflows
-            raise ValueError(f"length_penalty must be in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] (1.0: "
-                             f"the mean log-probability; 0: the sum), got {self.length_penalty}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if not 1 <= self.num_beams <= MAX_BEAMS:
-            raise ValueError(f"num_beams must be in [1, {MAX_BEAMS}], got {self.num_beams}")
+        ranges = {"max_new_tokens": f"[1, {MAX_NEW_TOKENS}]", "top_k": "[1, inf)", "top_p": "(0, 1]", "min_p": "[0, 1]",
+                  "repetition_penalty": f"[{MIN_PENALTY}, inf)", "length_penalty": f"[-{MAX_LENGTH_PENALTY:g},"
+                  f" {MAX_LENGTH_PENALTY:g}]", "seed": "[0, 2**63)", "num_beams": f"[1, {MAX_BEAMS}]",
+                  "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)"}
+        if self.strategy == "sample":  # logits / 1e-40 overflow; inf samples uniformly, whatever the model says
+            ranges["temperature"] = f"[{MIN_TEMPERATURE}, inf)"
+        try:
+            check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id"))
+        except ValueError as e:
+            name = str(e).split()[0]
+            cold = name == "temperature" and self.temperature < MIN_TEMPERATURE
+            raise ValueError(f"{e}{_HINTS.get(name, '') if name != 'temperature' or cold else ''}") from None
         if self.num_beams > 1 and self.strategy != "beam":
-            raise ValueError(f"num_beams={self.num_beams} needs strategy='beam' (got {self.strategy!r})")
-        if not 0 <= self.penalty_alpha <= 1:
-            raise ValueError(f"penalty_alpha must be in [0, 1], got {self.penalty_alpha}")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise ValueError(f"eos_id must be a token id >= 0 (or None), got {self.eos_id}")
+            raise ValueError(f"num_beams={self.num_beams} needs the beam strategy (--strategy beam), got strategy "
+                             f"{self.strategy!r}")
         if isinstance(self.stop_strings, str):
             self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
         if self.stop_strings is not None and not all(isinstance(s, str) and s for s in self.stop_strings):

@@ -10,9 +10,11 @@ Shapes: B prompts, L tokens so far (prompt + generated), V vocab, K candidates (
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -257,13 +259,15 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
 
 # ---- entry points -----------------------------------------------------------------------------------------------
 def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor, model: GPT) -> Tensor:
+    if hasattr(prompt_ids, "__array__") and not isinstance(prompt_ids, Tensor):  # a numpy array of ids
+        prompt_ids = torch.as_tensor(np.asarray(prompt_ids))
     if isinstance(prompt_ids, Tensor):
         ids = prompt_ids.long()
         if ids.dim() == 1:
             ids = ids[None]
     else:
         prompts = list(prompt_ids)
-        if prompts and isinstance(prompts[0], int):
+        if prompts and isinstance(prompts[0], numbers.Integral):
             prompts = [prompts]  # one prompt given as a flat list of ids
         lengths = sorted({len(p) for p in prompts})
         if len(lengths) > 1:
