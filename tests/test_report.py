@@ -140,6 +140,15 @@ def test_bad_arguments_name_the_fix():
         sample_report(model, tok, num_samples=1)
 
 
+@pytest.mark.parametrize("flags, message", [(["--max_new_tokens", "0"], "max_new_tokens must be a whole number"),
+                                            (["--num_samples", "0"], "num_samples must be a whole number")])
+def test_sizes_are_checked_before_the_checkpoint_is_loaded(tmp_path, flags, message):
+    """Catches `sample-report --max_new_tokens 0` loading the checkpoint and starting its progress bar before the
+    refusal (here the checkpoint does not exist: the size must be named first)."""
+    with pytest.raises(ValueError, match=message):
+        run_command("sample-report", ["--ckpt_path", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "r"), *flags])
+
+
 # ---- end to end ----------------------------------------------------------------------------------------------------
 def _tiny_checkpoint(path: Path, text: str) -> Path:
     """A real `trainer.save_checkpoint` file of a 2-layer char model trained 2 steps."""

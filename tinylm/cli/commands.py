@@ -15,7 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from tinylm.generate.processors import CONTRASTIVE_DEFAULT_TOP_K, STRATEGIES
+from tinylm.generate.processors import (
+    CONTRASTIVE_DEFAULT_TOP_K,
+    MAX_NEW_TOKENS,
+    STRATEGIES,
+)
+from tinylm.ranges import check_ranges
 
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
@@ -199,8 +204,7 @@ def generate(
     from tinylm.generate.report import encode_prompt
     from tinylm.generate.strategies import batch_rows, check_memory, decode_after
 
-    if not 1 <= num_samples <= MAX_SAMPLES:
-        raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
+    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     # each option shapes the strategies named here; given to another (set away from its default), it does nothing
     used_by = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",),
                "min_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
@@ -362,8 +366,9 @@ def sample_report(
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
-    if not 1 <= num_samples <= MAX_SAMPLES:
-        raise ValueError(f"--num_samples must be in [1, {MAX_SAMPLES:,}], got {num_samples}")
+    check_ranges("", {"num_samples": num_samples, "max_new_tokens": max_new_tokens},  # before loading anything
+                 {"num_samples": f"[1, {MAX_SAMPLES}]", "max_new_tokens": f"[1, {MAX_NEW_TOKENS}]"},
+                 whole=("num_samples", "max_new_tokens"))
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
     last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
