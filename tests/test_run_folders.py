@@ -718,12 +718,13 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
 def test_outputs_that_cannot_be_written_are_refused_before_the_work(config, tmp_path, capsys):
     """Catches a bad --out ending in a traceback after the work was done (sampling every strategy, the LR sweep)
     or before it with a traceback: a folder where a file is wanted, a file where a folder is, a place where nothing
-    can be created."""
+    can be created, an empty path (taken for the working folder)."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
     (tmp_path / "text.txt").write_text("not a folder")
     cases = [
         (["sample-report", "--ckpt_path", ckpt, "--out", "text.txt"], "is a file; pass a folder path"),
+        (["sample-report", "--ckpt_path", ckpt, "--out", ""], "--out is empty"),  # was: "--out '.' holds files"
         (["export", "--ckpt_path", ckpt, "--out", "text.txt/sub"], "which is a file, not a folder"),
         (["plot", "runs/tiny", "--out", "runs"], "--out must name a .png file"),
         (["lr-find", "--config", str(config), "--out", "text.txt/lr.png"], "which is a file, not a folder"),

@@ -11,6 +11,8 @@ def check_output_path(out: str | Path, option: str = "--out", *, folder: bool = 
     """`out` as a Path tinylm can write a file (or, with `folder`, a folder) at: not a folder where a file is wanted
     nor a file where a folder is, under no file posing as a folder, and in a place where files can be created.
     Raises ValueError naming the option, the path and the fix; creates nothing."""
+    if not str(out).strip():  # Path("") is "." : the working folder, which the user did not name
+        raise ValueError(f"{option} is empty; pass a {'folder' if folder else 'file'} path")
     path = Path(out)
     if folder and path.exists() and not path.is_dir():
         raise ValueError(f"{option} {str(out)!r} is a file; pass a folder path (it is created if missing)")
