@@ -141,13 +141,15 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
 def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path, small_data, capsys):
     """Catches a SentencePiece-style (Metaspace) model printing "Once upon aLel" for "Once upon a Lel": new tokens
     decoded on their own lose the space their "▁" stands for, in the streamed text, the returned texts and the
-    stop strings. What generate prints must be the tokenizer's decoding of prompt + new tokens."""
+    stop strings, and the samples written during training. What generate prints must be the tokenizer's decoding of
+    prompt + new tokens."""
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     from tinylm.checkpoint import load_model
     from tinylm.generate import SamplingConfig, generate_with
     from tinylm.generate.strategies import _Rows, decode_after
+    from tinylm.train.callbacks import SampleText
 
     hf = HF(models.Unigram())
     hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
@@ -167,6 +169,9 @@ def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path
         main(["generate", "--ckpt_path", ckpt, "--prompt", "Once upon a", "--strategy", strategy,
               "--max_new_tokens", "12"] + (["--num_beams", "2"] if strategy == "beam" else []))
         assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
+        # the samples a run writes as it trains: with its beams (not one, which is greedy), decoded the same way
+        sampler = SampleText(strategy=strategy, num_beams=beams, max_new_tokens=12)
+        assert "Once upon a" + sampler._sample(model, tok, "Once upon a") == tok.decode(prompt + new)
     # a stop string at the start of the continuation: " t" is there only after the prompt's words
     rows = _Rows(SamplingConfig(stop_strings=[" t"]), tok.decode, None, [prompt])
     for token in tok.encode(" time"):

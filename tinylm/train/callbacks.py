@@ -398,6 +398,7 @@ class SampleText(L.Callback):
         strategy: Decoding strategy (greedy, sample, beam, contrastive); see `tinylm generate --help`.
         temperature: Sampling temperature.
         top_k: Keep only the k most likely tokens when sampling (None: all).
+        num_beams: Beams of the beam strategy (beam search with one beam is greedy decoding).
         seed: Seed of the sampling generator (the same samples for the same weights).
     """
 
@@ -410,6 +411,7 @@ class SampleText(L.Callback):
         strategy: str = "sample",
         temperature: float = 0.8,
         top_k: int | None = 200,
+        num_beams: int = 4,
         seed: int = 1234,
     ) -> None:
         from tinylm.generate import SamplingConfig
@@ -423,6 +425,7 @@ class SampleText(L.Callback):
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k if strategy in ("sample", "contrastive") else None,
+            num_beams=num_beams if strategy == "beam" else 1,
             seed=seed,
         )
         self._last_step = -1
@@ -486,7 +489,7 @@ class SampleText(L.Callback):
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
         from dataclasses import replace
 
-        from tinylm.generate.strategies import generate_with
+        from tinylm.generate.strategies import decode_after, generate_with
 
         ids = tokenizer.encode(prompt) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
         if not ids:
@@ -495,7 +498,7 @@ class SampleText(L.Callback):
         # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
         # shapes of incremental decoding cause no recompilation
         out = generate_with(model, [ids], config)
-        return tokenizer.decode(out[0])
+        return decode_after(tokenizer.decode, ids, out[0])  # after the prompt: a "▁" piece keeps its space
 
     def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
         import logging
