@@ -1,8 +1,11 @@
 """`tinylm scaling`: the ladder's arithmetic, the power-law and IsoFLOP fits, and the command's reuse of runs."""
 
 import json
+import os
 import re
+import signal
 
+import lightning as L
 import numpy as np
 import pytest
 import yaml
@@ -124,6 +127,47 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
             main(args + other)
         err = capsys.readouterr().err
         assert "holds a run of another ladder" in err and f"{other[0][2:]} " in err, err
+
+
+class TermAtTheFinalValidation(L.Callback):
+    """SIGTERM reaches the run as it validates after its last step (a final validation can take minutes)."""
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.global_step == trainer.max_steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_scaling_stops_on_a_signal_during_a_runs_final_validation(run_config, capsys):
+    """Catches a SIGTERM that came while a rung validated after its last step being forgotten (the run had nothing
+    left to stop): the ladder went on to train the next rung, deaf to it."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    _finished_runs(cfg, sizes[:2], lambda r, _: 1.5 + 30 * r.params**-0.5)
+    args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
+            "--trainer.callbacks+=test_scaling.TermAtTheFinalValidation"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 143
+    err = capsys.readouterr().err
+    assert "interrupted by SIGTERM as" in err and "tinylm scaling --config" in err, err
+    runs = cfg.parent / "runs"
+    assert (runs / "tiny-C1.0e08-L2-d16" / "checkpoints" / "last.ckpt").is_file()  # it finished
+    assert not (runs / "tiny-C1.0e08-L1-d24").exists()  # the next did not start
+
+
+def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, capsys):
+    """Catches a rung killed (kill -9, out of memory) before its first checkpoint blocking every rerun of the
+    ladder: fit refused its folder of logs as another run's. Its logs are kept aside, and it trains again."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
+    killed = cfg.parent / "runs" / "tiny-C1.0e08-L1-d24"
+    (killed / "csv").mkdir(parents=True)
+    (killed / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")  # one logged step, no checkpoint
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]"])
+    assert (killed / "checkpoints" / "last.ckpt").is_file()
+    aside = list(killed.parent.glob("tiny-C1.0e08-L1-d24.unfinished-*"))
+    assert len(aside) == 1 and (aside[0] / "csv" / "metrics.csv").read_text().endswith("0,0,4.1\n")
 
 
 def test_scaling_without_a_law_still_reports(run_config, capsys):

@@ -6,6 +6,8 @@ import csv
 import json as jsonlib
 import logging
 import math
+import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -45,12 +47,13 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     """
     from dataclasses import fields
 
-    from tinylm.cli.fit import latest_checkpoint, lightning_main
+    from tinylm.cli.fit import holds_run, latest_checkpoint, lightning_main
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.errors import TinyLMError
     from tinylm.model import GPTConfig
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
+    from tinylm.train.interrupt import RunInterrupted, late_signal
     from tinylm.train.plan import compute_optimal
     from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
 
@@ -106,11 +109,22 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     for r, name in zip(rungs, names):
         loss = final_val_loss(root / name, r.max_steps)
         if loss is None:
+            resume = latest_checkpoint(root / name) is not None
+            if not resume and holds_run(root / name):  # killed before its first checkpoint: nothing to resume
+                aside = root / f"{name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
+                (root / name).rename(aside)
+                log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
+                         root / name, aside)
             lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
                             "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
                             "--model.warmup_steps", str(r.warmup_steps), "--model.decay_steps", "null",
                             "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
-                            *(["--ckpt_path", "last"] if latest_checkpoint(root / name) else [])])
+                            *(["--ckpt_path", "last"] if resume else [])])
+            if (signum := late_signal()) is not None:  # it came during the run's final validation: stop here
+                raise RunInterrupted(f"interrupted by {signal.Signals(signum).name} as {root / name} finished; the "
+                                     "next runs of the ladder did not start; resume with "
+                                     "`tinylm fit --config ... --ckpt_path last`", signum=signum, step=r.max_steps,
+                                     ckpt_path="")
             loss = final_val_loss(root / name, r.max_steps)
             if loss is None:
                 raise TinyLMError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv; the "

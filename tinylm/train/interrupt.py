@@ -27,6 +27,16 @@ from tinylm.train.callbacks import validation_follows
 log = logging.getLogger("tinylm")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_late: int | None = None  # see late_signal
+
+
+def late_signal() -> int | None:
+    """The signal that reached the last run after its last step (during its final validation or checkpoint), which
+    therefore ended normally; None if none did. Read once: a command that goes on to other work (the next run of a
+    scaling ladder) stops on it instead."""
+    global _late
+    signum, _late = _late, None
+    return signum
 
 
 class RunInterrupted(TinyLMError):
@@ -61,7 +71,8 @@ class InterruptStop(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
-        self._trainer, self._received, self._armed = trainer, None, True
+        global _late
+        self._trainer, self._received, self._armed, _late = trainer, None, True, None
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone
         self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None}
         for s in self._previous:
@@ -129,6 +140,8 @@ class InterruptStop(L.Callback):
         )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        global _late
+        _late = self._received  # the run completed first; what it leaves behind is whole
         self._disarm()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
