@@ -171,6 +171,18 @@ def test_plan_command_json_and_overrides(run_config, capsys):
     assert two_layers["memory_checkpointed"]["activations"] < two_layers["memory"]["activations"]
 
 
+@pytest.mark.parametrize("number, string", [("32", "32-true"), ("16", "16-mixed")])
+def test_plan_takes_the_precisions_lightning_takes_as_numbers(run_config, capsys, number, string):
+    """Catches `--trainer.precision 32` (which fit takes) failing in plan with "argument of type 'int' is not
+    iterable": the plan of a number is the plan of its string."""
+    cfg = run_config()
+    plans = []
+    for precision in (number, string):
+        main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--trainer.precision", precision])
+        plans.append(json.loads(capsys.readouterr().out))
+    assert plans[0]["peak_flops"] == plans[1]["peak_flops"] > 0 and plans[0]["memory"] == plans[1]["memory"]
+
+
 def test_plan_command_plans_fsdp_that_fit_refuses(run_config, capsys):
     """`tinylm plan --trainer.strategy fsdp` divides the states by the devices (what the README and fit's refusal
     point to), and plans several nodes without a cluster: plan starts no processes, so fit's launch checks do
