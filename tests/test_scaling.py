@@ -236,6 +236,7 @@ def test_scaling_refuses_a_folder_of_another_ladder(run_config):
     (["--out", "fit.json"], "--out must name a .png file"),
     (["--budget", "1e30"], r"budget must be in \(0, 1e24\]"),
     (["--sizes", "[[1,7],[1,12],[1,16]]"], "share no head size above 1.*--head_size"),  # heads of one channel
+    (["--ckpt_path", "x.ckpt"], "--ckpt_path x.ckpt is an option of `tinylm fit`"),  # was passed to every run
 ])
 def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
     cfg = run_config()
@@ -247,6 +248,17 @@ def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys
     last = err.splitlines()[-1]  # (earlier lines: logging from the config's data preparation)
     assert e.value.code != 0 and last.startswith("tinylm scaling: error:") and re.search(message, last), err
     assert not (cfg.parent / "runs").exists()
+
+
+def test_scaling_names_the_options_it_sets_per_run(run_config, caplog):
+    """Catches --trainer.max_steps (or the validation interval, the decay length) ignored without a word: each run's
+    length follows from --budget and its size."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+          "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9"])
+    assert "ignoring --trainer.max_steps --model.decay_steps" in caplog.text
 
 
 def test_scaling_counts_the_configs_architecture():

@@ -61,6 +61,9 @@ class _ConfigOnlyCLI(TinyLMCLI):
     def _parse_ckpt_path(self) -> None:
         cfg = self._section()
         check_trainer_options(dict(cfg.trainer), "fit", runs=False)  # plan, lr-find, scaling: not as configured
+        if cfg.get("ckpt_path"):
+            raise ValueError(f"--ckpt_path {cfg.ckpt_path} is an option of `tinylm fit`: plan, lr-find and scaling "
+                             "take the config's model from scratch (scaling resumes its own runs); leave it out")
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 2e12
 DEFAULT_SIZES = ((1, 8), (1, 12), (1, 16), (1, 20))  # (n_layer, n_embd)
 DEFAULT_PREDICT = (1, 24)
+_SET_PER_RUN = ("--trainer.max_steps", "--trainer.val_check_interval", "--model.decay_steps", "--model.n_layer",
+                "--model.n_embd", "--model.n_head")
 
 
 def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: list[list[int]] | None = None,
@@ -68,6 +70,10 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
                          "rung and the predicted model must differ")
     if out:
         check_png_path(out)  # before hours of training, not after
+    set_per_run = [a.split("=")[0] for a in fit_args if a.split("=")[0] in _SET_PER_RUN]
+    if set_per_run:
+        log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
+                    ", ".join(o[2:] for o in _SET_PER_RUN), " ".join(set_per_run))
     cli = fit_objects(fit_args)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
