@@ -128,12 +128,14 @@ def test_lr_find_says_why_it_has_no_suggestion(run_config, capsys, lrs, why):
     assert re.search(r"none \(the loss " + why, line), line
 
 
-def test_lr_find_num_training_has_an_upper_bound(run_config, capsys):
-    """Catches a typo'd --num_training 1000000000 running silently for days instead of failing at once, and
-    --max_lr 0 blamed on min_lr (whose bound it is)."""
-    with pytest.raises(SystemExit):
-        main(["lr-find", "--config", str(run_config()), "--num_training", "1000000000"])
-    assert "num_training must be in [3, 10000]" in capsys.readouterr().err
+def test_lr_find_num_training_has_bounds(run_config, capsys):
+    """Catches a typo'd --num_training 1000000000 running silently for days instead of failing at once, 3 (which
+    can never give a suggestion: it reads three points past the last) accepted, and --max_lr 0 blamed on min_lr
+    (whose bound it is)."""
+    for n in ("1000000000", "3"):
+        with pytest.raises(SystemExit):
+            main(["lr-find", "--config", str(run_config()), "--num_training", n])
+        assert f"num_training must be a whole number in [4, 10000], got {n}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(run_config()), "--max_lr", "0"])
     assert "max_lr must be in (0, inf), got 0" in capsys.readouterr().err
