@@ -211,6 +211,9 @@ def test_plan_command_table_and_errors(run_config, capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(cfg), "--mfu", "2"])
     assert "mfu" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # was planned as one device (fit refuses it)
+        main(["plan", "--config", str(cfg), "--trainer.devices", "0"])
+    assert "trainer.devices must be a number >= 1" in capsys.readouterr().err
 
 
 def _png(path) -> bool:

@@ -107,6 +107,8 @@ def device_count(opts: dict[str, Any]) -> int:
     import torch
 
     devices = opts.get("devices", "auto")
+    if str(devices).strip().lstrip("-").isdigit() and int(devices) < 1 and int(devices) != -1:
+        raise ValueError(f"trainer.devices must be a number >= 1, a list of device ids, -1 or auto, got {devices}")
     if isinstance(devices, (list, tuple)):
         n = len(devices)
     elif str(devices).lstrip("-").isdigit() and int(devices) > 0:
