@@ -211,6 +211,12 @@ def test_plan_command_table_and_errors(run_config, capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--config", str(cfg), "--mfu", "2"])
     assert "mfu" in capsys.readouterr().err
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert rows["with activation ckpt"].endswith("(--model.activation_checkpointing true)")
+    main(["plan", "--config", str(cfg), "--model.activation_checkpointing", "true"])  # which row is the run's
+    rows = {line.split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert rows["with activation ckpt"].endswith("(this run)")
+    assert next(v for k, v in rows.items() if k.startswith("memory per device")).endswith("checkpointing false)")
     with pytest.raises(SystemExit):  # was planned as one device (fit refuses it)
         main(["plan", "--config", str(cfg), "--trainer.devices", "0"])
     assert "trainer.devices must be a number >= 1" in capsys.readouterr().err

@@ -95,6 +95,8 @@ def format_plan(p: Plan, hparams) -> str:
                "(a small model trained long is still right when it will serve a lot)" if under > 2 else
                "undertrained for its size: a smaller model on more tokens would reach a lower loss with these FLOPs")
 
+    ckpt = bool(getattr(hparams, "activation_checkpointing", False))  # which of the two rows the run is
+
     def mem(m: Memory) -> str:
         return (f"{_mb(m.peak)} peak  (weights {_mb(m.weights)}, gradients {_mb(m.gradients)}, optimizer "
                 f"{_mb(m.optimizer)}, activations {_mb(m.activations)})")
@@ -114,8 +116,10 @@ def format_plan(p: Plan, hparams) -> str:
                                   f"{verdict}")),
         ("compute-optimal size", (f"{_n(p.optimal_params)} parameters on {_n(p.optimal_tokens)} tokens for this "
                                   f"run's C = 6ND = {p.chinchilla_flops:.3g} (N: all parameters)")),
-        (f"memory per device ({p.precision})", mem(p.memory)),
-        ("with activation ckpt", mem(p.memory_checkpointed) + "  (--model.activation_checkpointing true)"),
+        (f"memory per device ({p.precision})", mem(p.memory) + ("  (--model.activation_checkpointing false)"
+                                                                  if ckpt else "  (this run)")),
+        ("with activation ckpt", mem(p.memory_checkpointed) + ("  (this run)" if ckpt else
+                                                                "  (--model.activation_checkpointing true)")),
         ("wall time", wall),
     ]
     width = max(len(k) for k, _ in rows)
