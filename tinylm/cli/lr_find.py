@@ -16,7 +16,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         min_lr: LR of the first step.
         max_lr: LR of the last step (the test stops early once the loss exceeds 4x its best).
         num_training: Optimizer steps of the test (more gives a smoother curve).
-        out: PNG to write (default: lr_find.png in the run's folder, runs/NAME/).
+        out: PNG to write, with the curve and suggestion as .json beside it (default: lr_find.png in the run's
+            folder, <trainer.default_root_dir>/<run.name>/).
     """
     import json
     import tempfile
