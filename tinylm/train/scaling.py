@@ -153,7 +153,7 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
         if law is not None:
             ax.plot([r.params], [law(r.params)], "D", mfc="none", color="C3", ms=9, label=f"predicted {r.label}")
         if measured is not None:
-            said = f" (predicted {law(r.params):.3f})" if law is not None else " (no law: losses do not fall)"
+            said = f" (predicted {law(r.params):.3f})" if law is not None else " (no law fits the ladder)"
             ax.plot([r.params], [measured], "D", color="C3", ms=6, label=f"measured {r.label}: {measured:.3f}{said}")
     ax.set_xscale("log")
     ax.set_yscale("log")
