@@ -722,11 +722,13 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(config, tmp_
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
     (tmp_path / "text.txt").write_text("not a folder")
+    (tmp_path / "shots.png").mkdir()  # a folder with a PNG's name
     cases = [
         (["sample-report", "--ckpt_path", ckpt, "--out", "text.txt"], "is a file; pass a folder path"),
         (["sample-report", "--ckpt_path", ckpt, "--out", ""], "--out is empty"),  # was: "--out '.' holds files"
         (["export", "--ckpt_path", ckpt, "--out", "text.txt/sub"], "which is a file, not a folder"),
         (["plot", "runs/tiny", "--out", "runs"], "--out must name a .png file"),
+        (["plot", "runs/tiny", "--out", "shots.png"], "--out 'shots.png' is a folder; pass a file path"),
         (["lr-find", "--config", str(config), "--out", "text.txt/lr.png"], "which is a file, not a folder"),
     ]
     unwritable = tmp_path / "ro"

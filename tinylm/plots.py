@@ -25,8 +25,8 @@ def check_png_path(out: str | Path, option: str = "--out") -> Path:
     from tinylm.paths import check_output_path
 
     path = Path(out)
-    if path.suffix.lower() != ".png" or path.is_dir():
+    if path.suffix.lower() != ".png":
         raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
-    check_output_path(path, option)
+    check_output_path(path, option)  # (a folder named x.png: "is a folder; pass a file path")
     figure_canvas()  # the one-line error naming the extra when matplotlib is missing
     return path
