@@ -237,6 +237,8 @@ def test_scaling_refuses_a_folder_of_another_ladder(run_config):
     (["--budget", "1e30"], r"budget must be in \(0, 1e24\]"),
     (["--sizes", "[[1,7],[1,12],[1,16]]"], "share no head size above 1.*--head_size"),  # heads of one channel
     (["--ckpt_path", "x.ckpt"], "--ckpt_path x.ckpt is an option of `tinylm fit`"),  # was passed to every run
+    (["--sizes", "[[1,-8],[1,16],[2,16]]"], r"n_layer and n_embd >= 1, got \[\[1, -8\]"),  # was about n_head -2
+    (["--sizes", "[[1,8],[1,16]]"], r"at least 3 .* got \[\[1, 8\], \[1, 16\]\]"),  # not Python's tuples
 ])
 def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
     cfg = run_config()

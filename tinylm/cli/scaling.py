@@ -63,8 +63,11 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
     target = tuple(predict or DEFAULT_PREDICT)
     if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
-        raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got {sizes} "
-                         f"and {list(target)}")
+        raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got "
+                         f"{[list(s) for s in sizes]} and {list(target)}")
+    if any(n < 1 for s in sizes + [target] for n in s):
+        raise ValueError(f"--sizes and --predict need n_layer and n_embd >= 1, got {[list(s) for s in sizes]} and "
+                         f"{list(target)}")
     if len(set(sizes + [target])) < len(sizes) + 1:
         raise ValueError(f"--sizes {[list(s) for s in sizes]} and --predict {list(target)} repeat a size; every "
                          "rung and the predicted model must differ")
