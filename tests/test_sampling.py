@@ -208,6 +208,21 @@ def test_beams_running_at_max_new_tokens_compete_with_the_last_steps_finished_on
     assert out == [[A, A]]
 
 
+def test_training_samples_with_the_beam_strategy_use_their_beams():
+    """Catches the samples a run writes as it trains (SampleText) decoding strategy beam with one beam, which is
+    greedy: they must be what `generate` gives with their num_beams (here different from greedy's)."""
+    from tinylm.tokenize import build_tokenizer
+    from tinylm.train.callbacks import SampleText
+
+    letters = "".join(chr(ord("A") + i) for i in range(VOCAB - 1))  # 47 letters and <|endoftext|>: 48 ids
+    tok = build_tokenizer("char", documents=lambda: [letters, letters])
+    model, prompt = tiny(), tok.encode("AB")
+    kw = {"max_new_tokens": 12, "eos_id": tok.eos_id}
+    want = tok.decode(generate(model, [prompt], strategy="beam", num_beams=3, **kw)[0])
+    assert want != tok.decode(generate(model, [prompt], strategy="greedy", **kw)[0])  # guard: beams matter here
+    assert SampleText(strategy="beam", num_beams=3, max_new_tokens=12)._sample(model, tok, "AB") == want
+
+
 def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
     """Catches beam search penalising raw logits and renormalising (transformers' beam search multiplies the seen
     tokens' log-probs by the penalty and keeps the sum as it is). Prompt [C], penalty 2, 2 beams, 2 steps:
