@@ -157,7 +157,8 @@ def test_overfitting_is_reported():
 
 
 def _assert_slowdown(kinds: set[str], monitor: HealthMonitor) -> None:
-    if "slowdown" not in kinds and monitor.contended_windows:  # not judged, rightly: other jobs held the CPUs
+    # not judged, rightly, for a window's worth of steps or more: other jobs held the CPUs
+    if "slowdown" not in kinds and monitor.contended_windows >= monitor.window:
         pytest.skip(f"other processes held the CPUs for {monitor.contended_windows} windows: the machine was too "
                     "loaded to tell a slowdown of the run")
     assert "slowdown" in kinds

@@ -337,6 +337,8 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
         ({"top_p": 1.5}, "top_p must be in"),
         ({"top_k": 0}, "top_k must be a whole number in \\[1, inf\\), got 0; leave it unset for no limit"),
         ({"top_k": 2.5}, "top_k must be a whole number"),  # was a TypeError inside torch
+        ({"max_new_tokens": None}, "max_new_tokens needs a value, got None"),  # was a TypeError mid-generation
+        ({"temperature": "a"}, "temperature must be in"),
         ({"seed": 1.5}, "seed must be a whole number"),
         ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
         ({"strategy": "beam", "num_beams": 0}, r"num_beams must be a whole number in \[1, "),

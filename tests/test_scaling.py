@@ -4,6 +4,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import lightning as L
 import numpy as np
@@ -157,14 +159,29 @@ def test_scaling_stops_on_a_signal_during_a_runs_final_validation(run_config, ca
 
 def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, capsys):
     """Catches a rung killed (kill -9, out of memory) before its first checkpoint blocking every rerun of the
-    ladder: fit refused its folder of logs as another run's. Its logs are kept aside, and it trains again."""
+    ladder: fit refused its folder of logs as another run's. Its logs are kept aside, and it trains again; a run
+    another process is training is left where it is."""
     cfg = run_config()
     sizes = [[1, 8], [1, 16], [2, 16]]
     _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
     killed = cfg.parent / "runs" / "tiny-C1.0e08-L1-d24"
     (killed / "csv").mkdir(parents=True)
     (killed / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")  # one logged step, no checkpoint
-    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]"])
+    args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]"]
+    # unless it is not stopped at all: another process trains it (and holds its lock)
+    hold = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(killed / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(SystemExit):
+            main(args)
+        assert "is in use by another tinylm process" in capsys.readouterr().err
+        assert not list(killed.parent.glob("*.unfinished-*"))
+    finally:
+        holder.kill()
+        holder.wait()
+    main(args)
     assert (killed / "checkpoints" / "last.ckpt").is_file()
     aside = list(killed.parent.glob("tiny-C1.0e08-L1-d24.unfinished-*"))
     assert len(aside) == 1 and (aside[0] / "csv" / "metrics.csv").read_text().endswith("0,0,4.1\n")

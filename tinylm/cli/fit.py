@@ -137,6 +137,13 @@ def lock_run_folder(run_dir: Path):
     return f
 
 
+def release_run_folder(run_dir: Path) -> None:
+    """Release this process's lock on ``run_dir`` (taken by `lock_run_folder`), if it holds one."""
+    lock = _LOCKS.pop(str(run_dir.resolve()), None)
+    if lock is not None:
+        lock.close()
+
+
 def _rank_zero() -> bool:
     from lightning.pytorch.utilities import rank_zero_only
 

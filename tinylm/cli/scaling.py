@@ -19,8 +19,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 2e12
 DEFAULT_SIZES = ((1, 8), (1, 12), (1, 16), (1, 20))  # (n_layer, n_embd)
 DEFAULT_PREDICT = (1, 24)
-_SET_PER_RUN = ("--trainer.max_steps", "--trainer.val_check_interval", "--model.decay_steps", "--model.n_layer",
-                "--model.n_embd", "--model.n_head")
+_SET_PER_RUN = ("--trainer.max_steps", "--trainer.val_check_interval", "--model.decay_steps", "--model.n_layer")
 
 
 def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: list[list[int]] | None = None,
@@ -49,7 +48,13 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     """
     from dataclasses import fields
 
-    from tinylm.cli.fit import holds_run, latest_checkpoint, lightning_main
+    from tinylm.cli.fit import (
+        holds_run,
+        latest_checkpoint,
+        lightning_main,
+        lock_run_folder,
+        release_run_folder,
+    )
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.errors import TinyLMError
     from tinylm.model import GPTConfig
@@ -77,7 +82,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     if set_per_run:
         log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
                     ", ".join(o[2:] for o in _SET_PER_RUN), " ".join(set_per_run))
-    cli = fit_objects(fit_args)
+    cli = fit_objects(fit_args, trains_here=True)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
@@ -121,7 +126,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             resume = latest_checkpoint(root / name) is not None
             if not resume and holds_run(root / name):  # killed before its first checkpoint: nothing to resume
                 aside = root / f"{name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
+                lock_run_folder(root / name)  # not a run another process is training
                 (root / name).rename(aside)
+                release_run_folder(root / name)
                 log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
                          root / name, aside)
             lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),

@@ -81,11 +81,16 @@ class SamplingConfig:
                   "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)"}
         if self.strategy == "sample":  # logits / 1e-40 overflow; inf samples uniformly, whatever the model says
             ranges["temperature"] = f"[{MIN_TEMPERATURE}, inf)"
+        unset = next((k for k in ranges if k not in ("top_k", "top_p", "min_p", "seed", "eos_id")
+                      and getattr(self, k) is None), None)
+        if unset is not None:  # (check_ranges passes None: unset, the default; these have no unset form)
+            raise ValueError(f"{unset} needs a value, got None")
         try:
             check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id"))
         except ValueError as e:
             name = str(e).split()[0]
-            cold = name == "temperature" and self.temperature < MIN_TEMPERATURE
+            cold = name == "temperature" and isinstance(self.temperature, (int, float)) and \
+                self.temperature < MIN_TEMPERATURE
             raise ValueError(f"{e}{_HINTS.get(name, '') if name != 'temperature' or cold else ''}") from None
         if self.num_beams > 1 and self.strategy != "beam":
             raise ValueError(f"num_beams={self.num_beams} needs the beam strategy (--strategy beam), got strategy "

@@ -141,7 +141,10 @@ class InterruptStop(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         global _late
-        _late = self._received  # the run completed first; what it leaves behind is whole
+        late = self._received is not None  # the run completed first; what it leaves behind is whole
+        if trainer.world_size > 1:  # the ranks agree (one may have missed it), or one stops a ladder the others go on
+            late = trainer.strategy.reduce_boolean_decision(late, all=False)
+        _late = (self._received or signal.SIGTERM) if late else None
         self._disarm()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
