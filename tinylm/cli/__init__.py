@@ -346,7 +346,8 @@ def _setup_console() -> None:
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
     from lightning.pytorch.utilities import rank_zero_only
 
-    if getattr(rank_zero_only, "rank", 0) != 0:  # another rank of a run (from its environment): rank 0 says the same
+    # another rank of a run (from its environment; NODE_RANK: a node started by hand): rank 0 says the same
+    if getattr(rank_zero_only, "rank", 0) != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
         log.setLevel(logging.ERROR)
         warnings.simplefilter("ignore")
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
