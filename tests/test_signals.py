@@ -91,6 +91,29 @@ def test_handlers_are_restored_after_fit(run_config):
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_second_sigterm_as_an_interrupted_run_ends_is_the_same_request(tmp_path):
+    """Catches a SIGTERM sent twice to the job (SLURM, `kill -TERM -- -PGID` repeated) reaching the command's outer
+    handler once the first had stopped the run: its raise, mid-teardown, left the loader's workers unjoined and the
+    run ended with "DataLoader worker is killed by signal: Alarm clock" instead of its resume line (seen in CI, where
+    the teardown was slow enough to be hit)."""
+    from tinylm.train.interrupt import InterruptStop
+
+    outer_calls = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: outer_calls.append(signum))  # as _terminate_cleanly
+    try:
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path)
+        stop = InterruptStop(None)
+        stop.setup(trainer, None, "fit")
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: the run stops at its next step, raising RunInterrupted
+        stop.on_exception(trainer, None, RuntimeError("stopped"))  # the run ends on it
+        os.kill(os.getpid(), signal.SIGTERM)  # the second, while the run tears down
+        trainer._signal_connector.teardown()  # Lightning puts back the handlers it found
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert outer_calls == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class SendSignals(L.Callback):
     """A scheduler inside the run: SIGUSR1 (SLURM's requeue warning) after step ``usr1_at``, SIGTERM after ``term_at``."""
 

@@ -80,6 +80,8 @@ class InterruptStop(L.Callback):
 
     def _on_signal(self, signum: int, frame) -> None:
         if not self._armed:  # the run is over (Lightning's teardown can reinstall this handler): act as before it
+            if signum == signal.SIGTERM and self._received == signal.SIGTERM:
+                return  # the request it is ending on, again
             self._restore()
             previous = self._previous.get(signum)
             if callable(previous):
@@ -153,8 +155,16 @@ class InterruptStop(L.Callback):
     def _disarm(self) -> None:
         self._armed = False
         self._restore()
+        handlers = dict(self._previous)
+        if self._received == signal.SIGTERM and signal.SIGTERM in handlers:
+            # the run stops (or ended) on it: a second SIGTERM is the same request (a scheduler's to the group,
+            # repeated), not one to act on mid-teardown, where the outer handler's raise left the loader's workers
+            # unjoined ("DataLoader worker is killed by signal: Alarm clock" a minute later)
+            handlers[signal.SIGTERM] = signal.SIG_IGN
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self._trainer is not None:  # Lightning's teardown reinstalls the handlers it found (this one): not these
-            self._trainer._signal_connector._original_handlers.update(self._previous)
+            self._trainer._signal_connector._original_handlers.update(handlers)
             self._trainer = None
 
     def _restore(self) -> None:
