@@ -706,6 +706,9 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
               "--max_new_tokens", "2"])
     with pytest.warns(UserWarning, match="--num_beams does nothing with --strategy sample .*--strategy beam"):
         main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--num_beams", "8", "--max_new_tokens", "2"])
+    with pytest.warns(UserWarning, match="--seed does nothing with --strategy greedy .*--strategy sample"):
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "greedy", "--seed", "3",
+              "--max_new_tokens", "2"])
     capsys.readouterr()
     assert "cannot run a model" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--device", "meta"])
     assert "is a folder" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path)])
