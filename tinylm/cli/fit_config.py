@@ -107,12 +107,13 @@ def device_count(opts: dict[str, Any]) -> int:
     import torch
 
     devices = opts.get("devices", "auto")
-    if str(devices).strip().lstrip("-").isdigit() and int(devices) < 1 and int(devices) != -1:
+    number = int(devices) if str(devices).strip().lstrip("-").isdigit() else None
+    if number is not None and number < 1 and number != -1:
         raise ValueError(f"trainer.devices must be a number >= 1, a list of device ids, -1 or auto, got {devices}")
     if isinstance(devices, (list, tuple)):
         n = len(devices)
-    elif str(devices).lstrip("-").isdigit() and int(devices) > 0:
-        n = int(devices)
+    elif number is not None and number > 0:
+        n = number
     elif "," in str(devices):
         n = len([d for d in str(devices).split(",") if d.strip()])
     else:  # "auto" / -1: every GPU of this machine, or one process on a CPU

@@ -78,7 +78,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
                          "rung and the predicted model must differ")
     if out:
         check_png_path(out)  # before hours of training, not after
-    set_per_run = [a.split("=")[0] for a in fit_args if a.split("=")[0] in _SET_PER_RUN]
+    set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _SET_PER_RUN]
     if set_per_run:
         log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
                     ", ".join(o[2:] for o in _SET_PER_RUN), " ".join(set_per_run))

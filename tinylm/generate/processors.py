@@ -89,9 +89,9 @@ class SamplingConfig:
             check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id"))
         except ValueError as e:
             name = str(e).split()[0]
-            cold = name == "temperature" and isinstance(self.temperature, (int, float)) and \
-                self.temperature < MIN_TEMPERATURE
-            raise ValueError(f"{e}{_HINTS.get(name, '') if name != 'temperature' or cold else ''}") from None
+            hot = name == "temperature" and not (isinstance(self.temperature, (int, float)) and
+                                                 self.temperature < MIN_TEMPERATURE)  # inf: greedy is no fix
+            raise ValueError(f"{e}{'' if hot else _HINTS.get(name, '')}") from None
         if self.num_beams > 1 and self.strategy != "beam":
             raise ValueError(f"num_beams={self.num_beams} needs the beam strategy (--strategy beam), got strategy "
                              f"{self.strategy!r}")
