@@ -6,7 +6,10 @@ two halves equals the single device's mean over all of them. These tests run rea
 """
 
 import csv
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -14,8 +17,10 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 
 from tinylm.cli import main
+from tinylm.train.interrupt import InterruptStop
 
 pytestmark = pytest.mark.slow
 B, STEPS, HALF = 4, 6, 3
@@ -44,6 +49,30 @@ class InfLossOnRankOne(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == 1 and trainer.global_step == 2:  # step 1 was just taken
             pl_module.step_loss.fill_(float("inf"))  # in place: the health monitor holds this tensor until it reads
+
+
+class SigtermToRankOne(L.Callback):
+    """Rank 1 alone gets SIGTERM after step 30 (as when a signal reaches one process of a run); rank 0 writes the
+    steps at which the ranks agreed whether to stop to agreed.json."""
+
+    def __init__(self) -> None:
+        self.agreed: set[int] = set()
+
+    def _seen(self, trainer) -> None:
+        stop = next(c for c in trainer.callbacks if isinstance(c, InterruptStop))
+        self.agreed.add(stop._agreed_at[1])
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._seen(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 30:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._seen(trainer)
+        if trainer.global_rank == 0:
+            Path("agreed.json").write_text(json.dumps(sorted(self.agreed - {0})))  # 0: the start, no agreement
 
 
 def _fit(config: Path, *args: str, devices: int) -> str:
@@ -146,3 +175,24 @@ def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfini
     assert _metric(tmp_path / "runs" / "straight", "health/nonfinite") == {1: 1.0}
     said = [line for line in done.stderr.splitlines() if "global batch:" in line]
     assert len(said) == 1 and f"global batch: {2 * B} windows of 32 tokens" in said[0] and "x 2 device(s)" in said[0]
+
+
+def test_a_signal_to_one_rank_stops_both_at_a_step_they_agree_on_about_once_a_second(config, tmp_path):
+    """Catches a SIGTERM that reached one rank stopping the run with exit 1 and "a signal to another rank" (the
+    signal was lost on the way), and the ranks agreeing on a stop at every step: a collective and, on GPUs, a host
+    sync per step, ~4 % of a small model's step (benchmarks/bench_stop_agreement.py)."""
+    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+           "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
+           "--trainer.max_steps", "100000", "--trainer.val_check_interval", "1000", "--run.checkpoint_every", "1000",
+           "--trainer.callbacks+=test_elastic.SigtermToRankOne"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "interrupted by" in line]
+    assert len(said) == 1 and "interrupted by SIGTERM (to another rank) at step" in said[0], done.stderr[-3000:]
+    step = int(re.search(r"at step (\d+)", said[0]).group(1))
+    ckpt = tmp_path / "runs" / "straight" / "checkpoints" / "last.ckpt"
+    assert step >= 30 and torch.load(ckpt, weights_only=True, map_location="cpu")["global_step"] == step
+    agreed = json.loads((tmp_path / "agreed.json").read_text())
+    assert agreed[-1] == step  # the stop came at an agreement
+    assert len(agreed) < step - 1, agreed  # and not every step was one (a step under 0.5 s is enough to tell)

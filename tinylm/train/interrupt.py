@@ -3,7 +3,8 @@
 Lightning alone exits 0 on SIGTERM without a checkpoint (its loops raise ``SIGTERMException``, a ``SystemExit``,
 even mid-accumulation or mid-validation) and 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands). Here either
 signal only sets a flag; the run stops at the next point where its state is whole: after an optimizer step, and
-after that step's validation when one is due. It saves ``last.ckpt`` there (as exact to resume from as a periodic
+after that step's validation when one is due (under several ranks, at the first such point where they agree, about
+once a second). It saves ``last.ckpt`` there (as exact to resume from as a periodic
 checkpoint) and raises :class:`RunInterrupted`. A second Ctrl+C stops at once, without saving.
 
 Under SLURM nothing of Lightning's changes: its SIGUSR1 requeue handler is untouched, and its SIGTERM handlers
@@ -16,9 +17,11 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinylm.errors import TinyLMError
@@ -27,6 +30,9 @@ from tinylm.train.callbacks import validation_follows
 log = logging.getLogger("tinylm")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Under several ranks, how often (seconds of training) they agree on a stop. Each agreement is a collective and, on
+# GPUs, a host sync: one per step cost ~4 % of a tiny model's step (benchmarks/bench_stop_agreement.py).
+AGREE_EVERY_S = 1.0
 _late: int | None = None  # see late_signal
 
 
@@ -63,6 +69,8 @@ class InterruptStop(L.Callback):
         self._received: int | None = None
         self._step_seen = -1
         self._stepped = False  # the last training batch ended an optimizer step
+        self._agreed_at = (0.0, 0)  # (time, step) of the ranks' last agreement
+        self._next_agreement = 0  # the step at which the ranks agree next
         self._trainer: L.Trainer | None = None
 
     # Installed at setup, before Lightning registers its own handlers (which then compose with these) and before
@@ -100,43 +108,59 @@ class InterruptStop(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False
+        self._agreed_at, self._next_agreement = (time.monotonic(), trainer.global_step), trainer.global_step + 1
         # Lightning (2.6) has since put its own SIGTERM handler in front of this one, and under DDP that handler
         # runs a broadcast: inside whatever collective rank 0 was in (a gradient all-reduce, a metric's sync) while
         # the other ranks wait in theirs, so the run hung for good on SIGTERM about 3 times in 4. This handler
-        # alone is enough: the ranks agree to stop at a step's end (_should_stop), every rank in the same call.
+        # alone is enough: the ranks agree to stop at a step's end, every rank in the same call (_stop_signal).
         if self._armed and signal.SIGTERM in self._previous and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
-        if not self._stepped or validation_follows(trainer) or not self._should_stop(trainer):
+        if not self._stepped or validation_follows(trainer) or not (signum := self._stop_signal(trainer)):
             return
         # the step's metrics reach the loggers just after this hook; log them now or the CSV loses the step's row
         trainer._logger_connector.update_train_step_metrics()
-        self._stop(trainer)
+        self._stop(trainer, signum)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.sanity_checking and self._stepped and self._should_stop(trainer):
-            self._stop(trainer)
+        if not trainer.sanity_checking and self._stepped and (signum := self._stop_signal(trainer)):
+            self._stop(trainer, signum)
 
-    def _should_stop(self, trainer: L.Trainer) -> bool:
+    def _stop_signal(self, trainer: L.Trainer) -> int:
+        """The signal to stop on now, 0 for none; every rank gets the same answer at the same step."""
         if 0 < trainer.max_steps <= trainer.global_step:
-            return False  # training is complete: the run ends normally, with its final checkpoint
-        # every rank stops at the same step (one of them may have missed the signal)
-        return trainer.strategy.reduce_boolean_decision(self._received is not None, all=False)
+            return 0  # training is complete: the run ends normally, with its final checkpoint
+        if trainer.world_size == 1:
+            return self._received or 0
+        # Every rank stops at the same step (one of them may have missed the signal): they agree about once every
+        # AGREE_EVERY_S, at steps they also agree on. Each proposes how many steps that is, from its own pace; the
+        # fewest wins. One collective carries both: the max of (signal received, -steps until the next agreement).
+        step = trainer.global_step
+        if step < self._next_agreement:
+            return 0
+        (then, then_step), now = self._agreed_at, time.monotonic()
+        steps = max(1, min(10_000, int(AGREE_EVERY_S * (step - then_step) / max(now - then, 1e-6))))
+        votes = torch.tensor([self._received or 0, -steps], device=trainer.strategy.root_device)
+        signum, minus_steps = trainer.strategy.reduce(votes, reduce_op="max").tolist()
+        self._agreed_at, self._next_agreement = (now, step), step - minus_steps
+        return signum
 
-    def _stop(self, trainer: L.Trainer) -> None:
-        name = signal.Signals(self._received).name if self._received else "a signal to another rank"
+    def _stop(self, trainer: L.Trainer, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._received != signum:
+            name += " (to another rank)"
         if self.dirpath is None:
             raise RunInterrupted(f"interrupted by {name} at step {trainer.global_step}; nothing was saved "
-                                 "(--trainer.enable_checkpointing false)", signum=self._received,
+                                 "(--trainer.enable_checkpointing false)", signum=signum,
                                  step=trainer.global_step, ckpt_path="")
         path = self.dirpath / "last.ckpt"
         trainer.save_checkpoint(path, weights_only=False)  # the full state: optimizer, loops, callbacks
         raise RunInterrupted(
             f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
             "resume with `tinylm fit --config ... --ckpt_path last`",
-            signum=self._received,
+            signum=signum,
             step=trainer.global_step,
             ckpt_path=str(path),
         )
