@@ -27,6 +27,34 @@ def test_no_credentials_means_offline(no_wandb_account, tmp_path, caplog):
     assert kinds == ["WandbLogger", "RunCSVLogger"]
     offline_lines = [r.getMessage() for r in caplog.records if "offline" in r.getMessage()]
     assert len(offline_lines) == 1 and "wandb sync" in offline_lines[0]
+    assert "no W&B credentials: set WANDB_API_KEY or run `wandb login`" in offline_lines[0]
+
+
+def test_offline_says_why(no_wandb_account, tmp_path, monkeypatch, caplog):
+    """Catches "no credentials or network" for a user's own WANDB_MODE=offline (a logged-in user left wondering
+    why the key was not found)."""
+    from tinylm.train import loggers
+
+    monkeypatch.setattr(loggers, "_went_offline", None)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with caplog.at_level(logging.INFO, logger="tinylm"):
+        make_loggers(tmp_path / "run", "r", "tinylm-test")
+    said = [r.getMessage() for r in caplog.records if "offline" in r.getMessage()]
+    assert len(said) == 1 and "(WANDB_MODE=offline; upload later with `wandb sync`)" in said[0], said
+
+
+def test_the_reachability_probe_asks_the_server_wandb_will_use(monkeypatch):
+    """Catches the probe asking api.wandb.ai while wandb 0.31 talks to CoreWeave Forge's API by default: a network
+    that reaches one and not the other gave an online run that retried for ~95 s and ended in a CommError."""
+    pytest.importorskip("wandb")
+    from wandb.sdk.wandb_settings import Settings
+
+    from tinylm.train.loggers import _base_url
+
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    assert _base_url() == str(Settings().base_url).rstrip("/")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:8080")
+    assert _base_url() == "http://127.0.0.1:8080"
 
 
 def test_a_key_wandb_login_stores_or_no_network_are_seen(no_wandb_account, tmp_path, monkeypatch):
@@ -36,6 +64,7 @@ def test_a_key_wandb_login_stores_or_no_network_are_seen(no_wandb_account, tmp_p
     import os
     import socket
 
+    from tinylm.train import loggers
     from tinylm.train.loggers import _has_wandb_key
 
     home = tmp_path / "home"
@@ -51,6 +80,7 @@ def test_a_key_wandb_login_stores_or_no_network_are_seen(no_wandb_account, tmp_p
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
     assert wandb_mode() == "offline" and os.environ["WANDB_MODE"] == "offline"
+    assert loggers._offline_reason() == f"http://127.0.0.1:{port} cannot be reached"
 
 
 def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):

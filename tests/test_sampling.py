@@ -223,6 +223,22 @@ def test_training_samples_with_the_beam_strategy_use_their_beams():
     assert SampleText(strategy="beam", num_beams=3, max_new_tokens=12)._sample(model, tok, "AB") == want
 
 
+def test_training_samples_with_the_contrastive_strategy_weigh_its_default_candidates():
+    """Catches SampleText passing its sampling top_k (200) to contrastive search, where it is the candidates per
+    step: 200 model rows per prompt and step, and other text than `tinylm generate --strategy contrastive` gives."""
+    from tinylm.tokenize import build_tokenizer
+    from tinylm.train.callbacks import SampleText
+
+    letters = "".join(chr(ord("A") + i) for i in range(VOCAB - 1))
+    tok = build_tokenizer("char", documents=lambda: [letters, letters])
+    model, prompt = tiny(), tok.encode("AB")
+    kw = {"strategy": "contrastive", "max_new_tokens": 12, "eos_id": tok.eos_id}
+    want = tok.decode(generate(model, [prompt], top_k=4, **kw)[0])
+    assert want != tok.decode(generate(model, [prompt], top_k=40, **kw)[0])  # guard: the candidates matter here
+    sampler = SampleText(strategy="contrastive", max_new_tokens=12)
+    assert sampler.config.top_k is None and sampler._sample(model, tok, "AB") == want
+
+
 def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
     """Catches beam search penalising raw logits and renormalising (transformers' beam search multiplies the seen
     tokens' log-probs by the penalty and keeps the sum as it is). Prompt [C], penalty 2, 2 beams, 2 steps:

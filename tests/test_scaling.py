@@ -270,14 +270,14 @@ def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys
 
 
 def test_scaling_names_the_options_it_sets_per_run(run_config, caplog):
-    """Catches --trainer.max_steps (or the validation interval, the decay length) ignored without a word: each run's
-    length follows from --budget and its size."""
+    """Catches --trainer.max_steps (or the validation interval, the decay length, the width) ignored without a
+    word: each run's length follows from --budget, its shape from --sizes."""
     cfg = run_config()
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
     _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
-          "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9"])
-    assert "ignoring --trainer.max_steps --model.decay_steps" in caplog.text
+          "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9", "--model.n_embd", "64"])
+    assert "ignoring --trainer.max_steps --model.decay_steps --model.n_embd" in caplog.text
 
 
 def test_scaling_counts_the_configs_architecture():

@@ -1,9 +1,10 @@
 """Checkpoint files: atomic writes and safe, clearly-failing reads.
 
 Lightning's own writer moves a temp file from ``$TMPDIR`` without fsync; a crash mid-move can leave a corrupt
-``last.ckpt`` and lose the previous good one (see LIGHTNING-NOTES). Here every save writes ``<path>.tmp`` beside
+``last.ckpt`` and lose the previous good one. Here every save writes ``<path>.tmp`` beside
 the target, fsyncs it, then ``os.replace``s it: the old file stays whole until the new one is complete. A save
-that fails (killed, disk full) leaves its ``.tmp``; the next successful save into that folder removes it.
+that fails (disk full, Ctrl+C) removes its ``.tmp``; one killed outright (kill -9, a crash) leaves it, and the next
+successful save into that folder removes it.
 Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
 """
 

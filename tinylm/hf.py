@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from tinylm.checkpoint import CheckpointError, load_checkpoint, load_model  # noqa: F401  (load_model re-exported)
+from tinylm.checkpoint import load_model
 from tinylm.model import GPT, GPTConfig
 from tinylm.paths import check_output_path
 from tinylm.tokenize.tokenizer import GPT2_PATTERN, STATE_FILE, Tokenizer, _parse_ranks
@@ -385,7 +385,7 @@ def import_hf(path: str | Path) -> GPT:
             continue  # tied to wte
         tensor = state[name].t() if name.endswith(_CONV1D) else state[name]
         with torch.no_grad():
-            target[name][: tensor.size(0)].copy_(tensor)  # wte: only the real rows; padded rows stay as initialised
+            target[name][: tensor.size(0)].copy_(tensor)  # wte: the real rows; the padded ones are zeroed
             if name == "transformer.wte.weight":
                 target[name][tensor.size(0):].zero_()
     return model.eval()

@@ -1,7 +1,8 @@
 """The `tinylm` command. `fit` and `validate` are LightningCLI; every other command is a typed function parsed by the
 same library (jsonargparse), so `--help`, `--config FILE` and `--print_config` work the same everywhere.
 
-Every error a user can cause ends as one line on stderr and exit status 1; a bug keeps its traceback (and
+Every error a user can cause ends as one line on stderr and exit status 1 (128 + N for a run stopped by signal N);
+a bug keeps its traceback (and
 ``--verbose`` shows the traceback of any error).
 """
 
@@ -181,8 +182,8 @@ def is_user_error(e: BaseException) -> bool:
     """Whether ``e`` is something the user can fix (printed as one line) rather than a bug (traceback).
 
     User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a missing
-    optional package (ModuleNotFoundError: install it), a full disk or a denied permission, ValueError/OSError raised
-    by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks of
+    optional package (ModuleNotFoundError: install it), a full disk or a denied permission, ValueError/OSError/TypeError
+    raised by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks of
     its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another library mean
     tinylm failed to validate something: a bug, shown with its traceback.
     """

@@ -25,8 +25,7 @@ from tinylm.ranges import check_ranges
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
-_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "weights_only", "optimizer",
-                 "lr_scheduler")
+_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "weights_only")
 
 
 def parser_for(fn: Callable, prog: str):

@@ -66,7 +66,7 @@ RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all
 # Lightning, e.g. accumulate_grad_batches 0 -> ZeroDivisionError).
 _POSITIVE = ("accumulate_grad_batches", "log_every_n_steps", "val_check_interval",
              "check_val_every_n_epoch", "num_nodes")
-_NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches", "max_time_s")
+_NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches")
 
 
 def _check_run_name(name: str) -> None:
@@ -109,7 +109,6 @@ def lock_run_folder(run_dir: Path):
     """An exclusive lock on ``<run dir>/.lock`` until `release_run_folders` (or the process's end, even by kill -9):
     two `tinylm fit` in one folder would interleave their logs and overwrite each other's checkpoints."""
     import fcntl
-    import os
 
     key = str(run_dir.resolve())
     if key in _LOCKS:
@@ -383,7 +382,7 @@ _HELP = {
                                   "an epoch only with --trainer.check_val_every_n_epoch (tinylm's epochs are "
                                   "notional)",
     "trainer.check_val_every_n_epoch": "Validate every N notional epochs (an epoch: the train split's tokens / "
-                                       "(batch_size x block_size) windows); unset (tinylm's default): validation "
+                                       "(batch_size x block_size) batches); unset (tinylm's default): validation "
                                        "follows --trainer.val_check_interval alone",
     "trainer.logger": "Loggers added to tinylm's own (a CSV in the run folder, W&B when run.wandb_project is set), "
                       "e.g. lightning.pytorch.loggers.TensorBoardLogger; false turns all logging off",
@@ -419,6 +418,7 @@ class TinyLMCLI(LightningCLI):
         parser.add_lightning_class_args(SampleText, "samples")
         # Each fact has one source: the data side decides context length and vocabulary.
         parser.link_arguments("data.block_size", "model.block_size")
+        # (on instantiate: the built data module's vocab_size, the tokenizer's real size, not the option's target)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
 

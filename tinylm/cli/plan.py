@@ -76,7 +76,7 @@ def _write_plot(result: Plan, out: str, title: str) -> Path:
                           ) from None
 
 
-def _mb(x: int) -> str:
+def _size(x: int) -> str:
     return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.1f} MiB"
 
 
@@ -98,8 +98,8 @@ def format_plan(p: Plan, hparams) -> str:
     ckpt = bool(getattr(hparams, "activation_checkpointing", False))  # which of the two rows the run is
 
     def mem(m: Memory) -> str:
-        return (f"{_mb(m.peak)} peak  (weights {_mb(m.weights)}, gradients {_mb(m.gradients)}, optimizer "
-                f"{_mb(m.optimizer)}, activations {_mb(m.activations)})")
+        return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}, gradients {_size(m.gradients)}, optimizer "
+                f"{_size(m.optimizer)}, activations {_size(m.activations)})")
 
     wall = (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
             f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else

@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 2e12
 DEFAULT_SIZES = ((1, 8), (1, 12), (1, 16), (1, 20))  # (n_layer, n_embd)
 DEFAULT_PREDICT = (1, 24)
-_SET_PER_RUN = ("--trainer.max_steps", "--trainer.val_check_interval", "--model.decay_steps", "--model.n_layer")
+# what each rung's `fit` sets from --budget and the rung's size (a user's value would be overridden)
+_SET_PER_RUN = ("--model.n_layer", "--model.n_embd", "--model.n_head", "--trainer.max_steps", "--model.warmup_steps",
+                "--model.decay_steps", "--trainer.val_check_interval")
 
 
 def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: list[list[int]] | None = None,
@@ -131,10 +133,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
                 release_run_folder(root / name)
                 log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
                          root / name, aside)
-            lightning_main(["fit", *fit_args, *no_samples, "--model.n_layer", str(r.n_layer), "--model.n_embd", str(r.n_embd),
-                            "--model.n_head", str(r.n_head), "--trainer.max_steps", str(r.max_steps),
-                            "--model.warmup_steps", str(r.warmup_steps), "--model.decay_steps", "null",
-                            "--trainer.val_check_interval", str(r.max_steps * accumulate), "--run.name", name,
+            values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
+            per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
+            lightning_main(["fit", *fit_args, *no_samples, *per_run, "--run.name", name,
                             *(["--ckpt_path", "last"] if resume else [])])
             if (signum := late_signal()) is not None:  # it came during the run's final validation: stop here
                 raise RunInterrupted(f"interrupted by {signal.Signals(signum).name} as {root / name} finished; the "
@@ -241,6 +242,8 @@ def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
 
 
 def format_scaling(r: dict) -> str:
+    from tinylm.train.plan import CHINCHILLA_TOKENS_PER_PARAM
+
     lines = [(f"compute-matched ladder: {r['budget_flops']:.3g} training FLOPs per model, "
               f"{r['tokens_per_step']:,} tokens per step"),
              f"{'model':<10} {'params':>9} {'steps':>7} {'tokens':>11} {'val/loss':>9} {'fit':>7}"]
@@ -258,7 +261,7 @@ def format_scaling(r: dict) -> str:
         if "params" in opt else
         "above the ladder's range (the loss still falls at its largest model)" if opt["outside"] == "above" else
         "below the ladder's range (the loss already rises from its smallest model)")
-        + f"; Chinchilla's 20 tokens/param says {r['chinchilla_optimal_params']:,.0f}")
+        + f"; Chinchilla's {CHINCHILLA_TOKENS_PER_PARAM:g} tokens/param says {r['chinchilla_optimal_params']:,.0f}")
     p = r["prediction"]
     lines.append(f"prediction for {p['model']} ({p['params']:,} parameters): {p['predicted']:.4f}; measured "
                  f"{p['measured']:.4f}; error {p['error']:+.4f} nats" if p["predicted"] is not None else

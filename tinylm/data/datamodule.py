@@ -250,7 +250,8 @@ class TinyLMDataModule(L.LightningDataModule):
                               generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]
         return loaders[0] if len(loaders) == 1 else loaders
 
-    # ---- the sampler position travels in checkpoints (restored before train_dataloader() is called)
+    # ---- the sampler position travels in checkpoints (restored before train_dataloader() is called); Lightning's
+    # loop state holds the same count again (ResumableLoader.state_dict), loaded into the loader after this
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
 

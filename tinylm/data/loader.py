@@ -136,7 +136,7 @@ class ValBatches(_TokenWindows):
 
 
 class _EpochSampler(Sampler[int]):
-    """Global batch ids from `start` to the end of its notional epoch (ids keep counting across epochs)."""
+    """This rank's batch ids from `start` to the end of its notional epoch (ids keep counting across epochs)."""
 
     def __init__(self, epoch_length: int) -> None:
         self.epoch_length, self.start = epoch_length, 0
@@ -170,7 +170,7 @@ def outlive_sigterm(worker_id: int) -> None:
 class ResumableLoader(DataLoader):
     """A DataLoader over `TrainBatches` that counts the batches it has yielded. Lightning saves `state_dict()` in
     checkpoints (it does so only for loaders that have one) and after `load_state_dict` iteration resumes at that
-    batch. Its own `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
+    batch (the data module saves the same count with its own state, for the checks it makes on a resume). Its own `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
 
     def __init__(self, dataset: TrainBatches, *, epoch_length: int, start: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, seed: int = 0) -> None:

@@ -187,17 +187,19 @@ def _sample_chars(corpus: Corpus, spec: str, train_chars: int | None) -> int | N
 
 
 def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, sample: int | None) -> None:
-    total = corpus.size_bytes if sample is None or corpus.size_bytes is None else min(sample, corpus.size_bytes)
     clock, read = Stopwatch(), [0]
 
     def documents() -> Iterator[str]:
         read[0] = 0
-        with progress(total, f"training {spec} on {corpus.name}") as bar:
+        # a sample is counted in characters (the corpus is larger than it, see _sample_chars)
+        bar = progress(corpus.size_bytes, f"training {spec} on {corpus.name}") if sample is None else \
+            progress(sample, f"training {spec} on a {sample:,}-character sample of {corpus.name}", unit="char")
+        with bar:
             for doc in itertools.chain(_sample(corpus, sample), *(c.documents("validation") for c in
                                                                   (_own_validation(corpus) if spec == "char" else []))):
                 n = len(doc.encode("utf-8"))
                 read[0] += n
-                bar.update(n if sample is None else len(doc))  # a sample's total is in characters
+                bar.update(n if sample is None else len(doc))
                 yield doc
 
     build_tokenizer(spec, vocab_size=vocab_size, documents=documents).save(out)

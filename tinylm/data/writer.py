@@ -20,11 +20,12 @@ PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bound
 BATCH_CHARS = 8 << 20  # text handed to one encode_batch call
 
 
-def progress(total_bytes: int | None, desc: str, initial: int = 0) -> Any:
-    """A tqdm bar in bytes (shows MB/s, and an ETA when the total is known); silent when stderr is no terminal."""
+def progress(total: int | None, desc: str, initial: int = 0, unit: str = "B") -> Any:
+    """A tqdm bar, in bytes unless told (shows MB/s, and an ETA when the total is known); silent when stderr is no
+    terminal."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, disable=None,
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1000, disable=None,
                 smoothing=0.05, initial=initial)
 
 

@@ -82,6 +82,7 @@ def mean_of(values: Sequence[Sequence[float]]) -> float:
 
 # ---- teacher-forced scoring -------------------------------------------------------------------------------------
 SCORE_CHUNK_LOGITS = 2**25  # most logits (rows x positions x vocab) scored at once: 128 MB of fp32
+SLIDE_CHUNK_TOKENS = 16384  # past block_size: most tokens (windows x rows x block_size) in one forward pass
 
 
 def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> tuple[list[list[float]], list[list[float]]]:
@@ -125,7 +126,7 @@ def _score_rows(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[in
         nll[:, 1 : T + 1], ent[:, 1 : T + 1] = _nll_and_entropy(logits, ids[:, 1 : T + 1])
     # targets j > block: window ids[:, j-block:j], last position only; a batch holds many windows
     starts = list(range(1, L - block))  # window start s predicts target s + block
-    chunk = max(1, 16384 // (block * len(outputs)))
+    chunk = max(1, SLIDE_CHUNK_TOKENS // (block * len(outputs)))  # windows per pass
     for c in range(0, len(starts), chunk):
         s = torch.tensor(starts[c : c + chunk], device=device)  # (W,)
         windows = ids[:, s[:, None] + torch.arange(block, device=device)]  # (B, W, block)

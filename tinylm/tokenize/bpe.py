@@ -26,7 +26,6 @@ import base64
 import functools
 import heapq
 import json
-import logging
 import warnings
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
@@ -35,8 +34,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import regex
-
-log = logging.getLogger(__name__)
 
 from tinylm.tokenize.patterns import GPT2_PATTERN, TRAIN_PIECE_CHARS
 

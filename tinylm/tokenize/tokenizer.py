@@ -219,9 +219,7 @@ class _Scratch:
         self.bpe = bpe
 
     def encode(self, text: str) -> list[int]:
-        if hasattr(self.bpe, "encode_ordinary"):
-            return self.bpe.encode_ordinary(text)
-        return self.bpe.encode(text, allowed_special=set(), disallowed_special=())
+        return self.bpe.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]

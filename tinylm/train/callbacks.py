@@ -397,7 +397,8 @@ class SampleText(L.Callback):
         max_new_tokens: Tokens generated per prompt.
         strategy: Decoding strategy (greedy, sample, beam, contrastive); see `tinylm generate --help`.
         temperature: Sampling temperature.
-        top_k: Keep only the k most likely tokens when sampling (None: all).
+        top_k: Keep only the k most likely tokens when sampling (None: all); contrastive search weighs its own
+            default of candidates (`tinylm generate --strategy contrastive`'s).
         num_beams: Beams of the beam strategy (beam search with one beam is greedy decoding).
         seed: Seed of the sampling generator (the same samples for the same weights).
     """
@@ -424,7 +425,7 @@ class SampleText(L.Callback):
             strategy=strategy,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            top_k=top_k if strategy in ("sample", "contrastive") else None,
+            top_k=top_k if strategy == "sample" else None,
             num_beams=num_beams if strategy == "beam" else 1,
             seed=seed,
         )

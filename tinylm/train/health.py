@@ -112,7 +112,7 @@ class HealthMonitor(L.Callback):
         self._losses: deque[float] = deque(maxlen=window)
         self._norms: deque[float] = deque(maxlen=spike_window)
         self._val: list[tuple[float, float]] = []  # (val loss, mean train loss at that time)
-        self._early_rate: float | None = None
+        self._best_rate: float | None = None
         self._rates: deque[float] = deque(maxlen=window)
         self._shares: deque[float] = deque(maxlen=window)  # share of the CPUs the run got, beside each rate
         self._slow_streak = 0
@@ -256,18 +256,18 @@ class HealthMonitor(L.Callback):
             self._slow_streak = 0
             self.contended_windows += 1
             return
-        if self._early_rate is None or current > self._early_rate:
+        if self._best_rate is None or current > self._best_rate:
             # the reference is the best window so far: a first window caught in a dip (a validation, the page cache
             # warming up) would hide a real slowdown later
-            self._early_rate, self._slow_streak = current, 0
+            self._best_rate, self._slow_streak = current, 0
             return
         # sustained: `window` judged steps in a row (a load arriving moves the rate a little before the share)
-        self._slow_streak = self._slow_streak + 1 if current < (1 - self.slowdown_fraction) * self._early_rate else 0
+        self._slow_streak = self._slow_streak + 1 if current < (1 - self.slowdown_fraction) * self._best_rate else 0
         if self._slow_streak >= self.window:
             self._alert(
                 trainer,
                 "slowdown",
-                f"tokens/sec fell from {self._early_rate:,.0f} to {current:,.0f} while the run had the CPUs to "
+                f"tokens/sec fell from {self._best_rate:,.0f} to {current:,.0f} while the run had the CPUs to "
                 "itself: look for a memory leak (tensors kept across steps, growing lists), data loading stalls, or "
                 "thermal throttling",
             )
@@ -303,12 +303,12 @@ class HealthMonitor(L.Callback):
         # it raises is in this checkpoint (a resume from it would raise it again) and NaN stops the save here
         if self._owner is not None:
             self._check_pending(*self._owner)
-        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "early_rate": self._early_rate}
+        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
         self._val = [tuple(v) for v in state_dict.get("val", [])]
-        self._early_rate = state_dict.get("early_rate")
+        self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))  # early_rate: its name in older checkpoints
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:

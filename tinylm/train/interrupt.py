@@ -7,13 +7,13 @@ after that step's validation when one is due (under several ranks, at the first 
 once a second). It saves ``last.ckpt`` there (as exact to resume from as a periodic
 checkpoint) and raises :class:`RunInterrupted`. A second Ctrl+C stops at once, without saving.
 
-Under SLURM nothing of Lightning's changes: its SIGUSR1 requeue handler is untouched, and its SIGTERM handlers
-still run (Lightning composes them with the one found installed, this one).
+Under SLURM, Lightning's SIGUSR1 requeue handler is untouched. Its SIGTERM handler (composed with the one found
+installed, this one) runs until training starts; from then on this one alone handles SIGTERM (see on_train_start:
+under DDP, Lightning's hung the run).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -26,8 +26,6 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from tinylm.errors import TinyLMError
 from tinylm.train.callbacks import validation_follows
-
-log = logging.getLogger("tinylm")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Under several ranks, how often (seconds of training) they agree on a stop. Each agreement is a collective and, on
@@ -101,8 +99,9 @@ class InterruptStop(L.Callback):
             self._disarm()
             raise KeyboardInterrupt  # a second Ctrl+C: stop now, unsaved
         self._received = signum
-        # Lightning's SIGTERM handler ran just before this one and set `trainer.received_sigterm`, on which its
-        # loops raise SIGTERMException mid-accumulation or mid-validation; the run stops at a whole step instead.
+        # Before training starts, Lightning's SIGTERM handler ran just before this one and set its
+        # `received_sigterm`, on which its loops raise SIGTERMException mid-accumulation or mid-validation; the run
+        # stops at a whole step instead.
         if self._trainer is not None:
             self._trainer._signal_connector.received_sigterm = False
 
@@ -201,7 +200,7 @@ def _outer_handler(signum: int):
     """The handler installed for ``signum``, looking through one left behind by an earlier run's callback."""
     handler = signal.getsignal(signum)
     owner = getattr(handler, "__self__", None)
-    return owner._previous.get(signum, signal.SIG_DFL) if isinstance(owner, InterruptCheckpoint) else handler
+    return owner._previous.get(signum, signal.SIG_DFL) if isinstance(owner, InterruptStop) else handler
 
 
 class InterruptCheckpoint(InterruptStop, Checkpoint):

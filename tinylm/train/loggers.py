@@ -81,6 +81,9 @@ def _truncate_after(path: Path, resume_step: int) -> None:
     os.replace(tmp, path)
 
 
+_went_offline: str | None = None  # why wandb_mode set WANDB_MODE=offline itself (None: it did not)
+
+
 def wandb_mode() -> str:
     """``online``, ``offline`` or ``disabled``: what W&B can do here, decided without the network or a prompt.
 
@@ -99,10 +102,21 @@ def wandb_mode() -> str:
 
     if importlib.util.find_spec("wandb") is None:  # not `import wandb`: 0.5 s and 20 MB for a yes/no answer
         return "disabled"
-    if _has_wandb_key() and _reachable():
+    if not _has_wandb_key():
+        why = "no W&B credentials: set WANDB_API_KEY or run `wandb login`"
+    elif not _reachable():
+        why = f"{_base_url()} cannot be reached"
+    else:
         return "online"
-    os.environ["WANDB_MODE"] = "offline"
+    global _went_offline
+    os.environ["WANDB_MODE"], _went_offline = "offline", why
     return "offline"
+
+
+def _offline_reason() -> str:
+    """Why W&B logs offline: what `wandb_mode` found, or the user's WANDB_MODE."""
+    mode = os.environ.get("WANDB_MODE", "")
+    return _went_offline if mode == "offline" and _went_offline else f"WANDB_MODE={mode}"
 
 
 WANDB_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
@@ -125,6 +139,16 @@ def _has_wandb_key() -> bool:
     return any(host and stored.authenticators(host) is not None for host in hosts)
 
 
+def _base_url() -> str:
+    """The server wandb talks to: WANDB_BASE_URL, else its default (CoreWeave Forge's API from wandb 0.31 on)."""
+    if base := os.environ.get("WANDB_BASE_URL"):
+        return base
+    from importlib.metadata import version
+
+    major_minor = tuple(int(part) for part in version("wandb").split(".")[:2])
+    return "https://api.forge.coreweave.com" if major_minor >= (0, 31) else "https://api.wandb.ai"
+
+
 def _reachable(timeout: float = 3.0) -> bool:
     """Whether the W&B server takes a TCP connection (through a proxy: trusted to). With a key and no network,
     wandb.init retried for ~95 s and then ended the run with a CommError traceback."""
@@ -133,9 +157,9 @@ def _reachable(timeout: float = 3.0) -> bool:
     import socket
     from urllib.parse import urlparse
 
-    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    url = urlparse(_base_url())
     try:
-        with socket.create_connection((url.hostname or "api.wandb.ai", url.port or
+        with socket.create_connection((url.hostname or "", url.port or
                                        (80 if url.scheme == "http" else 443)), timeout=timeout):
             return True
     except OSError:
@@ -160,7 +184,7 @@ def make_loggers(
     from lightning.pytorch.loggers import WandbLogger
 
     if mode == "offline":
-        log.info("W&B: no credentials or network; logging offline to %s (upload later with `wandb sync`)", run_dir / "wandb")
+        log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", run_dir / "wandb", _offline_reason())
     run_dir.mkdir(parents=True, exist_ok=True)
     wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline", id=wandb_id,
                         resume="allow")

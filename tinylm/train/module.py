@@ -108,7 +108,7 @@ class TinyLM(L.LightningModule):
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
         activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
             rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
-            block's per layer, for about one more forward pass of compute (measured in docs/benchmarks.md;
+            block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute (measured in docs/benchmarks.md;
             `tinylm plan` shows both memory estimates).
         init_from: Start from pretrained weights (a new run, not a resume; nanoGPT's ``init_from='gpt2'``): a tinylm
             ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``). The architecture

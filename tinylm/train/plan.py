@@ -9,7 +9,7 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
     optimizer  AdamW's exp_avg and exp_avg_sq: 2 x N x the weights' element size
     activations what autograd saves for backward per layer and token (measured with saved-tensor hooks): 17 x n_embd
                values, 2 of them in the fp32 residual stream (the norm inputs), 15 in the compute dtype (the Linear
-               inputs, q, k, v, the attention output, the MLP's hidden values: 1+1+3+1+1+1+4+4; relu2 keeps as
+               inputs, q, k, v, the attention output, the MLP's hidden values: 1+1+3+1+1+4+4; relu2 keeps as
                many as GELU, SwiGLU 4 x its hidden width instead of 8 x n_embd); rotary positions or qk_norm add
                the rotated/normed q and k (2 more, v keeps the c_attn output alive), qk_norm its fp32 normed copy
                (2 more in the fp32 stream). SDPA's fused kernels keep no T x T matrix. Plus the head: three B x T x V
@@ -113,7 +113,7 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     weights = n * state // shards + (matrices * act if mixed else 0)
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
-    optimizer = (2 * (n - muon) + muon) * state // shards
+    optimizer_bytes = (2 * (n - muon) + muon) * state // shards
     tokens = batch_size * c.block_size
     resid = max(state, act)  # the residual stream stays fp32 under autocast
     mlp = 4 * swiglu_hidden(c.n_embd) if c.mlp == "swiglu" else 8 * c.n_embd
@@ -128,11 +128,11 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     activations = layers + stream + head
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
     if accumulate > 1:
-        peak = weights + optimizer + gradients + activations + first_grad
+        peak = weights + optimizer_bytes + gradients + activations + first_grad
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
-        peak = weights + optimizer + max(activations + first_grad, gradients + (per_layer if checkpointing else 0))
-    step = weights + optimizer + gradients + (_muon_step_memory(model, state) // shards if muon else 0)
-    return Memory(weights, gradients, optimizer, activations, max(peak, step))
+        peak = weights + optimizer_bytes + max(activations + first_grad, gradients + (per_layer if checkpointing else 0))
+    step = weights + optimizer_bytes + gradients + (_muon_step_memory(model, state) // shards if muon else 0)
+    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step))
 
 
 def _muon_step_memory(model: GPT, state: int) -> int:

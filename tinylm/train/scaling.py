@@ -100,7 +100,7 @@ def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
                          f"{grid[i]:g}): they do not fall as a power law (falling, then flat or rising: the larger "
                          "models are past the budget's optimal size); use smaller --sizes or a larger --budget")
     lo, hi = grid[i - 1], grid[i + 1]
-    for _ in range(60):  # golden section: the bracket shrinks to ~1e-15 of the grid step
+    for _ in range(60):  # golden section: the bracket shrinks to ~6e-13 of the grid step
         a, b = hi - (hi - lo) / GOLDEN, lo + (hi - lo) / GOLDEN
         if fit(a)[0] < fit(b)[0]:
             hi = b
