@@ -48,36 +48,14 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             e.g. ...-scaling-C2.0e12-L1-d8_L1-d12_L1-d16_L1-d20_L1-d24.png: another ladder does not overwrite it);
             the numbers go to a .json beside it.
     """
-    from dataclasses import fields
-
-    from tinylm.cli.fit import (
-        holds_run,
-        latest_checkpoint,
-        lightning_main,
-        lock_run_folder,
-        release_run_folder,
-    )
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
-    from tinylm.errors import TinyLMError
-    from tinylm.model import GPTConfig
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
-    from tinylm.train.interrupt import RunInterrupted, late_signal
-    from tinylm.train.plan import compute_optimal
-    from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling, rung
 
     check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
     target = tuple(predict or DEFAULT_PREDICT)
-    if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
-        raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got "
-                         f"{[list(s) for s in sizes]} and {list(target)}")
-    if any(n < 1 for s in sizes + [target] for n in s):
-        raise ValueError(f"--sizes and --predict need n_layer and n_embd >= 1, got {[list(s) for s in sizes]} and "
-                         f"{list(target)}")
-    if len(set(sizes + [target])) < len(sizes) + 1:
-        raise ValueError(f"--sizes {[list(s) for s in sizes]} and --predict {list(target)} repeat a size; every "
-                         "rung and the predicted model must differ")
+    _check_sizes(sizes, target)
     if out:
         check_png_path(out)  # before hours of training, not after
     set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _SET_PER_RUN]
@@ -88,15 +66,53 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
+    rungs, shape = _rungs(sizes + [target], hp, head_size, budget, tokens_per_step)
+    root, base = cli.run_dir.parent, cli.run_dir.name
+    tag = f"C{budget:.1e}".replace("+", "")
+    names = [f"{base}-{tag}-{r.label}" for r in rungs]
+    settings = ladder_settings(cli.config["fit"].as_dict())
+    for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
+        check_ladder_run(root / name, r, shape, settings)
+    # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
+    no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
+        ["--samples.every_n_steps", "0"]
+    losses = [_train_rung(root / name, r, [*fit_args, *no_samples], accumulate) for r, name in zip(rungs, names)]
+    out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
+    result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
+    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
+    print(format_scaling(result))
+    return result
+
+
+def _check_sizes(sizes: list[tuple], target: tuple) -> None:
+    if len(sizes) < 3 or any(len(s) != 2 for s in sizes + [target]):
+        raise ValueError(f"--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair, got "
+                         f"{[list(s) for s in sizes]} and {list(target)}")
+    if any(n < 1 for s in sizes + [target] for n in s):
+        raise ValueError(f"--sizes and --predict need n_layer and n_embd >= 1, got {[list(s) for s in sizes]} and "
+                         f"{list(target)}")
+    if len(set(sizes + [target])) < len(sizes) + 1:
+        raise ValueError(f"--sizes {[list(s) for s in sizes]} and --predict {list(target)} repeat a size; every "
+                         "rung and the predicted model must differ")
+
+
+def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_per_step: int) -> tuple[list, dict]:
+    """The ladder's runs (the predicted model last), each of the config's architecture at its size and trained for
+    ``budget`` FLOPs; and that architecture (every GPTConfig option but the size)."""
+    from dataclasses import fields
+
+    from tinylm.model import GPTConfig
+    from tinylm.train.scaling import rung
+
     # every architecture option of the config (positions, mlp, tied head, ...): they change N and the FLOPs
     shape = {f.name: hp[f.name] for f in fields(GPTConfig) if f.name not in ("n_layer", "n_embd", "n_head")}
-    head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes + [target]))
+    head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes))
     if head_size is None and head < 4:  # [[1,7],[1,12],[1,16]]: gcd 1, one-channel heads
         raise ValueError(f"the widths of --sizes and --predict and the config's head size {hp.n_embd // hp.n_head} "
                          f"share no head size above {head}: their heads would have {head} channel(s); pass "
                          "--head_size N (dividing every width) or widths that share one (multiples of 4, say)")
     rungs = []
-    for n_layer, n_embd in sizes + [target]:
+    for n_layer, n_embd in sizes:
         try:
             rungs.append(rung(n_layer=n_layer, n_embd=n_embd, head_size=head, budget=budget,
                               tokens_per_step=tokens_per_step, warmup_steps=hp.warmup_steps, **shape))
@@ -112,45 +128,58 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         if abs(spent - 1) > 0.05:
             log.warning("%s trains %d steps, %.0f%% of the budget's FLOPs (steps are whole): the ladder is not "
                         "compute-matched; raise --budget", r.label, r.max_steps, 100 * spent)
-    root, base = cli.run_dir.parent, cli.run_dir.name
-    tag = f"C{budget:.1e}".replace("+", "")
-    names = [f"{base}-{tag}-{r.label}" for r in rungs]
-    settings = ladder_settings(cli.config["fit"].as_dict())
-    for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
-        check_ladder_run(root / name, r, shape, settings)
-    # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
-    no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
-        ["--samples.every_n_steps", "0"]
-    losses = []
-    for r, name in zip(rungs, names):
-        loss = final_val_loss(root / name, r.max_steps)
+    return rungs, shape
+
+
+def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float:
+    """The final val/loss of rung ``r`` in ``run_dir``: read back when the run finished before, else after training
+    it (resuming it when it has a checkpoint)."""
+    from tinylm.cli.fit import (
+        holds_run,
+        latest_checkpoint,
+        lightning_main,
+        lock_run_folder,
+        release_run_folder,
+    )
+    from tinylm.errors import TinyLMError
+    from tinylm.train.interrupt import RunInterrupted, late_signal
+
+    loss = final_val_loss(run_dir, r.max_steps)
+    if loss is None:
+        resume = latest_checkpoint(run_dir) is not None
+        if not resume and holds_run(run_dir):  # killed before its first checkpoint: nothing to resume
+            aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
+            lock_run_folder(run_dir)  # not a run another process is training
+            run_dir.rename(aside)
+            release_run_folder(run_dir)
+            log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
+                     run_dir, aside)
+        values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
+        per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
+        lightning_main(["fit", *fit_args, *per_run, "--run.name", run_dir.name,
+                        *(["--ckpt_path", "last"] if resume else [])])
+        if (signum := late_signal()) is not None:  # it came during the run's final validation: stop here
+            raise RunInterrupted(f"interrupted by {signal.Signals(signum).name} as {run_dir} finished; the "
+                                 "next runs of the ladder did not start; resume with "
+                                 "`tinylm fit --config ... --ckpt_path last`", signum=signum, step=r.max_steps,
+                                 ckpt_path="")
+        loss = final_val_loss(run_dir, r.max_steps)
         if loss is None:
-            resume = latest_checkpoint(root / name) is not None
-            if not resume and holds_run(root / name):  # killed before its first checkpoint: nothing to resume
-                aside = root / f"{name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
-                lock_run_folder(root / name)  # not a run another process is training
-                (root / name).rename(aside)
-                release_run_folder(root / name)
-                log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
-                         root / name, aside)
-            values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
-            per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
-            lightning_main(["fit", *fit_args, *no_samples, *per_run, "--run.name", name,
-                            *(["--ckpt_path", "last"] if resume else [])])
-            if (signum := late_signal()) is not None:  # it came during the run's final validation: stop here
-                raise RunInterrupted(f"interrupted by {signal.Signals(signum).name} as {root / name} finished; the "
-                                     "next runs of the ladder did not start; resume with "
-                                     "`tinylm fit --config ... --ckpt_path last`", signum=signum, step=r.max_steps,
-                                     ckpt_path="")
-            loss = final_val_loss(root / name, r.max_steps)
-            if loss is None:
-                raise TinyLMError(f"run {root / name} ended without a final val/loss in its csv/metrics.csv; the "
-                                  "ladder needs validation at the last step: leave trainer.limit_val_batches and "
-                                  "logging on")
-        if not math.isfinite(loss):
-            raise TinyLMError(f"run {root / name} ended with val/loss {loss}: it diverged, and no law fits it; "
-                              "lower --model.lr, move that folder away and run the ladder again")
-        losses.append(loss)
+            raise TinyLMError(f"run {run_dir} ended without a final val/loss in its csv/metrics.csv; the "
+                              "ladder needs validation at the last step: leave trainer.limit_val_batches and "
+                              "logging on")
+    if not math.isfinite(loss):
+        raise TinyLMError(f"run {run_dir} ended with val/loss {loss}: it diverged, and no law fits it; "
+                          "lower --model.lr, move that folder away and run the ladder again")
+    return loss
+
+
+def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step: int, out_path: Path) -> dict:
+    """Fit the law to the ladder (every rung but the last), find the IsoFLOP optimum, compare the last rung's loss
+    with the law's prediction; plot to ``out_path`` and return the numbers."""
+    from tinylm.train.plan import compute_optimal
+    from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling
+
     ladder, ladder_losses = rungs[:-1], losses[:-1]
     try:
         law = fit_power_law([r.params for r in ladder], ladder_losses)
@@ -160,10 +189,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     # with no minimum inside, the optimum lies past the end where the loss is lower: above if it still falls
     beyond = "below" if ladder_losses[0] < ladder_losses[-1] else "above"
     big, measured = rungs[-1], losses[-1]
-    out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
-    result = {
+    return {
         "budget_flops": budget, "tokens_per_step": tokens_per_step,
         "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "warmup_steps": r.warmup_steps,
                   "tokens": r.max_steps * tokens_per_step,
@@ -175,9 +203,6 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
                        "measured": measured, "error": measured - law(big.params) if law else None},
         "plot": str(out_path),
     }
-    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
-    print(format_scaling(result))
-    return result
 
 
 # what a rung learns besides its size and length: every model option, the data (but where it is cached and how
