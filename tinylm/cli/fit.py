@@ -504,33 +504,44 @@ class TinyLMCLI(LightningCLI):
                     f"with --ckpt_path last")
 
     def _apply_checkpoint(self, ckpt_path: str, cfg, sub: str) -> None:
-        from tinylm.checkpoint import (
-            architecture_fields,
-            load_checkpoint,
-            tinylm_section,
-        )
-        from tinylm.train.module import TinyLM
+        """Take the model's hyperparameters (and for validate the data it trained on) from ``ckpt_path``; for fit,
+        refuse a resume with nothing to train or with settings that would not continue the run."""
+        from tinylm.checkpoint import load_checkpoint, tinylm_section
 
         ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
         meta = tinylm_section(ckpt, ckpt_path)
         self.ckpt_step = int(ckpt.get("global_step", 0))
-        if sub == "fit":  # the CSV and W&B logs continue from the checkpoint
-            self.resume_step = self.ckpt_step
-            # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
-            # into its parent's W&B run would log its steps a second time there, under the branch's name
-            if self.run_dir.resolve() in Path(ckpt_path).resolve().parents:
-                self.wandb_id = meta.get("wandb_id")
-            max_steps = cfg.trainer.get("max_steps")
-            if max_steps is not None and self.ckpt_step >= max_steps:
-                raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
-                                  f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
-            _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
-            _check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path,
-                                cfg.trainer.get("val_check_interval"))
-            from tinylm.data import TinyLMDataModule
+        if sub == "fit":
+            self._check_resume(ckpt, meta, cfg, ckpt_path)
+        defaults = self._parser(sub).get_defaults()
+        update = {"model": self._model_from(ckpt, meta, cfg, sub, ckpt_path, defaults)}
+        if sub == "validate" and (data := self._data_from(ckpt, meta, cfg, defaults)):
+            update["data"] = data
+        self.config = self.parser.parse_object({sub: update}, self.config)
 
-            TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
-                                                          cfg.data.get("val_fraction"))
+    def _check_resume(self, ckpt: dict, meta: dict, cfg, ckpt_path: str) -> None:
+        self.resume_step = self.ckpt_step  # the CSV and W&B logs continue from the checkpoint
+        # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
+        # into its parent's W&B run would log its steps a second time there, under the branch's name
+        if self.run_dir.resolve() in Path(ckpt_path).resolve().parents:
+            self.wandb_id = meta.get("wandb_id")
+        max_steps = cfg.trainer.get("max_steps")
+        if max_steps is not None and self.ckpt_step >= max_steps:
+            raise TinyLMError(f"{ckpt_path} is already at step {self.ckpt_step} >= --trainer.max_steps "
+                              f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
+        _check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
+        _check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path,
+                            cfg.trainer.get("val_check_interval"))
+        from tinylm.data import TinyLMDataModule
+
+        TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
+                                                      cfg.data.get("val_fraction"))
+
+    def _model_from(self, ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults) -> dict:
+        """The checkpoint's model hyperparameters that this command takes (warning about the user's it ignores)."""
+        from tinylm.checkpoint import architecture_fields
+        from tinylm.train.module import TinyLM
+
         saved = dict(ckpt.get("hyper_parameters") or {})
         saved.pop("_instantiator", None)
         known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
@@ -545,7 +556,6 @@ class TinyLMCLI(LightningCLI):
         source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
         from_weights = architecture_fields() if source is not None else ()
         saved["init_from"] = source
-        defaults = self._parser(sub).get_defaults()
         # a value at its default that the command does not name was not set by the user (validate without
         # --config): nothing to ignore; `--model.dropout 0.0` (the default) is named, and ignored
         ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
@@ -564,35 +574,32 @@ class TinyLMCLI(LightningCLI):
             log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
                      ckpt_path, source)
             saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
-        update = {"model": saved}
-        if sub == "validate":  # the data the run trained on, where the command does not set it otherwise
-            trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
-            # data.vocab_size: the target a BPE tokenizer was trained to, which finds it in the cache (checkpoints
-            # before it was kept: the model's vocabulary, the same unless the corpus had too few merges)
-            target = trained.pop("target_vocab_size", None) or (ckpt.get("hyper_parameters") or {}).get("vocab_size")
-            if target is not None:
-                trained["vocab_size"] = target
-            data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
-                    and f"data.{k}" not in self._named and cfg.data[k] != v}
-            from tinylm.tokenize import TRAINED_SPECS
+        return saved
 
-            now = {**cfg.data, **data}
-            if meta.get("tokenizer") and (now.get("tokenizer") in TRAINED_SPECS or "data.tokenizer" not in self._named):
-                # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
-                # another tokenizer than the model's, and a tokenizer file may have moved or changed since
-                from tinylm.data.prepare import (
-                    checkpoint_tokenizer_dir,
-                    default_cache_dir,
-                )
+    def _data_from(self, ckpt: dict, meta: dict, cfg, defaults) -> dict:
+        """For validate: the data options the run trained on, where the command does not set them otherwise."""
+        trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
+        # data.vocab_size: the target a BPE tokenizer was trained to, which finds it in the cache (checkpoints
+        # before it was kept: the model's vocabulary, the same unless the corpus had too few merges)
+        target = trained.pop("target_vocab_size", None) or (ckpt.get("hyper_parameters") or {}).get("vocab_size")
+        if target is not None:
+            trained["vocab_size"] = target
+        data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
+                and f"data.{k}" not in self._named and cfg.data[k] != v}
+        from tinylm.tokenize import TRAINED_SPECS
 
-                data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
-                                                                 now.get("cache_dir") or default_cache_dir()))
-                if now.get("corpus") != trained.get("corpus"):
-                    log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
-                             now.get("corpus"), now["tokenizer"], trained.get("corpus"))
-            if data:
-                update["data"] = data
-        self.config = self.parser.parse_object({sub: update}, self.config)
+        now = {**cfg.data, **data}
+        if meta.get("tokenizer") and (now.get("tokenizer") in TRAINED_SPECS or "data.tokenizer" not in self._named):
+            # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
+            # another tokenizer than the model's, and a tokenizer file may have moved or changed since
+            from tinylm.data.prepare import checkpoint_tokenizer_dir, default_cache_dir
+
+            data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
+                                                             now.get("cache_dir") or default_cache_dir()))
+            if now.get("corpus") != trained.get("corpus"):
+                log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
+                         now.get("corpus"), now["tokenizer"], trained.get("corpus"))
+        return data
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
