@@ -128,8 +128,34 @@ class GPT(nn.Module):
         last_only: compute logits for the last position only, (B, 1, V) (generation skips the LM head elsewhere).
         """
         c = self.config
-        B, T = idx.shape
+        T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
+        self._check_inputs(idx, start, prefix_len, kv_cache)
+        mask, is_causal = self._attention_mask(idx, start, prefix_len, kv_cache)
+
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if c.positions == "learned":
+            x = x + self.transformer.wpe(pos)
+        else:  # positions continue from the cache, so cached keys and new queries turn by their true positions
+            rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)  # (T, hs) each
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, mask=mask, is_causal=is_causal, kv_cache=kv_cache, layer=layer, rope=rope)  # (B, T, C)
+        if kv_cache is not None:
+            kv_cache.pos = start + T
+        hidden = self.transformer.ln_f(x)  # (B, T, C)
+        logits = self.lm_head(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, Vp)
+        logits = logits[..., : c.vocab_size]  # (B, T or 1, V): padded rows are never targets
+        if c.logit_softcap is not None:
+            # smooth clamp to (-cap, cap), in fp32: under bf16 autocast the tanh was off by up to 0.06
+            logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
+        return (logits, hidden) if return_hidden else logits
+
+    def _check_inputs(self, idx: Tensor, start: int, prefix_len, kv_cache: KVCache | None) -> None:
+        """Refuse what forward cannot compute: too many tokens, a cache of other rows, a prefix mask misused."""
+        c, (B, T) = self.config, idx.shape
         if start + T > c.block_size:
             if kv_cache is None:
                 raise ValueError(
@@ -152,6 +178,10 @@ class GPT(nn.Module):
                 "without seeing the rest of the prefix; feed the whole prefix in the first call"
             )
 
+    def _attention_mask(self, idx: Tensor, start: int, prefix_len, kv_cache: KVCache | None) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) for SDPA: the queries idx (B, T) after ``start`` cached tokens (whose ids the cache
+        records here, as the document mask needs them)."""
+        c, T = self.config, idx.size(1)
         if kv_cache is not None:
             kv_cache.idx[:, start : start + T] = idx
             key_idx = kv_cache.idx[:, : start + T]  # (B, S): ids of every key position
@@ -167,23 +197,4 @@ class GPT(nn.Module):
             mask = build_attention_mask(
                 key_idx, q_len=T, attn_mask=c.attn_mask, eos_id=c.eos_id, prefix_len=prefix_len
             )
-
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx)  # (B, T, C)
-        rope = None
-        if c.positions == "learned":
-            x = x + self.transformer.wpe(pos)
-        else:  # positions continue from the cache, so cached keys and new queries turn by their true positions
-            rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)  # (T, hs) each
-        x = self.transformer.drop(x)
-        for layer, block in enumerate(self.transformer.h):
-            x = block(x, mask=mask, is_causal=is_causal, kv_cache=kv_cache, layer=layer, rope=rope)  # (B, T, C)
-        if kv_cache is not None:
-            kv_cache.pos = start + T
-        hidden = self.transformer.ln_f(x)  # (B, T, C)
-        logits = self.lm_head(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, Vp)
-        logits = logits[..., : c.vocab_size]  # (B, T or 1, V): padded rows are never targets
-        if c.logit_softcap is not None:
-            # smooth clamp to (-cap, cap), in fp32: under bf16 autocast the tanh was off by up to 0.06
-            logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
-        return (logits, hidden) if return_hidden else logits
+        return mask, is_causal
