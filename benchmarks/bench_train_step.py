@@ -1,7 +1,7 @@
 """Lightning's training step (`TinyLM` in a `lightning.Trainer`) vs a plain PyTorch loop doing the same work.
 
 One process, one seed: both sides get the same GPT init, the same AdamW parameter groups and betas, the same LR
-values (`tinylm.schedules.lr_at`), clipping at the config's `gradient_clip_val`, and the same batches in the same
+values (`tinylm.train.schedules.lr_at`), clipping at the config's `gradient_clip_val`, and the same batches in the same
 order (each iterates its own `ResumableLoader` from the same `TinyLMDataModule`). The script checks that the
 per-step losses agree, then times both. The two sides run interleaved in blocks (Lightning block, plain block,
 Lightning block, ...: a callback runs the plain block between Lightning steps), so load from other jobs on a

@@ -220,6 +220,13 @@ def test_plan_command_table_and_errors(run_config, capsys):
     with pytest.raises(SystemExit):  # was planned as one device (fit refuses it)
         main(["plan", "--config", str(cfg), "--trainer.devices", "0"])
     assert "trainer.devices must be a number >= 1" in capsys.readouterr().err
+    # a second --config with plan's own options: the fit config's parser would say only "does not accept option"
+    own = cfg.parent / "plan.yaml"
+    own.write_text("gpu: A100\nmfu: 0.4\n")
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg), f"--config={own}"])
+    assert f"{own} sets gpu, mfu, which `tinylm plan` takes as flags: pass --gpu ... --mfu ... on the command line" \
+        in capsys.readouterr().err
 
 
 def _png(path) -> bool:

@@ -56,10 +56,32 @@ def run(command: str, args: list[str]) -> Any:
     fit_args = None
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
         args, fit_args = split_args(fn, args)
+        _refuse_own_options_in_fit_configs(fn, command, fit_args)
     cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
     kwargs = cfg.as_dict()
     kwargs.pop("config", None)
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
+
+
+def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: list[str]) -> None:
+    """A --config file of plan, lr-find or scaling is the `tinylm fit` config they work on: one that sets the
+    command's own options (``gpu: A100``) gets this line, not the fit parser's "does not accept option"."""
+    import yaml
+
+    own = set(inspect.signature(fn).parameters) - {"fit_args"}
+    for i, arg in enumerate(fit_args):
+        key, _, value = arg.partition("=")
+        if key not in ("-c", "--config"):
+            continue
+        path = Path(value or (fit_args[i + 1] if i + 1 < len(fit_args) else ""))
+        try:
+            keys = set(yaml.safe_load(path.read_text()) or {})
+        except (OSError, yaml.YAMLError, TypeError, ValueError):
+            continue  # the fit parser says what is wrong with it
+        if found := sorted(own & keys):
+            raise ValueError(f"{path} sets {', '.join(found)}, which `tinylm {command}` takes as flags: pass "
+                             f"{' '.join('--' + k + ' ...' for k in found)} on the command line (--config takes "
+                             "the `tinylm fit` config it works on)")
 
 
 def _positional_list(fn: Callable) -> str | None:

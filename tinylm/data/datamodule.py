@@ -91,8 +91,8 @@ class TinyLMDataModule(L.LightningDataModule):
         streaming: read an `hf:` dataset (or a local .jsonl/.parquet/.csv file) with `streaming=True`: nothing is
             downloaded whole, tokens are written as documents arrive. Validation is the dataset's own `val_split`
             when it has one, else the first val_fraction x max_documents documents of the train split (held out).
-        max_documents: with `streaming`, train on the first N documents of the stream (None: all of it; needed
-            when validation is a held-out head, to size it).
+        max_documents: with `streaming`, train on N documents of the stream (None: all of it): its first N, or
+            the N after the held-out head when validation is one (needed then, to size it).
     """
 
     def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
