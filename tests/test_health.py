@@ -481,3 +481,80 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, mo
     measured = [r for r in rates.rates if r is not None]
     assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after samples
 
+
+
+def test_slow_windows_on_both_sides_of_a_contended_stretch_are_not_one_slowdown():
+    """Catches the slow windows before other jobs took the CPUs and those after adding up to one "sustained"
+    slowdown: a stretch the run did not have the CPUs is no evidence either way, and the count starts again."""
+    speed, monitor = SpeedMonitor(), HealthMonitor(window=10)
+    monitor._speed = speed
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+
+    def feed(rate: float, wait: float, steps: int) -> set[str]:
+        for _ in range(steps):
+            speed.tokens_per_sec, speed.cpu_wait_fraction = rate, wait
+            monitor._throughput(trainer)
+        return {a.kind for a in monitor.alerts}
+
+    feed(1000.0, 0.0, 10)  # the reference
+    feed(100.0, 0.0, 8)  # slow, alone: judged slow from the 6th (the median of 10 turns), 3 in a row
+    feed(100.0, 0.6, 20)  # other jobs: judged while most of the window was alone (5 more), then not at all
+    assert feed(100.0, 0.0, 14) == set()  # alone again: judged from the 6th, 9 in a row, under the window of 10
+    assert feed(100.0, 0.0, 1) == {"slowdown"}  # the 10th: sustained
+
+
+def _validate(monitor: HealthMonitor, val: float, train: float, step: int) -> set[str]:
+    """One validation's end as the monitor sees it: `val` as val/loss, the window's train losses at `train`."""
+    import types
+
+    monitor._losses.clear()
+    monitor._losses.extend([train] * 4)
+    trainer = types.SimpleNamespace(sanity_checking=False, callback_metrics={"val/loss": torch.tensor(val)},
+                                    global_step=step, is_global_zero=False, loggers=[])
+    monitor.on_validation_end(trainer, None)
+    return {a.kind for a in monitor.alerts}
+
+
+@pytest.mark.parametrize("val, train, alert", [
+    ([1.0, 1.1, 1.2, 1.3], [2.0, 1.9, 1.8, 1.7], True),  # val rises every time while train falls: overfitting
+    ([1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3], False),  # both rise: a divergence, not overfitting
+    ([3.0, 2.5, 2.9, 3.1], [2.0, 1.9, 1.8, 1.7], False),  # val up on the whole, but not k times in a row
+], ids=["overfit", "both-rise", "bumpy-val"])
+def test_overfit_needs_val_rising_every_time_while_train_falls(val, train, alert):
+    """Catches `overfit` for a run whose train loss rose too (it diverged) or whose val loss only rose on the
+    whole across a dip."""
+    monitor = HealthMonitor(overfit_patience=3)
+    for step, (v, t) in enumerate(zip(val, train)):
+        kinds = _validate(monitor, v, t, 10 * (step + 1))
+    assert ("overfit" in kinds) == alert
+
+
+def test_alerts_that_fired_before_a_resume_do_not_fire_again():
+    """Catches a resumed run raising every once-only alert (stuck, leak, overfit, slowdown) a second time."""
+    monitor = HealthMonitor(overfit_patience=3)
+    for step, v in enumerate([1.0, 1.1, 1.2, 1.3]):
+        _validate(monitor, v, 2.0 - 0.1 * step, 10 * (step + 1))
+    assert [a.kind for a in monitor.alerts] == ["overfit"]
+    resumed = HealthMonitor(overfit_patience=3)
+    resumed.load_state_dict(monitor.state_dict())
+    assert _validate(resumed, 1.4, 1.5, 50) == set()
+    assert resumed._val[:4] == monitor._val  # its validation history came along too
+
+
+def test_halt_on_nonfinite_false_reports_and_trains_on(chars):
+    """Catches `halt_on_nonfinite=False` (a documented option) stopping the run anyway."""
+    ids, vocab = chars
+    monitor = HealthMonitor(halt_on_nonfinite=False, stuck_after=10_000, leak_within=0)
+    kinds, _ = _run(_tiny(vocab), _windows(ids, 8 * 12, 0), steps=12, callbacks=[_Poison()], monitor=monitor)
+    assert "nonfinite" in kinds
+
+
+def test_nonfinite_under_fp16_names_bf16_as_the_fix():
+    """Catches the fp16-overflow hint missing for 16-mixed, the usual fp16 setting."""
+    import types
+
+    monitor = HealthMonitor()
+    trainer = types.SimpleNamespace(precision="16-mixed", checkpoint_callbacks=[], global_step=3,
+                                    is_global_zero=False, loggers=[])
+    with pytest.raises(TrainingHealthError, match="With 16-mixed, fp16 overflow is likely: use bf16-mixed"):
+        monitor._nonfinite(trainer, float("nan"), None, 3)
