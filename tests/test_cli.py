@@ -245,3 +245,17 @@ def test_resume_takes_runtime_options_from_this_run(config, caplog):
     assert cli.model.hparams.activation_checkpointing
     assert all(type(b).__name__ == "RecomputedBlock" for b in cli.model.model.transformer.h)
     assert "ignoring" not in caplog.text
+
+
+def test_streamed_text_holds_back_a_character_until_its_last_byte(capsys):
+    """Catches `tinylm generate` streaming "��" for a character whose bytes arrive as separate byte-level tokens
+    (each byte alone decodes as U+FFFD)."""
+    from tinylm.cli.commands import _StreamPrinter
+
+    decode = lambda ids: bytes(ids).decode("utf-8", "replace")
+    printer = _StreamPrinter(decode, list(b"caf"))
+    new = list("é東".encode())
+    for token in new:
+        printer(0, token)
+    printer.finish(new)
+    assert capsys.readouterr().out == "é東"

@@ -365,6 +365,7 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
         ({"penalty_alpha": 2.0}, "penalty_alpha must be in"),
         ({"stop_strings": ["x"]}, "stop_strings need decode"),
         ({"eos_id": VOCAB}, "eos_id must be < vocab_size"),
+        ({"eos_id": 2.5}, "eos_id must be a whole number"),  # was accepted, and never ended a row
     ],
 )
 def test_bad_arguments_raise(kwargs, message):
@@ -394,3 +395,31 @@ def test_bad_prompts_raise():
     with pytest.raises(ValueError, match="non-empty"):
         generate(model, [[]])
     assert SamplingConfig(strategy="greedy", temperature=0.0).strategy == "greedy"  # temperature unused by greedy
+
+
+def _utf8(ids) -> str:
+    """A byte-level decoder: token i is byte i (an incomplete character decodes as U+FFFD)."""
+    return bytes(ids).decode("utf-8", "replace")
+
+
+def test_a_stop_string_of_multibyte_characters_stops_byte_level_tokens():
+    """Catches a stop string of non-ASCII characters never matching: with byte-level tokens a character takes up to
+    4 tokens, so the text searched after each token must reach back 4 tokens per character of the string."""
+    from tinylm.generate.processors import SamplingConfig
+    from tinylm.generate.strategies import _Rows
+
+    rows = _Rows(SamplingConfig(stop_strings=["東京"]), _utf8, None, [[97]])
+    for byte in "x東京".encode():
+        assert rows.active == [True]
+        rows.accept([byte])
+    assert rows.active == [False]
+
+
+def test_a_lone_stop_string_is_one_string_not_its_characters():
+    """Catches `stop_strings="vs"` stopping at the first v or s (a string iterated as its characters)."""
+    model = tiny()
+    decode = lambda ids: "".join(chr(ord("a") + i % 26) for i in ids)  # row 0 goes on "vvvsss..."
+    kw = {"strategy": "greedy", "max_new_tokens": 12, "decode": decode}
+    lone = generate(model, PROMPTS, stop_strings="vs", **kw)
+    assert lone == generate(model, PROMPTS, stop_strings=["vs"], **kw)
+    assert lone != generate(model, PROMPTS, stop_strings=["v", "s"], **kw)
