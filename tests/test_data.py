@@ -630,3 +630,19 @@ def test_uint16_dataset_is_refused_exactly_when_the_vocab_overflows_it(shakespea
             load_meta(dm.dataset_dir)
     else:
         assert load_meta(dm.dataset_dir)["vocab_size"] == 65_536
+
+
+def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_path):
+    """Catches the validation loader's workers dying of a SIGTERM sent to every process of the job (SLURM's time
+    limit): a validation due before the stop then failed with "DataLoader worker ... is killed by signal" and the
+    run ended unsaved. (The training loader's workers are covered by tests/test_signals.py.)"""
+    import os
+    import signal
+
+    dm = _dm(tmp_path, shakespeare, num_workers=2, val_batches=6)
+    dm.setup("fit")
+    batches = iter(dm.val_dataloader())
+    first = next(batches)
+    for worker in batches._workers:  # torch's multiprocessing iterator: its worker processes
+        os.kill(worker.pid, signal.SIGTERM)
+    assert len([first, *batches]) == 6

@@ -175,6 +175,7 @@ def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfini
     assert _metric(tmp_path / "runs" / "straight", "health/nonfinite") == {1: 1.0}
     said = [line for line in done.stderr.splitlines() if "global batch:" in line]
     assert len(said) == 1 and f"global batch: {2 * B} windows of 32 tokens" in said[0] and "x 2 device(s)" in said[0]
+    assert said[0].endswith(f": {2 * B * 32:,} tokens per optimizer step")
 
 
 def test_a_signal_to_one_rank_stops_both_at_a_step_they_agree_on_about_once_a_second(config, tmp_path):

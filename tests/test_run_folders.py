@@ -141,6 +141,7 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
     caplog.clear()
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.05"])  # a part of the held-out text
+        main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.1"])  # the run's own
     assert "larger than" not in caplog.text
     corpus = tmp_path / "shakespeare_small.txt"
     corpus.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
@@ -248,6 +249,44 @@ def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, 
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny").glob("config*.yaml")) == ["config.yaml"]
     main([*resume, "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "3"])
     assert "trainer.accumulate_grad_batches 3 (the run had 1)" in capsys.readouterr().err
+
+
+def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():
+    """Catches the refusal above hitting a checkpoint taken at a notional epoch's last batch: the next epoch counts
+    its micro-batches from 0, so any accumulation divides them."""
+    from tinylm.cli.fit import _check_accumulation
+    from tinylm.errors import TinyLMError
+
+    progress = {"current": {"ready": 3}, "is_last_batch": True}
+    ckpt = {"loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}}
+    _check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
+    progress["is_last_batch"] = False
+    with pytest.raises(TinyLMError, match="accumulate_grad_batches 2 does not divide the 3 micro-batches"):
+        _check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
+
+
+def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
+    """Catches a DataLoader worker (a forked child) keeping the run folder's lock after the run released it: a
+    worker outlives its parent by seconds, and the resume that followed was refused as "in use"."""
+    import os
+    import time
+
+    from tinylm.cli.fit import lock_run_folder, release_run_folder
+
+    run = tmp_path / "runs" / "r"
+    lock_run_folder(run)
+    child = os.fork()
+    if child == 0:  # the worker: lives on for a while
+        time.sleep(20)
+        os._exit(0)
+    try:
+        release_run_folder(run)
+        take = "import fcntl, sys; fcntl.flock(open(sys.argv[1], 'a+'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+        done = subprocess.run([sys.executable, "-c", take, str(run / ".lock")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
 
 
 def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_path):
