@@ -18,7 +18,7 @@ from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
 SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 
 
-def _finished_runs(cfg, sizes, loss_of, budget: float = 1e8) -> None:
+def _finished_runs(cfg, sizes, loss_of, budget: float = 1e8, tokens_per_step: int = 32) -> None:
     """Ladder runs of the tiny config as if finished: a val/loss at their last step (head size 8); loss_of(rung, i)
     gives each one's loss."""
     from tinylm.cli.fit_config import fit_objects
@@ -26,7 +26,7 @@ def _finished_runs(cfg, sizes, loss_of, budget: float = 1e8) -> None:
     cli = fit_objects(["--config", str(cfg)])
     shape = {"vocab_size": cli.model.hparams.vocab_size, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
     for i, (n_layer, n_embd) in enumerate(sizes):
-        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=budget, tokens_per_step=32, **shape)
+        r = rung(n_layer=n_layer, n_embd=n_embd, head_size=8, budget=budget, tokens_per_step=tokens_per_step, **shape)
         folder = cfg.parent / "runs" / f"tiny-C{budget:.1e}-{r.label}".replace("+", "") / "csv"
         folder.mkdir(parents=True)
         (folder / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{r.max_steps - 1},{loss_of(r, i)}\n")
@@ -157,6 +157,52 @@ def test_scaling_stops_on_a_signal_during_a_runs_final_validation(run_config, ca
     assert not (runs / "tiny-C1.0e08-L1-d24").exists()  # the next did not start
 
 
+class TermAtStep3(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_scaling_rerun_resumes_a_run_interrupted_after_a_checkpoint(run_config, capsys):
+    """Catches the documented "rerunning the command resumes an interrupted run" breaking: the rung set aside and
+    trained from scratch, or its folder refused as another run's. And a ladder under gradient accumulation failing
+    (validation is due after max_steps x accumulate micro-batches, not max_steps)."""
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5, tokens_per_step=64)
+    args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
+            "--trainer.accumulate_grad_batches", "2", "--out", "fit.png"]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--trainer.callbacks+=test_scaling.TermAtStep3"])
+    assert e.value.code == 143
+    capsys.readouterr()
+    main(args)
+    result = json.loads((cfg.parent / "fit.json").read_text())
+    run = cfg.parent / "runs" / "tiny-C1.0e08-L1-d24"
+    assert not list(run.parent.glob("*.unfinished-*")) and [p.name for p in run.glob("config.resume-*")] == \
+        ["config.resume-step3.yaml"]
+    steps = result["runs"][-1]["steps"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["val_check_interval"] == 2 * steps
+    assert result["tokens_per_step"] == 64 and result["prediction"]["measured"] > 0
+
+
+def test_scaling_counts_the_tokens_of_every_device(run_config, monkeypatch):
+    """Catches a ladder on 2 devices training every rung for twice its budget: a step takes every device's batch."""
+    import tinylm.cli.fit
+
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5, tokens_per_step=64)  # 2 devices x 32
+
+    def trains(argv, **kwargs):  # every rung is finished at the 2-device length: nothing may train
+        raise AssertionError(f"trained {argv}")
+
+    monkeypatch.setattr(tinylm.cli.fit, "lightning_main", trains)
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict", "[1,24]",
+          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--out", "fit.png"])
+    assert json.loads((cfg.parent / "fit.json").read_text())["tokens_per_step"] == 64
+
+
 def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, capsys):
     """Catches a rung killed (kill -9, out of memory) before its first checkpoint blocking every rerun of the
     ladder: fit refused its folder of logs as another run's. Its logs are kept aside, and it trains again; a run
@@ -183,6 +229,7 @@ def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, 
         holder.wait()
     main(args)
     assert (killed / "checkpoints" / "last.ckpt").is_file()
+    assert (killed / ".lock").read_text() == f"pid {os.getpid()}"  # its lock is the new run's, in the new folder
     aside = list(killed.parent.glob("tiny-C1.0e08-L1-d24.unfinished-*"))
     assert len(aside) == 1 and (aside[0] / "csv" / "metrics.csv").read_text().endswith("0,0,4.1\n")
 
@@ -278,6 +325,10 @@ def test_scaling_names_the_options_it_sets_per_run(run_config, caplog):
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9", "--model.n_embd", "64"])
     assert "ignoring --trainer.max_steps --model.decay_steps --model.n_embd" in caplog.text
+    caplog.clear()
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+          "[1,24]", "--trainer.val_check_interval=5"])
+    assert "ignoring --trainer.val_check_interval" in caplog.text
 
 
 def test_scaling_counts_the_configs_architecture():
