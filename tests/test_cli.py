@@ -259,3 +259,19 @@ def test_streamed_text_holds_back_a_character_until_its_last_byte(capsys):
         printer(0, token)
     printer.finish(new)
     assert capsys.readouterr().out == "é東"
+
+
+def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
+    """Catches every node of a multi-node run started by hand (NODE_RANK=1, ...) printing the run's warnings and
+    notes again: rank 0 of node 0 says them."""
+    import subprocess
+    import sys
+
+    show = ("from tinylm.cli import _setup_console; import logging; _setup_console(); "
+            "print(logging.getLogger('tinylm').getEffectiveLevel())")
+    levels = {}
+    for node in ("0", "1"):
+        env = {**__import__("os").environ, "NODE_RANK": node}
+        done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=env, check=True)
+        levels[node] = int(done.stdout.split()[-1])
+    assert levels == {"0": 20, "1": 40}  # INFO, ERROR

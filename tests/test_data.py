@@ -646,3 +646,19 @@ def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_
     for worker in batches._workers:  # torch's multiprocessing iterator: its worker processes
         os.kill(worker.pid, signal.SIGTERM)
     assert len([first, *batches]) == 6
+
+
+def test_a_global_batch_no_batch_size_restores_names_the_device_count_that_does(shakespeare, tmp_path):
+    """Catches the refusal of a resume onto 2 devices of a run whose global batch was 3 windows suggesting
+    --data.batch_size 1 (a global batch of 2, refused again): 3 windows split over 2 devices by no batch size."""
+    import types
+
+    from tinylm.checkpoint import CheckpointError
+
+    dm = _dm(tmp_path, shakespeare, batch_size=1)
+    dm.setup("fit")
+    dm.trainer = types.SimpleNamespace(world_size=2)
+    with pytest.raises(CheckpointError, match=r"--data\.batch_size 3 on 1 device\(s\)"):
+        dm._check_same_data({"batch_size": 3, "world_size": 1})
+    with pytest.raises(CheckpointError, match=r"resume with --data\.batch_size 2\b"):
+        dm._check_same_data({"batch_size": 4, "world_size": 1})  # 4 windows: 2 per device

@@ -76,6 +76,10 @@ def test_memory_states_by_precision_and_checkpointing():
     ckpt = memory(deep, batch_size=4, precision="32-true", checkpointing=True)
     assert ckpt.activations < full.activations / 2 and ckpt.optimizer == full.optimizer
     assert element_sizes("16-mixed") == (4, 2) and element_sizes("32") == (4, 4)
+    assert element_sizes("64-true") == element_sizes("64") == (8, 8)  # was planned as fp32: half the memory
+    # a logit soft-cap keeps one more fp32 tensor of the logits' size alive (its tanh's input)
+    capped = memory(_gpt(logit_softcap=15.0), batch_size=4, precision="32-true", checkpointing=False)
+    assert capped.activations - fp32.activations == 4 * 32 * 64 * 4  # batch x block x vocab x fp32
 
 
 MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False,

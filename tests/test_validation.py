@@ -29,6 +29,7 @@ def test_check_ranges_reads_interval_notation():
             check_ranges("x", {"v": value}, {"v": interval})
     with pytest.raises(ValueError, match=r"^model\.min_lr must be in \[0, lr=0\.1\], got 0\.2$"):
         check_ranges("model", {"lr": 0.1, "min_lr": 0.2}, {"min_lr": "[0, lr]"})
+    check_ranges("model", {"lr": None, "min_lr": 0.2}, {"min_lr": "[0, lr]"})  # a bound that is unset: skipped
     check_ranges("data", {"val_batches": None}, {"val_batches": "[1, inf)"})  # None = unset: the default
 
 
