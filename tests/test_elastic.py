@@ -32,7 +32,8 @@ def config(run_config):
                       trainer={"max_steps": STEPS, "val_check_interval": HALF},
                       model={"lr": 3e-3, "warmup_steps": 1, "decay_steps": STEPS},
                       data={"block_size": 32, "batch_size": 2 * B, "val_batches": None})  # all of val:
-    # val_batches counts per-device batches, so a limit would evaluate other windows after the batch size changes
+    # val_batches counts batches of data.batch_size windows, so a limit would evaluate other windows after the batch
+    # size changes
 
 
 class SlowRankOne(L.Callback):
@@ -73,6 +74,19 @@ class SigtermToRankOne(L.Callback):
         self._seen(trainer)
         if trainer.global_rank == 0:
             Path("agreed.json").write_text(json.dumps(sorted(self.agreed - {0})))  # 0: the start, no agreement
+
+
+class CountValBatches(L.Callback):
+    """Each rank writes how many validation batches it evaluated (after training) to val-batches-<rank>.txt."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.n += not trainer.sanity_checking
+
+    def on_fit_end(self, trainer, pl_module):
+        Path(f"val-batches-{trainer.global_rank}.txt").write_text(str(self.n))
 
 
 def _fit(config: Path, *args: str, devices: int) -> str:
@@ -197,3 +211,29 @@ def test_a_signal_to_one_rank_stops_both_at_a_step_they_agree_on_about_once_a_se
     agreed = json.loads((tmp_path / "agreed.json").read_text())
     assert agreed[-1] == step  # the stop came at an agreement
     assert len(agreed) < step - 1, agreed  # and not every step was one (a step under 0.5 s is enough to tell)
+
+
+def test_ranks_share_the_validation_and_report_what_one_device_does(run_config, tmp_path):
+    """Catches every rank evaluating the whole validation split (N devices did N times the work for one number), and
+    the per-corpus val/loss/NAME of a mixture averaged over the ranks' shares instead of summed: the numbers must be
+    one device's, from half the batches on each of two ranks."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    corpora = []
+    for name, letters in (("a.txt", "abcde"), ("b.txt", "vwxyz")):
+        (tmp_path / name).write_text("".join(rng.choice(list(letters), size=12_000)), encoding="utf-8")
+        corpora.append(str(tmp_path / name))
+    config = run_config(seed_everything=5, trainer={"max_steps": 2, "val_check_interval": 2},
+                        model={"lr": 3e-3, "warmup_steps": 1},
+                        data={"corpus": corpora, "weights": [0.5, 0.5], "batch_size": 2 * B, "val_batches": None})
+    count = "--trainer.callbacks+=test_elastic.CountValBatches"
+    _fit(config, count, devices=1)
+    one = int((tmp_path / "val-batches-0.txt").read_text())
+    _fit(config, count, "--run.name", "two", "--data.batch_size", str(B), devices=2)
+    shares = [int((tmp_path / f"val-batches-{r}.txt").read_text()) for r in (0, 1)]
+    # each corpus's 75 val windows: 10 batches of 8 on one device; 19 batches of 4 on two, 10 on rank 0, 9 on rank 1
+    assert one == 2 * 10 and shares == [2 * 10, 2 * 9]
+    for key in ("val/loss", "val/loss/a.txt", "val/loss/b.txt", "val/bpb"):
+        want, got = _metric(tmp_path / "runs" / "tiny", key), _metric(tmp_path / "runs" / "two", key)
+        assert list(got) == list(want) == [1] and got[1] == pytest.approx(want[1], abs=1e-5), key

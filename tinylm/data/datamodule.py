@@ -77,7 +77,7 @@ class TinyLMDataModule(L.LightningDataModule):
         batch_size: windows per batch on each device.
         val_fraction: share of the corpus's characters, taken from its end, that forms the validation split;
             unused when the corpus has its own validation split.
-        val_batches: evaluate only the first N validation batches (None: all of the split).
+        val_batches: evaluate only the first N validation batches (None: all of the split), over all devices.
         cache_dir: folder for downloads, tokenizers and datasets (None: $TINYLM_CACHE_DIR, else ./data_cache).
         num_workers: DataLoader worker processes (0: load in the main process).
         seed: seed of the training windows' random offsets.
@@ -240,8 +240,11 @@ class TinyLMDataModule(L.LightningDataModule):
         return self._train_loader
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        """One loader, or for a mixture one per corpus (the module logs val/loss/NAME for each)."""
-        loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches), batch_size=None,
+        """One loader, or for a mixture one per corpus (the module logs val/loss/NAME for each); under several ranks
+        each evaluates its share of the batches."""
+        ranks = {"rank": self.trainer.global_rank, "world_size": self.trainer.world_size} \
+            if self.trainer is not None else {}
+        loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches, **ranks), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
                               worker_init_fn=outlive_sigterm if self.num_workers else None,

@@ -109,23 +109,29 @@ class ValBatches(_TokenWindows):
     """Windows tiling the whole split in order (the last batch may be smaller), every target scored once: the
     non-overlapping windows, then, when the split's last targets are left over (fewer than T), one window ending
     at the split's end whose earlier targets, scored already, are IGNORE (they keep their full context). `limit`
-    keeps the first batches only. The same on every call and every rank."""
+    keeps the first batches only. The same on every call.
+
+    Under several ranks each takes every `world_size`-th batch from its `rank` on (their sums add up to the
+    split's); when there are fewer batches than ranks, every rank takes all of them (the ratios of the sums, which
+    validation reports, come out the same)."""
 
     def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(path, dtype=dtype, n_tokens=n_tokens, block_size=block_size, batch_size=batch_size)
         whole = (n_tokens - 1) // block_size
         self.tail = (n_tokens - 1) - whole * block_size if whole else 0  # targets after the whole windows
         self.n_windows = whole + (self.tail > 0)
         n = -(-self.n_windows // batch_size)
-        self.n_batches = n if limit is None else min(n, limit)
+        self.n_batches = n if limit is None else min(n, limit)  # in all, over every rank
+        self.rank, self.world_size = (rank, world_size) if self.n_batches >= world_size else (0, 1)
 
     def __len__(self) -> int:
-        return self.n_batches
+        return len(range(self.rank, self.n_batches, self.world_size))
 
-    def __getitem__(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= j < self.n_batches:
-            raise IndexError(j)
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        j = self.rank + i * self.world_size  # the batch of the split
         T = self.block_size
         w = np.arange(j * self.batch_size, min((j + 1) * self.batch_size, self.n_windows), dtype=np.int64)
         x, y = self.windows(np.minimum(w * T, self.n_tokens - 1 - T))  # the last window ends at the split's end

@@ -282,9 +282,13 @@ class TinyLM(L.LightningModule):
             nats, nbytes = self.val_text_nats.compute(), self.val_text_bytes.compute()
             self.log("val/bpb", nats / math.log(2) / nbytes.clamp(min=1), sync_dist=True)
         names = getattr(getattr(self._trainer, "datamodule", None), "val_names", [])
-        if len(names) > 1:
-            for i, (nats, n) in sorted(self._val_parts.items()):
-                self.log(f"val/loss/{names[i]}", nats / n.clamp(min=1), sync_dist=True)
+        if len(names) > 1:  # each corpus's nats and targets summed over the ranks (each evaluated a share)
+            parts = torch.tensor([[float(p) for p in self._val_parts.get(i, (0.0, 0))] for i in range(len(names))],
+                                 dtype=torch.float64, device=self.device)  # (corpora, 2)
+            if self._trainer.world_size > 1:
+                parts = self._trainer.strategy.reduce(parts, reduce_op="sum")
+            for name, (nats, n) in zip(names, parts):
+                self.log(f"val/loss/{name}", (nats / n.clamp(min=1)).float(), sync_dist=True)  # (the same on each)
         self._val_parts = {}
         for metric in (self.val_loss, self.val_text_nats, self.val_text_bytes):
             metric.reset()
