@@ -3,8 +3,8 @@
 Lightning alone exits 0 on SIGTERM without a checkpoint (its loops raise ``SIGTERMException``, a ``SystemExit``,
 even mid-accumulation or mid-validation) and 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands). Here either
 signal only sets a flag; the run stops at the next point where its state is whole: after an optimizer step, and
-after that step's validation when one is due (under several ranks, at the first such point where they agree, about
-once a second). It saves ``last.ckpt`` there (as exact to resume from as a periodic
+after that step's validation when one is due (under several ranks, one step later: see `InterruptStop._stop_signal`).
+It saves ``last.ckpt`` there (as exact to resume from as a periodic
 checkpoint) and raises :class:`RunInterrupted`. A second Ctrl+C stops at once, without saving.
 
 Under SLURM, Lightning's SIGUSR1 requeue handler is untouched. Its SIGTERM handler (composed with the one found
@@ -17,27 +17,24 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinylm.errors import TinyLMError
 from tinylm.train.callbacks import validation_follows
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Under several ranks, how often (seconds of training) they agree on a stop. Each agreement is a collective and, on
-# GPUs, a host sync: one per step cost ~4 % of a tiny model's step (benchmarks/bench_stop_agreement.py).
-AGREE_EVERY_S = 1.0
 _late: int | None = None  # see late_signal
 
 
 def late_signal() -> int | None:
-    """The signal that reached the last run after its last step (during its final validation or checkpoint), which
-    therefore ended normally; None if none did. Read once: a command that goes on to other work (the next run of a
-    scaling ladder) stops on it instead."""
+    """The signal that reached the last run too late to stop it (after its last step began: during that step, its
+    final validation or checkpoint), which therefore ended normally; None if none did. Read once: a command that
+    goes on to other work (the next run of a scaling ladder) stops on it instead."""
     global _late
     signum, _late = _late, None
     return signum
@@ -67,8 +64,8 @@ class InterruptStop(L.Callback):
         self._received: int | None = None
         self._step_seen = -1
         self._stepped = False  # the last training batch ended an optimizer step
-        self._agreed_at = (0.0, 0)  # (time, step) of the ranks' last agreement
-        self._next_agreement = 0  # the step at which the ranks agree next
+        self._votes: dist.ProcessGroup | None = None  # the ranks' CPU group for their stop votes (None: one rank)
+        self._pending: tuple[torch.Tensor, dist.Work] | None = None  # the vote under way, read at the next step
         self._trainer: L.Trainer | None = None
 
     # Installed at setup, before Lightning registers its own handlers (which then compose with these) and before
@@ -77,6 +74,10 @@ class InterruptStop(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
+        # Lightning's SIGTERM notifier, installed after this hook until on_train_start replaces it, broadcasts from
+        # inside the signal handler: under DDP a SIGTERM during the sanity check or data setup hung the run for good
+        # (the other ranks never joined). This handler's flag is enough: the ranks agree at the first step's end.
+        trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
         global _late
         self._trainer, self._received, self._armed, _late = trainer, None, True, None
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone
@@ -99,15 +100,16 @@ class InterruptStop(L.Callback):
             self._disarm()
             raise KeyboardInterrupt  # a second Ctrl+C: stop now, unsaved
         self._received = signum
-        # Before training starts, Lightning's SIGTERM handler ran just before this one and set its
-        # `received_sigterm`, on which its loops raise SIGTERMException mid-accumulation or mid-validation; the run
-        # stops at a whole step instead.
+        # Lightning's loops raise SIGTERMException mid-accumulation or mid-validation once its `received_sigterm` is
+        # set (by its notifier, a no-op here: see setup); the run stops at a whole step instead.
         if self._trainer is not None:
             self._trainer._signal_connector.received_sigterm = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False
-        self._agreed_at, self._next_agreement = (time.monotonic(), trainer.global_step), trainer.global_step + 1
+        self._pending = None
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():  # every rank, in this order
+            self._votes = dist.new_group(backend="gloo")  # apart from the gradients' group (NCCL on GPUs)
         # Lightning (2.6) has since put its own SIGTERM handler in front of this one, and under DDP that handler
         # runs a broadcast: inside whatever collective rank 0 was in (a gradient all-reduce, a metric's sync) while
         # the other ranks wait in theirs, so the run hung for good on SIGTERM about 3 times in 4. This handler
@@ -133,20 +135,29 @@ class InterruptStop(L.Callback):
             return 0  # training is complete: the run ends normally, with its final checkpoint
         if trainer.world_size == 1:
             return self._received or 0
-        # Every rank stops at the same step (one of them may have missed the signal): they agree about once every
-        # AGREE_EVERY_S, at steps they also agree on. Each proposes how many steps that is, from its own pace; the
-        # fewest wins. One collective carries both: the max of (signal received, -steps until the next agreement).
-        step = trainer.global_step
-        if step < self._next_agreement:
+        # Every rank stops at the same step (one of them may have missed the signal). At each step's end the ranks
+        # vote (the signal each received, 0 for none; the max wins) without waiting for the result: the all-reduce
+        # runs on CPU tensors over gloo while the next step trains, and is read at that step's end, long done. So
+        # the run stops one step after the signal, with no host sync (a blocking vote at every step made a small
+        # model's step 4-9 % slower on CPU: benchmarks/bench_stop_agreement.py).
+        if self._votes is None:  # no torch.distributed group to vote over: the strategy's blocking reduce
+            vote = torch.tensor([self._received or 0], device=trainer.strategy.root_device)
+            return int(trainer.strategy.reduce(vote, reduce_op="max").item())
+        agreed = self._collect()
+        vote = torch.tensor([self._received or 0])
+        self._pending = (vote, dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._votes, async_op=True))
+        return agreed
+
+    def _collect(self) -> int:
+        """The outcome of the vote under way (0: none under way, or no signal)."""
+        if self._pending is None:
             return 0
-        (then, then_step), now = self._agreed_at, time.monotonic()
-        steps = max(1, min(10_000, int(AGREE_EVERY_S * (step - then_step) / max(now - then, 1e-6))))
-        votes = torch.tensor([self._received or 0, -steps], device=trainer.strategy.root_device)
-        signum, minus_steps = trainer.strategy.reduce(votes, reduce_op="max").tolist()
-        self._agreed_at, self._next_agreement = (now, step), step - minus_steps
-        return signum
+        (vote, work), self._pending = self._pending, None
+        work.wait()
+        return int(vote.item())
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
+        self._collect()  # the vote just cast, by every rank: not left under way
         name = signal.Signals(signum).name
         if self._received != signum:
             name += " (to another rank)"
@@ -166,10 +177,15 @@ class InterruptStop(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         global _late
-        late = self._received is not None  # the run completed first; what it leaves behind is whole
+        signum = self._received or 0  # the run completed first; what it leaves behind is whole
         if trainer.world_size > 1:  # the ranks agree (one may have missed it), or one stops a ladder the others go on
-            late = trainer.strategy.reduce_boolean_decision(late, all=False)
-        _late = (self._received or signal.SIGTERM) if late else None
+            self._collect()
+            vote = torch.tensor([signum], device=trainer.strategy.root_device)
+            signum = int(trainer.strategy.reduce(vote, reduce_op="max").item())
+        if self._votes is not None:
+            dist.destroy_process_group(self._votes)
+            self._votes = None
+        _late = signum or None
         self._disarm()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
