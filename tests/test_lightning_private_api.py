@@ -61,6 +61,8 @@ def test_internals_used_by_the_interrupt_checkpoint():
 
     assert "received_sigterm" in inspect.getsource(_SignalConnector.__init__)
     assert "_original_handlers" in inspect.getsource(_SignalConnector)
+    # setup replaces the notifier (it broadcasts inside the signal handler) before Lightning reads it to register it
+    assert "[self._sigterm_notifier_fn]" in inspect.getsource(_SignalConnector.register_signal_handlers)
     assert _params(_LoggerConnector.update_train_step_metrics) == ["self"]
     assert _params(_TrainingEpochLoop._should_check_val_fx) == ["self", "data_fetcher"]
     assert "self._data_fetcher" in inspect.getsource(_FitLoop.__init__)
