@@ -323,8 +323,9 @@ def test_scaling_names_the_options_it_sets_per_run(run_config, caplog):
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
     _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
-          "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9", "--model.n_embd", "64"])
-    assert "ignoring --trainer.max_steps --model.decay_steps --model.n_embd" in caplog.text
+          "[1,24]", "--trainer.max_steps", "5", "--model.decay_steps=9", "--model.n_embd", "64", "--model.n_head", "4"])
+    # not --model.n_head: the config's head size (n_embd / n_head) sets the rungs' heads
+    assert "ignoring --trainer.max_steps --model.decay_steps --model.n_embd\n" in caplog.text
     caplog.clear()
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           "[1,24]", "--trainer.val_check_interval=5"])

@@ -19,9 +19,12 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 2e12
 DEFAULT_SIZES = ((1, 8), (1, 12), (1, 16), (1, 20))  # (n_layer, n_embd)
 DEFAULT_PREDICT = (1, 24)
-# what each rung's `fit` sets from --budget and the rung's size (a user's value would be overridden)
+# what each rung's `fit` sets from --budget and the rung's size
 _SET_PER_RUN = ("--model.n_layer", "--model.n_embd", "--model.n_head", "--trainer.max_steps", "--model.warmup_steps",
                 "--model.decay_steps", "--trainer.val_check_interval")
+# of those, the ones whose value a user gives is not used at all (the config's head size sets the rungs' n_head, its
+# warmup_steps caps theirs)
+_OVERRIDDEN = tuple(f for f in _SET_PER_RUN if f not in ("--model.n_head", "--model.warmup_steps"))
 
 
 def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: list[list[int]] | None = None,
@@ -58,10 +61,10 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     _check_sizes(sizes, target)
     if out:
         check_png_path(out)  # before hours of training, not after
-    set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _SET_PER_RUN]
+    set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _OVERRIDDEN]
     if set_per_run:
         log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
-                    ", ".join(o[2:] for o in _SET_PER_RUN), " ".join(set_per_run))
+                    ", ".join(o[2:] for o in _OVERRIDDEN), " ".join(set_per_run))
     cli = fit_objects(fit_args, trains_here=True)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
