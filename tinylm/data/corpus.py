@@ -259,9 +259,9 @@ class HFDataset(Corpus):
 
 class HFStream(Corpus):
     """A Hugging Face dataset read with `streaming=True`: rows arrive as they are downloaded and only the tokens
-    are kept. Training takes the first `max_documents` documents of `split` (None: all). Validation is the
-    dataset's own `val_split` when it has one (its first `val_documents`), else a held-out head: the first
-    `val_documents` documents of `split`, which training then skips."""
+    are kept. Training takes `max_documents` documents of `split` (None: all). Validation is the dataset's own
+    `val_split` when it has one (its first `val_documents`), else a held-out head: the first `val_documents`
+    documents of `split`, which training then skips (taking the `max_documents` after them)."""
 
     has_validation = True
 

@@ -191,7 +191,8 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
 
     def documents() -> Iterator[str]:
         read[0] = 0
-        # a sample is counted in characters (the corpus is larger than it, see _sample_chars)
+        # a sample is counted in characters (its size, unless a corpus of multibyte text holds fewer characters
+        # than bytes and than the sample: _sample_chars compares the sample with the size in bytes)
         bar = progress(corpus.size_bytes, f"training {spec} on {corpus.name}") if sample is None else \
             progress(sample, f"training {spec} on a {sample:,}-character sample of {corpus.name}", unit="char")
         with bar:
