@@ -2,9 +2,9 @@
 tinylm (or a library) and keeps its traceback.
 
 Raise `TinyLMError` (or a subclass) for anything a user can get wrong that is not naturally a ValueError or
-OSError. ValueError / OSError / TypeError families raised by a `raise` statement inside tinylm itself count as user errors too
-(they name the bad value and the fix, STYLE.md rule 7); the same exceptions raised deep inside torch or numpy do
-not, because there they usually mean tinylm forgot to validate something.
+OSError. ValueError / OSError / TypeError families raised by a `raise` statement inside tinylm itself count as user
+errors too (they name the bad value and the fix, STYLE.md rule 7); the same exceptions raised deep inside torch or
+numpy do not, because there they usually mean tinylm forgot to validate something.
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ def outlive_sigterm(worker_id: int) -> None:
 class ResumableLoader(DataLoader):
     """A DataLoader over `TrainBatches` that counts the batches it has yielded. Lightning saves `state_dict()` in
     checkpoints (it does so only for loaders that have one) and after `load_state_dict` iteration resumes at that
-    batch (the data module saves the same count with its own state, for the checks it makes on a resume). Its own `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
+    batch (the data module saves the same count with its own state, for the checks it makes on a resume). Its own
+    `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
 
     def __init__(self, dataset: TrainBatches, *, epoch_length: int, start: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, seed: int = 0) -> None:

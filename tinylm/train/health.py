@@ -308,7 +308,8 @@ class HealthMonitor(L.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
         self._val = [tuple(v) for v in state_dict.get("val", [])]
-        self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))  # early_rate: its name in older checkpoints
+        # early_rate: its name in older checkpoints
+        self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:

@@ -108,8 +108,8 @@ class TinyLM(L.LightningModule):
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
         activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
             rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
-            block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute (measured in docs/benchmarks.md;
-            `tinylm plan` shows both memory estimates).
+            block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute
+            (measured in docs/benchmarks.md; `tinylm plan` shows both memory estimates).
         init_from: Start from pretrained weights (a new run, not a resume; nanoGPT's ``init_from='gpt2'``): a tinylm
             ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``). The architecture
             (n_layer, n_head, n_embd, bias, positions, norm, mlp, ...) comes from the weights and overrides this
@@ -283,8 +283,9 @@ class TinyLM(L.LightningModule):
             self.log("val/bpb", nats / math.log(2) / nbytes.clamp(min=1), sync_dist=True)
         names = getattr(getattr(self._trainer, "datamodule", None), "val_names", [])
         if len(names) > 1:  # each corpus's nats and targets summed over the ranks (each evaluated a share)
+            wide = torch.float32 if self.device.type == "mps" else torch.float64  # (MPS has no float64)
             parts = torch.tensor([[float(p) for p in self._val_parts.get(i, (0.0, 0))] for i in range(len(names))],
-                                 dtype=torch.float64, device=self.device)  # (corpora, 2)
+                                 dtype=wide, device=self.device)  # (corpora, 2): nats, targets
             if self._trainer.world_size > 1:
                 parts = self._trainer.strategy.reduce(parts, reduce_op="sum")
             for name, (nats, n) in zip(names, parts):
