@@ -243,3 +243,21 @@ def test_ranks_share_the_validation_and_report_what_one_device_does(run_config, 
     for key in ("val/loss", "val/loss/a.txt", "val/loss/b.txt", "val/bpb"):
         want, got = _metric(tmp_path / "runs" / "tiny", key), _metric(tmp_path / "runs" / "two", key)
         assert list(got) == list(want) == [1] and got[1] == pytest.approx(want[1], abs=1e-5), key
+
+
+def test_a_scaling_ladder_on_two_ranks_reports_once_and_sets_a_killed_run_aside_once(run_config, tmp_path):
+    """Catches every rank of a 2-device ladder printing the table and writing the plot, and both ranks moving aside
+    the folder of a rung killed before its first checkpoint (the second found it gone, or locked by the first)."""
+    config = run_config()
+    killed = tmp_path / "runs" / "tiny-C3.0e07-L1-d24" / "csv"  # the last rung: rank 1 runs by the time it comes
+    killed.mkdir(parents=True)
+    (killed / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")
+    cmd = [sys.executable, "-m", "tinylm", "scaling", "--config", str(config), "--budget", "3e7", "--sizes",
+           "[[1,8],[1,16],[2,16]]", "--predict", "[1,24]", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+           "--trainer.strategy", "ddp"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compute-matched ladder") == 1, done.stdout
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len([r for r in runs if r.endswith(".json")]) == 1, runs
+    assert len([r for r in runs if ".unfinished-" in r]) == 1, runs

@@ -80,6 +80,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
     losses = [_train_rung(root / name, r, [*fit_args, *no_samples], accumulate) for r, name in zip(rungs, names)]
+    if not _rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
+        return {}
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
     out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
@@ -147,16 +149,18 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
     from tinylm.errors import TinyLMError
     from tinylm.train.interrupt import RunInterrupted, late_signal
 
+    # every rank reads the same: the runs before this one finished before their ranks went on
     loss = final_val_loss(run_dir, r.max_steps)
     if loss is None:
         resume = latest_checkpoint(run_dir) is not None
-        if not resume and holds_run(run_dir):  # killed before its first checkpoint: nothing to resume
+        if not resume and holds_run(run_dir) and _rank_zero():  # killed before its first checkpoint: nothing to resume
             aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
             lock_run_folder(run_dir)  # not a run another process is training
             run_dir.rename(aside)
             release_run_folder(run_dir)
             log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
                      run_dir, aside)
+        _barrier()  # the other ranks start this run after rank 0 moved that folder aside
         values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
         per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
         lightning_main(["fit", *fit_args, *per_run, "--run.name", run_dir.name,
@@ -166,6 +170,8 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
                                  "next runs of the ladder did not start; resume with "
                                  "`tinylm fit --config ... --ckpt_path last`", signum=signum, step=r.max_steps,
                                  ckpt_path="")
+        if not _rank_zero():  # rank 0 logged the run and reports the ladder
+            return math.nan
         loss = final_val_loss(run_dir, r.max_steps)
         if loss is None:
             raise TinyLMError(f"run {run_dir} ended without a final val/loss in its csv/metrics.csv; the "
@@ -175,6 +181,21 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
         raise TinyLMError(f"run {run_dir} ended with val/loss {loss}: it diverged, and no law fits it; "
                           "lower --model.lr, move that folder away and run the ladder again")
     return loss
+
+
+def _rank_zero() -> bool:
+    from tinylm.cli.fit import _rank_zero
+
+    return _rank_zero()
+
+
+def _barrier() -> None:
+    """Wait for every rank of the process group the ladder's earlier runs set up (DDP keeps it until exit); none
+    before the first run of a ladder on one process, or under ddp_spawn (its ranks are children of this one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step: int, out_path: Path) -> dict:
