@@ -125,6 +125,26 @@ class SendSignals(L.Callback):
             os.kill(os.getpid(), signum)
 
 
+class CtrlCTwice(L.Callback):
+    """A user pressing Ctrl+C twice after step 2: the first asks for a stop at a whole step, the second for one now."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, tmp_path):
+    """Catches a second Ctrl+C exiting 1, as a failure (Lightning ends its KeyboardInterrupt handling in
+    sys.exit(1)): an interrupted command exits 130, as a shell reports one, and says so in a line."""
+    config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.CtrlCTwice"}]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "tinylm: interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
     """Catches tinylm's signal handling displacing Lightning's SLURM auto-requeue (SIGUSR1: save hpc_ckpt, requeue)."""
     for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "tinylm", "SLURM_JOB_ID": "123", "SLURM_PROCID": "0",

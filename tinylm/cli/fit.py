@@ -936,8 +936,12 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
                                                        "--ckpt_path PATH (the data it was trained on), or "
                                                        "--config configs/NAME.yaml --ckpt_path PATH|last|best"}},
         )
-    except BaseException:
+    except BaseException as e:
         _finish_wandb(exit_code=1)
+        if isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt):
+            # Lightning ends its handling of a Ctrl+C (one before training, or a second one) in sys.exit(1), as a
+            # failure; main() reports it as every command's Ctrl+C: "interrupted", exit 130
+            raise e.__context__ from None
         raise
     else:
         _finish_wandb(exit_code=0)
