@@ -561,6 +561,31 @@ def test_user_errors_are_one_line_and_bugs_keep_their_traceback(config, monkeypa
         main(["fit", "--config", str(config)])
 
 
+def test_a_training_process_error_is_judged_as_in_one_process():
+    """ddp_fork's training processes hand their errors to the command as traceback text (what torch.multiprocessing
+    does with any exception in a process it started). Catches a user's error there printed as a traceback, and a
+    bug there (a ValueError raised inside torch) disguised as a one-line user error."""
+    import traceback
+
+    import torch.nn.functional as F
+    from torch.multiprocessing import ProcessRaisedException
+
+    from tinylm.cli import _from_training_process
+    from tinylm.data.datamodule import TinyLMDataModule
+
+    def from_process(make) -> ProcessRaisedException:
+        try:
+            make()
+        except (ValueError, TypeError):
+            text = "\n\n-- Process 1 terminated with the following error:\n" + traceback.format_exc()
+        return ProcessRaisedException(text, 1, 4242)
+
+    user = _from_training_process(from_process(lambda: TinyLMDataModule(batch_size=0)))
+    assert is_user_error(user) and one_line(user).startswith("data.batch_size") and user.exit_code == 1, one_line(user)
+    bug = from_process(lambda: F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long)))
+    assert _from_training_process(bug) is bug and not is_user_error(bug)
+
+
 def test_lightning_info_lines_print_once(config, tmp_path):
     """Catches every Lightning INFO line printed twice (a root-logger basicConfig beside Lightning's handler)."""
     proc = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.max_steps", "1"],

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
-    except Exception as e:
+    except Exception as raised:
+        e = _from_training_process(raised)
         if verbose or not is_user_error(e):
             raise
         line = one_line(e)
@@ -199,14 +200,48 @@ def is_user_error(e: BaseException) -> bool:
     return False
 
 
+class TrainingProcessError(TinyLMError):
+    """A user's error (a stop on a signal, a health check, a data check) raised in one of ddp_fork's training
+    processes: it reaches this process only as the text of its traceback (torch's ProcessRaisedException)."""
+
+
+def _from_training_process(e: BaseException) -> BaseException:
+    """``e``, or the user's error it carries from a training process (ddp_fork's): its last line, with the exit
+    status it has in one process (128 + N for a run stopped by signal N). Without this, a SIGTERM that reached one
+    training process ended in two tracebacks and exit 1."""
+    if type(e).__name__ != "ProcessRaisedException":
+        return e
+    text = str(e).strip()
+    said = re.fullmatch(r"(?:([\w.]+)\.)?(\w+): (.*)", text.splitlines()[-1])
+    frames = re.findall(r'File "([^"]+)", line', text)
+    if said is None or not frames:
+        return e
+    module, name, message = said.groups()
+    cls = getattr(sys.modules.get(module or "builtins"), name, None)
+    ours = _inside(Path(frames[-1]), PACKAGE_DIR)
+    if not (isinstance(cls, type) and (issubclass(cls, TinyLMError) or (ours and issubclass(cls, (ValueError, OSError,
+                                                                                                  TypeError))))):
+        return e
+    error = TrainingProcessError(message)
+    stopped = re.match(r"interrupted by (SIG[A-Z0-9]+)\b", message)
+    error.exit_code = 128 + signal.Signals[stopped[1]] if stopped and stopped[1] in signal.Signals.__members__ \
+        else getattr(cls, "exit_code", 1)
+    return error
+
+
 def _raised_in(e: BaseException, package: Path) -> bool:
     tb = e.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    where = Path(tb.tb_frame.f_code.co_filename).resolve()
-    return where == package or package in where.parents  # a file, or a folder of them
+    return _inside(Path(tb.tb_frame.f_code.co_filename), package)
+
+
+def _inside(path: Path, package: Path) -> bool:
+    """Whether ``path`` is ``package`` (a file) or lies in it (a folder)."""
+    where = path.resolve()
+    return where == package or package in where.parents
 
 
 def _jsonargparse_dir() -> Path:
