@@ -112,7 +112,8 @@ def gpu_names() -> list[str]:
 
 def peak_flops_by_name(name: str, precision: str) -> float | None:
     """Dense peak FLOP/s of the GPU called ``name`` (e.g. "NVIDIA H100 80GB HBM3", "h100", "a100") at a Lightning
-    precision string, or None when unknown."""
+    precision string, or None when unknown. A 32-bit precision counts TF32's peak once fp32 matmuls may use it
+    (torch.set_float32_matmul_precision "high" or "medium")."""
     name = re.sub(r"[-_\s]+", " ", name.lower()).strip()  # "Tesla V100-SXM2-16GB" -> "tesla v100 sxm2 16gb"
     precision = str(precision)  # Lightning takes 16, 32 and 64 as numbers too
     half = "16" in precision
@@ -126,6 +127,8 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
 
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else \
         torch.float64 if precision.startswith("64") else torch.float32
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        dtype = "tfloat32"  # fp32 matmuls on the tensor cores in TF32 (7x the fp32 peak of an H100), as Lightning's
     # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one; an H100 or H200
     # that names no form factor is the SXM part; a short name is the start of a key ("v100": "v100 sxm", SXM
     # first); a fragment that names no chip ("", "x", "a") matches nothing

@@ -28,7 +28,7 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     if flops:
         return flops
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
-    try:
+    try:  # (its fp32 entry follows torch.get_float32_matmul_precision, as ours)
         from lightning.fabric.utilities.throughput import get_available_flops
 
         flops = get_available_flops(device, dtype)
