@@ -113,6 +113,22 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
 
 
+@pytest.mark.slow
+def test_ranks_that_ddp_fork_starts_log_to_wandb(no_wandb_account, tmp_path, run_config):
+    """Catches W&B keeping nothing of a ddp_fork run (its file held 7 bytes, no metric): a forked rank leaves by
+    os._exit, past the hook with which wandb ends and writes its run."""
+    import subprocess
+    import sys
+
+    config = run_config(run={"name": "wb", "wandb_project": "tinylm-test"}, trainer={"max_steps": 4})
+    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator",
+                           "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = list((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1 and files[0].read_bytes().count(b"train/loss") >= 4, [f.stat().st_size for f in files]
+
+
 def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id(no_wandb_account, tmp_path,
                                                                                    run_config):
     """Catches a branch into a new folder (--ckpt_path X --run.name NEW) logging into its parent's W&B run (its steps

@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -325,6 +326,12 @@ class RunConfig(SaveConfigCallback):
         # rank zero wrote config.yaml skipped a broadcast), and a branch refused on restoring leaves no config.yaml
         if self.resume_step is None:
             super().setup(trainer, pl_module, stage)
+        if multiprocessing.parent_process() is not None and "wandb" in sys.modules:  # a rank that ddp_fork started
+            # it leaves by os._exit, past the atexit hook with which wandb ends its run: the run's file kept no
+            # metric. Multiprocessing's own exit hooks do run (also after an error), and end it here.
+            from multiprocessing.util import Finalize
+
+            Finalize(None, _finish_forked_wandb, args=(trainer,), exitpriority=100)
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
@@ -948,6 +955,12 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
         return cli
     finally:
         release_run_folders()
+
+
+def _finish_forked_wandb(trainer) -> None:
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    _finish_wandb(exit_code=0 if trainer.state.status == TrainerStatus.FINISHED else 1)
 
 
 def _finish_wandb(exit_code: int) -> None:
