@@ -642,10 +642,30 @@ def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_
     dm = _dm(tmp_path, shakespeare, num_workers=2, val_batches=6)
     dm.setup("fit")
     batches = iter(dm.val_dataloader())
-    first = next(batches)
+    first, second = next(batches), next(batches)  # one from each worker: both have installed their handler
     for worker in batches._workers:  # torch's multiprocessing iterator: its worker processes
         os.kill(worker.pid, signal.SIGTERM)
-    assert len([first, *batches]) == 6
+    assert len([first, second, *batches]) == 6
+
+
+def test_a_process_that_exits_with_a_loader_open_ends_its_workers_at_once(tmp_path):
+    """Catches a script (or a test) that ends with a loader's iterator open waiting WORKER_GRACE_S (60 s) at exit,
+    then printing "DataLoader worker ... is killed by signal: Alarm clock": the workers outlive a SIGTERM, and
+    multiprocessing ends them with one."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "open_loader.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from tinylm.data.loader import ResumableLoader, TrainBatches\n"
+        "np.arange(10000, dtype=np.uint16).tofile('ids.bin')\n"
+        "ds = TrainBatches('ids.bin', dtype='uint16', n_tokens=10000, block_size=16, batch_size=4, seed=0)\n"
+        "batches = iter(ResumableLoader(ds, epoch_length=100, num_workers=2))\n"
+        "next(batches)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=40,
+                          check=False)
+    assert done.returncode == 0 and "killed by signal" not in done.stderr, done.stderr[-2000:]
 
 
 def test_a_global_batch_no_batch_size_restores_names_the_device_count_that_does(shakespeare, tmp_path):

@@ -18,6 +18,7 @@ from tinylm.data.corpus import Corpus, Mixture, open_corpus
 from tinylm.data.loader import (
     MixedTrainBatches,
     ResumableLoader,
+    StoppingLoader,
     TrainBatches,
     ValBatches,
     outlive_sigterm,
@@ -244,7 +245,7 @@ class TinyLMDataModule(L.LightningDataModule):
         each evaluates its share of the batches."""
         ranks = {"rank": self.trainer.global_rank, "world_size": self.trainer.world_size} \
             if self.trainer is not None else {}
-        loaders = [DataLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches, **ranks), batch_size=None,
+        loaders = [StoppingLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches, **ranks), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
                               worker_init_fn=outlive_sigterm if self.num_workers else None,

@@ -6,6 +6,7 @@ Letters in shape comments: B = batch size, T = block size (context length in tok
 from __future__ import annotations
 
 import signal
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,37 @@ def outlive_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, first)
 
 
-class ResumableLoader(DataLoader):
+_iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers
+
+
+def _stop_workers() -> None:
+    """Stop the workers of every loader iterator still open as this process exits, as the iterator does when it is
+    deleted (its `_shutdown_workers`: they finish and exit 0). Runs before multiprocessing ends the daemonic children
+    with SIGTERM, which these workers outlive (`outlive_sigterm`): a script, or a test, that exited with an iterator
+    open waited WORKER_GRACE_S, then printed "DataLoader worker ... is killed by signal: Alarm clock"."""
+    for iterator in list(_iterators):
+        stop = getattr(iterator, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
+
+
+class StoppingLoader(DataLoader):
+    """A DataLoader whose workers (`outlive_sigterm`) are stopped when the process exits with one of its iterators
+    still open."""
+
+    def __iter__(self) -> Any:
+        iterator = super().__iter__()
+        if self.num_workers:
+            if not _iterators:
+                from multiprocessing.util import Finalize
+
+                Finalize(None, _stop_workers, exitpriority=20)  # at exit: before the queues close (10), and the
+                # daemonic children are ended
+            _iterators.add(iterator)
+        return iterator
+
+
+class ResumableLoader(StoppingLoader):
     """A DataLoader over `TrainBatches` that counts the batches it has yielded. Lightning saves `state_dict()` in
     checkpoints (it does so only for loaders that have one) and after `load_state_dict` iteration resumes at that
     batch (the data module saves the same count with its own state, for the checks it makes on a resume). Its own
