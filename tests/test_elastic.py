@@ -266,3 +266,20 @@ def test_a_scaling_ladder_on_two_ranks_reports_once_and_sets_a_killed_run_aside_
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert len([r for r in runs if r.endswith(".json")]) == 1, runs
     assert len([r for r in runs if ".unfinished-" in r]) == 1, runs
+
+
+def test_ranks_that_ddp_fork_starts_say_each_warning_once(config, tmp_path):
+    """Catches every training process of ddp_fork printing its own copy of each warning (they learn their rank after
+    this process set up its console), and a failure's line followed by torch's "Terminating process" noise."""
+    _fit(config, devices=1)
+    cmd = [sys.executable, "-m", "tinylm", "validate", "--config", str(config), "--ckpt_path", "last",
+           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"]
+    done = subprocess.run([*cmd, "--data.val_fraction", "0.3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("is larger than") == 1, done.stderr[-3000:]
+    done = subprocess.run([*cmd, "--data.block_size", "4000"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and said[-1].startswith("tinylm validate: error: ValueError: "), done.stderr[-3000:]
+    assert "Terminating process" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -581,7 +581,7 @@ def test_a_training_process_error_is_judged_as_in_one_process():
         return ProcessRaisedException(text, 1, 4242)
 
     user = _from_training_process(from_process(lambda: TinyLMDataModule(batch_size=0)))
-    assert is_user_error(user) and one_line(user).startswith("data.batch_size") and user.exit_code == 1, one_line(user)
+    assert is_user_error(user) and one_line(user).startswith("ValueError: data.batch_size") and user.exit_code == 1, one_line(user)
     bug = from_process(lambda: F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long)))
     assert _from_training_process(bug) is bug and not is_user_error(bug)
 

@@ -222,7 +222,8 @@ def _from_training_process(e: BaseException) -> BaseException:
     if not (isinstance(cls, type) and (issubclass(cls, TinyLMError) or (ours and issubclass(cls, (ValueError, OSError,
                                                                                                   TypeError))))):
         return e
-    error = TrainingProcessError(message)
+    # Python's own errors keep their type, as in one process ("ValueError: ...")
+    error = TrainingProcessError(message if issubclass(cls, TinyLMError) else f"{name}: {message}")
     stopped = re.match(r"interrupted by (SIG[A-Z0-9]+)\b", message)
     error.exit_code = 128 + signal.Signals[stopped[1]] if stopped and stopped[1] in signal.Signals.__members__ \
         else getattr(cls, "exit_code", 1)
@@ -386,6 +387,12 @@ def _setup_console() -> None:
     if getattr(rank_zero_only, "rank", 0) != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
         log.setLevel(logging.ERROR)
         warnings.simplefilter("ignore")
+    # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
+    for handler in log.handlers:
+        if isinstance(handler, _Stderr) and not any(isinstance(f, _RankZero) for f in handler.filters):
+            handler.addFilter(_RankZero())
+    # torch's line as ddp_fork ends the other training processes after one failed: the failure's line says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
@@ -400,6 +407,15 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+
+class _RankZero(logging.Filter):
+    """Drops the info and warning lines of a rank other than 0: rank 0 says the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from lightning.pytorch.utilities import rank_zero_only
+
+        return record.levelno >= logging.ERROR or getattr(rank_zero_only, "rank", 0) == 0
 
 
 class _NoTips(logging.Filter):
