@@ -5,6 +5,7 @@ Letters in shape comments: B = batch size, T = block size (context length in tok
 
 from __future__ import annotations
 
+import os
 import signal
 import weakref
 from collections.abc import Iterator
@@ -175,6 +176,7 @@ def outlive_sigterm(worker_id: int) -> None:
 
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers
+_stopping_in: int | None = None  # the process that registered _stop_workers to run at its exit
 
 
 def _stop_workers() -> None:
@@ -194,12 +196,14 @@ class StoppingLoader(DataLoader):
 
     def __iter__(self) -> Any:
         iterator = super().__iter__()
+        global _stopping_in
         if self.num_workers:
-            if not _iterators:
+            if _stopping_in != os.getpid():  # once per process (a forked one starts with no exit hooks)
                 from multiprocessing.util import Finalize
 
                 Finalize(None, _stop_workers, exitpriority=20)  # at exit: before the queues close (10), and the
                 # daemonic children are ended
+                _stopping_in = os.getpid()
             _iterators.add(iterator)
         return iterator
 
