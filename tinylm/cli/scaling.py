@@ -51,6 +51,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             e.g. ...-scaling-C2.0e12-L1-d8_L1-d12_L1-d16_L1-d20_L1-d24.png: another ladder does not overwrite it);
             the numbers go to a .json beside it.
     """
+    from tinylm.cli.fit import _rank_zero
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
@@ -140,6 +141,7 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
     """The final val/loss of rung ``r`` in ``run_dir``: read back when the run finished before, else after training
     it (resuming it when it has a checkpoint)."""
     from tinylm.cli.fit import (
+        _rank_zero,
         holds_run,
         latest_checkpoint,
         lightning_main,
@@ -181,12 +183,6 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
         raise TinyLMError(f"run {run_dir} ended with val/loss {loss}: it diverged, and no law fits it; "
                           "lower --model.lr, move that folder away and run the ladder again")
     return loss
-
-
-def _rank_zero() -> bool:
-    from tinylm.cli.fit import _rank_zero
-
-    return _rank_zero()
 
 
 def _barrier() -> None:
