@@ -181,11 +181,14 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_fork"])
-def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy):
+@pytest.mark.parametrize(("strategy", "signum"), [("ddp", signal.SIGTERM), ("ddp_fork", signal.SIGTERM),
+                                                  ("ddp_fork", signal.SIGINT)],
+                         ids=["ddp-SIGTERM", "ddp_fork-SIGTERM", "ddp_fork-SIGINT"])
+def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy, signum):
     """Catches the run hanging for good (ddp, 3 times in 4: Lightning's SIGTERM handler broadcast from inside
     whatever collective rank 0 was in), every rank printing its own "interrupted" line, and ddp_fork's parent exiting
-    on SIGTERM while its training processes trained on: the run stops at a step, saves last.ckpt, says so once."""
+    on SIGTERM while its training processes trained on: the run stops at a step, saves last.ckpt, says so once. A
+    Ctrl+C to ddp_fork's parent alone (a notebook's Interrupt) left its training processes training to the end."""
     config = run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2},
                         trainer={"max_steps": 100_000, "val_check_interval": 1000})
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
@@ -198,15 +201,15 @@ def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy
     while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-    proc.send_signal(signal.SIGTERM)  # the launched command only, as a scheduler or `timeout` does
+    proc.send_signal(signum)  # the launched command only, as a scheduler or `timeout` does
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # every rank, not left behind
-        pytest.fail("the run hung after SIGTERM:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+        pytest.fail("the run hung after the signal:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
     err.close()
     text = (tmp_path / "stderr.txt").read_text()
-    assert proc.returncode == 143, text[-3000:]
+    assert proc.returncode == 128 + signum, text[-3000:]
     said = [line for line in text.splitlines() if "tinylm fit: error:" in line]
     want = "interrupted by SIGTERM at step" if strategy == "ddp" else "passed on to the training processes"
     assert len(said) == 1 and want in said[0] and "--ckpt_path last" in said[0], text[-3000:]

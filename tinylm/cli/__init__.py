@@ -139,6 +139,12 @@ class Terminated(TinyLMError):
     exit_code = 128 + signal.SIGTERM
 
 
+class Interrupted(TinyLMError):
+    """Ctrl+C reached ddp_fork's launching process, which passed it on to the training processes: exit 130."""
+
+    exit_code = 128 + signal.SIGINT
+
+
 @contextlib.contextmanager
 def _terminate_cleanly(command: str) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
@@ -151,14 +157,35 @@ def _terminate_cleanly(command: str) -> Iterator[None]:
                              "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`")
         raise Terminated(f"terminated by SIGTERM before it finished; run the same `tinylm {command}` again")
 
+    def on_sigint(signum: int, frame: object) -> None:
+        # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
+        # notebook's Interrupt, `kill -INT`) left them training to the end. They get a SIGTERM: beside a terminal's
+        # own Ctrl+C to them it is one request, where a second SIGINT would stop them at once, unsaved.
+        ranks = [child for child in multiprocessing.active_children() if not child.daemon]
+        if not ranks:
+            raise KeyboardInterrupt
+        for child in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+        again = "resume with `tinylm fit --config ... --ckpt_path last`" if command == "fit" else \
+            f"run the same `tinylm {command}` again"
+        raise Interrupted(f"interrupted by Ctrl+C, passed on to the training processes: they finish their step and "
+                          f"save last.ckpt; {again}")
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # only where Python's own Ctrl+C handler is in place (a caller's is left alone)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def resume_command(args: list[str]) -> str:
