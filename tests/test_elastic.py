@@ -283,3 +283,15 @@ def test_ranks_that_ddp_fork_starts_say_each_warning_once(config, tmp_path):
     said = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and said[-1].startswith("tinylm validate: error: ValueError: "), done.stderr[-3000:]
     assert "Terminating process" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_an_error_every_rank_raises_is_a_whole_line_from_each_saying_its_rank(config, tmp_path):
+    """Catches two ranks' copies of one error printed as two identical lines, once glued into one (print wrote the
+    text and its newline apart, and the ranks' writes interleaved)."""
+    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+           "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.block_size", "8000"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    said = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 1 and len(said) == 2, done.stderr[-3000:]
+    assert sorted(line.startswith("tinylm fit: error: (rank 1) ValueError: the val split") for line in said) == \
+        [False, True] and all(line.count("error:") == 1 for line in said), said

@@ -127,8 +127,13 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.flush()
         # raised by every rank of a run together (the ranks agree on a stop and on the health checks): rank 0 says it
         every_rank = type(e).__name__ in ("RunInterrupted", "TrainingHealthError")
-        if not every_rank or sys.modules["tinylm.cli.fit"]._rank_zero():
-            print(f"tinylm {command}: error: {line}", file=sys.stderr)
+        fit = sys.modules.get("tinylm.cli.fit")
+        rank = fit._rank() if fit is not None else 0
+        if not (every_rank and rank):
+            # another rank's line says which (a config or data error comes from each); one write, so that the
+            # ranks' lines do not interleave (print's text and newline were two, and two lines came out as one)
+            sys.stderr.write(f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n")
+            sys.stderr.flush()
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 

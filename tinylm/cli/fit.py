@@ -144,10 +144,15 @@ def release_run_folder(run_dir: Path) -> None:
         lock.close()
 
 
-def _rank_zero() -> bool:
+def _rank() -> int:
+    """This process's global rank in a run (0 outside one)."""
     from lightning.pytorch.utilities import rank_zero_only
 
-    return getattr(rank_zero_only, "rank", 0) == 0
+    return getattr(rank_zero_only, "rank", 0)
+
+
+def _rank_zero() -> bool:
+    return _rank() == 0
 
 
 def release_run_folders() -> None:
