@@ -434,6 +434,45 @@ def test_export_refuses_what_transformers_cannot_represent(tmp_path, char_tokeni
     assert "\n" not in str(err.value) and not (tmp_path / "hf").exists()
 
 
+def _llama_dir(path: Path, **changes) -> Path:
+    """A transformers Llama config.json describing exactly what a 2-layer, 32-wide tinylm GPT computes (no bias),
+    with ``changes`` written over its fields; no weights: a refusal must come before they are read."""
+    from tinylm.hf_llama import llama_config
+    from tinylm.model import GPTConfig
+
+    config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
+    llama_config(config, eos_id=None).save_pretrained(path)
+    fields = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**fields, **changes}))
+    return path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_act": "gelu"}, "hidden_act='gelu' (tinylm supports 'silu' (SwiGLU))"),
+    ({"num_key_value_heads": 1}, "num_key_value_heads=1 (tinylm supports = num_attention_heads (no GQA))"),
+    ({"intermediate_size": 128}, "intermediate_size=128 (tinylm supports 8/3·hidden_size rounded to 64)"),
+    ({"rms_norm_eps": 1e-5}, "rms_norm_eps=1e-05 (tinylm supports 1e-06)"),
+    ({"head_dim": 8}, "head_dim=8 (tinylm supports hidden_size / heads)"),
+    ({"mlp_bias": True}, "mlp_bias=True (tinylm supports = attention_bias)"),
+    ({"rope_parameters": None, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+     "rope_type='linear' (tinylm supports 'default' (no RoPE scaling))"),
+    ({"num_key_value_heads": 1, "rms_norm_eps": 1e-5},  # both named, in one line
+     "num_key_value_heads=1 (tinylm supports = num_attention_heads (no GQA)); rms_norm_eps=1e-05 (tinylm supports 1e-06)"),
+], ids=["act", "gqa", "ffn", "eps", "head_dim", "mlp_bias", "rope_scaling", "two"])
+def test_import_refuses_llama_variants_tinylm_does_not_compute(tmp_path, changes, message):
+    """Catches import_hf loading a Llama whose config asks for what tinylm's GPT does not compute (grouped-query
+    attention, scaled RoPE, another head size, eps, FFN width, activation, an MLP bias without attention bias): it
+    would build a model that predicts differently. Each refusal is one line naming the field, its value and what
+    tinylm supports, before any weight is read (the folder has none); the unchanged config gets past the check."""
+    with pytest.raises(OSError, match="model.safetensors"):  # guard: the config itself passes, the weights are next
+        import_hf(_llama_dir(tmp_path / "plain"))
+    path = _llama_dir(tmp_path / "hf", **changes)
+    with pytest.raises(ValueError) as err:
+        import_hf(path)
+    assert f"cannot import {str(path)!r}: its config.json has {message}; tinylm's GPT would" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 # ---- init_from: a new run from pretrained weights --------------------------------------------------------------
 @pytest.mark.parametrize("source", ["checkpoint", "llama-dir", "gpt2-dir"])
 def test_init_from_takes_weights_and_shape_from_the_source(tmp_path, char_tokenizer, source):
