@@ -5,6 +5,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,12 +21,33 @@ def gpt2(shared_data: Path) -> ByteLevelBPE:
 
 @pytest.fixture(scope="module")
 def reference(shared_data: Path):
-    """tiktoken's GPT-2 encoding, built offline from the same ranks file."""
+    """tiktoken's GPT-2 encoding, built offline from the same ranks file with tiktoken's own GPT-2 pattern (its
+    `r50k_pat_str`, not tinylm's GPT2_PATTERN: a mistake in ours would otherwise be on both sides of the parity)."""
     import tiktoken
     import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str
 
     ranks = tiktoken.load.load_tiktoken_bpe(str(shared_data / "gpt2.tiktoken"))
-    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256})
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={EOT: 50256})
+
+
+def test_gpt2_pattern_splits_and_encodes_as_gpt2_by_hand(gpt2):
+    """Catches a changed GPT-2 pre-tokenizer pattern (a contraction dropped, the optional leading space lost, digits
+    split one by one or glued to letters, whitespace runs not leaving their last space to the next word, a case-
+    insensitive "'M"): the pieces are written out by hand and the ids are GPT-2's own (`I` 40, `'m` 1101, ...)."""
+    text = "I'm sure it's he'd say we'll've done it, you're right: don't 'tis the 2nd I'M 3.14  rain\n\n  Äpfel 中文😀!!\tok\n"
+    assert regex.findall(GPT2_PATTERN, text) == [
+        "I", "'m", " sure", " it", "'s", " he", "'d", " say", " we", "'ll", "'ve", " done", " it", ",", " you", "'re",
+        " right", ":", " don", "'t", " '", "tis",  # after a space "'t" is no contraction
+        " the", " 2", "nd", " I", "'", "M",  # digits apart from letters; contractions are lower case only
+        " 3", ".", "14", " ", " rain",  # two spaces: the last one goes with the word
+        "\n\n ", " Äpfel", " 中文", "😀!!", "\t", "ok", "\n",  # a tab is no leading space
+    ]
+    assert gpt2.encode(text) == [
+        40, 1101, 1654, 340, 338, 339, 1549, 910, 356, 1183, 1053, 1760, 340, 11, 345, 821, 826, 25, 836, 470, 705,
+        48010, 262, 362, 358, 314, 6, 44, 513, 13, 1415, 220, 6290, 628, 220, 6184, 226, 79, 69, 417, 220, 40792,
+        23877, 229, 47249, 222, 3228, 197, 482, 198,
+    ]
 
 
 def _shared_texts(shared_data: Path) -> dict[str, str]:
