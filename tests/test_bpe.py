@@ -120,6 +120,56 @@ def test_special_tokens_follow_tiktoken_rules(gpt2, reference):
         gpt2.encode("hello", allowed_special={"<|nope|>"})
 
 
+_BYTES = {bytes([b]): b for b in range(256)}  # ranks with no merges: each byte is its own id ("a" is 97)
+
+
+def test_overlapping_special_tokens_encode_like_tiktoken():
+    """Catches a special token that only some specials allow being lost where it overlaps a not-allowed one: with
+    specials "ab" and "bc" and only "bc" allowed, "abc" gave [97, 98, 99] (the search went on past "ab" and never
+    saw "bc"); tiktoken gives "a" then "bc", [97, 257]. The other cases are checked against tiktoken itself,
+    including a longer not-allowed special at the same place as an allowed one (tiktoken: plain text)."""
+    import tiktoken
+
+    specials = {"ab": 256, "bc": 257, "<|": 258, "<|a": 259, "<|a|>": 260}
+    ours = ByteLevelBPE(_BYTES, special_tokens=specials)
+    theirs = tiktoken.Encoding(name="bytes", pat_str=GPT2_PATTERN, mergeable_ranks=_BYTES, special_tokens=specials)
+    assert ours.encode("abc", allowed_special={"bc"}, disallowed_special=()) == [97, 257]  # by hand
+    cases = [("abc", {"bc"}), ("abc", {"ab"}), ("abc", "all"), ("abcabc", {"bc"}), ("xabcbc", {"bc"}),
+             ("<|a|>", {"<|a"}), ("<|a|>", {"<|", "<|a"}), ("<|a|>", "all"), ("<|ab<|a|>bc", {"<|a", "bc"})]
+    for text, allowed in cases:
+        want = theirs.encode(text, allowed_special=allowed, disallowed_special=())
+        assert ours.encode(text, allowed_special=allowed, disallowed_special=()) == want, (text, allowed)
+    assert theirs.encode("<|ab<|a|>bc", allowed_special={"<|a", "bc"}, disallowed_special=()) == \
+        [259, 98, 60, 124, 97, 124, 62, 257]  # guard: "<|a", then "<|a|>" not allowed is plain text, then "bc"
+
+
+@pytest.mark.parametrize("ranks, specials, message", [
+    ({**_BYTES, b"ab": 256}, {EOT: 256},
+     "special token '<|endoftext|>' id 256 is already the id of token b'ab'; use an id >= 257"),
+    (_BYTES, {"<|a|>": 300, "<|b|>": 300}, "special tokens share ids: {'<|a|>': 300, '<|b|>': 300}; give each"),
+    (_BYTES, {"": 300}, "special token '' must be a non-empty str"),
+    ({**_BYTES, b"ab": 97}, {}, "ranks give the same id to two tokens"),
+    ({t: i for t, i in _BYTES.items() if i != 10}, {}, r"ranks lack single bytes [10] (of 1)"),
+], ids=["special-on-a-rank", "specials-share", "empty-special", "ranks-share", "byte-missing"])
+def test_construction_refuses_clashing_ids(ranks, specials, message):
+    """Catches a tokenizer built with two tokens on one id (a special token on an ordinary token's id, two specials
+    sharing one, two ranks sharing one: decode could not tell them apart), an empty special token (it would match
+    everywhere) or a missing byte (some text could not be encoded): each is refused naming the clash."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ByteLevelBPE(ranks, special_tokens=specials)
+
+
+def test_encode_refuses_unknown_allowed_special():
+    """Catches allowed_special naming a string that is no special token being ignored (as tiktoken does: a typo in
+    "<|endoftext|>" then encodes the separator as plain text): it is refused, naming it and the real ones."""
+    bpe = ByteLevelBPE(_BYTES, special_tokens={EOT: 256})
+    assert bpe.encode(f"a{EOT}", allowed_special={EOT}) == [97, 256]  # guard: a known one is allowed
+    with pytest.raises(ValueError, match=re.escape(
+            "allowed_special has ['<|endoftxt|>'], which are not special tokens of this tokenizer "
+            "(['<|endoftext|>']); remove them")):
+        bpe.encode("a", allowed_special={EOT, "<|endoftxt|>"})
+
+
 def test_decode_replaces_invalid_utf8_like_tiktoken(gpt2, reference):
     """Prevents decode from raising on a token sequence cut inside a multi-byte character."""
     ids = gpt2.encode("😀")[:1]  # the emoji is several tokens; keep only the first bytes

@@ -376,12 +376,14 @@ class ByteLevelBPE:
         if not allowed:
             return self.encode_ordinary(text)
         out: list[int] = []
-        start = 0
-        for m in self._special_re.finditer(text):
-            if m.group() in allowed:
-                out += self.encode_ordinary(text[start : m.start()])
-                out.append(self._specials[m.group()])
-                start = m.end()
+        start = find = 0
+        while m := self._special_re.search(text, find):
+            if m.group() not in allowed:  # as tiktoken: look again one character on, so with specials "ab" and
+                find = m.start() + 1  # "bc" and only "bc" allowed, "abc" is "a" then "bc" (a skip past "ab" lost it)
+                continue
+            out += self.encode_ordinary(text[start : m.start()])
+            out.append(self._specials[m.group()])
+            start = find = m.end()
         out += self.encode_ordinary(text[start:])
         return out
 
