@@ -3,6 +3,7 @@ and loading never executes code."""
 
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -202,3 +203,72 @@ def test_prepared_dataset_appears_by_one_rename_of_a_complete_folder(tmp_path, s
     assert [dst for _, dst in renames] == [broken]
     assert not (broken / "meta.json").exists()
     assert not [p for p in broken.parent.iterdir() if (p / "meta.json").exists()]  # no temp folder left either
+
+
+_HPARAMS = {"vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 8, "pad_vocab_multiple": 1}
+
+
+def _model_checkpoint(path: Path, *, hparams=None, fmt=1, edit=lambda state: None) -> Path:
+    """A checkpoint as `tinylm fit` writes it (a 1-layer, 8-wide GPT under "model."), its state edited by `edit`."""
+    from tinylm.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    state = {f"model.{k}": v for k, v in GPT(GPTConfig(**_HPARAMS)).state_dict().items()}
+    edit(state)
+    torch.save({"state_dict": state, "hyper_parameters": hparams or _HPARAMS, "tinylm": {"format": fmt}}, path)
+    return path
+
+
+@pytest.mark.parametrize("fmt", [2, None])
+def test_checkpoint_of_another_format_is_refused(tmp_path, fmt):
+    """Catches a checkpoint whose "tinylm" section has another format version (a later tinylm's, or none) being
+    read as this version's: it is refused naming both versions; format 1 loads (not vacuous)."""
+    from tinylm.checkpoint import load_model
+
+    load_model(_model_checkpoint(tmp_path / "ok.ckpt"))
+    path = _model_checkpoint(tmp_path / "other.ckpt", fmt=fmt)
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"'{path}' has tinylm checkpoint format {fmt!r}, this tinylm reads 1; use the tinylm version that wrote it")):
+        load_checkpoint(path)
+
+
+def _drop_ln_f(state):
+    del state["model.transformer.ln_f.weight"]
+
+
+def _add_extra(state):
+    state["model.transformer.extra.weight"] = torch.ones(2)
+    state["loss_fn.weight"] = torch.ones(2)  # outside "model.": not the GPT's, ignored
+
+
+def _nan(state):
+    state["model.transformer.h.0.mlp.c_fc.bias"][3] = float("nan")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_drop_ln_f, "does not match its hyperparameters: missing weights ['transformer.ln_f.weight'], unexpected weights []"),
+    (_add_extra, "does not match its hyperparameters: missing weights [], unexpected weights ['transformer.extra.weight']"),
+    (_nan, "holds non-finite weights (NaN or inf) in 1 tensors, e.g. 'transformer.h.0.mlp.c_fc.bias': the run diverged"),
+], ids=["missing", "unexpected", "nan"])
+def test_checkpoint_weights_that_are_not_the_model_are_named(tmp_path, edit, message):
+    """Catches load_model building a model from weights its hyperparameters do not describe (a dropped tensor left
+    at its random init, an extra one silently ignored) or from a diverged run's NaN weights (every token NaN): each
+    is refused naming the tensors; the unedited file loads (not vacuous)."""
+    from tinylm.checkpoint import load_model
+
+    model, _, _ = load_model(_model_checkpoint(tmp_path / "ok.ckpt"))
+    assert model.transformer.ln_f.weight.shape == (8,)
+    path = _model_checkpoint(tmp_path / "edited.ckpt", edit=edit)
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint '{path}' {message}")):
+        load_model(path)
+
+
+def test_checkpoint_hyperparameters_that_build_no_model_are_named(tmp_path):
+    """Catches hyperparameters no GPT can have (n_head 3 for n_embd 8, an edited file) escaping as GPTConfig's bare
+    ValueError, without the checkpoint's name."""
+    from tinylm.checkpoint import load_model
+
+    path = _model_checkpoint(tmp_path / "edited.ckpt", hparams={**_HPARAMS, "n_head": 3})
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"checkpoint '{path}' has hyperparameters that build no GPT (n_embd (8) must be divisible by n_head (3)")):
+        load_model(path)
