@@ -228,6 +228,27 @@ def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, caps
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize(("devices", "accelerator", "warns"), [(64, "cpu", True), ("3", "cpu", True), (2, "cpu", False),
+                                                             (64, "gpu", False)])
+def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices, accelerator, warns):
+    """Catches --trainer.devices 64 on a 2-core CPU starting 64 training processes without a word (Lightning allows
+    it): they take turns on the 2 cores, each with its own copy of the run in memory."""
+    import warnings
+
+    from tinylm.cli.fit import check_trainer_options
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)  # a 2-core machine
+    monkeypatch.setattr("tinylm.cli.fit.check_accelerator", lambda accelerator: None)  # gpu: as if one were there
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        check_trainer_options({"accelerator": accelerator, "devices": devices, "max_steps": 10}, "fit")
+    lines = [str(w.message) for w in said if "--trainer.devices" in str(w.message)]
+    assert len(lines) == warns, lines
+    if warns:
+        assert f"--trainer.devices {devices} starts {devices} training processes on a CPU with 2 cores" in lines[0]
+        assert "use --trainer.devices 2 or fewer" in lines[0]
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
 @pytest.mark.parametrize("command", ["fit", "lr-find"])
 def test_a_gpu_accelerator_without_a_gpu_is_one_line(config, capsys, command):

@@ -225,6 +225,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                          "test: benchmarks/bench_train_step.py)")
     if runs:
         check_accelerator(trainer_cfg.get("accelerator"))
+        _warn_more_ranks_than_cores(trainer_cfg)
     if subcommand == "fit":
         max_steps = trainer_cfg.get("max_steps", -1)
         if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
@@ -261,6 +262,27 @@ def check_accelerator(accelerator: Any) -> None:
     build = " (this torch is a CPU-only build)" if name in ("gpu", "cuda") and torch.version.cuda is None else ""
     raise ValueError(f"trainer.accelerator {accelerator!r}: {what.get(name, f'no {name} device')} is available "
                      f"here{build}; leave the option out (auto uses what there is) or pass --trainer.accelerator cpu")
+
+
+def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
+    """More CPU devices than cores: Lightning starts them all (`--trainer.devices 64` on 2 cores, 64 processes)
+    without a word, though they only take turns on the cores."""
+    import torch
+
+    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator") or "auto").lower()
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    if not isinstance(devices, int) or isinstance(devices, bool) or accelerator not in ("cpu", "auto") or \
+            accelerator == "auto" and gpu:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if devices > cores:
+        warnings.warn(f"--trainer.devices {devices} starts {devices} training processes on a CPU with {cores} "
+                      f"cores: they take turns on the cores, so a step is no faster than on {cores} (each waits for "
+                      "the slowest at every gradient all-reduce), and each holds its own model, optimizer and data "
+                      f"loader in memory; use --trainer.devices {cores} or fewer (a larger --data.batch_size keeps "
+                      "the global batch)")
 
 
 def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
