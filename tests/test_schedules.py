@@ -62,3 +62,22 @@ def test_constant_schedule_needs_no_length():
     assert TinyLM(lr_schedule="constant", lr=2e-3, **kwargs).lr_now() == 2e-3
     with pytest.raises(ValueError, match="the LR schedule needs a length"):
         TinyLM(lr_schedule="cosine", **kwargs).lr_now()
+
+
+def test_wsd_decay_fraction_sets_where_the_decay_starts():
+    """Catches decay_fraction ignored (the default 0.2 used), inverted (decaying over 1 - fraction) or measured
+    from step 0 instead of the end of warmup, in the schedule, in lr_at and in the module. Warmup 10, decay_steps
+    110: 100 steps after warmup, so fraction 0.25 decays over the last 25 (from step 85), linearly to min_lr."""
+    from tinylm.train.module import TinyLM
+
+    kw = dict(KW, decay_steps=110)
+    assert warmup_stable_decay(84, decay_fraction=0.25, **kw) == pytest.approx(1e-3)  # still flat
+    assert warmup_stable_decay(95, decay_fraction=0.25, **kw) == pytest.approx(1e-3 - 0.4 * 9e-4)  # 10/25 down
+    assert warmup_stable_decay(110, decay_fraction=0.25, **kw) == pytest.approx(1e-4)
+    assert warmup_stable_decay(109, decay_fraction=0.0, **kw) == pytest.approx(1e-3)  # no decay at all
+    assert warmup_stable_decay(110, decay_fraction=0.0, **kw) == pytest.approx(1e-4)
+    assert warmup_stable_decay(60, decay_fraction=1.0, **kw) == pytest.approx(5.5e-4)  # decays from step 10: 50/100
+    assert lr_at(95, schedule="wsd", decay_fraction=0.25, **kw) == pytest.approx(6.4e-4)
+    module = TinyLM(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8, lr_schedule="wsd", lr=1e-3,
+                    min_lr=1e-4, warmup_steps=10, decay_steps=110, decay_fraction=0.25)
+    assert module._lr_at(95) == pytest.approx(6.4e-4) and module._lr_at(84) == pytest.approx(1e-3)
