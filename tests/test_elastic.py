@@ -78,14 +78,14 @@ class CountValBatches(L.Callback):
         Path(f"val-batches-{trainer.global_rank}.txt").write_text(str(self.n))
 
 
-def _fit(config: Path, *args: str, devices: int) -> str:
-    """`tinylm fit` on `devices` CPU processes (DDP when 2, in a subprocess: DDP's launcher re-runs the command);
-    what it printed on stderr (2 devices)."""
+def _fit(config: Path, *args: str, devices: int, strategy: str = "ddp") -> str:
+    """`tinylm fit` on `devices` CPU processes (`strategy` when 2, in a subprocess: DDP's launcher re-runs the
+    command); what it printed on stderr (2 devices)."""
     if devices == 1:
         main(["fit", "--config", str(config), *args])
         return ""
     cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
-           "--trainer.devices", str(devices), "--trainer.strategy", "ddp", *args]
+           "--trainer.devices", str(devices), "--trainer.strategy", strategy, *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -147,6 +147,20 @@ def test_ddp_fork_trains_and_resumes(config, tmp_path):
     want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "fork", "train/loss")
     assert sorted(got) == list(range(STEPS))
     assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)
+
+
+def test_an_early_stop_under_ddp_fork_is_said(config, tmp_path):
+    """Catches a ddp_fork run stopped by EarlyStopping ending without the "stopped at step N" line a single process
+    prints: the line came from the command's own trainer, which under ddp_fork stays at step 0 (its training
+    processes train)."""
+    early = ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+             "--trainer.callbacks.min_delta", "10", "--trainer.callbacks.patience", "1",
+             "--trainer.val_check_interval", "1"]
+    err = _fit(config, *early, "--data.batch_size", str(B), devices=2, strategy="ddp_fork")
+    said = [line for line in err.splitlines() if "the run stopped at step" in line]
+    assert len(said) == 1 and said[0].startswith(f"the run stopped at step 2 of trainer.max_steps {STEPS}"), err[-3000:]
+    assert torch.load(tmp_path / "runs" / "straight" / "checkpoints" / "last.ckpt", weights_only=True,
+                      map_location="cpu")["global_step"] == 2
 
 
 def test_a_branch_into_a_new_folder_on_two_ranks_does_not_hang(config, tmp_path):

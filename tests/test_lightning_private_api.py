@@ -101,7 +101,7 @@ def test_cuda_flops_table():
 
 def test_multiprocessing_launcher():
     """ddp_fork hands the weights back as `<tempdir>/.temp.ckpt` through the CheckpointIO (AtomicCheckpointIO loads it
-    as a bare state_dict), and TinyLMCLI.after_fit recognises the fork launcher's main process by its class."""
+    as a bare state_dict)."""
     from lightning.pytorch.strategies.launchers.multiprocessing import (
         _MultiProcessingLauncher,
     )

@@ -368,6 +368,14 @@ class RunConfig(SaveConfigCallback):
             log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
                      "device(s): %s tokens per optimizer step", f"{B * A * W:,}", T, B, A, W, f"{B * A * W * T:,}")
 
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # said here, in the process that trained: under ddp_fork the command's own trainer stays at step 0
+        t = trainer
+        if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
+            saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
+            log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
+                     "EarlyStopping)%s", t.global_step, t.max_steps, saved)
+
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
             return
@@ -714,19 +722,6 @@ class TinyLMCLI(LightningCLI):
         for k in architecture_fields():
             if k in cfg.model:
                 cfg.model[k] = built[k]
-
-    def after_fit(self) -> None:
-        from lightning.pytorch.strategies.launchers.multiprocessing import (
-            _MultiProcessingLauncher,
-        )
-
-        t = self.trainer
-        if isinstance(getattr(t.strategy, "launcher", None), _MultiProcessingLauncher):
-            return  # ddp_fork: the forked processes trained; this one's trainer stayed at step 0
-        if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
-            saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
-            log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
-                     "EarlyStopping)%s", t.global_step, t.max_steps, saved)
 
     def after_validate(self) -> None:
         """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""
