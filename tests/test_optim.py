@@ -181,3 +181,49 @@ def test_logged_muon_lr_follows_its_own_peak_on_the_schedule():
     assert len(rec.rows) == 3
     assert [muon for _, muon in rec.rows] == pytest.approx([lr * 0.05 / 1e-2 for lr, _ in rec.rows], rel=1e-6)
     assert len({lr for lr, _ in rec.rows}) == 3  # guard: the factor changes from step to step
+
+
+def test_muon_run_decays_each_group_by_its_own_weight_decay():
+    """Catches model.weight_decay not reaching AdamW's matrices under Muon (embeddings and LM head never decayed),
+    decay applied to norms and biases, or Muon's matrices decayed by AdamW's rate (or not at all). With every
+    gradient zero a step is the decay alone: p * (1 - lr * wd), 1 - 0.01 * 0.1 = 0.999 for AdamW's matrices,
+    1 - 0.02 * 0.5 = 0.99 for Muon's, 1 for the 1-D gains and biases."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, tie_embeddings=False, lr=0.01, weight_decay=0.1, muon_lr=0.02, muon_weight_decay=0.5,
+                    warmup_steps=0, lr_schedule="constant")
+    module.trainer = _trainer(max_steps=4)
+    opt = module.configure_optimizers()["optimizer"]
+    with torch.no_grad():
+        module.model.transformer.h[0].ln_1.bias.fill_(0.5)  # biases start at zero, where a decay would not show
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    for p in module.model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    factors = {"transformer.wte.weight": 0.999, "lm_head.weight": 0.999, "transformer.h.0.attn.c_attn.weight": 0.99,
+               "transformer.h.1.mlp.c_proj.weight": 0.99, "transformer.ln_f.weight": 1.0, "transformer.h.0.ln_1.bias": 1.0}
+    params = dict(module.model.named_parameters())
+    for name, factor in factors.items():
+        assert before[name].abs().max() > 0.01, name  # guard: a decay would show
+        torch.testing.assert_close(params[name].detach(), before[name] * factor, rtol=1e-6, atol=0, msg=name)
+
+
+def test_muon_steps_with_nesterov_momentum():
+    """Catches Muon built without Nesterov momentum (the speedruns' setting). A 1x2 matrix's orthogonalised update
+    is its momentum direction, scaled to a fixed length, so the direction is checkable by hand: momentum 0.5,
+    gradients e1 then e2. Buffer after step 2: 0.5 * (0.5 e1) + 0.5 e2 = (0.25, 0.5); Nesterov's update looks
+    ahead: 0.5 * g + 0.5 * buffer = (0.125, 0.75), a ratio of 6 (plain momentum: the buffer, a ratio of 2)."""
+    from tinylm.train.optim import build_optimizer
+
+    model = torch.nn.Module()
+    model.transformer = torch.nn.Module()
+    model.transformer.h = torch.nn.ModuleList([torch.nn.Linear(2, 1)])  # weight: Muon, bias: AdamW
+    opt = build_optimizer(model, optimizer="muon", lr=0.01, weight_decay=0.0, betas=(0.9, 0.95), muon_lr=0.1,
+                          muon_momentum=0.5, muon_weight_decay=0.0, fused=False)
+    weight = model.transformer.h[0].weight
+    assert [p is weight for g in opt.muon.param_groups for p in g["params"]] == [True]
+    for grad in ([[1.0, 0.0]], [[0.0, 1.0]]):
+        start = weight.detach().clone()
+        weight.grad = torch.tensor(grad)
+        opt.step()
+    step = (start - weight.detach())[0]  # the second update, pointing along the Nesterov direction
+    assert step[1] / step[0] == pytest.approx(6.0, rel=0.02)  # bf16 Newton–Schulz: within 2%
