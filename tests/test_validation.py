@@ -102,6 +102,29 @@ def test_negative_gradient_clip_val_is_refused():
     assert math.isfinite(trainer.gradient_clip_val)  # guard: the bad value did reach the hook
 
 
+def test_gradient_clip_algorithm_value_is_refused():
+    """Catches gradient_clip_algorithm="value" (Lightning's clamp of each gradient element) being silently run as
+    tinylm's norm clipping: a run asked for one kind of clipping got another. The first step refuses it, naming
+    the value as typed (it said <GradClipAlgorithmType.VALUE: 'value'>) and the fix, before any weight moves;
+    "norm" (what tinylm does) trains."""
+    data = torch.randint(0, 50, (4, 17), generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
+    for algorithm in ("norm", "value"):
+        torch.manual_seed(0)
+        module = TinyLM(**TINY, warmup_steps=0)
+        before = module.model.transformer.wte.weight.detach().clone()
+        trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=0.5, gradient_clip_algorithm=algorithm,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        if algorithm == "norm":
+            trainer.fit(module, loader)
+            assert trainer.global_step == 1 and not torch.equal(module.model.transformer.wte.weight, before)
+            continue
+        with pytest.raises(ValueError, match=r"^tinylm clips by norm only; got trainer\.gradient_clip_algorithm='value': leave it unset \(or pass 'norm'\)$"):
+            trainer.fit(module, loader)
+        assert torch.equal(module.model.transformer.wte.weight, before)  # refused before the optimizer stepped
+
+
 @pytest.mark.parametrize(
     "override, needles",
     [

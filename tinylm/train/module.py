@@ -383,7 +383,9 @@ class TinyLM(L.LightningModule):
         # Called on every optimizer step after accumulation and AMP unscaling, before the step: the return value
         # of clip_grad_norm_ is the total norm *before* clipping, which is what we want to watch.
         if gradient_clip_algorithm not in (None, "norm"):
-            raise ValueError(f"tinylm clips by norm only; got gradient_clip_algorithm={gradient_clip_algorithm!r}")
+            algorithm = getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)  # Lightning passes an enum
+            raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={algorithm!r}: leave it "
+                             "unset (or pass 'norm')")
         # a negative max_norm flips every gradient (clip_grad_norm_ scales by max_norm / norm): gradient ascent
         check_ranges("trainer", {"gradient_clip_val": gradient_clip_val}, {"gradient_clip_val": "[0, inf)"})
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
