@@ -158,3 +158,43 @@ def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id
           "--run.name", "br"])
     branch = wandb_id(tmp_path / "runs" / "br" / "checkpoints" / "last.ckpt")
     assert branch and branch != first
+
+
+def test_resumed_csv_keeps_whole_rows_before_the_checkpoint(tmp_path):
+    """Catches the resume's cut of metrics.csv keeping a row a crash cut short (without its newline, even one that
+    still has every field: "3.41" cut to "3.4", a wrong loss), a row with fewer or more fields than the header, or the rows of the
+    checkpoint's own step and after (redone after the resume: logged twice); or dropping a row without a step.
+    Resuming at step 3: the rows of steps 0 to 2 stay (a row stores its step - 1)."""
+    from tinylm.train.loggers import RunCSVLogger
+
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/loss\n"
+        "0,0,4.1,\n"
+        "0,,,3.9\n"  # no step: kept
+        "0,1,4.0\n"  # a field short
+        "0,1,4.0,,7\n"  # a field too many
+        "0,2,3.7,\n"
+        "0,3,3.6,\n"  # the checkpoint's step: redone
+        "0,2,3.4,"  # the last append cut short ("3.41"), of a step before the checkpoint: every field, no newline
+    )
+    logger = RunCSVLogger(tmp_path, resume_step=3)
+    logger.log_metrics({"train/loss": 3.55}, step=3)  # the resumed run's first row
+    logger.save()
+    assert (folder / "metrics.csv").read_text() == (
+        "epoch,step,train/loss,val/loss\n0,0,4.1,\n0,,,3.9\n0,2,3.7,\n,3,3.55,\n")
+
+
+@pytest.mark.parametrize("text", ["epoch,st", ""], ids=["header-cut", "empty"])
+def test_resumed_csv_without_a_whole_header_starts_anew(tmp_path, text):
+    """Catches a metrics.csv whose header line a crash cut short failing the resume (or writing rows under a
+    broken header): the file is started anew, with the resumed run's header."""
+    from tinylm.train.loggers import RunCSVLogger
+
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text(text)
+    logger = RunCSVLogger(tmp_path, resume_step=3)
+    logger.log_metrics({"train/loss": 3.55}, step=3)
+    logger.save()
+    assert (tmp_path / "csv" / "metrics.csv").read_text() == "step,train/loss\n3,3.55\n"
