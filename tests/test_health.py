@@ -1,5 +1,6 @@
 """The training-health monitor: each detector fires on a deliberately broken run, and a healthy run raises none."""
 
+import math
 import os
 import subprocess
 import sys
@@ -558,3 +559,53 @@ def test_nonfinite_under_fp16_names_bf16_as_the_fix():
                                     is_global_zero=False, loggers=[])
     with pytest.raises(TrainingHealthError, match="With 16-mixed, fp16 overflow is likely: use bf16-mixed"):
         monitor._nonfinite(trainer, float("nan"), None, 3)
+
+
+def _judge(monitor: HealthMonitor, losses, *, first_step: int = 0, warmup: int = 0, norms=None) -> list[tuple]:
+    """Feed `monitor` one (loss, grad norm) per optimizer step from `first_step`, as its sync reads them, for a
+    model of 100 token ids (ln(vocab) = 4.605); the (kind, step) of each alert."""
+    import types
+
+    module = types.SimpleNamespace(hparams=types.SimpleNamespace(vocab_size=100, warmup_steps=warmup))
+    trainer = types.SimpleNamespace(global_step=first_step, is_global_zero=False, loggers=[])
+    for i, loss in enumerate(losses):
+        monitor._check(trainer, module, first_step + i, loss, None if norms is None else norms[i])
+    return [(a.kind, a.step) for a in monitor.alerts]
+
+
+LN_V = math.log(100)
+
+
+def test_stuck_waits_for_warmup_and_a_full_window():
+    """Catches `stuck` judged during warmup (the loss is near ln(vocab) there by design), one step early or late,
+    or before its window of losses is full (a resumed run's first loss alone), and its tolerance inverted.
+    stuck_after 5, warmup 50: the first step judged is 55; a resume at step 100 with window 3 waits for step 102."""
+    assert _judge(HealthMonitor(stuck_after=5, window=3), [LN_V] * 60, warmup=50) == [("stuck", 55)]
+    assert _judge(HealthMonitor(stuck_after=5, window=3), [LN_V] * 5, first_step=100) == [("stuck", 102)]
+    # within 5% of ln(vocab) is stuck, 6% below it is learning
+    assert _judge(HealthMonitor(stuck_after=0, window=3), [0.96 * LN_V] * 3) == [("stuck", 2)]
+    assert _judge(HealthMonitor(stuck_after=0, window=3), [0.94 * LN_V] * 3) == []
+
+
+def test_leak_needs_three_low_losses_a_low_mean_and_an_early_step():
+    """Catches `leak` firing on fewer than 3 losses, on one low loss while the window's mean is still high (a lucky
+    batch), or after leak_within. The bar is 5% of ln(vocab) = 0.23: losses of 0.01 from step 0 leak at step 2."""
+    assert _judge(HealthMonitor(leak_within=10), [0.01] * 5) == [("leak", 2)]
+    assert _judge(HealthMonitor(leak_within=10), [LN_V] * 3 + [0.01] * 8) == []  # mean at step 10: 1.26
+    assert _judge(HealthMonitor(leak_within=10), [0.01] * 3, first_step=8) == [("leak", 10)]  # the last step judged
+    assert _judge(HealthMonitor(leak_within=10), [0.01] * 3, first_step=9) == []
+
+
+@pytest.mark.parametrize("window, norms, alerts", [
+    (50, [1.0] * 10 + [100.0], [("spike", 10)]),  # 10 norms before it: judged
+    (50, [1.0] * 9 + [100.0], []),  # 9: not yet
+    (4, [1.0] * 4 + [100.0], [("spike", 4)]),  # a window under 10: judged once it is full
+    (50, [1.0] * 10 + [10.0], []),  # exactly spike_factor (10) times the median: not above it
+    (50, [1.0] * 10 + [10.5], [("spike", 10)]),
+    (50, [0.0] * 10 + [1.0], []),  # a median of 0 (no gradients yet) judges nothing
+], ids=["10-seen", "9-seen", "window-4", "at-factor", "over-factor", "median-0"])
+def test_spike_needs_ten_norms_and_more_than_ten_times_the_median(window, norms, alerts):
+    """Catches `spike` judged on too short a history (a warmup's first norms swing widely), a spike_window under
+    10 never judged, the factor taken as >= instead of >, or a zero median dividing by zero."""
+    monitor = HealthMonitor(spike_window=window, stuck_after=10_000, leak_within=-1)
+    assert _judge(monitor, [2.0] * len(norms), norms=norms) == alerts
