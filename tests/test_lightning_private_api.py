@@ -118,3 +118,12 @@ def test_timer_duration_and_saved_training_time():
     timer = Timer(duration="00:00:01:03")
     assert timer._duration == 63 and Timer(duration={"microseconds": 1})._duration == 1e-6
     assert timer.state_key == "Timer" and "train" in timer.state_dict()["time_elapsed"]
+
+
+def test_ddp_launcher_starts_its_watch_by_module_name():
+    """tinylm.cli.fit puts its own watch over the ranks DDP's launcher starts (Lightning's SIGKILLed rank 0 without a
+    word when one ended) by replacing `_launch_process_observer` in the launcher's module, which it calls there with
+    the Popen list of the ranks."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    assert "_launch_process_observer(self.procs)" in inspect.getsource(subprocess_script._SubprocessScriptLauncher.launch)

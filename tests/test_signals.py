@@ -1,10 +1,12 @@
 """SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -180,36 +182,56 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "signum"), [("ddp", signal.SIGTERM), ("ddp_fork", signal.SIGTERM),
-                                                  ("ddp_fork", signal.SIGINT)],
-                         ids=["ddp-SIGTERM", "ddp_fork-SIGTERM", "ddp_fork-SIGINT"])
-def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy, signum):
-    """Catches the run hanging for good (ddp, 3 times in 4: Lightning's SIGTERM handler broadcast from inside
-    whatever collective rank 0 was in), every rank printing its own "interrupted" line, and ddp_fork's parent exiting
-    on SIGTERM while its training processes trained on: the run stops at a step, saves last.ckpt, says so once. A
-    Ctrl+C to ddp_fork's parent alone (a notebook's Interrupt) left its training processes training to the end."""
-    config = run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2},
-                        trainer={"max_steps": 100_000, "val_check_interval": 1000})
+def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str, to: str) -> tuple[int, str]:
+    """`tinylm fit` on 2 CPU ranks in its own session; ``signum`` sent ``when`` ("connecting": as the ranks connect;
+    "step 2": once step-2.ckpt is saved) ``to`` "launcher" (the command alone, as a scheduler or `timeout` does),
+    "group" (every process, as a terminal's Ctrl+C) or "rank 1" (ddp's second process alone). Its exit status and
+    stderr; a hang fails the test."""
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
     proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator",
                              "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err,
                             start_new_session=True)
-    ckpts = tmp_path / "runs" / "run" / "checkpoints"
+    ready = {"connecting": lambda: "Initializing distributed: GLOBAL_RANK: 0" in (tmp_path / "stderr.txt").read_text(),
+             "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
     deadline = time.monotonic() + 120
-    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-    proc.send_signal(signum)  # the launched command only, as a scheduler or `timeout` does
+    if to == "group":
+        os.killpg(proc.pid, signum)
+    elif to == "rank 1":
+        os.kill(int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]), signum)
+    else:
+        proc.send_signal(signum)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # every rank, not left behind
         pytest.fail("the run hung after the signal:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
     err.close()
-    text = (tmp_path / "stderr.txt").read_text()
-    assert proc.returncode == 128 + signum, text[-3000:]
+    return proc.returncode, (tmp_path / "stderr.txt").read_text()
+
+
+@pytest.fixture
+def ddp_config(run_config):
+    """Long enough to be signalled at any point; a periodic save at step 2 says when training is under way."""
+    return run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2},
+                      trainer={"max_steps": 100_000, "val_check_interval": 1000})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "signum"), [("ddp", signal.SIGTERM), ("ddp_fork", signal.SIGTERM),
+                                                  ("ddp_fork", signal.SIGINT)],
+                         ids=["ddp-SIGTERM", "ddp_fork-SIGTERM", "ddp_fork-SIGINT"])
+def test_sigterm_under_ddp_saves_and_says_so_once(ddp_config, tmp_path, strategy, signum):
+    """Catches the run hanging for good (ddp, 3 times in 4: Lightning's SIGTERM handler broadcast from inside
+    whatever collective rank 0 was in), every rank printing its own "interrupted" line, and ddp_fork's parent exiting
+    on SIGTERM while its training processes trained on: the run stops at a step, saves last.ckpt, says so once. A
+    Ctrl+C to ddp_fork's parent alone (a notebook's Interrupt) left its training processes training to the end."""
+    code, text = _signal_two_ranks(tmp_path, ddp_config, strategy, signum, when="step 2", to="launcher")
+    ckpts = tmp_path / "runs" / "run" / "checkpoints"
+    assert code == 128 + signum, text[-3000:]
     said = [line for line in text.splitlines() if "tinylm fit: error:" in line]
     want = "interrupted by SIGTERM at step" if strategy == "ddp" else "passed on to the training processes"
     assert len(said) == 1 and want in said[0] and "--ckpt_path last" in said[0], text[-3000:]
@@ -217,3 +239,27 @@ def test_sigterm_under_ddp_saves_and_says_so_once(run_config, tmp_path, strategy
     assert saved >= 2
     time.sleep(1)
     assert not (ckpts / f"step-{saved + 2 - saved % 2}.ckpt").exists()  # nothing trained on after the stop
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["launcher", "group"])
+def test_sigterm_while_the_ranks_connect_is_one_line(ddp_config, tmp_path, to):
+    """Catches a SIGTERM while the ranks of a ddp run still connect ending in rank 1's gloo traceback (the launcher
+    left, rank 1 lost its rendezvous) or in exit 137 without a word (rank 1, killed by it while it started, and
+    Lightning's watch SIGKILLed the launcher, which waited for rank 1 to connect): one line and 143, as one process."""
+    code, text = _signal_two_ranks(tmp_path, ddp_config, "ddp", signal.SIGTERM, when="connecting", to=to)
+    said = [line for line in text.splitlines() if "error:" in line]
+    line = "tinylm fit: error: terminated by SIGTERM before it finished; run the same `tinylm fit` again"
+    assert code == 143 and said == [line], text[-3000:]
+    assert "Traceback" not in text and "Exception raised from" not in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_is_named_in_one_line(ddp_config, tmp_path):
+    """Catches `kill -9` of one rank of a ddp run ending in the other's gloo traceback ("Connection reset by peer")
+    and exit 1, with no word of what happened: the line names the rank, its pid and the signal, and how to go on."""
+    code, text = _signal_two_ranks(tmp_path, ddp_config, "ddp", signal.SIGKILL, when="step 2", to="rank 1")
+    said = [line for line in text.splitlines() if "error:" in line]
+    assert code == 1 and len(said) == 1 and "Traceback" not in text, text[-3000:]
+    assert re.match(r"tinylm fit: error: rank 1 \(pid \d+\) was killed by SIGKILL .*; resume with `tinylm fit "
+                    r"--config .* --ckpt_path last`$", said[0]), said

@@ -112,29 +112,36 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
     except Exception as raised:
         e = _from_training_process(raised)
+        fit = sys.modules.get("tinylm.cli.fit")
+        if not verbose and not is_user_error(e) and fit is not None and (lost := fit.lost_rank()) is not None:
+            e = lost  # a rank ended by a signal: this process's collective with it failed, which says nothing
         if verbose or not is_user_error(e):
             raise
-        line = one_line(e)
-        hint = "`tinylm fit --config ... --ckpt_path last`"
-        if hint in line:
-            # the resume command with the user's own config and overrides (--run.name among them); a command that
-            # runs fits inside (scaling) resumes them when it is run again
-            again = resume_command(rest) if command == "fit" else shlex.join(["tinylm", command, *rest])
-            line = line.replace(hint, f"`{again}`")
         commands = sys.modules.get("tinylm.cli.commands")
         if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
             sys.stdout.write("\n")
             sys.stdout.flush()
-        # raised by every rank of a run together (the ranks agree on a stop and on the health checks): rank 0 says it
-        every_rank = type(e).__name__ in ("RunInterrupted", "TrainingHealthError")
-        fit = sys.modules.get("tinylm.cli.fit")
+        # raised by every rank of a run together (the ranks agree on a stop and on the health checks; rank 0 passes
+        # a SIGTERM before training on to the ranks it started): rank 0 says it
+        every_rank = type(e).__name__ in ("RunInterrupted", "TrainingHealthError", "Terminated")
         rank = fit._rank() if fit is not None else 0
         if not (every_rank and rank):
             # another rank's line says which (a config or data error comes from each); one write, so that the
             # ranks' lines do not interleave (print's text and newline were two, and two lines came out as one)
-            sys.stderr.write(f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n")
+            sys.stderr.write(error_line(command, one_line(e), rest, rank))
             sys.stderr.flush()
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
+    """The line that ends a command on a user's error, with its resume hint spelled out."""
+    hint = "`tinylm fit --config ... --ckpt_path last`"
+    if hint in line:
+        # the resume command with the user's own config and overrides (--run.name among them); a command that
+        # runs fits inside (scaling) resumes them when it is run again
+        again = resume_command(args) if command == "fit" else shlex.join(["tinylm", command, *args])
+        line = line.replace(hint, f"`{again}`")
+    return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
 
 
 class Terminated(TinyLMError):
@@ -154,7 +161,8 @@ class Interrupted(TinyLMError):
 def _terminate_cleanly(command: str) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
-        for child in children:
+        ranks = sys.modules["tinylm.cli.fit"]._RANKS if "tinylm.cli.fit" in sys.modules else []  # ddp's, started
+        for child in children + ranks:  # (they stop on it as this one does: before training, it ends them too)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
         if children and command == "fit":  # this process only waits for the ones that train; it exits after them

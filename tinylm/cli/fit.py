@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -690,9 +691,17 @@ class TinyLMCLI(LightningCLI):
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        from lightning.pytorch.strategies.launchers import subprocess_script
+
+        subprocess_script._launch_process_observer = _watch_ranks  # ddp's launcher starts it with the ranks it ran
         # LightningCLI adds its SaveConfigCallback here; ours writes <run dir>/config.yaml (fit only)
         self.save_config_callback = None
         trainer = super()._instantiate_trainer(config, callbacks)
+        if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
+            # the ranks it starts (from this environment) say no torch warning of their own, as they say no Python
+            # warning (rank 0 says the same): also none when rank 0 left on a SIGTERM while they connected
+            # ("sendBytes failed ... Broken pipe" and its C++ stack); their errors are still said
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         if self.subcommand == "fit":
             saver = RunConfig(self._parser("fit"), self.config["fit"], run_dir=self.run_dir,
                               resume_step=self.resume_step, **self.save_config_kwargs)
@@ -750,6 +759,69 @@ class TinyLMCLI(LightningCLI):
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None
+
+
+_RANKS: list = []  # the rank processes that DDP's launcher started from this one (rank 0), as subprocess.Popen
+
+
+def _watch_ranks(ranks: list) -> None:
+    """Watch the ranks DDP's launcher started, in place of Lightning's watch, which SIGKILLed this process within
+    5 s of a rank's error, wordless (exit 137), also while it was saving or saying why it stopped."""
+    _RANKS[:] = ranks
+    threading.Thread(target=_watch, args=(ranks,), daemon=True, name="tinylm-rank-watch").start()
+
+
+def _watch(ranks: list, every: float = 1.0, grace: float = 20.0) -> None:
+    import signal
+
+    import torch.distributed as dist
+
+    while not any(p.poll() for p in ranks):
+        if all(p.returncode == 0 for p in ranks):
+            return
+        time.sleep(every)
+    # A rank ended with an error. This process then ends too, on its own (a collective with the lost rank fails at
+    # once; a stop on a signal or a health check ends every rank), unless it waits for that rank in a call that never
+    # returns: the ranks' connecting (30 min), an NCCL collective. Then it is ended here, with its line.
+    if dist.is_available() and dist.is_initialized():
+        time.sleep(grace)
+    from tinylm.cli import error_line
+
+    lost = lost_rank()
+    for p in ranks:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+    if lost is not None:  # (a rank that ended with an error of its own said why)
+        sys.stderr.write(error_line("fit", str(lost), sys.argv[2:]))
+        sys.stderr.flush()
+    os._exit(lost.exit_code if lost is not None else next(p.returncode for p in ranks if p.returncode))
+
+
+def lost_rank(wait: float = 2.0) -> TinyLMError | None:
+    """Why a rank that DDP's launcher started from this process ended before it, when a signal ended it (it had no
+    chance to say so itself): the error this process reports instead of the failed collective's traceback. None
+    when every rank is alive, or one ended with an error of its own (which it said)."""
+    import signal
+
+    deadline = time.monotonic() + wait  # a rank killed a moment ago closes its connections before it can be reaped
+    while _RANKS and not any(p.poll() for p in _RANKS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for rank, proc in enumerate(_RANKS, start=1):
+        code = proc.poll()
+        by = -code if code is not None and code < 0 else code - 128 if code in (130, 143) else None
+        if by in (signal.SIGTERM, signal.SIGINT):  # a stop asked of the run that the rank could not agree on with
+            # this one (it was starting; or this one was): what one process says
+            error = TinyLMError(f"terminated by {signal.Signals(by).name} before it finished; run the same `tinylm "
+                                "fit` again")
+            error.exit_code = 128 + by
+            return error
+        if by is not None:
+            name = signal.Signals(by).name if by in set(signal.Signals) else f"signal {by}"
+            oom = " (also what the kernel's out-of-memory killer sends)" if by == signal.SIGKILL else ""
+            return TinyLMError(f"rank {rank} (pid {proc.pid}) was killed by {name}{oom}; the other ranks cannot go "
+                               "on without it, so the run stopped; resume with `tinylm fit --config ... --ckpt_path "
+                               "last`")
+    return None
 
 
 def latest_checkpoint(run_dir: Path) -> str | None:
