@@ -208,6 +208,27 @@ def test_beams_running_at_max_new_tokens_compete_with_the_last_steps_finished_on
     assert out == [[A, A]]
 
 
+@pytest.mark.parametrize("after_c, length_penalty, early_stopping, want", [
+    ([0.4, 0.3, 0.3], 1.0, False, "BD"),  # per token: [B, D] (-1.204 / 3 = -0.401) beats [A] (-1.204 / 2 = -0.602)
+    ([0.4, 0.3, 0.3], 1.0, True, "A"),  # stops once 2 hypotheses ended ([] and [A], at step 1): [A] is the better
+    ([0.4, 0.3, 0.3], 0.0, False, ""),  # sums: [] (log .4 = -0.916) beats both (-1.204); no running beam can pass it
+    # [] -0.511, [A] log .3 / 2² = -0.301; the running [B] (log .1 = -2.303) scored at its length now, 2, is
+    # -0.576 < -0.511: done, as transformers decides (at length 3 it would be -0.256: on to [B, D], -2.303 / 9)
+    ([0.6, 0.3, 0.1], 2.0, False, "A"),
+], ids=["per-token", "early-stopping", "sum", "heuristic"])
+def test_beam_length_penalty_and_early_stopping_by_hand(after_c, length_penalty, early_stopping, want):
+    """Catches length_penalty or early_stopping ignored, a hypothesis' length counted without its EOS, or the stop
+    heuristic scoring the running beam at another length than transformers'. From C, 2 beams: EOS ends [] at once
+    (length 1); A then EOS 1.0 ends [A] (length 2); B then D 1.0 then EOS 1.0 ends [B, D] (length 3). Scores are
+    sum(log p) / length**length_penalty. Without early stopping the search goes on while the best running beam,
+    scored as if it ended now, beats the worst ended one."""
+    ids = {"EOS": 0, "A": 1, "B": 2, "C": 3, "D": 4}
+    table = [[0.2] * 5, [1.0, 0, 0, 0, 0], [0, 0, 0, 0, 1.0], [*after_c, 0, 0], [1.0, 0, 0, 0, 0]]  # row: after
+    out = generate(TableLM(table), [[ids["C"]]], strategy="beam", num_beams=2, max_new_tokens=4, eos_id=ids["EOS"],
+                   length_penalty=length_penalty, early_stopping=early_stopping, use_cache=False)
+    assert out == [[ids[c] for c in want]]
+
+
 def test_training_samples_with_the_beam_strategy_use_their_beams():
     """Catches the samples a run writes as it trains (SampleText) decoding strategy beam with one beam, which is
     greedy: they must be what `generate` gives with their num_beams (here different from greedy's)."""
@@ -342,6 +363,24 @@ def test_on_token_streams_in_order_and_eval_mode_is_restored():
     assert [t for r, t, _ in streamed if r == 0] == out[0] and [t for r, t, _ in streamed if r == 1] == out[1]
     assert not any(training for _, _, training in streamed)  # dropout off while generating
     assert model.training
+
+
+def test_generate_restores_eval_mode_and_train_mode_after_an_error():
+    """Catches generate leaving a model in train mode that came in eval (dropout on at the next evaluation: it
+    restored train mode unconditionally), or in eval mode when the generation raised (a callback's error: a
+    training run then went on without dropout)."""
+    model = tiny(dropout=0.5).eval()
+    generate(model, PROMPTS, strategy="greedy", max_new_tokens=2)
+    assert not model.training
+
+    def fail(row, tok):
+        assert not model.training  # guard: it did switch to eval while generating
+        raise KeyboardInterrupt
+
+    model.train()
+    with pytest.raises(KeyboardInterrupt):
+        generate(model, PROMPTS, strategy="greedy", max_new_tokens=2, on_token=fail)
+    assert model.training and all(m.training for m in model.modules())
 
 
 @pytest.mark.parametrize(
