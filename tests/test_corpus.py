@@ -57,6 +57,21 @@ def test_directory_and_glob_are_sorted_files(tmp_path):
     assert list(open_corpus(str(d / "*.txt"), cache_dir=tmp_path)) == ["ay", "bee"]
 
 
+def test_directory_corpus_skips_git_and_other_hidden_folders(tmp_path):
+    """Catches `--data.corpus .` in a repository training on .git's files (objects, HEAD, config: compressed
+    binary and plumbing, the same text in every commit) or a .venv's: folders whose name starts with "." are not
+    entered, at any depth; a file named with a dot inside a visible folder is no reason to skip the folder."""
+    d = tmp_path / "repo"
+    for folder in (".git/objects/ab", "sub/.venv/lib", "sub/v.1"):
+        (d / folder).mkdir(parents=True)
+    (d / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (d / ".git" / "objects" / "ab" / "cdef").write_text("blob of an old a.txt")
+    (d / "sub" / ".venv" / "lib" / "site.py").write_text("import os")
+    (d / "a.txt").write_text("ay")
+    (d / "sub" / "v.1" / "b.txt").write_text("bee")
+    assert list(open_corpus(str(d), cache_dir=tmp_path)) == ["ay", "bee"]
+
+
 def test_non_utf8_replaced_with_one_warning(tmp_path):
     """Prevents a crash (or silent corruption without notice) on files that are not valid UTF-8."""
     d = tmp_path / "bad"
