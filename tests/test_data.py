@@ -648,24 +648,69 @@ def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_
     assert len([first, second, *batches]) == 6
 
 
-def test_a_process_that_exits_with_a_loader_open_ends_its_workers_at_once(tmp_path):
+OPEN_LOADER = (
+    "import numpy as np\n"
+    "from tinylm.data.loader import ResumableLoader, TrainBatches\n"
+    "np.arange(10000, dtype=np.uint16).tofile('ids.bin')\n"
+    "ds = TrainBatches('ids.bin', dtype='uint16', n_tokens=10000, block_size=16, batch_size=4, seed=0)\n"
+    "batches = iter(ResumableLoader(ds, epoch_length=100, num_workers=2))\n"
+    "next(batches)\n")
+
+
+@pytest.mark.parametrize("ending", ["", (
+    "import gc, multiprocessing, time\n"
+    "cycle = [batches]\n"
+    "cycle.append(cycle)\n"
+    "del batches, cycle\n"
+    "gc.collect()\n"
+    "time.sleep(1)\n"
+    "print('workers left:', len(multiprocessing.active_children()))\n")], ids=["open", "freed-in-a-cycle"])
+def test_a_process_that_exits_with_a_loader_open_ends_its_workers_at_once(tmp_path, ending):
     """Catches a script (or a test) that ends with a loader's iterator open waiting WORKER_GRACE_S (60 s) at exit,
     then printing "DataLoader worker ... is killed by signal: Alarm clock": the workers outlive a SIGTERM, and
-    multiprocessing ends them with one."""
+    multiprocessing ends them with one. Likewise for an iterator the garbage collector frees in a reference cycle:
+    its queues are finalized first, so the loader's stop message never reaches the workers, and they outlived the
+    SIGTERM the loader sends them 5 s later."""
     import subprocess
     import sys
 
     script = tmp_path / "open_loader.py"
-    script.write_text(
-        "import numpy as np\n"
-        "from tinylm.data.loader import ResumableLoader, TrainBatches\n"
-        "np.arange(10000, dtype=np.uint16).tofile('ids.bin')\n"
-        "ds = TrainBatches('ids.bin', dtype='uint16', n_tokens=10000, block_size=16, batch_size=4, seed=0)\n"
-        "batches = iter(ResumableLoader(ds, epoch_length=100, num_workers=2))\n"
-        "next(batches)\n")
+    script.write_text(OPEN_LOADER + ending)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=40,
                           check=False)
     assert done.returncode == 0 and "killed by signal" not in done.stderr, done.stderr[-2000:]
+    assert ("workers left: 0" in done.stdout) == bool(ending), done.stdout
+
+
+def test_building_a_data_module_or_model_frees_the_callers_locals_at_once(tmp_path, shakespeare):
+    """Catches Lightning's save_hyperparameters keeping the caller's frame in a reference cycle: a function that built
+    a TinyLMDataModule or a TinyLM kept every local alive after it returned (its loaders' worker processes too)
+    until a garbage collection, which then freed the loaders' queues before the loaders."""
+    import gc
+    import weakref
+
+    from tinylm.train.module import TinyLM
+
+    class Local:
+        pass
+
+    def build(make):
+        here = Local()
+        make()
+        return weakref.ref(here)
+
+    gc.collect()
+    gc.disable()
+    try:
+        for make in (lambda: _dm(tmp_path, shakespeare), lambda: TinyLM(vocab_size=65, n_layer=1, n_head=1, n_embd=8,
+                                                                         block_size=8)):
+            assert build(make)() is None
+        cycle = []
+        cycle.append(cycle)
+        kept = build(lambda: cycle.append(__import__("inspect").currentframe()))
+        assert kept() is not None  # not vacuous: a cycle through the caller's frame holds its locals
+    finally:
+        gc.enable()
 
 
 def test_a_global_batch_no_batch_size_restores_names_the_device_count_that_does(shakespeare, tmp_path):

@@ -99,6 +99,16 @@ def test_cuda_flops_table():
     assert _CUDA_FLOPS["a100"][torch.float32] > 1e13 and _CUDA_FLOPS["a100"][torch.bfloat16] > 1e14
 
 
+def test_torch_worker_loop_done_event():
+    """tinylm.data.loader.outlive_sigterm (a worker_init_fn) reads torch's `done_event` from the worker loop that
+    calls it, to tell the loader's own SIGTERM from a job's (torch, not Lightning, but as private)."""
+    from torch.utils.data._utils.worker import _worker_loop
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    assert "done_event" in _params(_worker_loop) and "init_fn(worker_id)" in inspect.getsource(_worker_loop)
+    assert "self._workers_done_event.set()" in inspect.getsource(_MultiProcessingDataLoaderIter._shutdown_workers)
+
+
 def test_multiprocessing_launcher():
     """ddp_fork hands the weights back as `<tempdir>/.temp.ckpt` through the CheckpointIO (AtomicCheckpointIO loads it
     as a bare state_dict)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -107,7 +108,7 @@ class TinyLMDataModule(L.LightningDataModule):
         super().__init__()
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
-        self.save_hyperparameters(ignore=["vocab_size"])
+        self.save_hyperparameters(ignore=["vocab_size"], frame=inspect.currentframe())  # as in TinyLM.__init__
         self.hparams["target_vocab_size"] = vocab_size  # for `tinylm validate` without --config (not logged twice)
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)

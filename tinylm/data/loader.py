@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,14 +166,25 @@ def outlive_sigterm(worker_id: int) -> None:
     SIGTERM sent to every process of a job (SLURM's time limit and scancel, systemd, `kill -TERM -- -PGID`) reached
     the workers too, and torch's handler ended them: the main process then failed with "DataLoader worker ... is
     killed by signal" instead of saving at the step boundary (tinylm.train.interrupt), which needs its next batch.
-    The loader stops its workers itself when the run ends; a worker stuck past the grace (the loader's terminate of
-    a hung worker is a SIGTERM too) ends by SIGALRM."""
+    A worker stuck past the grace ends by SIGALRM.
 
-    def first(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM to the group, too
-        signal.alarm(WORKER_GRACE_S)
+    A SIGTERM from the loader itself ends the worker at once: torch stops its workers by a message on their queues,
+    and terminates (SIGTERM) those still alive 5 s later. The message never arrives when the loader's iterator is
+    freed as part of a reference cycle (the garbage collector finalizes the queues first), and the worker then
+    outlived the loader's SIGTERM: each such iterator cost WORKER_GRACE_S at exit, or at a garbage collection."""
+    # torch's worker loop, which calls this, holds the event the loader sets before it stops its workers
+    stopping = sys._getframe(1).f_locals.get("done_event")
+    grace = False
 
-    signal.signal(signal.SIGTERM, first)
+    def on_sigterm(signum: int, frame: Any) -> None:
+        nonlocal grace
+        if stopping is not None and stopping.is_set():
+            os._exit(0)  # the loader is stopping this worker: nothing of its work is waited for
+        if not grace:  # a second SIGTERM to the group does not extend (or end) the grace
+            grace = True
+            signal.alarm(WORKER_GRACE_S)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers

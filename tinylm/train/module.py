@@ -5,6 +5,7 @@ Batches are ``(x, y)`` with ``x`` and ``y`` int64 of shape (B, T) and ``y`` = ``
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import fields
 from typing import Any
@@ -165,7 +166,9 @@ class TinyLM(L.LightningModule):
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown model.optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        self.save_hyperparameters()
+        # the frame passed in: Lightning's own lookup keeps a reference cycle through it, which held the caller's
+        # locals (data loaders and their worker processes among them) until a garbage collection
+        self.save_hyperparameters(frame=inspect.currentframe())
         check_ranges("model", self.hparams, RANGES)
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
