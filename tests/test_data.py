@@ -632,10 +632,14 @@ def test_uint16_dataset_is_refused_exactly_when_the_vocab_overflows_it(shakespea
         assert load_meta(dm.dataset_dir)["vocab_size"] == 65_536
 
 
-def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_path):
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")])
+def test_validation_workers_outlive_a_sigterm_or_ctrl_c_to_the_whole_job(shakespeare, tmp_path, signals):
     """Catches the validation loader's workers dying of a SIGTERM sent to every process of the job (SLURM's time
     limit): a validation due before the stop then failed with "DataLoader worker ... is killed by signal" and the
-    run ended unsaved. (The training loader's workers are covered by tests/test_signals.py.)"""
+    run ended unsaved. Likewise a Ctrl+C, which the terminal sends to every process of the foreground group: a
+    worker raised KeyboardInterrupt and ended, and the run failed with "DataLoader worker ... exited unexpectedly"
+    instead of stopping at the step (the first) or where it was (the second). (The training loader's workers are
+    covered by tests/test_signals.py.)"""
     import os
     import signal
 
@@ -643,8 +647,9 @@ def test_validation_workers_outlive_a_sigterm_to_the_whole_job(shakespeare, tmp_
     dm.setup("fit")
     batches = iter(dm.val_dataloader())
     first, second = next(batches), next(batches)  # one from each worker: both have installed their handler
-    for worker in batches._workers:  # torch's multiprocessing iterator: its worker processes
-        os.kill(worker.pid, signal.SIGTERM)
+    for name in signals:
+        for worker in batches._workers:  # torch's multiprocessing iterator: its worker processes
+            os.kill(worker.pid, getattr(signal, name))
     assert len([first, second, *batches]) == 6
 
 

@@ -100,7 +100,7 @@ def test_cuda_flops_table():
 
 
 def test_torch_worker_loop_done_event():
-    """tinylm.data.loader.outlive_sigterm (a worker_init_fn) reads torch's `done_event` from the worker loop that
+    """tinylm.data.loader.worker_signals (a worker_init_fn) reads torch's `done_event` from the worker loop that
     calls it, to tell the loader's own SIGTERM from a job's (torch, not Lightning, but as private)."""
     from torch.utils.data._utils.worker import _worker_loop
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter

@@ -22,7 +22,7 @@ from tinylm.data.loader import (
     StoppingLoader,
     TrainBatches,
     ValBatches,
-    outlive_sigterm,
+    worker_signals,
 )
 from tinylm.data.prepare import (
     TRAIN_STATS,
@@ -249,7 +249,7 @@ class TinyLMDataModule(L.LightningDataModule):
         loaders = [StoppingLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches, **ranks), batch_size=None,
                               shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                               persistent_workers=self.num_workers > 0,
-                              worker_init_fn=outlive_sigterm if self.num_workers else None,
+                              worker_init_fn=worker_signals if self.num_workers else None,
                               # every iteration draws a base seed from `generator`, from the global RNG without
                               # one: validation would shift the training's dropout stream (exact resume)
                               generator=torch.Generator().manual_seed(self.seed)) for i in range(len(self.corpora))]

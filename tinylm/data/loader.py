@@ -158,15 +158,15 @@ class _EpochSampler(Sampler[int]):
 
 
 WORKER_GRACE_S = 60
-"""How long a DataLoader worker lives on after a SIGTERM (see `outlive_sigterm`)."""
+"""How long a DataLoader worker lives on after a SIGTERM (see `worker_signals`)."""
 
 
-def outlive_sigterm(worker_id: int) -> None:
-    """A DataLoader worker's `worker_init_fn`: SIGTERM leaves the worker running, for WORKER_GRACE_S seconds. A
-    SIGTERM sent to every process of a job (SLURM's time limit and scancel, systemd, `kill -TERM -- -PGID`) reached
-    the workers too, and torch's handler ended them: the main process then failed with "DataLoader worker ... is
-    killed by signal" instead of saving at the step boundary (tinylm.train.interrupt), which needs its next batch.
-    A worker stuck past the grace ends by SIGALRM.
+def worker_signals(worker_id: int) -> None:
+    """A DataLoader worker's `worker_init_fn`: SIGTERM leaves the worker running, for WORKER_GRACE_S seconds, and
+    Ctrl+C (SIGINT) does nothing to it. A SIGTERM sent to every process of a job (SLURM's time limit and scancel,
+    systemd, `kill -TERM -- -PGID`) reached the workers too, and torch's handler ended them: the main process then
+    failed with "DataLoader worker ... is killed by signal" instead of saving at the step boundary
+    (tinylm.train.interrupt), which needs its next batch. A worker stuck past the grace ends by SIGALRM.
 
     A SIGTERM from the loader itself ends the worker at once: torch stops its workers by a message on their queues,
     and terminates (SIGTERM) those still alive 5 s later. The message never arrives when the loader's iterator is
@@ -185,6 +185,9 @@ def outlive_sigterm(worker_id: int) -> None:
             signal.alarm(WORKER_GRACE_S)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # Ctrl+C reaches every process of the terminal's foreground group: the workers too, where a KeyboardInterrupt
+    # ended them, and the run failed on its next batch instead of stopping. The main process decides what it stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers
@@ -194,7 +197,7 @@ _stopping_in: int | None = None  # the process that registered _stop_workers to 
 def _stop_workers() -> None:
     """Stop the workers of every loader iterator still open as this process exits, as the iterator does when it is
     deleted (its `_shutdown_workers`: they finish and exit 0). Runs before multiprocessing ends the daemonic children
-    with SIGTERM, which these workers outlive (`outlive_sigterm`): a script, or a test, that exited with an iterator
+    with SIGTERM, which these workers outlive (`worker_signals`): a script, or a test, that exited with an iterator
     open waited WORKER_GRACE_S, then printed "DataLoader worker ... is killed by signal: Alarm clock"."""
     for iterator in list(_iterators):
         stop = getattr(iterator, "_shutdown_workers", None)
@@ -203,7 +206,7 @@ def _stop_workers() -> None:
 
 
 class StoppingLoader(DataLoader):
-    """A DataLoader whose workers (`outlive_sigterm`) are stopped when the process exits with one of its iterators
+    """A DataLoader whose workers (`worker_signals`) are stopped when the process exits with one of its iterators
     still open."""
 
     def __iter__(self) -> Any:
@@ -232,7 +235,7 @@ class ResumableLoader(StoppingLoader):
         self._positions = _EpochSampler(epoch_length)
         super().__init__(dataset, batch_size=None, sampler=self._positions, num_workers=num_workers,
                          pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
-                         worker_init_fn=outlive_sigterm if num_workers else None)
+                         worker_init_fn=worker_signals if num_workers else None)
 
     def __iter__(self) -> Iterator[Any]:
         self._positions.start = self.batches_yielded
