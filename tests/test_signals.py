@@ -1,5 +1,6 @@
 """SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume."""
 
+import errno
 import os
 import re
 import signal
@@ -182,15 +183,24 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err
 
 
-def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str, to: str) -> tuple[int, str]:
-    """`tinylm fit` on 2 CPU ranks in its own session; ``signum`` sent ``when`` ("connecting": as the ranks connect;
-    "step 2": once step-2.ckpt is saved) ``to`` "launcher" (the command alone, as a scheduler or `timeout` does),
-    "group" (every process, as a terminal's Ctrl+C) or "rank 1" (ddp's second process alone). Its exit status and
-    stderr; a hang fails the test."""
+def _two_ranks(config, strategy: str = "ddp") -> tuple[list[str], dict[str, str]]:
+    """The command line of `tinylm fit --config CONFIG` on 2 CPU ranks and its environment, in which the callbacks of
+    this file can be named."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    return [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+            "--trainer.devices", "2", "--trainer.strategy", strategy], env
+
+
+def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str, to: str,
+                      args: tuple[str, ...] = ()) -> tuple[int, str]:
+    """`tinylm fit` on 2 CPU ranks in its own session, with ``args``; ``signum`` sent ``when`` ("connecting": as the
+    ranks connect; "step 2": once step-2.ckpt is saved) ``to`` "launcher" (the command alone, as a scheduler or
+    `timeout` does), "group" (every process, as a terminal's Ctrl+C) or "rank 1" (ddp's second process alone). Its
+    exit status and stderr; a hang fails the test."""
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator",
-                             "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], cwd=tmp_path,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err,
+    cmd, env = _two_ranks(config, strategy)
+    proc = subprocess.Popen([*cmd, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
                             start_new_session=True)
     ready = {"connecting": lambda: "Initializing distributed: GLOBAL_RANK: 0" in (tmp_path / "stderr.txt").read_text(),
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
@@ -263,3 +273,78 @@ def test_a_rank_killed_by_sigkill_is_named_in_one_line(ddp_config, tmp_path):
     assert code == 1 and len(said) == 1 and "Traceback" not in text, text[-3000:]
     assert re.match(r"tinylm fit: error: rank 1 \(pid \d+\) was killed by SIGKILL .*; resume with `tinylm fit "
                     r"--config .* --ckpt_path last`$", said[0]), said
+
+
+class SlowToEnd(L.Callback):
+    """Rank 0's ending on an error outlasts tinylm's watch over the ranks (a large save, W&B's upload): it goes on
+    3 s after rank 1 ended, the watch being shortened here to 1 s (it polls every 1 s)."""
+
+    def __init__(self) -> None:
+        from tinylm.cli import fit
+
+        fit._STUCK_S = 1.0  # its 20 s would make the test slow
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        from tinylm.cli import fit
+
+        if trainer.global_rank == 0:
+            while any(p.poll() is None for p in fit._RANKS):
+                time.sleep(0.05)
+            time.sleep(3)
+            Path("ended.txt").write_text("whole")
+
+
+@pytest.mark.slow
+def test_a_slow_end_after_a_stop_is_not_cut_short(ddp_config, tmp_path):
+    """Catches tinylm's watch over the ranks ending rank 0 (os._exit) 20 s after rank 1 had stopped with it on a
+    SIGTERM, while rank 0 was still ending (a large save, W&B's upload): its teardown cut and the line "terminated
+    by SIGTERM before it finished; run the same `tinylm fit` again" in place of "interrupted ... saved ...". Only a
+    rank 0 still training (waiting for the lost rank in a collective that never returns) is ended."""
+    code, text = _signal_two_ranks(tmp_path, ddp_config, "ddp", signal.SIGTERM, when="step 2", to="group",
+                                   args=("--trainer.callbacks+=test_signals.SlowToEnd",))
+    said = [line for line in text.splitlines() if "error:" in line]
+    assert code == 143 and len(said) == 1 and "interrupted by SIGTERM at step" in said[0], text[-3000:]
+    assert (tmp_path / "ended.txt").read_text() == "whole"
+
+
+class DiskFullOnOneRank(L.Callback):
+    """Rank ``rank`` alone finds the disk full after step 2 (its own log file, say)."""
+
+    def __init__(self, rank: int = 1) -> None:
+        self.rank = rank
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", "rank.log")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_error_on_one_rank_is_its_line_alone(ddp_config, tmp_path, rank):
+    """Catches a user's error on one rank of a ddp run (a full disk) followed by the other rank's gloo traceback
+    ("Connection closed by peer"): rank 0's, below rank 1's line; or rank 1's, left running when rank 0 ended on
+    its line, failing after the command had ended. stderr is read to its end: every process that held it ended."""
+    cmd, env = _two_ranks(ddp_config)
+    done = subprocess.run([*cmd, "--trainer.callbacks+=test_signals.DiskFullOnOneRank",
+                           "--trainer.callbacks.rank", str(rank)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    said = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = f"tinylm fit: error: {'(rank 1) ' if rank else ''}OSError: no space left on the disk writing rank.log; "
+    assert len(said) == 1 and said[0].startswith(line), done.stderr[-3000:]
+
+
+def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch):
+    """Catches a rank killed on the second machine of a `--trainer.num_nodes 2` run (2 ranks each) named by its
+    place among that machine's ranks ("rank 1", which is the first machine's) instead of its rank in the run, 3."""
+    from tinylm.cli import fit
+
+    class Killed:
+        pid = 4242
+
+        def poll(self):
+            return -signal.SIGKILL
+
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setattr(fit, "_RANKS", [Killed()])
+    assert str(fit.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")

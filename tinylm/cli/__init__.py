@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         e = _from_training_process(raised)
         fit = sys.modules.get("tinylm.cli.fit")
         if not verbose and not is_user_error(e) and fit is not None and (lost := fit.lost_rank()) is not None:
-            e = lost  # a rank ended by a signal: this process's collective with it failed, which says nothing
+            e = lost  # a rank ended first: this process's collective with it failed, which says nothing
+        if fit is not None:
+            fit.end_ranks()  # the ranks it started end with it, not after it
         if verbose or not is_user_error(e):
             raise
         commands = sys.modules.get("tinylm.cli.commands")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         # a SIGTERM before training on to the ranks it started): rank 0 says it
         every_rank = type(e).__name__ in ("RunInterrupted", "TrainingHealthError", "Terminated")
         rank = fit._rank() if fit is not None else 0
-        if not (every_rank and rank):
+        if not (every_rank and rank or getattr(e, "said", False)):  # said: by a rank that ended first
             # another rank's line says which (a config or data error comes from each); one write, so that the
             # ranks' lines do not interleave (print's text and newline were two, and two lines came out as one)
             sys.stderr.write(error_line(command, one_line(e), rest, rank))

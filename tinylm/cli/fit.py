@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import functools
 import inspect
 import json
 import logging
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -693,11 +695,12 @@ class TinyLMCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         from lightning.pytorch.strategies.launchers import subprocess_script
 
-        subprocess_script._launch_process_observer = _watch_ranks  # ddp's launcher starts it with the ranks it ran
         # LightningCLI adds its SaveConfigCallback here; ours writes <run dir>/config.yaml (fit only)
         self.save_config_callback = None
         trainer = super()._instantiate_trainer(config, callbacks)
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
+            # ddp's launcher starts it with the ranks it ran (a weak reference: the module outlives the trainer)
+            subprocess_script._launch_process_observer = functools.partial(_watch_ranks, trainer=weakref.ref(trainer))
             # the ranks it starts (from this environment) say no torch warning of their own, as they say no Python
             # warning (rank 0 says the same): also none when rank 0 left on a SIGTERM while they connected
             # ("sendBytes failed ... Broken pipe" and its C++ stack); their errors are still said
@@ -762,66 +765,94 @@ class TinyLMCLI(LightningCLI):
 
 
 _RANKS: list = []  # the rank processes that DDP's launcher started from this one (rank 0), as subprocess.Popen
+_STUCK_S = 20.0  # this process still training this long after a rank ended waits for it in a call that never returns
 
 
-def _watch_ranks(ranks: list) -> None:
+def _watch_ranks(ranks: list, trainer: weakref.ref) -> None:
     """Watch the ranks DDP's launcher started, in place of Lightning's watch, which SIGKILLed this process within
     5 s of a rank's error, wordless (exit 137), also while it was saving or saying why it stopped."""
     _RANKS[:] = ranks
-    threading.Thread(target=_watch, args=(ranks,), daemon=True, name="tinylm-rank-watch").start()
+    threading.Thread(target=_watch, args=(ranks, trainer), daemon=True, name="tinylm-rank-watch").start()
 
 
-def _watch(ranks: list, every: float = 1.0, grace: float = 20.0) -> None:
+def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
     import signal
 
     import torch.distributed as dist
+    from lightning.pytorch.trainer.states import TrainerStatus
 
     while not any(p.poll() for p in ranks):
         if all(p.returncode == 0 for p in ranks):
             return
         time.sleep(every)
     # A rank ended with an error. This process then ends too, on its own (a collective with the lost rank fails at
-    # once; a stop on a signal or a health check ends every rank), unless it waits for that rank in a call that never
-    # returns: the ranks' connecting (30 min), an NCCL collective. Then it is ended here, with its line.
+    # once; a stop on a signal or a health check ends every rank), and its own ending (a save, W&B's upload) takes
+    # what it takes; unless it waits for that rank in a call that never returns: the ranks' connecting (30 min), an
+    # NCCL collective. Then it is ended here, with its line.
     if dist.is_available() and dist.is_initialized():
-        time.sleep(grace)
+        deadline = time.monotonic() + _STUCK_S
+        while time.monotonic() < deadline:
+            if (t := trainer()) is not None and t.state.status != TrainerStatus.RUNNING:
+                return  # it stopped training (an error's handling, or the end): it ends on its own
+            time.sleep(every)
     from tinylm.cli import error_line
 
     lost = lost_rank()
     for p in ranks:
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
-    if lost is not None:  # (a rank that ended with an error of its own said why)
+    if not lost.said:
         sys.stderr.write(error_line("fit", str(lost), sys.argv[2:]))
         sys.stderr.flush()
-    os._exit(lost.exit_code if lost is not None else next(p.returncode for p in ranks if p.returncode))
+    os._exit(lost.exit_code)
 
 
 def lost_rank(wait: float = 2.0) -> TinyLMError | None:
-    """Why a rank that DDP's launcher started from this process ended before it, when a signal ended it (it had no
-    chance to say so itself): the error this process reports instead of the failed collective's traceback. None
-    when every rank is alive, or one ended with an error of its own (which it said)."""
+    """Why a rank that DDP's launcher started from this process ended before it: the error this process reports
+    instead of the failed collective's traceback. A signal's (the rank had no chance to say so itself); or, when
+    the rank ended with an error of its own, which it said, one with ``said`` set, ending this process with the
+    rank's exit status and no word. None when every rank is alive."""
     import signal
 
     deadline = time.monotonic() + wait  # a rank killed a moment ago closes its connections before it can be reaped
     while _RANKS and not any(p.poll() for p in _RANKS) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for rank, proc in enumerate(_RANKS, start=1):
+    first = int(os.environ.get("NODE_RANK", "0")) * (len(_RANKS) + 1)  # this machine's rank 0 (num_nodes > 1)
+    for rank, proc in enumerate(_RANKS, start=first + 1):
         code = proc.poll()
         by = -code if code is not None and code < 0 else code - 128 if code in (130, 143) else None
         if by in (signal.SIGTERM, signal.SIGINT):  # a stop asked of the run that the rank could not agree on with
             # this one (it was starting; or this one was): what one process says
             error = TinyLMError(f"terminated by {signal.Signals(by).name} before it finished; run the same `tinylm "
                                 "fit` again")
-            error.exit_code = 128 + by
+            error.exit_code, error.said = 128 + by, False
             return error
         if by is not None:
             name = signal.Signals(by).name if by in set(signal.Signals) else f"signal {by}"
             oom = " (also what the kernel's out-of-memory killer sends)" if by == signal.SIGKILL else ""
-            return TinyLMError(f"rank {rank} (pid {proc.pid}) was killed by {name}{oom}; the other ranks cannot go "
-                               "on without it, so the run stopped; resume with `tinylm fit --config ... --ckpt_path "
-                               "last`")
+            error = TinyLMError(f"rank {rank} (pid {proc.pid}) was killed by {name}{oom}; the other ranks cannot go "
+                                "on without it, so the run stopped; resume with `tinylm fit --config ... --ckpt_path "
+                                "last`")
+            error.exit_code, error.said = 1, False
+            return error
+    for rank, proc in enumerate(_RANKS, start=first + 1):
+        if proc.returncode:  # its own error, in a line of its own ("(rank 1) OSError: no space left ...")
+            error = TinyLMError(f"rank {rank} (pid {proc.pid}) stopped on an error, which it said")
+            error.exit_code, error.said = proc.returncode, True
+            return error
     return None
+
+
+def end_ranks(wait: float = 1.0) -> None:
+    """End the ranks DDP's launcher started from this process as it ends on an error: one waiting for it in a
+    collective would otherwise fail as it leaves, with a traceback after the command ended (or, on NCCL, wait on)."""
+    deadline = time.monotonic() + wait  # (a rank stopping with this one, on a signal or a health check, ends first)
+    while any(p.poll() is None for p in _RANKS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for proc in _RANKS:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def latest_checkpoint(run_dir: Path) -> str | None:
