@@ -183,23 +183,23 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err
 
 
-def _two_ranks(config, strategy: str = "ddp") -> tuple[list[str], dict[str, str]]:
-    """The command line of `tinylm fit --config CONFIG` on 2 CPU ranks and its environment, in which the callbacks of
-    this file can be named."""
+def _two_ranks(config, strategy: str = "ddp", command: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """The command line of `tinylm fit --config CONFIG` (or of ``command``) on 2 CPU ranks and its environment, in
+    which the callbacks of this file can be named."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    return [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
-            "--trainer.devices", "2", "--trainer.strategy", strategy], env
+    return [sys.executable, "-m", "tinylm", *(command or ("fit", "--config", str(config))), "--trainer.accelerator",
+            "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], env
 
 
 def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str, to: str,
-                      args: tuple[str, ...] = ()) -> tuple[int, str]:
-    """`tinylm fit` on 2 CPU ranks in its own session, with ``args``; ``signum`` sent ``when`` ("connecting": as the
-    ranks connect; "step 2": once step-2.ckpt is saved) ``to`` "launcher" (the command alone, as a scheduler or
-    `timeout` does), "group" (every process, as a terminal's Ctrl+C) or "rank 1" (ddp's second process alone). Its
-    exit status and stderr; a hang fails the test."""
+                      args: tuple[str, ...] = (), command: tuple[str, ...] = ()) -> tuple[int, str]:
+    """`tinylm fit` (or ``command``) on 2 CPU ranks in its own session, with ``args``; ``signum`` sent ``when``
+    ("connecting": as the ranks connect; "step 2": once step-2.ckpt is saved) ``to`` "launcher" (the command alone,
+    as a scheduler or `timeout` does), "group" (every process, as a terminal's Ctrl+C) or "rank 1" (ddp's second
+    process alone). Its exit status and stderr; a hang fails the test."""
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
-    cmd, env = _two_ranks(config, strategy)
+    cmd, env = _two_ranks(config, strategy, command)
     proc = subprocess.Popen([*cmd, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
                             start_new_session=True)
     ready = {"connecting": lambda: "Initializing distributed: GLOBAL_RANK: 0" in (tmp_path / "stderr.txt").read_text(),
@@ -348,3 +348,60 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
     monkeypatch.setenv("NODE_RANK", "1")
     monkeypatch.setattr(fit, "_RANKS", [Killed()])
     assert str(fit.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["connecting", "step 2"])
+def test_rank_0_killed_by_sigkill_ends_the_other_ranks_in_one_line(ddp_config, tmp_path, when):
+    """Catches `kill -9` of rank 0 (the command itself, or the out-of-memory killer) leaving rank 1 to fail with a
+    gloo traceback ("Connection reset by peer") after the shell's prompt, or, while the ranks connected, running for
+    good (torch's rendezvous timeout, 30 min): rank 1 ends with one line naming rank 0 and how to resume."""
+    err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the ranks' stderr, read after they end)
+    cmd, env = _two_ranks(ddp_config)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    ready = {"connecting": lambda: children.read_text().strip() != "",  # rank 1 started, the ranks not yet connected
+             "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
+    deadline = time.monotonic() + 120
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    rank1 = int(children.read_text().split()[0])
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while not _gone(rank1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not _gone(rank1):
+        os.killpg(proc.pid, signal.SIGKILL)  # not left behind
+        pytest.fail("rank 1 ran on after rank 0 was killed:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+    err.close()
+    text = (tmp_path / "stderr.txt").read_text()
+    said = [line for line in text.splitlines() if "error:" in line]
+    assert len(said) == 1 and "Traceback" not in text, text[-3000:]
+    assert re.match(rf"tinylm fit: error: \(rank 1\) rank 0 \(pid {proc.pid}\), the command that started this rank, "
+                    r"ended without a word .*; resume with `tinylm fit --config .* --ckpt_path last`$", said[0]), said
+
+
+@pytest.mark.slow
+def test_a_lost_rank_names_the_command_it_ended(ddp_config, tmp_path):
+    """Catches the line about a rank lost under `tinylm validate` naming `tinylm fit` ("resume with `tinylm fit ...
+    --ckpt_path last`"), and its command built from the process's arguments, wrong when an option came before the
+    command (`tinylm --verbose validate ...` gave `tinylm fit validate ...`)."""
+    main(["fit", "--config", str(ddp_config), "--trainer.max_steps", "2"])
+    ckpt = str(tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt")
+    code, text = _signal_two_ranks(tmp_path, ddp_config, "ddp", signal.SIGKILL, when="connecting", to="rank 1",
+                                   command=("--verbose", "validate", "--ckpt_path", ckpt))
+    said = [line for line in text.splitlines() if "error:" in line]
+    assert code == 1 and len(said) == 1, text[-3000:]
+    assert re.match(r"tinylm validate: error: rank 1 \(pid \d+\) was killed by SIGKILL .*; run the same `tinylm "
+                    rf"validate --ckpt_path {ckpt} --trainer.accelerator cpu .*` again$", said[0]), said
+

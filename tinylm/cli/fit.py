@@ -705,6 +705,10 @@ class TinyLMCLI(LightningCLI):
             # warning (rank 0 says the same): also none when rank 0 left on a SIGTERM while they connected
             # ("sendBytes failed ... Broken pipe" and its C++ stack); their errors are still said
             os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+            if not trainer.strategy.cluster_environment.creates_processes_externally:
+                os.environ[_RANK0_PID] = str(os.getpid())  # this process starts the ranks: they watch it
+            elif (rank0 := _rank0_pid()) is not None:
+                _watch_rank0(rank0, weakref.ref(trainer))
         if self.subcommand == "fit":
             saver = RunConfig(self._parser("fit"), self.config["fit"], run_dir=self.run_dir,
                               resume_step=self.resume_step, **self.save_config_kwargs)
@@ -766,6 +770,57 @@ class TinyLMCLI(LightningCLI):
 
 _RANKS: list = []  # the rank processes that DDP's launcher started from this one (rank 0), as subprocess.Popen
 _STUCK_S = 20.0  # this process still training this long after a rank ended waits for it in a call that never returns
+_RANK0_PID = "TINYLM_RANK0_PID"  # rank 0 (DDP's launcher) tells the ranks it starts its pid, in their environment
+_RANK0: int | None = None  # in a rank that rank 0 started: rank 0's pid, watched by `_watch_rank0`
+_ORPHAN_S = 5.0  # a rank still in training this long after rank 0 was gone waits for it in a call that never returns
+_COMMAND: list = ["fit"]  # the command this process runs and its arguments (no --verbose): what the lines name
+
+
+def _go_on() -> str:
+    """How to go on after a run stopped: resume a fit, run any other command (validate) again. The hint is spelled
+    out with this process's own command and arguments by `tinylm.cli.error_line`."""
+    hint = "`tinylm fit --config ... --ckpt_path last`"
+    return f"resume with {hint}" if _COMMAND[0] == "fit" else f"run the same {hint} again"
+
+
+def _rank0_pid() -> int | None:
+    """In a rank that DDP's launcher (rank 0) started: rank 0's pid; else None."""
+    pid = os.environ.get(_RANK0_PID, "")
+    return int(pid) if pid.isdigit() and int(pid) != os.getpid() else None
+
+
+def _watch_rank0(pid: int, trainer: weakref.ref) -> None:
+    """Watch rank 0 from a rank it started. A `kill -9` of rank 0 (the command itself, or the out-of-memory killer)
+    left this rank to fail on its next collective with a gloo traceback after the shell's prompt, or, while the ranks
+    still connected, waiting for it for good (torch's rendezvous timeout, 30 min)."""
+    global _RANK0
+    _RANK0 = pid
+    threading.Thread(target=_watch_for_rank0, args=(pid, trainer), daemon=True, name="tinylm-rank0-watch").start()
+
+
+def _watch_for_rank0(pid: int, trainer: weakref.ref, every: float = 0.5) -> None:
+    import signal
+
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    while os.getppid() == pid:  # rank 0 started this process: another parent means rank 0 is gone
+        time.sleep(every)
+    # Rank 0 ends the ranks it started before it ends on an error (end_ranks); gone without that, it was killed.
+    # This rank then fails on its next collective with it, and says so (main: lost_rank); unless it waits for rank 0
+    # in a call that never returns (the ranks' connecting, an NCCL collective): then it is ended here, with its line.
+    deadline = time.monotonic() + _ORPHAN_S
+    while time.monotonic() < deadline:
+        if (t := trainer()) is None or t.state.status not in (TrainerStatus.INITIALIZING, TrainerStatus.RUNNING):
+            return  # it stopped (on that error, or at the end): it ends on its own
+        time.sleep(0.05)
+    from tinylm.cli import error_line
+
+    sys.stderr.write(error_line(_COMMAND[0], str(lost_rank(wait=0)), _COMMAND[1:], _rank()))
+    sys.stderr.flush()
+    for child in multiprocessing.active_children():  # its loader's workers: not left behind
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGKILL)
+    os._exit(1)
 
 
 def _watch_ranks(ranks: list, trainer: weakref.ref) -> None:
@@ -802,7 +857,7 @@ def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
     if not lost.said:
-        sys.stderr.write(error_line("fit", str(lost), sys.argv[2:]))
+        sys.stderr.write(error_line(_COMMAND[0], str(lost), _COMMAND[1:]))
         sys.stderr.flush()
     os._exit(lost.exit_code)
 
@@ -814,6 +869,17 @@ def lost_rank(wait: float = 2.0) -> TinyLMError | None:
     rank's exit status and no word. None when every rank is alive."""
     import signal
 
+    if _RANK0 is not None:  # a rank that rank 0 started: rank 0 gone is what ended it
+        deadline = time.monotonic() + wait  # rank 0's connections close before it is gone (this one reparented)
+        while os.getppid() == _RANK0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if os.getppid() == _RANK0:
+            return None
+        error = TinyLMError(f"rank 0 (pid {_RANK0}), the command that started this rank, ended without a word (killed: "
+                            "kill -9, or the kernel's out-of-memory killer); the other ranks cannot go on without it, "
+                            f"so the run stopped; {_go_on()}")
+        error.exit_code, error.said = 1, False
+        return error
     deadline = time.monotonic() + wait  # a rank killed a moment ago closes its connections before it can be reaped
     while _RANKS and not any(p.poll() for p in _RANKS) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -824,15 +890,14 @@ def lost_rank(wait: float = 2.0) -> TinyLMError | None:
         if by in (signal.SIGTERM, signal.SIGINT):  # a stop asked of the run that the rank could not agree on with
             # this one (it was starting; or this one was): what one process says
             error = TinyLMError(f"terminated by {signal.Signals(by).name} before it finished; run the same `tinylm "
-                                "fit` again")
+                                f"{_COMMAND[0]}` again")
             error.exit_code, error.said = 128 + by, False
             return error
         if by is not None:
             name = signal.Signals(by).name if by in set(signal.Signals) else f"signal {by}"
             oom = " (also what the kernel's out-of-memory killer sends)" if by == signal.SIGKILL else ""
             error = TinyLMError(f"rank {rank} (pid {proc.pid}) was killed by {name}{oom}; the other ranks cannot go "
-                                "on without it, so the run stopped; resume with `tinylm fit --config ... --ckpt_path "
-                                "last`")
+                                f"on without it, so the run stopped; {_go_on()}")
             error.exit_code, error.said = 1, False
             return error
     for rank, proc in enumerate(_RANKS, start=first + 1):
@@ -1044,6 +1109,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     from tinylm.data import TinyLMDataModule
     from tinylm.train.module import TinyLM
 
+    _COMMAND[:] = args
     # args are always passed explicitly (main() strips --verbose first), which Lightning warns about
     warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
     # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
