@@ -405,3 +405,54 @@ def test_a_lost_rank_names_the_command_it_ended(ddp_config, tmp_path):
     assert re.match(r"tinylm validate: error: rank 1 \(pid \d+\) was killed by SIGKILL .*; run the same `tinylm "
                     rf"validate --ckpt_path {ckpt} --trainer.accelerator cpu .*` again$", said[0]), said
 
+
+class CtrlCTwiceToTheGroup(L.Callback):
+    """A terminal's Ctrl+C twice after step 2: to every process of the run; rank 0's ending then takes 3 s (W&B's
+    upload, say), as rank 1 ends."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == 2:
+            os.killpg(os.getpgid(0), signal.SIGINT)
+            os.killpg(os.getpgid(0), signal.SIGINT)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        if trainer.global_rank == 0:
+            time.sleep(3)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_under_ddp_is_said_once(ddp_config, tmp_path):
+    """Catches a double Ctrl+C under ddp printing "tinylm: interrupted" once per rank (rank 1 said it too, when it
+    ended before rank 0 ended it)."""
+    cmd, env = _two_ranks(ddp_config)
+    done = subprocess.run([*cmd, "--trainer.callbacks+=test_signals.CtrlCTwiceToTheGroup"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False, start_new_session=True)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("tinylm: interrupted") == 1, done.stderr[-3000:]
+
+
+class CtrlCAtExit(L.Callback):
+    """A Ctrl+C as the command exits (its exit hooks run: the loader's workers joined, W&B's upload)."""
+
+    def __init__(self) -> None:
+        import atexit
+
+        atexit.register(self._press)  # (last registered, first run: before multiprocessing's and torch's)
+
+    @staticmethod
+    def _press() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the exit goes on, unless the Ctrl+C ends it
+
+
+def test_a_ctrl_c_while_exiting_ends_at_once_quietly(run_config, tmp_path):
+    """Catches a Ctrl+C that lands as the command exits printing "Exception ignored in atexit callback ...
+    KeyboardInterrupt" and a traceback (and the exit going on): it ends the process at once with 130, quietly."""
+    config = run_config(trainer={"max_steps": 2, "callbacks": [{"class_path": "test_signals.CtrlCAtExit"}]},
+                        data={"num_workers": 2})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()  # the run itself had ended

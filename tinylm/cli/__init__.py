@@ -77,6 +77,16 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
+    try:
+        _main(argv)
+    finally:
+        if program:
+            _end_at_once_on_ctrl_c()
+
+
+def _main(argv: list[str] | None) -> None:
+    program = argv is None
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     _setup_console()
     if not argv or argv[0] in ("-h", "--help"):
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             from tinylm.cli.fit import lightning_main
 
             # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-            with _terminate_cleanly(command):
+            with _terminate_cleanly(command, program):
                 cli = lightning_main([command, *rest])
             if command == "validate" and hasattr(cli, "validate_result"):
                 print(format_validate(cli.validate_result, cli.validate_csv))
@@ -102,15 +112,23 @@ def main(argv: list[str] | None = None) -> None:
             raise TinyLMError(f"unknown command {command!r}; choose one of "
                               f"{', '.join(LIGHTNING_COMMANDS + OWN_COMMANDS)} (tinylm --help)")
     except KeyboardInterrupt:
+        if program:
+            _end_at_once_on_ctrl_c()
         commands = sys.modules.get("tinylm.cli.commands")
         if commands is not None and commands.mid_line():  # generate streamed part of a line: end it first
             print(flush=True)
-        print("tinylm: interrupted", file=sys.stderr)
+        fit = sys.modules.get("tinylm.cli.fit")
+        if fit is None or not fit._rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
+            print("tinylm: interrupted", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
+        if program:
+            _end_at_once_on_ctrl_c()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
     except Exception as raised:
+        if program:
+            _end_at_once_on_ctrl_c()
         e = _from_training_process(raised)
         fit = sys.modules.get("tinylm.cli.fit")
         if not verbose and not is_user_error(e) and fit is not None and (lost := fit.lost_rank()) is not None:
@@ -133,6 +151,28 @@ def main(argv: list[str] | None = None) -> None:
             sys.stderr.write(error_line(command, one_line(e), rest, rank))
             sys.stderr.flush()
         sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+def _end_at_once_on_ctrl_c() -> None:
+    """From here on, as the command ends (saying why, waiting for the ranks it started, its exit hooks: the loader's
+    workers joined, W&B's upload, ddp_fork's training processes), a Ctrl+C ends it at once, quietly, with 130: it
+    raised KeyboardInterrupt wherever it landed ("Exception ignored in atexit callback ... KeyboardInterrupt" and a
+    traceback, or a traceback in place of the line saying why the run stopped)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _end_now)
+
+
+def _end_now(signum: int, frame: object) -> None:
+    """End this process at once, and every process it started (nothing left running), with 128 + the signal."""
+    fit = sys.modules.get("tinylm.cli.fit")
+    ranks = [p.pid for p in (fit._RANKS if fit is not None else []) if p.poll() is None]
+    for pid in ranks + [child.pid for child in multiprocessing.active_children()]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for stream in (sys.stdout, sys.stderr):  # what was said stays said (a pipe's buffer)
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
 
 
 def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
@@ -160,7 +200,7 @@ class Interrupted(TinyLMError):
 
 
 @contextlib.contextmanager
-def _terminate_cleanly(command: str) -> Iterator[None]:
+def _terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
         ranks = sys.modules["tinylm.cli.fit"]._RANKS if "tinylm.cli.fit" in sys.modules else []  # ddp's, started
@@ -178,6 +218,9 @@ def _terminate_cleanly(command: str) -> Iterator[None]:
         # own Ctrl+C to them it is one request, where a second SIGINT would stop them at once, unsaved.
         ranks = [child for child in multiprocessing.active_children() if not child.daemon]
         if not ranks:
+            interrupt = sys.modules.get("tinylm.train.interrupt")  # (imported once a run is set up)
+            if program and command == "fit" and interrupt is not None and interrupt.training_over():
+                _end_now(signum, frame)  # the run stopped (or ended) and is being torn down: it is exiting
             raise KeyboardInterrupt
         for child in ranks:
             with contextlib.suppress(ProcessLookupError):

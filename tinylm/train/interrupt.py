@@ -29,6 +29,13 @@ from tinylm.train.callbacks import validation_follows
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _late: int | None = None  # see late_signal
+_over = False  # see training_over
+
+
+def training_over() -> bool:
+    """Whether the last run's training has ended (complete, or stopped on a signal or an error): what is left of it
+    is its teardown and the command's exit."""
+    return _over
 
 
 def late_signal() -> int | None:
@@ -78,8 +85,8 @@ class InterruptStop(L.Callback):
         # inside the signal handler: under DDP a SIGTERM during the sanity check or data setup hung the run for good
         # (the other ranks never joined). This handler's flag is enough: the ranks agree at the first step's end.
         trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
-        global _late
-        self._trainer, self._received, self._armed, _late = trainer, None, True, None
+        global _late, _over
+        self._trainer, self._received, self._armed, _late, _over = trainer, None, True, None, False
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone
         self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None}
         for s in self._previous:
@@ -192,7 +199,8 @@ class InterruptStop(L.Callback):
         self._disarm()
 
     def _disarm(self) -> None:
-        self._armed = False
+        global _over
+        self._armed, _over = False, True
         self._restore()
         handlers = dict(self._previous)
         if self._received == signal.SIGTERM and signal.SIGTERM in handlers:
