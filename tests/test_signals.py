@@ -1,5 +1,6 @@
 """SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume."""
 
+import contextlib
 import errno
 import os
 import re
@@ -211,7 +212,7 @@ def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str
     if to == "group":
         os.killpg(proc.pid, signum)
     elif to == "rank 1":
-        os.kill(int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]), signum)
+        os.kill(_rank1(proc.pid), signum)
     else:
         proc.send_signal(signum)
     try:
@@ -350,6 +351,16 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
     assert str(fit.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
 
 
+def _rank1(pid: int) -> int | None:
+    """The pid of rank 1 among the children of rank 0 (``pid``), once it runs: the one Lightning started with
+    LOCAL_RANK=1 in its environment (rank 0 forks others too, loader and tokenizer workers, that are no rank)."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        with contextlib.suppress(OSError):
+            if b"\0LOCAL_RANK=1\0" in b"\0" + Path(f"/proc/{child}/environ").read_bytes():
+                return int(child)
+    return None
+
+
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (a zombie has)."""
     try:
@@ -367,14 +378,13 @@ def test_rank_0_killed_by_sigkill_ends_the_other_ranks_in_one_line(ddp_config, t
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the ranks' stderr, read after they end)
     cmd, env = _two_ranks(ddp_config)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    ready = {"connecting": lambda: children.read_text().strip() != "",  # rank 1 started, the ranks not yet connected
+    ready = {"connecting": lambda: _rank1(proc.pid) is not None,  # rank 1 started, the ranks not yet connected
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
     deadline = time.monotonic() + 120
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
-    rank1 = int(children.read_text().split()[0])
+    rank1 = _rank1(proc.pid)
     proc.kill()
     assert proc.wait(timeout=30) == -signal.SIGKILL
     deadline = time.monotonic() + 60
