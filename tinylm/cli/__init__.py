@@ -79,14 +79,13 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
     try:
-        _main(argv)
+        _main(argv, program)
     finally:
         if program:
             _end_at_once_on_ctrl_c()
 
 
-def _main(argv: list[str] | None) -> None:
-    program = argv is None
+def _main(argv: list[str] | None, program: bool) -> None:
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     _setup_console()
     if not argv or argv[0] in ("-h", "--help"):
