@@ -107,3 +107,14 @@ def run_config(tmp_path, small_data, monkeypatch):
         return path
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a CUDA device: skipped where there is none (CI, laptops); `pytest -m gpu` on a GPU
+    machine runs them (benchmarks/gpu/run.sh does)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -252,6 +252,7 @@ def test_slowdown_is_judged_only_while_the_run_has_the_cpus(wait, alert):
     for rate in SHARED_MACHINE_RATES:
         for _ in range(10):
             speed.tokens_per_sec, speed.cpu_wait_fraction = float(rate), wait
+            speed.marks_taken += 1  # a new rate, as SpeedMonitor counts them
             monitor._throughput(trainer)
     assert ("slowdown" in {a.kind for a in monitor.alerts}) == alert
 
@@ -494,6 +495,7 @@ def test_slow_windows_on_both_sides_of_a_contended_stretch_are_not_one_slowdown(
     def feed(rate: float, wait: float, steps: int) -> set[str]:
         for _ in range(steps):
             speed.tokens_per_sec, speed.cpu_wait_fraction = rate, wait
+            speed.marks_taken += 1
             monitor._throughput(trainer)
         return {a.kind for a in monitor.alerts}
 

@@ -59,7 +59,8 @@ def cpu_wait_seconds() -> float | None:
 class SpeedMonitor(L.Callback):
     """Logs ``train/tokens_per_sec`` (all ranks together) and ``train/mfu`` (per device, when its peak is known).
 
-    Rates are averaged over the last ``window`` optimizer steps, so a slow first step (compilation, warm-up) fades
+    Rates are averaged over the last ``window`` optimizer steps (on a GPU: the last ``window`` logging intervals, as a
+    rate needs a device sync, taken only on logging steps), so a slow first step (compilation, warm-up) fades
     out of the number instead of hiding in it. For the health monitor it also keeps ``cpu_wait_fraction``: the share
     of the window's wall time, per torch thread, that this process's threads waited for a CPU held by other
     processes (None where the OS does not say), so that a machine loaded by other jobs is not taken for a slower run.
@@ -84,6 +85,7 @@ class SpeedMonitor(L.Callback):
         self._peak: float | None = None
         self._validating_since: float | None = None
         self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
+        self.marks_taken = 0  # how many rates were taken: the health monitor reads each new one once
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -114,8 +116,14 @@ class SpeedMonitor(L.Callback):
             return  # still accumulating gradients: no optimizer step yet
         self._step_seen = trainer.global_step
         if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)  # time finished work, not queued kernels
+            # a mark times finished work, not queued kernels: it waits for the GPU, which leaves it idle while the
+            # host prepares the next step. Marks are taken only on the steps whose rate is logged, so that the steps
+            # in between queue their kernels and go on (tests/test_gpu.py counts the syncs)
+            if not logging_step(trainer):
+                return
+            torch.cuda.synchronize(pl_module.device)
         self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds()))
+        self.marks_taken += 1
         if len(self._marks) < 2:
             return
         (t0, n0, w0), (t1, n1, w1) = self._marks[0], self._marks[-1]

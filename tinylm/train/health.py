@@ -115,6 +115,7 @@ class HealthMonitor(L.Callback):
         self._best_rate: float | None = None
         self._rates: deque[float] = deque(maxlen=window)
         self._shares: deque[float] = deque(maxlen=window)  # share of the CPUs the run got, beside each rate
+        self._rates_seen: int | None = None  # the speed monitor's marks_taken when its rate was last read
         self._slow_streak = 0
         self.contended_windows = 0  # throughput windows not judged: other processes held the CPUs
         self._last_spike_step = -(10**9)
@@ -243,8 +244,10 @@ class HealthMonitor(L.Callback):
     def _throughput(self, trainer: L.Trainer) -> None:
         speed = getattr(self, "_speed", None)
         rate = getattr(speed, "tokens_per_sec", None)
-        if rate is None:
-            return
+        taken = getattr(speed, "marks_taken", None)
+        if rate is None or (taken is not None and taken == self._rates_seen):
+            return  # no new rate since the last step (on a GPU, rates are taken on logging steps only)
+        self._rates_seen = taken
         self._rates.append(float(rate))
         self._shares.append(min(1.0, max(0.01, 1.0 - (getattr(speed, "cpu_wait_fraction", None) or 0.0))))
         if len(self._rates) < self.window:
