@@ -39,6 +39,7 @@ stage() {
   echo "== $name: rc $rc in $((SECONDS - t0))s"
   tail -n 25 "$work/$name.log"
   { echo "===== $name (rc $rc, $((SECONDS - t0)) s)"; cat "$work/$name.log"; } >>"$out/logs.txt"  # kept if a later stage hangs
+  "$py" "$here/report.py" "$work" "$out" >/dev/null 2>&1 || true  # the report so far, should a later stage not end
 }
 
 "$py" - <<'EOF' | tee "$work/env.txt"
