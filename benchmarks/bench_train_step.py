@@ -216,7 +216,7 @@ class PlainLoop:
         self.schedule = {"schedule": hp.lr_schedule, "lr": hp.lr, "min_lr": hp.min_lr, "warmup_steps": hp.warmup_steps,
                              "decay_steps": hp.decay_steps, "decay_fraction": hp.decay_fraction}
         self.clip = clip
-        self.batches = iter(dm.train_dataloader())  # its own loader: batch k is the same windows as Lightning's k
+        self.batches = _epochs(dm.train_dataloader())  # its own loader: batch k is the same windows as Lightning's k
         self.step = 0
         self.clock = Clock()
 
@@ -251,6 +251,13 @@ class PlainLoop:
             self.clock.end_block(time.perf_counter() - b0, time.process_time() - bc0, n)
         self.clock.losses += torch.stack(losses).float().tolist()
         self.clock.block_end.add(self.step - 1)
+
+
+def _epochs(loader: Any) -> Any:
+    """The loader's batches epoch after epoch, as Lightning iterates it (a StopIteration raised inside a Lightning
+    callback ends Lightning's epoch without a word: the plain side then stopped running on small corpora)."""
+    while True:
+        yield from loader
 
 
 def _same_init_gpt(lit: TinyLM, seed: int) -> GPT:

@@ -91,13 +91,14 @@ step124m() {
 }
 tinystories() {
   "$py" benchmarks/bench_train_step.py --device cuda --compile --config configs/tinystories.yaml \
-    --corpus "$data/tinyshakespeare.txt" --steps 200 --warmup 20 --block 20 --passes bare,full \
+    --corpus "$data/tinyshakespeare.txt" --steps 120 --warmup 20 --block 20 --passes bare,full \
     --json "$work/tinystories.json"
 }
 shakespeare() {
   mkdir -p "$work/shakespeare" && cd "$work/shakespeare" || return 1
   "$py" -m tinylm fit --config "$repo/configs/shakespeare-char.yaml" --data.corpus "$data/tinyshakespeare.txt" \
     --run.wandb_project null
+  cp runs/shakespeare-char/csv/metrics.csv "$out/shakespeare-char-metrics.csv"
   "$py" -m tinylm plot runs/shakespeare-char --out "$out/shakespeare-char.png" --reference 1.4697
 }
 

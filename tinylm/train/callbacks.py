@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import peak_flops_by_name
-from tinylm.train.module import logging_step
+from tinylm.train.module import host_scalar, logging_step
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
@@ -133,9 +133,9 @@ class SpeedMonitor(L.Callback):
             self.cpu_wait_fraction = (w1 - w0) / max(t1 - t0, 1e-9) / torch.get_num_threads()
         if not logging_step(trainer):
             return
-        pl_module.log("train/tokens_per_sec", self.tokens_per_sec, prog_bar=True, rank_zero_only=True)
+        pl_module.log("train/tokens_per_sec", host_scalar(self.tokens_per_sec), prog_bar=True, rank_zero_only=True)
         if self._peak:
-            pl_module.log("train/mfu", per_device * self._flops_per_token / self._peak, rank_zero_only=True)
+            pl_module.log("train/mfu", host_scalar(per_device * self._flops_per_token / self._peak), rank_zero_only=True)
 
 
 class RNGState(L.Callback):

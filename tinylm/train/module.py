@@ -44,6 +44,18 @@ def logging_step(trainer: L.Trainer | None) -> bool:
     return True if connector is None else bool(connector.should_update_logs)
 
 
+def host_scalar(value: float) -> torch.Tensor:
+    """A value for ``self.log(..., prog_bar=True)`` as a CPU tensor, so that a GPU run's steps need no host sync.
+
+    Lightning turns a logged Python number into a tensor on the module's device (a blocking copy to the GPU), and
+    converts every progress-bar value of the last logging step to a Python number again at the end of *every* batch
+    (``_LoggerConnector.on_batch_end``): one ``.item()`` per value per step, each waiting for the step's queued
+    kernels. A CPU tensor stays on the CPU (Lightning keeps a tensor's device), so neither happens. Measured with
+    ``torch.cuda.set_sync_debug_mode`` (benchmarks/gpu/syncs.py): 4.6 syncs per step that logged nothing before, on an
+    H200; tests/test_gpu.py checks that it is 0."""
+    return torch.tensor(float(value))
+
+
 class RecomputedBlock(Block):
     """A `Block` run under torch.utils.checkpoint while training with gradients: only its input is saved, and the
     backward pass runs it again to get what it needs. Evaluation and generation run it as is. A block becomes one by
@@ -256,9 +268,9 @@ class TinyLM(L.LightningModule):
         loss, _ = self._loss(batch)
         self._step_losses.append(loss.detach())  # the step's loss is their mean, taken when the optimizer steps
         if logging_step(self.trainer):
-            self.log("train/lr", self.current_lr(), prog_bar=True)
+            self.log("train/lr", host_scalar(self.current_lr()), prog_bar=True)
             if self.hparams.optimizer == "muon":
-                self.log("train/muon_lr", self.current_lr(group=-1))
+                self.log("train/muon_lr", host_scalar(self.current_lr(group=-1)))
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -363,7 +375,10 @@ class TinyLM(L.LightningModule):
             self.step_loss = torch.stack(self._step_losses).mean()
             self._step_losses = []
             if logging_step(self.trainer):  # and over the ranks' (each the same number of windows), so the curve
-                self.log("train/loss", self.step_loss, prog_bar=True, sync_dist=True)  # ignores how it is split
+                loss = self.step_loss.detach()  # ignores how the batch is split
+                if self.trainer.world_size > 1:
+                    loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+                self.log("train/loss", loss.float().cpu(), prog_bar=True)  # host_scalar says why on the CPU
         if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.train.lr_find says why)
             adamw_lr = optimizer.param_groups[0]["lr"]
             for group in optimizer.param_groups:
