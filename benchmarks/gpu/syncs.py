@@ -35,7 +35,7 @@ class SyncCount(L.Callback):
         self._show = None
 
     def _record(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if "synchroniz" not in str(message) or self._step is None:
+        if "called a synchronizing CUDA operation" not in str(message) or self._step is None:
             return self._show(message, category, filename, lineno, file, line)
         self.per_step[self._step][0] += 1
         frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith(_SKIP)]
