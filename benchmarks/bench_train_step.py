@@ -202,12 +202,16 @@ class PlainLoop:
     """The same training as `TinyLM` under a Trainer, in plain PyTorch, `block` steps at a time."""
 
     def __init__(self, lit: TinyLM, dm: TinyLMDataModule, *, seed: int, clip: float,
-                 device: torch.device | None = None, precision: str = "32-true", compile: bool = False) -> None:
+                 device: torch.device | None = None, precision: str = "32-true", compile: bool = False,
+                 loss_in_graph: bool = False) -> None:
         hp = lit.hparams
         self.device = device = device or torch.device("cpu")
         self.model = _same_init_gpt(lit, seed).to(device)
-        if compile:
-            self.model.compile()
+        self.loss_fn = _model_loss
+        if compile and loss_in_graph:  # the model and the loss as one graph: inductor fuses the upcast of the logits
+            self.loss_fn = torch.compile(_model_loss)  # into the log-softmax (no fp32 copy of (B, T, V) written)
+        elif compile:
+            self.model.compile()  # as TinyLM does: the loss runs eagerly on the compiled model's logits
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
@@ -235,8 +239,7 @@ class PlainLoop:
             for group in self.opt.param_groups:
                 group["lr"] = lr
             with self.autocast:
-                logits = self.model(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+                loss = self.loss_fn(self.model, x, y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self.opt.step()
@@ -251,6 +254,12 @@ class PlainLoop:
             self.clock.end_block(time.perf_counter() - b0, time.process_time() - bc0, n)
         self.clock.losses += torch.stack(losses).float().tolist()
         self.clock.block_end.add(self.step - 1)
+
+
+def _model_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the model on (x, y), computed in fp32 as TinyLM does (autocast runs it in fp32 too)."""
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
 def _epochs(loader: Any) -> Any:
@@ -288,7 +297,8 @@ class Interleave(L.Callback):
 # ------------------------------------------------------------------------------------------------ one pass
 def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup: int,
              block: int, device: str = "cpu", precision: str = "32-true", compile: bool = False,
-             corpus: Path | None = None, tokenizer: str | None = None) -> tuple[Clock, PlainLoop, TinyLM]:
+             corpus: Path | None = None, tokenizer: str | None = None, loss_in_graph: bool = False
+             ) -> tuple[Clock, PlainLoop, TinyLM]:
     """Fit Lightning for warmup + steps with the plain loop interleaved; return (lightning, plain) clocks."""
     from tinylm.train.callbacks import (
         PeriodicCheckpoint,
@@ -306,7 +316,7 @@ def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, st
     lit = make_module(recipe, dm, dropout=0.0, compile_model=compile)  # dropout draws on the global RNG (shared)
     clip = float(recipe["trainer"].get("gradient_clip_val") or 1.0)
     plain = PlainLoop(lit, dm, seed=recipe["seed"], clip=clip, device=torch.device(device), precision=precision,
-                      compile=compile)
+                      compile=compile, loss_in_graph=loss_in_graph)
     sync_block = block if device == "cuda" else 0
     clock = Clock()
     tinylm_callbacks: list[L.Callback] = []
@@ -398,6 +408,8 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="Lightning precision for both sides (default: 32-true "
                         "on the CPU, bf16-mixed on CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on both sides")
+    parser.add_argument("--plain-loss-in-graph", action="store_true", help="with --compile: the plain side compiles "
+                        "the model and the loss as one graph (an experiment: the ratio then shows its gain)")
     parser.add_argument("--batch-size", type=int, default=0, help="override the recipe's micro-batch size")
     parser.add_argument("--steps", type=int, default=150, help="timed steps per side and pass (after warm-up)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side at the start of each pass")
@@ -426,16 +438,18 @@ def main() -> None:
         print(f"GPU: {gpu}, CUDA {torch.version.cuda}")
     print(f"model: {args.config.name}: n_layer {m['n_layer']}, n_head {m['n_head']}, n_embd {m['n_embd']}, "
           f"bias {m.get('bias')}, block {d['block_size']}, batch {d['batch_size']}, precision {precision}, "
-          f"compile {args.compile}, device {args.device}; "
+          f"compile {args.compile}{' (plain side: model + loss in one graph)' if args.plain_loss_in_graph else ''}, "
+          f"device {args.device}; "
           f"{args.warmup} warm-up + {args.steps} timed steps per side, interleaved in blocks of {args.block}\n")
     rows, result = [], {"machine": machine_line(), "gpu": gpu, "config": args.config.name, "precision": precision,
-                        "compile": args.compile, "batch_size": d["batch_size"], "block_size": d["block_size"]}
+                        "compile": args.compile, "plain_loss_in_graph": args.plain_loss_in_graph,
+                        "batch_size": d["batch_size"], "block_size": d["block_size"]}
     with tempfile.TemporaryDirectory() as tmp:
         for i, kind in enumerate(args.passes.split(",")):
             lit, plain_loop, module = run_pass(kind, recipe, args.data, Path(tmp), steps=args.steps,
                                                warmup=args.warmup, block=args.block, device=args.device,
                                                precision=precision, compile=args.compile, corpus=args.corpus,
-                                               tokenizer=args.tokenizer)
+                                               tokenizer=args.tokenizer, loss_in_graph=args.plain_loss_in_graph)
             plain = plain_loop.clock
             diffs = [abs(a - b) for a, b in zip(lit.losses, plain.losses)]
             n = min(args.show_losses, len(diffs))

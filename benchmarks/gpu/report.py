@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 NANOGPT_VAL = 1.4697  # nanoGPT's published best val loss for its shakespeare-char recipe
-STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "tinystories", "shakespeare")
+STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "loss124m", "tinystories", "shakespeare")
 
 
 def load_json(path: Path) -> dict | None:
@@ -103,6 +103,7 @@ def main(work: Path, out: Path) -> None:
     report = {"env": (work / "env.txt").read_text() if (work / "env.txt").exists() else None, "stages": status,
               "tests": tests_summary(work), "memory": load_json(work / "memory.json"),
               "syncs": load_json(work / "syncs.json"), "step124m": load_json(work / "step124m.json"),
+              "loss124m": load_json(work / "loss124m.json"),
               "tinystories": load_json(work / "tinystories.json"),
               "shakespeare": shakespeare_summary(work, status.get("shakespeare"))}
     strategies = work / "strategies" / "status.txt"
@@ -119,6 +120,8 @@ def main(work: Path, out: Path) -> None:
                for c in t["cases"]]
         md += [f"- {line}" for line in t["resume"]]
     for key, title in (("step124m", "GPT-2 124M: Lightning vs plain PyTorch, compile + bf16 + flash + fused AdamW"),
+                       ("loss124m", ("GPT-2 124M: Lightning (loss outside the compiled model) vs plain PyTorch with "
+                                    "the model and the loss compiled as one graph")),
                        ("tinystories", "tinystories shape (~7M, BPE 8192): Lightning vs plain PyTorch")):
         b = report[key]
         if b:

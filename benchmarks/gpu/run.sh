@@ -7,8 +7,8 @@
 # DATA: a folder holding tinyshakespeare.txt and gpt2.tiktoken (GPT-2's BPE ranks, so nothing is downloaded);
 # default ../shared/data beside the checkout. Needs tinylm importable (installed, or the checkout on PYTHONPATH).
 # Environment: PYTHON (default python3); WORK, a scratch folder for runs and caches (default OUT/work);
-# STAGES, which stages to run (default: all, in this order): tests memory strategies syncs step124m tinystories
-# shakespeare. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
+# STAGES, which stages to run (default: all, in this order): tests memory strategies syncs step124m loss124m
+# tinystories shakespeare. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
 # one after the other. Each stage has a time limit (seconds: T_<stage>), so one that hangs costs only its own.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,7 +23,7 @@ data=$(cd "$data" && pwd)
 work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 : >"$out/logs.txt"
-stages=${STAGES:-tests memory strategies syncs step124m tinystories shakespeare}
+stages=${STAGES:-tests memory strategies syncs step124m loss124m tinystories shakespeare}
 export WANDB_MODE=disabled TINYLM_CACHE_DIR=$work/cache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd "$repo"
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -89,6 +89,11 @@ step124m() {
     --corpus "$data/tinyshakespeare.txt" --tokenizer "tiktoken:$data/gpt2.tiktoken" --steps 30 --warmup 10 \
     --block 10 --passes bare --profile --json "$work/step124m.json"
 }
+loss124m() {  # an experiment for the MFU gap: the plain side compiles the model and the loss as one graph
+  "$py" benchmarks/bench_train_step.py --device cuda --compile --plain-loss-in-graph --config configs/gpt2-124m.yaml \
+    --corpus "$data/tinyshakespeare.txt" --tokenizer "tiktoken:$data/gpt2.tiktoken" --steps 30 --warmup 10 \
+    --block 10 --passes bare --json "$work/loss124m.json"
+}
 tinystories() {
   "$py" benchmarks/bench_train_step.py --device cuda --compile --config configs/tinystories.yaml \
     --corpus "$data/tinyshakespeare.txt" --steps 120 --warmup 20 --block 20 --passes bare,full \
@@ -103,7 +108,7 @@ shakespeare() {
 }
 
 export py repo here data work out
-export -f tests memory strategies syncs step124m tinystories shakespeare
+export -f tests memory strategies syncs step124m loss124m tinystories shakespeare
 # correctness first, side by side; then the timed stages alone
 pids=()
 for s in tests memory strategies syncs; do
@@ -111,7 +116,7 @@ for s in tests memory strategies syncs; do
   [ "$s" = tests ] && sleep 2  # let pytest start first
 done
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
-for s in step124m tinystories shakespeare; do
+for s in step124m loss124m tinystories shakespeare; do
   want "$s" && (stage "$s")
 done
 
