@@ -34,7 +34,9 @@ def vocab_of(data: dict) -> int:
     tok = str(data.get("tokenizer", "char"))
     if tok.startswith("tiktoken:"):
         return GPT2_VOCAB
-    return int(data.get("vocab_size", VOCAB.get(tok, 8192))) if tok == "bpe" else VOCAB.get(tok, 8192)
+    if tok == "bpe":
+        return int(data.get("vocab_size", VOCAB["bpe"]))
+    return VOCAB.get(tok, VOCAB["bpe"])
 
 
 def measure(config: Path, *, compile: bool, steps: int = 2) -> dict:

@@ -115,11 +115,12 @@ class SpeedMonitor(L.Callback):
         if trainer.global_step == self._step_seen:
             return  # still accumulating gradients: no optimizer step yet
         self._step_seen = trainer.global_step
+        logs = logging_step(trainer)
         if pl_module.device.type == "cuda":
             # a mark times finished work, not queued kernels: it waits for the GPU, which leaves it idle while the
             # host prepares the next step. Marks are taken only on the steps whose rate is logged, so that the steps
             # in between queue their kernels and go on (tests/test_gpu.py counts the syncs)
-            if not logging_step(trainer):
+            if not logs:
                 return
             torch.cuda.synchronize(pl_module.device)
         self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds()))
@@ -131,7 +132,7 @@ class SpeedMonitor(L.Callback):
         self.tokens_per_sec = per_device * trainer.world_size
         if w0 is not None and w1 is not None:
             self.cpu_wait_fraction = (w1 - w0) / max(t1 - t0, 1e-9) / torch.get_num_threads()
-        if not logging_step(trainer):
+        if not logs:
             return
         pl_module.log("train/tokens_per_sec", host_scalar(self.tokens_per_sec), prog_bar=True, rank_zero_only=True)
         if self._peak:

@@ -375,10 +375,10 @@ class TinyLM(L.LightningModule):
             self.step_loss = torch.stack(self._step_losses).mean()
             self._step_losses = []
             if logging_step(self.trainer):  # and over the ranks' (each the same number of windows), so the curve
-                loss = self.step_loss.detach()  # ignores how the batch is split
+                loss = self.step_loss  # ignores how the batch is split
                 if self.trainer.world_size > 1:
                     loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
-                self.log("train/loss", loss.float().cpu(), prog_bar=True)  # host_scalar says why on the CPU
+                self.log("train/loss", loss.cpu(), prog_bar=True)  # host_scalar says why on the CPU
         if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.train.lr_find says why)
             adamw_lr = optimizer.param_groups[0]["lr"]
             for group in optimizer.param_groups:
