@@ -16,9 +16,9 @@ repo=$(cd "$here/../.." && pwd)
 out=${1:?usage: bash benchmarks/gpu/run.sh OUT [DATA]}
 data=${2:-$repo/../shared/data}
 py=${PYTHON:-python3}
-mkdir -p "$out" && out=$(cd "$out" && pwd)
 [ -f "$data/tinyshakespeare.txt" ] && [ -f "$data/gpt2.tiktoken" ] \
   || { echo "run.sh: $data must hold tinyshakespeare.txt and gpt2.tiktoken (pass DATA)" >&2; exit 2; }
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 data=$(cd "$data" && pwd)
 work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
