@@ -258,3 +258,28 @@ def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_co
     assert list(split) == list(whole) == [0, 1, 2, 3]
     assert all(len(rows) == 1 for rows in split.values()), split
     assert [r[0] for r in split.values()] == pytest.approx([r[0] for r in whole.values()], abs=1e-5)
+
+
+def test_a_run_that_ends_between_two_validations_validates_at_its_last_step(run_config, tmp_path):
+    """Catches a run whose max_steps is not a multiple of its validation interval ending without a final val/loss:
+    a quick try of 3 steps at val_check_interval 100 had no val/loss row and no best.ckpt (so the README's
+    `generate --ckpt_path .../best.ckpt` failed). The checkpoint of the last step is saved before that validation,
+    so a resume with a larger max_steps still matches the uninterrupted run (dropout, accumulation, workers)."""
+    config = run_config(chars=40_000, run={"name": "straight", "checkpoint_every": 2},
+                        trainer={"max_steps": 6, "accumulate_grad_batches": 2, "val_check_interval": 200},
+                        model={"dropout": 0.1, "lr": 3e-3, "decay_steps": 6},
+                        data={"block_size": 32, "batch_size": 4, "num_workers": 2})
+    main(["fit", "--config", str(config)])
+    straight = tmp_path / "runs" / "straight"
+    assert sorted(_val_losses(straight)) == [5]  # after step 6 only (rows store step - 1)
+
+    main(["fit", "--config", str(config), "--run.name", "short", "--trainer.max_steps", "3"])
+    short = tmp_path / "runs" / "short"
+    assert sorted(_val_losses(short)) == [2]
+    assert (short / "checkpoints" / "best.ckpt").is_file()
+    assert torch.load(short / "checkpoints" / "best.ckpt", weights_only=False)["global_step"] == 3
+
+    main(["fit", "--config", str(config), "--run.name", "short", "--ckpt_path", "last"])
+    assert sorted(_val_losses(short)) == [2, 5]
+    assert _val_losses(short)[5] == pytest.approx(_val_losses(straight)[5], abs=1e-4)
+    _assert_same_rows(_losses(short), _losses(straight))

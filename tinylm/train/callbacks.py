@@ -227,6 +227,21 @@ def scheduled_validation_follows(trainer: L.Trainer) -> bool:
         trainer.should_stop = stop
 
 
+class FinalValidation(L.Callback):
+    """Validates at the run's last step (``trainer.max_steps``) when the schedule does not: a quick try of 100 steps
+    at ``val_check_interval`` 250 ended with no ``val/loss`` and no ``best.ckpt``, and GPT-2's 19,073 steps at 250
+    without the final model's ``val/loss``.
+
+    Lightning validates after a batch that sets ``trainer.should_stop`` (as it does for EarlyStopping), and the run
+    ends at ``max_steps`` anyway. As at any stop between two scheduled validations, the step's checkpoint is saved
+    before this validation (`PeriodicCheckpoint`), so a resume with a larger ``max_steps`` goes on exactly.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step and not validation_follows(trainer):
+            trainer.should_stop = True
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
     the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.

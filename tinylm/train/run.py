@@ -12,6 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tinylm.train.callbacks import (
+    FinalValidation,
     LoggedStep,
     PeriodicCheckpoint,
     ProgressBar,
@@ -60,8 +61,9 @@ def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
 
 
 def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int, progress_bar: bool) -> list[L.Callback]:
-    """All of a run's callbacks; ``ckpt_dir=None`` leaves out the checkpoint callbacks (checkpointing off)."""
+    """All of a run's callbacks (a validation at the last step among them); ``ckpt_dir=None`` leaves out the checkpoint
+    callbacks (checkpointing off)."""
     # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
     ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
                                                                                keep=keep)
-    return ckpts + monitor_callbacks(progress_bar=progress_bar)
+    return [*ckpts, FinalValidation(), *monitor_callbacks(progress_bar=progress_bar)]
