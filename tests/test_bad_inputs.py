@@ -259,13 +259,15 @@ def test_a_gpu_accelerator_without_a_gpu_is_one_line(config, capsys, command):
 
 
 def test_disk_errors_name_the_path_and_a_fix_that_can_work():
-    """Catches a read-only file system told to chmod (which cannot help) and a disk-full line without the path."""
+    """Catches a read-only file system told to chmod (which cannot help), a disk-full line without the path, and
+    EPERM (mkdir in /sys, an immutable folder) ending in a traceback as if it were a bug."""
     import errno
 
     from tinylm.cli import is_user_error, one_line
 
     for code, needles, absent in [(errno.EROFS, ["read-only file system: /mnt/ro/x", "writable disk"], "chmod"),
                                   (errno.EACCES, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),
+                                  (errno.EPERM, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),
                                   (errno.ENOSPC, ["no space left on the disk writing /mnt/ro/x", "--out DIR"], "chmod")]:
         e = OSError(code, "oops", "/mnt/ro/x")
         line = one_line(e)

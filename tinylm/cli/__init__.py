@@ -259,7 +259,7 @@ def resume_command(args: list[str]) -> str:
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
-_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EMFILE,
+_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.EDQUOT, errno.EMFILE,
                 errno.ENOTDIR, errno.EEXIST)  # the last two: a file (or a broken link) where a folder must be made
 
 
