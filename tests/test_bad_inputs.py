@@ -147,8 +147,9 @@ def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
     main(resume)  # the text it was trained on: resumes
 
 
-def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path):
-    """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error)."""
+def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
+    """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error), and
+    validate or a resume of such a file (or of one missing a tensor) ending in load_state_dict's traceback."""
     main(["fit", "--config", str(config)])
     path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
@@ -156,6 +157,15 @@ def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path):
     torch.save(ckpt, tmp_path / "mixed.ckpt")
     with pytest.raises(CheckpointError, match=r"shape \(.*32\) but its hyperparameters make \(.*64\)"):
         load_model(tmp_path / "mixed.ckpt")
+    _one_line_error(capsys, ["validate", "--ckpt_path", str(tmp_path / "mixed.ckpt")], "mixed.ckpt",
+                    "but its hyperparameters make (", "64)")
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["state_dict"]["model.transformer.ln_f.weight"]
+    torch.save(ckpt, tmp_path / "dropped.ckpt")
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "branch"]
+    _one_line_error(capsys, [*resume, "--ckpt_path", str(tmp_path / "dropped.ckpt")], "dropped.ckpt",
+                    "missing weights ['model.transformer.ln_f.weight']")
+    main([*resume, "--ckpt_path", str(path)])  # the file it came from resumes (not vacuous)
 
 
 def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):

@@ -159,18 +159,7 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
                               "pass a .ckpt written by `tinylm fit`") from None
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model = GPT(config)
-    expected = model.state_dict()
-    for key, tensor in state.items():
-        if key in expected and tensor.shape != expected[key].shape:
-            raise CheckpointError(
-                f"checkpoint {str(ckpt_path)!r}: tensor {key!r} has shape {tuple(tensor.shape)} but its "
-                f"hyperparameters make {tuple(expected[key].shape)}; the weights and hyper_parameters come from "
-                "different models (was the file edited or merged?)"
-            )
-    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
-                              f"{missing[:5]}, unexpected weights {unexpected[:5]}")
+    check_weights(state, model.state_dict(), ckpt_path)
     broken = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if broken:
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds non-finite weights (NaN or inf) in {len(broken)} "
@@ -187,6 +176,23 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
                               f"({type(e).__name__}: {str(e)[:200]}): the file is damaged, or was written by another "
                               "tinylm version; use another checkpoint of the run, or the version that wrote it") from None
     return model.to(map_location).eval(), tokenizer, hparams
+
+
+def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: str | os.PathLike) -> None:
+    """Refuse weights ``state`` that are not those of the model the checkpoint's hyperparameters build (``expected``:
+    its state_dict): a tensor of another shape, or one missing or extra, names the tensor (load_state_dict would
+    list every mismatch in a traceback)."""
+    for key, tensor in state.items():
+        if key in expected and tensor.shape != expected[key].shape:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt_path)!r}: tensor {key!r} has shape {tuple(tensor.shape)} but its "
+                f"hyperparameters make {tuple(expected[key].shape)}; the weights and hyper_parameters come from "
+                "different models (was the file edited or merged?)"
+            )
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
+                              f"{missing[:5]}, unexpected weights {unexpected[:5]}")
 
 
 # GPTConfig fields a run takes from the data or its own config, not from pretrained weights (init_from)

@@ -465,6 +465,10 @@ class TinyLM(L.LightningModule):
                 "the checkpoint is for a different model shape (" + "; ".join(diffs) + "); vocab_size and block_size "
                 "come from the data: resume with the same data.tokenizer and data.block_size, or start a new run"
             )
+        from tinylm.checkpoint import check_weights
+
+        # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor
+        check_weights(checkpoint["state_dict"], self.state_dict(), getattr(self._trainer, "ckpt_path", None) or "checkpoint")
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
