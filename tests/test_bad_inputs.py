@@ -37,6 +37,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--model.n_embd", "33"], ["n_embd"]),
         (["--data.corpus", ""], ["--data.corpus is empty"]),
         (["--trainer.overfit_batches", "1"], ["trainer.overfit_batches=1", "tiny corpus"]),
+        (["--trainer.limit_train_batches", "0"], ["trainer.limit_train_batches=0 trains nothing", "max_steps"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),

@@ -241,6 +241,9 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                              "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
                              "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
                              "characters")
+        if trainer_cfg.get("limit_train_batches") in (0, 0.0):  # Lightning then ends the run at step 0 without a word
+            raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); leave it out: "
+                             "tinylm runs are driven by --trainer.max_steps")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
