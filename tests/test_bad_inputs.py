@@ -104,9 +104,14 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     (["fit", "--model.lr", "nan"], "--model.lr: expected a finite number, got nan"),
     (["generate", "--ckpt_path", "x.ckpt", "--temperature", "inf"], "--temperature: expected a finite number, got inf"),
     (["generate", "--ckpt_path", "x.ckpt", "--max_new_tokens", "1.5"], "--max_new_tokens: expected a whole number"),
+    (["generate", "--ckpt_path", "x.ckpt", "--strategy", "topk"],
+     "--strategy: expected one of greedy, sample, beam, contrastive, got topk"),
+    (["fit", "--trainer.precision", "bf17"], "--trainer.precision: expected one of 64, 32, 16, transformer-engine"),
 ])
 def test_wrongly_typed_values_are_named_in_plain_words(config, capsys, argv, message):
-    """Catches jsonargparse's "Expected a <class 'float'>. Got value: nan" (a float was given, and it is one)."""
+    """Catches jsonargparse's "Expected a <class 'float'>. Got value: nan" (a float was given, and it is one), and a
+    value outside a fixed set named as jsonargparse's "Expected a typing.Literal[...]", or, for --trainer.precision
+    (numbers or names), as "expected a whole number": the line lists the values it takes."""
     if argv[0] == "fit":
         argv = [argv[0], "--config", str(config), *argv[1:]]
     _one_line_error(capsys, argv, message)

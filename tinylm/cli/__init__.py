@@ -9,6 +9,7 @@ a bug keeps its traceback (and
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import errno
 import logging
@@ -401,7 +402,10 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
                    and not any(n in ln for n in _NOISE)]
         reason = (reasons or ["invalid value"])[0]
     value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
-    if typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
+    if choices := _choices(text, reason):  # --strategy topk, --trainer.precision bf17: name the values it takes
+        got = value if value is not None else reason.rpartition("Got value: ")[2]
+        reason = f"expected one of {', '.join(choices)}, got {got}"
+    elif typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
         kind, got = typed.groups()
         what = {"float": "a number", "int": "a whole number", "bool": "true or false"}.get(kind, f"a {kind}")
         if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
@@ -420,6 +424,18 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
         return f"--{key}: {reason}{given}{hint}"
     return f"{reason}{hint}"
+
+
+def _choices(text: str, reason: str) -> list[str] | None:
+    """The values an option of a fixed set takes (a typing.Literal, or a union of Literals and None, as
+    --trainer.precision's ints and names), from jsonargparse's message; None for any other type."""
+    subtypes = re.search(r"Subtypes: \[(.*)\]", text)
+    literal = re.match(r"Expected a (typing\.Literal\[[^\]]*\])", reason)
+    where = subtypes[1] if subtypes else literal[1] if literal else ""
+    groups = re.findall(r"typing\.Literal\[([^\]]*)\]", where)
+    if not groups or re.sub(r"typing\.Literal\[[^\]]*\]|<class 'NoneType'>|[\s,]", "", where):
+        return None  # another type among them (a number, a path): jsonargparse's own reason says more
+    return list(dict.fromkeys(str(v) for group in groups for v in ast.literal_eval(f"[{group}]")))
 
 
 def check_config_files(args: list[str]) -> None:
