@@ -22,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import sys
 import threading
 import time
@@ -222,6 +223,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
+    _check_devices(trainer_cfg, runs)
     if trainer_cfg.get("barebones"):  # Lightning then refuses every logger, callback and checkpoint tinylm adds
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
@@ -270,17 +272,42 @@ def check_accelerator(accelerator: Any) -> None:
                      f"here{build}; leave the option out (auto uses what there is) or pass --trainer.accelerator cpu")
 
 
+def _on_cpu(trainer_cfg: dict[str, Any]) -> bool:
+    """Whether the run trains on the CPU: --trainer.accelerator cpu, or auto on a machine without a GPU."""
+    import torch
+
+    accelerator = str(trainer_cfg.get("accelerator") or "auto").lower()
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    return accelerator == "cpu" or accelerator == "auto" and not gpu
+
+
+def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
+    """trainer.devices is a number of devices, -1 (every GPU), auto or a list of GPU indices; on the CPU (a run
+    that `runs`), a number of processes. Lightning's CPU parser raised a bare TypeError ("`devices` selected with
+    `CPUAccelerator` should be an int > 0.") with its traceback for `two`, -3, 1.5 or a list."""
+    devices = trainer_cfg.get("devices")
+    if devices is None:
+        return
+    if isinstance(devices, (list, tuple)):
+        if runs and _on_cpu(trainer_cfg):
+            raise ValueError(f"trainer.devices {list(devices)} lists GPU indices, and this run is on the CPU; pass "
+                             f"the number of training processes instead: --trainer.devices {len(devices)}")
+        return
+    text = str(devices).strip().lower()
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not (runs and _on_cpu(trainer_cfg)):
+        return
+    shown = text if re.fullmatch(r"-?\d+", text) else repr(devices)
+    raise ValueError(f"trainer.devices must be a number of devices (1 or more), auto, or -1 for every GPU, got "
+                     f"{shown}; on the CPU it is the number of training processes (e.g. --trainer.devices 1)")
+
+
 def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
     """More CPU devices than cores: Lightning starts them all (`--trainer.devices 64` on 2 cores, 64 processes)
     without a word, though they only take turns on the cores."""
-    import torch
-
-    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator") or "auto").lower()
+    devices = trainer_cfg.get("devices")
     if isinstance(devices, str) and devices.isdigit():
         devices = int(devices)
-    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
-    if not isinstance(devices, int) or isinstance(devices, bool) or accelerator not in ("cpu", "auto") or \
-            accelerator == "auto" and gpu:
+    if not isinstance(devices, int) or isinstance(devices, bool) or not _on_cpu(trainer_cfg):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if devices > cores:
