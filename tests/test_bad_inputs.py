@@ -43,6 +43,8 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--trainer.devices", "0"], ["trainer.devices must be a number of devices", "got 0"]),
         (["--trainer.devices", "[0,1]", "--trainer.accelerator", "cpu"],
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
+        (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list
+         ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),

@@ -288,12 +288,13 @@ def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
     devices = trainer_cfg.get("devices")
     if devices is None:
         return
-    if isinstance(devices, (list, tuple)):
-        if runs and _on_cpu(trainer_cfg):
-            raise ValueError(f"trainer.devices {list(devices)} lists GPU indices, and this run is on the CPU; pass "
-                             f"the number of training processes instead: --trainer.devices {len(devices)}")
-        return
     text = str(devices).strip().lower()
+    if isinstance(devices, (list, tuple)) or re.fullmatch(r"\d+ *(, *\d+ *)*,? *", text) and "," in text:  # "0,1"
+        indices = list(devices) if isinstance(devices, (list, tuple)) else [int(d) for d in text.split(",") if d.strip()]
+        if runs and _on_cpu(trainer_cfg):
+            raise ValueError(f"trainer.devices {indices} lists GPU indices, and this run is on the CPU; pass "
+                             f"the number of training processes instead: --trainer.devices {len(indices)}")
+        return
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not (runs and _on_cpu(trainer_cfg)):
         return
     shown = text if re.fullmatch(r"-?\d+", text) else repr(devices)

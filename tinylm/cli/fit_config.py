@@ -103,13 +103,12 @@ def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str,
 
 
 def device_count(opts: dict[str, Any]) -> int:
-    """Devices of the run (all nodes): ``devices`` as an int, a list, "2" or "auto"/-1 (one per GPU here, else 1)."""
+    """Devices of the run (all nodes): ``devices`` as an int, a list, "2" or "auto"/-1 (one per GPU here, else 1);
+    checked by `check_trainer_options`."""
     import torch
 
     devices = opts.get("devices", "auto")
     number = int(devices) if str(devices).strip().lstrip("-").isdigit() else None
-    if number is not None and number < 1 and number != -1:
-        raise ValueError(f"trainer.devices must be a number >= 1, a list of device ids, -1 or auto, got {devices}")
     if isinstance(devices, (list, tuple)):
         n = len(devices)
     elif number is not None and number > 0:
