@@ -128,6 +128,10 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
     assert first.startswith("ROMEO:") and len(first.rstrip("\n")) == len("ROMEO:") + 20  # char model: 1 token = 1 char
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "20"])
     assert capsys.readouterr().out == first  # greedy is deterministic
+    # a bare boolean flag means true, as plan's --json (it was "argument --no_cache: expected one argument")
+    main(["generate", "--ckpt_path", str(ckpt), "--no_cache", "--prompt", "ROMEO:", "--strategy", "greedy",
+          "--max_new_tokens", "20", "--early_stopping"])
+    assert capsys.readouterr().out == first  # the same tokens without the KV cache
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1", "--max_new_tokens", "5"])
     out = capsys.readouterr().out
     assert out.count("ROMEO:") == 3

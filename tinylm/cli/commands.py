@@ -52,7 +52,7 @@ def run(command: str, args: list[str]) -> Any:
     from tinylm.cli.fit_config import split_args, takes_fit_config
 
     fn = COMMANDS[command]
-    args = _leading_positionals(fn, args)
+    args = _flag_values(fn, _leading_positionals(fn, args))
     fit_args = None
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
         args, fit_args = split_args(fn, args)
@@ -61,6 +61,18 @@ def run(command: str, args: list[str]) -> Any:
     kwargs = cfg.as_dict()
     kwargs.pop("config", None)
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
+
+
+def _flag_values(fn: Callable, args: list[str]) -> list[str]:
+    """``args`` with ``true`` after each bare boolean flag of ``fn`` (``--json``, ``--no_cache``): jsonargparse's
+    booleans take a value ("argument --no_cache: expected one argument")."""
+    flags = {f"--{name}" for name, p in inspect.signature(fn).parameters.items() if p.annotation in (bool, "bool")}
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg in flags and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append("true")
+    return out
 
 
 def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: list[str]) -> None:

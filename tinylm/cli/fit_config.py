@@ -27,10 +27,9 @@ def takes_fit_config(fn: Callable) -> bool:
 
 
 def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
-    """(the command's own options, the fit config's arguments). A bare boolean flag (``--json``) means true."""
-    params = inspect.signature(fn).parameters
-    own_names = {f"--{name}" for name in params if name != FIT_ARGS}
-    flags = {f"--{name}" for name, p in params.items() if p.annotation in (bool, "bool")}
+    """(the command's own options, the fit config's arguments); a bare boolean flag (``--json``) has its ``true``
+    already (`tinylm.cli.commands.run`)."""
+    own_names = {f"--{name}" for name in inspect.signature(fn).parameters if name != FIT_ARGS}
     own: list[str] = []
     fit: list[str] = []
     i = 0
@@ -41,10 +40,7 @@ def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
             own.append(arg)
         elif key in own_names:
             own.append(arg)
-            has_value = "=" in arg or (i + 1 < len(args) and not args[i + 1].startswith("--"))
-            if key in flags and not has_value:
-                own.append("true")
-            elif "=" not in arg and i + 1 < len(args):
+            if "=" not in arg and i + 1 < len(args):
                 i += 1
                 own.append(args[i])
         else:
