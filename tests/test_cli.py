@@ -279,3 +279,15 @@ def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
         done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=env, check=True)
         levels[node] = int(done.stdout.split()[-1])
     assert levels == {"0": 20, "1": 40}  # INFO, ERROR
+
+
+def test_tinylm_help_answers_without_importing_lightning():
+    """Catches `tinylm --help` (and `tinylm` alone) importing Lightning, torch and all before printing the command
+    list: 10 s on a busy 2-core machine for a line of usage."""
+    import subprocess
+    import sys
+
+    code = "import sys; from tinylm.cli import main; main(['--help']); print('lightning' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("usage: tinylm COMMAND") and "sample-report" in out
+    assert out.splitlines()[-1] == "False"

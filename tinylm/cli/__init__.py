@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None, program: bool) -> None:
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
-    _setup_console()
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):  # before the console's setup, which imports Lightning (seconds)
         print(usage())
         return
+    _setup_console()
     command, rest = argv[0], argv[1:]
     try:
         check_config_files(rest)
