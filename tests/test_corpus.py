@@ -218,6 +218,11 @@ def test_malformed_dataset_file_is_named(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{"text": oops\n')
     with pytest.raises(ValueError, match=r"broken\.jsonl.*as a json dataset.*fix the file"):
         list(open_corpus(str(tmp_path / "broken.jsonl"), cache_dir=tmp_path))
+    # an empty one is an empty corpus, as an empty .txt is (it was "--data.data_files ... matches no file": an
+    # option the user never passed, for a file that is there)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"corpus '.*empty\.jsonl' is empty \(no text in it\); pass --data.corpus"):
+        list(open_corpus(str(tmp_path / "empty.jsonl"), cache_dir=tmp_path))
 
 
 def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, monkeypatch):

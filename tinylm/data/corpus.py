@@ -214,6 +214,9 @@ class HFDataset(Corpus):
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
+                if _any_local(self.files):  # they match files, but no row: empty files
+                    raise ValueError(f"corpus {self.spec!r} is empty (no text in it); pass --data.corpus PATH to a "
+                                     "corpus with text") from None
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
                                         "and globs") from None
             except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
