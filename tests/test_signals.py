@@ -351,6 +351,27 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
     assert str(fit.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
 
 
+def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
+    """Catches rank 0's gloo traceback ("Connection closed by peer") below rank 1's own error line on a loaded
+    machine: rank 1 closed its connections as it ended, but took more than 2 s to exit, so rank 0 took it for alive
+    and printed its failed collective. A peer's closed connection now waits for that rank's end (up to 30 s); any
+    other error still waits 2 s."""
+    from tinylm.cli import fit
+
+    rank = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(4); sys.exit(1)"])
+    try:
+        monkeypatch.setattr(fit, "_RANKS", [rank])
+        assert fit.lost_rank(raised=RuntimeError("[pair.cc:553] Read error: Connection reset by gremlins")) is None
+        closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                              "[127.0.0.1]:18856")
+        lost = fit.lost_rank(raised=closed)
+        assert lost is not None and lost.said and lost.exit_code == 1, lost
+        assert str(lost).startswith(f"rank 1 (pid {rank.pid}) stopped on an error")
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def _rank1(pid: int) -> int | None:
     """The pid of rank 1 among the children of rank 0 (``pid``), once it runs: the one Lightning started with
     LOCAL_RANK=1 in its environment (rank 0 forks others too, loader and tokenizer workers, that are no rank)."""

@@ -131,7 +131,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             _end_at_once_on_ctrl_c()
         e = _from_training_process(raised)
         fit = sys.modules.get("tinylm.cli.fit")
-        if not verbose and not is_user_error(e) and fit is not None and (lost := fit.lost_rank()) is not None:
+        if not verbose and not is_user_error(e) and fit is not None and (lost := fit.lost_rank(raised=e)) is not None:
             e = lost  # a rank ended first: this process's collective with it failed, which says nothing
         if fit is not None:
             fit.end_ranks()  # the ranks it started end with it, not after it

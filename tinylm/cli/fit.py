@@ -893,12 +893,21 @@ def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
     os._exit(lost.exit_code)
 
 
-def lost_rank(wait: float = 2.0) -> TinyLMError | None:
+# what a collective says when the other end went away (gloo's two, NCCL's): that rank is ending, if slowly
+_PEER_GONE = ("closed by peer", "reset by peer", "remote process exit")
+
+
+def lost_rank(wait: float = 2.0, raised: BaseException | None = None) -> TinyLMError | None:
     """Why a rank that DDP's launcher started from this process ended before it: the error this process reports
     instead of the failed collective's traceback. A signal's (the rank had no chance to say so itself); or, when
     the rank ended with an error of its own, which it said, one with ``said`` set, ending this process with the
-    rank's exit status and no word. None when every rank is alive."""
+    rank's exit status and no word. None when every rank is alive. ``raised``, this process's error, saying that a
+    peer closed its connection, waits up to 30 s: a rank closes its connections as it ends, and on a loaded machine
+    its end (its line, its exit hooks) took more than ``wait``, and the collective's traceback followed its line."""
     import signal
+
+    if raised is not None and any(words in str(raised) for words in _PEER_GONE):
+        wait = max(wait, 30.0)
 
     if _RANK0 is not None:  # a rank that rank 0 started: rank 0 gone is what ended it
         deadline = time.monotonic() + wait  # rank 0's connections close before it is gone (this one reparented)
