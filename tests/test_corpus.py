@@ -221,8 +221,11 @@ def test_malformed_dataset_file_is_named(tmp_path):
     # an empty one is an empty corpus, as an empty .txt is (it was "--data.data_files ... matches no file": an
     # option the user never passed, for a file that is there)
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(ValueError, match=r"corpus '.*empty\.jsonl' is empty \(no text in it\); pass --data.corpus"):
-        list(open_corpus(str(tmp_path / "empty.jsonl"), cache_dir=tmp_path))
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    for name, streaming in [("empty", False), ("blank", False), ("empty", True)]:  # (blank streamed: no rows)
+        with pytest.raises(ValueError, match=rf"corpus '.*{name}\.jsonl' is empty \(no text in it\); pass --data.corpus"):
+            list(open_corpus(str(tmp_path / f"{name}.jsonl"), cache_dir=tmp_path, streaming=streaming,
+                             max_documents=10))
 
 
 def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, monkeypatch):

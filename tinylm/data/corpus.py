@@ -214,9 +214,7 @@ class HFDataset(Corpus):
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
-                if _any_local(self.files):  # they match files, but no row: empty files
-                    raise ValueError(f"corpus {self.spec!r} is empty (no text in it); pass --data.corpus PATH to a "
-                                     "corpus with text") from None
+                _refuse_blank(self.spec, self.data_files)  # or only empty files
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
                                         "and globs") from None
             except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
@@ -224,6 +222,9 @@ class HFDataset(Corpus):
                 raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
                                  f"({type(cause).__name__}: {str(cause).strip()[:300]}); fix the file, or pass "
                                  "--data.corpus PATH to plain text files") from e
+            except ValueError:  # 'Instruction "train" corresponds to no data!': files of blank lines
+                _refuse_blank(self.spec, self.data_files)
+                raise
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
@@ -287,6 +288,10 @@ class HFStream(Corpus):
             except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
                 raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({type(e).__name__}: {e}); "
                                  "check the name, the network and --data.data_files") from e
+            except StopIteration:  # no file with a row to infer the columns from
+                _refuse_blank(self.spec, self.data_files)
+                raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                        "and globs") from None
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
@@ -337,6 +342,25 @@ def _hash_files(data_files: Any) -> Any:
         return [f"sha256:{_sha256(Path(p))}" for p in sorted(glob.glob(data_files, recursive=True))
                 if Path(p).is_file()] or data_files
     return data_files
+
+
+def _local_files(data_files: Any) -> list[Path]:
+    """The local files `data_files` (a path or glob, a list, or {split: path(s)}) names."""
+    if isinstance(data_files, dict):
+        return [p for v in data_files.values() for p in _local_files(v)]
+    if isinstance(data_files, (list, tuple)):
+        return [p for v in data_files for p in _local_files(v)]
+    if isinstance(data_files, str):
+        return [Path(p) for p in glob.glob(data_files, recursive=True) if Path(p).is_file()]
+    return []
+
+
+def _refuse_blank(spec: str, data_files: Any) -> None:
+    """An empty corpus, when `data_files` names local files that hold nothing but whitespace: `datasets` finds no
+    row in them and says so in its own words (a StopIteration, "Instruction "train" corresponds to no data!")."""
+    files = _local_files(data_files)  # (read only once loading failed)
+    if files and not any(f.read_bytes().strip() for f in files):
+        raise ValueError(f"corpus {spec!r} is empty (no text in it); pass --data.corpus PATH to a corpus with text")
 
 
 def _any_local(hashed: Any) -> bool:
