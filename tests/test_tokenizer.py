@@ -365,3 +365,23 @@ def test_a_corpus_too_small_for_the_vocabulary_is_named(spec):
     with pytest.warns(UserWarning, match=r"ran out of pairs to merge after \d+ merges; vocab_size is \d+ instead of 8192"):
         tok = build_tokenizer(spec, vocab_size=8192, documents=lambda: ["the cat sat on the mat, the cat sat"])
     assert tok.vocab_size < 300
+
+
+def test_tokenizer_json_without_an_unknown_token_names_text_it_cannot_encode(tmp_path):
+    """Catches a tokenizer.json whose vocabulary has no unknown token (a WordLevel over characters, as `tinylm export`
+    writes for a char model) failing with the tokenizers library's bare "Exception: WordLevel error: Missing [UNK]
+    token" and a traceback: at prepare's probe of how text may be cut, before any corpus text was read."""
+    from tokenizers import Regex, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF
+
+    from tinylm.data.writer import cuts_exactly
+
+    hf = HF(models.WordLevel({"a": 0, "b": 1, " ": 2}))
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = build_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert tok.encode("ab ba") == [0, 1, 2, 1, 0]  # text it covers encodes (not vacuous)
+    assert cuts_exactly(tok) is False  # its probe holds other characters: documents are encoded whole
+    for encode in (tok.encode, lambda text: tok.encode_batch([text])):
+        with pytest.raises(ValueError, match=r"cannot encode 'abc'.*no unknown token.*--data.tokenizer bpe"):
+            encode("abc")

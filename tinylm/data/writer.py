@@ -124,7 +124,10 @@ def cuts_exactly(tok: Tokenizer) -> bool:
     (Metaspace, Llama's prepend scheme) start every text with "▁", so each piece would begin with a space."""
     if tok.kind != "hf":
         return True
-    whole = tok.encode(_PROBE)
+    try:
+        whole = tok.encode(_PROBE)
+    except ValueError:  # characters its vocabulary lacks, with no unknown token: nothing known, so no cutting
+        return False
     # piece sizes at which every piece of the probe has a place `pieces` may cut (a smaller one cuts a word)
     return all([i for piece in pieces(_PROBE, n) for i in tok.encode(piece)] == whole for n in (20, 40))
 

@@ -50,12 +50,22 @@ class _HF:
         self.tok = tok
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        except Exception as e:
+            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
+                raise
+            raise _uncovered(e, [text]) from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch runs on all cores (Rust threads); the _fast variant skips offsets we never use
         fn = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
-        return [e.ids for e in fn(texts, add_special_tokens=False)]
+        try:
+            return [e.ids for e in fn(texts, add_special_tokens=False)]
+        except Exception as e:
+            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
+                raise
+            raise _uncovered(e, texts) from None
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
@@ -252,6 +262,15 @@ _BACKENDS = {b.kind: b for b in (_HF, _Tiktoken, _Char, _Scratch)}
 
 
 # ---------------------------------------------------------------------------------------------------- facade
+def _uncovered(e: Exception, texts: list[str]) -> ValueError:
+    """The tokenizers library's error for text its vocabulary cannot encode (a WordLevel with no unknown token:
+    "WordLevel error: Missing [UNK] token from the vocabulary") as a ValueError naming the text and the fix."""
+    text = texts[0] if len(texts) == 1 else "a batch of texts"
+    return ValueError(f"the tokenizer cannot encode {text[:60]!r} ({e}): its vocabulary has no token for some of the "
+                      "text and no unknown token to stand for it; use a tokenizer that covers the text "
+                      "(--data.tokenizer bpe reads any text), or remove that text")
+
+
 class Tokenizer:
     """Text <-> token ids, whatever the backend. Build one with `build_tokenizer(spec, ...)`."""
 
