@@ -3,6 +3,7 @@ because its `--out` could never be written."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -29,3 +30,20 @@ def check_output_path(out: str | Path, option: str = "--out", *, folder: bool = 
         raise ValueError(f"{option} {str(out)!r}: nothing can be written in {ancestor} ({e.strerror or e}); pick "
                          "another path") from None
     return path
+
+
+def check_json_beside(png: str | Path, key: str, command: str, option: str = "--out") -> Path:
+    """The .json that `command` writes beside its PNG (``lr.png`` -> ``lr.json``), checked before any work: it may
+    replace that command's own earlier numbers (a JSON object with ``key``), never another file (an exported
+    model's config.json beside ``--out config.png``). Raises ValueError naming both paths and the fix."""
+    beside = Path(png).with_suffix(".json")
+    if not beside.exists():
+        return beside
+    try:
+        ours = key in json.loads(beside.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):  # unreadable, not JSON, or a JSON number
+        ours = False
+    if not ours:
+        raise ValueError(f"{option} {str(png)!r} would write its numbers to {beside}, which holds another file (not "
+                         f"a `tinylm {command}` result); pick another {option}, or move that file away")
+    return beside

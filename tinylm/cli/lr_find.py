@@ -25,6 +25,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
+    from tinylm.paths import check_json_beside
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
     from tinylm.train.lr_find import lr_find as range_test
@@ -35,6 +36,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                  whole=("num_training",))  # 4: three points to read past the last, which the suggestion skips
     if out:
         check_png_path(out)  # before the sweep, not after
+        check_json_beside(out, "rule_of_thumb", "lr-find")
     cli = fit_objects(fit_args, trains_here=True)
     opts = trainer_options(cli)
     keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")

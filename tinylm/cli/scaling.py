@@ -53,6 +53,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     """
     from tinylm.cli.fit import _rank_zero
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.paths import check_json_beside
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
 
@@ -62,6 +63,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     _check_sizes(sizes, target)
     if out:
         check_png_path(out)  # before hours of training, not after
+        check_json_beside(out, "budget_flops", "scaling")
     set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _OVERRIDDEN]
     if set_per_run:
         log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
