@@ -196,7 +196,8 @@ def test_encode_batch_equals_encode(bpe):
 
 
 def test_bad_specs_are_clear(tmp_path):
-    """Prevents unknown specs, missing paths or a too-small BPE vocab from failing obscurely."""
+    """Prevents unknown specs, missing paths, paths that are not files or a too-small BPE vocab from failing
+    obscurely."""
     with pytest.raises(ValueError, match=r"unknown tokenizer 'wordpiece'.*bpe, scratch-bpe, char, tiktoken:NAME"):
         build_tokenizer("wordpiece")
     with pytest.raises(FileNotFoundError, match=r"missing/tokenizer.json"):
@@ -205,6 +206,10 @@ def test_bad_specs_are_clear(tmp_path):
         build_tokenizer("bpe", vocab_size=200, documents=lambda: ["abc"])
     with pytest.raises(FileNotFoundError, match=r"tiktoken:PATH"):
         build_tokenizer(f"tiktoken:{tmp_path / 'nope.tiktoken'}")
+    # a device (or a FIFO) is there but is no file: named so, not "not found" nor "unknown tiktoken encoding"
+    for spec in ("/dev/null", "tiktoken:/dev/null"):
+        with pytest.raises(FileNotFoundError, match=r"'/dev/null' is not a regular file"):
+            build_tokenizer(spec)
 
 
 _TRAIN_ON_DNA = r"""

@@ -375,6 +375,9 @@ class Tokenizer:
                                         "or vocab.json + merges.txt); pass --data.tokenizer bpe|char|tiktoken:NAME "
                                         "to make one")
         if not path.is_file():
+            if path.exists():  # a device or a FIFO: it could be read forever
+                raise FileNotFoundError(f"tokenizer file {str(path)!r} is not a regular file; pass --data.tokenizer "
+                                        "with the path of a tokenizer file or folder")
             raise FileNotFoundError(f"tokenizer file {path} not found; pass --data.tokenizer with an existing path")
         with _naming(path, "a tokenizer file (tinylm_tokenizer.json, or a Hugging Face tokenizer.json)"):
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -508,10 +511,12 @@ def _load_tiktoken(spec: str) -> Tokenizer:
     target = spec.split(":", 1)[1]
     if not target:
         raise ValueError(f"tokenizer {spec!r} names no encoding; use tiktoken:gpt2 or tiktoken:PATH.tiktoken")
-    if Path(target).is_file() or target.endswith(".tiktoken"):
+    if Path(target).exists() and not Path(target).is_dir() or target.endswith(".tiktoken"):  # (a folder "gpt2"
+        # beside the command is not tiktoken:gpt2)
         path = Path(target)
         if not path.is_file():
-            raise FileNotFoundError(f"tiktoken rank file {target!r} not found; pass tiktoken:PATH to an existing "
+            what = "is not a regular file" if path.exists() else "not found"
+            raise FileNotFoundError(f"tiktoken rank file {target!r} {what}; pass tiktoken:PATH to an existing "
                                     "`.tiktoken` file")
         with _naming(path, "a .tiktoken rank file (lines of 'base64token rank')"):
             ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
