@@ -68,6 +68,16 @@ def test_internals_used_by_the_interrupt_checkpoint():
     assert "self._data_fetcher" in inspect.getsource(_FitLoop.__init__)
 
 
+def test_final_validation():
+    """tinylm.train.callbacks.FinalValidation asks the epoch loop whether a batch ends an optimizer step, and relies on
+    Lightning's rules for a stop: the batch that sets `trainer.should_stop` is logged and validation follows it."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    assert _params(_TrainingEpochLoop._should_accumulate) == ["self"]
+    assert "self.trainer.should_stop" in inspect.getsource(_TrainingEpochLoop._should_check_val_fx)
+    assert "trainer.should_stop" in inspect.getsource(_LoggerConnector.should_update_logs.fget)
+
+
 def test_logged_step_counter():
     """tinylm.train.callbacks.LoggedStep sets the fit loop's `_batches_that_stepped` (the step metrics are logged
     under, saved in checkpoints) to global_step at a run's first batch."""

@@ -261,7 +261,8 @@ def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_co
 
 
 def test_a_run_that_ends_between_two_validations_validates_at_its_last_step(run_config, tmp_path):
-    """Catches a run whose max_steps is not a multiple of its validation interval ending without a final val/loss:
+    """Catches a run whose max_steps is not a multiple of its validation interval ending without a final val/loss
+    (or its last step's train/loss):
     a quick try of 3 steps at val_check_interval 100 had no val/loss row and no best.ckpt (so the README's
     `generate --ckpt_path .../best.ckpt` failed). The checkpoint of the last step is saved before that validation,
     so a resume with a larger max_steps still matches the uninterrupted run (dropout, accumulation, workers)."""
@@ -283,3 +284,11 @@ def test_a_run_that_ends_between_two_validations_validates_at_its_last_step(run_
     assert sorted(_val_losses(short)) == [2, 5]
     assert _val_losses(short)[5] == pytest.approx(_val_losses(straight)[5], abs=1e-4)
     _assert_same_rows(_losses(short), _losses(straight))
+
+    # the last step logs its own training metrics too (Lightning logged the previous logging step's again under it)
+    main(["fit", "--config", str(config), "--run.name", "sparse", "--trainer.max_steps", "3",
+          "--trainer.log_every_n_steps", "2"])
+    sparse = tmp_path / "runs" / "sparse"
+    assert sorted(_losses(sparse)) == sorted(_losses(sparse, "train/tokens_per_sec")) == [1, 2]
+    _assert_same_rows(_losses(sparse), {step: _losses(straight)[step] for step in (1, 2)})
+    assert sorted(_val_losses(sparse)) == [2]

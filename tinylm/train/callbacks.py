@@ -228,17 +228,22 @@ def scheduled_validation_follows(trainer: L.Trainer) -> bool:
 
 
 class FinalValidation(L.Callback):
-    """Validates at the run's last step (``trainer.max_steps``) when the schedule does not: a quick try of 100 steps
-    at ``val_check_interval`` 250 ended with no ``val/loss`` and no ``best.ckpt``, and GPT-2's 19,073 steps at 250
-    without the final model's ``val/loss``.
+    """The run's last optimizer step (``trainer.max_steps``) logs its training metrics and validates, whatever
+    ``log_every_n_steps`` and ``val_check_interval`` say: a quick try of 100 steps at ``val_check_interval`` 250
+    ended with no ``val/loss`` and no ``best.ckpt``, and GPT-2's 19,073 steps at 250 without the final model's
+    ``val/loss``.
 
-    Lightning validates after a batch that sets ``trainer.should_stop`` (as it does for EarlyStopping), and the run
-    ends at ``max_steps`` anyway. As at any stop between two scheduled validations, the step's checkpoint is saved
-    before this validation (`PeriodicCheckpoint`), so a resume with a larger ``max_steps`` goes on exactly.
+    Lightning's rule for a stop does both: a batch that ends with ``trainer.should_stop`` set (as EarlyStopping sets
+    it) is a logging step (`logging_step`), and validation follows it. It is set at the start of the step's last
+    micro-batch, so that the step's own metrics are logged (set after the batch, Lightning logged the previous
+    logging step's values again, under this step). The run ends at ``max_steps`` anyway. As at any stop between two
+    scheduled validations, the step's checkpoint is saved before this validation (`PeriodicCheckpoint`), so a resume
+    with a larger ``max_steps`` goes on exactly.
     """
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if 0 < trainer.max_steps <= trainer.global_step and not validation_follows(trainer):
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        steps = 0 < trainer.max_steps == trainer.global_step + 1 and not trainer.fit_loop.epoch_loop._should_accumulate()
+        if steps:
             trainer.should_stop = True
 
 
