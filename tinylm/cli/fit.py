@@ -1157,6 +1157,8 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
     # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
+    # tinylm's epochs are notional (a small corpus makes short ones) and logging counts steps across them
+    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
     try:
         cli = cli_class(
             TinyLM,
