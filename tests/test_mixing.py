@@ -65,8 +65,9 @@ def test_mixed_batches_are_a_pure_function_of_seed_batch_and_rank(two_corpora, t
     assert len({tuple(whole.sources(k)) for k in range(5)}) > 1  # the sources really vary
 
 
-def test_fit_on_a_mixture_logs_val_loss_per_corpus(run_config, two_corpora, tmp_path):
-    """Catches a mixture whose validation reports only one corpus, or drops the overall val/loss."""
+def test_fit_on_a_mixture_logs_val_loss_per_corpus(run_config, two_corpora, tmp_path, capsys):
+    """Catches a mixture whose validation reports only one corpus, or drops the overall val/loss, and `tinylm
+    validate --data.corpus ONE` of its checkpoint refused for the run's two data.weights, which it never passed."""
     config = run_config(data={"corpus": two_corpora, "weights": [0.5, 0.5], "block_size": 16, "batch_size": 2,
                               "val_batches": 2, "cache_dir": str(tmp_path / "cache"), "tokenizer": "char"})
     main(["fit", "--config", str(config)])
@@ -75,6 +76,11 @@ def test_fit_on_a_mixture_logs_val_loss_per_corpus(run_config, two_corpora, tmp_
     assert len(rows) == 1 and rows[0]["val/loss/a.txt"] and rows[0]["val/loss/b.txt"]
     per = [float(rows[0][f"val/loss/{n}"]) for n in ("a.txt", "b.txt")]
     assert min(per) <= float(rows[0]["val/loss"]) <= max(per)  # the overall loss lies between the two
+    capsys.readouterr()
+    main(["validate", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"),
+          "--data.corpus", two_corpora[0]])
+    out = capsys.readouterr().out
+    assert "val/loss " in out and "val/loss/a.txt" not in out  # one corpus: no per-corpus losses
 
 
 def test_resume_takes_the_same_shares_written_otherwise(run_config, two_corpora, tmp_path, capsys):
