@@ -181,6 +181,17 @@ def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     main([*resume, "--ckpt_path", str(path)])  # the file it came from resumes (not vacuous)
 
 
+def test_validate_with_another_block_size_says_to_leave_it_out(config, tmp_path, capsys):
+    """Catches `tinylm validate --data.block_size 8` of a block-16 checkpoint told to "resume with the same
+    data.block_size, or start a new run": validate resumes nothing; without the option it uses the run's own."""
+    main(["fit", "--config", str(config)])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    line = _one_line_error(capsys, ["validate", "--ckpt_path", ckpt, "--data.block_size", "8"],
+                           "block_size: checkpoint 16, this run 8", "leave --data.block_size")
+    assert "start a new run" not in line
+    main(["validate", "--ckpt_path", ckpt])  # without it: the run's own (not vacuous)
+
+
 def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):
     """Catches a long prompt crashing the position embedding instead of using its last block_size tokens."""
     main(["fit", "--config", str(config)])

@@ -459,12 +459,16 @@ class TinyLM(L.LightningModule):
                  "norm", "mlp", "tie_embeddings", "optimizer")
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
         if diffs:
+            from lightning.pytorch.trainer.states import TrainerFn
+
             from tinylm.checkpoint import CheckpointError
 
-            raise CheckpointError(
-                "the checkpoint is for a different model shape (" + "; ".join(diffs) + "); vocab_size and block_size "
-                "come from the data: resume with the same data.tokenizer and data.block_size, or start a new run"
-            )
+            fix = ("resume with the same data.tokenizer and data.block_size, or start a new run"
+                   if self._trainer is None or self._trainer.state.fn == TrainerFn.FITTING else
+                   "leave --data.block_size and --data.tokenizer out (of the command and its --config): tinylm "
+                   "validate then uses the checkpoint's own")
+            raise CheckpointError(f"the checkpoint is for a different model shape ({'; '.join(diffs)}); vocab_size "
+                                  f"and block_size come from the data: {fix}")
         from tinylm.checkpoint import check_weights
 
         # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor
