@@ -224,6 +224,39 @@ def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str
     return proc.returncode, (tmp_path / "stderr.txt").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["one process", "ddp_fork"])
+def test_a_run_started_to_ignore_ctrl_c_trains_on(run_config, tmp_path, strategy):
+    """Catches ddp_fork hanging for good on two Ctrl+Cs to a run started with SIGINT ignored (a script's `&` job):
+    its training processes installed their own handler anyway, took the second for "stop now" and ended without a
+    result, which the launcher waited for forever; one process stopped at the first. A Ctrl+C the command was
+    started to ignore is ignored: the run trains to its end."""
+    config = run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2}, trainer={"max_steps": 12})
+    cmd, env = _two_ranks(config, "ddp_fork") if strategy == "ddp_fork" else \
+        ([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], dict(os.environ))
+    err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
+    ignoring = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]  # what a script's `&` job is started with
+    proc = subprocess.Popen([*ignoring, *cmd], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                            start_new_session=True)
+    ckpts = tmp_path / "runs" / "run" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    for _ in range(2):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run hung after two Ctrl+Cs:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+    err.close()
+    said = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 0 and "interrupted" not in said, said[-3000:]
+    assert torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 12
+
+
 @pytest.fixture
 def ddp_config(run_config):
     """Long enough to be signalled at any point; a periodic save at step 2 says when training is under way."""

@@ -87,8 +87,12 @@ class InterruptStop(L.Callback):
         trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
         global _late, _over
         self._trainer, self._received, self._armed, _late, _over = trainer, None, True, None, False
-        # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone
-        self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None}
+        # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone. So
+        # is a Ctrl+C the command was started to ignore (a script's `&` job): ddp_fork's training processes took
+        # two for "stop now", ended without a result, and the launcher waited for one forever. (An ignored SIGTERM
+        # is not left to Lightning's handler, which it installs anyway: that one stops mid-step, unsaved.)
+        self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None
+                          and not (s == signal.SIGINT and h == signal.SIG_IGN)}
         for s in self._previous:
             signal.signal(s, self._on_signal)
 
