@@ -155,3 +155,21 @@ def test_out_never_replaces_another_file_beside_it(run_config, capsys):
     for _ in range(2):  # the second run replaces the first one's numbers
         main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", str(cfg.parent / "lr.png")])
     assert "rule_of_thumb" in (cfg.parent / "lr.json").read_text()
+
+
+def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_config, capsys, monkeypatch):
+    """Catches lr-find running its whole sweep (minutes) and only then failing to write runs/NAME/lr_find.png (a
+    read-only run folder, or a file in its place): the default path is checked before any work, as --out is."""
+    import tinylm.train.lr_find
+
+    cfg = run_config()
+    (cfg.parent / "runs").mkdir()
+    (cfg.parent / "runs" / "tiny").write_text("not a folder")
+
+    def sweep(*args, **kwargs):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(tinylm.train.lr_find, "lr_find", sweep)
+    with pytest.raises(SystemExit):
+        main(["lr-find", "--config", str(cfg), "--num_training", "4"])
+    assert "runs/tiny/lr_find.png' lies under runs/tiny, which is a file" in capsys.readouterr().err

@@ -38,6 +38,10 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         check_png_path(out)  # before the sweep, not after
         check_json_beside(out, "rule_of_thumb", "lr-find")
     cli = fit_objects(fit_args, trains_here=True)
+    path = Path(out) if out else cli.run_dir / "lr_find.png"
+    if not out:  # the default too, before the sweep (a read-only run folder failed only once it was done)
+        check_png_path(path)
+        check_json_beside(path, "rule_of_thumb", "lr-find")
     opts = trainer_options(cli)
     keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")
     with tempfile.TemporaryDirectory() as tmp:  # Lightning's restore checkpoint lives here, not in the run folder
@@ -47,7 +51,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                             use_distributed_sampler=False, default_root_dir=tmp)
         result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(), min_lr=min_lr,
                             max_lr=max_lr, num_training=num_training)
-    path = plot_lr_find(result, Path(out) if out else cli.run_dir / "lr_find.png",
+    path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
     said = f"{result.suggestion:.2e}" if result.suggestion else f"none ({result.why_none})"
     summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
