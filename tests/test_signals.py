@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from test_resume import _assert_same_rows, _losses, _val_losses
 
 from tinylm.cli import main
@@ -520,3 +521,33 @@ def test_a_ctrl_c_while_exiting_ends_at_once_quietly(run_config, tmp_path):
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()  # the run itself had ended
+
+
+class StopAtStep2(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SlowUpload(CSVLogger):
+    """A logger whose end takes a while (W&B's upload), and a Ctrl+C then: in the teardown of a stopped run."""
+
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if status == "failed":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the teardown goes on, unless the Ctrl+C ends it
+
+
+def test_a_ctrl_c_in_the_teardown_after_a_stop_still_says_where_it_stopped(run_config, tmp_path):
+    """Catches a Ctrl+C during the teardown of a run stopped by SIGTERM ending the command at once without a word:
+    the line saying where it stopped, what was saved and how to resume was lost (the checkpoint was saved)."""
+    config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.StopAtStep2"}],
+                                 "logger": [{"class_path": "test_signals.SlowUpload", "init_args": {"save_dir": "mine"}}]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = (f"tinylm fit: error: interrupted by SIGTERM at step 2; saved runs/tiny/checkpoints/last.ckpt; resume with "
+            f"`tinylm fit --config {config} --ckpt_path last`")
+    assert [s for s in done.stderr.splitlines() if "error:" in s] == [line], done.stderr[-3000:]

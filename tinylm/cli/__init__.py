@@ -99,7 +99,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             from tinylm.cli.fit import lightning_main
 
             # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-            with _terminate_cleanly(command, program):
+            with _terminate_cleanly(command, program, rest):
                 cli = lightning_main([command, *rest])
             if command == "validate" and hasattr(cli, "validate_result"):
                 print(format_validate(cli.validate_result, cli.validate_csv))
@@ -200,7 +200,7 @@ class Interrupted(TinyLMError):
 
 
 @contextlib.contextmanager
-def _terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
+def _terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
         ranks = sys.modules["tinylm.cli.fit"]._RANKS if "tinylm.cli.fit" in sys.modules else []  # ddp's, started
@@ -220,7 +220,11 @@ def _terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
         if not ranks:
             interrupt = sys.modules.get("tinylm.train.interrupt")  # (imported once a run is set up)
             if program and command == "fit" and interrupt is not None and interrupt.training_over():
-                _end_now(signum, frame)  # the run stopped (or ended) and is being torn down: it is exiting
+                # the run stopped (or ended) and is being torn down: it is exiting, and says why first (a stop's
+                # line: the checkpoint is saved by now)
+                if (line := interrupt.stop_line()) is not None and not sys.modules["tinylm.cli.fit"]._rank():
+                    sys.stderr.write(error_line(command, line, list(args)))
+                _end_now(signum, frame)
             raise KeyboardInterrupt
         for child in ranks:
             with contextlib.suppress(ProcessLookupError):
