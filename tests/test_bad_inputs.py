@@ -53,6 +53,8 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
          ["samples.prompts: 'é' cannot be encoded", "change --samples.prompts"]),
         (["--samples.every_n_steps", "2", "--samples.prompts", '[""]'],
          ["an empty prompt starts from the end-of-text token, and this char tokenizer has none"]),
+        (["--samples.every_n_steps", "2", "--samples.prompts", "[]"],
+         ["samples.prompts is empty", "--samples.every_n_steps 0"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):

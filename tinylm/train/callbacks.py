@@ -450,6 +450,9 @@ class SampleText(L.Callback):
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.prompts = list(prompts) if prompts is not None else ["\n"]
+        if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
+            raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
+                             "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
         self.config = SamplingConfig(
             strategy=strategy,
             max_new_tokens=max_new_tokens,
