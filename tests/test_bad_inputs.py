@@ -48,6 +48,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
+        (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
         # found at the first sample step, these ended the run there, before that step's checkpoint
         (["--samples.every_n_steps", "2", "--samples.prompts", '["é"]'],
          ["samples.prompts: 'é' cannot be encoded", "change --samples.prompts"]),

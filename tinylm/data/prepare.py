@@ -33,6 +33,7 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
 from tinylm.data.corpus import Corpus, Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
+from tinylm.errors import TinyLMError
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,11 @@ def _build_once(final: Path, write: Callable[[Path], None], complete: str, corpu
     if (final / complete).is_file():
         return
     locks = final.parent.parent / ".locks"  # CACHE/.locks: out of the folders that list what is cached
-    locks.mkdir(parents=True, exist_ok=True)
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as e:  # under /proc (a file on the way, a read-only disk: the CLI names those)
+        raise TinyLMError(f"cannot make the data cache folder {locks.parent} ({e.strerror or e}); pick a writable "
+                          "--data.cache_dir DIR (or $TINYLM_CACHE_DIR)") from None
     with open(locks / f"{final.parent.name}-{final.name}.lock", "w") as lock:
         if fcntl is not None:
             try:
