@@ -104,6 +104,16 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path,
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no half-made run folder
 
 
+@pytest.mark.parametrize("command", [["generate", "--ckpt_path", "x.ckpt"], ["export", "--ckpt_path", "x.ckpt"],
+                                     ["plot", "runs/tiny"]], ids=["generate", "export", "plot"])
+def test_a_fit_config_given_to_a_command_that_reads_none_says_so(config, capsys, command):
+    """Catches `tinylm generate --config configs/NAME.yaml` (the fit config, as for fit) ending in the parser's
+    "Option 'run.name' is not accepted", which names neither the file nor what the command reads instead."""
+    line = _one_line_error(capsys, [*command, "--config", str(config)], f"{config} is a `tinylm fit` config (data, "
+                           "model, run, samples, seed_everything, trainer)", f"`tinylm {command[0]} --print_config`")
+    assert ("from --ckpt_path" in line) == (command[0] != "plot")
+
+
 def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     """Catches an empty corpus turning into a zero-length dataset and a crash inside the sampler."""
     (tmp_path / "empty.txt").write_text("")

@@ -11,7 +11,7 @@ import inspect
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +57,8 @@ def run(command: str, args: list[str]) -> Any:
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
         args, fit_args = split_args(fn, args)
         _refuse_own_options_in_fit_configs(fn, command, fit_args)
+    else:
+        _refuse_fit_configs(fn, command, args)
     cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
     kwargs = cfg.as_dict()
     kwargs.pop("config", None)
@@ -78,22 +80,43 @@ def _flag_values(fn: Callable, args: list[str]) -> list[str]:
 def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: list[str]) -> None:
     """A --config file of plan, lr-find or scaling is the `tinylm fit` config they work on: one that sets the
     command's own options (``gpu: A100``) gets this line, not the fit parser's "does not accept option"."""
-    import yaml
-
     own = set(inspect.signature(fn).parameters) - {"fit_args"}
-    for i, arg in enumerate(fit_args):
-        key, _, value = arg.partition("=")
-        if key not in ("-c", "--config"):
-            continue
-        path = Path(value or (fit_args[i + 1] if i + 1 < len(fit_args) else ""))
-        try:
-            keys = set(yaml.safe_load(path.read_text()) or {})
-        except (OSError, yaml.YAMLError, TypeError, ValueError):
-            continue  # the fit parser says what is wrong with it
+    for path, keys in _config_keys(fit_args):
         if found := sorted(own & keys):
             raise ValueError(f"{path} sets {', '.join(found)}, which `tinylm {command}` takes as flags: pass "
                              f"{' '.join('--' + k + ' ...' for k in found)} on the command line (--config takes "
                              "the `tinylm fit` config it works on)")
+
+
+_FIT_SECTIONS = {"trainer", "model", "data", "run", "samples", "seed_everything"}
+
+
+def _config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
+    """Each ``--config FILE`` of ``args`` with its top-level keys (files that cannot be read are left to the
+    parser, which says what is wrong with them)."""
+    import yaml
+
+    for i, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        if key not in ("-c", "--config"):
+            continue
+        path = Path(value or (args[i + 1] if i + 1 < len(args) else ""))
+        try:
+            yield path, set(yaml.safe_load(path.read_text()) or {})
+        except (OSError, yaml.YAMLError, TypeError, ValueError):
+            continue
+
+
+def _refuse_fit_configs(fn: Callable, command: str, args: list[str]) -> None:
+    """A `tinylm fit` config given to a command that reads its model from a checkpoint (generate, export, ...): this
+    line, not the parser's "Option 'run.name' is not accepted"."""
+    own = set(inspect.signature(fn).parameters)
+    for path, keys in _config_keys(args):
+        if found := sorted((keys & _FIT_SECTIONS) - own):
+            source = "takes the model, its tokenizer and its settings from --ckpt_path, and its" if "ckpt_path" in own \
+                else "reads no fit config: its"
+            raise ValueError(f"{path} is a `tinylm fit` config ({', '.join(found)}); `tinylm {command}` {source} "
+                             f"--config holds only its own options (`tinylm {command} --print_config` shows them)")
 
 
 def _positional_list(fn: Callable) -> str | None:
