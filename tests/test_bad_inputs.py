@@ -114,6 +114,18 @@ def test_a_fit_config_given_to_a_command_that_reads_none_says_so(config, capsys,
     assert ("from --ckpt_path" in line) == (command[0] != "plot")
 
 
+@pytest.mark.parametrize("command", [["lr-find", "--num_training", "4"], ["scaling", "--budget", "1e8"]],
+                         ids=["lr-find", "scaling"])
+def test_out_never_replaces_another_file_beside_it(config, capsys, command):
+    """Catches `--out DIR/config.png` silently replacing DIR/config.json (an exported model's config) with the
+    sweep's or the ladder's numbers (after hours of training): refused before any work, the file untouched."""
+    theirs = config.parent / "config.json"
+    theirs.write_text('{"model_type": "gpt2"}')
+    _one_line_error(capsys, [command[0], "--config", str(config), *command[1:], "--out", str(config.parent / "config.png")],
+                    f"{theirs}, which holds another file")
+    assert theirs.read_text() == '{"model_type": "gpt2"}' and not (config.parent / "runs").exists()
+
+
 def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     """Catches an empty corpus turning into a zero-length dataset and a crash inside the sampler."""
     (tmp_path / "empty.txt").write_text("")

@@ -349,15 +349,3 @@ def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses,
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8", "--out", "s.png"])
     assert f"{side} the ladder's range" in capsys.readouterr().out
-
-
-def test_out_never_replaces_another_file_beside_it(run_config, capsys):
-    """Catches `--out DIR/config.png` replacing DIR/config.json (an exported model's config) with the ladder's
-    numbers after hours of training: refused before any run, the file untouched."""
-    cfg = run_config()
-    theirs = cfg.parent / "config.json"
-    theirs.write_text('{"model_type": "gpt2"}')
-    with pytest.raises(SystemExit):
-        main(["scaling", "--config", str(cfg), "--budget", "1e8", "--out", str(cfg.parent / "config.png")])
-    assert f"{theirs}, which holds another file" in capsys.readouterr().err
-    assert theirs.read_text() == '{"model_type": "gpt2"}' and not (cfg.parent / "runs").exists()
