@@ -88,9 +88,6 @@ def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: lis
                              "the `tinylm fit` config it works on)")
 
 
-_FIT_SECTIONS = {"trainer", "model", "data", "run", "samples", "seed_everything"}
-
-
 def _config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
     """Each ``--config FILE`` of ``args`` with its top-level keys (files that cannot be read are left to the
     parser, which says what is wrong with them)."""
@@ -112,7 +109,7 @@ def _refuse_fit_configs(fn: Callable, command: str, args: list[str]) -> None:
     line, not the parser's "Option 'run.name' is not accepted"."""
     own = set(inspect.signature(fn).parameters)
     for path, keys in _config_keys(args):
-        if found := sorted((keys & _FIT_SECTIONS) - own):
+        if found := sorted((keys & {*_FIT_SECTIONS, "data"}) - own):
             source = "takes the model, its tokenizer and its settings from --ckpt_path, and its" if "ckpt_path" in own \
                 else "reads no fit config: its"
             raise ValueError(f"{path} is a `tinylm fit` config ({', '.join(found)}); `tinylm {command}` {source} "
