@@ -67,6 +67,24 @@ def test_validate_prints_its_result_when_it_cannot_record_it(config, tmp_path, c
     assert "could not append the result to" in caplog.text
 
 
+def test_validate_of_a_loose_checkpoint_records_beside_it(config, tmp_path, capsys):
+    """Catches `tinylm validate --ckpt_path DIR/model.ckpt` (a file outside a run folder, no run named) appending to
+    runs/tinylm/validate/metrics.csv of the working folder: into the results of a run of that name, or into a new
+    folder that looked like a run. It goes beside the file; a run the command names still gets it."""
+    import shutil
+
+    main(["fit", "--config", str(config)])
+    loose = tmp_path / "downloads" / "model.ckpt"
+    loose.parent.mkdir()
+    shutil.copy(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", loose)
+    capsys.readouterr()
+    main(["validate", "--ckpt_path", str(loose)])
+    assert f"(appended to {loose.parent / 'validate' / 'metrics.csv'})" in capsys.readouterr().out
+    assert len(_rows(loose.parent / "validate" / "metrics.csv")) == 1 and not (tmp_path / "runs" / "tinylm").exists()
+    main(["validate", "--ckpt_path", str(loose), "--run.name", "tiny"])
+    assert len(_rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")) == 1
+
+
 def test_validate_records_into_the_checkpoints_own_run(config, tmp_path, capsys, caplog):
     """Catches `tinylm validate --ckpt_path runs/other/...` appending its result to the config's run folder (made
     empty for it) instead of the checkpoint's, and its warning saying 'resuming' for an evaluation."""

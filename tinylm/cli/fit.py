@@ -780,9 +780,12 @@ class TinyLMCLI(LightningCLI):
         row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
                "step": getattr(self, "ckpt_step", 0), **metrics}
         ckpt = Path(self._section().ckpt_path).resolve()
-        # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names
-        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else self.run_dir
-        path = run_dir / "validate" / "metrics.csv"
+        # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names; for one
+        # outside a run folder, the run the command names, else its own folder (the default run name's folder,
+        # runs/tinylm/, mixed a loose file's results into that run's, or made a folder that looked like a run)
+        named = self._named & {"config", "run", "run.name", "trainer.default_root_dir"}
+        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else self.run_dir if named else ckpt.parent
+        path = run_dir.resolve() / "validate" / "metrics.csv"
         self.validate_result, self.validate_csv = row, path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
