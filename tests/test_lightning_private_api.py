@@ -51,6 +51,15 @@ def test_logger_connector_should_update_logs():
     assert isinstance(inspect.getattr_static(_LoggerConnector, "should_update_logs"), property)
 
 
+def test_logger_connector_step_row():
+    """PeriodicCheckpoint writes a step's CSV row before its checkpoint as Lightning would write it after: the
+    connector's `metrics["log"]` under the fit loop's `_batches_that_stepped`, with `epoch` added."""
+    assert isinstance(inspect.getattr_static(_LoggerConnector, "metrics"), property)
+    assert 'self.log_metrics(self.metrics["log"])' in inspect.getsource(_LoggerConnector.update_train_step_metrics)
+    source = inspect.getsource(_LoggerConnector.log_metrics)
+    assert "self.trainer.fit_loop.epoch_loop._batches_that_stepped" in source and '"epoch"' in source
+
+
 def test_internals_used_by_the_interrupt_checkpoint():
     """tinylm.train.interrupt stops at a whole step on SIGTERM/SIGINT: it reads Lightning's SIGTERM flag and the
     handlers it saved, and flushes the step's logged metrics before saving; PeriodicCheckpoint asks the fit loop

@@ -183,6 +183,28 @@ def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_confi
     _assert_same_rows(_losses(killed), _losses(straight))
 
 
+def test_kill_right_after_a_checkpoint_keeps_its_steps_row(run_config, tmp_path, monkeypatch):
+    """Catches a checkpoint saved before its own step's CSV row: Lightning logs the row after on_train_batch_end,
+    where the checkpoint is written, so a `kill -9` during the save of last.ckpt (after step-N.ckpt) lost the row of
+    step N for good (the resume goes on from step N + 1)."""
+    config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 4})
+    straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_then_snapshot(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == 2 and not killed.exists():
+            shutil.copytree(straight, killed)  # what a `kill -9` right after this write leaves on disk
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
+    main(["fit", "--config", str(config)])
+    assert sorted(_losses(killed)) == [0, 1]  # the rows of steps 1 and 2, on disk with step 2's checkpoint
+
+    main(["fit", "--config", str(config), "--run.name", "killed", "--ckpt_path", "last"])
+    assert sorted(_losses(straight)) == [0, 1, 2, 3]
+    _assert_same_rows(_losses(killed), _losses(straight))
+
+
 @pytest.mark.parametrize("cut", ["0", "0,3,1.2"], ids=["before-step", "inside-row"])
 def test_resume_past_a_cut_csv_row(run_config, tmp_path, cut):
     """Catches `--ckpt_path last` failing (TypeError) or keeping a half row when a crash cut metrics.csv's last

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import peak_flops_by_name
+from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
 
 
@@ -254,8 +255,9 @@ class PeriodicCheckpoint(ModelCheckpoint):
     Lightning saves only on the N-step trigger, so a run whose ``max_steps`` is not a multiple of N would end with a
     ``last.ckpt`` from before its final steps. At a step where validation runs, the save waits for that validation:
     Lightning saves in ``on_train_batch_end``, before it, and a run killed in between resumed past the validation
-    (its ``val/*`` row and ``best.ckpt`` candidate were lost). Each save first flushes the loggers, so after a
-    ``kill -9`` the CSV on disk holds every row logged before the newest checkpoint.
+    (its ``val/*`` row and ``best.ckpt`` candidate were lost). Each save first flushes the loggers (and writes the
+    step's own CSV row, which Lightning logs after the save), so after a ``kill -9`` the CSV on disk holds every row
+    up to the newest checkpoint's step.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -297,6 +299,7 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if scheduled_validation_follows(trainer):
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
         elif due:
+            self._log_row_first(trainer)
             self._save_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -321,6 +324,18 @@ class PeriodicCheckpoint(ModelCheckpoint):
         self._save_now(trainer)
         if not trainer.fast_dev_run:  # Lightning's own save of last.ckpt forgets fast_dev_run's "save nothing"
             super().on_train_end(trainer, pl_module)
+
+    def _log_row_first(self, trainer: L.Trainer) -> None:
+        """Write this step's CSV row before its checkpoint: Lightning logs it after this hook, so a `kill -9` during
+        the save (step-N.ckpt written, last.ckpt not yet) lost the row for good, the resume going on from step N + 1.
+        RunCSVLogger then leaves out Lightning's own log of the row."""
+        connector = trainer._logger_connector
+        if not connector.should_update_logs:
+            return
+        row = {**connector.metrics["log"], "epoch": trainer.current_epoch}  # what Lightning's log_metrics writes
+        for logger in trainer.loggers:
+            if isinstance(logger, RunCSVLogger):
+                logger.log_ahead(row, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):

@@ -41,6 +41,19 @@ class RunCSVLogger(CSVLogger):
     def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
         super().__init__(save_dir=str(save_dir), name="csv", version="")
         self._resume_step = resume_step
+        self._ahead: int | None = None  # the step of a row written ahead of Lightning's own log of it
+
+    def log_ahead(self, metrics: dict, step: int) -> None:
+        """Write the row of ``step`` now, ahead of its checkpoint (`PeriodicCheckpoint`); the log Lightning makes of
+        the same row after the checkpoint is left out."""
+        super().log_metrics(metrics, step)
+        self._ahead = step
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if step is not None and step == self._ahead:
+            self._ahead = None
+            return
+        super().log_metrics(metrics, step)
 
     @property
     @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
