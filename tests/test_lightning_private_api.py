@@ -39,10 +39,13 @@ def test_model_checkpoint_internals_used_by_periodic_checkpoint():
 
 
 def test_csv_writer_hook():
-    """RunCSVLogger's writer overrides `_check_log_dir_exists` (which deletes an existing metrics.csv) to append."""
+    """RunCSVLogger's writer overrides `_check_log_dir_exists` (which deletes an existing metrics.csv) to append, and
+    `_rewrite_with_new_header` (a new column rewrites metrics.csv in place) to rewrite it by a rename."""
     assert _params(ExperimentWriter._check_log_dir_exists) == ["self"]
     inits = "".join(inspect.getsource(vars(c)["__init__"]) for c in ExperimentWriter.__mro__[:-1] if "__init__" in vars(c))
     assert "self._check_log_dir_exists()" in inits
+    assert _params(ExperimentWriter._rewrite_with_new_header) == ["self", "fieldnames"]
+    assert "self._rewrite_with_new_header(" in inspect.getsource(ExperimentWriter.save)
 
 
 def test_logger_connector_should_update_logs():

@@ -198,3 +198,29 @@ def test_resumed_csv_without_a_whole_header_starts_anew(tmp_path, text):
     logger.log_metrics({"train/loss": 3.55}, step=3)
     logger.save()
     assert (tmp_path / "csv" / "metrics.csv").read_text() == "step,train/loss\n3,3.55\n"
+
+
+def test_a_new_column_never_leaves_metrics_csv_cut(tmp_path, monkeypatch):
+    """Catches Lightning's CSV writer rewriting metrics.csv in place when a column first appears (the first
+    val/loss, a health alert mid-run): a full disk or a `kill -9` during that rewrite left the header alone, and
+    every row logged so far was lost."""
+    import csv
+    import errno
+
+    from tinylm.train.loggers import RunCSVLogger
+
+    logger = RunCSVLogger(tmp_path)
+    logger.log_metrics({"train/loss": 4.1}, step=0)
+    logger.save()
+    path = tmp_path / "csv" / "metrics.csv"
+    before = path.read_text()
+    assert before == "step,train/loss\n0,4.1\n"
+
+    def disk_full(self, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", disk_full)
+    logger.log_metrics({"val/loss": 3.9}, step=1)  # a new column: the file is written again with a wider header
+    with pytest.raises(OSError):
+        logger.save()
+    assert path.read_text() == before

@@ -21,12 +21,26 @@ log = logging.getLogger("tinylm")
 
 
 class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, minus deleting an existing ``metrics.csv``: it appends, keeping the header's columns."""
+    """Lightning's CSV writer, minus deleting an existing ``metrics.csv``: it appends, keeping the header's columns,
+    and widens the header by a rename."""
 
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
             with open(self.metrics_file_path, newline="") as f:
                 self.metrics_keys = next(csv.reader(f), [])
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        """Lightning's rewrite of the file under a wider header (a column's first value: the first val/loss, a health
+        alert), into a temporary file renamed over it: in place, a full disk or a `kill -9` during it left the header
+        alone and lost every row logged so far."""
+        with open(self.metrics_file_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        tmp = f"{self.metrics_file_path}.tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fieldnames)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.metrics_file_path)
 
 
 class RunCSVLogger(CSVLogger):
