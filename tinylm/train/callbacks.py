@@ -330,9 +330,9 @@ class PeriodicCheckpoint(ModelCheckpoint):
         the save (step-N.ckpt written, last.ckpt not yet) lost the row for good, the resume going on from step N + 1.
         RunCSVLogger then leaves out Lightning's own log of the row."""
         connector = trainer._logger_connector
-        if not connector.should_update_logs:
-            return
-        row = {**connector.metrics["log"], "epoch": trainer.current_epoch}  # what Lightning's log_metrics writes
+        if not connector.should_update_logs or not (metrics := connector.metrics["log"]):
+            return  # (with nothing to log Lightning writes no row, and RunCSVLogger would skip the step's next one)
+        row = {**metrics, "epoch": trainer.current_epoch}  # what Lightning's log_metrics writes
         for logger in trainer.loggers:
             if isinstance(logger, RunCSVLogger):
                 logger.log_ahead(row, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
