@@ -161,19 +161,24 @@ def test_a_timed_stop_at_an_epochs_last_batch_resumes_exactly(run_config, tmp_pa
     _assert_same_rows(_losses(tmp_path / "runs" / "timed"), _losses(tmp_path / "runs" / "straight"))
 
 
+def _snapshot_after_saving(monkeypatch, run: Path, copy: Path, *, step: int) -> None:
+    """Copy ``run`` to ``copy`` right after its last.ckpt of ``step`` is written: what a `kill -9` then leaves."""
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_then_snapshot(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == step and not copy.exists():
+            shutil.copytree(run, copy)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
+
+
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):
     """Catches a checkpoint taken between a step and its validation: a run killed in that gap resumed past the
     validation, so its val/loss row and its best.ckpt candidate were lost (and the CSV lost unflushed rows)."""
     config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 2})
     straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
-    save = AtomicCheckpointIO.save_checkpoint
-
-    def save_then_snapshot(self, checkpoint, path, storage_options=None):
-        save(self, checkpoint, path, storage_options)
-        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == 2 and not killed.exists():
-            shutil.copytree(straight, killed)  # what a `kill -9` right after this write leaves on disk
-
-    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
+    _snapshot_after_saving(monkeypatch, straight, killed, step=2)
     main(["fit", "--config", str(config)])
     assert (killed / "checkpoints" / "best.ckpt").is_file()
 
@@ -189,14 +194,7 @@ def test_kill_right_after_a_checkpoint_keeps_its_steps_row(run_config, tmp_path,
     step N for good (the resume goes on from step N + 1)."""
     config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 4})
     straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
-    save = AtomicCheckpointIO.save_checkpoint
-
-    def save_then_snapshot(self, checkpoint, path, storage_options=None):
-        save(self, checkpoint, path, storage_options)
-        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == 2 and not killed.exists():
-            shutil.copytree(straight, killed)  # what a `kill -9` right after this write leaves on disk
-
-    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
+    _snapshot_after_saving(monkeypatch, straight, killed, step=2)
     main(["fit", "--config", str(config)])
     assert sorted(_losses(killed)) == [0, 1]  # the rows of steps 1 and 2, on disk with step 2's checkpoint
 
