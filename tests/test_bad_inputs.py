@@ -279,11 +279,12 @@ def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, capsys, tmp_path):
+@pytest.mark.parametrize(("name", "why"), [("a/b", "has a '/'"), ("..", "not a folder of its own"), ("", "empty")])
+def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, capsys, tmp_path, name, why):
     """Catches --run.name a/b refused only after the tokenizer was trained and the data packed, leaving an empty
-    runs/a/ behind."""
-    _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", "a/b"], "run.name must be a plain folder "
-                    "name", "'a/b'")
+    runs/a/ behind; and `..` or an empty name refused for a '/' they do not have."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", name], "run.name must be a plain folder "
+                    f"name (runs/NAME), got {name!r} ({why})")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 

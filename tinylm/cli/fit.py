@@ -76,7 +76,9 @@ _NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches"
 
 def _check_run_name(name: str) -> None:
     if not name or Path(name).name != name or name in (".", ".."):
-        raise ValueError(f"run.name must be a plain folder name (no '/'), got {name!r}")
+        why = "empty" if not name else "not a folder of its own" if name in (".", "..") else "has a '/'"
+        raise ValueError(f"run.name must be a plain folder name (runs/NAME), got {name!r} ({why}); pick another, "
+                         "e.g. --run.name my-run")
 
 
 def run_dir_of(root: str | Path | None, name: str) -> Path:
