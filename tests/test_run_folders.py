@@ -467,6 +467,7 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     caplog.clear()
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
     assert "saved no readable checkpoint" in line and "--run.name NEW_NAME" in line
+    assert "refusing to start the run again from step 0 (what --ckpt_path last does without a checkpoint)" in line
     assert "starting the run from step 0" not in caplog.text  # what the refusal then contradicted
 
 

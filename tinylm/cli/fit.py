@@ -545,20 +545,21 @@ class TinyLMCLI(LightningCLI):
                                     "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
                                     "latest")
         if sub == "fit" and _rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
-            self._check_run_folder(ckpt_path)
+            self._check_run_folder(ckpt_path, asked)
         if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
             log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
         if ckpt_path:
             self._apply_checkpoint(ckpt_path, cfg, sub)
 
-    def _check_run_folder(self, ckpt_path: str | None) -> None:
+    def _check_run_folder(self, ckpt_path: str | None, asked: str | None = None) -> None:
         self._lock = lock_run_folder(self.run_dir)  # held until the process ends: one writer per run folder
         ckpts = self.run_dir / "checkpoints"  # made at the first save: found now, not after the training
         if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():
             raise FileExistsError(errno.EEXIST, "File exists", str(ckpts))
         inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if holds_run(self.run_dir) and not inside:
-            what = "a fresh run" if ckpt_path is None else f"a run from {ckpt_path}"
+            what = f"a run from {ckpt_path}" if ckpt_path else "the run again from step 0 (what --ckpt_path last " \
+                "does without a checkpoint)" if asked == "last" else "a fresh run"
             found, broken = checkpoints_by_step(self.run_dir / "checkpoints")
             if not found:  # logs only, or only damaged checkpoints: --ckpt_path last has nothing to go on from
                 why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else "it stopped before its first"
