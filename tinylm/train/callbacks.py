@@ -243,8 +243,8 @@ class FinalValidation(L.Callback):
     """
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        steps = 0 < trainer.max_steps == trainer.global_step + 1 and not trainer.fit_loop.epoch_loop._should_accumulate()
-        if steps:
+        ends_the_run = trainer.global_step + 1 == trainer.max_steps and not trainer.fit_loop.epoch_loop._should_accumulate()
+        if ends_the_run:  # (max_steps -1, unset: never)
             trainer.should_stop = True
 
 
