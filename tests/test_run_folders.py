@@ -226,6 +226,32 @@ def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_pa
     assert "max_steps: 4" in (run / "config.resume-step2-2.yaml").read_text()
 
 
+def test_a_config_yaml_found_in_a_new_runs_folder_is_kept(config, tmp_path, caplog):
+    """Catches a new run (or a branch) into a folder holding no run but a config.yaml (the user's own, with their
+    comments; an attempt that stopped before it logged) writing its config over that file. The same config
+    written again (the same command rerun after such an attempt) leaves no copy."""
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    mine = "# my notes on this experiment\ntrainer:\n  max_steps: 2\n"
+    (run / "config.yaml").write_text(mine)
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    assert (run / "config.previous.yaml").read_text() == mine
+    assert "max_steps: 2" in (run / "config.yaml").read_text() and "config.previous.yaml" in caplog.text
+    shutil.rmtree(run / "checkpoints"), shutil.rmtree(run / "csv")  # an attempt that stopped before it logged
+    written = (run / "config.yaml").read_text()
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.previous.yaml", "config.yaml"]
+    assert (run / "config.yaml").read_text() == written
+    branch = tmp_path / "runs" / "br"
+    branch.mkdir()
+    (branch / "config.yaml").write_text(mine)
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "br",
+          "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    assert (branch / "config.previous.yaml").read_text() == mine
+    assert "max_steps: 4" in (branch / "config.yaml").read_text()
+    assert not list(branch.glob("config.resume-*"))
+
+
 def test_a_refused_branch_leaves_no_config_yaml(config, tmp_path, capsys):
     """Catches a branch into a new folder refused on restoring (another batch size) writing that folder's
     config.yaml: the retry then counted as a resume of it, and the run's record showed a batch it never trained."""

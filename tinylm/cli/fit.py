@@ -2,6 +2,7 @@
 
 A run lives in ``<trainer.default_root_dir>/<run.name>/`` (default ``runs/NAME``):
     config.yaml                 the config that started the run (a resume adds config.resume-step<N>[-2, -3...].yaml)
+                                (a config.yaml found in the folder before the run is kept as config.previous.yaml)
     checkpoints/                best.ckpt, last.ckpt, step-<N>.ckpt
     csv/metrics.csv             every logged metric, one file continued across resumes
     samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials)
@@ -375,13 +376,16 @@ def _cluster_found() -> bool:
 
 class RunConfig(SaveConfigCallback):
     """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
-    writes ``config.resume-step<N>.yaml`` beside the original. A run from a checkpoint writes once the checkpoint
+    writes ``config.resume-step<N>.yaml`` beside the original; a new run (or a branch) into a folder that holds a
+    config.yaml of its own (the user's, or that of an attempt that stopped before it logged) moves that file to
+    ``config.previous.yaml`` first, unless it is the config this run would write. A run from a checkpoint writes once the checkpoint
     is restored and training starts (a resume refused on restoring, e.g. for another batch size, leaves no record: a
     later resume's warnings compare with the newest record, which must be of a run that trained)."""
 
-    def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, continues: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
-        self.run_dir, self.resume_step = run_dir, resume_step
+        self.run_dir, self.resume_step, self.continues = run_dir, resume_step, continues
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # a run from a checkpoint (a resume, or a branch into a new folder) writes at on_train_start: every rank
@@ -416,12 +420,13 @@ class RunConfig(SaveConfigCallback):
         if not trainer.is_global_zero:
             return
         path = self.run_dir / "config.yaml"
-        if self.resume_step is not None and path.exists():
-            path = self.run_dir / f"config.resume-step{self.resume_step}.yaml"
-            n = 1
-            while path.exists():  # resumed from this step before (killed in between): keep that record too
-                n += 1
-                path = self.run_dir / f"config.resume-step{self.resume_step}-{n}.yaml"
+        if self.continues and path.exists():
+            path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
+            # before (killed in between): that record is kept too
+        elif path.exists() and path.read_text(errors="replace") != self.parser.dump(self.config, skip_none=False):
+            kept = _unused(self.run_dir / "config.previous.yaml")
+            path.rename(kept)
+            log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
         # W&B has the model's and the data's hyperparameters (Lightning logs those); the rest of the run's settings
@@ -431,6 +436,15 @@ class RunConfig(SaveConfigCallback):
             config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
             for logger in wandb:
                 logger.log_hyperparams({k: v for k, v in config.items() if k not in ("model", "data")})
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or the first of ``<stem>-2<suffix>``, ``-3``... that does not exist."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return free
 
 
 RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing")
@@ -518,6 +532,7 @@ class TinyLMCLI(LightningCLI):
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None
+        self.continues = False  # a resume in the checkpoint's own run folder (not a branch into another)
         self.wandb_id: str | None = None
         asked = ckpt_path = cfg.get("ckpt_path")
         if ckpt_path == "last":
@@ -602,7 +617,8 @@ class TinyLMCLI(LightningCLI):
         self.resume_step = self.ckpt_step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
-        if self.run_dir.resolve() in Path(ckpt_path).resolve().parents:
+        self.continues = self.run_dir.resolve() in Path(ckpt_path).resolve().parents
+        if self.continues:
             self.wandb_id = meta.get("wandb_id")
         max_steps = cfg.trainer.get("max_steps")
         if max_steps is not None and self.ckpt_step >= max_steps:
@@ -747,7 +763,7 @@ class TinyLMCLI(LightningCLI):
                 _watch_rank0(rank0, weakref.ref(trainer))
         if self.subcommand == "fit":
             saver = RunConfig(self._parser("fit"), self.config["fit"], run_dir=self.run_dir,
-                              resume_step=self.resume_step, **self.save_config_kwargs)
+                              resume_step=self.resume_step, continues=self.continues, **self.save_config_kwargs)
             trainer.callbacks.append(saver)
         return trainer
 
