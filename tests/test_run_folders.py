@@ -544,6 +544,25 @@ def test_warmup_longer_than_the_run_warns(config):
     assert not list((config.parent / "runs" / "dev").glob("**/*.ckpt"))  # a smoke test saves nothing to resume
 
 
+def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
+    """Catches a run whose optimizer step is larger than its whole training split (--data.batch_size 1200 on 18k
+    tokens: every step reads the same text twice over) training without a word, and the start line not saying how
+    many passes over the training split trainer.max_steps make."""
+    import re
+
+    main(["fit", "--config", str(config)])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
+    m = re.search(r"32 tokens per optimizer step; 4 steps \(trainer.max_steps\) read 128 tokens: ([\d.e-]+) passes "
+                  r"over the training split \(([\d,]+) tokens\)", line)
+    assert m, line
+    assert float(m[1]) == pytest.approx(128 / int(m[2].replace(",", "")), rel=1e-2)
+    assert not [w for w in recwarn if "training split holds" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"one optimizer step reads 19,200 tokens but the training split holds "
+                                         r"[\d,]+: every step goes over it 1\.\d+ times; use a smaller --data.batch_size"):
+        main(["fit", "--config", str(config), "--run.name", "big", "--data.batch_size", "1200", "--trainer.max_steps",
+              "1", "--trainer.val_check_interval", "1"])
+
+
 def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):
     """Catches --trainer.enable_checkpointing false crashing with a MisconfigurationException."""
     cli = lightning_main(["fit", "--config", str(config), "--trainer.enable_checkpointing", "false"])

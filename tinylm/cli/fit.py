@@ -405,8 +405,16 @@ class RunConfig(SaveConfigCallback):
         data = trainer.datamodule
         if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
             B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
+            step, split = B * A * W * T, sum(meta["splits"]["train"]["tokens"] for meta in data.metas)
+            run = (f"; {trainer.max_steps:,} steps (trainer.max_steps) read {step * trainer.max_steps:,} tokens: "
+                   f"{step * trainer.max_steps / split:.3g} passes over the training split ({split:,} tokens)"
+                   if trainer.max_steps > 0 else "")
             log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
-                     "device(s): %s tokens per optimizer step", f"{B * A * W:,}", T, B, A, W, f"{B * A * W * T:,}")
+                     "device(s): %s tokens per optimizer step%s", f"{B * A * W:,}", T, B, A, W, f"{step:,}", run)
+            if step > split:  # windows drawn at random: each step reads the same text several times over
+                warnings.warn(f"one optimizer step reads {step:,} tokens but the training split holds {split:,}: "
+                              f"every step goes over it {step / split:.3g} times; use a smaller --data.batch_size "
+                              f"(or accumulate_grad_batches, block_size) or a larger corpus", UserWarning)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         # said here, in the process that trained: under ddp_fork the command's own trainer stays at step 0
