@@ -121,6 +121,33 @@ def test_param_count_of_gpt2_small_is_124m():
     assert untied.flops_per_token() == model.flops_per_token()
 
 
+@pytest.mark.parametrize("options", [
+    {}, {"tie_embeddings": False}, {"mlp": "swiglu"}, {"mlp": "relu2"}, {"vocab_size": 100, "n_head": 4},
+    {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "bias": False, "logit_softcap": 15.0,
+     "tie_embeddings": False, "mlp": "swiglu"},
+])
+def test_flops_per_token_matches_torchs_flop_counter(options):
+    """Catches flops_per_token (train/mfu, plan's FLOPs, scaling's per-rung budgets) miscounting a real matmul: an
+    untied input embedding counted (a lookup), the LM head's padded rows or SwiGLU's third matrix left out, or an
+    attention term other than the QKᵀ and AV products. torch's FlopCounterMode counts the matmuls of one real
+    forward + backward; the formula (PaLM's 6N + 12·L·H·Q·T, nanoGPT's estimate_mfu) also counts 6 FLOPs per
+    bias and norm gain (not matmuls), and nothing else differs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = tiny(**options).train()
+    B, T = 2, model.config.block_size
+    idx = random_ids(B, T)
+    # SDPA's math kernel: its QKᵀ and AV are bmm's the counter sees (it has no rule for the CPU flash kernel)
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        logits = model(idx)
+        F.cross_entropy(logits.flatten(0, 1).float(), idx.flatten()).backward()
+    counted = counter.get_total_flops()
+    assert counter.get_flop_counts()["Global"][torch.ops.aten.bmm] > 0  # guard: the attention products were counted
+    vectors = sum(p.numel() for p in model.parameters() if p.dim() < 2)
+    assert model.flops_per_token() * B * T - counted == 6 * vectors * B * T
+
+
 def test_hidden_and_last_only_match_the_full_forward():
     """Generation uses last_only/return_hidden; they must be the same numbers as the training forward."""
     model = tiny()
