@@ -3,6 +3,7 @@ tiny sizes, and determinism."""
 
 import base64
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +17,12 @@ if TYPE_CHECKING:
 # Two test workers share two cores (make test runs pytest -n 2): one thread each avoids oversubscription, which
 # made tiny-model tests 3-30x slower on a busy machine.
 torch.set_num_threads(1)
+
+# A suite started with Ctrl+C ignored (`make test &` in a script: a shell starts background jobs so) passed that on to
+# every run it started, which then ignored the Ctrl+C the signal tests send, as tinylm does for a user's such run: the
+# tests hung, and one left a run training (and saving) forever. The tests are of a run started from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TINYLM_SHARED_DATA", REPO.parent / "shared" / "data"))

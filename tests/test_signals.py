@@ -33,6 +33,17 @@ def config(run_config):
     )
 
 
+def _wait_or_kill(proc: subprocess.Popen, tmp_path, timeout: float, what: str) -> None:
+    """Wait for the signalled run; one that goes on is killed (with its loader workers and ranks) and fails the test:
+    left running, it trained and saved a checkpoint every 2 steps until the disk was full."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"the run hung after {what}:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+
+
 def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.CompletedProcess, int]:
     """Run `tinylm fit` in a child process, send ``signum`` once step 2 is saved, to its whole process group (loader
     workers too) or to it alone; (finished process, its last.ckpt step)."""
@@ -53,7 +64,7 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
             os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
-    proc.wait(timeout=120)
+    _wait_or_kill(proc, tmp_path, 120, signal.Signals(signum).name)
     err.close()
     step = torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["global_step"]
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", (tmp_path / "stderr.txt").read_text()), step
@@ -180,7 +191,11 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
             and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    err = proc.communicate(timeout=120)[1]
+    try:
+        err = proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the run went on after SIGTERM:\n" + proc.communicate()[1][-2000:])
     assert proc.returncode == 143, err[-3000:]
     assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err
 
@@ -216,11 +231,7 @@ def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str
         os.kill(_rank1(proc.pid), signum)
     else:
         proc.send_signal(signum)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # every rank, not left behind
-        pytest.fail("the run hung after the signal:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+    _wait_or_kill(proc, tmp_path, 90, "the signal")
     err.close()
     return proc.returncode, (tmp_path / "stderr.txt").read_text()
 
@@ -247,11 +258,7 @@ def test_a_run_started_to_ignore_ctrl_c_trains_on(run_config, tmp_path, strategy
     for _ in range(2):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.3)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the run hung after two Ctrl+Cs:\n" + (tmp_path / "stderr.txt").read_text()[-2000:])
+    _wait_or_kill(proc, tmp_path, 90, "two Ctrl+Cs")
     err.close()
     said = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 0 and "interrupted" not in said, said[-3000:]
