@@ -303,6 +303,32 @@ def test_beam_search_with_repetition_penalty_equals_transformers(tmp_path, char_
     assert differs  # guard: the penalty changed some beams, so it is what is being compared
 
 
+def test_no_repeat_ngram_size_equals_transformers(tmp_path, char_tokenizer):
+    """Catches tinylm's no_repeat_ngram_size banning other tokens than transformers' option of that name (which a
+    user switching between the two expects to behave alike): greedy and beam search give the same tokens."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=True, pad_vocab_multiple=64)
+    model, tokenizer, _ = load_model(ckpt)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(export_hf(ckpt, tmp_path / "hf")).eval()
+    eos = tokenizer.eos_id
+    differs = 0
+    for text in ("First Citizen:", "hear me"):
+        prompt = torch.tensor([tokenizer.encode(text)])  # (1, L)
+        new = 32 - prompt.size(1)  # transformers' GPT-2 cannot look past n_positions = 32
+        for n, beams in itertools.product((2, 3), (1, 3)):
+            kwargs = {"max_new_tokens": new, "no_repeat_ngram_size": n}
+            ours = generate(model, prompt, strategy="beam" if beams > 1 else "greedy", num_beams=beams, eos_id=eos,
+                            **kwargs)[0]
+            theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=beams,
+                                 eos_token_id=eos, pad_token_id=eos, **kwargs)[0][prompt.size(1):].tolist()
+            while theirs and theirs[-1] == eos:  # tinylm returns no EOS and no padding
+                theirs.pop()
+            assert ours == theirs, (text, n, beams)
+            free = generate(model, prompt, strategy="beam" if beams > 1 else "greedy", num_beams=beams, eos_id=eos,
+                            max_new_tokens=new)[0]
+            differs += free != ours
+    assert differs  # guard: the bans changed some outputs, so they are what is being compared
+
+
 def _eos_prone_pair() -> tuple:
     """A tinylm GPT (2 layers, 32 wide, vocab 48, EOS 0) with spread-out random weights and its EOS embedding (tied to
     the LM head) scaled up 3x, so EOS is often among the best candidates and hypotheses end at different lengths;

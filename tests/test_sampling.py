@@ -10,10 +10,12 @@ from tinylm.generate.processors import (
     SamplingConfig,
     apply_repetition_penalty,
     apply_temperature,
+    ban_repeated_ngrams,
     min_p_filter,
     sampling_logits,
     top_k_filter,
     top_p_filter,
+    typical_filter,
 )
 from tinylm.generate.strategies import _Runner, generate
 from tinylm.model import GPT, GPTConfig
@@ -117,6 +119,64 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     logits = torch.tensor([[2.0, -2.0, 1.0]])
     out = apply_repetition_penalty(logits, torch.tensor([[0, 1, 1]]), 2.0)
     assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy():
+    """Probabilities .5 .3 .15 .05 have entropy 1.142 nats; surprises .693 1.204 1.897 2.996 are 0.45, 0.06, 0.76,
+    1.85 from it, so the most typical token is the .3 one, not the likeliest: typical_p 0.3 keeps it alone, 0.35
+    adds the .5 one (mass .8), 0.85 the .15 one as well, 1.0 everything. Catches a filter that ranks by probability
+    (top-p) or keeps the least typical tokens."""
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    assert torch.isfinite(typical_filter(logits, 0.3)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(typical_filter(logits, 0.35)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(typical_filter(logits, 0.85)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(typical_filter(logits, 1.0)).all()
+    assert torch.isfinite(typical_filter(logits, 1e-9)).sum() == 1  # one token always stays
+
+
+def test_no_repeat_ngram_bans_what_would_repeat_an_ngram():
+    """In 5 6 7 5 6 a 3-gram (5, 6, x) exists once, with x = 7: only 7 is banned; a 2-gram ban takes every token
+    that followed a 6 (7); a 1-gram ban takes every token seen. Catches bans taken from the wrong window (the last
+    n tokens instead of the last n - 1) or a sequence shorter than n banning anything."""
+    ids = torch.tensor([[5, 6, 7, 5, 6], [1, 2, 3, 4, 5]])
+    logits = torch.zeros(2, 10)
+    banned = lambda n: [torch.isinf(row).nonzero().flatten().tolist() for row in ban_repeated_ngrams(logits, ids, n)]
+    assert banned(3) == [[7], []]
+    assert banned(2) == [[7], []]
+    assert banned(1) == [[5, 6, 7], [1, 2, 3, 4, 5]]
+    assert banned(6) == [[], []] and banned(0) == [[], []]
+    # a row that every token would repeat keeps them all: sampling from nothing would fail
+    assert torch.isfinite(ban_repeated_ngrams(torch.zeros(1, 3), torch.tensor([[0, 1, 2]]), 1)).all()
+
+
+def test_typical_p_and_no_repeat_ngram_equal_transformers_processors():
+    """tinylm's typical-p and no-repeat n-gram processors give the -inf masks of transformers' TypicalLogitsWarper
+    and NoRepeatNGramLogitsProcessor on random logits and sequences (ties included: logits rounded to 0.5)."""
+    transformers = pytest.importorskip("transformers")
+    g = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        logits = (torch.randn(4, 23, generator=g) * 2).round(decimals=trial % 2)  # odd trials: ties
+        ids = torch.randint(0, 4, (4, 12), generator=g)  # few ids: many repeated n-grams
+        for mass in (0.2, 0.5, 0.9, 0.95):
+            theirs = transformers.TypicalLogitsWarper(mass=mass)(ids, logits.clone())
+            assert torch.equal(torch.isinf(typical_filter(logits, mass)), torch.isinf(theirs)), (trial, mass)
+        for n in (1, 2, 3, 4):
+            theirs = transformers.NoRepeatNGramLogitsProcessor(n)(ids, logits.clone())
+            assert torch.equal(ban_repeated_ngrams(logits, ids, n), theirs), (trial, n)
+
+
+def test_no_repeat_ngram_size_holds_in_every_strategy():
+    """No generated sequence (prompt included) holds a 2-gram twice under any strategy; a random model left free
+    repeats them. Catches a strategy that skips the constraint."""
+    model = tiny()
+    options = {"greedy": {}, "sample": {"seed": 0, "temperature": 0.2}, "beam": {"num_beams": 3},
+               "contrastive": {"top_k": 4}}
+    repeats = lambda seq: len(seq) - 1 - len(set(itertools.pairwise(seq)))
+    for strategy, kw in options.items():
+        free = generate(model, PROMPTS, strategy=strategy, max_new_tokens=30, **kw)
+        assert any(repeats(p + f) for p, f in zip(PROMPTS, free)), strategy  # not vacuous
+        out = generate(model, PROMPTS, strategy=strategy, max_new_tokens=30, no_repeat_ngram_size=2, **kw)
+        assert [repeats(p + o) for p, o in zip(PROMPTS, out)] == [0] * len(PROMPTS), strategy
 
 
 def test_higher_temperature_gives_higher_entropy():
@@ -396,6 +456,9 @@ def test_generate_restores_eval_mode_and_train_mode_after_an_error():
         ({"temperature": "a"}, "temperature must be in"),
         ({"seed": 1.5}, "seed must be a whole number"),
         ({"min_p": 1.5}, "min_p must be in \\[0, 1\\]"),
+        ({"typical_p": 0.0}, "typical_p must be in \\(0, 1\\]"),
+        ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size must be a whole number in \\[0, "),
+        ({"no_repeat_ngram_size": 2.5}, "no_repeat_ngram_size must be a whole number"),
         ({"strategy": "beam", "num_beams": 0}, r"num_beams must be a whole number in \[1, "),
         ({"num_beams": 4}, "needs the beam strategy \\(--strategy beam\\)"),
         ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \[0.001, inf\)"),

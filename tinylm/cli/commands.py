@@ -215,7 +215,9 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    typical_p: float | None = None,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     num_beams: int = 4,
     length_penalty: float = 1.0,
     early_stopping: bool = False,
@@ -239,7 +241,10 @@ def generate(
         top_k: sample: keep only the k most likely tokens; contrastive: candidates per step (default 4).
         top_p: sample: keep the smallest set of tokens with probability >= p.
         min_p: sample: drop tokens below min_p x the top probability.
+        typical_p: sample: locally typical sampling; keep the tokens whose surprise is nearest the entropy, up to
+            this probability mass (0.2-0.95 in its paper).
         repetition_penalty: > 1 discourages tokens already present (beam: applied to log-probabilities).
+        no_repeat_ngram_size: Never repeat an n-gram of this many tokens (prompt included); 0 is off.
         num_beams: beam: beam width.
         length_penalty: beam: score / length**this (> 0 favours longer).
         early_stopping: beam: stop once num_beams hypotheses have ended.
@@ -260,9 +265,10 @@ def generate(
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     # each option shapes the strategies named here; given to another (set away from its default), it does nothing
     used_by = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",),
-               "min_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
+               "min_p": ("sample",), "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
                "early_stopping": ("beam",), "penalty_alpha": ("contrastive",), "seed": ("sample",)}
-    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "num_beams": num_beams,
+    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
+              "num_beams": num_beams,
               "length_penalty": length_penalty, "early_stopping": early_stopping, "penalty_alpha": penalty_alpha,
               "seed": seed}
     defaults = inspect.signature(generate).parameters
@@ -286,7 +292,9 @@ def generate(
         top_k=(CONTRASTIVE_DEFAULT_TOP_K if top_k is None else top_k) if strategy == "contrastive" else top_k,
         top_p=top_p,
         min_p=min_p,
+        typical_p=typical_p,
         repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
         num_beams=num_beams if strategy == "beam" else 1,
         length_penalty=length_penalty,
         early_stopping=early_stopping,

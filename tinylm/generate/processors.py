@@ -1,4 +1,5 @@
-"""Logits processors and the decoding options: temperature, top-k, top-p, min-p, repetition penalty.
+"""Logits processors and the decoding options: temperature, top-k, top-p, min-p, typical-p, repetition penalty,
+no-repeat n-grams.
 
 Each is a pure function of logits (B, V) -> logits (B, V); `SamplingConfig` holds and validates the options.
 """
@@ -49,10 +50,16 @@ class SamplingConfig:
     """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""
     min_p: float | None = None
     """sample: drop tokens less likely than min_p × the top token's probability, in [0, 1]."""
+    typical_p: float | None = None
+    """sample: locally typical sampling (Meister et al. 2022); keep the tokens whose surprise is closest to the
+    distribution's entropy until their probability sums to >= typical_p, in (0, 1]."""
     repetition_penalty: float = 1.0
     """All strategies: CTRL penalty on tokens already in the sequence (prompt included); > 1 discourages
     repeats, 1 is off. Positive logits are divided by it, negative ones multiplied. Beam search applies it to the
     log-probabilities instead (all <= 0, so a seen token's log p is multiplied by it), as transformers does."""
+    no_repeat_ngram_size: int = 0
+    """All strategies: never produce an n-gram of this many tokens that the sequence (prompt included) already holds;
+    0 is off. A row for which every token would repeat one is left free at that step."""
     num_beams: int = 1
     """beam: beams kept per prompt."""
     length_penalty: float = 1.0
@@ -76,17 +83,19 @@ class SamplingConfig:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         ranges = {"max_new_tokens": f"[1, {MAX_NEW_TOKENS}]", "top_k": "[1, inf)", "top_p": "(0, 1]", "min_p": "[0, 1]",
+                  "typical_p": "(0, 1]", "no_repeat_ngram_size": "[0, inf)",
                   "repetition_penalty": f"[{MIN_PENALTY}, inf)", "length_penalty": f"[-{MAX_LENGTH_PENALTY:g},"
                   f" {MAX_LENGTH_PENALTY:g}]", "seed": "[0, 2**63)", "num_beams": f"[1, {MAX_BEAMS}]",
                   "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)"}
         if self.strategy == "sample":  # logits / 1e-40 overflow; inf samples uniformly, whatever the model says
             ranges["temperature"] = f"[{MIN_TEMPERATURE}, inf)"
-        unset = next((k for k in ranges if k not in ("top_k", "top_p", "min_p", "seed", "eos_id")
+        unset = next((k for k in ranges if k not in ("top_k", "top_p", "min_p", "typical_p", "seed", "eos_id")
                       and getattr(self, k) is None), None)
         if unset is not None:  # (check_ranges passes None: unset, the default; these have no unset form)
             raise ValueError(f"{unset} needs a value, got None")
         try:
-            check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id"))
+            check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id",
+                                                            "no_repeat_ngram_size"))
         except ValueError as e:
             name = str(e).split()[0]
             hot = name == "temperature" and not (isinstance(self.temperature, (int, float)) and
@@ -138,6 +147,38 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     return logits.masked_fill(probs < threshold, -math.inf)
 
 
+def typical_filter(logits: Tensor, typical_p: float) -> Tensor:
+    """Locally typical sampling: rank tokens by how far their surprise (-log p) is from the entropy, and keep them in
+    that order until their probability sums to >= typical_p (always at least one; ties at the cut are kept)."""
+    if typical_p >= 1.0:
+        return logits
+    logp = logits.log_softmax(dim=-1)  # (B, V)
+    entropy = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)  # (B, 1); -inf * 0 is nan, not counted
+    distance, order = (-logp - entropy).abs().sort(dim=-1)  # (B, V), most typical first
+    mass = logits.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+    last = (mass < typical_p).sum(dim=-1, keepdim=True).clamp(max=logits.size(-1) - 1)  # (B, 1): the last kept
+    remove_sorted = distance > distance.gather(-1, last)
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def ban_repeated_ngrams(logits: Tensor, ids: Tensor, n: int) -> Tensor:
+    """Give -inf to every token that would complete an n-gram already in ids (B, L): the last n - 1 tokens are
+    matched against every window of the sequence, and each matching window bans the token that followed it. A row
+    that would have no token left keeps its logits (sampling from nothing would fail)."""
+    B, L = ids.shape
+    V = logits.size(-1)
+    if n <= 0 or L < n:
+        return logits
+    windows = ids.unfold(1, n, 1)  # (B, L - n + 1, n)
+    follows = (windows[..., :-1] == ids[:, L - n + 1 :].unsqueeze(1)).all(dim=-1)  # (B, W): same n - 1 tokens
+    banned = torch.where(follows, windows[..., -1], V)  # non-matching windows go to a spare column
+    ban = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, banned, True)[:, :V]
+    ban &= ~ban.all(dim=-1, keepdim=True)
+    return logits.masked_fill(ban, -math.inf)
+
+
 def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: float) -> Tensor:
     """CTRL repetition penalty: for each token already in ids (B, L), divide a positive logit by penalty and
     multiply a negative one, so penalty > 1 always makes it less likely (once per token, however often seen)."""
@@ -149,7 +190,7 @@ def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: float) -> Ten
 
 
 def sampling_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
-    """The sampling warpers in Hugging Face's order: temperature, top-k, top-p, min-p."""
+    """The sampling warpers in Hugging Face's order: temperature, top-k, top-p, min-p, typical-p."""
     logits = apply_temperature(logits, config.temperature)
     if config.top_k is not None:
         logits = top_k_filter(logits, config.top_k)
@@ -157,4 +198,13 @@ def sampling_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
         logits = top_p_filter(logits, config.top_p)
     if config.min_p is not None:
         logits = min_p_filter(logits, config.min_p)
+    if config.typical_p is not None:
+        logits = typical_filter(logits, config.typical_p)
     return logits
+
+
+def constrained_logits(logits: Tensor, ids: Tensor, config: SamplingConfig) -> Tensor:
+    """The processors every strategy applies, in Hugging Face's order: repetition penalty, then no-repeat n-grams
+    (beam search passes log-probabilities, as transformers does)."""
+    logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+    return ban_repeated_ngrams(logits, ids, config.no_repeat_ngram_size)

@@ -22,7 +22,7 @@ from torch import Tensor
 from tinylm.generate.processors import (
     CONTRASTIVE_DEFAULT_TOP_K,
     SamplingConfig,
-    apply_repetition_penalty,
+    constrained_logits,
     sampling_logits,
 )
 from tinylm.model import GPT
@@ -135,7 +135,7 @@ def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.G
     config = rows.config
     for _ in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B, V)
-        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+        logits = constrained_logits(logits, ids, config)
         if config.strategy == "greedy":
             nxt = logits.argmax(dim=-1)  # (B,)
         else:
@@ -157,7 +157,7 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     context = F.normalize(context.float(), dim=-1)
     expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
     for _ in range(config.max_new_tokens):
-        logits = apply_repetition_penalty(logits, ids, config.repetition_penalty)
+        logits = constrained_logits(logits, ids, config)
         top_probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)  # (B, k)
         run.reorder(expand)
         cand_logits, cand_hidden = run(torch.cat([ids[expand], top_ids.reshape(-1, 1)], dim=1))  # (B*k, V), (B*k, 1, C)
@@ -209,7 +209,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         logits, _ = run(ids)  # (B*nb, V)
         # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
         # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
-        logprobs = apply_repetition_penalty(logits.log_softmax(dim=-1), ids, config.repetition_penalty)  # (B*nb, V)
+        logprobs = constrained_logits(logits.log_softmax(dim=-1), ids, config)  # (B*nb, V)
         V = logprobs.size(-1)
         cand = (scores.view(-1, 1) + logprobs).view(B, nb * V)  # every (beam, token) extension
         # 2·nb candidates: even if nb of them end (EOS), nb can keep running
@@ -361,7 +361,9 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    typical_p: float | None = None,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     num_beams: int = 1,
     length_penalty: float = 1.0,
     early_stopping: bool = False,
@@ -385,7 +387,8 @@ def generate(
     """
     config = SamplingConfig(
         strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, repetition_penalty=repetition_penalty, num_beams=num_beams, length_penalty=length_penalty,
+        min_p=min_p, typical_p=typical_p, repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size, num_beams=num_beams, length_penalty=length_penalty,
         early_stopping=early_stopping, penalty_alpha=penalty_alpha, eos_id=eos_id, stop_strings=stop_strings,
         seed=seed, use_cache=use_cache,
     )
