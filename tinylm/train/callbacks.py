@@ -443,6 +443,11 @@ class SampleText(L.Callback):
         temperature: Sampling temperature.
         top_k: Keep only the k most likely tokens when sampling (None: all); contrastive search weighs its own
             default of candidates (`tinylm generate --strategy contrastive`'s).
+        top_p: Nucleus sampling: keep the most likely tokens up to this probability (None: off).
+        min_p: Drop tokens less likely than this x the top token's probability when sampling (None: off).
+        typical_p: Locally typical sampling's probability mass (None: off).
+        repetition_penalty: > 1 discourages tokens already in the text (every strategy; 1 is off).
+        no_repeat_ngram_size: Never repeat an n-gram of this many tokens (every strategy; 0 is off).
         num_beams: Beams of the beam strategy (beam search with one beam is greedy decoding).
         seed: Seed of the sampling generator (the same samples for the same weights).
     """
@@ -456,6 +461,11 @@ class SampleText(L.Callback):
         strategy: str = "sample",
         temperature: float = 0.8,
         top_k: int | None = 200,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        typical_p: float | None = None,
+        repetition_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
         num_beams: int = 4,
         seed: int = 1234,
     ) -> None:
@@ -473,6 +483,11 @@ class SampleText(L.Callback):
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k if strategy == "sample" else None,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
             num_beams=num_beams if strategy == "beam" else 1,
             seed=seed,
         )
