@@ -268,9 +268,8 @@ def generate(
                "min_p": ("sample",), "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
                "early_stopping": ("beam",), "penalty_alpha": ("contrastive",), "seed": ("sample",)}
     values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
-              "num_beams": num_beams,
-              "length_penalty": length_penalty, "early_stopping": early_stopping, "penalty_alpha": penalty_alpha,
-              "seed": seed}
+              "num_beams": num_beams, "length_penalty": length_penalty, "early_stopping": early_stopping,
+              "penalty_alpha": penalty_alpha, "seed": seed}
     defaults = inspect.signature(generate).parameters
     given = [k for k, v in values.items() if v != defaults[k].default and strategy not in used_by[k]]
     if num_samples > 1 and strategy != "sample":

@@ -378,8 +378,8 @@ class RunConfig(SaveConfigCallback):
     """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
     writes ``config.resume-step<N>.yaml`` beside the original; a new run (or a branch) into a folder that holds a
     config.yaml of its own (the user's, or that of an attempt that stopped before it logged) moves that file to
-    ``config.previous.yaml`` first, unless it is the config this run would write. A run from a checkpoint writes once the checkpoint
-    is restored and training starts (a resume refused on restoring, e.g. for another batch size, leaves no record: a
+    ``config.previous.yaml`` first, unless it is the config this run would write. A run from a checkpoint writes
+    once the checkpoint is restored and training starts (a resume refused on restoring, e.g. for another batch size, leaves no record: a
     later resume's warnings compare with the newest record, which must be of a run that trained)."""
 
     def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, continues: bool = False,
