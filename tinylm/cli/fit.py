@@ -379,8 +379,9 @@ class RunConfig(SaveConfigCallback):
     writes ``config.resume-step<N>.yaml`` beside the original; a new run (or a branch) into a folder that holds a
     config.yaml of its own (the user's, or that of an attempt that stopped before it logged) moves that file to
     ``config.previous.yaml`` first, unless it is the config this run would write. A run from a checkpoint writes
-    once the checkpoint is restored and training starts (a resume refused on restoring, e.g. for another batch size, leaves no record: a
-    later resume's warnings compare with the newest record, which must be of a run that trained)."""
+    once the checkpoint is restored and training starts (a resume refused on restoring, e.g. for another batch
+    size, leaves no record: a later resume's warnings compare with the newest record, which must be of a run that
+    trained)."""
 
     def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, continues: bool = False,
                  **kwargs: Any) -> None:
