@@ -17,35 +17,54 @@ import torch
 from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint
 
 _WRITER = r"""
-import sys, torch
+import os, sys, torch
 from tinylm.checkpoint import AtomicCheckpointIO
-io, path = AtomicCheckpointIO(), sys.argv[1]
-print("ready", flush=True)
-i = 1
-while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
-    io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"format": 1, "version": i}}, path)
-    i += 1
+for line in sys.stdin:  # a path: a forked child rewrites it until the test kills it (one import for all the kills)
+    child = os.fork()
+    if child == 0:
+        try:
+            io, path = AtomicCheckpointIO(), line.strip()
+            print("ready", os.getpid(), flush=True)
+            i = 1
+            while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
+                io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"format": 1, "version": i}}, path)
+                i += 1
+        finally:
+            os._exit(1)  # never back into the loop above: the parent alone reads the next path
+    os.waitpid(child, 0)
+    print("killed", flush=True)
 """
 
 
-def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
+def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(args, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
 
 
-@pytest.mark.parametrize("delay", [0.05, 0.3, 0.7, 1.2])
-def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path, delay):
-    """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file)."""
-    path = tmp_path / "last.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)}, "tinylm": {"format": 1, "version": 0}}, path)
-    proc = _spawn([sys.executable, "-c", _WRITER, str(path)], tmp_path)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    ckpt = load_checkpoint(path)  # whole: old or new, never a mix
-    version = ckpt["tinylm"]["version"]
-    assert torch.all(ckpt["state_dict"]["w"] == float(version))
+def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path):
+    """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file). Killed
+    0.05, 0.3, 0.7 and 1.2 s into the saves, each a fresh file and writer (forked from one that imported torch)."""
+    proc = _spawn([sys.executable, "-c", _WRITER], tmp_path, stdin=subprocess.PIPE)
+    try:
+        for delay in (0.05, 0.3, 0.7, 1.2):
+            path = tmp_path / f"after-{delay}s" / "last.ckpt"
+            path.parent.mkdir()
+            AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)},
+                                                  "tinylm": {"format": 1, "version": 0}}, path)
+            proc.stdin.write(f"{path}\n")
+            proc.stdin.flush()
+            said, pid = proc.stdout.readline().split()
+            assert said == "ready"
+            time.sleep(delay)
+            os.kill(int(pid), signal.SIGKILL)
+            assert proc.stdout.readline().strip() == "killed"  # and reaped: nothing writes the file any more
+            ckpt = load_checkpoint(path)  # whole: old or new, never a mix
+            version = ckpt["tinylm"]["version"]
+            assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_truncated_checkpoint_is_reported_clearly(tmp_path):
