@@ -252,6 +252,23 @@ def test_a_config_yaml_found_in_a_new_runs_folder_is_kept(config, tmp_path, capl
     assert not list(branch.glob("config.resume-*"))
 
 
+def test_a_config_yaml_that_is_a_folder_or_a_link_is_kept_too(config, tmp_path):
+    """Catches a config.yaml in a new run's folder that is no plain file: a folder crashed the run with a traceback
+    (IsADirectoryError) and the cleanup then deleted the folder; a dangling link had the config written through it,
+    outside the run folder. Each is moved aside as config.previous.yaml, like a file, and the run writes its own."""
+    run = tmp_path / "runs" / "tiny"
+    (run / "config.yaml").mkdir(parents=True)
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.val_check_interval", "1"])
+    assert (run / "config.previous.yaml").is_dir() and "max_steps: 1" in (run / "config.yaml").read_text()
+    link = tmp_path / "runs" / "link"
+    link.mkdir()
+    (link / "config.yaml").symlink_to(tmp_path / "elsewhere.yaml")  # dangling
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.val_check_interval", "1",
+          "--run.name", "link"])
+    assert not (tmp_path / "elsewhere.yaml").exists()
+    assert (link / "config.previous.yaml").is_symlink() and not (link / "config.yaml").is_symlink()
+
+
 def test_a_refused_branch_leaves_no_config_yaml(config, tmp_path, capsys):
     """Catches a branch into a new folder refused on restoring (another batch size) writing that folder's
     config.yaml: the retry then counted as a resume of it, and the run's record showed a batch it never trained."""

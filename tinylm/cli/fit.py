@@ -432,7 +432,10 @@ class RunConfig(SaveConfigCallback):
         if self.continues and path.exists():
             path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
             # before (killed in between): that record is kept too
-        elif path.exists() and path.read_text(errors="replace") != self.parser.dump(self.config, skip_none=False):
+        elif os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
+                                        != self.parser.dump(self.config, skip_none=False)):
+            # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
+            # outside the run folder; read, a folder crashed the run
             kept = _unused(self.run_dir / "config.previous.yaml")
             path.rename(kept)
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
@@ -450,7 +453,7 @@ class RunConfig(SaveConfigCallback):
 def _unused(path: Path) -> Path:
     """``path``, or the first of ``<stem>-2<suffix>``, ``-3``... that does not exist."""
     n, free = 1, path
-    while free.exists():
+    while os.path.lexists(free):  # a dangling link is taken too
         n += 1
         free = path.with_name(f"{path.stem}-{n}{path.suffix}")
     return free
