@@ -96,6 +96,24 @@ def test_resume_takes_the_same_shares_written_otherwise(run_config, two_corpora,
     assert "data.weights=[2" in capsys.readouterr().err
 
 
+def test_the_start_line_counts_passes_over_each_weighted_corpus(run_config, two_corpora, tmp_path, caplog):
+    """Catches a mixture whose data.weights favour a small corpus reported by its passes over all the text together
+    (0.1 passes, while a step read the small one more than once over) and not warned about: weights [1, 9] over
+    a.txt (18,000 train tokens) and a 2,000-character b.txt (1,800) with steps of 2,048 tokens read 0.9 x 2,048 =
+    1,843 tokens of b.txt a step, 1.02 passes; a.txt 0.0114."""
+    (tmp_path / "b.txt").write_text((tmp_path / "b.txt").read_text()[:2000])
+    config = run_config(data={"corpus": two_corpora, "weights": [1, 9], "block_size": 16, "batch_size": 128,
+                              "val_batches": 1, "cache_dir": str(tmp_path / "cache"), "tokenizer": "char"},
+                        trainer={"max_steps": 1, "val_check_interval": 1})
+    with pytest.warns(UserWarning, match=r"one optimizer step reads 1,843 tokens of b.txt \(its data.weights share "
+                                         r"0.9\) but its training split holds 1,800: every step goes over it 1.02 "
+                                         r"times; use a smaller weight for it"):
+        main(["fit", "--config", str(config)])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
+    assert "read 2,048 tokens: 0.103 passes over the training split (19,800 tokens)" in line, line
+    assert line.endswith("(by data.weights: a.txt 0.0114 passes of 18,000, b.txt 1.02 passes of 1,800)"), line
+
+
 def test_bad_weights_name_the_fix(two_corpora, tmp_path):
     """Catches weights that do not match the corpora being accepted (and silently mis-mixed)."""
     with pytest.raises(ValueError, match=r"data.weights has 3 entries but data.corpus names 2 corpora"):

@@ -406,16 +406,31 @@ class RunConfig(SaveConfigCallback):
         data = trainer.datamodule
         if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
             B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
-            step, split = B * A * W * T, sum(meta["splits"]["train"]["tokens"] for meta in data.metas)
-            run = (f"; {trainer.max_steps:,} steps (trainer.max_steps) read {step * trainer.max_steps:,} tokens: "
-                   f"{step * trainer.max_steps / split:.3g} passes over the training split ({split:,} tokens)"
-                   if trainer.max_steps > 0 else "")
+            step, max_steps = B * A * W * T, trainer.max_steps
+            splits = [meta["splits"]["train"]["tokens"] for meta in data.metas]
+            split = sum(splits)
+            run = (f"; {max_steps:,} steps (trainer.max_steps) read {step * max_steps:,} tokens: "
+                   f"{step * max_steps / split:.3g} passes over the training split ({split:,} tokens)"
+                   if max_steps > 0 else "")
+            # data.weights draw each corpus at its own pace (unset: in proportion to its tokens, all at one pace):
+            # [0.1, 0.9] over 18,000 and 2,700 tokens read the small one 30 times as often as the 0.297 passes say
+            weighted = len(splits) > 1 and data.weights is not None
+            shares = [w / sum(data.weights) for w in data.weights] if weighted else [1.0]
+            if weighted and max_steps > 0:
+                run += " (by data.weights: " + ", ".join(
+                    f"{name} {step * max_steps * share / n:.3g} passes of {n:,}"
+                    for name, share, n in zip(data.val_names, shares, splits)) + ")"
             log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
                      "device(s): %s tokens per optimizer step%s", f"{B * A * W:,}", T, B, A, W, f"{step:,}", run)
-            if step > split:  # windows drawn at random: each step reads the same text several times over
-                warnings.warn(f"one optimizer step reads {step:,} tokens but the training split holds {split:,}: "
-                              f"every step goes over it {step / split:.3g} times; use a smaller --data.batch_size "
-                              f"(or accumulate_grad_batches, block_size) or a larger corpus", UserWarning)
+            for name, share, n in zip(data.val_names, shares, splits if weighted else [split]):
+                if step * share > n:  # windows drawn at random: each step reads the same text several times over
+                    what = (f"{step * share:,.0f} tokens of {name} (its data.weights share {share:.3g}) but its "
+                            f"training split holds {n:,}" if weighted else
+                            f"{step:,} tokens but the training split holds {split:,}")
+                    fix = "a smaller weight for it, " if weighted else ""
+                    warnings.warn(f"one optimizer step reads {what}: every step goes over it {step * share / n:.3g} "
+                                  f"times; use {fix}a smaller --data.batch_size (or accumulate_grad_batches, "
+                                  f"block_size) or a larger corpus", UserWarning)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         # said here, in the process that trained: under ddp_fork the command's own trainer stays at step 0
