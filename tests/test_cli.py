@@ -75,6 +75,22 @@ def test_training_samples_take_the_decoding_options_of_generate(config, tmp_path
     assert not (tmp_path / "runs" / "bad" / "checkpoints").exists()
 
 
+def test_bad_sample_options_name_their_samples_option():
+    """Catches fit refusing --samples.top_p 0 with "top_p must be in (0, 1]" (fit has no --top_p: the user had to
+    guess which option), a bad samples.temperature pointing at --strategy greedy (an option of generate, not fit),
+    and samples.typical_p with samples.strategy greedy doing nothing without a word (generate warns)."""
+    from tinylm.train.callbacks import SampleText
+
+    with pytest.raises(ValueError, match=r"^samples\.top_p must be in \(0, 1\], got 0$"):
+        SampleText(top_p=0)
+    with pytest.raises(ValueError, match=r"^samples\.temperature must be .* \(--samples\.strategy greedy\)$"):
+        SampleText(temperature=0)
+    with pytest.raises(ValueError, match=r"^samples\.strategy: unknown strategy 'nope'"):
+        SampleText(strategy="nope")
+    with pytest.warns(UserWarning, match=r"^samples\.typical_p does nothing with samples\.strategy greedy"):
+        SampleText(strategy="greedy", typical_p=0.9)
+
+
 def test_vocab_and_block_size_are_linked_from_data(config, tmp_path):
     """Catches the model's vocab_size/block_size being typed twice (and drifting) instead of coming from data."""
     cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "1"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import ClassVar
@@ -478,19 +480,28 @@ class SampleText(L.Callback):
         if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
             raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
                              "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
-        self.config = SamplingConfig(
-            strategy=strategy,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k if strategy == "sample" else None,
-            top_p=top_p,
-            min_p=min_p,
-            typical_p=typical_p,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            num_beams=num_beams if strategy == "beam" else 1,
-            seed=seed,
-        )
+        try:
+            self.config = SamplingConfig(
+                strategy=strategy,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k if strategy == "sample" else None,
+                top_p=top_p,
+                min_p=min_p,
+                typical_p=typical_p,
+                repetition_penalty=repetition_penalty,
+                no_repeat_ngram_size=no_repeat_ngram_size,
+                num_beams=num_beams if strategy == "beam" else 1,
+                seed=seed,
+            )
+        except ValueError as e:  # named as fit spells them: "top_p must be in (0, 1]" left the user to guess where
+            msg = str(e).replace("(--strategy ", "(--samples.strategy ")
+            raise ValueError(f"samples.{msg}" if msg.split()[0] in inspect.signature(SampleText).parameters else
+                             f"samples.strategy: {msg}" if msg.startswith("unknown strategy") else msg) from None
+        for name, value in (("top_p", top_p), ("min_p", min_p), ("typical_p", typical_p)):
+            if value is not None and strategy != "sample":  # as generate warns of --top_p with --strategy greedy
+                warnings.warn(f"samples.{name} does nothing with samples.strategy {strategy} (it shapes "
+                              "samples.strategy sample)", UserWarning)
         self._last_step = -1
         self._path: Path | None = None
         self._saved_bytes: int | None = None  # from the checkpoint resumed
