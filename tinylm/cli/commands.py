@@ -244,7 +244,7 @@ def generate(
         typical_p: sample: locally typical sampling; keep the tokens whose surprise is nearest the entropy, up to
             this probability mass (0.2-0.95 in its paper).
         repetition_penalty: > 1 discourages tokens already present (beam: applied to log-probabilities).
-        no_repeat_ngram_size: Never repeat an n-gram of this many tokens (prompt included); 0 is off.
+        no_repeat_ngram_size: never repeat an n-gram of this many tokens (prompt included); 0 is off.
         num_beams: beam: beam width.
         length_penalty: beam: score / length**this (> 0 favours longer).
         early_stopping: beam: stop once num_beams hypotheses have ended.
