@@ -1,6 +1,7 @@
 """Crash safety and safe loading: kill -9 mid-write never leaves a file or dataset that looks complete but is not,
 and loading never executes code."""
 
+import contextlib
 import os
 import pickle
 import re
@@ -127,30 +128,70 @@ def test_pickle_payload_in_checkpoint_is_refused(tmp_path, monkeypatch):
         torch.load(path, weights_only=True)
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 2.5])
-def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path, small_data, delay):
-    """Catches a crashed `tinylm prepare` leaving a folder that a later run takes for a finished dataset."""
-    corpus = tmp_path / "corpus.txt"
-    # 1.1 MB like all of tinyshakespeare, so prepare runs for seconds (~6 s on 2 cores) and every kill lands mid-way
-    corpus.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8") * 11, encoding="utf-8")
-    cache = tmp_path / "cache"
-    args = ["--data.corpus", str(corpus), "--data.tokenizer", "bpe", "--data.vocab_size", "2048", "--data.cache_dir", str(cache)]
-    proc = _spawn([sys.executable, "-m", "tinylm", "prepare", *args], tmp_path)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    for meta in cache.rglob("meta.json"):  # whatever claims to be complete must be complete
-        folder = meta.parent
-        for split in ("train", "val"):
-            assert (folder / f"{split}.bin").stat().st_size > 0
-    from tinylm.data import TinyLMDataModule
+_PREPARER = r"""
+import os, sys
+from tinylm.cli import main
+said = os.fdopen(os.dup(1), "w")  # the lines the test reads; prepare's own output (some of it not through
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # sys.stdout) goes nowhere
+# one small prepare first: every module prepare needs is imported before the forks
+main(["prepare", "--data.corpus", sys.argv[1], "--data.tokenizer", "char", "--data.cache_dir", sys.argv[2]])
+import tokenizers  # the bpe tokenizer's (the char one needs none)
+for line in sys.stdin:  # a cache folder: a forked child prepares into it until the test kills it
+    child = os.fork()
+    if child == 0:
+        try:
+            print("ready", os.getpid(), file=said, flush=True)
+            main(["prepare", "--data.corpus", sys.argv[3], "--data.tokenizer", "bpe", "--data.vocab_size", "2048",
+                  "--data.cache_dir", line.strip()])
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    print("killed", file=said, flush=True)
+"""
 
-    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="bpe", vocab_size=2048, cache_dir=str(cache), block_size=64)
-    dm.prepare_data()  # rebuilds whatever the crash left half-done
-    meta = dm.meta
-    for split in ("train", "val"):
-        size = (dm.dataset_dir / f"{split}.bin").stat().st_size
-        assert size == meta["splits"][split]["tokens"] * 2 > 0  # uint16: 2 bytes a token, every token there
+
+def test_kill_during_prepare_never_leaves_a_dataset_that_looks_complete(tmp_path, small_data):
+    """Catches a crashed `tinylm prepare` leaving a folder that a later run takes for a finished dataset. Killed
+    0.3, 0.8, 1.3 and 1.8 s into its work (training the BPE, then packing), each into a fresh cache, by a process
+    forked from one that imported what prepare needs: a kill timed from the start of `python -m tinylm` landed in
+    its 5-10 s of imports, before any file was written."""
+    corpus = tmp_path / "corpus.txt"
+    # 1.1 MB like all of tinyshakespeare, so prepare works for seconds (~2 s on 2 cores) and the kills land mid-way
+    corpus.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8") * 11, encoding="utf-8")
+    small = tmp_path / "small.txt"
+    small.write_text("warm up " * 500, encoding="utf-8")
+    proc = _spawn([sys.executable, "-c", _PREPARER, str(small), str(tmp_path / "warm-up"), str(corpus)], tmp_path,
+                  stdin=subprocess.PIPE)
+    try:
+        cut = 0  # kills that left a build unfinished
+        for delay in (0.3, 0.8, 1.3, 1.8):
+            cache = tmp_path / f"after-{delay}s"
+            proc.stdin.write(f"{cache}\n")
+            proc.stdin.flush()
+            said, pid = proc.stdout.readline().split()
+            assert said == "ready"
+            time.sleep(delay)
+            with contextlib.suppress(ProcessLookupError):  # (a fast machine: it finished)
+                os.kill(int(pid), signal.SIGKILL)
+            assert proc.stdout.readline().strip() == "killed"
+            cut += any(cache.rglob("*.tmp-*"))
+            for meta in cache.rglob("meta.json"):  # whatever claims to be complete must be complete
+                folder = meta.parent
+                for split in ("train", "val"):
+                    assert (folder / f"{split}.bin").stat().st_size > 0, f"killed {delay} s into prepare"
+            from tinylm.data import TinyLMDataModule
+
+            dm = TinyLMDataModule(corpus=str(corpus), tokenizer="bpe", vocab_size=2048, cache_dir=str(cache),
+                                  block_size=64)
+            dm.prepare_data()  # rebuilds whatever the crash left half-done
+            meta = dm.meta
+            for split in ("train", "val"):
+                size = (dm.dataset_dir / f"{split}.bin").stat().st_size
+                assert size == meta["splits"][split]["tokens"] * 2 > 0  # uint16: 2 bytes a token, every token there
+        assert cut, "no kill landed while prepare worked: the test proved nothing"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
