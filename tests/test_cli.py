@@ -309,14 +309,24 @@ def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
     import subprocess
     import sys
 
-    show = ("from tinylm.cli import _setup_console; import logging; _setup_console(); "
-            "print(logging.getLogger('tinylm').getEffectiveLevel())")
-    levels = {}
-    for node in ("0", "1"):
-        env = {**__import__("os").environ, "NODE_RANK": node}
-        done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=env, check=True)
-        levels[node] = int(done.stdout.split()[-1])
-    assert levels == {"0": 20, "1": 40}  # INFO, ERROR
+    # each node a fresh process, forked from one that imported Lightning alone (5-10 s, once): it reads no NODE_RANK
+    show = ("import logging, os\n"
+            "import lightning.pytorch\n"
+            "for node in ('0', '1'):\n"
+            "    child = os.fork()\n"
+            "    if child == 0:\n"
+            "        try:\n"
+            "            os.environ['NODE_RANK'] = node\n"
+            "            from tinylm.cli import _setup_console\n"
+            "            _setup_console()\n"
+            "            print(node, logging.getLogger('tinylm').getEffectiveLevel(), flush=True)\n"
+            "        finally:\n"
+            "            os._exit(0)\n"
+            "    os.waitpid(child, 0)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NODE_RANK"}
+    done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=env, check=True)
+    levels = {node: int(level) for node, level in (line.split() for line in done.stdout.splitlines())}
+    assert levels == {"0": 20, "1": 40}, done.stderr[-2000:]  # INFO, ERROR
 
 
 def test_tinylm_help_answers_without_importing_lightning():
