@@ -7,6 +7,7 @@ two halves equals the single device's mean over all of them. These tests run rea
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,7 +193,9 @@ def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfini
     assert _metric(tmp_path / "runs" / "straight", "health/nonfinite") == {1: 1.0}
     said = [line for line in done.stderr.splitlines() if "global batch:" in line]
     assert len(said) == 1 and f"global batch: {2 * B} windows of 32 tokens" in said[0] and "x 2 device(s)" in said[0]
-    assert said[0].endswith(f": {2 * B * 32:,} tokens per optimizer step")
+    steps = int(re.search(r"; ([\d,]+) steps \(trainer.max_steps\)", said[0])[1].replace(",", ""))
+    assert f": {2 * B * 32:,} tokens per optimizer step; {steps:,} steps (trainer.max_steps) read " \
+           f"{steps * 2 * B * 32:,} tokens" in said[0], said[0]
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_fork"])
