@@ -270,8 +270,9 @@ class HealthMonitor(L.Callback):
             self._alert(
                 trainer,
                 "slowdown",
-                f"tokens/sec fell from {self._best_rate:,.0f} to {current:,.0f} while the run had the CPUs to "
-                "itself: look for a memory leak (tensors kept across steps, growing lists), data loading stalls, or "
+                f"tokens/sec fell from {self._best_rate:,.0f} to {current:,.0f} while the training process seldom "
+                "waited for a CPU: look for a memory leak (tensors kept across steps, growing lists), data loading "
+                "stalls (other jobs can still starve the loader's worker processes, which this does not measure), or "
                 "thermal throttling",
             )
 
