@@ -559,7 +559,6 @@ class TinyLMCLI(LightningCLI):
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None
-        self.continues = False  # a resume in the checkpoint's own run folder (not a branch into another)
         self.wandb_id: str | None = None
         asked = ckpt_path = cfg.get("ckpt_path")
         if ckpt_path == "last":
@@ -586,6 +585,8 @@ class TinyLMCLI(LightningCLI):
             raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                     "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
                                     "latest")
+        # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
+        self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if sub == "fit" and _rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
             self._check_run_folder(ckpt_path, asked)
         if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
@@ -598,8 +599,7 @@ class TinyLMCLI(LightningCLI):
         ckpts = self.run_dir / "checkpoints"  # made at the first save: found now, not after the training
         if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():
             raise FileExistsError(errno.EEXIST, "File exists", str(ckpts))
-        inside = ckpt_path is not None and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
-        if holds_run(self.run_dir) and not inside:
+        if holds_run(self.run_dir) and not self.continues:
             what = f"a run from {ckpt_path}" if ckpt_path else "the run again from step 0 (what --ckpt_path last " \
                 "does without a checkpoint)" if asked == "last" else "a fresh run"
             found, broken = checkpoints_by_step(self.run_dir / "checkpoints")
@@ -612,7 +612,7 @@ class TinyLMCLI(LightningCLI):
             raise TinyLMError(
                 f"{self.run_dir} already holds a run; refusing to start {what} over it. Continue it with "
                 f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
-        if inside:
+        if self.continues:
             # the newest readable checkpoint, whatever its name (last.ckpt may be missing or damaged)
             found, _ = checkpoints_by_step(self.run_dir / "checkpoints")
             latest = max((step for step, _, _ in found), default=None)
@@ -644,7 +644,6 @@ class TinyLMCLI(LightningCLI):
         self.resume_step = self.ckpt_step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
-        self.continues = self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if self.continues:
             self.wandb_id = meta.get("wandb_id")
         max_steps = cfg.trainer.get("max_steps")
