@@ -46,7 +46,7 @@ def _side(kwargs: dict, batch: int, fused: bool):
         opt.step()
 
     def train_step() -> None:
-        loss = module._loss((x, y))[0]
+        loss = module._loss((x, y))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()

@@ -62,7 +62,7 @@ def _setup(name: str, ckpt: bool):
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-            loss = module._loss((x, y))[0]
+            loss = module._loss((x, y))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()

@@ -46,12 +46,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 import yaml
 
 from tinylm.data import TinyLMDataModule
 from tinylm.model import GPT
-from tinylm.train.module import TinyLM
+from tinylm.train.module import TinyLM, token_loss
 from tinylm.train.optim import fused_adamw
 from tinylm.train.schedules import lr_at
 
@@ -203,15 +202,15 @@ class PlainLoop:
 
     def __init__(self, lit: TinyLM, dm: TinyLMDataModule, *, seed: int, clip: float,
                  device: torch.device | None = None, precision: str = "32-true", compile: bool = False,
-                 loss_in_graph: bool = False) -> None:
+                 eager_loss: bool = False) -> None:
         hp = lit.hparams
         self.device = device = device or torch.device("cpu")
         self.model = _same_init_gpt(lit, seed).to(device)
-        self.loss_fn = _model_loss
-        if compile and loss_in_graph:  # the model and the loss as one graph: inductor fuses the upcast of the logits
-            self.loss_fn = torch.compile(_model_loss)  # into the log-softmax (no fp32 copy of (B, T, V) written)
-        elif compile:
-            self.model.compile()  # as TinyLM does: the loss runs eagerly on the compiled model's logits
+        self.loss_fn = token_loss
+        if compile:  # as TinyLM does: the model compiled in place, and the model + loss as one graph
+            self.model.compile()
+            if not eager_loss:  # else the loss runs eagerly on the compiled model's logits (tinylm before 2026-11-27)
+                self.loss_fn = torch.compile(token_loss)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
@@ -256,12 +255,6 @@ class PlainLoop:
         self.clock.block_end.add(self.step - 1)
 
 
-def _model_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the model on (x, y), computed in fp32 as TinyLM does (autocast runs it in fp32 too)."""
-    logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-
-
 def _epochs(loader: Any) -> Any:
     """The loader's batches epoch after epoch, as Lightning iterates it (a StopIteration raised inside a Lightning
     callback ends Lightning's epoch without a word: the plain side then stopped running on small corpora)."""
@@ -297,7 +290,7 @@ class Interleave(L.Callback):
 # ------------------------------------------------------------------------------------------------ one pass
 def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, steps: int, warmup: int,
              block: int, device: str = "cpu", precision: str = "32-true", compile: bool = False,
-             corpus: Path | None = None, tokenizer: str | None = None, loss_in_graph: bool = False
+             corpus: Path | None = None, tokenizer: str | None = None, eager_loss: bool = False
              ) -> tuple[Clock, PlainLoop, TinyLM]:
     """Fit Lightning for warmup + steps with the plain loop interleaved; return (lightning, plain) clocks."""
     from tinylm.train.callbacks import (
@@ -316,7 +309,7 @@ def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, st
     lit = make_module(recipe, dm, dropout=0.0, compile_model=compile)  # dropout draws on the global RNG (shared)
     clip = float(recipe["trainer"].get("gradient_clip_val") or 1.0)
     plain = PlainLoop(lit, dm, seed=recipe["seed"], clip=clip, device=torch.device(device), precision=precision,
-                      compile=compile, loss_in_graph=loss_in_graph)
+                      compile=compile, eager_loss=eager_loss)
     sync_block = block if device == "cuda" else 0
     clock = Clock()
     tinylm_callbacks: list[L.Callback] = []
@@ -408,8 +401,9 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="Lightning precision for both sides (default: 32-true "
                         "on the CPU, bf16-mixed on CUDA)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on both sides")
-    parser.add_argument("--plain-loss-in-graph", action="store_true", help="with --compile: the plain side compiles "
-                        "the model and the loss as one graph (an experiment: the ratio then shows its gain)")
+    parser.add_argument("--plain-eager-loss", action="store_true", help="with --compile: the plain side runs the "
+                        "loss eagerly on the compiled model's logits, as tinylm did before it compiled the model and "
+                        "the loss as one graph (the ratio then shows that graph's gain)")
     parser.add_argument("--batch-size", type=int, default=0, help="override the recipe's micro-batch size")
     parser.add_argument("--steps", type=int, default=150, help="timed steps per side and pass (after warm-up)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side at the start of each pass")
@@ -438,18 +432,18 @@ def main() -> None:
         print(f"GPU: {gpu}, CUDA {torch.version.cuda}")
     print(f"model: {args.config.name}: n_layer {m['n_layer']}, n_head {m['n_head']}, n_embd {m['n_embd']}, "
           f"bias {m.get('bias')}, block {d['block_size']}, batch {d['batch_size']}, precision {precision}, "
-          f"compile {args.compile}{' (plain side: model + loss in one graph)' if args.plain_loss_in_graph else ''}, "
+          f"compile {args.compile}{' (plain side: loss outside the graph)' if args.plain_eager_loss else ''}, "
           f"device {args.device}; "
           f"{args.warmup} warm-up + {args.steps} timed steps per side, interleaved in blocks of {args.block}\n")
     rows, result = [], {"machine": machine_line(), "gpu": gpu, "config": args.config.name, "precision": precision,
-                        "compile": args.compile, "plain_loss_in_graph": args.plain_loss_in_graph,
+                        "compile": args.compile, "plain_eager_loss": args.plain_eager_loss,
                         "batch_size": d["batch_size"], "block_size": d["block_size"]}
     with tempfile.TemporaryDirectory() as tmp:
         for i, kind in enumerate(args.passes.split(",")):
             lit, plain_loop, module = run_pass(kind, recipe, args.data, Path(tmp), steps=args.steps,
                                                warmup=args.warmup, block=args.block, device=args.device,
                                                precision=precision, compile=args.compile, corpus=args.corpus,
-                                               tokenizer=args.tokenizer, loss_in_graph=args.plain_loss_in_graph)
+                                               tokenizer=args.tokenizer, eager_loss=args.plain_eager_loss)
             plain = plain_loop.clock
             diffs = [abs(a - b) for a, b in zip(lit.losses, plain.losses)]
             n = min(args.show_losses, len(diffs))

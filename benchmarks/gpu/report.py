@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 NANOGPT_VAL = 1.4697  # nanoGPT's published best val loss for its shakespeare-char recipe
-STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "loss124m", "tinystories", "shakespeare")
+STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "loss124m", "tinystories", "tinystories256",
+          "shakespeare")
 
 
 def load_json(path: Path) -> dict | None:
@@ -105,6 +106,7 @@ def main(work: Path, out: Path) -> None:
               "syncs": load_json(work / "syncs.json"), "step124m": load_json(work / "step124m.json"),
               "loss124m": load_json(work / "loss124m.json"),
               "tinystories": load_json(work / "tinystories.json"),
+              "tinystories256": load_json(work / "tinystories256.json"),
               "shakespeare": shakespeare_summary(work, status.get("shakespeare"))}
     strategies = work / "strategies" / "status.txt"
     report["strategies"] = strategies.read_text().split("\n") if strategies.exists() else None
@@ -120,9 +122,11 @@ def main(work: Path, out: Path) -> None:
                for c in t["cases"]]
         md += [f"- {line}" for line in t["resume"]]
     for key, title in (("step124m", "GPT-2 124M: Lightning vs plain PyTorch, compile + bf16 + flash + fused AdamW"),
-                       ("loss124m", ("GPT-2 124M: Lightning (loss outside the compiled model) vs plain PyTorch with "
-                                    "the model and the loss compiled as one graph")),
-                       ("tinystories", "tinystories shape (~7M, BPE 8192): Lightning vs plain PyTorch")):
+                       ("loss124m", ("GPT-2 124M: Lightning (the model and the loss compiled as one graph) vs "
+                                    "plain PyTorch with the loss outside the compiled model, as tinylm did before")),
+                       ("tinystories", "tinystories shape (~7M, BPE 8192): Lightning vs plain PyTorch"),
+                       ("tinystories256", ("tinystories shape, micro-batch 256 (the recipe's tokens per optimizer step "
+                                          "with accumulate_grad_batches 1): Lightning vs plain PyTorch"))):
         b = report[key]
         if b:
             md += ["", f"## {title}", "", (f"{b['gpu']}; micro-batch {b['batch_size']} x {b['block_size']}, "

@@ -8,7 +8,7 @@
 # default ../shared/data beside the checkout. Needs tinylm importable (installed, or the checkout on PYTHONPATH).
 # Environment: PYTHON (default python3); WORK, a scratch folder for runs and caches (default OUT/work);
 # STAGES, which stages to run (default: all, in this order): tests memory strategies syncs step124m loss124m
-# tinystories shakespeare. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
+# tinystories tinystories256 shakespeare. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
 # one after the other. Each stage has a time limit (seconds: T_<stage>), so one that hangs costs only its own.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,7 +23,7 @@ data=$(cd "$data" && pwd)
 work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 : >"$out/logs.txt"
-stages=${STAGES:-tests memory strategies syncs step124m loss124m tinystories shakespeare}
+stages=${STAGES:-tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare}
 export WANDB_MODE=disabled TINYLM_CACHE_DIR=$work/cache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd "$repo"
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -89,8 +89,8 @@ step124m() {
     --corpus "$data/tinyshakespeare.txt" --tokenizer "tiktoken:$data/gpt2.tiktoken" --steps 30 --warmup 10 \
     --block 10 --passes bare --profile --json "$work/step124m.json"
 }
-loss124m() {  # an experiment for the MFU gap: the plain side compiles the model and the loss as one graph
-  "$py" benchmarks/bench_train_step.py --device cuda --compile --plain-loss-in-graph --config configs/gpt2-124m.yaml \
+loss124m() {  # the gain of the one-graph loss: the plain side runs the loss eagerly on the compiled logits, as tinylm did
+  "$py" benchmarks/bench_train_step.py --device cuda --compile --plain-eager-loss --config configs/gpt2-124m.yaml \
     --corpus "$data/tinyshakespeare.txt" --tokenizer "tiktoken:$data/gpt2.tiktoken" --steps 30 --warmup 10 \
     --block 10 --passes bare --json "$work/loss124m.json"
 }
@@ -98,6 +98,11 @@ tinystories() {
   "$py" benchmarks/bench_train_step.py --device cuda --compile --config configs/tinystories.yaml \
     --corpus "$data/tinyshakespeare.txt" --steps 120 --warmup 20 --block 20 --passes bare,full \
     --json "$work/tinystories.json"
+}
+tinystories256() {  # the same tokens per optimizer step in one micro-batch of 256: a quarter of the per-step Python
+  "$py" benchmarks/bench_train_step.py --device cuda --compile --config configs/tinystories.yaml --batch-size 256 \
+    --corpus "$data/tinyshakespeare.txt" --steps 40 --warmup 10 --block 10 --passes bare,full \
+    --json "$work/tinystories256.json"
 }
 shakespeare() {
   mkdir -p "$work/shakespeare" && cd "$work/shakespeare" || return 1
@@ -108,7 +113,7 @@ shakespeare() {
 }
 
 export py repo here data work out
-export -f tests memory strategies syncs step124m loss124m tinystories shakespeare
+export -f tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare
 # correctness first, side by side; then the timed stages alone
 pids=()
 for s in tests memory strategies syncs; do
@@ -116,7 +121,7 @@ for s in tests memory strategies syncs; do
   [ "$s" = tests ] && sleep 2  # let pytest start first
 done
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
-for s in step124m loss124m tinystories shakespeare; do
+for s in step124m loss124m tinystories tinystories256 shakespeare; do
   want "$s" && (stage "$s")
 done
 

@@ -68,6 +68,13 @@ class RecomputedBlock(Block):
         return super().forward(x, **attn_kwargs)
 
 
+def token_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, prefix_len: int | None = None) -> torch.Tensor:
+    """The mean cross-entropy of ``model`` on inputs ``x`` (B, T) and targets ``y`` (B, T), computed in fp32 (also
+    under bf16 autocast), over the targets that are not IGNORE."""
+    logits = model(x, prefix_len=prefix_len)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
+
+
 class TinyLM(L.LightningModule):
     """A GPT language model (nanoGPT by default; modern options below) trained with AdamW (or Muon + AdamW) and a
     warmup + decay learning-rate schedule.
@@ -118,7 +125,9 @@ class TinyLM(L.LightningModule):
             ``optimizer: muon`` only the embeddings and LM head (AdamW's) take it, the blocks' matrices muon_weight_decay.
         beta1: AdamW beta1 (the speedruns use 0.8 with Muon; tinylm keeps one default).
         beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
-        compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged).
+        compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged), and the training
+            step's forward and loss as one graph (the fp32 upcast of the logits fuses into the log-softmax: no fp32
+            copy of the (B, T, V) logits is written).
         activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
             rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
             block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute
@@ -238,6 +247,10 @@ class TinyLM(L.LightningModule):
     def configure_model(self) -> None:
         if self.hparams.compile_model and not getattr(self, "_compiled", False):
             self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
+            # the training loss as one graph with the model (dynamo inlines the module compiled above): the loss
+            # no longer runs eagerly on the compiled model's logits, which wrote them again in fp32 (B*T*V*4 bytes)
+            # and read them back twice: ~10 % of a GPT-2 124M step on an H100/H200 (docs/gpu/README.md)
+            self._token_loss = torch.compile(token_loss)
             self._compiled = True
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -255,17 +268,16 @@ class TinyLM(L.LightningModule):
         y[:, : P - 1] = IGNORE
         return y
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The mean loss over all counted B*T predictions: every position of every row is a training example,
+        except prefix positions that see their own target (copying it would drive their loss to ~0 and teach
+        nothing)."""
         x, y = batch  # (B, T), (B, T)
-        logits = self(x)  # (B, T, V)
-        # mean over all counted B*T predictions: every position of every row is a training example, except prefix
-        # positions that see their own target (copying it would drive their loss to ~0 and teach nothing)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), self._targets(y).reshape(-1),
-                               ignore_index=IGNORE)
-        return loss, logits
+        prefix = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else None
+        return getattr(self, "_token_loss", token_loss)(self.model, x, self._targets(y), prefix)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss, _ = self._loss(batch)
+        loss = self._loss(batch)
         self._step_losses.append(loss.detach())  # the step's loss is their mean, taken when the optimizer steps
         if logging_step(self.trainer):
             self.log("train/lr", host_scalar(self.current_lr()), prog_bar=True)
