@@ -564,7 +564,7 @@ def test_warmup_longer_than_the_run_warns(config):
 def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
     """Catches a run whose optimizer step is larger than its whole training split (--data.batch_size 1200 on 18k
     tokens: every step reads the same text twice over) training without a word, and the start line not saying how
-    many passes over the training split trainer.max_steps make."""
+    many passes over the training split trainer.max_steps make (and, resumed, what is left of the run)."""
     import re
 
     main(["fit", "--config", str(config)])
@@ -574,6 +574,11 @@ def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
     assert m, line
     assert float(m[1]) == pytest.approx(128 / int(m[2].replace(",", "")), rel=1e-2)
     assert not [w for w in recwarn if "training split holds" in str(w.message)]
+    assert "resumed at step" not in line
+    caplog.clear()  # a resume says what is left of the run too
+    main(["fit", "--config", str(config), "--trainer.max_steps", "10", "--ckpt_path", "last"])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
+    assert line.endswith("; resumed at step 4: 6 steps left read 192 tokens"), line
     with pytest.warns(UserWarning, match=r"one optimizer step reads 19,200 tokens but the training split holds "
                                          r"[\d,]+: every step goes over it 1\.\d+ times; use a smaller --data.batch_size"):
         main(["fit", "--config", str(config), "--run.name", "big", "--data.batch_size", "1200", "--trainer.max_steps",

@@ -420,6 +420,10 @@ class RunConfig(SaveConfigCallback):
                 run += " (by data.weights: " + ", ".join(
                     f"{name} {step * max_steps * share / n:.3g} passes of {n:,}"
                     for name, share, n in zip(data.val_names, shares, splits)) + ")"
+            done = trainer.global_step  # a resume: what is left of the run, not only its whole
+            if max_steps > 0 and 0 < done < max_steps:
+                run += (f"; resumed at step {done:,}: {max_steps - done:,} steps left read "
+                        f"{step * (max_steps - done):,} tokens")
             log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
                      "device(s): %s tokens per optimizer step%s", f"{B * A * W:,}", T, B, A, W, f"{step:,}", run)
             for name, share, n in zip(data.val_names, shares, splits if weighted else [split]):
