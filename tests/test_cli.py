@@ -78,7 +78,8 @@ def test_training_samples_take_the_decoding_options_of_generate(config, tmp_path
 def test_bad_sample_options_name_their_samples_option():
     """Catches fit refusing --samples.top_p 0 with "top_p must be in (0, 1]" (fit has no --top_p: the user had to
     guess which option), a bad samples.temperature pointing at --strategy greedy (an option of generate, not fit),
-    and samples.typical_p with samples.strategy greedy doing nothing without a word (generate warns)."""
+    and samples.typical_p with samples.strategy greedy (or temperature and top_k with beam) doing nothing without a
+    word (generate warns)."""
     from tinylm.train.callbacks import SampleText
 
     with pytest.raises(ValueError, match=r"^samples\.top_p must be in \(0, 1\], got 0$"):
@@ -89,6 +90,19 @@ def test_bad_sample_options_name_their_samples_option():
         SampleText(strategy="nope")
     with pytest.warns(UserWarning, match=r"^samples\.typical_p does nothing with samples\.strategy greedy"):
         SampleText(strategy="greedy", typical_p=0.9)
+    with pytest.warns(UserWarning, match=r"^samples\.temperature, samples\.top_k do nothing with samples\.strategy "
+                                         r"beam \(they shape samples\.strategy contrastive / sample\)$"):
+        SampleText(strategy="beam", temperature=1.2, top_k=5)  # generate's warning, in fit's words
+
+
+def test_sample_top_k_is_contrastive_searchs_candidates():
+    """Catches samples.top_k given with samples.strategy contrastive being dropped (contrastive search ran with its
+    default 4 candidates), while samples' default top_k (200, for sampling) is not taken for contrastive's."""
+    from tinylm.train.callbacks import SampleText
+
+    assert SampleText(strategy="contrastive", top_k=8).config.top_k == 8
+    assert SampleText(strategy="contrastive").config.top_k is None  # contrastive's own default
+    assert SampleText(strategy="sample").config.top_k == 200
 
 
 def test_vocab_and_block_size_are_linked_from_data(config, tmp_path):

@@ -259,26 +259,20 @@ def generate(
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
     from tinylm.generate import SamplingConfig, generate_with
+    from tinylm.generate.processors import unused_options
     from tinylm.generate.report import encode_prompt
     from tinylm.generate.strategies import batch_rows, check_memory, decode_after
 
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
-    # each option shapes the strategies named here; given to another (set away from its default), it does nothing
-    used_by = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",),
-               "min_p": ("sample",), "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",),
-               "early_stopping": ("beam",), "penalty_alpha": ("contrastive",), "seed": ("sample",)}
     values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
               "num_beams": num_beams, "length_penalty": length_penalty, "early_stopping": early_stopping,
               "penalty_alpha": penalty_alpha, "seed": seed}
-    defaults = inspect.signature(generate).parameters
-    given = [k for k, v in values.items() if v != defaults[k].default and strategy not in used_by[k]]
     if num_samples > 1 and strategy != "sample":
         raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
                          f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
-    if given:
-        verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
-        warnings.warn(f"{', '.join('--' + k for k in given)} {verb} nothing with --strategy {strategy} ({they} "
-                      f"--strategy {' / '.join(sorted({s for k in given for s in used_by[k]}))})")
+    defaults = {k: v.default for k, v in inspect.signature(generate).parameters.items()}
+    if unused := unused_options(strategy, values, defaults):
+        warnings.warn(unused)
     stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))

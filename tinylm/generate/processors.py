@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,6 +17,22 @@ from tinylm.ranges import check_ranges
 
 STRATEGIES = ("greedy", "sample", "beam", "contrastive")
 CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
+# the strategies each decoding option shapes (repetition_penalty, no_repeat_ngram_size, max_new_tokens: all)
+USED_BY = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",), "min_p": ("sample",),
+           "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",), "early_stopping": ("beam",),
+           "penalty_alpha": ("contrastive",), "seed": ("sample",)}
+
+
+def unused_options(strategy: str, values: dict[str, Any], defaults: dict[str, Any], spell: str = "--{}") -> str | None:
+    """A warning naming the options of ``values`` set away from their ``defaults`` that ``strategy`` ignores (None
+    if there are none); ``spell`` formats an option's name as the user typed it ("--{}", "samples.{}")."""
+    given = [k for k, v in values.items() if k in USED_BY and v != defaults[k] and strategy not in USED_BY[k]]
+    if not given:
+        return None
+    verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
+    strategies = " / ".join(sorted({s for k in given for s in USED_BY[k]}))
+    return (f"{', '.join(spell.format(k) for k in given)} {verb} nothing with {spell.format('strategy')} {strategy} "
+            f"({they} {spell.format('strategy')} {strategies})")
 
 
 # Upper bounds that catch a typo (an extra zero or three) before it runs for hours; memory is checked separately,

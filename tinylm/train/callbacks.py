@@ -472,6 +472,7 @@ class SampleText(L.Callback):
         seed: int = 1234,
     ) -> None:
         from tinylm.generate import SamplingConfig
+        from tinylm.generate.processors import unused_options
 
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
@@ -480,12 +481,14 @@ class SampleText(L.Callback):
         if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
             raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
                              "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
+        defaults = {k: v.default for k, v in inspect.signature(SampleText).parameters.items()}
         try:
             self.config = SamplingConfig(
                 strategy=strategy,
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
-                top_k=top_k if strategy == "sample" else None,
+                # contrastive search takes its own default k (4), not the 200 candidates of samples' sampling
+                top_k=top_k if strategy == "sample" or top_k != defaults["top_k"] else None,
                 top_p=top_p,
                 min_p=min_p,
                 typical_p=typical_p,
@@ -498,10 +501,11 @@ class SampleText(L.Callback):
             msg = str(e).replace("(--strategy ", "(--samples.strategy ")
             raise ValueError(f"samples.{msg}" if msg.split()[0] in inspect.signature(SampleText).parameters else
                              f"samples.strategy: {msg}" if msg.startswith("unknown strategy") else msg) from None
-        for name, value in (("top_p", top_p), ("min_p", min_p), ("typical_p", typical_p)):
-            if value is not None and strategy != "sample":  # as generate warns of --top_p with --strategy greedy
-                warnings.warn(f"samples.{name} does nothing with samples.strategy {strategy} (it shapes "
-                              "samples.strategy sample)", UserWarning)
+        # as generate warns of --top_p with --strategy greedy
+        values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+                  "typical_p": typical_p, "num_beams": num_beams, "seed": seed}
+        if unused := unused_options(strategy, values, defaults, spell="samples.{}"):
+            warnings.warn(unused, UserWarning)
         self._last_step = -1
         self._path: Path | None = None
         self._saved_bytes: int | None = None  # from the checkpoint resumed
