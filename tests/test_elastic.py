@@ -2,7 +2,9 @@
 
 Batch k of rank r holds the global samples (k * world_size + r) * B ... + B - 1 (tinylm.data.loader.TrainBatches),
 so 1 device with batch 2B draws exactly the windows of 2 devices with batch B, and DDP's gradient average over the
-two halves equals the single device's mean over all of them. These tests run real DDP on 2 CPU processes.
+two halves equals the single device's mean over all of them. These tests run real DDP on 2 CPU processes: the
+command forked from a process that has imported tinylm and Lightning (tests/forked.py), DDP's rank 1 started by
+Lightning (a fresh interpreter), ddp_fork's forked from the command.
 """
 
 import csv
@@ -10,10 +12,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import forked
 import lightning as L
 import pytest
 import torch
@@ -80,15 +82,15 @@ class CountValBatches(L.Callback):
 
 
 def _fit(config: Path, *args: str, devices: int, strategy: str = "ddp") -> str:
-    """`tinylm fit` on `devices` CPU processes (`strategy` when 2, in a subprocess: DDP's launcher re-runs the
-    command); what it printed on stderr (2 devices)."""
+    """`tinylm fit` on `devices` CPU processes (`strategy` when 2, in a process of its own: DDP's launcher re-runs
+    the command); what it printed on stderr (2 devices)."""
     if devices == 1:
         main(["fit", "--config", str(config), *args])
         return ""
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
-           "--trainer.devices", str(devices), "--trainer.strategy", strategy, *args]
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", str(devices),
+           "--trainer.strategy", strategy, *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True, timeout=300, check=False, env=env)
+    done = forked.run(cmd, cwd=config.parent, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
 
@@ -140,8 +142,7 @@ def test_ddp_fork_trains_and_resumes(config, tmp_path):
     fork = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork",
             "--data.batch_size", str(B), "--run.name", "fork"]
     for args in (["--trainer.max_steps", str(HALF)], ["--ckpt_path", "last"]):
-        cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), *fork, *args]
-        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+        done = forked.run(["fit", "--config", str(config), *fork, *args], cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "stopped at step" not in done.stderr, done.stderr[-3000:]  # the forking process trained nothing itself
     _fit(config, devices=1)
@@ -181,11 +182,11 @@ def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfini
     """Catches the health monitor judging each rank's own loss: rank 1 halted alone on its infinite loss and rank 0
     died in the next collective with a gloo traceback (on GPUs: a hang until NCCL's timeout), no alert logged. And
     a run on 2 devices never saying that its optimizer step takes twice the windows of data.batch_size."""
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
            "--trainer.log_every_n_steps", "2", "--trainer.callbacks+=test_elastic.InfLossOnRankOne"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
+    done = forked.run(cmd, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("tinylm fit: error:")]
     assert len(errors) == 1 and "non-finite loss" in errors[0], done.stderr[-3000:]
@@ -205,12 +206,12 @@ def test_a_signal_to_one_rank_stops_both_one_step_later_without_waiting_on_every
     per step, 4-9 % of a small model's step on CPU: benchmarks/bench_stop_agreement.py): their vote of step 30 is
     read at the end of step 31, which is where they stop. Under ddp_fork, catches the stop reaching the command as
     its training processes' tracebacks and exit 1."""
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", strategy, "--data.batch_size", str(B),
            "--trainer.max_steps", "100000", "--trainer.val_check_interval", "1000", "--run.checkpoint_every", "1000",
            "--trainer.callbacks+=test_elastic.SigtermToRankOne"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env)
+    done = forked.run(cmd, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "interrupted by" in line]
     # ddp_fork's command reports the training process that stopped first: either one
@@ -225,16 +226,16 @@ def test_a_sigterm_before_training_starts_stops_every_rank(config, tmp_path):
     """Catches a SIGTERM during the sanity check (or data setup) of a DDP run hanging it for good: Lightning's
     notifier broadcast from inside the signal handler, and the other rank never joined. The ranks vote at step 1's
     end and read the vote at step 2's, where they stop."""
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
            "--trainer.num_sanity_val_steps", "2", "--trainer.callbacks+=test_elastic.SigtermInTheSanityCheck"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # its own process group: the callback signals all of it
+    proc = forked.popen(cmd, cwd=tmp_path, stderr=forked.PIPE, env=env,
+                        start_new_session=True)  # its own process group: the callback signals all of it
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.end()
         pytest.fail("the run hung after a SIGTERM in its sanity check")
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     said = [line for line in err.splitlines() if "interrupted by" in line]
@@ -274,10 +275,10 @@ def test_a_scaling_ladder_on_two_ranks_reports_once_and_sets_a_killed_run_aside_
     killed = tmp_path / "runs" / "tiny-C3.0e07-L1-d24" / "csv"  # the last rung: rank 1 runs by the time it comes
     killed.mkdir(parents=True)
     (killed / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")
-    cmd = [sys.executable, "-m", "tinylm", "scaling", "--config", str(config), "--budget", "3e7", "--sizes",
+    cmd = ["scaling", "--config", str(config), "--budget", "3e7", "--sizes",
            "[[1,8],[1,16],[2,16]]", "--predict", "[1,24]", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
            "--trainer.strategy", "ddp"]
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    done = forked.run(cmd, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compute-matched ladder") == 1, done.stdout
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
@@ -289,14 +290,12 @@ def test_ranks_that_ddp_fork_starts_say_each_warning_once(config, tmp_path):
     """Catches every training process of ddp_fork printing its own copy of each warning (they learn their rank after
     this process set up its console), and a failure's line followed by torch's "Terminating process" noise."""
     _fit(config, devices=1)
-    cmd = [sys.executable, "-m", "tinylm", "validate", "--config", str(config), "--ckpt_path", "last",
+    cmd = ["validate", "--config", str(config), "--ckpt_path", "last",
            "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"]
-    done = subprocess.run([*cmd, "--data.val_fraction", "0.3"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = forked.run([*cmd, "--data.val_fraction", "0.3"], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("is larger than") == 1, done.stderr[-3000:]
-    done = subprocess.run([*cmd, "--data.block_size", "4000"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = forked.run([*cmd, "--data.block_size", "4000"], cwd=tmp_path, timeout=300)
     said = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and said[-1].startswith("tinylm validate: error: ValueError: "), done.stderr[-3000:]
     assert "Terminating process" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -305,9 +304,9 @@ def test_ranks_that_ddp_fork_starts_say_each_warning_once(config, tmp_path):
 def test_an_error_every_rank_raises_is_a_whole_line_from_each_saying_its_rank(config, tmp_path):
     """Catches two ranks' copies of one error printed as two identical lines, once glued into one (print wrote the
     text and its newline apart, and the ranks' writes interleaved)."""
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator", "cpu",
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.block_size", "8000"]
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    done = forked.run(cmd, cwd=tmp_path, timeout=300)
     said = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode == 1 and len(said) == 2, done.stderr[-3000:]
     assert sorted(line.startswith("tinylm fit: error: (rank 1) ValueError: the val split") for line in said) == \

@@ -1,4 +1,8 @@
-"""SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume."""
+"""SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume.
+
+The runs signalled here are `python -m tinylm ...` processes forked from one that has imported tinylm and Lightning
+(tests/forked.py): what is tested is the run's behaviour, not its interpreter's start (DDP's rank 1 still starts as
+Lightning starts it, a fresh interpreter)."""
 
 import contextlib
 import errno
@@ -10,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import lightning as L
 import pytest
 import torch
@@ -33,7 +38,7 @@ def config(run_config):
     )
 
 
-def _wait_or_kill(proc: subprocess.Popen, tmp_path, timeout: float, what: str) -> None:
+def _wait_or_kill(proc: forked.Forked, tmp_path, timeout: float, what: str) -> None:
     """Wait for the signalled run; one that goes on is killed (with its loader workers and ranks) and fails the test:
     left running, it trained and saved a checkpoint every 2 steps until the disk was full."""
     try:
@@ -50,8 +55,8 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread, as the in-process runs here: the same float sums
     # its own session, like a terminal job: Ctrl+C reaches the whole group (loader workers too), kill the process
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (a file, not a pipe: a full pipe would stall the child)
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
+    proc = forked.popen(["fit", "--config", str(config)], cwd=tmp_path, env=env, stderr=err.name,
+                        start_new_session=True)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
     deadline = time.monotonic() + 120
     while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -155,8 +160,7 @@ def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, t
     sys.exit(1)): an interrupted command exits 130, as a shell reports one, and says so in a line."""
     config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.CtrlCTwice"}]})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130, done.stderr[-3000:]
     assert "tinylm: interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
 
@@ -181,10 +185,9 @@ def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
 
 def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     """Catches SIGTERM ending a run with checkpointing off with exit 0 halfway (a scheduler would record success)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config),
-                             "--trainer.enable_checkpointing", "false", "--data.num_workers", "0"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = forked.popen(["fit", "--config", str(config), "--trainer.enable_checkpointing", "false",
+                         "--data.num_workers", "0"], cwd=tmp_path, stderr=forked.PIPE,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics = tmp_path / "runs" / "run" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
     while (not metrics.is_file() or metrics.stat().st_size < 200) and proc.poll() is None \
@@ -194,18 +197,18 @@ def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     try:
         err = proc.communicate(timeout=120)[1]
     except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the run went on after SIGTERM:\n" + proc.communicate()[1][-2000:])
+        proc.end()
+        pytest.fail("the run went on after SIGTERM")
     assert proc.returncode == 143, err[-3000:]
     assert "interrupted by SIGTERM at step" in err and "nothing was saved" in err and "Traceback" not in err
 
 
 def _two_ranks(config, strategy: str = "ddp", command: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
-    """The command line of `tinylm fit --config CONFIG` (or of ``command``) on 2 CPU ranks and its environment, in
+    """The arguments of `tinylm fit --config CONFIG` (or of ``command``) on 2 CPU ranks and its environment, in
     which the callbacks of this file can be named."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    return [sys.executable, "-m", "tinylm", *(command or ("fit", "--config", str(config))), "--trainer.accelerator",
+    return [*(command or ("fit", "--config", str(config))), "--trainer.accelerator",
             "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], env
 
 
@@ -217,8 +220,7 @@ def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str
     process alone). Its exit status and stderr; a hang fails the test."""
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
     cmd, env = _two_ranks(config, strategy, command)
-    proc = subprocess.Popen([*cmd, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                            start_new_session=True)
+    proc = forked.popen([*cmd, *args], cwd=tmp_path, env=env, stderr=err.name, start_new_session=True)
     ready = {"connecting": lambda: "Initializing distributed: GLOBAL_RANK: 0" in (tmp_path / "stderr.txt").read_text(),
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
     deadline = time.monotonic() + 120
@@ -245,11 +247,10 @@ def test_a_run_started_to_ignore_ctrl_c_trains_on(run_config, tmp_path, strategy
     started to ignore is ignored: the run trains to its end."""
     config = run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2}, trainer={"max_steps": 12})
     cmd, env = _two_ranks(config, "ddp_fork") if strategy == "ddp_fork" else \
-        ([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], dict(os.environ))
+        (["fit", "--config", str(config)], dict(os.environ))
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
-    ignoring = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]  # what a script's `&` job is started with
-    proc = subprocess.Popen([*ignoring, *cmd], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                            start_new_session=True)
+    # started as a script's `&` job is (`sh -c 'trap "" INT; exec ...'`): with Ctrl+C ignored
+    proc = forked.popen(cmd, cwd=tmp_path, env=env, stderr=err.name, start_new_session=True, ignore_sigint=True)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
     deadline = time.monotonic() + 120
     while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -367,9 +368,8 @@ def test_an_error_on_one_rank_is_its_line_alone(ddp_config, tmp_path, rank):
     ("Connection closed by peer"): rank 0's, below rank 1's line; or rank 1's, left running when rank 0 ended on
     its line, failing after the command had ended. stderr is read to its end: every process that held it ended."""
     cmd, env = _two_ranks(ddp_config)
-    done = subprocess.run([*cmd, "--trainer.callbacks+=test_signals.DiskFullOnOneRank",
-                           "--trainer.callbacks.rank", str(rank)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = forked.run([*cmd, "--trainer.callbacks+=test_signals.DiskFullOnOneRank", "--trainer.callbacks.rank",
+                       str(rank)], cwd=tmp_path, env=env, timeout=120)
     said = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = f"tinylm fit: error: {'(rank 1) ' if rank else ''}OSError: no space left on the disk writing rank.log; "
@@ -439,7 +439,7 @@ def test_rank_0_killed_by_sigkill_ends_the_other_ranks_in_one_line(ddp_config, t
     good (torch's rendezvous timeout, 30 min): rank 1 ends with one line naming rank 0 and how to resume."""
     err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the ranks' stderr, read after they end)
     cmd, env = _two_ranks(ddp_config)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    proc = forked.popen(cmd, cwd=tmp_path, env=env, stderr=err.name, start_new_session=True)
     ready = {"connecting": lambda: _rank1(proc.pid) is not None,  # rank 1 started, the ranks not yet connected
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
     deadline = time.monotonic() + 120
@@ -497,8 +497,8 @@ def test_a_second_ctrl_c_under_ddp_is_said_once(ddp_config, tmp_path):
     """Catches a double Ctrl+C under ddp printing "tinylm: interrupted" once per rank (rank 1 said it too, when it
     ended before rank 0 ended it)."""
     cmd, env = _two_ranks(ddp_config)
-    done = subprocess.run([*cmd, "--trainer.callbacks+=test_signals.CtrlCTwiceToTheGroup"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False, start_new_session=True)
+    done = forked.run([*cmd, "--trainer.callbacks+=test_signals.CtrlCTwiceToTheGroup"], cwd=tmp_path, env=env,
+                      timeout=120, start_new_session=True)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.count("tinylm: interrupted") == 1, done.stderr[-3000:]
 
@@ -523,8 +523,7 @@ def test_a_ctrl_c_while_exiting_ends_at_once_quietly(run_config, tmp_path):
     config = run_config(trainer={"max_steps": 2, "callbacks": [{"class_path": "test_signals.CtrlCAtExit"}]},
                         data={"num_workers": 2})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()  # the run itself had ended
@@ -552,8 +551,7 @@ def test_a_ctrl_c_in_the_teardown_after_a_stop_still_says_where_it_stopped(run_c
     config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.StopAtStep2"}],
                                  "logger": [{"class_path": "test_signals.SlowUpload", "init_args": {"save_dir": "mine"}}]})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = (f"tinylm fit: error: interrupted by SIGTERM at step 2; saved runs/tiny/checkpoints/last.ckpt; resume with "
             f"`tinylm fit --config {config} --ckpt_path last`")

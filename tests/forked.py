@@ -1,0 +1,243 @@
+"""`python -m tinylm ...` as a process forked from a server that has already imported tinylm, torch and Lightning.
+
+A fresh interpreter spends ~7-9 s importing Lightning (and ~2 s collecting its garbage as it exits) before the run
+that a test is about starts. Tests of a run's behaviour (its signals, its exit status, what it says, its ranks) start
+it here instead: a child forked from the server runs the command as `python -m tinylm` does (runpy, with sys.argv,
+the working directory, the environment, stdin/stdout/stderr and the session of a fresh process), ends through the
+interpreter's own exit (atexit hooks, an uncaught KeyboardInterrupt re-sent as SIGINT) and is handled like a
+subprocess.Popen. Processes the run starts itself (DDP's rank 1, loader workers) are as they would be: DDP's rank 1
+is a fresh `python -m tinylm.__main__ ...`, ddp_fork's ranks are forked from the run.
+
+The server imports modules only (no thread, no run: each child starts from the same untouched state), then freezes
+the garbage collector's view of them (gc.freeze, as Python's docs advise before fork). One server per test process
+(pytest-xdist worker), started on first use; it serves one child at a time.
+"""
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PIPE = subprocess.PIPE  # stdout/stderr read by Forked.communicate: to their end, when every process holding them ended
+
+_SERVER = r"""
+import gc, json, os, signal, sys
+said = os.fdopen(os.dup(1), "w")  # the lines the tests read; anything else written to stdout goes nowhere
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+import torch, torch.distributed, lightning.pytorch, lightning.pytorch.cli, jsonargparse  # what every run imports
+import tinylm.cli, tinylm.cli.fit, tinylm.cli.commands, tinylm.cli.scaling, tinylm.data, tinylm.model, tinylm.train
+import runpy
+gc.freeze()
+print("ready", file=said, flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        break
+    print("pid", child, file=said, flush=True)
+    status = os.waitpid(child, 0)[1]
+    print("exit", os.waitstatus_to_exitcode(status), file=said, flush=True)
+else:
+    sys.exit(0)
+# the child: set up as a fresh `python -m tinylm ARGS` started by subprocess.Popen would be
+said.close()
+if request["session"]:
+    os.setsid()
+os.chdir(request["cwd"])
+os.environ.clear()
+os.environ.update(request["env"])
+for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+    opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(opened, fd)
+    os.close(opened)
+sys.path[1:1] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+if request["env"].get("OMP_NUM_THREADS", "").isdigit():  # what a fresh torch reads as it starts
+    torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+if request["ignore_sigint"]:  # started with Ctrl+C ignored (a script's `&` job): Python then installs no handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.argv = ["tinylm", *request["args"]]
+del said, request, line, child, fd, path, opened
+runpy.run_module("tinylm", run_name="__main__", alter_sys=True)
+"""
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="tinylm-fork-server-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log,
+                                     start_new_session=True)  # a test's Ctrl+C to its own group does not reach it
+        self.buffer = b""
+        self.current: Forked | None = None
+        assert self.readline(300) == "ready", self.said()
+
+    def said(self) -> str:
+        return "the fork server failed:\n" + Path(self.log.name).read_text()[-3000:]
+
+    def readline(self, timeout: float | None) -> str | None:
+        """The server's next line; None if none comes within ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                return None
+            data = os.read(fd, 4096)
+            if not data:
+                raise RuntimeError(self.said())
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+    def start(self, args, cwd, env, stdout, stderr, session: bool, ignore_sigint: bool) -> "Forked":
+        if self.current is not None and self.current.poll() is None:  # left running by a failed test: not for long
+            self.current.end()
+        pipes, folder = {}, None
+        for name, where in (("stdout", stdout), ("stderr", stderr)):
+            if where is PIPE:  # a FIFO, opened here before the child opens it: its read end, and a write end that
+                # keeps it from reading as ended before the child has opened it (closed once the child ended)
+                folder = folder or tempfile.mkdtemp(prefix="tinylm-fork-")
+                fifo = os.path.join(folder, name)
+                os.mkfifo(fifo)
+                pipes[name] = (os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                stdout, stderr = (fifo, stderr) if name == "stdout" else (stdout, fifo)
+        request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": dict(os.environ if env is None else env),
+                   "stdout": str(stdout), "stderr": str(stderr), "session": session, "ignore_sigint": ignore_sigint}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        said, pid = self.readline(60).split()
+        assert said == "pid", said
+        self.current = Forked(self, int(pid), session, ["tinylm", *args], pipes, folder)
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None and self.current.poll() is None:
+            self.current.end()
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.unlink(self.log.name)
+
+
+class Forked:
+    """The forked run, as subprocess.Popen has it: pid, poll, wait, returncode (-N when signal N ended it),
+    send_signal, kill."""
+
+    def __init__(self, server: _Server, pid: int, session: bool, args: list[str], pipes: dict | None = None,
+                 folder: str | None = None) -> None:
+        self.server, self.pid, self.session, self.args = server, pid, session, args
+        self.returncode: int | None = None
+        self.pipes = pipes or {}  # "stdout"/"stderr": (read end, this process's write end) of its FIFO in folder
+        self.folder = folder
+
+    def _collect(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            line = self.server.readline(timeout)
+            if line is not None:
+                said, code = line.split()
+                assert said == "exit", said
+                self.returncode = int(code)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._collect(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._collect(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for it to end and read its PIPE streams to their end (EOF once every process that inherited them,
+        its ranks and workers too, closed them), as subprocess.Popen.communicate; text ("" for a stream not PIPE)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got = {name: b"" for name in self.pipes}
+        open_ = dict(self.pipes)
+        while self.poll() is None or open_:
+            if self.returncode is not None:
+                for name, (_, keep) in list(open_.items()):  # it ended: only its descendants may still write
+                    if keep is not None:
+                        os.close(keep)
+                        open_[name] = (open_[name][0], None)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            wait = 0.2 if left is None else min(0.2, left)
+            for fd in select.select([fd for fd, _ in open_.values()], [], [], wait)[0] if open_ else ():
+                name = next(n for n, (f, _) in open_.items() if f == fd)
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if data:
+                    got[name] += data
+                elif open_[name][1] is None:  # EOF, and not for want of a writer yet: ours was open until the end
+                    os.close(fd)
+                    del open_[name]
+            if not open_ and self.returncode is None:
+                self._collect(left)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return tuple(got.get(name, b"").decode(errors="replace") for name in ("stdout", "stderr"))
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def end(self) -> None:
+        """SIGKILL it (its whole session, when it has one: loader workers, ranks) and wait for it."""
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL) if self.session else os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.wait()
+        for fds in self.pipes.values():
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_server: _Server | None = None
+
+
+def popen(args, *, cwd, env=None, stdout=os.devnull, stderr=os.devnull, start_new_session: bool = False,
+          ignore_sigint: bool = False) -> Forked:
+    """`python -m tinylm ARGS` forked from the server, as subprocess.Popen would start it; ``stdout`` and ``stderr``
+    are paths (appended to) or PIPE (read by communicate), ``env`` the whole environment (default: this process's)."""
+    global _server
+    if _server is None:
+        _server = _Server()
+        atexit.register(_server.close)
+    return _server.start(args, cwd, env, stdout, stderr, start_new_session, ignore_sigint)
+
+
+def run(args, *, cwd, env=None, timeout: float, start_new_session: bool = False) -> subprocess.CompletedProcess:
+    """`python -m tinylm ARGS` forked from the server, as subprocess.run(..., capture_output=True, text=True,
+    check=False) runs it: its stdout and stderr read to their end (every process that held them ended); a run past
+    ``timeout`` s is killed and raises subprocess.TimeoutExpired."""
+    proc = popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, start_new_session=start_new_session)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.end()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
