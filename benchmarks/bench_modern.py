@@ -157,8 +157,8 @@ def optimizer_steps(repeats: int) -> None:
     """What one optimizer step costs on the recipe's model: AdamW on everything; Muon (hidden matrices) + AdamW (the
     rest) as torch.optim.Muon.step() computes it, one matrix at a time; as tinylm steps it (`muon_step`: the
     Newton–Schulz iterations of same-shape matrices batched), with the same maths as torch's and with c_attn's q, k
-    and v orthogonalised apart (as tinylm trains); beside the forward + backward of a batch of 12 x 64 tokens;
-    interleaved, median milliseconds."""
+    and v orthogonalised apart (as tinylm trains), its Newton-Schulz iterations in bf16 (torch's) and in fp32 (tinylm's
+    default on a CPU); beside the forward + backward of a batch of 12 x 64 tokens; interleaved, median milliseconds."""
     from tinylm.model import GPT, GPTConfig
     from tinylm.train.optim import MuonAdamW
 
@@ -177,13 +177,16 @@ def optimizer_steps(repeats: int) -> None:
         muon.adamw.step()
         muon.muon.step()
 
-    def tinylm_muon(split: bool) -> None:  # the same maths as torch's step, or with q, k, v apart (as trained)
-        muon.splits = splits if split else {}
+    def tinylm_muon(split: bool, ns_dtype: torch.dtype | None) -> None:  # the same maths as torch's step (bf16,
+        muon.splits = splits if split else {}  # q, k, v as one), or with q, k, v apart, in the device's precision
+        muon.ns_dtype = ns_dtype
         muon.step()
 
+    fp32 = "tinylm Muon + AdamW, q/k/v apart, Newton-Schulz in fp32 (tinylm's CPU default)"
     steps = {"adamw": adamw.step, "torch.optim.Muon + AdamW": torch_muon,
-             "tinylm Muon + AdamW": lambda: tinylm_muon(False),
-             "tinylm Muon + AdamW, q/k/v apart": lambda: tinylm_muon(True)}
+             "tinylm Muon + AdamW": lambda: tinylm_muon(False, torch.bfloat16),
+             "tinylm Muon + AdamW, q/k/v apart, Newton-Schulz in bf16": lambda: tinylm_muon(True, torch.bfloat16),
+             fp32: lambda: tinylm_muon(True, None)}
     times = {"forward + backward": [], **{name: [] for name in steps}}
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -199,7 +202,9 @@ def optimizer_steps(repeats: int) -> None:
     print(f"\nmodern model, batch 12 x 64: forward + backward {ms['forward + backward']:.1f} ms; optimizer step: "
           + ", ".join(f"{name} {t:.2f} ms" for name, t in ms.items() if name in steps)
           + f"; tinylm's Muon step {ms['torch.optim.Muon + AdamW'] / ms['tinylm Muon + AdamW']:.2f}× faster than "
-          f"torch's, +{ms['tinylm Muon + AdamW'] - ms['adamw']:.2f} ms over AdamW")
+          f"torch's (both bf16); Newton-Schulz in fp32 "
+          f"{ms['tinylm Muon + AdamW, q/k/v apart, Newton-Schulz in bf16'] / ms[fp32]:.2f}× faster than in bf16 "
+          f"(q/k/v apart), +{ms[fp32] - ms['adamw']:.2f} ms over AdamW")
 
 
 def first_reaching(val: list[tuple[int, float, float]], target: float) -> int | None:

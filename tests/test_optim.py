@@ -132,7 +132,7 @@ def test_batched_muon_step_equals_torch_muon(nesterov, weight_decay, adjust):
         for a, b in zip(ours, ref):
             a.grad = torch.randn(a.shape, generator=g)
             b.grad = a.grad.clone()
-        muon_step(opt_ours)
+        muon_step(opt_ours, ns_dtype=torch.bfloat16)  # torch's precision (on a CPU tinylm's default is fp32)
         opt_ref.step()
     for a, b, a0 in zip(ours, ref, start):
         assert (a - a0).abs().max() > 1e-2  # it moved
@@ -155,9 +155,46 @@ def test_muon_orthogonalises_q_k_and_v_of_c_attn_on_their_own():
         stacked.grad = torch.randn(stacked.shape, generator=g)
         for p, grad in zip(parts, stacked.grad.chunk(3)):
             p.grad = grad.clone()
-        muon_step(ours, {id(stacked): 3})
+        muon_step(ours, {id(stacked): 3}, torch.bfloat16)
         ref.step()
     assert (stacked.detach() - torch.cat([p.detach() for p in parts])).abs().max() <= 1e-5
+
+
+def test_muon_orthogonalises_in_fp32_on_a_cpu_and_in_bf16_on_a_gpu():
+    """Catches Muon's Newton–Schulz iterations running in bf16 on a CPU, where a CPU without bf16 units (most
+    laptops') runs them 30-50x slower than in fp32 (benchmarks/bench_modern.py --ops), and leaving bf16 on a GPU.
+    On a CPU, MuonAdamW's step must be muon_step's in fp32, differ from the bf16 step by bf16's rounding only, and
+    orthogonalise better than it."""
+    from tinylm.train.optim import build_optimizer, newton_schulz, newton_schulz_dtype
+
+    assert newton_schulz_dtype(torch.device("cpu")) == torch.float32
+    assert newton_schulz_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    updates = {}
+    for dtype in (None, torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        module = TinyLM(**TINY)
+        opt = build_optimizer(module.model, optimizer="muon", lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95),
+                              muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, fused=False)
+        opt.ns_dtype = dtype
+        params = [p for group in opt.muon.param_groups for p in group["params"]]
+        before = [p.detach().clone() for p in params]
+        g = torch.Generator().manual_seed(1)
+        for p in module.model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+        updates[dtype] = [p.detach() - b for p, b in zip(params, before)]
+    for default, fp32, bf16 in zip(updates[None], updates[torch.float32], updates[torch.bfloat16]):
+        assert torch.equal(default, fp32)
+        assert (fp32 - bf16).abs().max() > 0  # guard: the two precisions are told apart
+        torch.testing.assert_close(fp32, bf16, atol=2e-3, rtol=0.1)
+    x = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(2))
+    coefficients = (3.4445, -4.7750, 2.0315)
+
+    def err(o):  # how far o's singular values are from 1 (the quintic iteration leaves them in about [0.7, 1.2])
+        s = torch.linalg.svdvals(o.float())
+        return (s - 1).abs().max().item()
+
+    assert err(newton_schulz(x, coefficients, 5, 1e-7, torch.float32)) <= err(newton_schulz(x, coefficients, 5, 1e-7))
 
 
 class _LoggedLRs(L.Callback):

@@ -9,7 +9,9 @@ so a resume is exact). Two optimizers in Lightning would need manual optimizatio
 
 Muon's step is `muon_step`: torch.optim.Muon's own maths on its own state, with the Newton–Schulz iterations of
 every same-shape matrix run as one batched matmul chain (torch's loops over the matrices one by one), and attention's
-stacked q, k, v weight (c_attn) orthogonalised as three matrices, as the speedruns' separate weights are.
+stacked q, k, v weight (c_attn) orthogonalised as three matrices, as the speedruns' separate weights are. The
+iterations run in bf16 on a GPU, as torch's and the speedruns' do, and in fp32 on a CPU, where bf16 matmuls without
+bf16 units are 30-50x slower than fp32 ones (`newton_schulz_dtype`; benchmarks/bench_modern.py --ops).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], *, muon: dict[str, Any],
                  adamw: dict[str, Any], splits: dict[int, int] | None = None) -> None:
         self.splits = splits or {}  # muon_step's: parameters stacking several matrices
+        self.ns_dtype: torch.dtype | None = None  # muon_step's: None is newton_schulz_dtype(the parameters' device)
         self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
         self.muon = torch.optim.Muon(muon_groups, **muon)
         for group in self.muon.param_groups:
@@ -81,7 +84,7 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.adamw.step()
-        muon_step(self.muon, self.splits)
+        muon_step(self.muon, self.splits, self.ns_dtype)
         return loss
 
     def state_dict(self) -> dict[str, Any]:
@@ -108,12 +111,21 @@ def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
-def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """The precision of Muon's Newton–Schulz iterations on ``device``: bf16 on CUDA (torch.optim.Muon's and the
+    speedruns', for tensor cores), fp32 elsewhere: a CPU without bf16 units (most laptops', this project's 2-core
+    AMD EPYC) runs bf16 matmuls 30-50x slower than fp32 ones, and the iterations were most of a small model's step."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """The quintic Newton–Schulz iteration of torch.optim.Muon (Keller Jordan's) on a batch of wide matrices
-    x (n, rows, cols), rows <= cols, in bf16: each ≈ U·Vᵀ of its SVD U·S·Vᵀ. Same operations, in the same order and
-    precision, as torch's one matrix at a time; batched, the matmuls of the n matrices run as one call each."""
+    x (n, rows, cols), rows <= cols, in ``dtype``: each ≈ U·Vᵀ of its SVD U·S·Vᵀ. Same operations, in the same order,
+    as torch's one matrix at a time (and in its precision, bf16, by default); batched, the matmuls of the n matrices
+    run as one call each."""
     a, b, c = coefficients
-    x = x.bfloat16()
+    x = x.to(dtype)
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
         gram = x @ x.mT  # (n, rows, rows)
@@ -122,7 +134,8 @@ def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: in
 
 
 @torch.no_grad()
-def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None) -> None:
+def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None,
+              ns_dtype: torch.dtype | None = None) -> None:
     """One step of the torch.optim.Muon `muon`, computed as its own `step()` computes it (Nesterov momentum in the
     "momentum_buffer" state, decoupled weight decay, orthogonalised update scaled per matrix shape), but with the
     Newton–Schulz iterations of all matrices of one shape batched (`newton_schulz`) and the momentum and decay as
@@ -130,7 +143,9 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None)
     (benchmarks/bench_modern.py --ops); tests/test_optim.py checks it against torch's step.
 
     splits: {id(parameter): n} for parameters whose rows stack n matrices (attention's c_attn: q, k and v), each
-    then orthogonalised on its own, as the speedruns do with separate q, k and v weights."""
+    then orthogonalised on its own, as the speedruns do with separate q, k and v weights. ns_dtype: the precision
+    of the Newton–Schulz iterations; None: `newton_schulz_dtype` of the parameters' device (torch.bfloat16 gives
+    torch.optim.Muon's own step on any device)."""
     splits = splits or {}
     for group in muon.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
@@ -156,11 +171,12 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None)
         batches: dict[tuple, list[int]] = defaultdict(list)  # same shape, device and dtype: one batch
         for k, (u, _) in enumerate(pieces):
             batches[(u.shape, u.device, u.dtype)].append(k)
-        for (shape, _, _), index in batches.items():
+        for (shape, device, _), index in batches.items():
             tall = shape[0] > shape[1]
             stacked = torch.stack([pieces[k][0] for k in index])  # (n, rows, cols)
+            # wide views of tall matrices, as torch's .T
             ortho = newton_schulz(stacked.mT if tall else stacked, group["ns_coefficients"], group["ns_steps"],
-                                  group["eps"])  # wide views of tall matrices, as torch's .T
+                                  group["eps"], ns_dtype or newton_schulz_dtype(device))
             alpha = -lr * _muon_lr_scale(group["adjust_lr_fn"], shape)
             torch._foreach_add_([pieces[k][1] for k in index], list((ortho.mT if tall else ortho).unbind(0)),
                                 alpha=alpha)

@@ -137,7 +137,8 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
 
 def _muon_step_memory(model: GPT, state: int) -> int:
     """What tinylm's Muon step holds besides the states: the Nesterov updates (one per hidden matrix element) and,
-    while one shape's matrices are orthogonalised together, their stack and the bf16 Newton–Schulz iterates."""
+    while one shape's matrices are orthogonalised together, their stack and the Newton–Schulz iterates (bf16 on a GPU,
+    fp32 on a CPU: counted at fp32's 4 bytes, the larger)."""
     shapes: dict[tuple, int] = {}
     hidden = {id(p) for p in split_params(model)[0]}
     for name, p in model.named_parameters():
@@ -146,7 +147,7 @@ def _muon_step_memory(model: GPT, state: int) -> int:
             shape = (p.shape[0] // n, *p.shape[1:])
             shapes[shape] = shapes.get(shape, 0) + p.numel()
     total = sum(shapes.values())
-    return total * state + max(shapes.values(), default=0) * (state + 3 * 2)
+    return total * state + max(shapes.values(), default=0) * (state + 3 * 4)
 
 
 def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
