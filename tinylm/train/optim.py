@@ -10,8 +10,8 @@ so a resume is exact). Two optimizers in Lightning would need manual optimizatio
 Muon's step is `muon_step`: torch.optim.Muon's own maths on its own state, with the Newton–Schulz iterations of
 every same-shape matrix run as one batched matmul chain (torch's loops over the matrices one by one), and attention's
 stacked q, k, v weight (c_attn) orthogonalised as three matrices, as the speedruns' separate weights are. The
-iterations run in bf16 on a GPU, as torch's and the speedruns' do, and in fp32 on a CPU, where bf16 matmuls without
-bf16 units are 30-50x slower than fp32 ones (`newton_schulz_dtype`; benchmarks/bench_modern.py --ops).
+iterations run in bf16 on a GPU, as torch's and the speedruns' do, and in fp32 on a CPU without bf16 units, where
+bf16 matmuls are 20-50x slower than fp32 ones (`newton_schulz_dtype`; benchmarks/bench_modern.py --ops).
 """
 
 from __future__ import annotations
@@ -111,11 +111,22 @@ def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles, AVX512-BF16): Intel Xeon from Sapphire Rapids
+    (Cooper Lake for AVX512-BF16), AMD from Zen 4. Most laptops' CPUs, older servers and Arm do not (torch's private
+    checks: False where this torch lacks them)."""
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_amx_tile_supported",
+                                                                       "_is_avx512_bf16_supported"))
+
+
 def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     """The precision of Muon's Newton–Schulz iterations on ``device``: bf16 on CUDA (torch.optim.Muon's and the
-    speedruns', for tensor cores), fp32 elsewhere: a CPU without bf16 units (most laptops', this project's 2-core
-    AMD EPYC) runs bf16 matmuls 30-50x slower than fp32 ones, and the iterations were most of a small model's step."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    speedruns', for tensor cores) and on a CPU with bf16 units (AMX ran them at ~430 GFLOP/s); fp32 on other CPUs,
+    which run bf16 matmuls 20-50x slower than fp32 ones (a 2-core AMD EPYC: the laptop recipe's Muon step took
+    1116 ms in bf16, 57 ms in fp32, beside 123 ms of forward and backward; benchmarks/bench_modern.py --ops)."""
+    if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_units()):
+        return torch.bfloat16
+    return torch.float32
 
 
 def newton_schulz(x: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
