@@ -499,7 +499,7 @@ class SampleText(L.Callback):
             )
         except ValueError as e:  # named as fit spells them: "top_p must be in (0, 1]" left the user to guess where
             msg = str(e).replace("(--strategy ", "(--samples.strategy ")
-            raise ValueError(f"samples.{msg}" if msg.split()[0] in inspect.signature(SampleText).parameters else
+            raise ValueError(f"samples.{msg}" if msg.split()[0] in defaults else
                              f"samples.strategy: {msg}" if msg.startswith("unknown strategy") else msg) from None
         # as generate warns of --top_p with --strategy greedy
         values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,

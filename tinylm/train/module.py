@@ -245,13 +245,12 @@ class TinyLM(L.LightningModule):
         return out
 
     def configure_model(self) -> None:
-        if self.hparams.compile_model and not getattr(self, "_compiled", False):
+        if self.hparams.compile_model and not hasattr(self, "_token_loss"):  # once: configure_model may run again
             self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
             # the training loss as one graph with the model (dynamo inlines the module compiled above): the loss
             # no longer runs eagerly on the compiled model's logits, which wrote them again in fp32 (B*T*V*4 bytes)
             # and read them back twice: ~10 % of a GPT-2 124M step on an H100/H200 (docs/gpu/README.md)
             self._token_loss = torch.compile(token_loss)
-            self._compiled = True
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         prefix = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else None

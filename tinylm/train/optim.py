@@ -16,6 +16,7 @@ bf16 matmuls are 20-50x slower than fp32 ones (`newton_schulz_dtype`; benchmarks
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -111,6 +112,7 @@ def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
+@functools.cache  # asked at every Muon step
 def cpu_has_bf16_units() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles, AVX512-BF16): Intel Xeon from Sapphire Rapids
     (Cooper Lake for AVX512-BF16), AMD from Zen 4. Most laptops' CPUs, older servers and Arm do not (torch's private
