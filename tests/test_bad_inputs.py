@@ -295,10 +295,10 @@ def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices
     it): they take turns on the 2 cores, each with its own copy of the run in memory."""
     import warnings
 
-    from tinylm.cli.fit import check_trainer_options
+    from tinylm.cli.trainer_checks import check_trainer_options
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)  # a 2-core machine
-    monkeypatch.setattr("tinylm.cli.fit.check_accelerator", lambda accelerator: None)  # gpu: as if one were there
+    monkeypatch.setattr("tinylm.cli.trainer_checks.check_accelerator", lambda accelerator: None)  # gpu: as if one were there
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         check_trainer_options({"accelerator": accelerator, "devices": devices, "max_steps": 10}, "fit")
@@ -323,7 +323,7 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
     EPERM (mkdir in /sys, an immutable folder) ending in a traceback as if it were a bug."""
     import errno
 
-    from tinylm.cli import is_user_error, one_line
+    from tinylm.cli.errors import is_user_error, one_line
 
     for code, needles, absent in [(errno.EROFS, ["read-only file system: /mnt/ro/x", "writable disk"], "chmod"),
                                   (errno.EACCES, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),

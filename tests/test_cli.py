@@ -331,7 +331,7 @@ def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
             "    if child == 0:\n"
             "        try:\n"
             "            os.environ['NODE_RANK'] = node\n"
-            "            from tinylm.cli import _setup_console\n"
+            "            from tinylm.cli.console import setup as _setup_console\n"
             "            _setup_console()\n"
             "            print(node, logging.getLogger('tinylm').getEffectiveLevel(), flush=True)\n"
             "        finally:\n"

@@ -143,7 +143,7 @@ def test_multiprocessing_launcher():
 
 
 def test_timer_duration_and_saved_training_time():
-    """tinylm.cli.fit._check_time_left reads Timer's parsed `_duration` (seconds) and the training time it saves in
+    """tinylm.cli.resume.check_time_left reads Timer's parsed `_duration` (seconds) and the training time it saves in
     a checkpoint under callbacks["Timer"]["time_elapsed"]["train"]."""
     from lightning.pytorch.callbacks import Timer
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinylm.cli import is_user_error, main, one_line
+from tinylm.cli import main
+from tinylm.cli.errors import is_user_error, one_line
 from tinylm.cli.commands import unescape
 from tinylm.cli.fit import lightning_main
 
@@ -315,15 +316,15 @@ def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, 
 def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():
     """Catches the refusal above hitting a checkpoint taken at a notional epoch's last batch: the next epoch counts
     its micro-batches from 0, so any accumulation divides them."""
-    from tinylm.cli.fit import _check_accumulation
+    from tinylm.cli.resume import check_accumulation
     from tinylm.errors import TinyLMError
 
     progress = {"current": {"ready": 3}, "is_last_batch": True}
     ckpt = {"loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}}
-    _check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
+    check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
     progress["is_last_batch"] = False
     with pytest.raises(TinyLMError, match="accumulate_grad_batches 2 does not divide the 3 micro-batches"):
-        _check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
+        check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
 
 
 def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
@@ -332,7 +333,7 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
     import os
     import time
 
-    from tinylm.cli.fit import lock_run_folder, release_run_folder
+    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
 
     run = tmp_path / "runs" / "r"
     lock_run_folder(run)
@@ -656,7 +657,7 @@ def test_a_training_process_error_is_judged_as_in_one_process():
     import torch.nn.functional as F
     from torch.multiprocessing import ProcessRaisedException
 
-    from tinylm.cli import _from_training_process
+    from tinylm.cli.errors import from_training_process as _from_training_process
     from tinylm.data.datamodule import TinyLMDataModule
 
     def from_process(make) -> ProcessRaisedException:
@@ -689,7 +690,7 @@ def test_gpu_recipe_on_cpu_says_so(monkeypatch):
     """Catches a GPU recipe (compile, a wide model, many workers) silently running at a minute per step on a CPU."""
     import yaml
 
-    from tinylm.cli.fit import _warn_gpu_recipe_on_cpu
+    from tinylm.cli.trainer_checks import warn_gpu_recipe_on_cpu
 
     class Data:
         batch_size, num_workers = 64, 2
@@ -698,13 +699,13 @@ def test_gpu_recipe_on_cpu_says_so(monkeypatch):
     recipe = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml").read_text())
     hparams = {**recipe["model"], "block_size": recipe["data"]["block_size"]}
     with pytest.warns(UserWarning, match="sized for a GPU.*compile_model.*6-layer, 384-wide.*num_workers 2"):
-        _warn_gpu_recipe_on_cpu({}, hparams, Data())
+        warn_gpu_recipe_on_cpu({}, hparams, Data())
     laptop = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char-cpu.yaml").read_text())
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the laptop recipe is not warned about
-        _warn_gpu_recipe_on_cpu({}, {**laptop["model"], "block_size": 64}, type("D", (), {"batch_size": 12,
+        warn_gpu_recipe_on_cpu({}, {**laptop["model"], "block_size": 64}, type("D", (), {"batch_size": 12,
                                                                                           "num_workers": 0})())
 
 
@@ -801,7 +802,7 @@ def test_every_command_takes_config_and_print_config(tmp_path, capsys):
 def test_two_fits_in_one_folder_cannot_run_at_once(config, tmp_path, capsys):
     """Catches two concurrent `tinylm fit` in one run folder both exiting 0 with interleaved metrics and each other's
     checkpoints (the second must be refused while the first holds the folder)."""
-    from tinylm.cli.fit import lock_run_folder, release_run_folders
+    from tinylm.cli.run_folder import lock_run_folder, release_run_folders
 
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
     hold = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1'); "
@@ -913,7 +914,7 @@ def test_plan_refuses_a_gpu_it_does_not_know(config, capsys):
 
 def test_interrupt_hint_repeats_the_users_command():
     """Catches the resume hint after SIGTERM dropping --run.name (following it resumed another run)."""
-    from tinylm.cli import resume_command
+    from tinylm.cli.errors import resume_command
 
     assert resume_command(["--config", "c.yaml", "--run.name", "sig2", "--ckpt_path", "x.ckpt"]) == \
         "tinylm fit --config c.yaml --run.name sig2 --ckpt_path last"

@@ -323,15 +323,15 @@ class SlowToEnd(L.Callback):
     3 s after rank 1 ended, the watch being shortened here to 1 s (it polls every 1 s)."""
 
     def __init__(self) -> None:
-        from tinylm.cli import fit
+        from tinylm.cli import ranks
 
-        fit._STUCK_S = 1.0  # its 20 s would make the test slow
+        ranks.STUCK_S = 1.0  # its 20 s would make the test slow
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        from tinylm.cli import fit
+        from tinylm.cli import ranks
 
         if trainer.global_rank == 0:
-            while any(p.poll() is None for p in fit._RANKS):
+            while any(p.poll() is None for p in ranks.RANKS):
                 time.sleep(0.05)
             time.sleep(3)
             Path("ended.txt").write_text("whole")
@@ -379,7 +379,7 @@ def test_an_error_on_one_rank_is_its_line_alone(ddp_config, tmp_path, rank):
 def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch):
     """Catches a rank killed on the second machine of a `--trainer.num_nodes 2` run (2 ranks each) named by its
     place among that machine's ranks ("rank 1", which is the first machine's) instead of its rank in the run, 3."""
-    from tinylm.cli import fit
+    from tinylm.cli import ranks
 
     class Killed:
         pid = 4242
@@ -388,8 +388,8 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
             return -signal.SIGKILL
 
     monkeypatch.setenv("NODE_RANK", "1")
-    monkeypatch.setattr(fit, "_RANKS", [Killed()])
-    assert str(fit.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
+    monkeypatch.setattr(ranks, "RANKS", [Killed()])
+    assert str(ranks.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
 
 
 def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
@@ -397,15 +397,15 @@ def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
     machine: rank 1 closed its connections as it ended, but took more than 2 s to exit, so rank 0 took it for alive
     and printed its failed collective. A peer's closed connection now waits for that rank's end (up to 30 s); any
     other error still waits 2 s."""
-    from tinylm.cli import fit
+    from tinylm.cli import ranks
 
     rank = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(4); sys.exit(1)"])
     try:
-        monkeypatch.setattr(fit, "_RANKS", [rank])
-        assert fit.lost_rank(raised=RuntimeError("[pair.cc:553] Read error: Connection reset by gremlins")) is None
+        monkeypatch.setattr(ranks, "RANKS", [rank])
+        assert ranks.lost_rank(raised=RuntimeError("[pair.cc:553] Read error: Connection reset by gremlins")) is None
         closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                               "[127.0.0.1]:18856")
-        lost = fit.lost_rank(raised=closed)
+        lost = ranks.lost_rank(raised=closed)
         assert lost is not None and lost.said and lost.exit_code == 1, lost
         assert str(lost).startswith(f"rank 1 (pid {rank.pid}) stopped on an error")
     finally:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 
 class TinyLMError(Exception):
-    """An error the user can fix; its message names the bad value or file and the fix."""
+    """An error the user can fix; its message names the bad value or file and the fix.
+
+    What the CLI needs to report it, as attributes (tinylm.cli.main): ``exit_code`` (1, or 128 + N for a run stopped
+    by signal N), ``every_rank`` (raised by every rank of a run together: rank 0 alone says it) and ``said`` (already
+    said by the rank that ended first: nothing more to say)."""
+
+    exit_code: int = 1
+    every_rank: bool = False
+    said: bool = False
 
 
 class UnavailableError(TinyLMError, RuntimeError):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from tinylm.cli import console
+from tinylm.cli.table import COMMANDS
 from tinylm.generate.processors import (
     CONTRASTIVE_DEFAULT_TOP_K,
     MAX_NEW_TOKENS,
@@ -51,7 +52,7 @@ def run(command: str, args: list[str]) -> Any:
         return prepare(args)
     from tinylm.cli.fit_config import split_args, takes_fit_config
 
-    fn = COMMANDS[command]
+    fn = COMMANDS[command].function()
     args = _flag_values(fn, _leading_positionals(fn, args))
     fit_args = None
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
@@ -305,17 +306,17 @@ def generate(
     printer = _StreamPrinter(tokenizer.decode, ids) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
     if stream:
-        _write(prompt)
+        console.write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
     texts = [decode_after(tokenizer.decode, ids, row) for row in out]
     if stream:
         printer.finish(out[0])
     elif num_samples == 1:  # beam: the one best
-        _write(prompt + texts[0])
+        console.write(prompt + texts[0])
     else:
         for i, text in enumerate(texts):
-            _write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
-    _write("\n")
+            console.write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
+    console.write("\n")
     return texts
 
 
@@ -338,28 +339,13 @@ class _StreamPrinter:
         text = self.text_after(self.ids, self.shown)
         if text.endswith("\ufffd"):
             return
-        _write(text)
+        console.write(text)
         self.shown, self.printed = len(self.ids), self.printed + len(text)
 
     def finish(self, ids: list[int]) -> None:
         text = self.text_after(self.ids[:self.start] + list(ids), self.start)  # the final ids (a stop may trim)
         if len(text) > self.printed:
-            _write(text[self.printed:])
-
-
-_MID_LINE = [False]  # the last text written to stdout did not end its line
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    if text:
-        _MID_LINE[0] = not text.endswith("\n")
-
-
-def mid_line() -> bool:
-    """Whether generate's output stopped in the middle of a line (an error line then starts on a new one)."""
-    return _MID_LINE[0]
+            console.write(text[self.printed:])
 
 
 # ---- export -----------------------------------------------------------------------------------------------------
@@ -444,13 +430,3 @@ def sample_report(
     written = [path.name] + [n for n in ("metrics.json", "diversity_vs_likelihood.png") if (path.parent / n).is_file()]
     print(f"wrote {', '.join(written)} to {path.parent}")
     return report
-
-
-from tinylm.cli.lr_find import lr_find
-from tinylm.cli.plan import plan
-from tinylm.cli.plot import plot
-from tinylm.cli.scaling import scaling
-
-COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report,
-                                 "plan": plan, "plot": plot, "lr-find": lr_find,
-                                 "scaling": scaling}

@@ -11,13 +11,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from tinylm.cli.fit import (
-    TinyLMCLI,
-    check_accelerator,
-    check_trainer_options,
-    lightning_main,
-    run_dir_of,
-)
+from tinylm.cli.fit import TinyLMCLI, lightning_main
+from tinylm.cli.run_folder import run_dir_of
+from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options
 
 FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
 

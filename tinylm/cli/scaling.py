@@ -51,8 +51,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             e.g. ...-scaling-C2.0e12-L1-d8_L1-d12_L1-d16_L1-d20_L1-d24.png: another ladder does not overwrite it);
             the numbers go to a .json beside it.
     """
-    from tinylm.cli.fit import _rank_zero
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.cli.ranks import rank_zero
     from tinylm.paths import check_json_beside
     from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
@@ -83,7 +83,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
     losses = [_train_rung(root / name, r, [*fit_args, *no_samples], accumulate) for r, name in zip(rungs, names)]
-    if not _rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
+    if not rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
         return {}
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
@@ -142,14 +142,10 @@ def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_
 def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float:
     """The final val/loss of rung ``r`` in ``run_dir``: read back when the run finished before, else after training
     it (resuming it when it has a checkpoint)."""
-    from tinylm.cli.fit import (
-        _rank_zero,
-        holds_run,
-        latest_checkpoint,
-        lightning_main,
-        lock_run_folder,
-        release_run_folder,
-    )
+    from tinylm.cli.fit import lightning_main
+    from tinylm.cli.ranks import rank_zero
+    from tinylm.cli.resume import latest_checkpoint
+    from tinylm.cli.run_folder import holds_run, lock_run_folder, release_run_folder
     from tinylm.errors import TinyLMError
     from tinylm.train.interrupt import RunInterrupted, late_signal
 
@@ -157,7 +153,7 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
     loss = final_val_loss(run_dir, r.max_steps)
     if loss is None:
         resume = latest_checkpoint(run_dir) is not None
-        if not resume and holds_run(run_dir) and _rank_zero():  # killed before its first checkpoint: nothing to resume
+        if not resume and holds_run(run_dir) and rank_zero():  # killed before its first checkpoint: nothing to resume
             aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
             lock_run_folder(run_dir)  # not a run another process is training
             run_dir.rename(aside)
@@ -174,7 +170,7 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
                                  "next runs of the ladder did not start; resume with "
                                  "`tinylm fit --config ... --ckpt_path last`", signum=signum, step=r.max_steps,
                                  ckpt_path="")
-        if not _rank_zero():  # rank 0 logged the run and reports the ladder
+        if not rank_zero():  # rank 0 logged the run and reports the ladder
             return math.nan
         loss = final_val_loss(run_dir, r.max_steps)
         if loss is None:

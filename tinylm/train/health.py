@@ -40,7 +40,10 @@ log = logging.getLogger("tinylm")
 
 
 class TrainingHealthError(TinyLMError, RuntimeError):
-    """Raised when training cannot go on (non-finite loss or gradients)."""
+    """Raised when training cannot go on (non-finite loss or gradients), by every rank together (the ranks agree on
+    the health checks)."""
+
+    every_rank = True
 
 
 @dataclass

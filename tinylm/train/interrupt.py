@@ -25,24 +25,21 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinylm.errors import TinyLMError
+from tinylm.train import stop_state
 from tinylm.train.callbacks import validation_follows
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _late: int | None = None  # see late_signal
-_over = False  # see training_over
-_stop_line: str | None = None  # see stop_line
 
 
 def training_over() -> bool:
-    """Whether the last run's training has ended (complete, or stopped on a signal or an error): what is left of it
-    is its teardown and the command's exit."""
-    return _over
+    """Whether the last run's training has ended (tinylm.train.stop_state.over)."""
+    return stop_state.over
 
 
 def stop_line() -> str | None:
-    """The line of the last run's stop on a signal (its RunInterrupted's), None if it did not stop on one: a Ctrl+C
-    in the teardown after the stop ends the command at once (tinylm.cli), which says it first."""
-    return _stop_line
+    """The line of the last run's stop on a signal (tinylm.train.stop_state.line)."""
+    return stop_state.line
 
 
 def late_signal() -> int | None:
@@ -55,7 +52,10 @@ def late_signal() -> int | None:
 
 
 class RunInterrupted(TinyLMError):
-    """A run stopped by a signal after saving ``last.ckpt``; ``exit_code`` is the shell's 128 + signal number."""
+    """A run stopped by a signal after saving ``last.ckpt``; ``exit_code`` is the shell's 128 + signal number. Every
+    rank stops together (they agree on a stop at a step)."""
+
+    every_rank = True
 
     def __init__(self, message: str, *, signum: int | None, step: int, ckpt_path: str) -> None:
         super().__init__(message)
@@ -92,8 +92,9 @@ class InterruptStop(L.Callback):
         # inside the signal handler: under DDP a SIGTERM during the sanity check or data setup hung the run for good
         # (the other ranks never joined). This handler's flag is enough: the ranks agree at the first step's end.
         trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
-        global _late, _over, _stop_line
-        self._trainer, self._received, self._armed, _late, _over, _stop_line = trainer, None, True, None, False, None
+        global _late
+        self._trainer, self._received, self._armed, _late = trainer, None, True, None
+        stop_state.over, stop_state.line = False, None
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone. So
         # is a Ctrl+C the command was started to ignore (a script's `&` job): ddp_fork's training processes took
         # two for "stop now", ended without a result, and the launcher waited for one forever. (An ignored SIGTERM
@@ -175,21 +176,20 @@ class InterruptStop(L.Callback):
         return int(vote.item())
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
-        global _stop_line
         self._collect()  # the vote just cast, by every rank: not left under way
         name = signal.Signals(signum).name
         if self._received != signum:
             name += " (to another rank)"
         if self.dirpath is None:
             path = None
-            _stop_line = (f"interrupted by {name} at step {trainer.global_step}; nothing was saved "
+            stop_state.line = (f"interrupted by {name} at step {trainer.global_step}; nothing was saved "
                           "(--trainer.enable_checkpointing false)")
         else:
             path = self.dirpath / "last.ckpt"
             trainer.save_checkpoint(path, weights_only=False)  # the full state: optimizer, loops, callbacks
-            _stop_line = (f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
+            stop_state.line = (f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
                           "resume with `tinylm fit --config ... --ckpt_path last`")
-        raise RunInterrupted(_stop_line, signum=signum, step=trainer.global_step, ckpt_path=str(path or ""))
+        raise RunInterrupted(stop_state.line, signum=signum, step=trainer.global_step, ckpt_path=str(path or ""))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         global _late
@@ -208,8 +208,7 @@ class InterruptStop(L.Callback):
         self._disarm()
 
     def _disarm(self) -> None:
-        global _over
-        self._armed, _over = False, True
+        self._armed, stop_state.over = False, True
         self._restore()
         handlers = dict(self._previous)
         if self._received == signal.SIGTERM and signal.SIGTERM in handlers:

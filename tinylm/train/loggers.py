@@ -10,6 +10,7 @@ import csv
 import io
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -220,3 +221,22 @@ def make_loggers(
         del wandb._wandb_init["anonymous"]
     loggers.insert(0, wandb)
     return loggers
+
+
+def finish_forked_wandb(trainer) -> None:
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    finish_wandb(exit_code=0 if trainer.state.status == TrainerStatus.FINISHED else 1)
+
+
+def finish_wandb(exit_code: int) -> None:
+    """End this process's W&B run. Lightning's WandbLogger leaves it open, and a WandbLogger made later in the same
+    process (the next rung of `tinylm scaling`, a notebook's second fit) reuses an open run: every rung logged into
+    the first rung's W&B run."""
+    wandb = sys.modules.get("wandb")  # not imported: no run was started
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        try:
+            wandb.finish(exit_code=exit_code)
+        except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
+            log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
+                        type(e).__name__, e)

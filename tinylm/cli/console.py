@@ -1,0 +1,91 @@
+"""The console: tinylm's log lines on stderr (rank 0 only), Lightning's filtered, warnings in one line, and what
+the commands write to stdout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+log = logging.getLogger("tinylm")
+
+
+def setup() -> None:
+    """tinylm's log lines on stderr, once: a handler on the "tinylm" logger, none on the root. (A root-logger
+    basicConfig made every Lightning INFO line print twice: once by Lightning's own handler, once by the root's.)"""
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    import lightning.pytorch  # noqa: F401  (installs Lightning's console handler, which the filter goes on)
+
+    for handler in logging.getLogger("lightning.pytorch").handlers:
+        if not any(isinstance(f, _NoTips) for f in handler.filters):
+            handler.addFilter(_NoTips())
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
+    from lightning.pytorch.utilities import rank_zero_only
+
+    # another rank of a run (from its environment; NODE_RANK: a node started by hand): rank 0 says the same
+    if getattr(rank_zero_only, "rank", 0) != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
+        log.setLevel(logging.ERROR)
+        warnings.simplefilter("ignore")
+    # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
+    for handler in log.handlers:
+        if isinstance(handler, _Stderr) and not any(isinstance(f, _RankZero) for f in handler.filters):
+            handler.addFilter(_RankZero())
+    # torch's line as ddp_fork ends the other training processes after one failed: the failure's line says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+class _RankZero(logging.Filter):
+    """Drops the info and warning lines of a rank other than 0: rank 0 says the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from lightning.pytorch.utilities import rank_zero_only
+
+        return record.levelno >= logging.ERROR or getattr(rank_zero_only, "rank", 0) == 0
+
+
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def format_validate(row: dict, path: Path | None) -> str:
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("val/"))
+    return f"step {row['step']}: {metrics}" + (f"\n(appended to {path})" if path is not None else "")
+
+
+_MID_LINE = [False]  # the last text written to stdout did not end its line
+
+
+def write(text: str) -> None:
+    """Write ``text`` to stdout now (a streamed sample), remembering whether it ended its line."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        _MID_LINE[0] = not text.endswith("\n")
+
+
+def mid_line() -> bool:
+    """Whether stdout was left in the middle of a line (an error's line then starts on a line of its own)."""
+    return _MID_LINE[0]

@@ -1,0 +1,241 @@
+"""Errors as the CLI reports them: which are the user's (one line, exit 1 or 128 + N) and which are bugs (a
+traceback), and the one line that names the cause and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import errno
+import logging
+import re
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from tinylm.errors import TinyLMError
+
+log = logging.getLogger("tinylm")
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
+    """The line that ends a command on a user's error, with its resume hint spelled out."""
+    hint = "`tinylm fit --config ... --ckpt_path last`"
+    if hint in line:
+        # the resume command with the user's own config and overrides (--run.name among them); a command that
+        # runs fits inside (scaling) resumes them when it is run again
+        again = resume_command(args) if command == "fit" else shlex.join(["tinylm", command, *args])
+        line = line.replace(hint, f"`{again}`")
+    return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
+
+
+class Terminated(TinyLMError):
+    """SIGTERM reached a command outside fit's training loop (which saves and stops on its own, tinylm.train.interrupt):
+    raised so that its cleanup runs (temp folders, partial exports) and it ends with a line, exit 143. A SIGTERM
+    before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0 says it."""
+
+    exit_code = 128 + signal.SIGTERM
+    every_rank = True
+
+
+class Interrupted(TinyLMError):
+    """Ctrl+C reached ddp_fork's launching process, which passed it on to the training processes: exit 130."""
+
+    exit_code = 128 + signal.SIGINT
+
+
+def resume_command(args: list[str]) -> str:
+    """`tinylm fit ARGS --ckpt_path last`, ARGS being this command's own minus any --ckpt_path."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return shlex.join(["tinylm", "fit", *kept, "--ckpt_path", "last"])
+
+
+# ---- errors -----------------------------------------------------------------------------------------------------
+_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.EDQUOT, errno.EMFILE,
+                errno.ENOTDIR, errno.EEXIST)  # the last two: a file (or a broken link) where a folder must be made
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Whether ``e`` is something the user can fix (printed as one line) rather than a bug (traceback).
+
+    User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a missing
+    optional package (ModuleNotFoundError: install it), a full disk or a denied permission, ValueError/OSError/TypeError
+    raised by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks of
+    its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another library mean
+    tinylm failed to validate something: a bug, shown with its traceback.
+    """
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if isinstance(e, (TinyLMError, argparse.ArgumentError, MisconfigurationException, ModuleNotFoundError)):
+        return True
+    if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
+        return True
+    if isinstance(e, (ValueError, OSError, TypeError)):
+        # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
+        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()))
+    return False
+
+
+class TrainingProcessError(TinyLMError):
+    """A user's error (a stop on a signal, a health check, a data check) raised in one of ddp_fork's training
+    processes: it reaches this process only as the text of its traceback (torch's ProcessRaisedException)."""
+
+
+def from_training_process(e: BaseException) -> BaseException:
+    """``e``, or the user's error it carries from a training process (ddp_fork's): its last line, with the exit
+    status it has in one process (128 + N for a run stopped by signal N). Without this, a SIGTERM that reached one
+    training process ended in two tracebacks and exit 1."""
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    if not isinstance(e, ProcessRaisedException):
+        return e
+    text = str(e).strip()
+    said = re.fullmatch(r"(?:([\w.]+)\.)?(\w+): (.*)", text.splitlines()[-1])
+    frames = re.findall(r'File "([^"]+)", line', text)
+    if said is None or not frames:
+        return e
+    module, name, message = said.groups()
+    cls = getattr(sys.modules.get(module or "builtins"), name, None)
+    ours = _inside(Path(frames[-1]), PACKAGE_DIR)
+    if not (isinstance(cls, type) and (issubclass(cls, TinyLMError) or (ours and issubclass(cls, (ValueError, OSError,
+                                                                                                  TypeError))))):
+        return e
+    # Python's own errors keep their type, as in one process ("ValueError: ...")
+    error = TrainingProcessError(message if issubclass(cls, TinyLMError) else f"{name}: {message}")
+    stopped = re.match(r"interrupted by (SIG[A-Z0-9]+)\b", message)
+    error.exit_code = 128 + signal.Signals[stopped[1]] if stopped and stopped[1] in signal.Signals.__members__ \
+        else getattr(cls, "exit_code", 1)
+    return error
+
+
+def _raised_in(e: BaseException, package: Path) -> bool:
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return _inside(Path(tb.tb_frame.f_code.co_filename), package)
+
+
+def _inside(path: Path, package: Path) -> bool:
+    """Whether ``path`` is ``package`` (a file) or lies in it (a folder)."""
+    where = path.resolve()
+    return where == package or package in where.parents
+
+
+def _jsonargparse_dir() -> Path:
+    import jsonargparse
+
+    return Path(jsonargparse.__file__).resolve().parent
+
+
+def _trainer_flags_file() -> Path:
+    """Where Lightning checks the Trainer's arguments (accelerator, strategy, devices, precision, ...)."""
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    return Path(accelerator_connector.__file__).resolve()
+
+
+def one_line(e: BaseException) -> str:
+    """The error as one line that keeps its cause: jsonargparse's nested messages ("Does not validate against any
+    of the Union subtypes ...") are reduced to the option and the innermost reason."""
+    text = str(e).strip()
+    if linked := re.search(r'Linked "([\w.]+)" must be given via "([\w.]+)"', text):  # --model.vocab_size 3
+        return f"--{linked[1]} is set from --{linked[2]} (the data decides it); do not pass it"
+    if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
+        return _parse_error_line(text, _chain(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {e.filename}" if e.filename else ""
+        return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or write on another "
+                "disk (runs: --trainer.default_root_dir DIR; datasets: --data.cache_dir DIR or $TINYLM_CACHE_DIR; "
+                "export and sample-report: --out DIR)")
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and "; " not in text:
+        if e.errno == errno.EROFS:
+            return f"{type(e).__name__}: read-only file system: {e.filename or text}; choose a path on a writable disk"
+        return (f"{type(e).__name__}: permission denied: {e.filename or text}; give yourself access (chmod/chown), "
+                "or choose another path")
+    if isinstance(e, OSError) and e.errno in (errno.ENOTDIR, errno.EEXIST) and "; " not in text:
+        where = Path(e.filename or text)
+        blocker = next((p for p in (where, *where.parents) if p.is_symlink() or p.is_file()), None)
+        if blocker is not None:  # else some other clash: the plain line below
+            what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
+            return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, "
+                    "or choose another path")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
+    name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
+    return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
+
+
+_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
+          "Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "- Expected a", "Given value:")
+
+
+def _chain(e: BaseException) -> list[str]:
+    """The messages of ``e`` and its causes, outermost first (jsonargparse wraps the real reason several times)."""
+    messages, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        messages.append(str(e).strip() or type(e).__name__)
+        e = e.__cause__ or e.__context__
+    return messages
+
+
+def _parse_error_line(text: str, chain: list[str]) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    key = next((ln.split('"')[1] for ln in lines if ln.startswith('Parser key "')), None)
+    # the innermost message of the chain that is not a Union summary is the real reason ("save_dir is required",
+    # "No module named 'tensorboard'"); a class_path problem is named with it
+    causes = [m for m in chain if m and not m.startswith(("Parser key", "Does not validate"))]
+    reason = causes[-1].splitlines()[0] if causes else None
+    problem = next((m.splitlines()[0] for m in causes if m.startswith("Problem with given class_path")), None)
+    if problem and reason and reason != problem:
+        reason = f"{problem.rstrip(':')}: {reason}"
+    if reason is None:
+        reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
+                   and not any(n in ln for n in _NOISE)]
+        reason = (reasons or ["invalid value"])[0]
+    value = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Given value:")), None)
+    if choices := _choices(text, reason):  # --strategy topk, --trainer.precision bf17: name the values it takes
+        got = value if value is not None else reason.rpartition("Got value: ")[2]
+        reason = f"expected one of {', '.join(choices)}, got {got}"
+    elif typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
+        kind, got = typed.groups()
+        what = {"float": "a number", "int": "a whole number", "bool": "true or false"}.get(kind, f"a {kind}")
+        if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            what = "a finite number"
+        reason = f"expected {what}, got {got}"
+    hint = ""
+    linked = next((ln for ln in lines if " --> model." in ln), None)
+    if linked:  # `--model.vocab_size 3`: a linked key given by hand
+        target = linked.split(" --> ")[1].split(":")[0].strip()
+        source = linked.split(" --> ")[0].split()[-1]
+        return f"--{target} is set from --{source} (the data decides it); do not pass it"
+    if "--optimizer" in text or "--lr_scheduler" in text:
+        hint = "; tinylm's optimizer and LR schedule are set with --model.* (lr, min_lr, lr_schedule, weight_decay, " \
+               "beta1, beta2): see tinylm fit --help"
+    if key:
+        given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
+        return f"--{key}: {reason}{given}{hint}"
+    return f"{reason}{hint}"
+
+
+def _choices(text: str, reason: str) -> list[str] | None:
+    """The values an option of a fixed set takes (a typing.Literal, or a union of Literals and None, as
+    --trainer.precision's ints and names), from jsonargparse's message; None for any other type."""
+    subtypes = re.search(r"Subtypes: \[(.*)\]", text)
+    literal = re.match(r"Expected a (typing\.Literal\[[^\]]*\])", reason)
+    where = subtypes[1] if subtypes else literal[1] if literal else ""
+    groups = re.findall(r"typing\.Literal\[([^\]]*)\]", where)
+    if not groups or re.sub(r"typing\.Literal\[[^\]]*\]|<class 'NoneType'>|[\s,]", "", where):
+        return None  # another type among them (a number, a path): jsonargparse's own reason says more
+    return list(dict.fromkeys(str(v) for group in groups for v in ast.literal_eval(f"[{group}]")))

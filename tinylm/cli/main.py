@@ -1,0 +1,146 @@
+"""The `tinylm` command. `fit` and `validate` are LightningCLI; every other command is a typed function parsed by the
+same library (jsonargparse), so `--help`, `--config FILE` and `--print_config` work the same everywhere.
+
+Every error a user can cause ends as one line on stderr and exit status 1 (128 + N for a run stopped by signal N);
+a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): tinylm.cli.errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tinylm.cli import console, errors, ranks, signals
+from tinylm.cli.table import COMMANDS, usage
+from tinylm.errors import TinyLMError
+
+log = logging.getLogger("tinylm")
+
+
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
+    """tinylm's --verbose out of the arguments: also `--verbose true|false` (the form validate's --help shows) and
+    `--verbose=VALUE` (true/false, yes/no, on/off, 1/0)."""
+    verbose, rest, i = False, [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if flag != "--verbose":
+            rest.append(argv[i])
+        elif eq:
+            if value.lower() not in _BOOLEANS:
+                sys.exit(f"tinylm: error: --verbose takes true or false, got {value!r}")
+            verbose = _BOOLEANS[value.lower()]
+        elif i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):  # (not "1": a run folder of plot's)
+            i, verbose = i + 1, _BOOLEANS[argv[i + 1].lower()]
+        else:
+            verbose = True
+        i += 1
+    return verbose, rest
+
+
+def main(argv: list[str] | None = None) -> None:
+    program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
+    try:
+        _main(argv, program)
+    finally:
+        if program:
+            signals.end_at_once_on_ctrl_c()
+
+
+def _main(argv: list[str] | None, program: bool) -> None:
+    verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+    if not argv or argv[0] in ("-h", "--help"):  # before the console's setup, which imports Lightning (seconds)
+        print(usage())
+        return
+    console.setup()
+    command, rest = argv[0], argv[1:]
+    try:
+        check_config_files(rest)
+        _run(command, rest, program)
+    except KeyboardInterrupt:
+        if program:
+            signals.end_at_once_on_ctrl_c()
+        if console.mid_line():  # generate streamed part of a line: end it first
+            print(flush=True)
+        if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
+            print("tinylm: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
+        if program:
+            signals.end_at_once_on_ctrl_c()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
+        sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
+    except Exception as raised:
+        if program:
+            signals.end_at_once_on_ctrl_c()
+        _end_on_error(raised, command, rest, verbose)
+
+
+def _run(command: str, rest: list[str], program: bool) -> None:
+    if command not in COMMANDS:
+        raise TinyLMError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)} (tinylm --help)")
+    if COMMANDS[command].lightning:
+        # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
+        with signals.terminate_cleanly(command, program, rest):
+            cli = COMMANDS[command].function()([command, *rest])
+        if command == "validate" and hasattr(cli, "validate_result"):
+            print(console.format_validate(cli.validate_result, cli.validate_csv))
+    else:
+        from tinylm.cli import commands
+
+        with signals.terminate_cleanly(command):
+            commands.run(command, rest)
+
+
+def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:
+    """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
+    e = errors.from_training_process(raised)
+    if not verbose and not errors.is_user_error(e) and (lost := ranks.lost_rank(raised=e)) is not None:
+        e = lost  # a rank ended first: this process's collective with it failed, which says nothing
+    ranks.end_ranks()  # the ranks it started end with it, not after it
+    if verbose or not errors.is_user_error(e):
+        raise  # the exception being handled: this runs inside main's `except`
+    if console.mid_line():  # generate streamed part of a line: end it first
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    # raised by every rank of a run together (the ranks agree on a stop and on the health checks; rank 0 passes a
+    # SIGTERM before training on to the ranks it started): rank 0 says it
+    rank = ranks.rank()
+    if not (getattr(e, "every_rank", False) and rank or getattr(e, "said", False)):  # said: by a rank that ended first
+        # another rank's line says which (a config or data error comes from each); one write, so that the ranks'
+        # lines do not interleave (print's text and newline were two, and two lines came out as one)
+        sys.stderr.write(errors.error_line(command, errors.one_line(e), rest, rank))
+        sys.stderr.flush()
+    sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+def check_config_files(args: list[str]) -> None:
+    """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
+    the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
+    import yaml
+
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+            raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
+                                    "configs/shakespeare-char-cpu.yaml")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {p!r} is not UTF-8 text; pass a YAML file") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in path.read_text() else ""
+            raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
+                             f"got a {type(data).__name__}")

@@ -1,0 +1,318 @@
+"""Resume: what `--ckpt_path` means, what a run takes from its checkpoint, and the checks that refuse a resume
+that would not continue the run (or name the settings that change it).
+
+Exact resume is spread over the things that hold state; this module is the map:
+- here: ``--ckpt_path last|best|PATH`` (`resolve_ckpt_path`, `latest_checkpoint`), the model's hyperparameters
+  from the checkpoint (`model_from`; validate also takes the data: `data_from`), refusals (`check_resume`: nothing
+  left to train, max_time spent, accumulation that splits a step) and warnings (changed trainer options, a changed
+  schedule length, a seed with no effect);
+- tinylm.cli.run_folder.check_run_folder: continue a run in its own folder, or branch into a new one; never over
+  another run's results;
+- tinylm.cli.run_config.RunConfig: the resume's record, config.resume-step<N>.yaml;
+- tinylm.checkpoint: reading checkpoints safely (weights_only, mmap), atomic writes, the tokenizer inside;
+- tinylm.train.module.TinyLM.on_save/on_load_checkpoint: tinylm's own section (tokenizer, init_from, W&B id);
+- tinylm.train.callbacks.RNGState (every random stream), SampleText (samples.txt cut back to the checkpoint);
+- tinylm.data.datamodule / tinylm.data.loader: the loader's position in its stream of windows;
+- tinylm.train.health (the monitor's windows), tinylm.train.loggers (metrics.csv cut back, the W&B run continued);
+- tinylm.train.interrupt: SIGTERM / Ctrl+C stop at a whole step and save last.ckpt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tinylm.checkpoint import checkpoints_by_step
+from tinylm.errors import TinyLMError
+
+log = logging.getLogger("tinylm")
+
+
+RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing")
+"""TinyLM options that a resume or validation takes from its own config, not the checkpoint: they change speed and
+memory, never the numbers."""
+
+def latest_checkpoint(run_dir: Path) -> str | None:
+    """What ``--ckpt_path last`` means: the newest readable checkpoint of the run folder by step, ``last.ckpt`` when
+    it is that; else (a damaged or missing last.ckpt, or one older than a step-N.ckpt because the run died between
+    the two saves, or a run killed before its first periodic save with only a ``best.ckpt``) the newest other one,
+    with a warning. None when the folder holds none."""
+    found, broken = checkpoints_by_step(run_dir / "checkpoints")
+    if not found:
+        return None
+    step, is_last, path = max(found)  # at one step, last.ckpt first
+    if not is_last:
+        last = next((s for s, is_l, _ in found if is_l), None)
+        why = ("is damaged" if "last.ckpt" in broken else "is missing" if last is None
+               else f"is at step {last}, behind it (a validation saved it since)" if path.name == "best.ckpt"
+               else f"is at step {last}, behind it (the run stopped between two saves)")
+        log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
+                    run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
+    return str(path)
+
+
+_TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision")
+"""Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _run_config(ckpt_path: str) -> dict:
+    """The newest config*.yaml of the checkpoint's run folder (what the run trained with last); {} if none."""
+    configs = sorted(Path(ckpt_path).resolve().parent.parent.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
+    return _read_yaml(configs[-1]) if configs else {}
+
+
+def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
+    """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
+    newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
+    taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
+    folder = Path(ckpt_path).resolve().parent.parent
+    newest = _run_config(ckpt_path)
+    if not newest:
+        return
+    trainer = newest.get("trainer") or {}  # what the run trained with last
+    now = {k: cfg.trainer.get(k) for k in _TRAINING_OPTIONS}
+    if n_embd and "precision" in trainer:  # an unset precision is resolved by device and width, here as there
+        from tinylm.device import resolve_precision
+
+        trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
+        now["precision"] = resolve_precision(now["precision"], n_embd)
+    changed = [f"trainer.{k} {now[k]!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
+               if k in trainer and now[k] != trainer.get(k)]
+    if changed:
+        log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
+                    ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
+    data = newest.get("data") or {}
+    if "val_batches" in data and cfg.data.get("val_batches") != data["val_batches"]:
+        log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
+                    "windows from here on, so its curve jumps and best.ckpt is picked across the two",
+                    ckpt_path, cfg.data.get("val_batches"), data["val_batches"])
+    started = _read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
+    seed = cfg.get("seed_everything")
+    if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
+        log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
+                    "restores the run's random state, so dropout and data order go on as they were", ckpt_path, seed,
+                    started["seed_everything"])
+
+
+def warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_path: str) -> None:
+    """Name the learning-rate jump of a resume whose schedule length changed (its length is trainer.max_steps
+    unless model.decay_steps was set): the cosine is stretched from here on, not continued."""
+    from tinylm.train.schedules import lr_at
+
+    try:
+        was = float(ckpt["lr_schedulers"][0]["_last_lr"][0])  # the LR the next step would have used
+        step = int(ckpt["global_step"])
+        now = lr_at(step, schedule=hparams["lr_schedule"], lr=hparams["lr"], min_lr=hparams["min_lr"],
+                    warmup_steps=hparams["warmup_steps"], decay_steps=hparams.get("decay_steps") or max_steps,
+                    decay_fraction=hparams.get("decay_fraction", 0.2))
+    except (KeyError, IndexError, TypeError, ValueError):  # an older checkpoint, another scheduler
+        return
+    if max_steps and not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
+        log.warning("resuming from %s at step %d with trainer.max_steps %d: the LR schedule's length is max_steps "
+                    "(model.decay_steps is unset), so the LR jumps from %.3g to %.3g and the decay is stretched over "
+                    "the new length; pin model.decay_steps when you start a run you may extend", ckpt_path, step,
+                    max_steps, was, now)
+
+
+def check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
+    """Refuse a resume whose --trainer.max_time the run has already spent: Lightning's Timer keeps the training
+    time in the checkpoint and counts on from it (max_time is the run's total), so the resume would stop at once,
+    train nothing, and say it can go on: repeated, it never would."""
+    spent = (((ckpt.get("callbacks") or {}).get("Timer") or {}).get("time_elapsed") or {}).get("train")
+    if max_time is None or spent is None:
+        return
+    from lightning.pytorch.callbacks import Timer
+
+    try:  # Timer's own parsing of "DD:HH:MM:SS", a dict of timedelta's arguments, or a timedelta
+        budget = Timer(duration=dict(vars(max_time)) if hasattr(max_time, "__dict__") else max_time)._duration
+    except (TypeError, ValueError):
+        return  # Lightning names the bad value when it builds its Timer
+    if budget is not None and spent >= budget:
+        raise TinyLMError(f"--trainer.max_time {max_time} is already spent: {ckpt_path} has trained for {spent:.0f} s "
+                          "(Lightning's Timer keeps a run's training time in its checkpoints and counts on from it: "
+                          "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
+
+
+def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None) -> None:
+    """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
+    epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
+    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such)."""
+    try:
+        progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
+    except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
+        return
+    if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
+        return
+    short = accumulate - done % accumulate
+    every = val_check_interval if isinstance(val_check_interval, int) else None
+    # the values that divide both the micro-batches done and the validation interval (fit's own check)
+    usable = [a for a in range(2, min(done, 4 * accumulate) + 1) if done % a == 0 and (every is None or every % a == 0)]
+    near = sorted(sorted(usable, key=lambda a: abs(a - accumulate))[:3])
+    had = (_run_config(ckpt_path).get("trainer") or {}).get("accumulate_grad_batches")
+    own = f"the run's own {had}" if isinstance(had, int) else "the run's own value"
+    fits = f" or one that divides {done}" + (f" and trainer.val_check_interval {every}" if every else "") + \
+           f" ({', '.join(map(str, near))})" if near else ""
+    raise TinyLMError(f"--trainer.accumulate_grad_batches {accumulate} does not divide the {done} micro-batches "
+                      f"{ckpt_path} has done in its epoch: the first step would sum {short} micro-batches, each "
+                      f"divided by {accumulate}; resume with {own}{fits}")
+
+
+def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
+    """What ``--ckpt_path`` names: ``last`` (the run folder's newest readable checkpoint, None when it has none
+    yet), ``best``, or a path, checked to be a file; validate needs one."""
+    ckpt_path = asked
+    if ckpt_path == "last":
+        ckpt_path = latest_checkpoint(run_dir)
+    elif ckpt_path == "best":
+        best = run_dir / "checkpoints" / "best.ckpt"
+        if not best.is_file():
+            raise FileNotFoundError(f"--ckpt_path best: {best} not found (a run's best.ckpt is saved at its "
+                                    "first validation); pass `last` or the path of a .ckpt")
+        ckpt_path = str(best)
+    elif ckpt_path in ("hpc", "registry") or str(ckpt_path).startswith("registry:"):
+        raise ValueError(f"--ckpt_path {ckpt_path} is not used by tinylm; pass `last`, `best` or the path of a "
+                         ".ckpt written by `tinylm fit`")
+    if sub == "validate" and asked == "last" and not ckpt_path:
+        raise FileNotFoundError(f"--ckpt_path last: {run_dir} holds no checkpoint (`last` and `best` are "
+                                "those of the run that --config, or --run.name, names); pass the run's --config "
+                                "or the path of a .ckpt")
+    if sub == "validate" and not ckpt_path:
+        raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
+                         f"{run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
+                         "weights")
+    if ckpt_path and not Path(ckpt_path).is_file():
+        what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
+        raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
+                                "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
+                                "latest")
+    return ckpt_path
+
+
+@dataclass
+class Start:
+    """What a command takes from the checkpoint it starts from."""
+
+    step: int  # the checkpoint's global step
+    resume_step: int | None  # fit: the step the CSV and W&B logs continue from; validate: None
+    wandb_id: str | None  # the W&B run to continue (a resume in the checkpoint's own run folder)
+    update: dict  # the config sections it sets: model (and for validate, data)
+
+
+def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool) -> Start:
+    """Take the model's hyperparameters (and for validate the data it trained on) from ``ckpt_path``; for fit,
+    refuse a resume with nothing to train or with settings that would not continue the run."""
+    from tinylm.checkpoint import load_checkpoint, tinylm_section
+
+    ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
+    meta = tinylm_section(ckpt, ckpt_path)
+    step = int(ckpt.get("global_step", 0))
+    resume_step = wandb_id = None
+    if sub == "fit":
+        check_resume(ckpt, cfg, ckpt_path)
+        resume_step = step  # the CSV and W&B logs continue from the checkpoint
+        # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
+        # into its parent's W&B run would log its steps a second time there, under the branch's name
+        wandb_id = meta.get("wandb_id") if continues else None
+    update = {"model": model_from(ckpt, meta, cfg, sub, ckpt_path, defaults, named)}
+    if sub == "validate" and (data := data_from(ckpt, meta, cfg, defaults, named)):
+        update["data"] = data
+    return Start(step, resume_step, wandb_id, update)
+
+
+def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
+    """Refuse a resume that has nothing to train, or whose settings would not continue the run."""
+    step = int(ckpt.get("global_step", 0))
+    max_steps = cfg.trainer.get("max_steps")
+    if max_steps is not None and step >= max_steps:
+        raise TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
+                          f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
+    check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
+    check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path,
+                        cfg.trainer.get("val_check_interval"))
+    from tinylm.data import TinyLMDataModule
+
+    TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
+                                                  cfg.data.get("val_fraction"))
+
+
+def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
+    """The checkpoint's model hyperparameters that this command takes (warning about the user's it ignores)."""
+    from tinylm.checkpoint import architecture_fields
+    from tinylm.train.module import TinyLM
+
+    saved = dict(ckpt.get("hyper_parameters") or {})
+    saved.pop("_instantiator", None)
+    known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
+    unknown = sorted(set(saved) - known)
+    if unknown:  # version skew: a checkpoint from another tinylm version
+        log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
+                    ckpt_path, ", ".join(unknown))
+    # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)
+    saved = {k: v for k, v in saved.items() if k in known and k not in RUNTIME_OPTIONS}
+    linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
+    # a run from init_from took its architecture from the weights, never from the config: nothing to ignore there
+    source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
+    from_weights = architecture_fields() if source is not None else ()
+    saved["init_from"] = source
+    # a value at its default that the command does not name was not set by the user (validate without
+    # --config): nothing to ignore; `--model.dropout 0.0` (the default) is named, and ignored
+    ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
+               if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
+               and (cfg.model[k] != defaults.model.get(k) or f"model.{k}" in named)]
+    if ignored:
+        log.warning("%s %s: model hyperparameters come from the checkpoint; ignoring %s%s",
+                    "resuming from" if sub == "fit" else "evaluating", ckpt_path, ", ".join(ignored),
+                    " (to change them, start a new run)" if sub == "fit" else "")
+    if sub == "fit":
+        warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
+        warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"))
+    for key in linked:
+        saved.pop(key, None)
+    if source is not None:  # the checkpoint holds the weights, and the shape they gave
+        log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
+                 ckpt_path, source)
+        saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
+    return saved
+
+
+def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str]) -> dict:
+    """For validate: the data options the run trained on, where the command does not set them otherwise."""
+    trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    # data.vocab_size: the target a BPE tokenizer was trained to, which finds it in the cache (checkpoints
+    # before it was kept: the model's vocabulary, the same unless the corpus had too few merges)
+    target = trained.pop("target_vocab_size", None) or (ckpt.get("hyper_parameters") or {}).get("vocab_size")
+    if target is not None:
+        trained["vocab_size"] = target
+    data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
+            and f"data.{k}" not in named and cfg.data[k] != v}
+    if {**cfg.data, **data}.get("corpus") != trained.get("corpus"):
+        data.pop("weights", None)  # the run's mixture weights go with its corpora, not with --data.corpus OTHER
+    from tinylm.tokenize import TRAINED_SPECS
+
+    now = {**cfg.data, **data}
+    if meta.get("tokenizer") and (now.get("tokenizer") in TRAINED_SPECS or "data.tokenizer" not in named):
+        # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
+        # another tokenizer than the model's, and a tokenizer file may have moved or changed since
+        from tinylm.data.prepare import checkpoint_tokenizer_dir, default_cache_dir
+
+        data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
+                                                         now.get("cache_dir") or default_cache_dir()))
+        if now.get("corpus") != trained.get("corpus"):
+            log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
+                     now.get("corpus"), now["tokenizer"], trained.get("corpus"))
+    return data

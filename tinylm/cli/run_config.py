@@ -1,0 +1,122 @@
+"""The RunConfig callback: a run's config.yaml (and the resume records beside it), and its start line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import SaveConfigCallback
+
+from tinylm.train.loggers import finish_forked_wandb
+
+log = logging.getLogger("tinylm")
+
+
+class RunConfig(SaveConfigCallback):
+    """Saves the parsed config as ``<run dir>/config.yaml`` on rank zero, never over another file: a resumed run
+    writes ``config.resume-step<N>.yaml`` beside the original; a new run (or a branch) into a folder that holds a
+    config.yaml of its own (the user's, or that of an attempt that stopped before it logged) moves that file to
+    ``config.previous.yaml`` first, unless it is the config this run would write. A run from a checkpoint writes
+    once the checkpoint is restored and training starts (a resume refused on restoring, e.g. for another batch
+    size, leaves no record: a later resume's warnings compare with the newest record, which must be of a run that
+    trained)."""
+
+    def __init__(self, *args: Any, run_dir: Path, resume_step: int | None, continues: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, save_to_log_dir=False, **kwargs)
+        self.run_dir, self.resume_step, self.continues = run_dir, resume_step, continues
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # a run from a checkpoint (a resume, or a branch into a new folder) writes at on_train_start: every rank
+        # decides alike from the command line (a decision by what is on disk once hung DDP: a rank that looked after
+        # rank zero wrote config.yaml skipped a broadcast), and a branch refused on restoring leaves no config.yaml
+        if self.resume_step is None:
+            super().setup(trainer, pl_module, stage)
+        if multiprocessing.parent_process() is not None and "wandb" in sys.modules:  # a rank that ddp_fork started
+            # it leaves by os._exit, past the atexit hook with which wandb ends its run: the run's file kept no
+            # metric. Multiprocessing's own exit hooks do run (also after an error), and end it here.
+            from multiprocessing.util import Finalize
+
+            Finalize(None, finish_forked_wandb, args=(trainer,), exitpriority=100)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
+        data = trainer.datamodule
+        if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
+            B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
+            step, max_steps = B * A * W * T, trainer.max_steps
+            splits = [meta["splits"]["train"]["tokens"] for meta in data.metas]
+            split = sum(splits)
+            run = (f"; {max_steps:,} steps (trainer.max_steps) read {step * max_steps:,} tokens: "
+                   f"{step * max_steps / split:.3g} passes over the training split ({split:,} tokens)"
+                   if max_steps > 0 else "")
+            # data.weights draw each corpus at its own pace (unset: in proportion to its tokens, all at one pace):
+            # [0.1, 0.9] over 18,000 and 2,700 tokens read the small one 30 times as often as the 0.297 passes say
+            weighted = len(splits) > 1 and data.weights is not None
+            shares = [w / sum(data.weights) for w in data.weights] if weighted else [1.0]
+            if weighted and max_steps > 0:
+                run += " (by data.weights: " + ", ".join(
+                    f"{name} {step * max_steps * share / n:.3g} passes of {n:,}"
+                    for name, share, n in zip(data.val_names, shares, splits)) + ")"
+            done = trainer.global_step  # a resume: what is left of the run, not only its whole
+            if max_steps > 0 and 0 < done < max_steps:
+                run += (f"; resumed at step {done:,}: {max_steps - done:,} steps left read "
+                        f"{step * (max_steps - done):,} tokens")
+            log.info("global batch: %s windows of %d tokens = data.batch_size %d x accumulate_grad_batches %d x %d "
+                     "device(s): %s tokens per optimizer step%s", f"{B * A * W:,}", T, B, A, W, f"{step:,}", run)
+            for name, share, n in zip(data.val_names, shares, splits if weighted else [split]):
+                if step * share > n:  # windows drawn at random: each step reads the same text several times over
+                    what = (f"{step * share:,.0f} tokens of {name} (its data.weights share {share:.3g}) but its "
+                            f"training split holds {n:,}" if weighted else
+                            f"{step:,} tokens but the training split holds {split:,}")
+                    fix = "a smaller weight for it, " if weighted else ""
+                    warnings.warn(f"one optimizer step reads {what}: every step goes over it {step * share / n:.3g} "
+                                  f"times; use {fix}a smaller --data.batch_size (or accumulate_grad_batches, "
+                                  f"block_size) or a larger corpus", UserWarning)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # said here, in the process that trained: under ddp_fork the command's own trainer stays at step 0
+        t = trainer
+        if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
+            saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
+            log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
+                     "EarlyStopping)%s", t.global_step, t.max_steps, saved)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        path = self.run_dir / "config.yaml"
+        if self.continues and path.exists():
+            path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
+            # before (killed in between): that record is kept too
+        elif os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
+                                        != self.parser.dump(self.config, skip_none=False)):
+            # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
+            # outside the run folder; read, a folder crashed the run
+            kept = _unused(self.run_dir / "config.previous.yaml")
+            path.rename(kept)
+            log.warning("%s was not this run's config: kept as %s", path, kept.name)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+        # W&B has the model's and the data's hyperparameters (Lightning logs those); the rest of the run's settings
+        # (max_steps, accumulate_grad_batches, precision, seed, ...) only the config holds
+        wandb = [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
+        if wandb:
+            config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+            for logger in wandb:
+                logger.log_hyperparams({k: v for k, v in config.items() if k not in ("model", "data")})
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or the first of ``<stem>-2<suffix>``, ``-3``... that does not exist."""
+    n, free = 1, path
+    while os.path.lexists(free):  # a dangling link is taken too
+        n += 1
+        free = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return free

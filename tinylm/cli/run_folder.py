@@ -1,0 +1,186 @@
+"""Run folders: where a run lives, one writer at a time, and nothing another run wrote overwritten.
+
+A run lives in ``<trainer.default_root_dir>/<run.name>/`` (default ``runs/NAME``):
+    config.yaml                 the config that started the run (a resume adds config.resume-step<N>[-2, -3...].yaml)
+                                (a config.yaml found in the folder before the run is kept as config.previous.yaml)
+    checkpoints/                best.ckpt, last.ckpt, step-<N>.ckpt
+    csv/metrics.csv             every logged metric, one file continued across resumes
+    samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials)
+    validate/metrics.csv        one row per `tinylm validate` of one of this run's checkpoints
+A fresh `fit` refuses a folder that already holds a run: continue it with `--ckpt_path last`, or pick a new
+`--run.name`. Nothing a run wrote is ever overwritten by another run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tinylm.checkpoint import checkpoints_by_step
+from tinylm.errors import TinyLMError
+
+log = logging.getLogger("tinylm")
+
+
+@dataclass
+class RunOptions:
+    """Where a run lives and what it logs.
+
+    Args:
+        name: Run name: the run folder is ``<trainer.default_root_dir>/<name>`` and W&B shows this name.
+        wandb_project: W&B project to log to; null disables W&B (the CSV log is always written).
+        checkpoint_every: Save ``step-N.ckpt`` and ``last.ckpt`` every this many optimizer steps
+            (and always at the end of training).
+        keep_checkpoints: How many periodic ``step-N.ckpt`` files to keep (-1 keeps all).
+    """
+
+    name: str = "tinylm"
+    wandb_project: str | None = "tinylm"
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        _check_run_name(self.name)
+        if self.checkpoint_every < 1:
+            raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
+        if self.keep_checkpoints < -1:
+            raise ValueError(f"run.keep_checkpoints must be -1 (keep all) or >= 0, got {self.keep_checkpoints}")
+
+
+RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all runs
+
+
+def _check_run_name(name: str) -> None:
+    if not name or Path(name).name != name or name in (".", ".."):
+        why = "empty" if not name else "not a folder of its own" if name in (".", "..") else "has a '/'"
+        raise ValueError(f"run.name must be a plain folder name (runs/NAME), got {name!r} ({why}); pick another, "
+                         "e.g. --run.name my-run")
+
+
+def run_dir_of(root: str | Path | None, name: str) -> Path:
+    _check_run_name(name)  # before anything is made: the data prepared, a folder runs/a for the name a/b
+    return Path(root if root is not None else RUNS_ROOT) / name
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether a folder holds another run's results (checkpoints or logged metrics)."""
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.glob("*.ckpt")):
+        return True
+    metrics = run_dir / "csv" / "metrics.csv"
+    return metrics.is_file() and metrics.stat().st_size > 0 and sum(1 for _ in open(metrics, "rb")) > 1
+
+
+_LOCKS: dict[str, Any] = {}  # run folder -> the open lock file of this process
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker): close the run-folder lock files inherited from the parent. A child
+    holding one kept the folder locked after the parent died (a worker outlives it by seconds), and the resume
+    that followed was refused as "in use by another tinylm process"."""
+    for f in _LOCKS.values():
+        with contextlib.suppress(OSError):
+            f.close()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def lock_run_folder(run_dir: Path):
+    """An exclusive lock on ``<run dir>/.lock`` until `release_run_folders` (or the process's end, even by kill -9):
+    two `tinylm fit` in one folder would interleave their logs and overwrite each other's checkpoints."""
+    import fcntl
+
+    key = str(run_dir.resolve())
+    if key in _LOCKS:
+        return _LOCKS[key]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as e:  # under /proc: one line naming the folder (a file on the way, a read-only disk:
+        # one_line names those)
+        raise TinyLMError(f"cannot make the run folder {run_dir} ({e.strerror or e}); pick a writable "
+                          "--trainer.default_root_dir DIR") from None
+    f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise TinyLMError(f"{run_dir} is in use by another tinylm process ({holder}); wait for it to finish, or "
+                          "use another --run.name") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    _LOCKS[key] = f
+    return f
+
+
+def release_run_folder(run_dir: Path) -> None:
+    """Release this process's lock on ``run_dir`` (taken by `lock_run_folder`), if it holds one."""
+    lock = _LOCKS.pop(str(run_dir.resolve()), None)
+    if lock is not None:
+        lock.close()
+
+
+def release_run_folders() -> None:
+    """Release this process's run-folder locks; a folder left holding nothing but its lock and empty folders (the
+    run failed before writing anything: a config error, a corpus too short) is removed, so a typo leaves no empty
+    run behind."""
+    while _LOCKS:
+        key, f = _LOCKS.popitem()
+        folder = Path(key)
+        inside = sorted(folder.rglob("*"), reverse=True) if folder.is_dir() else []  # deepest first
+        lock = folder / ".lock"
+        empty = lock in inside and all(p.is_dir() for p in inside if p != lock)  # no file but the lock
+        if empty:
+            lock.unlink()  # while still locked: no other process holds this file
+        f.close()  # closing the file releases its flock
+        if empty:
+            with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
+                for sub in inside:
+                    if sub.is_dir():
+                        sub.rmdir()
+                folder.rmdir()
+
+
+def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
+    """Lock the run folder for this process (held until it ends: one writer per run folder) and refuse to start
+    over another run's results, or to continue a run from a checkpoint it has gone past; returns the lock."""
+    lock = lock_run_folder(run_dir)
+    ckpts = run_dir / "checkpoints"  # made at the first save: found now, not after the training
+    if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():
+        raise FileExistsError(errno.EEXIST, "File exists", str(ckpts))
+    if holds_run(run_dir) and not continues:
+        what = f"a run from {ckpt_path}" if ckpt_path else "the run again from step 0 (what --ckpt_path last " \
+            "does without a checkpoint)" if asked == "last" else "a fresh run"
+        found, broken = checkpoints_by_step(run_dir / "checkpoints")
+        if not found:  # logs only, or only damaged checkpoints: --ckpt_path last has nothing to go on from
+            why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else "it stopped before its first"
+            raise TinyLMError(
+                f"{run_dir} holds a run that saved no readable checkpoint ({why}), so there is nothing to "
+                f"continue; refusing to start {what} over it. Start a new run with --run.name NEW_NAME, or delete "
+                f"{run_dir} to reuse its name")
+        raise TinyLMError(
+            f"{run_dir} already holds a run; refusing to start {what} over it. Continue it with "
+            f"--ckpt_path last, or start a new run with --run.name NEW_NAME")
+    if continues:
+        # the newest readable checkpoint, whatever its name (last.ckpt may be missing or damaged)
+        found, _ = checkpoints_by_step(run_dir / "checkpoints")
+        latest = max((step for step, _, _ in found), default=None)
+        at = next((step for step, _, p in found if p.resolve() == Path(ckpt_path).resolve()), latest)
+        if latest is not None and at < latest:  # going back here would drop later history and checkpoints
+            raise TinyLMError(
+                f"{ckpt_path} is at step {at} but {run_dir} has gone on to step {latest}; continuing from it "
+                f"here would discard steps {at}-{latest} of this run's logs and overwrite its last.ckpt. Branch "
+                f"from it into a new folder with --run.name NEW_NAME (same --ckpt_path), or continue the run "
+                f"with --ckpt_path last")
+    return lock

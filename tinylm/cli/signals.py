@@ -1,0 +1,89 @@
+"""Signals outside fit's training loop (which tinylm.train.interrupt handles): SIGTERM and Ctrl+C end a command
+with its cleanup and one line, and pass on to the training processes it started."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+
+from tinylm.cli import ranks
+from tinylm.cli.errors import Interrupted, Terminated, error_line
+from tinylm.train import stop_state
+
+log = logging.getLogger("tinylm")
+
+
+def end_at_once_on_ctrl_c() -> None:
+    """From here on, as the command ends (saying why, waiting for the ranks it started, its exit hooks: the loader's
+    workers joined, W&B's upload, ddp_fork's training processes), a Ctrl+C ends it at once, quietly, with 130: it
+    raised KeyboardInterrupt wherever it landed ("Exception ignored in atexit callback ... KeyboardInterrupt" and a
+    traceback, or a traceback in place of the line saying why the run stopped)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, end_now)
+
+
+def end_now(signum: int, frame: object) -> None:
+    """End this process at once, and every process it started (nothing left running), with 128 + the signal."""
+    started = [p.pid for p in ranks.RANKS if p.poll() is None]
+    for pid in started + [child.pid for child in multiprocessing.active_children()]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for stream in (sys.stdout, sys.stderr):  # what was said stays said (a pipe's buffer)
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
+    def on_sigterm(signum: int, frame: object) -> None:
+        children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
+        for child in children + ranks.RANKS:  # ddp's ranks, started by this process  # (they stop on it as this one does: before training, it ends them too)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+        if children and command == "fit":  # this process only waits for the ones that train; it exits after them
+            raise Terminated("terminated by SIGTERM, passed on to the training processes: they finish their step "
+                             "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`")
+        raise Terminated(f"terminated by SIGTERM before it finished; run the same `tinylm {command}` again")
+
+    def on_sigint(signum: int, frame: object) -> None:
+        # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
+        # notebook's Interrupt, `kill -INT`) left them training to the end. They get a SIGTERM: beside a terminal's
+        # own Ctrl+C to them it is one request, where a second SIGINT would stop them at once, unsaved.
+        ranks = [child for child in multiprocessing.active_children() if not child.daemon]
+        if not ranks:
+            if program and command == "fit" and stop_state.over:
+                # the run stopped (or ended) and is being torn down: it is exiting, and says why first (a stop's
+                # line: the checkpoint is saved by now)
+                if stop_state.line is not None and not ranks.rank():
+                    sys.stderr.write(error_line(command, stop_state.line, list(args)))
+                end_now(signum, frame)
+            raise KeyboardInterrupt
+        for child in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+        again = "resume with `tinylm fit --config ... --ckpt_path last`" if command == "fit" else \
+            f"run the same `tinylm {command}` again"
+        raise Interrupted(f"interrupted by Ctrl+C, passed on to the training processes: they finish their step and "
+                          f"save last.ckpt; {again}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # only where Python's own Ctrl+C handler is in place (a caller's is left alone)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)

@@ -1,0 +1,226 @@
+"""Checks of the Trainer options a user passes, before Lightning trips over them (or silently trains
+something else), and the warnings of runs that will be slow or odd on this machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from typing import Any
+
+log = logging.getLogger("tinylm")
+
+
+# Trainer options that must be positive / non-negative numbers when set (a bad value otherwise fails deep inside
+# Lightning, e.g. accumulate_grad_batches 0 -> ZeroDivisionError).
+_POSITIVE = ("accumulate_grad_batches", "log_every_n_steps", "val_check_interval",
+             "check_val_every_n_epoch", "num_nodes")
+_NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches")
+
+
+def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True) -> None:
+    """Range checks of the Trainer options that Lightning only trips over later (or never). `runs`: the command
+    runs the config as configured, its strategy's processes and validations (plan, lr-find and scaling do not:
+    `tinylm plan --trainer.strategy fsdp` plans the memory of a strategy that `fit` refuses)."""
+    for key in _POSITIVE:
+        value = trainer_cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"trainer.{key} must be > 0, got {value}")
+    for key in _NON_NEGATIVE:
+        value = trainer_cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"trainer.{key} must be >= 0, got {value}")
+    _check_devices(trainer_cfg, runs)
+    if trainer_cfg.get("barebones"):  # Lightning then refuses every logger, callback and checkpoint tinylm adds
+        raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
+                         "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
+                         "test: benchmarks/bench_train_step.py)")
+    if runs:
+        check_accelerator(trainer_cfg.get("accelerator"))
+        _warn_more_ranks_than_cores(trainer_cfg)
+    if subcommand == "fit":
+        max_steps = trainer_cfg.get("max_steps", -1)
+        if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
+            raise ValueError("trainer.max_steps is not set (tinylm runs are driven by steps): pass --config "
+                             "configs/NAME.yaml (a recipe), or --trainer.max_steps N")
+        if max_steps <= 0:
+            raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
+        if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):
+            raise ValueError(f"trainer.overfit_batches={trainer_cfg['overfit_batches']} is not supported by tinylm "
+                             "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
+                             "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
+                             "characters")
+        if trainer_cfg.get("limit_train_batches") in (0, 0.0):  # Lightning then ends the run at step 0 without a word
+            raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); leave it out: "
+                             "tinylm runs are driven by --trainer.max_steps")
+        if trainer_cfg.get("max_epochs") not in (None, -1):
+            raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
+                             "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+        if runs:
+            _check_how_it_runs(trainer_cfg)
+
+
+def check_accelerator(accelerator: Any) -> None:
+    """A GPU (or TPU) accelerator named on a machine without one: one line naming what was found and the fix,
+    not Lightning's "No supported gpu backend found!"."""
+    import torch
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    if not isinstance(accelerator, str) or accelerator.lower() in ("auto", "cpu"):
+        return  # an Accelerator object: Lightning checks it
+    name = accelerator.lower()
+    if name not in ("gpu", *AcceleratorRegistry.available_accelerators()):
+        return  # a name Lightning refuses itself, with the list of names
+    if any(AcceleratorRegistry[n]["accelerator"].is_available() for n in (("cuda", "mps") if name == "gpu" else (name,))):
+        return
+    what = {"gpu": "no CUDA GPU or Apple MPS device", "cuda": "no CUDA GPU", "mps": "no Apple MPS device"}
+    build = " (this torch is a CPU-only build)" if name in ("gpu", "cuda") and torch.version.cuda is None else ""
+    raise ValueError(f"trainer.accelerator {accelerator!r}: {what.get(name, f'no {name} device')} is available "
+                     f"here{build}; leave the option out (auto uses what there is) or pass --trainer.accelerator cpu")
+
+
+def _on_cpu(trainer_cfg: dict[str, Any]) -> bool:
+    """Whether the run trains on the CPU: --trainer.accelerator cpu, or auto on a machine without a GPU."""
+    import torch
+
+    accelerator = str(trainer_cfg.get("accelerator") or "auto").lower()
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    return accelerator == "cpu" or accelerator == "auto" and not gpu
+
+
+def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
+    """trainer.devices is a number of devices, -1 (every GPU), auto or a list of GPU indices; on the CPU (a run
+    that `runs`), a number of processes. Lightning's CPU parser raised a bare TypeError ("`devices` selected with
+    `CPUAccelerator` should be an int > 0.") with its traceback for `two`, -3, 1.5 or a list."""
+    devices = trainer_cfg.get("devices")
+    if devices is None:
+        return
+    text = str(devices).strip().lower()
+    if isinstance(devices, (list, tuple)) or re.fullmatch(r"\d+ *(, *\d+ *)*,? *", text) and "," in text:  # "0,1"
+        indices = list(devices) if isinstance(devices, (list, tuple)) else [int(d) for d in text.split(",") if d.strip()]
+        if runs and _on_cpu(trainer_cfg):
+            raise ValueError(f"trainer.devices {indices} lists GPU indices, and this run is on the CPU; pass "
+                             f"the number of training processes instead: --trainer.devices {len(indices)}")
+        return
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not (runs and _on_cpu(trainer_cfg)):
+        return
+    shown = text if re.fullmatch(r"-?\d+", text) else repr(devices)
+    raise ValueError(f"trainer.devices must be a number of devices (1 or more), auto, or -1 for every GPU, got "
+                     f"{shown}; on the CPU it is the number of training processes (e.g. --trainer.devices 1)")
+
+
+def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
+    """More CPU devices than cores: Lightning starts them all (`--trainer.devices 64` on 2 cores, 64 processes)
+    without a word, though they only take turns on the cores."""
+    devices = trainer_cfg.get("devices")
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    if not isinstance(devices, int) or isinstance(devices, bool) or not _on_cpu(trainer_cfg):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if devices > cores:
+        warnings.warn(f"--trainer.devices {devices} starts {devices} training processes on a CPU with {cores} "
+                      f"cores: they take turns on the cores, so a step is no faster than on {cores} (each waits for "
+                      "the slowest at every gradient all-reduce), and each holds its own model, optimizer and data "
+                      f"loader in memory; use --trainer.devices {cores} or fewer (a larger --data.batch_size keeps "
+                      "the global batch)")
+
+
+def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
+    """The strategy, nodes and validation interval of a run that trains as configured."""
+    strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
+    start = strategy if isinstance(strategy, str) and "." not in strategy else \
+        trainer_cfg.get("strategy.init_args.start_method")
+    if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
+        raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP hands the optimizer "
+                         "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
+                         "matrices) and gradient clipping (one shard's norm) would silently train another "
+                         "model; use --trainer.strategy ddp (`tinylm plan --config ...` shows the memory a "
+                         "device needs)")
+    nodes = trainer_cfg.get("num_nodes")
+    if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
+        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                         "and MASTER_ADDR is unset: this node would wait for the others forever; run "
+                         "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
+                         "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
+    if isinstance(start, str) and "spawn" in start:
+        raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
+                         "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
+                         "(one process per device, each running the command: the same training)")
+    every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+    if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
+        raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "
+                         "notional (random windows, driven by max_steps); give a number of batches (e.g. "
+                         "--trainer.val_check_interval 500) or a time (00:00:30:00)")
+    whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time
+    if every is not None and isinstance(accumulate, int) and accumulate > 1 and \
+            not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
+        below = every - every % accumulate if whole else 0
+        nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
+        what = "(batches) is not a multiple of" if whole else "(a time) under"
+        raise ValueError(f"trainer.val_check_interval={every} {what} "
+                         f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
+                         f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
+                         f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
+
+
+def _cluster_found() -> bool:
+    """Whether this process was started by a cluster Lightning detects, or told by hand where the others are."""
+    from lightning.fabric.plugins.environments import (
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    if "MASTER_ADDR" in os.environ:  # Kubeflow's PyTorchJob sets it too (Lightning cannot detect Kubeflow)
+        return True
+    return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
+
+
+def with_atomic_checkpoints(plugins: Any) -> list:
+    """The user's plugins plus tinylm's atomic CheckpointIO, unless they bring a CheckpointIO of their own."""
+    from lightning.pytorch.plugins.io import CheckpointIO
+
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if any(isinstance(p, CheckpointIO) for p in plugins):
+        log.warning("--trainer.plugins brings its own CheckpointIO: tinylm's atomic checkpoint writes are off")
+        return plugins
+    return plugins + [AtomicCheckpointIO()]
+
+
+def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
+    """A GPU recipe (compile, many loader workers, a wide model) run on a CPU takes minutes per step: say so once,
+    with the fix, instead of leaving the user to wonder (shakespeare-char.yaml ran at ~75 s/step on 2 cores)."""
+    import torch
+
+    accelerator = str(trainer_cfg.get("accelerator") or "auto")
+    if accelerator not in ("cpu", "auto") or (accelerator == "auto" and torch.cuda.is_available()):
+        return
+    slow = []
+    if hparams.get("compile_model"):
+        slow.append("model.compile_model true (minutes of compilation)")
+    flops = 6 * hparams["n_layer"] * 12 * hparams["n_embd"] ** 2 * getattr(dm, "batch_size", 1) * hparams["block_size"]
+    if flops > 5e11:  # ~6 N B T > 0.5 TFLOP per micro-batch: seconds per step on a laptop CPU
+        slow.append(f"a {hparams['n_layer']}-layer, {hparams['n_embd']}-wide model on batches of "
+                    f"{getattr(dm, 'batch_size', '?')} x {hparams['block_size']} tokens")
+    if slow and getattr(dm, "num_workers", 0) > 0:  # on their own, a few workers are fine on a CPU
+        slow.append(f"data.num_workers {dm.num_workers} (workers compete with training for the cores)")
+    if slow:
+        warnings.warn("this recipe is sized for a GPU and will be very slow on this CPU: " + "; ".join(slow)
+                      + ". For a laptop use configs/shakespeare-char-cpu.yaml (or override those options)")
+
+
+def warn_small_vocab(dm) -> None:
+    """A trained BPE far below the requested size (a small corpus) is worth a line at fit time, not only in
+    `prepare`: the model's embedding is sized by the real vocabulary."""
+    if dm is None or getattr(dm, "tokenizer_spec", None) not in ("bpe", "scratch-bpe"):
+        return
+    got, wanted = dm.vocab_size, dm.target_vocab_size
+    if got < 0.9 * wanted:
+        warnings.warn(f"the {dm.tokenizer_spec} tokenizer has {got:,} ids, far below --data.vocab_size {wanted:,}: "
+                      "the corpus is too small (or repetitive) for that many merges; the model uses "
+                      f"{got:,}. Use a bigger corpus or a smaller --data.vocab_size to silence this")
