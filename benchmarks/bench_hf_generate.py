@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from tinylm.checkpoint import load_model
 from tinylm.generate.strategies import generate
-from tinylm.hf import export_hf, load_model
+from tinylm.hf import export_hf
 
 # block_size 512 so a 64-token prompt + 256 new tokens fit in the window (transformers' GPT-2 cannot slide past it)
 SHAPES = {

@@ -120,7 +120,7 @@ def step_times(name: str, blocks: int = 7, per_block: int = 2) -> dict:
 
 
 def estimate(name: str, ckpt: bool) -> dict:
-    from tinylm.train.plan import memory
+    from tinylm.studies.plan import memory
 
     module, batch, precision, _ = _setup(name, ckpt)
     return vars(memory(module.model, batch_size=batch, precision=precision, checkpointing=ckpt,

@@ -12,10 +12,11 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
-from tinylm.checkpoint import CheckpointError
+from tinylm.checkpoint import CheckpointError, load_model
 from tinylm.cli.commands import run as run_command
 from tinylm.generate import generate
-from tinylm.hf import export_hf, import_hf, load_model, save_hf_tokenizer
+from tinylm.hf import export_hf, import_hf
+from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
 from tinylm.train.module import TinyLM
 

@@ -101,14 +101,14 @@ def test_logged_step_counter():
 
 
 def test_lr_finder_debias_exponent():
-    """tinylm.train.lr_find.debiased undoes Lightning's off-by-one debiasing of the range test's running loss
+    """tinylm.studies.lr_find.debiased undoes Lightning's off-by-one debiasing of the range test's running loss
     (global_step is read after the step counted it). When Lightning fixes it, this fails: drop the correction."""
     from lightning.pytorch.tuner.lr_finder import _LRCallback
 
     source = inspect.getsource(_LRCallback.on_train_batch_end)
     assert "current_step = trainer.global_step" in source
     assert "self.beta ** (current_step + 1)" in source
-    from tinylm.train.lr_find import SMOOTHING
+    from tinylm.studies.lr_find import SMOOTHING
 
     assert inspect.signature(_LRCallback.__init__).parameters["beta"].default == SMOOTHING
 

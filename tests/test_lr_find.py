@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tinylm.cli import main
-from tinylm.train.lr_find import SMOOTHING, debiased, rule_of_thumb_lr
+from tinylm.studies.lr_find import SMOOTHING, debiased, rule_of_thumb_lr
 
 
 def test_rule_of_thumb_by_hand():
@@ -62,7 +62,7 @@ def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects
-    from tinylm.train.lr_find import lr_find
+    from tinylm.studies.lr_find import lr_find
 
     cfg = run_config(model={"optimizer": "muon", "lr": 1e-3, "muon_lr": 0.02})
     cli = fit_objects(["--config", str(cfg)])
@@ -103,7 +103,7 @@ def test_steepest_descent_is_per_decade():
     against the LR itself (Lightning's suggestion) lands on the first points, where the LRs are packed together."""
     import numpy as np
 
-    from tinylm.train.lr_find import steepest_descent
+    from tinylm.studies.lr_find import steepest_descent
 
     lrs = list(np.geomspace(1e-6, 1.0, 100))
     # a gentle fall everywhere (0.01 nats per decade, as real curves have) plus the big drop around 1e-3
@@ -152,7 +152,7 @@ def test_a_second_sweep_replaces_its_own_json(run_config):
 def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_config, capsys, monkeypatch):
     """Catches lr-find running its whole sweep (minutes) and only then failing to write runs/NAME/lr_find.png (a
     read-only run folder, or a file in its place): the default path is checked before any work, as --out is."""
-    import tinylm.train.lr_find
+    import tinylm.studies.lr_find
 
     cfg = run_config()
     (cfg.parent / "runs").mkdir()
@@ -161,7 +161,7 @@ def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_conf
     def sweep(*args, **kwargs):
         raise AssertionError("the sweep ran")
 
-    monkeypatch.setattr(tinylm.train.lr_find, "lr_find", sweep)
+    monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", sweep)
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(cfg), "--num_training", "4"])
     assert "runs/tiny/lr_find.png' lies under runs/tiny, which is a file" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import torch
 
 from tinylm.cli import main
 from tinylm.model import GPT, GPTConfig
-from tinylm.train.plan import (
+from tinylm.studies.plan import (
     MEMORY_PARTS,
     compute_optimal,
     draw_plan,

@@ -3,7 +3,7 @@
 import pytest
 
 from tinylm.cli import main
-from tinylm.train.curves import read_run
+from tinylm.studies.curves import read_run
 
 HEADER = "epoch,health/spike,step,train/grad_norm,train/loss,train/lr,train/tokens_per_sec,val/loss\n"
 
@@ -53,7 +53,7 @@ def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from tinylm.train.curves import draw_runs
+    from tinylm.studies.curves import draw_runs
 
     a = read_run(_run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,1,1,9.0,4.0,2e-4,950,\n"))
     b = read_run(_run(tmp_path, "b", "0,,0,1.4,4.3,1e-4,800,\n0,,1,1.3,4.1,2e-4,820,\n"))

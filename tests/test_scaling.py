@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tinylm.cli import main
-from tinylm.train.scaling import fit_power_law, isoflop_optimum, rung
+from tinylm.studies.scaling import fit_power_law, isoflop_optimum, rung
 
 SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 

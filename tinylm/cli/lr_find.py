@@ -26,10 +26,10 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
     from tinylm.paths import check_json_beside
-    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
-    from tinylm.train.lr_find import lr_find as range_test
-    from tinylm.train.lr_find import plot_lr_find
+    from tinylm.studies.lr_find import lr_find as range_test
+    from tinylm.studies.lr_find import plot_lr_find
+    from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},  # max_lr first: min_lr's
                  {"max_lr": "(0, inf)", "min_lr": "(0, max_lr)", "num_training": "[4, 10000]"},  # bound is max_lr;

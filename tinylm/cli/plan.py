@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tinylm.train.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
-from tinylm.train.plan import short_count as _n
+from tinylm.studies.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
+from tinylm.studies.plan import short_count as _n
 
 
 def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: bool = False,
@@ -30,9 +30,9 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
 
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.device import gpu_names, known_gpu, peak_flops_by_name
-    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
-    from tinylm.train.plan import plan as make_plan
+    from tinylm.studies.plan import plan as make_plan
+    from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
     if gpu.lower() != "cpu" and not known_gpu(gpu):
@@ -65,7 +65,7 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
 
 def _write_plot(result: Plan, out: str, title: str) -> Path:
     from tinylm.errors import TinyLMError
-    from tinylm.train.plan import memory_in_name, plot_plan
+    from tinylm.studies.plan import memory_in_name, plot_plan
 
     try:
         return plot_plan(result, out, device_memory=memory_in_name(result.gpu), title=title)

@@ -15,9 +15,9 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         out: PNG to write (default: plot.png in the first run's folder).
         reference: Draw a horizontal reference loss (e.g. a published result) in the loss panel.
     """
-    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
-    from tinylm.train.curves import metrics_csv, plot_runs, read_run
+    from tinylm.studies.curves import metrics_csv, plot_runs, read_run
+    from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:

@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import SaveConfigCallback
 
-from tinylm.train.loggers import finish_forked_wandb
+from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
 log = logging.getLogger("tinylm")
 
@@ -106,7 +106,7 @@ class RunConfig(SaveConfigCallback):
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
         # W&B has the model's and the data's hyperparameters (Lightning logs those); the rest of the run's settings
         # (max_steps, accumulate_grad_batches, precision, seed, ...) only the config holds
-        wandb = [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
+        wandb = wandb_loggers(trainer.loggers)
         if wandb:
             config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
             for logger in wandb:

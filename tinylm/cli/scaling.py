@@ -54,8 +54,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.cli.ranks import rank_zero
     from tinylm.paths import check_json_beside
-    from tinylm.plots import check_png_path
     from tinylm.ranges import check_ranges
+    from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
@@ -110,7 +110,7 @@ def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_
     from dataclasses import fields
 
     from tinylm.model import GPTConfig
-    from tinylm.train.scaling import rung
+    from tinylm.studies.scaling import rung
 
     # every architecture option of the config (positions, mlp, tied head, ...): they change N and the FLOPs
     shape = {f.name: hp[f.name] for f in fields(GPTConfig) if f.name not in ("n_layer", "n_embd", "n_head")}
@@ -195,8 +195,8 @@ def _barrier() -> None:
 def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step: int, out_path: Path) -> dict:
     """Fit the law to the ladder (every rung but the last), find the IsoFLOP optimum, compare the last rung's loss
     with the law's prediction; plot to ``out_path`` and return the numbers."""
-    from tinylm.train.plan import compute_optimal
-    from tinylm.train.scaling import fit_power_law, isoflop_optimum, plot_scaling
+    from tinylm.studies.plan import compute_optimal
+    from tinylm.studies.scaling import fit_power_law, isoflop_optimum, plot_scaling
 
     ladder, ladder_losses = rungs[:-1], losses[:-1]
     try:
@@ -285,7 +285,7 @@ def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
 
 
 def format_scaling(r: dict) -> str:
-    from tinylm.train.plan import CHINCHILLA_TOKENS_PER_PARAM
+    from tinylm.studies.plan import CHINCHILLA_TOKENS_PER_PARAM
 
     lines = [(f"compute-matched ladder: {r['budget_flops']:.3g} training FLOPs per model, "
               f"{r['tokens_per_step']:,} tokens per step"),

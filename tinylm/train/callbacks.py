@@ -588,9 +588,10 @@ class SampleText(L.Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(text + "\n")
-        for logger in trainer.loggers:
-            if type(logger).__name__ == "WandbLogger":
-                logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
+        from tinylm.train.loggers import wandb_loggers
+
+        for logger in wandb_loggers(trainer.loggers):
+            logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
 
 
 def _cut_after(path: Path, size: int) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 
 from tinylm.errors import TinyLMError
 
@@ -137,7 +138,7 @@ class HealthMonitor(L.Callback):
             for logger in trainer.loggers:  # in the row of the step's own metrics: they are logged one behind
                 logger.log_metrics({f"health/{kind}": 1.0}, step=max(step - 1, 0))
                 experiment = getattr(logger, "experiment", None)
-                if type(logger).__name__ == "WandbLogger" and hasattr(experiment, "alert"):
+                if isinstance(logger, WandbLogger) and hasattr(experiment, "alert"):
                     try:
                         experiment.alert(title=f"tinylm: {kind}", text=f"step {step}: {message}")
                     except Exception as e:  # noqa: BLE001 (best-effort: offline runs cannot send alerts)

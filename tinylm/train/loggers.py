@@ -223,6 +223,13 @@ def make_loggers(
     return loggers
 
 
+def wandb_loggers(loggers) -> list:
+    """The W&B loggers among a trainer's ``loggers`` (tinylm's, or a user's own WandbLogger or a subclass)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [lg for lg in loggers if isinstance(lg, WandbLogger)]
+
+
 def finish_forked_wandb(trainer) -> None:
     from lightning.pytorch.trainer.states import TrainerStatus
 

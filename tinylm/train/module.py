@@ -194,8 +194,8 @@ class TinyLM(L.LightningModule):
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
                              f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
-        self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.train.lr_find)
-        self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.train.lr_find)
+        self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.studies.lr_find)
+        self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         # where the run's first weights came from: kept in every checkpoint of the run, its resumes' too (a resume
         # passes init_from=None, so that the source is not read again, and takes this from the checkpoint)
@@ -390,7 +390,7 @@ class TinyLM(L.LightningModule):
                 if self.trainer.world_size > 1:
                     loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
                 self.log("train/loss", loss.cpu(), prog_bar=True)  # host_scalar says why on the CPU
-        if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.train.lr_find says why)
+        if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.studies.lr_find says why)
             adamw_lr = optimizer.param_groups[0]["lr"]
             for group in optimizer.param_groups:
                 if group.get("optimizer") == "muon":
@@ -403,7 +403,7 @@ class TinyLM(L.LightningModule):
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # Free the gradients as soon as the step has used them, as nanoGPT does. Lightning sets them to None only
         # after the next training_step's forward, so they would stay alive beside that forward's activations:
-        # a peak higher by the gradients' size (tinylm.train.plan's memory model counts this).
+        # a peak higher by the gradients' size (tinylm.studies.plan's memory model counts this).
         optimizer.zero_grad(set_to_none=True)
 
     def configure_gradient_clipping(
@@ -458,8 +458,9 @@ class TinyLM(L.LightningModule):
             self.token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.float64)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        wandb_id = next((lg.version for lg in self.trainer.loggers if type(lg).__name__ == "WandbLogger"),
-                        self.wandb_id)
+        from tinylm.train.loggers import wandb_loggers
+
+        wandb_id = next((lg.version for lg in wandb_loggers(self.trainer.loggers)), self.wandb_id)
         checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
                                 "init_from": self.init_source}
 

@@ -73,7 +73,7 @@ def _number(text: str | None) -> float | None:
 
 def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None) -> Path:
     """Draw the four panels for ``runs`` into the PNG ``out`` (`draw_runs`)."""
-    from tinylm.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(11, 7))
     draw_runs(fig, runs, reference=reference)

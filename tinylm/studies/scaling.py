@@ -135,7 +135,7 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
     and the predicted and measured loss of the larger model."""
     from matplotlib.ticker import ScalarFormatter
 
-    from tinylm.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(7, 4.5))
     ax = fig.subplots()

@@ -112,7 +112,7 @@ def steepest_descent(lrs: list[float], losses: list[float]) -> float | None:
 
 def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "") -> Path:
     """Loss against LR (log x), the suggestion and the rule of thumb as vertical lines, into the PNG ``out``."""
-    from tinylm.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(7, 4))
     ax = fig.subplots()
