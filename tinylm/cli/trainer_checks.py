@@ -9,6 +9,8 @@ import re
 import warnings
 from typing import Any
 
+from tinylm.train.parallel import check_strategy
+
 log = logging.getLogger("tinylm")
 
 
@@ -129,25 +131,13 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
 
 def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
     """The strategy, nodes and validation interval of a run that trains as configured."""
-    strategy = trainer_cfg.get("strategy") or trainer_cfg.get("strategy.class_path")  # a name, or a class
-    start = strategy if isinstance(strategy, str) and "." not in strategy else \
-        trainer_cfg.get("strategy.init_args.start_method")
-    if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
-        raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP hands the optimizer "
-                         "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
-                         "matrices) and gradient clipping (one shard's norm) would silently train another "
-                         "model; use --trainer.strategy ddp (`tinylm plan --config ...` shows the memory a "
-                         "device needs)")
+    check_strategy(trainer_cfg)
     nodes = trainer_cfg.get("num_nodes")
     if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
         raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
                          "and MASTER_ADDR is unset: this node would wait for the others forever; run "
                          "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
                          "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
-    if isinstance(start, str) and "spawn" in start:
-        raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
-                         "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
-                         "(one process per device, each running the command: the same training)")
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
     if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
         raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "

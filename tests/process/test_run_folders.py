@@ -14,6 +14,8 @@ from tinylm.cli.errors import is_user_error, one_line
 from tinylm.cli.commands import unescape
 from tinylm.cli.fit import lightning_main
 
+pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
+
 
 @pytest.fixture
 def config(run_config):
@@ -696,11 +698,11 @@ def test_gpu_recipe_on_cpu_says_so(monkeypatch):
         batch_size, num_workers = 64, 2
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    recipe = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char.yaml").read_text())
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "shakespeare-char.yaml").read_text())
     hparams = {**recipe["model"], "block_size": recipe["data"]["block_size"]}
     with pytest.warns(UserWarning, match="sized for a GPU.*compile_model.*6-layer, 384-wide.*num_workers 2"):
         warn_gpu_recipe_on_cpu({}, hparams, Data())
-    laptop = yaml.safe_load((Path(__file__).parents[1] / "configs" / "shakespeare-char-cpu.yaml").read_text())
+    laptop = yaml.safe_load((Path(__file__).parents[2] / "configs" / "shakespeare-char-cpu.yaml").read_text())
     import warnings
 
     with warnings.catch_warnings():

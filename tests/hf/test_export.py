@@ -376,7 +376,7 @@ def test_beam_length_penalty_and_early_stopping_equal_transformers():
 
 
 # ---- the README's export instructions run as written ----------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_block(language: str, containing: str) -> str:

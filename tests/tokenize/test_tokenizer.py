@@ -230,7 +230,7 @@ def test_training_on_text_without_spaces_stays_linear(spec, chars):
     """Prevents BPE training from going quadratic on text with no whitespace (DNA, base64, minified code), where
     the whole text is one pre-token: 2 MB hung `bpe` training, and 60 k characters took scratch-bpe minutes to
     encode. Runs in a subprocess so that a regression fails at the timeout instead of hanging the suite."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", _TRAIN_ON_DNA, spec, str(chars)], env=env, timeout=60,
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

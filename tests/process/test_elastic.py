@@ -22,7 +22,7 @@ import torch
 
 from tinylm.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 B, STEPS, HALF = 4, 6, 3
 
 

@@ -23,6 +23,8 @@ from test_resume import _assert_same_rows, _losses, _val_losses
 
 from tinylm.cli import main
 
+pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
+
 
 @pytest.fixture
 def config(run_config):

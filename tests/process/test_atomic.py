@@ -17,6 +17,8 @@ import torch
 
 from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint
 
+pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
+
 _WRITER = r"""
 import os, sys, torch
 from tinylm.checkpoint import AtomicCheckpointIO
@@ -38,7 +40,7 @@ for line in sys.stdin:  # a path: a forked child rewrites it until the test kill
 
 
 def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.Popen(args, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
 

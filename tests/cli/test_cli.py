@@ -12,7 +12,7 @@ import yaml
 from tinylm.cli import main
 from tinylm.cli.fit import lightning_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
