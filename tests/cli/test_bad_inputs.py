@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import _one_line_error
 
 from tinylm.checkpoint import CheckpointError, load_model
 from tinylm.cli import main
@@ -10,19 +11,6 @@ from tinylm.cli import main
 @pytest.fixture
 def config(run_config):
     return run_config()
-
-
-def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code not in (0, None)
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tinylm.cli import main
-from tinylm.cli.errors import is_user_error, one_line
 from tinylm.cli.commands import unescape
+from tinylm.cli.errors import is_user_error, one_line
 from tinylm.cli.fit import lightning_main
 
 pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)

@@ -18,8 +18,8 @@ import forked
 import lightning as L
 import pytest
 import torch
+from helpers import _assert_same_rows, _losses, _val_losses
 from lightning.pytorch.loggers import CSVLogger
-from test_resume import _assert_same_rows, _losses, _val_losses
 
 from tinylm.cli import main
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import _assert_same_rows, _losses, _val_losses
 
 from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
@@ -29,26 +30,6 @@ def config(run_config, request):
                **getattr(request, "param", {})},
         data={"block_size": 32, "batch_size": 4, "val_batches": 2, "num_workers": 2},
     )
-
-
-def _losses(run_dir: Path, key: str = "train/loss") -> dict[int, list[float]]:
-    """``key``'s rows by logged step, in order."""
-    out: dict[int, list[float]] = {}
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        for row in csv.DictReader(f):
-            if row.get(key):
-                out.setdefault(int(row["step"]), []).append(float(row[key]))
-    return out
-
-
-def _val_losses(run_dir: Path) -> dict[int, list[float]]:
-    return _losses(run_dir, "val/loss")
-
-
-def _assert_same_rows(got: dict[int, list[float]], want: dict[int, list[float]]) -> None:
-    assert sorted(got) == sorted(want)  # no step lost or logged twice
-    for step, values in want.items():
-        assert got[step] == pytest.approx(values, abs=1e-4), f"step {step}"
 
 
 @pytest.mark.parametrize("resume_from, config", [("last", {}), ("step-2.ckpt", {}), ("last", MUON_MODERN)],

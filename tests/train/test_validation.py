@@ -6,7 +6,7 @@ import re
 import lightning as L
 import pytest
 import torch
-from test_bad_inputs import _one_line_error
+from helpers import _one_line_error
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.cli import main

@@ -1,0 +1,41 @@
+"""Helpers shared by test files of several folders: a run's logged rows, and a command's one error line."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from tinylm.cli import main
+
+
+def _losses(run_dir: Path, key: str = "train/loss") -> dict[int, list[float]]:
+    """``key``'s rows by logged step, in order."""
+    out: dict[int, list[float]] = {}
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get(key):
+                out.setdefault(int(row["step"]), []).append(float(row[key]))
+    return out
+
+
+def _val_losses(run_dir: Path) -> dict[int, list[float]]:
+    return _losses(run_dir, "val/loss")
+
+
+def _assert_same_rows(got: dict[int, list[float]], want: dict[int, list[float]]) -> None:
+    assert sorted(got) == sorted(want)  # no step lost or logged twice
+    for step, values in want.items():
+        assert got[step] == pytest.approx(values, abs=1e-4), f"step {step}"
+
+
+def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
