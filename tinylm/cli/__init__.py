@@ -38,6 +38,7 @@ USAGE_LINES = {
     "prepare": "tokenize and pack the data only: tinylm prepare --config configs/NAME.yaml",
     "generate": "sample from a checkpoint: tinylm generate --ckpt_path PATH --prompt TEXT",
     "export": "write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",
+    "eval": "zero-shot HellaSwag, PIQA, ARC, WinoGrande, LAMBADA scores: tinylm eval --ckpt_path PATH [--tasks T,...]",
     "sample-report": "compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR",
     "plan": "size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE [--gpu H100] [--out PNG]",
     "plot": "loss, LR, grad norm, tokens/s and health alerts of runs, one PNG: tinylm plot RUN [RUN ...]",

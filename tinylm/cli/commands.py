@@ -25,7 +25,7 @@ from tinylm.ranges import check_ranges
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
-_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "weights_only")
+_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "eval", "ckpt_path", "weights_only")
 
 
 def parser_for(fn: Callable, prog: str):
@@ -446,6 +446,7 @@ def sample_report(
     return report
 
 
+from tinylm.cli.eval import evaluate
 from tinylm.cli.lr_find import lr_find
 from tinylm.cli.plan import plan
 from tinylm.cli.plot import plot
@@ -453,4 +454,5 @@ from tinylm.cli.scaling import scaling
 
 COMMANDS: dict[str, Callable] = {"generate": generate, "export": export, "sample-report": sample_report,
                                  "plan": plan, "plot": plot, "lr-find": lr_find,
-                                 "scaling": scaling}
+                                 "scaling": scaling,
+                                 "eval": evaluate}
