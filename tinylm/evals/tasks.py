@@ -137,15 +137,16 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 )}
 
 
-def parse_tasks(tasks: str | list[str]) -> list[Task]:
-    """``"hellaswag,piqa"`` (or a list) as Tasks, in the order given, each once; an unknown name is refused."""
+def parse_tasks(tasks: str | list[str], option: str = "--tasks") -> list[Task]:
+    """``"hellaswag,piqa"`` (or a list) as Tasks, in the order given, each once; an unknown name is refused, the
+    message naming ``option``."""
     names = tasks.split(",") if isinstance(tasks, str) else [n for t in tasks for n in str(t).split(",")]
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:
-        raise ValueError(f"--tasks is empty; name some of {', '.join(TASKS)}")
+        raise ValueError(f"{option} is empty; name some of {', '.join(TASKS)} (comma-separated)")
     unknown = [n for n in names if n not in TASKS]
     if unknown:
-        raise ValueError(f"unknown task {unknown[0]!r}; choose from {', '.join(TASKS)} (comma-separated)")
+        raise ValueError(f"{option}: unknown task {unknown[0]!r}; choose from {', '.join(TASKS)} (comma-separated)")
     return [TASKS[n] for n in names]
 
 

@@ -36,10 +36,7 @@ class EvalTasks(L.Callback):
         check_ranges("eval", {"every_n_steps": every_n_steps, "limit": limit, "batch_size": batch_size},
                      {"every_n_steps": "[1, inf)", "limit": "[1, inf)", "batch_size": "[1, inf)"},
                      whole=("every_n_steps", "limit", "batch_size"))
-        try:
-            self.tasks = parse_tasks(tasks) if tasks else []
-        except ValueError as e:  # named as fit spells it
-            raise ValueError(f"eval.{str(e).removeprefix('--')}") from None
+        self.tasks = parse_tasks(tasks, option="eval.tasks") if tasks else []
         self.every_n_steps, self.limit, self.batch_size, self.data_dir = every_n_steps, limit, batch_size, data_dir
         self._encoded: list = []
         self._last_step = 0  # the step last scored (a resumed run scores where the uninterrupted one would)
