@@ -79,7 +79,8 @@ def test_items_are_the_requests_lm_eval_builds():
 
 
 def test_hellaswag_brackets_are_removed_as_lm_eval_removes_them():
-    """Catches WikiHow's "[header]" / "[title]" artifacts left in the text (lm-eval's hellaswag/utils.py strips them)."""
+    """Catches WikiHow's "[header]" / "[title]" artifacts left in the text (lm-eval's hellaswag/utils.py strips
+    them)."""
     item = TASKS["hellaswag"].to_item({"activity_label": "Food", "ctx_a": "[header] How to cook. [title] Boil water.",
                                        "ctx_b": "then", "endings": ["[step] stir it.", "wait."], "label": "1"})
     # (the space before "[step]" stays, as in lm-eval: it strips before it removes the brackets)
@@ -270,3 +271,64 @@ def test_in_loop_eval_every_n_steps_and_its_bad_options(run_config, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--run.name", "bad", "--eval.tasks", "hellaswag,nope"])
     assert "eval.tasks: unknown task 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # found before the first step, not at the first validation
+        main(["fit", "--config", str(config), "--run.name", "nodata", "--eval.tasks", "piqa", "--eval.data_dir",
+              str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert f"--eval.data_dir {str(tmp_path / 'none')!r} is not a folder" in err and "Traceback" not in err
+    assert not (tmp_path / "runs" / "nodata" / "checkpoints").exists()
+
+
+def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
+    """`tinylm plot` reads eval scores from the run's csv/metrics.csv (in-loop) and eval/metrics.csv (`tinylm
+    eval`), and draws them in two more panels; a run without any keeps its four."""
+    from matplotlib.figure import Figure
+
+    from tinylm.train.curves import draw_runs, read_run
+
+    run = tmp_path / "runs" / "r"
+    (run / "csv").mkdir(parents=True)
+    (run / "csv" / "metrics.csv").write_text("step,train/loss,val/loss,eval/hellaswag_acc_norm,eval/hellaswag_bpb\n"
+                                             "0,4.0,,,\n9,3.5,3.6,0.26,2.5\n")
+    (run / "eval").mkdir()
+    (run / "eval" / "metrics.csv").write_text("time,checkpoint,step,eval/hellaswag_acc_norm,eval/hellaswag_items,"
+                                              "eval/lambada_acc\nt,c,20,0.28,100,0.01\n")
+    curves = read_run(run)
+    assert curves.series["eval/hellaswag_acc_norm"] == [(9, 0.26), (20, 0.28)]
+    fig = Figure()
+    draw_runs(fig, [curves])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 6 and titles[4].startswith("eval: acc_norm")
+    assert sorted(line.get_label() for line in fig.axes[4].lines) == ["r eval/hellaswag_acc_norm", "r eval/lambada_acc"]
+    (run / "eval" / "metrics.csv").unlink()
+    (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,4.0\n")
+    fig = Figure()
+    draw_runs(fig, [read_run(run)])
+    assert len(fig.axes) == 4
+
+
+@pytest.mark.slow
+def test_in_loop_eval_under_ddp_is_one_result_over_all_items(run_config, tmp_path):
+    """Catches ranks that each score all items (or only their own share, logged as the whole), and a sharded
+    model's ranks calling forward a different number of times (7 items on 2 ranks: one rank runs an empty batch).
+    Two CPU processes (ddp_fork) log the scores one process logs for the same run (same global batch)."""
+    import os
+
+    import forked
+
+    config = run_config(chars=40_000, data={"tokenizer": "bpe", "vocab_size": 300, "block_size": 32,
+                                            "batch_size": 4, "val_batches": None},
+                        trainer={"max_steps": 2, "val_check_interval": 2})
+    scores = ["--eval.tasks", "piqa,winogrande", "--eval.limit", "7", "--eval.batch_size", "2", "--eval.data_dir",
+              str(EVALS)]
+    main(["fit", "--config", str(config), "--run.name", "one", *scores])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = forked.run(["fit", "--config", str(config), "--run.name", "two", "--trainer.accelerator", "cpu",
+                       "--trainer.devices", "2", "--trainer.strategy", "ddp_fork", "--data.batch_size", "2", *scores],
+                      cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = ({k: float(v) for k, v in r.items() if k.startswith("eval/") and v} for run in ("one", "two")
+                for r in _csv(tmp_path / "runs" / run) if r.get("eval/piqa_acc"))
+    assert sorted(one) == sorted(two) == ["eval/piqa_acc", "eval/piqa_acc_norm", "eval/piqa_bpb", "eval/winogrande_acc",
+                                          "eval/winogrande_bpb"]
+    assert two == pytest.approx(one, rel=1e-4)

@@ -14,14 +14,14 @@ from tinylm.evals.score import EncodedTask, encode_items
 from tinylm.evals.tasks import Task, TaskDataError, load_items
 
 
-def load(tasks: list[Task], tokenizer, *, data_dir: str | Path | None = None,
-         limit: int | None = None) -> list[EncodedTask]:
+def load(tasks: list[Task], tokenizer, *, data_dir: str | Path | None = None, limit: int | None = None,
+         option: str = "--data_dir") -> list[EncodedTask]:
     """Each task's first ``limit`` items (all when None) in ``tokenizer``'s ids. A task none of whose items the
     tokenizer can encode is refused; one some of whose items it cannot encode keeps the rest and says how many
-    were left out (`EncodedTask.skip_line`)."""
+    were left out (`EncodedTask.skip_line`). Messages name the data folder's option as ``option``."""
     out = []
     for task in tasks:
-        items, source = load_items(task, data_dir, limit)
+        items, source = load_items(task, data_dir, limit, option=option)
         encoded = encode_items(task, items, tokenizer, source)
         if not encoded.items:
             why = f" ({encoded.skip_reason})" if encoded.skip_reason else ""

