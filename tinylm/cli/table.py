@@ -33,6 +33,8 @@ COMMANDS: dict[str, Command] = {
                         "tinylm.cli.commands:generate"),
     "export": Command("write a Hugging Face transformers model: tinylm export --ckpt_path PATH --out DIR",
                       "tinylm.cli.commands:export"),
+    "eval": Command("zero-shot HellaSwag, PIQA, ARC, WinoGrande, LAMBADA scores: tinylm eval --ckpt_path PATH "
+                    "[--tasks T,...]", "tinylm.cli.eval:evaluate"),
     "sample-report": Command("compare decoding strategies: tinylm sample-report --ckpt_path PATH --out DIR",
                              "tinylm.cli.commands:sample_report"),
     "plan": Command("size, FLOPs, tokens, memory and time of a run, no training: tinylm plan --config FILE "

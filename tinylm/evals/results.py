@@ -1,0 +1,40 @@
+"""Names and records of eval scores: ``eval/<task>_<metric>`` (``eval/hellaswag_acc_norm``) in the run's CSV and
+W&B during training, and the same columns in ``runs/NAME/eval/metrics.csv``, one row per `tinylm eval`."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+PREFIX = "eval/"
+
+
+def flat(results: dict[str, dict[str, float]], *, leave_out: tuple[str, ...] = ("items", "random")) -> dict[str, float]:
+    """``{"hellaswag": {"acc": 0.3, "items": 40.0}}`` -> ``{"eval/hellaswag_acc": 0.3}``: the scores, less the
+    entries named in ``leave_out`` (by default each task's items scored and its random-guess acc)."""
+    return {f"{PREFIX}{task}_{name}": value for task, scores in results.items() for name, value in scores.items()
+            if name not in leave_out}
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append ``row`` to the CSV ``path``; a row with columns the header lacks widens it (the file is rewritten
+    into a temporary file renamed over it, so a crash leaves the old file whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows, fields = [], list(row)
+    if path.is_file():
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            old = list(reader.fieldnames or [])
+            if old and set(row) <= set(old):
+                with open(path, "a", newline="", encoding="utf-8") as out:
+                    csv.DictWriter(out, fieldnames=old, extrasaction="ignore").writerow(row)
+                return
+            rows = list(reader)
+            fields = old + [k for k in row if k not in old]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows + [row])
+    os.replace(tmp, path)
