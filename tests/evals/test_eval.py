@@ -23,7 +23,7 @@ from tinylm.evals.tasks import TASKS, TaskDataError, load_items, parse_tasks
 from tinylm.tokenize.tokenizer import build_tokenizer
 from tinylm.train.module import TinyLM
 
-EVALS = Path(__file__).resolve().parent / "fixtures" / "evals"
+EVALS = Path(__file__).resolve().parents[1] / "fixtures" / "evals"
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +284,7 @@ def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
     eval`), and draws them in two more panels; a run without any keeps its four."""
     from matplotlib.figure import Figure
 
-    from tinylm.train.curves import draw_runs, read_run
+    from tinylm.studies.curves import draw_runs, read_run
 
     run = tmp_path / "runs" / "r"
     (run / "csv").mkdir(parents=True)
@@ -322,7 +322,7 @@ def test_in_loop_eval_under_ddp_is_one_result_over_all_items(run_config, tmp_pat
     scores = ["--eval.tasks", "piqa,winogrande", "--eval.limit", "7", "--eval.batch_size", "2", "--eval.data_dir",
               str(EVALS)]
     main(["fit", "--config", str(config), "--run.name", "one", *scores])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     done = forked.run(["fit", "--config", str(config), "--run.name", "two", "--trainer.accelerator", "cpu",
                        "--trainer.devices", "2", "--trainer.strategy", "ddp_fork", "--data.batch_size", "2", *scores],
                       cwd=tmp_path, env=env, timeout=300)
