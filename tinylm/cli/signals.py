@@ -44,7 +44,8 @@ def end_now(signum: int, frame: object) -> None:
 def terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
-        for child in children + ranks.RANKS:  # ddp's ranks, started by this process  # (they stop on it as this one does: before training, it ends them too)
+        # ddp's ranks started by this process too: they stop on it as this one does (before training, it ends them)
+        for child in children + ranks.RANKS:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
         if children and command == "fit":  # this process only waits for the ones that train; it exits after them
@@ -56,8 +57,8 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
         # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
         # notebook's Interrupt, `kill -INT`) left them training to the end. They get a SIGTERM: beside a terminal's
         # own Ctrl+C to them it is one request, where a second SIGINT would stop them at once, unsaved.
-        ranks = [child for child in multiprocessing.active_children() if not child.daemon]
-        if not ranks:
+        forked = [child for child in multiprocessing.active_children() if not child.daemon]
+        if not forked:
             if program and command == "fit" and stop_state.over:
                 # the run stopped (or ended) and is being torn down: it is exiting, and says why first (a stop's
                 # line: the checkpoint is saved by now)
@@ -65,7 +66,7 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
                     sys.stderr.write(error_line(command, stop_state.line, list(args)))
                 end_now(signum, frame)
             raise KeyboardInterrupt
-        for child in ranks:
+        for child in forked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
         again = "resume with `tinylm fit --config ... --ckpt_path last`" if command == "fit" else \
