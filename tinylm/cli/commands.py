@@ -11,22 +11,19 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.cli import console
 from tinylm.cli.table import COMMANDS
-from tinylm.generate.processors import (
-    CONTRASTIVE_DEFAULT_TOP_K,
-    MAX_NEW_TOKENS,
-    STRATEGIES,
-)
+from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
 
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
-_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "ckpt_path", "weights_only")
+_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "eval", "ckpt_path", "weights_only")
 
 
 def parser_for(fn: Callable, prog: str):
@@ -206,25 +203,27 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
+# Option(): a decoding option, its type, default and help SamplingConfig's (tinylm/generate/config.py)
+@sampling_options("--{}")
 def generate(
     ckpt_path: str,
     prompt: str = "",
-    strategy: Literal[STRATEGIES] = "sample",  # type: ignore[valid-type]
-    max_new_tokens: int = 256,
+    strategy=Option(),
+    max_new_tokens=Option(),
     num_samples: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    typical_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    no_repeat_ngram_size: int = 0,
-    num_beams: int = 4,
-    length_penalty: float = 1.0,
-    early_stopping: bool = False,
-    penalty_alpha: float = 0.6,
-    stop: str | list[str] | None = None,
-    seed: int | None = None,
+    temperature=Option(),
+    top_k=Option(),
+    top_p=Option(),
+    min_p=Option(),
+    typical_p=Option(),
+    repetition_penalty=Option(),
+    no_repeat_ngram_size=Option(),
+    num_beams=Option(default=4),  # the width --strategy beam uses (SamplingConfig's 1 is "no beams")
+    length_penalty=Option(),
+    early_stopping=Option(),
+    penalty_alpha=Option(),
+    stop=Option("stop_strings"),
+    seed=Option(),
     device: str = "auto",
     no_cache: bool = False,
 ) -> list[str]:
@@ -235,23 +234,8 @@ def generate(
         ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
         prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token
             (a newline where the tokenizer has none).
-        strategy: Decoding strategy.
-        max_new_tokens: Tokens to generate per sample.
         num_samples: Independent samples of the same prompt (one batch).
-        temperature: sample: divide logits by this (< 1 sharper).
-        top_k: sample: keep only the k most likely tokens; contrastive: candidates per step (default 4).
-        top_p: sample: keep the smallest set of tokens with probability >= p.
-        min_p: sample: drop tokens below min_p x the top probability.
-        typical_p: sample: locally typical sampling; keep the tokens whose surprise is nearest the entropy, up to
-            this probability mass (0.2-0.95 in its paper).
-        repetition_penalty: > 1 discourages tokens already present (beam: applied to log-probabilities).
-        no_repeat_ngram_size: never repeat an n-gram of this many tokens (prompt included); 0 is off.
-        num_beams: beam: beam width.
-        length_penalty: beam: score / length**this (> 0 favours longer).
-        early_stopping: beam: stop once num_beams hypotheses have ended.
-        penalty_alpha: contrastive: degeneration penalty weight.
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
-        seed: Random seed, for reproducible samples.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
         no_cache: Recompute the whole context each step (slow; for checking the KV cache).
     """
@@ -259,45 +243,28 @@ def generate(
 
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
-    from tinylm.generate import SamplingConfig, generate_with
-    from tinylm.generate.processors import unused_options
+    from tinylm.generate.config import unused_options
     from tinylm.generate.report import encode_prompt
-    from tinylm.generate.strategies import batch_rows, check_memory, decode_after
+    from tinylm.generate.strategies import batch_rows, check_memory, decode_after, generate_with
 
+    surface = generate.options
+    options = surface.values(locals())
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
-    values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
-              "num_beams": num_beams, "length_penalty": length_penalty, "early_stopping": early_stopping,
-              "penalty_alpha": penalty_alpha, "seed": seed}
     if num_samples > 1 and strategy != "sample":
         raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
                          f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
-    defaults = {k: v.default for k, v in inspect.signature(generate).parameters.items()}
-    if unused := unused_options(strategy, values, defaults):
+    if unused := unused_options(strategy, options, surface.defaults, surface.spell):
         warnings.warn(unused)
-    stops = None if stop is None else [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
+    if strategy != "beam":
+        options["num_beams"] = 1  # the beam width of a strategy that has no beams
+    if stop is not None:
+        options["stop_strings"] = [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
+    config = surface.config({**options, "use_cache": not no_cache})  # before the checkpoint is loaded
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
-    config = SamplingConfig(
-        strategy=strategy,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=(CONTRASTIVE_DEFAULT_TOP_K if top_k is None else top_k) if strategy == "contrastive" else top_k,
-        top_p=top_p,
-        min_p=min_p,
-        typical_p=typical_p,
-        repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        num_beams=num_beams if strategy == "beam" else 1,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        penalty_alpha=penalty_alpha,
-        eos_id=tokenizer.eos_id,
-        stop_strings=stops,
-        seed=seed,
-        use_cache=not no_cache,
-    )
+    config = replace(config, eos_id=tokenizer.eos_id)
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     block = model.config.block_size
     if len(ids) > block:
@@ -378,13 +345,14 @@ def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "floa
 
 
 # ---- sample-report ----------------------------------------------------------------------------------------------
+@sampling_options("--{}")
 def sample_report(
     ckpt_path: str,
     out: str,
     prompts: str | list[str] | None = None,
     num_samples: int = 50,
-    max_new_tokens: int = 100,
-    seed: int = 0,
+    max_new_tokens=Option(default=100),
+    seed=Option(default=0, annotation=int),  # prompt i samples with seed + i: not null
     device: str = "auto",
 ) -> dict[str, Any]:
     r"""Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, min-p, repetition
@@ -397,7 +365,6 @@ def sample_report(
         prompts: Text to continue (escapes such as \n are understood); `--prompts+ TEXT` adds more (default: a
             fresh document from the end-of-text token, else a newline).
         num_samples: Samples per prompt for each sampling strategy.
-        max_new_tokens: Most tokens per sample.
         seed: Sampling seed (same seed, same report).
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
     """
@@ -407,9 +374,8 @@ def sample_report(
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
-    check_ranges("", {"num_samples": num_samples, "max_new_tokens": max_new_tokens},  # before loading anything
-                 {"num_samples": f"[1, {MAX_SAMPLES}]", "max_new_tokens": f"[1, {MAX_NEW_TOKENS}]"},
-                 whole=("num_samples", "max_new_tokens"))
+    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
+    sample_report.options.check({"max_new_tokens": max_new_tokens})  # before loading anything
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
     last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i

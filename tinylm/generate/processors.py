@@ -1,130 +1,17 @@
-"""Logits processors and the decoding options: temperature, top-k, top-p, min-p, typical-p, repetition penalty,
-no-repeat n-grams.
+"""Logits processors: temperature, top-k, top-p, min-p, typical-p, repetition penalty, no-repeat n-grams.
 
-Each is a pure function of logits (B, V) -> logits (B, V); `SamplingConfig` holds and validates the options.
+Each is a pure function of logits (B, V) -> logits (B, V); the options that choose them are `SamplingConfig`'s
+(tinylm/generate/config.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from tinylm.ranges import check_ranges
-
-STRATEGIES = ("greedy", "sample", "beam", "contrastive")
-CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
-# the strategies each decoding option shapes (repetition_penalty, no_repeat_ngram_size, max_new_tokens: all)
-USED_BY = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",), "min_p": ("sample",),
-           "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",), "early_stopping": ("beam",),
-           "penalty_alpha": ("contrastive",), "seed": ("sample",)}
-
-
-def unused_options(strategy: str, values: dict[str, Any], defaults: dict[str, Any], spell: str = "--{}") -> str | None:
-    """A warning naming the options of ``values`` set away from their ``defaults`` that ``strategy`` ignores (None
-    if there are none); ``spell`` formats an option's name as the user typed it ("--{}", "samples.{}")."""
-    given = [k for k, v in values.items() if k in USED_BY and v != defaults[k] and strategy not in USED_BY[k]]
-    if not given:
-        return None
-    verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
-    strategies = " / ".join(sorted({s for k in given for s in USED_BY[k]}))
-    return (f"{', '.join(spell.format(k) for k in given)} {verb} nothing with {spell.format('strategy')} {strategy} "
-            f"({they} {spell.format('strategy')} {strategies})")
-
-
-# Upper bounds that catch a typo (an extra zero or three) before it runs for hours; memory is checked separately,
-# against the machine, by strategies.check_memory.
-MAX_NEW_TOKENS = 1_000_000
-MAX_BEAMS = 256
-MIN_TEMPERATURE = 1e-4  # colder is argmax anyway (strategy "greedy"), and logits / 1e-40 overflow float32
-MIN_PENALTY = 1e-3
-MAX_LENGTH_PENALTY = 10.0
-_HINTS = {  # after "NAME must be in [..], got X"
-    "temperature": "; for the most likely token at each step use the greedy strategy (--strategy greedy)",
-    "top_k": "; leave it unset for no limit",
-    "repetition_penalty": " (1.0 is off)",
-    "length_penalty": " (1.0: the mean log-probability; 0: the sum)",
-}
-
-
-@dataclass
-class SamplingConfig:
-    """How to decode; validated on creation (bad values raise ValueError naming the value)."""
-
-    strategy: str = "sample"
-    """"greedy" (argmax), "sample" (multinomial), "beam" (beam search), "contrastive" (contrastive search)."""
-    max_new_tokens: int = 256
-    """Most tokens to generate per prompt (EOS and stop strings can end a row earlier)."""
-    temperature: float = 1.0
-    """sample: divide logits by this; < 1 sharper, > 1 flatter. Must be > 0 (use strategy="greedy" for 0)."""
-    top_k: int | None = None
-    """sample: keep only the k most likely tokens (exactly k; ties broken by torch.topk). contrastive: candidates per
-    step (default 4)."""
-    top_p: float | None = None
-    """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""
-    min_p: float | None = None
-    """sample: drop tokens less likely than min_p × the top token's probability, in [0, 1]."""
-    typical_p: float | None = None
-    """sample: locally typical sampling (Meister et al. 2022); keep the tokens whose surprise is closest to the
-    distribution's entropy until their probability sums to >= typical_p, in (0, 1]."""
-    repetition_penalty: float = 1.0
-    """All strategies: CTRL penalty on tokens already in the sequence (prompt included); > 1 discourages
-    repeats, 1 is off. Positive logits are divided by it, negative ones multiplied. Beam search applies it to the
-    log-probabilities instead (all <= 0, so a seen token's log p is multiplied by it), as transformers does."""
-    no_repeat_ngram_size: int = 0
-    """All strategies: never produce an n-gram of this many tokens that the sequence (prompt included) already holds;
-    0 is off. A row for which every token would repeat one is left free at that step."""
-    num_beams: int = 1
-    """beam: beams kept per prompt."""
-    length_penalty: float = 1.0
-    """beam: hypotheses are ranked by sum(log-probs) / length**length_penalty; > 0 favours longer ones."""
-    early_stopping: bool = False
-    """beam: stop a prompt as soon as num_beams hypotheses ended; False stops when no running beam can still win."""
-    penalty_alpha: float = 0.6
-    """contrastive: weight of the degeneration penalty (max cosine similarity to earlier hidden states), in
-    [0, 1]; 0 is greedy."""
-    eos_id: int | None = None
-    """Stop a row when it produces this token (the EOS is not returned)."""
-    stop_strings: list[str] | None = None
-    """Stop a row once its decoded new text contains one of these (the tokens that made it are returned);
-    needs a `decode` function."""
-    seed: int | None = None
-    """Seed for sampling (a private torch.Generator, so the global RNG is untouched); None uses the global RNG."""
-    use_cache: bool = True
-    """Reuse attention keys/values of earlier tokens (same output, many times faster); False recomputes all."""
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        ranges = {"max_new_tokens": f"[1, {MAX_NEW_TOKENS}]", "top_k": "[1, inf)", "top_p": "(0, 1]", "min_p": "[0, 1]",
-                  "typical_p": "(0, 1]", "no_repeat_ngram_size": "[0, inf)",
-                  "repetition_penalty": f"[{MIN_PENALTY}, inf)", "length_penalty": f"[-{MAX_LENGTH_PENALTY:g},"
-                  f" {MAX_LENGTH_PENALTY:g}]", "seed": "[0, 2**63)", "num_beams": f"[1, {MAX_BEAMS}]",
-                  "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)"}
-        if self.strategy == "sample":  # logits / 1e-40 overflow; inf samples uniformly, whatever the model says
-            ranges["temperature"] = f"[{MIN_TEMPERATURE}, inf)"
-        unset = next((k for k in ranges if k not in ("top_k", "top_p", "min_p", "typical_p", "seed", "eos_id")
-                      and getattr(self, k) is None), None)
-        if unset is not None:  # (check_ranges passes None: unset, the default; these have no unset form)
-            raise ValueError(f"{unset} needs a value, got None")
-        try:
-            check_ranges("", vars(self), ranges, whole=("max_new_tokens", "top_k", "seed", "num_beams", "eos_id",
-                                                            "no_repeat_ngram_size"))
-        except ValueError as e:
-            name = str(e).split()[0]
-            hot = name == "temperature" and not (isinstance(self.temperature, (int, float)) and
-                                                 self.temperature < MIN_TEMPERATURE)  # inf: greedy is no fix
-            raise ValueError(f"{e}{'' if hot else _HINTS.get(name, '')}") from None
-        if self.num_beams > 1 and self.strategy != "beam":
-            raise ValueError(f"num_beams={self.num_beams} needs the beam strategy (--strategy beam), got strategy "
-                             f"{self.strategy!r}")
-        if isinstance(self.stop_strings, str):
-            self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
-        if self.stop_strings is not None and not all(isinstance(s, str) and s for s in self.stop_strings):
-            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+from tinylm.generate.config import SamplingConfig
 
 
 # ---- logits processors: (B, V) logits in, (B, V) logits out; removed tokens get -inf ---------------------------

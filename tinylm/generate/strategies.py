@@ -1,8 +1,9 @@
 """Decoding strategies (greedy, sampling, beam search, contrastive search) over a GPT.
 
 Everything here is a pure function of logits or of the model: no training state, no printing.
-The logits processors and `SamplingConfig` are in `processors.py`. The one entry point is `generate`; callers
-that pass the options around (CLI, sampling callback) use `generate_with(model, prompts, config)`.
+The logits processors are in `processors.py`, the options (`SamplingConfig`) in `config.py`. The one entry point
+is `generate`; callers that pass the options around (CLI, sampling callback) use `generate_with(model, prompts,
+config)`.
 
 Shapes: B prompts, L tokens so far (prompt + generated), V vocab, K candidates (top-k / 2·beams), C n_embd.
 """
@@ -13,18 +14,16 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tinylm.generate.processors import (
-    CONTRASTIVE_DEFAULT_TOP_K,
-    SamplingConfig,
-    constrained_logits,
-    sampling_logits,
-)
+from tinylm.generate.config import CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.options import sampling_options
+from tinylm.generate.processors import constrained_logits, sampling_logits
 from tinylm.model import GPT
 
 
@@ -351,45 +350,24 @@ def generate_with(
     return rows.tokens
 
 
+@sampling_options()
 def generate(
     model: GPT,
     prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
     *,
-    strategy: str = "sample",
-    max_new_tokens: int = 256,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    typical_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    no_repeat_ngram_size: int = 0,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool = False,
-    penalty_alpha: float = 0.6,
-    eos_id: int | None = None,
-    stop_strings: list[str] | None = None,
     decode: Callable[[list[int]], str] | None = None,
-    seed: int | None = None,
-    use_cache: bool = True,
     on_token: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> list[list[int]]:
-    """Continue each prompt; return the new token ids per prompt (without the EOS that ended a row).
+    """Continue each prompt; return the new token ids per prompt (without the EOS that ended a row). Runs in eval
+    mode under no_grad and restores the model's mode.
 
-    prompt_ids: (B, L) tensor or B lists of ids of equal length (one flat list = one prompt). Prompts longer
-        than block_size are cropped to their last block_size tokens, as is the context while generating.
-    decode: token ids -> text; needed for stop_strings.
-    on_token: streaming callback `on_token(row, token_id)`, called as each token is accepted (for beam search,
-        once the best hypothesis is known).
-    The other options are documented on SamplingConfig. Runs in eval mode under no_grad and restores the
-    model's mode.
+    Args:
+        prompt_ids: (B, L) tensor or B lists of ids of equal length (one flat list = one prompt). Prompts longer
+            than block_size are cropped to their last block_size tokens, as is the context while generating.
+        decode: token ids -> text; needed for stop_strings.
+        on_token: streaming callback `on_token(row, token_id)`, called as each token is accepted (for beam search,
+            once the best hypothesis is known).
+        options: SamplingConfig's fields (`tinylm.generate.options` lists them here).
     """
-    config = SamplingConfig(
-        strategy=strategy, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, typical_p=typical_p, repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size, num_beams=num_beams, length_penalty=length_penalty,
-        early_stopping=early_stopping, penalty_alpha=penalty_alpha, eos_id=eos_id, stop_strings=stop_strings,
-        seed=seed, use_cache=use_cache,
-    )
-    return generate_with(model, prompt_ids, config, decode=decode, on_token=on_token)
+    return generate_with(model, prompt_ids, SamplingConfig(**options), decode=decode, on_token=on_token)

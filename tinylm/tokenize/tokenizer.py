@@ -291,6 +291,11 @@ class Tokenizer:
         """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD."""
         return self._b.decode([int(i) for i in ids])
 
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes of raw text id ``i`` stands for (part of a UTF-8 character for some byte-level BPE ids; a special
+        token's own string)."""
+        return self._b.token_bytes(int(i))
+
     def token_byte_lengths(self) -> list[int]:
         """UTF-8 bytes of raw text that each id stands for; 0 for special tokens (an EOS is not text) and for ids
         no token has (tiktoken's cl100k_base and o200k_base leave some unused). Summed over the targets of an

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 import warnings
@@ -16,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import peak_flops_by_name
+from tinylm.generate.options import Option, sampling_options
 from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
 
@@ -440,39 +440,33 @@ class SampleText(L.Callback):
     Args:
         every_n_steps: Optimizer steps between samples; 0 turns sampling off.
         prompts: Texts to continue (an empty prompt starts from the end-of-text token).
-        max_new_tokens: Tokens generated per prompt.
-        strategy: Decoding strategy (greedy, sample, beam, contrastive); see `tinylm generate --help`.
-        temperature: Sampling temperature.
-        top_k: Keep only the k most likely tokens when sampling (None: all); contrastive search weighs its own
-            default of candidates (`tinylm generate --strategy contrastive`'s).
-        top_p: Nucleus sampling: keep the most likely tokens up to this probability (None: off).
-        min_p: Drop tokens less likely than this x the top token's probability when sampling (None: off).
-        typical_p: Locally typical sampling's probability mass (None: off).
-        repetition_penalty: > 1 discourages tokens already in the text (every strategy; 1 is off).
-        no_repeat_ngram_size: Never repeat an n-gram of this many tokens (every strategy; 0 is off).
-        num_beams: Beams of the beam strategy (beam search with one beam is greedy decoding).
+        top_k: sample: keep only the k most likely tokens (null keeps all); contrastive search takes its own
+            default (4 candidates per step) unless this is set away from its default.
         seed: Seed of the sampling generator (the same samples for the same weights).
+
+    The other options are decoding options, documented on SamplingConfig (tinylm/generate/config.py).
     """
 
+    # Option(): a decoding option, its type, default and help SamplingConfig's (tinylm/generate/config.py)
+    @sampling_options("samples.{}")
     def __init__(
         self,
         *,
         every_n_steps: int = 500,
         prompts: list[str] | None = None,
-        max_new_tokens: int = 100,
-        strategy: str = "sample",
-        temperature: float = 0.8,
-        top_k: int | None = 200,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        typical_p: float | None = None,
-        repetition_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        num_beams: int = 4,
-        seed: int = 1234,
+        max_new_tokens=Option(default=100),
+        strategy=Option(),
+        temperature=Option(default=0.8),
+        top_k=Option(default=200),
+        top_p=Option(),
+        min_p=Option(),
+        typical_p=Option(),
+        repetition_penalty=Option(),
+        no_repeat_ngram_size=Option(),
+        num_beams=Option(default=4),  # the width samples.strategy beam uses (SamplingConfig's 1 is "no beams")
+        seed=Option(default=1234, annotation=int),  # never the global RNG: that would change the training run
     ) -> None:
-        from tinylm.generate import SamplingConfig
-        from tinylm.generate.processors import unused_options
+        from tinylm.generate.config import unused_options
 
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
@@ -481,30 +475,14 @@ class SampleText(L.Callback):
         if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
             raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
                              "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
-        defaults = {k: v.default for k, v in inspect.signature(SampleText).parameters.items()}
-        try:
-            self.config = SamplingConfig(
-                strategy=strategy,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                # contrastive search takes its own default k (4), not the 200 candidates of samples' sampling
-                top_k=top_k if strategy == "sample" or top_k != defaults["top_k"] else None,
-                top_p=top_p,
-                min_p=min_p,
-                typical_p=typical_p,
-                repetition_penalty=repetition_penalty,
-                no_repeat_ngram_size=no_repeat_ngram_size,
-                num_beams=num_beams if strategy == "beam" else 1,
-                seed=seed,
-            )
-        except ValueError as e:  # named as fit spells them: "top_p must be in (0, 1]" left the user to guess where
-            msg = str(e).replace("(--strategy ", "(--samples.strategy ")
-            raise ValueError(f"samples.{msg}" if msg.split()[0] in defaults else
-                             f"samples.strategy: {msg}" if msg.startswith("unknown strategy") else msg) from None
+        surface = SampleText.__init__.options
+        options = surface.values(locals())
+        # contrastive search takes its own default k (4), not the 200 candidates of samples' sampling
+        if strategy != "sample" and top_k == surface.defaults["top_k"]:
+            options["top_k"] = None
+        self.config = surface.config({**options, "num_beams": num_beams if strategy == "beam" else 1})
         # as generate warns of --top_p with --strategy greedy
-        values = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-                  "typical_p": typical_p, "num_beams": num_beams, "seed": seed}
-        if unused := unused_options(strategy, values, defaults, spell="samples.{}"):
+        if unused := unused_options(strategy, surface.values(locals()), surface.defaults, surface.spell):
             warnings.warn(unused, UserWarning)
         self._last_step = -1
         self._path: Path | None = None

@@ -1,0 +1,172 @@
+"""SamplingConfig: every decoding option, declared once (type, default, meaning, valid range).
+
+The library's `generate`, `tinylm generate`, the samples a run writes as it trains (`--samples.*`) and
+`tinylm sample-report` take these options under their own spellings (``top_p``, ``--top_p``, ``samples.top_p``);
+`tinylm.generate.options` derives their signatures from this class, and `check_options` names a bad value the way
+the user spelled it.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from tinylm.ranges import check_ranges
+
+Strategy = Literal["greedy", "sample", "beam", "contrastive"]
+STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
+CONTRASTIVE_DEFAULT_TOP_K = 4  # candidates per step when top_k is not given (the contrastive-search paper uses 4-10)
+# the strategies each decoding option shapes (repetition_penalty, no_repeat_ngram_size, max_new_tokens: all)
+USED_BY = {"temperature": ("sample",), "top_k": ("sample", "contrastive"), "top_p": ("sample",), "min_p": ("sample",),
+           "typical_p": ("sample",), "num_beams": ("beam",), "length_penalty": ("beam",), "early_stopping": ("beam",),
+           "penalty_alpha": ("contrastive",), "seed": ("sample",)}
+
+# Upper bounds that catch a typo (an extra zero or three) before it runs for hours; memory is checked separately,
+# against the machine, by strategies.check_memory.
+MAX_NEW_TOKENS = 1_000_000
+MAX_BEAMS = 256
+MIN_TEMPERATURE = 1e-4  # colder is argmax anyway (strategy "greedy"), and logits / 1e-40 overflow float32
+MIN_PENALTY = 1e-3
+MAX_LENGTH_PENALTY = 10.0
+RANGES = {
+    "max_new_tokens": f"[1, {MAX_NEW_TOKENS}]", "top_k": "[1, inf)", "top_p": "(0, 1]", "min_p": "[0, 1]",
+    "typical_p": "(0, 1]", "no_repeat_ngram_size": "[0, inf)", "repetition_penalty": f"[{MIN_PENALTY}, inf)",
+    "length_penalty": f"[-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}]", "seed": "[0, 2**63)",
+    "num_beams": f"[1, {MAX_BEAMS}]", "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)",
+}
+"""Valid values of SamplingConfig's numeric fields (interval notation, see tinylm.ranges); temperature's depends on
+the strategy (`check_options`)."""
+WHOLE = ("max_new_tokens", "top_k", "seed", "num_beams", "eos_id", "no_repeat_ngram_size")
+UNSET_IS_OFF = ("top_k", "top_p", "min_p", "typical_p", "seed", "eos_id")  # None is a value of these (off / unset)
+_HINTS = {  # after "NAME must be in [..], got X"; {strategy} is how the surface spells the strategy option
+    "temperature": "; for the most likely token at each step use the greedy strategy ({strategy} greedy)",
+    "top_k": "; leave it unset for no limit",
+    "repetition_penalty": " (1.0 is off)",
+    "length_penalty": " (1.0: the mean log-probability; 0: the sum)",
+}
+
+
+@dataclass
+class SamplingConfig:
+    """How to decode; validated on creation (bad values raise ValueError naming the value)."""
+
+    strategy: Strategy = "sample"
+    """Decoding strategy: greedy (the most likely token), sample (draw from the distribution), beam (beam search),
+    contrastive (contrastive search)."""
+    max_new_tokens: int = 256
+    """Most tokens to generate per sample (the end-of-text token and stop strings can end one earlier)."""
+    temperature: float = 1.0
+    """sample: divide the logits by this; < 1 sharper, > 1 flatter. Must be > 0 (the greedy strategy is
+    temperature 0)."""
+    top_k: int | None = None
+    """sample: keep only the k most likely tokens (exactly k, ties broken by torch.topk); null keeps all.
+    contrastive: candidates per step (null: 4)."""
+    top_p: float | None = None
+    """sample: nucleus; keep the smallest set of most likely tokens whose probability sums to >= top_p, in (0, 1]."""
+    min_p: float | None = None
+    """sample: drop tokens less likely than min_p x the most likely token's probability, in [0, 1]."""
+    typical_p: float | None = None
+    """sample: locally typical sampling (Meister et al. 2022); keep the tokens whose surprise is nearest the
+    entropy until their probability sums to >= typical_p, in (0, 1] (0.2-0.95 in the paper)."""
+    repetition_penalty: float = 1.0
+    """All strategies: CTRL penalty on tokens already in the text (prompt included); > 1 discourages repeats,
+    1 is off. A positive logit is divided by it, a negative one multiplied (beam: applied to log-probabilities)."""
+    no_repeat_ngram_size: int = 0
+    """All strategies: never produce an n-gram of this many tokens that the text (prompt included) already holds;
+    0 is off. A row for which every token would repeat one is left free at that step."""
+    num_beams: int = 1
+    """beam: beams kept per prompt (the beam width)."""
+    length_penalty: float = 1.0
+    """beam: hypotheses are ranked by sum(log-probs) / length**length_penalty; > 0 favours longer ones."""
+    early_stopping: bool = False
+    """beam: stop a prompt as soon as num_beams hypotheses have ended; false stops when no running beam can
+    still win."""
+    penalty_alpha: float = 0.6
+    """contrastive: weight of the degeneration penalty (max cosine similarity to earlier hidden states), in
+    [0, 1]; 0 is greedy."""
+    eos_id: int | None = None
+    """Stop a row when it produces this token (the EOS is not returned)."""
+    stop_strings: str | list[str] | None = None
+    """Stop a row once its decoded new text contains one of these (the tokens that made it are returned);
+    needs a `decode` function."""
+    seed: int | None = None
+    """Seed of sampling's random numbers (drawn from a generator of their own: the global RNG is untouched); null
+    draws from the global RNG."""
+    use_cache: bool = True
+    """Reuse attention keys/values of earlier tokens (same output, many times faster); false recomputes all."""
+
+    def __post_init__(self) -> None:
+        check_options(vars(self))
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
+
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(SamplingConfig)}
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a surface names the decoding options to its user: `form` "{}" (the library's keyword arguments), "--{}"
+    (a command's flags) or "samples.{}" (a section of fit's config); `renames` for fields it calls otherwise
+    (`tinylm generate` takes stop_strings as --stop)."""
+
+    form: str = "{}"
+    renames: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, name: str) -> str:
+        return self.form.format(self.renames.get(name, name))
+
+    def flag(self, name: str) -> str:
+        """The option as a command-line flag: ``--top_p``, ``--samples.top_p``."""
+        return "--" + self(name).removeprefix("--")
+
+
+LIBRARY = Spelling()
+
+
+def check_options(values: Mapping[str, Any], spell: Spelling = LIBRARY) -> None:
+    """Raise ValueError naming the first bad decoding option of ``values`` (SamplingConfig fields; a missing one has
+    its default) the way ``spell`` spells it: ``--top_p must be in (0, 1], got 0.0``."""
+    values = {**DEFAULTS, **values}
+    strategy = values["strategy"]
+    if strategy not in STRATEGIES:
+        where = "" if spell("strategy") == "strategy" else f"{spell('strategy')}: "
+        raise ValueError(f"{where}unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    ranges = dict(RANGES)
+    if strategy == "sample":  # logits / 1e-40 overflow; inf samples uniformly, whatever the model says
+        ranges["temperature"] = f"[{MIN_TEMPERATURE}, inf)"
+    unset = next((k for k in ranges if k not in UNSET_IS_OFF and values[k] is None), None)
+    if unset is not None:  # (check_ranges passes None: unset, the default; these have no unset form)
+        raise ValueError(f"{spell(unset)} needs a value, got None")
+    named = {spell(k): k for k in ranges}
+    try:
+        check_ranges("", {spell(k): values[k] for k in ranges}, {spell(k): r for k, r in ranges.items()},
+                     whole=[spell(k) for k in WHOLE])
+    except ValueError as e:
+        name = named[str(e).split()[0]]
+        t = values["temperature"]
+        hot = name == "temperature" and not (isinstance(t, (int, float)) and t < MIN_TEMPERATURE)  # inf: greedy no fix
+        hint = "" if hot else _HINTS.get(name, "").format(strategy=spell.flag("strategy"))
+        raise ValueError(f"{e}{hint}") from None
+    if values["num_beams"] > 1 and strategy != "beam":
+        raise ValueError(f"{spell('num_beams')}={values['num_beams']} needs the beam strategy "
+                         f"({spell.flag('strategy')} beam), got {spell('strategy')} {strategy!r}")
+    stops = values["stop_strings"]
+    stops = [stops] if isinstance(stops, str) else stops
+    if stops is not None and not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"{spell('stop_strings')} must be non-empty strings, got {values['stop_strings']!r}")
+
+
+def unused_options(strategy: str, values: Mapping[str, Any], defaults: Mapping[str, Any],
+                   spell: Spelling = LIBRARY) -> str | None:
+    """A warning naming the options of ``values`` set away from their ``defaults`` that ``strategy`` ignores (None
+    if there are none), spelled as the user typed them."""
+    given = [k for k, v in values.items() if k in USED_BY and v != defaults[k] and strategy not in USED_BY[k]]
+    if not given:
+        return None
+    verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
+    strategies = " / ".join(sorted({s for k in given for s in USED_BY[k]}))
+    return (f"{', '.join(spell(k) for k in given)} {verb} nothing with {spell('strategy')} {strategy} "
+            f"({they} {spell('strategy')} {strategies})")
