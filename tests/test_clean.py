@@ -223,14 +223,21 @@ def test_a_pass_stopped_early_is_undone(tmp_path):
     assert list(cleaned.documents("train")) == docs  # replayed
 
 
-def test_resume_refuses_another_clean_option(run_config, tmp_path, capsys):
-    """Catches a resumed run that silently trains on data cleaned otherwise than its checkpoint's."""
-    config = run_config(data={"clean": {"exact": True}})
-    main(["fit", "--config", str(config)])
+def test_resume_refuses_another_clean_option_and_validate_follows_the_run(run_config, tmp_path, capsys):
+    """Catches a resumed run that silently trains on data cleaned otherwise than its checkpoint's, and `validate`
+    evaluating on other data than the run's cleaned split, or overriding a `--data.clean.*` it was given."""
+    config = str(run_config())
+    main(["fit", "--config", config, "--data.clean.exact", "true"])
+    datasets = tmp_path / "cache" / "datasets"
+    assert len(list(datasets.iterdir())) == 1
+    main(["validate", "--config", config, "--ckpt_path", "last"])  # the run's options, from the checkpoint
+    assert len(list(datasets.iterdir())) == 1
+    main(["validate", "--config", config, "--ckpt_path", "last", "--data.clean.exact", "false"])  # the raw text
+    assert len(list(datasets.iterdir())) == 2
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4",
-              "--data.clean.min_words", "3"])
+        main(["fit", "--config", config, "--ckpt_path", "last", "--trainer.max_steps", "4",
+              "--data.clean.exact", "true", "--data.clean.min_words", "3"])
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert "data.clean.min_words off but this run has data.clean.min_words=3" in err and "Traceback" not in err, err

@@ -67,7 +67,8 @@ class CleanOptions:
         near: drop a document whose MinHash Jaccard similarity with an earlier kept document reaches
             near_threshold (MinHash LSH, datasketch).
         near_threshold: Jaccard similarity of word n-gram sets at which two documents are near-duplicates
-            (0.8: about 4% of words changed in documents of a few hundred words, with 5-word shingles).
+            (0.8: about 2% of the words changed, with 5-word shingles). LSH finds a pair right at the threshold
+            40% of the time, at 0.9 93%, at 0.95 99.8% (128 permutations); pairs below it rarely.
         shingle_words: n of the word n-grams (shingles) compared by near and decontaminate.
         num_perm: MinHash permutations per document: more estimate similarity closer, at more time and memory.
         decontaminate: drop training documents that near-duplicate (near_threshold) a validation document.
