@@ -7,8 +7,8 @@ or re-wrapped, and `--near` again with 1 % of their words (at least one) replace
 or more (shorter ones with one word changed are not near-duplicates at Jaccard 0.8), all shuffled in after the
 originals. Each configuration runs `tinylm prepare` (BPE 8192, as bench_prepare.py) in its own subprocess, so the
 CPU time (user + system), wall time and peak RSS are its own; the table gives them and the ratios to the run
-without cleaning, and the cleaned runs' recall of the injected copies (removed by `exact`, less the generator's own exact duplicates, and
-by `near`, over injected; the recall of a run with the quality rules is lower as they remove copies first).
+without cleaning, and the cleaned runs' recall of the injected copies (removed by `exact`, less the generator's own
+exact duplicates, and by `near`, over injected; a run with the quality rules finds fewer: they remove copies first).
 
     nice -n 10 python benchmarks/bench_clean.py --mb 100
 """
@@ -19,13 +19,13 @@ import argparse
 import json
 import os
 import random
-from collections import Counter
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prepare import EOT, _measure, make_corpus  # noqa: E402
+from bench_prepare import EOT, _measure, make_corpus
 
 GOPHER = ["--data.clean.min_words", "50", "--data.clean.max_words", "100000", "--data.clean.min_mean_word_length",
           "3", "--data.clean.max_mean_word_length", "10", "--data.clean.max_symbol_ratio", "0.1",
@@ -93,11 +93,11 @@ def main() -> None:
     print("| cleaning | CPU s | wall s | peak RSS MB | CPU ratio | wall ratio | exact recall | near recall |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, m in rows.items():
-        ratio = (lambda k: f"{m[k] / base[k]:.2f}x") if base else (lambda k: "")
+        ratio = {k: f"{m[k] / base[k]:.2f}x" if base else "" for k in ("cpu", "wall")}
         found = {"exact": m["removed"].get("exact", {}).get("documents", 0) - injected["natural_exact"],
                  "near": m["removed"].get("near", {}).get("documents", 0)}
         recall = {k: f"{found[k] / injected[k]:.3f}" if k in m["removed"] else "" for k in ("exact", "near")}
-        print(f"| {name} | {m['cpu']:.1f} | {m['wall']:.1f} | {m['rss_mb']:.0f} | {ratio('cpu')} | {ratio('wall')} "
+        print(f"| {name} | {m['cpu']:.1f} | {m['wall']:.1f} | {m['rss_mb']:.0f} | {ratio['cpu']} | {ratio['wall']} "
               f"| {recall['exact']} | {recall['near']} |")
     print(json.dumps({"corpus_mb": size_mb, "injected": injected,
                       "rows": {k: {x: v[x] for x in ("cpu", "wall", "rss_mb", "removed")} for k, v in rows.items()}},

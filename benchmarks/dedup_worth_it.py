@@ -46,7 +46,7 @@ def make_corpus(source: Path, out: Path, speeches: int, share: float, seed: int 
 def _tinylm(cwd: str, *args: str) -> str:
     cmd = [sys.executable, "-m", "tinylm", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)  # runs/ lands in cwd
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)  # runs/ lands in cwd
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     return done.stdout

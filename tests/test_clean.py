@@ -8,7 +8,13 @@ import pytest
 
 from tinylm.cli import main
 from tinylm.data import TinyLMDataModule
-from tinylm.data.clean import RULES, CleanOptions, clean_corpora, duplicate_ngram_share, quality_rule
+from tinylm.data.clean import (
+    RULES,
+    CleanOptions,
+    clean_corpora,
+    duplicate_ngram_share,
+    quality_rule,
+)
 from tinylm.data.corpus import open_corpus
 from tinylm.tokenize.patterns import EOT
 
@@ -101,10 +107,10 @@ def test_each_quality_rule_keeps_and_drops_what_it_says(options, doc, rule):
 
 def test_duplicate_ngram_share_by_hand():
     """Catches a share counted over n-grams instead of characters, or counting a word twice."""
-    assert duplicate_ngram_share("a b c d e a b c d e".split()) == 1.0
-    assert duplicate_ngram_share("a b c d e f".split()) == 0.0
-    # "aa b c d e" twice, then "zzzz": 12 of 16 characters are in a repeated 5-gram
-    assert duplicate_ngram_share("aa b c d e aa b c d e zzzz".split()) == pytest.approx(12 / 16)
+    share = lambda text: duplicate_ngram_share(text.split())
+    assert share("a b c d e a b c d e") == 1.0
+    assert share("a b c d e f") == 0.0
+    assert share("aa b c d e aa b c d e zzzz") == pytest.approx(12 / 16)  # 6 + 6 of the 16 characters repeat
 
 
 def test_prepare_reports_what_it_removed_and_keys_the_dataset_by_the_options(tmp_path, capsys):
@@ -144,6 +150,14 @@ def test_bad_thresholds_end_in_one_line(tmp_path, small_data, capsys, flag, valu
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
+
+
+def test_a_corpus_cleaned_away_is_named_with_the_rules_that_did_it(tmp_path):
+    """Catches cleaning that removes every document ending in "corpus is empty (no text in it)", which blames the
+    corpus for what the rules did."""
+    with pytest.raises(ValueError, match=r"data.clean removed every document of corpus .* \(min_words 3\)"):
+        TinyLMDataModule(corpus=_corpus_file(tmp_path / "c.txt", ["a b", "c d", "e f"]), tokenizer="char",
+                         cache_dir=str(tmp_path / "cache"), clean=CleanOptions(min_words=5)).prepare_data()
 
 
 def test_min_words_above_max_words_is_refused():

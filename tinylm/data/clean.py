@@ -320,6 +320,10 @@ class Cleaner:
                 del self.side[first_id:]
                 self.seen.difference_update(added)
                 assert len(self.seen) == n_seen
+        if split == "train" and report.documents and not lengths:
+            removed = ", ".join(f"{rule} {entry['documents']:,}" for rule, entry in report.removed.items())
+            raise ValueError(f"data.clean removed every document of corpus {corpus.spec!r} ({removed}); loosen "
+                             "those rules (`tinylm prepare --help` lists them) or check the corpus")
         self.masks[unit] = mask
         if tail:
             self._cut(p, first_id, lengths, matches)
