@@ -255,3 +255,16 @@ def test_resume_refuses_another_clean_option_and_validate_follows_the_run(run_co
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert "data.clean.min_words off but this run has data.clean.min_words=3" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["prepare", "fit"])
+def test_the_options_are_in_help(command, capsys):
+    """Catches the data.clean section missing from --help (a nested dataclass turned Optional shows only
+    `--data.clean CLEAN`, its options hidden behind another flag)."""
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("exact", "near", "near_threshold", "shingle_words", "decontaminate", "max_duplicate_ngrams"):
+        assert f"--data.clean.{option} " in out
+    assert "Gopher: 0.15" in out

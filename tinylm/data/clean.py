@@ -261,7 +261,6 @@ class Cleaner:
         self.seen: set[int] = set()  # exact keys of the kept documents
         self.side = bytearray()  # per kept document (its id in the LSH index): TRAIN, VAL or PENDING
         self.lsh: Any = None
-        self._permutations: Any = None
         if options.near or options.decontaminate:
             import xxhash
 
