@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -15,6 +16,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
+from tinylm.data.clean import REPORT_FILE, CleanOptions, clean_corpora, options_from
 from tinylm.data.corpus import Corpus, Mixture, open_corpus
 from tinylm.data.loader import (
     MixedTrainBatches,
@@ -95,6 +97,9 @@ class TinyLMDataModule(L.LightningDataModule):
             when it has one, else the first val_fraction x max_documents documents of the train split (held out).
         max_documents: with `streaming`, train on N documents of the stream (None: all of it): its first N, or
             the N after the held-out head when validation is one (needed then, to size it).
+        clean: cleaning applied document by document before packing: exact and near-duplicate removal, quality
+            filters, decontamination of validation (`--data.clean.*`, each off by default; tinylm.data.clean).
+            Another setting makes another dataset; `tinylm prepare` prints what each rule removed.
     """
 
     def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
@@ -104,12 +109,14 @@ class TinyLMDataModule(L.LightningDataModule):
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
-                 max_documents: int | None = None) -> None:
+                 max_documents: int | None = None, clean: CleanOptions = CleanOptions()) -> None:  # noqa: B008 (frozen)
         super().__init__()
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
         self.save_hyperparameters(ignore=["vocab_size"], frame=inspect.currentframe())  # as in TinyLM.__init__
         self.hparams["target_vocab_size"] = vocab_size  # for `tinylm validate` without --config (not logged twice)
+        self.clean = options_from(clean)
+        self.hparams["clean"] = dataclasses.asdict(self.clean)  # plain values: checkpoints load with weights_only
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)
         self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
@@ -137,7 +144,8 @@ class TinyLMDataModule(L.LightningDataModule):
     def corpora(self) -> list[Corpus]:
         """The corpora of `data.corpus`, one per list entry."""
         if self._corpora is None:
-            self._corpora = [open_corpus(spec, cache_dir=self.cache_dir, **self._hf) for spec in self.corpus_specs]
+            self._corpora = clean_corpora([open_corpus(spec, cache_dir=self.cache_dir, **self._hf)
+                                           for spec in self.corpus_specs], self.clean, val_fraction=self.val_fraction)
         return self._corpora
 
     @property
@@ -263,7 +271,8 @@ class TinyLMDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
-                 "seed": self.seed, "block_size": self.block_size, "weights": self.weights}
+                 "seed": self.seed, "block_size": self.block_size, "weights": self.weights,
+                 "clean": self.clean.key()}
         if self._metas is not None:  # what the training windows were drawn from: each corpus's text and split
             state.update(corpus_specs=list(self.corpus_specs),
                          corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
@@ -301,6 +310,8 @@ class TinyLMDataModule(L.LightningDataModule):
         if saved.get("split_settings") not in (None, [m["settings"] for m in self.metas]):
             diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
                           f"--data.val_fraction {saved['val_fraction']}"))
+        if "clean" in saved and saved["clean"] != self.clean.key():
+            diffs.append(_clean_diff(saved["clean"], self.clean.key()))
         if diffs:
             raise other_data(*diffs[0])
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
@@ -366,6 +377,26 @@ class TinyLMDataModule(L.LightningDataModule):
             weights = self.weights or [x["splits"]["train"]["tokens"] for x in metas]
             out["mixture"] = ", ".join(f"{n} {w / sum(weights):.3f}" for n, w in zip(self.val_names, weights))
         out["measured"] = self._measured()
+        if self.clean.active:
+            out.update(self._cleaned())
+        return out
+
+    def _cleaned(self) -> dict:
+        """What cleaning removed, rule by rule (totals over the corpora), with the start of one example each."""
+        reports = [json.loads(Path(d, REPORT_FILE).read_text(encoding="utf-8")) for d in self.dataset_dirs
+                   if Path(d, REPORT_FILE).is_file()]
+        if not reports:
+            return {}
+        total = lambda key, what: sum(r[key][what] for r in reports)
+        out = {"cleaned": f"kept {total('kept', 'documents'):,} of {total('read', 'documents'):,} documents "
+                          f"({total('kept', 'bytes') / 1e6:,.1f} of {total('read', 'bytes') / 1e6:,.1f} MB); "
+                          f"report: {', '.join(str(Path(d, REPORT_FILE)) for d in self.dataset_dirs)}"}
+        for rule in self.clean.rules:
+            docs = sum(r["removed"][rule]["documents"] for r in reports)
+            n_bytes = sum(r["removed"][rule]["bytes"] for r in reports)
+            example = next((x for r in reports for x in r["removed"][rule]["examples"]), None)
+            shown = "" if example is None else f", e.g. {' '.join(example.split())[:60]!r}"
+            out[f"removed by {rule}"] = f"{docs:,} documents ({n_bytes / 1e6:,.2f} MB){shown}"
         return out
 
     def _eos_count(self, split: str) -> int:
@@ -398,6 +429,15 @@ def _same(key: str, was: Any, now: Any) -> bool:
     if key != "weights" or was is None or now is None or len(was) != len(now):
         return was == now
     return all(math.isclose(a / sum(was), b / sum(now), rel_tol=1e-12) for a, b in zip(was, now))
+
+
+def _clean_diff(was: dict, now: dict) -> tuple[str, str, str]:
+    """(before, after, fix) for `other_data`: the first data.clean option that differs between two `key()`s (an
+    option missing from one is off there, or unused)."""
+    name = next(k for k in sorted({*was, *now}) if was.get(k) != now.get(k))
+    shown = lambda key: f"data.clean.{name}={key[name]}" if name in key else f"data.clean.{name} off"
+    fix = f"--data.clean.{name} {json.dumps(was[name])}" if name in was else f"data.clean.{name} at its default"
+    return shown(was), shown(now), fix
 
 
 def _check_mixture(specs: list[str], weights: list[float] | None) -> None:

@@ -43,13 +43,16 @@ def routed(corpus: Corpus, val_fraction: float) -> Iterator[list[tuple[str, str,
     total = sum(len(doc) for doc in corpus.documents("train"))
     cut = int(total * (1 - val_fraction))
     seen = 0
-    for doc in corpus.documents("train"):
+    keeps_in_val = getattr(corpus, "keeps_in_val", None)  # tinylm.data.clean: a cleaned corpus's decontamination
+    for k, doc in enumerate(corpus.documents("train")):
         if seen + len(doc) <= cut:
             yield [("train", doc, True)]
         elif seen >= cut:
-            yield [("val", doc, True)]
-        else:
+            yield [("val", doc, True)] if keeps_in_val is None or keeps_in_val(k, doc) else []
+        elif keeps_in_val is None or keeps_in_val(k, doc[cut - seen:]):
             yield [("train", doc[: cut - seen], False), ("val", doc[cut - seen:], True)]
+        else:
+            yield [("train", doc[: cut - seen], True)]
         seen += len(doc)
 
 

@@ -30,6 +30,7 @@ try:
 except ImportError:  # Windows: no lock; concurrent builds still end in one complete folder (see _publish)
     fcntl = None  # type: ignore[assignment]
 
+from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import Corpus, Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
@@ -289,6 +290,8 @@ def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val
         "settings": _split_settings(corpus, val_fraction),
         "build": build,
     }
+    if isinstance(corpus, CleanCorpus):  # what was removed and why: counts here, examples in clean.json beside
+        meta["clean"] = corpus.write_report(out)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
