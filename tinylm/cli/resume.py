@@ -299,7 +299,8 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str]) -> dict:
     if target is not None:
         trained["vocab_size"] = target
     data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
-            and f"data.{k}" not in named and cfg.data[k] != v}
+            and f"data.{k}" not in named and cfg.data[k] != v
+            and not any(n.startswith(f"data.{k}.") for n in named)}  # --data.clean.exact false
     if {**cfg.data, **data}.get("corpus") != trained.get("corpus"):
         data.pop("weights", None)  # the run's mixture weights go with its corpora, not with --data.corpus OTHER
     from tinylm.tokenize import TRAINED_SPECS
