@@ -63,8 +63,9 @@ def main() -> None:
         y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix])
         return x, y
 
-    model_args = {"vocab_size": meta["vocab_size"], "block_size": block_size, "n_layer": m["n_layer"], "n_head": m["n_head"],
-                      "n_embd": m["n_embd"], "dropout": m.get("dropout", 0.0), "bias": m.get("bias", True)}
+    model_args = {"vocab_size": meta["vocab_size"], "block_size": block_size, "n_layer": m["n_layer"],
+                      "n_head": m["n_head"], "n_embd": m["n_embd"], "dropout": m.get("dropout", 0.0),
+                      "bias": m.get("bias", True)}
     model = GPT(GPTConfig(**model_args))
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -31,18 +31,18 @@ from pathlib import Path
 import torch
 
 CONFIGS = {  # name: (TinyLM kwargs, batch_size, precision)
-    "laptop recipe (char, 4x128, T=64, B=12)": ({"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128,
-                                                       "bias": False}, 12, "32-true"),
-    "char 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384},
-                                          8, "bf16-mixed"),
-    "GPT-2 vocab 4x256, T=256, B=4": ({"vocab_size": 50257, "block_size": 256, "n_layer": 4, "n_head": 4, "n_embd": 256},
-                                      4, "32-true"),
+    "laptop recipe (char, 4x128, T=64, B=12)": ({"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4,
+                                                       "n_embd": 128, "bias": False}, 12, "32-true"),
+    "char 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6,
+                                          "n_embd": 384}, 8, "bf16-mixed"),
+    "GPT-2 vocab 4x256, T=256, B=4": ({"vocab_size": 50257, "block_size": 256, "n_layer": 4, "n_head": 4,
+                                      "n_embd": 256}, 4, "32-true"),
     "modern laptop recipe (RoPE, RMSNorm, qk_norm, relu2, softcap, Muon; 4x128, T=64, B=12)": (
-        {"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "bias": False, "positions": "rope",
-         "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False, "logit_softcap": 15.0,
-         "zero_init_proj": True, "optimizer": "muon"}, 12, "32-true"),
-    "SwiGLU 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384,
-                                              "mlp": "swiglu"}, 8, "bf16-mixed"),
+        {"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "bias": False,
+         "positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False,
+         "logit_softcap": 15.0, "zero_init_proj": True, "optimizer": "muon"}, 12, "32-true"),
+    "SwiGLU 6x384, T=256, B=8, bf16-mixed": ({"vocab_size": 65, "block_size": 256, "n_layer": 6, "n_head": 6,
+                                              "n_embd": 384, "mlp": "swiglu"}, 8, "bf16-mixed"),
 }
 
 

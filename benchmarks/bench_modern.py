@@ -10,9 +10,10 @@ Reported per variant: parameters, final val/loss and val/bpb (the same fixed val
 `--eval_every` steps), median step time (forward, backward, clip, optimizer step) and its ratio to the baseline, and
 the first evaluated step at which val/loss <= the baseline's final val/loss.
 
-    python benchmarks/bench_modern.py --data ../shared/data                     # 2000 steps, every variant: ~28 min (1 thread)
+    python benchmarks/bench_modern.py --data ../shared/data  # 2000 steps, every variant: ~28 min (1 thread)
     python benchmarks/bench_modern.py --steps 500 --variants baseline,modern+muon --out /tmp/modern
-    python benchmarks/bench_modern.py --data ../shared/data --compile --variants baseline,modern,modern+muon --out /tmp/c
+    python benchmarks/bench_modern.py --data ../shared/data --compile --variants baseline,modern,modern+muon \\
+        --out /tmp/c
     python benchmarks/bench_modern.py --ops        # the one-node layers (layers.py) vs their plain autograd formulas
 """
 
@@ -45,8 +46,8 @@ from tinylm.train.optim import build_optimizer, fused_adamw
 from tinylm.train.schedules import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
-MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False, "logit_softcap": 15.0,
-              "zero_init_proj": True}  # = configs/shakespeare-char-cpu-modern.yaml's model options
+MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False,
+          "logit_softcap": 15.0, "zero_init_proj": True}  # = configs/shakespeare-char-cpu-modern.yaml's model options
 VARIANTS = {
     "baseline": {},
     "rope": {"positions": "rope"},
@@ -278,10 +279,12 @@ def report(runs: list[Run], steps: int, args, recipe: dict) -> None:
                          "steps_ratio": None if reach is None else reach / steps,
                          "param_ratio": r.params / base.params, "curve": r.val})
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": machine_line(), "steps": steps, "compile": args.compile, "eval_every": args.eval_every, "val_batches": args.val_batches,
-                "config": str(args.config), "recipe_model": recipe["model"], "batch_size": recipe["data"]["batch_size"]}
+    meta = {"machine": machine_line(), "steps": steps, "compile": args.compile, "eval_every": args.eval_every,
+                "val_batches": args.val_batches, "config": str(args.config), "recipe_model": recipe["model"],
+                "batch_size": recipe["data"]["batch_size"]}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\n{meta['machine']}; {steps} steps{', compiled' if args.compile else ''}; target = baseline final val/loss {target:.4f}\n")
+    print(f"\n{meta['machine']}; {steps} steps{', compiled' if args.compile else ''}; "
+          f"target = baseline final val/loss {target:.4f}\n")
     print("| variant | params | val/loss | val/bpb | Δ loss vs baseline | step ms | step × | reaches baseline at |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:

@@ -76,7 +76,8 @@ def main() -> None:
     all_ids = tok.encode(text[:400_000])
     prompt, rest = all_ids[:8], all_ids[8:]
     print(f"{platform.processor() or platform.machine()}, Python {sys.version.split()[0]}, GPT-2 BPE (tiktoken)\n")
-    print("| new tokens | stream: before (s) | stream: tinylm (s) | ratio | stop check: before (s) | tinylm (s) | ratio |")
+    print("| new tokens | stream: before (s) | stream: tinylm (s) | ratio | "
+          "stop check: before (s) | tinylm (s) | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.lengths:
         ids = rest[:n]

@@ -11,9 +11,9 @@ optimizer, schedule and evaluation cadence:
 
 Per run: wall time, CPU time (user + sys of the child and of every descendant it leaves behind, from `os.wait4`
 and this process's `RUSAGE_CHILDREN`, with this process as the subreaper of orphans such as W&B's service),
-and peak RSS (of the child's largest process: Python's, not W&B's service). The machine may be shared with other jobs, so runs alternate in pairs
-(tinylm first in odd pairs, plain first in even pairs) and the CPU-time ratio is the number to trust: other jobs
-stretch wall time but hardly CPU time.
+and peak RSS (of the child's largest process: Python's, not W&B's service). The machine may be shared with other jobs,
+so runs alternate in pairs (tinylm first in odd pairs, plain first in even pairs) and the CPU-time ratio is the number
+to trust: other jobs stretch wall time but hardly CPU time.
 
     python benchmarks/bench_whole_run.py                       # 3 pairs of full runs (about 8 minutes on 2 cores)
     python benchmarks/bench_whole_run.py --pairs 1 --max-steps 300
@@ -150,8 +150,8 @@ def main() -> None:
                 name = f"{side}-{pair}"
                 if side == "tinylm":
                     cmd = [str(tinylm_bin), "fit", "--config", str(args.config), "--data.corpus", str(corpus),
-                           "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(work / "runs"), "--run.name", name,
-                           "--trainer.max_steps", str(steps), *shlex.split(args.tinylm_args)]
+                           "--data.cache_dir", str(cache), "--trainer.default_root_dir", str(work / "runs"),
+                           "--run.name", name, "--trainer.max_steps", str(steps), *shlex.split(args.tinylm_args)]
                 elif side == "plain":
                     cmd = [sys.executable, str(BASELINE), "--config", str(args.config), "--dataset", str(dataset),
                            "--out", str(work / "runs" / name), "--max-steps", str(steps)]
@@ -171,8 +171,10 @@ def main() -> None:
     for s in sides:
         print(f"| {s} | {med[s]['wall']:.1f} | {med[s]['cpu']:.1f} | {med[s]['rss_mb']:.0f} |")
     if set(sides) == {"tinylm", "plain"}:
-        pairs = [(a, b) for a, b in zip([r for r in runs if r.side == "tinylm"], [r for r in runs if r.side == "plain"])]
-        paired = {k: statistics.median(getattr(a, k) / getattr(b, k) for a, b in pairs) for k in ("wall", "cpu", "rss_mb")}
+        pairs = [(a, b) for a, b in zip([r for r in runs if r.side == "tinylm"],
+                                        [r for r in runs if r.side == "plain"])]
+        paired = {k: statistics.median(getattr(a, k) / getattr(b, k) for a, b in pairs)
+                  for k in ("wall", "cpu", "rss_mb")}
         print(f"| **tinylm / plain** | **{med['tinylm']['wall'] / med['plain']['wall']:.3f}** "
               f"(paired {paired['wall']:.3f}) | **{med['tinylm']['cpu'] / med['plain']['cpu']:.3f}** "
               f"(paired {paired['cpu']:.3f}) | **{med['tinylm']['rss_mb'] / med['plain']['rss_mb']:.3f}** |")

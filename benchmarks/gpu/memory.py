@@ -79,7 +79,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
-    print("| config | params | micro-batch x block | optimizer | compiled | peak memory GiB |\n|---|---:|---|---|---|---:|")
+    print("| config | params | micro-batch x block | optimizer | compiled | peak memory GiB |\n"
+          "|---|---:|---|---|---|---:|")
     for config in args.configs:
         for compile in (False, True) if args.compile else (False,):
             try:

@@ -109,8 +109,8 @@ def test_out_never_replaces_another_file_beside_it(config, capsys, command):
     sweep's or the ladder's numbers (after hours of training): refused before any work, the file untouched."""
     theirs = config.parent / "config.json"
     theirs.write_text('{"model_type": "gpt2"}')
-    _one_line_error(capsys, [command[0], "--config", str(config), *command[1:], "--out", str(config.parent / "config.png")],
-                    f"{theirs}, which holds another file")
+    _one_line_error(capsys, [command[0], "--config", str(config), *command[1:], "--out",
+                             str(config.parent / "config.png")], f"{theirs}, which holds another file")
     assert theirs.read_text() == '{"model_type": "gpt2"}' and not (config.parent / "runs").exists()
 
 
@@ -137,7 +137,8 @@ def test_wrongly_typed_values_are_named_in_plain_words(config, capsys, argv, mes
     _one_line_error(capsys, argv, message)
 
 
-@pytest.mark.parametrize("override, key", [(["--model.n_layer", "two"], "n_layer"), (["--model.n_layers", "3"], "n_layers")])
+@pytest.mark.parametrize("override, key", [(["--model.n_layer", "two"], "n_layer"),
+                                           (["--model.n_layers", "3"], "n_layers")])
 def test_config_type_errors_and_typos_are_jsonargparse_messages(config, capsys, override, key):
     """Catches a wrongly typed or misspelled option reaching the model, or ending in a Python traceback."""
     with pytest.raises(SystemExit) as e:
@@ -152,7 +153,8 @@ def test_resuming_with_another_tokenizer_names_the_mismatch(config, tmp_path, ca
     main(["fit", "--config", str(config)])
     before = (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes()
     tiktoken = f"tiktoken:{small_bpe.tiktoken}"  # 512 ids where the run's char tokenizer has 58
-    line = _one_line_error(capsys, ["fit", "--config", str(config), "--data.tokenizer", tiktoken, "--trainer.max_steps", "3", "--ckpt_path", "last"],
+    line = _one_line_error(capsys, ["fit", "--config", str(config), "--data.tokenizer", tiktoken,
+                                    "--trainer.max_steps", "3", "--ckpt_path", "last"],
                            "vocab_size", "data.tokenizer")
     assert "512" in line
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before  # nothing damaged
@@ -210,7 +212,8 @@ def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):
     main(["fit", "--config", str(config)])
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     with pytest.warns(UserWarning, match="context is 16"):
-        main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO: " * 10, "--strategy", "greedy", "--max_new_tokens", "4"])
+        main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO: " * 10, "--strategy", "greedy",
+              "--max_new_tokens", "4"])
     assert capsys.readouterr().out.startswith("ROMEO: ROMEO:")
 
 
@@ -259,10 +262,11 @@ def test_lightnings_own_trainer_flag_checks_are_one_line(config, capsys):
 
 def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch, tmp_path):
     """Catches --trainer.num_nodes 2 on one machine waiting forever for node 1 (and deaf to SIGTERM meanwhile)."""
-    for var in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE",
-                "PMI_SIZE"):
+    for var in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LSB_JOBID",
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu"],
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.num_nodes", "2",
+                             "--trainer.accelerator", "cpu"],
                     "trainer.num_nodes 2", "MASTER_ADDR", "NODE_RANK")
     assert not (tmp_path / "runs").exists()
 
@@ -286,7 +290,8 @@ def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices
     from tinylm.cli.trainer_checks import check_trainer_options
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)  # a 2-core machine
-    monkeypatch.setattr("tinylm.cli.trainer_checks.check_accelerator", lambda accelerator: None)  # gpu: as if one were there
+    monkeypatch.setattr("tinylm.cli.trainer_checks.check_accelerator",
+                        lambda accelerator: None)  # gpu: as if one were there
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         check_trainer_options({"accelerator": accelerator, "devices": devices, "max_steps": 10}, "fit")
@@ -316,12 +321,14 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
     for code, needles, absent in [(errno.EROFS, ["read-only file system: /mnt/ro/x", "writable disk"], "chmod"),
                                   (errno.EACCES, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),
                                   (errno.EPERM, ["permission denied: /mnt/ro/x", "chmod"], "writable disk"),
-                                  (errno.ENOSPC, ["no space left on the disk writing /mnt/ro/x", "--out DIR"], "chmod")]:
+                                  (errno.ENOSPC, ["no space left on the disk writing /mnt/ro/x", "--out DIR"],
+                                   "chmod")]:
         e = OSError(code, "oops", "/mnt/ro/x")
         line = one_line(e)
         assert is_user_error(e) and all(n in line for n in needles) and absent not in line, line
     # a clash with a folder is no file where a folder is needed: the plain line, which names it
-    assert one_line(FileExistsError(errno.EEXIST, "File exists", "/tmp")) == "FileExistsError: [Errno 17] File exists: '/tmp'"
+    assert (one_line(FileExistsError(errno.EEXIST, "File exists", "/tmp"))
+            == "FileExistsError: [Errno 17] File exists: '/tmp'")
 
 
 @pytest.mark.parametrize("blocker, args", [

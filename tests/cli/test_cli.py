@@ -184,7 +184,8 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
     main(["generate", "--ckpt_path", str(ckpt), "--no_cache", "--prompt", "ROMEO:", "--strategy", "greedy",
           "--max_new_tokens", "20", "--early_stopping"])
     assert capsys.readouterr().out == first  # the same tokens without the KV cache
-    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1", "--max_new_tokens", "5"])
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1",
+          "--max_new_tokens", "5"])
     out = capsys.readouterr().out
     assert out.count("ROMEO:") == 3
     assert [line for line in out.splitlines() if line.startswith("-----")] == \
@@ -260,7 +261,8 @@ def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
     (["--strategy", "beam", "--length_penalty", "400"], r"length_penalty must be in \[-10, 10\]"),
     (["--strategy", "contrastive", "--num_samples", "3"], "3 identical texts"),  # N x the work, nothing new
     (["--ckpt_path", ""], "--ckpt_path is empty"),  # was "checkpoint '.' is a folder"
-    (["--prompt", "ab\udcff"], r"not valid UTF-8 \(byte b'\\xff' at character 2\)"),  # a byte the shell could not decode
+    (["--prompt", "ab\udcff"],
+     r"not valid UTF-8 \(byte b'\\xff' at character 2\)"),  # a byte the shell could not decode
     (["--prompt", "é"], "remove it from the text"),  # a character the char model never saw
 ])
 def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, capsys, flags, match):
@@ -278,7 +280,8 @@ def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, c
     """Catches `--ckpt_path last --model.lr X` silently mixing a new LR into a resumed run (Lightning #20801)."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     with caplog.at_level("WARNING", logger="tinylm"):
-        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last", "--model.lr", "0.5"])
+        cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last",
+                              "--model.lr", "0.5"])
     assert cli.model.hparams.lr == 3e-3
     assert any("ignoring model.lr=0.5 (checkpoint: 0.003)" in r.getMessage() for r in caplog.records)
     # a value equal to the default, named on the command line, is ignored too: and says so

@@ -42,7 +42,8 @@ def test_csv_writer_hook():
     """RunCSVLogger's writer overrides `_check_log_dir_exists` (which deletes an existing metrics.csv) to append, and
     `_rewrite_with_new_header` (a new column rewrites metrics.csv in place) to rewrite it by a rename."""
     assert _params(ExperimentWriter._check_log_dir_exists) == ["self"]
-    inits = "".join(inspect.getsource(vars(c)["__init__"]) for c in ExperimentWriter.__mro__[:-1] if "__init__" in vars(c))
+    inits = "".join(inspect.getsource(vars(c)["__init__"]) for c in ExperimentWriter.__mro__[:-1]
+                    if "__init__" in vars(c))
     assert "self._check_log_dir_exists()" in inits
     assert _params(ExperimentWriter._rewrite_with_new_header) == ["self", "fieldnames"]
     assert "self._rewrite_with_new_header(" in inspect.getsource(ExperimentWriter.save)
@@ -158,4 +159,5 @@ def test_ddp_launcher_starts_its_watch_by_module_name():
     the Popen list of the ranks."""
     from lightning.pytorch.strategies.launchers import subprocess_script
 
-    assert "_launch_process_observer(self.procs)" in inspect.getsource(subprocess_script._SubprocessScriptLauncher.launch)
+    assert "_launch_process_observer(self.procs)" in inspect.getsource(
+        subprocess_script._SubprocessScriptLauncher.launch)

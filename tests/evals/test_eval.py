@@ -322,7 +322,8 @@ def test_in_loop_eval_under_ddp_is_one_result_over_all_items(run_config, tmp_pat
     scores = ["--eval.tasks", "piqa,winogrande", "--eval.limit", "7", "--eval.batch_size", "2", "--eval.data_dir",
               str(EVALS)]
     main(["fit", "--config", str(config), "--run.name", "one", *scores])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(["fit", "--config", str(config), "--run.name", "two", "--trainer.accelerator", "cpu",
                        "--trainer.devices", "2", "--trainer.strategy", "ddp_fork", "--data.batch_size", "2", *scores],
                       cwd=tmp_path, env=env, timeout=300)

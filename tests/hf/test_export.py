@@ -133,7 +133,8 @@ def test_exported_tokenizer_adds_no_post_processor_tokens(tmp_path, small_data):
     tokenizer = _tokenizers(small_data)["bpe"]()
     hf = tokenizer._b.tok
     bos = tokenizer.eos_id
-    hf.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    hf.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                      special_tokens=[("<|endoftext|>", bos)])
     hf.save(str(tmp_path / "tokenizer.json"))
     mine = Tokenizer.load(tmp_path / "tokenizer.json")
     save_hf_tokenizer(mine, tmp_path / "hf", model_max_length=64)
@@ -381,7 +382,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _readme_block(language: str, containing: str) -> str:
     """The one fenced code block of README.md in `language` that contains `containing`."""
-    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"),
+                        re.DOTALL | re.MULTILINE)
     [block] = [b for b in blocks if containing in b]
     return block
 
@@ -484,7 +486,8 @@ def _llama_dir(path: Path, **changes) -> Path:
     ({"rope_parameters": None, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
      "rope_type='linear' (tinylm supports 'default' (no RoPE scaling))"),
     ({"num_key_value_heads": 1, "rms_norm_eps": 1e-5},  # both named, in one line
-     "num_key_value_heads=1 (tinylm supports = num_attention_heads (no GQA)); rms_norm_eps=1e-05 (tinylm supports 1e-06)"),
+     "num_key_value_heads=1 (tinylm supports = num_attention_heads (no GQA)); "
+     "rms_norm_eps=1e-05 (tinylm supports 1e-06)"),
 ], ids=["act", "gqa", "ffn", "eps", "head_dim", "mlp_bias", "rope_scaling", "two"])
 def test_import_refuses_llama_variants_tinylm_does_not_compute(tmp_path, changes, message):
     """Catches import_hf loading a Llama whose config asks for what tinylm's GPT does not compute (grouped-query
@@ -541,7 +544,8 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
     assert not (tmp_path / "runs" / "finetune").exists()  # refused before it wrote anything: no empty run left
     with pytest.raises(ValueError, match="has 48 token ids but this run's tokenizer has 2"):
         TinyLM(vocab_size=2, block_size=16, init_from=str(_write_checkpoint(
-            tmp_path / "m.ckpt", build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU", "v"]),
+            tmp_path / "m.ckpt",
+            build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU", "v"]),
             bias=False, pad_vocab_multiple=1)))
 
 

@@ -36,7 +36,7 @@ for line in sys.stdin:  # a path: a forked child rewrites it until the test kill
             os._exit(1)  # never back into the loop above: the parent alone reads the next path
     os.waitpid(child, 0)
     print("killed", flush=True)
-"""
+"""  # noqa: E501 (a line of the child's script, which this string holds verbatim)
 
 
 def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.Popen:
@@ -290,7 +290,8 @@ def test_checkpoint_of_another_format_is_refused(tmp_path, fmt):
     load_model(_model_checkpoint(tmp_path / "ok.ckpt"))
     path = _model_checkpoint(tmp_path / "other.ckpt", fmt=fmt)
     with pytest.raises(CheckpointError, match=re.escape(
-            f"'{path}' has tinylm checkpoint format {fmt!r}, this tinylm reads 1; use the tinylm version that wrote it")):
+            f"'{path}' has tinylm checkpoint format {fmt!r}, this tinylm reads 1; "
+            "use the tinylm version that wrote it")):
         load_checkpoint(path)
 
 
@@ -308,9 +309,12 @@ def _nan(state):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (_drop_ln_f, "does not match its hyperparameters: missing weights ['transformer.ln_f.weight'], unexpected weights []"),
-    (_add_extra, "does not match its hyperparameters: missing weights [], unexpected weights ['transformer.extra.weight']"),
-    (_nan, "holds non-finite weights (NaN or inf) in 1 tensors, e.g. 'transformer.h.0.mlp.c_fc.bias': the run diverged"),
+    (_drop_ln_f, "does not match its hyperparameters: missing weights ['transformer.ln_f.weight'], "
+                 "unexpected weights []"),
+    (_add_extra, "does not match its hyperparameters: missing weights [], "
+                 "unexpected weights ['transformer.extra.weight']"),
+    (_nan, "holds non-finite weights (NaN or inf) in 1 tensors, e.g. 'transformer.h.0.mlp.c_fc.bias': "
+           "the run diverged"),
 ], ids=["missing", "unexpected", "nan"])
 def test_checkpoint_weights_that_are_not_the_model_are_named(tmp_path, edit, message):
     """Catches load_model building a model from weights its hyperparameters do not describe (a dropped tensor left

@@ -89,7 +89,8 @@ def _fit(config: Path, *args: str, devices: int, strategy: str = "ddp") -> str:
         return ""
     cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", str(devices),
            "--trainer.strategy", strategy, *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(cmd, cwd=config.parent, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
@@ -185,7 +186,8 @@ def test_two_ranks_say_their_global_batch_and_halt_together_on_one_ranks_nonfini
     cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
            "--trainer.log_every_n_steps", "2", "--trainer.callbacks+=test_elastic.InfLossOnRankOne"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(cmd, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("tinylm fit: error:")]
@@ -210,7 +212,8 @@ def test_a_signal_to_one_rank_stops_both_one_step_later_without_waiting_on_every
            "--trainer.devices", "2", "--trainer.strategy", strategy, "--data.batch_size", str(B),
            "--trainer.max_steps", "100000", "--trainer.val_check_interval", "1000", "--run.checkpoint_every", "1000",
            "--trainer.callbacks+=test_elastic.SigtermToRankOne"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(cmd, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if "interrupted by" in line]
@@ -229,7 +232,8 @@ def test_a_sigterm_before_training_starts_stops_every_rank(config, tmp_path):
     cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", str(B),
            "--trainer.num_sanity_val_steps", "2", "--trainer.callbacks+=test_elastic.SigtermInTheSanityCheck"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
     proc = forked.popen(cmd, cwd=tmp_path, stderr=forked.PIPE, env=env,
                         start_new_session=True)  # its own process group: the callback signals all of it
     try:

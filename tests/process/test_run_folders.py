@@ -128,7 +128,8 @@ def test_validate_without_a_config_finds_a_bpe_of_another_size_and_honours_a_def
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--data.val_batches", "null"])
     whole_config = tmp_path / "whole.yaml"  # the same, set in a config file, or as the section
-    whole_config.write_text(f"data:\n  corpus: {tmp_path / 'shakespeare_small.txt'}\n  cache_dir: {tmp_path / 'cache'}\n"
+    whole_config.write_text(f"data:\n  corpus: {tmp_path / 'shakespeare_small.txt'}\n"
+                            f"  cache_dir: {tmp_path / 'cache'}\n"
                             "  val_batches: null\n")
     main(["validate", "--config", str(whole_config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "-c", str(whole_config)])
@@ -445,7 +446,8 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
     end = ["--trainer.max_steps", str(stopped + 2)]
     main(["fit", "--config", str(config), "--ckpt_path", "last", *end, *same])
     main(["fit", "--config", str(config), "--run.name", "straight", *end, *same])
-    rows = {name: [(r["step"], r["epoch"], "train" if r["train/loss"] else "val", float(r["train/loss"] or r["val/loss"]))
+    rows = {name: [(r["step"], r["epoch"], "train" if r["train/loss"] else "val",
+                    float(r["train/loss"] or r["val/loss"]))
                    for r in _rows(path)] for name, path in csv_of.items()}
     assert [row[:3] for row in rows["tiny"]] == [row[:3] for row in rows["straight"]]
     assert [row[3] for row in rows["tiny"]] == pytest.approx([row[3] for row in rows["straight"]], abs=1e-4)
@@ -583,7 +585,8 @@ def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
     assert line.endswith("; resumed at step 4: 6 steps left read 192 tokens"), line
     with pytest.warns(UserWarning, match=r"one optimizer step reads 19,200 tokens but the training split holds "
-                                         r"[\d,]+: every step goes over it 1\.\d+ times; use a smaller --data.batch_size"):
+                                         r"[\d,]+: every step goes over it 1\.\d+ times; "
+                                         r"use a smaller --data.batch_size"):
         main(["fit", "--config", str(config), "--run.name", "big", "--data.batch_size", "1200", "--trainer.max_steps",
               "1", "--trainer.val_check_interval", "1"])
 
@@ -670,7 +673,8 @@ def test_a_training_process_error_is_judged_as_in_one_process():
         return ProcessRaisedException(text, 1, 4242)
 
     user = _from_training_process(from_process(lambda: TinyLMDataModule(batch_size=0)))
-    assert is_user_error(user) and one_line(user).startswith("ValueError: data.batch_size") and user.exit_code == 1, one_line(user)
+    assert (is_user_error(user) and one_line(user).startswith("ValueError: data.batch_size")
+            and user.exit_code == 1), one_line(user)
     bug = from_process(lambda: F.cross_entropy(torch.zeros(2, 3), torch.zeros(5, dtype=torch.long)))
     assert _from_training_process(bug) is bug and not is_user_error(bug)
 
@@ -927,7 +931,8 @@ def test_a_diverged_checkpoint_is_refused_by_generate(config, tmp_path, capsys):
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
-    ckpt["state_dict"] = {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
+    ckpt["state_dict"] = {k: v.fill_(float("nan")) if v.is_floating_point() else v
+                          for k, v in ckpt["state_dict"].items()}
     torch.save(ckpt, tmp_path / "nan.ckpt")
     assert "non-finite" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path / "nan.ckpt"), "--prompt", "A"])
 

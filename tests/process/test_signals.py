@@ -138,7 +138,8 @@ def test_a_second_sigterm_as_an_interrupted_run_ends_is_the_same_request(tmp_pat
 
 
 class SendSignals(L.Callback):
-    """A scheduler inside the run: SIGUSR1 (SLURM's requeue warning) after step ``usr1_at``, SIGTERM after ``term_at``."""
+    """A scheduler inside the run: SIGUSR1 (SLURM's requeue warning) after step ``usr1_at``, SIGTERM after
+    ``term_at``."""
 
     def __init__(self, usr1_at: int = 1, term_at: int = 3) -> None:
         self.at = {usr1_at: signal.SIGUSR1, term_at: signal.SIGTERM}
@@ -161,7 +162,9 @@ def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, t
     """Catches a second Ctrl+C exiting 1, as a failure (Lightning ends its KeyboardInterrupt handling in
     sys.exit(1)): an interrupted command exits 130, as a shell reports one, and says so in a line."""
     config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.CtrlCTwice"}]})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
+                                                        os.path.dirname(os.path.dirname(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130, done.stderr[-3000:]
     assert "tinylm: interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -209,7 +212,8 @@ def _two_ranks(config, strategy: str = "ddp", command: tuple[str, ...] = ()) -> 
     """The arguments of `tinylm fit --config CONFIG` (or of ``command``) on 2 CPU ranks and its environment, in
     which the callbacks of this file can be named."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)),
+                                          os.environ.get("PYTHONPATH", "")])}
     return [*(command or ("fit", "--config", str(config))), "--trainer.accelerator",
             "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], env
 
@@ -524,7 +528,9 @@ def test_a_ctrl_c_while_exiting_ends_at_once_quietly(run_config, tmp_path):
     KeyboardInterrupt" and a traceback (and the exit going on): it ends the process at once with 130, quietly."""
     config = run_config(trainer={"max_steps": 2, "callbacks": [{"class_path": "test_signals.CtrlCAtExit"}]},
                         data={"num_workers": 2})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
+                                                        os.path.dirname(os.path.dirname(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
@@ -551,8 +557,11 @@ def test_a_ctrl_c_in_the_teardown_after_a_stop_still_says_where_it_stopped(run_c
     """Catches a Ctrl+C during the teardown of a run stopped by SIGTERM ending the command at once without a word:
     the line saying where it stopped, what was saved and how to resume was lost (the checkpoint was saved)."""
     config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.StopAtStep2"}],
-                                 "logger": [{"class_path": "test_signals.SlowUpload", "init_args": {"save_dir": "mine"}}]})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")])}
+                                 "logger": [{"class_path": "test_signals.SlowUpload",
+                                             "init_args": {"save_dir": "mine"}}]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
+                                                        os.path.dirname(os.path.dirname(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")])}
     done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = (f"tinylm fit: error: interrupted by SIGTERM at step 2; saved runs/tiny/checkpoints/last.ckpt; resume with "

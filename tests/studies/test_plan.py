@@ -328,7 +328,8 @@ def test_gpu_names_match_whole_chip_names_only():
     # nvidia-smi's names with hyphens; no chip found inside another's model number (A40 in A4000, L4 in L40S, H200's
     # figure for an H20)
     assert peak_flops_by_name("Tesla V100-SXM2-16GB", "32-true") == 15.7e12
-    assert peak_flops_by_name("NVIDIA RTX A4000", "bf16-mixed") is None and peak_flops_by_name("H20", "bf16-mixed") is None
+    assert (peak_flops_by_name("NVIDIA RTX A4000", "bf16-mixed") is None
+            and peak_flops_by_name("H20", "bf16-mixed") is None)
     assert peak_flops_by_name("L40S", "32-true") != peak_flops_by_name("L4", "32-true")
 
 

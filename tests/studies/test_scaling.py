@@ -118,7 +118,8 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     assert (trained / "checkpoints" / "last.ckpt").is_file()
     saved = yaml.safe_load((trained / "config.yaml").read_text())
     assert saved["samples"]["every_n_steps"] == 0 and saved["model"]["n_head"] == 3  # 24 / 8
-    assert saved["model"]["decay_steps"] is None and saved["model"]["warmup_steps"] == result["runs"][-1]["warmup_steps"]
+    assert (saved["model"]["decay_steps"] is None
+            and saved["model"]["warmup_steps"] == result["runs"][-1]["warmup_steps"])
     assert result["prediction"]["measured"] > 0 and "prediction for L1-d24" in out
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer

@@ -35,7 +35,8 @@ def test_gpt2_pattern_splits_and_encodes_as_gpt2_by_hand(gpt2):
     """Catches a changed GPT-2 pre-tokenizer pattern (a contraction dropped, the optional leading space lost, digits
     split one by one or glued to letters, whitespace runs not leaving their last space to the next word, a case-
     insensitive "'M"): the pieces are written out by hand and the ids are GPT-2's own (`I` 40, `'m` 1101, ...)."""
-    text = "I'm sure it's he'd say we'll've done it, you're right: don't 'tis the 2nd I'M 3.14  rain\n\n  Äpfel 中文😀!!\tok\n"
+    text = ("I'm sure it's he'd say we'll've done it, you're right: don't 'tis the 2nd I'M 3.14  rain\n\n"
+            "  Äpfel 中文😀!!\tok\n")
     assert regex.findall(GPT2_PATTERN, text) == [
         "I", "'m", " sure", " it", "'s", " he", "'d", " say", " we", "'ll", "'ve", " done", " it", ",", " you", "'re",
         " right", ":", " don", "'t", " '", "tis",  # after a space "'t" is no contraction

@@ -257,7 +257,8 @@ def test_files_that_are_not_tokenizers_are_named(tmp_path):
     (tmp_path / "state.json").write_text('{"version": 1, "kind": "hf", "state": {}}')
     (tmp_path / "bad.tiktoken").write_text("not ranks\n")
     for name in ("x.yaml", "image.json", "config.json", "state.json"):
-        with pytest.raises(ValueError, match=rf"{name} is not a tokenizer file .*--data\.tokenizer takes bpe, .*tiktoken:NAME"):
+        with pytest.raises(ValueError, match=rf"{name} is not a tokenizer file .*--data\.tokenizer takes bpe, "
+                                             r".*tiktoken:NAME"):
             build_tokenizer(str(tmp_path / name))
     (tmp_path / "vocab.json").write_text('{"hello": 0, "kind": 1, "state": 2, "version": 3, "model": 4}')  # as GPT-2's
     with pytest.raises(ValueError, match=r"vocab\.json is not a tokenizer file .*a vocabulary \(token -> id\) "
@@ -367,7 +368,8 @@ def test_byte_lengths_of_byte_fallback_tokens(tmp_path):
 def test_a_corpus_too_small_for_the_vocabulary_is_named(spec):
     """Catches the Hugging Face trainer returning fewer ids than --data.vocab_size in silence (scratch-bpe said so):
     the model's vocabulary, and its size in the run name, are not what the user asked for."""
-    with pytest.warns(UserWarning, match=r"ran out of pairs to merge after \d+ merges; vocab_size is \d+ instead of 8192"):
+    with pytest.warns(UserWarning, match=r"ran out of pairs to merge after \d+ merges; "
+                                         r"vocab_size is \d+ instead of 8192"):
         tok = build_tokenizer(spec, vocab_size=8192, documents=lambda: ["the cat sat on the mat, the cat sat"])
     assert tok.vocab_size < 300
 

@@ -27,7 +27,8 @@ def test_token_byte_lengths_are_utf8_bytes_and_zero_for_specials(small_data):
 
 def test_val_bpb_divides_by_the_bytes_evaluated(tmp_path):
     """Catches val/bpb using the whole split's bytes per token when data.val_batches evaluates only part of it
-    (+0.36 % on a BPE model; any tokenizer whose tokens vary in bytes shows it), and counting the EOS between documents as text."""
+    (+0.36 % on a BPE model; any tokenizer whose tokens vary in bytes shows it), and counting the EOS between
+    documents as text."""
     corpus = tmp_path / "docs.txt"  # short documents with 1-, 2- and 3-byte characters
     docs = ["Grüße aus Köln, schön war's!", "Ein Bär aß zwölf Äpfel für 3 €.", "Plain ASCII text here."]
     corpus.write_text(EOT.join(docs[i % 3] * (1 + i % 2) for i in range(60)), encoding="utf-8")

@@ -57,7 +57,8 @@ def _run(module, train, *, steps, val=None, val_every=None, callbacks=(), monito
 
 def _tiny(vocab, **kw):
     torch.manual_seed(0)
-    hp = {"vocab_size": vocab, "block_size": T, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 10}
+    hp = {"vocab_size": vocab, "block_size": T, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1,
+          "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 10}
     return TinyLM(**{**hp, **kw})
 
 
@@ -120,7 +121,8 @@ def test_grad_norm_spike_is_reported(chars):
     """Catches a one-step gradient explosion passing unnoticed because clipping hides it from the loss."""
     ids, vocab = chars
     torch.manual_seed(0)
-    module = _SpikyLM(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, lr=3e-3, warmup_steps=5, min_lr=3e-4)
+    module = _SpikyLM(vocab_size=vocab, block_size=T, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=1, lr=3e-3,
+                      warmup_steps=5, min_lr=3e-4)
     kinds, monitor = _run(module, _windows(ids, 8 * 50, 0), steps=50)
     assert "spike" in kinds
     assert [a.step for a in monitor.alerts if a.kind == "spike"] == [41]
@@ -319,8 +321,9 @@ def test_divergence_right_after_a_resume_names_an_earlier_checkpoint(run_config,
     from tinylm.cli import main
 
     main(["fit", "--config", str(run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4}))])
-    config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 8, "val_check_interval": 100,
-                                                             "callbacks": [{"class_path": "test_health._PoisonAtResume"}]})
+    config = run_config(run={"checkpoint_every": 2},
+                        trainer={"max_steps": 8, "val_check_interval": 100,
+                                 "callbacks": [{"class_path": "test_health._PoisonAtResume"}]})
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--ckpt_path", "last"])
     err = capsys.readouterr().err

@@ -106,8 +106,10 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert "wandb" in err and "anonymous" not in err  # guard: wandb did talk
     import torch
 
-    first_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "step-2.ckpt", weights_only=True)["tinylm"]["wandb_id"]
-    last_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt", weights_only=True)["tinylm"]["wandb_id"]
+    first_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "step-2.ckpt",
+                          weights_only=True)["tinylm"]["wandb_id"]
+    last_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt",
+                         weights_only=True)["tinylm"]["wandb_id"]
     runs = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
     assert first_id and last_id == first_id  # the resumed process logged into the run the checkpoint named
     assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
@@ -150,7 +152,8 @@ def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id
     assert config["n_layer"] == 1 and config["block_size"] == 16
     ckpts = tmp_path / "runs" / "wb" / "checkpoints"
     first = wandb_id(ckpts / "last.ckpt")
-    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.wandb_project", "null"])
+    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last",
+          "--run.wandb_project", "null"])
     assert first and wandb_id(ckpts / "last.ckpt") == first
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "6", "--ckpt_path", "last"])
     assert wandb_id(ckpts / "last.ckpt") == first
@@ -161,9 +164,9 @@ def test_a_branch_gets_its_own_wandb_run_and_a_resume_without_wandb_keeps_the_id
 
 
 def test_resumed_csv_keeps_whole_rows_before_the_checkpoint(tmp_path):
-    """Catches the resume's cut of metrics.csv keeping a row a crash cut short (without its newline, even one that
-    still has every field: "3.41" cut to "3.4", a wrong loss), a row with fewer or more fields than the header, or the rows of the
-    checkpoint's own step and after (redone after the resume: logged twice); or dropping a row without a step.
+    """Catches the resume's cut of metrics.csv keeping a row a crash cut short (without its newline, even one that still
+    has every field: "3.41" cut to "3.4", a wrong loss), a row with fewer or more fields than the header, or the rows of
+    the checkpoint's own step and after (redone after the resume: logged twice); or dropping a row without a step.
     Resuming at step 3: the rows of steps 0 to 2 stay (a row stores its step - 1)."""
     from tinylm.train.loggers import RunCSVLogger
 

@@ -10,7 +10,8 @@ from tinylm.train.module import TinyLM
 from tinylm.train.optim import MuonAdamW
 from tinylm.train.schedules import lr_at
 
-TINY = {"vocab_size": 50, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1, "optimizer": "muon"}
+TINY = {"vocab_size": 50, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "pad_vocab_multiple": 1,
+        "optimizer": "muon"}
 
 
 def _batches(n: int, B: int = 4, T: int = 16, V: int = 50) -> DataLoader:
@@ -104,7 +105,8 @@ def test_old_torch_without_muon_gets_one_line(monkeypatch):
         module.configure_optimizers()
 
 
-@pytest.mark.parametrize("bad, match", [({"optimizer": "sgd"}, "unknown model.optimizer 'sgd'; choose one of adamw, muon"),
+@pytest.mark.parametrize("bad, match", [({"optimizer": "sgd"},
+                                         "unknown model.optimizer 'sgd'; choose one of adamw, muon"),
                                         ({"muon_lr": 0.0}, r"model.muon_lr must be in \(0, inf\)"),
                                         ({"muon_momentum": 1.0}, r"model.muon_momentum must be in \[0, 1\)")])
 def test_bad_optimizer_options_raise(bad, match):
@@ -150,7 +152,8 @@ def test_muon_orthogonalises_q_k_and_v_of_c_attn_on_their_own():
     g = torch.Generator().manual_seed(0)
     stacked = torch.nn.Parameter(torch.randn(96, 32, generator=g))
     parts = [torch.nn.Parameter(t.detach().clone()) for t in stacked.detach().chunk(3)]
-    ours, ref = torch.optim.Muon([stacked], lr=0.02, weight_decay=0.1), torch.optim.Muon(parts, lr=0.02, weight_decay=0.1)
+    ours, ref = (torch.optim.Muon([stacked], lr=0.02, weight_decay=0.1),
+                 torch.optim.Muon(parts, lr=0.02, weight_decay=0.1))
     for _ in range(3):
         stacked.grad = torch.randn(stacked.shape, generator=g)
         for p, grad in zip(parts, stacked.grad.chunk(3)):
@@ -243,7 +246,8 @@ def test_muon_run_decays_each_group_by_its_own_weight_decay():
         p.grad = torch.zeros_like(p)
     opt.step()
     factors = {"transformer.wte.weight": 0.999, "lm_head.weight": 0.999, "transformer.h.0.attn.c_attn.weight": 0.99,
-               "transformer.h.1.mlp.c_proj.weight": 0.99, "transformer.ln_f.weight": 1.0, "transformer.h.0.ln_1.bias": 1.0}
+               "transformer.h.1.mlp.c_proj.weight": 0.99, "transformer.ln_f.weight": 1.0,
+               "transformer.h.0.ln_1.bias": 1.0}
     params = dict(module.model.named_parameters())
     for name, factor in factors.items():
         assert before[name].abs().max() > 0.01, name  # guard: a decay would show

@@ -135,7 +135,8 @@ def test_a_timed_stop_at_an_epochs_last_batch_resumes_exactly(run_config, tmp_pa
     main(["fit", "--config", str(config)])
     with monkeypatch.context() as m:  # the budget runs out at step 3, the first epoch's end
         m.setattr(Timer, "_check_time_remaining",
-                  lambda self, trainer: setattr(trainer, "should_stop", trainer.should_stop or trainer.global_step >= 3))
+                  lambda self, trainer: setattr(trainer, "should_stop",
+                                                trainer.should_stop or trainer.global_step >= 3))
         main(["fit", "--config", str(config), "--run.name", "timed", "--trainer.max_time", "01:00:00:00"])
     assert sorted(_losses(tmp_path / "runs" / "timed")) == [0, 1, 2]
     main(["fit", "--config", str(config), "--run.name", "timed", "--ckpt_path", "last"])
@@ -157,7 +158,8 @@ def _snapshot_after_saving(monkeypatch, run: Path, copy: Path, *, step: int) -> 
 def test_kill_after_a_validation_steps_checkpoint_keeps_its_validation(run_config, tmp_path, monkeypatch):
     """Catches a checkpoint taken between a step and its validation: a run killed in that gap resumed past the
     validation, so its val/loss row and its best.ckpt candidate were lost (and the CSV lost unflushed rows)."""
-    config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 2})
+    config = run_config(run={"name": "straight", "checkpoint_every": 2},
+                        trainer={"max_steps": 4, "val_check_interval": 2})
     straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
     _snapshot_after_saving(monkeypatch, straight, killed, step=2)
     main(["fit", "--config", str(config)])
@@ -173,7 +175,8 @@ def test_kill_right_after_a_checkpoint_keeps_its_steps_row(run_config, tmp_path,
     """Catches a checkpoint saved before its own step's CSV row: Lightning logs the row after on_train_batch_end,
     where the checkpoint is written, so a `kill -9` during the save of last.ckpt (after step-N.ckpt) lost the row of
     step N for good (the resume goes on from step N + 1)."""
-    config = run_config(run={"name": "straight", "checkpoint_every": 2}, trainer={"max_steps": 4, "val_check_interval": 4})
+    config = run_config(run={"name": "straight", "checkpoint_every": 2},
+                        trainer={"max_steps": 4, "val_check_interval": 4})
     straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
     _snapshot_after_saving(monkeypatch, straight, killed, step=2)
     main(["fit", "--config", str(config)])

@@ -95,8 +95,8 @@ def test_negative_gradient_clip_val_is_refused():
     torch.manual_seed(0)
     data = torch.randint(0, 50, (4, 17))
     loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=-1.0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, gradient_clip_val=-1.0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(ValueError, match=r"^trainer\.gradient_clip_val must be in \[0, inf\), got -1\.0$"):
         trainer.fit(TinyLM(**TINY, warmup_steps=0), loader)
     assert math.isfinite(trainer.gradient_clip_val)  # guard: the bad value did reach the hook
@@ -120,7 +120,9 @@ def test_gradient_clip_algorithm_value_is_refused():
             trainer.fit(module, loader)
             assert trainer.global_step == 1 and not torch.equal(module.model.transformer.wte.weight, before)
             continue
-        with pytest.raises(ValueError, match=r"^tinylm clips by norm only; got trainer\.gradient_clip_algorithm='value': leave it unset \(or pass 'norm'\)$"):
+        with pytest.raises(ValueError, match=r"^tinylm clips by norm only; "
+                                             r"got trainer\.gradient_clip_algorithm='value': "
+                                             r"leave it unset \(or pass 'norm'\)$"):
             trainer.fit(module, loader)
         assert torch.equal(module.model.transformer.wte.weight, before)  # refused before the optimizer stepped
 
@@ -174,7 +176,8 @@ def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, tmp_
     assert "." in text and "\u00e9" not in text
     other = tmp_path / "other.txt"
     other.write_text(text.replace(".", "\u00e9"))  # the same number of distinct characters, one of them different
-    argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--data.corpus", str(other)]
+    argv = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last",
+            "--data.corpus", str(other)]
     _one_line_error(capsys, argv, "tokenizer", "fingerprint", "data.tokenizer")
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").read_bytes() == before
 

@@ -70,9 +70,9 @@ def is_user_error(e: BaseException) -> bool:
 
     User errors: `TinyLMError`, command-line/config parsing errors, Lightning's MisconfigurationException, a missing
     optional package (ModuleNotFoundError: install it), a full disk or a denied permission, ValueError/OSError/TypeError
-    raised by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks of
-    its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another library mean
-    tinylm failed to validate something: a bug, shown with its traceback.
+    raised by a `raise` statement in tinylm's own code (which names the bad value and the fix), and the Trainer's checks
+    of its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another
+    library mean tinylm failed to validate something: a bug, shown with its traceback.
     """
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 

@@ -9,8 +9,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
             out: str | None = None) -> dict:
     """Find a learning rate: train num_training steps while the LR grows exponentially from min_lr to max_lr
     (Lightning's Tuner.lr_find; the weights are restored afterwards), plot loss against LR, and print the LR where
-    the loss falls fastest per decade beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option (--config FILE,
-    --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device.
+    the loss falls fastest per decade beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option
+    (--config FILE, --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device.
 
     Args:
         min_lr: LR of the first step.

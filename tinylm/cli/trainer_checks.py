@@ -54,8 +54,8 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                              "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
                              "characters")
         if trainer_cfg.get("limit_train_batches") in (0, 0.0):  # Lightning then ends the run at step 0 without a word
-            raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); leave it out: "
-                             "tinylm runs are driven by --trainer.max_steps")
+            raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); "
+                             "leave it out: tinylm runs are driven by --trainer.max_steps")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
@@ -74,7 +74,8 @@ def check_accelerator(accelerator: Any) -> None:
     name = accelerator.lower()
     if name not in ("gpu", *AcceleratorRegistry.available_accelerators()):
         return  # a name Lightning refuses itself, with the list of names
-    if any(AcceleratorRegistry[n]["accelerator"].is_available() for n in (("cuda", "mps") if name == "gpu" else (name,))):
+    if any(AcceleratorRegistry[n]["accelerator"].is_available()
+           for n in (("cuda", "mps") if name == "gpu" else (name,))):
         return
     what = {"gpu": "no CUDA GPU or Apple MPS device", "cuda": "no CUDA GPU", "mps": "no Apple MPS device"}
     build = " (this torch is a CPU-only build)" if name in ("gpu", "cuda") and torch.version.cuda is None else ""
@@ -100,7 +101,8 @@ def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
         return
     text = str(devices).strip().lower()
     if isinstance(devices, (list, tuple)) or re.fullmatch(r"\d+ *(, *\d+ *)*,? *", text) and "," in text:  # "0,1"
-        indices = list(devices) if isinstance(devices, (list, tuple)) else [int(d) for d in text.split(",") if d.strip()]
+        indices = (list(devices) if isinstance(devices, (list, tuple))
+                   else [int(d) for d in text.split(",") if d.strip()])
         if runs and _on_cpu(trainer_cfg):
             raise ValueError(f"trainer.devices {indices} lists GPU indices, and this run is on the CPU; pass "
                              f"the number of training processes instead: --trainer.devices {len(indices)}")

@@ -130,7 +130,8 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     if accumulate > 1:
         peak = weights + optimizer_bytes + gradients + activations + first_grad
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
-        peak = weights + optimizer_bytes + max(activations + first_grad, gradients + (per_layer if checkpointing else 0))
+        peak = weights + optimizer_bytes + max(activations + first_grad,
+                                               gradients + (per_layer if checkpointing else 0))
     step = weights + optimizer_bytes + gradients + (_muon_step_memory(model, state) // shards if muon else 0)
     return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step))
 
@@ -235,7 +236,8 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
         bottom += values
     # one step: the backward pass frees activations as it makes gradients, so the stack overcounts; under
     # accumulation the summed gradients stay beside the next micro-batch's activations, and the peak tops the stack
-    why = ("gradients and activations\nare never all alive at once" if p.memory.peak < sum(bars["no checkpointing"].values())
+    why = ("gradients and activations\nare never all alive at once"
+           if p.memory.peak < sum(bars["no checkpointing"].values())
            else "accumulated gradients stay\nbeside the activations")
     for x, peak in zip(xs, peaks):
         mem_ax.plot([x - 0.35, x + 0.35], [peak / scale] * 2, color="black", lw=2,

@@ -127,7 +127,8 @@ class HealthMonitor(L.Callback):
         self._owner: tuple[L.Trainer, L.LightningModule] | None = None  # set at train start, for state_dict
 
     # ---- reporting ----------------------------------------------------------------------------------------------
-    def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True, step: int | None = None) -> None:
+    def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True,
+               step: int | None = None) -> None:
         if once and kind in self._fired:
             return
         self._fired.add(kind)
@@ -145,7 +146,8 @@ class HealthMonitor(L.Callback):
                         log.debug("W&B alert not sent: %s", e)
 
     # ---- training -----------------------------------------------------------------------------------------------
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         if trainer.global_step == self._step_seen:
             return  # mid-accumulation: the optimizer step is judged once it is taken
         self._step_seen = trainer.global_step
@@ -181,7 +183,8 @@ class HealthMonitor(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check_pending(trainer, pl_module)
 
-    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, loss: float, norm: float | None) -> None:
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, loss: float,
+               norm: float | None) -> None:
         if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
             self._nonfinite(trainer, loss, norm, step)
             return
@@ -191,7 +194,8 @@ class HealthMonitor(L.Callback):
         warmup = getattr(pl_module.hparams, "warmup_steps", 0)
         mean = sum(self._losses) / len(self._losses)
 
-        if step >= warmup + self.stuck_after and len(self._losses) == self.window and mean > (1 - self.stuck_tolerance) * ln_v:
+        if (step >= warmup + self.stuck_after and len(self._losses) == self.window
+                and mean > (1 - self.stuck_tolerance) * ln_v):
             self._alert(
                 trainer,
                 "stuck",
@@ -199,7 +203,8 @@ class HealthMonitor(L.Callback):
                 "that parameters require grad, and that the data is not random",
                 step=step,
             )
-        if step <= self.leak_within and loss < self.leak_fraction * ln_v and len(self._losses) >= 3 and mean < self.leak_fraction * ln_v:
+        if (step <= self.leak_within and loss < self.leak_fraction * ln_v and len(self._losses) >= 3
+                and mean < self.leak_fraction * ln_v):
             self._alert(
                 trainer,
                 "leak",
@@ -210,7 +215,8 @@ class HealthMonitor(L.Callback):
         if norm is not None:
             if len(self._norms) >= min(10, self.spike_window):
                 median = statistics.median(self._norms)
-                if median > 0 and norm > self.spike_factor * median and step - self._last_spike_step >= self.spike_window:
+                if (median > 0 and norm > self.spike_factor * median
+                        and step - self._last_spike_step >= self.spike_window):
                     self._last_spike_step = step
                     self._alert(
                         trainer,
@@ -301,8 +307,9 @@ class HealthMonitor(L.Callback):
             self._alert(
                 trainer,
                 "overfit",
-                f"val loss rose {k} evaluations in a row ({recent[0][0]:.3f} -> {recent[-1][0]:.3f}) while train loss fell "
-                f"({recent[0][1]:.3f} -> {recent[-1][1]:.3f}): overfitting; use more data, dropout, or stop at best.ckpt",
+                f"val loss rose {k} evaluations in a row ({recent[0][0]:.3f} -> {recent[-1][0]:.3f}) "
+                f"while train loss fell ({recent[0][1]:.3f} -> {recent[-1][1]:.3f}): overfitting; "
+                "use more data, dropout, or stop at best.ckpt",
             )
 
     # ---- state survives resume ----------------------------------------------------------------------------------

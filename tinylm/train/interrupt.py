@@ -136,7 +136,8 @@ class InterruptStop(L.Callback):
         if self._armed and signal.SIGTERM in self._previous and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
         if not self._stepped or validation_follows(trainer) or not (signum := self._stop_signal(trainer)):
             return

@@ -1,7 +1,7 @@
 """Loggers: a CSV file always (readable without any account), W&B as the primary dashboard when available.
 
-W&B never blocks a run: with no credentials or no network (or ``WANDB_MODE=offline``) it logs offline into the run folder and
-says so in one line; ``WANDB_MODE=disabled`` or ``run.wandb_project: null`` turns it off.
+W&B never blocks a run: with no credentials or no network (or ``WANDB_MODE=offline``) it logs offline into the run
+folder and says so in one line; ``WANDB_MODE=disabled`` or ``run.wandb_project: null`` turns it off.
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def _reachable(timeout: float = 3.0) -> bool:
 
 
 def make_loggers(
-    run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None, resume_step: int | None = None
+    run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None,
+    resume_step: int | None = None
 ) -> list[Logger]:
     """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable.
 

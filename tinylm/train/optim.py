@@ -220,8 +220,8 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
                            f"{torch.__version__}: upgrade torch, or use model.optimizer=adamw")
     adamw_groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
-    muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True, "ns_steps": 5,
-                "adjust_lr_fn": "original"}
+    muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True,
+                "ns_steps": 5, "adjust_lr_fn": "original"}
     # c_attn stacks q, k and v: each is orthogonalised on its own, as the speedruns' separate weights are (over
     # the laptop recipe's 2000 steps this ended 0.02-0.03 nats lower than one (3C, C) matrix; docs/benchmarks.md)
     splits = {id(m.weight): 3 for name, m in model.named_modules() if name.endswith("attn.c_attn")}

@@ -60,9 +60,10 @@ def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
     return callbacks
 
 
-def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int, progress_bar: bool) -> list[L.Callback]:
-    """All of a run's callbacks (the last step's log row and validation among them); ``ckpt_dir=None`` leaves out the checkpoint
-    callbacks (checkpointing off)."""
+def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int,
+                  progress_bar: bool) -> list[L.Callback]:
+    """All of a run's callbacks (the last step's log row and validation among them); ``ckpt_dir=None`` leaves out the
+    checkpoint callbacks (checkpointing off)."""
     # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
     ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
                                                                                keep=keep)

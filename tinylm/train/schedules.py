@@ -56,7 +56,8 @@ def constant(step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_st
 
 
 def lr_at(
-    step: int, *, schedule: str, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, decay_fraction: float = 0.2
+    step: int, *, schedule: str, lr: float, min_lr: float, warmup_steps: int, decay_steps: int,
+    decay_fraction: float = 0.2
 ) -> float:
     """The learning rate of ``schedule`` (one of SCHEDULES) at optimizer step ``step``."""
     kwargs = {"lr": lr, "min_lr": min_lr, "warmup_steps": warmup_steps, "decay_steps": decay_steps}
