@@ -17,8 +17,7 @@ from tinylm.checkpoint import load_model
 from tinylm.cli import main
 from tinylm.evals import load
 from tinylm.evals import tasks as tasks_module
-from tinylm.evals.score import (RequestScore, encode_items, encode_pair, item_sums, plan_rows, score_requests,
-                                windows)
+from tinylm.evals.score import RequestScore, encode_items, encode_pair, item_sums, plan_rows, score_requests, windows
 from tinylm.evals.tasks import TASKS, TaskDataError, load_items, parse_tasks
 from tinylm.tokenize.tokenizer import build_tokenizer
 from tinylm.train.module import TinyLM
