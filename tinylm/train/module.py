@@ -180,8 +180,9 @@ class TinyLM(L.LightningModule):
             if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
                 raise
             raise ValueError(f"the model does not fit in this machine's memory ({gpt_config.n_layer} layers, n_embd "
-                             f"{gpt_config.n_embd}, {gpt_config.padded_vocab_size:,} embedding rows): lower model.n_embd, model.n_layer or "
-                             "model.pad_vocab_multiple (`tinylm plan --config ...` shows a model's size first)") from None
+                             f"{gpt_config.n_embd}, {gpt_config.padded_vocab_size:,} embedding rows): lower "
+                             "model.n_embd, model.n_layer or model.pad_vocab_multiple (`tinylm plan --config ...` "
+                             "shows a model's size first)") from None
         if state is not None:
             self.model.load_state_dict(state)
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
