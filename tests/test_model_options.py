@@ -107,6 +107,12 @@ def test_hyperparameters_are_saved_as_with_a_written_out_signature(tmp_path):
     with _given_hyperparameters_context(hparams=given, instantiator="lightning.pytorch.cli.instantiate_module"):
         cli_made = TinyLM(**given)
     assert dict(cli_made.hparams) == {**given, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+
+    class Seeded(TinyLM):  # a subclass's own arguments are saved beside TinyLM's, as Lightning does
+        def __init__(self, data_seed: int = 3, **options):
+            super().__init__(**options)
+
+    assert dict(Seeded(**TINY, data_seed=5).hparams) == {**model.hparams, "qk_norm": False, "lr": 6e-4, "data_seed": 5}
     path = tmp_path / "m.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
                 "hparams_name": model._hparams_name, "pytorch-lightning_version": "2.6.0",

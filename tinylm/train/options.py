@@ -69,19 +69,27 @@ def call_options(init: Callable, frame: FrameType) -> dict[str, Any]:
 
 
 def save_hyperparameters(module: Any, hparams: dict[str, Any], frame: FrameType) -> None:
-    """``module.save_hyperparameters()`` for an ``__init__`` decorated by `config_options`, saving ``hparams`` (all
-    of its options, `call_options`) as Lightning saves the arguments of a plain ``__init__``.
+    """``module.save_hyperparameters()`` for an ``__init__`` decorated by `config_options`, running in ``frame``:
+    saves ``hparams`` (all of its options, `call_options`) as Lightning saves the arguments of a plain ``__init__``.
 
-    Lightning reads the arguments from the caller's frame, by the names `inspect.signature` gives, and GPTConfig's
-    are not there (they are in ``**config``). Under LightningCLI it never looks: it saves the CLI's copy of the
-    section (with its ``_instantiator``, which load_from_checkpoint reads) handed over in a context variable. So
-    ``hparams`` is handed over the same way, where no CLI did: the saved hyperparameters, and their name "kwargs"
-    in checkpoints, are what they were with the options spelled out in ``__init__``."""
+    Lightning reads the arguments from the frame, by the names `inspect.signature` gives, and GPTConfig's are not
+    there (they are in ``**config``). Under LightningCLI it never looks: it saves the CLI's copy of the section (with
+    its ``_instantiator``, which load_from_checkpoint reads), handed over in a context variable. So ``hparams`` is
+    handed over the same way where no CLI did, with what Lightning collects from the frames above (a subclass's own
+    ``__init__`` arguments): the saved hyperparameters, and their name "kwargs" in checkpoints, are what they were
+    with the options spelled out in ``__init__``."""
     from lightning.pytorch.core.mixins.hparams_mixin import (
+        HyperparametersMixin,
         _given_hyperparameters,  # private: guarded in tests/test_model_options.py
     )
+    from lightning.pytorch.utilities.parsing import collect_init_args
 
-    token = _given_hyperparameters.set(hparams) if _given_hyperparameters.get() is None else None
+    token = None
+    if _given_hyperparameters.get() is None:
+        hparams = dict(hparams)
+        for outer in collect_init_args(frame.f_back, [], inside=True, classes=(HyperparametersMixin,)):
+            hparams.update(outer)
+        token = _given_hyperparameters.set(hparams)
     try:
         module.save_hyperparameters(frame=frame)
     finally:
