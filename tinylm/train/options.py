@@ -30,7 +30,10 @@ def config_docs() -> dict[str, str]:
     """Field name -> its attribute docstring in GPTConfig (whitespace collapsed: argparse rewraps help anyway)."""
     import docstring_parser  # jsonargparse[signatures]'s own docstring reader
 
-    parsed = docstring_parser.parse_from_object(GPTConfig)
+    try:
+        parsed = docstring_parser.parse_from_object(GPTConfig)  # reads the source, as jsonargparse would
+    except OSError:  # installed without sources (.pyc only): the options work, their --help has no text
+        return {}
     return {p.arg_name: " ".join(p.description.split()) for p in parsed.params if p.description}
 
 
@@ -50,7 +53,7 @@ def config_options(init: Callable) -> Callable:
     params += [p for p in own if p.name not in FOLLOWS]
     init.__signature__ = signature.replace(parameters=params)
     docs = config_docs()
-    args = [textwrap.fill(docs[f.name], 116, initial_indent=f"    {f.name}: ", subsequent_indent=" " * 8)
+    args = [textwrap.fill(docs.get(f.name, ""), 116, initial_indent=f"    {f.name}: ", subsequent_indent=" " * 8)
             for f in fields(GPTConfig)]
     # a first line, or docstring_parser reads "Args:" as the summary and finds no arguments
     init.__doc__ = "GPTConfig's fields, merged in by tinylm.train.options.\n\nArgs:\n" + "\n".join(args) + "\n"
@@ -87,8 +90,9 @@ def save_hyperparameters(module: Any, hparams: dict[str, Any], frame: FrameType)
     token = None
     if _given_hyperparameters.get() is None:
         hparams = dict(hparams)
-        for outer in collect_init_args(frame.f_back, [], inside=True, classes=(HyperparametersMixin,)):
-            hparams.update(outer)
+        callers = frame.f_back and collect_init_args(frame.f_back, [], inside=True, classes=(HyperparametersMixin,))
+        for args in callers or []:  # a subclass's __init__, then any LightningModule's __init__ that built this one
+            hparams.update(args)
         token = _given_hyperparameters.set(hparams)
     try:
         module.save_hyperparameters(frame=frame)
