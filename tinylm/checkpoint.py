@@ -195,15 +195,12 @@ def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: st
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
 
 
-# GPTConfig fields a run takes from the data or its own config, not from pretrained weights (init_from)
-RUN_FIELDS = ("vocab_size", "block_size", "dropout", "attn_mask", "eos_id")
-
-
 def architecture_fields() -> tuple[str, ...]:
-    """The GPTConfig fields ``model.init_from`` takes from the weights (all but RUN_FIELDS)."""
-    from tinylm.model import GPTConfig
+    """The GPTConfig fields ``model.init_from`` takes from the weights (their kinds "size" and "arch"); the others
+    ("data", "run") come from the run's data and config."""
+    from tinylm.model.config import config_fields
 
-    return tuple(f.name for f in fields(GPTConfig) if f.name not in RUN_FIELDS)
+    return config_fields("size", "arch")
 
 
 def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
@@ -211,7 +208,7 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
     """(architecture, GPT state_dict, tokenizer fingerprint or None) of pretrained weights for ``model.init_from``: a
     Hugging Face GPT-2 or Llama directory (e.g. from `tinylm export`) or a tinylm checkpoint.
 
-    The architecture is every GPTConfig field except RUN_FIELDS. The weights must have `vocab_size` ids; with learned
+    The architecture is `architecture_fields`. The weights must have `vocab_size` ids; with learned
     positions their table must cover `block_size` (a longer one is cropped, as nanoGPT's crop_block_size does).
     """
     from tinylm.tokenize.tokenizer import Tokenizer
@@ -244,7 +241,7 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
             raise ValueError(f"data.block_size {block_size} is longer than the {c.block_size} positions model.init_from "
                              f"{str(path)!r} learned; use data.block_size <= {c.block_size}")
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size]
-    architecture = {f.name: getattr(c, f.name) for f in fields(c) if f.name not in RUN_FIELDS}
+    architecture = {name: getattr(c, name) for name in architecture_fields()}
     return architecture, state, tokenizer.fingerprint if tokenizer is not None else None
 
 

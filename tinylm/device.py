@@ -28,6 +28,17 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def precision_dtypes(precision: str | int) -> tuple[torch.dtype, torch.dtype]:
+    """(dtype of the weights, dtype of the matmuls) under a Lightning precision: "bf16-mixed" and "16-mixed" (and
+    their old names "bf16", "16") keep fp32 weights and autocast matmuls to 16 bits; "bf16-true" and "16-true" hold
+    the weights in 16 bits too; "32-true" / 32 and "64-true" / 64 are fp32 and fp64 throughout."""
+    precision = str(precision)  # Lightning takes 16, 32 and 64 as numbers too
+    compute = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else \
+        torch.float64 if precision.startswith("64") else torch.float32
+    mixed = compute in (torch.bfloat16, torch.float16) and not precision.endswith("-true")  # fp32 master weights
+    return (torch.float32 if mixed else compute), compute
+
+
 # bf16-mixed on a CPU with native bf16 ran 1.35x slower than 32-true at n_embd 128 (autocast overhead on small
 # matrices) and 1.5x faster at n_embd 384 (benchmarks/bench_precision_cpu.py, docs/benchmarks.md).
 CPU_BF16_MIN_WIDTH = 256
@@ -115,9 +126,8 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
     precision string, or None when unknown. A 32-bit precision counts TF32's peak once fp32 matmuls may use it
     (torch.set_float32_matmul_precision "high" or "medium")."""
     name = re.sub(r"[-_\s]+", " ", name.lower()).strip()  # "Tesla V100-SXM2-16GB" -> "tesla v100 sxm2 16gb"
-    precision = str(precision)  # Lightning takes 16, 32 and 64 as numbers too
-    half = "16" in precision
-    if half:
+    dtype = precision_dtypes(precision)[1]
+    if dtype in (torch.bfloat16, torch.float16):
         found = next((v for k, v in PEAK_BF16.items() if _names_chip(name, k)), None)
         if found is not None:
             return found
@@ -125,8 +135,6 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
         _CUDA_FLOPS,  # private: guarded in test_lightning_private_api
     )
 
-    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if half else \
-        torch.float64 if precision.startswith("64") else torch.float32
     if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         dtype = "tfloat32"  # fp32 matmuls on the tensor cores in TF32 (7x the fp32 peak of an H100), as Lightning's
     # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one; an H100 or H200

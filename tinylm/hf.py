@@ -278,11 +278,10 @@ def import_hf(path: str | Path) -> GPT:
     biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]
     # a bias-free export carries zero biases; keep them if something (e.g. fine-tuning in transformers) changed them
     bias = bool(extra.get("bias", True)) or any(bool(b.any()) for b in biases)
-    config = GPTConfig(
-        vocab_size=hc.vocab_size, block_size=hc.n_positions, n_layer=hc.n_layer, n_head=hc.n_head,
-        n_embd=hc.n_embd, dropout=0.0, bias=bias, pad_vocab_multiple=extra.get("pad_vocab_multiple", 64),
-        attn_mask=extra.get("attn_mask", "causal"), eos_id=extra.get("eos_id"),
-    )
+    # a folder from elsewhere carries none: GPTConfig's defaults
+    carried = {k: extra[k] for k in _EXTRA_FIELDS if k in extra} | {"bias": bias}
+    config = GPTConfig(vocab_size=hc.vocab_size, block_size=hc.n_positions, n_layer=hc.n_layer, n_head=hc.n_head,
+                       n_embd=hc.n_embd, dropout=0.0, **carried)
     model = GPT(config)
     target = model.state_dict()
     for name in target:

@@ -88,9 +88,8 @@ def import_llama(path: Any) -> GPT:
     config = GPTConfig(
         vocab_size=hc.vocab_size, block_size=hc.max_position_embeddings, n_layer=hc.num_hidden_layers,
         n_head=hc.num_attention_heads, n_embd=hc.hidden_size, bias=bool(hc.attention_bias),
-        rope_theta=float(rope["rope_theta"]), tie_embeddings=bool(hc.tie_word_embeddings),
-        pad_vocab_multiple=extra.get("pad_vocab_multiple", 64), attn_mask=extra.get("attn_mask", "causal"),
-        eos_id=extra.get("eos_id"), **LLAMA_OPTIONS,
+        rope_theta=float(rope["rope_theta"]), tie_embeddings=bool(hc.tie_word_embeddings), **LLAMA_OPTIONS,
+        **{k: extra[k] for k in EXTRA_FIELDS if k in extra},  # a folder from elsewhere: GPTConfig's defaults
     )
     theirs = {k: v.float() for k, v in LlamaForCausalLM.from_pretrained(path).state_dict().items()}
     if "lm_head.weight" not in theirs:  # tied: saved once

@@ -253,6 +253,7 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
     """The checkpoint's model hyperparameters that this command takes (warning about the user's it ignores)."""
     from tinylm.checkpoint import architecture_fields
+    from tinylm.model.config import config_fields
     from tinylm.train.module import TinyLM
 
     saved = dict(ckpt.get("hyper_parameters") or {})
@@ -264,7 +265,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
                     ckpt_path, ", ".join(unknown))
     # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)
     saved = {k: v for k, v in saved.items() if k in known and k not in RUNTIME_OPTIONS}
-    linked = ("vocab_size", "block_size", "eos_id")  # come from the data; checked against it on load
+    linked = config_fields("data")  # come from the data; checked against it on load
     # a run from init_from took its architecture from the weights, never from the config: nothing to ignore there
     source = saved.get("init_from") or meta.get("init_from")  # the run's start, or a resume's record of it
     from_weights = architecture_fields() if source is not None else ()

@@ -107,13 +107,11 @@ def _check_sizes(sizes: list[tuple], target: tuple) -> None:
 def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_per_step: int) -> tuple[list, dict]:
     """The ladder's runs (the predicted model last), each of the config's architecture at its size and trained for
     ``budget`` FLOPs; and that architecture (every GPTConfig option but the size)."""
-    from dataclasses import fields
-
-    from tinylm.model import GPTConfig
+    from tinylm.model.config import config_fields
     from tinylm.studies.scaling import rung
 
     # every architecture option of the config (positions, mlp, tied head, ...): they change N and the FLOPs
-    shape = {f.name: hp[f.name] for f in fields(GPTConfig) if f.name not in ("n_layer", "n_embd", "n_head")}
+    shape = {k: hp[k] for k in config_fields("data", "arch", "run")}  # all but the size
     head = head_size or math.gcd(hp.n_embd // hp.n_head, *(n_embd for _, n_embd in sizes))
     if head_size is None and head < 4:  # [[1,7],[1,12],[1,16]]: gcd 1, one-channel heads
         raise ValueError(f"the widths of --sizes and --predict and the config's head size {hp.n_embd // hp.n_head} "
@@ -225,8 +223,7 @@ def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step
 
 # what a rung learns besides its size and length: every model option, the data (but where it is cached and how
 # many workers read it), these Trainer options and the seed. Anything else (paths, logging, samples) may differ.
-_PER_RUNG = ("n_layer", "n_embd", "n_head", "warmup_steps", "decay_steps",  # set per rung,
-             "vocab_size", "block_size", "eos_id")  # or from the data
+_PER_RUNG = ("warmup_steps", "decay_steps")  # set per rung, beside the model's "size" fields ("data" from the data)
 _DATA_AS_IS = ("cache_dir", "num_workers")
 _TRAINER = ("accumulate_grad_batches", "precision", "gradient_clip_val", "gradient_clip_algorithm", "devices",
             "num_nodes")
@@ -235,8 +232,11 @@ _TRAINER = ("accumulate_grad_batches", "precision", "gradient_clip_val", "gradie
 def ladder_settings(config: dict) -> dict[str, object]:
     """The options of a fit config (as a dict, or a run's config.yaml) that must agree for two runs of a ladder's
     rung to be the same run: "section.key" -> value, JSON-normalised."""
+    from tinylm.model.config import config_fields
+
     model, data, trainer = (config.get(k) or {} for k in ("model", "data", "trainer"))
-    flat = {f"model.{k}": v for k, v in model.items() if k not in _PER_RUNG}
+    per_rung = (*config_fields("size", "data"), *_PER_RUNG)
+    flat = {f"model.{k}": v for k, v in model.items() if k not in per_rung}
     flat |= {f"data.{k}": v for k, v in data.items() if k not in _DATA_AS_IS}
     flat |= {f"trainer.{k}": trainer[k] for k in _TRAINER if k in trainer}
     flat["seed_everything"] = config.get("seed_everything")

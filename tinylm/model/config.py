@@ -1,8 +1,11 @@
-"""GPTConfig: the shape and architecture options of a GPT, validated on creation."""
+"""GPTConfig: the shape and architecture options of a GPT, validated on creation. Each option is declared once,
+here: `TinyLM`'s signature (what `tinylm fit --help` lists under ``--model.*``), the checkpoint, init_from, export
+and scaling code read the fields and their kinds from this class."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from tinylm.model.attention import ATTN_MASKS
 from tinylm.ranges import check_ranges
@@ -17,52 +20,66 @@ CONFIG_RANGES = {
 }
 """Valid values of GPTConfig's numeric fields (interval notation, see tinylm.ranges)."""
 _FLOATS = ("dropout", "rope_theta", "logit_softcap")
+KINDS = {
+    "data": "set by the data: the tokenizer and data.block_size decide it (`tinylm fit` links it; never by hand)",
+    "size": "the model's size: what a scaling ladder varies from rung to rung",
+    "arch": "the rest of the architecture: pretrained weights (model.init_from) bring their own",
+    "run": "how this run uses the model: its own choice, also when starting from pretrained weights",
+}
+"""What each field's ``kind`` means. The architecture of a set of weights is its "size" and "arch" fields."""
+
+
+def option(kind: str, default: Any) -> Any:
+    """A GPTConfig field of ``kind`` (one of KINDS) with ``default`` (every field has one: it is TinyLM's too)."""
+    assert kind in KINDS, kind  # a typo in the fields below
+    return field(default=default, metadata={"kind": kind})
 
 
 @dataclass
 class GPTConfig:
-    """Shape and options of a GPT; validated on creation."""
+    """Shape and options of a GPT; validated on creation. The fields come in TinyLM's (and `--help`'s) order."""
 
-    vocab_size: int
-    """Number of token ids the tokenizer produces (logits have this many columns)."""
-    block_size: int
-    """Longest sequence the model sees, in tokens (length of the learned position table)."""
-    n_layer: int = 6
+    vocab_size: int = option("data", 0)  # 0: not linked yet (TinyLM says how; GPTConfig refuses it)
+    """Number of token ids. Linked from the data module's tokenizer; do not set it by hand."""
+    block_size: int = option("data", 256)
+    """Context length in tokens. Linked from ``data.block_size``."""
+    eos_id: int | None = option("data", None)
+    """End-of-document token id (for ``attn_mask: document``). Linked from the data module."""
+    n_layer: int = option("size", 6)
     """Number of transformer blocks."""
-    n_head: int = 6
-    """Attention heads per block; must divide n_embd."""
-    n_embd: int = 384
-    """Width of the residual stream (channels)."""
-    dropout: float = 0.0
+    n_head: int = option("size", 6)  # must divide n_embd
+    """Attention heads per block."""
+    n_embd: int = option("size", 384)
+    """Width of the residual stream."""
+    dropout: float = option("run", 0.0)
     """Dropout probability on embeddings, attention weights and residual branches (0 for pretraining)."""
-    bias: bool = True
-    """Biases in Linear layers and LayerNorms (GPT-2 style); False is a little faster and about as good."""
-    pad_vocab_multiple: int = 64
-    """Pad the embedding / LM-head rows up to a multiple of this (faster matmuls); 1 = no padding."""
-    attn_mask: str = "causal"
-    """"causal"; "document" (causal and not across EOS boundaries of packed documents; needs eos_id);
-    "prefix" (bidirectional over the first prefix_len tokens, causal after; forward needs prefix_len)."""
-    eos_id: int | None = None
-    """End-of-document token id; needed by attn_mask="document"."""
-    positions: str = "learned"
-    """"learned" (nanoGPT: a table of block_size position vectors added to the token embeddings) or "rope" (rotary
-    embeddings: q and k of every head are rotated by their position; no table, relative positions)."""
-    rope_theta: float = 10000.0
-    """RoPE's base: pair i of a head turns by theta^(-2i/hs) radians per position (10,000 as in RoFormer/Llama)."""
-    norm: str = "layernorm"
-    """Residual-stream norm: "layernorm" (nanoGPT) or "rmsnorm" (no mean subtraction, no bias; Llama)."""
-    qk_norm: bool = False
-    """Normalise every head's queries and keys (RMS, no gain) before attention: bounded attention logits."""
-    mlp: str = "gelu"
-    """Feed-forward branch: "gelu" (nanoGPT, 4C wide), "swiglu" (Llama, ~8/3·C wide: same parameters) or "relu2"
-    (relu(x)², 4C wide; modded-nanogpt)."""
-    tie_embeddings: bool = True
-    """The LM head is the token embedding matrix (nanoGPT); False gives the head its own matrix."""
-    logit_softcap: float | None = None
-    """Squash logits to (-cap, cap) by cap·tanh(logits/cap) (Gemma 2; modded-nanogpt uses 15-30); null: off."""
-    zero_init_proj: bool = False
-    """Initialise the output projections of every residual branch (attention and MLP c_proj) to zero, so each
-    block starts as the identity (modded-nanogpt, nanochat); False: GPT-2's 0.02/sqrt(2·n_layer)."""
+    bias: bool = option("arch", True)
+    """Use biases in Linear layers and LayerNorms (GPT-2 style); False is a bit faster and as good."""
+    attn_mask: str = option("run", "causal")  # "document" needs eos_id; with "prefix" GPT.forward takes prefix_len
+    """``causal`` (default), ``document`` (causal, never across the EOS between packed documents) or
+    ``prefix`` (bidirectional over a prefix)."""
+    pad_vocab_multiple: int = option("arch", 64)
+    """Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables."""
+    positions: str = option("arch", "learned")
+    """``learned`` (nanoGPT's table of block_size position vectors) or ``rope`` (rotary embeddings of
+    q and k: relative positions, no table)."""
+    rope_theta: float = option("arch", 10000.0)  # 10,000 as in RoFormer and Llama
+    """RoPE base: channel pair i turns by rope_theta^(-2i/head_size) radians per position."""
+    norm: str = option("arch", "layernorm")
+    """``layernorm`` (nanoGPT) or ``rmsnorm`` (no mean subtraction and no bias; Llama, modded-nanogpt)."""
+    qk_norm: bool = option("arch", False)  # RMS without a gain: no parameters
+    """RMS-normalise each head's queries and keys before attention (bounded attention logits)."""
+    mlp: str = option("arch", "gelu")
+    """``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
+    same parameters) or ``relu2`` (relu(x)², 4·n_embd wide; modded-nanogpt)."""
+    tie_embeddings: bool = option("arch", True)
+    """The LM head shares the token embedding matrix (nanoGPT); false gives it its own."""
+    logit_softcap: float | None = option("arch", None)  # Gemma 2's too
+    """Squash logits into (-cap, cap) with cap·tanh(logits/cap), cap >= 1 (modded-nanogpt: 15-30);
+    null: off."""
+    zero_init_proj: bool = option("arch", False)
+    """Start every residual branch's output projection at zero, so each block begins as the
+    identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer))."""
 
     def __post_init__(self) -> None:
         values = vars(self)
@@ -92,3 +109,9 @@ class GPTConfig:
         """Rows of the embedding / LM head: vocab_size rounded up to a multiple of pad_vocab_multiple."""
         m = self.pad_vocab_multiple
         return (self.vocab_size + m - 1) // m * m
+
+
+def config_fields(*kinds: str) -> tuple[str, ...]:
+    """The names of GPTConfig's fields of these kinds (KINDS), in declaration order."""
+    assert set(kinds) <= KINDS.keys(), kinds
+    return tuple(f.name for f in fields(GPTConfig) if f.metadata["kind"] in kinds)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tinylm.device import precision_dtypes
 from tinylm.model import GPT
 from tinylm.model.layers import swiglu_hidden
 from tinylm.train.optim import split_params
@@ -86,14 +87,8 @@ def compute_optimal(flops: float) -> tuple[float, float]:
 def element_sizes(precision: str) -> tuple[int, int]:
     """(bytes per weight/gradient/optimizer value, bytes per activation in the compute dtype) for a Lightning
     precision string."""
-    precision = str(precision)
-    if precision.endswith("-true") and ("16" in precision):
-        return 2, 2
-    if "16" in precision:  # 16-mixed / bf16-mixed: fp32 weights, 16-bit matmuls
-        return 4, 2
-    if precision.startswith("64"):
-        return 8, 8
-    return 4, 4
+    weights, compute = precision_dtypes(precision)  # 16-mixed / bf16-mixed: fp32 weights, 16-bit matmuls
+    return weights.itemsize, compute.itemsize
 
 
 def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,

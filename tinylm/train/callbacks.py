@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
-from tinylm.device import peak_flops_by_name
+from tinylm.device import peak_flops_by_name, precision_dtypes
 from tinylm.generate.options import Option, sampling_options
 from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
@@ -30,11 +30,10 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     flops = peak_flops_by_name(torch.cuda.get_device_name(device), precision)
     if flops:
         return flops
-    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
     try:  # (its fp32 entry follows torch.get_float32_matmul_precision, as ours)
         from lightning.fabric.utilities.throughput import get_available_flops
 
-        flops = get_available_flops(device, dtype)
+        flops = get_available_flops(device, precision_dtypes(precision)[1])
     except Exception:  # noqa: BLE001 (the lookup is best-effort: an unknown device has no peak, no MFU)
         flops = None
     return float(flops) if flops else None

@@ -35,6 +35,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
+from tinylm.device import precision_dtypes
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -231,7 +232,8 @@ class HealthMonitor(L.Callback):
     def _nonfinite(self, trainer: L.Trainer, loss: float, norm: float | None, step: int) -> None:
         history = ", ".join(f"{n:.3g}" for n in list(self._norms)[-8:]) or "none yet"
         precision = str(trainer.precision)
-        fp16 = f" With {precision}, fp16 overflow is likely: use bf16-mixed." if precision.startswith("16") else ""
+        fp16 = f" With {precision}, fp16 overflow is likely: use bf16-mixed." \
+            if precision_dtypes(precision)[1] == torch.float16 else ""
         message = (
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
             f"last finite loss at step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms "

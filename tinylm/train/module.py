@@ -19,10 +19,11 @@ from torchmetrics.aggregation import MeanMetric, SumMetric
 from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
 from tinylm.data.loader import IGNORE
 from tinylm.model import GPT, GPTConfig
-from tinylm.model.config import CONFIG_RANGES
+from tinylm.model.config import CONFIG_RANGES, config_fields
 from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
+from tinylm.train.options import call_options, config_options, save_hyperparameters
 from tinylm.train.schedules import SCHEDULES, lr_at
 
 RANGES = {
@@ -79,33 +80,14 @@ class TinyLM(L.LightningModule):
     """A GPT language model (nanoGPT by default; modern options below) trained with AdamW (or Muon + AdamW) and a
     warmup + decay learning-rate schedule.
 
+    Its options are GPTConfig's fields (the model: n_layer, n_embd, positions, ...; declared and documented in
+    tinylm/model/config.py, given here as ``**config``) and its own below; `tinylm.train.options` merges them into the
+    one signature that LightningCLI reads (``--model.*``) and checkpoints save.
+
     Args:
-        vocab_size: Number of token ids. Linked from the data module's tokenizer; do not set it by hand.
-        block_size: Context length in tokens. Linked from ``data.block_size``.
-        eos_id: End-of-document token id (for ``attn_mask: document``). Linked from the data module.
-        n_layer: Number of transformer blocks.
-        n_head: Attention heads per block.
-        n_embd: Width of the residual stream.
-        dropout: Dropout probability on embeddings, attention weights and residual branches (0 for pretraining).
-        bias: Use biases in Linear layers and LayerNorms (GPT-2 style); False is a bit faster and as good.
-        attn_mask: ``causal`` (default), ``document`` (causal, never across the EOS between packed documents) or
-            ``prefix`` (bidirectional over a prefix).
         prefix_len: With ``attn_mask: prefix``: the first this-many tokens of every training window see each other
             both ways (a prefix-LM); 0 makes it plain causal. The loss counts only the predictions of tokens after
             the prefix (positions >= prefix_len - 1): a prefix position would otherwise see its own target.
-        pad_vocab_multiple: Pad the embedding table up to a multiple of this (64 is faster on GPUs); 1 disables.
-        positions: ``learned`` (nanoGPT's table of block_size position vectors) or ``rope`` (rotary embeddings of
-            q and k: relative positions, no table).
-        rope_theta: RoPE base: channel pair i turns by rope_theta^(-2i/head_size) radians per position.
-        norm: ``layernorm`` (nanoGPT) or ``rmsnorm`` (no mean subtraction and no bias; Llama, modded-nanogpt).
-        qk_norm: RMS-normalise each head's queries and keys before attention (bounded attention logits).
-        mlp: ``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
-            same parameters) or ``relu2`` (relu(x)², 4·n_embd wide; modded-nanogpt).
-        tie_embeddings: The LM head shares the token embedding matrix (nanoGPT); false gives it its own.
-        logit_softcap: Squash logits into (-cap, cap) with cap·tanh(logits/cap), cap >= 1 (modded-nanogpt: 15-30);
-            null: off.
-        zero_init_proj: Start every residual branch's output projection at zero, so each block begins as the
-            identity (modded-nanogpt, nanochat); false: GPT-2's N(0, 0.02/sqrt(2·n_layer)).
         optimizer: ``adamw`` (every parameter) or ``muon``: torch.optim.Muon (torch >= 2.9) for the 2-D matrices
             inside the blocks at ``muon_lr`` (its maths and state; c_attn's q, k, v orthogonalised apart);
             AdamW at ``lr`` for embeddings, LM head, norms and biases. Both follow the LR schedule (the same
@@ -138,28 +120,11 @@ class TinyLM(L.LightningModule):
             section's; vocab_size and the tokenizer must be the weights' own (a different one is refused).
     """
 
+    @config_options
     def __init__(
         self,
         *,
-        vocab_size: int = 0,
-        block_size: int = 256,
-        eos_id: int | None = None,
-        n_layer: int = 6,
-        n_head: int = 6,
-        n_embd: int = 384,
-        dropout: float = 0.0,
-        bias: bool = True,
-        attn_mask: str = "causal",
         prefix_len: int = 0,
-        pad_vocab_multiple: int = 64,
-        positions: str = "learned",
-        rope_theta: float = 10000.0,
-        norm: str = "layernorm",
-        qk_norm: bool = False,
-        mlp: str = "gelu",
-        tie_embeddings: bool = True,
-        logit_softcap: float | None = None,
-        zero_init_proj: bool = False,
         optimizer: str = "adamw",
         muon_lr: float = 0.02,
         muon_momentum: float = 0.95,
@@ -176,8 +141,11 @@ class TinyLM(L.LightningModule):
         compile_model: bool = False,
         activation_checkpointing: bool = False,
         init_from: str | None = None,
+        **config: Any,
     ) -> None:
         super().__init__()
+        options = call_options(TinyLM.__init__, inspect.currentframe())  # its own and GPTConfig's, by name
+        vocab_size, block_size, attn_mask = options["vocab_size"], options["block_size"], options["attn_mask"]
         if vocab_size < 1:
             raise ValueError(
                 f"vocab_size must be >= 1, got {vocab_size}; it is linked from the data module's tokenizer "
@@ -189,7 +157,7 @@ class TinyLM(L.LightningModule):
             raise ValueError(f"unknown model.optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         # the frame passed in: Lightning's own lookup keeps a reference cycle through it, which held the caller's
         # locals (data loaders and their worker processes among them) until a garbage collection
-        self.save_hyperparameters(frame=inspect.currentframe())
+        save_hyperparameters(self, options, inspect.currentframe())
         check_ranges("model", self.hparams, RANGES)
         if prefix_len and attn_mask != "prefix":
             raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
@@ -204,16 +172,17 @@ class TinyLM(L.LightningModule):
             architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
                                                                           block_size=block_size)
             self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
-        # every GPTConfig field has a TinyLM option of the same name (checkpoint.load_model relies on it too)
-        config = GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)})
+        # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
+        gpt_config = GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)})
         try:
-            self.model = GPT(config)
+            self.model = GPT(gpt_config)
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
                 raise
-            raise ValueError(f"the model does not fit in this machine's memory ({config.n_layer} layers, n_embd {config.n_embd}, "
-                             f"{config.padded_vocab_size:,} embedding rows): lower model.n_embd, model.n_layer or "
-                             "model.pad_vocab_multiple (`tinylm plan --config ...` shows a model's size first)") from None
+            raise ValueError(f"the model does not fit in this machine's memory ({gpt_config.n_layer} layers, n_embd "
+                             f"{gpt_config.n_embd}, {gpt_config.padded_vocab_size:,} embedding rows): lower "
+                             "model.n_embd, model.n_layer or model.pad_vocab_multiple (`tinylm plan --config ...` "
+                             "shows a model's size first)") from None
         if state is not None:
             self.model.load_state_dict(state)
         if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
@@ -467,8 +436,7 @@ class TinyLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = tinylm_section(checkpoint)
         saved = checkpoint.get("hyper_parameters", {})
-        shape = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pad_vocab_multiple", "positions",
-                 "norm", "mlp", "tie_embeddings", "optimizer")
+        shape = (*config_fields("data", "size", "arch"), "optimizer")  # what the weights and optimizer state are
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
         if diffs:
             from lightning.pytorch.trainer.states import TrainerFn

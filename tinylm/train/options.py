@@ -1,0 +1,101 @@
+"""TinyLM's options: GPTConfig's fields (the model's, declared and documented once, in tinylm/model/config.py) and
+TinyLM's own (loss, optimizer, schedule, ...), as one signature.
+
+LightningCLI (jsonargparse) makes ``--model.*`` of the parameters that `inspect.signature` finds on
+``TinyLM.__init__``, which is the function's ``__signature__`` when it has one, with the help text of each from the
+``Args:`` sections of ``TinyLM.__init__``'s and TinyLM's docstrings. TinyLM's real ``__init__`` takes its own options
+by name and GPTConfig's fields as ``**config``; `config_options` gives it the merged signature (each field with its
+annotation and default) and an ``Args:`` docstring made of the fields' attribute docstrings. `tinylm fit --help`,
+``--print_config``, `TinyLM(n_layer=4, lr=1e-3)` and ``load_from_checkpoint`` all go through that signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+import typing
+from collections.abc import Callable
+from dataclasses import fields
+from types import FrameType
+from typing import Any
+
+from tinylm.model import GPTConfig
+
+FOLLOWS = {"prefix_len": "attn_mask"}
+"""TinyLM's own options that the signature (and so `--help`) lists right after the GPTConfig field they qualify;
+the others come after all the fields, in the order ``__init__`` declares them."""
+
+
+def config_docs() -> dict[str, str]:
+    """Field name -> its attribute docstring in GPTConfig (whitespace collapsed: argparse rewraps help anyway)."""
+    import docstring_parser  # jsonargparse[signatures]'s own docstring reader
+
+    try:
+        parsed = docstring_parser.parse_from_object(GPTConfig)  # reads the source, as jsonargparse would
+    except OSError:  # installed without sources (.pyc only): the options work, their --help has no text
+        return {}
+    return {p.arg_name: " ".join(p.description.split()) for p in parsed.params if p.description}
+
+
+def config_options(init: Callable) -> Callable:
+    """Decorator for an ``__init__(self, *, <own options>, **config)``: gives it the signature of its own options
+    merged with GPTConfig's fields (FOLLOWS places some of its own among them) and an ``Args:`` docstring of the
+    fields."""
+    hints = typing.get_type_hints(GPTConfig)  # real types, not the strings `from __future__ import annotations` left
+    signature = inspect.signature(init, eval_str=True)
+    self_param, *own, var_keyword = signature.parameters.values()
+    assert var_keyword.kind is inspect.Parameter.VAR_KEYWORD, f"{init.__qualname__} takes GPTConfig's fields as **"
+    params = [self_param]
+    for f in fields(GPTConfig):
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                        annotation=hints[f.name]))
+        params += [p for p in own if FOLLOWS.get(p.name) == f.name]
+    params += [p for p in own if p.name not in FOLLOWS]
+    init.__signature__ = signature.replace(parameters=params)
+    docs = config_docs()
+    args = [textwrap.fill(docs.get(f.name, ""), 116, initial_indent=f"    {f.name}: ", subsequent_indent=" " * 8)
+            for f in fields(GPTConfig)]
+    # a first line, or docstring_parser reads "Args:" as the summary and finds no arguments
+    init.__doc__ = "GPTConfig's fields, merged in by tinylm.train.options.\n\nArgs:\n" + "\n".join(args) + "\n"
+    return init
+
+
+def call_options(init: Callable, frame: FrameType) -> dict[str, Any]:
+    """Every option of the call of ``init`` (decorated by `config_options`) running in ``frame``, in the signature's
+    order: its own options, and GPTConfig's fields from ``**config`` (those not given at their defaults). An unknown
+    name is a TypeError, as for any function."""
+    call = inspect.getargvalues(frame)  # args: self and the own options; keywords: the name of the ** parameter
+    given = {name: call.locals[name] for name in call.args[1:]} | call.locals[call.keywords]
+    bound = inspect.signature(init).bind_partial(**given)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def save_hyperparameters(module: Any, hparams: dict[str, Any], frame: FrameType) -> None:
+    """``module.save_hyperparameters()`` for an ``__init__`` decorated by `config_options`, running in ``frame``:
+    saves ``hparams`` (all of its options, `call_options`) as Lightning saves the arguments of a plain ``__init__``.
+
+    Lightning reads the arguments from the frame, by the names `inspect.signature` gives, and GPTConfig's are not
+    there (they are in ``**config``). Under LightningCLI it never looks: it saves the CLI's copy of the section (with
+    its ``_instantiator``, which load_from_checkpoint reads), handed over in a context variable. So ``hparams`` is
+    handed over the same way where no CLI did, with what Lightning collects from the frames above (a subclass's own
+    ``__init__`` arguments): the saved hyperparameters, and their name "kwargs" in checkpoints, are what they were
+    with the options spelled out in ``__init__``."""
+    from lightning.pytorch.core.mixins.hparams_mixin import (
+        HyperparametersMixin,
+        _given_hyperparameters,  # private: guarded in tests/test_model_options.py
+    )
+    from lightning.pytorch.utilities.parsing import collect_init_args
+
+    token = None
+    if _given_hyperparameters.get() is None:
+        hparams = dict(hparams)
+        callers = frame.f_back and collect_init_args(frame.f_back, [], inside=True, classes=(HyperparametersMixin,))
+        for args in callers or []:  # a subclass's __init__, then any LightningModule's __init__ that built this one
+            hparams.update(args)
+        token = _given_hyperparameters.set(hparams)
+    try:
+        module.save_hyperparameters(frame=frame)
+    finally:
+        if token is not None:
+            _given_hyperparameters.reset(token)
