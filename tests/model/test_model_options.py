@@ -50,7 +50,7 @@ def test_every_gptconfig_field_has_a_kind_a_default_and_a_docstring():
 def test_kinds_give_the_lists_the_code_wrote_out_before():
     """The six hand-written lists (checkpoint.RUN_FIELDS, fit's linked keys, scaling's per-rung keys, ...) are now
     these kinds: the same fields as before the move, worked out by hand."""
-    from tinylm.checkpoint import architecture_fields
+    from tinylm.train.init_from import architecture_fields
 
     assert config_fields("data") == ("vocab_size", "block_size", "eos_id")  # fit's `linked`
     assert config_fields("size") == ("n_layer", "n_head", "n_embd")  # set per rung of a scaling ladder

@@ -246,7 +246,7 @@ class TinyLMCLI(LightningCLI):
     def _record_architecture_from_weights(self) -> None:
         """model.init_from takes the architecture from the weights: name the options set otherwise (a config's or
         the command line's) that it overrides, and have config.yaml (written at setup) record the model built."""
-        from tinylm.checkpoint import architecture_fields
+        from tinylm.train.init_from import architecture_fields
 
         cfg = self.config["fit"]
         if cfg.model.get("init_from") is None:  # also on resume: the checkpoint gave the architecture

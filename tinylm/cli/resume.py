@@ -252,8 +252,8 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
 
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
     """The checkpoint's model hyperparameters that this command takes (warning about the user's it ignores)."""
-    from tinylm.checkpoint import architecture_fields
     from tinylm.model.config import config_fields
+    from tinylm.train.init_from import architecture_fields
     from tinylm.train.module import TinyLM
 
     saved = dict(ckpt.get("hyper_parameters") or {})

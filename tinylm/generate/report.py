@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tinylm.generate import SamplingConfig, generate_with
-from tinylm.generate.strategies import decode_after
+from tinylm.generate.config import SamplingConfig
+from tinylm.generate.strategies import decode_after, generate_with
 from tinylm.model import GPT
 
 

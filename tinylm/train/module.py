@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
 
-from tinylm.checkpoint import CHECKPOINT_FORMAT, load_pretrained, tinylm_section
+from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.data.loader import IGNORE
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import CONFIG_RANGES, config_fields
 from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
+from tinylm.train.init_from import load_pretrained
 from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
 from tinylm.train.options import call_options, config_options, save_hyperparameters
 from tinylm.train.schedules import SCHEDULES, lr_at
