@@ -77,6 +77,43 @@ def token_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, prefix_len: int | N
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
 
 
+def _check_choices(options: dict[str, Any]) -> None:
+    """The options whose values are names (and the one that needs another), before anything is built."""
+    if options["vocab_size"] < 1:
+        raise ValueError(
+            f"vocab_size must be >= 1, got {options['vocab_size']}; it is linked from the data module's tokenizer "
+            "(use `tinylm fit`, or pass TinyLM(vocab_size=datamodule.vocab_size, ...))"
+        )
+    if options["lr_schedule"] not in SCHEDULES:
+        raise ValueError(f"unknown lr_schedule {options['lr_schedule']!r}; choose one of {', '.join(SCHEDULES)}")
+    if options["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"unknown model.optimizer {options['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
+    prefix_len, attn_mask = options["prefix_len"], options["attn_mask"]
+    if prefix_len and attn_mask != "prefix":
+        raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
+                         f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
+
+
+def _build_gpt(gpt_config: GPTConfig, state: dict | None, activation_checkpointing: bool) -> GPT:
+    """The GPT of ``gpt_config`` (with the init_from weights ``state``), or a one-line error when it does not fit in
+    memory; with activation checkpointing its blocks recompute their activations in the backward pass."""
+    try:
+        model = GPT(gpt_config)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
+            raise
+        raise ValueError(f"the model does not fit in this machine's memory ({gpt_config.n_layer} layers, n_embd "
+                         f"{gpt_config.n_embd}, {gpt_config.padded_vocab_size:,} embedding rows): lower "
+                         "model.n_embd, model.n_layer or model.pad_vocab_multiple (`tinylm plan --config ...` "
+                         "shows a model's size first)") from None
+    if state is not None:
+        model.load_state_dict(state)
+    if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
+        for block in model.transformer.h:
+            block.__class__ = RecomputedBlock
+    return model
+
+
 class TinyLM(L.LightningModule):
     """A GPT language model (nanoGPT by default; modern options below) trained with AdamW (or Muon + AdamW) and a
     warmup + decay learning-rate schedule.
@@ -146,23 +183,12 @@ class TinyLM(L.LightningModule):
     ) -> None:
         super().__init__()
         options = call_options(TinyLM.__init__, inspect.currentframe())  # its own and GPTConfig's, by name
-        vocab_size, block_size, attn_mask = options["vocab_size"], options["block_size"], options["attn_mask"]
-        if vocab_size < 1:
-            raise ValueError(
-                f"vocab_size must be >= 1, got {vocab_size}; it is linked from the data module's tokenizer "
-                "(use `tinylm fit`, or pass TinyLM(vocab_size=datamodule.vocab_size, ...))"
-            )
-        if lr_schedule not in SCHEDULES:
-            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown model.optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        vocab_size, block_size = options["vocab_size"], options["block_size"]
+        _check_choices(options)
         # the frame passed in: Lightning's own lookup keeps a reference cycle through it, which held the caller's
         # locals (data loaders and their worker processes among them) until a garbage collection
         save_hyperparameters(self, options, inspect.currentframe())
         check_ranges("model", self.hparams, RANGES)
-        if prefix_len and attn_mask != "prefix":
-            raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
-                             f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
         self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.studies.lr_find)
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
@@ -174,21 +200,8 @@ class TinyLM(L.LightningModule):
                                                                           block_size=block_size)
             self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
         # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
-        gpt_config = GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)})
-        try:
-            self.model = GPT(gpt_config)
-        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            if not isinstance(e, MemoryError) and "alloc" not in str(e) and "out of memory" not in str(e).lower():
-                raise
-            raise ValueError(f"the model does not fit in this machine's memory ({gpt_config.n_layer} layers, n_embd "
-                             f"{gpt_config.n_embd}, {gpt_config.padded_vocab_size:,} embedding rows): lower "
-                             "model.n_embd, model.n_layer or model.pad_vocab_multiple (`tinylm plan --config ...` "
-                             "shows a model's size first)") from None
-        if state is not None:
-            self.model.load_state_dict(state)
-        if activation_checkpointing:  # the model stays a plain GPT: same state_dict keys, no training code in it
-            for block in self.model.transformer.h:
-                block.__class__ = RecomputedBlock
+        self.model = _build_gpt(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}), state,
+                                activation_checkpointing)
         self.val_loss = MeanMetric()
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
         self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
