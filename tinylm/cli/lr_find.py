@@ -53,16 +53,20 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                             max_lr=max_lr, num_training=num_training)
     path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
-    said = f"{result.suggestion:.2e}" if result.suggestion else f"none ({result.why_none})"
     summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    _print_summary(result, cli.model.hparams, path)
+    return summary
+
+
+def _print_summary(result, hparams, path: Path) -> None:
+    said = f"{result.suggestion:.2e}" if result.suggestion else f"none ({result.why_none})"
     print(f"steepest descent (per decade of LR): {said}")
     print(f"rule of thumb 6e-4·(124M/N)^0.5:      {result.rule_of_thumb:.2e}")
-    print(f"this config's model.lr:                {cli.model.hparams.lr:.2e}")
-    if cli.model.hparams.optimizer == "muon":
-        ratio = cli.model.hparams.muon_lr / cli.model.hparams.lr
+    print(f"this config's model.lr:                {hparams.lr:.2e}")
+    if hparams.optimizer == "muon":
+        ratio = hparams.muon_lr / hparams.lr
         print(f"model.optimizer muon: swept model.lr with muon_lr at {ratio:g}x it (this config's ratio); for a "
               f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L")
     print(f"wrote {path} and {path.with_suffix('.json')}")
-    return summary

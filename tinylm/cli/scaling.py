@@ -53,21 +53,10 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     """
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.cli.ranks import rank_zero
-    from tinylm.paths import check_json_beside
-    from tinylm.ranges import check_ranges
-    from tinylm.studies.plots import check_png_path
 
-    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
     sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
     target = tuple(predict or DEFAULT_PREDICT)
-    _check_sizes(sizes, target)
-    if out:
-        check_png_path(out)  # before hours of training, not after
-        check_json_beside(out, "budget_flops", "scaling")
-    set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _OVERRIDDEN]
-    if set_per_run:
-        log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
-                    ", ".join(o[2:] for o in _OVERRIDDEN), " ".join(set_per_run))
+    _check_options(fit_args, budget, head_size, sizes, target, out)
     cli = fit_objects(fit_args, trains_here=True)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
@@ -90,6 +79,24 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
     print(format_scaling(result))
     return result
+
+
+def _check_options(fit_args: list[str], budget: float, head_size: int | None, sizes: list[tuple], target: tuple,
+                   out: str | None) -> None:
+    """The command's own options, before hours of training; the fit options it sets per run are named."""
+    from tinylm.paths import check_json_beside
+    from tinylm.ranges import check_ranges
+    from tinylm.studies.plots import check_png_path
+
+    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
+    _check_sizes(sizes, target)
+    if out:
+        check_png_path(out)  # before hours of training, not after
+        check_json_beside(out, "budget_flops", "scaling")
+    set_per_run = [flag for flag in (a.split("=")[0] for a in fit_args) if flag in _OVERRIDDEN]
+    if set_per_run:
+        log.warning("scaling sets %s for each run (from --budget and the run's size); ignoring %s",
+                    ", ".join(o[2:] for o in _OVERRIDDEN), " ".join(set_per_run))
 
 
 def _check_sizes(sizes: list[tuple], target: tuple) -> None:
