@@ -54,7 +54,7 @@ except OSError:
     pass
 EOF
 
-tests() { "$py" -m pytest -m gpu tests/test_gpu.py -q -rA -s -p no:cacheprovider --junitxml="$work/tests.xml"; }
+tests() { "$py" -m pytest -m gpu tests/gpu/test_gpu.py -q -rA -s -p no:cacheprovider --junitxml="$work/tests.xml"; }
 memory() { "$py" benchmarks/gpu/memory.py --json "$work/memory.json"; }
 strategies() {
   local s rc=0
