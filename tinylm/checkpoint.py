@@ -122,7 +122,8 @@ def _first_line(e: BaseException) -> str:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning ``CheckpointIO`` that writes atomically (temp file beside the target, fsync, rename) and loads safely."""
+    """Lightning ``CheckpointIO`` that writes atomically (temp file beside the target, fsync, rename) and loads
+    safely."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
@@ -131,7 +132,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         torch.save(checkpoint, buffer)
         atomic_write_bytes(path, buffer.getvalue())
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
         if Path(path).name == ".temp.ckpt":  # ddp_fork/ddp_notebook hand the trained weights back to the main
             # process as a bare state_dict in a fresh temp folder (Lightning's _MultiProcessingLauncher)
             return torch.load(path, map_location=map_location or "cpu", weights_only=True)
@@ -139,7 +141,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
-    """(GPT, Tokenizer | None, hyperparameters): the GPT (eval mode, on `map_location`), its tokenizer and hyperparameters from a `tinylm fit` checkpoint.
+    """(GPT, Tokenizer | None, hyperparameters): the GPT (eval mode, on `map_location`), its tokenizer and
+    hyperparameters from a `tinylm fit` checkpoint.
 
     The tokenizer is None only for checkpoints written without one (a TinyLM fit without the tinylm data module).
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
@@ -174,7 +177,8 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
             raise  # a bug, not a damaged file (tokenizers raises a bare Exception on a damaged tokenizer.json)
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds a tokenizer this tinylm cannot rebuild "
                               f"({type(e).__name__}: {str(e)[:200]}): the file is damaged, or was written by another "
-                              "tinylm version; use another checkpoint of the run, or the version that wrote it") from None
+                              "tinylm version; use another checkpoint of the run, "
+                              "or the version that wrote it") from None
     return model.to(map_location).eval(), tokenizer, hparams
 
 

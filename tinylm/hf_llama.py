@@ -80,7 +80,8 @@ def import_llama(path: Any) -> GPT:
     hc = LlamaConfig.from_pretrained(path)
     rope = _rope(hc)
     values = {f: rope["rope_type"] if f == "rope_type" else getattr(hc, f, None) for f, _, _ in _IMPORTABLE}
-    unsupported = [f"{f}={values[f]!r} (tinylm supports {what})" for f, ok, what in _IMPORTABLE if not ok(values[f], hc)]
+    unsupported = [f"{f}={values[f]!r} (tinylm supports {what})" for f, ok, what in _IMPORTABLE
+                   if not ok(values[f], hc)]
     if unsupported:
         raise ValueError(f"cannot import {str(path)!r}: its config.json has {'; '.join(unsupported)}; tinylm's GPT "
                          "would predict differently from this model, so use it with transformers instead")

@@ -223,7 +223,8 @@ def test_malformed_dataset_file_is_named(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n\n")
     for name, streaming in [("empty", False), ("blank", False), ("empty", True)]:  # (blank streamed: no rows)
-        with pytest.raises(ValueError, match=rf"corpus '.*{name}\.jsonl' is empty \(no text in it\); pass --data.corpus"):
+        with pytest.raises(ValueError,
+                           match=rf"corpus '.*{name}\.jsonl' is empty \(no text in it\); pass --data.corpus"):
             list(open_corpus(str(tmp_path / f"{name}.jsonl"), cache_dir=tmp_path, streaming=streaming,
                              max_documents=10))
 

@@ -668,7 +668,8 @@ OPEN_LOADER = (
     "cycle.append(cycle)\n"
     "del batches, cycle\n"
     "gc.collect()\n"
-    "deadline = time.monotonic() + 10\n"  # (a loaded machine: the workers need a moment to end; before, they lived 60 s)
+    # (a loaded machine: the workers need a moment to end; before, they lived 60 s)
+    "deadline = time.monotonic() + 10\n"
     "while multiprocessing.active_children() and time.monotonic() < deadline:\n"
     "    time.sleep(0.1)\n"
     "print('workers left:', len(multiprocessing.active_children()))\n")], ids=["open", "freed-in-a-cycle"])

@@ -1,4 +1,5 @@
-"""Mixing corpora: `data.corpus` as a list with `data.weights`; windows drawn in proportion, resumable, per-corpus val."""
+"""Mixing corpora: `data.corpus` as a list with `data.weights`; windows drawn in proportion, resumable, per-corpus
+val."""
 
 import csv
 
@@ -89,7 +90,8 @@ def test_resume_takes_the_same_shares_written_otherwise(run_config, two_corpora,
     config = run_config(data={"corpus": two_corpora, "weights": [0.5, 0.5], "block_size": 16, "batch_size": 2,
                               "cache_dir": str(tmp_path / "cache"), "tokenizer": "char"})
     main(["fit", "--config", str(config)])
-    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3", "--data.weights", "[1, 1]"])
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3", "--data.weights",
+          "[1, 1]"])
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4", "--data.weights",
               "[2, 1]"])

@@ -9,8 +9,8 @@ from tinylm.model import GPT, GPTConfig
 from tinylm.model.layers import RMSNorm, apply_rope, rope_cos_sin, swiglu_hidden
 
 VOCAB = 50
-MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0,
-              "zero_init_proj": True}
+MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu", "tie_embeddings": False,
+          "logit_softcap": 15.0, "zero_init_proj": True}
 OPTIONS = {  # each option alone, the Llama combination, and everything at once
     "rope": {"positions": "rope"}, "rmsnorm": {"norm": "rmsnorm"}, "qk_norm": {"qk_norm": True},
     "swiglu": {"mlp": "swiglu"}, "relu2": {"mlp": "relu2"}, "untied": {"tie_embeddings": False},

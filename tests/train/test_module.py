@@ -89,7 +89,8 @@ def test_schedule_steps_once_per_optimizer_step(accumulate):
     trainer = _trainer(max_steps=6, accumulate_grad_batches=accumulate, callbacks=[rec])
     trainer.fit(module, _batches(6 * accumulate))
     assert rec.steps == list(range(6))
-    expected = [lr_at(s, schedule="cosine", warmup_steps=2, decay_steps=6, **{k: hp[k] for k in ("lr", "min_lr")}) for s in range(6)]
+    expected = [lr_at(s, schedule="cosine", warmup_steps=2, decay_steps=6, **{k: hp[k] for k in ("lr", "min_lr")})
+                for s in range(6)]
     assert rec.lrs == pytest.approx(expected)
 
 

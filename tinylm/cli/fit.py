@@ -109,7 +109,8 @@ class TinyLMCLI(LightningCLI):
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
                 "validate": {"model", "dataloaders", "datamodule"}}
 
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
+                     subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         # --help says what these do in tinylm, not Lightning's docstrings (its defaults are tinylm's to choose)
         parsers = self._subcommand_parsers.values() if add_subcommands else [self.parser]
@@ -186,7 +187,8 @@ class TinyLMCLI(LightningCLI):
 
             callbacks = [ProgressBar()] if trainer_cfg.get("enable_progress_bar") is not False else []
         user_callbacks = trainer_cfg.get("callbacks") or []
-        trainer_cfg["callbacks"] = (user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]) + callbacks
+        trainer_cfg["callbacks"] = ((user_callbacks if isinstance(user_callbacks, list) else [user_callbacks])
+                                    + callbacks)
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))
@@ -222,7 +224,8 @@ class TinyLMCLI(LightningCLI):
         trainer = super()._instantiate_trainer(config, callbacks)
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
             # ddp's launcher starts it with the ranks it ran (a weak reference: the module outlives the trainer)
-            subprocess_script._launch_process_observer = functools.partial(ranks.watch_ranks, trainer=weakref.ref(trainer))
+            subprocess_script._launch_process_observer = functools.partial(ranks.watch_ranks,
+                                                                           trainer=weakref.ref(trainer))
             # the ranks it starts (from this environment) say no torch warning of their own, as they say no Python
             # warning (rank 0 says the same): also none when rank 0 left on a SIGTERM while they connected
             # ("sendBytes failed ... Broken pipe" and its C++ stack); their errors are still said
@@ -315,7 +318,8 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
             TinyLMDataModule,
             args=args,
             seed_everything_default=1337,
-            auto_configure_optimizers=False,  # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)
+            # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)
+            auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"max_epochs": None, "check_val_every_n_epoch": None, "use_distributed_sampler": False,
                               "default_root_dir": RUNS_ROOT},

@@ -303,7 +303,8 @@ def format_scaling(r: dict) -> str:
                      f"{run['val_loss']:>9.4f} {fit:>7}")
     law = r["law"]
     lines.append(f"no law over the first {len(r['runs']) - 1}: {law['none']}" if "none" in law else
-                 f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}·N^-{law['alpha']:.4f}"
+                 f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}"
+                 f"·N^-{law['alpha']:.4f}"
                  f" (rmse {law['rmse']:.4f} nats)")
     opt = r["isoflop_optimum"]
     lines.append("compute-optimal size for this budget: " + (

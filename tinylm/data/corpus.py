@@ -403,8 +403,8 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
                 val_fraction: float = 0.1) -> Corpus:
     """Resolve `--data.corpus` (see the module docstring); the other arguments apply to datasets only
     (`streaming`, `max_documents`, `val_fraction`: to streamed ones, see `HFStream`)."""
-    hf = {"split": split, "val_split": val_split, "text_column": text_column, "data_files": data_files, "config": hf_config,
-              "revision": hf_revision}
+    hf = {"split": split, "val_split": val_split, "text_column": text_column, "data_files": data_files,
+          "config": hf_config, "revision": hf_revision}
     if not spec.strip():
         raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
                          "a named corpus or hf:NAME")

@@ -105,7 +105,8 @@ class TinyLMDataModule(L.LightningDataModule):
     def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
                  tokenizer: str = "char", vocab_size: int = 8192,
                  tokenizer_train_chars: int | None = 250_000_000, block_size: int = 256, batch_size: int = 64,
-                 val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
+                 val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None,
+                 num_workers: int = 0,
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
                  hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
@@ -189,7 +190,8 @@ class TinyLMDataModule(L.LightningDataModule):
             self._metas = [load_meta(prepare_dataset(c, self.tokenizer, val_fraction=self.val_fraction,
                                                      cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
             for corpus, meta in zip(self.corpora, self._metas):
-                documents = max(split["documents"] for split in meta["splits"].values())  # a document cut between the splits counts in both
+                # a document cut between the splits counts in both
+                documents = max(split["documents"] for split in meta["splits"].values())
                 if self.tokenizer.eos_id is None and documents > 1:
                     log.warning("tokenizer %s has no end-of-text token (none of %s): the documents of %s are packed "
                                 "with nothing between them, and generation has no token to end a text at; add one "
@@ -221,7 +223,8 @@ class TinyLMDataModule(L.LightningDataModule):
                 n = meta["splits"][split]["tokens"]
                 if n < self.block_size + 1:
                     raise ValueError(
-                        f"the {split} split{f' of {spec}' if len(self.metas) > 1 else ''} has {n} tokens, but one window needs block_size + 1 = "
+                        f"the {split} split{f' of {spec}' if len(self.metas) > 1 else ''} has {n} tokens, but one "
+                        "window needs block_size + 1 = "
                         f"{self.block_size + 1}; use a smaller --data.block_size, a "
                         f"{'larger' if split == 'val' else 'smaller'} --data.val_fraction (now {self.val_fraction}), "
                         "or a bigger corpus")

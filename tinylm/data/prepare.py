@@ -117,8 +117,8 @@ def _publish(final: Path, write: Callable[[Path], None], complete: str) -> None:
 def _build_once(final: Path, write: Callable[[Path], None], complete: str, corpus: Corpus, what: str) -> None:
     """`_publish` unless `final` is complete, by one process at a time: under DDP (torchrun, SLURM: every rank
     starts at once and LightningCLI reads the vocab size at instantiation) the first process to take
-    `CACHE/.locks/<kind>-<name>.lock` builds while the others wait for it, then find the folder complete and read it. The lock
-    (flock) goes with its process, so a killed builder leaves the next one free to build."""
+    `CACHE/.locks/<kind>-<name>.lock` builds while the others wait for it, then find the folder complete and read it.
+    The lock (flock) goes with its process, so a killed builder leaves the next one free to build."""
     if (final / complete).is_file():
         return
     locks = final.parent.parent / ".locks"  # CACHE/.locks: out of the folders that list what is cached

@@ -44,8 +44,8 @@ class Stopwatch:
 
 class SplitWriter:
     """Appends documents' tokens to a .bin file (after what it holds), EOS after each complete document, encoding
-    in batches of BATCH_CHARS characters. At most one batch encodes in `pool` while the next is gathered, so memory stays at a
-    few batches whatever the corpus size, and the file is written in document order."""
+    in batches of BATCH_CHARS characters. At most one batch encodes in `pool` while the next is gathered, so memory
+    stays at a few batches whatever the corpus size, and the file is written in document order."""
 
     def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
                  bar: Any = None) -> None:

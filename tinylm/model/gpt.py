@@ -178,7 +178,8 @@ class GPT(nn.Module):
                 "without seeing the rest of the prefix; feed the whole prefix in the first call"
             )
 
-    def _attention_mask(self, idx: Tensor, start: int, prefix_len, kv_cache: KVCache | None) -> tuple[Tensor | None, bool]:
+    def _attention_mask(self, idx: Tensor, start: int, prefix_len,
+                        kv_cache: KVCache | None) -> tuple[Tensor | None, bool]:
         """(mask, is_causal) for SDPA: the queries idx (B, T) after ``start`` cached tokens (whose ids the cache
         records here, as the document mask needs them)."""
         c, T = self.config, idx.size(1)

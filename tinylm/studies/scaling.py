@@ -129,8 +129,8 @@ def isoflop_optimum(params: list[float], losses: list[float]) -> tuple[float, fl
     return float(math.exp(x_opt)), float(a * x_opt**2 + b * x_opt + c)
 
 
-def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *, predicted: tuple[Rung, float | None] | None,
-                 budget: float, out) -> None:
+def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *,
+                 predicted: tuple[Rung, float | None] | None, budget: float, out) -> None:
     """Log-log plot of the ladder's final validation losses against parameters, the fitted law (None: none fits),
     and the predicted and measured loss of the larger model."""
     from matplotlib.ticker import ScalarFormatter

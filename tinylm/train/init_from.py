@@ -54,8 +54,8 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
     state = model.state_dict()
     if c.positions == "learned":
         if block_size > c.block_size:
-            raise ValueError(f"data.block_size {block_size} is longer than the {c.block_size} positions model.init_from "
-                             f"{str(path)!r} learned; use data.block_size <= {c.block_size}")
+            raise ValueError(f"data.block_size {block_size} is longer than the {c.block_size} positions "
+                             f"model.init_from {str(path)!r} learned; use data.block_size <= {c.block_size}")
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:block_size]
     architecture = {name: getattr(c, name) for name in architecture_fields()}
     return architecture, state, tokenizer.fingerprint if tokenizer is not None else None

@@ -142,7 +142,8 @@ class TinyLM(L.LightningModule):
         decay_steps: Optimizer step at which the decay reaches ``min_lr``; defaults to ``trainer.max_steps``.
         decay_fraction: For ``wsd``: the fraction of the run (after warmup) spent decaying.
         weight_decay: AdamW weight decay on matrices and embeddings (never on biases and norm gains); with
-            ``optimizer: muon`` only the embeddings and LM head (AdamW's) take it, the blocks' matrices muon_weight_decay.
+            ``optimizer: muon`` only the embeddings and LM head (AdamW's) take it, the blocks' matrices
+            muon_weight_decay.
         beta1: AdamW beta1 (the speedruns use 0.8 with Muon; tinylm keeps one default).
         beta2: AdamW beta2 (0.95 for large batches; 0.99 for the tiny char recipes).
         compile_model: ``torch.compile`` the GPT in place (keys in checkpoints stay unchanged), and the training
@@ -204,7 +205,8 @@ class TinyLM(L.LightningModule):
                                 activation_checkpointing)
         self.val_loss = MeanMetric()
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
-        self.val_text_nats, self.val_text_bytes = SumMetric().set_dtype(torch.float64), SumMetric().set_dtype(torch.float64)
+        self.val_text_nats, self.val_text_bytes = (SumMetric().set_dtype(torch.float64),
+                                                   SumMetric().set_dtype(torch.float64))
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         # the W&B run of the run folder, set by `tinylm fit` on a resume: kept in checkpoints saved by a resume that
@@ -267,7 +269,8 @@ class TinyLM(L.LightningModule):
                 self.log("train/muon_lr", host_scalar(self.current_lr(group=-1)))
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int,
+                        dataloader_idx: int = 0) -> None:
         x, y = batch[0], self._targets(batch[1])  # the targets the loss counts, so val/ppl = exp(val/loss)
         logits = self(x)  # (B, T, V)
         nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
@@ -390,7 +393,8 @@ class TinyLM(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
 
     def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None
     ) -> None:
         # Called on every optimizer step after accumulation and AMP unscaling, before the step: the return value
         # of clip_grad_norm_ is the total norm *before* clipping, which is what we want to watch.
@@ -451,7 +455,8 @@ class TinyLM(L.LightningModule):
         meta = tinylm_section(checkpoint)
         saved = checkpoint.get("hyper_parameters", {})
         shape = (*config_fields("data", "size", "arch"), "optimizer")  # what the weights and optimizer state are
-        diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape if k in saved and saved[k] != self.hparams[k]]
+        diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape
+                 if k in saved and saved[k] != self.hparams[k]]
         if diffs:
             from lightning.pytorch.trainer.states import TrainerFn
 
@@ -466,7 +471,8 @@ class TinyLM(L.LightningModule):
         from tinylm.checkpoint import check_weights
 
         # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor
-        check_weights(checkpoint["state_dict"], self.state_dict(), getattr(self._trainer, "ckpt_path", None) or "checkpoint")
+        check_weights(checkpoint["state_dict"], self.state_dict(),
+                      getattr(self._trainer, "ckpt_path", None) or "checkpoint")
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
