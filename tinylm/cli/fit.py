@@ -145,7 +145,7 @@ class TinyLMCLI(LightningCLI):
         hyperparameters from the checkpoint (tinylm.cli.resume).
 
         Overrides LightningCLI's private hook (the only place between parsing and instantiation; see
-        tests/test_lightning_private_api.py). Lightning applies checkpoint hyperparameters for paths but not for
+        tests/cli/test_lightning_private_api.py). Lightning applies checkpoint hyperparameters for paths but not for
         ``last`` (#20801), silently, and reads the whole file; here both behave the same, every ignored override is
         named in one warning, and only the metadata is read (mmap).
         """

@@ -47,7 +47,7 @@ class GPT(nn.Module):
     """nanoGPT by default: token + learned position embeddings, pre-LN blocks, final LayerNorm, LM head tied to the
     embedding. The config's options swap in rotary positions, RMSNorm, QK-norm, other MLPs, an untied head, a logit
     soft-cap and zero-initialised residual projections. The default builds and initialises its modules in nanoGPT's
-    order, so a seed gives the same weights as before the options existed (tests/test_modern.py pins it)."""
+    order, so a seed gives the same weights as before the options existed (tests/model/test_modern.py pins it)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

@@ -121,7 +121,7 @@ class SpeedMonitor(L.Callback):
         if pl_module.device.type == "cuda":
             # a mark times finished work, not queued kernels: it waits for the GPU, which leaves it idle while the
             # host prepares the next step. Marks are taken only on the steps whose rate is logged, so that the steps
-            # in between queue their kernels and go on (tests/test_gpu.py counts the syncs)
+            # in between queue their kernels and go on (tests/gpu/test_gpu.py counts the syncs)
             if not logs:
                 return
             torch.cuda.synchronize(pl_module.device)

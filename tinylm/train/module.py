@@ -54,7 +54,7 @@ def host_scalar(value: float) -> torch.Tensor:
     (``_LoggerConnector.on_batch_end``): one ``.item()`` per value per step, each waiting for the step's queued
     kernels. A CPU tensor stays on the CPU (Lightning keeps a tensor's device), so neither happens. Measured with
     ``torch.cuda.set_sync_debug_mode`` (benchmarks/gpu/syncs.py): 4.6 syncs per step that logged nothing before, on an
-    H200; tests/test_gpu.py checks that it is 0."""
+    H200; tests/gpu/test_gpu.py checks that it is 0."""
     return torch.tensor(float(value))
 
 

@@ -153,7 +153,7 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None,
     "momentum_buffer" state, decoupled weight decay, orthogonalised update scaled per matrix shape), but with the
     Newton–Schulz iterations of all matrices of one shape batched (`newton_schulz`) and the momentum and decay as
     foreach ops. At the laptop recipe's 16 matrices of 4 shapes this makes the step 1.44x faster on CPU
-    (benchmarks/bench_modern.py --ops); tests/test_optim.py checks it against torch's step.
+    (benchmarks/bench_modern.py --ops); tests/train/test_optim.py checks it against torch's step.
 
     splits: {id(parameter): n} for parameters whose rows stack n matrices (attention's c_attn: q, k and v), each
     then orthogonalised on its own, as the speedruns do with separate q, k and v weights. ns_dtype: the precision

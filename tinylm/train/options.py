@@ -83,7 +83,7 @@ def save_hyperparameters(module: Any, hparams: dict[str, Any], frame: FrameType)
     with the options spelled out in ``__init__``."""
     from lightning.pytorch.core.mixins.hparams_mixin import (
         HyperparametersMixin,
-        _given_hyperparameters,  # private: guarded in tests/test_model_options.py
+        _given_hyperparameters,  # private: guarded in tests/model/test_model_options.py
     )
     from lightning.pytorch.utilities.parsing import collect_init_args
 
