@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 CONFIG ?= configs/shakespeare-char-cpu.yaml
 ARGS   ?=
 
-.PHONY: setup test train prepare bench evals clean
+.PHONY: setup test lint train prepare bench evals clean
 
 setup: $(VENV)/.installed
 
@@ -15,8 +15,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# ruff: line length 120, pyflakes, bugbear, import order, a complexity cap ([tool.ruff] in pyproject.toml)
+lint: setup
+	$(VENV)/bin/ruff check tinylm tests benchmarks
 
 train: setup
 	$(VENV)/bin/tinylm fit --config $(CONFIG) $(ARGS)
