@@ -160,7 +160,7 @@ def test_precision_dtypes(precision, weights, compute):
 
 def test_plan_and_peak_flops_read_the_one_mapping():
     """The memory plan's bytes per value and the GPU peak lookup, through precision_dtypes: known answers."""
-    from tinylm.train.plan import element_sizes
+    from tinylm.studies.plan import element_sizes
 
     assert [element_sizes(p) for p in ("bf16-mixed", "bf16-true", "32-true", "64-true")] == [(4, 2), (2, 2), (4, 4),
                                                                                              (8, 8)]
