@@ -225,6 +225,12 @@ def generate(
     seed=Option(),
     device: str = "auto",
     no_cache: bool = False,
+    draft_ckpt_path: str | None = None,
+    num_draft_tokens=Option(),
+    prompt_lookup=Option(),
+    regex=Option(),
+    json_schema=Option(),
+    grammar=Option(),
 ) -> list[str]:
     r"""Continue a prompt with a trained model and stream the text. Needs only the checkpoint: the tokenizer travels
     inside it.
@@ -237,6 +243,8 @@ def generate(
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
         no_cache: Recompute the whole context each step (slow; for checking the KV cache).
+        draft_ckpt_path: Speculative decoding: a smaller model's .ckpt, trained with the same tokenizer, that drafts
+            --num_draft_tokens tokens per step (greedy and sample; the text is the model's own, only faster).
     """
     import warnings
 
@@ -259,11 +267,16 @@ def generate(
     if stop is not None:
         options["stop_strings"] = [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
     config = surface.config({**options, "use_cache": not no_cache})  # before the checkpoint is loaded
+    if regex or json_schema or grammar:
+        from tinylm.generate.constrained import grammar_text
+
+        grammar_text(regex, json_schema, grammar)  # a bad one now, not after the prompt is printed
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = replace(config, eos_id=tokenizer.eos_id)
+    draft = _load_draft(draft_ckpt_path, tokenizer, device) if draft_ckpt_path else None
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     block = model.config.block_size
     if len(ids) > block:
@@ -273,7 +286,8 @@ def generate(
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
     if stream:
         _write(prompt)
-    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
+    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer, draft=draft,
+                        tokenizer=tokenizer)
     texts = [decode_after(tokenizer.decode, ids, row) for row in out]
     if stream:
         printer.finish(out[0])
@@ -284,6 +298,21 @@ def generate(
             _write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
     _write("\n")
     return texts
+
+
+def _load_draft(path: str, tokenizer, device: str):
+    """The draft model of --draft_ckpt_path, refused unless it was trained with the model's tokenizer."""
+    from tinylm.checkpoint import load_model
+    from tinylm.device import resolve_device
+
+    draft, draft_tokenizer, _ = load_model(path, map_location=resolve_device(device))
+    if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
+        theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
+            f"{draft_tokenizer.vocab_size:,} ids"
+        raise ValueError(f"--draft_ckpt_path {path!r} has {theirs}, not the model's ({tokenizer.kind}, "
+                         f"{tokenizer.vocab_size:,} ids); a draft must be trained with the model's tokenizer "
+                         "(the same --data.tokenizer and corpus)")
+    return draft
 
 
 class _StreamPrinter:

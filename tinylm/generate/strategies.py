@@ -14,6 +14,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tinylm.generate.config import CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.config import CONSTRAINTS, CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.constrained import rescue, restrict
 from tinylm.generate.options import sampling_options
 from tinylm.generate.processors import constrained_logits, sampling_logits
 from tinylm.model import GPT
@@ -97,10 +99,11 @@ class _Rows:
     """The new tokens of each row, and which rows still run (EOS, stop strings). ``contexts``: the last tokens of
     each prompt, before which its first new tokens are decoded."""
 
-    def __init__(self, config: SamplingConfig, decode, on_token, contexts: list[list[int]]) -> None:
+    def __init__(self, config: SamplingConfig, decode, on_token, contexts: list[list[int]], grammar=None) -> None:
         self.tokens: list[list[int]] = [[] for _ in contexts]
         self.active = [True] * len(contexts)
         self.config, self.decode, self.on_token, self.contexts = config, decode, on_token, contexts
+        self.grammar = grammar  # constrained.Grammar, one matcher per row (None: free text)
         # a stop string that the newest token completes ends in it, and spans at most 4 tokens per character
         # (each token adds a byte or more): decoding that tail, not the whole continuation, keeps each check short
         self.tail = 4 * max(map(len, config.stop_strings or [""])) + 1
@@ -125,8 +128,16 @@ class _Rows:
             self.tokens[row].append(tok)
             if self.on_token is not None:
                 self.on_token(row, tok)
-            if self.hits_stop_string(self.tokens[row], row):
+            if self.grammar is not None:
+                self.grammar.consume(row, tok)
+            if self.hits_stop_string(self.tokens[row], row) or self.grammar is not None and self.grammar.stopped(row):
                 self.active[row] = False
+            if not self.active[row] and self.grammar is not None:
+                self.grammar.live[row] = False
+
+    def allowed(self) -> Tensor | None:
+        """(B, V) mask of the ids the grammar allows each row next; None without a grammar."""
+        return None if self.grammar is None else self.grammar.allowed()
 
 
 # ---- strategies -----------------------------------------------------------------------------------------------
@@ -134,7 +145,8 @@ def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.G
     config = rows.config
     for _ in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B, V)
-        logits = constrained_logits(logits, ids, config)
+        allowed = restrict(logits, rows.allowed())  # the grammar first: the other processors choose among its ids
+        logits = rescue(constrained_logits(allowed, ids, config), allowed)
         if config.strategy == "greedy":
             nxt = logits.argmax(dim=-1)  # (B,)
         else:
@@ -156,7 +168,8 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     context = F.normalize(context.float(), dim=-1)
     expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
     for _ in range(config.max_new_tokens):
-        logits = constrained_logits(logits, ids, config)
+        allowed = restrict(logits, rows.allowed())
+        logits = rescue(constrained_logits(allowed, ids, config), allowed)
         top_probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)  # (B, k)
         run.reorder(expand)
         cand_logits, cand_hidden = run(torch.cat([ids[expand], top_ids.reshape(-1, 1)], dim=1))  # (B*k, V), (B*k, 1, C)
@@ -164,6 +177,7 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         similarity = cand_hidden.view(B, k, -1) @ context.transpose(1, 2)  # (B, k, L)
         degeneration = similarity.max(dim=-1).values  # (B, k)
         score = (1 - config.penalty_alpha) * top_probs - config.penalty_alpha * degeneration  # (B, k)
+        score = score.masked_fill(top_probs == 0, -math.inf)  # a candidate the grammar (or top-k's -inf) removed
         chosen = torch.arange(B, device=ids.device) * k + score.argmax(dim=-1)  # (B,) rows of the B*k batch
         run.reorder(chosen)
         nxt = top_ids.reshape(-1)[chosen]  # (B,)
@@ -196,7 +210,8 @@ class _Hypotheses:
         return self.best[-1][0] >= best_running / length**self.config.length_penalty
 
 
-def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
+def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
+    """Beam search; ``grammar`` (constrained.Grammar) holds one matcher per beam row, B*nb."""
     config = rows.config
     nb = config.num_beams
     B, L0 = ids.shape
@@ -208,7 +223,8 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         logits, _ = run(ids)  # (B*nb, V)
         # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
         # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
-        logprobs = constrained_logits(logits.log_softmax(dim=-1), ids, config)  # (B*nb, V)
+        logprobs = restrict(logits.log_softmax(dim=-1), None if grammar is None else grammar.allowed())
+        logprobs = rescue(constrained_logits(logprobs, ids, config), logprobs)  # (B*nb, V)
         V = logprobs.size(-1)
         cand = (scores.view(-1, 1) + logprobs).view(B, nb * V)  # every (beam, token) extension
         # 2·nb candidates: even if nb of them end (EOS), nb can keep running
@@ -225,7 +241,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
                     if t == config.eos_id:
                         if rank < nb:  # only an EOS among the top nb candidates is as good as a running beam
                             hyps[b].add(generated[beam], s, step + 1)
-                    elif rows.hits_stop_string(generated[beam] + [t], b):
+                    elif rows.hits_stop_string(generated[beam] + [t], b) or grammar and grammar.ends_after(beam, t):
                         if rank < nb:
                             hyps[b].add(generated[beam] + [t], s, step + 1)
                     else:
@@ -240,6 +256,10 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         index = torch.tensor(src, device=ids.device)
         ids = torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)  # (B*nb, L + 1)
         run.reorder(index)
+        if grammar is not None:
+            grammar.reorder(src)
+            for row, t in enumerate(tok):
+                grammar.consume(row, t)
         scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
         if all(h.done for h in hyps):
             break
@@ -322,32 +342,86 @@ def generate_with(
     *,
     decode: Callable[[list[int]], str] | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    draft: GPT | None = None,
+    tokenizer=None,
 ) -> list[list[int]]:
     """`generate` with the options in a SamplingConfig."""
+    speculative = draft is not None or config.prompt_lookup > 0
+    if speculative:
+        _check_speculative(model, draft, config)
     if config.stop_strings and decode is None:
         raise ValueError("stop_strings need decode (a function from token ids to text, e.g. tokenizer.decode)")
     if config.eos_id is not None and config.eos_id >= model.config.vocab_size:
         raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
     ids = _prompt_tensor(prompt_ids, model)  # (B, L)
     check_memory(model, batch_rows(config, ids.size(0), model.config.vocab_size), config.strategy)
-    rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()])
-    run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
+    grammar = _grammar(model, config, tokenizer, batch_rows(config, ids.size(0), 1) if config.strategy == "beam"
+                       else ids.size(0), speculative)
+    if grammar is not None and config.eos_id is None:
+        config = replace(config, eos_id=tokenizer.eos_id)  # EOS only where the grammar may end
+    rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()],
+                 grammar if config.strategy != "beam" else None)
     generator = None
     if config.seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(config.seed)
-    was_training = model.training
-    model.eval()
+    models = [m for m in (model, draft) if m is not None]
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
     try:
         with torch.no_grad():
-            if config.strategy == "beam":
-                _beam_search(run, ids, rows)
-            elif config.strategy == "contrastive":
-                _contrastive(run, ids, rows)
-            else:
-                _greedy_or_sample(run, ids, rows, generator)
+            _decode(model, ids, rows, generator, draft, grammar)
     finally:
-        model.train(was_training)
+        for m, mode in zip(models, was_training):
+            m.train(mode)
     return rows.tokens
+
+
+def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, grammar) -> None:
+    config = rows.config
+    run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
+    if draft is not None or config.prompt_lookup:
+        from tinylm.generate import speculative as spec
+
+        drafter = spec.PromptLookup(config.prompt_lookup) if draft is None else \
+            spec.DraftModel(draft, ids.size(1), config.use_cache)
+        spec.decode(model, ids, rows, drafter, generator)
+    elif config.strategy == "beam":
+        _beam_search(run, ids, rows, grammar)
+    elif config.strategy == "contrastive":
+        _contrastive(run, ids, rows)
+    else:
+        _greedy_or_sample(run, ids, rows, generator)
+
+
+def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculative: bool):
+    """The constrained.Grammar of config's regex / json_schema / grammar for ``rows`` rows; None when none is set."""
+    if not any(getattr(config, k) for k in CONSTRAINTS):
+        return None
+    if tokenizer is None:
+        raise ValueError("regex, json_schema and grammar need tokenizer= (the model's tokenizer: the grammar is over "
+                         "text, and the tokenizer says which text each id writes)")
+    if speculative:
+        raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
+    from tinylm.generate.constrained import Grammar, grammar_text
+
+    return Grammar(grammar_text(config.regex, config.json_schema, config.grammar), tokenizer,
+                   model.config.vocab_size, rows)
+
+
+def _check_speculative(model: GPT, draft: GPT | None, config: SamplingConfig) -> None:
+    """Refuse what speculative decoding cannot keep exact: beams or candidates, a draft of another vocabulary."""
+    from tinylm.generate.config import SPECULATIVE
+
+    if config.strategy not in SPECULATIVE:
+        raise ValueError(f"speculative decoding (a draft model) needs the greedy or sample strategy, got strategy "
+                         f"{config.strategy!r}")
+    if draft is not None and draft.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the draft model has {draft.config.vocab_size} token ids and the model "
+                         f"{model.config.vocab_size}; a draft must use the model's tokenizer")
+    if draft is not None and draft.lm_head.weight.device != model.lm_head.weight.device:
+        raise ValueError(f"the draft model is on {draft.lm_head.weight.device} and the model on "
+                         f"{model.lm_head.weight.device}; put both on one device")
 
 
 @sampling_options()
@@ -357,6 +431,8 @@ def generate(
     *,
     decode: Callable[[list[int]], str] | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    draft: GPT | None = None,
+    tokenizer=None,
     **options: Any,
 ) -> list[list[int]]:
     """Continue each prompt; return the new token ids per prompt (without the EOS that ended a row). Runs in eval
@@ -368,6 +444,10 @@ def generate(
         decode: token ids -> text; needed for stop_strings.
         on_token: streaming callback `on_token(row, token_id)`, called as each token is accepted (for beam search,
             once the best hypothesis is known).
+        draft: a smaller model with the same tokenizer, for speculative decoding (greedy and sample; the output
+            is the model's own, faster when the draft guesses well; see tinylm/generate/speculative.py).
+        tokenizer: the model's Tokenizer; needed for regex, json_schema and grammar (tinylm/generate/constrained.py).
         options: SamplingConfig's fields (`tinylm.generate.options` lists them here).
     """
-    return generate_with(model, prompt_ids, SamplingConfig(**options), decode=decode, on_token=on_token)
+    return generate_with(model, prompt_ids, SamplingConfig(**options), decode=decode, on_token=on_token, draft=draft,
+                         tokenizer=tokenizer)

@@ -466,6 +466,11 @@ class SampleText(L.Callback):
         no_repeat_ngram_size=Option(),
         num_beams=Option(default=4),  # the width samples.strategy beam uses (SamplingConfig's 1 is "no beams")
         seed=Option(default=1234, annotation=int),  # never the global RNG: that would change the training run
+        prompt_lookup=Option(),
+        num_draft_tokens=Option(),
+        regex=Option(),
+        json_schema=Option(),
+        grammar=Option(),
     ) -> None:
         from tinylm.generate.config import unused_options
 
@@ -554,7 +559,7 @@ class SampleText(L.Callback):
         config = replace(self.config, eos_id=tokenizer.eos_id)
         # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
         # shapes of incremental decoding cause no recompilation
-        out = generate_with(model, [ids], config)
+        out = generate_with(model, [ids], config, tokenizer=tokenizer)
         return decode_after(tokenizer.decode, ids, out[0])  # after the prompt: a "▁" piece keeps its space
 
     def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
