@@ -197,7 +197,7 @@ def main() -> None:
                         texts.append(b"".join(tokens[i] for i in ids if i != eos).decode("utf-8", "replace"))
                     ok = all(re.fullmatch(REGEX, t) for t in texts) if kind == "regex" else \
                         all(isinstance(json.loads(t), dict) for t in texts)
-                    print(f"{vname:28s} {cls.name:14s} {kind:5s} setup {setup:6.2f} s  compile {compile_s * 1e3:7.1f} ms"
+                    print(f"{vname:28s} {cls.name:14s} {kind:5s} setup {setup:5.2f} s  compile {compile_s * 1e3:7.1f} ms"
                           f"  {secs / n * 1e6:8.1f} us/token  ({n} tokens; all match: {ok})  e.g. {texts[0][:50]!r}")
                 except Exception as e:
                     print(f"{vname:28s} {cls.name:14s} {kind:5s} failed: {type(e).__name__}: {str(e)[:120]}")

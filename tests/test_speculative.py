@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tinylm.generate import SamplingConfig, generate, generate_with
+from tinylm.generate import SamplingConfig, generate
 from tinylm.model import GPT, GPTConfig
 
 
@@ -84,7 +84,8 @@ def test_sampled_speculative_follows_the_models_distribution(drafter):
     target, draft = model(0, vocab=V, scale=2.0), model(3, vocab=V, n_layer=1, n_embd=16, scale=2.0)
     prompt = [0, 1, 2, 0, 1]  # prompt lookup finds "0 1" earlier: it drafts 2, 0, 1
     exact = _exact_distribution(target, prompt, n, SamplingConfig(**options))
-    spec = {"draft": draft, "num_draft_tokens": 2} if drafter == "model" else {"prompt_lookup": 2, "num_draft_tokens": 3}
+    spec = {"draft": draft, "num_draft_tokens": 2} if drafter == "model" else \
+        {"prompt_lookup": 2, "num_draft_tokens": 3}
     out = generate(target, [prompt] * N, strategy="sample", max_new_tokens=n, seed=0, **spec, **options)
     chi2, dof = _chi_square(out, exact, N)
     assert chi2 < _CHI2_999[min(dof // 10 * 10, 120)], (chi2, dof)
@@ -145,3 +146,28 @@ def test_a_draft_that_agrees_needs_fewer_forward_passes():
         stats = speculative.decode(target, ids, rows, speculative.DraftModel(target, ids.size(1), True), None)
     assert stats["steps"] == 4 and stats["kept"] == stats["drafted"] == 4 * 3 * 4  # 4 steps x 3 rows x K
     assert rows.tokens == generate(target, PROMPTS, strategy="greedy", max_new_tokens=20)
+
+
+def test_generate_command_with_a_draft_checkpoint(run_config, tmp_path, capsys):
+    """Catches `tinylm generate --draft_ckpt_path` printing other text than plain greedy decoding, and a draft
+    trained with another tokenizer (another corpus's characters) being used instead of refused in one line."""
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config())])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    main(["fit", "--config", str(run_config(model={"n_layer": 1, "n_embd": 16}, run={"name": "draft"}))])
+    draft = str(tmp_path / "runs" / "draft" / "checkpoints" / "last.ckpt")
+    args = ["generate", "--ckpt_path", ckpt, "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "40"]
+    capsys.readouterr()
+    main(args)
+    plain = capsys.readouterr().out
+    main(args + ["--draft_ckpt_path", draft, "--num_draft_tokens", "3"])
+    assert capsys.readouterr().out == plain and len(plain) > 40
+    other = tmp_path / "other.txt"
+    other.write_text("abc " * 2000)
+    main(["fit", "--config", str(run_config(data={"corpus": str(other)}, run={"name": "other"}))])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(args + ["--draft_ckpt_path", str(tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not the model's (char, " in err[0] and "same --data.tokenizer" in err[0], err

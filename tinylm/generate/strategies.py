@@ -372,7 +372,7 @@ def generate_with(
         with torch.no_grad():
             _decode(model, ids, rows, generator, draft, grammar)
     finally:
-        for m, mode in zip(models, was_training):
+        for m, mode in zip(models, was_training, strict=True):
             m.train(mode)
     return rows.tokens
 
