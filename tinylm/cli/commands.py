@@ -250,27 +250,9 @@ def generate(
 
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
-    from tinylm.generate.config import unused_options
     from tinylm.generate.report import encode_prompt
-    from tinylm.generate.strategies import batch_rows, check_memory, decode_after, generate_with
 
-    surface = generate.options
-    options = surface.values(locals())
-    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
-    if num_samples > 1 and strategy != "sample":
-        raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
-                         f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
-    if unused := unused_options(strategy, options, surface.defaults, surface.spell):
-        warnings.warn(unused)
-    if strategy != "beam":
-        options["num_beams"] = 1  # the beam width of a strategy that has no beams
-    if stop is not None:
-        options["stop_strings"] = [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
-    config = surface.config({**options, "use_cache": not no_cache})  # before the checkpoint is loaded
-    if regex or json_schema or grammar:
-        from tinylm.generate.constrained import grammar_text
-
-        grammar_text(regex, json_schema, grammar)  # a bad one now, not after the prompt is printed
+    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache)  # before loading
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
@@ -281,9 +263,41 @@ def generate(
     block = model.config.block_size
     if len(ids) > block:
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
-    stream = num_samples == 1 and strategy != "beam"
+    return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
+
+
+def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool):
+    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded."""
+    import warnings
+
+    from tinylm.generate.config import unused_options
+
+    surface, strategy = generate.options, options["strategy"]
+    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
+    if num_samples > 1 and strategy != "sample":
+        raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
+                         f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
+    if unused := unused_options(strategy, options, surface.defaults, surface.spell):
+        warnings.warn(unused)
+    if strategy != "beam":
+        options["num_beams"] = 1  # the beam width of a strategy that has no beams
+    if stop is not None:
+        options["stop_strings"] = [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
+    config = surface.config({**options, "use_cache": not no_cache})
+    if config.regex or config.json_schema or config.grammar:
+        from tinylm.generate.constrained import grammar_text
+
+        grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
+    return config
+
+
+def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: int, config, draft) -> list[str]:
+    """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one."""
+    from tinylm.generate.strategies import batch_rows, check_memory, decode_after, generate_with
+
+    stream = num_samples == 1 and config.strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode, ids) if stream else None
-    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
+    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output
     if stream:
         _write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer, draft=draft,

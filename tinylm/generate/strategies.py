@@ -210,6 +210,17 @@ class _Hypotheses:
         return self.best[-1][0] >= best_running / length**self.config.length_penalty
 
 
+def _next_beams(run: _Runner, ids: Tensor, src: list[int], tok: list[int], grammar) -> Tensor:
+    """The beams kept: rows ``src`` of ``ids`` extended by ``tok``; the cache and the grammar states follow."""
+    index = torch.tensor(src, device=ids.device)
+    run.reorder(index)
+    if grammar is not None:
+        grammar.reorder(src)
+        for row, t in enumerate(tok):
+            grammar.consume(row, t)
+    return torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)
+
+
 def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
     """Beam search; ``grammar`` (constrained.Grammar) holds one matcher per beam row, B*nb."""
     config = rows.config
@@ -253,13 +264,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
             kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))
             for beam, t, s in kept:
                 src.append(beam), tok.append(t), new_scores.append(s)
-        index = torch.tensor(src, device=ids.device)
-        ids = torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)  # (B*nb, L + 1)
-        run.reorder(index)
-        if grammar is not None:
-            grammar.reorder(src)
-            for row, t in enumerate(tok):
-                grammar.consume(row, t)
+        ids = _next_beams(run, ids, src, tok, grammar)  # (B*nb, L + 1)
         scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
         if all(h.done for h in hyps):
             break
