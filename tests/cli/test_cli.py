@@ -80,7 +80,7 @@ def test_bad_sample_options_name_their_samples_option():
     guess which option), a bad samples.temperature pointing at --strategy greedy (an option of generate, not fit),
     and samples.typical_p with samples.strategy greedy (or temperature and top_k with beam) doing nothing without a
     word (generate warns)."""
-    from tinylm.train.callbacks import SampleText
+    from tinylm.train.samples import SampleText
 
     with pytest.raises(ValueError, match=r"^samples\.top_p must be in \(0, 1\], got 0$"):
         SampleText(top_p=0)
@@ -98,7 +98,7 @@ def test_bad_sample_options_name_their_samples_option():
 def test_sample_top_k_is_contrastive_searchs_candidates():
     """Catches samples.top_k given with samples.strategy contrastive being dropped (contrastive search ran with its
     default 4 candidates), while samples' default top_k (200, for sampling) is not taken for contrastive's."""
-    from tinylm.train.callbacks import SampleText
+    from tinylm.train.samples import SampleText
 
     assert SampleText(strategy="contrastive", top_k=8).config.top_k == 8
     assert SampleText(strategy="contrastive").config.top_k is None  # contrastive's own default
@@ -205,8 +205,8 @@ def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path
 
     from tinylm.checkpoint import load_model
     from tinylm.generate import SamplingConfig, generate_with
-    from tinylm.generate.strategies import _Rows, decode_after
-    from tinylm.train.callbacks import SampleText
+    from tinylm.generate.rows import _Rows, decode_after
+    from tinylm.train.samples import SampleText
 
     hf = HF(models.Unigram())
     hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()

@@ -14,7 +14,7 @@ from tinylm.cli.commands import sample_report as report_command
 from tinylm.generate import SamplingConfig, generate
 from tinylm.generate.config import Spelling, check_options
 from tinylm.generate.options import field_docs
-from tinylm.train.callbacks import SampleText
+from tinylm.train.samples import SampleText
 
 SURFACES = {"library": generate, "generate": generate_command, "samples": SampleText.__init__,
             "sample-report": report_command}

@@ -293,7 +293,7 @@ def test_training_samples_with_the_beam_strategy_use_their_beams():
     """Catches the samples a run writes as it trains (SampleText) decoding strategy beam with one beam, which is
     greedy: they must be what `generate` gives with their num_beams (here different from greedy's)."""
     from tinylm.tokenize import build_tokenizer
-    from tinylm.train.callbacks import SampleText
+    from tinylm.train.samples import SampleText
 
     letters = "".join(chr(ord("A") + i) for i in range(VOCAB - 1))  # 47 letters and <|endoftext|>: 48 ids
     tok = build_tokenizer("char", documents=lambda: [letters, letters])
@@ -308,7 +308,7 @@ def test_training_samples_with_the_contrastive_strategy_weigh_its_default_candid
     """Catches SampleText passing its sampling top_k (200) to contrastive search, where it is the candidates per
     step: 200 model rows per prompt and step, and other text than `tinylm generate --strategy contrastive` gives."""
     from tinylm.tokenize import build_tokenizer
-    from tinylm.train.callbacks import SampleText
+    from tinylm.train.samples import SampleText
 
     letters = "".join(chr(ord("A") + i) for i in range(VOCAB - 1))
     tok = build_tokenizer("char", documents=lambda: [letters, letters])

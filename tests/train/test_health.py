@@ -468,7 +468,7 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, mo
     """Catches the text samples written during training counted as training time: tokens/sec and MFU fell ~3x for
     the window after each sample (always, with samples.every_n_steps <= the window)."""
     from tinylm.tokenize.tokenizer import build_tokenizer
-    from tinylm.train.callbacks import SampleText
+    from tinylm.train.samples import SampleText
 
     ids, vocab = chars
     text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")

@@ -118,7 +118,8 @@ def _positional_list(fn: Callable) -> str | None:
     """The name of ``fn``'s first parameter if it is a required ``list[str]``: the command takes it as leading
     positional arguments (`tinylm plot RUN [RUN ...]`)."""
     first = next(iter(inspect.signature(fn).parameters.values()), None)
-    if first is None or first.default is not inspect.Parameter.empty or first.annotation not in ("list[str]", list[str]):
+    if (first is None or first.default is not inspect.Parameter.empty
+            or first.annotation not in ("list[str]", list[str])):
         return None
     return first.name
 
@@ -161,7 +162,8 @@ def prepare(args: list[str]) -> dict[str, Any]:
         description="Train/load the tokenizer and pack the corpus into token memmaps; print what was made. "
         "Takes the same config file and --data.* overrides as `tinylm fit` (other sections are ignored).",
     )
-    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a tinylm fit config (YAML); only `data` is used")
+    parser.add_argument("-c", "--config", action=ActionConfigFile,
+                        help="a tinylm fit config (YAML); only `data` is used")
     parser.add_class_arguments(TinyLMDataModule, "data")
     for key in _FIT_SECTIONS:
         parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
@@ -226,6 +228,12 @@ def generate(
     seed=Option(),
     device: str = "auto",
     no_cache: bool = False,
+    draft_ckpt_path: str | None = None,
+    num_draft_tokens=Option(),
+    prompt_lookup=Option(),
+    regex=Option(),
+    json_schema=Option(),
+    grammar=Option(),
 ) -> list[str]:
     r"""Continue a prompt with a trained model and stream the text. Needs only the checkpoint: the tokenizer travels
     inside it.
@@ -238,17 +246,36 @@ def generate(
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
         no_cache: Recompute the whole context each step (slow; for checking the KV cache).
+        draft_ckpt_path: Speculative decoding: a smaller model's .ckpt, trained with the same tokenizer, that drafts
+            --num_draft_tokens tokens per step (greedy and sample; the text is the model's own, only faster).
     """
     import warnings
 
     from tinylm.checkpoint import load_model
     from tinylm.device import resolve_device
-    from tinylm.generate.config import unused_options
     from tinylm.generate.report import encode_prompt
-    from tinylm.generate.strategies import batch_rows, check_memory, decode_after, generate_with
 
-    surface = generate.options
-    options = surface.values(locals())
+    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache)  # before loading
+    prompt = unescape(prompt)
+    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
+    if tokenizer is None:
+        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
+    config = replace(config, eos_id=tokenizer.eos_id)
+    draft = _load_draft(draft_ckpt_path, tokenizer, device) if draft_ckpt_path else None
+    prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
+    block = model.config.block_size
+    if len(ids) > block:
+        warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
+    return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
+
+
+def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool):
+    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded."""
+    import warnings
+
+    from tinylm.generate.config import unused_options
+
+    surface, strategy = generate.options, options["strategy"]
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     if num_samples > 1 and strategy != "sample":
         raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
@@ -259,22 +286,26 @@ def generate(
         options["num_beams"] = 1  # the beam width of a strategy that has no beams
     if stop is not None:
         options["stop_strings"] = [unescape(s) for s in ([stop] if isinstance(stop, str) else stop)]
-    config = surface.config({**options, "use_cache": not no_cache})  # before the checkpoint is loaded
-    prompt = unescape(prompt)
-    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
-    if tokenizer is None:
-        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
-    config = replace(config, eos_id=tokenizer.eos_id)
-    prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
-    block = model.config.block_size
-    if len(ids) > block:
-        warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
-    stream = num_samples == 1 and strategy != "beam"
+    config = surface.config({**options, "use_cache": not no_cache})
+    if config.regex or config.json_schema or config.grammar:
+        from tinylm.generate.constrained import grammar_text
+
+        grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
+    return config
+
+
+def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: int, config, draft) -> list[str]:
+    """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one."""
+    from tinylm.generate.rows import decode_after
+    from tinylm.generate.strategies import batch_rows, check_memory, generate_with
+
+    stream = num_samples == 1 and config.strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode, ids) if stream else None
-    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), strategy)  # before any output
+    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output
     if stream:
         console.write(prompt)
-    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer)
+    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer, draft=draft,
+                        tokenizer=tokenizer)
     texts = [decode_after(tokenizer.decode, ids, row) for row in out]
     if stream:
         printer.finish(out[0])
@@ -287,6 +318,21 @@ def generate(
     return texts
 
 
+def _load_draft(path: str, tokenizer, device: str):
+    """The draft model of --draft_ckpt_path, refused unless it was trained with the model's tokenizer."""
+    from tinylm.checkpoint import load_model
+    from tinylm.device import resolve_device
+
+    draft, draft_tokenizer, _ = load_model(path, map_location=resolve_device(device))
+    if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
+        theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
+            f"{draft_tokenizer.vocab_size:,} ids"
+        raise ValueError(f"--draft_ckpt_path {path!r} has {theirs}, not the model's ({tokenizer.kind}, "
+                         f"{tokenizer.vocab_size:,} ids); a draft must be trained with the model's tokenizer "
+                         "(the same --data.tokenizer and corpus)")
+    return draft
+
+
 class _StreamPrinter:
     """Prints text as tokens arrive: each time, the tokens not yet shown are decoded after the few before them
     (`decode_after`: a SentencePiece "▁" is a space only after a word), so the cost of a token does not grow with
@@ -294,7 +340,7 @@ class _StreamPrinter:
     arrives."""
 
     def __init__(self, decode, context: list[int]) -> None:
-        from tinylm.generate.strategies import CONTEXT_TOKENS, decode_after
+        from tinylm.generate.rows import CONTEXT_TOKENS, decode_after
 
         self.text_after = lambda ids, end: decode_after(decode, ids[max(0, end - CONTEXT_TOKENS):end], ids[end:])
         self.ids = list(context)

@@ -124,8 +124,8 @@ class TinyLMCLI(LightningCLI):
         super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser) -> None:
-        from tinylm.train.callbacks import SampleText
         from tinylm.train.eval_callback import EvalTasks
+        from tinylm.train.samples import SampleText
 
         parser.add_class_arguments(RunOptions, "run")
         parser.add_lightning_class_args(SampleText, "samples")

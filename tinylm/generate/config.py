@@ -30,15 +30,21 @@ MAX_BEAMS = 256
 MIN_TEMPERATURE = 1e-4  # colder is argmax anyway (strategy "greedy"), and logits / 1e-40 overflow float32
 MIN_PENALTY = 1e-3
 MAX_LENGTH_PENALTY = 10.0
+MAX_DRAFT_TOKENS = 64  # a draft that long is rejected early anyway; the check costs K + 1 positions of logits
+MAX_LOOKUP_NGRAM = 16
+CONSTRAINTS = ("regex", "json_schema", "grammar")
+SPECULATIVE = ("greedy", "sample")  # strategies speculative decoding keeps exact (one sequence per row)
 RANGES = {
     "max_new_tokens": f"[1, {MAX_NEW_TOKENS}]", "top_k": "[1, inf)", "top_p": "(0, 1]", "min_p": "[0, 1]",
     "typical_p": "(0, 1]", "no_repeat_ngram_size": "[0, inf)", "repetition_penalty": f"[{MIN_PENALTY}, inf)",
     "length_penalty": f"[-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}]", "seed": "[0, 2**63)",
     "num_beams": f"[1, {MAX_BEAMS}]", "penalty_alpha": "[0, 1]", "eos_id": "[0, inf)",
+    "num_draft_tokens": f"[1, {MAX_DRAFT_TOKENS}]", "prompt_lookup": f"[0, {MAX_LOOKUP_NGRAM}]",
 }
 """Valid values of SamplingConfig's numeric fields (interval notation, see tinylm.ranges); temperature's depends on
 the strategy (`check_options`)."""
-WHOLE = ("max_new_tokens", "top_k", "seed", "num_beams", "eos_id", "no_repeat_ngram_size")
+WHOLE = ("max_new_tokens", "top_k", "seed", "num_beams", "eos_id", "no_repeat_ngram_size", "num_draft_tokens",
+         "prompt_lookup")
 UNSET_IS_OFF = ("top_k", "top_p", "min_p", "typical_p", "seed", "eos_id")  # None is a value of these (off / unset)
 _HINTS = {  # after "NAME must be in [..], got X"; {strategy} is how the surface spells the strategy option
     "temperature": "; for the most likely token at each step use the greedy strategy ({strategy} greedy)",
@@ -96,6 +102,22 @@ class SamplingConfig:
     draws from the global RNG."""
     use_cache: bool = True
     """Reuse attention keys/values of earlier tokens (same output, many times faster); false recomputes all."""
+    num_draft_tokens: int = 4
+    """Speculative decoding (a draft model, or prompt_lookup): tokens drafted per step, all checked by one forward
+    pass of the model; in [1, 64]."""
+    prompt_lookup: int = 0
+    """Speculative decoding without a draft model (greedy, sample): draft the tokens that followed the latest
+    earlier occurrence of the text's last n tokens, n from this down to 1 (prompt lookup; pays on text that repeats
+    its prompt); 0 is off."""
+    regex: str | None = None
+    """Constrained decoding: every sample's new text matches this regular expression (needs llguidance:
+    pip install 'tinylm[grammar]')."""
+    json_schema: str | None = None
+    """Constrained decoding: every sample's new text is JSON valid under this JSON Schema (the schema, or the path
+    of a .json file holding it)."""
+    grammar: str | None = None
+    """Constrained decoding: every sample's new text is in the language of this Lark grammar (llguidance's
+    dialect, rule `start`; the grammar, or the path of a .lark file holding it)."""
 
     def __post_init__(self) -> None:
         check_options(vars(self))
@@ -153,6 +175,18 @@ def check_options(values: Mapping[str, Any], spell: Spelling = LIBRARY) -> None:
     if values["num_beams"] > 1 and strategy != "beam":
         raise ValueError(f"{spell('num_beams')}={values['num_beams']} needs the beam strategy "
                          f"({spell.flag('strategy')} beam), got {spell('strategy')} {strategy!r}")
+    constraints = [k for k in CONSTRAINTS if values[k] is not None]
+    if len(constraints) > 1:
+        raise ValueError(f"{' and '.join(spell(k) for k in constraints)} both constrain the text; give one")
+    bad = next((k for k in constraints if not isinstance(values[k], str) or not values[k].strip()), None)
+    if bad:
+        raise ValueError(f"{spell(bad)} must be a non-empty string, got {values[bad]!r}")
+    if constraints and values["prompt_lookup"]:
+        raise ValueError(f"{spell(constraints[0])} with {spell('prompt_lookup')}: speculative decoding does not take "
+                         "a grammar yet; drop one")
+    if values["prompt_lookup"] and strategy not in SPECULATIVE:
+        raise ValueError(f"{spell('prompt_lookup')} (speculative decoding) needs the greedy or sample strategy, got "
+                         f"{spell('strategy')} {strategy!r}; drop {spell.flag('prompt_lookup')}")
     stops = values["stop_strings"]
     stops = [stops] if isinstance(stops, str) else stops
     if stops is not None and not all(isinstance(s, str) and s for s in stops):

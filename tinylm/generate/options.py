@@ -46,7 +46,7 @@ def field_docs() -> dict[str, str]:
     source = textwrap.dedent(inspect.getsource(SamplingConfig))
     body = ast.parse(source).body[0].body
     docs = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in zip(body, body[1:], strict=False):
         if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
             docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from tinylm.generate.config import SamplingConfig
-from tinylm.generate.strategies import decode_after, generate_with
+from tinylm.generate.rows import decode_after
+from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
 
 
@@ -85,7 +86,8 @@ SCORE_CHUNK_LOGITS = 2**25  # most logits (rows x positions x vocab) scored at o
 SLIDE_CHUNK_TOKENS = 16384  # past block_size: most tokens (windows x rows x block_size) in one forward pass
 
 
-def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> tuple[list[list[float]], list[list[float]]]:
+def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]
+                 ) -> tuple[list[list[float]], list[list[float]]]:
     """(NLL, entropy) of every generated token of each output, in nats, under the model at T = 1, untruncated.
 
     NLL is -log p(token | context); entropy is that of the whole distribution p(· | context) the token was drawn
@@ -105,7 +107,8 @@ def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[i
 
 
 @torch.no_grad()
-def _score_rows(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]) -> tuple[list[list[float]], list[list[float]]]:
+def _score_rows(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[int]]
+                ) -> tuple[list[list[float]], list[list[float]]]:
     """score_tokens for one group of rows; they are padded at the end, which a causal model never looks at."""
     block = model.config.block_size
     P = len(prompt)

@@ -14,6 +14,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,120 +22,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tinylm.generate.config import CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.config import CONSTRAINTS, CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.constrained import rescue, restrict
 from tinylm.generate.options import sampling_options
 from tinylm.generate.processors import constrained_logits, sampling_logits
+from tinylm.generate.rows import CONTEXT_TOKENS, _Rows, _Runner
 from tinylm.model import GPT
 
 
-# ---- feeding the model ---------------------------------------------------------------------------------------
-class _Runner:
-    """Feeds a growing batch of sequences (B, L) to the model; returns the last position's logits (and the new
-    tokens' hidden states).
-
-    Without the cache every call runs the last block_size tokens (nanoGPT's sliding window). With it only the
-    tokens not fed yet run; when they would overflow the cache it is refilled from the last block_size tokens,
-    which is exactly what the uncached path sees, so both give the same logits (past block_size each step then
-    costs a full forward, as without the cache: learned absolute positions shift with the window).
-    """
-
-    def __init__(self, model: GPT, *, use_cache: bool, prompt_len: int) -> None:
-        self.model, self.use_cache = model, use_cache
-        self.block_size = model.config.block_size
-        # a prefix-LM sees its prompt bidirectionally: the prefix is the prompt, wherever the window starts
-        self.prefix_abs = prompt_len if model.config.attn_mask == "prefix" else None
-        self.cache = None
-        self.cache_start = 0  # absolute position of the cache's first token
-        self.fed = 0  # tokens of each sequence the model has seen
-
-    def reorder(self, index: Tensor) -> None:
-        """Rows of the batch were selected/reordered (beams, contrastive candidates): follow in the cache."""
-        if self.cache is not None:
-            self.cache.reorder(index)
-
-    def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        L = ids.size(1)
-        n_new = L - self.fed
-        assert n_new >= 1, "every call must bring at least one new token"
-        if self.use_cache:
-            if self.cache is None:
-                self.cache = self.model.new_kv_cache(ids.size(0))
-            first = L - n_new  # the first token the cache has not seen
-            if self.cache.pos + n_new > self.block_size:
-                self.cache.reset()
-                self.cache_start = first = max(0, L - self.block_size)
-            start, feed = self.cache_start, ids[:, first:]
-        else:
-            start = max(0, L - self.block_size)
-            feed = ids[:, start:]
-        prefix_len = None if self.prefix_abs is None else max(0, self.prefix_abs - start)
-        # .forward, not __call__: a model compiled in place (module.compile()) would recompile for every cache length
-        logits, hidden = self.model.forward(
-            feed, kv_cache=self.cache, prefix_len=prefix_len, return_hidden=True, last_only=True
-        )  # (B, 1, V), (B, T, C)
-        self.fed = L
-        return logits[:, -1].float(), hidden[:, -min(n_new, hidden.size(1)) :]
-
-
-# ---- decoding a continuation -----------------------------------------------------------------------------------
-CONTEXT_TOKENS = 4  # tokens decoded before a continuation, for the text they give its first token
-
-
-def decode_after(decode: Callable[[list[int]], str], context: Sequence[int], ids: Sequence[int]) -> str:
-    """The text ``ids`` add after ``context``: decode(context + ids) less decode(context). A token decoded alone
-    can lose what its left neighbour gives it (SentencePiece's "▁" is a space only after a word; WordPiece's "##"
-    joins it to one), so a continuation is decoded after the tokens before it. Falls back to decoding ``ids``
-    alone if the context's text is not a prefix (a decoder that rewrites across the boundary)."""
-    context = list(context)[-CONTEXT_TOKENS:]
-    if not context:
-        return decode(list(ids))
-    before, text = decode(context), decode(context + list(ids))
-    return text[len(before):] if text.startswith(before) else decode(list(ids))
-
-
-# ---- stopping -----------------------------------------------------------------------------------------------
-class _Rows:
-    """The new tokens of each row, and which rows still run (EOS, stop strings). ``contexts``: the last tokens of
-    each prompt, before which its first new tokens are decoded."""
-
-    def __init__(self, config: SamplingConfig, decode, on_token, contexts: list[list[int]]) -> None:
-        self.tokens: list[list[int]] = [[] for _ in contexts]
-        self.active = [True] * len(contexts)
-        self.config, self.decode, self.on_token, self.contexts = config, decode, on_token, contexts
-        # a stop string that the newest token completes ends in it, and spans at most 4 tokens per character
-        # (each token adds a byte or more): decoding that tail, not the whole continuation, keeps each check short
-        self.tail = 4 * max(map(len, config.stop_strings or [""])) + 1
-
-    def hits_stop_string(self, tokens: list[int], prompt: int) -> bool:
-        """Whether the new ``tokens`` of the row of prompt ``prompt`` have made a stop string (text of the prompt
-        is not searched)."""
-        if not self.config.stop_strings:
-            return False
-        cut = max(0, len(tokens) - self.tail)
-        before = (self.contexts[prompt] + tokens[max(0, cut - CONTEXT_TOKENS):cut])[-CONTEXT_TOKENS:]
-        text = decode_after(self.decode, before, tokens[cut:])
-        return any(s in text for s in self.config.stop_strings)
-
-    def accept(self, next_tokens: list[int]) -> None:
-        for row, tok in enumerate(next_tokens):
-            if not self.active[row]:
-                continue
-            if tok == self.config.eos_id:
-                self.active[row] = False
-                continue
-            self.tokens[row].append(tok)
-            if self.on_token is not None:
-                self.on_token(row, tok)
-            if self.hits_stop_string(self.tokens[row], row):
-                self.active[row] = False
-
-
-# ---- strategies -----------------------------------------------------------------------------------------------
 def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.Generator | None) -> None:
     config = rows.config
     for _ in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B, V)
-        logits = constrained_logits(logits, ids, config)
+        allowed = restrict(logits, rows.allowed())  # the grammar first: the other processors choose among its ids
+        logits = rescue(constrained_logits(allowed, ids, config), allowed)
         if config.strategy == "greedy":
             nxt = logits.argmax(dim=-1)  # (B,)
         else:
@@ -156,7 +57,8 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     context = F.normalize(context.float(), dim=-1)
     expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
     for _ in range(config.max_new_tokens):
-        logits = constrained_logits(logits, ids, config)
+        allowed = restrict(logits, rows.allowed())
+        logits = rescue(constrained_logits(allowed, ids, config), allowed)
         top_probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)  # (B, k)
         run.reorder(expand)
         cand_logits, cand_hidden = run(torch.cat([ids[expand], top_ids.reshape(-1, 1)], dim=1))  # (B*k, V), (B*k, 1, C)
@@ -164,6 +66,7 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         similarity = cand_hidden.view(B, k, -1) @ context.transpose(1, 2)  # (B, k, L)
         degeneration = similarity.max(dim=-1).values  # (B, k)
         score = (1 - config.penalty_alpha) * top_probs - config.penalty_alpha * degeneration  # (B, k)
+        score = score.masked_fill(top_probs == 0, -math.inf)  # a candidate the grammar (or top-k's -inf) removed
         chosen = torch.arange(B, device=ids.device) * k + score.argmax(dim=-1)  # (B,) rows of the B*k batch
         run.reorder(chosen)
         nxt = top_ids.reshape(-1)[chosen]  # (B,)
@@ -196,7 +99,19 @@ class _Hypotheses:
         return self.best[-1][0] >= best_running / length**self.config.length_penalty
 
 
-def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
+def _next_beams(run: _Runner, ids: Tensor, src: list[int], tok: list[int], grammar) -> Tensor:
+    """The beams kept: rows ``src`` of ``ids`` extended by ``tok``; the cache and the grammar states follow."""
+    index = torch.tensor(src, device=ids.device)
+    run.reorder(index)
+    if grammar is not None:
+        grammar.reorder(src)
+        for row, t in enumerate(tok):
+            grammar.consume(row, t)
+    return torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)
+
+
+def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
+    """Beam search; ``grammar`` (constrained.Grammar) holds one matcher per beam row, B*nb."""
     config = rows.config
     nb = config.num_beams
     B, L0 = ids.shape
@@ -208,7 +123,8 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         logits, _ = run(ids)  # (B*nb, V)
         # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
         # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
-        logprobs = constrained_logits(logits.log_softmax(dim=-1), ids, config)  # (B*nb, V)
+        logprobs = restrict(logits.log_softmax(dim=-1), None if grammar is None else grammar.allowed())
+        logprobs = rescue(constrained_logits(logprobs, ids, config), logprobs)  # (B*nb, V)
         V = logprobs.size(-1)
         cand = (scores.view(-1, 1) + logprobs).view(B, nb * V)  # every (beam, token) extension
         # 2·nb candidates: even if nb of them end (EOS), nb can keep running
@@ -225,7 +141,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
                     if t == config.eos_id:
                         if rank < nb:  # only an EOS among the top nb candidates is as good as a running beam
                             hyps[b].add(generated[beam], s, step + 1)
-                    elif rows.hits_stop_string(generated[beam] + [t], b):
+                    elif rows.hits_stop_string(generated[beam] + [t], b) or grammar and grammar.ends_after(beam, t):
                         if rank < nb:
                             hyps[b].add(generated[beam] + [t], s, step + 1)
                     else:
@@ -237,9 +153,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows) -> None:
             kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))
             for beam, t, s in kept:
                 src.append(beam), tok.append(t), new_scores.append(s)
-        index = torch.tensor(src, device=ids.device)
-        ids = torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)  # (B*nb, L + 1)
-        run.reorder(index)
+        ids = _next_beams(run, ids, src, tok, grammar)  # (B*nb, L + 1)
         scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
         if all(h.done for h in hyps):
             break
@@ -322,32 +236,86 @@ def generate_with(
     *,
     decode: Callable[[list[int]], str] | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    draft: GPT | None = None,
+    tokenizer=None,
 ) -> list[list[int]]:
     """`generate` with the options in a SamplingConfig."""
+    speculative = draft is not None or config.prompt_lookup > 0
+    if speculative:
+        _check_speculative(model, draft, config)
     if config.stop_strings and decode is None:
         raise ValueError("stop_strings need decode (a function from token ids to text, e.g. tokenizer.decode)")
     if config.eos_id is not None and config.eos_id >= model.config.vocab_size:
         raise ValueError(f"eos_id must be < vocab_size {model.config.vocab_size}, got {config.eos_id}")
     ids = _prompt_tensor(prompt_ids, model)  # (B, L)
     check_memory(model, batch_rows(config, ids.size(0), model.config.vocab_size), config.strategy)
-    rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()])
-    run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
+    grammar = _grammar(model, config, tokenizer, batch_rows(config, ids.size(0), 1) if config.strategy == "beam"
+                       else ids.size(0), speculative)
+    if grammar is not None and config.eos_id is None:
+        config = replace(config, eos_id=tokenizer.eos_id)  # EOS only where the grammar may end
+    rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()],
+                 grammar if config.strategy != "beam" else None)
     generator = None
     if config.seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(config.seed)
-    was_training = model.training
-    model.eval()
+    models = [m for m in (model, draft) if m is not None]
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
     try:
         with torch.no_grad():
-            if config.strategy == "beam":
-                _beam_search(run, ids, rows)
-            elif config.strategy == "contrastive":
-                _contrastive(run, ids, rows)
-            else:
-                _greedy_or_sample(run, ids, rows, generator)
+            _decode(model, ids, rows, generator, draft, grammar)
     finally:
-        model.train(was_training)
+        for m, mode in zip(models, was_training, strict=True):
+            m.train(mode)
     return rows.tokens
+
+
+def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, grammar) -> None:
+    config = rows.config
+    run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
+    if draft is not None or config.prompt_lookup:
+        from tinylm.generate import speculative as spec
+
+        drafter = spec.PromptLookup(config.prompt_lookup) if draft is None else \
+            spec.DraftModel(draft, ids.size(1), config.use_cache)
+        spec.decode(model, ids, rows, drafter, generator)
+    elif config.strategy == "beam":
+        _beam_search(run, ids, rows, grammar)
+    elif config.strategy == "contrastive":
+        _contrastive(run, ids, rows)
+    else:
+        _greedy_or_sample(run, ids, rows, generator)
+
+
+def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculative: bool):
+    """The constrained.Grammar of config's regex / json_schema / grammar for ``rows`` rows; None when none is set."""
+    if not any(getattr(config, k) for k in CONSTRAINTS):
+        return None
+    if tokenizer is None:
+        raise ValueError("regex, json_schema and grammar need tokenizer= (the model's tokenizer: the grammar is over "
+                         "text, and the tokenizer says which text each id writes)")
+    if speculative:
+        raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
+    from tinylm.generate.constrained import Grammar, grammar_text
+
+    return Grammar(grammar_text(config.regex, config.json_schema, config.grammar), tokenizer,
+                   model.config.vocab_size, rows)
+
+
+def _check_speculative(model: GPT, draft: GPT | None, config: SamplingConfig) -> None:
+    """Refuse what speculative decoding cannot keep exact: beams or candidates, a draft of another vocabulary."""
+    from tinylm.generate.config import SPECULATIVE
+
+    if config.strategy not in SPECULATIVE:
+        raise ValueError(f"speculative decoding (a draft model) needs the greedy or sample strategy, got strategy "
+                         f"{config.strategy!r}")
+    if draft is not None and draft.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the draft model has {draft.config.vocab_size} token ids and the model "
+                         f"{model.config.vocab_size}; a draft must use the model's tokenizer")
+    if draft is not None and draft.lm_head.weight.device != model.lm_head.weight.device:
+        raise ValueError(f"the draft model is on {draft.lm_head.weight.device} and the model on "
+                         f"{model.lm_head.weight.device}; put both on one device")
 
 
 @sampling_options()
@@ -357,6 +325,8 @@ def generate(
     *,
     decode: Callable[[list[int]], str] | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    draft: GPT | None = None,
+    tokenizer=None,
     **options: Any,
 ) -> list[list[int]]:
     """Continue each prompt; return the new token ids per prompt (without the EOS that ended a row). Runs in eval
@@ -368,6 +338,10 @@ def generate(
         decode: token ids -> text; needed for stop_strings.
         on_token: streaming callback `on_token(row, token_id)`, called as each token is accepted (for beam search,
             once the best hypothesis is known).
+        draft: a smaller model with the same tokenizer, for speculative decoding (greedy and sample; the output
+            is the model's own, faster when the draft guesses well; see tinylm/generate/speculative.py).
+        tokenizer: the model's Tokenizer; needed for regex, json_schema and grammar (tinylm/generate/constrained.py).
         options: SamplingConfig's fields (`tinylm.generate.options` lists them here).
     """
-    return generate_with(model, prompt_ids, SamplingConfig(**options), decode=decode, on_token=on_token)
+    return generate_with(model, prompt_ids, SamplingConfig(**options), decode=decode, on_token=on_token, draft=draft,
+                         tokenizer=tokenizer)

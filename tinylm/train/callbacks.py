@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections import deque
-from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
@@ -15,7 +13,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import peak_flops_by_name, precision_dtypes
-from tinylm.generate.options import Option, sampling_options
 from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
 
@@ -112,7 +109,8 @@ class SpeedMonitor(L.Callback):
         """Leave `seconds` of wall time just spent on other work (validating, sampling text) out of the rates."""
         self._marks = deque(((t + seconds, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         self._tokens += batch[0].numel()
         if trainer.global_step == self._step_seen:
             return  # still accumulating gradients: no optimizer step yet
@@ -138,7 +136,8 @@ class SpeedMonitor(L.Callback):
             return
         pl_module.log("train/tokens_per_sec", host_scalar(self.tokens_per_sec), prog_bar=True, rank_zero_only=True)
         if self._peak:
-            pl_module.log("train/mfu", host_scalar(per_device * self._flops_per_token / self._peak), rank_zero_only=True)
+            pl_module.log("train/mfu", host_scalar(per_device * self._flops_per_token / self._peak),
+                          rank_zero_only=True)
 
 
 class RNGState(L.Callback):
@@ -244,7 +243,8 @@ class FinalValidation(L.Callback):
     """
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        ends_the_run = trainer.global_step + 1 == trainer.max_steps and not trainer.fit_loop.epoch_loop._should_accumulate()
+        ends_the_run = (trainer.global_step + 1 == trainer.max_steps
+                        and not trainer.fit_loop.epoch_loop._should_accumulate())
         if ends_the_run:  # (max_steps -1, unset: never)
             trainer.should_stop = True
 
@@ -278,7 +278,8 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if trainer.should_stop and not self._stepped:
             trainer.should_stop, self._stop_after_step = False, True
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         self._stepped, self._step_seen = trainer.global_step != self._step_seen, trainer.global_step
         if self._stepped and self._stop_after_step:
             trainer.should_stop, self._stop_after_step = True, False
@@ -371,7 +372,8 @@ class ProgressBar(TQDMProgressBar):
     after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
     """
 
-    _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr", "train/tokens_per_sec": "tok/s"}
+    _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr",
+                                        "train/tokens_per_sec": "tok/s"}
 
     def __init__(self, *, min_interval: float = 0.25, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -405,7 +407,8 @@ class ProgressBar(TQDMProgressBar):
         self._first = 0
         super().on_train_epoch_start(trainer, *args)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         now = time.perf_counter()
         last = batch_idx + 1 >= self.total_train_batches or 0 < trainer.max_steps <= trainer.global_step
         if now - self._drawn < self.min_interval and not last:
@@ -428,164 +431,3 @@ class ProgressBar(TQDMProgressBar):
             else:
                 out[name] = value
         return out
-
-
-class SampleText(L.Callback):
-    """Samples text from fixed prompts every N optimizer steps, to watch a model learn to write.
-
-    The text goes to the console, to ``<run dir>/samples.txt`` and to W&B as a table (rank zero only). Sampling
-    uses its own seeded generator, so it neither changes the training RNG stream nor breaks exact resume.
-
-    Args:
-        every_n_steps: Optimizer steps between samples; 0 turns sampling off.
-        prompts: Texts to continue (an empty prompt starts from the end-of-text token).
-        top_k: sample: keep only the k most likely tokens (null keeps all); contrastive search takes its own
-            default (4 candidates per step) unless this is set away from its default.
-        seed: Seed of the sampling generator (the same samples for the same weights).
-
-    The other options are decoding options, documented on SamplingConfig (tinylm/generate/config.py).
-    """
-
-    # Option(): a decoding option, its type, default and help SamplingConfig's (tinylm/generate/config.py)
-    @sampling_options("samples.{}")
-    def __init__(
-        self,
-        *,
-        every_n_steps: int = 500,
-        prompts: list[str] | None = None,
-        max_new_tokens=Option(default=100),
-        strategy=Option(),
-        temperature=Option(default=0.8),
-        top_k=Option(default=200),
-        top_p=Option(),
-        min_p=Option(),
-        typical_p=Option(),
-        repetition_penalty=Option(),
-        no_repeat_ngram_size=Option(),
-        num_beams=Option(default=4),  # the width samples.strategy beam uses (SamplingConfig's 1 is "no beams")
-        seed=Option(default=1234, annotation=int),  # never the global RNG: that would change the training run
-    ) -> None:
-        from tinylm.generate.config import unused_options
-
-        if every_n_steps < 0:
-            raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
-        self.every_n_steps = every_n_steps
-        self.prompts = list(prompts) if prompts is not None else ["\n"]
-        if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
-            raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
-                             "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
-        surface = SampleText.__init__.options
-        options = surface.values(locals())
-        # contrastive search takes its own default k (4), not the 200 candidates of samples' sampling
-        if strategy != "sample" and top_k == surface.defaults["top_k"]:
-            options["top_k"] = None
-        self.config = surface.config({**options, "num_beams": num_beams if strategy == "beam" else 1})
-        # as generate warns of --top_p with --strategy greedy
-        if unused := unused_options(strategy, surface.values(locals()), surface.defaults, surface.spell):
-            warnings.warn(unused, UserWarning)
-        self._last_step = -1
-        self._path: Path | None = None
-        self._saved_bytes: int | None = None  # from the checkpoint resumed
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # the step a run starts at was sampled by the run it resumes (or is the untrained step 0, which a run
-        # without accumulation never samples either): not again after the next step's first micro-batch
-        self._last_step = trainer.global_step
-        self._path = Path(trainer.default_root_dir) / "samples.txt"
-        if self.every_n_steps:
-            self._check_prompts(_run_tokenizer(trainer, pl_module))
-        saved, self._saved_bytes = self._saved_bytes, None
-        if trainer.global_step and trainer.is_global_zero and saved is not None:
-            _cut_after(self._path, saved)
-
-    def _check_prompts(self, tokenizer) -> None:
-        """Refuse, before the first step, a prompt the run's tokenizer cannot encode: found at the first sample step,
-        it ended the run there, before that step's checkpoint was saved."""
-        if tokenizer is None:
-            return
-        for prompt in self.prompts:
-            try:
-                ids = tokenizer.encode(prompt)
-            except ValueError as e:
-                raise ValueError(f"samples.prompts: {prompt!r} cannot be encoded by the run's tokenizer ({e}); "
-                                 "change --samples.prompts") from None
-            if not ids and tokenizer.eos_id is None:
-                raise ValueError(f"samples.prompts: an empty prompt starts from the end-of-text token, and this "
-                                 f"{tokenizer.kind} tokenizer has none; give each prompt some text "
-                                 "(--samples.prompts '[\"\\n\"]')")
-
-    def state_dict(self) -> dict:
-        # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
-        # next checkpoint, is cut back to it on resume (as the metrics CSV drops its rows), and writes them again
-        if self._path is None:  # not training (nothing to cut back to)
-            return {}
-        try:
-            return {"samples_bytes": self._path.stat().st_size}
-        except OSError:  # no sample written yet
-            return {"samples_bytes": 0}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._saved_bytes = state_dict.get("samples_bytes")
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        step = trainer.global_step
-        if not self.every_n_steps or step % self.every_n_steps or step == self._last_step or not trainer.is_global_zero:
-            return
-        self._last_step = step
-        tokenizer = _run_tokenizer(trainer, pl_module)
-        if tokenizer is None:
-            return
-        started = time.perf_counter()
-        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt)) for prompt in self.prompts]
-        self._publish(trainer, rows)
-        for speed in (cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)):
-            speed.exclude(time.perf_counter() - started)  # sampling is no training: tokens/sec and MFU leave it out
-
-    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
-        from dataclasses import replace
-
-        from tinylm.generate.strategies import decode_after, generate_with
-
-        ids = tokenizer.encode(prompt) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
-        if not ids:
-            return ""
-        config = replace(self.config, eos_id=tokenizer.eos_id)
-        # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
-        # shapes of incremental decoding cause no recompilation
-        out = generate_with(model, [ids], config)
-        return decode_after(tokenizer.decode, ids, out[0])  # after the prompt: a "▁" piece keeps its space
-
-    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
-        import logging
-
-        log = logging.getLogger("tinylm")
-        text = "\n".join(f"--- step {s} | {p!r}\n{p}{t}" for s, p, t in rows)
-        log.info("\n%s", text)
-        path = Path(trainer.default_root_dir) / "samples.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text + "\n")
-        from tinylm.train.loggers import wandb_loggers
-
-        for logger in wandb_loggers(trainer.loggers):
-            logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows], step=rows[0][0])
-
-
-def _cut_after(path: Path, size: int) -> None:
-    """Cut `path` back to its first `size` bytes (nothing when it is not longer)."""
-    try:
-        if path.stat().st_size > size:
-            with open(path, "r+b") as f:
-                f.truncate(size)
-    except OSError:
-        pass
-
-
-def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
-    """The run's tokenizer: the data module's, else the one the module carries from its checkpoint."""
-    tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
-    if tok is None and getattr(pl_module, "tokenizer_state", None):
-        from tinylm.tokenize.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
-    return tok
