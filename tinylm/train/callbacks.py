@@ -431,3 +431,13 @@ class ProgressBar(TQDMProgressBar):
             else:
                 out[name] = value
         return out
+
+
+def run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
+    """The run's tokenizer: the data module's, else the one the module carries from its checkpoint."""
+    tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+    if tok is None and getattr(pl_module, "tokenizer_state", None):
+        from tinylm.tokenize.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
+    return tok

@@ -53,9 +53,9 @@ class EvalTasks(L.Callback):
         if not self.tasks:
             return
         from tinylm.evals import load
-        from tinylm.train.callbacks import _run_tokenizer
+        from tinylm.train.callbacks import run_tokenizer
 
-        tokenizer = _run_tokenizer(trainer, pl_module)
+        tokenizer = run_tokenizer(trainer, pl_module)
         if tokenizer is None:
             raise ValueError("eval.tasks needs the run's tokenizer, and this run has none (a TinyLM fit without the "
                              "tinylm data module); leave --eval.tasks out")

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 
 from tinylm.generate.options import Option, sampling_options
-from tinylm.train.callbacks import SpeedMonitor
+from tinylm.train.callbacks import SpeedMonitor, run_tokenizer
 
 
 class SampleText(L.Callback):
@@ -83,7 +83,7 @@ class SampleText(L.Callback):
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
         if self.every_n_steps:
-            self._check_prompts(_run_tokenizer(trainer, pl_module))
+            self._check_prompts(run_tokenizer(trainer, pl_module))
         saved, self._saved_bytes = self._saved_bytes, None
         if trainer.global_step and trainer.is_global_zero and saved is not None:
             _cut_after(self._path, saved)
@@ -123,7 +123,7 @@ class SampleText(L.Callback):
         if not self.every_n_steps or step % self.every_n_steps or step == self._last_step or not trainer.is_global_zero:
             return
         self._last_step = step
-        tokenizer = _run_tokenizer(trainer, pl_module)
+        tokenizer = run_tokenizer(trainer, pl_module)
         if tokenizer is None:
             return
         started = time.perf_counter()
@@ -172,13 +172,3 @@ def _cut_after(path: Path, size: int) -> None:
                 f.truncate(size)
     except OSError:
         pass
-
-
-def _run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
-    """The run's tokenizer: the data module's, else the one the module carries from its checkpoint."""
-    tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
-    if tok is None and getattr(pl_module, "tokenizer_state", None):
-        from tinylm.tokenize.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
-    return tok
