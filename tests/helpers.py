@@ -1,9 +1,11 @@
-"""Helpers shared by test files of several folders: a run's logged rows, and a command's one error line."""
+"""Helpers shared by test files of several folders: a run's logged rows, a command's one error line, and the
+KV cache's logits against the uncached model's."""
 
 import csv
 from pathlib import Path
 
 import pytest
+import torch
 
 from tinylm.cli import main
 
@@ -39,3 +41,17 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
+
+
+def assert_cached_logits_equal_uncached(model, ids: "torch.Tensor", steps: int = 14) -> None:
+    """Greedy-extend ``ids`` (prompts of 6 tokens) ``steps`` times, the next-token logits with the KV cache equal to
+    those without it (1e-5) at every step, past block_size (the window then slides)."""
+    from tinylm.generate.rows import _Runner
+
+    cached, uncached = _Runner(model, use_cache=True, prompt_len=6), _Runner(model, use_cache=False, prompt_len=6)
+    with torch.no_grad():
+        for _ in range(steps):
+            a, b = cached(ids)[0], uncached(ids)[0]
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            ids = torch.cat([ids, a.argmax(-1, keepdim=True)], dim=1)
+    assert ids.size(1) > model.config.block_size

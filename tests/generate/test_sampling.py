@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import assert_cached_logits_equal_uncached
 from torch import nn
 
 from tinylm.generate.processors import (
@@ -17,7 +18,7 @@ from tinylm.generate.processors import (
     top_p_filter,
     typical_filter,
 )
-from tinylm.generate.strategies import _Runner, generate
+from tinylm.generate.strategies import generate
 from tinylm.model import GPT, GPTConfig
 
 VOCAB = 48
@@ -346,13 +347,7 @@ def test_cached_logits_equal_uncached_across_the_crop_boundary(attn_mask):
     (for a prefix LM, the prompt stays the prefix as the window slides over it)."""
     model = tiny(attn_mask=attn_mask)
     ids = torch.tensor([[5, 9, 0, 3, 17, 8], [30, 2, 2, 41, 0, 7]])  # EOS (0) inside: two documents per row
-    cached, uncached = _Runner(model, use_cache=True, prompt_len=6), _Runner(model, use_cache=False, prompt_len=6)
-    with torch.no_grad():
-        for _ in range(14):  # 6 + 14 tokens > block_size 16
-            a, b = cached(ids)[0], uncached(ids)[0]
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
-            ids = torch.cat([ids, a.argmax(-1, keepdim=True)], dim=1)
-    assert ids.size(1) > model.config.block_size
+    assert_cached_logits_equal_uncached(model, ids)  # 6 + 14 tokens > block_size 16
 
 
 def test_prefix_lm_generation_matches_without_cache():

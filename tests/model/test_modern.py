@@ -3,8 +3,9 @@ stays nanoGPT bit for bit; every option keeps causality, the KV cache and genera
 
 import pytest
 import torch
+from helpers import assert_cached_logits_equal_uncached
 
-from tinylm.generate.strategies import _Runner, generate
+from tinylm.generate.strategies import generate
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.layers import RMSNorm, apply_rope, rope_cos_sin, swiglu_hidden
 
@@ -82,13 +83,7 @@ def test_rope_generation_past_block_size_matches_uncached(name):
     see the same window, at the same positions, as the uncached one), for every decoding strategy."""
     model = tiny(**OPTIONS[name])
     x = ids(2, 6)
-    cached, uncached = _Runner(model, use_cache=True, prompt_len=6), _Runner(model, use_cache=False, prompt_len=6)
-    with torch.no_grad():
-        for _ in range(14):  # 6 + 14 tokens > block_size 16
-            a, b = cached(x)[0], uncached(x)[0]
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
-            x = torch.cat([x, a.argmax(-1, keepdim=True)], dim=1)
-    assert x.size(1) > model.config.block_size
+    assert_cached_logits_equal_uncached(model, x)  # 6 + 14 tokens > block_size 16
     prompts = [[5, 9, 3, 17], [30, 2, 2, 41]]
     for strategy in ("greedy", "sample", "beam", "contrastive"):
         kw = {"strategy": strategy, "max_new_tokens": 20, "seed": 1, "num_beams": 3 if strategy == "beam" else 1}
