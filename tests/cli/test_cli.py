@@ -356,3 +356,18 @@ def test_tinylm_help_answers_without_importing_lightning():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("usage: tinylm COMMAND") and "sample-report" in out
     assert out.splitlines()[-1] == "False"
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """Catches `tinylm --help | head -3` ending in a BrokenPipeError traceback: the usage was printed outside the
+    handling every command's output has (exit 141, as a shell reports a reader gone, and nothing on stderr)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.close()\ntime.sleep(0.5)\n"
+                             "from tinylm.cli import main\nsys.argv = ['tinylm', '--help']\nmain()"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc.stdout.close()  # the reader goes away before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err, err

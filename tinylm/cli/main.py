@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None, program: bool) -> None:
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):  # before the console's setup, which imports Lightning (seconds)
-        print(usage())
+        try:
+            print(usage(), flush=True)
+        except BrokenPipeError:  # `tinylm --help | head -3`: the reader went away, as for any command's output
+            _quiet_stdout()
+            sys.exit(141)
         return
     console.setup()
     command, rest = argv[0], argv[1:]
@@ -72,12 +76,17 @@ def _main(argv: list[str] | None, program: bool) -> None:
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
         if program:
             signals.end_at_once_on_ctrl_c()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
+        _quiet_stdout()
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
     except Exception as raised:
         if program:
             signals.end_at_once_on_ctrl_c()
         _end_on_error(raised, command, rest, verbose)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and Python's exit flush must not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _run(command: str, rest: list[str], program: bool) -> None:
