@@ -163,7 +163,11 @@ def restrict(logits: Tensor, allowed: Tensor | None) -> Tensor:
     return logits if allowed is None else logits.masked_fill(~allowed.to(logits.device), -math.inf)
 
 
-def rescue(processed: Tensor, restricted: Tensor) -> Tensor:
-    """Rows whose every id the other processors removed fall back to the grammar's ids (``restricted``)."""
+def rescue(processed: Tensor, restricted: Tensor, allowed: Tensor | None) -> Tensor:
+    """Rows whose every id the other processors removed fall back to the grammar's ids (``restricted``). Without a
+    grammar (``allowed`` None) nothing is restricted and the processors leave a row free themselves: no work per
+    token."""
+    if allowed is None:
+        return processed
     empty = torch.isneginf(processed).all(dim=-1, keepdim=True)
     return torch.where(empty, restricted, processed)

@@ -34,8 +34,9 @@ def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.G
     config = rows.config
     for _ in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B, V)
-        allowed = restrict(logits, rows.allowed())  # the grammar first: the other processors choose among its ids
-        logits = rescue(constrained_logits(allowed, ids, config), allowed)
+        mask = rows.allowed()
+        allowed = restrict(logits, mask)  # the grammar first: the other processors choose among its ids
+        logits = rescue(constrained_logits(allowed, ids, config), allowed, mask)
         if config.strategy == "greedy":
             nxt = logits.argmax(dim=-1)  # (B,)
         else:
@@ -57,8 +58,9 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     context = F.normalize(context.float(), dim=-1)
     expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
     for _ in range(config.max_new_tokens):
-        allowed = restrict(logits, rows.allowed())
-        logits = rescue(constrained_logits(allowed, ids, config), allowed)
+        mask = rows.allowed()
+        allowed = restrict(logits, mask)
+        logits = rescue(constrained_logits(allowed, ids, config), allowed, mask)
         top_probs, top_ids = logits.softmax(dim=-1).topk(k, dim=-1)  # (B, k)
         run.reorder(expand)
         cand_logits, cand_hidden = run(torch.cat([ids[expand], top_ids.reshape(-1, 1)], dim=1))  # (B*k, V), (B*k, 1, C)
@@ -123,8 +125,9 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
         logits, _ = run(ids)  # (B*nb, V)
         # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
         # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
-        logprobs = restrict(logits.log_softmax(dim=-1), None if grammar is None else grammar.allowed())
-        logprobs = rescue(constrained_logits(logprobs, ids, config), logprobs)  # (B*nb, V)
+        mask = None if grammar is None else grammar.allowed()
+        logprobs = restrict(logits.log_softmax(dim=-1), mask)
+        logprobs = rescue(constrained_logits(logprobs, ids, config), logprobs, mask)  # (B*nb, V)
         V = logprobs.size(-1)
         cand = (scores.view(-1, 1) + logprobs).view(B, nb * V)  # every (beam, token) extension
         # 2·nb candidates: even if nb of them end (EOS), nb can keep running
