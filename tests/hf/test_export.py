@@ -381,8 +381,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_block(language: str, containing: str) -> str:
-    """The one fenced code block of README.md in `language` that contains `containing`."""
-    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"),
+    """The one fenced code block of docs/export.md in `language` that contains `containing`."""
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "docs" / "export.md").read_text(encoding="utf-8"),
                         re.DOTALL | re.MULTILINE)
     [block] = [b for b in blocks if containing in b]
     return block
@@ -409,7 +409,7 @@ def test_readme_export_instructions_run_on_what_make_train_writes(tmp_path, smal
         run_command("export", command[2:])  # what `tinylm export` runs
     capsys.readouterr()
     snippet = _readme_block("python", "AutoModelForCausalLM.from_pretrained")
-    exec(compile(snippet, "README.md", "exec"), {})  # noqa: S102 (the README's own snippet, run as a user would)
+    exec(compile(snippet, "docs/export.md", "exec"), {})  # noqa: S102 (the README's own snippet, run as a user would)
     printed = capsys.readouterr().out
     assert printed.startswith("ROMEO:") and len(printed.strip()) > len("ROMEO:") + 10
 
