@@ -79,7 +79,8 @@ class HealthMonitor(L.Callback):
         halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`), and end a
             run whose last validation diverged with that error too (after its checkpoints are saved).
         diverged_factor: ``diverged`` fires when val/loss exceeds this multiple of ln(vocab) (what a model that
-            guesses uniformly scores; a trained model is far below it); None turns the check off.
+            guesses uniformly scores; a trained model is far below it) while the training loss is above ln(vocab)
+            too (else it is overfitting); None turns the check off.
         sync_every: Optimizer steps whose loss and grad norm are read from the device together (None:
             ``trainer.log_every_n_steps``); a non-finite value stops the run at the latest then, and always before a
             checkpoint is saved.
@@ -311,7 +312,7 @@ class HealthMonitor(L.Callback):
         if not trainer.sanity_checking:
             self._check_pending(trainer, pl_module)
         val = trainer.callback_metrics.get("val/loss")
-        if trainer.sanity_checking or val is None or trainer.state.fn != "fit":
+        if trainer.sanity_checking or val is None:
             return
         self._judge_val(trainer, pl_module, float(val))
         if not self._losses:
@@ -335,8 +336,14 @@ class HealthMonitor(L.Callback):
 
     def _judge_val(self, trainer: L.Trainer, pl_module: L.LightningModule, val: float) -> None:
         """``diverged``: val/loss far above ln(vocab), what a model that guesses uniformly scores."""
-        ln_v = math.log(pl_module.hparams.vocab_size)
-        if self.diverged_factor is None or (math.isfinite(val) and val <= self.diverged_factor * ln_v):
+        vocab_size = getattr(getattr(pl_module, "hparams", None), "vocab_size", None)
+        if not vocab_size:  # (a module that is not a language model of a known vocabulary)
+            return
+        ln_v = math.log(vocab_size)
+        train = sum(self._losses) / len(self._losses) if self._losses else math.inf
+        # (a model that memorised its training set can score worse than uniform on held-out text: that is overfit)
+        if (self.diverged_factor is None or (math.isfinite(val) and val <= self.diverged_factor * ln_v)
+                or train <= ln_v):
             self._diverged, self._sane_val_step = None, trainer.global_step
             return
         before = "; ".join(f"{a.kind} at step {a.step}" for a in self.alerts[:3]) or "no alert before it"
