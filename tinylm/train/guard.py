@@ -4,7 +4,9 @@ its last good checkpoint with a lower learning rate (``--guard.*``).
 Each optimizer step is judged on the device, after its gradients are known and before the optimizer uses them
 (`TinyLM.configure_gradient_clipping` calls `StabilityGuard.judge`): the step is *skipped* when its loss or
 gradient norm is NaN/Inf, or when its loss (optionally its gradient norm) is an outlier against the accepted steps
-of the recent window, by a robust z-score, (x - median) / (1.4826 * MAD), as llm.c skips updates. A skipped step
+of the recent window, by a robust z-score, (x - median) / (1.4826 * MAD), as llm.c skips updates (the limit,
+median + z x 1.4826 x MAD, is refreshed on the device every ``trainer.log_every_n_steps`` steps; per step the
+judgement is a dozen tiny tensor operations). A skipped step
 is not applied: AdamW's fused kernel is handed the decision as its ``found_inf`` (the flag GradScaler uses), so
 parameters, moments and AdamW's step count stay as they were without the host reading the flag; other optimizers
 (Muon) have their gradients dropped, which needs the flag on the host (free on a CPU, one sync per step on a GPU).
@@ -86,12 +88,10 @@ class StabilityGuard(L.Callback):
         self.lr_factor, self.max_rollbacks = lr_factor, max_rollbacks
         self.rollbacks = 0
         self.level: float | None = None  # the lowest median loss of a full window since the start or a rollback
-        # the last `window` accepted steps, a ring (entry: accepted steps so far % window): (window, 3) loss, grad
-        # norm, step; NaN where empty. Skipped steps leave it as it was, so a run of skips is judged against the
-        # steps before them.
+        # the last `window` steps by slot step % window: loss, grad norm (NaN where skipped or not yet taken), and
+        # 1.0 where the step was skipped
         self._history: torch.Tensor | None = None
-        self._accepted = torch.zeros((), dtype=torch.int64)  # accepted steps so far (on the device once training)
-        self._skips: torch.Tensor | None = None  # (window,) 1.0 where the step (slot: step % window) was skipped
+        self._limit: torch.Tensor | None = None  # (2,) loss, grad norm above which a step is an outlier
         self._skipped = torch.zeros((), dtype=torch.int64)  # skipped steps so far
         self._saved: dict | None = None  # a checkpoint's state, put on the device at train start
         self._step_seen = -1
@@ -102,15 +102,15 @@ class StabilityGuard(L.Callback):
             return
         device = pl_module.device
         self._history = torch.full((self.window, 3), float("nan"), device=device)
-        self._skips = torch.zeros(self.window, device=device)
-        self._skipped, self._accepted = self._skipped.to(device), self._accepted.to(device)
+        self._history[:, 2] = 0.0
+        self._limit = torch.full((2,), math.inf, device=device)
+        self._skipped = self._skipped.to(device)
         if self._saved is not None:
             state, self._saved = self._saved, None
             self._history.copy_(state["history"])
-            self._skips.copy_(state["skips"])
-            self._skipped, self._accepted = state["skipped"].to(device), state["accepted"].to(device)
-        z = [self.loss_z or math.inf, self.grad_norm_z or math.inf]
-        self._z = torch.tensor(z, device=device)
+            self._limit.copy_(state["limit"])
+            self._skipped = state["skipped"].to(device)
+        self._z = torch.tensor([self.loss_z or math.inf, self.grad_norm_z or math.inf], device=device)
         self._step_seen = trainer.global_step
         pl_module.step_guard = self.judge
 
@@ -119,27 +119,28 @@ class StabilityGuard(L.Callback):
 
     def judge(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
         """Decide whether this optimizer step is applied (called between the gradient norm and the optimizer's
-        update) and make the optimizer skip it if not; on the device, no sync (but for optimizers that cannot take
-        the decision as a tensor)."""
+        update) and make the optimizer skip it if not: a dozen tiny tensor operations on the device, no sync (but
+        for optimizers that cannot take the decision as a tensor)."""
         trainer = pl_module.trainer
         loss = pl_module.step_loss
         if trainer.world_size > 1:  # every rank judges the same numbers (the norm is already the same)
             loss = trainer.strategy.reduce(loss, reduce_op="mean")
         x = torch.stack([loss.detach().float().reshape(()), norm.detach().float().reshape(())])  # (2,)
+        skip = ~x.isfinite().all() | (x > self._limit).any()
+        self._history[trainer.global_step % self.window] = torch.cat([torch.where(skip, math.nan, x),
+                                                                      skip.float()[None]])
+        self._skipped += skip
+        pl_module.step_skipped = skip
+        _skip_update(optimizer, skip)
+
+    def _refresh_limit(self) -> None:
+        """The outlier limits from the window's accepted steps: median + z x 1.4826 x MAD, once it holds
+        min_history of them (else the limits stay: a run of skips is judged against the steps before it)."""
         history = self._history[:, :2]  # (window, 2)
         median = history.nanmedian(dim=0).values  # (2,)
         scale = MAD_TO_STD * (history - median).abs().nanmedian(dim=0).values  # (2,)
         enough = (~history[:, 0].isnan()).sum() >= self.min_history
-        outlier = ((x - median) > self._z * scale.clamp(min=1e-6 * median.abs())) & enough
-        skip = ~x.isfinite().all() | outlier.any()
-        slot = (self._accepted % self.window).reshape(1)  # (1,) where an accepted step goes
-        row = torch.cat([x, x.new_tensor([float(trainer.global_step)])])  # (3,)
-        self._history.index_copy_(0, slot, torch.where(skip, self._history.index_select(0, slot)[0], row)[None])
-        self._accepted += ~skip
-        self._skips[trainer.global_step % self.window] = skip.float()
-        self._skipped += skip
-        pl_module.step_skipped = skip
-        _skip_update(optimizer, skip)
+        self._limit = torch.where(enough, median + self._z * scale.clamp(min=1e-6 * median.abs()), self._limit)
 
     # ---- every log_every_n_steps: on the host --------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
@@ -149,24 +150,23 @@ class StabilityGuard(L.Callback):
         self._step_seen = step = trainer.global_step
         if not logging_step(trainer):
             return
-        # the one sync, on a step that logs anyway: the skip flags, the losses and the count
-        values = torch.cat([self._skips, self._history[:, [0, 2]].T.flatten(), self._skipped.reshape(1)]).tolist()
+        # the one sync, on a step that logs anyway: the window's losses and skip flags, and the count
+        values = torch.cat([self._history[:, [0, 2]].T.flatten(), self._skipped.reshape(1).float()]).tolist()
         pl_module.log("train/skipped_steps", host_scalar(values[-1]), rank_zero_only=True)
-        w = self.window
-        trouble = self._trouble(step, values[:w], values[w : 2 * w], values[2 * w : 3 * w])
+        trouble = self._trouble(step, values[: self.window], values[self.window : 2 * self.window])
         if trouble is not None:
             self._rollback(trainer, pl_module, *trouble)
+        self._refresh_limit()
 
-    def _trouble(self, step: int, skips: list[float], losses: list[float],
-                 steps: list[float]) -> tuple[str, int] | None:
+    def _trouble(self, step: int, losses: list[float], skips: list[float]) -> tuple[str, int] | None:
         """What calls for a rollback, if anything: (what happened, the first step it concerns), from the window's
-        skip flags (by slot: step % window) and its accepted steps' losses and steps (a ring)."""
+        losses and skip flags (by slot: step % window)."""
         order = [(step - self.window + i) for i in range(self.window)]  # the last `window` steps, oldest first
         flags = [skips[s % self.window] for s in order]
         if self.rollback_skips and sum(flags) >= self.rollback_skips:
             first = next(s for s, f in zip(order, flags) if f)
             return f"{int(sum(flags))} of the last {self.window} steps skipped (first at step {first})", first
-        by_step = sorted((s, v) for s, v in zip(steps, losses) if not math.isnan(v))  # accepted, oldest first
+        by_step = [(s, losses[s % self.window]) for s in order if not math.isnan(losses[s % self.window])]
         accepted = [v for _, v in by_step]
         if len(accepted) < self.window // 2 or self.rollback_loss_rise is None:
             return None
@@ -203,17 +203,17 @@ class StabilityGuard(L.Callback):
                 group["lr"] = base * fn(sched.last_epoch)
         # the window keeps the steps before the trouble, which the weights are back to: the steps after the rollback
         # are judged against them at once (an empty window let the next explosion through)
-        self._history[self._history[:, 2] >= first_bad] = float("nan")
-        self._skips.zero_()
+        for bad in range(max(first_bad, step - self.window), step):
+            self._history[bad % self.window, :2] = math.nan
+        self._history[:, 2] = 0.0
         log.warning("tinylm guard: step %d: %s; rolled back to %s (step %s) with the LR x%g (rollback %d of %d)",
                     step, what, ckpt, state.get("global_step"), self.lr_factor, self.rollbacks, self.max_rollbacks)
 
     # ---- state survives resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        state: dict[str, Any] = {"rollbacks": self.rollbacks, "level": self.level, "skipped": self._skipped.cpu(),
-                                 "accepted": self._accepted.cpu()}
+        state: dict[str, Any] = {"rollbacks": self.rollbacks, "level": self.level, "skipped": self._skipped.cpu()}
         if self._history is not None:
-            state |= {"history": self._history.cpu(), "skips": self._skips.cpu()}
+            state |= {"history": self._history.cpu(), "limit": self._limit.cpu()}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -221,8 +221,7 @@ class StabilityGuard(L.Callback):
         self._skipped = state_dict.get("skipped", torch.zeros((), dtype=torch.int64)).clone()
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
-            self._saved = {"history": history, "skips": state_dict["skips"], "skipped": self._skipped,
-                           "accepted": state_dict["accepted"]}
+            self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}
 
 
 def _skip_update(optimizer: Any, skip: torch.Tensor) -> None:
