@@ -62,7 +62,8 @@ class StabilityGuard(L.Callback):
         grad_norm_z: The same for the gradient norm (before clipping); null (the default): only a NaN/Inf norm.
             Clipping already bounds a large norm's update; a loss outlier is the surer sign of a bad batch.
         window: Optimizer steps in the reference window (skipped steps leave a hole in it).
-        min_history: Accepted steps the window must hold before outliers are judged (NaN/Inf always are).
+        min_history: Accepted steps the window must hold before outliers are judged (NaN/Inf always are); the
+            outlier limits are taken from the window every ``trainer.log_every_n_steps`` steps.
         rollback_skips: Roll back when this many of the window's steps were skipped; 0: never for skips.
         rollback_loss_rise: Roll back when the median loss of the last ``window // 5`` accepted steps is more than
             this fraction above the loss's level (the lowest window median since the start or the last rollback);
