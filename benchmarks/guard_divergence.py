@@ -4,6 +4,8 @@ or a bad restart). Draws both loss curves into docs/images/guard.png and prints 
 
     python benchmarks/guard_divergence.py                   # 600 steps, the LR explodes at step 300
     python benchmarks/guard_divergence.py --steps 400 --at 200 --out /tmp/guard.png
+    python benchmarks/guard_divergence.py --steps 100 --at 50 --every 25 --model.n_layer 2 --model.n_embd 64
+        (any further --section.option goes to both `tinylm fit` runs)
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ def fit(root: Path, name: str, args, guard: bool) -> tuple[float, int]:
     argv = ["fit", "--config", str(REPO / "configs" / "shakespeare-char-cpu.yaml"),
             "--data.corpus", str(args.data / "tinyshakespeare.txt"), "--data.cache_dir", str(root / "cache"),
             "--trainer.default_root_dir", str(root), "--run.name", name, "--trainer.max_steps", str(args.steps),
-            "--run.checkpoint_every", "100", "--trainer.val_check_interval", "100", "--samples.every_n_steps", "0",
+            "--run.checkpoint_every", str(args.every), "--trainer.val_check_interval", str(args.every),
+            "--samples.every_n_steps", "0",
             "--trainer.enable_progress_bar", "false",
             "--trainer.callbacks", json.dumps([{"class_path": "guard_divergence.LRExplodes",
                                                 "init_args": {"at": args.at}}]),
-            "--guard.enabled", str(guard).lower()]
+            "--guard.enabled", str(guard).lower(), *args.fit_args]
     started = time.perf_counter()
     try:
         main(argv)
@@ -65,8 +68,9 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--at", type=int, default=300, help="the optimizer step at which the LR explodes")
+    p.add_argument("--every", type=int, default=100, help="steps between checkpoints and between validations")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "images" / "guard.png")
-    args = p.parse_args()
+    args, args.fit_args = p.parse_known_args()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,7 +93,8 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats, log scale)")
-    ax.set_title("shakespeare-char-cpu, LR exploding mid-run: --guard.enabled false vs true (default)")
+    ax.set_title(f"shakespeare-char-cpu {' '.join(args.fit_args)}, LR exploding mid-run: --guard.enabled false vs "
+                 "true (default)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)

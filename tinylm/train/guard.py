@@ -124,9 +124,11 @@ class StabilityGuard(L.Callback):
         for optimizers that cannot take the decision as a tensor)."""
         trainer = pl_module.trainer
         loss = pl_module.step_loss
-        if trainer.world_size > 1:  # every rank judges the same numbers (the norm is already the same)
-            loss = trainer.strategy.reduce(loss, reduce_op="mean")
         x = torch.stack([loss.detach().float().reshape(()), norm.detach().float().reshape(())])  # (2,)
+        if trainer.world_size > 1:  # every rank judges the same numbers: the ranks' mean loss (the norm is the same)
+            # (not strategy.reduce: Lightning's reduce waits at a barrier first, a host sync on NCCL)
+            torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
+            x = x / trainer.world_size
         skip = ~x.isfinite().all() | (x > self._limit).any()
         self._history[trainer.global_step % self.window] = torch.cat([torch.where(skip, math.nan, x),
                                                                       skip.float()[None]])
