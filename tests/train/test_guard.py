@@ -160,3 +160,11 @@ class _NaNGradAt3And5(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if trainer.global_step in (3, 5):
             next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+
+
+def test_a_bad_guard_option_is_one_line(run_config, capsys):
+    """Catches an LR factor that raises the LR (or a window too small to judge) being taken: one line naming it."""
+    from helpers import _one_line_error
+
+    config = run_config()
+    _one_line_error(capsys, ["fit", "--config", str(config), "--guard.lr_factor", "2"], "guard.lr_factor", "(0, 1]")
