@@ -214,9 +214,11 @@ class _SyncCounterEnd(L.Callback):
 
 def test_steps_that_log_nothing_make_no_host_sync(tmp_path, small_data, monkeypatch):
     """Between logging steps a step queues its kernels and returns: no .item(), float() or synchronize in the
-    training step, tinylm's callbacks (speed, health, RNG state) or the CSV logger."""
+    training step, tinylm's callbacks (speed, health, RNG state, the stability guard: its decision reaches fused
+    AdamW as a tensor) or the CSV logger."""
     from tinylm.data import TinyLMDataModule
     from tinylm.train.callbacks import RNGState, SpeedMonitor
+    from tinylm.train.guard import StabilityGuard
     from tinylm.train.health import HealthMonitor
     from tinylm.train.loggers import RunCSVLogger
     from tinylm.train.module import TinyLM
@@ -233,6 +235,6 @@ def test_steps_that_log_nothing_make_no_host_sync(tmp_path, small_data, monkeypa
                         gradient_clip_val=1.0, logger=RunCSVLogger(tmp_path / "run"), enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, callbacks=[counter, SpeedMonitor(), HealthMonitor(), RNGState(),
-                                                           counter.end()])
+                                                           StabilityGuard(), counter.end()])
     trainer.fit(lit, datamodule=dm)
     assert counter.count == 0, f"{counter.count} host syncs in steps 4-6 (None: not counted)"

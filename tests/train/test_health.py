@@ -16,6 +16,7 @@ from tinylm.train.health import HealthMonitor, TrainingHealthError
 from tinylm.train.module import TinyLM
 
 T = 32
+NO_GUARD = {"enabled": False}  # the CLI runs below test what the health monitor alone says (see test_guard.py)
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +300,8 @@ def test_nonfinite_restart_can_be_from_best_ckpt(run_config, tmp_path, capsys):
     from tinylm.cli import main
 
     config = run_config(run={"checkpoint_every": 100}, trainer={"max_steps": 8, "val_check_interval": 4,
-                                                               "callbacks": [{"class_path": "test_health._Poison"}]})
+                                                               "callbacks": [{"class_path": "test_health._Poison"}]},
+                        guard=NO_GUARD)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config)])
     err = capsys.readouterr().err
@@ -320,10 +322,10 @@ def test_divergence_right_after_a_resume_names_an_earlier_checkpoint(run_config,
     at its first step: the checkpoints before the one it resumed from hold good weights."""
     from tinylm.cli import main
 
-    main(["fit", "--config", str(run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4}))])
+    main(["fit", "--config", str(run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 4}, guard=NO_GUARD))])
     config = run_config(run={"checkpoint_every": 2},
                         trainer={"max_steps": 8, "val_check_interval": 100,
-                                 "callbacks": [{"class_path": "test_health._PoisonAtResume"}]})
+                                 "callbacks": [{"class_path": "test_health._PoisonAtResume"}]}, guard=NO_GUARD)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--ckpt_path", "last"])
     err = capsys.readouterr().err
@@ -377,7 +379,8 @@ def test_nonfinite_names_a_restart_that_works(run_config, tmp_path, capsys):
     from tinylm.cli import main
 
     config = run_config(run={"checkpoint_every": 2}, trainer={"max_steps": 8, "val_check_interval": 100,
-                                                             "callbacks": [{"class_path": "test_health._Poison"}]})
+                                                             "callbacks": [{"class_path": "test_health._Poison"}]},
+                        guard=NO_GUARD)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config)])
     err = capsys.readouterr().err

@@ -23,7 +23,8 @@ from tinylm.ranges import check_ranges
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
-_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "eval", "ckpt_path", "weights_only")
+_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "eval", "guard", "ckpt_path",
+                "weights_only")
 
 
 def parser_for(fn: Callable, prog: str):

@@ -125,11 +125,13 @@ class TinyLMCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.eval_callback import EvalTasks
+        from tinylm.train.guard import StabilityGuard
         from tinylm.train.samples import SampleText
 
         parser.add_class_arguments(RunOptions, "run")
         parser.add_lightning_class_args(SampleText, "samples")
         parser.add_lightning_class_args(EvalTasks, "eval")
+        parser.add_lightning_class_args(StabilityGuard, "guard")
         # Each fact has one source: the data side decides context length and vocabulary.
         parser.link_arguments("data.block_size", "model.block_size")
         # (on instantiate: the built data module's vocab_size, the tokenizer's real size, not the option's target)

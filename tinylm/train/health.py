@@ -9,6 +9,8 @@ Detectors, with what they usually mean:
 - ``leak``: loss far below what text allows, very early: targets leaking into inputs (y not shifted by one).
 - ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data.
 - ``spike``: gradient norm far above its running median: a bad batch or an LR on the edge of stability.
+- ``diverged``: validation loss far above ln(vocab) (worse than guessing uniformly): the run blew up. A run whose
+  last validation diverged ends with a TrainingHealthError (exit 1), after its checkpoints are saved.
 - ``overfit``: validation loss rising for several evaluations while training loss falls.
 - ``slowdown``: tokens/sec falling steadily: a memory leak, growing Python state, thermal throttling. Judged only
   while other processes keep the run waiting for CPUs less than ``contention_margin`` of the time (on a shared
@@ -74,7 +76,11 @@ class HealthMonitor(L.Callback):
             fraction of the time: on a machine loaded by other jobs the rate moves with them (measured: 230 to
             2,400 tokens/sec, steps alike, at one steady 60 % wait), not with the run.
         window: Optimizer steps averaged for loss and throughput comparisons.
-        halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`).
+        halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`), and end a
+            run whose last validation diverged with that error too (after its checkpoints are saved).
+        diverged_factor: ``diverged`` fires when val/loss exceeds this multiple of ln(vocab) (what a model that
+            guesses uniformly scores; a trained model is far below it) while the training loss is above ln(vocab)
+            too (else it is overfitting); None turns the check off.
         sync_every: Optimizer steps whose loss and grad norm are read from the device together (None:
             ``trainer.log_every_n_steps``); a non-finite value stops the run at the latest then, and always before a
             checkpoint is saved.
@@ -94,6 +100,7 @@ class HealthMonitor(L.Callback):
         contention_margin: float = 0.2,
         window: int = 20,
         halt_on_nonfinite: bool = True,
+        diverged_factor: float | None = 1.5,
         sync_every: int | None = None,
     ) -> None:
         if sync_every is not None and sync_every < 1:
@@ -109,8 +116,11 @@ class HealthMonitor(L.Callback):
         self.contention_margin = contention_margin
         self.window = window
         self.halt_on_nonfinite = halt_on_nonfinite
+        self.diverged_factor = diverged_factor
+        self._diverged: str | None = None  # the last validation's divergence, said again as the run's error
+        self._sane_val_step = -1  # the step of the last validation that did not diverge
         self.sync_every = sync_every
-        self._pending: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []  # (step, loss, grad norm) unread
+        self._pending: list[tuple] = []  # (step, loss, grad norm or None, guard's skip or None) unread
         self._step_seen = -1  # trainer.global_step at the last batch judged: a new value is a new optimizer step
         self.alerts: list[Alert] = []
         self._fired: set[str] = set()
@@ -125,6 +135,7 @@ class HealthMonitor(L.Callback):
         self.contended_windows = 0  # throughput windows not judged: other processes held the CPUs
         self._last_spike_step = -(10**9)
         self._last_good_step = -1
+        self.skipped_steps = 0  # steps the stability guard did not apply (not judged here)
         self._owner: tuple[L.Trainer, L.LightningModule] | None = None  # set at train start, for state_dict
 
     # ---- reporting ----------------------------------------------------------------------------------------------
@@ -158,7 +169,9 @@ class HealthMonitor(L.Callback):
         if loss_t is None:
             return
         norm_t = getattr(pl_module, "last_grad_norm", None)
-        self._pending.append((trainer.global_step, loss_t.detach(), None if norm_t is None else norm_t.detach()))
+        skipped_t = getattr(pl_module, "step_skipped", None)  # the stability guard's: a skipped step is its to tell
+        self._pending.append((trainer.global_step, loss_t.detach(), None if norm_t is None else norm_t.detach(),
+                              None if skipped_t is None else skipped_t.detach()))
         self._throughput(trainer)
         if len(self._pending) >= (self.sync_every or trainer.log_every_n_steps or 1):
             self._check_pending(trainer, pl_module)
@@ -168,21 +181,27 @@ class HealthMonitor(L.Callback):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        values = [loss.float().reshape(()) for _, loss, _ in pending]
-        values += [norm.float().reshape(()) for _, _, norm in pending if norm is not None]
+        values = [loss.float().reshape(()) for _, loss, _, _ in pending]
+        values += [norm.float().reshape(()) for _, _, norm, _ in pending if norm is not None]
+        values += [skip.float().reshape(()) for *_, skip in pending if skip is not None]  # (the same on every rank)
         values = torch.stack(values)
         if trainer.world_size > 1:  # each rank's loss is its own batch's: judge the mean, every rank the same values
             values = trainer.strategy.reduce(values, reduce_op="mean")  # (one rank's NaN is every rank's halt)
         flat = iter(values.tolist())
         losses = [next(flat) for _ in pending]
-        for (step, _, norm_t), loss in zip(pending, losses):
-            self._check(trainer, pl_module, step, loss, None if norm_t is None else next(flat))
+        norms = [None if norm_t is None else next(flat) for _, _, norm_t, _ in pending]
+        for (step, *_, skip_t), loss, norm in zip(pending, losses, norms, strict=True):
+            if skip_t is not None and next(flat):
+                self.skipped_steps += 1  # not applied: the weights are as before it (the guard logs and acts)
+                continue
+            self._check(trainer, pl_module, step, loss, norm)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._check_pending(trainer, pl_module)  # raises before a non-finite run's weights reach the file
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check_pending(trainer, pl_module)
+        self._end_diverged()
 
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, loss: float,
                norm: float | None) -> None:
@@ -292,10 +311,11 @@ class HealthMonitor(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._check_pending(trainer, pl_module)
-        if trainer.sanity_checking or not self._losses:
-            return
         val = trainer.callback_metrics.get("val/loss")
-        if val is None:
+        if trainer.sanity_checking or val is None:
+            return
+        self._judge_val(trainer, pl_module, float(val))
+        if not self._losses:
             return
         train = sum(self._losses) / len(self._losses)
         self._val.append((float(val), train))
@@ -314,19 +334,46 @@ class HealthMonitor(L.Callback):
                 "use more data, dropout, or stop at best.ckpt",
             )
 
+    def _judge_val(self, trainer: L.Trainer, pl_module: L.LightningModule, val: float) -> None:
+        """``diverged``: val/loss far above ln(vocab), what a model that guesses uniformly scores."""
+        vocab_size = getattr(getattr(pl_module, "hparams", None), "vocab_size", None)
+        if not vocab_size:  # (a module that is not a language model of a known vocabulary)
+            return
+        ln_v = math.log(vocab_size)
+        train = sum(self._losses) / len(self._losses) if self._losses else math.inf
+        # (a model that memorised its training set can score worse than uniform on held-out text: that is overfit)
+        if (self.diverged_factor is None or (math.isfinite(val) and val <= self.diverged_factor * ln_v)
+                or train <= ln_v):
+            self._diverged, self._sane_val_step = None, trainer.global_step
+            return
+        before = "; ".join(f"{a.kind} at step {a.step}" for a in self.alerts[:3]) or "no alert before it"
+        self._diverged = (
+            f"the run diverged: val/loss {val:.4g} at step {trainer.global_step} is far above ln(vocab)={ln_v:.2f}, "
+            f"what a model that guesses uniformly scores ({before}). Likely causes: LR too high (lower lr or muon_lr, "
+            "lengthen warmup), missing gradient clipping, or corrupt data; --guard.enabled true skips bad steps and "
+            "rolls back. After fixing, " + _restart_hint(trainer, self._sane_val_step + 1))
+        self._alert(trainer, "diverged", self._diverged)
+
+    def _end_diverged(self) -> None:
+        """A run whose last validation diverged ends with the reason as an error, not exit 0."""
+        if self._diverged is not None and self.halt_on_nonfinite:
+            raise TrainingHealthError(self._diverged)
+
     # ---- state survives resume ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         # Lightning collects callback states before on_save_checkpoint: judge what is pending first, so that an alert
         # it raises is in this checkpoint (a resume from it would raise it again) and NaN stops the save here
         if self._owner is not None:
             self._check_pending(*self._owner)
-        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate}
+        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate,
+                "sane_val_step": self._sane_val_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
         self._val = [tuple(v) for v in state_dict.get("val", [])]
         # early_rate: its name in older checkpoints
         self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))
+        self._sane_val_step = int(state_dict.get("sane_val_step", -1))
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:

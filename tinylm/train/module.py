@@ -215,6 +215,10 @@ class TinyLM(L.LightningModule):
         self.last_grad_norm: torch.Tensor | None = None
         self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
         self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
+        # the stability guard's judge (tinylm.train.guard), called with the gradient norm before the update, and its
+        # decision: whether the last optimizer step was skipped (a bool tensor; None without the guard)
+        self.step_guard: Any = None
+        self.step_skipped: torch.Tensor | None = None
         self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
@@ -407,6 +411,8 @@ class TinyLM(L.LightningModule):
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.last_grad_norm = norm.detach()  # read by the health monitor on every step
+        if self.step_guard is not None:  # skips the update on the device when the step is not to be applied
+            self.step_guard(self, optimizer, self.last_grad_norm)
         if logging_step(self.trainer):
             self.log("train/grad_norm", norm)
 

@@ -1,0 +1,170 @@
+"""The stability guard (tinylm.train.guard): runs made to diverge through real faults, injected by callbacks here
+(a NaN gradient, a batch of garbage ids, an LR that explodes at step N), finish with a sane loss when the guard is
+on, and end with the health monitor's reason (non-zero) when it is off."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from helpers import _assert_same_rows, _losses
+
+from tinylm.cli import main
+
+GUARD = {"window": 10, "min_history": 5, "rollback_skips": 3}  # a window tiny runs can fill
+
+
+class _NaNGradAt3(L.Callback):
+    """A NaN in one gradient at optimizer step 3 (a fault of the backward pass or the hardware); records the
+    weights before and after that step (in the class: the CLI builds the instance)."""
+
+    weights: dict = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == 3:
+            next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step in (3, 4):
+            self.weights[trainer.global_step] = [p.detach().clone() for p in pl_module.parameters()]
+
+
+class _GarbageAt24(L.Callback):
+    """The batch of optimizer step 24 replaced by uniformly random ids (a corrupt shard)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 24:
+            g = torch.Generator().manual_seed(0)
+            for t in batch:
+                t.copy_(torch.randint(0, pl_module.hparams.vocab_size, t.shape, generator=g))
+
+
+class _LRExplodesAt12(L.Callback):
+    """The LR 3000x at optimizer steps 12 and 13 (a schedule bug, a bad restart): the weights blow up."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step in (12, 13):
+            for group in optimizer.param_groups:
+                group["lr"] *= 3000
+
+
+class _LRExplodesFrom12(L.Callback):
+    """The LR 3000x at every optimizer step from step 12 on: no rollback can save the run."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step >= 12:
+            for group in optimizer.param_groups:
+                group["lr"] *= 3000
+
+
+def _config(run_config, callback: str, *, guard: dict | None = None, **trainer):
+    return run_config(
+        chars=40_000, run={"checkpoint_every": 4},
+        trainer={"max_steps": 30, "val_check_interval": 10, "gradient_clip_val": 1.0,
+                 "callbacks": [{"class_path": f"test_guard.{callback}"}], **trainer},
+        model={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2},
+        data={"block_size": 32, "batch_size": 4},
+        guard={**GUARD, **(guard or {})})
+
+
+def _final(tmp_path, key="val/loss"):
+    rows = _losses(tmp_path / "runs" / "tiny", key)
+    return rows[max(rows)][-1]
+
+
+def test_a_nan_gradient_step_is_not_applied_and_the_run_goes_on(run_config, tmp_path):
+    """Catches a NaN step stopping the run (or reaching the weights) when the guard is on: the step's update is
+    dropped whole (the weights after it are the weights before it), counted in train/skipped_steps."""
+    config = _config(run_config, "_NaNGradAt3", max_steps=8)
+    main(["fit", "--config", str(config)])
+    skipped = _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")
+    assert skipped[2] == [0.0] and skipped[7] == [1.0]  # (rows are one behind: the row of step 3 is 2)
+    assert math.isfinite(_final(tmp_path))
+    weights = _NaNGradAt3.weights
+    for before, after in zip(weights[3], weights[4], strict=True):
+        assert torch.equal(before, after)
+
+
+def test_a_batch_of_garbage_ids_is_skipped(run_config, tmp_path):
+    """Catches a corrupt batch's update reaching the weights: its loss is an outlier against the window."""
+    main(["fit", "--config", str(_config(run_config, "_GarbageAt24", max_steps=26))])
+    skipped = _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")
+    assert skipped[23] == [0.0] and skipped[25] == [1.0]
+
+
+def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):
+    """Catches a run that diverges after a bad LR and never comes back: the guard goes back to the checkpoint saved
+    before it (step-12.ckpt) with half the LR, and the run ends near the loss it had."""
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(_config(run_config, "_LRExplodesAt12"))])
+    assert "rolled back to" in caplog.text and "step-12.ckpt" in caplog.text, caplog.text
+    vals = _losses(tmp_path / "runs" / "tiny", "val/loss")
+    assert _final(tmp_path) < vals[9][-1]  # better than before the explosion (at step 10)
+    assert max(_losses(tmp_path / "runs" / "tiny")[13]) > 100  # not vacuous: it did explode
+
+
+def test_without_the_guard_an_lr_that_explodes_ends_non_zero(run_config, tmp_path, capsys):
+    """Catches a diverged run ending with exit 0 (val/loss far above ln(vocab), one `spike` alert): the health
+    monitor says the run diverged and the run ends non-zero."""
+    config = _config(run_config, "_LRExplodesAt12", guard={"enabled": False})
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "error" in line)
+    assert "the run diverged: val/loss" in line and "ln(vocab)=" in line and "spike at step 14" in line, line
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "step-28.ckpt").is_file()  # saved before the error
+
+
+def test_without_the_guard_a_nan_gradient_stops_the_run(run_config, capsys):
+    """Catches the guard's switch not switching: without it the health monitor halts on the NaN, as before."""
+    config = _config(run_config, "_NaNGradAt3", max_steps=8, guard={"enabled": False})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    assert "non-finite gradient norm" in capsys.readouterr().err
+
+
+def test_rollbacks_are_bounded_then_the_run_stops_naming_the_checkpoint(run_config, tmp_path, capsys):
+    """Catches a guard that rolls back forever (or gives up with a traceback): an LR that stays exploded defeats
+    every rollback; after guard.max_rollbacks the run stops with one line naming the checkpoint to go back to."""
+    config = _config(run_config, "_LRExplodesFrom12", guard={"max_rollbacks": 2})
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(config)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("rolled back to") == 2
+    line = next(line for line in err.splitlines() if "error" in line)
+    assert "after 2 rollback(s)" in line and "--model.init_from runs/tiny/checkpoints/step-20.ckpt" in line, line
+
+
+def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, tmp_path):
+    """Catches the guard's state (window, skip count) missing from checkpoints, or a skipped step's update half
+    applied: a run whose steps 3 and 5 were skipped, stopped at step 6 and resumed, logs the uninterrupted run's
+    losses and skip counts."""
+    config = run_config(
+        chars=40_000, seed_everything=3, run={"name": "straight", "checkpoint_every": 2},
+        trainer={"max_steps": 10, "accumulate_grad_batches": 2, "val_check_interval": 8,
+                 "callbacks": [{"class_path": "test_guard._NaNGradAt3And5"}]},
+        model={"dropout": 0.1, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "decay_steps": 10},
+        data={"block_size": 32, "batch_size": 4}, guard=GUARD)
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--trainer.max_steps", "6"])
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--ckpt_path", "last"])
+    for key in ("train/loss", "train/skipped_steps"):
+        straight, resumed = (_losses(tmp_path / "runs" / name, key) for name in ("straight", "resumed"))
+        _assert_same_rows(resumed, straight)
+    assert straight[9] == [2.0]  # not vacuous: both skips counted, and kept across the resume
+
+
+class _NaNGradAt3And5(L.Callback):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step in (3, 5):
+            next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+
+
+def test_a_bad_guard_option_is_one_line(run_config, capsys):
+    """Catches an LR factor that raises the LR (or a window too small to judge) being taken: one line naming it."""
+    from helpers import _one_line_error
+
+    config = run_config()
+    _one_line_error(capsys, ["fit", "--config", str(config), "--guard.lr_factor", "2"], "guard.lr_factor", "(0, 1]")

@@ -1,0 +1,254 @@
+"""The stability guard: steps that would break a run are not applied, and a run that diverges anyway goes back to
+its last good checkpoint with a lower learning rate (``--guard.*``).
+
+Each optimizer step is judged on the device, after its gradients are known and before the optimizer uses them
+(`TinyLM.configure_gradient_clipping` calls `StabilityGuard.judge`): the step is *skipped* when its loss or
+gradient norm is NaN/Inf, or when its loss (optionally its gradient norm) is an outlier against the accepted steps
+of the recent window, by a robust z-score, (x - median) / (1.4826 * MAD), as llm.c skips updates (the limit,
+median + z x 1.4826 x MAD, is refreshed on the device every ``trainer.log_every_n_steps`` steps; per step the
+judgement is a dozen tiny tensor operations). A skipped step
+is not applied: AdamW's fused kernel is handed the decision as its ``found_inf`` (the flag GradScaler uses), so
+parameters, moments and AdamW's step count stay as they were without the host reading the flag; other optimizers
+(Muon) have their gradients dropped, which needs the flag on the host (free on a CPU, one sync per step on a GPU).
+The step still counts: global_step, the LR schedule and the data move on, so the skipped batch is left out.
+
+Every ``trainer.log_every_n_steps`` steps the guard reads its state from the device (one sync, on a step that logs
+anyway), logs ``train/skipped_steps`` (skipped so far) and *rolls back* when ``rollback_skips`` of the window's
+steps were skipped or the recent loss stays ``rollback_loss_rise`` above its level: the weights and optimizer state
+of the newest checkpoint saved before the trouble are loaded in place, the LR (every group's peak, so the whole
+schedule) is multiplied by ``lr_factor``, and the run goes on from its current step and data position. After
+``max_rollbacks`` rollbacks, or with no checkpoint to go back to, the run stops with one line naming the checkpoint
+to start again from (`GuardStop`, exit 1).
+
+Under DDP the decision is the same on every rank: the gradient norm is already the ranks' (gradients are
+all-reduced in the backward pass) and the loss judged is the ranks' mean. Its state (the window, the counts, the
+level) is saved in checkpoints, and the lowered LR with the scheduler's base LRs, so exact resume still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from tinylm.errors import TinyLMError
+from tinylm.ranges import check_ranges
+from tinylm.train.module import host_scalar, logging_step
+
+log = logging.getLogger("tinylm")
+
+MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+
+
+class GuardStop(TinyLMError, RuntimeError):
+    """The run diverged again after the guard's last allowed rollback, or had no checkpoint to go back to (raised by
+    every rank together: their decisions are the same)."""
+
+    every_rank = True
+
+
+class StabilityGuard(L.Callback):
+    """Skips the optimizer steps that would break the run and rolls a diverging run back to its last good
+    checkpoint at a lower LR. ``--guard.enabled false`` turns it off (the health monitor then only reports).
+
+    Args:
+        enabled: Judge every optimizer step (skip, roll back); false turns the guard off.
+        loss_z: Skip a step whose loss is more than this many robust standard deviations (1.4826 x the median
+            absolute deviation) above the median of the window's accepted losses; null skips only NaN/Inf steps.
+        grad_norm_z: The same for the gradient norm (before clipping); null (the default): only a NaN/Inf norm.
+            Clipping already bounds a large norm's update; a loss outlier is the surer sign of a bad batch.
+        window: Optimizer steps in the reference window (skipped steps leave a hole in it).
+        min_history: Accepted steps the window must hold before outliers are judged (NaN/Inf always are); the
+            outlier limits are taken from the window every ``trainer.log_every_n_steps`` steps.
+        rollback_skips: Roll back when this many of the window's steps were skipped; 0: never for skips.
+        rollback_loss_rise: Roll back when the median loss of the last ``window // 5`` accepted steps is more than
+            this fraction above the loss's level (the lowest window median since the start or the last rollback);
+            null: never for a high loss.
+        lr_factor: Each rollback multiplies the learning rate (the schedule's peak, so every later step's) by this.
+        max_rollbacks: Rollbacks allowed in the run; one more divergence stops it with the checkpoint to go back to.
+    """
+
+    def __init__(self, *, enabled: bool = True, loss_z: float | None = 6.0, grad_norm_z: float | None = None,
+                 window: int = 100, min_history: int = 20, rollback_skips: int = 5,
+                 rollback_loss_rise: float | None = 0.5, lr_factor: float = 0.5, max_rollbacks: int = 3) -> None:
+        check_ranges("guard", {"loss_z": loss_z, "grad_norm_z": grad_norm_z, "window": window,
+                               "min_history": min_history, "rollback_skips": rollback_skips,
+                               "rollback_loss_rise": rollback_loss_rise, "lr_factor": lr_factor,
+                               "max_rollbacks": max_rollbacks},
+                     {"loss_z": "(0, inf)", "grad_norm_z": "(0, inf)", "window": "[5, inf)",
+                      "min_history": "[3, window]", "rollback_skips": "[0, window]", "rollback_loss_rise": "(0, inf)",
+                      "lr_factor": "(0, 1]", "max_rollbacks": "[0, inf)"},
+                     whole=("window", "min_history", "rollback_skips", "max_rollbacks"))
+        self.enabled, self.window, self.min_history = enabled, window, min_history
+        self.loss_z, self.grad_norm_z = loss_z, grad_norm_z
+        self.rollback_skips, self.rollback_loss_rise = rollback_skips, rollback_loss_rise
+        self.lr_factor, self.max_rollbacks = lr_factor, max_rollbacks
+        self.rollbacks = 0
+        self.level: float | None = None  # the lowest median loss of a full window since the start or a rollback
+        # the last `window` steps by slot step % window: loss, grad norm (NaN where skipped or not yet taken), and
+        # 1.0 where the step was skipped
+        self._history: torch.Tensor | None = None
+        self._limit: torch.Tensor | None = None  # (2,) loss, grad norm above which a step is an outlier
+        self._skipped = torch.zeros((), dtype=torch.int64)  # skipped steps so far
+        self._saved: dict | None = None  # a checkpoint's state, put on the device at train start
+        self._step_seen = -1
+
+    # ---- the step: on the device ---------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled:
+            return
+        device = pl_module.device
+        self._history = torch.full((self.window, 3), float("nan"), device=device)
+        self._history[:, 2] = 0.0
+        self._limit = torch.full((2,), math.inf, device=device)
+        self._skipped = self._skipped.to(device)
+        if self._saved is not None:
+            state, self._saved = self._saved, None
+            self._history.copy_(state["history"])
+            self._limit.copy_(state["limit"])
+            self._skipped = state["skipped"].to(device)
+        self._z = torch.tensor([self.loss_z or math.inf, self.grad_norm_z or math.inf], device=device)
+        self._step_seen = trainer.global_step
+        pl_module.step_guard = self.judge
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.step_guard = None
+
+    def judge(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
+        """Decide whether this optimizer step is applied (called between the gradient norm and the optimizer's
+        update) and make the optimizer skip it if not: a dozen tiny tensor operations on the device, no sync (but
+        for optimizers that cannot take the decision as a tensor)."""
+        trainer = pl_module.trainer
+        loss = pl_module.step_loss
+        x = torch.stack([loss.detach().float().reshape(()), norm.detach().float().reshape(())])  # (2,)
+        if trainer.world_size > 1:  # every rank judges the same numbers: the ranks' mean loss (the norm is the same)
+            # (not strategy.reduce: Lightning's reduce waits at a barrier first, a host sync on NCCL)
+            torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
+            x = x / trainer.world_size
+        skip = ~x.isfinite().all() | (x > self._limit).any()
+        self._history[trainer.global_step % self.window] = torch.cat([torch.where(skip, math.nan, x),
+                                                                      skip.float()[None]])
+        self._skipped += skip
+        pl_module.step_skipped = skip
+        _skip_update(optimizer, skip)
+
+    def _refresh_limit(self) -> None:
+        """The outlier limits from the window's accepted steps: median + z x 1.4826 x MAD, once it holds
+        min_history of them (else the limits stay: a run of skips is judged against the steps before it)."""
+        history = self._history[:, :2]  # (window, 2)
+        median = history.nanmedian(dim=0).values  # (2,)
+        scale = MAD_TO_STD * (history - median).abs().nanmedian(dim=0).values  # (2,)
+        enough = (~history[:, 0].isnan()).sum() >= self.min_history
+        self._limit = torch.where(enough, median + self._z * scale.clamp(min=1e-6 * median.abs()), self._limit)
+
+    # ---- every log_every_n_steps: on the host --------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        if not self.enabled or trainer.global_step == self._step_seen:
+            return  # mid-accumulation: the step is judged once it is taken
+        self._step_seen = step = trainer.global_step
+        if not logging_step(trainer):
+            return
+        # the one sync, on a step that logs anyway: the window's losses and skip flags, and the count
+        values = torch.cat([self._history[:, [0, 2]].T.flatten(), self._skipped.reshape(1).float()]).tolist()
+        pl_module.log("train/skipped_steps", host_scalar(values[-1]), rank_zero_only=True)
+        trouble = self._trouble(step, values[: self.window], values[self.window : 2 * self.window])
+        if trouble is not None:
+            self._rollback(trainer, pl_module, *trouble)
+        self._refresh_limit()
+
+    def _trouble(self, step: int, losses: list[float], skips: list[float]) -> tuple[str, int] | None:
+        """What calls for a rollback, if anything: (what happened, the first step it concerns), from the window's
+        losses and skip flags (by slot: step % window)."""
+        order = [(step - self.window + i) for i in range(self.window)]  # the last `window` steps, oldest first
+        flags = [skips[s % self.window] for s in order]
+        if self.rollback_skips and sum(flags) >= self.rollback_skips:
+            first = next(s for s, f in zip(order, flags) if f)
+            return f"{int(sum(flags))} of the last {self.window} steps skipped (first at step {first})", first
+        by_step = [(s, losses[s % self.window]) for s in order if not math.isnan(losses[s % self.window])]
+        accepted = [v for _, v in by_step]
+        if len(accepted) < self.window // 2 or self.rollback_loss_rise is None:
+            return None
+        median = sorted(accepted)[len(accepted) // 2]
+        recent = accepted[-max(self.window // 5, 1):]
+        recent_median = sorted(recent)[len(recent) // 2]
+        if self.level is not None and recent_median > (1 + self.rollback_loss_rise) * self.level:
+            first = next(int(s) for s, v in by_step if v > (1 + self.rollback_loss_rise) * self.level)
+            return (f"loss {recent_median:.3f} over the last {len(recent)} steps, "
+                    f"{recent_median / self.level - 1:.0%} above its level {self.level:.3f}"), first
+        if len(accepted) == self.window and (self.level is None or median < self.level):
+            self.level = median
+        return None
+
+    def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str, first_bad: int) -> None:
+        ckpt = last_good_checkpoint(trainer, first_bad)
+        step = trainer.global_step
+        if ckpt is None or self.rollbacks >= self.max_rollbacks or not _single_file_checkpoints(trainer):
+            why = ("no checkpoint was saved before it" if ckpt is None else
+                   f"after {self.rollbacks} rollback(s) (guard.max_rollbacks)" if self.rollbacks >= self.max_rollbacks
+                   else f"the {type(trainer.strategy).__name__} strategy's checkpoints are not rolled back in place")
+            fix = (f"start a new run from {ckpt} with a lower LR (--model.init_from {ckpt} --model.lr ... --run.name "
+                   "NEW_NAME)" if ckpt is not None else "start again with a lower --model.lr or a longer warmup")
+            raise GuardStop(f"tinylm guard: training diverged at step {step} ({what}) and {why}; {fix}")
+        self.rollbacks += 1
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        pl_module.load_state_dict(state["state_dict"])
+        optimizer = trainer.optimizers[0]
+        optimizer.load_state_dict(state["optimizer_states"][0])
+        for config in trainer.lr_scheduler_configs:  # the peak of every group, so the whole schedule from here
+            sched = config.scheduler
+            sched.base_lrs = [base * self.lr_factor for base in sched.base_lrs]
+            for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+                group["lr"] = base * fn(sched.last_epoch)
+        # the window keeps the steps before the trouble, which the weights are back to: the steps after the rollback
+        # are judged against them at once (an empty window let the next explosion through)
+        for bad in range(max(first_bad, step - self.window), step):
+            self._history[bad % self.window, :2] = math.nan
+        self._history[:, 2] = 0.0
+        log.warning("tinylm guard: step %d: %s; rolled back to %s (step %s) with the LR x%g (rollback %d of %d)",
+                    step, what, ckpt, state.get("global_step"), self.lr_factor, self.rollbacks, self.max_rollbacks)
+
+    # ---- state survives resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state: dict[str, Any] = {"rollbacks": self.rollbacks, "level": self.level, "skipped": self._skipped.cpu()}
+        if self._history is not None:
+            state |= {"history": self._history.cpu(), "limit": self._limit.cpu()}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rollbacks, self.level = int(state_dict.get("rollbacks", 0)), state_dict.get("level")
+        self._skipped = state_dict.get("skipped", torch.zeros((), dtype=torch.int64)).clone()
+        history = state_dict.get("history")
+        if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
+            self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}
+
+
+def _skip_update(optimizer: Any, skip: torch.Tensor) -> None:
+    """Make the optimizer's coming update a no-op when ``skip`` (a 0-dim bool tensor) is true."""
+    optimizer = getattr(optimizer, "_optimizer", optimizer)  # (Lightning's wrapper)
+    if isinstance(optimizer, torch.optim.Adam) and all(g.get("fused") for g in optimizer.param_groups):
+        # the fused kernel leaves parameters, moments and its step count untouched where found_inf is non-zero
+        optimizer.found_inf = skip.float()
+    elif skip.item():  # (Muon, foreach AdamW: parameters without a gradient are left as they are)
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _single_file_checkpoints(trainer: L.Trainer) -> bool:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return not isinstance(trainer.strategy, ModelParallelStrategy)
+
+
+def last_good_checkpoint(trainer: L.Trainer, first_bad: int) -> Path | None:
+    """The newest checkpoint of the run's checkpoint folders saved before step ``first_bad`` (its weights had not
+    seen the steps from there on), or None."""
+    from tinylm.checkpoint import checkpoints_by_step
+
+    dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+    saved = sorted((step, not last, str(path)) for d in dirs for step, last, path in checkpoints_by_step(d)[0]
+                   if step < first_bad)
+    return Path(saved[-1][2]) if saved else None
