@@ -71,7 +71,7 @@ def _commands() -> list[tuple[str, list[str]]]:
                 continue
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.strip().removeprefix("$ ")
-                if line.startswith("tinylm "):
+                if line.startswith("tinylm ") and not line.split()[1].endswith(":"):  # not an error line shown
                     argv = shlex.split(line, comments=True)[1:]
                     found.append((doc.name, argv))
     return found
