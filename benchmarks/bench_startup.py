@@ -29,10 +29,11 @@ from pathlib import Path
 import yaml
 
 
-def _measure(cmd: list[str], env: dict) -> dict:
-    """Wall time, CPU time (user + system) and peak RSS of ``cmd`` run to its end."""
+def _measure(cmd: list[str], env: dict, cwd: Path) -> dict:
+    """Wall time, CPU time (user + system) and peak RSS of ``cmd`` run to its end in ``cwd`` (not a source tree:
+    `python -m` puts the working directory first on sys.path, before PYTHONPATH's tree)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode(errors="replace")
@@ -45,7 +46,7 @@ def _setup(tmp: Path, fixtures: Path) -> dict[str, list[str]]:
     """A tiny config, its dataset prepared once, a run folder held by a process: the commands to time."""
     corpus = tmp / "shakespeare.txt"
     corpus.write_text((fixtures / "tinyshakespeare_100k.txt").read_text(encoding="utf-8"), encoding="utf-8")
-    cfg = {"run": {"name": "busy", "wandb_project": None},
+    cfg = {"run": {"name": "busy", "wandb_project": None}, "trainer": {"default_root_dir": str(tmp / "runs")},
            "model": {"n_layer": 2, "n_head": 2, "n_embd": 32},
            "data": {"corpus": str(corpus), "tokenizer": "bpe", "vocab_size": 512, "block_size": 64,
                     "cache_dir": str(tmp / "cache")}}
@@ -83,13 +84,14 @@ def main() -> None:
         try:
             for tree in trees.values():  # the dataset prepared, each tree's kept help made: not timed
                 tree_env = {**env, "PYTHONPATH": str(tree)}
-                _measure([sys.executable, "-m", "tinylm", *commands.get("prepare (cached)", ["--help"])], tree_env)
-                _measure([sys.executable, "-m", "tinylm", "fit", "--help"], tree_env)
+                _measure([sys.executable, "-m", "tinylm", *commands.get("prepare (cached)", ["--help"])], tree_env, tmp)
+                _measure([sys.executable, "-m", "tinylm", "fit", "--help"], tree_env, tmp)
             for r in range(args.repeats):
                 order = list(trees) if r % 2 == 0 else list(reversed(trees))
                 for label, argv in commands.items():
                     for name in order:
-                        m = _measure([sys.executable, "-m", "tinylm", *argv], {**env, "PYTHONPATH": str(trees[name])})
+                        m = _measure([sys.executable, "-m", "tinylm", *argv], {**env, "PYTHONPATH": str(trees[name])},
+                                     tmp)
                         rows.setdefault((label, name), []).append(m)
                 print(f"round {r + 1}/{args.repeats} done, load {os.getloadavg()[0]:.1f}", flush=True)
         finally:
@@ -112,8 +114,9 @@ def main() -> None:
         print(f"| {label} | {codes} | {med(b, 'wall'):.2f} | {med(c, 'wall'):.2f} | "
               f"{med(c, 'wall') / med(b, 'wall'):.2f}x | {med(b, 'cpu'):.2f} | {med(c, 'cpu'):.2f} | "
               f"{med(b, 'rss_mb'):.0f} | {med(c, 'rss_mb'):.0f} |")
-        if c[0]["code"] not in (0, 1) or (c[0]["code"] == 1 and "error:" not in c[0]["err"]):
-            print(f"  (candidate's {label} ended {c[0]['code']}: {c[0]['err'][-300:]})")
+        for side, ms in (("baseline", b), ("candidate", c)):  # what a refusal said: the same refusal on both sides
+            if ms[0]["code"] != 0:
+                print(f"  ({side}'s {label} ended {ms[0]['code']}: {ms[0]['err'].strip().splitlines()[-1][:150]})")
     print(json.dumps({"load_before": load_before, "load_after": load_after, "medians": summary}))
 
 

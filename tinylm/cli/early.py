@@ -71,8 +71,10 @@ def check_run_folder_free(command: str, args: list[str]) -> None:
     """Refuse `fit` into a run folder that another tinylm process holds, before the imports (the full check,
     tinylm.cli.run_folder.check_run_folder, runs again after them). Only the plain spellings of the two settings
     that name the folder are read (--config files, then ``--run.name`` and ``--trainer.default_root_dir`` in order);
-    any other spelling, or a process that is a rank of a run (its rank 0 holds the folder), is left to that check."""
-    if command != "fit" or any(os.environ.get(k, "0") not in ("", "0") for k in _RANK_VARIABLES):
+    any other spelling, a process that is a rank of a run (its rank 0 holds the folder), and --print_config (which
+    runs nothing) are left to that check."""
+    if command != "fit" or any(os.environ.get(k, "0") not in ("", "0") for k in _RANK_VARIABLES) or any(
+            a.startswith("--print_config") for a in args):
         return
     from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_not_in_use, run_dir_of
 
