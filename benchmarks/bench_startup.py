@@ -46,7 +46,8 @@ def _setup(tmp: Path, fixtures: Path) -> dict[str, list[str]]:
     """A tiny config, its dataset prepared once, a run folder held by a process: the commands to time."""
     corpus = tmp / "shakespeare.txt"
     corpus.write_text((fixtures / "tinyshakespeare_100k.txt").read_text(encoding="utf-8"), encoding="utf-8")
-    cfg = {"run": {"name": "busy", "wandb_project": None}, "trainer": {"default_root_dir": str(tmp / "runs")},
+    cfg = {"run": {"name": "busy", "wandb_project": None},
+           "trainer": {"default_root_dir": str(tmp / "runs"), "max_steps": 10},
            "model": {"n_layer": 2, "n_head": 2, "n_embd": 32},
            "data": {"corpus": str(corpus), "tokenizer": "bpe", "vocab_size": 512, "block_size": 64,
                     "cache_dir": str(tmp / "cache")}}
