@@ -82,6 +82,7 @@ def _isolate(monkeypatch, tmp_path):
     monkeypatch.setenv("TINYLM_CACHE_DIR", str(tmp_path / "tinylm_cache"))
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken_cache"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg_cache"))  # the commands' kept --help (tinylm.cli.early)
 
 
 @pytest.fixture

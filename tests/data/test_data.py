@@ -2,6 +2,7 @@
 
 import json
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -739,3 +740,26 @@ def test_a_global_batch_no_batch_size_restores_names_the_device_count_that_does(
         dm._check_same_data({"batch_size": 3, "world_size": 1})
     with pytest.raises(CheckpointError, match=r"resume with --data\.batch_size 2\b"):
         dm._check_same_data({"batch_size": 4, "world_size": 1})  # 4 windows: 2 per device
+
+
+def test_a_named_corpus_and_its_file_make_one_dataset(shared_data, tmp_path, monkeypatch):
+    """Catches the file of a named corpus, placed where its error message says (CACHE/corpora/tinyshakespeare.txt)
+    and passed as a path, building a second tokenizer and dataset of the same text under another name (and the
+    name after the path doing it again): the folder's name is for reading, its key says what was made."""
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    placed = tmp_path / "cache" / "corpora" / "tinyshakespeare.txt"
+    placed.parent.mkdir(parents=True)
+    shutil.copy(shared_data / "tinyshakespeare.txt", placed)
+    made = []
+    for corpus in (str(placed), "tinyshakespeare", str(placed)):
+        data = _dm(tmp_path, corpus, tokenizer="char")
+        data.prepare_data()
+        made.append(data.dataset_dir)
+    assert made[0] == made[1] == made[2] and (made[0] / "meta.json").is_file()
+    assert [p.name for p in (tmp_path / "cache" / "datasets").iterdir()] == [made[0].name]
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 1

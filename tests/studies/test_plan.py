@@ -376,3 +376,43 @@ def test_plan_for_a_gpu_without_bf16_takes_fit_s_precision(run_config, capsys):
     main(["plan", "--config", str(run_config(trainer={"precision": None})), "--json", "--gpu", "V100"])
     out = json.loads(capsys.readouterr().out)
     assert out["precision"] == "16-mixed" and out["peak_flops"] == 125e12 and out["wall_seconds"] > 0
+
+
+def _offline(monkeypatch) -> None:
+    """No network: a connection attempt fails at once, as on a machine without one."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def test_plan_of_the_readme_config_needs_neither_data_nor_network(shared_data, monkeypatch, capsys):
+    """Catches the README's own `tinylm plan --config configs/gpt2-124m.yaml` failing offline: the config names a
+    Hugging Face dataset and GPT-2's tiktoken encoding (downloaded on first use), and sizing the model needs neither.
+    The plan equals the one made with GPT-2's real rank file (tiktoken:PATH), and a line says what it read."""
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "gpt2-124m.yaml")
+    _offline(monkeypatch)
+    main(["plan", "--config", config, "--json"])
+    captured = capsys.readouterr()
+    offline = json.loads(captured.out)
+    assert "vocab_size 50257: tiktoken:gpt2's own size; neither the corpus nor the tokenizer's files" in captured.err
+    main(["plan", "--config", config, "--json", "--data.tokenizer", f"tiktoken:{shared_data / 'gpt2.tiktoken'}"])
+    assert offline == json.loads(capsys.readouterr().out) and 124e6 < offline["params"] < 125e6
+
+
+def test_plan_sizes_a_bpe_whose_corpus_is_not_here_at_its_target(run_config, tmp_path, capsys):
+    """Catches plan failing on a trained BPE whose corpus cannot be read here (not downloaded, offline): the model
+    is sized at data.vocab_size, the most such a tokenizer has, and a line says so."""
+    cfg = run_config(data={"corpus": str(tmp_path / "not-here.txt"), "tokenizer": "bpe"})
+    plans = {}
+    for vocab in (300, 400):
+        main(["plan", "--config", str(cfg), "--json", "--data.vocab_size", str(vocab)])
+        captured = capsys.readouterr()
+        plans[vocab] = json.loads(captured.out)["params"]
+        assert f"vocab_size {vocab}: data.vocab_size, the most a bpe tokenizer trained on" in captured.err
+    assert plans[400] - plans[300] == 100 * 32  # tied embeddings of n_embd 32: 100 more rows

@@ -115,3 +115,54 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["plot", "a"])
     assert 'pip install "tinylm[plots]"' in capsys.readouterr().err
+
+
+def _last(folder, key: str) -> tuple[int, float]:
+    return read_run(folder).series[key][-1]
+
+
+def test_runs_of_different_tokenizers_plot_bits_per_byte(run_config, capsys):
+    """Catches `plot` comparing a char run and a BPE run in nats per token (a BPE run's loss per token is several
+    times a char run's however good it is): when the runs' tokenizers differ, the first panel is val/bpb, a line
+    says so, and --metric loss still draws nats per token. Two real tiny runs' metrics.csv."""
+    from tinylm.studies.curves import run_tokenizer
+
+    for name, tokenizer in (("char", "char"), ("bpe", "bpe")):
+        cfg = run_config(run={"name": name}, data={"tokenizer": tokenizer, "vocab_size": 300}, name=f"{name}.yaml",
+                         trainer={"max_steps": 2, "val_check_interval": 2})
+        main(["fit", "--config", str(cfg)])
+    runs = cfg.parent / "runs"
+    capsys.readouterr()
+    assert run_tokenizer(runs / "char") == "char (vocab 58)" and run_tokenizer(runs / "bpe") == "bpe (vocab 300)"
+    main(["plot", "runs/char", "runs/bpe", "--out", "both.png"])
+    out = capsys.readouterr().out
+    assert out.startswith("the runs' tokenizers differ (bpe (vocab 300); char (vocab 58)): plotting val/bpb")
+    for name in ("char", "bpe"):
+        step, bpb = _last(runs / name, "val/bpb")
+        assert f"{name}: val/bpb {bpb:.4f} (step {step})" in out
+        assert "val/loss" not in out
+    assert _png(cfg.parent / "both.png")
+    main(["plot", "runs/char", "runs/bpe", "--metric", "loss", "--out", "loss.png"])
+    out = capsys.readouterr().out
+    assert "tokenizers differ" not in out and f"val/loss {_last(runs / 'bpe', 'val/loss')[1]:.4f}" in out
+    main(["plot", "runs/char", "--metric", "bpb"])  # asked for with one run: no line, bpb drawn
+    out = capsys.readouterr().out
+    assert "differ" not in out and out.startswith("char: val/bpb")
+
+
+def test_bpb_panel_draws_val_bpb_and_train_bpb_when_logged(tmp_path):
+    """Catches --metric bpb leaving the first panel on nats/token (or dropping train/bpb where a run logs it)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tinylm.studies.curves import draw_runs
+
+    folder = tmp_path / "runs" / "a"
+    (folder / "csv").mkdir(parents=True)
+    (folder / "csv" / "metrics.csv").write_text("step,train/loss,train/bpb,val/loss,val/bpb\n0,4.0,5.5,,\n"
+                                                 "1,3.0,4.5,,\n1,,,3.1,4.6\n")
+    fig = Figure()
+    draw_runs(fig, [read_run(folder)], metric="bpb")
+    assert fig.axes[0].get_title().startswith("bits per byte")
+    assert [line.get_label() for line in fig.axes[0].lines] == ["a train/bpb", "a val/bpb"]
+    assert list(fig.axes[0].lines[1].get_ydata()) == [4.6]

@@ -296,3 +296,32 @@ def test_a_run_that_ends_between_two_validations_validates_at_its_last_step(run_
     assert sorted(_losses(sparse)) == sorted(_losses(sparse, "train/tokens_per_sec")) == [1, 2]
     _assert_same_rows(_losses(sparse), {step: _losses(straight)[step] for step in (1, 2)})
     assert sorted(_val_losses(sparse)) == [2]
+
+
+def test_resume_and_validate_take_the_runs_data_not_the_configs(run_config, tmp_path, caplog, capsys):
+    """Catches a resume or a `validate --config` needing `--data.corpus` again: a run trained on a corpus given by
+    flag, resumed and evaluated with a config that names data not to be had here (a file that is gone, as a hub
+    dataset offline), reads the run's own corpus and tokenizer (from its checkpoint; the resume's fingerprint check
+    still guards the text), says so in a line, and a flag still overrides them."""
+    import yaml
+
+    cfg = run_config(trainer={"max_steps": 2, "val_check_interval": 2})
+    run_corpus = str(tmp_path / "shakespeare_small.txt")
+    other = yaml.safe_load(cfg.read_text())
+    other["data"].update(corpus=str(tmp_path / "gone.txt"), tokenizer="bpe")
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    main(["fit", "--config", str(cfg)])
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(tmp_path / "other.yaml"), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    assert f"data.corpus={run_corpus!r} (not {str(tmp_path / 'gone.txt')!r})" in caplog.text
+    assert "data.tokenizer='char' (not 'bpe')" in caplog.text
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv")))
+    assert max(int(r["step"]) for r in rows if r.get("train/loss")) == 3  # it trained on: steps 2 and 3
+    main(["validate", "--config", str(tmp_path / "other.yaml"), "--ckpt_path", "last"])
+    evaluated = list(csv.DictReader(open(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")))
+    assert evaluated[-1]["step"] == "4"
+    with pytest.raises(SystemExit):  # a flag is the user's word: the gone file is read, and refused
+        main(["validate", "--config", str(tmp_path / "other.yaml"), "--ckpt_path", "last", "--data.corpus",
+              str(tmp_path / "gone.txt")])
+    assert "gone.txt' not found" in capsys.readouterr().err

@@ -156,7 +156,7 @@ def prepare(args: list[str]) -> dict[str, Any]:
     """`tinylm prepare --config FILE [--data.KEY VALUE ...]`: tokenizer + packed dataset, then a summary."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from tinylm.data import TinyLMDataModule
+    from tinylm.data.prepared import PreparedData  # (the data module without Lightning: no torch imported)
 
     parser = ArgumentParser(
         prog="tinylm prepare", exit_on_error=False,
@@ -165,11 +165,11 @@ def prepare(args: list[str]) -> dict[str, Any]:
     )
     parser.add_argument("-c", "--config", action=ActionConfigFile,
                         help="a tinylm fit config (YAML); only `data` is used")
-    parser.add_class_arguments(TinyLMDataModule, "data")
+    parser.add_class_arguments(PreparedData, "data")
     for key in _FIT_SECTIONS:
         parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
-    dm = TinyLMDataModule(**cfg.data.as_dict())
+    dm = PreparedData(**cfg.data.as_dict())
     dm.prepare_data()
     dm.setup("fit")  # a split too short for one window is refused here, as fit would
     summary = dm.summary()

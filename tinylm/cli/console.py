@@ -14,22 +14,17 @@ log = logging.getLogger("tinylm")
 
 def setup() -> None:
     """tinylm's log lines on stderr, once: a handler on the "tinylm" logger, none on the root. (A root-logger
-    basicConfig made every Lightning INFO line print twice: once by Lightning's own handler, once by the root's.)"""
+    basicConfig made every Lightning INFO line print twice: once by Lightning's own handler, once by the root's.)
+    Imports nothing heavy: a command that needs Lightning calls `setup_lightning` when it is about to import it
+    (`tinylm prepare` and a refusal before any work never do)."""
     if not any(isinstance(h, _Stderr) for h in log.handlers):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    import lightning.pytorch  # noqa: F401  (installs Lightning's console handler, which the filter goes on)
-
-    for handler in logging.getLogger("lightning.pytorch").handlers:
-        if not any(isinstance(f, _NoTips) for f in handler.filters):
-            handler.addFilter(_NoTips())
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
-    from lightning.pytorch.utilities import rank_zero_only
-
     # another rank of a run (from its environment; NODE_RANK: a node started by hand): rank 0 says the same
-    if getattr(rank_zero_only, "rank", 0) != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
+    if env_rank() != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
         log.setLevel(logging.ERROR)
         warnings.simplefilter("ignore")
     # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
@@ -40,6 +35,28 @@ def setup() -> None:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def setup_lightning() -> None:
+    """Import Lightning (seconds) and filter its console handler's advertising lines."""
+    import lightning.pytorch  # noqa: F401  (installs Lightning's console handler, which the filter goes on)
+
+    for handler in logging.getLogger("lightning.pytorch").handlers:
+        if not any(isinstance(f, _NoTips) for f in handler.filters):
+            handler.addFilter(_NoTips())
+
+
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's, in its order
+
+
+def env_rank() -> int:
+    """This process's rank in a run: Lightning's (``rank_zero_only.rank``, which the Trainer sets) once Lightning is
+    imported, else what Lightning would read from the environment (a process it has not started as a rank is 0)."""
+    rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")  # (lightning.pytorch's is the same)
+    if rank_zero is not None:
+        return getattr(rank_zero.rank_zero_only, "rank", 0)
+    value = next((os.environ[k] for k in _RANK_VARIABLES if os.environ.get(k)), "0")
+    return int(value) if value.isdigit() else 0
 
 
 class _Stderr(logging.StreamHandler):
@@ -58,9 +75,7 @@ class _RankZero(logging.Filter):
     """Drops the info and warning lines of a rank other than 0: rank 0 says the same."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from lightning.pytorch.utilities import rank_zero_only
-
-        return record.levelno >= logging.ERROR or getattr(rank_zero_only, "rank", 0) == 0
+        return record.levelno >= logging.ERROR or env_rank() == 0
 
 
 class _NoTips(logging.Filter):

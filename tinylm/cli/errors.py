@@ -74,15 +74,16 @@ def is_user_error(e: BaseException) -> bool:
     of its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another
     library mean tinylm failed to validate something: a bug, shown with its traceback.
     """
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    if isinstance(e, (TinyLMError, argparse.ArgumentError, MisconfigurationException, ModuleNotFoundError)):
+    if isinstance(e, (TinyLMError, argparse.ArgumentError, ModuleNotFoundError)):
+        return True
+    lightning = sys.modules.get("lightning.fabric.utilities.exceptions")  # (not imported: not Lightning's error)
+    if lightning is not None and isinstance(e, lightning.MisconfigurationException):
         return True
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
         return True
     if isinstance(e, (ValueError, OSError, TypeError)):
         # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
-        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()))
+        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()) if d)
     return False
 
 
@@ -95,9 +96,8 @@ def from_training_process(e: BaseException) -> BaseException:
     """``e``, or the user's error it carries from a training process (ddp_fork's): its last line, with the exit
     status it has in one process (128 + N for a run stopped by signal N). Without this, a SIGTERM that reached one
     training process ended in two tracebacks and exit 1."""
-    from torch.multiprocessing.spawn import ProcessRaisedException
-
-    if not isinstance(e, ProcessRaisedException):
+    spawn = sys.modules.get("torch.multiprocessing.spawn")  # (not imported: no training process raised it)
+    if spawn is None or not isinstance(e, spawn.ProcessRaisedException):
         return e
     text = str(e).strip()
     said = re.fullmatch(r"(?:([\w.]+)\.)?(\w+): (.*)", text.splitlines()[-1])
@@ -139,11 +139,11 @@ def _jsonargparse_dir() -> Path:
     return Path(jsonargparse.__file__).resolve().parent
 
 
-def _trainer_flags_file() -> Path:
-    """Where Lightning checks the Trainer's arguments (accelerator, strategy, devices, precision, ...)."""
-    from lightning.pytorch.trainer.connectors import accelerator_connector
-
-    return Path(accelerator_connector.__file__).resolve()
+def _trainer_flags_file() -> Path | None:
+    """Where Lightning checks the Trainer's arguments (accelerator, strategy, devices, precision, ...); None when
+    Lightning was not imported (the error cannot come from there)."""
+    connector = sys.modules.get("lightning.pytorch.trainer.connectors.accelerator_connector")
+    return None if connector is None else Path(connector.__file__).resolve()
 
 
 def one_line(e: BaseException) -> str:

@@ -39,10 +39,11 @@ from tinylm.train.loggers import finish_wandb
 log = logging.getLogger("tinylm")
 
 
-def _named_options(argv: list) -> set[str]:
+def _named_options(argv: list, *, files: bool = True) -> set[str]:
     """The options a command sets, even to their defaults (`--data.val_batches null` evaluates the whole split,
     not the checkpoint's setting): named on the command line (`--data.KEY`, `--data.KEY=V`), or keys of the
-    `data`/`model`/`trainer` sections of a `--config` file or of a section given whole (`--data '{...}'`)."""
+    `data`/`model`/`trainer` sections of a `--config` file (unless not ``files``) or of a section given whole
+    (`--data '{...}'`)."""
     import yaml
 
     named: set[str] = set()
@@ -54,7 +55,7 @@ def _named_options(argv: list) -> set[str]:
         named.add(key)
         if not value and i + 1 < len(argv) and isinstance(argv[i + 1], str):
             value = argv[i + 1]
-        if key in ("config", "data", "model", "trainer"):
+        if key in ("config", "data", "model", "trainer") and (files or key != "config"):
             text = value
             with contextlib.suppress(OSError, ValueError):  # a file's name, or the section itself as YAML/JSON
                 if Path(value).is_file():
@@ -121,6 +122,7 @@ class TinyLMCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
         self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
+        self._flags = _named_options(list(argv), files=False) if isinstance(argv, (list, tuple)) else set()
         super().parse_arguments(parser, args)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -167,7 +169,7 @@ class TinyLMCLI(LightningCLI):
             log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
         if ckpt_path:
             start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
-                                     named=self._named, continues=self.continues)
+                                     named=self._named, flags=self._flags, continues=self.continues)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
             self.config = self.parser.parse_object({sub: start.update}, self.config)
 
@@ -317,7 +319,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     try:
         cli = cli_class(
             TinyLM,
-            TinyLMDataModule,
+            getattr(cli_class, "data_class", None) or TinyLMDataModule,
             args=args,
             seed_everything_default=1337,
             # the optimizer and schedule are TinyLM's (--model.lr, --model.lr_schedule)

@@ -8,12 +8,17 @@ and everything else, which LightningCLI parses exactly as `tinylm fit` would (``
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from tinylm.cli.fit import TinyLMCLI, lightning_main
 from tinylm.cli.run_folder import run_dir_of
 from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options
+from tinylm.data.datamodule import TinyLMDataModule
+from tinylm.errors import UnavailableError
+
+log = logging.getLogger("tinylm")
 
 FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
 
@@ -45,10 +50,50 @@ def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
     return own, fit
 
 
+class SizedData(TinyLMDataModule):
+    """The data module of a command that only sizes the model (plan): the vocabulary's size without the data
+    wherever it is known so (tiktoken's encodings), else the tokenizer's (trained or loaded, as fit would); a
+    trained BPE whose corpus cannot be read here (offline, not downloaded) is sized at its target vocab_size."""
+
+    __doc__ = TinyLMDataModule.__doc__  # (the options' help)
+    _sizes: tuple[int, int | None] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sizes()[0]
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.sizes()[1]
+
+    def sizes(self) -> tuple[int, int | None]:
+        """(vocab_size, eos_id), said in a line when they come from anything but the tokenizer itself."""
+        from tinylm.tokenize.tokenizer import known_sizes
+
+        if self._sizes is not None:
+            return self._sizes
+        self._sizes = known_sizes(self.tokenizer_spec)
+        if self._sizes is not None:
+            log.info("vocab_size %d: %s's own size; neither the corpus nor the tokenizer's files are read (the plan "
+                     "needs only the model's shape)", self._sizes[0], self.tokenizer_spec)
+            return self._sizes
+        try:
+            self._sizes = (self.tokenizer.vocab_size, self.tokenizer.eos_id)
+        except (UnavailableError, FileNotFoundError) as e:
+            if self.tokenizer_spec not in ("bpe", "scratch-bpe"):
+                raise
+            self._sizes = (self.target_vocab_size, None)
+            log.info("vocab_size %d: data.vocab_size, the most a %s tokenizer trained on %s has (that corpus cannot "
+                     "be read here: %s)", self.target_vocab_size, self.tokenizer_spec, self.corpus_spec,
+                     str(e).split(";")[0])
+        return self._sizes
+
+
 class _ConfigOnlyCLI(TinyLMCLI):
     """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
 
     trains_here = False  # lr-find trains (on the configured accelerator); plan does not
+    data_class: type | None = SizedData  # plan sizes the model: the data itself is not needed
 
     def _parse_ckpt_path(self) -> None:
         cfg = self._section()
@@ -69,6 +114,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
 
 class _TrainingConfigCLI(_ConfigOnlyCLI):
     trains_here = True
+    data_class = None  # (tinylm's data module: lr-find and scaling train on the data)
 
 
 def fit_objects(fit_args: list[str], *, trains_here: bool = False) -> _ConfigOnlyCLI:

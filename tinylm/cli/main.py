@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinylm.cli import console, errors, ranks, signals
+from tinylm.cli import console, early, errors, ranks, signals
 from tinylm.cli.table import COMMANDS, usage
 from tinylm.errors import TinyLMError
 
@@ -60,10 +60,14 @@ def _main(argv: list[str] | None, program: bool) -> None:
             _quiet_stdout()
             sys.exit(141)
         return
-    console.setup()
+    console.setup()  # (imports nothing heavy: the checks below come before any such import)
     command, rest = argv[0], argv[1:]
     try:
+        if early.help_only(rest) and command in COMMANDS:
+            _help(command, rest, program)
+            return
         check_config_files(rest)
+        early.check_run_folder_free(command, rest)
         _run(command, rest, program)
     except KeyboardInterrupt:
         if program:
@@ -89,9 +93,33 @@ def _quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _help(command: str, rest: list[str], program: bool) -> None:
+    """``tinylm COMMAND --help``: the text kept from the last time (tinylm.cli.early), else made (for fit and
+    validate by LightningCLI, after Lightning's imports) and kept."""
+    import contextlib
+    import io
+
+    text = early.cached_help(command, rest)
+    if text is None:
+        made = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(made):
+                _run(command, rest, program)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+        text = made.getvalue()
+        early.remember_help(command, rest, text)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    sys.exit(0)  # as argparse ends after its help
+
+
 def _run(command: str, rest: list[str], program: bool) -> None:
     if command not in COMMANDS:
         raise TinyLMError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)} (tinylm --help)")
+    if command not in ("prepare", "plot"):  # the commands that never import Lightning
+        console.setup_lightning()
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
         with signals.terminate_cleanly(command, program, rest):

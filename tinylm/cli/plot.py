@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 
-def plot(runs: list[str], out: str | None = None, reference: float | None = None) -> Path:
+def plot(runs: list[str], out: str | None = None, reference: float | None = None,
+         metric: Literal["loss", "bpb"] | None = None) -> Path:
     """Draw train/val loss, learning rate, gradient norm and tokens/s of one or more runs, with training-health
     alerts marked, into one PNG (several runs are overlaid): tinylm plot RUN [RUN ...] [--out PNG].
 
@@ -13,10 +15,13 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         runs: Run folders written by `tinylm fit` (runs/NAME, holding csv/metrics.csv), run names under runs/, or
             metrics.csv files.
         out: PNG to write (default: plot.png in the first run's folder).
-        reference: Draw a horizontal reference loss (e.g. a published result) in the loss panel.
+        reference: Draw a horizontal reference (e.g. a published result) in the first panel, in its unit.
+        metric: The first panel: loss (train/loss, val/loss in nats per token) or bpb (val/bpb, and train/bpb when
+            logged: bits per byte of raw text, comparable across tokenizers). Default: bpb when the runs' tokenizers
+            differ (a line says so), loss otherwise.
     """
     from tinylm.ranges import check_ranges
-    from tinylm.studies.curves import metrics_csv, plot_runs, read_run
+    from tinylm.studies.curves import choose_metric, metrics_csv, plot_runs, read_run
     from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
@@ -27,10 +32,13 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         csv = metrics_csv(runs[0])
         out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")
     check_png_path(out)
-    path = plot_runs(curves, out, reference=reference)
+    metric, why = choose_metric(curves, metric)
+    if why:
+        print(why)
+    path = plot_runs(curves, out, reference=reference, metric=metric)
     for c in curves:
-        last = {k: v[-1] for k, v in c.series.items() if k in ("train/loss", "val/loss")}
-        said = ", ".join(f"{k} {v:.4f} (step {s})" for k, (s, v) in last.items()) or "no loss logged yet"
+        last = {k: c.series[k][-1] for k in (f"train/{metric}", f"val/{metric}") if c.series.get(k)}
+        said = ", ".join(f"{k} {v:.4f} (step {s})" for k, (s, v) in last.items()) or f"no {metric} logged yet"
         alerts = f"; health alerts: {', '.join(f'{k} at {s}' for s, k in c.alerts)}" if c.alerts else ""
         print(f"{c.name}: {said}{alerts}")
     print(f"wrote {path}")

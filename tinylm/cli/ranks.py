@@ -18,10 +18,10 @@ log = logging.getLogger("tinylm")
 
 
 def rank() -> int:
-    """This process's global rank in a run (0 outside one)."""
-    from lightning.pytorch.utilities import rank_zero_only
+    """This process's global rank in a run (0 outside one; read without importing Lightning: tinylm.cli.console)."""
+    from tinylm.cli.console import env_rank
 
-    return getattr(rank_zero_only, "rank", 0)
+    return env_rank()
 
 
 def rank_zero() -> bool:

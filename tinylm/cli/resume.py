@@ -213,9 +213,12 @@ class Start:
     update: dict  # the config sections it sets: model (and for validate, data)
 
 
-def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool) -> Start:
-    """Take the model's hyperparameters (and for validate the data it trained on) from ``ckpt_path``; for fit,
-    refuse a resume with nothing to train or with settings that would not continue the run."""
+def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool,
+                     flags: set[str] = frozenset()) -> Start:
+    """Take the model's hyperparameters and the data the run read (corpus, tokenizer: `run_data`; for validate
+    the rest of its data options too) from ``ckpt_path``; for fit, refuse a resume with nothing to train or with
+    settings that would not continue the run. ``named``: the options the command sets (flags and --config files);
+    ``flags``: those set by flags, which alone override the run's data."""
     from tinylm.checkpoint import load_checkpoint, tinylm_section
 
     ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
@@ -229,9 +232,37 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         # into its parent's W&B run would log its steps a second time there, under the branch's name
         wandb_id = meta.get("wandb_id") if continues else None
     update = {"model": model_from(ckpt, meta, cfg, sub, ckpt_path, defaults, named)}
-    if sub == "validate" and (data := data_from(ckpt, meta, cfg, defaults, named)):
+    data = run_data(ckpt, cfg, flags, ckpt_path)
+    if sub == "validate":
+        # (what run_data took is the run's, not the command's: the checkpoint's own tokenizer goes with it)
+        data.update(data_from(ckpt, meta, cfg, defaults, named - {f"data.{k}" for k in data}, {**cfg.data, **data}))
+    if data:
         update["data"] = data
     return Start(step, resume_step, wandb_id, update)
+
+
+RUN_DATA = ("corpus", "weights", "tokenizer", "vocab_size", "tokenizer_train_chars", "split", "val_split",
+            "text_column", "data_files", "hf_config", "hf_revision", "streaming", "max_documents")
+"""The data options that say which text a run read and how it was tokenized: a resume or validate takes them from
+the checkpoint (a --config naming other data, or a corpus that cannot be had offline, does not matter), unless a
+flag sets them (`--data.corpus OTHER`). The resume's data checks (tinylm.data.datamodule) compare fingerprints."""
+
+
+def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
+    """The checkpoint run's `RUN_DATA` options where they differ from the command's and no flag sets them (a
+    flag that sets the corpus keeps the command's mixture weights and tokenizer options with it), said in a line."""
+    trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    if "target_vocab_size" in trained:  # data.vocab_size: the target a BPE tokenizer was trained to
+        trained["vocab_size"] = trained.pop("target_vocab_size")
+    by_flag = {k for k in RUN_DATA if f"data.{k}" in flags or "data" in flags}
+    if "corpus" in by_flag:
+        by_flag |= {"weights"}
+    taken = {k: trained[k] for k in RUN_DATA if k in trained and k not in by_flag and k in cfg.data
+             and cfg.data[k] != trained[k]}
+    if taken:
+        log.info("%s: the data the run read, from its checkpoint: %s (flags such as --data.corpus PATH override "
+                 "it)", ckpt_path, ", ".join(f"data.{k}={v!r} (not {cfg.data[k]!r})" for k, v in taken.items()))
+    return taken
 
 
 def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
@@ -291,8 +322,9 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
     return saved
 
 
-def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str]) -> dict:
-    """For validate: the data options the run trained on, where the command does not set them otherwise."""
+def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict | None = None) -> dict:
+    """For validate: the data options the run trained on, where the command does not set them otherwise
+    (``now``: the data options with `run_data`'s taken)."""
     trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
     # data.vocab_size: the target a BPE tokenizer was trained to, which finds it in the cache (checkpoints
     # before it was kept: the model's vocabulary, the same unless the corpus had too few merges)
@@ -302,11 +334,12 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str]) -> dict:
     data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
             and f"data.{k}" not in named and cfg.data[k] != v
             and not any(n.startswith(f"data.{k}.") for n in named)}  # --data.clean.exact false
-    if {**cfg.data, **data}.get("corpus") != trained.get("corpus"):
+    now = {**(now or cfg.data), **data}
+    if now.get("corpus") != trained.get("corpus"):
         data.pop("weights", None)  # the run's mixture weights go with its corpora, not with --data.corpus OTHER
     from tinylm.tokenize import TRAINED_SPECS
 
-    now = {**cfg.data, **data}
+    now = {**now, **data}
     if meta.get("tokenizer") and (now.get("tokenizer") in TRAINED_SPECS or "data.tokenizer" not in named):
         # the checkpoint's own: one trained now (on another corpus, or the run's edited since) would be
         # another tokenizer than the model's, and a tokenizer file may have moved or changed since

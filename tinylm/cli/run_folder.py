@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import checkpoints_by_step
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -112,16 +111,40 @@ def lock_run_folder(run_dir: Path):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        holder = f.read().strip() or "another process"
+        holder = f.read().strip()
         f.close()
-        raise TinyLMError(f"{run_dir} is in use by another tinylm process ({holder}); wait for it to finish, or "
-                          "use another --run.name") from None
+        raise _in_use(run_dir, holder) from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}")
     f.flush()
     _LOCKS[key] = f
     return f
+
+
+def _in_use(run_dir: Path, holder: str) -> TinyLMError:
+    return TinyLMError(f"{run_dir} is in use by another tinylm process ({holder or 'another process'}); wait for it "
+                       "to finish, or use another --run.name")
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """Refuse ``run_dir`` if another process holds its lock, without taking it or making anything (tinylm.cli.early:
+    the refusal before the imports)."""
+    import fcntl
+
+    if str(run_dir.resolve()) in _LOCKS:  # this process's own run (a caller's main([...]) again): its check's
+        return
+    try:
+        f = open(run_dir / ".lock")  # noqa: SIM115 (closed below, which drops the lock taken to test it)
+    except OSError:  # no lock file (no run, or one never started): nothing holds the folder
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(run_dir, f.read().strip()) from None
+        except OSError:  # a file system without locks: the full check says what is wrong
+            return
 
 
 def release_run_folder(run_dir: Path) -> None:
@@ -155,6 +178,8 @@ def release_run_folders() -> None:
 def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
     """Lock the run folder for this process (held until it ends: one writer per run folder) and refuse to start
     over another run's results, or to continue a run from a checkpoint it has gone past; returns the lock."""
+    from tinylm.checkpoint import checkpoints_by_step  # (torch: this module is also read before the imports)
+
     lock = lock_run_folder(run_dir)
     ckpts = run_dir / "checkpoints"  # made at the first save: found now, not after the training
     if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():

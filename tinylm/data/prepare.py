@@ -11,6 +11,7 @@ temp folders of builds that were killed are removed by the next build once their
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import itertools
 import json
@@ -181,7 +182,8 @@ def tokenizer_dir_for(corpus: Corpus, spec: str, *, vocab_size: int, train_chars
     key = [corpus.fingerprint, spec, None if spec == "char" else vocab_size] + ([sample] if sample else [])
     if spec == "char" and _own_validation(corpus):
         key.append("with validation")  # the char vocabulary has the validation split's characters too
-    return Path(cache_dir) / "tokenizers" / f"{spec}-{_slug(corpus.name)}-{_key(key)}"
+    return _made_under_any_name(Path(cache_dir) / "tokenizers", f"{spec}-", _slug(corpus.name), f"-{_key(key)}",
+                                STATE_FILE)
 
 
 def _sample_chars(corpus: Corpus, spec: str, train_chars: int | None) -> int | None:
@@ -246,7 +248,20 @@ def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
 def dataset_dir_for(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float, cache_dir: Path) -> Path:
     """Where the dataset made from `corpus` by `tokenizer` with these split settings lives."""
     key = _key([FORMAT_VERSION, corpus.fingerprint, tokenizer.fingerprint, _split_settings(corpus, val_fraction)])
-    return Path(cache_dir) / "datasets" / f"{_slug(corpus.name)}-{tokenizer.kind}{tokenizer.vocab_size}-{key}"
+    return _made_under_any_name(Path(cache_dir) / "datasets", "", _slug(corpus.name),
+                                f"-{tokenizer.kind}{tokenizer.vocab_size}-{key}", "meta.json")
+
+
+def _made_under_any_name(folder: Path, prefix: str, name: str, key: str, done: str) -> Path:
+    """``folder/PREFIX NAME KEY``, or a complete one (holding ``done``) with the same key under another name: the
+    name is for reading, the key says what was made. The same text named two ways (`tinyshakespeare`, and the
+    file of it that its error message says where to place, `CACHE/corpora/tinyshakespeare.txt`) is one dataset,
+    not a second copy of it."""
+    own = folder / f"{prefix}{name}{key}"
+    if (own / done).is_file() or not folder.is_dir():
+        return own
+    return next((p for p in sorted(folder.glob(f"{glob.escape(prefix)}*{glob.escape(key)}"))
+                 if (p / done).is_file()), own)
 
 
 def _split_settings(corpus: Corpus, val_fraction: float) -> dict:

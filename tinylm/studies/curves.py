@@ -14,6 +14,10 @@ PANELS = (  # (title, metric keys drawn in it, log-scale y)
     ("gradient norm (before clipping)", ("train/grad_norm",), True),
     ("tokens / s", ("train/tokens_per_sec",), False),
 )
+METRICS = {  # --metric: the first panel, what it draws
+    "loss": ("loss (nats/token)", ("train/loss", "val/loss")),
+    "bpb": ("bits per byte of raw text (comparable across tokenizers)", ("train/bpb", "val/bpb")),
+}
 HEALTH_PREFIX = "health/"
 EVAL_PANELS = (("eval: acc_norm (acc where a task has none)", ("_acc_norm", "_acc")), ("eval: bits per byte of the "
                "right answers", ("_bpb",)))
@@ -27,6 +31,7 @@ class RunCurves:
     name: str
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     alerts: list[tuple[int, str]] = field(default_factory=list)
+    tokenizer: str | None = None  # "char", "bpe (vocab 2048)", ...: from the run folder; None for a bare CSV
 
 
 def metrics_csv(run: str | Path) -> Path:
@@ -46,7 +51,7 @@ def read_run(run: str | Path) -> RunCurves:
     progress) or was cut by a crash: it is left out, as a resume drops it ("2." may be the start of "2.5")."""
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
-    curves = RunCurves(name)
+    curves = RunCurves(name, tokenizer=run_tokenizer(path.parent.parent) if path.parent.name == "csv" else None)
     _read_rows(path, curves)
     evals = path.parent.parent / "eval" / "metrics.csv"  # `tinylm eval`'s rows of the run's checkpoints
     if path.parent.name == "csv" and evals.is_file():
@@ -54,6 +59,37 @@ def read_run(run: str | Path) -> RunCurves:
         for points in curves.series.values():
             points.sort()
     return curves
+
+
+def run_tokenizer(folder: Path) -> str | None:
+    """The tokenizer a run folder's run read, as "SPEC (vocab N)": Lightning's csv/hparams.yaml holds the data's
+    hyperparameters with the vocab size the tokenizer had (linked into the model); config.yaml only the spec."""
+    import yaml
+
+    for path, section in ((folder / "csv" / "hparams.yaml", None), (folder / "config.yaml", "data")):
+        try:
+            found = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if section and isinstance(found, dict):
+            found = found.get(section)
+        if isinstance(found, dict) and found.get("tokenizer") is not None:
+            vocab = f" (vocab {found['vocab_size']})" if section is None and "vocab_size" in found else ""
+            return f"{found['tokenizer']}{vocab}"
+    return None
+
+
+def choose_metric(runs: list[RunCurves], metric: str | None) -> tuple[str, str | None]:
+    """The metric of the first panel ("loss" or "bpb") and, when tinylm chose it, the line that says why: nats per
+    token compare runs of one tokenizer only (a char run's 1.9 nats and a BPE run's 4.8 are per different tokens),
+    so runs whose tokenizers differ are drawn in bits per byte of raw text."""
+    if metric is not None:
+        return metric, None
+    tokenizers = sorted({run.tokenizer for run in runs if run.tokenizer is not None})
+    if len(tokenizers) < 2:
+        return "loss", None
+    return "bpb", (f"the runs' tokenizers differ ({'; '.join(tokenizers)}): plotting val/bpb, bits per byte of raw "
+                   "text, which compares them (nats per token do not); --metric loss for nats/token")
 
 
 def _read_rows(path: Path, curves: RunCurves) -> None:
@@ -83,27 +119,28 @@ def _number(text: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None) -> Path:
+def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None, metric: str = "loss") -> Path:
     """Draw the four panels for ``runs`` into the PNG ``out`` (`draw_runs`)."""
     from tinylm.studies.plots import figure_canvas
 
     evals = any(k.startswith("eval/") for run in runs for k in run.series)
     fig, canvas = figure_canvas(figsize=(16, 7) if evals else (11, 7))
-    draw_runs(fig, runs, reference=reference)
+    draw_runs(fig, runs, reference=reference, metric=metric)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.print_png(str(out))
     return out
 
 
-def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> None:
+def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, metric: str = "loss") -> None:
     """The four panels for ``runs`` on ``fig`` (six with eval scores): one colour per run, train thin, validation
-    dots, health alerts as dashed lines named in the loss panel (red for one run; in the run's colour, with its name,
-    for several)."""
+    dots, health alerts as dashed lines named in the first panel (red for one run; in the run's colour, with its name,
+    for several). The first panel is ``metric``'s (METRICS): loss in nats/token, or bits per byte."""
     evals = _eval_panels(runs)
     axes = fig.subplots(2, 3 if evals else 2).ravel()
     colours = [f"C{i % 10}" for i in range(len(runs))]
-    for ax, (title, keys, log_y) in zip(axes, PANELS + evals):
+    panels = ((*METRICS[metric], False), *PANELS[1:], *evals)
+    for i, (ax, (title, keys, log_y)) in enumerate(zip(axes, panels)):
         for run, colour in zip(runs, colours):
             for key in keys:
                 points = run.series.get(key)
@@ -117,11 +154,11 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> 
                             label=f"{run.name} {key}")
             for step, kind in run.alerts:  # red for one run; with several, each run's colour, named in the label
                 ax.axvline(step, color="red" if len(runs) == 1 else colour, ls="--", lw=0.8, alpha=0.7)
-                if title.startswith("loss"):
+                if i == 0:
                     ax.annotate(kind if len(runs) == 1 else f"{run.name}: {kind}", (step, 1),
                                 xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7,
                                 color="red" if len(runs) == 1 else colour)
-        if reference is not None and title.startswith("loss"):
+        if reference is not None and i == 0:
             ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
         if title.startswith("eval") and ax.lines:
             ax.legend(fontsize=6)
@@ -135,7 +172,7 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None) -> 
     handles, _labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)
-    fig.suptitle(", ".join(_headline(run) for run in runs), fontsize=10)
+    fig.suptitle(", ".join(_headline(run, metric) for run in runs), fontsize=10)
     fig.tight_layout()
 
 
@@ -152,11 +189,11 @@ def _eval_panels(runs: list[RunCurves]) -> tuple:
     return tuple(panels)
 
 
-def _headline(run: RunCurves) -> str:
-    val = run.series.get("val/loss")
-    train = run.series.get("train/loss")
+def _headline(run: RunCurves, metric: str = "loss") -> str:
+    val = run.series.get(f"val/{metric}")
+    train = run.series.get(f"train/{metric}")
     if val:
-        return f"{run.name}: val/loss {val[-1][1]:.3f} at step {val[-1][0]}"
+        return f"{run.name}: val/{metric} {val[-1][1]:.3f} at step {val[-1][0]}"
     if train:
-        return f"{run.name}: train/loss {train[-1][1]:.3f} at step {train[-1][0]} (no validation yet)"
+        return f"{run.name}: train/{metric} {train[-1][1]:.3f} at step {train[-1][0]} (no validation yet)"
     return f"{run.name}: nothing logged yet"

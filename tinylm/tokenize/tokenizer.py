@@ -430,6 +430,20 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------------- builders
+TIKTOKEN_SIZES = {  # name: (vocab_size, id of <|endoftext|>), as tiktoken's registry (tiktoken_ext.openai_public)
+    "gpt2": (50257, 50256), "r50k_base": (50257, 50256), "p50k_base": (50281, 50256), "p50k_edit": (50284, 50256),
+    "cl100k_base": (100277, 100257), "o200k_base": (200019, 199999),
+}
+"""The sizes of tiktoken's encodings, known without their rank files (downloaded on first use): what `tinylm plan`
+needs of a tokenizer, offline too."""
+
+
+def known_sizes(spec: str) -> tuple[int, int | None] | None:
+    """(vocab_size, eos_id) of tokenizer ``spec`` when they are known without loading it (``tiktoken:NAME`` of
+    tiktoken's own encodings), else None."""
+    return TIKTOKEN_SIZES.get(spec.removeprefix("tiktoken:")) if spec.startswith("tiktoken:") else None
+
+
 def build_tokenizer(spec: str, *, vocab_size: int = 8192,
                     documents: Callable[[], Iterable[str]] | None = None) -> Tokenizer:
     """Make the tokenizer named by `spec` (see the module docstring).

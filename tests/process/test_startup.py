@@ -1,0 +1,87 @@
+"""What a command does before its heavy imports (issue 35): `prepare` without torch or Lightning at all, a refusal
+(a missing config file, a run folder another process writes) and a kept `--help` before them. Each runs `tinylm` in
+a process of its own, which reports the modules it imported (a process already holding torch proves nothing)."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
+
+# `tinylm ARGS` in a fresh interpreter, then one JSON line: its exit status and whether torch / Lightning came in
+WRAPPER = """
+import json, sys
+from tinylm.cli import main
+code = 0
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "lightning": "lightning" in sys.modules}))
+"""
+
+
+def _tinylm(*args: str, env: dict | None = None) -> tuple[dict, str, str]:
+    """(the report, stdout before it, stderr) of `tinylm ARGS` run in a process of its own."""
+    done = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    *out, report = done.stdout.rstrip("\n").split("\n")
+    return json.loads(report), "\n".join(out), done.stderr
+
+
+def test_prepare_imports_neither_torch_nor_lightning(run_config, tmp_path):
+    """Catches `tinylm prepare` importing torch and Lightning (seconds of start-up, 2.8x the peak memory of bare
+    `tokenizers`) for work that needs neither: the tokenizer is trained, the dataset packed and summarised, twice
+    (the second from the cache), and neither module is ever imported."""
+    cfg = run_config(data={"tokenizer": "bpe", "vocab_size": 300})
+    for _ in range(2):
+        report, out, err = _tinylm("prepare", "--config", str(cfg))
+        assert report == {"code": 0, "torch": False, "lightning": False}, err
+        assert "train_tokens" in out and "bytes_per_token" in out
+    datasets = list((tmp_path / "cache" / "datasets").iterdir())
+    assert len(datasets) == 1 and (datasets[0] / "meta.json").is_file()
+
+
+def test_refusals_come_before_the_imports(run_config, tmp_path):
+    """Catches a config file that is not there, and a run folder another process holds, being refused only after
+    torch and Lightning were imported (5-9 s on a quiet machine, minutes on a loaded one, for a one-line answer)."""
+    report, _, err = _tinylm("fit", "--config", str(tmp_path / "nope.yaml"))
+    assert report == {"code": 1, "torch": False, "lightning": False}
+    assert "config file" in err and "nope.yaml' not found" in err
+    cfg = run_config(run={"name": "busy"})
+    run = tmp_path / "runs" / "busy"
+    run.mkdir(parents=True)
+    with open(run / ".lock", "a+") as held:  # another process's hold on the folder, as tinylm takes it (flock)
+        held.write("pid 4242")
+        held.flush()
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); "
+                                   "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+                                   str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for args in (["--config", str(cfg)], ["--config", str(cfg), "--run.name=other", "--run.name", "busy"]):
+            report, _, err = _tinylm("fit", *args)
+            assert report == {"code": 1, "torch": False, "lightning": False}, err
+            assert f"{Path('runs') / 'busy'} is in use by another tinylm process (pid 4242)" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    with open(run / ".lock") as f:  # nothing left holding it: the early check let go of the lock it tried
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_help_is_kept_and_made_again_when_what_shapes_it_changes(tmp_path):
+    """Catches `tinylm fit --help` importing Lightning every time (seconds, to print the same text), and a kept help
+    shown after something that shapes it changed (here the terminal's width)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "COLUMNS": "100"}
+    first, text, _ = _tinylm("fit", "--help", env=env)
+    assert first == {"code": 0, "torch": True, "lightning": True} and "--data.corpus" in text
+    again, same, _ = _tinylm("fit", "--help", env=env)
+    assert again == {"code": 0, "torch": False, "lightning": False} and same == text
+    wider, other, _ = _tinylm("fit", "--help", env={**env, "COLUMNS": "160"})
+    assert wider["lightning"] and other != text and "--data.corpus" in other

@@ -1,0 +1,293 @@
+"""The data side without Lightning: the data module's options (its `--data.*`), the corpora, the tokenizer and the
+prepared datasets, built and checked, and the summary `tinylm prepare` prints. `tinylm prepare` runs this alone (no
+torch, no Lightning: seconds of imports saved); tinylm.data.datamodule adds the batches and their resume state."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import re
+from pathlib import Path
+
+from tinylm.data.clean import REPORT_FILE, CleanOptions, clean_corpora, options_from
+from tinylm.data.corpus import Corpus, Mixture, open_corpus
+from tinylm.data.prepare import (
+    TRAIN_STATS,
+    dataset_dir_for,
+    default_cache_dir,
+    load_meta,
+    prepare_dataset,
+    prepare_tokenizer,
+    tokenizer_dir_for,
+)
+from tinylm.ranges import check_ranges
+from tinylm.tokenize import TRAINED_SPECS, Tokenizer
+from tinylm.tokenize.tokenizer import EOS_NAMES
+
+# the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed; a trained vocabulary of 2**21
+# ids is 8x the largest in use (256k), and a BPE trainer's memory grows with the target (2**31 asks for 283 GB)
+RANGES = {
+    "vocab_size": "[1, 2**21]", "block_size": "[1, inf)", "batch_size": "[1, inf)", "val_fraction": "(0, 1)",
+    "val_batches": "[1, inf)", "num_workers": "[0, inf)", "seed": "[0, 2**64)", "tokenizer_train_chars": "[1, inf)",
+    "max_documents": "[1, inf)",
+}
+"""Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
+
+log = logging.getLogger(__name__)
+
+
+class PreparedData:
+    """Corpus -> tokenizer -> packed memmaps -> (x, y) batches of shape (batch_size, block_size).
+
+    Args:
+        corpus: where the text comes from: `tinyshakespeare`, a text file, a directory or glob of text files,
+            a local .jsonl/.json/.parquet/.csv file, or `hf:NAME` for a Hugging Face dataset; or a list of these
+            to train on a mixture (see `weights`).
+        weights: with a list of corpora, the share of training windows drawn from each (normalised to sum to 1;
+            None: in proportion to their train tokens, as if concatenated). Each corpus is prepared on its own,
+            all with one tokenizer trained on all of them, and validation logs val/loss/NAME for each corpus
+            beside val/loss over all of them.
+        tokenizer: `char`, `bpe` (trained with HF tokenizers), `scratch-bpe` (tinylm.tokenize.bpe), `tiktoken:NAME`,
+            `tiktoken:PATH.tiktoken`, or a path to a tokenizer.json / saved tokenizer directory.
+        vocab_size: target vocabulary size (ids, special tokens included) of trained BPE tokenizers. The model
+            gets the tokenizer's real size, which may be smaller.
+        tokenizer_train_chars: trained BPE tokenizers learn from about this many characters of documents spread
+            evenly over a larger corpus (None: the whole corpus). The default trains in minutes on 2 cores and
+            costs well under 1% of compression (docs/benchmarks.md).
+        block_size: context length in tokens of each training/validation window.
+        batch_size: windows per batch on each device.
+        val_fraction: share of the corpus's characters, taken from its end, that forms the validation split;
+            unused when the corpus has its own validation split.
+        val_batches: evaluate only the first N validation batches (None: all of the split), over all devices.
+        cache_dir: folder for downloads, tokenizers and datasets (None: $TINYLM_CACHE_DIR, else ./data_cache).
+        num_workers: DataLoader worker processes (0: load in the main process).
+        seed: seed of the training windows' random offsets.
+        split: dataset split used for training (hf: and local dataset files).
+        val_split: dataset split used for validation when the dataset has it (hf: and local dataset files).
+        text_column: dataset column holding the text (hf: and local dataset files).
+        data_files: files for `hf:json` / `hf:parquet` / `hf:csv` / `hf:text`: a path, a list, or a dict
+            {split: path(s)}.
+        hf_config: dataset configuration name (the `name` argument of `datasets.load_dataset`).
+        hf_revision: dataset revision (git tag, branch or commit) to pin.
+        streaming: read an `hf:` dataset (or a local .jsonl/.parquet/.csv file) with `streaming=True`: nothing is
+            downloaded whole, tokens are written as documents arrive. Validation is the dataset's own `val_split`
+            when it has one, else the first val_fraction x max_documents documents of the train split (held out).
+        max_documents: with `streaming`, train on N documents of the stream (None: all of it): its first N, or
+            the N after the held-out head when validation is one (needed then, to size it).
+        clean: cleaning applied document by document before packing: exact and near-duplicate removal, quality
+            filters, decontamination of validation (`--data.clean.*`, each off by default; tinylm.data.clean).
+            Another setting makes another dataset; `tinylm prepare` prints what each rule removed.
+    """
+
+    def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
+                 tokenizer: str = "char", vocab_size: int = 8192,
+                 tokenizer_train_chars: int | None = 250_000_000, block_size: int = 256, batch_size: int = 64,
+                 val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None,
+                 num_workers: int = 0,
+                 seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
+                 data_files: str | list[str] | dict[str, str | list[str]] | None = None,
+                 hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
+                 max_documents: int | None = None, clean: CleanOptions = CleanOptions()) -> None:  # noqa: B008 (frozen)
+        super().__init__()
+        check_ranges("data", locals(), RANGES)  # locals(): every argument by name
+        self.clean = options_from(clean)
+        self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
+        _check_mixture(self.corpus_specs, weights)
+        self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
+        self.weights = weights
+        self.tokenizer_spec, self.target_vocab_size = tokenizer, vocab_size
+        self.tokenizer_train_chars = tokenizer_train_chars
+        self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
+                                                                                 val_fraction, val_batches)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise NotADirectoryError(f"data.cache_dir {str(self.cache_dir)!r} is a file, not a folder; pass "
+                                     "--data.cache_dir DIR (or set $TINYLM_CACHE_DIR) to a folder")
+        self.num_workers, self.seed = num_workers, seed
+        self._hf = {"split": split, "val_split": val_split, "text_column": text_column, "data_files": data_files,
+                        "hf_config": hf_config, "hf_revision": hf_revision, "streaming": streaming,
+                        "max_documents": max_documents, "val_fraction": val_fraction}
+        self._corpora: list[Corpus] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._metas: list[dict] | None = None
+        self.record_hyperparameters(inspect.currentframe())
+
+    def record_hyperparameters(self, frame) -> None:
+        """Where a LightningDataModule saves the arguments of ``__init__`` (``frame``): TinyLMDataModule. Nothing
+        here: preparing data keeps no hyperparameters."""
+
+    # ---- lazy pieces: LightningCLI reads vocab_size right after __init__, before prepare_data
+    @property
+    def corpora(self) -> list[Corpus]:
+        """The corpora of `data.corpus`, one per list entry."""
+        if self._corpora is None:
+            self._corpora = clean_corpora([open_corpus(spec, cache_dir=self.cache_dir, **self._hf)
+                                           for spec in self.corpus_specs], self.clean, val_fraction=self.val_fraction)
+        return self._corpora
+
+    @property
+    def corpus(self) -> Corpus:
+        """The corpus, or for a mixture all of its corpora one after the other (what the tokenizer learns from)."""
+        return self.corpora[0] if len(self.corpora) == 1 else Mixture(self.corpora)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer (trained or loaded on first use, then cached on disk)."""
+        if self._tokenizer is None:
+            self._tokenizer = prepare_tokenizer(self.corpus, self.tokenizer_spec, vocab_size=self.target_vocab_size,
+                                                train_chars=self.tokenizer_train_chars, cache_dir=self.cache_dir)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's real vocabulary size (linked into the model)."""
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of the document separator, or None (char tokenizer on a single-document corpus)."""
+        return self.tokenizer.eos_id
+
+    @property
+    def dataset_dirs(self) -> list[Path]:
+        """The prepared datasets' folders, one per corpus (they may not be built yet)."""
+        return [dataset_dir_for(c, self.tokenizer, val_fraction=self.val_fraction, cache_dir=self.cache_dir)
+                for c in self.corpora]
+
+    @property
+    def dataset_dir(self) -> Path:
+        """The prepared dataset's folder (the first corpus's, for a mixture)."""
+        return self.dataset_dirs[0]
+
+    @property
+    def metas(self) -> list[dict]:
+        """Each dataset's meta.json, checked against the tokenizer (datasets are built if missing)."""
+        if self._metas is None:
+            self._metas = [load_meta(prepare_dataset(c, self.tokenizer, val_fraction=self.val_fraction,
+                                                     cache_dir=self.cache_dir), self.tokenizer) for c in self.corpora]
+            for corpus, meta in zip(self.corpora, self._metas):
+                # a document cut between the splits counts in both
+                documents = max(split["documents"] for split in meta["splits"].values())
+                if self.tokenizer.eos_id is None and documents > 1:
+                    log.warning("tokenizer %s has no end-of-text token (none of %s): the documents of %s are packed "
+                                "with nothing between them, and generation has no token to end a text at; add one "
+                                "of these to the tokenizer's special tokens", self.tokenizer.spec,
+                                ", ".join(EOS_NAMES), corpus.spec)
+        return self._metas
+
+    @property
+    def meta(self) -> dict:
+        """The dataset's meta.json (the first corpus's, for a mixture)."""
+        return self.metas[0]
+
+    @property
+    def val_names(self) -> list[str]:
+        """One name per corpus, as in val/loss/NAME: the corpus's file or dataset name, numbered when repeated."""
+        names = [_metric_name(c.name) for c in self.corpora]
+        return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+    # ---- Lightning's hooks (their names), which `tinylm prepare` runs without Lightning
+    def prepare_data(self) -> None:
+        """Train/load the tokenizer and build the datasets (Lightning runs this on one process per node)."""
+        self._metas = None
+        _ = self.metas
+
+    def setup(self, stage: str | None = None) -> None:
+        splits = {"fit": ("train", "val"), "validate": ("val",), None: ("train", "val")}.get(stage, ())
+        for split in splits:
+            for spec, meta in zip(self.corpus_specs, self.metas):
+                n = meta["splits"][split]["tokens"]
+                if n < self.block_size + 1:
+                    raise ValueError(
+                        f"the {split} split{f' of {spec}' if len(self.metas) > 1 else ''} has {n} tokens, but one "
+                        "window needs block_size + 1 = "
+                        f"{self.block_size + 1}; use a smaller --data.block_size, a "
+                        f"{'larger' if split == 'val' else 'smaller'} --data.val_fraction (now {self.val_fraction}), "
+                        "or a bigger corpus")
+
+    def summary(self) -> dict:
+        """What `tinylm prepare` prints (totals over the corpora of a mixture)."""
+        m, metas = self.meta, self.metas
+        split = lambda s, k: sum(x["splits"][s][k] for x in metas)
+        out = {
+            "dataset": ", ".join(map(str, self.dataset_dirs)),
+            "corpus": self.corpus_spec,
+            "tokenizer": f"{self.tokenizer_spec} ({self.tokenizer.kind})",
+            "vocab_size": m["vocab_size"],
+            "eos_id": m["eos_id"],
+            "dtype": m["dtype"],
+            "train_tokens": split("train", "tokens"),
+            "val_tokens": split("val", "tokens"),
+            "train_documents": split("train", "documents"),
+            "val_documents": split("val", "documents"),
+            "val_source": m["settings"]["val_source"],
+            # per token of text: the end-of-text ids stand for no bytes (datasets before the count: documents)
+            "bytes_per_token": (split("train", "bytes") + split("val", "bytes"))
+            / max(1, sum(split(s, "tokens") - self._eos_count(s) for s in ("train", "val"))),
+        }
+        if len(metas) > 1:
+            weights = self.weights or [x["splits"]["train"]["tokens"] for x in metas]
+            out["mixture"] = ", ".join(f"{n} {w / sum(weights):.3f}" for n, w in zip(self.val_names, weights))
+        out["measured"] = self._measured()
+        if self.clean.active:
+            out.update(self._cleaned())
+        return out
+
+    def _cleaned(self) -> dict:
+        """What cleaning removed, rule by rule (totals over the corpora), with the start of one example each."""
+        reports = [json.loads(Path(d, REPORT_FILE).read_text(encoding="utf-8")) for d in self.dataset_dirs
+                   if Path(d, REPORT_FILE).is_file()]
+        if not reports:
+            return {}
+        total = lambda key, what: sum(r[key][what] for r in reports)
+        out = {"cleaned": f"kept {total('kept', 'documents'):,} of {total('read', 'documents'):,} documents "
+                          f"({total('kept', 'bytes') / 1e6:,.1f} of {total('read', 'bytes') / 1e6:,.1f} MB); "
+                          f"report: {', '.join(str(Path(d, REPORT_FILE)) for d in self.dataset_dirs)}"}
+        for rule in self.clean.rules:
+            docs = sum(r["removed"][rule]["documents"] for r in reports)
+            n_bytes = sum(r["removed"][rule]["bytes"] for r in reports)
+            example = next((x for r in reports for x in r["removed"][rule]["examples"]), None)
+            shown = "" if example is None else f", e.g. {' '.join(example.split())[:60]!r}"
+            out[f"removed by {rule}"] = f"{docs:,} documents ({n_bytes / 1e6:,.2f} MB){shown}"
+        return out
+
+    def _eos_count(self, split: str) -> int:
+        if self.meta["eos_id"] is None:
+            return 0
+        return sum(x["splits"][split].get("eos", x["splits"][split]["documents"]) for x in self.metas)
+
+    def _measured(self) -> str:
+        """How fast the tokenizer trained and the corpus was tokenized, when they were built (on this machine or
+        wherever the cached folders were made)."""
+        parts = []
+        if self.tokenizer_spec in TRAINED_SPECS:
+            stats = Path(tokenizer_dir_for(self.corpus, self.tokenizer_spec, vocab_size=self.target_vocab_size,
+                                           train_chars=self.tokenizer_train_chars, cache_dir=self.cache_dir),
+                         TRAIN_STATS)
+            if stats.is_file():
+                t = json.loads(stats.read_text(encoding="utf-8"))
+                parts.append(f"tokenizer trained on {t['bytes'] / 1e6:,.1f} MB in {t['seconds']:,.1f} s "
+                             f"({t['mb_per_s']:.2f} MB/s)")
+        builds = [x["build"] for x in self.metas if "build" in x]
+        if builds:
+            n, secs = sum(b["bytes"] for b in builds), sum(b["seconds"] for b in builds)
+            parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)")
+        return "; ".join(parts) or "nothing was timed (folders made by an older tinylm)"
+
+
+def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
+    if not specs:
+        raise ValueError("data.corpus is an empty list; name at least one corpus")
+    if weights is None:
+        return
+    if len(weights) != len(specs):
+        raise ValueError(f"data.weights has {len(weights)} entries but data.corpus names {len(specs)} corpora; give "
+                         "one weight per corpus, in the same order (or leave data.weights unset)")
+    if not all(w > 0 and math.isfinite(w) for w in weights):
+        raise ValueError(f"data.weights must all be positive finite numbers, got {weights}")
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "corpus"
