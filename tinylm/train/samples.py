@@ -154,14 +154,17 @@ class SampleText(L.Callback):
         if tokenizer is None:
             return
         started = time.perf_counter()
-        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt, i))
+        stats: dict[str, int] = {}  # speculative decoding's counts, over the prompts
+        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt, i, stats))
                 for i, prompt in enumerate(self.prompts)]
-        self._publish(trainer, rows)
+        self._publish(trainer, rows, stats)
         for speed in (cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)):
             speed.exclude(time.perf_counter() - started)  # sampling is no training: tokens/sec and MFU leave it out
 
-    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str, index: int = 0) -> str:
-        """The sample of prompt number ``index`` (its seed: samples.seed + index)."""
+    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str, index: int = 0,
+                stats: dict[str, int] | None = None) -> str:
+        """The sample of prompt number ``index`` (its seed: samples.seed + index); speculative decoding adds its
+        counts to ``stats``."""
         from dataclasses import replace
 
         from tinylm.generate.rows import decode_after
@@ -173,14 +176,17 @@ class SampleText(L.Callback):
         config = replace(self.config, eos_id=tokenizer.eos_id, seed=(self.config.seed + index) % 2**63)
         # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
         # shapes of incremental decoding cause no recompilation
-        out = generate_with(model, [ids], config, tokenizer=tokenizer, draft=self._draft)
+        out = generate_with(model, [ids], config, tokenizer=tokenizer, draft=self._draft, stats=stats)
         return decode_after(tokenizer.decode, ids, out[0])  # after the prompt: a "▁" piece keeps its space
 
-    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
+    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]], stats: dict[str, int]) -> None:
         import logging
 
         log = logging.getLogger("tinylm")
         text = "\n".join(f"--- step {s} | {p!r}\n{p}{t}" for s, p, t in rows)
+        if stats.get("steps"):  # what the draft buys: tokens per forward pass of the model (plain decoding: 1)
+            text += (f"\n--- speculative: {stats['tokens'] / stats['steps']:.2f} tokens per forward pass of the model, "
+                     f"{stats['accepted'] / max(stats['drafted'], 1):.0%} of the drafted tokens accepted")
         log.info("\n%s", text)
         path = Path(trainer.default_root_dir) / "samples.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
