@@ -152,3 +152,17 @@ def test_a_grammar_the_tokenizer_cannot_write_is_refused_before_generating(char_
     with pytest.raises(ValueError, match=want):
         generate(_model(tok.vocab_size), [tok.encode("A")] * 2, **call)
     assert seen == []  # nothing was generated
+
+
+@pytest.mark.parametrize("vocab", ["char", "char+eos"])
+def test_a_regex_that_loops_before_a_missing_character_is_refused_too(char_tok, char_tok_with_eos, vocab):
+    """Catches `[a-z]+ü` (letters as long as you like, then a character the vocabulary lacks) passing the check:
+    no step is ever stuck (a letter always fits), so the model wrote letters until max_new_tokens, an unfinished
+    match, without a word. llguidance's regex engine intersects the regex with the tokenizer's characters."""
+    tok = {"char": char_tok, "char+eos": char_tok_with_eos}[vocab]
+    with pytest.raises(ValueError, match=r"^the regex '\[a-z\]\+ü' needs text this char tokenizer .* every match "
+                                         r"holds a character none of its ids has"):
+        generate(_model(tok.vocab_size), [tok.encode("A")], max_new_tokens=40, regex="[a-z]+ü", tokenizer=tok)
+    out = generate(_model(tok.vocab_size), [tok.encode("A")], max_new_tokens=40, regex="[a-z]+é?!", tokenizer=tok,
+                   eos_id=tok.eos_id, seed=0)  # guard: a loop the vocabulary can leave passes
+    assert re.fullmatch("[a-z]+é?!", tok.decode(out[0]))

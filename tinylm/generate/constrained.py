@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def _text_or_file(kind: str, value: str) -> str:
     return value
 
 
-PREFLIGHT_MASKS = 256  # most masks the check before generation computes (~10 ms on a char vocabulary)
+PREFLIGHT_STATES = 300  # most grammar states the check before generation visits (~0.1 s on a char vocabulary)
 
 
 class Grammar:
@@ -153,33 +154,65 @@ def check_writable(grammar: str, tokenizer, vocab_size: int, name: str = "gramma
 
     By kind of tokenizer: one with an id for every byte (byte-level BPE, tiktoken) writes any text, so every grammar
     passes. For the others, a breadth-first search over the grammar's states, id by id, ends at the first complete
-    match (writable) or when every path has died (refused, naming where); after PREFLIGHT_MASKS masks it leaves the
-    answer to the steps of generation (a grammar that loops through writable text before it needs a character the
-    tokenizer lacks, like `[a-z]+ü`, writes an unfinished match until max_new_tokens)."""
+    match (writable) or when every path has died (refused, naming where). After PREFLIGHT_STATES states a regex is
+    intersected with "any text of the tokenizer's characters" by llguidance's regex engine, which answers exactly
+    (`[a-z]+ü`: its letters loop past any search); a Lark grammar or JSON schema is left to the steps of generation
+    (one that loops through writable text before it needs a missing character writes an unfinished match until
+    max_new_tokens)."""
     lltok = _lltokenizer(tokenizer, vocab_size)
     if _writes_every_byte(tokenizer, vocab_size):
         return
     ll = _llguidance()
     eos = tokenizer.eos_id
-    queue = [(ll.LLMatcher(lltok, grammar, log_level=0), [])]
-    first_dead: list[int] | None = None
-    for _ in range(PREFLIGHT_MASKS):
-        if not queue:
-            raise ValueError(_unwritable(name, tokenizer, first_dead or [], grammar))
-        m, path = queue.pop(0)
-        if m.is_accepting():
-            return
+    root = ll.LLMatcher(lltok, grammar, log_level=0)
+    if root.is_accepting():
+        return
+    queue, states, first_dead = deque([(root, [])]), 0, None
+    while queue and states < PREFLIGHT_STATES:
+        m, path = queue.popleft()
         bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")[:vocab_size]
         mask = bits.astype(bool)
         if _dead(m, mask, eos):
             first_dead = path if first_dead is None else first_dead
             continue
         for t in np.flatnonzero(mask).tolist():
-            if t != eos:
-                child = m.deep_copy()
-                if child.consume_token(t):
-                    queue.append((child, path + [t]))
-    # (the budget ran out: no answer before generating)
+            child = m.deep_copy()
+            if t == eos or not child.consume_token(t):
+                continue
+            if child.is_accepting():
+                return
+            queue.append((child, path + [t]))
+            states += 1
+    if not queue:  # every path died
+        raise ValueError(_unwritable(name, tokenizer, first_dead or [], grammar))
+    # the budget ran out: a regex has an exact answer still, other grammars are left to the steps of generation
+    if _regex_needs_a_missing_character(grammar, tokenizer, vocab_size):
+        raise ValueError(f"the {name} needs text this {tokenizer.kind} tokenizer ({tokenizer.vocab_size:,} ids) "
+                         "cannot write: every match holds a character none of its ids has; use characters the "
+                         "tokenizer has (a char tokenizer knows only its corpus's characters) or a tokenizer that "
+                         "has them")
+
+
+def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int) -> bool:
+    """For a regex (as `grammar_text` compiles one): whether the regex and "any text of the characters the
+    tokenizer's ids hold" have no match in common, read by llguidance's own regex engine (an exact answer, loops
+    included: `[a-z]+ü` needs a ü however long its letters run). Other grammars: False (the search decides)."""
+    try:
+        spec = json.loads(grammar)["grammars"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    if spec.get("name") != "regex" or not str(spec.get("lark_grammar", "")).startswith("start: /"):
+        return False
+    chars = {c for i in range(min(vocab_size, tokenizer.vocab_size))
+             for c in tokenizer.token_bytes(i).decode("utf-8", "ignore")}
+    alphabet = "".join(f"\\x{{{ord(c):X}}}" for c in sorted(chars))  # \x{41}: any character, escaped alike
+    lark = spec["lark_grammar"].replace("start: ", "start: WRITABLE\nWRITABLE: ", 1) + f" & /[{alphabet}]*/"
+    ll = _llguidance()
+    if ll.LLMatcher.validate_grammar(lark, None):  # (no answer from a grammar that does not compile)
+        return False
+    m = ll.LLMatcher(_byte_lltokenizer(), lark, log_level=0)
+    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    return m.is_error() or not bits[:256].any() and not m.is_accepting()  # (llguidance: an error when no byte fits)
 
 
 def _writes_every_byte(tokenizer, vocab_size: int) -> bool:
