@@ -27,6 +27,7 @@ from torch import Tensor
 _TOKENIZERS: dict[tuple[str, int], object] = {}  # (tokenizer fingerprint, ids) -> llguidance.LLTokenizer
 _EVERY_BYTE: dict[tuple[str, int], bool] = {}  # (tokenizer fingerprint, ids) -> whether each byte alone is an id
 _BYTES: list = []  # the byte-level LLTokenizer (`_byte_lltokenizer`), made once
+_WRITABLE: set[tuple[str, str, int]] = set()  # (grammar, tokenizer fingerprint, ids) found writable
 
 
 def _llguidance():
@@ -61,6 +62,12 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
     built = ll.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
     _check(built, kind)
     return built
+
+
+def constraint_name(kind: str, value: str, spelled: str | None = None) -> str:
+    """How messages name a constraint: ``regex '[a-z]+'`` (``spelled``: the option as the user wrote it,
+    ``samples.regex``); a long value (a schema can be pages) is cut to 60 characters."""
+    return f"{spelled or kind} {value if len(value) <= 60 else value[:57] + '...'!r}"
 
 
 def _check(grammar: str, kind: str, lltok=None) -> None:
@@ -160,8 +167,17 @@ def check_writable(grammar: str, tokenizer, vocab_size: int, name: str = "gramma
     (one that loops through writable text before it needs a missing character writes an unfinished match until
     max_new_tokens)."""
     lltok = _lltokenizer(tokenizer, vocab_size)
-    if _writes_every_byte(tokenizer, vocab_size):
+    key = (grammar, tokenizer.fingerprint, vocab_size)
+    if key in _WRITABLE or _writes_every_byte(tokenizer, vocab_size):
         return
+    _check_writable(grammar, tokenizer, vocab_size, name, lltok)
+    if len(_WRITABLE) > 64:  # (a long session of many grammars)
+        _WRITABLE.clear()
+    _WRITABLE.add(key)  # each sample step of a run asks again
+
+
+def _check_writable(grammar: str, tokenizer, vocab_size: int, name: str, lltok) -> None:
+    """check_writable's search (and regex intersection), for a tokenizer without every byte."""
     ll = _llguidance()
     eos = tokenizer.eos_id
     root = ll.LLMatcher(lltok, grammar, log_level=0)

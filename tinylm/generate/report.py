@@ -271,11 +271,11 @@ def sample_report(
         raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
     constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
     if constraints:  # a grammar the tokenizer cannot write is refused now, before the other strategies run
-        from tinylm.generate.constrained import Grammar, grammar_text
+        from tinylm.generate.constrained import check_writable, constraint_name, grammar_text
 
         for kind, value in sorted(constraints):
-            Grammar(grammar_text(**{**dict.fromkeys(CONSTRAINTS), kind: value}), tokenizer, model.config.vocab_size,
-                    rows=1, name=f"{kind} {value!r}")
+            check_writable(grammar_text(**{**dict.fromkeys(CONSTRAINTS), kind: value}), tokenizer,
+                           model.config.vocab_size, constraint_name(kind, value))
     encoded = [encode_prompt(tokenizer, p) for p in (prompts or [""])]
     results = _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max_new_tokens, seed,
                             progress)

@@ -306,11 +306,10 @@ def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculati
                          "text, and the tokenizer says which text each id writes)")
     if speculative:
         raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
-    from tinylm.generate.constrained import Grammar, grammar_text
+    from tinylm.generate.constrained import Grammar, constraint_name, grammar_text
 
     kind = next(k for k in CONSTRAINTS if getattr(config, k))
-    value = getattr(config, kind)
-    name = f"{kind} {value if len(value) <= 60 else value[:57] + '...'!r}"  # (a schema can be pages long)
+    name = constraint_name(kind, getattr(config, kind))
     return Grammar(grammar_text(config.regex, config.json_schema, config.grammar), tokenizer,
                    model.config.vocab_size, rows, name=name)
 

@@ -125,11 +125,11 @@ class SampleText(L.Callback):
 
             self._draft = load_draft(self.draft_ckpt_path, tokenizer, pl_module.device, "samples.draft_ckpt_path")
         if self._grammar is not None:
-            from tinylm.generate.constrained import check_writable
+            from tinylm.generate.constrained import check_writable, constraint_name
 
             kind = next(k for k in ("regex", "json_schema", "grammar") if getattr(self.config, k))
             check_writable(self._grammar, tokenizer, pl_module.model.config.vocab_size,
-                           f"samples.{kind} {getattr(self.config, kind)!r}")
+                           constraint_name(kind, getattr(self.config, kind), f"samples.{kind}"))
 
     def state_dict(self) -> dict:
         # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
