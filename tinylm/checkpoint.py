@@ -182,6 +182,20 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     return model.to(map_location).eval(), tokenizer, hparams
 
 
+
+def load_draft(ckpt_path: str | os.PathLike, tokenizer: Any, map_location: Any = "cpu",
+               option: str = "--draft_ckpt_path") -> Any:
+    """The GPT of a draft checkpoint for speculative decoding (eval mode, on ``map_location``), refused in one line
+    (naming ``option``, as the user spelled it) unless it was trained with ``tokenizer``, the model's."""
+    draft, draft_tokenizer, _ = load_model(ckpt_path, map_location=map_location)
+    if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
+        theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
+            f"{draft_tokenizer.vocab_size:,} ids"
+        raise CheckpointError(f"{option} {str(ckpt_path)!r} has {theirs}, not the model's ({tokenizer.kind}, "
+                              f"{tokenizer.vocab_size:,} ids); a draft must be trained with the model's tokenizer "
+                              "(the same --data.tokenizer and corpus)")
+    return draft
+
 def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: str | os.PathLike) -> None:
     """Refuse weights ``state`` that are not those of the model the checkpoint's hyperparameters build (``expected``:
     its state_dict): a tensor of another shape, or one missing or extra, names the tensor (load_state_dict would

@@ -1,6 +1,7 @@
 """`tinylm fit|validate|prepare` end to end on a tiny model and a slice of tinyshakespeare."""
 
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -371,3 +372,63 @@ def test_help_into_a_closed_pipe_ends_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err, err
+
+
+def _samples(run_dir: Path) -> list[tuple[str, str]]:
+    """(prompt, text) of each sample in a run's samples.txt."""
+    found = re.findall(r"^--- step \d+ \| ('[^\n]*')\n(.*?)(?=\n--- |\Z)", (run_dir / "samples.txt").read_text(),
+                       flags=re.M | re.S)
+    return [(eval(p), t.rstrip("\n")) for p, t in found]  # noqa: S307 (the repr of a prompt this test wrote)
+
+
+def test_training_samples_draft_with_a_checkpoint_loaded_once(config, run_config, tmp_path, capsys):
+    """Catches --samples.draft_ckpt_path missing, or a draft whose tokenizer is not the run's used instead of refused
+    in one line before the first step: the samples drafted by a smaller model are the model's own greedy text
+    (speculative decoding is exact), and samples.txt says how many tokens each forward pass of the model wrote."""
+    pytest.importorskip("llguidance")
+    main(["fit", "--config", str(config), "--run.name", "draft", "--model.n_layer", "1", "--model.n_embd", "16",
+          "--samples.every_n_steps", "0", "--trainer.max_steps", "2"])
+    draft = tmp_path / "runs" / "draft" / "checkpoints" / "last.ckpt"
+    prompts = ["ROMEO:", "JULIET:"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--samples.strategy", "greedy",
+          "--samples.max_new_tokens", "30", "--samples.draft_ckpt_path", str(draft), "--samples.num_draft_tokens", "3",
+          "--samples.prompts", json.dumps(prompts)])
+    from tinylm.checkpoint import load_model
+    from tinylm.generate import generate
+
+    model, tok, _ = load_model(str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"))
+    want = [(p, p + tok.decode(generate(model, [tok.encode(p)], strategy="greedy", max_new_tokens=30)[0]))
+            for p in prompts]
+    assert _samples(tmp_path / "runs" / "tiny") == want
+    assert re.search(r"--- speculative: [\d.]+ tokens per forward pass", (tmp_path / "runs" / "tiny" / "samples.txt")
+                     .read_text())
+    (tmp_path / "other.txt").write_text("abc " * 2000)
+    other = run_config(data={"corpus": str(tmp_path / "other.txt")}, run={"name": "other"}, name="other.yaml")
+    main(["fit", "--config", str(other), "--samples.every_n_steps", "0"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--run.name", "mixed", "--samples.draft_ckpt_path",
+              str(tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt")])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if "samples.draft_ckpt_path" in ln]
+    assert len(err) == 1 and "not the model's (char, " in err[0], err
+    assert not (tmp_path / "runs" / "mixed" / "checkpoints").exists()
+
+
+def test_training_samples_take_a_grammar_and_a_seed_per_prompt(config, tmp_path, capsys):
+    """Catches --samples.regex ignored, the samples of two prompts drawn with the same random numbers (the same
+    prompt twice gave the same text twice), and a regex the run's char tokenizer cannot write found only at the
+    first sample step (after the run had trained up to it): it is refused in one line before the first step."""
+    pytest.importorskip("llguidance")
+    pattern = r"[a-z]{2,6}( [a-z]{2,6}){1,3}\."
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--samples.strategy", "sample",
+          "--samples.temperature", "1.5", "--samples.max_new_tokens", "40", "--samples.regex", pattern,
+          "--samples.prompts", '["ROMEO:", "ROMEO:"]'])
+    (_, a), (_, b) = _samples(tmp_path / "runs" / "tiny")
+    assert re.fullmatch(pattern, a.removeprefix("ROMEO:")) and re.fullmatch(pattern, b.removeprefix("ROMEO:"))
+    assert a != b
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--run.name", "nope", "--samples.regex", "(x|y)ü"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert sum("the samples.regex '(x|y)ü' needs text this char tokenizer" in ln for ln in err) == 1, err
+    assert not (tmp_path / "runs" / "nope" / "checkpoints").exists()

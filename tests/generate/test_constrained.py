@@ -100,7 +100,7 @@ def test_the_grammar_wins_over_a_ban_that_removes_every_allowed_token(char_tok):
     ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
     ({"json_schema": "missing.json"}, "json_schema file 'missing.json' cannot be read"),
     ({"grammar": "start: x\n"}, "the grammar does not compile"),
-    ({"regex": "ü+"}, "the grammar needs text this tokenizer cannot write"),
+    ({"regex": "ü+"}, r"the regex 'ü\+' needs text this char tokenizer \(\d+ ids\) cannot write"),
     ({"regex": "a", "grammar": "start: \"a\""}, "regex and grammar both constrain the text"),
     ({"regex": "a", "prompt_lookup": 2}, "speculative decoding does not take a grammar"),
 ])
@@ -109,3 +109,60 @@ def test_bad_grammars_are_one_line(char_tok, kwargs, message):
     failing deep inside the engine or decoding free text."""
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         generate(_model(char_tok.vocab_size), [char_tok.encode("a")], max_new_tokens=4, tokenizer=char_tok, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def char_tok_with_eos(small_data):
+    """A char vocabulary of two documents: it has an <|endoftext|> id, which llguidance leaves allowed in a state
+    no other id continues."""
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")
+    return build_tokenizer("char", documents=lambda: [text[:5000], text[5000:10000]])
+
+
+UNWRITABLE = [  # each needs "ü" (no char vocabulary here has it) somewhere every match must pass
+    ("regex", "(x|y)ü", "after '[xy]' \\(it needs 'ü' there\\)"),
+    ("regex", "ü+", "at the start \\(it needs 'ü' there\\)"),
+    ("regex", "[a-c]{2}ü", "after '[a-c]{2}' \\(it needs 'ü' there\\)"),
+    ("json_schema", json.dumps({"type": "object", "properties": {"ü": {"type": "integer"}}, "required": ["ü"],
+                                "additionalProperties": False}, ensure_ascii=False),
+     "at the start \\(it needs '\\{\"ü\":' there\\)"),  # llguidance forces the whole '{"ü":' at once
+    ("grammar", 'start: ("to" | "be") "ü"', "after '[tb]' \\(it needs '[oe]ü' there\\)"),
+]
+
+
+@pytest.mark.parametrize("kind, value, where", UNWRITABLE, ids=[u[0] + " " + u[1][:10] for u in UNWRITABLE])
+@pytest.mark.parametrize("vocab", ["char", "char+eos", "bpe"])
+def test_a_grammar_the_tokenizer_cannot_write_is_refused_before_generating(char_tok, char_tok_with_eos, bpe_tok, kind,
+                                                                            value, where, vocab):
+    """Catches a grammar needing a character the vocabulary lacks being found only at the step that needs it (after
+    the text before it had streamed out), or never: with an end-of-text id, llguidance's dead state still allows the
+    EOS, and the row ended at once with empty text, no error. The refusal comes before the first token (no token
+    reaches on_token) and names the constraint, the tokenizer and where it got stuck. A byte-level BPE writes every
+    text, so the same grammar is written there, and matched."""
+    tok = {"char": char_tok, "char+eos": char_tok_with_eos, "bpe": bpe_tok}[vocab]
+    seen = []
+    call = {"strategy": "sample", "max_new_tokens": 40, "tokenizer": tok, "eos_id": tok.eos_id, "seed": 0,
+            "on_token": lambda row, t: seen.append(t), kind: value}
+    if vocab == "bpe":
+        out = generate(_model(tok.vocab_size), [tok.encode("A")] * 2, **call)
+        assert all(tok.decode(ids).endswith(("ü", "}")) and "ü" in tok.decode(ids) for ids in out), out
+        return
+    want = rf"^the {kind} '.*' needs text this char tokenizer \({tok.vocab_size:,} ids\) cannot write: no id " \
+           rf"continues it {where}; use characters"
+    with pytest.raises(ValueError, match=want):
+        generate(_model(tok.vocab_size), [tok.encode("A")] * 2, **call)
+    assert seen == []  # nothing was generated
+
+
+@pytest.mark.parametrize("vocab", ["char", "char+eos"])
+def test_a_regex_that_loops_before_a_missing_character_is_refused_too(char_tok, char_tok_with_eos, vocab):
+    """Catches `[a-z]+ü` (letters as long as you like, then a character the vocabulary lacks) passing the check:
+    no step is ever stuck (a letter always fits), so the model wrote letters until max_new_tokens, an unfinished
+    match, without a word. llguidance's regex engine intersects the regex with the tokenizer's characters."""
+    tok = {"char": char_tok, "char+eos": char_tok_with_eos}[vocab]
+    with pytest.raises(ValueError, match=r"^the regex '\[a-z\]\+ü' needs text this char tokenizer .* every match "
+                                         r"holds a character none of its ids has"):
+        generate(_model(tok.vocab_size), [tok.encode("A")], max_new_tokens=40, regex="[a-z]+ü", tokenizer=tok)
+    out = generate(_model(tok.vocab_size), [tok.encode("A")], max_new_tokens=40, regex="[a-z]+é?!", tokenizer=tok,
+                   eos_id=tok.eos_id, seed=0)  # guard: a loop the vocabulary can leave passes
+    assert re.fullmatch("[a-z]+é?!", tok.decode(out[0]))

@@ -150,12 +150,12 @@ def test_sizes_are_checked_before_the_checkpoint_is_loaded(tmp_path, flags, mess
 
 
 # ---- end to end ----------------------------------------------------------------------------------------------------
-def _tiny_checkpoint(path: Path, text: str) -> Path:
+def _tiny_checkpoint(path: Path, text: str, seed: int = 0, n_layer: int = 2, n_embd: int = 32) -> Path:
     """A real `trainer.save_checkpoint` file of a 2-layer char model trained 2 steps."""
     tok = build_tokenizer("char", vocab_size=0, documents=lambda: [text])
-    torch.manual_seed(0)
-    module = TinyLM(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32, warmup_steps=0,
-                    lr=1e-2)
+    torch.manual_seed(seed)
+    module = TinyLM(vocab_size=tok.vocab_size, block_size=64, n_layer=n_layer, n_head=2, n_embd=n_embd,
+                    warmup_steps=0, lr=1e-2)
     module.tokenizer_state = tok.state_dict()
     data = torch.tensor(tok.encode(text[: 8 * 65]), dtype=torch.long).view(8, 65)
     loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=4)
@@ -245,3 +245,62 @@ def test_sample_report_replaces_only_an_earlier_report(tmp_path, small_data, cap
     (out / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="notes.txt"):
         run_command("sample-report", [*common, "--out", str(out)])
+
+
+def test_sample_report_compares_speculative_and_constrained_decoding(tmp_path, small_data, capsys):
+    """Catches sample-report leaving out speculative decoding (a draft checkpoint, prompt lookup) or constrained
+    decoding (a regex) when asked, the speculative rows writing other text than their plain twins (greedy's twin
+    must give greedy's text), acceptance / tokens per pass missing or out of range, constrained samples that do not
+    match, and a regex the char vocabulary cannot write being found only after the other strategies ran."""
+    pytest.importorskip("llguidance")
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    draft = _tiny_checkpoint(tmp_path / "draft.ckpt", text, seed=1, n_layer=1, n_embd=16)
+    out = tmp_path / "report"
+    common = ["--ckpt_path", str(ckpt), "--num_samples", "3", "--max_new_tokens", "16", "--device", "cpu"]
+    run_command("sample-report", [*common, "--out", str(out), "--draft_ckpt_path", str(draft), "--prompt_lookup", "2",
+                                  "--num_draft_tokens", "3", "--regex", r"[a-z]{1,4}( [a-z]{1,4})?\."])
+    printed = capsys.readouterr().out
+    s = json.loads((out / "metrics.json").read_text(encoding="utf-8"))["strategies"]
+    twins = [f"{plain} + {how} K=3" for how in ("draft", "lookup n=2") for plain in ("greedy", "sample T=1.0")]
+    assert set(twins) | {"greedy + regex", "sample T=1.0 + regex", "beam 4 + regex"} <= set(s)
+    for name in twins:
+        assert 0 <= s[name]["acceptance"] <= 1 and 1 <= s[name]["tokens_per_pass"] <= 4, name
+        plain = s[name.split(" + ")[0]]
+        if name.startswith("greedy"):  # exact: the very same text
+            assert (s[name]["example"], s[name]["nll"]) == (plain["example"], plain["nll"]), name
+    assert s["greedy + draft K=3"]["acceptance"] < 1  # guard: the draft is another model, some drafts are rejected
+    assert "acceptance" not in s["greedy"] and s["greedy"]["matches"] == 0.0  # free text does not match
+    for name in ("greedy + regex", "sample T=1.0 + regex", "beam 4 + regex"):
+        assert s[name]["matches"] == 1.0, (name, s[name]["example"])
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "| accept | tokens/pass | matches |" in md and "**Speculative decoding**" in md
+    assert "tokens/pass" in printed and "greedy + draft K=3" in printed
+    with pytest.raises(ValueError, match=r"the regex '\(x\|y\)ü' needs text this char tokenizer .* after '[xy]' "
+                                         r"\(it needs 'ü' there\)"):
+        run_command("sample-report", [*common, "--out", str(tmp_path / "no"), "--regex", "(x|y)ü"])
+    assert "sample-report" not in capsys.readouterr().err  # refused before the first strategy's progress bar
+
+
+def test_plot_labels_do_not_overlap():
+    """Catches the numbers of strategies that land on (or next to) each other being drawn over one another: a
+    speculative twin sits exactly on its plain strategy, and near points crowd. No two labels' boxes (matplotlib's
+    text extents) may intersect, and every strategy's number is in one."""
+    pytest.importorskip("matplotlib")
+    points = [(2.0, 0.5), (2.0, 0.5), (2.001, 0.501), (2.002, 0.5), (2.0, 0.503), (2.5, 0.9), (2.5, 0.9), (3.0, 0.2)]
+    points += [(2.0 + 0.004 * i, 0.5 + 0.002 * i) for i in range(8)]
+    strategies = {f"s{i}": {"nll": x, "distinct_2": y, "deterministic": i % 2 == 0} for i, (x, y) in
+                  enumerate(points)}
+    fig = report.diversity_figure({"strategies": strategies})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    clash = [(a.get_text(), b.get_text()) for i, (a, ba) in enumerate(zip(labels, boxes))
+             for b, bb in zip(labels[i + 1 :], boxes[i + 1 :]) if ba.overlaps(bb)]
+    assert clash == []
+    numbers = sorted(int(n) for t in labels for n in t.get_text().split(","))
+    assert numbers == list(range(1, len(points) + 1))
+    pixels = ax.transData.transform(points[:8])  # guard: labelled at their points, these would overlap
+    assert abs(pixels[2] - pixels[0]).max() < 3 and len(labels) < len(points)

@@ -171,3 +171,27 @@ def test_generate_command_with_a_draft_checkpoint(run_config, tmp_path, capsys):
         main(args + ["--draft_ckpt_path", str(tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt")])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the model's (char, " in err[0] and "same --data.tokenizer" in err[0], err
+
+
+@pytest.mark.parametrize("surface, args, message", [
+    ("generate", ["--strategy", "beam"], r"^--draft_ckpt_path \(speculative decoding\) needs the greedy or sample "
+                                         r"strategy, got --strategy 'beam'; drop --draft_ckpt_path$"),
+    ("generate", ["--prompt_lookup", "2"], r"^--draft_ckpt_path and --prompt_lookup both draft tokens; give one$"),
+    ("generate", ["--regex", "a+"], r"^--regex with --draft_ckpt_path: speculative decoding does not take a grammar"),
+    ("samples", {"strategy": "contrastive"}, r"^samples\.draft_ckpt_path \(speculative decoding\) needs the greedy"),
+    ("samples", {"json_schema": "{}"}, r"^samples\.json_schema with samples\.draft_ckpt_path: speculative"),
+])
+def test_a_draft_checkpoint_is_refused_with_what_it_cannot_do_before_loading(tmp_path, surface, args, message):
+    """Catches --draft_ckpt_path with beams, a grammar or prompt lookup being found only after both checkpoints were
+    loaded (or, for prompt lookup, the draft silently winning), and the training samples' draft being loaded only
+    to fail at the first sample step: the line names the options as that surface spells them (the checkpoints here
+    do not exist: the refusal must come first)."""
+    from tinylm.cli.commands import run as run_command
+    from tinylm.train.samples import SampleText
+
+    draft = str(tmp_path / "draft.ckpt")
+    with pytest.raises(ValueError, match=message):
+        if surface == "generate":
+            run_command("generate", ["--ckpt_path", str(tmp_path / "none.ckpt"), "--draft_ckpt_path", draft, *args])
+        else:
+            SampleText(draft_ckpt_path=draft, **args)

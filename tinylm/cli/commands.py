@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from tinylm.cli import console
 from tinylm.cli.table import COMMANDS
+from tinylm.generate.config import check_speculative
 from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
 
@@ -229,7 +230,7 @@ def generate(
     seed=Option(),
     device: str = "auto",
     no_cache: bool = False,
-    draft_ckpt_path: str | None = None,
+    draft_ckpt_path=Option(),
     num_draft_tokens=Option(),
     prompt_lookup=Option(),
     regex=Option(),
@@ -247,22 +248,21 @@ def generate(
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
         no_cache: Recompute the whole context each step (slow; for checking the KV cache).
-        draft_ckpt_path: Speculative decoding: a smaller model's .ckpt, trained with the same tokenizer, that drafts
-            --num_draft_tokens tokens per step (greedy and sample; the text is the model's own, only faster).
     """
     import warnings
 
-    from tinylm.checkpoint import load_model
+    from tinylm.checkpoint import load_draft, load_model
     from tinylm.device import resolve_device
     from tinylm.generate.report import encode_prompt
 
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache)  # before loading
+    check_speculative(vars(config), generate.options.spell, draft_ckpt_path)
     prompt = unescape(prompt)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = replace(config, eos_id=tokenizer.eos_id)
-    draft = _load_draft(draft_ckpt_path, tokenizer, device) if draft_ckpt_path else None
+    draft = load_draft(draft_ckpt_path, tokenizer, resolve_device(device)) if draft_ckpt_path else None
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     block = model.config.block_size
     if len(ids) > block:
@@ -317,21 +317,6 @@ def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: i
             console.write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
     console.write("\n")
     return texts
-
-
-def _load_draft(path: str, tokenizer, device: str):
-    """The draft model of --draft_ckpt_path, refused unless it was trained with the model's tokenizer."""
-    from tinylm.checkpoint import load_model
-    from tinylm.device import resolve_device
-
-    draft, draft_tokenizer, _ = load_model(path, map_location=resolve_device(device))
-    if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
-        theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
-            f"{draft_tokenizer.vocab_size:,} ids"
-        raise ValueError(f"--draft_ckpt_path {path!r} has {theirs}, not the model's ({tokenizer.kind}, "
-                         f"{tokenizer.vocab_size:,} ids); a draft must be trained with the model's tokenizer "
-                         "(the same --data.tokenizer and corpus)")
-    return draft
 
 
 class _StreamPrinter:
@@ -401,10 +386,16 @@ def sample_report(
     max_new_tokens=Option(default=100),
     seed=Option(default=0, annotation=int),  # prompt i samples with seed + i: not null
     device: str = "auto",
+    draft_ckpt_path=Option(),
+    prompt_lookup=Option(),
+    num_draft_tokens=Option(),
+    regex=Option(),
+    json_schema=Option(),
+    grammar=Option(),
 ) -> dict[str, Any]:
     r"""Sample a checkpoint with several decoding strategies (greedy, temperature, top-k, top-p, min-p, repetition
-    penalty, beam, contrastive) and compare their diversity, repetition, entropy and likelihood in DIR/report.md,
-    DIR/metrics.json and DIR/diversity_vs_likelihood.png.
+    penalty, beam, contrastive; speculative and constrained decoding when asked) and compare their diversity,
+    repetition, entropy and likelihood in DIR/report.md, DIR/metrics.json and DIR/diversity_vs_likelihood.png.
 
     Args:
         ckpt_path: A .ckpt written by `tinylm fit`.
@@ -414,15 +405,19 @@ def sample_report(
         num_samples: Samples per prompt for each sampling strategy.
         seed: Sampling seed (same seed, same report).
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
+        draft_ckpt_path: Adds greedy and sampling (T = 1) drafted by this model (speculative decoding; a .ckpt with
+            the same tokenizer), with acceptance rate and tokens per forward pass (prompt_lookup N: by prompt lookup).
+        regex: Adds greedy, sampling (T = 1) and beam search constrained to this regular expression (json_schema,
+            grammar: to this JSON Schema, Lark grammar or its file), and a column of the samples that match whole.
     """
-    from tinylm.checkpoint import load_model
+    from tinylm.checkpoint import load_draft, load_model
     from tinylm.device import resolve_device
-    from tinylm.generate.report import _fmt, check_report_folder, write_report
+    from tinylm.generate.report import check_report_folder, report_strategies, write_report
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
-    sample_report.options.check({"max_new_tokens": max_new_tokens})  # before loading anything
+    constraint = _check_report_options(sample_report.options.values(locals()))  # before loading anything
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
     last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
@@ -432,14 +427,42 @@ def sample_report(
     check_output_path(out, folder=True)  # before the sampling, not after
     check_report_folder(out)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
-    report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples,
-                         max_new_tokens=max_new_tokens, seed=seed, progress=True)
+    draft = load_draft(draft_ckpt_path, tokenizer, resolve_device(device)) if draft_ckpt_path else None
+    strategies = report_strategies(draft=draft is not None, prompt_lookup=prompt_lookup,
+                                   num_draft_tokens=num_draft_tokens, constraint=constraint)
+    report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                         seed=seed, strategies=strategies, draft=draft, progress=True)
     report = {"checkpoint": str(ckpt_path), **report}
     path = write_report(report, out)
-    width = max(map(len, report["strategies"]))
-    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4")
-    for name, m in report["strategies"].items():
-        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}")
+    _print_report_table(report)
     written = [path.name] + [n for n in ("metrics.json", "diversity_vs_likelihood.png") if (path.parent / n).is_file()]
     print(f"wrote {', '.join(written)} to {path.parent}")
     return report
+
+
+def _check_report_options(options: dict[str, Any]) -> dict[str, str]:
+    """Check sample-report's decoding options (``options``: {field: value}); return its constraint ({kind: value},
+    compiled once here so that a bad one stops the report before the checkpoint loads). The speculative and the
+    constrained strategies are rows of their own: a draft and a grammar may both be given."""
+    check = sample_report.options.check
+    check({k: options[k] for k in ("max_new_tokens", "prompt_lookup", "num_draft_tokens")})
+    constraint = {k: options[k] for k in ("regex", "json_schema", "grammar") if options[k]}
+    check(constraint)
+    if constraint:
+        from tinylm.generate.constrained import grammar_text
+
+        grammar_text(options["regex"], options["json_schema"], options["grammar"])
+    return constraint
+
+
+def _print_report_table(report: dict[str, Any]) -> None:
+    """The report's main columns on the terminal (and acceptance, tokens per pass, matches when it has them)."""
+    from tinylm.generate.report import _fmt, columns
+
+    width = max(map(len, report["strategies"]))
+    extra = [(k, h) for k, h in columns(report) if k in ("acceptance", "tokens_per_pass", "matches")]
+    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4" + "".join(f"  {h:>11}" for _, h in extra))
+    for name, m in report["strategies"].items():
+        cells = "".join(f"  {_fmt(m.get(k)):>11}" for k, _ in extra)
+        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}"
+              + cells)

@@ -181,16 +181,30 @@ def check_options(values: Mapping[str, Any], spell: Spelling = LIBRARY) -> None:
     bad = next((k for k in constraints if not isinstance(values[k], str) or not values[k].strip()), None)
     if bad:
         raise ValueError(f"{spell(bad)} must be a non-empty string, got {values[bad]!r}")
-    if constraints and values["prompt_lookup"]:
-        raise ValueError(f"{spell(constraints[0])} with {spell('prompt_lookup')}: speculative decoding does not take "
-                         "a grammar yet; drop one")
-    if values["prompt_lookup"] and strategy not in SPECULATIVE:
-        raise ValueError(f"{spell('prompt_lookup')} (speculative decoding) needs the greedy or sample strategy, got "
-                         f"{spell('strategy')} {strategy!r}; drop {spell.flag('prompt_lookup')}")
+    check_speculative(values, spell)
     stops = values["stop_strings"]
     stops = [stops] if isinstance(stops, str) else stops
     if stops is not None and not all(isinstance(s, str) and s for s in stops):
         raise ValueError(f"{spell('stop_strings')} must be non-empty strings, got {values['stop_strings']!r}")
+
+
+def check_speculative(values: Mapping[str, Any], spell: Spelling = LIBRARY, draft: str | None = None) -> None:
+    """Refuse, naming the options as ``spell`` spells them, what speculative decoding (``draft``: the draft
+    checkpoint a surface was given, or ``values``' prompt_lookup) cannot do exactly: beams or candidates, a grammar,
+    two drafters at once."""
+    values = {**DEFAULTS, **values}
+    using = [k for k, on in (("draft_ckpt_path", draft), ("prompt_lookup", values["prompt_lookup"])) if on]
+    if not using:
+        return
+    if len(using) > 1:
+        raise ValueError(f"{spell('draft_ckpt_path')} and {spell('prompt_lookup')} both draft tokens; give one")
+    constraints = [k for k in CONSTRAINTS if values[k] is not None]
+    if constraints:
+        raise ValueError(f"{spell(constraints[0])} with {spell(using[0])}: speculative decoding does not take a "
+                         "grammar yet; drop one")
+    if values["strategy"] not in SPECULATIVE:
+        raise ValueError(f"{spell(using[0])} (speculative decoding) needs the greedy or sample strategy, got "
+                         f"{spell('strategy')} {values['strategy']!r}; drop {spell.flag(using[0])}")
 
 
 def unused_options(strategy: str, values: Mapping[str, Any], defaults: Mapping[str, Any],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ import torch
 from torch import Tensor
 
 _TOKENIZERS: dict[tuple[str, int], object] = {}  # (tokenizer fingerprint, ids) -> llguidance.LLTokenizer
+_EVERY_BYTE: dict[tuple[str, int], bool] = {}  # (tokenizer fingerprint, ids) -> whether each byte alone is an id
+_BYTES: list = []  # the byte-level LLTokenizer (`_byte_lltokenizer`), made once
+_WRITABLE: set[tuple[str, str, int]] = set()  # (grammar, tokenizer fingerprint, ids) found writable
 
 
 def _llguidance():
@@ -60,6 +64,12 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
     return built
 
 
+def constraint_name(kind: str, value: str, spelled: str | None = None) -> str:
+    """How messages name a constraint: ``regex '[a-z]+'`` (``spelled``: the option as the user wrote it,
+    ``samples.regex``); a long value (a schema can be pages) is cut to 60 characters."""
+    return f"{spelled or kind} {value if len(value) <= 60 else value[:57] + '...'!r}"
+
+
 def _check(grammar: str, kind: str, lltok=None) -> None:
     """Refuse a grammar llguidance cannot compile, in one line."""
     error = _llguidance().LLMatcher.validate_grammar(grammar, lltok)
@@ -80,35 +90,46 @@ def _text_or_file(kind: str, value: str) -> str:
     return value
 
 
+PREFLIGHT_STATES = 300  # most grammar states the check before generation visits (~0.1 s on a char vocabulary)
+
+
 class Grammar:
     """One matcher per row over ``tokens`` (the bytes of every id); `allowed()` is the (B, V) mask of the next ids,
-    `consume` advances a row, `reorder` follows beams."""
+    `consume` advances a row, `reorder` follows beams. ``name`` says which constraint it is in messages ("regex
+    'abc'"). A grammar the tokenizer cannot write is refused on creation, before any token is generated
+    (`check_writable`), and at the first step where a row has no token to take, naming where."""
 
-    def __init__(self, grammar: str, tokenizer, vocab_size: int, rows: int) -> None:
+    def __init__(self, grammar: str, tokenizer, vocab_size: int, rows: int, name: str = "grammar") -> None:
         ll = _llguidance()
-        self.V, self.eos = vocab_size, tokenizer.eos_id
+        self.V, self.eos, self.name, self.grammar = vocab_size, tokenizer.eos_id, name, grammar
+        self.tokenizer = tokenizer
         self.lltok = _lltokenizer(tokenizer, vocab_size)
         _check(grammar, "grammar", self.lltok)
         self.matchers = [ll.LLMatcher(self.lltok, grammar, log_level=0) for _ in range(rows)]
         self.live = [True] * rows
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]  # each row's ids so far, for messages
+        check_writable(grammar, tokenizer, vocab_size, name)
+
+    def _mask(self, m) -> np.ndarray:
+        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        return bits[: self.V].astype(bool)
 
     def allowed(self) -> Tensor:
         """(B, V) bool: the ids each row may take next (all, for a row that ended)."""
         masks = np.ones((len(self.matchers), self.V), dtype=bool)
         for row, m in enumerate(self.matchers):
             if self.live[row]:
-                bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-                masks[row] = bits[: self.V].astype(bool)
-                if m.is_error() or not masks[row].any() and not m.is_stopped():
-                    raise ValueError("the grammar needs text this tokenizer cannot write (no token id continues "
-                                     "it); use characters the tokenizer has (a char tokenizer knows only its "
-                                     "corpus's characters)")
+                masks[row] = self._mask(m)
+                if _dead(m, masks[row], self.eos):
+                    raise ValueError(_unwritable(self.name, self.tokenizer, self.tokens[row], self.grammar))
         return torch.from_numpy(masks)
 
     def consume(self, row: int, token: int) -> None:
         """Advance a row by ``token``; a row that ends (EOS, or a token its grammar refuses: a dead beam) stops."""
         if self.live[row] and (token == self.eos or not self.matchers[row].consume_token(token)):
             self.live[row] = False
+        elif self.live[row]:
+            self.tokens[row].append(token)
 
     def stopped(self, row: int) -> bool:
         """The grammar allows nothing more in this row (only an EOS)."""
@@ -117,11 +138,154 @@ class Grammar:
     def reorder(self, index: list[int]) -> None:
         self.matchers = [self.matchers[i].deep_copy() for i in index]
         self.live = [self.live[i] for i in index]
+        self.tokens = [list(self.tokens[i]) for i in index]
 
     def ends_after(self, row: int, token: int) -> bool:
         """Whether ``token`` would end the row's grammar (a beam that finishes there)."""
         m = self.matchers[row].deep_copy()
         return m.consume_token(token) and m.is_stopped()
+
+
+def _dead(m, mask: np.ndarray, eos: int | None) -> bool:
+    """A matcher that can neither end nor go on: in error, or allowing no id but the EOS while it is not at an end
+    (llguidance leaves the EOS bit set in a state no token continues)."""
+    if m.is_error():
+        return True
+    writable = mask.any() if eos is None or eos >= mask.size else mask[:eos].any() or mask[eos + 1:].any()
+    return not writable and not m.is_accepting()
+
+
+def check_writable(grammar: str, tokenizer, vocab_size: int, name: str = "grammar") -> None:
+    """Refuse, before generating, a grammar this tokenizer cannot write: one where every way the tokenizer's ids can
+    go reaches a state no id continues (a character a char vocabulary lacks, where the grammar needs it).
+
+    By kind of tokenizer: one with an id for every byte (byte-level BPE, tiktoken) writes any text, so every grammar
+    passes. For the others, a breadth-first search over the grammar's states, id by id, ends at the first complete
+    match (writable) or when every path has died (refused, naming where). After PREFLIGHT_STATES states a regex is
+    intersected with "any text of the tokenizer's characters" by llguidance's regex engine, which answers exactly
+    (`[a-z]+ü`: its letters loop past any search); a Lark grammar or JSON schema is left to the steps of generation
+    (one that loops through writable text before it needs a missing character writes an unfinished match until
+    max_new_tokens)."""
+    lltok = _lltokenizer(tokenizer, vocab_size)
+    key = (grammar, tokenizer.fingerprint, vocab_size)
+    if key in _WRITABLE or _writes_every_byte(tokenizer, vocab_size):
+        return
+    _check_writable(grammar, tokenizer, vocab_size, name, lltok)
+    if len(_WRITABLE) > 64:  # (a long session of many grammars)
+        _WRITABLE.clear()
+    _WRITABLE.add(key)  # each sample step of a run asks again
+
+
+def _check_writable(grammar: str, tokenizer, vocab_size: int, name: str, lltok) -> None:
+    """check_writable's search (and regex intersection), for a tokenizer without every byte."""
+    ll = _llguidance()
+    eos = tokenizer.eos_id
+    root = ll.LLMatcher(lltok, grammar, log_level=0)
+    if root.is_accepting():
+        return
+    queue, states, first_dead = deque([(root, [])]), 0, None
+    while queue and states < PREFLIGHT_STATES:
+        m, path = queue.popleft()
+        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")[:vocab_size]
+        mask = bits.astype(bool)
+        if _dead(m, mask, eos):
+            first_dead = path if first_dead is None else first_dead
+            continue
+        for t in np.flatnonzero(mask).tolist():
+            child = m.deep_copy()
+            if t == eos or not child.consume_token(t):
+                continue
+            if child.is_accepting():
+                return
+            queue.append((child, path + [t]))
+            states += 1
+    if not queue:  # every path died
+        raise ValueError(_unwritable(name, tokenizer, first_dead or [], grammar))
+    # the budget ran out: a regex has an exact answer still, other grammars are left to the steps of generation
+    if _regex_needs_a_missing_character(grammar, tokenizer, vocab_size):
+        raise ValueError(f"the {name} needs text this {tokenizer.kind} tokenizer ({tokenizer.vocab_size:,} ids) "
+                         "cannot write: every match holds a character none of its ids has; use characters the "
+                         "tokenizer has (a char tokenizer knows only its corpus's characters) or a tokenizer that "
+                         "has them")
+
+
+def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int) -> bool:
+    """For a regex (as `grammar_text` compiles one): whether the regex and "any text of the characters the
+    tokenizer's ids hold" have no match in common, read by llguidance's own regex engine (an exact answer, loops
+    included: `[a-z]+ü` needs a ü however long its letters run). Other grammars: False (the search decides)."""
+    try:
+        spec = json.loads(grammar)["grammars"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    if spec.get("name") != "regex" or not str(spec.get("lark_grammar", "")).startswith("start: /"):
+        return False
+    chars = {c for i in range(min(vocab_size, tokenizer.vocab_size))
+             for c in tokenizer.token_bytes(i).decode("utf-8", "ignore")}
+    alphabet = "".join(f"\\x{{{ord(c):X}}}" for c in sorted(chars))  # \x{41}: any character, escaped alike
+    lark = spec["lark_grammar"].replace("start: ", "start: WRITABLE\nWRITABLE: ", 1) + f" & /[{alphabet}]*/"
+    ll = _llguidance()
+    if ll.LLMatcher.validate_grammar(lark, None):  # (no answer from a grammar that does not compile)
+        return False
+    m = ll.LLMatcher(_byte_lltokenizer(), lark, log_level=0)
+    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    return m.is_error() or not bits[:256].any() and not m.is_accepting()  # (llguidance: an error when no byte fits)
+
+
+def _writes_every_byte(tokenizer, vocab_size: int) -> bool:
+    """Whether some id of the tokenizer is each of the 256 bytes alone (then any text has a spelling in its ids)."""
+    key = (tokenizer.fingerprint, vocab_size)
+    if key not in _EVERY_BYTE:
+        singles = {b for i in range(min(vocab_size, tokenizer.vocab_size)) if len(b := tokenizer.token_bytes(i)) == 1}
+        _EVERY_BYTE[key] = len(singles) == 256
+    return _EVERY_BYTE[key]
+
+
+def _unwritable(name: str, tokenizer, ids: list[int], grammar: str) -> str:
+    """The one line refusing a grammar the tokenizer cannot write: which constraint, which tokenizer, where it
+    got stuck and (when the grammar forces it) the text it needed there."""
+    written = b"".join(tokenizer.token_bytes(i) for i in ids)
+    where = f"after {written.decode('utf-8', 'replace')!r}" if ids else "at the start"
+    needs = _forced_text(grammar, written)
+    return (f"the {name} needs text this {tokenizer.kind} tokenizer ({tokenizer.vocab_size:,} ids) cannot write: "
+            f"no id continues it {where}{f' (it needs {needs!r} there)' if needs else ''}; use characters the "
+            "tokenizer has (a char tokenizer knows only its corpus's characters) or a tokenizer that has them")
+
+
+def _forced_text(grammar: str, written: bytes) -> str:
+    """The text ``grammar`` forces after ``written``, read by a byte-level matcher (every byte an id); "" when it
+    forces none."""
+    m = _llguidance().LLMatcher(_byte_lltokenizer(), grammar, log_level=0)
+    if not m.consume_tokens(list(written)):
+        return ""
+    return m.compute_ff_bytes().decode("utf-8", "replace")
+
+
+def _byte_lltokenizer():
+    """An llguidance tokenizer whose ids 0-255 are the bytes (256: an EOS): the grammar's own view of text."""
+    if not _BYTES:
+        ll = _llguidance()
+
+        class Bytes:
+            eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+            tokens = [bytes([b]) for b in range(256)] + [b"<|tinylm-end|>"]
+
+            def __call__(self, text: bytes | str) -> list[int]:
+                return list(text.encode("utf-8") if isinstance(text, str) else text)
+
+        _BYTES.append(ll.LLTokenizer(ll.TokenizerWrapper(Bytes())))
+    return _BYTES[0]
+
+
+def full_matches(grammar: str, tokenizer, vocab_size: int, outputs: list[list[int]]) -> list[bool]:
+    """Whether each output (ids, no EOS) writes a whole match of ``grammar``, as llguidance reads it (the regex
+    dialect generation used)."""
+    ll = _llguidance()
+    lltok = _lltokenizer(tokenizer, vocab_size)
+    found = []
+    for ids in outputs:
+        m = ll.LLMatcher(lltok, grammar, log_level=0)
+        found.append(m.consume_tokens(list(ids)) and m.is_accepting())
+    return found
 
 
 def _lltokenizer(tokenizer, vocab_size: int):

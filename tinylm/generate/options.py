@@ -28,6 +28,15 @@ from tinylm.generate.config import DEFAULTS, SamplingConfig, Spelling, check_opt
 
 _SAME: Any = object()  # an Option override left as SamplingConfig has it
 
+# Options of the surfaces that load models (`tinylm generate`, `--samples.*`, `tinylm sample-report`) and are no
+# SamplingConfig field (the library takes the model itself: `generate(..., draft=GPT)`): {name: (type, doc)}, each
+# None by default. `Option()` fills them in like the fields; they are not passed to SamplingConfig.
+CHECKPOINT_OPTIONS: dict[str, tuple[Any, str]] = {
+    "draft_ckpt_path": (str | None, "Speculative decoding: a smaller model's .ckpt, trained with the same tokenizer, "
+                        "that drafts num_draft_tokens tokens per step (greedy and sample; the text is the model's "
+                        "own, only faster); null: no draft model."),
+}
+
 
 @dataclass(frozen=True)
 class Option:
@@ -90,7 +99,8 @@ def sampling_options(form: str = "{}") -> Callable[[Callable], Callable]:
             return fn(*bound.args, **bound.kwargs)
 
         wrapper.__signature__ = derived
-        wrapper.__doc__ = _with_args(fn.__doc__, list(derived.parameters), names)
+        documented = {**names, **{p: p for p in derived.parameters if p in CHECKPOINT_OPTIONS}}
+        wrapper.__doc__ = _with_args(fn.__doc__, list(derived.parameters), documented)
         wrapper.options = Surface(names, defaults, Spelling(form, {f: p for p, f in names.items() if p != f}))
         return wrapper
 
@@ -98,8 +108,8 @@ def sampling_options(form: str = "{}") -> Callable[[Callable], Callable]:
 
 
 def _derive(fn: Callable) -> tuple[inspect.Signature, dict[str, str], dict[str, Any]]:
-    """(fn's signature with its options filled in, {parameter: field}, {field: default}); every annotation is
-    evaluated, so jsonargparse reads types, not strings."""
+    """(fn's signature with its options filled in, {parameter: field}, {field: default}: SamplingConfig's fields
+    only, not CHECKPOINT_OPTIONS); every annotation is evaluated, so jsonargparse reads types, not strings."""
     signature, hints = inspect.signature(fn), typing.get_type_hints(fn)
     types = typing.get_type_hints(SamplingConfig)
     params, names, defaults = [], {}, {}
@@ -108,6 +118,8 @@ def _derive(fn: Callable) -> tuple[inspect.Signature, dict[str, str], dict[str, 
             for f in (f.name for f in fields(SamplingConfig) if f.name not in names.values()):
                 params.append(p.replace(name=f, kind=p.KEYWORD_ONLY, default=DEFAULTS[f], annotation=types[f]))
                 names[f], defaults[f] = f, DEFAULTS[f]
+        elif isinstance(p.default, Option) and (p.default.field or p.name) in CHECKPOINT_OPTIONS:
+            params.append(p.replace(default=None, annotation=CHECKPOINT_OPTIONS[p.default.field or p.name][0]))
         elif isinstance(p.default, Option):
             opt, name = p.default, p.default.field or p.name
             default = DEFAULTS[name] if opt.default is _SAME else opt.default
@@ -125,7 +137,7 @@ _ARG = re.compile(r"^    (\*{0,2}\w+)( \([^)]*\))?:")  # "    name: text" or "  
 
 def _with_args(doc: str | None, order: list[str], options: Mapping[str, str]) -> str:
     """``doc`` with an Args section documenting every parameter of ``order``: the option parameters that ``doc``
-    does not document get their SamplingConfig docstring (``options``: parameter -> field)."""
+    does not document get their SamplingConfig docstring, or CHECKPOINT_OPTIONS' (``options``: parameter -> field)."""
     doc = inspect.cleandoc(doc or "")
     head, sep, tail = doc.partition("\nArgs:\n") if "\nArgs:\n" in doc else (doc, "", "")
     lines = tail.split("\n")
@@ -137,7 +149,7 @@ def _with_args(doc: str | None, order: list[str], options: Mapping[str, str]) ->
             entries[m.group(1).lstrip("*")] = [ln]
         elif entries and ln.strip():
             entries[list(entries)[-1]].append(ln)
-    docs = field_docs()
+    docs = {**field_docs(), **{k: doc for k, (_, doc) in CHECKPOINT_OPTIONS.items()}}
     for name in order:
         if name not in entries and name in options:
             entries[name] = textwrap.wrap(f"{name}: {docs[options[name]]}", 116, initial_indent="    ",

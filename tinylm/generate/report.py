@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tinylm.generate.config import SamplingConfig
+from tinylm.generate.config import CONSTRAINTS, SamplingConfig
 from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
@@ -162,10 +162,23 @@ class ReportStrategy:
     options: dict[str, Any] = field(default_factory=dict)
     """SamplingConfig keyword arguments (strategy, temperature, top_k, ...)."""
 
+    draft: bool = False
+    """Speculative decoding with the report's draft model (`sample_report`'s ``draft``)."""
+
     @property
     def deterministic(self) -> bool:
         """Greedy, beam and contrastive give the same text every time: one sample per prompt is enough."""
         return self.options.get("strategy", "sample") != "sample"
+
+    @property
+    def speculative(self) -> bool:
+        """Drafts tokens (a draft model or prompt lookup): the report gives its acceptance and tokens per pass."""
+        return self.draft or bool(self.options.get("prompt_lookup"))
+
+    @property
+    def constraint(self) -> dict[str, str]:
+        """{regex | json_schema | grammar: value} of a constrained strategy; empty for free text."""
+        return {k: v for k, v in self.options.items() if k in CONSTRAINTS and v}
 
 
 STRATEGIES: tuple[ReportStrategy, ...] = (
@@ -179,6 +192,26 @@ STRATEGIES: tuple[ReportStrategy, ...] = (
     ReportStrategy("beam 4", {"strategy": "beam", "num_beams": 4}),
     ReportStrategy("contrastive k=4 a=0.6", {"strategy": "contrastive", "top_k": 4, "penalty_alpha": 0.6}),
 )
+
+
+def report_strategies(*, draft: bool = False, prompt_lookup: int = 0, num_draft_tokens: int = 4,
+                      constraint: dict[str, str] | None = None) -> tuple[ReportStrategy, ...]:
+    """STRATEGIES, and beside greedy and sampling at T = 1 their speculative twins (with the draft model when
+    ``draft``; with prompt lookup of ``prompt_lookup``-grams), which must write text of the same quality, and their
+    constrained ones (``constraint``: {regex | json_schema | grammar: value}; beam search too)."""
+    twins = [("greedy", {"strategy": "greedy"}), ("sample T=1.0", {"strategy": "sample", "temperature": 1.0})]
+    extra = []
+    if draft:
+        extra += [ReportStrategy(f"{name} + draft K={num_draft_tokens}", {**o, "num_draft_tokens": num_draft_tokens},
+                                 draft=True) for name, o in twins]
+    if prompt_lookup:
+        extra += [ReportStrategy(f"{name} + lookup n={prompt_lookup} K={num_draft_tokens}",
+                                 {**o, "prompt_lookup": prompt_lookup, "num_draft_tokens": num_draft_tokens})
+                  for name, o in twins]
+    for kind, value in (constraint or {}).items():
+        beam = ("beam 4", {"strategy": "beam", "num_beams": 4})
+        extra += [ReportStrategy(f"{name} + {kind}", {**o, kind: value}) for name, o in [*twins, beam]]
+    return STRATEGIES + tuple(extra)
 
 
 def default_prompt(tokenizer) -> tuple[str, list[int]]:
@@ -216,6 +249,7 @@ def sample_report(
     max_new_tokens: int = 100,
     seed: int = 0,
     strategies: Sequence[ReportStrategy] = STRATEGIES,
+    draft: GPT | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Generate with every strategy and measure it; returns the metrics.json content.
@@ -227,30 +261,24 @@ def sample_report(
     max_new_tokens: most tokens per sample (EOS ends a sample earlier).
     seed: sampling seed; prompt i uses seed + i for every strategy, so strategies differ by their rule and not by
         their luck (common random numbers).
+    strategies: the rows of the report (`report_strategies` adds speculative and constrained ones).
+    draft: the draft model of the strategies whose ``draft`` is set (same tokenizer as ``model``).
     progress: show a tqdm bar over (strategy, prompt) pairs.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    encoded = [encode_prompt(tokenizer, p) for p in (prompts or [""])]
-    jobs = [(s, i) for s in strategies for i in range(len(encoded))]
-    if progress:
-        from tqdm.auto import tqdm
+    if any(s.draft for s in strategies) and draft is None:
+        raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
+    constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
+    if constraints:  # a grammar the tokenizer cannot write is refused now, before the other strategies run
+        from tinylm.generate.constrained import check_writable, constraint_name, grammar_text
 
-        jobs = tqdm(jobs, desc="sample-report", unit="run")
-    results: dict[str, dict[str, Any]] = {}
-    for strat, i in jobs:
-        text, ids = encoded[i]
-        config = SamplingConfig(**strat.options, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed + i)
-        rows = 1 if strat.deterministic else num_samples
-        outputs = generate_with(model, [ids] * rows, config)
-        nll, ent = score_tokens(model, ids, outputs)
-        r = results.setdefault(strat.name, {"outputs": [], "nll": [], "entropy": [], "example": None})
-        copies = num_samples if strat.deterministic else 1
-        r["outputs"] += [o for o in outputs for _ in range(copies)]
-        r["nll"] += nll
-        r["entropy"] += ent
-        if r["example"] is None:
-            r["example"] = text + decode_after(tokenizer.decode, ids, outputs[0])
+        for kind, value in sorted(constraints):
+            check_writable(grammar_text(**{**dict.fromkeys(CONSTRAINTS), kind: value}), tokenizer,
+                           model.config.vocab_size, constraint_name(kind, value))
+    encoded = [encode_prompt(tokenizer, p) for p in (prompts or [""])]
+    results = _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max_new_tokens, seed,
+                            progress)
     report: dict[str, Any] = {
         "prompts": [text for text, _ in encoded],
         "num_samples": num_samples,
@@ -272,9 +300,55 @@ def sample_report(
             "repetition_rate_4": pooled_repetition_rate(outs, 4),
             "entropy": mean_of(r["entropy"]),
             "nll": mean_of(r["nll"]),
+            **_speculative_metrics(r["stats"] if strat.speculative else None),
+            **({"matches": sum(r["matches"]) / len(r["matches"])} if constraints else {}),
             "example": r["example"],
         }
     return report
+
+
+def _speculative_metrics(stats: dict[str, int] | None) -> dict[str, Any]:
+    """acceptance (drafts each row's test kept / drafts proposed) and tokens_per_pass (tokens per forward pass of
+    the model: 1 for plain decoding); {} for a strategy that drafts nothing."""
+    if stats is None:
+        return {}
+    return {"acceptance": stats["accepted"] / stats["drafted"] if stats["drafted"] else math.nan,
+            "tokens_per_pass": stats["tokens"] / stats["steps"] if stats["steps"] else math.nan}
+
+
+def _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max_new_tokens, seed, progress
+                  ) -> dict[str, dict[str, Any]]:
+    """{strategy name: outputs, per-token NLL and entropy, speculative counts, full matches of the report's
+    constraint, example} over every prompt."""
+    constraint = next((s.constraint for s in strategies if s.constraint), {})
+    jobs = [(s, i) for s in strategies for i in range(len(encoded))]
+    if progress:
+        from tqdm.auto import tqdm
+
+        jobs = tqdm(jobs, desc="sample-report", unit="run")
+    results: dict[str, dict[str, Any]] = {}
+    for strat, i in jobs:
+        text, ids = encoded[i]
+        config = SamplingConfig(**strat.options, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id, seed=seed + i)
+        rows = 1 if strat.deterministic else num_samples
+        r = results.setdefault(strat.name, {"outputs": [], "nll": [], "entropy": [], "stats": {}, "matches": [],
+                                            "example": None})
+        outputs = generate_with(model, [ids] * rows, config, draft=draft if strat.draft else None,
+                                tokenizer=tokenizer, stats=r["stats"])
+        nll, ent = score_tokens(model, ids, outputs)
+        copies = num_samples if strat.deterministic else 1
+        r["outputs"] += [o for o in outputs for _ in range(copies)]
+        r["nll"] += nll
+        r["entropy"] += ent
+        if constraint:
+            from tinylm.generate.constrained import full_matches, grammar_text
+
+            grammar = grammar_text(**{**dict.fromkeys(CONSTRAINTS), **constraint})
+            r["matches"] += [m for m in full_matches(grammar, tokenizer, model.config.vocab_size, outputs)
+                             for _ in range(copies)]
+        if r["example"] is None:
+            r["example"] = text + decode_after(tokenizer.decode, ids, outputs[0])
+    return results
 
 
 # ---- writing ---------------------------------------------------------------------------------------------------
@@ -283,6 +357,15 @@ COLUMNS = (  # (metrics key, table header)
     ("distinct_2", "distinct-2"), ("distinct_3", "distinct-3"), ("repetition_rate_4", "rep-4"),
     ("entropy", "entropy"), ("nll", "NLL"),
 )
+OPTIONAL_COLUMNS = (  # shown when some strategy has them: speculative ones, and any when a constraint is given
+    ("acceptance", "accept"), ("tokens_per_pass", "tokens/pass"), ("matches", "matches"),
+)
+
+
+def columns(report: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """COLUMNS, and the OPTIONAL_COLUMNS some strategy of ``report`` has."""
+    present = {k for m in report["strategies"].values() for k in m}
+    return COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if c[0] in present)
 
 HOW_TO_READ = """\
 **How to read this.** *NLL* is how likely the model finds its own output (nats per token, teacher-forced, at
@@ -300,8 +383,26 @@ In the plot, good strategies sit up and to the left of the rest: varied (high di
 bottom-left is repetitive, far right is incoherent.
 """
 
+HOW_TO_READ_SPECULATIVE = """\
+**Speculative decoding** (`+ draft`, `+ lookup`) writes the model's own text, only in fewer forward passes of it:
+greedy's twin gives greedy's text token for token, sampling's twin samples the same distribution, so their columns
+should match their plain twins' (within sampling noise). *accept* is the fraction of drafted tokens the model's
+accept/reject test kept; *tokens/pass* is tokens written per forward pass of the model (plain decoding: 1). The
+samples of a sampling strategy run as one batch, which keeps at each step only what its least lucky row accepted:
+there tokens/pass is the batch's, while *accept* is each row's own.
+"""
+
+HOW_TO_READ_CONSTRAINED = """\
+**Constrained decoding** (`+ regex`, `+ json_schema`, `+ grammar`) masks every token the constraint does not allow;
+*matches* is the fraction of samples whose new text is a whole match (the others were cut by max_new_tokens, or,
+for free text, left the constraint). The NLL of a constrained strategy is the model's, unconstrained: how far the
+constraint pushed the model from what it would write.
+"""
+
 
 def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:  # a metric this strategy has not (acceptance of plain decoding)
+        return "–"
     if isinstance(value, float):
         return "–" if math.isnan(value) else f"{value:.{digits}f}"
     return str(value)
@@ -310,23 +411,28 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def format_markdown(report: dict[str, Any], *, plot_name: str | None) -> str:
     """The report.md text: settings, the metrics table, one example per strategy, how to read it."""
     prompts = ", ".join(repr(p) if p else "(empty: starts from end-of-text)" for p in report["prompts"])
+    cols = columns(report)
     lines = [
         "# Sample report",
         "",
         (f"Checkpoint: `{report.get('checkpoint', '?')}`. Prompts: {prompts}. {report['num_samples']} samples per "
          f"prompt, up to {report['max_new_tokens']} new tokens each, seed {report['seed']}."),
         "",
-        "| strategy | " + " | ".join(h for _, h in COLUMNS) + " |",
-        "|---|" + "---:|" * len(COLUMNS),
+        "| strategy | " + " | ".join(h for _, h in cols) + " |",
+        "|---|" + "---:|" * len(cols),
     ]
     for name, m in report["strategies"].items():
         samples = f"{m['samples']} (1 run/prompt)" if m["deterministic"] else str(m["samples"])
-        cells = [samples, _fmt(m["mean_tokens"], 1)] + [_fmt(m[k]) for k, _ in COLUMNS[2:]]
+        cells = [samples, _fmt(m["mean_tokens"], 1)] + [_fmt(m.get(k)) for k, _ in cols[2:]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "NLL and entropy in nats per generated token; rep-4 is the 4-gram repetition rate.", ""]
     if plot_name:
         lines += [f"![diversity vs likelihood]({plot_name})", ""]
-    lines += [HOW_TO_READ, "## One sample per strategy", ""]
+    lines += [HOW_TO_READ]
+    present = {k for k, _ in cols}
+    lines += [HOW_TO_READ_SPECULATIVE] if "acceptance" in present else []
+    lines += [HOW_TO_READ_CONSTRAINED] if "matches" in present else []
+    lines += ["## One sample per strategy", ""]
     for name, m in report["strategies"].items():
         text = m["example"]
         fence = "`" * max(3, _longest_run(text, "`") + 1)  # a fence longer than any backtick run inside
@@ -343,32 +449,76 @@ def _longest_run(text: str, char: str) -> int:
 
 
 def plot_diversity_vs_likelihood(report: dict[str, Any], path: Path) -> bool:
-    """Scatter x = NLL, y = distinct-2, one labelled point per strategy; False (and a warning) without matplotlib."""
+    """Scatter x = NLL, y = distinct-2, one numbered point per strategy; False (and a warning) without matplotlib."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        fig = diversity_figure(report)
     except ImportError:
         warnings.warn("matplotlib is not installed, so no plot was drawn; pip install 'tinylm[plots]'")
         return False
+    fig.savefig(path)
+    return True
+
+
+LABEL_DPI = 120
+
+
+def diversity_figure(report: dict[str, Any]):
+    """The matplotlib Figure of `plot_diversity_vs_likelihood`: numbered points, a legend of the names, and number
+    labels that never overlap (`_place_labels`). Raises ImportError without matplotlib."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     # a bare Figure on the Agg canvas: no pyplot, so the caller's backend and open figures are untouched
-    fig = Figure(figsize=(9, 5), layout="constrained")
+    fig = Figure(figsize=(9, 5), dpi=LABEL_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    points = []
     for i, (name, m) in enumerate(report["strategies"].items(), start=1):
         x, y = m["nll"], m["distinct_2"]
-        if math.isnan(x) or math.isnan(y):
+        if x is None or y is None or math.isnan(x) or math.isnan(y):
             continue
         # numbered points and a legend: strategies often land on top of each other, full names would overlap
-        ax.scatter(x, y, marker="s" if m["deterministic"] else "o", color=f"C{i - 1}", label=f"{i}  {name}")
-        ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color=f"C{i - 1}")
-    ax.margins(0.1)
+        ax.scatter(x, y, marker="s" if m["deterministic"] else "o", color=f"C{(i - 1) % 10}", label=f"{i}  {name}")
+        points.append((x, y, i))
+    ax.margins(0.12)
     ax.set_xlabel("model NLL of its own output (nats/token, lower = more likely)")
     ax.set_ylabel("distinct-2 across samples (higher = more varied)")
     ax.set_title("Diversity vs likelihood per decoding strategy (squares: deterministic)")
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
-    fig.savefig(path, dpi=120)
-    return True
+    fig.canvas.draw()  # the layout is settled (labels take no part in it): screen positions are final
+    _place_labels(fig, ax, points)
+    return fig
+
+
+def _place_labels(fig, ax, points: list[tuple[float, float, int]]) -> None:
+    """Number each point. Points whose markers touch share one label ("1,10": a speculative twin sits on its plain
+    strategy); a label that would overlap one placed before it moves up past it, in the order of the points'
+    heights, so no two labels overlap."""
+    pixels = ax.transData.transform([(x, y) for x, y, _ in points]) if points else []
+    groups: list[tuple[Any, list[int]]] = []  # (screen position, numbers)
+    for (px, py), (_, _, n) in zip(pixels, points, strict=True):
+        near = next((g for g in groups if abs(g[0][0] - px) < 8 and abs(g[0][1] - py) < 8), None)
+        if near is None:
+            groups.append(((px, py), [n]))
+        else:
+            near[1].append(n)
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    per_point = 72 / fig.dpi  # points per pixel
+    for (px, py), numbers in sorted(groups, key=lambda g: (g[0][1], g[0][0])):
+        x, y = ax.transData.inverted().transform((px, py))
+        label = ax.annotate(",".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8, color=f"C{(numbers[0] - 1) % 10}", annotation_clip=False)
+        label.set_in_layout(False)
+        for _ in range(len(placed) + 1):  # each move clears one label at least
+            box = label.get_window_extent(renderer).expanded(1.0, 1.0)
+            hit = next((b for b in placed if b.overlaps(box)), None)
+            if hit is None:
+                break
+            dx, dy = label.xyann
+            label.xyann = (dx, dy + (hit.y1 - box.y0 + 2) * per_point)
+        placed.append(label.get_window_extent(renderer))
 
 
 REPORT_FILES = ("report.md", "metrics.json", "diversity_vs_likelihood.png")

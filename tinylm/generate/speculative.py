@@ -183,10 +183,14 @@ def _first_false(ok: Tensor) -> Tensor:
 
 def decode(model: GPT, ids: Tensor, rows: _Rows, drafter, generator: torch.Generator | None) -> dict[str, int]:
     """Greedy or sampled decoding of every row of ``ids`` (B, L) with ``drafter`` (a DraftModel or PromptLookup);
-    tokens go to ``rows``. Returns counts: steps (forward passes of the model), drafted and kept tokens."""
+    tokens go to ``rows``. Returns counts: steps (forward passes of the model), tokens (positions every row
+    advanced: tokens / steps is the tokens per forward pass, 1 for plain decoding), drafted (drafts proposed to the
+    running rows), kept (drafts kept: a batch keeps at each step what its row that accepted fewest did) and accepted
+    (drafts each row's own accept/reject test passed: accepted / drafted is the drafter's acceptance rate, whatever
+    the batch)."""
     config = rows.config
     target = _Target(model, prompt_len=ids.size(1))
-    stats = {"steps": 0, "drafted": 0, "kept": 0}
+    stats = {"steps": 0, "tokens": 0, "drafted": 0, "kept": 0, "accepted": 0}
     produced = 0
     while produced < config.max_new_tokens and any(rows.active):
         L = ids.size(1)
@@ -205,6 +209,8 @@ def decode(model: GPT, ids: Tensor, rows: _Rows, drafter, generator: torch.Gener
         drafter.keep(L + a)
         produced += a + 1
         stats["steps"] += 1
+        stats["tokens"] += a + 1
         stats["drafted"] += int(valid[active].sum()) if k else 0
         stats["kept"] += a * int(active.sum())
+        stats["accepted"] += int(kept[active].sum()) if k else 0
     return stats

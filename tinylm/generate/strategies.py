@@ -241,8 +241,10 @@ def generate_with(
     on_token: Callable[[int, int], None] | None = None,
     draft: GPT | None = None,
     tokenizer=None,
+    stats: dict[str, int] | None = None,
 ) -> list[list[int]]:
-    """`generate` with the options in a SamplingConfig."""
+    """`generate` with the options in a SamplingConfig. ``stats``: speculative decoding adds its counts to this dict
+    (steps, tokens, drafted, kept, accepted: see `speculative.decode`)."""
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
         _check_speculative(model, draft, config)
@@ -267,14 +269,17 @@ def generate_with(
         m.eval()
     try:
         with torch.no_grad():
-            _decode(model, ids, rows, generator, draft, grammar)
+            counts = _decode(model, ids, rows, generator, draft, grammar)
     finally:
         for m, mode in zip(models, was_training, strict=True):
             m.train(mode)
+    if stats is not None:
+        for key, n in (counts or {}).items():
+            stats[key] = stats.get(key, 0) + n
     return rows.tokens
 
 
-def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, grammar) -> None:
+def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, grammar) -> dict[str, int] | None:
     config = rows.config
     run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
     if draft is not None or config.prompt_lookup:
@@ -282,13 +287,14 @@ def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, 
 
         drafter = spec.PromptLookup(config.prompt_lookup) if draft is None else \
             spec.DraftModel(draft, ids.size(1), config.use_cache)
-        spec.decode(model, ids, rows, drafter, generator)
+        return spec.decode(model, ids, rows, drafter, generator)
     elif config.strategy == "beam":
         _beam_search(run, ids, rows, grammar)
     elif config.strategy == "contrastive":
         _contrastive(run, ids, rows)
     else:
         _greedy_or_sample(run, ids, rows, generator)
+    return None
 
 
 def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculative: bool):
@@ -300,10 +306,12 @@ def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculati
                          "text, and the tokenizer says which text each id writes)")
     if speculative:
         raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
-    from tinylm.generate.constrained import Grammar, grammar_text
+    from tinylm.generate.constrained import Grammar, constraint_name, grammar_text
 
+    kind = next(k for k in CONSTRAINTS if getattr(config, k))
+    name = constraint_name(kind, getattr(config, kind))
     return Grammar(grammar_text(config.regex, config.json_schema, config.grammar), tokenizer,
-                   model.config.vocab_size, rows)
+                   model.config.vocab_size, rows, name=name)
 
 
 def _check_speculative(model: GPT, draft: GPT | None, config: SamplingConfig) -> None:

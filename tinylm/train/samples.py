@@ -26,7 +26,8 @@ class SampleText(L.Callback):
         prompts: Texts to continue (an empty prompt starts from the end-of-text token).
         top_k: sample: keep only the k most likely tokens (null keeps all); contrastive search takes its own
             default (4 candidates per step) unless this is set away from its default.
-        seed: Seed of the sampling generator (the same samples for the same weights).
+        seed: Seed of the sampling generator (the same samples for the same weights); prompt i samples with
+            seed + i, so the samples of different prompts do not share their random numbers.
 
     The other options are decoding options, documented on SamplingConfig (tinylm/generate/config.py).
     """
@@ -49,13 +50,14 @@ class SampleText(L.Callback):
         no_repeat_ngram_size=Option(),
         num_beams=Option(default=4),  # the width samples.strategy beam uses (SamplingConfig's 1 is "no beams")
         seed=Option(default=1234, annotation=int),  # never the global RNG: that would change the training run
+        draft_ckpt_path=Option(),
         prompt_lookup=Option(),
         num_draft_tokens=Option(),
         regex=Option(),
         json_schema=Option(),
         grammar=Option(),
     ) -> None:
-        from tinylm.generate.config import unused_options
+        from tinylm.generate.config import check_speculative, unused_options
 
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
@@ -70,6 +72,13 @@ class SampleText(L.Callback):
         if strategy != "sample" and top_k == surface.defaults["top_k"]:
             options["top_k"] = None
         self.config = surface.config({**options, "num_beams": num_beams if strategy == "beam" else 1})
+        check_speculative(options, surface.spell, draft_ckpt_path)
+        self.draft_ckpt_path, self._draft = draft_ckpt_path, None  # the draft model, loaded once at the start
+        self._grammar = None
+        if regex or json_schema or grammar:
+            from tinylm.generate.constrained import grammar_text
+
+            self._grammar = grammar_text(regex, json_schema, grammar)  # a bad one now, before the run starts
         # as generate warns of --top_p with --strategy greedy
         if unused := unused_options(strategy, surface.values(locals()), surface.defaults, surface.spell):
             warnings.warn(unused, UserWarning)
@@ -83,7 +92,9 @@ class SampleText(L.Callback):
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
         if self.every_n_steps:
-            self._check_prompts(run_tokenizer(trainer, pl_module))
+            tokenizer = run_tokenizer(trainer, pl_module)
+            self._check_prompts(tokenizer)
+            self._check_decoding(tokenizer, pl_module)
         saved, self._saved_bytes = self._saved_bytes, None
         if trainer.global_step and trainer.is_global_zero and saved is not None:
             _cut_after(self._path, saved)
@@ -103,6 +114,22 @@ class SampleText(L.Callback):
                 raise ValueError(f"samples.prompts: an empty prompt starts from the end-of-text token, and this "
                                  f"{tokenizer.kind} tokenizer has none; give each prompt some text "
                                  "(--samples.prompts '[\"\\n\"]')")
+
+    def _check_decoding(self, tokenizer, pl_module: L.LightningModule) -> None:
+        """Load the draft model once (refused in one line unless trained with the run's tokenizer), and refuse a
+        grammar the run's tokenizer cannot write, before the first step."""
+        if tokenizer is None:
+            return
+        if self.draft_ckpt_path and self._draft is None:
+            from tinylm.checkpoint import load_draft
+
+            self._draft = load_draft(self.draft_ckpt_path, tokenizer, pl_module.device, "samples.draft_ckpt_path")
+        if self._grammar is not None:
+            from tinylm.generate.constrained import check_writable, constraint_name
+
+            kind = next(k for k in ("regex", "json_schema", "grammar") if getattr(self.config, k))
+            check_writable(self._grammar, tokenizer, pl_module.model.config.vocab_size,
+                           constraint_name(kind, getattr(self.config, kind), f"samples.{kind}"))
 
     def state_dict(self) -> dict:
         # how much of samples.txt the checkpoint's step had written: a run killed after more samples, before its
@@ -127,12 +154,17 @@ class SampleText(L.Callback):
         if tokenizer is None:
             return
         started = time.perf_counter()
-        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt)) for prompt in self.prompts]
-        self._publish(trainer, rows)
+        stats: dict[str, int] = {}  # speculative decoding's counts, over the prompts
+        rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt, i, stats))
+                for i, prompt in enumerate(self.prompts)]
+        self._publish(trainer, rows, stats)
         for speed in (cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)):
             speed.exclude(time.perf_counter() - started)  # sampling is no training: tokens/sec and MFU leave it out
 
-    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str) -> str:
+    def _sample(self, model: torch.nn.Module, tokenizer, prompt: str, index: int = 0,
+                stats: dict[str, int] | None = None) -> str:
+        """The sample of prompt number ``index`` (its seed: samples.seed + index); speculative decoding adds its
+        counts to ``stats``."""
         from dataclasses import replace
 
         from tinylm.generate.rows import decode_after
@@ -141,17 +173,20 @@ class SampleText(L.Callback):
         ids = tokenizer.encode(prompt) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
         if not ids:
             return ""
-        config = replace(self.config, eos_id=tokenizer.eos_id)
+        config = replace(self.config, eos_id=tokenizer.eos_id, seed=(self.config.seed + index) % 2**63)
         # generate calls model.forward directly: a model compiled in place runs eagerly here, so the varying
         # shapes of incremental decoding cause no recompilation
-        out = generate_with(model, [ids], config, tokenizer=tokenizer)
+        out = generate_with(model, [ids], config, tokenizer=tokenizer, draft=self._draft, stats=stats)
         return decode_after(tokenizer.decode, ids, out[0])  # after the prompt: a "▁" piece keeps its space
 
-    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]]) -> None:
+    def _publish(self, trainer: L.Trainer, rows: list[tuple[int, str, str]], stats: dict[str, int]) -> None:
         import logging
 
         log = logging.getLogger("tinylm")
         text = "\n".join(f"--- step {s} | {p!r}\n{p}{t}" for s, p, t in rows)
+        if stats.get("steps"):  # what the draft buys: tokens per forward pass of the model (plain decoding: 1)
+            text += (f"\n--- speculative: {stats['tokens'] / stats['steps']:.2f} tokens per forward pass of the model, "
+                     f"{stats['accepted'] / max(stats['drafted'], 1):.0%} of the drafted tokens accepted")
         log.info("\n%s", text)
         path = Path(trainer.default_root_dir) / "samples.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
