@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
-from tinylm.device import peak_flops_by_name, precision_dtypes
+from tinylm.device import others_cpu_seconds, peak_flops_by_name, precision_dtypes
 from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
 
@@ -77,7 +77,8 @@ class SpeedMonitor(L.Callback):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
-        self._marks: deque[tuple[float, int, float | None]] = deque(maxlen=window + 1)  # (time, tokens, CPU wait)
+        # (time, tokens, CPU wait, other processes' CPU seconds)
+        self._marks: deque[tuple[float, int, float | None, float | None]] = deque(maxlen=window + 1)
         self._tokens = 0
         self._step_seen = -1
         self._flops_per_token = 0.0
@@ -86,6 +87,7 @@ class SpeedMonitor(L.Callback):
         self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
         self.marks_taken = 0  # how many rates were taken: the health monitor reads each new one once
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
+        self.others_busy: float | None = None  # CPUs other processes kept busy over the window (health monitor)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flops_per_token = pl_module.model.flops_per_token()
@@ -107,7 +109,7 @@ class SpeedMonitor(L.Callback):
 
     def exclude(self, seconds: float) -> None:
         """Leave `seconds` of wall time just spent on other work (validating, sampling text) out of the rates."""
-        self._marks = deque(((t + seconds, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
+        self._marks = deque(((t + seconds, *rest) for t, *rest in self._marks), maxlen=self._marks.maxlen)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
@@ -123,15 +125,17 @@ class SpeedMonitor(L.Callback):
             if not logs:
                 return
             torch.cuda.synchronize(pl_module.device)
-        self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds()))
+        self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds(), others_cpu_seconds()))
         self.marks_taken += 1
         if len(self._marks) < 2:
             return
-        (t0, n0, w0), (t1, n1, w1) = self._marks[0], self._marks[-1]
+        (t0, n0, w0, o0), (t1, n1, w1, o1) = self._marks[0], self._marks[-1]
         per_device = (n1 - n0) / max(t1 - t0, 1e-9)
         self.tokens_per_sec = per_device * trainer.world_size
         if w0 is not None and w1 is not None:
             self.cpu_wait_fraction = (w1 - w0) / max(t1 - t0, 1e-9) / torch.get_num_threads()
+        if o0 is not None and o1 is not None:
+            self.others_busy = max(0.0, (o1 - o0) / max(t1 - t0, 1e-9))
         if not logs:
             return
         pl_module.log("train/tokens_per_sec", host_scalar(self.tokens_per_sec), prog_bar=True, rank_zero_only=True)
