@@ -10,7 +10,6 @@ from typing import ClassVar
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from tinylm.device import others_cpu_seconds, peak_flops_by_name, precision_dtypes
 from tinylm.train.loggers import RunCSVLogger
@@ -370,10 +369,13 @@ class PeriodicCheckpoint(ModelCheckpoint):
 
 
 class ProgressBar(TQDMProgressBar):
-    """Lightning's TQDM bar showing loss, learning rate and tokens/sec in readable units (no version number).
+    """One bar for the whole run: optimizer steps of ``trainer.max_steps`` (a resumed run's bar starts at its step),
+    with loss, val loss, learning rate and tokens/sec, and tqdm's ETA to the run's end.
 
-    Redrawn at most every ``min_interval`` seconds during training: Lightning redraws it (and formats its metrics)
-    after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
+    Lightning's bar counts the batches of a notional epoch ("Epoch 0: 100% 1307/1307" at 65% of a 2,000-step run)
+    and its ETA is the epoch's end. Redrawn at most every ``min_interval`` seconds during training: Lightning redraws
+    it (and formats its metrics) after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
+    Without ``max_steps`` (Lightning's bar, for code that builds a Trainer by hand) it counts epochs' batches.
     """
 
     _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr",
@@ -383,42 +385,41 @@ class ProgressBar(TQDMProgressBar):
         super().__init__(**kwargs)
         self.min_interval = min_interval
         self._drawn = 0.0
-        self._first = 0  # the epoch's batch index this run began at (not 0 after a resume mid-epoch)
 
-    @property
-    def total_train_batches(self) -> int | float:
-        """The batch index at which this epoch's bar ends: the epoch's end, or the batch of the run's last step.
-
-        Lightning's own counts `max_steps - global_step` batches, which is too few under gradient accumulation
-        (a step is `accumulate_grad_batches` batches) and after a resume mid-epoch (the bar starts there)."""
-        trainer = self.trainer
-        total = trainer.num_training_batches
-        if trainer.max_steps > 0:
-            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-            total = min(total, self._first + left)
-        return total
+    @staticmethod
+    def _by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_steps > 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if trainer.fit_loop.restarted_mid_epoch:  # Lightning calls no on_train_epoch_start for this epoch
-            self._first = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        if self._by_steps(trainer):
             bar = self.train_progress_bar
-            bar.reset(total=convert_inf(self.total_train_batches))
-            bar.initial = bar.n = self._first
-            bar.set_description(f"Epoch {trainer.current_epoch}")
+            bar.reset(total=trainer.max_steps)
+            bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
+            bar.set_description("steps")
+            bar.refresh()
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
-        self._first = 0
-        super().on_train_epoch_start(trainer, *args)
+        if not self._by_steps(trainer):  # epochs are notional: the run's bar goes on across them
+            super().on_train_epoch_start(trainer, *args)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
+        if not self._by_steps(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
         now = time.perf_counter()
-        last = batch_idx + 1 >= self.total_train_batches or 0 < trainer.max_steps <= trainer.global_step
-        if now - self._drawn < self.min_interval and not last:
+        last = trainer.global_step >= trainer.max_steps
+        bar = self.train_progress_bar
+        if bar.disable or (now - self._drawn < self.min_interval and not last) or bar.n == trainer.global_step:
             return  # the next drawing sets the bar's count to the true position
         self._drawn = now
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        bar.n = trainer.global_step
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
