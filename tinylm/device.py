@@ -155,6 +155,9 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # set: the user chose torch's thread count, tinylm keeps it
 
 
+_TORCH_DEFAULT: list[int] = []
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
     try:
@@ -213,7 +216,9 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     step waits for its slowest, descheduled thread; a laptop-recipe step at load ~14 on 2 cores took 5.8 s with 2
     threads and 0.64 s with 1 (benchmarks/bench_cpu_threads.py measures it at load ~= cores).
     """
-    default = default or torch.get_num_threads()
+    if not _TORCH_DEFAULT:  # torch's own count, before a run of this process changed it (scaling runs several)
+        _TORCH_DEFAULT.append(torch.get_num_threads())
+    default = default or _TORCH_DEFAULT[0]
     if requested is not None:
         return requested, f"{requested} (--run.threads)"
     for var in THREAD_ENV_VARS:

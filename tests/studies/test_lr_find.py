@@ -1,5 +1,6 @@
 """`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve, the rule of thumb."""
 
+import json
 import re
 
 import pytest
@@ -165,3 +166,20 @@ def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_conf
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(cfg), "--num_training", "4"])
     assert "runs/tiny/lr_find.png' lies under runs/tiny, which is a file" in capsys.readouterr().err
+
+
+def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
+    """Catches an lr-find that leaves the user to work out how to use its answer: its last line is the fit command
+    with the suggested lr, which parses as printed (its --print_config shows that lr)."""
+    import shlex
+
+    cfg = run_config()
+    main(["lr-find", "--config", str(cfg), "--num_training", "12", "--out", "lr.png"])
+    out = capsys.readouterr().out
+    command = out.split("next:\n", 1)[1].strip()
+    lr = json.loads((cfg.parent / "lr.json").read_text())
+    lr = lr["suggestion"] or lr["rule_of_thumb"]
+    assert command.startswith(f"tinylm fit --config {cfg}") and command.endswith(f"--model.lr {lr:.2e}")
+    with pytest.raises(SystemExit) as e:
+        main([*shlex.split(command)[1:], "--print_config"])
+    assert e.value.code in (0, None) and f"lr: {float(f'{lr:.2e}')}" in capsys.readouterr().out

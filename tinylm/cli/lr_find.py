@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 
@@ -57,6 +58,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
+    lr = result.suggestion or result.rule_of_thumb
+    print(f"next:\n  tinylm fit {shlex.join(fit_args)} --model.lr {lr:.2e}")
     return summary
 
 
