@@ -28,10 +28,18 @@ def test_debiased_recovers_a_constant_loss():
     assert debiased(lightning) == pytest.approx([3.0] * len(lightning))
 
 
+def _red_pixels(png) -> int:
+    """Pixels of matplotlib's C3 red (#d62728), the colour of the config's lr line."""
+    from matplotlib.image import imread
+
+    rgb = imread(str(png))[..., :3]
+    return int((abs(rgb - torch.tensor([0xD6, 0x27, 0x28]).numpy() / 255).max(axis=-1) < 0.15).sum())
+
+
 def test_lr_find_command(run_config, capsys):
-    """The range test runs on the fit config, prints the suggestion beside the rule of thumb, writes the plot,
-    and leaves the weights as they were (a tuner that trains the model in place would hand a half-trained model
-    to the run that follows)."""
+    """The range test runs on the fit config, prints the suggestion beside the rule of thumb, writes the plot
+    (marking the config's lr, which the user compares with both), and leaves the weights as they were (a tuner
+    that trains the model in place would hand a half-trained model to the run that follows)."""
     from tinylm.cli import fit_config
 
     cfg = run_config()
@@ -51,6 +59,7 @@ def test_lr_find_command(run_config, capsys):
     out = capsys.readouterr().out
     assert "steepest descent" in out and "rule of thumb 6e-4·(124M/N)^0.5" in out
     assert (cfg.parent / "lr.png").stat().st_size > 10_000
+    assert _red_pixels(cfg.parent / "lr.png") > 100  # the config's lr, marked in matplotlib's C3 (nothing else is)
     model, before = built[0]
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key], msg=key)
