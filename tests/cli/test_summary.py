@@ -44,3 +44,18 @@ def test_a_resumed_run_counts_its_own_steps(run_config, capsys):
     main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
     text, _ = _summary(capsys.readouterr().out)
     assert text.startswith("run tiny done: step 3: 1 step (from step 2), 32 tokens in "), text
+
+
+def test_the_model_summary_gives_tinylms_flops_per_token(run_config, caplog):
+    """Catches the model summary's "Total FLOPs: 0" (Lightning counts a forward over an example_input_array tinylm
+    does not have): it gives the training FLOPs per token that MFU and `plan` use."""
+    from lightning.pytorch.utilities.model_summary import get_human_readable_count
+
+    from tinylm.cli.fit import lightning_main
+
+    config = run_config(trainer={"enable_model_summary": True})
+    with caplog.at_level("INFO"):
+        cli = lightning_main(["fit", "--config", str(config)])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    per_token = get_human_readable_count(int(cli.model.model.flops_per_token()))
+    assert f"{per_token} training FLOPs per token" in text and "FLOPs:" not in text and "| FLOPs" not in text

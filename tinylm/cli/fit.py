@@ -181,7 +181,8 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":
             callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
                                       every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False)
+                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False,
+                                      model_summary=trainer_cfg.get("enable_model_summary") is not False)
         else:
             from tinylm.train.callbacks import ProgressBar
 
