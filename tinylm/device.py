@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -147,3 +149,83 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
              None)
     flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
     return float(flops) if flops else None
+
+
+# ---- CPU threads on a shared machine -----------------------------------------------------------------------------
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # set: the user chose torch's thread count, tinylm keeps it
+
+
+_TORCH_DEFAULT: list[int] = []
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs together since boot (``/proc/stat``), or None where the OS does not say."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])  # idle + iowait; without guest time
+
+
+def others_cpu_seconds() -> float | None:
+    """CPU seconds that all processes but this one have used since boot (``/proc/stat`` less this process's CPU
+    time), or None where the OS does not say; the difference of two readings over their wall time is how many CPUs
+    other jobs kept busy meanwhile."""
+    times = _cpu_times()
+    if times is None:
+        return None
+    idle, total = times
+    return (total - idle) / os.sysconf("SC_CLK_TCK") - time.process_time()
+
+
+def busy_cpus(sample_s: float = 0.3) -> float:
+    """How many CPUs other processes keep busy now: the machine's busy CPU time over ``sample_s`` seconds less this
+    process's own (its OpenMP threads spin for a while after torch's last operator), over the interval. Where
+    ``/proc/stat`` is missing: the 1-minute load average. Both are for the whole machine, scaled to the share of it
+    this process may use."""
+    cpus, machine = usable_cpus(), os.cpu_count() or 1
+    before, own, t0 = _cpu_times(), time.process_time(), time.perf_counter()
+    if before is not None:
+        time.sleep(sample_s)
+        after, own, elapsed = _cpu_times(), time.process_time() - own, time.perf_counter() - t0
+        if after is not None and after[1] > before[1]:
+            busy = (1 - (after[0] - before[0]) / (after[1] - before[1])) * machine - own / elapsed
+            return min(float(cpus), max(0.0, busy) * cpus / machine)
+    try:
+        return min(float(cpus), os.getloadavg()[0] * cpus / machine)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def choose_cpu_threads(requested: int | None = None, *, default: int | None = None,
+                       busy: float | None = None) -> tuple[int, str]:
+    """Torch's CPU thread count for a run, and why, in words for the start line.
+
+    ``requested`` (``--run.threads``) wins, then the environment (`THREAD_ENV_VARS`). Otherwise the CPUs other
+    processes leave free, rounded, at least 1 and at most torch's own default (``default``: the physical cores, what
+    it runs with today). Why: torch's threads meet at a barrier after every operator, so with every CPU taken each
+    step waits for its slowest, descheduled thread; a laptop-recipe step at load ~14 on 2 cores took 5.8 s with 2
+    threads and 0.64 s with 1 (benchmarks/bench_cpu_threads.py measures it at load ~= cores).
+    """
+    if not _TORCH_DEFAULT:  # torch's own count, before a run of this process changed it (scaling runs several)
+        _TORCH_DEFAULT.append(torch.get_num_threads())
+    default = default or _TORCH_DEFAULT[0]
+    if requested is not None:
+        return requested, f"{requested} (--run.threads)"
+    for var in THREAD_ENV_VARS:
+        if os.environ.get(var):
+            return torch.get_num_threads(), f"{torch.get_num_threads()} (torch's, from {var}={os.environ[var]})"
+    busy = busy_cpus() if busy is None else busy
+    cpus = usable_cpus()
+    n = max(1, min(default, round(cpus - busy)))
+    why = f"{n} of {default}" + (f": other processes kept {busy:.1f} of {cpus} CPUs busy" if n < default else "")
+    return n, why + "; --run.threads N sets it"

@@ -1,5 +1,6 @@
 """`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve, the rule of thumb."""
 
+import json
 import re
 
 import pytest
@@ -27,10 +28,18 @@ def test_debiased_recovers_a_constant_loss():
     assert debiased(lightning) == pytest.approx([3.0] * len(lightning))
 
 
+def _red_pixels(png) -> int:
+    """Pixels of matplotlib's C3 red (#d62728), the colour of the config's lr line."""
+    from matplotlib.image import imread
+
+    rgb = imread(str(png))[..., :3]
+    return int((abs(rgb - torch.tensor([0xD6, 0x27, 0x28]).numpy() / 255).max(axis=-1) < 0.15).sum())
+
+
 def test_lr_find_command(run_config, capsys):
-    """The range test runs on the fit config, prints the suggestion beside the rule of thumb, writes the plot,
-    and leaves the weights as they were (a tuner that trains the model in place would hand a half-trained model
-    to the run that follows)."""
+    """The range test runs on the fit config, prints the suggestion beside the rule of thumb, writes the plot
+    (marking the config's lr, which the user compares with both), and leaves the weights as they were (a tuner
+    that trains the model in place would hand a half-trained model to the run that follows)."""
     from tinylm.cli import fit_config
 
     cfg = run_config()
@@ -50,6 +59,7 @@ def test_lr_find_command(run_config, capsys):
     out = capsys.readouterr().out
     assert "steepest descent" in out and "rule of thumb 6e-4·(124M/N)^0.5" in out
     assert (cfg.parent / "lr.png").stat().st_size > 10_000
+    assert _red_pixels(cfg.parent / "lr.png") > 100  # the config's lr, marked in matplotlib's C3 (nothing else is)
     model, before = built[0]
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key], msg=key)
@@ -165,3 +175,20 @@ def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_conf
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(cfg), "--num_training", "4"])
     assert "runs/tiny/lr_find.png' lies under runs/tiny, which is a file" in capsys.readouterr().err
+
+
+def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
+    """Catches an lr-find that leaves the user to work out how to use its answer: its last line is the fit command
+    with the suggested lr, which parses as printed (its --print_config shows that lr)."""
+    import shlex
+
+    cfg = run_config()
+    main(["lr-find", "--config", str(cfg), "--num_training", "12", "--out", "lr.png"])
+    out = capsys.readouterr().out
+    command = out.split("next:\n", 1)[1].strip()
+    lr = json.loads((cfg.parent / "lr.json").read_text())
+    lr = lr["suggestion"] or lr["rule_of_thumb"]
+    assert command.startswith(f"tinylm fit --config {cfg}") and command.endswith(f"--model.lr {lr:.2e}")
+    with pytest.raises(SystemExit) as e:
+        main([*shlex.split(command)[1:], "--print_config"])
+    assert e.value.code in (0, None) and f"lr: {float(f'{lr:.2e}')}" in capsys.readouterr().out

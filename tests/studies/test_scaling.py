@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -350,3 +351,23 @@ def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses,
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
           json.dumps(sizes[3]), "--head_size", "8", "--out", "s.png"])
     assert f"{side} the ladder's range" in capsys.readouterr().out
+
+
+def test_scaling_says_rung_k_of_n_and_the_ladders_time_left(run_config, capsys, caplog):
+    """Catches a ladder that trains for hours saying nothing of where it is: each rung says "rung k of n" (a reused
+    one says so), and from the second trained rung on, the ladder's time left; the end names the plot command."""
+    import shlex
+
+    cfg = run_config()
+    sizes = [[1, 8], [1, 12], [1, 16]]
+    _finished_runs(cfg, sizes[:1], lambda r, _: 1.5 + 30 * r.params**-0.5, budget=2e7)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["scaling", "--config", str(cfg), "--budget", "2e7", "--sizes", json.dumps(sizes), "--predict", "[1,20]",
+              "--out", "k.png"])
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scaling: rung")]
+    assert [s.split(":")[1].strip() for s in said] == [f"rung {k} of 4" for k in (1, 2, 3, 4)], said
+    assert "(finished before: reused)" in said[0] and "left" not in said[1]
+    assert re.search(r"about \S+ left for the ladder \(2 runs to train\)", said[2]), said[2]
+    assert re.search(r"about \S+ left for the ladder \(1 run to train\)", said[3]), said[3]
+    plot = capsys.readouterr().out.split("next:\n", 1)[1].strip()
+    assert plot.startswith("tinylm plot ") and all(Path(p).is_dir() for p in shlex.split(plot)[2:])

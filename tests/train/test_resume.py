@@ -232,22 +232,31 @@ def test_resume_on_a_notional_epoch_boundary_keeps_dropout_exact(run_config, tmp
         assert resumed[step] == pytest.approx(straight[step], abs=1e-5), f"step {step}"
 
 
-def test_progress_bar_counts_batches_under_accumulation_and_after_a_resume(run_config, capsys):
-    """The bar ends at its total: a step is accumulate_grad_batches batches, and a run resumed mid-epoch starts its
-    bar at the batch it resumed from (Lightning's own bar showed `20/5` and, after a resume, `Training: 40/?`)."""
-    config = run_config(trainer={"max_steps": 3, "accumulate_grad_batches": 2, "val_check_interval": 100,
+def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_config, capsys):
+    """One bar for the run: optimizer steps of max_steps (not a notional epoch's batches, which showed "Epoch 0: 100%
+    1307/1307" at 65% of a 2,000-step run, with the ETA of that epoch), a resumed run's bar starting at its step
+    (its ETA then counts the steps left), loss, val loss, tokens/sec and lr beside it."""
+    from tinylm.cli.fit import lightning_main
+    from tinylm.train.callbacks import ProgressBar
+
+    config = run_config(trainer={"max_steps": 3, "accumulate_grad_batches": 2, "val_check_interval": 2,
                                  "enable_progress_bar": True})
 
-    def bar_ends() -> list[str]:
+    def bar_of(cli):
+        bar = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressBar)).train_progress_bar
         out = capsys.readouterr().out.replace("\r", "\n")  # Lightning draws its bars on stdout
-        return [line.split("[")[0].strip() for line in out.splitlines() if line.startswith(("Epoch", "Training"))]
+        lines = [line.split("[")[0].strip() for line in out.splitlines() if line.startswith(("steps", "Epoch"))]
+        return bar, dict(item.split("=") for item in bar.postfix.split(", ")), lines
 
-    main(["fit", "--config", str(config)])
-    assert bar_ends()[-1] == "Epoch 0: 100%|██████████| 6/6"
-    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5"])
-    lines = bar_ends()
-    assert lines[-1] == "Epoch 0: 100%|██████████| 10/10"
-    assert not any("?" in line for line in lines if line.startswith("Epoch")), lines
+    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config)]))
+    assert (bar.total, bar.initial, bar.n) == (3, 0, 3)
+    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
+    assert lines[-1] == "steps: 100%|██████████| 3/3" and not any(line.startswith("Epoch") for line in lines)
+    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config), "--ckpt_path", "last",
+                                                 "--trainer.max_steps", "5"]))
+    assert (bar.total, bar.initial, bar.n) == (5, 3, 5)
+    assert lines[0].startswith("steps:  60%") and lines[-1] == "steps: 100%|██████████| 5/5", lines
+    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
 
 
 def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_config):

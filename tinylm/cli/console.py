@@ -79,10 +79,12 @@ class _RankZero(logging.Filter):
 
 
 class _NoTips(logging.Filter):
-    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger")."""
+    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger"), and its note that tinylm's own
+    model summary (tinylm.train.run.FlopsSummary) stands in for its default one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in str(record.msg)
+        msg = str(record.msg)
+        return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg
 
 
 def format_validate(row: dict, path: Path | None) -> str:

@@ -185,7 +185,8 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":
             callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
                                       every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False)
+                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False,
+                                      model_summary=trainer_cfg.get("enable_model_summary") is not False)
         else:
             from tinylm.train.callbacks import ProgressBar
 
@@ -226,6 +227,7 @@ class TinyLMCLI(LightningCLI):
         # LightningCLI adds its SaveConfigCallback here; ours writes <run dir>/config.yaml (fit only)
         self.save_config_callback = None
         trainer = super()._instantiate_trainer(config, callbacks)
+        self._set_cpu_threads(trainer)
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
             # ddp's launcher starts it with the ranks it ran (a weak reference: the module outlives the trainer)
             subprocess_script._launch_process_observer = functools.partial(ranks.watch_ranks,
@@ -243,6 +245,19 @@ class TinyLMCLI(LightningCLI):
                               resume_step=self.resume_step, continues=self.continues, **self.save_config_kwargs)
             trainer.callbacks.append(saver)
         return trainer
+
+    def _set_cpu_threads(self, trainer) -> None:
+        """A run in one CPU process takes torch's thread count from the CPUs free now (tinylm.device); under DDP
+        Lightning divides the CPUs among the ranks itself."""
+        if trainer.strategy.root_device.type != "cpu" or trainer.world_size != 1:
+            return
+        import torch
+
+        from tinylm.device import choose_cpu_threads
+
+        threads, why = choose_cpu_threads(self.config_init[self.subcommand]["run"].threads)
+        torch.set_num_threads(threads)
+        log.info("CPU threads: %s", why)
 
     # ---- after the command -------------------------------------------------------------------------------------
     def before_fit(self) -> None:

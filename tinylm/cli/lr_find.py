@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 
@@ -52,11 +53,14 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(), min_lr=min_lr,
                             max_lr=max_lr, num_training=num_training)
     path = plot_lr_find(result, path,
-                        title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters")
+                        title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters",
+                        config_lr=cli.model.hparams.lr)
     summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
+    lr = result.suggestion or result.rule_of_thumb
+    print(f"next:\n  tinylm fit {shlex.join(fit_args)} --model.lr {lr:.2e}")
     return summary
 
 

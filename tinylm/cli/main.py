@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
@@ -122,15 +123,30 @@ def _run(command: str, rest: list[str], program: bool) -> None:
         console.setup_lightning()
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
+        started = time.perf_counter()
         with signals.terminate_cleanly(command, program, rest):
             cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
+            from tinylm.cli.summary import validate_next
+
             print(console.format_validate(cli.validate_result, cli.validate_csv))
+            print(validate_next(Path(cli.validate_result["checkpoint"])))
+        if command == "fit" and not ranks.rank():
+            print(_fit_summary(cli, time.perf_counter() - started))
     else:
         from tinylm.cli import commands
 
         with signals.terminate_cleanly(command):
             commands.run(command, rest)
+
+
+def _fit_summary(cli, seconds: float) -> str:
+    from tinylm.cli.summary import fit_summary
+
+    trainer, data = cli.trainer, cli.datamodule
+    tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
+    return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
+                       tokens_per_step=tokens, seconds=seconds)
 
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:

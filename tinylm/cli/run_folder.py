@@ -36,12 +36,16 @@ class RunOptions:
         checkpoint_every: Save ``step-N.ckpt`` and ``last.ckpt`` every this many optimizer steps
             (and always at the end of training).
         keep_checkpoints: How many periodic ``step-N.ckpt`` files to keep (-1 keeps all).
+        threads: Torch's CPU threads for a run on one CPU process. Unset: the CPUs other processes leave free when
+            the run starts, at most torch's default (OMP_NUM_THREADS or MKL_NUM_THREADS in the environment set it
+            instead). The start line says the choice.
     """
 
     name: str = "tinylm"
     wandb_project: str | None = "tinylm"
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         _check_run_name(self.name)
@@ -49,6 +53,8 @@ class RunOptions:
             raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
         if self.keep_checkpoints < -1:
             raise ValueError(f"run.keep_checkpoints must be -1 (keep all) or >= 0, got {self.keep_checkpoints}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"run.threads must be >= 1 (or unset: chosen from the free CPUs), got {self.threads}")
 
 
 RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all runs

@@ -71,13 +71,16 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
-    losses = [_train_rung(root / name, r, [*fit_args, *no_samples], accumulate) for r, name in zip(rungs, names)]
+    losses = _train_ladder(rungs, [root / name for name in names], [*fit_args, *no_samples], accumulate)
     if not rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
         return {}
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
     out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
     print(format_scaling(result))
+    from tinylm.cli.summary import shown
+
+    print(f"next:\n  tinylm plot {' '.join(shown(root / name) for name in names)}")
     return result
 
 
@@ -142,6 +145,28 @@ def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_
             log.warning("%s trains %d steps, %.0f%% of the budget's FLOPs (steps are whole): the ladder is not "
                         "compute-matched; raise --budget", r.label, r.max_steps, 100 * spent)
     return rungs, shape
+
+
+def _train_ladder(rungs: list, run_dirs: list[Path], fit_args: list[str], accumulate: int) -> list[float]:
+    """Each rung's final val/loss, training those not finished, saying "rung k of n" and, once one rung has trained,
+    the ladder's time left (every rung spends the same FLOPs: the mean time of the rungs trained so far, times the
+    unfinished ones)."""
+    from tinylm.cli.summary import count, duration
+
+    losses, spent, trained = [], 0.0, 0
+    for k, (r, run_dir) in enumerate(zip(rungs, run_dirs), 1):
+        unfinished = sum(final_val_loss(d, rr.max_steps) is None for rr, d in zip(rungs[k - 1:], run_dirs[k - 1:]))
+        finished = final_val_loss(run_dir, r.max_steps) is not None
+        eta = (f"; about {duration(spent / trained * unfinished)} left for the ladder ({count(unfinished, 'run')} to "
+               "train)"
+               if trained and unfinished else "")
+        log.info("scaling: rung %d of %d: %s, %s parameters, %s steps%s%s", k, len(rungs), run_dir.name,
+                 f"{r.params:,}", f"{r.max_steps:,}", " (finished before: reused)" if finished else "", eta)
+        started = time.perf_counter()
+        losses.append(_train_rung(run_dir, r, fit_args, accumulate))
+        if not finished:
+            spent, trained = spent + time.perf_counter() - started, trained + 1
+    return losses
 
 
 def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float:

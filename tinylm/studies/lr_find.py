@@ -110,8 +110,9 @@ def steepest_descent(lrs: list[float], losses: list[float]) -> float | None:
     return float(lrs[int(np.argmin(slopes))])
 
 
-def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "") -> Path:
-    """Loss against LR (log x), the suggestion and the rule of thumb as vertical lines, into the PNG ``out``."""
+def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "", config_lr: float | None = None) -> Path:
+    """Loss against LR (log x), the suggestion, the rule of thumb and the config's lr (``config_lr``, red) as
+    vertical lines, into the PNG ``out``."""
     from tinylm.studies.plots import figure_canvas
 
     fig, canvas = figure_canvas(figsize=(7, 4))
@@ -120,6 +121,8 @@ def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "") -> Path:
     if result.suggestion:
         ax.axvline(result.suggestion, color="C1", ls="--", label=f"steepest descent: {result.suggestion:.2e}")
     ax.axvline(result.rule_of_thumb, color="C2", ls=":", label=f"6e-4·(124M/N)^0.5: {result.rule_of_thumb:.2e}")
+    if config_lr:
+        ax.axvline(config_lr, color="C3", ls="-", lw=1.5, label=f"this config's model.lr: {config_lr:.2e}")
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel("loss (nats/token)")

@@ -10,9 +10,8 @@ from typing import ClassVar
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
-from tinylm.device import peak_flops_by_name, precision_dtypes
+from tinylm.device import others_cpu_seconds, peak_flops_by_name, precision_dtypes
 from tinylm.train.loggers import RunCSVLogger
 from tinylm.train.module import host_scalar, logging_step
 
@@ -77,7 +76,8 @@ class SpeedMonitor(L.Callback):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
-        self._marks: deque[tuple[float, int, float | None]] = deque(maxlen=window + 1)  # (time, tokens, CPU wait)
+        # (time, tokens, CPU wait, other processes' CPU seconds)
+        self._marks: deque[tuple[float, int, float | None, float | None]] = deque(maxlen=window + 1)
         self._tokens = 0
         self._step_seen = -1
         self._flops_per_token = 0.0
@@ -86,6 +86,7 @@ class SpeedMonitor(L.Callback):
         self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
         self.marks_taken = 0  # how many rates were taken: the health monitor reads each new one once
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
+        self.others_busy: float | None = None  # CPUs other processes kept busy over the window (health monitor)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flops_per_token = pl_module.model.flops_per_token()
@@ -107,7 +108,7 @@ class SpeedMonitor(L.Callback):
 
     def exclude(self, seconds: float) -> None:
         """Leave `seconds` of wall time just spent on other work (validating, sampling text) out of the rates."""
-        self._marks = deque(((t + seconds, n, w) for t, n, w in self._marks), maxlen=self._marks.maxlen)
+        self._marks = deque(((t + seconds, *rest) for t, *rest in self._marks), maxlen=self._marks.maxlen)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
@@ -123,15 +124,17 @@ class SpeedMonitor(L.Callback):
             if not logs:
                 return
             torch.cuda.synchronize(pl_module.device)
-        self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds()))
+        self._marks.append((time.perf_counter(), self._tokens, cpu_wait_seconds(), others_cpu_seconds()))
         self.marks_taken += 1
         if len(self._marks) < 2:
             return
-        (t0, n0, w0), (t1, n1, w1) = self._marks[0], self._marks[-1]
+        (t0, n0, w0, o0), (t1, n1, w1, o1) = self._marks[0], self._marks[-1]
         per_device = (n1 - n0) / max(t1 - t0, 1e-9)
         self.tokens_per_sec = per_device * trainer.world_size
         if w0 is not None and w1 is not None:
             self.cpu_wait_fraction = (w1 - w0) / max(t1 - t0, 1e-9) / torch.get_num_threads()
+        if o0 is not None and o1 is not None:
+            self.others_busy = max(0.0, (o1 - o0) / max(t1 - t0, 1e-9))
         if not logs:
             return
         pl_module.log("train/tokens_per_sec", host_scalar(self.tokens_per_sec), prog_bar=True, rank_zero_only=True)
@@ -366,10 +369,13 @@ class PeriodicCheckpoint(ModelCheckpoint):
 
 
 class ProgressBar(TQDMProgressBar):
-    """Lightning's TQDM bar showing loss, learning rate and tokens/sec in readable units (no version number).
+    """One bar for the whole run: optimizer steps of ``trainer.max_steps`` (a resumed run's bar starts at its step),
+    with loss, val loss, learning rate and tokens/sec, and tqdm's ETA to the run's end.
 
-    Redrawn at most every ``min_interval`` seconds during training: Lightning redraws it (and formats its metrics)
-    after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
+    Lightning's bar counts the batches of a notional epoch ("Epoch 0: 100% 1307/1307" at 65% of a 2,000-step run)
+    and its ETA is the epoch's end. Redrawn at most every ``min_interval`` seconds during training: Lightning redraws
+    it (and formats its metrics) after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
+    Without ``max_steps`` (Lightning's bar, for code that builds a Trainer by hand) it counts epochs' batches.
     """
 
     _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr",
@@ -379,42 +385,41 @@ class ProgressBar(TQDMProgressBar):
         super().__init__(**kwargs)
         self.min_interval = min_interval
         self._drawn = 0.0
-        self._first = 0  # the epoch's batch index this run began at (not 0 after a resume mid-epoch)
 
-    @property
-    def total_train_batches(self) -> int | float:
-        """The batch index at which this epoch's bar ends: the epoch's end, or the batch of the run's last step.
-
-        Lightning's own counts `max_steps - global_step` batches, which is too few under gradient accumulation
-        (a step is `accumulate_grad_batches` batches) and after a resume mid-epoch (the bar starts there)."""
-        trainer = self.trainer
-        total = trainer.num_training_batches
-        if trainer.max_steps > 0:
-            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-            total = min(total, self._first + left)
-        return total
+    @staticmethod
+    def _by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_steps > 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if trainer.fit_loop.restarted_mid_epoch:  # Lightning calls no on_train_epoch_start for this epoch
-            self._first = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        if self._by_steps(trainer):
             bar = self.train_progress_bar
-            bar.reset(total=convert_inf(self.total_train_batches))
-            bar.initial = bar.n = self._first
-            bar.set_description(f"Epoch {trainer.current_epoch}")
+            bar.reset(total=trainer.max_steps)
+            bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
+            bar.set_description("steps")
+            bar.refresh()
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
-        self._first = 0
-        super().on_train_epoch_start(trainer, *args)
+        if not self._by_steps(trainer):  # epochs are notional: the run's bar goes on across them
+            super().on_train_epoch_start(trainer, *args)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
+        if not self._by_steps(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
         now = time.perf_counter()
-        last = batch_idx + 1 >= self.total_train_batches or 0 < trainer.max_steps <= trainer.global_step
-        if now - self._drawn < self.min_interval and not last:
+        last = trainer.global_step >= trainer.max_steps
+        bar = self.train_progress_bar
+        if bar.disable or (now - self._drawn < self.min_interval and not last) or bar.n == trainer.global_step:
             return  # the next drawing sets the bar's count to the true position
         self._drawn = now
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        bar.n = trainer.global_step
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)

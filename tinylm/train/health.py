@@ -16,7 +16,10 @@ Detectors, with what they usually mean:
   while other processes keep the run waiting for CPUs less than ``contention_margin`` of the time (on a shared
   machine the rate follows the other jobs): neither wall nor CPU time can tell a busier machine from a slower run
   (idle OpenMP threads spin, and time slices shared with other jobs cost cache refills: the run's own time per step
-  rose 20-50% in tests).
+  rose 20-50% in tests). So the reference rate is also only compared with windows where other processes kept about
+  as many CPUs busy as when it was taken (``load_margin``): other jobs starting or ending start a new reference.
+- ``contention``: the run waited for CPUs held by other processes most of the time: it runs at their pace; fewer
+  torch threads (``--run.threads 1``) lose less at each operator's barrier.
 
 Loss and gradient norm stay tensors on the device until ``sync_every`` steps have gathered, then are read with one
 device synchronisation (a ``float()`` per step would stall a GPU's queue every step); pending values are always
@@ -37,7 +40,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
-from tinylm.device import precision_dtypes
+from tinylm.device import precision_dtypes, usable_cpus
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -74,7 +77,11 @@ class HealthMonitor(L.Callback):
             (the best ``window``-step median so far) for ``window`` optimizer steps...
         contention_margin: ...judged only while the run waited for CPUs held by other processes less than this
             fraction of the time: on a machine loaded by other jobs the rate moves with them (measured: 230 to
-            2,400 tokens/sec, steps alike, at one steady 60 % wait), not with the run.
+            2,400 tokens/sec, steps alike, at one steady 60 % wait), not with the run...
+        load_margin: ...and only against a reference taken while other processes kept as many CPUs busy, within this
+            many CPUs (a job that started beside a healthy run slowed it 30-40% at a wait under 20%: no slowdown).
+        contention_alert: ``contention`` fires (once) when the run waited for CPUs more than this fraction of the
+            time over ``window`` steps.
         window: Optimizer steps averaged for loss and throughput comparisons.
         halt_on_nonfinite: Stop the run on NaN/Inf loss or gradients (raise :class:`TrainingHealthError`), and end a
             run whose last validation diverged with that error too (after its checkpoints are saved).
@@ -98,6 +105,8 @@ class HealthMonitor(L.Callback):
         overfit_patience: int = 3,
         slowdown_fraction: float = 0.3,
         contention_margin: float = 0.2,
+        load_margin: float = 0.5,
+        contention_alert: float = 0.5,
         window: int = 20,
         halt_on_nonfinite: bool = True,
         diverged_factor: float | None = 1.5,
@@ -114,6 +123,8 @@ class HealthMonitor(L.Callback):
         self.overfit_patience = overfit_patience
         self.slowdown_fraction = slowdown_fraction
         self.contention_margin = contention_margin
+        self.load_margin = load_margin
+        self.contention_alert = contention_alert
         self.window = window
         self.halt_on_nonfinite = halt_on_nonfinite
         self.diverged_factor = diverged_factor
@@ -130,6 +141,9 @@ class HealthMonitor(L.Callback):
         self._best_rate: float | None = None
         self._rates: deque[float] = deque(maxlen=window)
         self._shares: deque[float] = deque(maxlen=window)  # share of the CPUs the run got, beside each rate
+        self._others: deque[float] = deque(maxlen=window)  # CPUs other processes kept busy, beside each rate
+        self._best_others: float | None = None  # ... when the reference rate was taken
+        self.load_changes = 0  # references dropped because other jobs started or ended
         self._rates_seen: int | None = None  # the speed monitor's marks_taken when its rate was last read
         self._slow_streak = 0
         self.contended_windows = 0  # throughput windows not judged: other processes held the CPUs
@@ -281,19 +295,28 @@ class HealthMonitor(L.Callback):
         self._rates_seen = taken
         self._rates.append(float(rate))
         self._shares.append(min(1.0, max(0.01, 1.0 - (getattr(speed, "cpu_wait_fraction", None) or 0.0))))
+        if (others := getattr(speed, "others_busy", None)) is not None:
+            self._others.append(float(others))
         if len(self._rates) < self.window:
             return
         current, share = statistics.median(self._rates), statistics.median(self._shares)
+        others = statistics.median(self._others) if len(self._others) == len(self._rates) else None
+        if share < 1 - self.contention_alert:
+            self._contention(trainer, 1 - share, others)
         if share < 1 - self.contention_margin:
             # other jobs hold the CPUs: the rate follows them, and by more than the share (a torch thread that
             # waits for a CPU keeps its peers spinning at the next barrier), so it says nothing about the run
             self._slow_streak = 0
             self.contended_windows += 1
             return
-        if self._best_rate is None or current > self._best_rate:
+        load_changed = (others is not None and self._best_others is not None
+                        and abs(others - self._best_others) > self.load_margin)
+        if self._best_rate is None or current > self._best_rate or load_changed:
             # the reference is the best window so far: a first window caught in a dip (a validation, the page cache
-            # warming up) would hide a real slowdown later
-            self._best_rate, self._slow_streak = current, 0
+            # warming up) would hide a real slowdown later. Other jobs that started (or ended) since it was taken
+            # make a new one: the rate moved with them, not with the run
+            self.load_changes += load_changed
+            self._best_rate, self._best_others, self._slow_streak = current, others, 0
             return
         # sustained: `window` judged steps in a row (a load arriving moves the rate a little before the share)
         self._slow_streak = self._slow_streak + 1 if current < (1 - self.slowdown_fraction) * self._best_rate else 0
@@ -306,6 +329,15 @@ class HealthMonitor(L.Callback):
                 "stalls (other jobs can still starve the loader's worker processes, which this does not measure), or "
                 "thermal throttling",
             )
+
+    def _contention(self, trainer: L.Trainer, wait: float, others: float | None) -> None:
+        threads = torch.get_num_threads()
+        busy = f" (other processes kept {others:.1f} CPUs busy)" if others is not None else ""
+        fix = (f"--run.threads 1 (this run has {threads}: each waits at every operator for the slowest) or "
+               if threads > 1 else "")
+        self._alert(trainer, "contention",
+                    f"the run waited for CPUs held by other processes {wait:.0%} of the time{busy} on "
+                    f"{usable_cpus()} CPUs: it runs at their pace, not its own. Use {fix}a quieter machine")
 
     # ---- validation ---------------------------------------------------------------------------------------------
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -366,7 +398,7 @@ class HealthMonitor(L.Callback):
         if self._owner is not None:
             self._check_pending(*self._owner)
         return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate,
-                "sane_val_step": self._sane_val_step}
+                "sane_val_step": self._sane_val_step, "best_others": self._best_others}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
@@ -374,6 +406,7 @@ class HealthMonitor(L.Callback):
         # early_rate: its name in older checkpoints
         self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))
         self._sane_val_step = int(state_dict.get("sane_val_step", -1))
+        self._best_others = state_dict.get("best_others")
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:

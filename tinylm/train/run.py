@@ -6,10 +6,12 @@ The CLI adds these to whatever callbacks the user's config names; code that buil
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from tinylm.train.callbacks import (
     FinalValidation,
@@ -21,6 +23,35 @@ from tinylm.train.callbacks import (
 )
 from tinylm.train.health import HealthMonitor
 from tinylm.train.interrupt import InterruptCheckpoint, InterruptStop
+
+log = logging.getLogger("tinylm")
+
+
+class FlopsSummary(ModelSummary):
+    """Lightning's model summary (layers, parameters, size) with tinylm's training FLOPs per token
+    (`GPT.flops_per_token`: 6N + attention, forward + backward) instead of Lightning's FLOPs column, which counts a
+    forward over ``example_input_array``: tinylm has none, and the summary said "Total FLOPs: 0"."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        model = getattr(pl_module, "model", None)
+        self._per_token = model.flops_per_token() if hasattr(model, "flops_per_token") else None
+        super().on_fit_start(trainer, pl_module)
+
+    def summarize(self, summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
+                  model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs) -> None:
+        cols = [(name, [str(v) for v in values]) for name, values in summary_data if name != "FLOPs"]
+        widths = [max(len(name), *map(len, values)) for name, values in cols]
+        lines = [" | ".join(f"{name:<{w}}" for (name, _), w in zip(cols, widths))]
+        lines.append("-" * len(lines[0]))
+        lines += [" | ".join(f"{values[i]:<{w}}" for (_, values), w in zip(cols, widths))
+                  for i in range(len(cols[0][1]))]
+        lines.append(f"{get_human_readable_count(trainable_parameters)} trainable parameters of "
+                     f"{get_human_readable_count(total_parameters)} ({model_size:,.3f} MB); modules: "
+                     f"{total_training_modes['train']} in train mode, {total_training_modes['eval']} in eval mode")
+        if self._per_token:
+            lines.append(f"{get_human_readable_count(int(self._per_token))} training FLOPs per token (6N + "
+                         "attention, forward + backward: GPT.flops_per_token)")
+        log.info("\n%s", "\n".join(lines))
 
 
 def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int) -> list[L.Callback]:
@@ -51,20 +82,22 @@ def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int)
     ]
 
 
-def monitor_callbacks(*, progress_bar: bool) -> list[L.Callback]:
-    """Throughput/MFU, RNG state and logged step for exact resume, the health monitor, and the progress bar when it
-    is on."""
+def monitor_callbacks(*, progress_bar: bool, model_summary: bool = True) -> list[L.Callback]:
+    """Throughput/MFU, RNG state and logged step for exact resume, the health monitor, and the progress bar and
+    model summary when they are on."""
     callbacks: list[L.Callback] = [SpeedMonitor(), RNGState(), LoggedStep(), HealthMonitor()]
     if progress_bar:
         callbacks.append(ProgressBar())
+    if model_summary:
+        callbacks.append(FlopsSummary())
     return callbacks
 
 
 def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int,
-                  progress_bar: bool) -> list[L.Callback]:
+                  progress_bar: bool, model_summary: bool = True) -> list[L.Callback]:
     """All of a run's callbacks (the last step's log row and validation among them); ``ckpt_dir=None`` leaves out the
     checkpoint callbacks (checkpointing off)."""
     # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
     ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
                                                                                keep=keep)
-    return [*ckpts, FinalValidation(), *monitor_callbacks(progress_bar=progress_bar)]
+    return [*ckpts, FinalValidation(), *monitor_callbacks(progress_bar=progress_bar, model_summary=model_summary)]

@@ -1,0 +1,56 @@
+"""Torch's CPU threads on a shared machine: chosen from the CPUs other processes leave free, said in the start line,
+set by --run.threads or the environment."""
+
+import pytest
+import torch
+from helpers import _one_line_error
+
+from tinylm.cli import main
+from tinylm.device import choose_cpu_threads, usable_cpus
+
+
+@pytest.fixture
+def threads():
+    """Torch's thread count is process-wide: put it back for the tests that follow."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_busy_cpus_leave_one_thread_and_quiet_ones_torchs_default(monkeypatch):
+    """Catches a run that keeps torch's 2 threads while other jobs hold both CPUs (a laptop-recipe step took 5.8 s
+    instead of 0.64 s with 1 thread), or that takes fewer than today's on a quiet machine."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    cpus = usable_cpus()
+    assert choose_cpu_threads(default=cpus, busy=float(cpus))[0] == 1
+    assert choose_cpu_threads(default=cpus, busy=3.0 * cpus)[0] == 1
+    n, why = choose_cpu_threads(default=cpus, busy=0.0)
+    assert n == cpus and why.startswith(f"{cpus} of {cpus}")
+    if cpus >= 2:
+        n, why = choose_cpu_threads(default=cpus, busy=cpus - 1.0)
+        assert n == 1 and f"kept {cpus - 1.0:.1f} of {cpus} CPUs busy" in why
+
+
+def test_run_threads_and_the_environment_override_the_choice(monkeypatch):
+    """Catches tinylm's choice overruling a user's: --run.threads first, then OMP_NUM_THREADS / MKL_NUM_THREADS."""
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert choose_cpu_threads(5, default=2, busy=2.0) == (5, "5 (--run.threads)")
+    n, why = choose_cpu_threads(None, default=2, busy=2.0)
+    assert n == torch.get_num_threads() and "OMP_NUM_THREADS=3" in why
+
+
+def test_fit_sets_and_says_its_threads(run_config, threads, caplog):
+    """Catches `--run.threads` parsed but not applied, or the choice not said at the start of a run."""
+    config = run_config(trainer={"max_steps": 1, "val_check_interval": 1})
+    torch.set_num_threads(2)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--run.threads", "1"])
+    assert torch.get_num_threads() == 1
+    assert "CPU threads: 1 (--run.threads)" in [r.getMessage() for r in caplog.records]
+
+
+def test_zero_threads_is_refused_in_one_line(run_config, capsys):
+    """Catches --run.threads 0 reaching torch (which refuses it mid-start with a traceback)."""
+    _one_line_error(capsys, ["fit", "--config", str(run_config()), "--run.threads", "0"], "run.threads", "got 0")

@@ -1,0 +1,61 @@
+"""What a command says when it is done: a run's summary with its files and the next commands, ready to paste."""
+
+import re
+import shlex
+from pathlib import Path
+
+from tinylm.cli import main
+
+
+def _summary(out: str) -> tuple[str, list[str]]:
+    """The summary's lines from 'run NAME done' on, and its `next:` commands."""
+    text = out[out.index("run tiny done"):]
+    commands = [line.strip() for line in text.split("next:\n", 1)[1].splitlines() if line.startswith("  tinylm ")]
+    return text, commands
+
+
+def test_fit_ends_with_a_summary_whose_paths_exist_and_commands_run(run_config, capsys):
+    """Catches a run ending on Lightning's "`Trainer.fit` stopped" with nothing about what it made: steps, tokens,
+    time, final and best val/loss and val/bpb, where best.ckpt and the metrics are, and the next commands with this
+    run's paths. Each printed path exists and each printed command runs as printed."""
+    config = run_config(trainer={"max_steps": 4, "val_check_interval": 2})
+    main(["fit", "--config", str(config)])
+    text, commands = _summary(capsys.readouterr().out)
+    assert re.match(r"run tiny done: step 4: 4 steps, 128 tokens in [\d.]+s\n", text), text
+    best = re.search(r"val/loss +final (\d\.\d{4}) +best (\d\.\d{4}) \(step (\d)\)", text)
+    assert best and float(best[2]) <= float(best[1]) and best[3] in "24", text
+    assert re.search(r"val/bpb +final \d\.\d{4} +best \d\.\d{4}", text), text
+    for path in ("runs/tiny/checkpoints/best.ckpt", "runs/tiny/checkpoints/last.ckpt", "runs/tiny/csv/metrics.csv"):
+        assert path in text and Path(path).is_file(), path
+    assert [c.split()[1] for c in commands] == ["generate", "validate", "plot", "export"]
+    for command in commands:
+        args = shlex.split(command)[1:]
+        main(args + (["--max_new_tokens", "4"] if args[0] == "generate" else []))
+    assert Path("runs/tiny/hf/config.json").is_file() and Path("runs/tiny/validate/metrics.csv").is_file()
+    out = capsys.readouterr().out
+    assert "next:\n  tinylm generate --ckpt_path runs/tiny/checkpoints/best.ckpt" in out  # validate's own
+
+
+def test_a_resumed_run_counts_its_own_steps(run_config, capsys):
+    """Catches the summary of a resume counting the steps (and tokens) of the run before it."""
+    config = run_config(trainer={"max_steps": 2, "val_check_interval": 2})
+    main(["fit", "--config", str(config)])
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    text, _ = _summary(capsys.readouterr().out)
+    assert text.startswith("run tiny done: step 3: 1 step (from step 2), 32 tokens in "), text
+
+
+def test_the_model_summary_gives_tinylms_flops_per_token(run_config, caplog):
+    """Catches the model summary's "Total FLOPs: 0" (Lightning counts a forward over an example_input_array tinylm
+    does not have): it gives the training FLOPs per token that MFU and `plan` use."""
+    from lightning.pytorch.utilities.model_summary import get_human_readable_count
+
+    from tinylm.cli.fit import lightning_main
+
+    config = run_config(trainer={"enable_model_summary": True})
+    with caplog.at_level("INFO"):
+        cli = lightning_main(["fit", "--config", str(config)])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    per_token = get_human_readable_count(int(cli.model.model.flops_per_token()))
+    assert f"{per_token} training FLOPs per token" in text and "FLOPs:" not in text and "| FLOPs" not in text

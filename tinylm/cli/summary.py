@@ -1,0 +1,80 @@
+"""What a command says when it is done: a run's summary (steps, tokens, time, final and best validation, where its
+files are) and the next commands, with this run's own paths, ready to paste."""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from pathlib import Path
+
+
+def shown(path: Path | str) -> str:
+    """A path as a user types it: relative to the working directory when it is below it, quoted for a shell."""
+    path = Path(path)
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return shlex.quote(str(path))
+
+
+def next_commands(ckpt: Path, run_dir: Path) -> list[str]:
+    """generate, validate, plot and export for a checkpoint of the run in ``run_dir``."""
+    c, r = shown(ckpt), shown(run_dir)
+    return [f"tinylm generate --ckpt_path {c} --prompt 'ROMEO:'",
+            f"tinylm validate --ckpt_path {c}",
+            f"tinylm plot {r}",
+            f"tinylm export --ckpt_path {c} --out {shown(run_dir / 'hf')}"]
+
+
+def _val_rows(metrics: Path) -> list[dict]:
+    if not metrics.is_file():
+        return []
+    with open(metrics, newline="", encoding="utf-8") as f:
+        return [r for r in csv.DictReader(f) if r.get("val/loss")]
+
+
+def count(n: int, thing: str) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{n:,} {thing}{'s' * (n != 1)}"
+
+
+def duration(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{seconds:.1f}s"
+
+
+def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float) -> str:
+    """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
+    val/bpb (from the run's CSV), where best.ckpt and the metrics are, and the next commands."""
+    done = steps - first_step
+    tokens = f", {tokens_per_step * done:,} tokens" if tokens_per_step else ""
+    since = f" (from step {first_step:,})" if first_step else ""
+    lines = [f"run {run_dir.name} done: step {steps:,}: {count(done, 'step')}{since}{tokens} in {duration(seconds)}"]
+    metrics = run_dir / "csv" / "metrics.csv"
+    rows = _val_rows(metrics)
+    if rows:
+        final, best = rows[-1], min(rows, key=lambda r: float(r["val/loss"]))
+        for key in ("val/loss", "val/bpb"):
+            if final.get(key):
+                lines.append(f"  {key:<8} final {float(final[key]):.4f}   best {float(best[key]):.4f} "
+                             f"(step {int(float(best['step'])) + 1:,})")
+    ckpts = run_dir / "checkpoints"
+    best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
+    saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.is_file()]
+    if saved:
+        lines.append(f"  checkpoints: {', '.join(saved)}")
+    if metrics.is_file():
+        lines.append(f"  metrics:     {shown(metrics)}")
+    ckpt = best_ckpt if best_ckpt.is_file() else last_ckpt if last_ckpt.is_file() else None
+    if ckpt is not None:
+        lines.append("next:")
+        lines += [f"  {c}" for c in next_commands(ckpt, run_dir)]
+    return "\n".join(lines)
+
+
+def validate_next(ckpt: Path) -> str:
+    """After `tinylm validate`: what else to do with that checkpoint."""
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir) if " validate " not in c)
