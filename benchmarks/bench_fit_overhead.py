@@ -16,7 +16,7 @@ tensor the GPU would hold (parameters, the batch, and whatever is computed from 
 `torch.cuda.synchronize`, which SpeedMonitor calls on a GPU's logging steps only, does not run on a CPU: it is added to
 the table from the code (one per logging step).
 
-    python benchmarks/bench_fit_overhead.py                        # GPT-2 124M and the laptop recipe (~3 minutes)
+    python benchmarks/bench_fit_overhead.py            # GPT-2 124M (micro-batch 1 x 128, eager) and the laptop recipe
     python benchmarks/bench_fit_overhead.py --shapes laptop --steps 30
 """
 

@@ -16,7 +16,7 @@
 # prepare.py). tinylm runs as `$PYTHON -m tinylm fit --config configs/...` (the user's command, W&B off, samples
 # off in the 124M cases), nanoGPT as `python train.py ...` from its folder.
 # --cpu-smoke (or VS_SMOKE=1): both sides on the CPU at a tiny shape for 4 steps, fp32, no compile: checks the
-# commands, the parsing and the JSON without a GPU (about 3 minutes on 2 cores).
+# commands, the parsing and the JSON without a GPU (9 minutes on 2 cores at a load average of 10).
 # Environment: PYTHON (python3); WORK (OUT/work); CASES (all three, in the order above); STEPS_124M (30 optimizer
 # steps); RECIPE_STEPS (2500 of the recipe's 5000, the learning rate still decaying to 5000 as in the recipe: the
 # best val/loss falls near step 2000, and the whole recipe on both sides would take ~5.5 of the 8 minutes; 5000 runs
