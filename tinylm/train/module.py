@@ -159,6 +159,8 @@ class TinyLM(L.LightningModule):
             section's; vocab_size and the tokenizer must be the weights' own (a different one is refused).
     """
 
+    _loss_to_log: torch.Tensor | None = None  # the step's train/loss, logged after the optimizer step
+
     @config_options
     def __init__(
         self,
@@ -219,7 +221,6 @@ class TinyLM(L.LightningModule):
         # decision: whether the last optimizer step was skipped (a bool tensor; None without the guard)
         self.step_guard: Any = None
         self.step_skipped: torch.Tensor | None = None
-        self._loss_to_log: torch.Tensor | None = None  # the step's train/loss, logged after the optimizer step
         self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
