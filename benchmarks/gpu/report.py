@@ -15,7 +15,7 @@ from pathlib import Path
 
 NANOGPT_VAL = 1.4697  # nanoGPT's published best val loss for its shakespeare-char recipe
 STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "loss124m", "tinystories", "tinystories256",
-          "shakespeare")
+          "shakespeare", "vsnanogpt")
 
 
 def load_json(path: Path) -> dict | None:
@@ -143,6 +143,9 @@ def main(work: Path, out: Path) -> None:
                f"final {fmt(s['final_val_loss'], '.4f')}; {s['last_step'] + 1} steps; wall time of `tinylm fit` "
                f"{s['wall_seconds']} s (compilation, validation every 250 steps and samples included); "
                f"median {fmt(s['tokens_per_sec_median'], ',.0f')} tokens/s, MFU {fmt(s['mfu_median'], '.1%')}")]
+    report["vs_nanogpt"] = load_json(out / "vs_nanogpt.json")
+    if (out / "vs_nanogpt.md").exists():  # benchmarks/gpu/vs_nanogpt.sh's table
+        md += ["", "#" + (out / "vs_nanogpt.md").read_text().strip()]
     m = report["memory"]
     if m:
         md += ["", "## Peak GPU memory per recipe (bf16-mixed, eager, `max_memory_allocated`)", "",

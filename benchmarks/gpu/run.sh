@@ -8,8 +8,11 @@
 # default ../shared/data beside the checkout. Needs tinylm importable (installed, or the checkout on PYTHONPATH).
 # Environment: PYTHON (default python3); WORK, a scratch folder for runs and caches (default OUT/work);
 # STAGES, which stages to run (default: all, in this order): tests memory strategies syncs step124m loss124m
-# tinystories tinystories256 shakespeare. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
+# tinystories tinystories256 shakespeare vsnanogpt. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
 # one after the other. Each stage has a time limit (seconds: T_<stage>), so one that hangs costs only its own.
+# vsnanogpt (benchmarks/gpu/vs_nanogpt.sh: `tinylm fit` beside nanoGPT's train.py, ~8 minutes; OUT/vs_nanogpt.json)
+# needs NANOGPT, a folder with nanoGPT's files (default ../shared/reference/nanogpt beside the checkout); without
+# one, the default leaves it out.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -23,7 +26,11 @@ data=$(cd "$data" && pwd)
 work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 : >"$out/logs.txt"
-stages=${STAGES:-tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare}
+nanogpt=${NANOGPT:-$repo/../shared/reference/nanogpt}
+default_stages="tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare"
+[ -f "$nanogpt/train.py" ] && default_stages+=" vsnanogpt"
+stages=${STAGES:-$default_stages}
+T_vsnanogpt=${T_vsnanogpt:-900}  # its own cases have limits too (T_SIDE)
 export WANDB_MODE=disabled TINYLM_CACHE_DIR=$work/cache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd "$repo"
 want() { [[ " $stages " == *" $1 "* ]]; }
@@ -111,9 +118,12 @@ shakespeare() {
   cp runs/shakespeare-char/csv/metrics.csv "$out/shakespeare-char-metrics.csv"
   "$py" -m tinylm plot runs/shakespeare-char --out "$out/shakespeare-char.png" --reference 1.4697
 }
+vsnanogpt() {  # writes OUT/vs_nanogpt.json and OUT/vs_nanogpt.md; its sides' limits: T_SIDE (vs_nanogpt.sh)
+  WORK=$work/vsnanogpt bash "$here/vs_nanogpt.sh" "$out" "$data" "$nanogpt"
+}
 
-export py repo here data work out
-export -f tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare
+export py repo here data work out nanogpt
+export -f tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare vsnanogpt
 # correctness first, side by side; then the timed stages alone
 pids=()
 for s in tests memory strategies syncs; do
@@ -121,7 +131,7 @@ for s in tests memory strategies syncs; do
   [ "$s" = tests ] && sleep 2  # let pytest start first
 done
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
-for s in step124m loss124m tinystories tinystories256 shakespeare; do
+for s in step124m loss124m tinystories tinystories256 shakespeare vsnanogpt; do
   want "$s" && (stage "$s")
 done
 

@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 from tinylm.train.module import TinyLM
@@ -344,3 +345,36 @@ def test_compile_model_compiles_the_model_and_the_loss_as_one_graph(monkeypatch)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_grads, want_grads)
     assert list(module.state_dict()) == list(TinyLM(**TINY).state_dict())  # keys unchanged by the compile
+
+
+def test_train_loss_goes_to_the_host_after_the_optimizer_step(monkeypatch):
+    """Catches the step's loss copied to the host (`.cpu()`: on a GPU, a wait for every queued kernel) before the
+    optimizer step: the host then waited for the backward while the GPU, once done, idled until clipping and the
+    optimizer were queued. nanoGPT reads its loss after the step; so does tinylm, with the same value logged."""
+    events, log = [], TinyLM.log
+
+    def recording_log(self, name, value, *args, **kwargs):
+        if name == "train/loss":
+            events.append(("train/loss", float(value)))
+        return log(self, name, value, *args, **kwargs)
+
+    monkeypatch.setattr(TinyLM, "log", recording_log)
+    losses = []
+    handle = register_optimizer_step_post_hook(lambda *_: events.append(("step", None)))
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-3, warmup_steps=0)
+    step = module.training_step
+
+    def recorded_step(*args):
+        loss = step(*args)
+        losses.append(loss.item())
+        return loss
+
+    monkeypatch.setattr(module, "training_step", recorded_step)
+    try:
+        _trainer(max_steps=3, accumulate_grad_batches=2).fit(module, _batches(6))
+    finally:
+        handle.remove()
+    assert [kind for kind, _ in events] == ["step", "train/loss"] * 3
+    want = [(losses[2 * i] + losses[2 * i + 1]) / 2 for i in range(3)]  # the mean over the step's micro-batches
+    assert [v for kind, v in events if kind == "train/loss"] == pytest.approx(want, rel=1e-5)

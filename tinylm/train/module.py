@@ -159,6 +159,8 @@ class TinyLM(L.LightningModule):
             section's; vocab_size and the tokenizer must be the weights' own (a different one is refused).
     """
 
+    _loss_to_log: torch.Tensor | None = None  # the step's train/loss, logged after the optimizer step
+
     @config_options
     def __init__(
         self,
@@ -379,7 +381,7 @@ class TinyLM(L.LightningModule):
                 loss = self.step_loss  # ignores how the batch is split
                 if self.trainer.world_size > 1:
                     loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
-                self.log("train/loss", loss.cpu(), prog_bar=True)  # host_scalar says why on the CPU
+                self._loss_to_log = loss  # logged once the optimizer step is queued (optimizer_step says why)
         if self.muon_lr_ratio is not None:  # set by the LR range test only (tinylm.studies.lr_find says why)
             adamw_lr = optimizer.param_groups[0]["lr"]
             for group in optimizer.param_groups:
@@ -395,6 +397,12 @@ class TinyLM(L.LightningModule):
         # after the next training_step's forward, so they would stay alive beside that forward's activations:
         # a peak higher by the gradients' size (tinylm.studies.plan's memory model counts this).
         optimizer.zero_grad(set_to_none=True)
+        if self._loss_to_log is not None:
+            # The copy to the host waits on a GPU for every kernel queued before it. Here, after the optimizer's
+            # kernels, as nanoGPT reads its loss: in on_before_optimizer_step it waited for the backward and left the
+            # GPU idle while the host queued clipping and the optimizer (benchmarks/bench_fit_overhead.py counts it)
+            loss, self._loss_to_log = self._loss_to_log, None
+            self.log("train/loss", loss.cpu(), prog_bar=True)  # host_scalar says why on the CPU
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,

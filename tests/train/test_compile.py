@@ -1,0 +1,53 @@
+"""A compiled `tinylm fit` (--model.compile_model true) compiles once and then runs its graphs: no recompile after its
+first steps, through validations and checkpoint saves. A recompile on every step (or an eager fallback once dynamo's
+cache is full) would cost a GPU run its speed without a word (issue 34: `TORCH_LOGS=recompiles`)."""
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from tinylm.cli import main
+
+COMPILED: list[tuple[str, int, int]] = []  # (event, optimizer steps done, frames compiled so far)
+COUNTER: list[CompileCounterWithBackend] = []
+
+
+class _Frames(L.Callback):
+    """Records how many frames dynamo has compiled after each training batch and each validation."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        COMPILED.append(("train", trainer.global_step, COUNTER[0].frame_count))
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            COMPILED.append(("val", trainer.global_step, COUNTER[0].frame_count))
+
+
+@pytest.mark.slow
+def test_compiled_fit_makes_no_recompile_after_its_first_steps(run_config, monkeypatch, tmp_path):
+    """Catches a recompile (a guard that fails again: a shape, the train/eval mode, a Python value that changes
+    per step) after the first steps. dynamo compiles the training step (model and loss as one graph) at the first
+    batch and the evaluation forward at the first validation; from then on, with more steps, validations and
+    checkpoint saves, nothing. aot_eager runs dynamo and AOT autograd without generating kernels (inductor's
+    code generation adds nothing to what recompiles)."""
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    COMPILED.clear()
+    COUNTER[:] = [counter]
+    config = run_config(run={"checkpoint_every": 2}, model={"compile_model": True},
+                        trainer={"max_steps": 8, "val_check_interval": 2,
+                                 "callbacks": [{"class_path": "test_compile._Frames"}]})
+    main(["fit", "--config", str(config)])
+    assert sorted((tmp_path / "runs" / "tiny" / "checkpoints").glob("step-*.ckpt")), "no checkpoint was saved"
+    events = [(kind, step) for kind, step, _ in COMPILED]
+    assert events.count(("val", 2)) == 1 and events[-1] == ("val", 8), events  # validations in between and at the end
+    first_val = events.index(("val", 2))
+    settled = COMPILED[first_val][2]  # the training graph and the evaluation graph
+    assert COMPILED[0][2] >= 1, "the training step was not compiled"
+    assert [n for _, _, n in COMPILED[first_val:]] == [settled] * (len(COMPILED) - first_val), COMPILED
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
