@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import json
-import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -30,11 +29,9 @@ import torch
 
 from tinylm.checkpoint import load_model
 from tinylm.model import GPT, GPTConfig
-from tinylm.paths import check_output_path
+from tinylm.paths import ASIDE, check_output_path, follow_umask, swap_in_folder
 from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import STATE_FILE
-
-log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
@@ -45,7 +42,8 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "m
                 "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                 "chat_template.jinja", TINYLM_TOKENIZER_DIR)
-PARTIAL = ".tinylm-export.partial"  # the export being written, inside --out; left behind only by a killed export
+PARTIAL = ".tinylm-export.partial"  # the export being written, beside --out (.NAME.tinylm-export.partial); left behind
+# only by a killed export (inside --out by earlier versions, and where the folder holding --out is not writable)
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
@@ -138,7 +136,8 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         ckpt_path: a `.ckpt` written by `tinylm fit`.
         out_dir: directory to write: config.json, generation_config.json, model.safetensors, the Hugging Face
             tokenizer files and `tinylm_tokenizer/`. An earlier export there is replaced whole (no file of it
-            left behind to mix with this one); a folder holding anything else is refused.
+            left behind to mix with this one): the new one is written beside it and swapped in, so at every
+            instant the folder holds one whole export. A folder holding anything else is refused.
         dtype: dtype of the saved weights: torch.float32 (exact), torch.bfloat16 or torch.float16 (or their names).
     """
     dtype = _dtype(dtype)
@@ -153,16 +152,43 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); pass a new or empty folder")
     made = [p for p in [*reversed(out.parents), out] if not p.exists()]  # the folders mkdir makes, outermost first
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / PARTIAL  # written whole first: a failed export leaves the earlier one as it was
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target = out.resolve()  # a link to a folder: the folder it names is replaced, the link kept
+    # written whole beside --out first, then swapped in: at every instant --out holds one whole export (the
+    # earlier one or this one), and a failed or killed export leaves the earlier one as it was
+    tmp = target.parent / f".{target.name}{PARTIAL}"
     shutil.rmtree(tmp, ignore_errors=True)  # a killed export's: never mixed into this one
+    shutil.rmtree(target.parent / f".{target.name}{ASIDE}", ignore_errors=True)
     try:
-        _write_export(ckpt_path, tmp, dtype)
+        tmp.mkdir()
+    except PermissionError:  # --out's own folder is the user's to write, not the one that holds it
+        tmp = None
+    try:
+        if tmp is None:
+            out.mkdir(exist_ok=True)
+            _write_in_place(ckpt_path, out, dtype)
+        else:
+            _write_export(ckpt_path, tmp, dtype)
     except BaseException as e:
-        shutil.rmtree(made[0] if made else tmp, ignore_errors=True)
+        shutil.rmtree(made[0] if made else tmp or out / PARTIAL, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) and "(os error 28)" in str(e):  # safetensors' Rust writer: not an OSError
             raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
         raise
+    if tmp is not None:
+        follow_umask(tmp)
+        swap_in_folder(tmp, target, event="tinylm.export.swap")
+    return out
+
+
+def _write_in_place(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
+    """The export written into ``out/PARTIAL``, then moved into ``out`` file by file: only where the folder that
+    holds --out cannot be written to (so no new folder can go beside it)."""
+    tmp = out / PARTIAL
+    shutil.rmtree(tmp, ignore_errors=True)
+    _write_export(ckpt_path, tmp, dtype)
+    follow_umask(tmp)
     # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
     # only the names an export writes: a file that appeared meanwhile is the user's
     olds = [p for p in out.iterdir() if p != tmp and _export_name(p.name)]
@@ -174,8 +200,6 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     for new in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
         new.rename(out / new.name)
     tmp.rmdir()
-    log.info("exported %s to %s", ckpt_path, out)
-    return out
 
 
 def _export_name(name: str) -> bool:

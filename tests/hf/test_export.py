@@ -177,6 +177,33 @@ def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
         export_hf(ckpt, tmp_path / "hf2", dtype="int8")
 
 
+def test_export_says_its_result_once_and_its_files_follow_the_umask(tmp_path, char_tokenizer, capsys):
+    """Catches `tinylm export` saying its result twice ("wrote DIR: ..." and "exported CKPT to DIR") and writing
+    model.safetensors 0600 (other users of a shared model folder could not read the weights beside a readable
+    config.json), also when an earlier export is replaced."""
+    import os
+    import stat
+
+    from tinylm.cli import main
+
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    out = tmp_path / "hf"
+    old = os.umask(0o027)
+    try:
+        for _ in range(2):  # a new folder, then the earlier export replaced
+            capsys.readouterr()
+            main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
+            said = capsys.readouterr()
+            lines = [line for line in (said.out + said.err).splitlines()
+                     if str(out) in line and "load with" not in line]
+            assert len(lines) == 1, said
+            modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")}
+            assert modes["model.safetensors"] == 0o640, modes
+            assert {m for p, m in modes.items() if (out / p).is_file()} == {0o640}, modes
+    finally:
+        os.umask(old)
+
+
 def test_bad_checkpoints_fail_clearly(tmp_path, char_tokenizer):
     """Catches a missing path, a non-checkpoint file or weights of another shape failing deep inside torch instead
     of with a message naming the file, the tensor and both shapes."""
