@@ -69,6 +69,23 @@ def follow_umask(folder: Path) -> None:
 ASIDE = ".tinylm-swap.old"  # where swap_in_folder puts the earlier folder when it cannot exchange the two
 
 
+def missing_path(path: str | Path) -> str:
+    """Why a path that does not exist as such is not there, in words for an error line: "not found", "is a link to
+    nothing" (a dangling symbolic link), "is a loop of symbolic links", "cannot be reached (permission denied on a
+    folder above it)"."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a loop of symbolic links (each link names another; fix the links)"
+        if e.errno == errno.EACCES:
+            return "cannot be reached (permission denied on a folder on its way)"
+        if os.path.islink(path):
+            return f"is a link to nothing ({os.readlink(path)!r} does not exist)"
+        return "not found"
+    return "exists"
+
+
 def swap_in_folder(new: Path, target: Path, *, event: str) -> None:
     """Put the folder ``new`` (written whole, beside ``target`` in the same parent) in place of ``target`` so that at
     every instant ``target`` is either the earlier folder or the new one, whole: one atomic exchange of the two

@@ -219,6 +219,8 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
             what = "a finite number"
         reason = f"expected {what}, got {got}"
+        if key == "seed_everything":  # int or bool: jsonargparse's last try was the bool
+            reason = f"expected a whole number in [0, 2**32) or true (a random seed), got {got}"
     hint = ""
     linked = next((ln for ln in lines if " --> model." in ln), None)
     if linked:  # `--model.vocab_size 3`: a linked key given by hand

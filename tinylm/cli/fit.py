@@ -34,6 +34,7 @@ from tinylm.cli.trainer_checks import (
     warn_small_vocab,
     with_atomic_checkpoints,
 )
+from tinylm.ranges import SEED_RANGE, check_ranges
 from tinylm.train.loggers import finish_wandb
 
 log = logging.getLogger("tinylm")
@@ -122,6 +123,9 @@ class TinyLMCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
         super().parse_arguments(parser, args)
+        seed = self._section().get("seed_everything")
+        if not isinstance(seed, bool):  # true: a random seed; false: none set
+            check_ranges("", {"seed_everything": seed}, {"seed_everything": SEED_RANGE}, whole={"seed_everything"})
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.eval_callback import EvalTasks
