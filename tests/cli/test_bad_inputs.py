@@ -408,3 +408,10 @@ def test_an_empty_config_file_is_named(tmp_path, capsys, monkeypatch, text):
     (tmp_path / "a.yaml").symlink_to("b.yaml")
     (tmp_path / "b.yaml").symlink_to("a.yaml")
     _one_line_error(capsys, ["fit", "--config", "a.yaml"], "config file 'a.yaml' is a loop of symbolic links")
+
+
+def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
+    """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
+    _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
+                    "--sizes needs at least 3 [n_layer, n_embd] pairs", "got []")
+    assert not (tmp_path / "s").exists()
