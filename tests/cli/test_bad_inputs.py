@@ -415,3 +415,18 @@ def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys
     _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
                     "--sizes needs at least 3 [n_layer, n_embd] pairs", "got []")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "text, needles",
+    [("step,train/loss\n0,nan\n1,inf\n2,nan\n", ["logged no finite loss (3 train/loss values, every one NaN or inf)"]),
+     ("name,age\nann,3\n", ["is not a tinylm metrics.csv (no 'step' column", "pass a run folder"])],
+    ids=["all-nan", "not-a-metrics-csv"],
+)
+def test_plot_of_nothing_drawable_says_so(tmp_path, capsys, monkeypatch, text, needles):
+    """Catches `plot` of a run whose losses are all NaN/inf, or of a CSV that is not a metrics.csv, drawing an empty
+    picture under "no loss logged yet" and exiting 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics.csv").write_text(text)
+    _one_line_error(capsys, ["plot", "metrics.csv", "--out", "p.png"], *needles)
+    assert not (tmp_path / "p.png").exists()
