@@ -17,11 +17,13 @@ The tokenizer is written as a Hugging Face fast tokenizer (tinylm.tokenize.hf), 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import json
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +204,19 @@ def _write_in_place(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> Non
     tmp.rmdir()
 
 
+@contextlib.contextmanager
+def _weights_readable(path: Path) -> Iterator[None]:
+    """A weights file that is cut or damaged (safetensors' "incomplete metadata, file not fully covered") is named,
+    with the fix, in one line."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as e:
+        raise ValueError(f"the weights in {str(path)!r} cannot be read ({str(e).splitlines()[0]}): the file is cut "
+                         "or damaged; export the model again with `tinylm export`") from None
+
+
 def _export_name(name: str) -> bool:
     """Whether an export writes a file or folder of this name (EXPORT_FILES)."""
     return any(fnmatch.fnmatch(name, pattern) for pattern in EXPORT_FILES)
@@ -283,11 +298,17 @@ def import_hf(path: str | Path) -> GPT:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {str(path)!r}; pass a directory written by `tinylm export`")
-    model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path / 'config.json')!r} is not valid JSON ({e}); export the model again with "
+                         "`tinylm export` (or fix the file)") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type == "llama":
         from tinylm.hf_llama import import_llama
 
-        return import_llama(path)
+        with _weights_readable(path):
+            return import_llama(path)
     if model_type != "gpt2":
         raise ValueError(f"{str(path)!r} holds a {model_type!r} model; only GPT-2 and Llama (model_type 'gpt2', "
                          "'llama') import")
@@ -297,7 +318,8 @@ def import_hf(path: str | Path) -> GPT:
     if unsupported:
         raise ValueError(f"cannot import {str(path)!r}: its config.json has {'; '.join(unsupported)}; tinylm's GPT "
                          "would predict differently from this model, so use it with transformers instead")
-    state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
+    with _weights_readable(path):
+        state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
     extra = dict(getattr(hc, "tinylm", None) or {})
     biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]
     # a bias-free export carries zero biases; keep them if something (e.g. fine-tuning in transformers) changed them

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -698,3 +699,17 @@ def test_export_on_a_full_disk_is_one_line(tmp_path, char_tokenizer, monkeypatch
     err = capsys.readouterr().err
     assert "Traceback" not in err and "no space left on the disk" in err and str(out) in err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda out: (out / "config.json").write_text('{"broken'), r"config.json' is not valid JSON .*export the model"),
+    (lambda out: os.truncate(out / "model.safetensors", 5000), r"cannot be read .*: the file is cut or damaged"),
+], ids=["broken-config-json", "cut-safetensors"])
+def test_init_from_a_damaged_export_names_the_file_and_the_fix(tmp_path, char_tokenizer, damage, message):
+    """Catches --model.init_from a Hugging Face folder with a broken config.json or a cut model.safetensors ending
+    in json's or safetensors' traceback (a ValueError naming the file is what the CLI says in one line)."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    out = export_hf(ckpt, tmp_path / "hf")
+    damage(out)
+    with pytest.raises(ValueError, match=message):
+        import_hf(out)
