@@ -17,12 +17,13 @@ The tokenizer is written as a Hugging Face fast tokenizer (tinylm.tokenize.hf), 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import json
-import logging
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,9 @@ import torch
 
 from tinylm.checkpoint import load_model
 from tinylm.model import GPT, GPTConfig
-from tinylm.paths import check_output_path
+from tinylm.paths import ASIDE, check_output_path, follow_umask, swap_in_folder
 from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import STATE_FILE
-
-log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINYLM_TOKENIZER_DIR = "tinylm_tokenizer"
@@ -45,7 +44,8 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "m
                 "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                 "chat_template.jinja", TINYLM_TOKENIZER_DIR)
-PARTIAL = ".tinylm-export.partial"  # the export being written, inside --out; left behind only by a killed export
+PARTIAL = ".tinylm-export.partial"  # the export being written, beside --out (.NAME.tinylm-export.partial); left behind
+# only by a killed export (inside --out by earlier versions, and where the folder holding --out is not writable)
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
@@ -138,7 +138,8 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         ckpt_path: a `.ckpt` written by `tinylm fit`.
         out_dir: directory to write: config.json, generation_config.json, model.safetensors, the Hugging Face
             tokenizer files and `tinylm_tokenizer/`. An earlier export there is replaced whole (no file of it
-            left behind to mix with this one); a folder holding anything else is refused.
+            left behind to mix with this one): the new one is written beside it and swapped in, so at every
+            instant the folder holds one whole export. A folder holding anything else is refused.
         dtype: dtype of the saved weights: torch.float32 (exact), torch.bfloat16 or torch.float16 (or their names).
     """
     dtype = _dtype(dtype)
@@ -153,16 +154,43 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
                               f"{', ...' if len(foreign) > 3 else ''}); pass a new or empty folder")
     made = [p for p in [*reversed(out.parents), out] if not p.exists()]  # the folders mkdir makes, outermost first
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / PARTIAL  # written whole first: a failed export leaves the earlier one as it was
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target = out.resolve()  # a link to a folder: the folder it names is replaced, the link kept
+    # written whole beside --out first, then swapped in: at every instant --out holds one whole export (the
+    # earlier one or this one), and a failed or killed export leaves the earlier one as it was
+    tmp = target.parent / f".{target.name}{PARTIAL}"
     shutil.rmtree(tmp, ignore_errors=True)  # a killed export's: never mixed into this one
+    shutil.rmtree(target.parent / f".{target.name}{ASIDE}", ignore_errors=True)
     try:
-        _write_export(ckpt_path, tmp, dtype)
+        tmp.mkdir()
+    except PermissionError:  # --out's own folder is the user's to write, not the one that holds it
+        tmp = None
+    try:
+        if tmp is None:
+            out.mkdir(exist_ok=True)
+            _write_in_place(ckpt_path, out, dtype)
+        else:
+            _write_export(ckpt_path, tmp, dtype)
     except BaseException as e:
-        shutil.rmtree(made[0] if made else tmp, ignore_errors=True)
+        shutil.rmtree(made[0] if made else tmp or out / PARTIAL, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) and "(os error 28)" in str(e):  # safetensors' Rust writer: not an OSError
             raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
         raise
+    if tmp is not None:
+        follow_umask(tmp)
+        swap_in_folder(tmp, target, event="tinylm.export.swap")
+    return out
+
+
+def _write_in_place(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
+    """The export written into ``out/PARTIAL``, then moved into ``out`` file by file: only where the folder that
+    holds --out cannot be written to (so no new folder can go beside it)."""
+    tmp = out / PARTIAL
+    shutil.rmtree(tmp, ignore_errors=True)
+    _write_export(ckpt_path, tmp, dtype)
+    follow_umask(tmp)
     # config.json goes last and comes last, so a kill in between leaves a folder this function still recognises
     # only the names an export writes: a file that appeared meanwhile is the user's
     olds = [p for p in out.iterdir() if p != tmp and _export_name(p.name)]
@@ -174,8 +202,19 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     for new in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
         new.rename(out / new.name)
     tmp.rmdir()
-    log.info("exported %s to %s", ckpt_path, out)
-    return out
+
+
+@contextlib.contextmanager
+def _weights_readable(path: Path) -> Iterator[None]:
+    """A weights file that is cut or damaged (safetensors' "incomplete metadata, file not fully covered") is named,
+    with the fix, in one line."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as e:
+        raise ValueError(f"the weights in {str(path)!r} cannot be read ({str(e).splitlines()[0]}): the file is cut "
+                         "or damaged; export the model again with `tinylm export`") from None
 
 
 def _export_name(name: str) -> bool:
@@ -259,11 +298,17 @@ def import_hf(path: str | Path) -> GPT:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {str(path)!r}; pass a directory written by `tinylm export`")
-    model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path / 'config.json')!r} is not valid JSON ({e}); export the model again with "
+                         "`tinylm export` (or fix the file)") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type == "llama":
         from tinylm.hf_llama import import_llama
 
-        return import_llama(path)
+        with _weights_readable(path):
+            return import_llama(path)
     if model_type != "gpt2":
         raise ValueError(f"{str(path)!r} holds a {model_type!r} model; only GPT-2 and Llama (model_type 'gpt2', "
                          "'llama') import")
@@ -273,7 +318,8 @@ def import_hf(path: str | Path) -> GPT:
     if unsupported:
         raise ValueError(f"cannot import {str(path)!r}: its config.json has {'; '.join(unsupported)}; tinylm's GPT "
                          "would predict differently from this model, so use it with transformers instead")
-    state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
+    with _weights_readable(path):
+        state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
     extra = dict(getattr(hc, "tinylm", None) or {})
     biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]
     # a bias-free export carries zero biases; keep them if something (e.g. fine-tuning in transformers) changed them

@@ -17,6 +17,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+SEED_RANGE = "[0, 2**32)"  # numpy's seeds, which seed_everything sets with torch's and Python's
 _INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])")
 
 

@@ -371,3 +371,62 @@ def test_verbose_with_a_value_it_does_not_know_is_refused(config, capsys):
     with pytest.raises(SystemExit) as e:
         main(["validate", "--config", str(config), "--ckpt_path", "missing.ckpt", "--verbose=maybe"])
     assert e.value.code == "tinylm: error: --verbose takes true or false, got 'maybe'"
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        (["--seed_everything", "-1"], ["seed_everything must be a whole number in [0, 2**32), got -1"]),
+        (["--seed_everything", "99999999999"], ["seed_everything must be a whole number in [0, 2**32)"]),
+        (["--seed_everything", "1e20"], ["--seed_everything: expected a whole number in [0, 2**32) or true"]),
+        (["--data.corpus", "loop"], ["corpus 'loop' is a loop of symbolic links", "--data.corpus PATH"]),
+        (["--data.corpus", "dangling"], ["corpus 'dangling' is a link to nothing ('gone.txt' does not exist)"]),
+        (["--data.corpus", "rows.csv"], ["corpus 'rows.csv' has no rows (a header or blank lines only)"]),
+    ],
+    ids=["seed-negative", "seed-too-large", "seed-1e20", "corpus-link-loop", "corpus-dangling-link",
+         "csv-of-empty-rows"],
+)
+def test_out_of_range_seeds_and_corpora_that_are_not_files_are_named(config, tmp_path, capsys, override, needles):
+    """Catches numpy's traceback for a seed out of its range (-1, 99999999999) and "expected true or false" for
+    1e20; a corpus that is a loop of symbolic links or a dangling link reported as "not found"; a CSV holding only
+    a header and blank lines ending in `datasets`' traceback 'Instruction "train" corresponds to no data!'."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to("gone.txt")
+    (tmp_path / "rows.csv").write_text("text\n\n\n")
+    _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"], ids=["empty", "comments"])
+def test_an_empty_config_file_is_named(tmp_path, capsys, monkeypatch, text):
+    """Catches an empty YAML config ending in jsonargparse's "Unexpected config:" and nothing more; and a config
+    that is a loop of symbolic links reported as "not found"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.yaml").write_text(text)
+    _one_line_error(capsys, ["fit", "--config", "empty.yaml"], "config file 'empty.yaml' is empty",
+                    "configs/shakespeare-char-cpu.yaml")
+    (tmp_path / "a.yaml").symlink_to("b.yaml")
+    (tmp_path / "b.yaml").symlink_to("a.yaml")
+    _one_line_error(capsys, ["fit", "--config", "a.yaml"], "config file 'a.yaml' is a loop of symbolic links")
+
+
+def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
+    """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
+    _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
+                    "--sizes needs at least 3 [n_layer, n_embd] pairs", "got []")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "text, needles",
+    [("step,train/loss\n0,nan\n1,inf\n2,nan\n", ["logged no finite loss (3 train/loss values, every one NaN or inf)"]),
+     ("name,age\nann,3\n", ["is not a tinylm metrics.csv (no 'step' column", "pass a run folder"])],
+    ids=["all-nan", "not-a-metrics-csv"],
+)
+def test_plot_of_nothing_drawable_says_so(tmp_path, capsys, monkeypatch, text, needles):
+    """Catches `plot` of a run whose losses are all NaN/inf, or of a CSV that is not a metrics.csv, drawing an empty
+    picture under "no loss logged yet" and exiting 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics.csv").write_text(text)
+    _one_line_error(capsys, ["plot", "metrics.csv", "--out", "p.png"], *needles)
+    assert not (tmp_path / "p.png").exists()

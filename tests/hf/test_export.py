@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -175,6 +176,33 @@ def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (safe_open is not iterable)
     with pytest.raises(ValueError, match="int8"):
         export_hf(ckpt, tmp_path / "hf2", dtype="int8")
+
+
+def test_export_says_its_result_once_and_its_files_follow_the_umask(tmp_path, char_tokenizer, capsys):
+    """Catches `tinylm export` saying its result twice ("wrote DIR: ..." and "exported CKPT to DIR") and writing
+    model.safetensors 0600 (other users of a shared model folder could not read the weights beside a readable
+    config.json), also when an earlier export is replaced."""
+    import os
+    import stat
+
+    from tinylm.cli import main
+
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    out = tmp_path / "hf"
+    old = os.umask(0o027)
+    try:
+        for _ in range(2):  # a new folder, then the earlier export replaced
+            capsys.readouterr()
+            main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
+            said = capsys.readouterr()
+            lines = [line for line in (said.out + said.err).splitlines()
+                     if str(out) in line and "load with" not in line]
+            assert len(lines) == 1, said
+            modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")}
+            assert modes["model.safetensors"] == 0o640, modes
+            assert {m for p, m in modes.items() if (out / p).is_file()} == {0o640}, modes
+    finally:
+        os.umask(old)
 
 
 def test_bad_checkpoints_fail_clearly(tmp_path, char_tokenizer):
@@ -671,3 +699,17 @@ def test_export_on_a_full_disk_is_one_line(tmp_path, char_tokenizer, monkeypatch
     err = capsys.readouterr().err
     assert "Traceback" not in err and "no space left on the disk" in err and str(out) in err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda out: (out / "config.json").write_text('{"broken'), r"config.json' is not valid JSON .*export the model"),
+    (lambda out: os.truncate(out / "model.safetensors", 5000), r"cannot be read .*: the file is cut or damaged"),
+], ids=["broken-config-json", "cut-safetensors"])
+def test_init_from_a_damaged_export_names_the_file_and_the_fix(tmp_path, char_tokenizer, damage, message):
+    """Catches --model.init_from a Hugging Face folder with a broken config.json or a cut model.safetensors ending
+    in json's or safetensors' traceback (a ValueError naming the file is what the CLI says in one line)."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    out = export_hf(ckpt, tmp_path / "hf")
+    damage(out)
+    with pytest.raises(ValueError, match=message):
+        import_hf(out)

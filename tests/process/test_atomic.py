@@ -5,6 +5,7 @@ import contextlib
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -338,3 +339,104 @@ def test_checkpoint_hyperparameters_that_build_no_model_are_named(tmp_path):
     with pytest.raises(CheckpointError, match=re.escape(
             f"checkpoint '{path}' has hyperparameters that build no GPT (n_embd (8) must be divisible by n_head (3)")):
         load_model(path)
+
+
+_EXPORTER = r"""
+import os, signal, sys
+from tinylm.cli import main
+for line in sys.stdin:  # "K CKPT OUT": a forked child exports, killed at its K-th change to the folder's parent
+    k, ckpt, out = line.split()
+    child = os.fork()
+    if child == 0:
+        seen = [0]
+        parent = os.path.dirname(out)
+        def hook(event, args):  # every change a process makes to a folder (Python's own audit events) and the swap
+            if event in ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.export.swap") and \
+                    any(isinstance(a, str) and a.startswith(parent) for a in args):
+                seen[0] += 1
+                if seen[0] == int(k):
+                    os.kill(os.getpid(), signal.SIGKILL)
+        sys.addaudithook(hook)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what export prints; the parent alone answers
+        try:
+            main(["export", "--ckpt_path", ckpt, "--out", out])
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    print("killed" if os.WIFSIGNALED(status) else "done", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_point_of_an_export_leaves_one_whole_export(tmp_path):
+    """Catches an export into a folder holding an earlier one deleting the old files before moving the new ones in:
+    a kill in between left neither whole (no weights, or the old weights with the new tokenizer). The export is
+    killed at each of its changes to the folder in turn (the swap among them), and after each the folder loads in
+    transformers as the earlier export or the new one, whole; the next export leaves nothing behind beside it."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from tinylm.hf import export_hf
+    from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
+
+    ckpts = {}
+    for name, text in (("old", "First Citizen:\nBefore we proceed"), ("new", "All: Speak, speak! Äpfel? 3.5")):
+        tokenizer = build_tokenizer("char", documents=lambda text=text: [text, text[::-1]])
+        module = _tiny_module(tokenizer)
+        ckpts[name] = tmp_path / f"{name}.ckpt"
+        _save(module, ckpts[name])
+    want = {}
+    for name, ckpt in ckpts.items():
+        ref = export_hf(ckpt, tmp_path / "ref" / name)
+        want[name] = (sorted(p.name for p in ref.iterdir()), load_file(ref / "model.safetensors"),
+                      Tokenizer.load(ref / "tinylm_tokenizer").fingerprint)
+    out = tmp_path / "exports" / "hf"
+    proc = _spawn([sys.executable, "-c", _EXPORTER], tmp_path, stdin=subprocess.PIPE)
+    try:
+        for k in range(1, 40):
+            shutil.rmtree(out.parent, ignore_errors=True)
+            export_hf(ckpts["old"], out)
+            proc.stdin.write(f"{k} {ckpts['new']} {out}\n")
+            proc.stdin.flush()
+            said = proc.stdout.readline().strip()
+            names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: not loaded
+            which = [name for name, (files, weights, fingerprint) in want.items() if names == files
+                     and _same(load_file(out / "model.safetensors"), weights)
+                     and Tokenizer.load(out / "tinylm_tokenizer").fingerprint == fingerprint]
+            assert which, f"killed at change {k}: {names}"
+            transformers.AutoModelForCausalLM.from_pretrained(out)  # loads
+            if said == "done":
+                assert which == ["new"] and os.listdir(out.parent) == ["hf"]  # nothing left beside it
+                break
+            assert said == "killed"
+            export_hf(ckpts["new"], out)  # the next export cleans up what the killed one left
+            assert os.listdir(out.parent) == ["hf"] and _same(load_file(out / "model.safetensors"), want["new"][1])
+        assert k > 1  # not vacuous: it was killed at least once
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def _tiny_module(tokenizer):
+    from tinylm.train.module import TinyLM
+
+    torch.manual_seed(len(tokenizer.state_dict()["vocab"]) if "vocab" in tokenizer.state_dict() else 0)
+    module = TinyLM(vocab_size=tokenizer.vocab_size, block_size=16, eos_id=tokenizer.eos_id, n_layer=1, n_head=2,
+                    n_embd=16, pad_vocab_multiple=1, warmup_steps=0)
+    module.tokenizer_state = tokenizer.state_dict()
+    return module
+
+
+def _save(module, path: Path) -> None:
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = torch.randint(0, module.model.config.vocab_size, (2, 17))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=2))
+    trainer.save_checkpoint(path)

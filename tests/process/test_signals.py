@@ -1,4 +1,4 @@
-"""SIGTERM and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume.
+"""SIGTERM, SIGHUP and Ctrl+C save the run: `last.ckpt` at the step reached, a non-zero exit, an exact resume.
 
 The runs signalled here are `python -m tinylm ...` processes forked from one that has imported tinylm and Lightning
 (tests/forked.py): what is tested is the run's behaviour, not its interpreter's start (DDP's rank 1 still starts as
@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -78,13 +79,15 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
-                         ids=["SIGTERM", "SIGTERM-twice-to-the-group", "SIGINT"])
+@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True),
+                                             (signal.SIGHUP, True)],
+                         ids=["SIGTERM", "SIGTERM-twice-to-the-group", "SIGINT", "SIGHUP-to-the-group"])
 def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum, group):
     """Catches SIGTERM exiting 0 and Ctrl+C exiting 1 without a checkpoint (the steps since the last periodic save
     were lost), a save mid-accumulation or before the step's validation, and loader workers killed by Ctrl+C or by
     a SIGTERM to every process of the job (SLURM's time limit, systemd; here sent twice): "DataLoader worker is
-    killed", no save."""
+    killed", no save; and SIGHUP (a shell passes a closed terminal's on to each job's group) killing the run at once,
+    with no save and no line."""
     done, step = _interrupt(config, tmp_path, signum, group)
     name = signal.Signals(signum).name
     # 143 for SIGTERM, 130 for Ctrl+C, as a shell says; a second SIGTERM that comes once the run has saved and
@@ -105,6 +108,78 @@ def test_signal_saves_last_and_resumes_exactly(config, tmp_path, signum, group):
     _assert_same_rows(_losses(resumed), _losses(straight))
     _assert_same_rows(_val_losses(resumed), _val_losses(straight))
     assert _losses(straight)[end - 1] != _losses(straight)[0]  # not vacuous: the losses do change
+
+
+def test_a_closed_terminal_stops_the_run_at_a_step_and_saves(config, tmp_path):
+    """Catches a closed terminal (an ssh session dropped) killing `fit` at once, unsaved: the kernel's SIGHUP to the
+    terminal's controlling process, and every write to the hung-up terminal failing (EIO), the progress bar's
+    included. The run, on a real pseudo-terminal closed at step 2, stops at a whole step, saves, exits 129."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:  # as a login shell's job: its own session, the pty its controlling terminal
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config),
+                             "--trainer.enable_progress_bar", "true"], cwd=tmp_path, env=env, stdin=slave,
+                            stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    os.close(slave)
+    ckpts = tmp_path / "runs" / "run" / "checkpoints"
+    deadline, said = time.monotonic() + 180, b""
+    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):  # the terminal's screen, read so that its buffer never fills
+            said += os.read(master, 65536) if select.select([master], [], [], 0.05)[0] else b""
+    assert proc.poll() is None, said[-3000:]
+    os.close(master)  # the terminal closes
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail("the run went on after its terminal closed")
+    assert proc.returncode == 129, said[-3000:]
+    step = torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["global_step"]
+    assert step >= 2 and sorted(_losses(tmp_path / "runs" / "run")) == list(range(step))  # every step logged
+
+
+class Hangup(L.Callback):
+    """A terminal closing after step 2."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["sighup", "under-nohup"])
+def test_sighup_saves_unless_the_run_was_started_to_ignore_it(run_config, tmp_path, capsys, nohup):
+    """Catches SIGHUP ending a run unsaved (it stops at a whole step and saves, 129, as SIGTERM does with 143), and a
+    run started under nohup (SIGHUP ignored) stopping on one all the same: it trains to its end."""
+    config = run_config(trainer={"max_steps": 5, "callbacks": [{"class_path": "test_signals.Hangup"}]})
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
+    try:
+        if nohup:
+            main(["fit", "--config", str(config)])
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        else:
+            with pytest.raises(SystemExit) as exit_:
+                main(["fit", "--config", str(config)])
+            assert exit_.value.code == 129
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    step = torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"]
+    err = capsys.readouterr().err
+    if nohup:
+        assert step == 5 and "interrupted" not in err, err[-2000:]
+    else:
+        assert step == 2, err[-2000:]
+        assert "error: interrupted by SIGHUP at step 2; saved runs/tiny/checkpoints/last.ckpt" in err, err[-2000:]
 
 
 def test_handlers_are_restored_after_fit(run_config):

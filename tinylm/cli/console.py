@@ -3,11 +3,14 @@ the commands write to stdout."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
+
+from tinylm.train import stop_state
 
 log = logging.getLogger("tinylm")
 
@@ -17,6 +20,11 @@ def setup() -> None:
     basicConfig made every Lightning INFO line print twice: once by Lightning's own handler, once by the root's.)
     Imports nothing heavy: a command that needs Lightning calls `setup_lightning` when it is about to import it
     (`tinylm prepare` and a refusal before any work never do)."""
+    stop_state.terminal_fds.update(fd for fd in (0, 1, 2) if _fd_isatty(fd))
+    for name in ("stdout", "stderr"):  # before Lightning's handler takes sys.stderr
+        stream = getattr(sys, name)
+        if not isinstance(stream, _Terminal) and _isatty(stream):
+            setattr(sys, name, _Terminal(stream))
     if not any(isinstance(h, _Stderr) for h in log.handlers):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -57,6 +65,51 @@ def env_rank() -> int:
         return getattr(rank_zero.rank_zero_only, "rank", 0)
     value = next((os.environ[k] for k in _RANK_VARIABLES if os.environ.get(k)), "0")
     return int(value) if value.isdigit() else 0
+
+
+def _fd_isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class _Terminal:
+    """stdout or stderr on a terminal, which may hang up (closed, its ssh session dropped): every write to it then
+    fails (EIO), before the SIGHUP that says so is handled, and a progress bar's or log line's write ended the run
+    mid-step, unsaved (exit 1). Such a write goes to /dev/null instead, as everything after it does
+    (stop_state.leave_terminal); the SIGHUP then stops the run at a whole step (tinylm.train.interrupt)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            stop_state.leave_terminal()
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            stop_state.leave_terminal()
+            self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 class _Stderr(logging.StreamHandler):

@@ -33,12 +33,17 @@ def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
 
 
 class Terminated(TinyLMError):
-    """SIGTERM reached a command outside fit's training loop (which saves and stops on its own, tinylm.train.interrupt):
-    raised so that its cleanup runs (temp folders, partial exports) and it ends with a line, exit 143. A SIGTERM
-    before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0 says it."""
+    """SIGTERM (or SIGHUP) reached a command outside fit's training loop (which saves and stops on its own,
+    tinylm.train.interrupt): raised so that its cleanup runs (temp folders, partial exports) and it ends with a line,
+    exit 143 (129). A SIGTERM before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0
+    says it."""
 
     exit_code = 128 + signal.SIGTERM
     every_rank = True
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 class Interrupted(TinyLMError):
@@ -214,6 +219,8 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
             what = "a finite number"
         reason = f"expected {what}, got {got}"
+        if key == "seed_everything":  # int or bool: jsonargparse's last try was the bool
+            reason = f"expected a whole number in [0, 2**32) or true (a random seed), got {got}"
     hint = ""
     linked = next((ln for ln in lines if " --> model." in ln), None)
     if linked:  # `--model.vocab_size 3`: a linked key given by hand

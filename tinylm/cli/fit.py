@@ -34,6 +34,7 @@ from tinylm.cli.trainer_checks import (
     warn_small_vocab,
     with_atomic_checkpoints,
 )
+from tinylm.ranges import SEED_RANGE, check_ranges
 from tinylm.train.loggers import finish_wandb
 
 log = logging.getLogger("tinylm")
@@ -124,6 +125,9 @@ class TinyLMCLI(LightningCLI):
         self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
         self._flags = _named_options(list(argv), files=False) if isinstance(argv, (list, tuple)) else set()
         super().parse_arguments(parser, args)
+        seed = self._section().get("seed_everything")
+        if not isinstance(seed, bool):  # true: a random seed; false: none set
+            check_ranges("", {"seed_everything": seed}, {"seed_everything": SEED_RANGE}, whole={"seed_everything"})
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.eval_callback import EvalTasks

@@ -176,12 +176,15 @@ def check_config_files(args: list[str]) -> None:
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
     import yaml
 
+    from tinylm.paths import missing_path
+
     paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
     paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     for p in paths:
         path = Path(p)
         if not path.is_file():
-            what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
+            what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else \
+                missing_path(path)
             raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
                                     "configs/shakespeare-char-cpu.yaml")
         try:
@@ -194,6 +197,9 @@ def check_config_files(args: list[str]) -> None:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in path.read_text() else ""
             raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
-        if data is not None and not isinstance(data, dict):
+        if data is None:  # jsonargparse said "Unexpected config:" and nothing more
+            raise ValueError(f"config file {p!r} is empty (or only comments); pass a YAML file with sections "
+                             "(trainer:, model:, data:, ...) such as configs/shakespeare-char-cpu.yaml")
+        if not isinstance(data, dict):
             raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
                              f"got a {type(data).__name__}")

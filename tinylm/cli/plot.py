@@ -21,13 +21,15 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
             differ (a line says so), loss otherwise.
     """
     from tinylm.ranges import check_ranges
-    from tinylm.studies.curves import choose_metric, metrics_csv, plot_runs, read_run
+    from tinylm.studies.curves import check_drawable, choose_metric, metrics_csv, plot_runs, read_run
     from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:
         raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
     curves = [read_run(r) for r in runs]
+    for run, c in zip(runs, curves, strict=True):
+        check_drawable(c, str(metrics_csv(run)))
     if out is None:
         csv = metrics_csv(runs[0])
         out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")

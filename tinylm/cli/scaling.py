@@ -54,7 +54,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
     from tinylm.cli.ranks import rank_zero
 
-    sizes = [tuple(s) for s in (sizes or DEFAULT_SIZES)]
+    sizes = [tuple(s) for s in (DEFAULT_SIZES if sizes is None else sizes)]  # [] is not "unset": refused
     target = tuple(predict or DEFAULT_PREDICT)
     _check_options(fit_args, budget, head_size, sizes, target, out)
     cli = fit_objects(fit_args, trains_here=True)

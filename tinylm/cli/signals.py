@@ -1,5 +1,6 @@
-"""Signals outside fit's training loop (which tinylm.train.interrupt handles): SIGTERM and Ctrl+C end a command
-with its cleanup and one line, and pass on to the training processes it started."""
+"""Signals outside fit's training loop (which tinylm.train.interrupt handles): SIGTERM, SIGHUP (unless the command
+was started to ignore it, as under nohup) and Ctrl+C end a command with its cleanup and one line (128 + the signal),
+and pass on to the training processes it started."""
 
 from __future__ import annotations
 
@@ -43,15 +44,18 @@ def end_now(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            stop_state.leave_terminal()
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
         # ddp's ranks started by this process too: they stop on it as this one does (before training, it ends them)
         for child in children + ranks.RANKS:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
+        name = signal.Signals(signum).name
         if children and command == "fit":  # this process only waits for the ones that train; it exits after them
-            raise Terminated("terminated by SIGTERM, passed on to the training processes: they finish their step "
-                             "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`")
-        raise Terminated(f"terminated by SIGTERM before it finished; run the same `tinylm {command}` again")
+            raise Terminated(f"terminated by {name}, passed on to the training processes: they finish their step "
+                             "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`", signum)
+        raise Terminated(f"terminated by {name} before it finished; run the same `tinylm {command}` again", signum)
 
     def on_sigint(signum: int, frame: object) -> None:
         # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
@@ -78,6 +82,9 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
         yield
         return
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_hup = signal.getsignal(signal.SIGHUP)  # one ignored (nohup) stays ignored
+    if previous_hup is not signal.SIG_IGN and previous_hup is not None:
+        signal.signal(signal.SIGHUP, on_sigterm)
     # only where Python's own Ctrl+C handler is in place (a caller's is left alone)
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
@@ -86,5 +93,7 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_hup is not signal.SIG_IGN and previous_hup is not None:
+            signal.signal(signal.SIGHUP, previous_hup)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.errors import UnavailableError
+from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
 log = logging.getLogger(__name__)
@@ -222,9 +223,12 @@ class HFDataset(Corpus):
                 raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
                                  f"({type(cause).__name__}: {str(cause).strip()[:300]}); fix the file, or pass "
                                  "--data.corpus PATH to plain text files") from e
-            except ValueError:  # 'Instruction "train" corresponds to no data!': files of blank lines
+            except ValueError as e:  # 'Instruction "train" corresponds to no data!': files of blank lines
                 _refuse_blank(self.spec, self.data_files)
-                raise
+                if "corresponds to no data" not in str(e):
+                    raise
+                raise ValueError(f"corpus {self.spec!r} has no rows (a header or blank lines only); pass "
+                                 "--data.corpus PATH to a corpus with text") from None
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
@@ -444,6 +448,8 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         if not files:
             raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
         return _files_corpus(spec, files, hf, cache_dir)
+    if (why := missing_path(path)) != "not found":  # a link loop or a dangling link is not a missing file
+        raise FileNotFoundError(f"corpus {spec!r} {why}; pass --data.corpus PATH")
     raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
 

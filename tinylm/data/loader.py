@@ -163,9 +163,9 @@ WORKER_GRACE_S = 60
 
 def worker_signals(worker_id: int) -> None:
     """A DataLoader worker's `worker_init_fn`: SIGTERM leaves the worker running, for WORKER_GRACE_S seconds, and
-    Ctrl+C (SIGINT) does nothing to it. A SIGTERM sent to every process of a job (SLURM's time limit and scancel,
-    systemd, `kill -TERM -- -PGID`) reached the workers too, and torch's handler ended them: the main process then
-    failed with "DataLoader worker ... is killed by signal" instead of saving at the step boundary
+    Ctrl+C (SIGINT) and SIGHUP do nothing to it. A SIGTERM sent to every process of a job (SLURM's time limit and
+    scancel, systemd, `kill -TERM -- -PGID`) reached the workers too, and torch's handler ended them: the main
+    process then failed with "DataLoader worker ... is killed by signal" instead of saving at the step boundary
     (tinylm.train.interrupt), which needs its next batch. A worker stuck past the grace ends by SIGALRM.
 
     A SIGTERM from the loader itself ends the worker at once: torch stops its workers by a message on their queues,
@@ -188,6 +188,8 @@ def worker_signals(worker_id: int) -> None:
     # Ctrl+C reaches every process of the terminal's foreground group: the workers too, where a KeyboardInterrupt
     # ended them, and the run failed on its next batch instead of stopping. The main process decides what it stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a closed terminal's SIGHUP reaches the job's whole group (the shell passes it on): likewise the main process's
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers

@@ -32,6 +32,22 @@ class RunCurves:
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     alerts: list[tuple[int, str]] = field(default_factory=list)
     tokenizer: str | None = None  # "char", "bpe (vocab 2048)", ...: from the run folder; None for a bare CSV
+    nonfinite: dict[str, int] = field(default_factory=dict)  # metric -> values logged as NaN or inf (not drawn)
+    columns: tuple[str, ...] = ()  # the CSV's header
+
+
+def check_drawable(curves: RunCurves, path: str) -> None:
+    """A run whose metrics.csv is not one (no step column), or whose every loss logged is NaN or inf, is said in
+    one line: its picture would be empty under "no loss logged yet"."""
+    if curves.columns and "step" not in curves.columns:
+        raise ValueError(f"{path!r} is not a tinylm metrics.csv (no 'step' column; its columns are "
+                         f"{list(curves.columns)[:5]}); pass a run folder written by `tinylm fit`")
+    losses = ("train/loss", "val/loss")
+    if not any(curves.series.get(k) for k in losses) and (bad := {k: curves.nonfinite[k] for k in losses
+                                                                   if curves.nonfinite.get(k)}):
+        said = ", ".join(f"{n} {k}" for k, n in bad.items())
+        raise ValueError(f"run {curves.name!r} logged no finite loss ({said} values, every one NaN or inf): it "
+                         "diverged from its first logged step; lower --model.lr or check the data, and train again")
 
 
 def metrics_csv(run: str | Path) -> Path:
@@ -97,12 +113,16 @@ def _read_rows(path: Path, curves: RunCurves) -> None:
         lines = f.read().splitlines(keepends=True)
     if lines and not lines[-1].endswith(("\n", "\r")):
         lines.pop()
-    for row in csv.DictReader(lines):
+    reader = csv.DictReader(lines)
+    curves.columns = curves.columns or tuple(reader.fieldnames or ())
+    for row in reader:
         step = _number(row.get("step"))
         if step is None:
             continue
         for key, text in row.items():
             value = _number(text)
+            if value is None and key is not None and text and text.strip().lower().lstrip("+-") in ("nan", "inf"):
+                curves.nonfinite[key] = curves.nonfinite.get(key, 0) + 1
             if key in (None, "step", "epoch") or value is None:
                 continue
             if key.startswith(HEALTH_PREFIX):

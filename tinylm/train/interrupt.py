@@ -1,11 +1,12 @@
-"""Stopping a run on SIGTERM (schedulers, `kill`) or Ctrl+C (SIGINT) without losing it.
+"""Stopping a run on SIGTERM (schedulers, `kill`), SIGHUP (the terminal closed) or Ctrl+C (SIGINT) without losing it.
 
 Lightning alone exits 0 on SIGTERM without a checkpoint (its loops raise ``SIGTERMException``, a ``SystemExit``,
-even mid-accumulation or mid-validation) and 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands). Here either
-signal only sets a flag; the run stops at the next point where its state is whole: after an optimizer step, and
-after that step's validation when one is due (under several ranks, one step later: see `InterruptStop._stop_signal`).
-It saves ``last.ckpt`` there (as exact to resume from as a periodic
-checkpoint) and raises :class:`RunInterrupted`. A second Ctrl+C stops at once, without saving.
+even mid-accumulation or mid-validation), 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands), and dies on SIGHUP
+at once, unsaved. Here each signal only sets a flag; the run stops at the next point where its state is whole: after
+an optimizer step, and after that step's validation when one is due (under several ranks, one step later: see
+`InterruptStop._stop_signal`). It saves ``last.ckpt`` there (as exact to resume from as a periodic checkpoint) and
+raises :class:`RunInterrupted` (exit 128 + the signal: 143, 129, 130). A second Ctrl+C stops at once, without
+saving. A SIGHUP the run was started to ignore (nohup) stays ignored.
 
 Under SLURM, Lightning's SIGUSR1 requeue handler is untouched. Its SIGTERM handler (composed with the one found
 installed, this one) runs until training starts; from then on this one alone handles SIGTERM (see on_train_start:
@@ -28,7 +29,8 @@ from tinylm.errors import TinyLMError
 from tinylm.train import stop_state
 from tinylm.train.callbacks import validation_follows
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_REQUESTS = (signal.SIGTERM, signal.SIGHUP)  # a stop asked once; the same signal again is the same request
 _late: int | None = None  # see late_signal
 
 
@@ -64,8 +66,8 @@ class RunInterrupted(TinyLMError):
 
 
 class InterruptStop(L.Callback):
-    """On SIGTERM or SIGINT: finish the optimizer step (and its validation), save ``<dirpath>/last.ckpt`` (unless
-    ``dirpath`` is None: checkpointing is off), stop with :class:`RunInterrupted`.
+    """On SIGTERM, SIGHUP or SIGINT: finish the optimizer step (and its validation), save ``<dirpath>/last.ckpt``
+    (unless ``dirpath`` is None: checkpointing is off), stop with :class:`RunInterrupted`.
 
     Args:
         dirpath: The run's checkpoint folder, or None to stop without saving.
@@ -96,17 +98,18 @@ class InterruptStop(L.Callback):
         self._trainer, self._received, self._armed, _late = trainer, None, True, None
         stop_state.over, stop_state.line = False, None
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone. So
-        # is a Ctrl+C the command was started to ignore (a script's `&` job): ddp_fork's training processes took
-        # two for "stop now", ended without a result, and the launcher waited for one forever. (An ignored SIGTERM
-        # is not left to Lightning's handler, which it installs anyway: that one stops mid-step, unsaved.)
+        # is a SIGHUP the command was started to ignore (nohup), and a Ctrl+C (a script's `&` job): ddp_fork's
+        # training processes took two for "stop now", ended without a result, and the launcher waited for one
+        # forever. (An ignored SIGTERM is not left to Lightning's handler, which it installs anyway: that one stops
+        # mid-step, unsaved.)
         self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None
-                          and not (s == signal.SIGINT and h == signal.SIG_IGN)}
+                          and not (s in (signal.SIGINT, signal.SIGHUP) and h == signal.SIG_IGN)}
         for s in self._previous:
             signal.signal(s, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
         if not self._armed:  # the run is over (Lightning's teardown can reinstall this handler): act as before it
-            if signum == signal.SIGTERM and self._received == signal.SIGTERM:
+            if signum in _REQUESTS and self._received == signum:
                 return  # the request it is ending on, again
             self._restore()
             previous = self._previous.get(signum)
@@ -118,6 +121,8 @@ class InterruptStop(L.Callback):
         if signum == signal.SIGINT and self._received == signal.SIGINT:
             self._disarm()
             raise KeyboardInterrupt  # a second Ctrl+C: stop now, unsaved
+        if signum == signal.SIGHUP:
+            stop_state.leave_terminal()
         self._received = signum
         # Lightning's loops raise SIGTERMException mid-accumulation or mid-validation once its `received_sigterm` is
         # set (by its notifier, a no-op here: see setup); the run stops at a whole step instead.
@@ -212,13 +217,13 @@ class InterruptStop(L.Callback):
         self._armed, stop_state.over = False, True
         self._restore()
         handlers = dict(self._previous)
-        if self._received == signal.SIGTERM and signal.SIGTERM in handlers:
+        if self._received in _REQUESTS and self._received in handlers:
             # the run stops (or ended) on it: a second SIGTERM is the same request (a scheduler's to the group,
             # repeated), not one to act on mid-teardown, where the outer handler's raise left the loader's workers
-            # unjoined ("DataLoader worker is killed by signal: Alarm clock" a minute later)
-            handlers[signal.SIGTERM] = signal.SIG_IGN
+            # unjoined ("DataLoader worker is killed by signal: Alarm clock" a minute later); a second SIGHUP too
+            handlers[self._received] = signal.SIG_IGN
             if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(self._received, signal.SIG_IGN)
         if self._trainer is not None:  # Lightning's teardown reinstalls the handlers it found (this one): not these
             self._trainer._signal_connector._original_handlers.update(handlers)
             self._trainer = None
