@@ -210,6 +210,7 @@ def test_validate_with_another_block_size_says_to_leave_it_out(config, tmp_path,
 def test_prompt_longer_than_context_warns_and_crops(config, tmp_path, capsys):
     """Catches a long prompt crashing the position embedding instead of using its last block_size tokens."""
     main(["fit", "--config", str(config)])
+    capsys.readouterr()  # the run's summary
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     with pytest.warns(UserWarning, match="context is 16"):
         main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO: " * 10, "--strategy", "greedy",
