@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import re
+import shutil
 import zipfile
 from dataclasses import fields
 from pathlib import Path
@@ -44,13 +45,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if path.is_dir():  # a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces
+            os.replace(path, path.with_name(path.name + ".old"))
         os.replace(tmp, path)
     except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
         tmp.unlink(missing_ok=True)
         raise
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
-        for stale in path.parent.glob(f"*{path.suffix}.tmp"):  # one writer per folder: rank zero, one at a time
-            stale.unlink(missing_ok=True)
+        # one writer per folder: rank zero, one at a time; FSDP2's leave folders (.old: the one replaced)
+        for stale in [*path.parent.glob(f"*{path.suffix}.tmp"), *path.parent.glob(f"*{path.suffix}.old")]:
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -65,11 +69,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     """Load a checkpoint safely, turning every way it can be broken into one clear :class:`CheckpointError`.
 
     ``mmap=True`` maps tensors lazily from the file: cheap when only metadata (step, hyperparameters) is needed.
+    A sharded checkpoint (a DCP folder that FSDP2 writes) is read as one: see `load_sharded` (with ``mmap``,
+    without its optimizer state).
     """
     if not str(path).strip():  # Path("") is ".", a folder: name what was really given
         raise FileNotFoundError("--ckpt_path is empty (an unset shell variable?); pass the path of a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")
     path = Path(path)
+    if is_sharded_checkpoint(path):
+        ckpt = load_sharded(path, optimizer=not mmap)
+        tinylm_section(ckpt, path)
+        return ckpt
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
@@ -96,6 +106,103 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
     tinylm_section(ckpt, path)
     return ckpt
+
+
+SHARDED_METADATA = "meta.pt"  # Lightning's name for the non-tensor part of a DCP checkpoint folder
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a sharded checkpoint: the folder FSDP2 (tinylm.train.parallel) writes, one file per rank
+    plus the loops', callbacks' and tinylm's state in ``meta.pt``."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_METADATA).is_file()
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a checkpoint in either form: a file, or a sharded folder."""
+    return Path(path).is_file() or is_sharded_checkpoint(path)
+
+
+def load_sharded(path: str | os.PathLike, *, optimizer: bool = True) -> dict[str, Any]:
+    """A sharded (DCP) checkpoint folder consolidated into the dict a single-file checkpoint holds: whole tensors
+    in ``state_dict``, and (``optimizer``) ``optimizer_states`` indexed by parameter as torch.optim saves them, so
+    that one device or DDP resumes it, and generate, validate, export and init_from read it. Read on one process,
+    without torch.distributed, and safely: the folder's pickles are unpickled with an allowlist of DCP's metadata
+    classes, its other values with ``weights_only=True``."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path = Path(path)
+    try:
+        meta = torch.load(path / SHARDED_METADATA, map_location="cpu", weights_only=True)
+        with open(path / ".metadata", "rb") as f:  # checked here: inside the DCP reader an error is re-wrapped
+            _DCPUnpickler(f).load()
+        states = _read_dcp(path, ["state_dict"] + (["optimizer_0"] if optimizer else []))
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"refusing to load {str(path)!r}: it holds objects other than tensors and plain "
+                              f"values ({_unsafe(e)}); tinylm never executes code from a checkpoint") from None
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointException) as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable sharded checkpoint ({_first_line(e)}); use another "
+                              "one, e.g. an earlier step-* checkpoint from the same run") from None
+    if not isinstance(meta, dict) or not isinstance(states.get("state_dict"), dict):
+        raise CheckpointError(f"{str(path)!r} is a folder but not a Lightning sharded checkpoint")
+    ckpt = {**meta, "state_dict": states["state_dict"]}
+    if "optimizer_0" in states:
+        ckpt["optimizer_states"] = [_indexed_optimizer_state(states["optimizer_0"])]
+    return ckpt
+
+
+def _read_dcp(path: Path, keys: list[str]) -> dict[str, Any]:
+    """The top-level entries ``keys`` of the DCP checkpoint in folder ``path``, with whole tensors (torch's
+    format_utils.dcp_to_torch_save reads it the same way, without its unrestricted pickles)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _DCPUnpickler(f).load()
+            metadata.storage_meta = metadata.storage_meta or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class SafePlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:  # plain values: no code
+            from torch.distributed.checkpoint._nested_dict import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
+                        torch.load(value, weights_only=True))
+
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=SafeReader(path), planner=SafePlanner(keys=set(keys)), no_dist=True)
+    return state
+
+
+class _DCPUnpickler(pickle.Unpickler):
+    """Unpickles a DCP folder's ``.metadata`` (torch reads it with a bare pickle.load): DCP's own metadata classes,
+    torch.Size, dtypes, layouts and paths; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+                   or (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                         ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+                                         ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath")}
+                   or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        if not allowed:
+            raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _indexed_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A torch.distributed.checkpoint optimizer state (per-parameter entries keyed by parameter name) keyed by
+    parameter index instead, in the order of the groups' parameters, as ``Optimizer.state_dict`` numbers them."""
+    if "param_groups" not in state:
+        return state
+    index = {name: i for i, name in enumerate(n for group in state["param_groups"] for n in group["params"])}
+    return {"state": {index[name]: value for name, value in state.get("state", {}).items()},
+            "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
+                             for group in state["param_groups"]]}
 
 
 CHECKPOINT_FORMAT = 1  # version of the checkpoint's "tinylm" section; bump when its meaning changes

@@ -247,13 +247,15 @@ def test_spawning_strategies_are_one_line(config, capsys, strategy):
                              "--trainer.accelerator", "cpu"], "spawning", "--trainer.strategy ddp")
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", ("{class_path: lightning.pytorch.strategies.FSDPStrategy, "
-                                               "init_args: {state_dict_type: sharded}}")])
-def test_fsdp_is_refused_in_one_line(config, capsys, strategy):
-    """Catches FSDP training silently without weight decay or Muon, clipping by one shard's norm (it hands the
-    optimizer flattened shards), or, on a CPU, Lightning's own refusal as a traceback."""
+@pytest.mark.parametrize("strategy", ["fsdp_cpu_offload", ("{class_path: lightning.pytorch.strategies.FSDPStrategy, "
+                                                           "init_args: {state_dict_type: sharded}}"),
+                                      "{class_path: lightning.pytorch.strategies.ModelParallelStrategy}"])
+def test_fsdp1_is_refused_in_one_line(config, capsys, strategy):
+    """Catches FSDP1 training silently without weight decay or Muon, clipping by one shard's norm (it hands the
+    optimizer flattened shards), or, on a CPU, Lightning's own refusal as a traceback; and ModelParallelStrategy's
+    own defaults (tensor parallel within a node, which tinylm does not apply: nothing sharded) taken as FSDP2."""
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy],
-                    "not supported by tinylm", "--trainer.strategy ddp")
+                    "not supported by tinylm", "--trainer.strategy fsdp (FSDP2")
 
 
 def test_lightnings_own_trainer_flag_checks_are_one_line(config, capsys):

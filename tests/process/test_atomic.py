@@ -131,6 +131,19 @@ def test_pickle_payload_in_checkpoint_is_refused(tmp_path, monkeypatch):
         torch.load(path, weights_only=True)
 
 
+def test_pickle_payload_in_a_sharded_checkpoints_metadata_is_refused(tmp_path, monkeypatch):
+    """Catches reading FSDP2's checkpoint folder (generate, export, a resume on one device) through torch's DCP
+    reader, which unpickles the folder's .metadata with a bare pickle.load: code in it would run."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    torch.save({"tinylm": {"format": 1}, "global_step": 1}, folder / "meta.pt")
+    (folder / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(CheckpointError, match="never executes code"):
+        load_checkpoint(folder)
+    assert not (tmp_path / "PWNED").exists()
+
+
 _PREPARER = r"""
 import os, sys
 from tinylm.cli import main

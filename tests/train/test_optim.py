@@ -1,6 +1,8 @@
 """Muon + AdamW as one optimizer: who gets which parameters, both on the schedule, clipping and grad-norm logging
 intact, a clear error on torch without Muon. (Exact resume with Muon: tests/test_resume.py.)"""
 
+import copy
+
 import lightning as L
 import pytest
 import torch
@@ -274,3 +276,36 @@ def test_muon_steps_with_nesterov_momentum():
         opt.step()
     step = (start - weight.detach())[0]  # the second update, pointing along the Nesterov direction
     assert step[1] / step[0] == pytest.approx(6.0, rel=0.02)  # bf16 Newton–Schulz: within 2%
+
+
+def test_a_sharded_runs_muon_state_loads_where_one_device_resumes():
+    """Catches a Muon + AdamW state saved by FSDP2 (torch.optim's one form over both optimizers' groups, which
+    torch.distributed.checkpoint reads) that one device or DDP cannot resume, and one device's (two states)
+    that FSDP2 cannot: both forms load into MuonAdamW and give the same next step."""
+    from tinylm.train.optim import build_optimizer, flat_state, split_state
+
+    def made():
+        torch.manual_seed(0)
+        module = TinyLM(**TINY)
+        return module, build_optimizer(module.model, optimizer="muon", lr=1e-2, weight_decay=0.1,
+                                       betas=(0.9, 0.95), muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0,
+                                       fused=False)
+
+    first, opt = made()
+    for _ in range(2):
+        first._loss(next(iter(_batches(1)))).backward()
+        opt.step()
+    saved = opt.state_dict()
+    flat = flat_state(saved)
+    assert set(flat) == {"state", "param_groups"} and len(flat["state"]) == len(opt.state) > 0
+    assert [g["optimizer"] for g in flat["param_groups"]] == [g["optimizer"] for g in opt.param_groups]
+    assert len(split_state(flat)["muon"]["state"]) == len(saved["muon"]["state"]) > 0
+    steps = []
+    for state in (saved, flat):
+        module, resumed = made()
+        module.load_state_dict(first.state_dict())
+        resumed.load_state_dict(copy.deepcopy(state))  # a load keeps the very tensors, which a step changes
+        module._loss(next(iter(_batches(1)))).backward()
+        resumed.step()
+        steps.append([p.detach().clone() for p in module.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*steps))

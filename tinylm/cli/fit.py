@@ -180,6 +180,7 @@ class TinyLMCLI(LightningCLI):
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
         from tinylm.device import resolve_precision
+        from tinylm.train.parallel import resolve_strategy
         from tinylm.train.run import run_callbacks
 
         sub = self.subcommand
@@ -201,6 +202,7 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))
+        trainer_cfg["strategy"] = resolve_strategy(trainer_cfg.get("strategy", "auto"))  # `fsdp`: FSDP2
         trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
         if sub == "fit":
             warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)

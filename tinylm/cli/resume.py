@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import checkpoints_by_step
+from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -180,7 +180,7 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
         ckpt_path = latest_checkpoint(run_dir)
     elif ckpt_path == "best":
         best = run_dir / "checkpoints" / "best.ckpt"
-        if not best.is_file():
+        if not is_checkpoint(best):
             raise FileNotFoundError(f"--ckpt_path best: {best} not found (a run's best.ckpt is saved at its "
                                     "first validation); pass `last` or the path of a .ckpt")
         ckpt_path = str(best)
@@ -195,7 +195,7 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
         raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
                          f"{run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
                          "weights")
-    if ckpt_path and not Path(ckpt_path).is_file():
+    if ckpt_path and not is_checkpoint(ckpt_path):
         what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "

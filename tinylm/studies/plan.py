@@ -17,6 +17,8 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                the gradients of both), four with logit_softcap (its tanh).
                With activation checkpointing: one block input per layer, plus one block recomputed at a time;
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
+    FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
+               (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed)
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
                head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
                backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
@@ -106,6 +108,11 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     mixed = state != act
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
+    if shards > 1:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
+        # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
+        root = sum(p.numel() for name, p in model.named_parameters() if ".h." not in f".{name}")
+        block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
+        weights = n * state // shards + (root + 2 * block) * (act if mixed else state)
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
@@ -127,7 +134,9 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
         peak = weights + optimizer_bytes + max(activations + first_grad,
                                                gradients + (per_layer if checkpointing else 0))
-    step = weights + optimizer_bytes + gradients + (_muon_step_memory(model, state) // shards if muon else 0)
+    # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
+    muon_step = _muon_step_memory(model, state) + (muon * state if shards > 1 else 0) if muon else 0
+    step = weights + optimizer_bytes + gradients + muon_step
     return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step))
 
 

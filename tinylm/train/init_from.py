@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import load_model
+from tinylm.checkpoint import is_checkpoint, is_sharded_checkpoint, load_model
 
 
 def architecture_fields() -> tuple[str, ...]:
@@ -36,13 +36,13 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
     if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
         raise ValueError(f"model.init_from {str(path)!r} is one file of a Hugging Face model; pass the folder that "
                          f"holds it: --model.init_from {path.parent}")
-    if path.is_dir():
+    if path.is_dir() and not is_sharded_checkpoint(path):
         from tinylm.hf import TINYLM_TOKENIZER_DIR, import_hf
 
         model = import_hf(path)
         tok_dir = path / TINYLM_TOKENIZER_DIR
         tokenizer = Tokenizer.load(tok_dir) if tok_dir.is_dir() else None
-    elif path.is_file():
+    elif is_checkpoint(path):  # a .ckpt file, or the folder of a sharded (FSDP2) one
         model, tokenizer, _ = load_model(path)
     else:
         raise FileNotFoundError(f"model.init_from {str(path)!r} not found; pass a tinylm .ckpt or a Hugging Face "

@@ -25,6 +25,7 @@ from tinylm.ranges import check_ranges
 from tinylm.train.init_from import load_pretrained
 from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
 from tinylm.train.options import call_options, config_options, save_hyperparameters
+from tinylm.train.parallel import broadcast_weights, clip_by_global_norm, is_sharded, shard_gpt
 from tinylm.train.schedules import SCHEDULES, lr_at
 
 RANGES = {
@@ -153,6 +154,9 @@ class TinyLM(L.LightningModule):
             rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
             block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute
             (measured in docs/benchmarks.md; `tinylm plan` shows both memory estimates).
+        fsdp_reshard_after_forward: Under ``--trainer.strategy fsdp`` (FSDP2): free each block's gathered weights
+            after its forward pass and gather them again for its backward pass (less memory, one more all-gather
+            per block per step); false keeps them from forward to backward. Ignored by other strategies.
         init_from: Start from pretrained weights (a new run, not a resume; nanoGPT's ``init_from='gpt2'``): a tinylm
             ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``). The architecture
             (n_layer, n_head, n_embd, bias, positions, norm, mlp, ...) comes from the weights and overrides this
@@ -181,6 +185,7 @@ class TinyLM(L.LightningModule):
         beta2: float = 0.95,
         compile_model: bool = False,
         activation_checkpointing: bool = False,
+        fsdp_reshard_after_forward: bool = True,
         init_from: str | None = None,
         **config: Any,
     ) -> None:
@@ -236,12 +241,29 @@ class TinyLM(L.LightningModule):
         return out
 
     def configure_model(self) -> None:
-        if self.hparams.compile_model and not hasattr(self, "_token_loss"):  # once: configure_model may run again
+        sharding = getattr(self, "_device_mesh", None) is not None  # FSDP2 (tinylm.train.parallel.FSDP2Strategy)
+        if sharding and not is_sharded(self.model):  # once: configure_model may run again
+            self._shard(self._device_mesh)
+        if self.hparams.compile_model and not hasattr(self, "_token_loss"):
+            if sharding:  # the blocks were compiled one by one before sharding: the loss runs eagerly around them
+                self._token_loss = token_loss
+                return
             self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
             # the training loss as one graph with the model (dynamo inlines the module compiled above): the loss
             # no longer runs eagerly on the compiled model's logits, which wrote them again in fp32 (B*T*V*4 bytes)
             # and read them back twice: ~10 % of a GPT-2 124M step on an H100/H200 (docs/gpu/README.md)
             self._token_loss = torch.compile(token_loss)
+
+    def _shard(self, mesh: Any) -> None:
+        """FSDP2: every rank starts from rank 0's weights, then each block and the GPT are sharded over ``mesh``
+        (compiled block by block first with compile_model, as torchtitan does)."""
+        broadcast_weights(self.model)
+        if self.hparams.compile_model:
+            for block in self.model.transformer.h:
+                block.compile()
+        precision = str(getattr(self._trainer, "precision", "")) if self._trainer is not None else ""
+        shard_gpt(self.model, mesh, reshard_after_forward=self.hparams.fsdp_reshard_after_forward,
+                  bf16=precision.startswith("bf16"))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         prefix = self.hparams.prefix_len if self.hparams.attn_mask == "prefix" else None
@@ -417,7 +439,7 @@ class TinyLM(L.LightningModule):
         # a negative max_norm flips every gradient (clip_grad_norm_ scales by max_norm / norm): gradient ascent
         check_ranges("trainer", {"gradient_clip_val": gradient_clip_val}, {"gradient_clip_val": "[0, inf)"})
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = clip_by_global_norm(self.model, max_norm)
         self.last_grad_norm = norm.detach()  # read by the health monitor on every step
         if self.step_guard is not None:  # skips the update on the device when the step is not to be applied
             self.step_guard(self, optimizer, self.last_grad_norm)
@@ -484,9 +506,11 @@ class TinyLM(L.LightningModule):
                                   f"and block_size come from the data: {fix}")
         from tinylm.checkpoint import check_weights
 
-        # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor
-        check_weights(checkpoint["state_dict"], self.state_dict(),
-                      getattr(self._trainer, "ckpt_path", None) or "checkpoint")
+        # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor (FSDP2's
+        # strategy loaded the weights itself, into their shards, and hands no state_dict here)
+        if "state_dict" in checkpoint:
+            check_weights(checkpoint["state_dict"], self.state_dict(),
+                          getattr(self._trainer, "ckpt_path", None) or "checkpoint")
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it

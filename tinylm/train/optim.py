@@ -60,6 +60,8 @@ class MuonAdamW(torch.optim.Optimizer):
                  adamw: dict[str, Any], splits: dict[int, int] | None = None) -> None:
         self.splits = splits or {}  # muon_step's: parameters stacking several matrices
         self.ns_dtype: torch.dtype | None = None  # muon_step's: None is newton_schulz_dtype(the parameters' device)
+        # FSDP2's parameters (DTensors): the state_dict then takes torch.optim's own form (`flat_state`)
+        self.sharded = any(type(p).__name__ == "DTensor" for g in muon_groups + adamw_groups for p in g["params"])
         self.adamw = torch.optim.AdamW(adamw_groups, **adamw)
         self.muon = torch.optim.Muon(muon_groups, **muon)
         for group in self.muon.param_groups:
@@ -89,9 +91,14 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def state_dict(self) -> dict[str, Any]:
+        if self.sharded:  # torch.optim's own form over both optimizers' groups: what torch.distributed.checkpoint reads
+            return torch.optim.Optimizer.state_dict(self)
         return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) == {"state", "param_groups"} and \
+                [g.get("optimizer") for g in state_dict["param_groups"]] == [g["optimizer"] for g in self.param_groups]:
+            state_dict = split_state(state_dict)  # a sharded run's (FSDP2), consolidated
         if set(state_dict) != {"adamw", "muon"}:
             raise ValueError("the checkpoint's optimizer state is not Muon + AdamW (it has keys "
                              f"{sorted(state_dict)}); resume with the model.optimizer the run was started with")
@@ -100,6 +107,30 @@ class MuonAdamW(torch.optim.Optimizer):
         # Optimizer.load_state_dict makes new group dicts: point ours at them, in place (LightningOptimizer and the
         # LR scheduler hold this very list), or the schedule would write lrs the inner optimizers never read
         self.param_groups[:] = self.adamw.param_groups + self.muon.param_groups
+
+
+def flat_state(state: dict[str, Any]) -> dict[str, Any]:
+    """MuonAdamW's state_dict as one torch.optim state over AdamW's groups then Muon's (parameters numbered on
+    from AdamW's), the form a sharded (FSDP2) run saves; a state already in that form is returned as it is."""
+    if set(state) != {"adamw", "muon"}:
+        return state
+    adamw, muon = state["adamw"], state["muon"]
+    shift = sum(len(g["params"]) for g in adamw["param_groups"])
+    return {"state": {**adamw["state"], **{i + shift: v for i, v in muon["state"].items()}},
+            "param_groups": [{**g, "optimizer": "adamw"} for g in adamw["param_groups"]]
+            + [{**g, "optimizer": "muon", "params": [i + shift for i in g["params"]]} for g in muon["param_groups"]]}
+
+
+def split_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `flat_state`: {"adamw": ..., "muon": ...}, each torch.optim's own form (its groups tagged
+    "optimizer" by MuonAdamW)."""
+    parts: dict[str, dict[str, Any]] = {"adamw": {"state": {}, "param_groups": []},
+                                        "muon": {"state": {}, "param_groups": []}}
+    for group in state["param_groups"]:
+        part = parts[group["optimizer"]]
+        part["param_groups"].append(group)
+        part["state"].update({i: state["state"][i] for i in group["params"] if i in state["state"]})
+    return parts
 
 
 def _muon_lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
@@ -177,22 +208,47 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None,
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        # (update, parameter) pairs of matrices: a split parameter gives n of them, views of its rows
-        pieces = [pair for i, p in enumerate(params) for pair in
-                  (zip(updates[i].chunk(splits[id(p)]), p.chunk(splits[id(p)])) if id(p) in splits
-                   else [(updates[i], p)])]
-        batches: dict[tuple, list[int]] = defaultdict(list)  # same shape, device and dtype: one batch
-        for k, (u, _) in enumerate(pieces):
-            batches[(u.shape, u.device, u.dtype)].append(k)
-        for (shape, device, _), index in batches.items():
-            tall = shape[0] > shape[1]
-            stacked = torch.stack([pieces[k][0] for k in index])  # (n, rows, cols)
-            # wide views of tall matrices, as torch's .T
-            ortho = newton_schulz(stacked.mT if tall else stacked, group["ns_coefficients"], group["ns_steps"],
-                                  group["eps"], ns_dtype or newton_schulz_dtype(device))
-            alpha = -lr * _muon_lr_scale(group["adjust_lr_fn"], shape)
-            torch._foreach_add_([pieces[k][1] for k in index], list((ortho.mT if tall else ortho).unbind(0)),
-                                alpha=alpha)
+        _orthogonalized_steps(group, params, updates, splits, ns_dtype, lr)
+
+
+def _orthogonalized_steps(group: dict, params: list[Tensor], updates: list[Tensor], splits: dict[int, int],
+                          ns_dtype: torch.dtype | None, lr: float) -> None:
+    """Add to each matrix of ``params`` its update orthogonalised (Newton–Schulz), times -lr and the shape's scale.
+
+    FSDP2's parameters are DTensors, each rank holding a shard of rows: their updates are gathered whole (Muon
+    orthogonalises whole matrices, never shards), orthogonalised on every rank alike, and each rank adds its own
+    shard of the result: the very numbers one process computes (nanochat's and torchtitan's gather approach)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    whole = [u.full_tensor() if isinstance(u, DTensor) else u for u in updates]  # (rows, cols) each
+    # where each orthogonalised update goes: the parameter itself, or for a sharded one a whole-matrix buffer
+    targets = [torch.empty_like(w) if isinstance(p, DTensor) else p for p, w in zip(params, whole)]
+    # (update, target, parameter index) of each matrix: a split parameter gives n of them, views of its rows
+    pieces = [(u, t, i) for i, p in enumerate(params) for u, t in
+              (zip(whole[i].chunk(splits[id(p)]), targets[i].chunk(splits[id(p)])) if id(p) in splits
+               else [(whole[i], targets[i])])]
+    batches: dict[tuple, list[int]] = defaultdict(list)  # same shape, device and dtype: one batch
+    for k, (u, _, _) in enumerate(pieces):
+        batches[(u.shape, u.device, u.dtype)].append(k)
+    alphas: dict[int, float] = {}  # sharded parameter index -> its alpha (its pieces share a shape)
+    for (shape, device, _), index in batches.items():
+        tall = shape[0] > shape[1]
+        stacked = torch.stack([pieces[k][0] for k in index])  # (n, rows, cols)
+        # wide views of tall matrices, as torch's .T
+        ortho = newton_schulz(stacked.mT if tall else stacked, group["ns_coefficients"], group["ns_steps"],
+                              group["eps"], ns_dtype or newton_schulz_dtype(device))
+        ortho = list((ortho.mT if tall else ortho).unbind(0))
+        alpha = -lr * _muon_lr_scale(group["adjust_lr_fn"], shape)
+        local = [j for j, k in enumerate(index) if not isinstance(params[pieces[k][2]], DTensor)]
+        if local:
+            torch._foreach_add_([pieces[index[j]][1] for j in local], [ortho[j] for j in local], alpha=alpha)
+        for j, k in enumerate(index):
+            if isinstance(params[pieces[k][2]], DTensor):
+                pieces[k][1].copy_(ortho[j])
+                alphas[pieces[k][2]] = alpha
+    for i, alpha in alphas.items():  # this rank's rows of each sharded matrix's update
+        p = params[i]
+        p.add_(distribute_tensor(targets[i], p.device_mesh, p.placements, src_data_rank=None), alpha=alpha)
 
 
 def fused_adamw(device: torch.device) -> bool:

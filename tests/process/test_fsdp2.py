@@ -1,0 +1,223 @@
+"""FSDP2 (`--trainer.strategy fsdp`: Lightning's ModelParallelStrategy, tinylm.train.parallel) on 2 CPU ranks (gloo):
+the same training as one device or DDP, sharded checkpoints that resume exactly on FSDP2, DDP and one device, and
+Muon on whole matrices. The runs are tiny (2 layers, n_embd 32, fp32); the command is forked from a process that has
+imported tinylm (tests/forked.py), rank 1 started by Lightning.
+"""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import forked
+import lightning as L
+import pytest
+import torch
+
+from tinylm.checkpoint import is_sharded_checkpoint, load_checkpoint
+from tinylm.cli import main
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+B, STEPS, LEG = 4, 20, 4
+
+
+class SigtermToRankOne(L.Callback):
+    """Rank 1 alone gets SIGTERM after step 3: the ranks stop together at the end of step 4 and save last.ckpt."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == LEG - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _env() -> dict:
+    here = Path(__file__).parent
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+
+
+def _two_ranks(config: Path, strategy: str, *args: str, code: int = 0) -> str:
+    """`tinylm fit` on 2 CPU ranks with `strategy`; what it printed on stderr."""
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+           "--trainer.strategy", strategy, "--data.batch_size", str(B), *args]
+    done = forked.run(cmd, cwd=config.parent, env=_env(), timeout=300)
+    assert done.returncode == code, done.stderr[-3000:]
+    return done.stderr
+
+
+def _metric(run: Path, key: str) -> dict[int, float]:
+    with open(run / "csv" / "metrics.csv") as f:
+        return {int(r["step"]): float(r[key]) for r in csv.DictReader(f) if r.get(key)}
+
+
+def _step(ckpt: Path) -> int:
+    return int(load_checkpoint(ckpt, mmap=True)["global_step"])
+
+
+@pytest.fixture
+def config(run_config):
+    # the schedule's length is fixed (decay_steps), so each leg of a chain of resumes follows the straight run's
+    return run_config(chars=40_000, seed_everything=5, run={"name": "straight", "checkpoint_every": LEG},
+                      trainer={"max_steps": STEPS, "val_check_interval": 1000, "gradient_clip_val": 1.0},
+                      model={"lr": 3e-3, "warmup_steps": 1, "decay_steps": STEPS},
+                      data={"block_size": 32, "batch_size": 2 * B})
+
+
+def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_and_ranks(config, tmp_path, capsys):
+    """One run in five legs against a straight one-device run with the same global batch (what DDP trains: see
+    test_elastic): catches FSDP2 training another model (each rank's own shard norm clipped, a decay group chosen
+    by a shard's shape, ranks starting from different weights) or a sharded checkpoint that does not resume
+    exactly. Legs: FSDP2 stopped by SIGTERM to one rank (saved as a sharded folder) -> FSDP2 resumed from it ->
+    DDP resumed from the folder (consolidated) -> FSDP2 resumed from DDP's file -> one device resumed from FSDP2's
+    folder (2 ranks -> 1). Then generate, validate, export and init_from read one of FSDP2's folders."""
+    main(["fit", "--config", str(config)])
+    straight = tmp_path / "runs" / "straight"
+    last = tmp_path / "runs" / "legs" / "checkpoints" / "last.ckpt"
+    legs = ["--run.name", "legs"]
+    err = _two_ranks(config, "fsdp", *legs, "--trainer.max_steps", "100000",
+                     "--trainer.callbacks+=test_fsdp2.SigtermToRankOne", code=128 + signal.SIGTERM)
+    assert f"interrupted by SIGTERM (to another rank) at step {LEG}; saved" in err, err[-3000:]
+    assert is_sharded_checkpoint(last) and _step(last) == LEG
+    first = {s: v for s, v in _metric(tmp_path / "runs" / "legs", "train/loss").items()}
+    want, norms = _metric(straight, "train/loss"), _metric(straight, "train/grad_norm")
+    assert [first[s] for s in range(LEG)] == pytest.approx([want[s] for s in range(LEG)], abs=1e-5)
+    got_norms = _metric(tmp_path / "runs" / "legs", "train/grad_norm")
+    assert [got_norms[s] for s in range(LEG)] == pytest.approx([norms[s] for s in range(LEG)], rel=1e-5)
+    assert max(norms[s] for s in range(LEG)) > 1.0  # clipping acted: a norm per shard would have clipped otherwise
+    _two_ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(2 * LEG))
+    assert is_sharded_checkpoint(last) and _step(last) == 2 * LEG
+    _two_ranks(config, "ddp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(3 * LEG))
+    assert last.is_file() and _step(last) == 3 * LEG  # DDP writes a file in place of the folder
+    _two_ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(4 * LEG))
+    assert is_sharded_checkpoint(last) and _step(last) == 4 * LEG
+    main(["fit", "--config", str(config), *legs, "--ckpt_path", "last"])
+    got = _metric(tmp_path / "runs" / "legs", "train/loss")
+    assert sorted(got) == sorted(want) == list(range(STEPS))
+    assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)
+    assert not list(last.parent.glob("*.tmp")) and not list(last.parent.glob("*.old"))  # no leftovers
+    _every_command_reads_a_sharded_checkpoint(config, last.parent / f"step-{4 * LEG}.ckpt", tmp_path, capsys)  # kept
+
+
+def _every_command_reads_a_sharded_checkpoint(config: Path, folder: Path, tmp_path: Path, capsys) -> None:
+    """generate, validate, export and model.init_from take FSDP2's folder as they take a file: its weights,
+    consolidated, are the ones each uses."""
+    from tinylm.checkpoint import load_model
+    from tinylm.hf import import_hf
+    from tinylm.train.init_from import load_pretrained
+
+    assert is_sharded_checkpoint(folder)
+    model, tokenizer, _ = load_model(folder)
+    weights = model.state_dict()
+    assert tokenizer is not None and len(weights) > 0
+    capsys.readouterr()
+    main(["generate", "--ckpt_path", str(folder), "--prompt", "ROMEO:", "--max_new_tokens", "8", "--strategy",
+          "greedy"])
+    assert capsys.readouterr().out.strip().startswith("ROMEO:")
+    main(["validate", "--config", str(config), "--ckpt_path", str(folder)])
+    main(["export", "--ckpt_path", str(folder), "--out", str(tmp_path / "hf")])
+    exported = import_hf(tmp_path / "hf").state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in weights.items())
+    _, state, _ = load_pretrained(folder, vocab_size=model.config.vocab_size, block_size=model.config.block_size)
+    assert all(torch.equal(state[k], v) for k, v in weights.items())
+
+
+MUON_SCRIPT = r"""
+import copy, os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor
+from tinylm.model import GPT, GPTConfig
+from tinylm.train.optim import build_optimizer
+from tinylm.train.parallel import shard_gpt
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+reference = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True))
+sharded = copy.deepcopy(reference)
+shard_gpt(sharded, init_device_mesh("cpu", (2,)), reshard_after_forward=True, bf16=False)
+kw = dict(optimizer="muon", lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.02, muon_momentum=0.95,
+          muon_weight_decay=0.01, fused=False)
+opts = [build_optimizer(m, **kw) for m in (reference, sharded)]
+for o in opts:
+    o.ns_dtype = torch.float32
+torch.manual_seed(1)
+for step in range(3):
+    for p, q in zip(reference.parameters(), sharded.parameters()):
+        p.grad = torch.randn_like(p)  # the same gradients on both ranks and both models
+        q.grad = distribute_tensor(p.grad, q.device_mesh, q.placements, src_data_rank=None)
+    for o in opts:
+        o.step()
+worst = max((p - q.full_tensor()).abs().max().item() for p, q in zip(reference.parameters(), sharded.parameters()))
+# a resume: the sharded optimizer's state through torch.distributed.checkpoint's state_dict API (what Lightning's
+# ModelParallelStrategy saves and loads) into a new optimizer, then one more step on both sides
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+saved = get_optimizer_state_dict(sharded, opts[1])
+opts[1] = build_optimizer(sharded, **kw)
+opts[1].ns_dtype = torch.float32
+set_optimizer_state_dict(sharded, opts[1], optim_state_dict=saved)
+for p, q in zip(reference.parameters(), sharded.parameters()):
+    p.grad = torch.randn_like(p)
+    q.grad = distribute_tensor(p.grad, q.device_mesh, q.placements, src_data_rank=None)
+for o in opts:
+    o.step()
+resumed = max((p - q.full_tensor()).abs().max().item() for p, q in zip(reference.parameters(), sharded.parameters()))
+shapes = sorted(tuple(q.shape) for g in opts[1].param_groups for q in g["params"] if g["optimizer"] == "muon")
+if dist.get_rank() == 0:
+    print("worst", worst, "resumed", resumed, "shapes", shapes, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_muon_on_sharded_parameters_steps_as_one_process(tmp_path):
+    """Catches Muon orthogonalising each rank's shard of a matrix (another update: Newton-Schulz of some rows is
+    not the rows of Newton-Schulz) or grouping matrices by a shard's shape: given the same gradients, FSDP2's Muon
+    on 2 ranks must leave the very weights one process's Muon does (fp32 Newton-Schulz), also after its state went
+    through torch.distributed.checkpoint's state_dict API (a sharded checkpoint) into a new optimizer."""
+    script = tmp_path / "muon_fsdp2.py"
+    script.write_text(MUON_SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("worst"))
+    worst, resumed = float(line.split()[1]), float(line.split()[3])
+    assert worst == 0.0 and resumed == 0.0, line
+    assert "(96, 32)" in line and "(128, 32)" in line  # whole matrices: c_attn (3C, C), mlp.c_fc (4C, C)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_by_torchrun_train_as_one_device(config, tmp_path):
+    """Catches a multi-node run the user's way (one `torchrun --nnodes 2` per node, rendezvous at node 0) that does
+    not start, trains each node on its own (the same windows twice, no shared gradient) or writes another run:
+    two loopback "nodes" of one CPU rank each, FSDP2 across them, must give one device's losses, and both nodes'
+    shards land in the one sharded checkpoint."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", str(LEG)])
+    port = _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "nodes", "-m", "tinylm",
+           "fit", "--config", str(config), "--run.name", "nodes", "--trainer.max_steps", str(LEG),
+           "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "2",
+           "--trainer.strategy", "fsdp", "--data.batch_size", str(B)]
+    nodes = [subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        errs = [node.communicate(timeout=300)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:  # a node left waiting for the other at the rendezvous
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+    assert "x 2 device(s)" in errs[0] + errs[1]  # the global batch spans both nodes
+    want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "nodes",
+                                                                                "train/loss")
+    assert sorted(got) == list(range(LEG)) and [got[s] for s in range(LEG)] == pytest.approx(
+        [want[s] for s in range(LEG)], abs=1e-5)
+    last = tmp_path / "runs" / "nodes" / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(last) and len(list(last.glob("*.distcp"))) == 2
