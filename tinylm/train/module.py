@@ -216,9 +216,7 @@ class TinyLM(L.LightningModule):
                                                    SumMetric().set_dtype(torch.float64))
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
-        # the W&B run of the run folder, set by `tinylm fit` on a resume: kept in checkpoints saved by a resume that
-        # logs without W&B, so a later resume with W&B continues that run instead of starting another
-        self.wandb_id: str | None = None
+        self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
         self.last_grad_norm: torch.Tensor | None = None
         self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
         self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
