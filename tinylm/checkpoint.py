@@ -6,15 +6,10 @@ the target, fsyncs it, then ``os.replace``s it: the old file stays whole until t
 that fails (disk full, Ctrl+C) removes its ``.tmp``; one killed outright (kill -9, a crash) leaves it, and the next
 successful save into that folder removes it.
 Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
-A save whose bytes are those of the file this process wrote just before in the same folder (``last.ckpt`` after
-``step-N.ckpt`` of the same step) becomes a hard link to it, made atomically the same way (link to ``<path>.tmp``,
-rename): one copy on disk, and since every save replaces a name rather than writing into its file, overwriting or
-deleting one name never changes the other.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -233,47 +228,16 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
-def atomic_link(source: Path, path: Path) -> None:
-    """Make ``path`` a hard link to ``source``, replacing whatever ``path`` was in one rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    os.link(source, tmp)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning ``CheckpointIO`` that writes atomically (temp file beside the target, fsync, rename) and loads
-    safely; a save with the bytes of the previous one in the same folder is a hard link to it (module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._previous: tuple[Path, bytes, int, int] | None = None  # (path, digest, inode, mtime) of the last save
+    safely."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        data, path = buffer.getbuffer(), Path(path)
-        digest = hashlib.blake2b(data, digest_size=32).digest()
-        if self._previous is not None:
-            source, before, inode, mtime = self._previous
-            try:
-                st = source.stat()
-                same = (before == digest and source.parent == path.parent and source != path
-                        and (st.st_ino, st.st_mtime_ns, st.st_size) == (inode, mtime, len(data)))  # untouched since
-                if same:
-                    atomic_link(source, path)
-                    return
-            except OSError:  # gone, or a filesystem without hard links: a full copy, as before
-                pass
-        atomic_write_bytes(path, data)
-        st = path.stat()
-        self._previous = (path, digest, st.st_ino, st.st_mtime_ns)
+        atomic_write_bytes(path, buffer.getvalue())
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
