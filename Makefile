@@ -26,7 +26,7 @@ $(VENV)/.installed-train: pyproject.toml
 	touch $@
 
 test: setup lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 # ruff: line length 120, pyflakes, bugbear, import order, a complexity cap ([tool.ruff] in pyproject.toml)
 lint: setup
