@@ -93,7 +93,7 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats, log scale)")
-    ax.set_title(f"shakespeare-char-cpu {' '.join(args.fit_args)}, LR exploding mid-run: --guard.enabled false vs "
+    ax.set_title(f"shakespeare-char-cpu {' '.join(args.fit_args)}, LR exploding mid-run:\n--guard.enabled false vs "
                  "true (default)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
