@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
-from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
+from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path, with_run_config
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
     RUNS_ROOT,
@@ -327,6 +327,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     from tinylm.data import TinyLMDataModule
     from tinylm.train.module import TinyLM
 
+    args = with_run_config(args)  # (before the ranks are told the command: they read the same file)
     ranks.COMMAND[:] = args
     # args are always passed explicitly (main() strips --verbose first), which Lightning warns about
     warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
