@@ -254,14 +254,20 @@ def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
     trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
     if "target_vocab_size" in trained:  # data.vocab_size: the target a BPE tokenizer was trained to
         trained["vocab_size"] = trained.pop("target_vocab_size")
+    return data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
+
+
+def data_of_run(trained: dict, cfg, flags: set[str], where: str) -> dict:
+    """`run_data`'s choice from a run's data options ``trained`` (its checkpoint's, or its config.yaml's data
+    section: tinylm.cli.fit_config), said in a line that starts with ``where``."""
     by_flag = {k for k in RUN_DATA if f"data.{k}" in flags or "data" in flags}
     if "corpus" in by_flag:
         by_flag |= {"weights"}
     taken = {k: trained[k] for k in RUN_DATA if k in trained and k not in by_flag and k in cfg.data
              and cfg.data[k] != trained[k]}
     if taken:
-        log.info("%s: the data the run read, from its checkpoint: %s (flags such as --data.corpus PATH override "
-                 "it)", ckpt_path, ", ".join(f"data.{k}={v!r} (not {cfg.data[k]!r})" for k, v in taken.items()))
+        log.info("%s: %s (flags such as --data.corpus PATH override it)", where,
+                 ", ".join(f"data.{k}={v!r} (not {cfg.data[k]!r})" for k, v in taken.items()))
     return taken
 
 
@@ -374,10 +380,9 @@ def with_run_config(args: list[str]) -> list[str]:
         run_dir = Path(asked).parent.parent
     else:
         return args
-    config = run_config_file(run_dir)
+    config, settings = run_record(run_dir)
     if config is None:
         return args
-    settings = _read_yaml(config)
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
@@ -399,6 +404,12 @@ def run_config_file(run_dir: Path) -> Path | None:
         if m and path.is_file() and (found := (int(m[1] or 0), int(m[2] or 1))) > key:
             newest, key = path, found
     return newest
+
+
+def run_record(run_dir: Path) -> tuple[Path | None, dict]:
+    """The run folder's newest config record (`run_config_file`) and its settings; (None, {}) when it has none."""
+    record = run_config_file(run_dir)
+    return record, _read_yaml(record) if record else {}
 
 
 def _flag_values(args: list[str]) -> dict[str, str]:
