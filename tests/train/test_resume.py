@@ -343,13 +343,15 @@ def test_resume_and_validate_take_the_runs_data_not_the_configs(run_config, tmp_
     assert "gone.txt' not found" in capsys.readouterr().err
 
 
-def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path, caplog):
+def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path, monkeypatch, caplog):
     """Catches `tinylm fit --ckpt_path RUN/checkpoints/last.ckpt` and `tinylm validate --ckpt_path .../best.ckpt`
     with no --config reading tinylm's defaults (tinyshakespeare, block_size 256, ./data_cache): the resume failed on
     the model's shape after preparing a second dataset. The run's own config.yaml gives the data and the settings,
-    the prepared dataset is reused, and a flag still overrides."""
+    the prepared dataset is reused, a flag still overrides, and from another folder the corpus the run named by a
+    relative path is the file it read."""
     cfg = run_config()
-    main(["fit", "--config", str(cfg), "--data.batch_size", "3"])  # a flag: only the run remembers it
+    main(["fit", "--config", str(cfg), "--data.batch_size", "3",  # flags: only the run remembers them
+          "--data.corpus", "shakespeare_small.txt"])
     cfg.unlink()
     run = Path("runs", "tiny")
     with caplog.at_level("INFO", logger="tinylm"):
@@ -358,6 +360,11 @@ def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path,
     assert sorted(_losses(tmp_path / run)) == [0, 1, 2]  # steps 0-1, then 2 on the run's batch size 3
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's dataset, made once
     assert not (tmp_path / "tinylm_cache").exists()  # (the default cache: nothing prepared there)
-    main(["validate", "--ckpt_path", str(run / "checkpoints" / "best.ckpt")])
-    rows = list(csv.DictReader(open(run / "validate" / "metrics.csv")))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["validate", "--ckpt_path", str(tmp_path / run / "checkpoints" / "best.ckpt")])
+    assert f"reading the file the run read, {tmp_path / 'shakespeare_small.txt'}" in caplog.text
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1
+    rows = list(csv.DictReader(open(tmp_path / run / "validate" / "metrics.csv")))
     assert len(rows) == 1 and rows[0]["step"] in ("2", "3") and float(rows[0]["val/loss"]) > 0

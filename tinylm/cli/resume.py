@@ -254,7 +254,32 @@ def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
     trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
     if "target_vocab_size" in trained:  # data.vocab_size: the target a BPE tokenizer was trained to
         trained["vocab_size"] = trained.pop("target_vocab_size")
-    return data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
+    taken = data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
+    if not {"data", "data.corpus"} & flags:  # (a flag's corpus is read as the user named it)
+        taken.update(_files_read(ckpt, taken.get("corpus", cfg.data.get("corpus")), ckpt_path))
+    return taken
+
+
+def _files_read(ckpt: dict, corpus: Any, ckpt_path: str) -> dict:
+    """The run's own corpus named by a relative path that is not found from here (a resume or validate from
+    another folder): the files the run read, by the absolute paths its checkpoint keeps (their fingerprint is
+    checked as any resume's)."""
+    import os
+
+    from tinylm.data import TinyLMDataModule
+
+    state = ckpt.get(TinyLMDataModule.__qualname__) or {}
+    specs, paths = [corpus] if isinstance(corpus, str) else list(corpus or []), state.get("corpus_paths")
+    if not paths or specs != state.get("corpus_specs") or len(paths) != len(specs):
+        return {}
+    found = [p if p and not os.path.lexists(os.path.expanduser(s)) and os.path.exists(p) else s
+             for s, p in zip(specs, paths)]
+    if found == specs:
+        return {}
+    log.info("%s: data.corpus %s is not found from this folder; reading the file%s the run read, %s", ckpt_path,
+             ", ".join(s for s, f in zip(specs, found) if s != f), "s" if len(specs) > 1 else "",
+             ", ".join(f for s, f in zip(specs, found) if s != f))
+    return {"corpus": found[0] if isinstance(corpus, str) else found}
 
 
 def data_of_run(trained: dict, cfg, flags: set[str], where: str) -> dict:
