@@ -763,3 +763,38 @@ def test_a_named_corpus_and_its_file_make_one_dataset(shared_data, tmp_path, mon
     assert made[0] == made[1] == made[2] and (made[0] / "meta.json").is_file()
     assert [p.name for p in (tmp_path / "cache" / "datasets").iterdir()] == [made[0].name]
     assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 1
+
+
+def test_a_named_corpus_placed_where_its_error_says_is_the_downloaded_one(small_data, tmp_path, monkeypatch):
+    """Catches a named corpus's file placed by hand (offline, where the error message says) making another dataset
+    than the download would (another key, a second copy), and a placed copy of other text (CRLF line endings) being
+    blamed as missing ("no verified copy is at ..."), which sent the user to place it again."""
+    import contextlib
+    import hashlib
+    import io
+    import urllib.request
+
+    from tinylm.data import corpus as corpora
+    from tinylm.errors import UnavailableError
+
+    text = (small_data / "tinyshakespeare_100k.txt").read_bytes()[:5_000]
+    monkeypatch.setitem(corpora.NAMED, "tiny", {"url": "https://example.invalid/tiny.txt", "file": "tiny.txt",
+                                                "sha256": hashlib.sha256(text).hexdigest()})
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: contextlib.closing(io.BytesIO(text)))
+    online = _dm(tmp_path / "online", "tiny", tokenizer="char")
+    online.prepare_data()
+
+    def offline(*args, **kwargs):
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    placed = tmp_path / "cache" / "corpora" / "tiny.txt"
+    placed.parent.mkdir(parents=True)
+    placed.write_bytes(text.replace(b"\n", b"\r\n"))
+    with pytest.raises(UnavailableError, match=rf"the copy at {placed} is not the expected text \(sha256"):
+        _dm(tmp_path, "tiny", tokenizer="char").prepare_data()
+    placed.write_bytes(text)
+    data = _dm(tmp_path, "tiny", tokenizer="char")
+    data.prepare_data()
+    assert data.dataset_dir.name == online.dataset_dir.name and (data.dataset_dir / "meta.json").is_file()
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1

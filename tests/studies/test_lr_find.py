@@ -192,3 +192,20 @@ def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
     with pytest.raises(SystemExit) as e:
         main([*shlex.split(command)[1:], "--print_config"])
     assert e.value.code in (0, None) and f"lr: {float(f'{lr:.2e}')}" in capsys.readouterr().out
+
+
+def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path, capsys, caplog):
+    """Catches `tinylm lr-find --config X` after `tinylm fit --config X --data.corpus my.txt` needing --data.corpus
+    again (X names a corpus not to be had here, as a hub dataset offline): the run folder X names holds the run's
+    config.yaml, whose corpus is read (its prepared dataset reused), said in a line; a flag still overrides."""
+    corpus, gone = str(tmp_path / "shakespeare_small.txt"), str(tmp_path / "gone.txt")
+    cfg = run_config(data={"corpus": gone})
+    main(["fit", "--config", str(cfg), "--data.corpus", corpus])
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["lr-find", "--config", str(cfg), "--num_training", "4"])
+    assert f"holds a run: the data it read, from its config.yaml: data.corpus={corpus!r} (not {gone!r})" in caplog.text
+    assert "steepest descent" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's, made once
+    with pytest.raises(SystemExit):  # a flag is the user's word: the gone file is read, and refused
+        main(["lr-find", "--config", str(cfg), "--num_training", "4", "--data.corpus", gone])
+    assert "gone.txt' not found" in capsys.readouterr().err

@@ -371,3 +371,26 @@ def test_scaling_says_rung_k_of_n_and_the_ladders_time_left(run_config, capsys, 
     assert re.search(r"about \S+ left for the ladder \(1 run to train\)", said[3]), said[3]
     plot = capsys.readouterr().out.split("next:\n", 1)[1].strip()
     assert plot.startswith("tinylm plot ") and all(Path(p).is_dir() for p in shlex.split(plot)[2:])
+
+
+def test_scaling_and_its_rungs_read_the_data_of_the_run_the_config_names(run_config, tmp_path, monkeypatch):
+    """Catches a ladder on a config whose run (runs/tiny, trained with --data.corpus my.txt) is there reading the
+    config's corpus instead (one not to be had here), or its rungs doing so: each rung's fit is given the run's."""
+    from tinylm.cli import scaling
+
+    corpus = str(tmp_path / "shakespeare_small.txt")
+    cfg = run_config(data={"corpus": str(tmp_path / "gone.txt")})
+    record = yaml.safe_load(cfg.read_text())
+    record["data"]["corpus"] = corpus  # what `tinylm fit --config tiny.yaml --data.corpus my.txt` writes
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "config.yaml").write_text(yaml.safe_dump(record))
+    given = []
+
+    def rung_trained(run_dir, r, fit_args, accumulate):  # what the rung's `fit` is told, instead of training it
+        given.append(fit_args)
+        return 1.5 + 30 * r.params**-0.5
+
+    monkeypatch.setattr(scaling, "_train_rung", rung_trained)
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", "[[1,8],[1,16],[2,16]]", "--predict",
+          "[1,24]", "--out", "fit.png"])
+    assert len(given) == 4 and all(f"--data.corpus={corpus}" in args for args in given)

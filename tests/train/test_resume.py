@@ -32,11 +32,13 @@ def config(run_config, request):
     )
 
 
-@pytest.mark.parametrize("resume_from, config", [("last", {}), ("step-2.ckpt", {}), ("last", MUON_MODERN)],
-                         ids=["last", "step-2", "muon-modern-last"], indirect=["config"])
-def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
+@pytest.mark.parametrize("resume_from, config, given", [("last", {}, False), ("step-2.ckpt", {}, True),
+                                                          ("last", MUON_MODERN, True)],
+                         ids=["last-no-config", "step-2", "muon-modern-last"], indirect=["config"])
+def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from, given):
     """Catches non-exact resume: replayed or skipped batches, fresh RNG (dropout), lost optimizer/scheduler state
-    (with Muon: a momentum buffer not saved or restored to the wrong matrix)."""
+    (with Muon: a momentum buffer not saved or restored to the wrong matrix); and (`given` False) a resume with
+    only the run (no --config) not going on as the run did: its settings come from the run's config.yaml."""
     main(["fit", "--config", str(config)])
     straight = _losses(tmp_path / "runs" / "straight")
     assert sorted(straight) == list(range(STEPS))
@@ -49,7 +51,12 @@ def test_resumed_run_matches_uninterrupted_run(config, tmp_path, resume_from):
     start = 4 if resume_from == "last" else 2
     name = "resumed" if resume_from == "last" else "branch"
     at_stop = (run / "checkpoints" / "step-4.ckpt").read_bytes()
-    main(["fit", "--config", str(config), "--run.name", name, "--ckpt_path", ckpt])
+    # without --config as a user who kept only the run: its config.yaml has the dropout, accumulation, workers and
+    # data; --trainer.max_steps is the user's flag over its 4
+    again = ["--config", str(config)] if given else []
+    if not given:
+        config.unlink()  # gone: only the run is left
+    main(["fit", *again, "--run.name", name, "--ckpt_path", ckpt, "--trainer.max_steps", str(STEPS)])
     resumed = _losses(tmp_path / "runs" / name)
     # the step the run went on from is not saved again from inside the next step's accumulation (its first
     # micro-batch's gradients would be lost to a resume from it)
@@ -334,3 +341,30 @@ def test_resume_and_validate_take_the_runs_data_not_the_configs(run_config, tmp_
         main(["validate", "--config", str(tmp_path / "other.yaml"), "--ckpt_path", "last", "--data.corpus",
               str(tmp_path / "gone.txt")])
     assert "gone.txt' not found" in capsys.readouterr().err
+
+
+def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path, monkeypatch, caplog):
+    """Catches `tinylm fit --ckpt_path RUN/checkpoints/last.ckpt` and `tinylm validate --ckpt_path .../best.ckpt`
+    with no --config reading tinylm's defaults (tinyshakespeare, block_size 256, ./data_cache): the resume failed on
+    the model's shape after preparing a second dataset. The run's own config.yaml gives the data and the settings,
+    the prepared dataset is reused, a flag still overrides, and from another folder the corpus the run named by a
+    relative path is the file it read."""
+    cfg = run_config()
+    main(["fit", "--config", str(cfg), "--data.batch_size", "3",  # flags: only the run remembers them
+          "--data.corpus", "shakespeare_small.txt"])
+    cfg.unlink()
+    run = Path("runs", "tiny")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--trainer.max_steps", "3"])
+    assert f"the run's own settings, from {run / 'config.yaml'}" in caplog.text
+    assert sorted(_losses(tmp_path / run)) == [0, 1, 2]  # steps 0-1, then 2 on the run's batch size 3
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's dataset, made once
+    assert not (tmp_path / "tinylm_cache").exists()  # (the default cache: nothing prepared there)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["validate", "--ckpt_path", str(tmp_path / run / "checkpoints" / "best.ckpt")])
+    assert f"reading the file the run read, {tmp_path / 'shakespeare_small.txt'}" in caplog.text
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1
+    rows = list(csv.DictReader(open(tmp_path / run / "validate" / "metrics.csv")))
+    assert len(rows) == 1 and rows[0]["step"] in ("2", "3") and float(rows[0]["val/loss"]) > 0

@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
-from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
+from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path, with_run_config
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
     RUNS_ROOT,
@@ -124,7 +124,10 @@ class TinyLMCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
         self._flags = _named_options(list(argv), files=False) if isinstance(argv, (list, tuple)) else set()
-        super().parse_arguments(parser, args)
+        # from a run's checkpoint with no --config: the run's own settings first (not named by the user: the
+        # checkpoint's tokenizer and data still apply where the command sets none). Each rank reads the same files:
+        # rank zero writes a resume's record once every rank has joined, long after they parsed this.
+        super().parse_arguments(parser, with_run_config(list(argv)) if isinstance(argv, (list, tuple)) else args)
         seed = self._section().get("seed_everything")
         if not isinstance(seed, bool):  # true: a random seed; false: none set
             check_ranges("", {"seed_everything": seed}, {"seed_everything": SEED_RANGE}, whole={"seed_everything"})

@@ -104,6 +104,22 @@ class _ConfigOnlyCLI(TinyLMCLI):
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+        self.run_data = self._data_of_run()
+        if self.run_data:
+            self.config = self.parser.parse_object({"fit": {"data": self.run_data}}, self.config)
+
+    def _data_of_run(self) -> dict:
+        """The data of the run the config names, where its folder holds one: the corpus and tokenizer it read
+        (its newest config record), unless flags set them; as a resume takes them (tinylm.cli.resume.run_data).
+        `tinylm fit --config X --data.corpus my.txt`, then `lr-find --config X`, reads my.txt again."""
+        from tinylm.cli.resume import data_of_run, run_record
+
+        record, settings = run_record(self.run_dir)
+        trained = settings.get("data")
+        if record is None or not isinstance(trained, dict):
+            return {}
+        return data_of_run(trained, self._section(), self._flags,
+                           f"{self.run_dir} holds a run: the data it read, from its {record.name}")
 
     def instantiate_trainer(self, **kwargs: Any) -> None:
         return None

@@ -254,14 +254,45 @@ def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
     trained = dict(ckpt.get("datamodule_hyper_parameters") or {})
     if "target_vocab_size" in trained:  # data.vocab_size: the target a BPE tokenizer was trained to
         trained["vocab_size"] = trained.pop("target_vocab_size")
+    taken = data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
+    if not {"data", "data.corpus"} & flags:  # (a flag's corpus is read as the user named it)
+        taken.update(_files_read(ckpt, taken.get("corpus", cfg.data.get("corpus")), ckpt_path))
+    return taken
+
+
+def _files_read(ckpt: dict, corpus: Any, ckpt_path: str) -> dict:
+    """The run's own corpus named by a relative path that is not found from here (a resume or validate from
+    another folder): the files the run read, by the absolute paths its checkpoint keeps (their fingerprint is
+    checked as any resume's)."""
+    import os
+
+    from tinylm.data import TinyLMDataModule
+
+    state = ckpt.get(TinyLMDataModule.__qualname__) or {}
+    specs, paths = [corpus] if isinstance(corpus, str) else list(corpus or []), state.get("corpus_paths")
+    if not paths or specs != state.get("corpus_specs") or len(paths) != len(specs):
+        return {}
+    found = [p if p and not os.path.lexists(os.path.expanduser(s)) and os.path.exists(p) else s
+             for s, p in zip(specs, paths)]
+    if found == specs:
+        return {}
+    log.info("%s: data.corpus %s is not found from this folder; reading the file%s the run read, %s", ckpt_path,
+             ", ".join(s for s, f in zip(specs, found) if s != f), "s" if len(specs) > 1 else "",
+             ", ".join(f for s, f in zip(specs, found) if s != f))
+    return {"corpus": found[0] if isinstance(corpus, str) else found}
+
+
+def data_of_run(trained: dict, cfg, flags: set[str], where: str) -> dict:
+    """`run_data`'s choice from a run's data options ``trained`` (its checkpoint's, or its config.yaml's data
+    section: tinylm.cli.fit_config), said in a line that starts with ``where``."""
     by_flag = {k for k in RUN_DATA if f"data.{k}" in flags or "data" in flags}
     if "corpus" in by_flag:
         by_flag |= {"weights"}
     taken = {k: trained[k] for k in RUN_DATA if k in trained and k not in by_flag and k in cfg.data
              and cfg.data[k] != trained[k]}
     if taken:
-        log.info("%s: the data the run read, from its checkpoint: %s (flags such as --data.corpus PATH override "
-                 "it)", ckpt_path, ", ".join(f"data.{k}={v!r} (not {cfg.data[k]!r})" for k, v in taken.items()))
+        log.info("%s: %s (flags such as --data.corpus PATH override it)", where,
+                 ", ".join(f"data.{k}={v!r} (not {cfg.data[k]!r})" for k, v in taken.items()))
     return taken
 
 
@@ -351,3 +382,69 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
             log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
                      now.get("corpus"), now["tokenizer"], trained.get("corpus"))
     return data
+
+
+def with_run_config(args: list[str]) -> list[str]:
+    """``fit``/``validate`` ``args`` from a run's checkpoint that name no ``--config``: with the run's own settings
+    read first (the run folder's newest config*.yaml: the one it started with, or its newest resume's record), so
+    that `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` goes on as the run did (data, batch size, trainer,
+    max_steps) and the command's flags still override. ``--ckpt_path last|best`` finds the run by
+    ``--trainer.default_root_dir`` and ``--run.name``; a checkpoint outside a run folder (or a folder without a
+    config) leaves ``args`` as they are."""
+    if not args or args[0] not in ("fit", "validate"):
+        return args
+    flags = _flag_values(args[1:])
+    asked = flags.get("ckpt_path")
+    if not asked or "config" in flags:
+        return args
+    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions
+
+    if asked in ("last", "best"):
+        run_dir = Path(flags.get("trainer.default_root_dir") or RUNS_ROOT) / flags.get("run.name", RunOptions.name)
+    elif Path(asked).parent.name == "checkpoints":
+        run_dir = Path(asked).parent.parent
+    else:
+        return args
+    config, settings = run_record(run_dir)
+    if config is None:
+        return args
+    named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
+                 (settings.get("run") or {}).get("name") or RunOptions.name)
+    # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
+    where = [] if named.resolve() == run_dir.resolve() else \
+        ["--trainer.default_root_dir", str(run_dir.parent), "--run.name", run_dir.name]
+    log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
+             f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
+    return [args[0], "--config", str(config), *where, *args[1:]]
+
+
+def run_config_file(run_dir: Path) -> Path | None:
+    """The run folder's newest config record: ``config.resume-step<N>[-k].yaml`` of its latest resume, else
+    ``config.yaml`` (the one it started with); None when it has none (config.previous.yaml is another run's)."""
+    import re
+
+    newest, key = None, (-1, 0)
+    for path in run_dir.glob("config*.yaml") if run_dir.is_dir() else ():
+        m = re.fullmatch(r"config(?:\.resume-step(\d+)(?:-(\d+))?)?\.yaml", path.name)
+        if m and path.is_file() and (found := (int(m[1] or 0), int(m[2] or 1))) > key:
+            newest, key = path, found
+    return newest
+
+
+def run_record(run_dir: Path) -> tuple[Path | None, dict]:
+    """The run folder's newest config record (`run_config_file`) and its settings; (None, {}) when it has none."""
+    record = run_config_file(run_dir)
+    return record, _read_yaml(record) if record else {}
+
+
+def _flag_values(args: list[str]) -> dict[str, str]:
+    """``--KEY VALUE`` and ``--KEY=VALUE`` of ``args``, the last of each (``-c`` is ``config``)."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        key, eq, value = arg.lstrip("-").partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        found["config" if key == "c" else key] = value
+    return found

@@ -71,7 +71,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
-    losses = _train_ladder(rungs, [root / name for name in names], [*fit_args, *no_samples], accumulate)
+    # the data of the run the config names, where it holds one (tinylm.cli.fit_config): each rung reads it too
+    data = [f"--data.{k}={v if isinstance(v, str) else jsonlib.dumps(v)}" for k, v in cli.run_data.items()]
+    losses = _train_ladder(rungs, [root / name for name in names], [*fit_args, *data, *no_samples], accumulate)
     if not rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
         return {}
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"

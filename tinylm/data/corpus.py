@@ -528,9 +528,14 @@ def download_named(name: str, cache_dir: str | Path) -> Path:
                 f.write(chunk)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise UnavailableError(f"could not download corpus {name!r} from {info['url']} ({e}) and no verified copy is "
-                           f"at {target}; download it there yourself, or pass --data.corpus PATH to a local "
-                           "text file") from e
+        # a copy placed there that is not the text (another version, other line endings) is named as such: "no
+        # verified copy" sent the user who had placed it to place it again
+        placed = (f"the copy at {target} is not the expected text (sha256 {_sha256(target)[:12]}, expected "
+                  f"{info['sha256'][:12]}: another version, or changed line endings); replace it with the file from "
+                  "that address" if target.is_file() else f"no verified copy is at {target}; download it there "
+                  "yourself")
+        raise UnavailableError(f"could not download corpus {name!r} from {info['url']} ({e}) and {placed}, or pass "
+                               "--data.corpus PATH to a local text file") from e
     got = _sha256(tmp)
     if got != info["sha256"]:
         tmp.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from typing import Any
 
 import lightning as L
@@ -97,7 +98,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                  "seed": self.seed, "block_size": self.block_size, "weights": self.weights,
                  "clean": self.clean.key()}
         if self._metas is not None:  # what the training windows were drawn from: each corpus's text and split
-            state.update(corpus_specs=list(self.corpus_specs),
+            state.update(corpus_specs=list(self.corpus_specs), corpus_paths=corpus_paths(self.corpus_specs),
                          corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
                          split_settings=[m["settings"] for m in self._metas], val_fraction=self.val_fraction)
         return state
@@ -175,6 +176,15 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         if cut_by_fraction and saved.get("val_fraction") != val_fraction:
             raise other_data(f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={val_fraction}",
                              f"--data.val_fraction {saved['val_fraction']}")
+
+
+def corpus_paths(specs: list[str]) -> list[str | None]:
+    """Where each local corpus of ``specs`` lies, as an absolute path (None for a named or hub corpus, or a glob):
+    the file a run read, which a resume from another folder finds by it (tinylm.cli.resume.run_data)."""
+    from tinylm.data.corpus import NAMED
+
+    return [None if spec in NAMED or spec.startswith("hf:") or any(c in spec for c in "*?[")
+            else os.path.abspath(os.path.expanduser(spec)) for spec in specs]
 
 
 def _same(key: str, was: Any, now: Any) -> bool:
