@@ -110,6 +110,9 @@ class _HF:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
+    def normal_token(self, i: int) -> str | None:
+        return self.tok.model.id_to_token(i)  # (the model's own vocabulary: added tokens are not in it)
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return {t.content: i for i, t in sorted(self.tok.get_added_tokens_decoder().items()) if t.special}
@@ -164,6 +167,12 @@ class _Tiktoken:
     def vocab_size(self) -> int:
         return self.enc.n_vocab
 
+    def normal_token(self, i: int) -> str | None:
+        try:  # a rank's bytes come first, then a special's
+            return self.enc.decode_single_token_bytes(i).decode("utf-8", "replace")
+        except KeyError:
+            return None
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return dict(self.specials)
@@ -208,6 +217,9 @@ class _Char:
     def vocab_size(self) -> int:
         return len(self.chars) + len(self.specials)
 
+    def normal_token(self, i: int) -> str | None:
+        return self.chars[i] if 0 <= i < len(self.chars) else None
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return dict(self.specials)
@@ -244,6 +256,9 @@ class _Scratch:
     def vocab_size(self) -> int:
         return self.bpe.vocab_size
 
+    def normal_token(self, i: int) -> str | None:
+        return None  # ByteLevelBPE refuses a special id that a token has already
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return dict(self.bpe.special_tokens)
@@ -278,6 +293,23 @@ class Tokenizer:
         self._b = backend
         self.spec = spec
         self._fingerprint: str | None = None
+        self._check_specials()
+
+    def _check_specials(self) -> None:
+        """Refuse special ids outside the vocabulary, shared by two specials, or that a normal token has too: an EOS
+        on the id of the char "'" made every apostrophe an end of document, silently (an edited or damaged file)."""
+        specials, size = self.special_tokens, self.vocab_size
+        for name, i in specials.items():
+            why = None
+            if not isinstance(i, int) or not 0 <= i < size:
+                why = f"outside its vocabulary of {size:,} ids"
+            elif list(specials.values()).count(i) > 1:
+                why = "which another special token has too"
+            elif (token := self._b.normal_token(i)) not in (None, name):
+                why = f"which the normal token {token!r} has too (that text would read as {name!r})"
+            if why:
+                raise ValueError(f"the tokenizer's special token {name!r} has id {i!r}, {why}; its file is damaged or "
+                                 "was edited")
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, read as plain text (special-token strings in it are not specials)."""
@@ -423,6 +455,8 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
     parse error) into one ValueError naming the file and the kinds of tokenizer tinylm reads."""
     try:
         yield
+    except PermissionError:
+        raise  # a file that cannot be read is not a file of another kind: the CLI names the path and the fix
     except Exception as e:
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "
