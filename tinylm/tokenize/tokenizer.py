@@ -167,11 +167,8 @@ class _Tiktoken:
     def vocab_size(self) -> int:
         return self.enc.n_vocab
 
-    def normal_token(self, i: int) -> str | None:
-        try:  # a rank's bytes come first, then a special's
-            return self.enc.decode_single_token_bytes(i).decode("utf-8", "replace")
-        except KeyError:
-            return None
+    def normal_token(self, i: int) -> str | None:  # a rank's bytes come first, then a special's
+        return self.token_bytes(i).decode("utf-8", "replace") or None
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -256,9 +253,6 @@ class _Scratch:
     def vocab_size(self) -> int:
         return self.bpe.vocab_size
 
-    def normal_token(self, i: int) -> str | None:
-        return None  # ByteLevelBPE refuses a special id that a token has already
-
     @property
     def special_tokens(self) -> dict[str, int]:
         return dict(self.bpe.special_tokens)
@@ -296,17 +290,14 @@ class Tokenizer:
         self._check_specials()
 
     def _check_specials(self) -> None:
-        """Refuse special ids outside the vocabulary, shared by two specials, or that a normal token has too: an EOS
-        on the id of the char "'" made every apostrophe an end of document, silently (an edited or damaged file)."""
+        """Refuse special ids outside the vocabulary, shared, or a normal token's too (an EOS on ': each ' ends one)."""
         specials, size = self.special_tokens, self.vocab_size
-        for name, i in specials.items():
-            why = None
-            if not isinstance(i, int) or not 0 <= i < size:
-                why = f"outside its vocabulary of {size:,} ids"
-            elif list(specials.values()).count(i) > 1:
-                why = "which another special token has too"
-            elif (token := self._b.normal_token(i)) not in (None, name):
-                why = f"which the normal token {token!r} has too (that text would read as {name!r})"
+        for name, i in specials.items():  # (ByteLevelBPE, scratch-bpe's, refuses these itself)
+            token = getattr(self._b, "normal_token", lambda i: None)(i) if isinstance(i, int) else None
+            why = (f"outside its vocabulary of {size:,} ids" if not isinstance(i, int) or not 0 <= i < size
+                   else "which another special token has too" if list(specials.values()).count(i) > 1
+                   else f"which the normal token {token!r} has too (that text would read as {name!r})"
+                   if token not in (None, name) else None)
             if why:
                 raise ValueError(f"the tokenizer's special token {name!r} has id {i!r}, {why}; its file is damaged or "
                                  "was edited")
