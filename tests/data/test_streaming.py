@@ -146,7 +146,9 @@ def test_a_resume_with_other_streaming_settings_names_them(tmp_path):
 
     path = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(60)])
     options = {"corpus": str(path), "tokenizer": "char", "block_size": 8, "cache_dir": str(tmp_path / "cache")}
-    saved = TinyLMDataModule(**options, streaming=True, max_documents=40).state_dict()
+    run = TinyLMDataModule(**options, streaming=True, max_documents=40)
+    _ = run.metas  # prepared, as in a run: its state holds the split settings and the corpus fingerprints
+    saved = run.state_dict()
     fitting = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), world_size=1)
     cases = (({"streaming": False}, "data.streaming=True but this run has data.streaming=False, .*resume with "
                                     "--data.streaming true"),
