@@ -79,6 +79,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")
+    with open(path, "rb"):  # a file that cannot be read is that (PermissionError, the path), not a damaged one
+        pass  # (zipfile.is_zipfile says False for it, and torch.load's OSError read as a broken file)
     if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; its index sits at the end of the file
         raise CheckpointError(
             f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file); "
@@ -134,6 +136,8 @@ def load_sharded(path: str | os.PathLike, *, optimizer: bool = True) -> dict[str
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"refusing to load {str(path)!r}: it holds objects other than tensors and plain "
                               f"values ({_unsafe(e)}); tinylm never executes code from a checkpoint") from None
+    except PermissionError:
+        raise  # not damage: the CLI names the path and the fix
     except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointException) as e:
         raise CheckpointError(f"{str(path)!r} is not a readable sharded checkpoint ({_first_line(e)}); use another "
                               "one, e.g. an earlier step-* checkpoint from the same run") from None
@@ -256,7 +260,6 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
     from tinylm.model import GPT, GPTConfig
-    from tinylm.tokenize.tokenizer import Tokenizer
 
     # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
     ckpt = load_checkpoint(ckpt_path, map_location="cpu", mmap=True)
@@ -276,6 +279,16 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
                               f"tensors, e.g. {broken[0]!r}: the run diverged before this save; use an earlier "
                               "step-*.ckpt of the run")
     model.load_state_dict(state)
+    tokenizer = checkpoint_tokenizer(ckpt, ckpt_path)
+    return model.to(map_location).eval(), tokenizer, hparams
+
+
+def checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | os.PathLike) -> Any:
+    """The tokenizer a checkpoint carries (None if it has none), refused in one line when it is damaged or does not
+    fit the checkpoint's model: more ids than the model's vocab_size have no embedding row (a shorter one is fine:
+    the vocabulary is padded), and the model would be fed, or sample, ids it has no row for."""
+    from tinylm.tokenize.tokenizer import Tokenizer
+
     tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
     try:
         tokenizer = Tokenizer.from_state_dict(tok_state) if tok_state else None
@@ -286,8 +299,12 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
                               f"({type(e).__name__}: {str(e)[:200]}): the file is damaged, or was written by another "
                               "tinylm version; use another checkpoint of the run, "
                               "or the version that wrote it") from None
-    return model.to(map_location).eval(), tokenizer, hparams
-
+    vocab_size = (ckpt.get("hyper_parameters") or {}).get("vocab_size")
+    if tokenizer is not None and isinstance(vocab_size, int) and tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds a tokenizer of {tokenizer.vocab_size:,} ids but a "
+                              f"model of vocab_size {vocab_size:,}: ids {vocab_size:,} and up have no embedding row; "
+                              "the file was edited or put together from two runs: use another checkpoint of the run")
+    return tokenizer
 
 
 def load_draft(ckpt_path: str | os.PathLike, tokenizer: Any, map_location: Any = "cpu",

@@ -433,3 +433,48 @@ def test_plot_of_nothing_drawable_says_so(tmp_path, capsys, monkeypatch, text, n
     (tmp_path / "metrics.csv").write_text(text)
     _one_line_error(capsys, ["plot", "metrics.csv", "--out", "p.png"], *needles)
     assert not (tmp_path / "p.png").exists()
+
+
+def _denied(monkeypatch, path) -> None:
+    """``path`` unreadable: chmod 000, and where that denies nothing (root, which tests may run as) every open of it
+    from Python fails as it would for a user (EACCES)."""
+    import builtins
+    import errno
+    import os
+
+    path.chmod(0)
+    if os.geteuid() == 0:
+        real_open = builtins.open
+
+        def open_denied(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == os.path.realpath(path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", open_denied)
+
+
+def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, tmp_path, capsys, monkeypatch):
+    """Catches a checkpoint's own faults blamed on the user or reported as something else: a tokenizer with more
+    ids than the model's vocab_size generated silently from ids without an embedding row (and validate told the user
+    to leave out a --data.tokenizer never passed); a bad hyperparameter inside it was named as a flag
+    (`model.lr must be in (0, inf)`); an unreadable one was "not a readable checkpoint (truncated ...)"."""
+    main(["fit", "--config", str(config)])
+    path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, weights_only=True)
+    state = ckpt["tinylm"]["tokenizer"]["state"]
+    state["chars"] = "".join(sorted(set(state["chars"]) | set("0123456789")))
+    torch.save(ckpt, tmp_path / "longer.ckpt")
+    with pytest.raises(CheckpointError, match="holds a tokenizer of 68 ids but a model of vocab_size 58"):
+        load_model(tmp_path / "longer.ckpt")  # generate, export, init_from
+    _one_line_error(capsys, ["validate", "--ckpt_path", str(tmp_path / "longer.ckpt")], "68 ids", "vocab_size 58")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["lr"] = -1.0
+    torch.save(ckpt, tmp_path / "edited.ckpt")
+    for argv in (["validate"], ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "b"]):
+        _one_line_error(capsys, [*argv, "--ckpt_path", str(tmp_path / "edited.ckpt")], "edited.ckpt",
+                        "model.lr must be in (0, inf), got -1.0", "checkpoint's value, not an option")
+    _denied(monkeypatch, path)
+    _one_line_error(capsys, ["validate", "--ckpt_path", str(path)], "permission denied", str(path))
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],
+                    "permission denied", "last.ckpt")

@@ -300,3 +300,23 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     assert open_corpus(str(moved), cache_dir=tmp_path / "c2").fingerprint == after.fingerprint
     with pytest.raises(FileNotFoundError, match=r"--data.data_files .*matches no file"):
         list(open_corpus("hf:json", cache_dir=tmp_path / "c3", data_files=str(tmp_path / "none" / "*.jsonl")))
+
+
+def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """Catches a corpus list that reads one file twice (`a.txt` and `./a.txt`, a link and its target, a folder and
+    a file in it): its text counted twice, in both splits and with twice its share of the windows, silently."""
+    from helpers import _one_line_error
+
+    from tinylm.data.corpus import open_corpora
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("alpha beta", encoding="utf-8")
+    (tmp_path / "d" / "b.txt").write_text("gamma delta", encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "d" / "a.txt")
+    for specs in (["d/a.txt", "./d/a.txt"], ["d", "d/b.txt"], ["link.txt", "d/a.txt"]):
+        with pytest.raises(ValueError, match="which both read the file .*: its text would count twice"):
+            open_corpora(specs, cache_dir=tmp_path / "cache")
+    _one_line_error(capsys, ["prepare", "--data.corpus", "[d, d/b.txt]", "--data.cache_dir", str(tmp_path / "cache")],
+                    "data.corpus lists 'd' and 'd/b.txt'", "list each file once")
+    assert len(open_corpora(["d/a.txt", "d/b.txt"], cache_dir=tmp_path / "cache")) == 2  # distinct files: fine

@@ -132,3 +132,33 @@ def test_a_build_stopped_while_publishing_keeps_its_shards(tmp_path, monkeypatch
         built = prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
     assert f"{built.name}: 6 shard(s) of 105 documents already done" in caplog.text  # every shard kept
     assert _ids(built / "train.bin", load_meta(built, tok)) == _expected(tok, docs)
+
+
+def test_a_resume_with_other_streaming_settings_names_them(tmp_path):
+    """Catches a resume that changed how the stream is read blamed on something else: without streaming it said
+    "data.val_fraction=0.1 but this run has data.val_fraction=0.1", with another max_documents that the files were
+    edited. Each names the option that changed and its value to resume with."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from tinylm.checkpoint import CheckpointError
+
+    path = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(60)])
+    options = {"corpus": str(path), "tokenizer": "char", "block_size": 8, "cache_dir": str(tmp_path / "cache")}
+    run = TinyLMDataModule(**options, streaming=True, max_documents=40)
+    _ = run.metas  # prepared, as in a run: its state holds the split settings and the corpus fingerprints
+    saved = run.state_dict()
+    fitting = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), world_size=1)
+    cases = (({"streaming": False}, "data.streaming=True but this run has data.streaming=False, .*resume with "
+                                    "--data.streaming true"),
+             ({"streaming": True, "max_documents": 50}, "data.max_documents=40 but this run has data.max_documents=50, "
+                                                        ".*--data.max_documents 40"))
+    for changed, said in cases:
+        dm = TinyLMDataModule(**options, **changed)
+        dm.trainer = fitting
+        with pytest.raises(CheckpointError, match=said):
+            dm.load_state_dict(saved)
+    dm = TinyLMDataModule(**options, streaming=True, max_documents=40)
+    dm.trainer = fitting
+    dm.load_state_dict(saved)  # the same settings resume (not vacuous)

@@ -392,3 +392,24 @@ def test_tokenizer_json_without_an_unknown_token_names_text_it_cannot_encode(tmp
     for encode in (tok.encode, lambda text: tok.encode_batch([text])):
         with pytest.raises(ValueError, match=r"cannot encode 'abc'.*no unknown token.*--data.tokenizer bpe"):
             encode("abc")
+
+
+def test_a_cached_tokenizer_whose_eos_collides_is_refused(tmp_path):
+    """Catches a cached char tokenizer whose <|endoftext|> id was edited onto a character's id: prepare reused it
+    and every apostrophe became an end of document, silently. Refused in one line naming the folder and the fix."""
+    from tinylm.data.corpus import TextFiles
+    from tinylm.data.prepare import prepare_tokenizer
+
+    (tmp_path / "a.txt").write_text("it's one<|endoftext|>and two", encoding="utf-8")
+    corpus = TextFiles("a.txt", [tmp_path / "a.txt"])
+    tok = prepare_tokenizer(corpus, "char", vocab_size=0, cache_dir=tmp_path / "cache")
+    saved = next((tmp_path / "cache" / "tokenizers").glob("char-*/tinylm_tokenizer.json"))
+    apostrophe = tok.encode("'")[0]
+    saved.write_text(saved.read_text(encoding="utf-8").replace(f'"<|endoftext|>": {tok.eos_id}',
+                                                              f'"<|endoftext|>": {apostrophe}'), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cached tokenizer in .* is damaged .*'<\|endoftext\|>' has id \d+, which "
+                                         r"the normal token \"'\" has too.*delete that folder"):
+        prepare_tokenizer(corpus, "char", vocab_size=0, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="outside its vocabulary of 3 ids"):
+        Tokenizer.from_state_dict({"version": 1, "kind": "char", "spec": "char",
+                                   "state": {"chars": "ab", "special_tokens": {EOT: 7}}})

@@ -179,6 +179,10 @@ class TinyLMCLI(LightningCLI):
                                      named=self._named, flags=self._flags, continues=self.continues)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
             self.config = self.parser.parse_object({sub: start.update}, self.config)
+        if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
+            from tinylm.cli.unused import warn_unused_options
+
+            warn_unused_options(self._section(), self._parser(sub).get_defaults())
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):

@@ -219,10 +219,11 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     the rest of its data options too) from ``ckpt_path``; for fit, refuse a resume with nothing to train or with
     settings that would not continue the run. ``named``: the options the command sets (flags and --config files);
     ``flags``: those set by flags, which alone override the run's data."""
-    from tinylm.checkpoint import load_checkpoint, tinylm_section
+    from tinylm.checkpoint import checkpoint_tokenizer, load_checkpoint, tinylm_section
 
     ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
     meta = tinylm_section(ckpt, ckpt_path)
+    checkpoint_tokenizer(ckpt, ckpt_path)  # one that does not fit its model: refused before the data is prepared
     step = int(ckpt.get("global_step", 0))
     resume_step = wandb_id = None
     if sub == "fit":
@@ -325,6 +326,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
     if unknown:  # version skew: a checkpoint from another tinylm version
         log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
                     ckpt_path, ", ".join(unknown))
+    _check_saved(saved, known, ckpt_path)
     # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)
     saved = {k: v for k, v in saved.items() if k in known and k not in RUNTIME_OPTIONS}
     linked = config_fields("data")  # come from the data; checked against it on load
@@ -351,6 +353,21 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
                  ckpt_path, source)
         saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
     return saved
+
+
+def _check_saved(saved: dict, known: set[str], ckpt_path: str) -> None:
+    """Refuse a checkpoint whose own model hyperparameters are bad (an edited file): TinyLM's check named the value
+    as an option of the command (`model.lr must be in (0, inf), got -1.0`), which the user never passed."""
+    from tinylm.checkpoint import CheckpointError
+    from tinylm.train.module import TinyLM, check_options
+
+    defaults = {k: p.default for k, p in inspect.signature(TinyLM.__init__).parameters.items() if k != "self"}
+    try:
+        check_options({**defaults, **{k: v for k, v in saved.items() if k in known}})
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt_path!r} holds a bad hyperparameter of its own ({e}): it is the "
+                              "checkpoint's value, not an option of this command; the file was edited or written by "
+                              "another tool: use another checkpoint of the run") from None
 
 
 def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict | None = None) -> dict:

@@ -454,6 +454,35 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
 
 
+def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
+    """`open_corpus` of each spec of a `--data.corpus` list (``options``: its other arguments), refusing two that
+    read the same text: one file named twice (`a.txt` and `./a.txt`, a link and its target) or a folder and a file
+    in it would count that text twice (in train and val, with twice its share of the windows), as the same
+    hf:NAME twice would. Within one spec, globs and folders read each file once already (`_unique_files`)."""
+    corpora = [open_corpus(spec, **options) for spec in specs]
+    owner: dict[Any, str] = {}
+    for corpus in corpora:
+        for source in _sources(corpus):
+            if source in owner:
+                what = f"the file {source}" if isinstance(source, str) else f"the dataset {source[1]}"
+                both = f"{owner[source]!r} twice" if owner[source] == corpus.spec else \
+                    f"{owner[source]!r} and {corpus.spec!r}, which both read"
+                raise ValueError(f"data.corpus lists {both} {what}: its text would count twice (in both splits, "
+                                 "with twice its share of the training windows); list each file once (for more "
+                                 "of one corpus, use data.weights)")
+            owner[source] = corpus.spec
+    return corpora
+
+
+def _sources(corpus: Corpus) -> set[Any]:
+    """What ``corpus`` reads, comparable across corpora: each local file by its real path, a hub dataset by its
+    name, configuration, revision and split."""
+    files = corpus.files if isinstance(corpus, TextFiles) else _local_files(getattr(corpus, "data_files", None))
+    if files:
+        return {os.path.realpath(f) for f in files}
+    return {("hf", corpus.path, corpus.config, corpus.revision, corpus.split)} if hasattr(corpus, "path") else set()
+
+
 def _made_by_tinylm(cache_dir: str | Path) -> list[str]:
     """The cache's own folders (token ids, tokenizers, Arrow caches, downloads): never part of a corpus such as
     `--data.corpus .`."""

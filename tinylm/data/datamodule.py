@@ -96,7 +96,8 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
                  "seed": self.seed, "block_size": self.block_size, "weights": self.weights,
-                 "clean": self.clean.key()}
+                 "clean": self.clean.key(), "streaming": self._hf["streaming"],
+                 "max_documents": self._hf["max_documents"]}
         if self._metas is not None:  # what the training windows were drawn from: each corpus's text and split
             state.update(corpus_specs=list(self.corpus_specs), corpus_paths=corpus_paths(self.corpus_specs),
                          corpus_fingerprints=[m["corpus_fingerprint"] for m in self._metas],
@@ -131,6 +132,11 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
             diffs.insert(0, ((f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
                               f"device(s))"), f"{now} (data.batch_size={self.batch_size} x {world})", fix))
+        # what selects the text: named before the split and the fingerprint that they change (a streamed run resumed
+        # without streaming was told "val_fraction=0.1 but this run has val_fraction=0.1"; another max_documents,
+        # that the files were edited)
+        diffs += [(f"data.{k}={saved[k]}", f"data.{k}={self._hf[k]}", f"--data.{k} {json.dumps(saved[k])}")
+                  for k in ("streaming", "max_documents") if k in saved and saved[k] != self._hf[k]]
         if saved.get("split_settings") not in (None, [m["settings"] for m in self.metas]):
             diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
                           f"--data.val_fraction {saved['val_fraction']}"))

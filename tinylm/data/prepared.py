@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from tinylm.data.clean import REPORT_FILE, CleanOptions, clean_corpora, options_from
-from tinylm.data.corpus import Corpus, Mixture, open_corpus
+from tinylm.data.corpus import Corpus, Mixture, open_corpora
 from tinylm.data.prepare import (
     TRAIN_STATS,
     dataset_dir_for,
@@ -123,8 +123,8 @@ class PreparedData:
     def corpora(self) -> list[Corpus]:
         """The corpora of `data.corpus`, one per list entry."""
         if self._corpora is None:
-            self._corpora = clean_corpora([open_corpus(spec, cache_dir=self.cache_dir, **self._hf)
-                                           for spec in self.corpus_specs], self.clean, val_fraction=self.val_fraction)
+            self._corpora = clean_corpora(open_corpora(self.corpus_specs, cache_dir=self.cache_dir, **self._hf),
+                                          self.clean, val_fraction=self.val_fraction)
         return self._corpora
 
     @property

@@ -110,6 +110,9 @@ class _HF:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
+    def normal_token(self, i: int) -> str | None:
+        return self.tok.model.id_to_token(i)  # (the model's own vocabulary: added tokens are not in it)
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return {t.content: i for i, t in sorted(self.tok.get_added_tokens_decoder().items()) if t.special}
@@ -164,6 +167,9 @@ class _Tiktoken:
     def vocab_size(self) -> int:
         return self.enc.n_vocab
 
+    def normal_token(self, i: int) -> str | None:  # a rank's bytes come first, then a special's
+        return self.token_bytes(i).decode("utf-8", "replace") or None
+
     @property
     def special_tokens(self) -> dict[str, int]:
         return dict(self.specials)
@@ -207,6 +213,9 @@ class _Char:
     @property
     def vocab_size(self) -> int:
         return len(self.chars) + len(self.specials)
+
+    def normal_token(self, i: int) -> str | None:
+        return self.chars[i] if 0 <= i < len(self.chars) else None
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -278,6 +287,20 @@ class Tokenizer:
         self._b = backend
         self.spec = spec
         self._fingerprint: str | None = None
+        self._check_specials()
+
+    def _check_specials(self) -> None:
+        """Refuse special ids outside the vocabulary, shared, or a normal token's too (an EOS on ': each ' ends one)."""
+        specials, size = self.special_tokens, self.vocab_size
+        for name, i in specials.items():  # (ByteLevelBPE, scratch-bpe's, refuses these itself)
+            token = getattr(self._b, "normal_token", lambda i: None)(i) if isinstance(i, int) else None
+            why = (f"outside its vocabulary of {size:,} ids" if not isinstance(i, int) or not 0 <= i < size
+                   else "which another special token has too" if list(specials.values()).count(i) > 1
+                   else f"which the normal token {token!r} has too (that text would read as {name!r})"
+                   if token not in (None, name) else None)
+            if why:
+                raise ValueError(f"the tokenizer's special token {name!r} has id {i!r}, {why}; its file is damaged or "
+                                 "was edited")
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, read as plain text (special-token strings in it are not specials)."""
@@ -423,6 +446,8 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
     parse error) into one ValueError naming the file and the kinds of tokenizer tinylm reads."""
     try:
         yield
+    except PermissionError:
+        raise  # a file that cannot be read is not a file of another kind: the CLI names the path and the fix
     except Exception as e:
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "

@@ -95,6 +95,15 @@ def _check_choices(options: dict[str, Any]) -> None:
                          f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """Raise ValueError naming the first bad option of ``options`` (every TinyLM option by name): a name that is no
+    choice, a value out of range, a GPT its fields cannot build. For options that come from elsewhere than the
+    command line (a checkpoint's), before TinyLM blames them on a flag."""
+    _check_choices(options)
+    check_ranges("model", options, RANGES)
+    GPTConfig(**{f.name: options[f.name] for f in fields(GPTConfig)})
+
+
 def _build_gpt(gpt_config: GPTConfig, state: dict | None, activation_checkpointing: bool) -> GPT:
     """The GPT of ``gpt_config`` (with the init_from weights ``state``), or a one-line error when it does not fit in
     memory; with activation checkpointing its blocks recompute their activations in the backward pass."""

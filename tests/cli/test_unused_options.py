@@ -1,0 +1,51 @@
+"""Options that do nothing in the mode a run chose (tinylm.cli.unused): one warning line each, from one table."""
+
+import logging
+
+import pytest
+
+from tinylm.cli.fit import TinyLMCLI, lightning_main
+from tinylm.cli.unused import UNUSED_UNLESS
+
+
+class _Parsed(Exception):
+    pass
+
+
+class _ParseOnly(TinyLMCLI):
+    """`tinylm fit` up to the point where it builds the model: the config parsed, the checks after parsing done."""
+
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed(self)
+
+
+def _warnings(run_config, caplog, *args: str) -> list[str]:
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    with pytest.raises(_Parsed) as parsed:
+        lightning_main(["fit", "--config", str(run_config()), *args], cli_class=_ParseOnly)
+    cli = parsed.value.args[0]
+    for key, needs in UNUSED_UNLESS.items():  # the table names real options: a renamed one would never warn
+        for name in (key, needs.control):
+            section, _, option = name.partition(".")
+            assert option in cli.config["fit"][section], name
+    return [r.getMessage() for r in caplog.records if "does nothing" in r.getMessage()]
+
+
+def test_options_of_another_mode_warn_one_line_each(run_config, caplog):
+    """Catches options that a run silently ignores: a Muon LR with AdamW, min_lr/decay_steps with the constant
+    schedule, a guard threshold with the guard off, max_documents without streaming, a sampling option with
+    sampling off (each trained exactly as without it, without a word)."""
+    lines = _warnings(run_config, caplog, "--model.muon_lr", "0.05", "--model.lr_schedule", "constant",
+                      "--model.min_lr", "1e-5", "--model.decay_steps", "50", "--guard.enabled", "false",
+                      "--guard.loss_z", "3", "--data.max_documents", "10", "--samples.temperature", "0.5")
+    assert [line.split("=")[0] for line in lines] == ["model.muon_lr", "model.min_lr", "model.decay_steps",
+                                                      "data.max_documents", "guard.loss_z", "samples.temperature"]
+    assert lines[0] == ("model.muon_lr=0.05 does nothing with model.optimizer='adamw': it is used only with "
+                        "--model.optimizer muon; drop it, or turn that on")
+
+
+def test_options_of_the_mode_chosen_do_not_warn(run_config, caplog):
+    """The same options where they act: no warning (guards the test above against warning always)."""
+    assert _warnings(run_config, caplog, "--model.optimizer", "muon", "--model.muon_lr", "0.05",
+                     "--model.lr_schedule", "wsd", "--model.decay_fraction", "0.3", "--model.min_lr", "1e-5",
+                     "--guard.loss_z", "3") == []

@@ -1,0 +1,84 @@
+"""Options that do nothing in the mode a run chose: one table, checked once after `tinylm fit` parsed its config
+(and took what a resume takes from the checkpoint), warning in one line for each such option the run sets away
+from its default. ``--model.muon_lr 0.05`` with ``optimizer: adamw`` trained exactly as without it, silently.
+
+The decoding options of ``--samples.*`` that their strategy ignores are warned of by the same rule, by the
+sampling surfaces themselves (tinylm.generate.config.USED_BY: one table for generate, samples and sample-report)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("tinylm")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """An option has an effect only when ``control`` (a config key) has a value for which ``active`` is true;
+    ``hint`` says how to give it one."""
+
+    control: str
+    active: Callable[[Any], bool]
+    hint: str
+
+
+_MUON = Needs("model.optimizer", lambda v: v == "muon", "--model.optimizer muon")
+_DECAYS = Needs("model.lr_schedule", lambda v: v != "constant",
+                "--model.lr_schedule cosine or wsd (constant holds model.lr after warmup)")
+_TRAINED = Needs("data.tokenizer", lambda v: v in ("bpe", "scratch-bpe"),
+                 "--data.tokenizer bpe or scratch-bpe (a trained tokenizer; the others bring their own vocabulary)")
+_GUARD = Needs("guard.enabled", lambda v: v is not False, "--guard.enabled true")
+_SAMPLES = Needs("samples.every_n_steps", lambda v: bool(v), "--samples.every_n_steps N (0 turns sampling off)")
+_EVAL = Needs("eval.tasks", lambda v: bool(v), "--eval.tasks hellaswag,... (no tasks: no in-loop evaluation)")
+_CHECKPOINTS = Needs("trainer.enable_checkpointing", lambda v: v is not False,
+                     "trainer.enable_checkpointing left on")
+
+UNUSED_UNLESS: dict[str, Needs] = {
+    "model.muon_lr": _MUON, "model.muon_momentum": _MUON, "model.muon_weight_decay": _MUON,
+    "model.min_lr": _DECAYS, "model.decay_steps": _DECAYS,
+    "model.decay_fraction": Needs("model.lr_schedule", lambda v: v == "wsd", "--model.lr_schedule wsd"),
+    "model.rope_theta": Needs("model.positions", lambda v: v == "rope", "--model.positions rope"),
+    "model.fsdp_reshard_after_forward": Needs("trainer.strategy", lambda v: v == "fsdp", "--trainer.strategy fsdp"),
+    "data.max_documents": Needs("data.streaming", lambda v: bool(v),
+                                "--data.streaming true (a corpus read whole is read whole)"),
+    "data.vocab_size": _TRAINED, "data.tokenizer_train_chars": _TRAINED,
+    **{f"guard.{k}": _GUARD for k in ("loss_z", "grad_norm_z", "window", "min_history", "rollback_skips",
+                                      "rollback_loss_rise", "lr_factor", "max_rollbacks")},
+    **{f"samples.{k}": _SAMPLES for k in ("prompts", "max_new_tokens", "strategy", "temperature", "top_k", "top_p",
+                                          "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
+                                          "num_beams", "seed", "draft_ckpt_path", "prompt_lookup",
+                                          "num_draft_tokens", "regex", "json_schema", "grammar")},
+    **{f"eval.{k}": _EVAL for k in ("every_n_steps", "limit", "batch_size", "data_dir")},
+    "run.checkpoint_every": _CHECKPOINTS, "run.keep_checkpoints": _CHECKPOINTS,
+}
+"""Option -> when it has an effect. (model.prefix_len without attn_mask prefix is refused, not warned of: a prefix
+the user asked for and did not get changes what the loss counts.)"""
+
+
+def _get(cfg: Any, key: str) -> Any:
+    section, _, name = key.partition(".")
+    try:
+        return cfg[section][name]
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def unused_options(cfg: Any, defaults: Any) -> list[str]:
+    """One line for each option of UNUSED_UNLESS that ``cfg`` (a parsed fit config) sets away from ``defaults``
+    while the option that gives it its effect is set so that it has none."""
+    lines = []
+    for key, needs in UNUSED_UNLESS.items():
+        value, control = _get(cfg, key), _get(cfg, needs.control)
+        if value == _get(defaults, key) or needs.active(control):
+            continue
+        lines.append(f"{key}={value!r} does nothing with {needs.control}={control!r}: it is used only with "
+                     f"{needs.hint}; drop it, or turn that on")
+    return lines
+
+
+def warn_unused_options(cfg: Any, defaults: Any) -> None:
+    for line in unused_options(cfg, defaults):
+        log.warning("%s", line)
