@@ -413,3 +413,27 @@ def test_plan_sizes_a_bpe_whose_corpus_is_not_here_at_its_target(run_config, tmp
         plans[vocab] = json.loads(captured.out)["params"]
         assert f"vocab_size {vocab}: data.vocab_size, the most a bpe tokenizer trained on" in captured.err
     assert plans[400] - plans[300] == 100 * 32  # tied embeddings of n_embd 32: 100 more rows
+
+
+def test_plan_of_a_huge_model_builds_no_weights(run_config, capsys):
+    """Catches `tinylm plan` building the model's weights (a 40B plan ran > 120 s and took 5 GB): the model is made on
+    the meta device, so a 30B+ plan allocates nothing, and the meta model counts what a real one holds (the plan of a
+    small config equals a real GPT's count and FLOPs)."""
+    import resource
+
+    from tinylm.cli.fit_config import fit_objects
+
+    cfg = run_config()
+    small = ["--config", str(cfg), "--model.n_layer", "3", "--model.n_embd", "48", "--model.n_head", "4",
+             "--model.positions", "rope"]
+    main(["plan", "--json", *small])
+    planned = json.loads(capsys.readouterr().out)
+    real = fit_objects(small, trains_here=True).model.model  # built as lr-find builds it: real weights
+    assert next(real.parameters()).device.type == "cpu"
+    assert planned["params"] == real.num_params() and planned["flops_per_token"] == real.flops_per_token()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    main(["plan", "--config", str(cfg), "--json", "--model.n_layer", "48", "--model.n_embd", "8192",
+          "--model.n_head", "64"])
+    huge = json.loads(capsys.readouterr().out)
+    assert huge["params"] > 30e9  # 120 GB of fp32 weights, were they built
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024

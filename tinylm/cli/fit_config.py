@@ -21,6 +21,7 @@ from tinylm.errors import UnavailableError
 log = logging.getLogger("tinylm")
 
 FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
+CHAR_VOCAB_ASSUMED = 256  # plan's vocabulary for a char tokenizer whose corpus is not here: one id per byte value
 
 
 def takes_fit_config(fn: Callable) -> bool:
@@ -68,10 +69,17 @@ class SizedData(TinyLMDataModule):
 
     def sizes(self) -> tuple[int, int | None]:
         """(vocab_size, eos_id), said in a line when they come from anything but the tokenizer itself."""
-        from tinylm.tokenize.tokenizer import known_sizes
-
         if self._sizes is not None:
             return self._sizes
+        import torch
+
+        with torch.device("cpu"):  # (plan builds its model on the meta device; the tokenizer's tensors are real)
+            self._sizes = self._read_sizes()
+        return self._sizes
+
+    def _read_sizes(self) -> tuple[int, int | None]:
+        from tinylm.tokenize.tokenizer import known_sizes
+
         self._sizes = known_sizes(self.tokenizer_spec)
         if self._sizes is not None:
             log.info("vocab_size %d: %s's own size; neither the corpus nor the tokenizer's files are read (the plan "
@@ -80,12 +88,18 @@ class SizedData(TinyLMDataModule):
         try:
             self._sizes = (self.tokenizer.vocab_size, self.tokenizer.eos_id)
         except (UnavailableError, FileNotFoundError) as e:
+            why = str(e).split(";")[0]
+            if self.tokenizer_spec == "char":
+                self._sizes = (CHAR_VOCAB_ASSUMED, None)
+                log.info("vocab_size %d assumed: a char tokenizer has one id per distinct character of its corpus "
+                         "(65 for tinyshakespeare), and %s cannot be read here (%s); the model's size hardly depends "
+                         "on it", CHAR_VOCAB_ASSUMED, self.corpus_spec, why)
+                return self._sizes
             if self.tokenizer_spec not in ("bpe", "scratch-bpe"):
                 raise
             self._sizes = (self.target_vocab_size, None)
             log.info("vocab_size %d: data.vocab_size, the most a %s tokenizer trained on %s has (that corpus cannot "
-                     "be read here: %s)", self.target_vocab_size, self.tokenizer_spec, self.corpus_spec,
-                     str(e).split(";")[0])
+                     "be read here: %s)", self.target_vocab_size, self.tokenizer_spec, self.corpus_spec, why)
         return self._sizes
 
 
@@ -104,6 +118,17 @@ class _ConfigOnlyCLI(TinyLMCLI):
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+
+    def instantiate_classes(self) -> None:
+        import torch
+
+        if self.trains_here:
+            return super().instantiate_classes()
+        # plan counts the model's shapes: on the meta device its tensors have no storage, so a 40B-parameter plan
+        # allocates nothing and initialises nothing (it took > 120 s and 5 GB built for real); the data module's
+        # work (SizedData) runs on the CPU as usual
+        with torch.device("meta"):
+            return super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> None:
         return None
