@@ -199,12 +199,14 @@ def test_plan_command_plans_fsdp(run_config, capsys):
     benchmarks/bench_fsdp2_memory.py), and plans several nodes without a cluster: plan starts no processes, so
     fit's launch checks do not apply to it."""
     cfg = run_config()
-    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "4"])
+    main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--trainer.devices", "4"])
     ddp = json.loads(capsys.readouterr().out)
-    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "4", "--trainer.strategy", "fsdp"])
+    main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--trainer.devices", "4", "--trainer.strategy",
+          "fsdp"])
     fsdp = json.loads(capsys.readouterr().out)
     assert fsdp["memory"]["optimizer"] == ddp["memory"]["optimizer"] // 4 and fsdp["devices"] == 4
-    main(["plan", "--config", str(cfg), "--json", "--trainer.devices", "2", "--trainer.num_nodes", "2"])
+    main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--trainer.devices", "2", "--trainer.num_nodes",
+          "2"])
     assert json.loads(capsys.readouterr().out)["devices"] == 4
 
 
@@ -394,11 +396,12 @@ def test_plan_of_the_readme_config_needs_neither_data_nor_network(shared_data, m
 
     config = str(Path(__file__).resolve().parents[2] / "configs" / "gpt2-124m.yaml")
     _offline(monkeypatch)
-    main(["plan", "--config", config, "--json"])
+    main(["plan", "--config", config, "--json", "--gpu", "H100"])  # (this CPU's timing would differ run to run)
     captured = capsys.readouterr()
     offline = json.loads(captured.out)
     assert "vocab_size 50257: tiktoken:gpt2's own size; neither the corpus nor the tokenizer's files" in captured.err
-    main(["plan", "--config", config, "--json", "--data.tokenizer", f"tiktoken:{shared_data / 'gpt2.tiktoken'}"])
+    main(["plan", "--config", config, "--json", "--gpu", "H100", "--data.tokenizer",
+          f"tiktoken:{shared_data / 'gpt2.tiktoken'}"])
     assert offline == json.loads(capsys.readouterr().out) and 124e6 < offline["params"] < 125e6
 
 
@@ -408,7 +411,7 @@ def test_plan_sizes_a_bpe_whose_corpus_is_not_here_at_its_target(run_config, tmp
     cfg = run_config(data={"corpus": str(tmp_path / "not-here.txt"), "tokenizer": "bpe"})
     plans = {}
     for vocab in (300, 400):
-        main(["plan", "--config", str(cfg), "--json", "--data.vocab_size", str(vocab)])
+        main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--data.vocab_size", str(vocab)])
         captured = capsys.readouterr()
         plans[vocab] = json.loads(captured.out)["params"]
         assert f"vocab_size {vocab}: data.vocab_size, the most a bpe tokenizer trained on" in captured.err
@@ -437,3 +440,32 @@ def test_plan_of_a_huge_model_builds_no_weights(run_config, capsys):
     huge = json.loads(capsys.readouterr().out)
     assert huge["params"] > 30e9  # 120 GB of fp32 weights, were they built
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024
+
+
+def test_plan_of_a_cpu_run_answers_for_this_cpu(run_config, capsys):
+    """Catches the plan of a CPU recipe answering for an H100 (and `--gpu cpu` giving no time): a config that runs on
+    the CPU (accelerator cpu, or auto here without CUDA) is timed on this CPU, the table says at what rate and how it
+    was measured, and the H100's answer stays beside it."""
+    cfg = run_config(trainer={"max_steps": 10, "accelerator": "cpu"})
+    main(["plan", "--config", str(cfg), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"] == "cpu" and out["measured_flops"] > 0 and "training steps of this model" in out["rate"]
+    assert out["wall_seconds"] == pytest.approx(out["run_flops"] / out["measured_flops"])
+    assert out["step_seconds"] == pytest.approx(out["wall_seconds"] / 10)
+    main(["plan", "--config", str(cfg), "--gpu", "cpu"])
+    rows = {line.split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "on this CPU" in rows["wall time"] and "GFLOP/s" in rows["wall time"]
+    assert "H100 at 40% MFU" in next(v for k, v in rows.items() if k.startswith("on a GPU"))
+    main(["plan", "--config", str(cfg), "--json", "--gpu", "H100"])  # a named GPU: its peak, no CPU timing
+    assert json.loads(capsys.readouterr().out)["measured_flops"] is None
+
+
+def test_cpu_rate_of_a_large_model_times_a_matmul_only():
+    """Catches plan building (and training) a large model to time it on a CPU: beyond the size limit only a matmul
+    is timed, its rate x MFU said in words."""
+    from tinylm.studies.cpu_rate import measure
+
+    big = GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    rate = measure(big, batch_size=16, precision="32-true", mfu=0.5)
+    assert not rate.measured_steps and rate.flops_per_second == pytest.approx(rate.matmul_flops * 0.5)
+    assert "matmul x 50% MFU" in rate.how

@@ -74,7 +74,11 @@ class Plan:
     gpu: str
     peak_flops: float | None  # dense FLOP/s of one `gpu` at `precision`
     mfu: float
-    wall_seconds: float | None  # run_flops / (devices x peak x mfu)
+    wall_seconds: float | None  # run_flops / (devices x peak x mfu), or / measured_flops
+    measured_flops: float | None = None  # training FLOP/s measured on this CPU (tinylm.studies.cpu_rate)
+    rate: str | None = None  # how measured_flops was measured, in words
+    step_seconds: float | None = None  # wall_seconds / max_steps: one optimizer step
+
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -156,10 +160,13 @@ def _muon_step_memory(model: GPT, state: int) -> int:
 
 
 def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
-         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw") -> Plan:
+         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw",
+         measured_flops: float | None = None, rate: str | None = None) -> Plan:
     """The plan of a run of ``max_steps`` optimizer steps of ``model``.
 
     peak_flops: dense FLOP/s of one ``gpu`` at ``precision`` (tinylm.device.peak_flops_by_name), None if unknown.
+    measured_flops: the training FLOP/s of the whole run measured on this machine (a CPU: its processes share it),
+    described by ``rate``; it replaces peak x MFU.
     """
     c = model.config
     n = model.num_params()
@@ -177,13 +184,15 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
                         optimizer=optimizer, accumulate=accumulate)
            for ckpt in (False, True)}
-    wall = run_flops / (devices * peak_flops * mfu) if peak_flops else None
+    wall = (run_flops / measured_flops if measured_flops else
+            run_flops / (devices * peak_flops * mfu) if peak_flops else None)
     return Plan(
         params=n, non_embedding_params=n - embeddings, flops_per_token=per_token, tokens_per_step=tokens_per_step,
         max_steps=max_steps, tokens=tokens, run_flops=run_flops, tokens_per_param=tokens / n,
         chinchilla_flops=6.0 * n * tokens,
         optimal_params=n_opt, optimal_tokens=d_opt, precision=precision, devices=devices, memory=mem[False],
         memory_checkpointed=mem[True], gpu=gpu, peak_flops=peak_flops, mfu=mfu, wall_seconds=wall,
+        measured_flops=measured_flops, rate=rate, step_seconds=wall / max_steps if wall is not None else None,
     )
 
 
