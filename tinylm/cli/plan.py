@@ -140,6 +140,24 @@ def _duration(s: float) -> str:
     return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days"
 
 
+def _strategies(p: Plan) -> str:
+    """Peak per device under each strategy on the run's devices, and the fastest that fits the GPU's memory."""
+    from tinylm.studies.plan import fits_on, memory_in_name
+
+    peaks = ", ".join(f"{name} {_size(peak)}" for name, peak in (p.strategies or {}).items())
+    where = f"{p.devices} x {p.gpu}" + ("" if p.devices > 1 else " (FSDP2 shards over --trainer.devices N > 1)")
+    capacity = memory_in_name(p.gpu)
+    if capacity is None:
+        return f"peak per device on {where}: {peaks} (--gpu \"NAME 80GB\" says which fits its memory)"
+    best = fits_on(p, capacity)
+    flags = {"FSDP2": "--trainer.strategy fsdp", "ckpt": "--model.activation_checkpointing true"}
+    verdict = (f"the fastest that fits {_size(capacity)}: {best}" +
+               (f" ({', '.join(flag for key, flag in flags.items() if key in best)})" if best != "DDP" else "")
+               if best else f"none fits {_size(capacity)}: more devices, a smaller micro-batch (--data.batch_size, "
+                            "--trainer.accumulate_grad_batches) or a smaller model")
+    return f"peak per device on {where}: {peaks}; {verdict}"
+
+
 def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
     under = p.tokens_per_param / CHINCHILLA_TOKENS_PER_PARAM
     verdict = ("about compute-optimal" if 0.5 <= under <= 2 else
@@ -150,8 +168,9 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
     ckpt = bool(getattr(hparams, "activation_checkpointing", False))  # which of the two rows the run is
 
     def mem(m: Memory) -> str:
-        return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}, gradients {_size(m.gradients)}, optimizer "
-                f"{_size(m.optimizer)}, activations {_size(m.activations)})")
+        gathered = f" of which {_size(m.gathered)} gathered by FSDP2" if m.gathered else ""
+        return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}{gathered}, gradients {_size(m.gradients)}, "
+                f"optimizer {_size(m.optimizer)}, activations {_size(m.activations)})")
 
     def wall(p: Plan) -> str:
         if p.measured_flops:
@@ -181,5 +200,7 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
     ]
     if on_gpu is not None:
         rows.append((f"on a GPU ({on_gpu.precision})", wall(on_gpu) + "  (--gpu NAME plans for another)"))
+    else:
+        rows.append(("strategies", _strategies(p)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -18,7 +18,13 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                With activation checkpointing: one block input per layer, plus one block recomputed at a time;
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
-               (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed)
+               (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed), on
+               one device too (FSDP2 gathers into buffers of their own). Its sharded gradients are counted beside all
+               the activations and the head's gradient: each block's gradient is made whole and copied for its
+               reduce-scatter while activations are still alive, and the whole-model gradient of the tied
+               embedding stays until the end of the backward pass (measured per rank at 1, 2 and 4 CPU ranks with
+               the profiler's allocation events, benchmarks/bench_fsdp2_memory.py: 1.08x, 0.99x, 0.92x of the
+               step's peak; counting as for one device, 0.88x, 0.82x, 0.80x)
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
                head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
                backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
@@ -39,17 +45,27 @@ from tinylm.model.layers import swiglu_hidden
 from tinylm.train.optim import split_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
+# (name, FSDP2, activation checkpointing), fastest first: DDP replicates everything, checkpointing costs about one
+# more forward pass, FSDP2 an all-gather and a reduce-scatter per block
+STRATEGIES = (("DDP", False, False), ("DDP + activation ckpt", False, True), ("FSDP2", True, False),
+              ("FSDP2 + activation ckpt", True, True))
 
 
 @dataclass(frozen=True)
 class Memory:
     """Bytes per device."""
 
-    weights: int
+    weights: int  # gathered included
     gradients: int
     optimizer: int
     activations: int
     peak: int
+    gathered: int = 0  # of the weights: the parameters FSDP2 gathers whole for a while (0 without FSDP2)
+
+    @property
+    def states(self) -> int:
+        """Weights, gradients and optimizer state held between steps (FSDP2: this rank's shards)."""
+        return self.weights - self.gathered + self.gradients + self.optimizer
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,7 @@ class Plan:
     measured_flops: float | None = None  # training FLOP/s measured on this CPU (tinylm.studies.cpu_rate)
     rate: str | None = None  # how measured_flops was measured, in words
     step_seconds: float | None = None  # wall_seconds / max_steps: one optimizer step
+    strategies: dict[str, int] | None = None  # peak bytes per device of the run under each strategy (fits_on)
 
 
     def as_dict(self) -> dict:
@@ -98,10 +115,11 @@ def element_sizes(precision: str) -> tuple[int, int]:
 
 
 def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
-           optimizer: str = "adamw", accumulate: int = 1) -> Memory:
+           optimizer: str = "adamw", accumulate: int = 1, fsdp: bool = False) -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
-    shards: devices the weights, gradients and optimizer states are split over (FSDP); 1 for DDP / one device.
+    shards: devices the weights, gradients and optimizer states are split over (FSDP2); 1 for DDP / one device.
+    fsdp: FSDP2 (implied by shards > 1), on one device too: it gathers parameters into buffers of their own.
     optimizer: ``adamw`` (two moments per parameter) or ``muon`` (one momentum buffer per hidden matrix element,
     AdamW's two moments for the rest).
     accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
@@ -112,11 +130,14 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     mixed = state != act
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
-    if shards > 1:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
+    fsdp = fsdp or shards > 1
+    gathered = 0
+    if fsdp:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
         # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
         root = sum(p.numel() for name, p in model.named_parameters() if ".h." not in f".{name}")
         block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
-        weights = n * state // shards + (root + 2 * block) * (act if mixed else state)
+        gathered = (root + 2 * block) * (act if mixed else state)
+        weights = n * state // shards + gathered
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
@@ -133,7 +154,7 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
         layers = c.n_layer * per_layer
     activations = layers + stream + head
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
-    if accumulate > 1:
+    if accumulate > 1 or fsdp:  # FSDP2: the sharded gradients beside the activations (see the module docstring)
         peak = weights + optimizer_bytes + gradients + activations + first_grad
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
         peak = weights + optimizer_bytes + max(activations + first_grad,
@@ -141,7 +162,7 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(model, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
-    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step))
+    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step), gathered)
 
 
 def _muon_step_memory(model: GPT, state: int) -> int:
@@ -182,8 +203,12 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     n_opt, d_opt = compute_optimal(6.0 * n * tokens)
     shards = devices if fsdp else 1
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
-                        optimizer=optimizer, accumulate=accumulate)
+                        optimizer=optimizer, accumulate=accumulate, fsdp=fsdp)
            for ckpt in (False, True)}
+    strategies = {name: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt,
+                               shards=devices if sharded else 1, optimizer=optimizer, accumulate=accumulate,
+                               fsdp=sharded).peak
+                  for name, sharded, ckpt in STRATEGIES if devices > 1 or not sharded}
     wall = (run_flops / measured_flops if measured_flops else
             run_flops / (devices * peak_flops * mfu) if peak_flops else None)
     return Plan(
@@ -193,7 +218,13 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
         optimal_params=n_opt, optimal_tokens=d_opt, precision=precision, devices=devices, memory=mem[False],
         memory_checkpointed=mem[True], gpu=gpu, peak_flops=peak_flops, mfu=mfu, wall_seconds=wall,
         measured_flops=measured_flops, rate=rate, step_seconds=wall / max_steps if wall is not None else None,
+        strategies=strategies,
     )
+
+
+def fits_on(p: Plan, device_memory: int) -> str | None:
+    """The first of ``p.strategies`` (fastest first) whose peak fits ``device_memory`` bytes per device, or None."""
+    return next((name for name, peak in (p.strategies or {}).items() if peak <= device_memory), None)
 
 
 # ---- the picture: `tinylm plan --out PNG` ------------------------------------------------------------------------
