@@ -87,7 +87,7 @@ class SizedData(TinyLMDataModule):
             return self._sizes
         try:
             self._sizes = (self.tokenizer.vocab_size, self.tokenizer.eos_id)
-        except (UnavailableError, FileNotFoundError) as e:
+        except (UnavailableError, OSError) as e:  # not downloaded, offline (ConnectionError), not found
             why = str(e).split(";")[0]
             if self.tokenizer_spec == "char":
                 self._sizes = (CHAR_VOCAB_ASSUMED, None)

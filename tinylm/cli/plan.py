@@ -134,10 +134,11 @@ def _size(x: int) -> str:
 
 def _duration(s: float) -> str:
     if s < 120:
-        return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
+        return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
     if s < 7200:
         return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days"
+    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days" if s < 63072000 else \
+        f"{s / 31557600:.3g} years"
 
 
 def _strategies(p: Plan) -> str:
@@ -174,7 +175,7 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
 
     def wall(p: Plan) -> str:
         if p.measured_flops:
-            return (f"{_duration(p.wall_seconds)} on this CPU, {p.step_seconds * 1e3:.3g} ms a step, at "
+            return (f"{_duration(p.wall_seconds)} on this CPU, {_duration(p.step_seconds)} a step, at "
                     f"{p.measured_flops / 1e9:.3g} GFLOP/s ({p.rate})")
         return (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
                 f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else

@@ -19,12 +19,11 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
                (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed), on
-               one device too (FSDP2 gathers into buffers of their own). Its sharded gradients are counted beside all
-               the activations and the head's gradient: each block's gradient is made whole and copied for its
-               reduce-scatter while activations are still alive, and the whole-model gradient of the tied
-               embedding stays until the end of the backward pass (measured per rank at 1, 2 and 4 CPU ranks with
-               the profiler's allocation events, benchmarks/bench_fsdp2_memory.py: 1.08x, 0.99x, 0.92x of the
-               step's peak; counting as for one device, 0.88x, 0.82x, 0.80x)
+               one device too (FSDP2 gathers into buffers of its own); and in the backward pass their gradients made
+               whole (fp32) and one more block's waiting on its reduce-scatter, beside the activations. Measured per
+               rank with the profiler's allocation events at 1, 2 and 4 CPU ranks (benchmarks/bench_fsdp2_memory.py):
+               0.93-0.98x of the step's peak (it moves by a block's buffers from run to run); without these buffers,
+               and without the gathered ones on one device, it was 0.80-0.88x
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
                head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
                backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
@@ -131,13 +130,15 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
     fsdp = fsdp or shards > 1
-    gathered = 0
+    gathered = buffers = 0
     if fsdp:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
         # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
         root = sum(p.numel() for name, p in model.named_parameters() if ".h." not in f".{name}")
         block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
         gathered = (root + 2 * block) * (act if mixed else state)
         weights = n * state // shards + gathered
+        # their gradients made whole (fp32: FSDP2 reduces in fp32), and one more block's waiting on its reduce-scatter
+        buffers = (root + 3 * block) * state
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
@@ -154,10 +155,10 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
         layers = c.n_layer * per_layer
     activations = layers + stream + head
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
-    if accumulate > 1 or fsdp:  # FSDP2: the sharded gradients beside the activations (see the module docstring)
-        peak = weights + optimizer_bytes + gradients + activations + first_grad
+    if accumulate > 1:
+        peak = weights + optimizer_bytes + gradients + activations + first_grad + buffers
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
-        peak = weights + optimizer_bytes + max(activations + first_grad,
+        peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
                                                gradients + (per_layer if checkpointing else 0))
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(model, state) + (muon * state if shards > 1 else 0) if muon else 0
