@@ -472,23 +472,26 @@ def test_cpu_rate_of_a_large_model_times_a_matmul_only():
 
 
 # Per-rank bytes measured by benchmarks/bench_fsdp2_memory.py (8 layers x 512, vocab 8192, micro-batch 2 x 64, fp32,
-# AdamW, reshard after forward; torch 2.13 CPU, gloo; the largest rank's): the states right after an optimizer step,
-# and the peak of the next whole step (allocation events of the profiler). docs/distributed.md has the table.
-FSDP2_MEASURED = {1: (471_154_688, 534_231_048), 2: (235_577_344, 357_548_040), 4: (117_788_672, 256_597_000)}
+# AdamW, reshard after forward; torch 2.13 CPU, gloo, 2-core KVM at load ~8; the largest rank's): the states right
+# after an optimizer step (the same in every run), and the peak of the next whole step (allocation events of the
+# profiler) in three runs: it moves by up to three blocks' buffers with the collectives' timing.
+FSDP2_STATES = {1: 471_154_688, 2: 235_577_344, 4: 117_788_672}
+FSDP2_PEAKS = {1: (534_231_448, 534_231_048, 534_231_048), 2: (344_938_904, 357_548_040, 382_767_112),
+               4: (243_987_864, 256_597_000, 263_098_888)}
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_fsdp2_memory_estimate_matches_the_measured_per_rank_bytes(ranks):
     """Catches the FSDP2 plan drifting from what FSDP2 holds: its states (weights + gradients + AdamW, sharded) equal
-    the bytes measured after a step, and its step peak is within 10% of the measured one. It was 0.80-0.88x: the
-    sharded gradients were not counted beside the activations, nor FSDP2's gathered buffers on one device; and the
-    states were compared with gathered parameters added (1.18x at 2 ranks)."""
+    the bytes measured after a step, and its step peak is within 10% of each measured one. It was 0.80-0.88x: the
+    whole-gradient and reduce-scatter buffers were not counted, nor FSDP2's gathered parameters on one device; and
+    the states were compared with the gathered parameters added (1.18x at 2 ranks)."""
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=8192, block_size=64, n_layer=8, n_head=8, n_embd=512))
     est = memory(model, batch_size=2, precision="32-true", checkpointing=False, shards=ranks, fsdp=True)
-    states, peak = FSDP2_MEASURED[ranks]
-    assert est.states == states
-    assert abs(est.peak / peak - 1) < 0.10, (est.peak, peak)
+    assert est.states == FSDP2_STATES[ranks]
+    for peak in FSDP2_PEAKS[ranks]:
+        assert abs(est.peak / peak - 1) < 0.10, (est.peak, peak)
     assert est.gathered > 0 and est.weights - est.gathered == 4 * model.num_params() // ranks
 
 

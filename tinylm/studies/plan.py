@@ -20,9 +20,10 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
                (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed), on
                one device too (FSDP2 gathers into buffers of its own); and in the backward pass their gradients made
-               whole (fp32) and one more block's waiting on its reduce-scatter, beside the activations. Measured per
-               rank with the profiler's allocation events at 1, 2 and 4 CPU ranks (benchmarks/bench_fsdp2_memory.py):
-               0.93-0.98x of the step's peak (it moves by a block's buffers from run to run); without these buffers,
+               whole (fp32) and two blocks' copies in flight in their reduce-scatters, beside the activations.
+               Measured per rank with the profiler's allocation events at 1, 2 and 4 CPU ranks
+               (benchmarks/bench_fsdp2_memory.py, three runs: the peak moves by up to three blocks' buffers from run
+               to run with the collectives' timing): 0.92-1.08x of the step's peak; counting without these buffers,
                and without the gathered ones on one device, it was 0.80-0.88x
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
                head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
@@ -137,8 +138,9 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
         block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
         gathered = (root + 2 * block) * (act if mixed else state)
         weights = n * state // shards + gathered
-        # their gradients made whole (fp32: FSDP2 reduces in fp32), and one more block's waiting on its reduce-scatter
-        buffers = (root + 3 * block) * state
+        # in the backward pass their gradients made whole (fp32: FSDP2 reduces in fp32), and the copies of two blocks'
+        # gradients in flight in their reduce-scatters
+        buffers = (root + 4 * block) * state
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
