@@ -107,6 +107,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
 
     trains_here = False  # lr-find trains (on the configured accelerator); plan does not
+    meta_model = False  # the model on the meta device: shapes only (plan)
     data_class: type | None = SizedData  # plan sizes the model: the data itself is not needed
 
     def _parse_ckpt_path(self) -> None:
@@ -122,7 +123,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     def instantiate_classes(self) -> None:
         import torch
 
-        if self.trains_here:
+        if not self.meta_model or self._section().model.get("init_from"):  # (pretrained weights are read whole)
             return super().instantiate_classes()
         # plan counts the model's shapes: on the meta device its tensors have no storage, so a 40B-parameter plan
         # allocates nothing and initialises nothing (it took > 120 s and 5 GB built for real); the data module's
@@ -137,17 +138,23 @@ class _ConfigOnlyCLI(TinyLMCLI):
         pass
 
 
+class _MetaConfigCLI(_ConfigOnlyCLI):
+    meta_model = True
+
+
 class _TrainingConfigCLI(_ConfigOnlyCLI):
     trains_here = True
     data_class = None  # (tinylm's data module: lr-find and scaling train on the data)
 
 
-def fit_objects(fit_args: list[str], *, trains_here: bool = False) -> _ConfigOnlyCLI:
+def fit_objects(fit_args: list[str], *, trains_here: bool = False, meta: bool = False) -> _ConfigOnlyCLI:
     """Parse a fit config as `tinylm fit` does and build its model and data module (the tokenizer is trained or
     loaded: the model's vocabulary comes from it). ``.model``, ``.datamodule``, ``.config["fit"]`` (the resolved
     options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set.
-    ``trains_here``: the caller trains on the configured accelerator, which must then be there."""
-    return lightning_main(["fit", *fit_args], cli_class=_TrainingConfigCLI if trains_here else _ConfigOnlyCLI)
+    ``trains_here``: the caller trains on the configured accelerator, which must then be there. ``meta``: the model
+    is built on the meta device (shapes without weights, at any size; not with init_from, whose weights are read)."""
+    cli_class = _TrainingConfigCLI if trains_here else _MetaConfigCLI if meta else _ConfigOnlyCLI
+    return lightning_main(["fit", *fit_args], cli_class=cli_class)
 
 
 def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str, Any]:

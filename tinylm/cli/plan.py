@@ -47,7 +47,7 @@ def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, js
                          "or cpu")
     if out is not None:
         check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
-    cli = fit_objects(fit_args)
+    cli = fit_objects(fit_args, meta=True)
     result, on_gpu = _make_plan(cli, gpu, mfu)
     print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams, on_gpu))
     if out is not None:
