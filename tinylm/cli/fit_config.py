@@ -21,6 +21,7 @@ from tinylm.errors import UnavailableError
 log = logging.getLogger("tinylm")
 
 FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that takes a fit config
+CHAR_VOCAB_ASSUMED = 256  # plan's vocabulary for a char tokenizer whose corpus is not here: one id per byte value
 
 
 def takes_fit_config(fn: Callable) -> bool:
@@ -68,10 +69,17 @@ class SizedData(TinyLMDataModule):
 
     def sizes(self) -> tuple[int, int | None]:
         """(vocab_size, eos_id), said in a line when they come from anything but the tokenizer itself."""
-        from tinylm.tokenize.tokenizer import known_sizes
-
         if self._sizes is not None:
             return self._sizes
+        import torch
+
+        with torch.device("cpu"):  # (plan builds its model on the meta device; the tokenizer's tensors are real)
+            self._sizes = self._read_sizes()
+        return self._sizes
+
+    def _read_sizes(self) -> tuple[int, int | None]:
+        from tinylm.tokenize.tokenizer import known_sizes
+
         self._sizes = known_sizes(self.tokenizer_spec)
         if self._sizes is not None:
             log.info("vocab_size %d: %s's own size; neither the corpus nor the tokenizer's files are read (the plan "
@@ -79,13 +87,19 @@ class SizedData(TinyLMDataModule):
             return self._sizes
         try:
             self._sizes = (self.tokenizer.vocab_size, self.tokenizer.eos_id)
-        except (UnavailableError, FileNotFoundError) as e:
+        except (UnavailableError, OSError) as e:  # not downloaded, offline (ConnectionError), not found
+            why = str(e).split(";")[0]
+            if self.tokenizer_spec == "char":
+                self._sizes = (CHAR_VOCAB_ASSUMED, None)
+                log.info("vocab_size %d assumed: a char tokenizer has one id per distinct character of its corpus "
+                         "(65 for tinyshakespeare), and %s cannot be read here (%s); the model's size hardly depends "
+                         "on it", CHAR_VOCAB_ASSUMED, self.corpus_spec, why)
+                return self._sizes
             if self.tokenizer_spec not in ("bpe", "scratch-bpe"):
                 raise
             self._sizes = (self.target_vocab_size, None)
             log.info("vocab_size %d: data.vocab_size, the most a %s tokenizer trained on %s has (that corpus cannot "
-                     "be read here: %s)", self.target_vocab_size, self.tokenizer_spec, self.corpus_spec,
-                     str(e).split(";")[0])
+                     "be read here: %s)", self.target_vocab_size, self.tokenizer_spec, self.corpus_spec, why)
         return self._sizes
 
 
@@ -93,6 +107,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
 
     trains_here = False  # lr-find trains (on the configured accelerator); plan does not
+    meta_model = False  # the model on the meta device: shapes only (plan)
     data_class: type | None = SizedData  # plan sizes the model: the data itself is not needed
 
     def _parse_ckpt_path(self) -> None:
@@ -121,6 +136,17 @@ class _ConfigOnlyCLI(TinyLMCLI):
         return data_of_run(trained, self._section(), self._flags,
                            f"{self.run_dir} holds a run: the data it read, from its {record.name}")
 
+    def instantiate_classes(self) -> None:
+        import torch
+
+        if not self.meta_model or self._section().model.get("init_from"):  # (pretrained weights are read whole)
+            return super().instantiate_classes()
+        # plan counts the model's shapes: on the meta device its tensors have no storage, so a 40B-parameter plan
+        # allocates nothing and initialises nothing (it took > 120 s and 5 GB built for real); the data module's
+        # work (SizedData) runs on the CPU as usual
+        with torch.device("meta"):
+            return super().instantiate_classes()
+
     def instantiate_trainer(self, **kwargs: Any) -> None:
         return None
 
@@ -128,17 +154,23 @@ class _ConfigOnlyCLI(TinyLMCLI):
         pass
 
 
+class _MetaConfigCLI(_ConfigOnlyCLI):
+    meta_model = True
+
+
 class _TrainingConfigCLI(_ConfigOnlyCLI):
     trains_here = True
     data_class = None  # (tinylm's data module: lr-find and scaling train on the data)
 
 
-def fit_objects(fit_args: list[str], *, trains_here: bool = False) -> _ConfigOnlyCLI:
+def fit_objects(fit_args: list[str], *, trains_here: bool = False, meta: bool = False) -> _ConfigOnlyCLI:
     """Parse a fit config as `tinylm fit` does and build its model and data module (the tokenizer is trained or
     loaded: the model's vocabulary comes from it). ``.model``, ``.datamodule``, ``.config["fit"]`` (the resolved
     options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set.
-    ``trains_here``: the caller trains on the configured accelerator, which must then be there."""
-    return lightning_main(["fit", *fit_args], cli_class=_TrainingConfigCLI if trains_here else _ConfigOnlyCLI)
+    ``trains_here``: the caller trains on the configured accelerator, which must then be there. ``meta``: the model
+    is built on the meta device (shapes without weights, at any size; not with init_from, whose weights are read)."""
+    cli_class = _TrainingConfigCLI if trains_here else _MetaConfigCLI if meta else _ConfigOnlyCLI
+    return lightning_main(["fit", *fit_args], cli_class=cli_class)
 
 
 def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str, Any]:

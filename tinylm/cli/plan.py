@@ -7,20 +7,27 @@ from pathlib import Path
 from tinylm.studies.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
 from tinylm.studies.plan import short_count as _n
 
+DEFAULT_GPU = "H100"  # the GPU a plan answers for when the config's is not here (and beside every CPU plan)
 
-def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: bool = False,
+
+def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, json: bool = False,
          out: str | None = None) -> Plan:
     """Plan a run without training: parameters, FLOPs, tokens, Chinchilla's compute-optimal size, memory per device
-    (with and without activation checkpointing) and wall time on a GPU. Takes every `tinylm fit` option
-    (--config FILE, --model.*, --data.*, --trainer.*, --print_config: see tinylm fit --help) plus the options
-    below. The tokenizer is trained or loaded (its vocabulary sizes the model); nothing is trained.
+    (with and without activation checkpointing) and wall time. Takes every `tinylm fit` option (--config FILE,
+    --model.*, --data.*, --trainer.*, --print_config: see tinylm fit --help) plus the options below. The model is
+    counted on the meta device (no weights are made, at any size); its vocabulary comes from the tokenizer where it
+    can be had here (tiktoken's own sizes, a trained tokenizer's files), else from data.vocab_size (a line says so).
 
     Args:
-        gpu: GPU to plan for (H100, H200, B200, A100, L4, 4090, MI300X, ..., or a full device name such as
-            "NVIDIA H100 80GB HBM3"): its dense peak FLOP/s at the run's precision gives the wall time, and an unset
-            trainer.precision means what fit picks there: bf16-mixed (16-mixed on a V100, T4, ... without bf16).
-            `cpu`: plan for this machine (its precision; no wall time).
-        mfu: Model FLOPs utilisation to assume (0.3-0.5 is typical for a well-tuned GPT on one GPU).
+        gpu: Device to plan for. Unset: the one the config runs on: with trainer.accelerator cpu (or auto on a
+            machine without CUDA) this CPU, timed now (a matmul, and ~1 s of the real model's training steps when
+            it is small: the load of other jobs counts, as it would in the run), with the GPU plan beside it; a GPU
+            accelerator plans for this machine's GPU (H100 where there is none). A GPU name (H100, H200, B200, A100,
+            L4, 4090, MI300X, ..., or a full device name such as "NVIDIA H100 80GB HBM3"): its dense peak FLOP/s at
+            the run's precision x --mfu gives the wall time, and an unset trainer.precision means what fit picks
+            there (bf16-mixed; 16-mixed on a V100, T4, ... without bf16). `cpu`: this CPU, as above.
+        mfu: Model FLOPs utilisation to assume on a GPU (0.3-0.5 is typical for a well-tuned GPT on one GPU), and
+            on a CPU for a model too large to time (its matmul rate x mfu).
         json: Print the plan as JSON instead of a table.
         out: Also draw the plan into this PNG: memory per device as stacked bars without and with activation
             checkpointing (a line at the GPU's memory when --gpu states it, as in "NVIDIA H100 80GB HBM3"), and the
@@ -28,31 +35,21 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
     """
     import json as jsonlib
 
-    from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
-    from tinylm.device import gpu_names, known_gpu, peak_flops_by_name
+    from tinylm.cli.fit_config import fit_objects
+    from tinylm.device import gpu_names, known_gpu
     from tinylm.ranges import check_ranges
-    from tinylm.studies.plan import plan as make_plan
     from tinylm.studies.plots import check_png_path
 
     check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
-    if gpu.lower() != "cpu" and not known_gpu(gpu):
+    if gpu is not None and gpu.lower() != "cpu" and not known_gpu(gpu):
         raise ValueError(f"--gpu {gpu!r} is not a GPU whose peak FLOP/s tinylm knows; use one of "
                          f"{', '.join(gpu_names())}, a full device name containing one (as nvidia-smi prints it), "
                          "or cpu")
     if out is not None:
         check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
-    cli = fit_objects(fit_args)
-    opts = trainer_options(cli, gpu=None if gpu.lower() == "cpu" else gpu)
-    max_steps = opts.get("max_steps")
-    if not max_steps or max_steps < 1:
-        raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")
-    result = make_plan(
-        cli.model.model, batch_size=cli.datamodule.batch_size, accumulate=int(opts.get("accumulate_grad_batches") or 1),
-        devices=device_count(opts), max_steps=int(max_steps), precision=opts["precision"], gpu=gpu, mfu=mfu,
-        peak_flops=peak_flops_by_name(gpu, opts["precision"]), fsdp="fsdp" in str(opts.get("strategy", "")).lower(),
-        optimizer=cli.model.hparams.optimizer,
-    )
-    print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams))
+    cli = fit_objects(fit_args, meta=True)
+    result, on_gpu = _make_plan(cli, gpu, mfu)
+    print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams, on_gpu))
     if out is not None:
         hp = cli.model.hparams
         title = (f"{cli.run_dir.name}: {hp.n_layer} layers x {hp.n_embd} wide, micro-batch "
@@ -61,6 +58,61 @@ def plan(fit_args: list[str], /, *, gpu: str = "H100", mfu: float = 0.4, json: b
         if not json:  # stdout stays one JSON document
             print(f"wrote {path}")
     return result
+
+
+def _device_of(gpu: str | None, accelerator: object) -> str:
+    """The device plan answers for: ``gpu`` when given, else the config's accelerator's (see plan's --gpu)."""
+    import torch
+
+    if gpu is not None:
+        return gpu
+    accelerator = str(accelerator or "auto").lower()
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else DEFAULT_GPU
+
+
+def _make_plan(cli, gpu: str | None, mfu: float) -> tuple[Plan, Plan | None]:
+    """(the plan on the config's device or ``gpu``, and for a CPU plan the same run on DEFAULT_GPU)."""
+    from tinylm.cli.fit_config import device_count, trainer_options
+    from tinylm.device import peak_flops_by_name
+    from tinylm.studies.plan import plan as make_plan
+
+    device = _device_of(gpu, dict(cli.config["fit"]["trainer"]).get("accelerator"))
+    on_cpu = device.lower() == "cpu"
+    opts = trainer_options(cli, gpu=None if on_cpu else device)
+    max_steps = opts.get("max_steps")
+    if not max_steps or max_steps < 1:
+        raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")
+    hp = cli.model.hparams
+    common = {"batch_size": cli.datamodule.batch_size, "accumulate": int(opts.get("accumulate_grad_batches") or 1),
+              "devices": device_count(opts), "max_steps": int(max_steps), "mfu": mfu, "optimizer": hp.optimizer,
+              "fsdp": "fsdp" in str(opts.get("strategy", "")).lower()}
+    if not on_cpu:
+        return make_plan(cli.model.model, precision=opts["precision"], gpu=device,
+                         peak_flops=peak_flops_by_name(device, opts["precision"]), **common), None
+    rate = _cpu_rate(cli, opts, mfu)
+    result = make_plan(cli.model.model, precision=opts["precision"], gpu="cpu", peak_flops=None,
+                       measured_flops=rate.flops_per_second, rate=f"{rate.threads} thread(s); {rate.how}", **common)
+    gpu_opts = trainer_options(cli, gpu=DEFAULT_GPU)
+    return result, make_plan(cli.model.model, precision=gpu_opts["precision"], gpu=DEFAULT_GPU,
+                             peak_flops=peak_flops_by_name(DEFAULT_GPU, gpu_opts["precision"]), **common)
+
+
+def _cpu_rate(cli, opts: dict, mfu: float):
+    """This CPU's training rate for the run, with the threads fit would take now (tinylm.studies.cpu_rate)."""
+    import torch
+
+    from tinylm.device import busy_cpus, choose_cpu_threads
+    from tinylm.studies.cpu_rate import measure
+
+    threads, _ = choose_cpu_threads(cli.config_init["fit"]["run"].threads, busy=busy_cpus(0.1))
+    torch.set_num_threads(threads)
+    hp = cli.model.hparams
+    clip = opts.get("gradient_clip_val")
+    return measure(cli.model.model.config, batch_size=cli.datamodule.batch_size, precision=opts["precision"],
+                   optimizer=hp.optimizer, activation_checkpointing=bool(hp.activation_checkpointing),
+                   clip=float(clip) if clip else None, mfu=mfu)
 
 
 def _write_plot(result: Plan, out: str, title: str) -> Path:
@@ -82,13 +134,32 @@ def _size(x: int) -> str:
 
 def _duration(s: float) -> str:
     if s < 120:
-        return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
+        return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
     if s < 7200:
         return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days"
+    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days" if s < 63072000 else \
+        f"{s / 31557600:.3g} years"
 
 
-def format_plan(p: Plan, hparams) -> str:
+def _strategies(p: Plan) -> str:
+    """Peak per device under each strategy on the run's devices, and the fastest that fits the GPU's memory."""
+    from tinylm.studies.plan import fits_on, memory_in_name
+
+    peaks = ", ".join(f"{name} {_size(peak)}" for name, peak in (p.strategies or {}).items())
+    where = f"{p.devices} x {p.gpu}" + ("" if p.devices > 1 else " (FSDP2 shards over --trainer.devices N > 1)")
+    capacity = memory_in_name(p.gpu)
+    if capacity is None:
+        return f"peak per device on {where}: {peaks} (--gpu \"NAME 80GB\" says which fits its memory)"
+    best = fits_on(p, capacity)
+    flags = {"FSDP2": "--trainer.strategy fsdp", "ckpt": "--model.activation_checkpointing true"}
+    verdict = (f"the fastest that fits {_size(capacity)}: {best}" +
+               (f" ({', '.join(flag for key, flag in flags.items() if key in best)})" if best != "DDP" else "")
+               if best else f"none fits {_size(capacity)}: more devices, a smaller micro-batch (--data.batch_size, "
+                            "--trainer.accumulate_grad_batches) or a smaller model")
+    return f"peak per device on {where}: {peaks}; {verdict}"
+
+
+def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
     under = p.tokens_per_param / CHINCHILLA_TOKENS_PER_PARAM
     verdict = ("about compute-optimal" if 0.5 <= under <= 2 else
                "past compute-optimal: a larger model on fewer tokens would reach a lower loss with these FLOPs "
@@ -98,12 +169,18 @@ def format_plan(p: Plan, hparams) -> str:
     ckpt = bool(getattr(hparams, "activation_checkpointing", False))  # which of the two rows the run is
 
     def mem(m: Memory) -> str:
-        return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}, gradients {_size(m.gradients)}, optimizer "
-                f"{_size(m.optimizer)}, activations {_size(m.activations)})")
+        gathered = f" of which {_size(m.gathered)} gathered by FSDP2" if m.gathered else ""
+        return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}{gathered}, gradients {_size(m.gradients)}, "
+                f"optimizer {_size(m.optimizer)}, activations {_size(m.activations)})")
 
-    wall = (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
-            f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else
-            f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)")
+    def wall(p: Plan) -> str:
+        if p.measured_flops:
+            return (f"{_duration(p.wall_seconds)} on this CPU, {_duration(p.step_seconds)} a step, at "
+                    f"{p.measured_flops / 1e9:.3g} GFLOP/s ({p.rate})")
+        return (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
+                f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else
+                f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)")
+
     rows = [
         ("model", (f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
                    f"context {hparams.block_size}, vocab {hparams.vocab_size:,}")),
@@ -120,7 +197,11 @@ def format_plan(p: Plan, hparams) -> str:
                                                                   if ckpt else "  (this run)")),
         ("with activation ckpt", mem(p.memory_checkpointed) + ("  (this run)" if ckpt else
                                                                 "  (--model.activation_checkpointing true)")),
-        ("wall time", wall),
+        ("wall time", wall(p)),
     ]
+    if on_gpu is not None:
+        rows.append((f"on a GPU ({on_gpu.precision})", wall(on_gpu) + "  (--gpu NAME plans for another)"))
+    else:
+        rows.append(("strategies", _strategies(p)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -18,7 +18,13 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                With activation checkpointing: one block input per layer, plus one block recomputed at a time;
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
-               (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed)
+               (embeddings, final norm, head) through the step and two blocks' at a time (bf16 under *-mixed), on
+               one device too (FSDP2 gathers into buffers of its own); and in the backward pass their gradients made
+               whole (fp32) and two blocks' copies in flight in their reduce-scatters, beside the activations.
+               Measured per rank with the profiler's allocation events at 1, 2 and 4 CPU ranks
+               (benchmarks/bench_fsdp2_memory.py, three runs: the peak moves by up to three blocks' buffers from run
+               to run with the collectives' timing): 0.92-1.08x of the step's peak; counting without these buffers,
+               and without the gathered ones on one device, it was 0.80-0.88x
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
                head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
                backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
@@ -39,17 +45,27 @@ from tinylm.model.layers import swiglu_hidden
 from tinylm.train.optim import split_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
+# (name, FSDP2, activation checkpointing), fastest first: DDP replicates everything, checkpointing costs about one
+# more forward pass, FSDP2 an all-gather and a reduce-scatter per block
+STRATEGIES = (("DDP", False, False), ("DDP + activation ckpt", False, True), ("FSDP2", True, False),
+              ("FSDP2 + activation ckpt", True, True))
 
 
 @dataclass(frozen=True)
 class Memory:
     """Bytes per device."""
 
-    weights: int
+    weights: int  # gathered included
     gradients: int
     optimizer: int
     activations: int
     peak: int
+    gathered: int = 0  # of the weights: the parameters FSDP2 gathers whole for a while (0 without FSDP2)
+
+    @property
+    def states(self) -> int:
+        """Weights, gradients and optimizer state held between steps (FSDP2: this rank's shards)."""
+        return self.weights - self.gathered + self.gradients + self.optimizer
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,12 @@ class Plan:
     gpu: str
     peak_flops: float | None  # dense FLOP/s of one `gpu` at `precision`
     mfu: float
-    wall_seconds: float | None  # run_flops / (devices x peak x mfu)
+    wall_seconds: float | None  # run_flops / (devices x peak x mfu), or / measured_flops
+    measured_flops: float | None = None  # training FLOP/s measured on this CPU (tinylm.studies.cpu_rate)
+    rate: str | None = None  # how measured_flops was measured, in words
+    step_seconds: float | None = None  # wall_seconds / max_steps: one optimizer step
+    strategies: dict[str, int] | None = None  # peak bytes per device of the run under each strategy (fits_on)
+
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -94,10 +115,11 @@ def element_sizes(precision: str) -> tuple[int, int]:
 
 
 def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
-           optimizer: str = "adamw", accumulate: int = 1) -> Memory:
+           optimizer: str = "adamw", accumulate: int = 1, fsdp: bool = False) -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
-    shards: devices the weights, gradients and optimizer states are split over (FSDP); 1 for DDP / one device.
+    shards: devices the weights, gradients and optimizer states are split over (FSDP2); 1 for DDP / one device.
+    fsdp: FSDP2 (implied by shards > 1), on one device too: it gathers parameters into buffers of their own.
     optimizer: ``adamw`` (two moments per parameter) or ``muon`` (one momentum buffer per hidden matrix element,
     AdamW's two moments for the rest).
     accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
@@ -108,11 +130,17 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     mixed = state != act
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
-    if shards > 1:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
+    fsdp = fsdp or shards > 1
+    gathered = buffers = 0
+    if fsdp:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
         # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
         root = sum(p.numel() for name, p in model.named_parameters() if ".h." not in f".{name}")
         block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
-        weights = n * state // shards + (root + 2 * block) * (act if mixed else state)
+        gathered = (root + 2 * block) * (act if mixed else state)
+        weights = n * state // shards + gathered
+        # in the backward pass their gradients made whole (fp32: FSDP2 reduces in fp32), and the copies of two blocks'
+        # gradients in flight in their reduce-scatters
+        buffers = (root + 4 * block) * state
     gradients = n * state // shards
     muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
@@ -130,14 +158,14 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     activations = layers + stream + head
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
     if accumulate > 1:
-        peak = weights + optimizer_bytes + gradients + activations + first_grad
+        peak = weights + optimizer_bytes + gradients + activations + first_grad + buffers
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
-        peak = weights + optimizer_bytes + max(activations + first_grad,
+        peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
                                                gradients + (per_layer if checkpointing else 0))
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(model, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
-    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step))
+    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step), gathered)
 
 
 def _muon_step_memory(model: GPT, state: int) -> int:
@@ -156,10 +184,13 @@ def _muon_step_memory(model: GPT, state: int) -> int:
 
 
 def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
-         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw") -> Plan:
+         gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw",
+         measured_flops: float | None = None, rate: str | None = None) -> Plan:
     """The plan of a run of ``max_steps`` optimizer steps of ``model``.
 
     peak_flops: dense FLOP/s of one ``gpu`` at ``precision`` (tinylm.device.peak_flops_by_name), None if unknown.
+    measured_flops: the training FLOP/s of the whole run measured on this machine (a CPU: its processes share it),
+    described by ``rate``; it replaces peak x MFU.
     """
     c = model.config
     n = model.num_params()
@@ -175,16 +206,28 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     n_opt, d_opt = compute_optimal(6.0 * n * tokens)
     shards = devices if fsdp else 1
     mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
-                        optimizer=optimizer, accumulate=accumulate)
+                        optimizer=optimizer, accumulate=accumulate, fsdp=fsdp)
            for ckpt in (False, True)}
-    wall = run_flops / (devices * peak_flops * mfu) if peak_flops else None
+    strategies = {name: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt,
+                               shards=devices if sharded else 1, optimizer=optimizer, accumulate=accumulate,
+                               fsdp=sharded).peak
+                  for name, sharded, ckpt in STRATEGIES if devices > 1 or not sharded}
+    wall = (run_flops / measured_flops if measured_flops else
+            run_flops / (devices * peak_flops * mfu) if peak_flops else None)
     return Plan(
         params=n, non_embedding_params=n - embeddings, flops_per_token=per_token, tokens_per_step=tokens_per_step,
         max_steps=max_steps, tokens=tokens, run_flops=run_flops, tokens_per_param=tokens / n,
         chinchilla_flops=6.0 * n * tokens,
         optimal_params=n_opt, optimal_tokens=d_opt, precision=precision, devices=devices, memory=mem[False],
         memory_checkpointed=mem[True], gpu=gpu, peak_flops=peak_flops, mfu=mfu, wall_seconds=wall,
+        measured_flops=measured_flops, rate=rate, step_seconds=wall / max_steps if wall is not None else None,
+        strategies=strategies,
     )
+
+
+def fits_on(p: Plan, device_memory: int) -> str | None:
+    """The first of ``p.strategies`` (fastest first) whose peak fits ``device_memory`` bytes per device, or None."""
+    return next((name for name, peak in (p.strategies or {}).items() if peak <= device_memory), None)
 
 
 # ---- the picture: `tinylm plan --out PNG` ------------------------------------------------------------------------
