@@ -6,6 +6,7 @@ imported tinylm (tests/forked.py), rank 1 started by Lightning.
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,3 +222,93 @@ def test_two_nodes_by_torchrun_train_as_one_device(config, tmp_path):
         [want[s] for s in range(LEG)], abs=1e-5)
     last = tmp_path / "runs" / "nodes" / "checkpoints" / "last.ckpt"
     assert is_sharded_checkpoint(last) and len(list(last.glob("*.distcp"))) == 2
+
+
+_CHANGES = ("os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree")  # audit events that change a folder
+
+
+def _checkpoint(version: int, *, form: str = "folder") -> dict:
+    """A checkpoint of step ``version`` whose weights and optimizer state all equal ``version``, as FSDP2 saves it
+    (optimizer state keyed by parameter name) or (``form`` "file") as one device or DDP does (by index)."""
+    from tinylm.checkpoint import CHECKPOINT_FORMAT
+
+    moment = {"exp_avg": torch.full((20_000,), float(version))}
+    optimizer = {"state": {"model.w": moment}, "param_groups": [{"params": ["model.w"], "lr": 0.1}]} \
+        if form == "folder" else {"state": {0: moment}, "param_groups": [{"params": [0], "lr": 0.1}]}
+    return {"state_dict": {"model.w": torch.full((20_000,), float(version))}, "optimizer_states": [optimizer],
+            "global_step": version, "tinylm": {"format": CHECKPOINT_FORMAT}}
+
+
+def _version_saved(strategy, folder: Path, version: int, *, form: str = "folder") -> None:
+    """What a run's save at step ``version`` does (PeriodicCheckpoint._save_now, keep_checkpoints 1): the older
+    step-N removed, step-<version>.ckpt written, then last.ckpt; by FSDP2 (DCP folders) or (``form`` "file") one
+    device or DDP."""
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    for old in folder.glob("step-*.ckpt"):
+        strategy.remove_checkpoint(old)
+    for name in (f"step-{version}.ckpt", "last.ckpt"):
+        if form == "file":
+            AtomicCheckpointIO().save_checkpoint(_checkpoint(version, form=form), folder / name)
+        else:
+            strategy.save_checkpoint(_checkpoint(version), folder / name)
+
+
+def _whole_version(path: Path) -> int:
+    """The step of checkpoint ``path``, after checking every tensor in it is of that step's save (not a mix)."""
+    ckpt = load_checkpoint(path)
+    version = ckpt["global_step"]
+    tensors = [ckpt["state_dict"]["model.w"], *ckpt["optimizer_states"][0]["state"][0].values()]
+    assert all(torch.equal(t, torch.full((20_000,), float(version))) for t in tensors), path
+    return version
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_kill_at_any_point_of_a_sharded_save_leaves_last_whole_or_absent(tmp_path):
+    """Catches a kill -9 during FSDP2's save (a DCP folder: shards, .metadata, meta.pt, then renames) leaving a
+    last.ckpt that loads half, or leftovers that make the next save fail (a `.old` folder that the rename aside
+    cannot replace) or stay forever (another name's `.tmp`). A process forked from this one (the whole import once)
+    does what a run's saves do, each the removal of the oldest step-N and the saves of step-N and last.ckpt, twice
+    (over one device's or DDP's files, then over its own folders), and SIGKILLs itself at its K-th change to the
+    folder, K = 1, 2, ... until it finishes; after each kill last.ckpt is the previous checkpoint or the new one,
+    whole, or absent, `--ckpt_path last` picks a whole checkpoint, and the next save (the resumed run's) succeeds
+    and leaves nothing beside the checkpoints."""
+    from tinylm.cli.resume import latest_checkpoint
+    from tinylm.train.parallel import FSDP2Strategy
+
+    strategy, run, before = FSDP2Strategy(), tmp_path / "run", tmp_path / "before"
+    folder = run / "checkpoints"
+    before.mkdir()
+    _version_saved(strategy, before, 1)
+    _version_saved(strategy, before, 2, form="file")  # a resume on FSDP2 from DDP's files
+    for k in range(1, 200):
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(before, folder)
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a child: dies by SIGKILL or leaves at once)
+            try:
+                seen = [0]
+
+                def kill_at_k(event, args, k=k, seen=seen):
+                    if event in _CHANGES or event == "open" and str(args[0]).startswith(str(folder)) \
+                            and "w" in str(args[1]):
+                        seen[0] += 1
+                        if seen[0] == k:
+                            os.kill(os.getpid(), signal.SIGKILL)
+
+                sys.addaudithook(kill_at_k)
+                _version_saved(strategy, folder, 3)
+                _version_saved(strategy, folder, 4)
+            finally:
+                os._exit(0)
+        killed = os.WIFSIGNALED(os.waitpid(child, 0)[1])
+        last = folder / "last.ckpt"
+        assert not last.exists() or _whole_version(last) >= 2, f"killed at change {k}"
+        assert _whole_version(Path(latest_checkpoint(run))) >= 2, f"killed at change {k}"
+        assert all(_whole_version(p) for p in folder.glob("*.ckpt")), f"killed at change {k}"  # none half removed
+        strategy.save_checkpoint(_checkpoint(5), last)  # the resumed run's next save
+        assert _whole_version(last) == 5
+        assert not [p.name for p in folder.iterdir() if p.suffix in (".tmp", ".old")], f"killed at change {k}"
+        if not killed:
+            break
+    assert k > 20  # not vacuous: killed at each of many changes
