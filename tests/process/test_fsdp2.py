@@ -282,12 +282,12 @@ def _checkpoint(version: int, *, form: str = "folder") -> dict:
 
 
 def _version_saved(strategy, folder: Path, version: int, *, form: str = "folder") -> None:
-    """What a run's save at step ``version`` does (PeriodicCheckpoint._save_now, keep_checkpoints 1): the older
+    """What a run's save at step ``version`` does (PeriodicCheckpoint._save_now, keep_checkpoints 2): the oldest
     step-N removed, step-<version>.ckpt written, then last.ckpt; by FSDP2 (DCP folders) or (``form`` "file") one
     device or DDP."""
     from tinylm.checkpoint import AtomicCheckpointIO
 
-    for old in folder.glob("step-*.ckpt"):
+    for old in sorted(folder.glob("step-*.ckpt"), key=lambda p: int(p.stem[5:]))[:-1]:
         strategy.remove_checkpoint(old)
     for name in (f"step-{version}.ckpt", "last.ckpt"):
         if form == "file":
@@ -310,11 +310,11 @@ def test_a_kill_at_any_point_of_a_sharded_save_leaves_last_whole_or_absent(tmp_p
     """Catches a kill -9 during FSDP2's save (a DCP folder: shards, .metadata, meta.pt, then renames) leaving a
     last.ckpt that loads half, or leftovers that make the next save fail (a `.old` folder that the rename aside
     cannot replace) or stay forever (another name's `.tmp`). A process forked from this one (the whole import once)
-    does what a run's saves do, each the removal of the oldest step-N and the saves of step-N and last.ckpt, twice
-    (over one device's or DDP's files, then over its own folders), and SIGKILLs itself at its K-th change to the
-    folder, K = 1, 2, ... until it finishes; after each kill last.ckpt is the previous checkpoint or the new one,
+    does what a run's save does (FSDP2 resumed from DDP's files): the removal of the oldest step-N (a folder), the
+    saves of step-N and last.ckpt (over a file), and SIGKILLs itself at its K-th change to the folder, K = 1, 2,
+    ... until it finishes; after each kill last.ckpt is the previous checkpoint or the new one,
     whole, or absent, `--ckpt_path last` picks a whole checkpoint, and the next save (the resumed run's) succeeds
-    and leaves nothing beside the checkpoints."""
+    and leaves nothing beside the checkpoints (over a folder)."""
     from tinylm.cli.resume import latest_checkpoint
     from tinylm.train.parallel import FSDP2Strategy
 
@@ -340,17 +340,16 @@ def test_a_kill_at_any_point_of_a_sharded_save_leaves_last_whole_or_absent(tmp_p
 
                 sys.addaudithook(kill_at_k)
                 _version_saved(strategy, folder, 3)
-                _version_saved(strategy, folder, 4)
             finally:
                 os._exit(0)
         killed = os.WIFSIGNALED(os.waitpid(child, 0)[1])
         last = folder / "last.ckpt"
-        assert not last.exists() or _whole_version(last) >= 2, f"killed at change {k}"
+        assert not last.exists() or _whole_version(last) in (2, 3), f"killed at change {k}"
         assert _whole_version(Path(latest_checkpoint(run))) >= 2, f"killed at change {k}"
         assert all(_whole_version(p) for p in folder.glob("*.ckpt")), f"killed at change {k}"  # none half removed
-        strategy.save_checkpoint(_checkpoint(5), last)  # the resumed run's next save
-        assert _whole_version(last) == 5
+        strategy.save_checkpoint(_checkpoint(4), last)  # the resumed run's next save
+        assert _whole_version(last) == 4
         assert not [p.name for p in folder.iterdir() if p.suffix in (".tmp", ".old")], f"killed at change {k}"
         if not killed:
             break
-    assert k > 20  # not vacuous: killed at each of many changes
+    assert k > 10  # not vacuous: killed at each of many changes
