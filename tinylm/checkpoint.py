@@ -41,15 +41,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         if path.is_dir():  # a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces
-            os.replace(path, path.with_name(path.name + ".old"))
+            remove_path(beside(path, ".old"))  # left by a killed save: the rename aside would fail on it
+            os.replace(path, beside(path, ".old"))
         os.replace(tmp, path)
     except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
         tmp.unlink(missing_ok=True)
         raise
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
         # one writer per folder: rank zero, one at a time; FSDP2's leave folders (.old: the one replaced)
-        for stale in [*path.parent.glob(f"*{path.suffix}.tmp"), *path.parent.glob(f"*{path.suffix}.old")]:
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        remove_leftovers(path)
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -58,6 +58,38 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.close(fd)
     except OSError:  # some filesystems (and Windows) cannot fsync a directory
         pass
+
+
+def beside(path: Path, suffix: str) -> Path:
+    """``path`` with ``suffix`` added to its name (``last.ckpt`` -> ``last.ckpt.tmp``)."""
+    return path.with_name(path.name + suffix)
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a folder (a sharded checkpoint); nothing if it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Delete a checkpoint in either form, first set aside as ``<name>.old`` (one rename): a kill mid-delete
+    leaves no half folder under a checkpoint's name (which ``--ckpt_path last`` would try to read)."""
+    path, old = Path(path), beside(Path(path), ".old")
+    if path.exists() or path.is_symlink():
+        remove_path(old)
+        os.replace(path, old)
+    remove_path(old)
+
+
+def remove_leftovers(path: Path) -> None:
+    """Delete what killed saves and removals left beside checkpoint ``path`` (one writer per folder: rank zero, one
+    save at a time): every ``*<suffix>.tmp`` and ``*<suffix>.old`` of its folder (its own name's, without a
+    suffix)."""
+    pattern = f"*{path.suffix}" if path.suffix else path.name
+    for stale in [*path.parent.glob(f"{pattern}.tmp"), *path.parent.glob(f"{pattern}.old")]:
+        remove_path(stale)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
@@ -249,6 +281,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             # process as a bare state_dict in a fresh temp folder (Lightning's _MultiProcessingLauncher)
             return torch.load(path, map_location=map_location or "cpu", weights_only=True)
         return load_checkpoint(path, map_location=map_location or "cpu")
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        remove_checkpoint(path)
 
 
 def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:

@@ -1,12 +1,15 @@
-"""FSDP2 (`--trainer.strategy fsdp`: Lightning's ModelParallelStrategy, tinylm.train.parallel) on 2 CPU ranks (gloo):
-the same training as one device or DDP, sharded checkpoints that resume exactly on FSDP2, DDP and one device, and
-Muon on whole matrices. The runs are tiny (2 layers, n_embd 32, fp32); the command is forked from a process that has
-imported tinylm (tests/forked.py), rank 1 started by Lightning.
+"""FSDP2 (`--trainer.strategy fsdp`: Lightning's ModelParallelStrategy, tinylm.train.parallel) on CPU ranks (gloo):
+the same training as one device or DDP, sharded checkpoints that resume exactly on FSDP2 (on 2 and 4 ranks, and on
+two torchrun "nodes"), DDP and one device, saved atomically, and Muon on whole matrices. The runs are tiny (2
+layers, n_embd 32, fp32); the command is forked from a process that has imported tinylm (tests/forked.py), its other
+ranks started by Lightning (or torchrun).
 """
 
 import csv
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +23,32 @@ from tinylm.checkpoint import is_sharded_checkpoint, load_checkpoint
 from tinylm.cli import main
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
-B, STEPS, LEG = 4, 20, 4
+B, LEG = 4, 3
+STEPS = 6 * LEG  # the chain's six legs
 
 
 class SigtermToRankOne(L.Callback):
-    """Rank 1 alone gets SIGTERM after step 3: the ranks stop together at the end of step 4 and save last.ckpt."""
+    """Rank 1 alone gets SIGTERM at the end of step LEG - 1: the ranks stop together at the end of step LEG and save
+    last.ckpt."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == 1 and trainer.global_step == LEG - 1:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class KillInTheSaveOfLast(L.Callback):
+    """kill -9 of the whole run (every rank) in its final save of last.ckpt, at the worst moment: the sharded
+    folder written as last.ckpt.tmp, the previous last.ckpt just renamed aside (no last.ckpt)."""
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.global_rank == 0:
+            def kill(event, args):
+                # (an audit event comes before what it announces: last.ckpt is already aside as last.ckpt.old)
+                if event == "os.rename" and str(args[0]).endswith("last.ckpt.tmp") and \
+                        trainer.global_step == trainer.max_steps:
+                    os.killpg(0, signal.SIGKILL)
+
+            sys.addaudithook(kill)
 
 
 def _env() -> dict:
@@ -37,13 +57,36 @@ def _env() -> dict:
                                                          os.environ.get("PYTHONPATH", "")])}
 
 
-def _two_ranks(config: Path, strategy: str, *args: str, code: int = 0) -> str:
-    """`tinylm fit` on 2 CPU ranks with `strategy`; what it printed on stderr."""
-    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-           "--trainer.strategy", strategy, "--data.batch_size", str(B), *args]
-    done = forked.run(cmd, cwd=config.parent, env=_env(), timeout=300)
+def _ranks(config: Path, strategy: str, *args: str, devices: int = 2, code: int = 0) -> str:
+    """`tinylm fit` on `devices` CPU ranks with `strategy` (the global batch kept), in a session of its own (a
+    kill of its process group ends every rank); what it printed on stderr."""
+    cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", str(devices),
+           "--trainer.strategy", strategy, "--data.batch_size", str(2 * B // devices), *args]
+    done = forked.run(cmd, cwd=config.parent, env=_env(), timeout=300, start_new_session=True)
     assert done.returncode == code, done.stderr[-3000:]
     return done.stderr
+
+
+def _two_nodes(config: Path, *args: str) -> str:
+    """`tinylm fit` as the user starts it on two nodes (one `torchrun --nnodes 2` per node, rendezvous at node 0):
+    two loopback nodes of one CPU rank each, FSDP2 across them; what both printed on stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "nodes", "-m", "tinylm",
+           "fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+           "--trainer.num_nodes", "2", "--trainer.strategy", "fsdp", "--data.batch_size", str(B), *args]
+    nodes = [subprocess.Popen(cmd, cwd=config.parent, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        errs = [node.communicate(timeout=300)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:  # a node left waiting for the other at the rendezvous
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+    return errs[0] + errs[1]
 
 
 def _metric(run: Path, key: str) -> dict[int, float]:
@@ -55,6 +98,11 @@ def _step(ckpt: Path) -> int:
     return int(load_checkpoint(ckpt, mmap=True)["global_step"])
 
 
+def _shards(ckpt: Path) -> int:
+    assert is_sharded_checkpoint(ckpt), ckpt
+    return len(list(ckpt.glob("*.distcp")))
+
+
 @pytest.fixture
 def config(run_config):
     # the schedule's length is fixed (decay_steps), so each leg of a chain of resumes follows the straight run's
@@ -64,39 +112,50 @@ def config(run_config):
                       data={"block_size": 32, "batch_size": 2 * B})
 
 
-def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_and_ranks(config, tmp_path, capsys):
-    """One run in five legs against a straight one-device run with the same global batch (what DDP trains: see
+def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_ranks_and_nodes(config, tmp_path, capsys):
+    """One run in six legs against a straight one-device run with the same global batch (what DDP trains: see
     test_elastic): catches FSDP2 training another model (each rank's own shard norm clipped, a decay group chosen
-    by a shard's shape, ranks starting from different weights) or a sharded checkpoint that does not resume
-    exactly. Legs: FSDP2 stopped by SIGTERM to one rank (saved as a sharded folder) -> FSDP2 resumed from it ->
-    DDP resumed from the folder (consolidated) -> FSDP2 resumed from DDP's file -> one device resumed from FSDP2's
-    folder (2 ranks -> 1). Then generate, validate, export and init_from read one of FSDP2's folders."""
+    by a shard's shape, ranks starting from different weights), a sharded checkpoint that does not resume exactly,
+    and a multi-node run that does not start or trains each node on its own. Legs, LEG steps each:
+    1. FSDP2 on 2 ranks, stopped by SIGTERM to one rank (saved as a sharded folder, 2 shards);
+    2. two nodes by torchrun (one rank each), FSDP2 resumed from it (2 ranks -> 2, both nodes' shards saved);
+    3. FSDP2 on 4 ranks resumed from that (2 -> 4), killed by SIGKILL in its final save of last.ckpt;
+    4. DDP from what `--ckpt_path last` then finds (the step-N folder of 4 shards, consolidated; FSDP2 -> DDP);
+    5. FSDP2 on 2 ranks from DDP's file (DDP -> FSDP2);
+    6. one device from FSDP2's folder (2 -> 1).
+    Then generate, validate, export and init_from read one of FSDP2's folders."""
     main(["fit", "--config", str(config)])
     straight = tmp_path / "runs" / "straight"
     last = tmp_path / "runs" / "legs" / "checkpoints" / "last.ckpt"
     legs = ["--run.name", "legs"]
-    err = _two_ranks(config, "fsdp", *legs, "--trainer.max_steps", "100000",
-                     "--trainer.callbacks+=test_fsdp2.SigtermToRankOne", code=128 + signal.SIGTERM)
+    err = _ranks(config, "fsdp", *legs, "--trainer.max_steps", "100000",
+                 "--trainer.callbacks+=test_fsdp2.SigtermToRankOne", code=128 + signal.SIGTERM)
     assert f"interrupted by SIGTERM (to another rank) at step {LEG}; saved" in err, err[-3000:]
-    assert is_sharded_checkpoint(last) and _step(last) == LEG
-    first = {s: v for s, v in _metric(tmp_path / "runs" / "legs", "train/loss").items()}
+    assert _shards(last) == 2 and _step(last) == LEG
+    first = _metric(tmp_path / "runs" / "legs", "train/loss")
     want, norms = _metric(straight, "train/loss"), _metric(straight, "train/grad_norm")
     assert [first[s] for s in range(LEG)] == pytest.approx([want[s] for s in range(LEG)], abs=1e-5)
     got_norms = _metric(tmp_path / "runs" / "legs", "train/grad_norm")
     assert [got_norms[s] for s in range(LEG)] == pytest.approx([norms[s] for s in range(LEG)], rel=1e-5)
     assert max(norms[s] for s in range(LEG)) > 1.0  # clipping acted: a norm per shard would have clipped otherwise
-    _two_ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(2 * LEG))
-    assert is_sharded_checkpoint(last) and _step(last) == 2 * LEG
-    _two_ranks(config, "ddp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(3 * LEG))
-    assert last.is_file() and _step(last) == 3 * LEG  # DDP writes a file in place of the folder
-    _two_ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(4 * LEG))
-    assert is_sharded_checkpoint(last) and _step(last) == 4 * LEG
+    err = _two_nodes(config, *legs, "--ckpt_path", "last", "--trainer.max_steps", str(2 * LEG))
+    assert "x 2 device(s)" in err  # the global batch spans both nodes
+    assert _shards(last) == 2 and _step(last) == 2 * LEG
+    err = _ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(3 * LEG),
+                 "--trainer.callbacks+=test_fsdp2.KillInTheSaveOfLast", devices=4, code=-signal.SIGKILL)
+    assert not last.exists() and _shards(last.parent / f"step-{3 * LEG}.ckpt") == 4  # killed between the renames
+    err = _ranks(config, "ddp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(4 * LEG))
+    assert f"last.ckpt is missing; continuing from the newest readable checkpoint, step-{3 * LEG}.ckpt" in err, \
+        err[-3000:]
+    assert last.is_file() and _step(last) == 4 * LEG  # DDP writes a file
+    _ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(5 * LEG))
+    assert _shards(last) == 2 and _step(last) == 5 * LEG
     main(["fit", "--config", str(config), *legs, "--ckpt_path", "last"])
     got = _metric(tmp_path / "runs" / "legs", "train/loss")
     assert sorted(got) == sorted(want) == list(range(STEPS))
     assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)
-    assert not list(last.parent.glob("*.tmp")) and not list(last.parent.glob("*.old"))  # no leftovers
-    _every_command_reads_a_sharded_checkpoint(config, last.parent / f"step-{4 * LEG}.ckpt", tmp_path, capsys)  # kept
+    assert not [p for p in last.parent.iterdir() if p.suffix in (".tmp", ".old")]  # no leftovers
+    _every_command_reads_a_sharded_checkpoint(config, last.parent / f"step-{5 * LEG}.ckpt", tmp_path, capsys)
 
 
 def _every_command_reads_a_sharded_checkpoint(config: Path, folder: Path, tmp_path: Path, capsys) -> None:
@@ -122,102 +181,175 @@ def _every_command_reads_a_sharded_checkpoint(config: Path, folder: Path, tmp_pa
     assert all(torch.equal(state[k], v) for k, v in weights.items())
 
 
-MUON_SCRIPT = r"""
-import copy, os, sys, torch, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor
-from tinylm.model import GPT, GPTConfig
-from tinylm.train.optim import build_optimizer
-from tinylm.train.parallel import shard_gpt
+def _muon_rank(rank: int, port: int) -> str:
+    """One of two ranks (gloo) comparing FSDP2's Muon with one process's: the largest differences, after 3 steps and
+    after a resume, and the shapes Muon's group holds (see the test)."""
+    import copy
 
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-reference = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True))
-sharded = copy.deepcopy(reference)
-shard_gpt(sharded, init_device_mesh("cpu", (2,)), reshard_after_forward=True, bf16=False)
-kw = dict(optimizer="muon", lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.02, muon_momentum=0.95,
-          muon_weight_decay=0.01, fused=False)
-opts = [build_optimizer(m, **kw) for m in (reference, sharded)]
-for o in opts:
-    o.ns_dtype = torch.float32
-torch.manual_seed(1)
-for step in range(3):
-    for p, q in zip(reference.parameters(), sharded.parameters()):
-        p.grad = torch.randn_like(p)  # the same gradients on both ranks and both models
-        q.grad = distribute_tensor(p.grad, q.device_mesh, q.placements, src_data_rank=None)
-    for o in opts:
-        o.step()
-worst = max((p - q.full_tensor()).abs().max().item() for p, q in zip(reference.parameters(), sharded.parameters()))
-# a resume: the sharded optimizer's state through torch.distributed.checkpoint's state_dict API (what Lightning's
-# ModelParallelStrategy saves and loads) into a new optimizer, then one more step on both sides
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-saved = get_optimizer_state_dict(sharded, opts[1])
-opts[1] = build_optimizer(sharded, **kw)
-opts[1].ns_dtype = torch.float32
-set_optimizer_state_dict(sharded, opts[1], optim_state_dict=saved)
-for p, q in zip(reference.parameters(), sharded.parameters()):
-    p.grad = torch.randn_like(p)
-    q.grad = distribute_tensor(p.grad, q.device_mesh, q.placements, src_data_rank=None)
-for o in opts:
-    o.step()
-resumed = max((p - q.full_tensor()).abs().max().item() for p, q in zip(reference.parameters(), sharded.parameters()))
-shapes = sorted(tuple(q.shape) for g in opts[1].param_groups for q in g["params"] if g["optimizer"] == "muon")
-if dist.get_rank() == 0:
-    print("worst", worst, "resumed", resumed, "shapes", shapes, flush=True)
-dist.destroy_process_group()
-"""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    from tinylm.model import GPT, GPTConfig
+    from tinylm.train.optim import build_optimizer
+    from tinylm.train.parallel import shard_gpt
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    reference = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True))
+    sharded = copy.deepcopy(reference)
+    shard_gpt(sharded, init_device_mesh("cpu", (2,)), reshard_after_forward=True, bf16=False)
+    kw = dict(optimizer="muon", lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.02, muon_momentum=0.95,
+              muon_weight_decay=0.01, fused=False)
+    opts = [build_optimizer(m, **kw) for m in (reference, sharded)]
+
+    def step() -> float:
+        for p, q in zip(reference.parameters(), sharded.parameters(), strict=True):
+            p.grad = torch.randn_like(p)  # the same gradients on both ranks and both models
+            q.grad = distribute_tensor(p.grad, q.device_mesh, q.placements, src_data_rank=None)
+        for o in opts:
+            o.ns_dtype = torch.float32
+            o.step()
+        return max((p - q.full_tensor()).abs().max().item()
+                   for p, q in zip(reference.parameters(), sharded.parameters(), strict=True))
+
+    torch.manual_seed(1)
+    worst = max(step() for _ in range(3))
+    # a resume: the sharded optimizer's state through torch.distributed.checkpoint's state_dict API (what
+    # Lightning's ModelParallelStrategy saves and loads) into a new optimizer, then one more step on both sides
+    saved = get_optimizer_state_dict(sharded, opts[1])
+    opts[1] = build_optimizer(sharded, **kw)
+    set_optimizer_state_dict(sharded, opts[1], optim_state_dict=saved)
+    resumed = step()
+    shapes = sorted(tuple(q.shape) for g in opts[1].param_groups for q in g["params"] if g["optimizer"] == "muon")
+    dist.destroy_process_group()
+    return f"worst {worst} resumed {resumed} shapes {shapes}"
 
 
 def test_muon_on_sharded_parameters_steps_as_one_process(tmp_path):
     """Catches Muon orthogonalising each rank's shard of a matrix (another update: Newton-Schulz of some rows is
     not the rows of Newton-Schulz) or grouping matrices by a shard's shape: given the same gradients, FSDP2's Muon
     on 2 ranks must leave the very weights one process's Muon does (fp32 Newton-Schulz), also after its state went
-    through torch.distributed.checkpoint's state_dict API (a sharded checkpoint) into a new optimizer."""
-    script = tmp_path / "muon_fsdp2.py"
-    script.write_text(MUON_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("worst"))
+    through torch.distributed.checkpoint's state_dict API (a sharded checkpoint) into a new optimizer. The ranks are
+    processes forked from this one (torch and tinylm imported once)."""
+    import torch.distributed.checkpoint.state_dict  # noqa: F401 (imported once, here, not by each rank)
+    import torch.distributed.fsdp  # noqa: F401
+
+    import tinylm.train.optim  # noqa: F401
+    import tinylm.train.parallel  # noqa: F401
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    children = {}
+    for rank in (0, 1):
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a rank: leaves at once)
+            code = 1
+            try:
+                said = _muon_rank(rank, port)
+                (tmp_path / f"rank-{rank}.txt").write_text(said)
+                code = 0
+            except BaseException:
+                import traceback
+
+                (tmp_path / f"rank-{rank}.txt").write_text(traceback.format_exc())
+            finally:
+                os._exit(code)
+        children[rank] = child
+    codes = [os.waitstatus_to_exitcode(os.waitpid(children[rank], 0)[1]) for rank in (0, 1)]
+    line = (tmp_path / "rank-0.txt").read_text()
+    assert codes == [0, 0], line + (tmp_path / "rank-1.txt").read_text()
     worst, resumed = float(line.split()[1]), float(line.split()[3])
     assert worst == 0.0 and resumed == 0.0, line
     assert "(96, 32)" in line and "(128, 32)" in line  # whole matrices: c_attn (3C, C), mlp.c_fc (4C, C)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_CHANGES = ("os.rename", "os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree")  # audit events that change a folder
 
 
-def test_two_nodes_by_torchrun_train_as_one_device(config, tmp_path):
-    """Catches a multi-node run the user's way (one `torchrun --nnodes 2` per node, rendezvous at node 0) that does
-    not start, trains each node on its own (the same windows twice, no shared gradient) or writes another run:
-    two loopback "nodes" of one CPU rank each, FSDP2 across them, must give one device's losses, and both nodes'
-    shards land in the one sharded checkpoint."""
-    main(["fit", "--config", str(config), "--trainer.max_steps", str(LEG)])
-    port = _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "nodes", "-m", "tinylm",
-           "fit", "--config", str(config), "--run.name", "nodes", "--trainer.max_steps", str(LEG),
-           "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "2",
-           "--trainer.strategy", "fsdp", "--data.batch_size", str(B)]
-    nodes = [subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    try:
-        errs = [node.communicate(timeout=300)[1] for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:  # a node left waiting for the other at the rendezvous
-                node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
-    assert "x 2 device(s)" in errs[0] + errs[1]  # the global batch spans both nodes
-    want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "nodes",
-                                                                                "train/loss")
-    assert sorted(got) == list(range(LEG)) and [got[s] for s in range(LEG)] == pytest.approx(
-        [want[s] for s in range(LEG)], abs=1e-5)
-    last = tmp_path / "runs" / "nodes" / "checkpoints" / "last.ckpt"
-    assert is_sharded_checkpoint(last) and len(list(last.glob("*.distcp"))) == 2
+def _checkpoint(version: int, *, form: str = "folder") -> dict:
+    """A checkpoint of step ``version`` whose weights and optimizer state all equal ``version``, as FSDP2 saves it
+    (optimizer state keyed by parameter name) or (``form`` "file") as one device or DDP does (by index)."""
+    from tinylm.checkpoint import CHECKPOINT_FORMAT
+
+    moment = {"exp_avg": torch.full((20_000,), float(version))}
+    optimizer = {"state": {"model.w": moment}, "param_groups": [{"params": ["model.w"], "lr": 0.1}]} \
+        if form == "folder" else {"state": {0: moment}, "param_groups": [{"params": [0], "lr": 0.1}]}
+    return {"state_dict": {"model.w": torch.full((20_000,), float(version))}, "optimizer_states": [optimizer],
+            "global_step": version, "tinylm": {"format": CHECKPOINT_FORMAT}}
+
+
+def _version_saved(strategy, folder: Path, version: int, *, form: str = "folder") -> None:
+    """What a run's save at step ``version`` does (PeriodicCheckpoint._save_now, keep_checkpoints 2): the oldest
+    step-N removed, step-<version>.ckpt written, then last.ckpt; by FSDP2 (DCP folders) or (``form`` "file") one
+    device or DDP."""
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    for old in sorted(folder.glob("step-*.ckpt"), key=lambda p: int(p.stem[5:]))[:-1]:
+        strategy.remove_checkpoint(old)
+    for name in (f"step-{version}.ckpt", "last.ckpt"):
+        if form == "file":
+            AtomicCheckpointIO().save_checkpoint(_checkpoint(version, form=form), folder / name)
+        else:
+            strategy.save_checkpoint(_checkpoint(version), folder / name)
+
+
+def _whole_version(path: Path) -> int:
+    """The step of checkpoint ``path``, after checking every tensor in it is of that step's save (not a mix)."""
+    ckpt = load_checkpoint(path)
+    version = ckpt["global_step"]
+    tensors = [ckpt["state_dict"]["model.w"], *ckpt["optimizer_states"][0]["state"][0].values()]
+    assert all(torch.equal(t, torch.full((20_000,), float(version))) for t in tensors), path
+    return version
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_kill_at_any_point_of_a_sharded_save_leaves_last_whole_or_absent(tmp_path):
+    """Catches a kill -9 during FSDP2's save (a DCP folder: shards, .metadata, meta.pt, then renames) leaving a
+    last.ckpt that loads half, or leftovers that make the next save fail (a `.old` folder that the rename aside
+    cannot replace) or stay forever (another name's `.tmp`). A process forked from this one (the whole import once)
+    does what a run's save does (FSDP2 resumed from DDP's files): the removal of the oldest step-N (a folder), the
+    saves of step-N and last.ckpt (over a file), and SIGKILLs itself at its K-th change to the folder, K = 1, 2,
+    ... until it finishes; after each kill last.ckpt is the previous checkpoint or the new one,
+    whole, or absent, `--ckpt_path last` picks a whole checkpoint, and the next save (the resumed run's) succeeds
+    and leaves nothing beside the checkpoints (over a folder)."""
+    from tinylm.cli.resume import latest_checkpoint
+    from tinylm.train.parallel import FSDP2Strategy
+
+    strategy, run, before = FSDP2Strategy(), tmp_path / "run", tmp_path / "before"
+    folder = run / "checkpoints"
+    before.mkdir()
+    _version_saved(strategy, before, 1)
+    _version_saved(strategy, before, 2, form="file")  # a resume on FSDP2 from DDP's files
+    for k in range(1, 200):
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(before, folder)
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a child: dies by SIGKILL or leaves at once)
+            try:
+                seen = [0]
+
+                def kill_at_k(event, args, k=k, seen=seen):
+                    if event in _CHANGES or event == "open" and str(args[0]).startswith(str(folder)) \
+                            and "w" in str(args[1]):
+                        seen[0] += 1
+                        if seen[0] == k:
+                            os.kill(os.getpid(), signal.SIGKILL)
+
+                sys.addaudithook(kill_at_k)
+                _version_saved(strategy, folder, 3)
+            finally:
+                os._exit(0)
+        killed = os.WIFSIGNALED(os.waitpid(child, 0)[1])
+        last = folder / "last.ckpt"
+        assert not last.exists() or _whole_version(last) in (2, 3), f"killed at change {k}"
+        assert _whole_version(Path(latest_checkpoint(run))) >= 2, f"killed at change {k}"
+        assert all(_whole_version(p) for p in folder.glob("*.ckpt")), f"killed at change {k}"  # none half removed
+        strategy.save_checkpoint(_checkpoint(4), last)  # the resumed run's next save
+        assert _whole_version(last) == 4
+        assert not [p.name for p in folder.iterdir() if p.suffix in (".tmp", ".old")], f"killed at change {k}"
+        if not killed:
+            break
+    assert k > 10  # not vacuous: killed at each of many changes

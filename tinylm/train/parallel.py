@@ -17,7 +17,6 @@ was lost) are tinylm.cli.ranks; the data each rank reads is tinylm.data.loader's
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+
+from tinylm.checkpoint import beside, remove_checkpoint, remove_leftovers, remove_path
 
 FSDP2_NAMES = ("fsdp", "fsdp2")
 """The --trainer.strategy names that mean FSDP2 (a Lightning user types `fsdp`)."""
@@ -75,20 +76,24 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """A DCP folder written as ``<name>.tmp`` and renamed into place: a kill mid-save leaves the previous
-        checkpoint whole (renamed ``<name>.old`` for the moment between two renames) or none, never half of one."""
+        checkpoint whole, or (between the two renames, the previous one set aside as ``<name>.old``) none by that
+        name, never half of one. What an earlier killed save or removal left goes first (a ``.old`` left there
+        would make the rename aside fail)."""
         path = Path(self.broadcast(str(filepath)))
-        tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+        tmp = beside(path, ".tmp")
         if self.is_global_zero:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_leftovers(path)
         self.barrier()
         super().save_checkpoint(checkpoint, tmp, storage_options)
         self.barrier()  # every rank's shard is written
         if self.is_global_zero:
             _fsync_tree(tmp)
-            if path.exists():
-                os.replace(path, old) if path.is_dir() else path.unlink()
+            old = beside(path, ".old")
+            if path.exists() or path.is_symlink():  # a folder, or the file one device or DDP wrote
+                os.replace(path, old)
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            _fsync_tree(path.parent, files=False)  # the renames themselves
+            remove_path(old)
         self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -113,8 +118,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
-            shutil.rmtree(filepath, ignore_errors=True) if Path(filepath).is_dir() else \
-                Path(filepath).unlink(missing_ok=True)
+            remove_checkpoint(filepath)
 
 
 def named_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module
@@ -134,9 +138,10 @@ def named_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
                              for saved in state["param_groups"]]}
 
 
-def _fsync_tree(folder: Path) -> None:
-    """Flush a folder's files and the folder itself to disk (what the rename then makes visible is whole)."""
-    for path in [*folder.iterdir(), folder]:
+def _fsync_tree(folder: Path, *, files: bool = True) -> None:
+    """Flush a folder's files (``files``) and the folder itself to disk (what the rename then makes visible is
+    whole; a folder's own flush makes the renames in it durable)."""
+    for path in [*(folder.iterdir() if files else ()), folder]:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
