@@ -502,7 +502,9 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     damaged one being a dead end: the refusal said 'continue it with --ckpt_path last', which said the same."""
     main(["fit", "--config", str(config)])
     ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
-    (ckpts / "last.ckpt").write_bytes((ckpts / "last.ckpt").read_bytes()[:5000])  # torn
+    torn = (ckpts / "last.ckpt").read_bytes()[:5000]
+    (ckpts / "last.ckpt").unlink()  # a file of its own: last.ckpt may share its bytes with step-4.ckpt (read-only)
+    (ckpts / "last.ckpt").write_bytes(torn)
     cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert "last.ckpt is damaged; continuing from the newest readable checkpoint, step-4.ckpt (step 4)" in caplog.text
     assert cli.trainer.global_step == 6
