@@ -102,3 +102,17 @@ def test_root_without_reflinks_writes_separate_copies(tmp_path, monkeypatch):
     assert len({f.stat().st_ino for f in files}) == 3
     monkeypatch.setattr(share, "same_state", lambda new, old: pytest.fail("compared on a folder that never shares"))
     _save_a_step(tmp_path, io, weight=2.0)
+
+
+def test_on_a_filesystem_with_reflinks_each_name_is_a_writable_file_of_its_own(tmp_path):
+    """Catches the reflink path (btrfs, XFS, ZFS 2.2+) making links or leaving files read-only: each name is its own
+    file (copy-on-write), holding the step's newest state; writing into one leaves the others as they were."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x")
+    if not share.clone_file(probe, tmp_path / "probe.clone"):
+        pytest.skip(f"{tmp_path} has no reflinks (ext4, tmpfs; XFS and btrfs have)")
+    files = _save_a_step(tmp_path)
+    assert len({f.stat().st_ino for f in files}) == 3 and all(f.stat().st_mode & 0o200 for f in files)
+    assert all(f.read_bytes() == files[2].read_bytes() for f in files)
+    files[2].write_bytes(b"not a checkpoint")
+    assert load_checkpoint(files[0])["global_step"] == 4
