@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from tinylm.checkpoint_share import StepFiles
 from tinylm.errors import TinyLMError
 
 
@@ -50,8 +51,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
         # one writer per folder: rank zero, one at a time; FSDP2's leave folders (.old: the one replaced)
         remove_leftovers(path)
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_folder(path.parent)  # make the rename itself durable
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
@@ -266,14 +271,24 @@ def _first_line(e: BaseException) -> str:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning ``CheckpointIO`` that writes atomically (temp file beside the target, fsync, rename) and loads
-    safely."""
+    safely; the files of one state (``best``, ``step-N``, ``last`` at one step) share their bytes on disk where that
+    is safe (`tinylm.checkpoint_share`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._step_files = StepFiles()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        earlier = self._step_files.earlier(checkpoint, path, lambda p: load_checkpoint(p, mmap=True))
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
         atomic_write_bytes(path, buffer.getvalue())
+        self._step_files.written(path, earlier)
+        if earlier:
+            _fsync_folder(path.parent)
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

@@ -58,9 +58,11 @@ def test_training_samples_take_the_decoding_options_of_generate(config, tmp_path
     """Catches the samples a run writes ignoring (or refusing) generate's options: with no_repeat_ngram_size 1 no
     character of a greedy sample repeats one before it (prompt included), where the untrained model's greedy text
     loops; a bad value is refused before the run starts."""
-    main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--samples.strategy", "greedy",
-          "--samples.max_new_tokens", "30", "--samples.no_repeat_ngram_size", "1", "--samples.repetition_penalty",
-          "1.2", "--samples.top_p", "0.9", "--samples.min_p", "0.05", "--samples.typical_p", "0.9"])
+    with pytest.warns(UserWarning, match=r"samples.top_p, samples.min_p, samples.typical_p do nothing with "
+                                         r"samples.strategy greedy"):  # accepted, and said to do nothing
+        main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--samples.strategy", "greedy",
+              "--samples.max_new_tokens", "30", "--samples.no_repeat_ngram_size", "1", "--samples.repetition_penalty",
+              "1.2", "--samples.top_p", "0.9", "--samples.min_p", "0.05", "--samples.typical_p", "0.9"])
     sample = (tmp_path / "runs" / "tiny" / "samples.txt").read_text().split("\n", 1)[1].rstrip("\n")
     new = sample.removeprefix("ROMEO:")
     assert len(new) > 8 and len(set(new)) == len(new) and not set(new) & set("ROMEO:"), sample
@@ -182,8 +184,9 @@ def test_generate_from_a_fit_checkpoint(config, tmp_path, capsys):
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--strategy", "greedy", "--max_new_tokens", "20"])
     assert capsys.readouterr().out == first  # greedy is deterministic
     # a bare boolean flag means true, as plan's --json (it was "argument --no_cache: expected one argument")
-    main(["generate", "--ckpt_path", str(ckpt), "--no_cache", "--prompt", "ROMEO:", "--strategy", "greedy",
-          "--max_new_tokens", "20", "--early_stopping"])
+    with pytest.warns(UserWarning, match=r"--early_stopping does nothing with --strategy greedy"):
+        main(["generate", "--ckpt_path", str(ckpt), "--no_cache", "--prompt", "ROMEO:", "--strategy", "greedy",
+              "--max_new_tokens", "20", "--early_stopping"])
     assert capsys.readouterr().out == first  # the same tokens without the KV cache
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "ROMEO:", "--num_samples", "3", "--seed", "1",
           "--max_new_tokens", "5"])
@@ -228,7 +231,7 @@ def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path
               "--max_new_tokens", "12"] + (["--num_beams", "2"] if strategy == "beam" else []))
         assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
         # the samples a run writes as it trains: with its beams (not one, which is greedy), decoded the same way
-        sampler = SampleText(strategy=strategy, num_beams=beams, max_new_tokens=12)
+        sampler = SampleText(strategy=strategy, max_new_tokens=12, **({"num_beams": beams} if beams > 1 else {}))
         assert "Once upon a" + sampler._sample(model, tok, "Once upon a") == tok.decode(prompt + new)
     # a stop string at the start of the continuation: " t" is there only after the prompt's words
     rows = _Rows(SamplingConfig(stop_strings=[" t"]), tok.decode, None, [prompt])

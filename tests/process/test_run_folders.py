@@ -502,7 +502,9 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     damaged one being a dead end: the refusal said 'continue it with --ckpt_path last', which said the same."""
     main(["fit", "--config", str(config)])
     ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
-    (ckpts / "last.ckpt").write_bytes((ckpts / "last.ckpt").read_bytes()[:5000])  # torn
+    torn = (ckpts / "last.ckpt").read_bytes()[:5000]
+    (ckpts / "last.ckpt").unlink()  # a file of its own: last.ckpt may share its bytes with step-4.ckpt (read-only)
+    (ckpts / "last.ckpt").write_bytes(torn)
     cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert "last.ckpt is damaged; continuing from the newest readable checkpoint, step-4.ckpt (step 4)" in caplog.text
     assert cli.trainer.global_step == 6
@@ -524,11 +526,15 @@ def test_ckpt_path_last_behind_a_newer_step_checkpoint_continues_from_the_newest
     disk, a kill -9) being refused by `--ckpt_path last` for going back, with advice to run the same command."""
     main(["fit", "--config", str(config)])
     ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
-    shutil.copy(ckpts / "step-2.ckpt", ckpts / "last.ckpt")  # last.ckpt still at step 2, step-4.ckpt at 4
+    # last.ckpt still at step 2, step-4.ckpt at 4: a new file, as a save makes (last.ckpt and step-4.ckpt may be one
+    # read-only file, tinylm.checkpoint_share)
+    (ckpts / "last.ckpt").unlink()
+    shutil.copy(ckpts / "step-2.ckpt", ckpts / "last.ckpt")
     cli = lightning_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert "last.ckpt is at step 2, behind it (the run stopped between two saves); continuing from the newest " \
            "readable checkpoint, step-4.ckpt (step 4)" in caplog.text
     assert cli.trainer.global_step == 6
+    (ckpts / "last.ckpt").unlink()
     shutil.copy(ckpts / "step-4.ckpt", ckpts / "last.ckpt")
     for path in ckpts.glob("step-*.ckpt"):
         path.unlink()  # best.ckpt (step 6) is the newest: a validation saved it after last.ckpt
@@ -766,6 +772,7 @@ def test_checkpoint_with_an_unknown_hyperparameter_resumes_with_a_warning(config
     last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, weights_only=True)
     ckpt["hyper_parameters"]["option_from_the_future"] = 1
+    last.unlink()  # a new file: last.ckpt may be step-2.ckpt's, read-only (tinylm.checkpoint_share)
     torch.save(ckpt, last)
     with caplog.at_level("WARNING", logger="tinylm"):
         cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last"])

@@ -27,6 +27,7 @@ class _Frames(L.Callback):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:this recipe is sized for a GPU:UserWarning")  # compile_model on a CPU, on purpose
 def test_compiled_fit_makes_no_recompile_after_its_first_steps(run_config, monkeypatch, tmp_path):
     """Catches a recompile (a guard that fails again: a shape, the train/eval mode, a Python value that changes
     per step) after the first steps. dynamo compiles the training step (model and loss as one graph) at the first

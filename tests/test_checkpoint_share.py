@@ -1,0 +1,118 @@
+"""One step's checkpoint files (best, step-N, last) share their bytes only where no write into one can change
+another (tinylm.checkpoint_share)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import tinylm.checkpoint_share as share
+from tinylm.checkpoint import CHECKPOINT_FORMAT, AtomicCheckpointIO, load_checkpoint
+
+
+def _ckpt(step: int, weight: float, saved: list[str]) -> dict:
+    """A checkpoint as Lightning's Trainer hands it to the CheckpointIO: ``saved``, the ModelCheckpoint's bookkeeping,
+    changes from one file of a step to the next; the rest (a NaN too: the guard's history) does not."""
+    return {"state_dict": {"w": torch.full((4,), weight)}, "global_step": step, "loops": {"batches": step},
+            "callbacks": {"ModelCheckpoint{'monitor': 'step'}": {"best_model_path": saved[-1], "last_model_path": "",
+                                                                "best_k_models": {p: torch.tensor(1.0) for p in saved}},
+                          "StabilityGuard": {"history": torch.tensor([1.0, float("nan")])}},
+            "tinylm": {"format": CHECKPOINT_FORMAT}}
+
+
+def _save_a_step(folder, io=None, weight=1.0):
+    io = io or AtomicCheckpointIO()
+    for i, name in enumerate(["best.ckpt", "step-4.ckpt", "last.ckpt"]):
+        io.save_checkpoint(_ckpt(4, weight, [name] * (i + 1)), folder / name)
+    return [folder / name for name in ("best.ckpt", "step-4.ckpt", "last.ckpt")]
+
+
+@pytest.fixture
+def non_root(monkeypatch):
+    """The hard-link fallback, taken by a user who is not root (on a filesystem without reflinks, as here)."""
+    monkeypatch.setattr(share, "hard_links_are_safe", lambda: True)
+    monkeypatch.setattr(share, "clone_file", lambda src, dst: False)
+
+
+def test_one_steps_files_share_their_bytes_and_each_holds_the_newest_bookkeeping(tmp_path, non_root):
+    """Catches best/step-N/last written as three full copies of one state (371 MB for a 5-step GPU-recipe run), and
+    a shared file holding an earlier save's bookkeeping (a resume from it would forget step-4.ckpt, never trimming
+    it): all three names are the last save's file, read-only, each loadable."""
+    files = _save_a_step(tmp_path)
+    inodes = {f.stat().st_ino for f in files}
+    assert len(inodes) == 1 and files[0].stat().st_nlink == 3
+    assert not files[0].stat().st_mode & 0o222
+    for f in files:
+        assert load_checkpoint(f)["callbacks"]["ModelCheckpoint{'monitor': 'step'}"]["best_model_path"] == "last.ckpt"
+    # a later step's save replaces last.ckpt alone (a rename): step-4 and best keep the step-4 state
+    AtomicCheckpointIO().save_checkpoint(_ckpt(6, 2.0, ["last.ckpt"]), tmp_path / "last.ckpt")
+    assert load_checkpoint(files[1])["global_step"] == 4 and load_checkpoint(files[2])["global_step"] == 6
+
+
+def test_different_states_at_one_step_are_not_shared(tmp_path, non_root):
+    """Catches sharing decided by the step alone: a save at the same step whose weights differ (a validation or a
+    rollback in between) keeps its own file, and the earlier ones theirs."""
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(_ckpt(4, 1.0, ["step-4.ckpt"]), tmp_path / "step-4.ckpt")
+    io.save_checkpoint(_ckpt(4, 1.5, ["best.ckpt"]), tmp_path / "best.ckpt")
+    assert (tmp_path / "step-4.ckpt").stat().st_ino != (tmp_path / "best.ckpt").stat().st_ino
+    assert load_checkpoint(tmp_path / "step-4.ckpt")["state_dict"]["w"][0] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["this machine", "non-root"])
+def test_overwriting_last_in_place_changes_no_other_checkpoint(tmp_path, monkeypatch, mode):
+    """Catches the hard-link hazard: `cp other.ckpt last.ckpt` (a write into last.ckpt's file) also overwrote
+    step-N.ckpt and best.ckpt. Here the write either fails loudly (a read-only file, for a user who is not root) or
+    goes into last.ckpt's own file (a reflink's copy-on-write, or a copy: as root, whom modes do not stop)."""
+    if mode == "non-root":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only files: the hard-link fallback is not taken as root")
+        monkeypatch.setattr(share, "clone_file", lambda src, dst: False)
+    files = _save_a_step(tmp_path)
+    other = tmp_path / "elsewhere" / "other.ckpt"
+    AtomicCheckpointIO().save_checkpoint(_ckpt(9, 9.0, ["other.ckpt"]), other)
+    before = [f.read_bytes() for f in files[:2]]
+    try:
+        shutil.copyfile(other, files[2])  # what cp does: open the target, truncate, write
+    except PermissionError:
+        assert files[0].stat().st_nlink == 3  # the read-only hard links
+    else:
+        assert load_checkpoint(files[2])["global_step"] == 9
+    assert [f.read_bytes() for f in files[:2]] == before
+
+
+def test_deleting_one_of_a_steps_files_leaves_the_others_loadable(tmp_path, non_root):
+    """Catches a shared file removed with one of its names (keep_checkpoints trimming step-4.ckpt, a user's rm):
+    best.ckpt and last.ckpt still load, whole."""
+    files = _save_a_step(tmp_path)
+    files[1].unlink()
+    for f in (files[0], files[2]):
+        assert torch.equal(load_checkpoint(f)["state_dict"]["w"], torch.ones(4))
+
+
+def test_root_without_reflinks_writes_separate_copies(tmp_path, monkeypatch):
+    """Catches hard links made for root (a container's usual user), whom a read-only mode does not stop from
+    writing into every name of the step at once: without reflinks each name is its own file, and the states are not
+    even compared after the first try."""
+    monkeypatch.setattr(share, "hard_links_are_safe", lambda: False)
+    monkeypatch.setattr(share, "clone_file", lambda src, dst: False)
+    io = AtomicCheckpointIO()
+    files = _save_a_step(tmp_path, io)
+    assert len({f.stat().st_ino for f in files}) == 3
+    monkeypatch.setattr(share, "same_state", lambda new, old: pytest.fail("compared on a folder that never shares"))
+    _save_a_step(tmp_path, io, weight=2.0)
+
+
+def test_on_a_filesystem_with_reflinks_each_name_is_a_writable_file_of_its_own(tmp_path):
+    """Catches the reflink path (btrfs, XFS, ZFS 2.2+) making links or leaving files read-only: each name is its own
+    file (copy-on-write), holding the step's newest state; writing into one leaves the others as they were."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x")
+    if not share.clone_file(probe, tmp_path / "probe.clone"):
+        pytest.skip(f"{tmp_path} has no reflinks (ext4, tmpfs; XFS and btrfs have)")
+    files = _save_a_step(tmp_path)
+    assert len({f.stat().st_ino for f in files}) == 3 and all(f.stat().st_mode & 0o200 for f in files)
+    assert all(f.read_bytes() == files[2].read_bytes() for f in files)
+    files[2].write_bytes(b"not a checkpoint")
+    assert load_checkpoint(files[0])["global_step"] == 4
