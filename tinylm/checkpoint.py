@@ -335,8 +335,9 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
 
 def checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | os.PathLike) -> Any:
     """The tokenizer a checkpoint carries (None if it has none), refused in one line when it is damaged or does not
-    fit the checkpoint's model: more ids than the model's vocab_size have no embedding row (a shorter one is fine:
-    the vocabulary is padded), and the model would be fed, or sample, ids it has no row for."""
+    fit the checkpoint's model: more ids than the model's vocab_size have no embedding row, and the model would be
+    fed, or sample, ids it has no row for (a shorter one is fine: an imported model's padded vocabulary; generation
+    never samples the ids it lacks)."""
     from tinylm.tokenize.tokenizer import Tokenizer
 
     tok_state = tinylm_section(ckpt, ckpt_path).get("tokenizer")

@@ -166,3 +166,22 @@ def test_a_regex_that_loops_before_a_missing_character_is_refused_too(char_tok, 
     out = generate(_model(tok.vocab_size), [tok.encode("A")], max_new_tokens=40, regex="[a-z]+é?!", tokenizer=tok,
                    eos_id=tok.eos_id, seed=0)  # guard: a loop the vocabulary can leave passes
     assert re.fullmatch("[a-z]+é?!", tok.decode(out[0]))
+
+
+def test_a_tokenizer_shorter_than_the_vocabulary_is_never_asked_for_ids_it_lacks():
+    """Catches a model whose vocabulary has more ids than its tokenizer (an imported model's padded vocabulary, a
+    checkpoint put together from two runs) generating an id the tokenizer has no text for: decoding it was a KeyError
+    traceback. Every strategy (and a draft's proposals) stays inside the tokenizer; the model alone does not."""
+    tok = build_tokenizer("char", documents=lambda: ["abcdefghij klmnop"])
+    model = _model(58)
+    free = generate(model, [[0]], max_new_tokens=200, strategy="sample", temperature=2.0, seed=0)[0]
+    assert max(free) >= tok.vocab_size  # without the tokenizer it does sample them (the test can fail)
+    for options in ({"strategy": "sample", "temperature": 2.0, "seed": 0}, {"strategy": "greedy"},
+                    {"strategy": "beam", "num_beams": 3}, {"strategy": "contrastive", "top_k": 4, "penalty_alpha": 0.6},
+                    {"strategy": "greedy", "prompt_lookup": 2}):
+        out = generate(model, [[0, 1, 0, 1]], max_new_tokens=60, tokenizer=tok, **options)[0]
+        assert out and max(out) < tok.vocab_size, options
+        tok.decode(out)
+    out = generate(model, [[0]], max_new_tokens=30, tokenizer=tok, draft=_model(58, seed=1), strategy="sample",
+                   seed=0)[0]
+    assert max(out) < tok.vocab_size and model.sample_vocab is None  # restored after the generation

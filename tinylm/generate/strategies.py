@@ -267,12 +267,15 @@ def generate_with(
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
+        # a tokenizer of fewer ids than the model's vocabulary: the ids it cannot write are never generated
+        m.sample_vocab = getattr(tokenizer, "vocab_size", None)
     try:
         with torch.no_grad():
             counts = _decode(model, ids, rows, generator, draft, grammar)
     finally:
         for m, mode in zip(models, was_training, strict=True):
             m.train(mode)
+            m.sample_vocab = None
     if stats is not None:
         for key, n in (counts or {}).items():
             stats[key] = stats.get(key, 0) + n

@@ -63,6 +63,9 @@ class GPT(nn.Module):
         }
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
+        # while generating with a tokenizer of fewer ids than vocab_size (an imported model's padded vocabulary):
+        # the ids it has no text for get no probability (set by tinylm.generate around a generation)
+        self.sample_vocab: int | None = None
         if c.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix embeds and un-embeds
         self.apply(self._init_weights)
@@ -151,6 +154,9 @@ class GPT(nn.Module):
         if c.logit_softcap is not None:
             # smooth clamp to (-cap, cap), in fp32: under bf16 autocast the tanh was off by up to 0.06
             logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
+        if self.sample_vocab is not None and self.sample_vocab < c.vocab_size:
+            logits = logits.index_fill(-1, torch.arange(self.sample_vocab, c.vocab_size, device=logits.device),
+                                       float("-inf"))
         return (logits, hidden) if return_hidden else logits
 
     def _check_inputs(self, idx: Tensor, start: int, prefix_len, kv_cache: KVCache | None) -> None:
