@@ -430,6 +430,9 @@ def with_run_config(args: list[str]) -> list[str]:
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
     where = [] if named.resolve() == run_dir.resolve() else \
         ["--trainer.default_root_dir", str(run_dir.parent), "--run.name", run_dir.name]
+    # the run's mixture weights go with its corpora, not with a --data.corpus OTHER the command names
+    if "data.corpus" in flags and (settings.get("data") or {}).get("weights") is not None:
+        where += ["--data.weights", "null"]
     log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
              f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
     return [args[0], "--config", str(config), *where, *args[1:]]
