@@ -26,6 +26,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
+    from tinylm.cli.run_folder import holds_run
     from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
     from tinylm.studies.lr_find import lr_find as range_test
@@ -60,7 +61,9 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
     lr = result.suggestion or result.rule_of_thumb
-    print(f"next:\n  tinylm fit {shlex.join(fit_args)} --model.lr {lr:.2e}")
+    # a run folder that already holds a run refuses a fresh fit: the command names a new run beside it
+    name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
+    print(f"next:\n  tinylm fit {shlex.join([*fit_args, *name])} --model.lr {lr:.2e}")
     return summary
 
 
