@@ -52,7 +52,7 @@ def run(command: str, args: list[str]) -> Any:
     from tinylm.cli.fit_config import split_args, takes_fit_config
 
     fn = COMMANDS[command].function()
-    args = _flag_values(fn, _leading_positionals(fn, args))
+    args = _bare_booleans(fn, _leading_positionals(fn, args))
     fit_args = None
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
         args, fit_args = split_args(fn, args)
@@ -65,14 +65,17 @@ def run(command: str, args: list[str]) -> Any:
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
 
 
-def _flag_values(fn: Callable, args: list[str]) -> list[str]:
+def _bare_booleans(fn: Callable, args: list[str]) -> list[str]:
     """``args`` with ``true`` after each bare boolean flag of ``fn`` (``--json``, ``--no_cache``): jsonargparse's
-    booleans take a value ("argument --no_cache: expected one argument")."""
+    booleans take a value ("argument --no_cache: expected one argument"). Bare: followed by nothing, or by what
+    jsonargparse would read as the next option (tinylm.cli.argv.is_value)."""
+    from tinylm.cli.argv import is_value
+
     flags = {f"--{name}" for name, p in inspect.signature(fn).parameters.items() if p.annotation in (bool, "bool")}
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
-        if arg in flags and (i + 1 == len(args) or args[i + 1].startswith("-")):
+        if arg in flags and (i + 1 == len(args) or not is_value(args[i + 1])):
             out.append("true")
     return out
 
@@ -93,11 +96,9 @@ def _config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
     parser, which says what is wrong with them)."""
     import yaml
 
-    for i, arg in enumerate(args):
-        key, _, value = arg.partition("=")
-        if key not in ("-c", "--config"):
-            continue
-        path = Path(value or (args[i + 1] if i + 1 < len(args) else ""))
+    from tinylm.cli.argv import config_files
+
+    for path in map(Path, config_files(args)):
         try:
             yield path, set(yaml.safe_load(path.read_text()) or {})
         except (OSError, yaml.YAMLError, TypeError, ValueError):

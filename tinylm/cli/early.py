@@ -69,47 +69,18 @@ def remember_help(command: str, args: list[str], text: str) -> None:
 
 def check_run_folder_free(command: str, args: list[str]) -> None:
     """Refuse `fit` into a run folder that another tinylm process holds, before the imports (the full check,
-    tinylm.cli.run_folder.check_run_folder, runs again after them). Only the plain spellings of the two settings
-    that name the folder are read (--config files, then ``--run.name`` and ``--trainer.default_root_dir`` in order);
-    any other spelling, a process that is a rank of a run (its rank 0 holds the folder), and --print_config (which
-    runs nothing) are left to that check."""
+    tinylm.cli.run_folder.check_run_folder, runs again after them). The folder is found as the run finds it: the
+    --config files and ``--run.name``/``--trainer.default_root_dir`` in order (tinylm.cli.argv), after a resume that
+    names no --config has put its run's config record first (run_folder.with_run_config: `tinylm fit --ckpt_path
+    runs/x/checkpoints/last.ckpt` is runs/x). A spelling tinylm.cli.argv does not follow, a process that is a rank
+    of a run (its rank 0 holds the folder) and --print_config (which runs nothing) are left to that check."""
     if command != "fit" or any(os.environ.get(k, "0") not in ("", "0") for k in _RANK_VARIABLES) or any(
             a.startswith("--print_config") for a in args):
         return
-    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_not_in_use, run_dir_of
+    from tinylm.cli.argv import settings
+    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_not_in_use, run_dir_of, with_run_config
 
-    settings = _settings(args, {("run", "name"): RunOptions.name, ("trainer", "default_root_dir"): RUNS_ROOT})
-    if settings is not None:
-        check_not_in_use(run_dir_of(settings[("trainer", "default_root_dir")], settings[("run", "name")]))
-
-
-def _settings(args: list[str], wanted: dict[tuple[str, str], str]) -> dict[tuple[str, str], str] | None:
-    """The values of ``wanted`` (section, key) -> default as the command line sets them, left to right; None when
-    they are set in a way this reading does not follow (a whole section as one value, a non-string)."""
-    import yaml
-
-    found = dict(wanted)
-    sections = {section for section, _ in wanted}
-    i = 0
-    while i < len(args):
-        flag, eq, value = args[i].partition("=")
-        name = tuple(flag.lstrip("-").split(".", 1))
-        if flag.lstrip("-") in sections:
-            return None
-        if flag not in ("-c", "--config") and name not in wanted:
-            i += 1
-            continue
-        if not eq:
-            i, value = i + 1, args[i + 1] if i + 1 < len(args) else ""
-        i += 1
-        if name in wanted:
-            found[name] = value
-            continue
-        try:
-            data = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            return None
-        for section, key in wanted:
-            if isinstance(data, dict) and isinstance(data.get(section), dict) and key in data[section]:
-                found[(section, key)] = data[section][key]
-    return found if all(isinstance(v, str) or v is None for v in found.values()) else None
+    found = settings(with_run_config([command, *args], quiet=True)[1:],
+                     {"run.name": RunOptions.name, "trainer.default_root_dir": RUNS_ROOT})
+    if found is not None:
+        check_not_in_use(run_dir_of(found["trainer.default_root_dir"], found["run.name"]))

@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
-from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path, with_run_config
+from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
     RUNS_ROOT,
@@ -27,6 +27,7 @@ from tinylm.cli.run_folder import (
     check_run_folder,
     release_run_folders,
     run_dir_of,
+    with_run_config,
 )
 from tinylm.cli.trainer_checks import (
     check_trainer_options,

@@ -127,7 +127,8 @@ class _ConfigOnlyCLI(TinyLMCLI):
         """The data of the run the config names, where its folder holds one: the corpus and tokenizer it read
         (its newest config record), unless flags set them; as a resume takes them (tinylm.cli.resume.run_data).
         `tinylm fit --config X --data.corpus my.txt`, then `lr-find --config X`, reads my.txt again."""
-        from tinylm.cli.resume import data_of_run, run_record
+        from tinylm.cli.resume import data_of_run
+        from tinylm.cli.run_folder import run_record
 
         record, settings = run_record(self.run_dir)
         trained = settings.get("data")

@@ -176,11 +176,10 @@ def check_config_files(args: list[str]) -> None:
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
     import yaml
 
+    from tinylm.cli.argv import config_files
     from tinylm.paths import missing_path
 
-    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")]
-    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
-    for p in paths:
+    for p in config_files(args):
         path = Path(p)
         if not path.is_file():
             what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else \

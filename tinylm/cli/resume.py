@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
+from tinylm.cli.run_folder import read_yaml
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -59,20 +60,10 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 """Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
 
 
-def _read_yaml(path: Path) -> dict:
-    import yaml
-
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
 def _run_config(ckpt_path: str) -> dict:
     """The newest config*.yaml of the checkpoint's run folder (what the run trained with last); {} if none."""
     configs = sorted(Path(ckpt_path).resolve().parent.parent.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
-    return _read_yaml(configs[-1]) if configs else {}
+    return read_yaml(configs[-1]) if configs else {}
 
 
 def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
@@ -100,7 +91,7 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> 
         log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
                     "windows from here on, so its curve jumps and best.ckpt is picked across the two",
                     ckpt_path, cfg.data.get("val_batches"), data["val_batches"])
-    started = _read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
+    started = read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
         log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
@@ -399,72 +390,3 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
             log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
                      now.get("corpus"), now["tokenizer"], trained.get("corpus"))
     return data
-
-
-def with_run_config(args: list[str]) -> list[str]:
-    """``fit``/``validate`` ``args`` from a run's checkpoint that name no ``--config``: with the run's own settings
-    read first (the run folder's newest config*.yaml: the one it started with, or its newest resume's record), so
-    that `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` goes on as the run did (data, batch size, trainer,
-    max_steps) and the command's flags still override. ``--ckpt_path last|best`` finds the run by
-    ``--trainer.default_root_dir`` and ``--run.name``; a checkpoint outside a run folder (or a folder without a
-    config) leaves ``args`` as they are."""
-    if not args or args[0] not in ("fit", "validate"):
-        return args
-    flags = _flag_values(args[1:])
-    asked = flags.get("ckpt_path")
-    if not asked or "config" in flags:
-        return args
-    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions
-
-    if asked in ("last", "best"):
-        run_dir = Path(flags.get("trainer.default_root_dir") or RUNS_ROOT) / flags.get("run.name", RunOptions.name)
-    elif Path(asked).parent.name == "checkpoints":
-        run_dir = Path(asked).parent.parent
-    else:
-        return args
-    config, settings = run_record(run_dir)
-    if config is None:
-        return args
-    named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
-                 (settings.get("run") or {}).get("name") or RunOptions.name)
-    # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
-    where = [] if named.resolve() == run_dir.resolve() else \
-        ["--trainer.default_root_dir", str(run_dir.parent), "--run.name", run_dir.name]
-    # the run's mixture weights go with its corpora, not with a --data.corpus OTHER the command names
-    if "data.corpus" in flags and (settings.get("data") or {}).get("weights") is not None:
-        where += ["--data.weights", "null"]
-    log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
-             f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
-    return [args[0], "--config", str(config), *where, *args[1:]]
-
-
-def run_config_file(run_dir: Path) -> Path | None:
-    """The run folder's newest config record: ``config.resume-step<N>[-k].yaml`` of its latest resume, else
-    ``config.yaml`` (the one it started with); None when it has none (config.previous.yaml is another run's)."""
-    import re
-
-    newest, key = None, (-1, 0)
-    for path in run_dir.glob("config*.yaml") if run_dir.is_dir() else ():
-        m = re.fullmatch(r"config(?:\.resume-step(\d+)(?:-(\d+))?)?\.yaml", path.name)
-        if m and path.is_file() and (found := (int(m[1] or 0), int(m[2] or 1))) > key:
-            newest, key = path, found
-    return newest
-
-
-def run_record(run_dir: Path) -> tuple[Path | None, dict]:
-    """The run folder's newest config record (`run_config_file`) and its settings; (None, {}) when it has none."""
-    record = run_config_file(run_dir)
-    return record, _read_yaml(record) if record else {}
-
-
-def _flag_values(args: list[str]) -> dict[str, str]:
-    """``--KEY VALUE`` and ``--KEY=VALUE`` of ``args``, the last of each (``-c`` is ``config``)."""
-    found: dict[str, str] = {}
-    for i, arg in enumerate(args):
-        if not arg.startswith("-"):
-            continue
-        key, eq, value = arg.lstrip("-").partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
-        found["config" if key == "c" else key] = value
-    return found

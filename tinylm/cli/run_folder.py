@@ -215,3 +215,73 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
                 f"from it into a new folder with --run.name NEW_NAME (same --ckpt_path), or continue the run "
                 f"with --ckpt_path last")
     return lock
+
+
+# ---- a run's config records -------------------------------------------------------------------------------------
+def read_yaml(path: Path) -> dict:
+    """The mapping a YAML file holds; {} for a file that is not there, not YAML or not a mapping."""
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def run_config_file(run_dir: Path) -> Path | None:
+    """The run folder's newest config record: ``config.resume-step<N>[-k].yaml`` of its latest resume, else
+    ``config.yaml`` (the one it started with); None when it has none (config.previous.yaml is another run's)."""
+    import re
+
+    newest, key = None, (-1, 0)
+    for path in run_dir.glob("config*.yaml") if run_dir.is_dir() else ():
+        m = re.fullmatch(r"config(?:\.resume-step(\d+)(?:-(\d+))?)?\.yaml", path.name)
+        if m and path.is_file() and (found := (int(m[1] or 0), int(m[2] or 1))) > key:
+            newest, key = path, found
+    return newest
+
+
+def run_record(run_dir: Path) -> tuple[Path | None, dict]:
+    """The run folder's newest config record (`run_config_file`) and its settings; (None, {}) when it has none."""
+    record = run_config_file(run_dir)
+    return record, read_yaml(record) if record else {}
+
+
+def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
+    """``fit``/``validate`` ``args`` from a run's checkpoint that name no ``--config``: with the run's own settings
+    read first (the run folder's newest config*.yaml: the one it started with, or its newest resume's record), so
+    that `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` goes on as the run did (data, batch size, trainer,
+    max_steps) and the command's flags still override. ``--ckpt_path last|best`` finds the run by
+    ``--trainer.default_root_dir`` and ``--run.name``; a checkpoint outside a run folder (or a folder without a
+    config) leaves ``args`` as they are. Said in a line unless ``quiet`` (the early check before the imports,
+    tinylm.cli.early, reads the run folder from these args too: the same folder as the run's own check)."""
+    from tinylm.cli.argv import values
+
+    if not args or args[0] not in ("fit", "validate"):
+        return args
+    flags = values(args[1:])
+    asked = flags.get("ckpt_path")
+    if not asked or "config" in flags:
+        return args
+    if asked in ("last", "best"):
+        run_dir = Path(flags.get("trainer.default_root_dir") or RUNS_ROOT) / (flags.get("run.name") or RunOptions.name)
+    elif Path(asked).parent.name == "checkpoints":
+        run_dir = Path(asked).parent.parent
+    else:
+        return args
+    config, settings = run_record(run_dir)
+    if config is None:
+        return args
+    named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
+                 (settings.get("run") or {}).get("name") or RunOptions.name)
+    # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
+    where = [] if named.resolve() == run_dir.resolve() else \
+        ["--trainer.default_root_dir", str(run_dir.parent), "--run.name", run_dir.name]
+    # the run's mixture weights go with its corpora, not with a --data.corpus OTHER the command names
+    if "data.corpus" in flags and (settings.get("data") or {}).get("weights") is not None:
+        where += ["--data.weights", "null"]
+    if not quiet:
+        log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
+                 f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
+    return [args[0], "--config", str(config), *where, *args[1:]]

@@ -1,0 +1,117 @@
+"""The command line read before jsonargparse parses it (tinylm.cli.argv): every spelling read as jsonargparse reads
+it, checked against jsonargparse itself; and the early "in use" check finding a resume's own run folder."""
+
+import fcntl
+import warnings
+
+import pytest
+import yaml
+
+from tinylm.cli.argv import config_files, is_value, options, settings, spelled, values
+from tinylm.cli.early import check_run_folder_free
+from tinylm.errors import TinyLMError
+
+WANTED = {"run.name": "default", "ckpt_path": None}
+
+# (args, run.name as tinylm.cli.argv reads it: None where it does not follow the spelling)
+SPELLINGS = [
+    (["--run.name", "x"], "x"),
+    (["--run.name=x"], "x"),
+    (["--run.name", "a", "--run.name=b"], "b"),  # the last one counts
+    (["--run.name", "-1"], "-1"),  # a negative number is a value
+    (["--run.name", "-a b"], "-a b"),  # so is text with a space
+    (["--run.name", "-"], "-"),
+    (["--run.name=--x"], "--x"),
+    (["--run.name", "--x"], None),  # jsonargparse: "expected one argument"
+    (["--run.name", "-x"], None),
+    (["--run.name"], None),
+    (["-c", "a.yaml"], "fromA"),
+    (["-c=a.yaml"], "fromA"),
+    (["-ca.yaml"], "fromA"),
+    (["--config=a.yaml"], "fromA"),
+    (["-c", "a.yaml", "--config", "b.yaml"], "fromB"),  # several: in order
+    (["--config=b.yaml", "-c", "a.yaml"], "fromA"),
+    (["--run.name", "x", "-c", "a.yaml"], "fromA"),  # a file after a flag overrides it
+    (["-c", "a.yaml", "--run.name", "x"], "x"),
+    (["--ckpt_path", "last", "--run.name", "x"], "x"),
+    (["--conf", "a.yaml"], None),  # abbreviations: expanded by jsonargparse, not followed here
+    (["--run.na", "x"], None),
+    (["--run", '{"name": "whole"}'], None),  # a whole section
+]
+
+
+def _jsonargparse(args):
+    """run.name as a jsonargparse parser like fit's reads ``args``, or None where it refuses them."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    class Run:
+        def __init__(self, name: str = "default"):
+            pass
+
+    class Model:
+        def __init__(self, lr: float = 1e-3):
+            pass
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile)
+    parser.add_class_arguments(Run, "run")
+    parser.add_class_arguments(Model, "model")
+    parser.add_argument("--ckpt_path", type=str | None, default=None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the deprecation warning of an abbreviated option
+            return parser.parse_args(args).run.name
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize(("args", "expected"), SPELLINGS, ids=[" ".join(a) for a, _ in SPELLINGS])
+def test_the_reader_reads_every_spelling_as_jsonargparse_does(args, expected, tmp_path, monkeypatch):
+    """Catches the early check (and a resume's run folder) reading another run folder than the run then uses: each
+    spelling that tinylm.cli.argv follows gives jsonargparse's value, and the ones it does not follow say so (None:
+    left to the check after the imports)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.yaml").write_text("run:\n  name: fromA\n")
+    (tmp_path / "b.yaml").write_text("run:\n  name: fromB\n")
+    found = settings(args, WANTED)
+    assert (found and found["run.name"]) == expected
+    if expected is not None:
+        assert _jsonargparse(args) == expected
+
+
+def test_values_config_files_and_negative_numbers():
+    """Catches `--model.lr -1` read as a flag with no value, and `-c FILE` missed among several config files."""
+    args = ["plot", "--model.lr", "-1", "-c", "a.yaml", "--config=b.yaml", "-cc.yaml", "--json", "--print_config",
+            "--x", "--", "--after", "1"]
+    assert options(args) == [("model.lr", "-1"), ("config", "a.yaml"), ("config", "b.yaml"), ("config", "c.yaml"),
+                             ("json", None), ("print_config", None), ("x", None)]
+    assert values(args)["model.lr"] == "-1" and "after" not in values(args)
+    assert config_files(args) == ["a.yaml", "b.yaml", "c.yaml"]
+    assert is_value("-.5") and not is_value("-1e-3") and not is_value("--x")  # argparse's own rule
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "--x", "-1e-3"])
+def test_spelled_reads_back_as_its_value(value):
+    """Catches a suggested command (lr-find's next:) whose value jsonargparse would take for an option."""
+    assert _jsonargparse(spelled("run.name", value)) == value
+
+
+@pytest.mark.parametrize("how", ["path", "last"])
+def test_early_check_refuses_the_folder_a_resume_with_no_config_continues(how, tmp_path, monkeypatch):
+    """Catches a second `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` (or `--ckpt_path last --run.name x`)
+    while the first runs being checked against the default folder runs/tinylm before the imports (the refusal came
+    only after them, seconds to minutes later): the run's config record names the folder, as for the run itself."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "x"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"run": {"name": "x"}}))
+    args = ["--ckpt_path", "runs/x/checkpoints/last.ckpt"] if how == "path" else ["--ckpt_path", "last",
+                                                                                   "--run.name", "x"]
+    check_run_folder_free("fit", args)  # a guard: nothing holds it yet
+    with open(run / ".lock", "a+") as held:  # another open file: flock refuses it as it would another process
+        held.write("pid 4242")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(TinyLMError, match=r"runs/x is in use by another tinylm process \(pid 4242\)"):
+            check_run_folder_free("fit", args)
+        check_run_folder_free("fit", [*args, "--run.name", "branch"])  # a branch into a new folder is free

@@ -1,0 +1,109 @@
+"""The command line read before jsonargparse parses it, the way jsonargparse will read it: the run folder of the
+early "in use" check (tinylm.cli.early), the run a resume with no --config comes from (run_folder.with_run_config),
+the ``true`` after a bare boolean flag (tinylm.cli.commands). Imports nothing heavy (the early check runs before
+torch and Lightning are imported).
+
+jsonargparse parses with Python's argparse; its rules, which this reading follows:
+- ``--key value`` and ``--key=value``; ``-c FILE``, ``-c=FILE``, ``-cFILE`` and ``--config=FILE`` name a config file;
+  an option given twice: the last one counts; config files and flags apply in their order on the line
+  (``--run.name x -c a.yaml``: a.yaml's run.name wins; ``-c a.yaml --run.name x``: x).
+- After ``--key``, the next argument is its value unless it looks like an option: it starts with ``-`` and is not
+  ``-`` alone, a negative number (``-1``, ``-.5``) or text with a space in it. So ``--model.lr -1`` sets -1, while
+  ``--model.lr -1e-3`` and ``--run.name --x`` are refused ("expected one argument"): write ``--model.lr=-1e-3``,
+  ``--run.name=--x``. ``--help`` and a bare ``--print_config`` take no value; ``--`` ends the options (jsonargparse
+  refuses anything after it).
+Not followed here (`settings` says so with None, and the check after the imports reads them): an abbreviated option
+(``--conf``, ``--run.na``: jsonargparse expands a unique prefix, with a deprecation warning) and a whole section
+given as one value (``--run '{name: x}'``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+NO_VALUE = ("-h", "--help", "--print_config")
+"""Options that never take the next argument (``--print_config=skip_null`` gives one with ``=``)."""
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's own (Python 3.11-3.12)
+
+
+def is_value(arg: str) -> bool:
+    """Whether argparse reads ``arg``, after an option that takes a value, as that value (not as the next option)."""
+    return not arg.startswith("-") or arg == "-" or bool(_NEGATIVE_NUMBER.match(arg)) or " " in arg
+
+
+def options(args: list[str]) -> list[tuple[str, str | None]]:
+    """The options of ``args`` in order as (key, value): the key without its dashes (``-c`` is ``config``), the value
+    None where none is given (the option ends the line, is followed by another option, or takes none). Arguments
+    that are not options (a command's positional ones) are skipped."""
+    found: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            break
+        if is_value(arg):
+            continue
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):  # -c=FILE, -cFILE
+            flag, eq, value = "-c", "=", arg[3:] if arg[2] == "=" else arg[2:]
+        if not eq and arg not in NO_VALUE and i < len(args) and is_value(args[i]):
+            eq, value, i = "=", args[i], i + 1
+        found.append(("config" if flag == "-c" else flag.lstrip("-"), value if eq else None))
+    return found
+
+
+def values(args: list[str]) -> dict[str, str | None]:
+    """Each option of ``args`` with its last value (`options`)."""
+    return dict(options(args))
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The ``--config`` files of ``args``, in order."""
+    return [value for key, value in options(args) if key == "config" and value is not None]
+
+
+def settings(args: list[str], wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The values of the ``wanted`` dotted keys (``"run.name"``) -> their defaults, as the flags and the --config
+    files of ``args`` set them, left to right; None when ``args`` set them in a way this reading does not follow
+    (a whole section as one value, an abbreviated option, an option with no value, a config file that cannot be
+    read, a value not a string): the parser after the imports reads those."""
+    import yaml
+
+    found = dict(wanted)
+    sections = {key.split(".")[0] for key in wanted if "." in key}
+    for key, value in options(args):
+        if key in sections or any(w.startswith(key) and w != key for w in (*wanted, "config")):
+            return None
+        if key in wanted and value is None:  # jsonargparse says "expected one argument"
+            return None
+        if key in wanted:
+            found[key] = value
+        elif key == "config":
+            try:
+                data = yaml.safe_load(Path(value or "").read_text(encoding="utf-8")) or {}
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                return None
+            found.update((dotted, v) for dotted in wanted if (v := _at(data, dotted)) is not _ABSENT)
+    return found if all(isinstance(v, str) or v is None for v in found.values()) else None
+
+
+_ABSENT = object()
+
+
+def _at(data: Any, dotted: str) -> Any:
+    """``data["run"]["name"]`` for ``"run.name"``; _ABSENT where the file does not set it."""
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _ABSENT
+        data = data[part]
+    return data
+
+
+def spelled(key: str, value: str) -> list[str]:
+    """``--key value`` as arguments that read back as that value: ``--key=value`` where the value would be taken
+    for an option (``--data.corpus=-notes.txt``)."""
+    return [f"--{key}", value] if is_value(value) else [f"--{key}={value}"]
