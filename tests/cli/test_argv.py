@@ -98,9 +98,10 @@ def test_spelled_reads_back_as_its_value(value):
 
 @pytest.mark.parametrize("how", ["path", "last"])
 def test_early_check_refuses_the_folder_a_resume_with_no_config_continues(how, tmp_path, monkeypatch):
-    """Catches a second `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` (or `--ckpt_path last --run.name x`)
-    while the first runs being checked against the default folder runs/tinylm before the imports (the refusal came
-    only after them, seconds to minutes later): the run's config record names the folder, as for the run itself."""
+    """Catches a second `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` while the first runs being checked
+    against the default folder runs/tinylm before the imports (the refusal came only after them, seconds to minutes
+    later): the checkpoint's run folder is checked, as the run itself finds it (`--ckpt_path last --run.name x`
+    names it already, and still does)."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "x"
     (run / "checkpoints").mkdir(parents=True)

@@ -49,13 +49,15 @@ def test_prepare_imports_neither_torch_nor_lightning(run_config, tmp_path):
 
 def test_refusals_come_before_the_imports(run_config, tmp_path):
     """Catches a config file that is not there, and a run folder another process holds, being refused only after
-    torch and Lightning were imported (5-9 s on a quiet machine, minutes on a loaded one, for a one-line answer)."""
+    torch and Lightning were imported (5-9 s on a quiet machine, minutes on a loaded one, for a one-line answer);
+    also for a resume that names no --config, whose folder is the checkpoint's run (not the default runs/tinylm)."""
     report, _, err = _tinylm("fit", "--config", str(tmp_path / "nope.yaml"))
     assert report == {"code": 1, "torch": False, "lightning": False}
     assert "config file" in err and "nope.yaml' not found" in err
     cfg = run_config(run={"name": "busy"})
     run = tmp_path / "runs" / "busy"
     run.mkdir(parents=True)
+    (run / "config.yaml").write_text(cfg.read_text())  # the run's record: a resume with no --config reads it
     with open(run / ".lock", "a+") as held:  # another process's hold on the folder, as tinylm takes it (flock)
         held.write("pid 4242")
         held.flush()
@@ -64,7 +66,8 @@ def test_refusals_come_before_the_imports(run_config, tmp_path):
                                    str(run / ".lock")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        for args in (["--config", str(cfg)], ["--config", str(cfg), "--run.name=other", "--run.name", "busy"]):
+        for args in (["--config", str(cfg)], ["--config", str(cfg), "--run.name=other", "--run.name", "busy"],
+                     ["--ckpt_path", str(Path("runs") / "busy" / "checkpoints" / "last.ckpt")]):
             report, _, err = _tinylm("fit", *args)
             assert report == {"code": 1, "torch": False, "lightning": False}, err
             assert f"{Path('runs') / 'busy'} is in use by another tinylm process (pid 4242)" in err
