@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 
 import pytest
 import torch
@@ -180,8 +181,6 @@ def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_conf
 def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
     """Catches an lr-find that leaves the user to work out how to use its answer: its last line is the fit command
     with the suggested lr, which parses as printed (its --print_config shows that lr)."""
-    import shlex
-
     cfg = run_config()
     main(["lr-find", "--config", str(cfg), "--num_training", "12", "--out", "lr.png"])
     out = capsys.readouterr().out
@@ -197,7 +196,8 @@ def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
 def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path, capsys, caplog):
     """Catches `tinylm lr-find --config X` after `tinylm fit --config X --data.corpus my.txt` needing --data.corpus
     again (X names a corpus not to be had here, as a hub dataset offline): the run folder X names holds the run's
-    config.yaml, whose corpus is read (its prepared dataset reused), said in a line; a flag still overrides."""
+    config.yaml, whose corpus is read (its prepared dataset reused), said in a line; a flag still overrides. And its
+    next: command leaving that corpus out, so the fit it suggests would train on X's own (here: not found)."""
     corpus, gone = str(tmp_path / "shakespeare_small.txt"), str(tmp_path / "gone.txt")
     cfg = run_config(data={"corpus": gone})
     main(["fit", "--config", str(cfg), "--data.corpus", corpus])
@@ -206,8 +206,15 @@ def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path
     assert f"holds a run: the data it read, from its config.yaml: data.corpus={corpus!r} (not {gone!r})" in caplog.text
     out = capsys.readouterr().out
     assert "steepest descent" in out
-    # its next command names a new run beside the one there (a fresh fit into runs/tiny would be refused)
-    assert re.search(r"next:\n  tinylm fit --config \S+ --run.name tiny-lr\de-\d\d --model.lr ", out), out
+    # its next command names a new run beside the one there (a fresh fit into runs/tiny would be refused), with the
+    # data the sweep read, which that new folder has no record of
+    assert re.search(r"next:\n  tinylm fit --config \S+ --data.corpus \S+ --run.name tiny-lr\de-\d\d --model.lr ",
+                     out), out
+    command = shlex.split(out.rsplit("next:\n", 1)[1])  # (the fit printed a next: of its own before)
+    assert command[command.index("--data.corpus") + 1] == corpus
+    with pytest.raises(SystemExit) as e:
+        main([*command[1:], "--print_config"])
+    assert e.value.code in (0, None) and f"corpus: {corpus}" in capsys.readouterr().out
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's, made once
     with pytest.raises(SystemExit):  # a flag is the user's word: the gone file is read, and refused
         main(["lr-find", "--config", str(cfg), "--num_training", "4", "--data.corpus", gone])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -20,13 +21,11 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         out: PNG to write, with the curve and suggestion as .json beside it (default: lr_find.png in the run's
             folder, <trainer.default_root_dir>/<run.name>/).
     """
-    import json
     import tempfile
 
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
-    from tinylm.cli.run_folder import holds_run
     from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
     from tinylm.studies.lr_find import lr_find as range_test
@@ -60,11 +59,21 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
-    lr = result.suggestion or result.rule_of_thumb
-    # a run folder that already holds a run refuses a fresh fit: the command names a new run beside it
-    name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
-    print(f"next:\n  tinylm fit {shlex.join([*fit_args, *name])} --model.lr {lr:.2e}")
+    print(f"next:\n  {_next_command(fit_args, cli, result.suggestion or result.rule_of_thumb)}")
     return summary
+
+
+def _next_command(fit_args: list[str], cli, lr: float) -> str:
+    """The fit that trains what was swept at the suggested ``lr``: the sweep's own arguments, the data it read from
+    the run its config names (`run_data`: a new run folder has no record to take them from), and a new run name
+    where that folder already holds a run (a fresh fit there is refused)."""
+    from tinylm.cli.argv import spelled
+    from tinylm.cli.run_folder import holds_run
+
+    data = [arg for key, value in cli.run_data.items()
+            for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
+    name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:
