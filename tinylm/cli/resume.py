@@ -7,7 +7,8 @@ Exact resume is spread over the things that hold state; this module is the map:
   left to train, max_time spent, accumulation that splits a step) and warnings (changed trainer options, a changed
   schedule length, a seed with no effect);
 - tinylm.cli.run_folder.check_run_folder: continue a run in its own folder, or branch into a new one; never over
-  another run's results;
+  another run's results; run_folder.with_run_config: a resume that names no --config reads its run's newest config
+  record first (there, without torch: the early "in use" check before the imports finds the same folder with it);
 - tinylm.cli.run_config.RunConfig: the resume's record, config.resume-step<N>.yaml;
 - tinylm.checkpoint: reading checkpoints safely (weights_only, mmap), atomic writes, the tokenizer inside;
 - tinylm.train.module.TinyLM.on_save/on_load_checkpoint: tinylm's own section (tokenizer, init_from, W&B id);
