@@ -87,7 +87,12 @@ def test_values_config_files_and_negative_numbers():
                              ("json", None), ("print_config", None), ("x", None)]
     assert values(args)["model.lr"] == "-1" and "after" not in values(args)
     assert config_files(args) == ["a.yaml", "b.yaml", "c.yaml"]
-    assert is_value("-.5") and not is_value("-1e-3") and not is_value("--x")  # argparse's own rule
+
+
+@pytest.mark.parametrize("arg", ["x", "-1", "-.5", "-1e-3", "-", "-a b", "-x", "--x", "--x=1"])
+def test_is_value_is_jsonargparses_rule(arg):
+    """Catches a value read here as the next option (or the other way round) where jsonargparse does otherwise."""
+    assert is_value(arg) == (_jsonargparse(["--run.name", arg]) == arg)
 
 
 @pytest.mark.parametrize("value", ["x", "-1", "--x", "-1e-3"])

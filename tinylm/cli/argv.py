@@ -9,9 +9,9 @@ jsonargparse parses with Python's argparse; its rules, which this reading follow
   (``--run.name x -c a.yaml``: a.yaml's run.name wins; ``-c a.yaml --run.name x``: x).
 - After ``--key``, the next argument is its value unless it looks like an option: it starts with ``-`` and is not
   ``-`` alone, a negative number (``-1``, ``-.5``) or text with a space in it. So ``--model.lr -1`` sets -1, while
-  ``--model.lr -1e-3`` and ``--run.name --x`` are refused ("expected one argument"): write ``--model.lr=-1e-3``,
-  ``--run.name=--x``. ``--help`` and a bare ``--print_config`` take no value; ``--`` ends the options (jsonargparse
-  refuses anything after it).
+  ``--run.name --x`` and (Python 3.11) ``--model.lr -1e-3`` are refused ("expected one argument"): write
+  ``--model.lr=-1e-3``, ``--run.name=--x``. ``--help`` and a bare ``--print_config`` take no value; ``--`` ends the
+  options (jsonargparse refuses anything after it).
 Not followed here (`settings` says so with None, and the check after the imports reads them): an abbreviated option
 (``--conf``, ``--run.na``: jsonargparse expands a unique prefix, with a deprecation warning) and a whole section
 given as one value (``--run '{name: x}'``).
@@ -19,6 +19,7 @@ given as one value (``--run '{name: x}'``).
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from typing import Any
 NO_VALUE = ("-h", "--help", "--print_config")
 """Options that never take the next argument (``--print_config=skip_null`` gives one with ``=``)."""
 
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's own (Python 3.11-3.12)
+# argparse's own, which may change with the Python (3.11's takes -1 and -.5, not -1e-3)
+_NEGATIVE_NUMBER = getattr(argparse.ArgumentParser(add_help=False), "_negative_number_matcher",
+                           re.compile(r"^-\d+$|^-\d*\.\d+$"))
 
 
 def is_value(arg: str) -> bool:
