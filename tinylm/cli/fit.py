@@ -19,6 +19,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
+from tinylm.cli.argv import options
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
@@ -49,15 +50,9 @@ def _named_options(argv: list, *, files: bool = True) -> set[str]:
     import yaml
 
     named: set[str] = set()
-    for i, arg in enumerate(argv):
-        if not isinstance(arg, str) or not arg.startswith("-"):
-            continue
-        key, _, value = arg.lstrip("-").partition("=")
-        key = "config" if key == "c" else key  # -c FILE, as --help lists it
+    for key, value in options([arg for arg in argv if isinstance(arg, str)]):
         named.add(key)
-        if not value and i + 1 < len(argv) and isinstance(argv[i + 1], str):
-            value = argv[i + 1]
-        if key in ("config", "data", "model", "trainer") and (files or key != "config"):
+        if value is not None and key in ("config", "data", "model", "trainer") and (files or key != "config"):
             text = value
             with contextlib.suppress(OSError, ValueError):  # a file's name, or the section itself as YAML/JSON
                 if Path(value).is_file():
