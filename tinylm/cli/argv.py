@@ -1,7 +1,7 @@
 """The command line read before jsonargparse parses it, the way jsonargparse will read it: the run folder of the
 early "in use" check (tinylm.cli.early), the run a resume with no --config comes from (run_folder.with_run_config),
-the ``true`` after a bare boolean flag (tinylm.cli.commands). Imports nothing heavy (the early check runs before
-torch and Lightning are imported).
+the --config files checked before parsing (main, commands), the options a fit names (fit), the ``true`` after a bare
+boolean flag (commands). Imports nothing heavy (the early check runs before torch and Lightning are imported).
 
 jsonargparse parses with Python's argparse; its rules, which this reading follows:
 - ``--key value`` and ``--key=value``; ``-c FILE``, ``-c=FILE``, ``-cFILE`` and ``--config=FILE`` name a config file;
