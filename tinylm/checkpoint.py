@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from tinylm.checkpoint_share import StepFiles
+from tinylm.checkpoint_share import StepFiles, one_name_left_writable
 from tinylm.errors import TinyLMError
 from tinylm.paths import fsync_folder, remove_path, swap_in
 
@@ -45,7 +45,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(f.fileno())
         # a file: one rename; a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces:
         # exchanged with it, then removed (at .tmp, or .old where the file system cannot exchange)
-        swap_in(tmp, path, aside=beside(path, ".old"))
+        with one_name_left_writable(path):
+            swap_in(tmp, path, aside=beside(path, ".old"))
     except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
         remove_path(tmp)
         raise
@@ -67,7 +68,8 @@ def remove_checkpoint(path: str | os.PathLike) -> None:
     if path.exists() or path.is_symlink():
         remove_path(old)
         os.replace(path, old)
-    remove_path(old)
+    with one_name_left_writable(old):  # the step's other name, when it was shared and is now alone
+        remove_path(old)
 
 
 def remove_leftovers(path: Path) -> None:

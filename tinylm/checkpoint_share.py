@@ -17,13 +17,17 @@ by a copy of it that shares its bytes:
 A symbolic link (Lightning's ``save_last="link"``) is not used: ``cp x last.ckpt`` writes through it into
 ``step-N.ckpt``, and removing the step's file leaves ``last.ckpt`` dangling. Only files this process wrote at this
 step, unchanged since, are ever replaced. FSDP2's checkpoints (folders) are written elsewhere and never shared.
+Where tinylm takes a name from a read-only hard-linked file (a later save over ``last.ckpt``, keep_checkpoints
+trimming ``step-N.ckpt``) and leaves it one name, that name is made writable again (`one_name_left_writable`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +159,43 @@ class StepFiles:
         self.files.update({p: _stat(p) for p in [*earlier, path]})
 
 
+@contextlib.contextmanager
+def one_name_left_writable(path: Path) -> Iterator[None]:
+    """Around a change that takes the name ``path`` from its file (a rename over it, a removal): where that file is
+    a read-only hard link (`_share`'s) and is left with one name, that name gets its write bits back (the umask's),
+    since a write into it changes no other checkpoint any more, and a read-only file is one that ``rm`` asks about
+    ("remove write-protected regular file?") and a user's own ``torch.save`` fails on. The file is held open through
+    the change (a name can be gone by then); a kill in between leaves it read-only, as before."""
+    try:
+        s = os.lstat(path)
+        shared = stat.S_ISREG(s.st_mode) and s.st_nlink > 1 and not s.st_mode & 0o222 and hasattr(os, "fchmod")
+        fd = os.open(path, os.O_RDONLY) if shared else None
+    except OSError:
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            try:
+                s = os.fstat(fd)
+                if s.st_nlink == 1:
+                    mask = os.umask(0o022)
+                    os.umask(mask)
+                    os.fchmod(fd, stat.S_IMODE(s.st_mode) | (0o222 & ~mask))
+            except OSError:  # a file system that refuses: it stays read-only, as it was
+                pass
+            finally:
+                os.close(fd)
+
+
 def _share(path: Path, name: Path, method: str) -> str:
     """Replace ``name`` by a copy of ``path`` that shares its bytes, atomically (through ``<name>.tmp``, which a
     later save removes if a kill leaves it); the method that worked."""
     tmp = name.with_name(name.name + ".tmp")
     tmp.unlink(missing_ok=True)
     if method == "reflink" and clone_file(path, tmp):
-        os.replace(tmp, name)
+        with one_name_left_writable(name):
+            os.replace(tmp, name)
         return method
     if method in ("reflink", "link") and hard_links_are_safe():
         mode = path.stat().st_mode
@@ -171,6 +205,7 @@ def _share(path: Path, name: Path, method: str) -> str:
         except OSError:  # a filesystem without hard links (FAT, some network shares): copies, as they were
             path.chmod(mode)
             return "copy"
-        os.replace(tmp, name)
+        with one_name_left_writable(name):
+            os.replace(tmp, name)
         return "link"
     return "copy"
