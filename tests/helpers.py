@@ -1,7 +1,8 @@
 """Helpers shared by test files of several folders: a run's logged rows, a command's one error line, and the
-KV cache's logits against the uncached model's."""
+KV cache's logits against the uncached model's, and whether a file system swaps two paths in one step."""
 
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,18 @@ def assert_cached_logits_equal_uncached(model, ids: "torch.Tensor", steps: int =
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
             ids = torch.cat([ids, a.argmax(-1, keepdim=True)], dim=1)
     assert ids.size(1) > model.config.block_size
+
+
+def exchanges(folder: Path) -> bool:
+    """Whether the file system of ``folder`` swaps a folder and a file in one step (tinylm.paths.exchange: what a
+    save over a checkpoint of the other form does; Linux's local file systems do): then no save leaves a checkpoint's
+    name empty, even for an instant."""
+    from tinylm.paths import exchange
+
+    probe = folder / "exchange-probe"
+    (probe / "folder").mkdir(parents=True)
+    (probe / "file").touch()
+    try:
+        return exchange(probe / "folder", probe / "file")
+    finally:
+        shutil.rmtree(probe)

@@ -116,3 +116,35 @@ def test_on_a_filesystem_with_reflinks_each_name_is_a_writable_file_of_its_own(t
     assert all(f.read_bytes() == files[2].read_bytes() for f in files)
     files[2].write_bytes(b"not a checkpoint")
     assert load_checkpoint(files[0])["global_step"] == 4
+
+
+@pytest.mark.parametrize("memcmp", ["C library", "none"])
+def test_states_are_compared_bit_for_bit(monkeypatch, memcmp):
+    """Catches the comparison that decides sharing (a memcmp of the tensors' bytes) calling different states the same
+    (0.0 and -0.0, a difference in the last bf16 element only, a slice read from the start of its storage) or the
+    same state different (NaNs, a strided view of the same values), with or without the C library's memcmp."""
+    if memcmp == "none":
+        monkeypatch.setattr(share, "_MEMCMP", None)
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    nan = torch.tensor([float("nan"), 1.0])
+    bf16 = torch.ones(1000, dtype=torch.bfloat16)
+    changed = bf16.clone()
+    changed[-1] = 2.0
+    assert share.same_bits(nan, nan.clone()) and share.same_bits(t.t(), t.t().contiguous())
+    assert share.same_bits(t[1:], t.clone()[1:]) and share.same_bits(torch.empty(0), torch.empty(0))
+    assert not share.same_bits(torch.tensor(0.0), torch.tensor(-0.0))
+    assert not share.same_bits(bf16, changed) and not share.same_bits(t[1:], t[:2])
+
+
+def test_a_shared_file_left_with_one_name_by_tinylm_is_writable_again(tmp_path, non_root):
+    """Catches a checkpoint staying read-only once it shares its bytes with no other name (`rm best.ckpt` then asks
+    "remove write-protected regular file?", a user's own torch.save into it fails): a later save over last.ckpt
+    leaves step-4 and best shared (still read-only); keep_checkpoints trimming step-4 leaves best alone, writable."""
+    from tinylm.checkpoint import remove_checkpoint
+
+    best, step, last = _save_a_step(tmp_path)
+    AtomicCheckpointIO().save_checkpoint(_ckpt(6, 2.0, ["last.ckpt"]), last)
+    assert best.stat().st_nlink == 2 and not best.stat().st_mode & 0o222
+    remove_checkpoint(step)
+    assert best.stat().st_nlink == 1 and best.stat().st_mode & 0o200
+    assert load_checkpoint(best)["global_step"] == 4 and last.stat().st_mode & 0o200

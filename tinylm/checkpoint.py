@@ -14,7 +14,6 @@ import io
 import os
 import pickle
 import re
-import shutil
 import zipfile
 from dataclasses import fields
 from pathlib import Path
@@ -23,8 +22,9 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from tinylm.checkpoint_share import StepFiles
+from tinylm.checkpoint_share import StepFiles, one_name_left_writable
 from tinylm.errors import TinyLMError
+from tinylm.paths import fsync_folder, remove_path, swap_in
 
 
 class CheckpointError(TinyLMError, ValueError):
@@ -36,46 +36,29 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    if tmp.is_dir():  # a killed sharded save's (FSDP2's folder), which open() cannot replace
+        remove_path(tmp)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if path.is_dir():  # a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces
-            remove_path(beside(path, ".old"))  # left by a killed save: the rename aside would fail on it
-            os.replace(path, beside(path, ".old"))
-        os.replace(tmp, path)
+        # a file: one rename; a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces:
+        # exchanged with it, then removed (at .tmp, or .old where the file system cannot exchange)
+        with one_name_left_writable(path):
+            swap_in(tmp, path, aside=beside(path, ".old"))
     except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
-        tmp.unlink(missing_ok=True)
+        remove_path(tmp)
         raise
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
         # one writer per folder: rank zero, one at a time; FSDP2's leave folders (.old: the one replaced)
         remove_leftovers(path)
-    _fsync_folder(path.parent)  # make the rename itself durable
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # some filesystems (and Windows) cannot fsync a directory
-        pass
+        fsync_folder(path.parent)  # the removals too
 
 
 def beside(path: Path, suffix: str) -> Path:
     """``path`` with ``suffix`` added to its name (``last.ckpt`` -> ``last.ckpt.tmp``)."""
     return path.with_name(path.name + suffix)
-
-
-def remove_path(path: Path) -> None:
-    """Delete a file or a folder (a sharded checkpoint); nothing if it is not there."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
@@ -85,7 +68,8 @@ def remove_checkpoint(path: str | os.PathLike) -> None:
     if path.exists() or path.is_symlink():
         remove_path(old)
         os.replace(path, old)
-    remove_path(old)
+    with one_name_left_writable(old):  # the step's other name, when it was shared and is now alone
+        remove_path(old)
 
 
 def remove_leftovers(path: Path) -> None:
@@ -288,7 +272,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, buffer.getvalue())
         self._step_files.written(path, earlier)
         if earlier:
-            _fsync_folder(path.parent)
+            fsync_folder(path.parent)
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

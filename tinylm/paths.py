@@ -87,33 +87,70 @@ def missing_path(path: str | Path) -> str:
 
 
 def swap_in_folder(new: Path, target: Path, *, event: str) -> None:
-    """Put the folder ``new`` (written whole, beside ``target`` in the same parent) in place of ``target`` so that at
-    every instant ``target`` is either the earlier folder or the new one, whole: one atomic exchange of the two
-    (Linux's renameat2 RENAME_EXCHANGE), then the earlier one, now at ``new``, is removed. ``target`` missing or
-    empty: one rename. Where the file system cannot exchange, ``target`` is renamed aside, ``new`` into its place,
-    and the earlier one removed: a kill in between leaves it aside, as ``.NAME.tinylm-swap.old``.
-
-    ``new`` takes ``target``'s permissions. ``sys.audit(event, new, target)`` is raised just before the swap (the point
-    a kill test stops the process at)."""
+    """Put the folder ``new`` (written whole, beside ``target`` in the same parent) in place of ``target`` by
+    `swap_in`, a kill leaving an earlier folder aside as ``.NAME.tinylm-swap.old``. ``new`` takes ``target``'s
+    permissions."""
     if target.is_dir() and not target.is_symlink():
         os.chmod(new, stat.S_IMODE(target.stat().st_mode))
-    sys.audit(event, str(new), str(target))
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        os.rename(new, target)  # a rename replaces an empty folder at once
-        return
-    if _exchange(new, target):
-        shutil.rmtree(new)  # the earlier folder, now aside
-        return
-    aside = target.parent / f".{target.name}{ASIDE}"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.rename(target, aside)
-    os.rename(new, target)
-    shutil.rmtree(aside)
+    swap_in(new, target, aside=target.parent / f".{target.name}{ASIDE}", event=event)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one step (renameat2 RENAME_EXCHANGE); False where the system or file system has no such
-    call (macOS, older kernels, some network file systems)."""
+def swap_in(new: Path, target: Path, *, aside: Path, event: str | None = None) -> None:
+    """Put ``new`` (a file or a folder, written whole in ``target``'s folder) in place of ``target`` (a file, a
+    folder, a link or nothing) so that at every instant ``target`` is the earlier one or the new one, whole:
+
+    - nothing there, an empty folder that a folder replaces, or a file that a file replaces: one rename;
+    - else one atomic exchange of the two (Linux's renameat2 RENAME_EXCHANGE, which swaps a folder and a file too),
+      then the earlier one, now at ``new``, removed: a kill mid-removal leaves part of it under ``new``'s name, for
+      the caller's next write to clear;
+    - where the file system cannot exchange, ``target`` renamed to ``aside``, ``new`` into its place and ``aside``
+      removed: a kill between the two renames leaves no ``target``, the earlier one whole at ``aside``.
+
+    The renames are flushed to disk before the earlier one is removed. ``sys.audit(event, new, target)`` is raised
+    just before the swap (the point a kill test stops the process at)."""
+    if event:
+        sys.audit(event, str(new), str(target))
+    if not os.path.lexists(target) or (not new.is_dir() and not target.is_dir()) or \
+            (new.is_dir() and target.is_dir() and not target.is_symlink() and not any(target.iterdir())):
+        os.replace(new, target)  # atomic: a rename replaces a file, or an empty folder, at once
+        fsync_folder(target.parent)
+        return
+    if exchange(new, target):
+        earlier = new
+    else:
+        if os.path.lexists(aside):  # left by a killed swap
+            remove_path(aside)
+        os.rename(target, aside)
+        os.rename(new, target)
+        earlier = aside
+    fsync_folder(target.parent)
+    remove_path(earlier)
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a folder; nothing if it is not there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush ``folder`` itself to disk: the renames in it become durable."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # some filesystems (and Windows) cannot fsync a directory
+        pass
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (renameat2 RENAME_EXCHANGE; a file and a folder too); False where the system or
+    file system has no such call (macOS, older kernels, some network file systems). Raises the audit event
+    ``tinylm.exchange`` (a, b) just before the call."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -121,6 +158,7 @@ def _exchange(a: Path, b: Path) -> bool:
     except (AttributeError, OSError):  # a C library without it (glibc < 2.28, musl)
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    sys.audit("tinylm.exchange", str(a), str(b))  # a call through ctypes raises no audit event of its own
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True

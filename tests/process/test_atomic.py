@@ -227,6 +227,44 @@ def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-200.ckpt"]
 
 
+@pytest.mark.parametrize("can_exchange", [True, False], ids=["exchange", "two renames"])
+def test_a_file_saved_over_a_sharded_checkpoint_never_leaves_its_name_empty(tmp_path, monkeypatch, can_exchange):
+    """Catches a save by one device or DDP over FSDP2's last.ckpt folder (a resume on another strategy) renaming the
+    folder aside before the file took its place: a kill in between left no last.ckpt, and `--ckpt_path last` went
+    back to an older step-N. Before each change the save makes to the folder (Python's audit events, the exchange
+    among them) last.ckpt is whole, the folder or the file; a folder a killed sharded save left at last.ckpt.tmp
+    does not stop the save (open() cannot replace a folder); where the file system cannot exchange (two renames)
+    the save still succeeds, leaving nothing beside it."""
+    from helpers import exchanges
+
+    import tinylm.paths
+    from tinylm.checkpoint import atomic_write_bytes
+
+    if can_exchange and not exchanges(tmp_path):
+        pytest.skip("this file system cannot exchange two paths (renameat2 RENAME_EXCHANGE)")
+    if not can_exchange:
+        monkeypatch.setattr(tinylm.paths, "exchange", lambda a, b: False)
+    last = tmp_path / "last.ckpt"
+    for folder in (last, tmp_path / "last.ckpt.tmp"):  # FSDP2's checkpoint, and a killed save's
+        folder.mkdir()
+        (folder / "meta.pt").write_bytes(b"earlier")
+    seen, watching = [], [True]
+
+    def hook(event, args):  # (an audit hook stays for the process's life: it watches during the save only)
+        if watching[0] and event in ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.exchange"):
+            seen.append((event, last.is_file() or (last / "meta.pt").is_file()))
+
+    sys.addaudithook(hook)
+    try:
+        atomic_write_bytes(last, b"new")
+    finally:
+        watching[0] = False
+    assert last.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    assert ("tinylm.exchange", True) in seen if can_exchange else ("os.rename", True) in seen
+    if can_exchange:
+        assert all(whole for _, whole in seen), seen
+
+
 def test_checkpoint_with_unreadable_tokenizer_names_the_checkpoint(tmp_path):
     """Prevents a checkpoint whose tokenizer state this tinylm cannot rebuild (another version, an edit) from
     failing with "tokenizer state has version 99" and no word of which file."""

@@ -25,7 +25,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
-from tinylm.checkpoint import beside, remove_checkpoint, remove_leftovers, remove_path
+from tinylm.checkpoint import beside, remove_checkpoint, remove_leftovers
+from tinylm.paths import swap_in
 
 FSDP2_NAMES = ("fsdp", "fsdp2")
 """The --trainer.strategy names that mean FSDP2 (a Lightning user types `fsdp`)."""
@@ -75,10 +76,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """A DCP folder written as ``<name>.tmp`` and renamed into place: a kill mid-save leaves the previous
-        checkpoint whole, or (between the two renames, the previous one set aside as ``<name>.old``) none by that
-        name, never half of one. What an earlier killed save or removal left goes first (a ``.old`` left there
-        would make the rename aside fail)."""
+        """A DCP folder written as ``<name>.tmp``, flushed, then swapped into place by `tinylm.paths.swap_in`: one
+        atomic exchange with the previous checkpoint (a folder, or the file one device or DDP wrote), which is then
+        removed from ``<name>.tmp``. A kill at any point leaves the previous checkpoint or the new one, whole, under
+        ``<name>`` (where the file system cannot exchange: two renames, the previous one set aside as ``<name>.old``
+        in between, when there is none by that name). What an earlier killed save or removal left goes first."""
         path = Path(self.broadcast(str(filepath)))
         tmp = beside(path, ".tmp")
         if self.is_global_zero:
@@ -88,12 +90,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.barrier()  # every rank's shard is written
         if self.is_global_zero:
             _fsync_tree(tmp)
-            old = beside(path, ".old")
-            if path.exists() or path.is_symlink():  # a folder, or the file one device or DDP wrote
-                os.replace(path, old)
-            os.replace(tmp, path)
-            _fsync_tree(path.parent, files=False)  # the renames themselves
-            remove_path(old)
+            swap_in(tmp, path, aside=beside(path, ".old"))
         self.barrier()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -138,10 +135,9 @@ def named_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
                              for saved in state["param_groups"]]}
 
 
-def _fsync_tree(folder: Path, *, files: bool = True) -> None:
-    """Flush a folder's files (``files``) and the folder itself to disk (what the rename then makes visible is
-    whole; a folder's own flush makes the renames in it durable)."""
-    for path in [*(folder.iterdir() if files else ()), folder]:
+def _fsync_tree(folder: Path) -> None:
+    """Flush a folder's files and the folder itself to disk: what the swap then makes visible is whole."""
+    for path in [*folder.iterdir(), folder]:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
