@@ -1,9 +1,10 @@
 """Checkpoint files: atomic writes and safe, clearly-failing reads.
 
 Lightning's own writer moves a temp file from ``$TMPDIR`` without fsync; a crash mid-move can leave a corrupt
-``last.ckpt`` and lose the previous good one. Here every save writes ``<path>.tmp`` beside
-the target, fsyncs it, then ``os.replace``s it: the old file stays whole until the new one is complete. A save
-that fails (disk full, Ctrl+C) removes its ``.tmp``; one killed outright (kill -9, a crash) leaves it, and the next
+``last.ckpt`` and lose the previous good one. Here every save streams torch.save into ``<path>.tmp`` beside
+the target (a checkpoint is never held whole in memory), fsyncs it, then ``os.replace``s it: the old file stays
+whole until the new one is complete. A save that fails (disk full, Ctrl+C) removes its ``.tmp`` and raises its own
+error (a full disk: an OSError naming the checkpoint); one killed outright (kill -9, a crash) leaves it, and the next
 successful save into that folder removes it.
 Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
 """
@@ -15,9 +16,10 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -33,27 +35,64 @@ class CheckpointError(TinyLMError, ValueError):
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see either the old file or the new one, never a mix."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Write the file ``path`` by ``write(f)`` so that readers see either the old file or the new one, never a mix:
+    ``f`` is ``<path>.tmp`` beside it (buffered), flushed and fsynced, then swapped in. What ``write`` streams goes
+    to the disk as it comes (``torch.save`` of a 1.5 GB checkpoint is never held whole in memory). A write that
+    fails removes the ``.tmp`` and raises its own error: an OSError (a full disk) naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.is_dir():  # a killed sharded save's (FSDP2's folder), which open() cannot replace
-        remove_path(tmp)
+    tmp = beside(path, ".tmp")
+    # a killed save's: a folder (FSDP2's) that open() cannot replace, or a read-only hard link of the step's
+    # sharing (checkpoint_share._share) that opening it for writing would truncate for its other name too
+    remove_path(tmp)
+    out = None
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb", buffering=_BUFFER) as f:
+            out = _Recorded(f)
+            write(out)
             f.flush()
             os.fsync(f.fileno())
         # a file: one rename; a sharded checkpoint (FSDP2's folder) that a resume on one device or DDP replaces:
         # exchanged with it, then removed (at .tmp, or .old where the file system cannot exchange)
         with one_name_left_writable(path):
             swap_in(tmp, path, aside=beside(path, ".old"))
-    except BaseException:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
+    except BaseException as e:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
         remove_path(tmp)
+        cause = out.error if out is not None and out.error is not None else e
+        if isinstance(cause, OSError) and cause.errno and not cause.filename:  # a write's: which file it was
+            raise OSError(cause.errno, cause.strerror, str(path)) from None
+        if cause is not e:  # torch's zip writer reports a failed write as "unexpected pos": the write's own error
+            raise cause from None
         raise
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites
         # one writer per folder: rank zero, one at a time; FSDP2's leave folders (.old: the one replaced)
         remove_leftovers(path)
         fsync_folder(path.parent)  # the removals too
+
+
+_BUFFER = 1 << 20  # the small writes between torch.save's tensors (zip headers, padding) go out in 1 MiB pieces
+
+
+class _Recorded:
+    """A file whose ``write`` remembers the error it raised: torch.save, writing through it, goes on to close its
+    zip archive and replaces that error (ENOSPC, a KeyboardInterrupt) by a RuntimeError of its own."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def beside(path: Path, suffix: str) -> Path:
@@ -267,9 +306,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
         path = Path(path)
         earlier = self._step_files.earlier(checkpoint, path, lambda p: load_checkpoint(p, mmap=True))
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        atomic_write_bytes(path, buffer.getvalue())
+        atomic_write(path, lambda f: torch.save(checkpoint, f))  # streamed into <path>.tmp, never whole in memory
         self._step_files.written(path, earlier)
         if earlier:
             fsync_folder(path.parent)
