@@ -227,6 +227,32 @@ def test_failed_save_leaves_no_temp_file_for_long(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-200.ckpt"]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="file size limits are POSIX's")
+def test_a_save_failing_mid_write_keeps_the_previous_checkpoint_and_names_the_file(tmp_path):
+    """Catches a save streamed into its .tmp that fails part-way (a full disk; here a file size limit, the same
+    OSError from the same write) leaving the .tmp behind, touching the previous checkpoint, or surfacing as torch's
+    "unexpected pos" RuntimeError (its zip writer's, as it closes the archive after the failed write) instead of the
+    write's own error naming the checkpoint."""
+    import errno
+    import resource
+
+    path, io = tmp_path / "last.ckpt", AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.zeros(10)}, "tinylm": {"format": 1, "version": 0}}, path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(OSError) as e:  # 4 MB: the limit falls inside the tensor's bytes
+            io.save_checkpoint({"state_dict": {"w": torch.ones(1_000_000)}, "tinylm": {"format": 1, "version": 1}},
+                               path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert e.value.errno == errno.EFBIG and e.value.filename == str(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    assert load_checkpoint(path)["tinylm"]["version"] == 0
+
+
 @pytest.mark.parametrize("can_exchange", [True, False], ids=["exchange", "two renames"])
 def test_a_file_saved_over_a_sharded_checkpoint_never_leaves_its_name_empty(tmp_path, monkeypatch, can_exchange):
     """Catches a save by one device or DDP over FSDP2's last.ckpt folder (a resume on another strategy) renaming the
