@@ -206,8 +206,11 @@ def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path
     assert f"holds a run: the data it read, from its config.yaml: data.corpus={corpus!r} (not {gone!r})" in caplog.text
     out = capsys.readouterr().out
     assert "steepest descent" in out
-    # its next command names a new run beside the one there (a fresh fit into runs/tiny would be refused)
-    assert re.search(r"next:\n  tinylm fit --config \S+ --run.name tiny-lr\de-\d\d --model.lr ", out), out
+    # its next command names a new run beside the one there (a fresh fit into runs/tiny would be refused), reading
+    # the data lr-find read: without the flag, the pasted command read the config's corpus (gone; offline: no
+    # download) and failed
+    assert re.search(rf"next:\n  tinylm fit --config \S+ --data.corpus {re.escape(corpus)} --run.name tiny-lr\de-\d\d "
+                     "--model.lr ", out), out
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's, made once
     with pytest.raises(SystemExit):  # a flag is the user's word: the gone file is read, and refused
         main(["lr-find", "--config", str(cfg), "--num_training", "4", "--data.corpus", gone])

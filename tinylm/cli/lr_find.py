@@ -63,7 +63,9 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     lr = result.suggestion or result.rule_of_thumb
     # a run folder that already holds a run refuses a fresh fit: the command names a new run beside it
     name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
-    print(f"next:\n  tinylm fit {shlex.join([*fit_args, *name])} --model.lr {lr:.2e}")
+    # the data it read from that run (not from --config: a new run would read the config's) goes with it as flags
+    data = [a for k, v in cli.run_data.items() for a in (f"--data.{k}", v if isinstance(v, str) else json.dumps(v))]
+    print(f"next:\n  tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}")
     return summary
 
 
