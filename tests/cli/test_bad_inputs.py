@@ -51,6 +51,14 @@ def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
     _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
 
 
+def test_clipping_by_value_is_refused_before_the_run_starts(config, capsys):
+    """Catches --trainer.gradient_clip_algorithm value refused only at the first optimizer step, after the model,
+    the data and the run folder (config.yaml, csv/) were made."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.gradient_clip_algorithm", "value"],
+                    "gradient_clip_algorithm='value'", "'norm'")
+    assert not (config.parent / "runs").exists()
+
+
 def test_fit_without_a_config_says_to_pass_one(tmp_path, capsys, monkeypatch):
     """Catches `tinylm fit --data.corpus X` (no --config) blaming a value the user never typed (max_steps -1)."""
     monkeypatch.chdir(tmp_path)

@@ -34,6 +34,10 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
     _check_devices(trainer_cfg, runs)
+    clip = trainer_cfg.get("gradient_clip_algorithm")  # (TinyLM checks it again for library users, at step 1)
+    if clip is not None and str(getattr(clip, "value", clip)).lower() != "norm":
+        raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={clip!r}: leave it unset "
+                         "(or pass 'norm')")
     if trainer_cfg.get("barebones"):  # Lightning then refuses every logger, callback and checkpoint tinylm adds
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
