@@ -5,6 +5,7 @@ import shlex
 from pathlib import Path
 
 from tinylm.cli import main
+from tinylm.cli.summary import fit_summary
 
 
 def _summary(out: str) -> tuple[str, list[str]]:
@@ -34,6 +35,18 @@ def test_fit_ends_with_a_summary_whose_paths_exist_and_commands_run(run_config, 
     assert Path("runs/tiny/hf/config.json").is_file() and Path("runs/tiny/validate/metrics.csv").is_file()
     out = capsys.readouterr().out
     assert "next:\n  tinylm generate --ckpt_path runs/tiny/checkpoints/best.ckpt" in out  # validate's own
+
+
+def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
+    """Catches `tinylm fit --trainer.logger false` ending with `next: tinylm plot runs/NAME`, which fails when pasted
+    (no csv/metrics.csv to plot)."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").touch()
+    text = fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "tinylm export" in text and "tinylm plot" not in text, text
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,1,3.0\n")
+    assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
 
 
 def test_a_resumed_run_counts_its_own_steps(run_config, capsys):

@@ -19,11 +19,13 @@ def shown(path: Path | str) -> str:
 
 
 def next_commands(ckpt: Path, run_dir: Path) -> list[str]:
-    """generate, validate, plot and export for a checkpoint of the run in ``run_dir``."""
+    """generate, validate, plot (when the run logged metrics: not with --trainer.logger false) and export for a
+    checkpoint of the run in ``run_dir``."""
     c, r = shown(ckpt), shown(run_dir)
+    plot = [f"tinylm plot {r}"] if (run_dir / "csv" / "metrics.csv").is_file() else []
     return [f"tinylm generate --ckpt_path {c} --prompt 'ROMEO:'",
             f"tinylm validate --ckpt_path {c}",
-            f"tinylm plot {r}",
+            *plot,
             f"tinylm export --ckpt_path {c} --out {shown(run_dir / 'hf')}"]
 
 
