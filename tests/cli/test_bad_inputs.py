@@ -421,6 +421,18 @@ def test_an_empty_config_file_is_named(tmp_path, capsys, monkeypatch, text):
     _one_line_error(capsys, ["fit", "--config", "a.yaml"], "config file 'a.yaml' is a loop of symbolic links")
 
 
+@pytest.mark.parametrize(("text", "got"), [("trainer:\n  # max_steps: 9\n", "null"), ("model: 5\n", "5"),
+                                           ("data: [1]\n", "[1]")], ids=["commented-out", "number", "list"])
+def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch, text, got):
+    """Catches `trainer:` with its options commented out ending in "TypeError: 'NoneType' object is not iterable",
+    `data: [1]` in 'Key "data.block_size" not found in namespace' and `model: 5` going unnoticed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(text)
+    section = text.split(":")[0]
+    _one_line_error(capsys, ["fit", "--config", "bad.yaml"], f"config file 'bad.yaml': section {section}: must hold",
+                    f"got {got}")
+
+
 def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
     """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
     _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],

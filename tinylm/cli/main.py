@@ -7,6 +7,7 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -171,6 +172,9 @@ def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: boo
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 
+_SECTIONS = ("trainer", "model", "data", "run", "samples", "eval", "guard")  # tinylm fit's groups of options
+
+
 def check_config_files(args: list[str]) -> None:
     """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
@@ -203,3 +207,8 @@ def check_config_files(args: list[str]) -> None:
         if not isinstance(data, dict):
             raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
                              f"got a {type(data).__name__}")
+        for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
+            if key in _SECTIONS and not isinstance(value, dict):
+                raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
+                                 f"(e.g. `{key}:` then `  OPTION: VALUE`), got {json.dumps(value, default=str)}; "
+                                 "delete the line for no options")
