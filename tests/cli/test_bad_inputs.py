@@ -34,6 +34,11 @@ def config(run_config):
         (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
+        # Lightning ignored the stop at max_steps (no final validation, no best.ckpt) / stopped at step 0 saying
+        # last.ckpt was saved there
+        (["--trainer.min_steps", "3"], ["trainer.min_steps 3 is above trainer.max_steps 2", "leave min_steps out"]),
+        (["--trainer.max_time", "00:00:00:00"], ["trainer.max_time 00:00:00:00 is no time", "DD:HH:MM:SS"]),
+        (["--trainer.max_time", "{minutes: 0}"], ["trainer.max_time {'minutes': 0} is no time"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
         (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
