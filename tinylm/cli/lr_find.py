@@ -26,7 +26,6 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects, trainer_options
-    from tinylm.cli.run_folder import holds_run
     from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
     from tinylm.studies.lr_find import lr_find as range_test
@@ -60,13 +59,21 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
-    lr = result.suggestion or result.rule_of_thumb
+    print(f"next:\n  {_next_command(cli, fit_args, result.suggestion or result.rule_of_thumb)}")
+    return summary
+
+
+def _next_command(cli, fit_args: list[str], lr: float) -> str:
+    """The fit command at the suggested lr."""
+    import json
+
+    from tinylm.cli.run_folder import holds_run
+
     # a run folder that already holds a run refuses a fresh fit: the command names a new run beside it
     name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
     # the data it read from that run (not from --config: a new run would read the config's) goes with it as flags
     data = [a for k, v in cli.run_data.items() for a in (f"--data.{k}", v if isinstance(v, str) else json.dumps(v))]
-    print(f"next:\n  tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}")
-    return summary
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:
