@@ -34,6 +34,11 @@ def config(run_config):
         (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be in [1, 2**21]"]),
+        # Lightning ignored the stop at max_steps (no final validation, no best.ckpt) / stopped at step 0 saying
+        # last.ckpt was saved there
+        (["--trainer.min_steps", "3"], ["trainer.min_steps 3 is above trainer.max_steps 2", "leave min_steps out"]),
+        (["--trainer.max_time", "00:00:00:00"], ["trainer.max_time 00:00:00:00 is no time", "DD:HH:MM:SS"]),
+        (["--trainer.max_time", "{minutes: 0}"], ["trainer.max_time {'minutes': 0} is no time"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
         (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
@@ -49,6 +54,14 @@ def config(run_config):
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
     """Catches a user mistake ending in a deep traceback instead of a message that names the value and the fix."""
     _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
+
+
+def test_clipping_by_value_is_refused_before_the_run_starts(config, capsys):
+    """Catches --trainer.gradient_clip_algorithm value refused only at the first optimizer step, after the model,
+    the data and the run folder (config.yaml, csv/) were made."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.gradient_clip_algorithm", "value"],
+                    "gradient_clip_algorithm='value'", "'norm'")
+    assert not (config.parent / "runs").exists()
 
 
 def test_fit_without_a_config_says_to_pass_one(tmp_path, capsys, monkeypatch):
@@ -411,6 +424,18 @@ def test_an_empty_config_file_is_named(tmp_path, capsys, monkeypatch, text):
     (tmp_path / "a.yaml").symlink_to("b.yaml")
     (tmp_path / "b.yaml").symlink_to("a.yaml")
     _one_line_error(capsys, ["fit", "--config", "a.yaml"], "config file 'a.yaml' is a loop of symbolic links")
+
+
+@pytest.mark.parametrize(("text", "got"), [("trainer:\n  # max_steps: 9\n", "null"), ("model: 5\n", "5"),
+                                           ("data: [1]\n", "[1]")], ids=["commented-out", "number", "list"])
+def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch, text, got):
+    """Catches `trainer:` with its options commented out ending in "TypeError: 'NoneType' object is not iterable",
+    `data: [1]` in 'Key "data.block_size" not found in namespace' and `model: 5` going unnoticed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(text)
+    section = text.split(":")[0]
+    _one_line_error(capsys, ["fit", "--config", "bad.yaml"], f"config file 'bad.yaml': section {section}: must hold",
+                    f"got {got}")
 
 
 def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):

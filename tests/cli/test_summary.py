@@ -5,6 +5,7 @@ import shlex
 from pathlib import Path
 
 from tinylm.cli import main
+from tinylm.cli.summary import example_prompt, fit_summary, next_commands
 
 
 def _summary(out: str) -> tuple[str, list[str]]:
@@ -34,6 +35,29 @@ def test_fit_ends_with_a_summary_whose_paths_exist_and_commands_run(run_config, 
     assert Path("runs/tiny/hf/config.json").is_file() and Path("runs/tiny/validate/metrics.csv").is_file()
     out = capsys.readouterr().out
     assert "next:\n  tinylm generate --ckpt_path runs/tiny/checkpoints/best.ckpt" in out  # validate's own
+
+
+def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
+    """Catches `tinylm fit --trainer.logger false` ending with `next: tinylm plot runs/NAME`, which fails when pasted
+    (no csv/metrics.csv to plot)."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").touch()
+    text = fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "tinylm export" in text and "tinylm plot" not in text, text
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,1,3.0\n")
+    assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
+
+
+def test_the_next_generate_prompt_is_one_the_runs_tokenizer_encodes():
+    """Catches `next: tinylm generate ... --prompt 'ROMEO:'` failing when pasted after a char-level run on a corpus
+    without those letters ("character 'R' is not in the char tokenizer's vocabulary")."""
+    from tinylm.tokenize.tokenizer import build_tokenizer
+
+    assert example_prompt(build_tokenizer("char", documents=lambda: ["ROMEO: hi"])) == "ROMEO:"
+    assert example_prompt(build_tokenizer("char", documents=lambda: ["the cat\nsat"])) == ""  # a newline starts it
+    assert example_prompt(build_tokenizer("char", documents=lambda: ["the\tcat"])) == "\\t"  # its first character
+    assert next_commands(Path("best.ckpt"), Path("."), "\\t")[0].endswith("--prompt '\\t'")
 
 
 def test_a_resumed_run_counts_its_own_steps(run_config, capsys):

@@ -7,6 +7,7 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -127,10 +128,10 @@ def _run(command: str, rest: list[str], program: bool) -> None:
         with signals.terminate_cleanly(command, program, rest):
             cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
-            from tinylm.cli.summary import validate_next
+            from tinylm.cli.summary import example_prompt, validate_next
 
             print(console.format_validate(cli.validate_result, cli.validate_csv))
-            print(validate_next(Path(cli.validate_result["checkpoint"])))
+            print(validate_next(Path(cli.validate_result["checkpoint"]), example_prompt(cli.datamodule.tokenizer)))
         if command == "fit" and not ranks.rank():
             print(_fit_summary(cli, time.perf_counter() - started))
     else:
@@ -141,12 +142,12 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
 
 def _fit_summary(cli, seconds: float) -> str:
-    from tinylm.cli.summary import fit_summary
+    from tinylm.cli.summary import example_prompt, fit_summary
 
     trainer, data = cli.trainer, cli.datamodule
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
     return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
-                       tokens_per_step=tokens, seconds=seconds)
+                       tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer))
 
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:
@@ -169,6 +170,9 @@ def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: boo
         sys.stderr.write(errors.error_line(command, errors.one_line(e), rest, rank))
         sys.stderr.flush()
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
+
+
+_SECTIONS = ("trainer", "model", "data", "run", "samples", "eval", "guard")  # tinylm fit's groups of options
 
 
 def check_config_files(args: list[str]) -> None:
@@ -202,3 +206,8 @@ def check_config_files(args: list[str]) -> None:
         if not isinstance(data, dict):
             raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
                              f"got a {type(data).__name__}")
+        for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
+            if key in _SECTIONS and not isinstance(value, dict):
+                raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
+                                 f"(e.g. `{key}:` then `  OPTION: VALUE`), got {json.dumps(value, default=str)}; "
+                                 "delete the line for no options")

@@ -18,12 +18,32 @@ def shown(path: Path | str) -> str:
     return shlex.quote(str(path))
 
 
-def next_commands(ckpt: Path, run_dir: Path) -> list[str]:
-    """generate, validate, plot and export for a checkpoint of the run in ``run_dir``."""
+def example_prompt(tokenizer) -> str:
+    """A prompt for the next `tinylm generate` that the run's tokenizer encodes: 'ROMEO:', else the empty prompt
+    (the end-of-text token, or a newline), else the vocabulary's first character (a char tokenizer of a corpus
+    without those: 'ROMEO:' ended the pasted command in an error)."""
+    from tinylm.generate.report import default_prompt
+
+    for prompt in ("ROMEO:", ""):
+        try:
+            if prompt:
+                tokenizer.encode(prompt)
+            else:
+                default_prompt(tokenizer)
+            return prompt
+        except ValueError:
+            continue
+    return tokenizer.decode([0]).encode("unicode_escape").decode("ascii")  # (generate reads escapes: \t, \n)
+
+
+def next_commands(ckpt: Path, run_dir: Path, prompt: str = "ROMEO:") -> list[str]:
+    """generate, validate, plot (when the run logged metrics: not with --trainer.logger false) and export for a
+    checkpoint of the run in ``run_dir``."""
     c, r = shown(ckpt), shown(run_dir)
-    return [f"tinylm generate --ckpt_path {c} --prompt 'ROMEO:'",
+    plot = [f"tinylm plot {r}"] if (run_dir / "csv" / "metrics.csv").is_file() else []
+    return [f"tinylm generate --ckpt_path {c} --prompt {shlex.quote(prompt)}",
             f"tinylm validate --ckpt_path {c}",
-            f"tinylm plot {r}",
+            *plot,
             f"tinylm export --ckpt_path {c} --out {shown(run_dir / 'hf')}"]
 
 
@@ -45,7 +65,8 @@ def duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{seconds:.1f}s"
 
 
-def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float) -> str:
+def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float,
+                prompt: str = "ROMEO:") -> str:
     """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
     val/bpb (from the run's CSV), where best.ckpt and the metrics are, and the next commands."""
     done = steps - first_step
@@ -70,11 +91,11 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     ckpt = best_ckpt if best_ckpt.is_file() else last_ckpt if last_ckpt.is_file() else None
     if ckpt is not None:
         lines.append("next:")
-        lines += [f"  {c}" for c in next_commands(ckpt, run_dir)]
+        lines += [f"  {c}" for c in next_commands(ckpt, run_dir, prompt)]
     return "\n".join(lines)
 
 
-def validate_next(ckpt: Path) -> str:
+def validate_next(ckpt: Path, prompt: str = "ROMEO:") -> str:
     """After `tinylm validate`: what else to do with that checkpoint."""
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir) if " validate " not in c)
+    return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir, prompt) if " validate " not in c)

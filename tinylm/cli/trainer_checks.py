@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import warnings
+from datetime import timedelta
 from typing import Any
 
 from tinylm.train.parallel import check_strategy
@@ -34,6 +35,10 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
     _check_devices(trainer_cfg, runs)
+    clip = trainer_cfg.get("gradient_clip_algorithm")  # (TinyLM checks it again for library users, at step 1)
+    if clip is not None and str(getattr(clip, "value", clip)).lower() != "norm":
+        raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={clip!r}: leave it unset "
+                         "(or pass 'norm')")
     if trainer_cfg.get("barebones"):  # Lightning then refuses every logger, callback and checkpoint tinylm adds
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
@@ -59,8 +64,25 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+        _check_stops(trainer_cfg, max_steps)
         if runs:
             _check_how_it_runs(trainer_cfg)
+
+
+def _check_stops(trainer_cfg: dict[str, Any], max_steps: int) -> None:
+    """min_steps and max_time that contradict a run of max_steps: Lightning trained on with no word of it."""
+    min_steps = trainer_cfg.get("min_steps")
+    if isinstance(min_steps, int) and min_steps > max_steps:  # Lightning then ignores the final step's stop
+        raise ValueError(f"trainer.min_steps {min_steps} is above trainer.max_steps {max_steps}: the run ends at "
+                         "max_steps anyway, without its final validation and best.ckpt; leave min_steps out (or "
+                         "at most max_steps)")
+    max_time = trainer_cfg.get("max_time")
+    zero = (all(p.strip().isdigit() and int(p) == 0 for p in max_time.split(":")) if isinstance(max_time, str)
+            else isinstance(max_time, dict) and not any(max_time.values())
+            or isinstance(max_time, timedelta) and not max_time)
+    if zero:  # the run stopped at step 0 and said that last.ckpt was saved there (there was nothing to save)
+        raise ValueError(f"trainer.max_time {max_time} is no time: the run would stop before its first step; pass a "
+                         "positive time (DD:HH:MM:SS, e.g. 00:01:00:00) or leave it out")
 
 
 def check_accelerator(accelerator: Any) -> None:
