@@ -256,13 +256,31 @@ def ranks_to_text(ranks: dict[bytes, int]) -> str:
     return "\n".join(f"{base64.b64encode(t).decode('ascii')} {r}" for t, r in sorted(ranks.items(), key=lambda x: x[1]))
 
 
+class FormatError(ValueError):
+    """A file's content is not of the format it is read as, in tinylm's own words (kept whole where the error is
+    reported, unlike a library's parse error)."""
+
+
 def parse_ranks(text: str) -> dict[bytes, int]:
-    ranks = {}
+    """A `.tiktoken` rank file's `base64token rank` lines as {token bytes: rank}. Refused: a line of another form,
+    a rank given twice or a token given twice (a truncated or edited file: tiktoken panics on the first and silently
+    keeps one of the second)."""
+    ranks: dict[bytes, int] = {}
+    line_of: dict[int, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
-            except ValueError as e:
-                raise ValueError(f"line {n} of the tiktoken ranks is not 'base64token rank': {line[:80]!r}") from e
+        if not line.strip():
+            continue
+        try:
+            token, rank_text = line.split()
+            piece, rank = base64.b64decode(token, validate=True), int(rank_text)
+            if rank < 0:
+                raise ValueError(rank)
+        except ValueError as e:
+            raise FormatError(f"line {n} of the tiktoken ranks is not 'base64token rank': {line[:80]!r}") from e
+        if rank in line_of or piece in ranks:
+            first = line_of[rank] if rank in line_of else line_of[ranks[piece]]
+            what = f"rank {rank}" if rank in line_of else f"token {token}"
+            raise FormatError(f"line {n} of the tiktoken ranks repeats {what} of line {first} (a truncated or "
+                              "edited file?); each token and each rank comes once: use the whole original file")
+        ranks[piece], line_of[rank] = rank, n
     return ranks

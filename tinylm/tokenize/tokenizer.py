@@ -27,6 +27,7 @@ from tinylm.errors import UnavailableError
 from tinylm.tokenize.backends import (
     BACKENDS,
     CharBackend,
+    FormatError,
     HFBackend,
     ScratchBackend,
     TiktokenBackend,
@@ -178,9 +179,9 @@ class Tokenizer:
                 return cls.from_state_dict(data)
             if isinstance(data, dict) and all(isinstance(v, int) for v in data.values()):  # GPT-2's has "model": 19849
                 if (path.parent / "merges.txt").is_file():
-                    raise ValueError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
+                    raise FormatError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
                                      f"merges.txt, --data.tokenizer {path.parent}")
-                raise ValueError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
+                raise FormatError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
                                  "tokenizer as one tokenizer.json (tokenizers.Tokenizer.save, or "
                                  "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
             from tokenizers import Tokenizer as HFTokenizer
@@ -214,8 +215,10 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
     except PermissionError:
         raise  # a file that cannot be read is not a file of another kind: the CLI names the path and the fix
     except Exception as e:
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "
+        reason = (str(e).strip().splitlines() or [""])[0]
+        # tinylm's own reason whole; a library's (which can be a page long) cut, and named by its type
+        reason = reason if isinstance(e, FormatError) else f"{type(e).__name__}: {reason[:200]}"
+        raise ValueError(f"{path} is not {expected} ({reason}); --data.tokenizer takes "
                          f"{VALID_SPECS}") from e
 
 
@@ -332,7 +335,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
             ranks_text = ranks_to_text(parse_ranks(path.read_text(encoding="utf-8")))
             ranks = [int(line.rsplit(" ", 1)[1]) for line in ranks_text.splitlines()]
             if len(ranks) < 256:
-                raise ValueError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
+                raise FormatError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
             # after the highest rank: a file whose ranks have gaps would otherwise give EOS the id of a real token
             return Tokenizer(TiktokenBackend(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
     if target not in tiktoken.list_encoding_names():
