@@ -390,8 +390,12 @@ def test_tokenizer_json_without_an_unknown_token_names_text_it_cannot_encode(tmp
     assert tok.encode("ab ba") == [0, 1, 2, 1, 0]  # text it covers encodes (not vacuous)
     assert cuts_exactly(tok) is False  # its probe holds other characters: documents are encoded whole
     for encode in (tok.encode, lambda text: tok.encode_batch([text])):
-        with pytest.raises(ValueError, match=r"cannot encode 'abc'.*no unknown token.*--data.tokenizer bpe"):
+        with pytest.raises(ValueError, match=r"cannot encode 'c' \(character 2 of the text, in 'abc'\).*no unknown "
+                                             r"token.*--data.tokenizer bpe"):
             encode("abc")
+    # the character is named where it is, not the start of a long document (which named text it could encode)
+    with pytest.raises(ValueError, match=r"cannot encode '€' \(character 400 of the text, in 'a{30}€ab'\)"):
+        tok.encode_batch(["ab", "a" * 400 + "€ab"])
 
 
 def test_a_cached_tokenizer_whose_eos_collides_is_refused(tmp_path):

@@ -8,6 +8,7 @@ import base64
 import functools
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 
@@ -26,7 +27,7 @@ class HFBackend:
         except Exception as e:
             if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
                 raise
-            raise _uncovered(e, [text]) from None
+            raise _uncovered(e, [text], self._encodes) from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch runs on all cores (Rust threads); the _fast variant skips offsets we never use
@@ -36,7 +37,14 @@ class HFBackend:
         except Exception as e:
             if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
                 raise
-            raise _uncovered(e, texts) from None
+            raise _uncovered(e, texts, self._encodes) from None
+
+    def _encodes(self, text: str) -> bool:
+        try:
+            self.tok.encode(text, add_special_tokens=False)
+        except Exception:
+            return False
+        return True
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
@@ -241,12 +249,19 @@ class ScratchBackend:
 BACKENDS = {b.kind: b for b in (HFBackend, TiktokenBackend, CharBackend, ScratchBackend)}
 
 
-
-def _uncovered(e: Exception, texts: list[str]) -> ValueError:
+def _uncovered(e: Exception, texts: list[str], encodes: Callable[[str], bool]) -> ValueError:
     """The tokenizers library's error for text its vocabulary cannot encode (a WordLevel with no unknown token:
-    "WordLevel error: Missing [UNK] token from the vocabulary") as a ValueError naming the text and the fix."""
-    text = texts[0] if len(texts) == 1 else "a batch of texts"
-    return ValueError(f"the tokenizer cannot encode {text[:60]!r} ({e}): its vocabulary has no token for some of the "
+    "WordLevel error: Missing [UNK] token from the vocabulary") as a ValueError naming the text and the fix: the
+    first character that cannot be encoded alone, with the text around it (the start of a long document named
+    nothing the user could find), else the start of the text."""
+    text = next((t for t in texts if not encodes(t)), texts[0] if texts else "")
+    bad = next((c for c in dict.fromkeys(text) if not encodes(c)), None)
+    if bad is None:
+        what = repr(text[:60])
+    else:
+        at = text.index(bad)
+        what = f"{bad!r} (character {at:,} of the text, in {text[max(0, at - 30):at + 30]!r})"
+    return ValueError(f"the tokenizer cannot encode {what} ({e}): its vocabulary has no token for some of the "
                       "text and no unknown token to stand for it; use a tokenizer that covers the text "
                       "(--data.tokenizer bpe reads any text), or remove that text")
 
