@@ -122,6 +122,8 @@ def test_bad_weights_name_the_fix(two_corpora, tmp_path):
         _dm(tmp_path, two_corpora, weights=[1, 1, 1])
     with pytest.raises(ValueError, match=r"positive finite"):
         _dm(tmp_path, two_corpora, weights=[1, 0])
+    with pytest.raises(ValueError, match=r"data.weights sum to more than the largest float .*e.g. \[1, 3\]"):
+        _dm(tmp_path, two_corpora, weights=[1e308, 1e308])  # each finite: the shares were NaN (mixture 0.000, 0.000)
     with pytest.raises(ValueError, match=r"empty list"):
         _dm(tmp_path, [])
 

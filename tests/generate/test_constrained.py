@@ -103,6 +103,10 @@ def test_the_grammar_wins_over_a_ban_that_removes_every_allowed_token(char_tok):
     ({"regex": "ü+"}, r"the regex 'ü\+' needs text this char tokenizer \(\d+ ids\) cannot write"),
     ({"regex": "a", "grammar": "start: \"a\""}, "regex and grammar both constrain the text"),
     ({"regex": "a", "prompt_lookup": 2}, "speculative decoding does not take a grammar"),
+    # a char vocabulary has no EOS: a regex of only "" left no id to take (a NaN traceback from torch.multinomial)
+    ({"regex": "a{0}"}, r"the regex 'a\{0\}' matches only the empty text: there is nothing to generate"),
+    ({"regex": r"[^\x00-\x{10FFFF}]"}, r"the regex .* matches no text at all; use one that matches some text"),
+    ({"grammar": 'start: ""'}, r"the grammar 'start: \"\"' matches only the empty text"),
 ])
 def test_bad_grammars_are_one_line(char_tok, kwargs, message):
     """Catches an invalid regex/schema/grammar, or one the tokenizer cannot write (ü is not in the char vocabulary),

@@ -91,15 +91,15 @@ def _tokenizers(small_data: Path) -> dict:
     docs = _texts(small_data)[:2]
     cl100k_like = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
                    r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
+    from tinylm.tokenize.backends import ScratchBackend
     from tinylm.tokenize.bpe import ByteLevelBPE
-    from tinylm.tokenize.tokenizer import _Scratch
 
     return {
         "char": lambda: build_tokenizer("char", documents=lambda: docs + ["  \t\n"]),
         "bpe": lambda: build_tokenizer("bpe", vocab_size=400, documents=lambda: docs),
         "scratch-bpe": lambda: build_tokenizer("scratch-bpe", vocab_size=400, documents=lambda: docs),
         # another pre-tokenization regex (cl100k's shape), so the Split + ByteLevel path is exercised
-        "scratch-bpe-cl100k-regex": lambda: Tokenizer(_Scratch(ByteLevelBPE.train(
+        "scratch-bpe-cl100k-regex": lambda: Tokenizer(ScratchBackend(ByteLevelBPE.train(
             docs, vocab_size=400, special_tokens=[EOT], pattern=cl100k_like, progress=False)), "scratch-bpe"),
     }
 

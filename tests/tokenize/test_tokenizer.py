@@ -262,7 +262,7 @@ def test_files_that_are_not_tokenizers_are_named(tmp_path):
             build_tokenizer(str(tmp_path / name))
     (tmp_path / "vocab.json").write_text('{"hello": 0, "kind": 1, "state": 2, "version": 3, "model": 4}')  # as GPT-2's
     with pytest.raises(ValueError, match=r"vocab\.json is not a tokenizer file .*a vocabulary \(token -> id\) "
-                                         r"without the rest"):
+                                         r"without the rest.*save_pretrained\(DIR\)\) and pass that\)"):
         build_tokenizer(str(tmp_path / "vocab.json"))
     with pytest.raises(ValueError, match=r"bad\.tiktoken is not a \.tiktoken rank file .*tiktoken:NAME"):
         build_tokenizer(f"tiktoken:{tmp_path / 'bad.tiktoken'}")
@@ -390,8 +390,12 @@ def test_tokenizer_json_without_an_unknown_token_names_text_it_cannot_encode(tmp
     assert tok.encode("ab ba") == [0, 1, 2, 1, 0]  # text it covers encodes (not vacuous)
     assert cuts_exactly(tok) is False  # its probe holds other characters: documents are encoded whole
     for encode in (tok.encode, lambda text: tok.encode_batch([text])):
-        with pytest.raises(ValueError, match=r"cannot encode 'abc'.*no unknown token.*--data.tokenizer bpe"):
+        with pytest.raises(ValueError, match=r"cannot encode 'c' \(character 2 of the text, in 'abc'\).*no unknown "
+                                             r"token.*--data.tokenizer bpe"):
             encode("abc")
+    # the character is named where it is, not the start of a long document (which named text it could encode)
+    with pytest.raises(ValueError, match=r"cannot encode '€' \(character 400 of the text, in 'a{30}€ab'\)"):
+        tok.encode_batch(["ab", "a" * 400 + "€ab"])
 
 
 def test_a_cached_tokenizer_whose_eos_collides_is_refused(tmp_path):
@@ -413,3 +417,21 @@ def test_a_cached_tokenizer_whose_eos_collides_is_refused(tmp_path):
     with pytest.raises(ValueError, match="outside its vocabulary of 3 ids"):
         Tokenizer.from_state_dict({"version": 1, "kind": "char", "spec": "char",
                                    "state": {"chars": "ab", "special_tokens": {EOT: 7}}})
+
+
+def test_a_truncated_or_edited_tiktoken_file_is_named(small_bpe, tmp_path):
+    """Catches a .tiktoken file cut mid-line ("b3JpZXM= 174" of "... 1747") or with a line repeated: tiktoken's Rust
+    core panicked (a PanicException traceback, "Encoder and decoder must be of equal length") instead of one line."""
+    lines = small_bpe.tiktoken.read_text(encoding="ascii").splitlines()
+    token, _ = lines[300].split()
+    cases = {"cut": [*lines[:300], f"{token} 17"], "twice": [*lines, lines[5].split()[0] + " 999"],
+             "negative": [*lines[:300], f"{token} -3"]}
+    for name, body in cases.items():
+        (tmp_path / f"{name}.tiktoken").write_text("\n".join(body) + "\n")
+    with pytest.raises(ValueError, match=r"cut\.tiktoken is not a \.tiktoken rank file .*line 301 of the tiktoken "
+                                         r"ranks repeats rank 17 of line 18 \(a truncated or edited file\?\)"):
+        build_tokenizer(f"tiktoken:{tmp_path / 'cut.tiktoken'}")
+    with pytest.raises(ValueError, match=rf"repeats token {re.escape(lines[5].split()[0])} of line 6"):
+        build_tokenizer(f"tiktoken:{tmp_path / 'twice.tiktoken'}")
+    with pytest.raises(ValueError, match=r"line 301 .* is not 'base64token rank'"):
+        build_tokenizer(f"tiktoken:{tmp_path / 'negative.tiktoken'}")

@@ -287,6 +287,9 @@ def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
                          "one weight per corpus, in the same order (or leave data.weights unset)")
     if not all(w > 0 and math.isfinite(w) for w in weights):
         raise ValueError(f"data.weights must all be positive finite numbers, got {weights}")
+    if not math.isfinite(sum(weights)):  # each share is a weight over the sum: inf made every share 0 or NaN
+        raise ValueError(f"data.weights sum to more than the largest float ({weights}); they are only shares, so "
+                         "give them on a smaller scale (e.g. [1, 3])")
 
 
 def _metric_name(name: str) -> str:

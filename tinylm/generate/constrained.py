@@ -50,6 +50,7 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
     if kind != "json_schema":
         built = ll.grammar_from_regex(value) if kind == "regex" else ll.grammar_from_lark(_text_or_file(kind, value))
         _check(built, kind)
+        _check_begins(built, constraint_name(kind, value))
         return built
     text = _text_or_file(kind, value)
     try:
@@ -61,6 +62,7 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
     # first step instead of writing whitespace forever, and a small model is not tempted into padding
     built = ll.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
     _check(built, kind)
+    _check_begins(built, constraint_name(kind, value))
     return built
 
 
@@ -75,6 +77,18 @@ def _check(grammar: str, kind: str, lltok=None) -> None:
     error = _llguidance().LLMatcher.validate_grammar(grammar, lltok)
     if error and not error.startswith("WARNING"):
         raise ValueError(f"the {kind} does not compile: {' '.join(error.split())[:300]}")
+
+
+def _check_begins(grammar: str, name: str) -> None:
+    """Refuse a grammar whose text cannot begin, whatever the tokenizer: it matches no text at all, or only the
+    empty text (nothing to generate; a row of a tokenizer without an EOS had no id to take: a NaN crash). Read by
+    bytes, the grammar's own view."""
+    m = _llguidance().LLMatcher(_byte_lltokenizer(), grammar, log_level=0)
+    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    if m.is_error() or not bits[:256].any():  # (llguidance's error here: no byte can begin its text)
+        empty = m.is_accepting() and not m.is_error()
+        what = "only the empty text: there is nothing to generate" if empty else "no text at all"
+        raise ValueError(f"the {name} matches {what}; use one that matches some text")
 
 
 def _text_or_file(kind: str, value: str) -> str:

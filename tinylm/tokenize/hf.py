@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tinylm.tokenize.tokenizer import GPT2_PATTERN, Tokenizer, _parse_ranks
+from tinylm.tokenize.backends import parse_ranks
+from tinylm.tokenize.tokenizer import GPT2_PATTERN, Tokenizer
 
 
 def hf_tokenizer(tokenizer: Tokenizer) -> Any:
@@ -32,7 +33,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     elif tokenizer.kind == "tiktoken":
         from tinylm.tokenize.bpe import ByteLevelBPE
 
-        bpe = ByteLevelBPE(_parse_ranks(state["ranks"]), special_tokens=state["special_tokens"],
+        bpe = ByteLevelBPE(parse_ranks(state["ranks"]), special_tokens=state["special_tokens"],
                            pattern=state["pattern"])
         tok = _byte_level_tokenizer(bpe)
     else:

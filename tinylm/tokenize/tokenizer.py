@@ -1,4 +1,4 @@
-"""Tokenizer facade: one class over four backends, chosen by a spec string.
+"""Tokenizer facade: one class over four backends (`tinylm.tokenize.backends`), chosen by a spec string.
 
 Specs (`--data.tokenizer`):
     bpe               byte-level BPE trained on the corpus with Hugging Face `tokenizers` (GPT-2 pre-tokenizer)
@@ -15,19 +15,25 @@ user text can never inject an end-of-text id. Specials are appended by id (see `
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import functools
 import hashlib
 import json
-import os
-import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tinylm.errors import UnavailableError
+from tinylm.tokenize.backends import (
+    BACKENDS,
+    CharBackend,
+    FormatError,
+    HFBackend,
+    ScratchBackend,
+    TiktokenBackend,
+    parse_ranks,
+    ranks_to_text,
+)
 from tinylm.tokenize.patterns import EOT, GPT2_PATTERN, TRAIN_PIECE_CHARS
 
 STATE_FILE = "tinylm_tokenizer.json"
@@ -39,247 +45,7 @@ VALID_SPECS = "bpe, scratch-bpe, char, tiktoken:NAME (e.g. tiktoken:gpt2), tikto
               "tokenizer.json / saved tokenizer directory / folder of vocab.json + merges.txt"
 
 
-# ---------------------------------------------------------------------------------------------------- backends
-class _HF:
-    """A Hugging Face `tokenizers.Tokenizer` (trained here or loaded from tokenizer.json)."""
-
-    kind = "hf"
-
-    def __init__(self, tok: Any) -> None:
-        tok.encode_special_tokens = True  # "<|endoftext|>" in user text stays text
-        self.tok = tok
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return self.tok.encode(text, add_special_tokens=False).ids
-        except Exception as e:
-            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
-                raise
-            raise _uncovered(e, [text]) from None
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # encode_batch runs on all cores (Rust threads); the _fast variant skips offsets we never use
-        fn = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
-        try:
-            return [e.ids for e in fn(texts, add_special_tokens=False)]
-        except Exception as e:
-            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
-                raise
-            raise _uncovered(e, texts) from None
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=False)
-
-    def token_bytes(self, i: int) -> bytes:
-        token = self.tok.id_to_token(i) or ""
-        if self._byte_level:  # GPT-2's byte-to-unicode spelling
-            from tinylm.tokenize.bpe import _from_unicode
-
-            return _from_unicode(token)
-        if "ByteFallback" in repr(self.tok.decoder) and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
-            return bytes([int(token[3:5], 16)])  # Llama's byte fallback: one byte of a character not in the vocab
-        # Other decoders spell a token by its place: SentencePiece's "▁the" is " the" after a word but "the" at the
-        # start of a text, WordPiece's "##ing" joins the word before it while "the" gets a space. Decoded alone, a
-        # token lost that space (or kept "##"): bits-per-byte came out 14-20 % off. What it adds after an ordinary
-        # word is what it adds in running text.
-        if self._anchor is not None:
-            anchor, before = self._anchor
-            both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
-            if both.startswith(before):
-                return both[len(before):]
-        return self.tok.decode([i], skip_special_tokens=False).encode("utf-8")
-
-    @functools.cached_property
-    def _byte_level(self) -> bool:
-        """Whether tokens are spelled in GPT-2's byte-to-unicode alphabet: a ByteLevel decoder or pre-tokenizer,
-        alone or inside a Sequence (a file may have the pre-tokenizer and no decoder, or a wrapped decoder)."""
-        return "ByteLevel" in repr(self.tok.decoder) + repr(self.tok.pre_tokenizer)
-
-    @functools.cached_property
-    def _anchor(self) -> tuple[int, bytes] | None:
-        """The first id that decodes to letters alone (a word or a piece of one), to decode tokens after, and its
-        bytes; None if the vocabulary has none."""
-        specials = set(self.special_tokens.values())
-        for j in range(self.tok.get_vocab_size(with_added_tokens=True)):
-            text = self.tok.decode([j], skip_special_tokens=False)
-            if j not in specials and text.isalpha():
-                return j, text.encode("utf-8")
-        return None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
-
-    def normal_token(self, i: int) -> str | None:
-        return self.tok.model.id_to_token(i)  # (the model's own vocabulary: added tokens are not in it)
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {t.content: i for i, t in sorted(self.tok.get_added_tokens_decoder().items()) if t.special}
-
-    def state(self) -> dict:
-        return {"json": self.tok.to_str()}
-
-    @classmethod
-    def from_state(cls, state: dict) -> _HF:
-        from tokenizers import Tokenizer as HFTokenizer
-
-        return cls(HFTokenizer.from_str(state["json"]))
-
-
-class _Tiktoken:
-    """A tiktoken `Encoding`; its ranks are kept as `.tiktoken`-format text so the state is str-only."""
-
-    kind = "tiktoken"
-
-    def __init__(self, name: str, pattern: str, ranks_text: str, special_tokens: dict[str, int]) -> None:
-        import tiktoken
-
-        self.name, self.pattern, self.ranks_text, self.specials = name, pattern, ranks_text, dict(special_tokens)
-        self.enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=_parse_ranks(ranks_text),
-                                     special_tokens=self.specials)
-
-    def encode(self, text: str) -> list[int]:
-        return self.enc.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
-
-    def decode(self, ids: list[int]) -> str:
-        if self._unused:  # tiktoken raises KeyError on them; a sampler can pick one (a model gives it a tiny p)
-            ids = [i for i in ids if i not in self._unused]
-        return self.enc.decode(ids)
-
-    @functools.cached_property
-    def _unused(self) -> frozenset[int]:
-        """Ids below n_vocab that no token has (cl100k_base leaves 100256 and 100261-100275 unused): they decode to
-        nothing."""
-        used = set(self.enc._mergeable_ranks.values()) | set(self.specials.values())
-        return frozenset(range(self.enc.n_vocab)) - used
-
-    def token_bytes(self, i: int) -> bytes:
-        try:
-            return self.enc.decode_single_token_bytes(i)
-        except KeyError:  # an id no token has: cl100k_base leaves 100256 and 100261-100275 unused
-            return b""
-
-    @property
-    def vocab_size(self) -> int:
-        return self.enc.n_vocab
-
-    def normal_token(self, i: int) -> str | None:  # a rank's bytes come first, then a special's
-        return self.token_bytes(i).decode("utf-8", "replace") or None
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return dict(self.specials)
-
-    def state(self) -> dict:
-        return {"name": self.name, "pattern": self.pattern, "ranks": self.ranks_text, "special_tokens": self.specials}
-
-    @classmethod
-    def from_state(cls, state: dict) -> _Tiktoken:
-        return cls(state["name"], state["pattern"], state["ranks"], state["special_tokens"])
-
-
-class _Char:
-    """Character-level: id = position of the character in the sorted set of the corpus's characters."""
-
-    kind = "char"
-
-    def __init__(self, chars: str, special_tokens: dict[str, int]) -> None:
-        self.chars, self.specials = chars, dict(special_tokens)
-        self.stoi = {c: i for i, c in enumerate(chars)}
-        self.itos = {**dict(enumerate(chars)), **{i: s for s, i in self.specials.items()}}
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self.stoi[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the char tokenizer's vocabulary of "
-                             f"{len(self.chars)} characters (built from the training corpus); remove it from "
-                             "the text (a prompt), or train on a corpus that contains it or with a byte-level "
-                             "tokenizer (--data.tokenizer bpe)") from None
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.itos[i] for i in ids)
-
-    def token_bytes(self, i: int) -> bytes:
-        return self.itos[i].encode("utf-8")
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars) + len(self.specials)
-
-    def normal_token(self, i: int) -> str | None:
-        return self.chars[i] if 0 <= i < len(self.chars) else None
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return dict(self.specials)
-
-    def state(self) -> dict:
-        return {"chars": self.chars, "special_tokens": self.specials}
-
-    @classmethod
-    def from_state(cls, state: dict) -> _Char:
-        return cls(state["chars"], state["special_tokens"])
-
-
-class _Scratch:
-    """tinylm's own byte-level BPE (`tinylm.tokenize.bpe.ByteLevelBPE`)."""
-
-    kind = "scratch-bpe"
-
-    def __init__(self, bpe: Any) -> None:
-        self.bpe = bpe
-
-    def encode(self, text: str) -> list[int]:
-        return self.bpe.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids: list[int]) -> str:
-        return self.bpe.decode(ids)
-
-    def token_bytes(self, i: int) -> bytes:
-        return self.bpe.decode_bytes([i])
-
-    @property
-    def vocab_size(self) -> int:
-        return self.bpe.vocab_size
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return dict(self.bpe.special_tokens)
-
-    def state(self) -> dict:
-        return self.bpe.to_state()
-
-    @classmethod
-    def from_state(cls, state: dict) -> _Scratch:
-        from tinylm.tokenize.bpe import ByteLevelBPE
-
-        return cls(ByteLevelBPE.from_state(state))
-
-
-_BACKENDS = {b.kind: b for b in (_HF, _Tiktoken, _Char, _Scratch)}
-
-
 # ---------------------------------------------------------------------------------------------------- facade
-def _uncovered(e: Exception, texts: list[str]) -> ValueError:
-    """The tokenizers library's error for text its vocabulary cannot encode (a WordLevel with no unknown token:
-    "WordLevel error: Missing [UNK] token from the vocabulary") as a ValueError naming the text and the fix."""
-    text = texts[0] if len(texts) == 1 else "a batch of texts"
-    return ValueError(f"the tokenizer cannot encode {text[:60]!r} ({e}): its vocabulary has no token for some of the "
-                      "text and no unknown token to stand for it; use a tokenizer that covers the text "
-                      "(--data.tokenizer bpe reads any text), or remove that text")
-
-
 class Tokenizer:
     """Text <-> token ids, whatever the backend. Build one with `build_tokenizer(spec, ...)`."""
 
@@ -373,9 +139,9 @@ class Tokenizer:
         if version != STATE_VERSION:
             raise ValueError(f"tokenizer state has version {version!r}; this tinylm reads version {STATE_VERSION}")
         kind = state.get("kind")
-        if kind not in _BACKENDS:
-            raise ValueError(f"tokenizer state has unknown kind {kind!r}; known: {sorted(_BACKENDS)}")
-        return cls(_BACKENDS[kind].from_state(state["state"]), state.get("spec", kind))
+        if kind not in BACKENDS:
+            raise ValueError(f"tokenizer state has unknown kind {kind!r}; known: {sorted(BACKENDS)}")
+        return cls(BACKENDS[kind].from_state(state["state"]), state.get("spec", kind))
 
     def save(self, directory: str | Path) -> Path:
         """Write `tinylm_tokenizer.json` (and, for HF backends, a standard `tokenizer.json`) into `directory`."""
@@ -413,14 +179,14 @@ class Tokenizer:
                 return cls.from_state_dict(data)
             if isinstance(data, dict) and all(isinstance(v, int) for v in data.values()):  # GPT-2's has "model": 19849
                 if (path.parent / "merges.txt").is_file():
-                    raise ValueError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
+                    raise FormatError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
                                      f"merges.txt, --data.tokenizer {path.parent}")
-                raise ValueError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
+                raise FormatError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
                                  "tokenizer as one tokenizer.json (tokenizers.Tokenizer.save, or "
                                  "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
             from tokenizers import Tokenizer as HFTokenizer
 
-            return cls(_HF(HFTokenizer.from_str(json.dumps(data))), str(path))
+            return cls(HFBackend(HFTokenizer.from_str(json.dumps(data))), str(path))
 
     @classmethod
     def _from_vocab_merges(cls, folder: Path) -> Tokenizer:
@@ -433,7 +199,7 @@ class Tokenizer:
             header = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
             bpe = (ByteLevelBPE.load(folder) if isinstance(header, dict) and header.get("format") == FORMAT
                    else ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt"))
-            return cls(_Tiktoken("vocab-merges", bpe.pattern, _ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
+            return cls(TiktokenBackend("vocab-merges", bpe.pattern, ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
                        str(folder))
 
     def __repr__(self) -> str:
@@ -449,8 +215,10 @@ def _naming(path: Path, expected: str) -> Iterator[None]:
     except PermissionError:
         raise  # a file that cannot be read is not a file of another kind: the CLI names the path and the fix
     except Exception as e:
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"{path} is not {expected} ({type(e).__name__}: {reason}); --data.tokenizer takes "
+        reason = (str(e).strip().splitlines() or [""])[0]
+        # tinylm's own reason whole; a library's (which can be a page long) cut, and named by its type
+        reason = reason if isinstance(e, FormatError) else f"{type(e).__name__}: {reason[:200]}"
+        raise ValueError(f"{path} is not {expected} ({reason}); --data.tokenizer takes "
                          f"{VALID_SPECS}") from e
 
 
@@ -524,7 +292,7 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
         warnings.warn(f"training text ran out of pairs to merge after {tok.get_vocab_size() - 257} merges; vocab_size "
                       f"is {tok.get_vocab_size()} instead of {vocab_size} (give more text for a larger one)")
     tok.pre_tokenizer = encoding_split  # encoding does not chunk: the saved tokenizer is plain GPT-2 style
-    return Tokenizer(_HF(tok), "bpe")
+    return Tokenizer(HFBackend(tok), "bpe")
 
 
 def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -532,7 +300,8 @@ def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
         ByteLevelBPE,  # lazily: the char/bpe paths must not depend on it
     )
 
-    return Tokenizer(_Scratch(ByteLevelBPE.train(docs, vocab_size=vocab_size, special_tokens=[EOT])), "scratch-bpe")
+    bpe = ByteLevelBPE.train(docs, vocab_size=vocab_size, special_tokens=[EOT])
+    return Tokenizer(ScratchBackend(bpe), "scratch-bpe")
 
 
 def _train_char(docs: Iterable[str]) -> Tokenizer:
@@ -546,7 +315,7 @@ def _train_char(docs: Iterable[str]) -> Tokenizer:
     ordered = "".join(sorted(chars))
     # the separator is needed only when there is something to separate (65 ids for tinyshakespeare, like nanoGPT)
     specials = {EOT: len(ordered)} if n_docs > 1 else {}
-    return Tokenizer(_Char(ordered, specials), "char")
+    return Tokenizer(CharBackend(ordered, specials), "char")
 
 
 def _load_tiktoken(spec: str) -> Tokenizer:
@@ -563,12 +332,12 @@ def _load_tiktoken(spec: str) -> Tokenizer:
             raise FileNotFoundError(f"tiktoken rank file {target!r} {what}; pass tiktoken:PATH to an existing "
                                     "`.tiktoken` file")
         with _naming(path, "a .tiktoken rank file (lines of 'base64token rank')"):
-            ranks_text = _ranks_to_text(_parse_ranks(path.read_text(encoding="utf-8")))
+            ranks_text = ranks_to_text(parse_ranks(path.read_text(encoding="utf-8")))
             ranks = [int(line.rsplit(" ", 1)[1]) for line in ranks_text.splitlines()]
             if len(ranks) < 256:
-                raise ValueError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
+                raise FormatError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
             # after the highest rank: a file whose ranks have gaps would otherwise give EOS the id of a real token
-            return Tokenizer(_Tiktoken(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
+            return Tokenizer(TiktokenBackend(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
     if target not in tiktoken.list_encoding_names():
         raise ValueError(f"unknown tiktoken encoding {target!r}; known: {tiktoken.list_encoding_names()}, "
                          "or pass tiktoken:PATH to a local .tiktoken rank file")
@@ -580,21 +349,5 @@ def _load_tiktoken(spec: str) -> Tokenizer:
             "use and there is no network or no cached copy (TIKTOKEN_CACHE_DIR). Pass tiktoken:PATH to a local "
             ".tiktoken rank file instead") from e
     # tiktoken keeps no public accessor for its ranks; these attributes have been stable since 0.3
-    ranks_text = _ranks_to_text(enc._mergeable_ranks)
-    return Tokenizer(_Tiktoken(enc.name, enc._pat_str, ranks_text, dict(enc._special_tokens)), spec)
-
-
-def _ranks_to_text(ranks: dict[bytes, int]) -> str:
-    return "\n".join(f"{base64.b64encode(t).decode('ascii')} {r}" for t, r in sorted(ranks.items(), key=lambda x: x[1]))
-
-
-def _parse_ranks(text: str) -> dict[bytes, int]:
-    ranks = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
-            except ValueError as e:
-                raise ValueError(f"line {n} of the tiktoken ranks is not 'base64token rank': {line[:80]!r}") from e
-    return ranks
+    ranks_text = ranks_to_text(enc._mergeable_ranks)
+    return Tokenizer(TiktokenBackend(enc.name, enc._pat_str, ranks_text, dict(enc._special_tokens)), spec)

@@ -1,0 +1,301 @@
+"""The four tokenizer backends behind `tinylm.tokenize.tokenizer.Tokenizer`: Hugging Face `tokenizers`, tiktoken,
+characters, and tinylm's own byte-level BPE; each keeps a str/int-only state for checkpoints. Also the `.tiktoken`
+rank-file format (`parse_ranks`, `ranks_to_text`)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+
+class HFBackend:
+    """A Hugging Face `tokenizers.Tokenizer` (trained here or loaded from tokenizer.json)."""
+
+    kind = "hf"
+
+    def __init__(self, tok: Any) -> None:
+        tok.encode_special_tokens = True  # "<|endoftext|>" in user text stays text
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        except Exception as e:
+            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
+                raise
+            raise _uncovered(e, [text], self._encodes) from None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # encode_batch runs on all cores (Rust threads); the _fast variant skips offsets we never use
+        fn = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        try:
+            return [e.ids for e in fn(texts, add_special_tokens=False)]
+        except Exception as e:
+            if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
+                raise
+            raise _uncovered(e, texts, self._encodes) from None
+
+    def _encodes(self, text: str) -> bool:
+        try:
+            self.tok.encode(text, add_special_tokens=False)
+        except Exception:
+            return False
+        return True
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, i: int) -> bytes:
+        token = self.tok.id_to_token(i) or ""
+        if self._byte_level:  # GPT-2's byte-to-unicode spelling
+            from tinylm.tokenize.bpe import _from_unicode
+
+            return _from_unicode(token)
+        if "ByteFallback" in repr(self.tok.decoder) and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
+            return bytes([int(token[3:5], 16)])  # Llama's byte fallback: one byte of a character not in the vocab
+        # Other decoders spell a token by its place: SentencePiece's "▁the" is " the" after a word but "the" at the
+        # start of a text, WordPiece's "##ing" joins the word before it while "the" gets a space. Decoded alone, a
+        # token lost that space (or kept "##"): bits-per-byte came out 14-20 % off. What it adds after an ordinary
+        # word is what it adds in running text.
+        if self._anchor is not None:
+            anchor, before = self._anchor
+            both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
+            if both.startswith(before):
+                return both[len(before):]
+        return self.tok.decode([i], skip_special_tokens=False).encode("utf-8")
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether tokens are spelled in GPT-2's byte-to-unicode alphabet: a ByteLevel decoder or pre-tokenizer,
+        alone or inside a Sequence (a file may have the pre-tokenizer and no decoder, or a wrapped decoder)."""
+        return "ByteLevel" in repr(self.tok.decoder) + repr(self.tok.pre_tokenizer)
+
+    @functools.cached_property
+    def _anchor(self) -> tuple[int, bytes] | None:
+        """The first id that decodes to letters alone (a word or a piece of one), to decode tokens after, and its
+        bytes; None if the vocabulary has none."""
+        specials = set(self.special_tokens.values())
+        for j in range(self.tok.get_vocab_size(with_added_tokens=True)):
+            text = self.tok.decode([j], skip_special_tokens=False)
+            if j not in specials and text.isalpha():
+                return j, text.encode("utf-8")
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def normal_token(self, i: int) -> str | None:
+        return self.tok.model.id_to_token(i)  # (the model's own vocabulary: added tokens are not in it)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {t.content: i for i, t in sorted(self.tok.get_added_tokens_decoder().items()) if t.special}
+
+    def state(self) -> dict:
+        return {"json": self.tok.to_str()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> HFBackend:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_str(state["json"]))
+
+
+class TiktokenBackend:
+    """A tiktoken `Encoding`; its ranks are kept as `.tiktoken`-format text so the state is str-only."""
+
+    kind = "tiktoken"
+
+    def __init__(self, name: str, pattern: str, ranks_text: str, special_tokens: dict[str, int]) -> None:
+        import tiktoken
+
+        self.name, self.pattern, self.ranks_text, self.specials = name, pattern, ranks_text, dict(special_tokens)
+        self.enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=parse_ranks(ranks_text),
+                                     special_tokens=self.specials)
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[int]) -> str:
+        if self._unused:  # tiktoken raises KeyError on them; a sampler can pick one (a model gives it a tiny p)
+            ids = [i for i in ids if i not in self._unused]
+        return self.enc.decode(ids)
+
+    @functools.cached_property
+    def _unused(self) -> frozenset[int]:
+        """Ids below n_vocab that no token has (cl100k_base leaves 100256 and 100261-100275 unused): they decode to
+        nothing."""
+        used = set(self.enc._mergeable_ranks.values()) | set(self.specials.values())
+        return frozenset(range(self.enc.n_vocab)) - used
+
+    def token_bytes(self, i: int) -> bytes:
+        try:
+            return self.enc.decode_single_token_bytes(i)
+        except KeyError:  # an id no token has: cl100k_base leaves 100256 and 100261-100275 unused
+            return b""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    def normal_token(self, i: int) -> str | None:  # a rank's bytes come first, then a special's
+        return self.token_bytes(i).decode("utf-8", "replace") or None
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.specials)
+
+    def state(self) -> dict:
+        return {"name": self.name, "pattern": self.pattern, "ranks": self.ranks_text, "special_tokens": self.specials}
+
+    @classmethod
+    def from_state(cls, state: dict) -> TiktokenBackend:
+        return cls(state["name"], state["pattern"], state["ranks"], state["special_tokens"])
+
+
+class CharBackend:
+    """Character-level: id = position of the character in the sorted set of the corpus's characters."""
+
+    kind = "char"
+
+    def __init__(self, chars: str, special_tokens: dict[str, int]) -> None:
+        self.chars, self.specials = chars, dict(special_tokens)
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.itos = {**dict(enumerate(chars)), **{i: s for s, i in self.specials.items()}}
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the char tokenizer's vocabulary of "
+                             f"{len(self.chars)} characters (built from the training corpus); remove it from "
+                             "the text (a prompt), or train on a corpus that contains it or with a byte-level "
+                             "tokenizer (--data.tokenizer bpe)") from None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos[i] for i in ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.itos[i].encode("utf-8")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + len(self.specials)
+
+    def normal_token(self, i: int) -> str | None:
+        return self.chars[i] if 0 <= i < len(self.chars) else None
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.specials)
+
+    def state(self) -> dict:
+        return {"chars": self.chars, "special_tokens": self.specials}
+
+    @classmethod
+    def from_state(cls, state: dict) -> CharBackend:
+        return cls(state["chars"], state["special_tokens"])
+
+
+class ScratchBackend:
+    """tinylm's own byte-level BPE (`tinylm.tokenize.bpe.ByteLevelBPE`)."""
+
+    kind = "scratch-bpe"
+
+    def __init__(self, bpe: Any) -> None:
+        self.bpe = bpe
+
+    def encode(self, text: str) -> list[int]:
+        return self.bpe.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.bpe.decode(ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.bpe.decode_bytes([i])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.bpe.vocab_size
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return dict(self.bpe.special_tokens)
+
+    def state(self) -> dict:
+        return self.bpe.to_state()
+
+    @classmethod
+    def from_state(cls, state: dict) -> ScratchBackend:
+        from tinylm.tokenize.bpe import ByteLevelBPE
+
+        return cls(ByteLevelBPE.from_state(state))
+
+
+BACKENDS = {b.kind: b for b in (HFBackend, TiktokenBackend, CharBackend, ScratchBackend)}
+
+
+def _uncovered(e: Exception, texts: list[str], encodes: Callable[[str], bool]) -> ValueError:
+    """The tokenizers library's error for text its vocabulary cannot encode (a WordLevel with no unknown token:
+    "WordLevel error: Missing [UNK] token from the vocabulary") as a ValueError naming the text and the fix: the
+    first character that cannot be encoded alone, with the text around it (the start of a long document named
+    nothing the user could find), else the start of the text."""
+    text = next((t for t in texts if not encodes(t)), texts[0] if texts else "")
+    bad = next((c for c in dict.fromkeys(text) if not encodes(c)), None)
+    if bad is None:
+        what = repr(text[:60])
+    else:
+        at = text.index(bad)
+        what = f"{bad!r} (character {at:,} of the text, in {text[max(0, at - 30):at + 30]!r})"
+    return ValueError(f"the tokenizer cannot encode {what} ({e}): its vocabulary has no token for some of the "
+                      "text and no unknown token to stand for it; use a tokenizer that covers the text "
+                      "(--data.tokenizer bpe reads any text), or remove that text")
+
+
+# ---------------------------------------------------------------------------------------------------- .tiktoken
+def ranks_to_text(ranks: dict[bytes, int]) -> str:
+    return "\n".join(f"{base64.b64encode(t).decode('ascii')} {r}" for t, r in sorted(ranks.items(), key=lambda x: x[1]))
+
+
+class FormatError(ValueError):
+    """A file's content is not of the format it is read as, in tinylm's own words (kept whole where the error is
+    reported, unlike a library's parse error)."""
+
+
+def parse_ranks(text: str) -> dict[bytes, int]:
+    """A `.tiktoken` rank file's `base64token rank` lines as {token bytes: rank}. Refused: a line of another form,
+    a rank given twice or a token given twice (a truncated or edited file: tiktoken panics on the first and silently
+    keeps one of the second)."""
+    ranks: dict[bytes, int] = {}
+    line_of: dict[int, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank_text = line.split()
+            piece, rank = base64.b64decode(token, validate=True), int(rank_text)
+            if rank < 0:
+                raise ValueError(rank)
+        except ValueError as e:
+            raise FormatError(f"line {n} of the tiktoken ranks is not 'base64token rank': {line[:80]!r}") from e
+        if rank in line_of or piece in ranks:
+            first = line_of[rank] if rank in line_of else line_of[ranks[piece]]
+            what = f"rank {rank}" if rank in line_of else f"token {token}"
+            raise FormatError(f"line {n} of the tiktoken ranks repeats {what} of line {first} (a truncated or "
+                              "edited file?); each token and each rank comes once: use the whole original file")
+        ranks[piece], line_of[rank] = rank, n
+    return ranks
