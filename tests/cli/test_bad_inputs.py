@@ -84,14 +84,14 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path,
     """Catches SIGTERM killing `tinylm prepare` (or `fit` while it prepares its data, before its own handler takes
     over at the first step) without a word and leaving its temp folder for the next run."""
     import signal
-    import subprocess
-    import sys
     import time
+
+    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
 
     big = tmp_path / "big.txt"
     big.write_text((tmp_path / "shakespeare_small.txt").read_text(encoding="utf-8") * 400)  # 8 MB
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", command, "--config", str(config), "--data.corpus",
-                             str(big)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = forked.popen([command, "--config", str(config), "--data.corpus", str(big)], cwd=tmp_path,
+                        stderr=forked.PIPE)
     datasets = tmp_path / "cache" / "datasets"
     deadline = time.monotonic() + 120
     while not any(datasets.glob("*.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:

@@ -243,16 +243,27 @@ def test_generate_decodes_the_continuation_after_the_prompt(run_config, tmp_path
 def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
     """Catches `tinylm generate ... | head -c 10` ending in a two-part BrokenPipeError traceback: the error
     handler wrote to the same closed stdout."""
-    import subprocess
-    import sys
+    import os
+    import select
+
+    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
 
     main(["fit", "--config", str(config)])
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "generate", "--ckpt_path", str(ckpt), "--prompt", "a",
-                             "--max_new_tokens", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    assert len(proc.stdout.read(10)) == 10
-    proc.stdout.close()  # the reader goes away, as head does (20,000 tokens take far longer than this)
-    err = proc.communicate(timeout=120)[1].decode()
+    pipe = tmp_path / "stdout"  # a named pipe: its reader here, as `| head -c 10`
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # no EOF before the run has opened it
+    proc = forked.popen(["generate", "--ckpt_path", str(ckpt), "--prompt", "a", "--max_new_tokens", "20000"],
+                        cwd=tmp_path, stdout=pipe, stderr=tmp_path / "stderr")
+    out = b""
+    while len(out) < 10 and select.select([reader], [], [], 120)[0]:
+        out += os.read(reader, 10 - len(out))
+    assert len(out) == 10
+    os.close(reader)  # the reader goes away, as head does (20,000 tokens take far longer than this)
+    os.close(keep)
+    proc.wait(timeout=120)
+    err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err, err
 
 

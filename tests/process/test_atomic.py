@@ -421,6 +421,8 @@ def test_checkpoint_hyperparameters_that_build_no_model_are_named(tmp_path):
 _EXPORTER = r"""
 import os, signal, sys
 from tinylm.cli import main
+import tinylm.cli.commands, tinylm.hf, tokenizers, transformers  # what each export imports, imported once: before
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401 (the kills, not in them)
 for line in sys.stdin:  # "K CKPT OUT": a forked child exports, killed at its K-th change to the folder's parent
     k, ckpt, out = line.split()
     child = os.fork()

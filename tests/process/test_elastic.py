@@ -276,10 +276,11 @@ def test_a_scaling_ladder_on_two_ranks_reports_once_and_sets_a_killed_run_aside_
     """Catches every rank of a 2-device ladder printing the table and writing the plot, and both ranks moving aside
     the folder of a rung killed before its first checkpoint (the second found it gone, or locked by the first)."""
     config = run_config()
-    killed = tmp_path / "runs" / "tiny-C3.0e07-L1-d24" / "csv"  # the last rung: rank 1 runs by the time it comes
+    killed = tmp_path / "runs" / "tiny-C1.0e07-L1-d24" / "csv"  # the last rung: rank 1 runs by the time it comes
     killed.mkdir(parents=True)
     (killed / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")
-    cmd = ["scaling", "--config", str(config), "--budget", "3e7", "--sizes",
+    # a budget of 16, 5, 3 and 3 steps (1 to 3 steps would do for what is checked: fewer, fewer seconds)
+    cmd = ["scaling", "--config", str(config), "--budget", "1e7", "--sizes",
            "[[1,8],[1,16],[2,16]]", "--predict", "[1,24]", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
            "--trainer.strategy", "ddp"]
     done = forked.run(cmd, cwd=tmp_path, timeout=300)

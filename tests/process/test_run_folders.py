@@ -689,9 +689,10 @@ def test_lightning_info_lines_print_once(config, tmp_path):
     """Catches every Lightning INFO line printed twice (a root-logger basicConfig beside Lightning's handler), and
     Lightning's advice that does not apply to tinylm: "The number of training batches (625) is smaller than the
     logging interval" (a notional epoch of a small corpus; logging counts steps across epochs)."""
-    proc = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.max_steps", "1",
-                           "--trainer.log_every_n_steps", "1000"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
+
+    proc = forked.run(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.log_every_n_steps",
+                       "1000"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("GPU available") == 1
     assert "Tip:" not in proc.stderr

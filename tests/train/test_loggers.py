@@ -120,15 +120,14 @@ def test_ranks_that_ddp_fork_starts_log_to_wandb(no_wandb_account, tmp_path, run
     """Catches W&B keeping nothing of a ddp_fork run (its file held 7 bytes, no metric): a forked rank leaves by
     os._exit, past the hook with which wandb ends and writes its run."""
     import os
-    import subprocess
-    import sys
+
+    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
 
     config = run_config(run={"name": "wb", "wandb_project": "tinylm-test"}, trainer={"max_steps": 4})
     # not the address of the wandb service an earlier test of this process started (wandb exports it)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    done = subprocess.run([sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.accelerator",
-                           "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, check=False, env=env)
+    done = forked.run(["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp_fork"], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     files = list((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1 and files[0].read_bytes().count(b"train/loss") >= 4, [f.stat().st_size for f in files]
