@@ -144,6 +144,8 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     """
     dtype = _dtype(dtype)
     out = Path(out_dir)
+    if not str(out_dir).strip():  # Path("") is ".": the working folder, which the user did not name
+        check_output_path(out_dir, folder=True)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} is a file; pass a directory path (it is created if missing)")
     if out.is_symlink() and not out.exists():

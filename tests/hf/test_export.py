@@ -667,6 +667,8 @@ def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_p
     (out / "config.json").write_text('{"model_type": "gpt2"}')  # a downloaded model, not tinylm's
     with pytest.raises(FileExistsError, match=r"config.json \(not a tinylm export's\)"):
         export_hf(second, out)
+    with pytest.raises(ValueError, match="--out is empty; pass a folder path"):  # was read as "." (the cwd)
+        export_hf(second, "")
 
 
 def test_init_from_one_file_of_an_export_names_its_folder(tmp_path, char_tokenizer):
