@@ -801,3 +801,14 @@ def test_a_named_corpus_placed_where_its_error_says_is_the_downloaded_one(small_
     data.prepare_data()
     assert data.dataset_dir.name == online.dataset_dir.name and (data.dataset_dir / "meta.json").is_file()
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1
+
+
+def test_a_corpus_with_a_character_the_char_tokenizer_lacks_is_named(tmp_path):
+    """Catches validating (or training) a char tokenizer's model on other text failing with the prompt's words
+    ("remove it from the text (a prompt)") and without naming the corpus that holds the character."""
+    (tmp_path / "seen.txt").write_text("the cat sat on the mat.\n" * 40)
+    (tmp_path / "other.txt").write_text("the cat sat on the mat.\n" * 40 + "Zebra\n")
+    saved = _dm(tmp_path, tmp_path / "seen.txt", tokenizer="char").tokenizer.save(tmp_path / "tok")
+    with pytest.raises(ValueError, match=r"corpus 'other.txt' holds the character 'Z', which the char tokenizer "
+                                         r"\(\d+ characters, .*--data.tokenizer bpe"):
+        _dm(tmp_path, tmp_path / "other.txt", tokenizer=str(saved)).prepare_data()

@@ -24,6 +24,7 @@ import numpy as np
 from tinylm.data.corpus import Corpus
 from tinylm.data.writer import SplitWriter, progress
 from tinylm.tokenize import Tokenizer
+from tinylm.tokenize.backends import MissingCharacter
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,31 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
     """Write out/train.bin and out/val.bin through `partial` (going on after its complete shards); return each
     split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens)."""
     partial.mkdir(parents=True, exist_ok=True)
-    shard_chars = SHARD_CHARS  # read here, so a test can make shards small
     done = _complete_shards(partial, dtype.itemsize)
     skip = done[-1]["next_document"] if done else 0
     if done:
         log.info("resuming the build of %s: %d shard(s) of %d documents already done",
                  partial.name.removesuffix(".partial"), len(done), skip)
     bytes_done = sum(s["bytes"] for d in done for s in d["splits"].values())
+    try:
+        done = _write_shards(partial, corpus, tok, dtype, val_fraction, piece_chars, done, skip, bytes_done)
+    except MissingCharacter as e:  # its own words speak of a prompt
+        raise ValueError(f"corpus {corpus.name!r} holds the character {e.char!r}, which the char tokenizer ({e.size} "
+                         "characters, those of the corpus it was built from) cannot encode; pass text of those "
+                         "characters, or train with a byte-level tokenizer (--data.tokenizer bpe)") from None
+    stats = {}
+    for split in SPLITS:
+        _link_or_move(partial / f"{split}.bin", out / f"{split}.bin")
+        stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)
+                        for key in ("tokens", "documents", "bytes", "chars", "eos")}
+    return stats
+
+
+def _write_shards(partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, val_fraction: float,
+                  piece_chars: int, done: list[dict], skip: int, bytes_done: int) -> list[dict]:
+    """Encode the corpus's documents after the first ``skip`` into shards after ``done``; return every shard's
+    record."""
+    shard_chars = SHARD_CHARS  # read here, so a test can make shards small
     total = corpus.size_bytes
     with ThreadPoolExecutor(1, thread_name_prefix="tinylm-encode") as pool, \
             progress(total, f"tokenizing {corpus.name}", initial=bytes_done) as bar:
@@ -85,12 +104,7 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
                 writers, chars = None, 0
         if writers is not None:
             done.append(_close_shard(partial, len(done), writers, index))
-    stats = {}
-    for split in SPLITS:
-        _link_or_move(partial / f"{split}.bin", out / f"{split}.bin")
-        stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)
-                        for key in ("tokens", "documents", "bytes", "chars", "eos")}
-    return stats
+    return done
 
 
 def _link_or_move(src: Path, dst: Path) -> None:

@@ -175,10 +175,7 @@ class CharBackend:
         try:
             return [self.stoi[c] for c in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the char tokenizer's vocabulary of "
-                             f"{len(self.chars)} characters (built from the training corpus); remove it from "
-                             "the text (a prompt), or train on a corpus that contains it or with a byte-level "
-                             "tokenizer (--data.tokenizer bpe)") from None
+            raise MissingCharacter(e.args[0], len(self.chars)) from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
@@ -269,6 +266,16 @@ def _uncovered(e: Exception, texts: list[str], encodes: Callable[[str], bool]) -
 # ---------------------------------------------------------------------------------------------------- .tiktoken
 def ranks_to_text(ranks: dict[bytes, int]) -> str:
     return "\n".join(f"{base64.b64encode(t).decode('ascii')} {r}" for t, r in sorted(ranks.items(), key=lambda x: x[1]))
+
+
+class MissingCharacter(ValueError):
+    """Text holding a character that a char tokenizer's vocabulary lacks (``char``; ``size`` characters known)."""
+
+    def __init__(self, char: str, size: int) -> None:
+        self.char, self.size = char, size
+        super().__init__(f"character {char!r} is not in the char tokenizer's vocabulary of {size} characters (built "
+                         "from the training corpus); remove it from the text (a prompt), or train on a corpus that "
+                         "contains it or with a byte-level tokenizer (--data.tokenizer bpe)")
 
 
 class FormatError(ValueError):
