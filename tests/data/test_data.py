@@ -812,3 +812,26 @@ def test_a_corpus_with_a_character_the_char_tokenizer_lacks_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"corpus 'other.txt' holds the character 'Z', which the char tokenizer "
                                          r"\(\d+ characters, .*--data.tokenizer bpe"):
         _dm(tmp_path, tmp_path / "other.txt", tokenizer=str(saved)).prepare_data()
+
+
+def test_a_full_disk_while_packing_names_the_file(tmp_path):
+    """Catches a dataset build that fails part-way on a full disk (here a file size limit: the same OSError from the
+    same write) saying only "no space left on the disk", without the file, so the user could not tell that it was
+    the dataset cache (--data.cache_dir) that filled the disk."""
+    import errno
+    import resource
+    import signal
+
+    (tmp_path / "big.txt").write_text("the cat sat on the mat.\n" * 20_000)  # 480 KB: the limit falls in train.bin
+    dm = _dm(tmp_path, tmp_path / "big.txt")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(OSError) as e:
+            dm.prepare_data()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert e.value.errno == errno.EFBIG and e.value.filename.startswith(str(tmp_path / "cache"))
+    assert e.value.filename.endswith("train.bin")

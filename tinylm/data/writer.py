@@ -5,6 +5,7 @@ progress bar reports MB/s and an ETA.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class SplitWriter:
 
     def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype, piece_chars: int, pool: ThreadPoolExecutor,
                  bar: Any = None) -> None:
+        self.path = path
         self.file = open(path, "ab")  # noqa: SIM115 (open across add() calls; close() closes it)
         # a tokenizer that marks the start of a text (SentencePiece's "▁" before the first word) would put a space at
         # every cut: documents are encoded whole for it
@@ -95,7 +97,8 @@ class SplitWriter:
     def _write_encoded(self) -> None:
         if self._encoding is not None:
             tokens, self._encoding = self._encoding.result(), None
-            self.file.write(tokens.tobytes())
+            with self._naming_the_file():
+                self.file.write(tokens.tobytes())
             self.stats["tokens"] += len(tokens)
 
     def flush(self) -> None:
@@ -111,8 +114,19 @@ class SplitWriter:
             self.flush()
             self._write_encoded()
         finally:
-            self.file.close()
+            with self._naming_the_file():
+                self.file.close()  # its buffered bytes are written here
         return self.stats
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        """A failed write (a full disk) says which file: a file object's own write error names none."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename is None and e.errno is not None:
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            raise
 
 
 _PROBE = "Once upon a time there was a cat.\nIt sat on the mat, and it purred.\n\nThe end: naïve café, 42 days!"
