@@ -275,6 +275,27 @@ def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_confi
     assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
 
 
+def test_a_run_ended_by_an_error_ends_the_bars_line(run_config, capsys, monkeypatch):
+    """Catches the bar's last drawing left without its newline when a run ends by an error or a signal: written to a
+    file (`tinylm fit ... > log 2>&1`), the line saying why was appended to the bar's line."""
+    from tinylm.cli.fit import lightning_main
+    from tinylm.train.module import TinyLM
+
+    config = run_config(trainer={"max_steps": 4, "enable_progress_bar": True})
+    step = TinyLM.training_step
+
+    def failing(self, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            raise RuntimeError("boom")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TinyLM, "training_step", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        lightning_main(["fit", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "steps:" in out and out.endswith("\n"), out[-200:]
+
+
 def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_config):
     """Batch k of size B holds global samples k*B .. k*B + B - 1, so 2 micro-batches of B are the batch of 2B: the
     logged train/loss (one row a step, the mean over its micro-batches) must not depend on the split."""

@@ -421,6 +421,13 @@ class ProgressBar(TQDMProgressBar):
         bar.n = trainer.global_step
         bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # a run ended by an error or a signal: the bar's line is ended, so the line that says why starts on its own
+        # (written to a file, the bar's last drawing had no newline and the error's line was appended to it)
+        for bar in (self._train_progress_bar, self._val_progress_bar):
+            if bar is not None and not bar.disable:
+                bar.close()
+
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
