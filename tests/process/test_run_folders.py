@@ -170,6 +170,10 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["validate", "--ckpt_path", ckpt])
     assert "holds other text than when the checkpoint trained on it" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):  # asked for by name: said, not done in silence
+        main(["validate", "--ckpt_path", ckpt, "--data.tokenizer", "char"])
+    assert "--data.tokenizer char would train a new tokenizer, not the model's: the checkpoint's own bpe" in caplog.text
 
 
 def test_validate_of_a_tokenizer_file_run_needs_the_file_no_more(run_config, tmp_path, small_data, caplog):

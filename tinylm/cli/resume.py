@@ -389,5 +389,8 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
                                                          now.get("cache_dir") or default_cache_dir()))
         if now.get("corpus") != trained.get("corpus"):
             log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
-                     now.get("corpus"), now["tokenizer"], trained.get("corpus"))
+                     now.get("corpus"), trained.get("tokenizer"), trained.get("corpus"))
+        elif "data.tokenizer" in named:  # asked for by name, and not what it gets: said, not done in silence
+            log.info("--data.tokenizer %s would train a new tokenizer, not the model's: the checkpoint's own %s "
+                     "tokenizer is used", now["tokenizer"], trained.get("tokenizer"))
     return data
