@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.cli import console
-from tinylm.cli.table import COMMANDS
+from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.generate.config import check_speculative
 from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
@@ -24,8 +24,7 @@ from tinylm.ranges import check_ranges
 MAX_SAMPLES = 10_000  # samples of one prompt generated as one batch
 
 # Sections of a `tinylm fit` config that `prepare` reads past (it only needs `data`).
-_FIT_SECTIONS = ("seed_everything", "trainer", "model", "run", "samples", "eval", "guard", "ckpt_path",
-                "weights_only")
+_FIT_SECTIONS = (*(g for g in FIT_GROUPS if g != "data"), "seed_everything", "ckpt_path", "weights_only")
 
 
 def parser_for(fn: Callable, prog: str):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
-from tinylm.cli.table import COMMANDS, usage
+from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -172,9 +172,6 @@ def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: boo
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 
-_SECTIONS = ("trainer", "model", "data", "run", "samples", "eval", "guard")  # tinylm fit's groups of options
-
-
 def check_config_files(args: list[str]) -> None:
     """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
@@ -207,7 +204,7 @@ def check_config_files(args: list[str]) -> None:
             raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
                              f"got a {type(data).__name__}")
         for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
-            if key in _SECTIONS and not isinstance(value, dict):
+            if key in FIT_GROUPS and not isinstance(value, dict):
                 raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
                                  f"(e.g. `{key}:` then `  OPTION: VALUE`), got {json.dumps(value, default=str)}; "
                                  "delete the line for no options")

@@ -22,6 +22,9 @@ class Command:
         return getattr(importlib.import_module(module), name)
 
 
+FIT_GROUPS = ("trainer", "model", "data", "run", "samples", "eval", "guard")
+"""The sections of a `tinylm fit` config that hold options (each a mapping)."""
+
 COMMANDS: dict[str, Command] = {
     "fit": Command("train: tinylm fit --config configs/NAME.yaml [--trainer.max_steps N] [--ckpt_path last]",
                    "tinylm.cli.fit:lightning_main", lightning=True),
