@@ -26,7 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tinylm.checkpoint_share import StepFiles, one_name_left_writable
 from tinylm.errors import TinyLMError
-from tinylm.paths import fsync_folder, remove_path, swap_in
+from tinylm.paths import fsync_folder, naming, remove_path, swap_in
 
 
 class CheckpointError(TinyLMError, ValueError):
@@ -62,10 +62,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
             swap_in(tmp, path, aside=beside(path, ".old"))
     except BaseException as e:  # disk full, Ctrl-C: no half-written temp file left behind (kill -9: see below)
         remove_path(tmp)
-        cause = out.error if out is not None and out.error is not None else e
-        if isinstance(cause, OSError) and cause.errno and not cause.filename:  # a write's: which file it was
-            raise OSError(cause.errno, cause.strerror, str(path)) from None
-        if cause is not e:  # torch's zip writer reports a failed write as "unexpected pos": the write's own error
+        # torch's zip writer reports a failed write as "unexpected pos": the write's own error, naming the file
+        cause = naming(out.error if out is not None and out.error is not None else e, path)
+        if cause is not e:
             raise cause from None
         raise
     if path.suffix:  # a failed save of step-100.ckpt leaves step-100.ckpt.tmp, which no later save overwrites

@@ -127,6 +127,14 @@ def swap_in(new: Path, target: Path, *, aside: Path, event: str | None = None) -
     remove_path(earlier)
 
 
+def naming(error: BaseException, path: str | Path) -> BaseException:
+    """``error`` with ``path`` as its file name where it is an OSError of a write that named none (a file object's
+    write or close on a full disk): the CLI's line then says which file."""
+    if isinstance(error, OSError) and error.errno and not error.filename:
+        return OSError(error.errno, error.strerror, str(path))
+    return error
+
+
 def remove_path(path: Path) -> None:
     """Delete a file or a folder; nothing if it is not there."""
     if path.is_dir() and not path.is_symlink():

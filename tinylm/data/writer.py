@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tinylm.paths import naming
 from tinylm.tokenize import Tokenizer
 
 PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bounded memory, parallel batches)
@@ -124,8 +125,8 @@ class SplitWriter:
         try:
             yield
         except OSError as e:
-            if e.filename is None and e.errno is not None:
-                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            if (named := naming(e, self.path)) is not e:
+                raise named from e
             raise
 
 
