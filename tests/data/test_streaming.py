@@ -162,3 +162,42 @@ def test_a_resume_with_other_streaming_settings_names_them(tmp_path):
     dm = TinyLMDataModule(**options, streaming=True, max_documents=40)
     dm.trainer = fitting
     dm.load_state_dict(saved)  # the same settings resume (not vacuous)
+
+
+def test_a_corpus_file_written_to_while_it_is_packed_is_refused(tmp_path, monkeypatch):
+    """Catches a dataset stored under the key of text its file no longer holds: a log appended to while prepare
+    packed it (here after the writing pass's first chunk: the change is real, only its timing is arranged) was
+    published under the old content's fingerprint, and its shards were left for a resume to build on."""
+    from tinylm.data import corpus as corpus_mod
+    from tinylm.data.corpus import EOT, CorpusChanged, open_corpus
+
+    monkeypatch.setattr(pack, "SHARD_CHARS", 100)  # a shard every ~5 documents
+    monkeypatch.setattr(corpus_mod, "_READ_BYTES", 64)  # several reads of the file
+    path = tmp_path / "log.txt"
+    path.write_text(EOT.join(f"line {i:02d} of the log" for i in range(40)), encoding="utf-8")
+    corpus, cache = open_corpus(str(path), cache_dir=tmp_path), tmp_path / "cache"
+    tok = build_tokenizer("char", documents=lambda: [path.read_text(encoding="utf-8")])
+    final = dataset_dir_for(corpus, tok, val_fraction=0.1, cache_dir=cache)
+    routed, shards = pack.routed, []
+
+    def appended_midway(corpus, val_fraction):
+        parts = routed(corpus, val_fraction)
+        yield next(parts)  # the writing pass has read its first chunk
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{EOT}line 40 of the log")
+        try:
+            yield from parts
+        finally:
+            shards.extend(final.with_name(final.name + ".partial").glob("*.json"))
+
+    monkeypatch.setattr(pack, "routed", appended_midway)
+    with pytest.raises(CorpusChanged, match=rf"^corpus file {path} changed while it was read .*; run again when it "
+                                            "is no longer written to$"):
+        prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=cache)
+    assert len(shards) >= 5  # complete shards of the old text were there when it was refused ...
+    assert list(final.parent.iterdir()) == []  # ... and are gone with the rest: no dataset, no .partial, no temp
+    monkeypatch.setattr(pack, "routed", routed)
+    unchanged = open_corpus(str(path), cache_dir=tmp_path)
+    meta = load_meta(prepare_dataset(unchanged, tok, val_fraction=0.1, cache_dir=cache), tok)
+    assert meta["corpus_fingerprint"] == unchanged.fingerprint != corpus.fingerprint
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 41 + 1  # the cut counts twice

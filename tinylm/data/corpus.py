@@ -11,8 +11,8 @@
 
 A corpus streams documents as str (one at a time) and has a `fingerprint` that changes when its text does.
 Each file is read once, however many links or glob matches lead to it. Only regular files are read: a FIFO,
-device or socket named as the corpus is refused, and a file that looks binary (many undecodable or NUL bytes) or
-holds one absurdly long document is refused when it is read, naming the file.
+device or socket named as the corpus is refused, and a file that looks binary (many undecodable or NUL bytes),
+holds one absurdly long document, or changed since its fingerprint was taken is refused when it is read, naming it.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import os
 import stat
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from tinylm.errors import UnavailableError
+from tinylm.errors import TinyLMError, UnavailableError
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -124,7 +124,8 @@ class TextFiles(Corpus):
     def _docs(self, split: str) -> Iterator[str]:
         for path in self.files:
             before = _replaced[0]
-            yield from _read_documents(path)
+            n_read = yield from _read_documents(path)
+            self._check_unchanged(path, n_read)
             if _replaced[0] != before and not self._warned:
                 self._warned = True
                 warnings.warn(f"corpus {self.spec!r}: {path} is not valid UTF-8; {_replaced[0] - before} bad byte "
@@ -137,16 +138,35 @@ class TextFiles(Corpus):
 
     def _fingerprint(self) -> str:
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
+        self._stamps = {path: _stamp(path) for path in self.files}  # taken before the bytes are read
         for path in self.files:
-            h.update(f"\0{path.stat().st_size}\0".encode())
-            with open(path, "rb") as f:
-                while chunk := f.read(_READ_BYTES):
-                    h.update(chunk)
+            h.update(f"\0{self._stamps[path][2]}\0".encode())
+            _sha256(path, h)
         return h.hexdigest()
 
+    def _check_unchanged(self, path: Path, n_read: int) -> None:
+        """Refuse a file read whole that is not the one the fingerprint hashed (what is made of it would be stored
+        under a key that lies about its text); a file never fingerprinted keys nothing."""
+        stamp = getattr(self, "_stamps", {}).get(path)
+        if stamp and (n_read != stamp[2] or (_stamp(path) if path.exists() else ()) != stamp):
+            raise CorpusChanged(f"corpus file {path} changed while it was read (something is writing to it); run "
+                                "again when it is no longer written to")
 
-def _read_documents(path: Path) -> Iterator[str]:
-    """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none)."""
+
+class CorpusChanged(TinyLMError):
+    """A corpus file changed between its fingerprint and the end of a read of it."""
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """What changes with a file's bytes: its identity (a file renamed over it), size (an append), modification and
+    change times (a rewrite in place; the change time also when `cp -p` sets the other back)."""
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_documents(path: Path) -> Generator[str, None, int]:
+    """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none); return
+    the number of bytes read."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
     buf, scan_from, split = "", 0, False
     n_read = n_bad = 0
@@ -176,6 +196,7 @@ def _read_documents(path: Path) -> Iterator[str]:
         buf = buf.strip()
     if buf:
         yield buf
+    return n_read
 
 
 class HFDataset(Corpus):
@@ -205,7 +226,7 @@ class HFDataset(Corpus):
             # `datasets` caches a local file's rows under its path and mtime: an edit that keeps the mtime (cp -p,
             # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
             local = None
-            if self.cache_dir is not None and _any_local(self.files):
+            if self.cache_dir is not None and _local_files(self.data_files):
                 key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             try:
@@ -258,7 +279,7 @@ class HFDataset(Corpus):
         dd = self._load()
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
-        if _any_local(self.files):  # local files: their contents, wherever they lie and whatever their mtime
+        if _local_files(self.data_files):  # local files: their contents, wherever they lie and whatever their mtime
             key["contents"] = self.files
         else:  # hub data: datasets' own fingerprint follows the resolved revision
             key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
@@ -365,15 +386,6 @@ def _refuse_blank(spec: str, data_files: Any) -> None:
     files = _local_files(data_files)  # (read only once loading failed)
     if files and not any(f.read_bytes().strip() for f in files):
         raise ValueError(f"corpus {spec!r} is empty (no text in it); pass --data.corpus PATH to a corpus with text")
-
-
-def _any_local(hashed: Any) -> bool:
-    """Whether `_hash_files` output holds a local file's hash."""
-    if isinstance(hashed, dict):
-        return any(_any_local(v) for v in hashed.values())
-    if isinstance(hashed, list):
-        return any(_any_local(v) for v in hashed)
-    return isinstance(hashed, str) and hashed.startswith("sha256:")
 
 
 class Mixture(Corpus):
@@ -574,8 +586,9 @@ def download_named(name: str, cache_dir: str | Path) -> Path:
     return target
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _sha256(path: Path, h: Any = None) -> str:
+    """The sha256 of `path`'s bytes; with `h`, a hash that they update."""
+    h = h or hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_READ_BYTES):
             h.update(chunk)

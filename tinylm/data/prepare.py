@@ -32,7 +32,7 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
     fcntl = None  # type: ignore[assignment]
 
 from tinylm.data.clean import CleanCorpus
-from tinylm.data.corpus import Corpus, Mixture
+from tinylm.data.corpus import Corpus, CorpusChanged, Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.errors import TinyLMError
@@ -286,8 +286,12 @@ def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val
     dtype_name = "uint16" if tok.vocab_size <= 2**16 else "uint32"
     tok.save(out / "tokenizer")
     clock = Stopwatch()
-    splits = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
-                          val_fraction=val_fraction, piece_chars=piece_chars)
+    try:
+        splits = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
+                              val_fraction=val_fraction, piece_chars=piece_chars)
+    except CorpusChanged:  # the shards are keyed by text that is gone (no build resumes them) and may hold the new
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     build = rate(sum(s["bytes"] for s in splits.values()), clock())
     log.info("tokenized %s: %.1f MB in %.1f s (%.2f MB/s)", corpus.spec, build["bytes"] / 1e6, build["seconds"],
              build["mb_per_s"])
