@@ -7,7 +7,7 @@ import warnings
 import pytest
 import yaml
 
-from tinylm.cli.argv import config_files, is_value, options, settings, spelled, values
+from tinylm.cli.argv import config_files, is_value, options, settings, spans, spelled, values
 from tinylm.cli.early import check_run_folder_free
 from tinylm.errors import TinyLMError
 
@@ -87,6 +87,7 @@ def test_values_config_files_and_negative_numbers():
                              ("json", None), ("print_config", None), ("x", None)]
     assert values(args)["model.lr"] == "-1" and "after" not in values(args)
     assert config_files(args) == ["a.yaml", "b.yaml", "c.yaml"]
+    assert [arg for _, _, span in spans(args) for arg in span] == args  # each argument in one span, in order
 
 
 @pytest.mark.parametrize("arg", ["x", "-1", "-.5", "-1e-3", "-", "-a b", "-x", "--x", "--x=1"])
@@ -99,6 +100,22 @@ def test_is_value_is_jsonargparses_rule(arg):
 def test_spelled_reads_back_as_its_value(value):
     """Catches a suggested command (lr-find's next:) whose value jsonargparse would take for an option."""
     assert _jsonargparse(spelled("run.name", value)) == value
+
+
+def test_a_commands_own_options_are_told_from_its_fit_configs_as_jsonargparse_reads_them():
+    """Catches plan/lr-find/scaling splitting their arguments by rules of their own: an own option followed by a
+    fit option took it as its value (`--gpu --model.lr`: the fit config lost --model.lr), and the options after
+    `--` were taken for the command's own."""
+    from tinylm.cli.fit_config import split_args
+
+    def plan(fit_args, /, *, gpu: str | None = None, json: bool = False):
+        pass
+
+    args = ["-c", "a.yaml", "--gpu", "A100", "--model.lr", "-1", "--json=true", "--gpu", "--model.n_layer", "2",
+            "--help", "--print_config", "--", "--gpu", "H100"]
+    assert split_args(plan, args) == (["--gpu", "A100", "--json=true", "--gpu", "--help"],
+                                      ["-c", "a.yaml", "--model.lr", "-1", "--model.n_layer", "2", "--print_config",
+                                       "--", "--gpu", "H100"])
 
 
 @pytest.mark.parametrize("how", ["path", "last"])

@@ -1,7 +1,8 @@
 """The command line read before jsonargparse parses it, the way jsonargparse will read it: the run folder of the
 early "in use" check (tinylm.cli.early), the run a resume with no --config comes from (run_folder.with_run_config),
 the --config files checked before parsing (main, commands), the options a fit names (fit), the ``true`` after a bare
-boolean flag (commands). Imports nothing heavy (the early check runs before torch and Lightning are imported).
+boolean flag (commands), a command's own options told from its fit config's (fit_config.split_args). Imports nothing
+heavy (the early check runs before torch and Lightning are imported).
 
 jsonargparse parses with Python's argparse; its rules, which this reading follows:
 - ``--key value`` and ``--key=value``; ``-c FILE``, ``-c=FILE``, ``-cFILE`` and ``--config=FILE`` name a config file;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +39,34 @@ def is_value(arg: str) -> bool:
     return not arg.startswith("-") or arg == "-" or bool(_NEGATIVE_NUMBER.match(arg)) or " " in arg
 
 
-def options(args: list[str]) -> list[tuple[str, str | None]]:
-    """The options of ``args`` in order as (key, value): the key without its dashes (``-c`` is ``config``), the value
-    None where none is given (the option ends the line, is followed by another option, or takes none). Arguments
-    that are not options (a command's positional ones) are skipped."""
-    found: list[tuple[str, str | None]] = []
+def spans(args: list[str]) -> Iterator[tuple[str | None, str | None, list[str]]]:
+    """Each argument of ``args`` as jsonargparse reads it, in order, as (key, value, the arguments it spans): an
+    option's key without its dashes (``-c`` is ``config``) and its value, None where none is given (the option ends
+    the line, is followed by another option, or takes none); key None for what is not an option (a command's
+    positional argument, and ``--`` with all after it, in one span)."""
     i = 0
     while i < len(args):
         arg = args[i]
         i += 1
         if arg == "--":
-            break
+            yield None, None, args[i - 1:]
+            return
         if is_value(arg):
+            yield None, None, [arg]
             continue
         flag, eq, value = arg.partition("=")
         if arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):  # -c=FILE, -cFILE
             flag, eq, value = "-c", "=", arg[3:] if arg[2] == "=" else arg[2:]
+        span = [arg]
         if not eq and arg not in NO_VALUE and i < len(args) and is_value(args[i]):
             eq, value, i = "=", args[i], i + 1
-        found.append(("config" if flag == "-c" else flag.lstrip("-"), value if eq else None))
-    return found
+            span.append(value)
+        yield "config" if flag == "-c" else flag.lstrip("-"), value if eq else None, span
+
+
+def options(args: list[str]) -> list[tuple[str, str | None]]:
+    """The options of ``args`` in order as (key, value) (`spans`); arguments that are not options are skipped."""
+    return [(key, value) for key, value, _ in spans(args) if key is not None]
 
 
 def values(args: list[str]) -> dict[str, str | None]:

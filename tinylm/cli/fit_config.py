@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tinylm.cli.argv import spans
 from tinylm.cli.fit import TinyLMCLI, lightning_main
 from tinylm.cli.run_folder import run_dir_of
 from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options
@@ -29,25 +30,14 @@ def takes_fit_config(fn: Callable) -> bool:
 
 
 def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
-    """(the command's own options, the fit config's arguments); a bare boolean flag (``--json``) has its ``true``
-    already (`tinylm.cli.commands.run`)."""
-    own_names = {f"--{name}" for name in inspect.signature(fn).parameters if name != FIT_ARGS}
+    """(the command's own options and ``--help``, the fit config's arguments: every other one), each option with the
+    value jsonargparse would give it (tinylm.cli.argv); a bare boolean flag (``--json``) has its ``true`` already
+    (`tinylm.cli.commands.run`)."""
+    own_keys = {"h", "help", *inspect.signature(fn).parameters} - {FIT_ARGS}
     own: list[str] = []
     fit: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        key = arg.split("=", 1)[0]
-        if arg in ("-h", "--help"):
-            own.append(arg)
-        elif key in own_names:
-            own.append(arg)
-            if "=" not in arg and i + 1 < len(args):
-                i += 1
-                own.append(args[i])
-        else:
-            fit.append(arg)
-        i += 1
+    for key, _, span in spans(args):
+        (own if key in own_keys else fit).extend(span)
     return own, fit
 
 
