@@ -45,14 +45,21 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
     given = [(k, v) for k, v in (("regex", regex), ("json_schema", json_schema), ("grammar", grammar)) if v]
     if not given:
         return None
-    ll = _llguidance().LLMatcher
     kind, value = given[0]
-    if kind != "json_schema":
-        built = ll.grammar_from_regex(value) if kind == "regex" else ll.grammar_from_lark(_text_or_file(kind, value))
-        _check(built, kind)
-        _check_begins(built, constraint_name(kind, value))
-        return built
-    text = _text_or_file(kind, value)
+    ll = _llguidance().LLMatcher
+    if kind == "regex":
+        built = ll.grammar_from_regex(value)
+    elif kind == "grammar":
+        built = ll.grammar_from_lark(_text_or_file(kind, value))
+    else:
+        built = _json_schema_grammar(_text_or_file(kind, value))
+    _check(built, kind)
+    _check_begins(built, constraint_name(kind, value))
+    return built
+
+
+def _json_schema_grammar(text: str) -> str:
+    """The llguidance grammar of a JSON schema's text."""
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as e:
@@ -60,10 +67,7 @@ def grammar_text(regex: str | None, json_schema: str | None, grammar: str | None
                          "Schema or the path of a .json file holding one") from None
     # compact JSON (", " and ": " as separators, no free whitespace): a char vocabulary without "{" is refused at the
     # first step instead of writing whitespace forever, and a small model is not tempted into padding
-    built = ll.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-    _check(built, kind)
-    _check_begins(built, constraint_name(kind, value))
-    return built
+    return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
 
 
 def constraint_name(kind: str, value: str, spelled: str | None = None) -> str:
@@ -84,7 +88,7 @@ def _check_begins(grammar: str, name: str) -> None:
     empty text (nothing to generate; a row of a tokenizer without an EOS had no id to take: a NaN crash). Read by
     bytes, the grammar's own view."""
     m = _llguidance().LLMatcher(_byte_lltokenizer(), grammar, log_level=0)
-    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    bits = _bits(m)
     if m.is_error() or not bits[:256].any():  # (llguidance's error here: no byte can begin its text)
         empty = m.is_accepting() and not m.is_error()
         what = "only the empty text: there is nothing to generate" if empty else "no text at all"
@@ -125,8 +129,7 @@ class Grammar:
         check_writable(grammar, tokenizer, vocab_size, name)
 
     def _mask(self, m) -> np.ndarray:
-        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        return bits[: self.V].astype(bool)
+        return _bits(m)[: self.V].astype(bool)
 
     def allowed(self) -> Tensor:
         """(B, V) bool: the ids each row may take next (all, for a row that ended)."""
@@ -158,6 +161,11 @@ class Grammar:
         """Whether ``token`` would end the row's grammar (a beam that finishes there)."""
         m = self.matchers[row].deep_copy()
         return m.consume_token(token) and m.is_stopped()
+
+
+def _bits(m) -> np.ndarray:
+    """A matcher's next-token bitmask as one 0/1 per id (llguidance packs 32 ids to a word, lowest bit first)."""
+    return np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
 
 
 def _dead(m, mask: np.ndarray, eos: int | None) -> bool:
@@ -200,8 +208,7 @@ def _check_writable(grammar: str, tokenizer, vocab_size: int, name: str, lltok) 
     queue, states, first_dead = deque([(root, [])]), 0, None
     while queue and states < PREFLIGHT_STATES:
         m, path = queue.popleft()
-        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")[:vocab_size]
-        mask = bits.astype(bool)
+        mask = _bits(m)[:vocab_size].astype(bool)
         if _dead(m, mask, eos):
             first_dead = path if first_dead is None else first_dead
             continue
@@ -241,7 +248,7 @@ def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int) -
     if ll.LLMatcher.validate_grammar(lark, None):  # (no answer from a grammar that does not compile)
         return False
     m = ll.LLMatcher(_byte_lltokenizer(), lark, log_level=0)
-    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    bits = _bits(m)
     return m.is_error() or not bits[:256].any() and not m.is_accepting()  # (llguidance: an error when no byte fits)
 
 
