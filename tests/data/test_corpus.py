@@ -302,6 +302,29 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
         list(open_corpus("hf:json", cache_dir=tmp_path / "c3", data_files=str(tmp_path / "none" / "*.jsonl")))
 
 
+def test_a_dataset_file_written_to_while_it_is_loaded_is_refused(tmp_path, monkeypatch):
+    """Catches rows cached under the contents key of a .jsonl appended to while `datasets` read it (the change is
+    real, only its timing is arranged: after the file was hashed): the key lied about the rows, and so would the
+    packed dataset's."""
+    import datasets
+
+    path, cache = tmp_path / "rows.jsonl", tmp_path / "cache"
+    path.write_text('{"text": "one"}\n{"text": "two"}\n')
+    load = datasets.load_dataset
+
+    def appended_first(*args, **kwargs):
+        with open(path, "a") as f:
+            f.write('{"text": "three"}\n')
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", appended_first)
+    with pytest.raises(corpus_mod.CorpusChanged, match=rf"^corpus file {path} changed while it was read"):
+        list(open_corpus(str(path), cache_dir=cache))
+    assert list((cache / "hf-local").iterdir()) == []  # no rows cached under the stale key
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    assert list(open_corpus(str(path), cache_dir=cache)) == ["one", "two", "three"]
+
+
 def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     """Catches a corpus list that reads one file twice (`a.txt` and `./a.txt`, a link and its target, a folder and
     a file in it): its text counted twice, in both splits and with twice its share of the windows, silently."""

@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import stat
 import urllib.request
 import warnings
@@ -125,7 +126,7 @@ class TextFiles(Corpus):
         for path in self.files:
             before = _replaced[0]
             n_read = yield from _read_documents(path)
-            self._check_unchanged(path, n_read)
+            _check_unchanged(getattr(self, "_stamps", {}), [path], n_read)
             if _replaced[0] != before and not self._warned:
                 self._warned = True
                 warnings.warn(f"corpus {self.spec!r}: {path} is not valid UTF-8; {_replaced[0] - before} bad byte "
@@ -144,22 +145,23 @@ class TextFiles(Corpus):
             _sha256(path, h)
         return h.hexdigest()
 
-    def _check_unchanged(self, path: Path, n_read: int) -> None:
-        """Refuse a file read whole that is not the one the fingerprint hashed (what is made of it would be stored
-        under a key that lies about its text); a file never fingerprinted keys nothing."""
-        stamp = getattr(self, "_stamps", {}).get(path)
-        if stamp and (n_read != stamp[2] or (_stamp(path) if path.exists() else ()) != stamp):
-            raise CorpusChanged(f"corpus file {path} changed while it was read (something is writing to it); run "
-                                "again when it is no longer written to")
-
 
 class CorpusChanged(TinyLMError):
     """A corpus file changed between its fingerprint and the end of a read of it."""
 
 
+def _check_unchanged(stamps: dict[Path, tuple], paths: list[Path] | None = None, n_read: int | None = None) -> None:
+    """Refuse a file read whole (``n_read`` bytes) that is not the one its fingerprint hashed (``stamps``: taken then;
+    ``paths``: all of them): what is made of it would be stored under a key that lies about its text."""
+    for path in stamps if paths is None else paths:
+        stamp = stamps.get(path)  # (none: a file never fingerprinted keys nothing)
+        if stamp and (n_read not in (None, stamp[2]) or (_stamp(path) if path.exists() else ()) != stamp):
+            raise CorpusChanged(f"corpus file {path} changed while it was read (something is writing to it); run "
+                                "again when it is no longer written to")
+
+
 def _stamp(path: Path) -> tuple[int, ...]:
-    """What changes with a file's bytes: its identity (a file renamed over it), size (an append), modification and
-    change times (a rewrite in place; the change time also when `cp -p` sets the other back)."""
+    """What changes with a file's bytes: inode (a file renamed over it), size, mtime, ctime (set by every write)."""
     st = path.stat()
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -216,6 +218,7 @@ class HFDataset(Corpus):
     def files(self) -> Any:
         """`data_files` with each local file's sha256 (see `_hash_files`), computed once."""
         if self._files is None:
+            self._stamps = {path: _stamp(path) for path in _local_files(self.data_files)}  # before their bytes are read
             self._files = _hash_files(self.data_files)
         return self._files
 
@@ -250,6 +253,12 @@ class HFDataset(Corpus):
                     raise
                 raise ValueError(f"corpus {self.spec!r} has no rows (a header or blank lines only); pass "
                                  "--data.corpus PATH to a corpus with text") from None
+            try:  # rows read from files that changed since they were hashed: a cache whose key lies about them
+                _check_unchanged(getattr(self, "_stamps", {}))
+            except CorpusChanged:
+                if local:
+                    shutil.rmtree(local, ignore_errors=True)
+                raise
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
@@ -537,14 +546,10 @@ def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path)
 def _unique_files(files: list[Path]) -> list[Path]:
     """`files` without repeats of one file: a symlink loop under a `**` glob (dir/loop -> dir) or a link beside
     its target would otherwise put the same text in the corpus many times, in both train and val."""
-    seen: set[str] = set()
-    unique = []
+    first: dict[str, Path] = {}
     for path in files:
-        real = os.path.realpath(path)
-        if real not in seen:
-            seen.add(real)
-            unique.append(path)
-    return unique
+        first.setdefault(os.path.realpath(path), path)
+    return list(first.values())
 
 
 def _file_kind(path: Path) -> str:
