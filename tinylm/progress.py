@@ -36,7 +36,8 @@ def draws_bars(stream: Any) -> bool:
     ``tqdm.auto`` draws a widget (its stream is no terminal)."""
     if is_terminal(stream):
         return True
-    from tqdm.autonotebook import tqdm as auto  # (tqdm.auto's is a subclass of it, whatever the place)
+    import tqdm.auto  # noqa: F401 (imports tqdm.autonotebook without the warning that its notebook mode gives)
+    from tqdm.autonotebook import tqdm as auto  # (tqdm.auto's own class is a subclass of it, whatever the place)
     from tqdm.std import tqdm as std
 
     return auto is not std
