@@ -247,7 +247,7 @@ def test_sample_report_replaces_only_an_earlier_report(tmp_path, small_data, cap
         run_command("sample-report", [*common, "--out", str(out)])
 
 
-def test_sample_report_compares_speculative_and_constrained_decoding(tmp_path, small_data, capsys):
+def test_sample_report_compares_speculative_and_constrained_decoding(tmp_path, small_data, capsys, monkeypatch):
     """Catches sample-report leaving out speculative decoding (a draft checkpoint, prompt lookup) or constrained
     decoding (a regex) when asked, the speculative rows writing other text than their plain twins (greedy's twin
     must give greedy's text), acceptance / tokens per pass missing or out of range, constrained samples that do not
@@ -276,6 +276,9 @@ def test_sample_report_compares_speculative_and_constrained_decoding(tmp_path, s
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "| accept | tokens/pass | matches |" in md and "**Speculative decoding**" in md
     assert "tokens/pass" in printed and "greedy + draft K=3" in printed
+    from tinylm import progress
+
+    monkeypatch.setattr(progress, "draws_bars", lambda stream: True)  # tqdm's bar: it shows from its start
     with pytest.raises(ValueError, match=r"the regex '\(x\|y\)ü' needs text this char tokenizer .* after '[xy]' "
                                          r"\(it needs 'ü' there\)"):
         run_command("sample-report", [*common, "--out", str(tmp_path / "no"), "--regex", "(x|y)ü"])

@@ -248,54 +248,6 @@ def test_resume_on_a_notional_epoch_boundary_keeps_dropout_exact(run_config, tmp
         assert resumed[step] == pytest.approx(straight[step], abs=1e-5), f"step {step}"
 
 
-def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_config, capsys):
-    """One bar for the run: optimizer steps of max_steps (not a notional epoch's batches, which showed "Epoch 0: 100%
-    1307/1307" at 65% of a 2,000-step run, with the ETA of that epoch), a resumed run's bar starting at its step
-    (its ETA then counts the steps left), loss, val loss, tokens/sec and lr beside it."""
-    from tinylm.cli.fit import lightning_main
-    from tinylm.train.callbacks import ProgressBar
-
-    config = run_config(trainer={"max_steps": 3, "accumulate_grad_batches": 2, "val_check_interval": 2,
-                                 "enable_progress_bar": True})
-
-    def bar_of(cli):
-        bar = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressBar)).train_progress_bar
-        out = capsys.readouterr().out.replace("\r", "\n")  # Lightning draws its bars on stdout
-        lines = [line.split("[")[0].strip() for line in out.splitlines() if line.startswith(("steps", "Epoch"))]
-        return bar, dict(item.split("=") for item in bar.postfix.split(", ")), lines
-
-    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config)]))
-    assert (bar.total, bar.initial, bar.n) == (3, 0, 3)
-    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
-    assert lines[-1] == "steps: 100%|██████████| 3/3" and not any(line.startswith("Epoch") for line in lines)
-    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config), "--ckpt_path", "last",
-                                                 "--trainer.max_steps", "5"]))
-    assert (bar.total, bar.initial, bar.n) == (5, 3, 5)
-    assert lines[0].startswith("steps:  60%") and lines[-1] == "steps: 100%|██████████| 5/5", lines
-    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
-
-
-def test_a_run_ended_by_an_error_ends_the_bars_line(run_config, capsys, monkeypatch):
-    """Catches the bar's last drawing left without its newline when a run ends by an error or a signal: written to a
-    file (`tinylm fit ... > log 2>&1`), the line saying why was appended to the bar's line."""
-    from tinylm.cli.fit import lightning_main
-    from tinylm.train.module import TinyLM
-
-    config = run_config(trainer={"max_steps": 4, "enable_progress_bar": True})
-    step = TinyLM.training_step
-
-    def failing(self, batch, batch_idx):
-        if self.trainer.global_step == 2:
-            raise RuntimeError("boom")
-        return step(self, batch, batch_idx)
-
-    monkeypatch.setattr(TinyLM, "training_step", failing)
-    with pytest.raises(RuntimeError, match="boom"):
-        lightning_main(["fit", "--config", str(config)])
-    out = capsys.readouterr().out
-    assert "steps:" in out and out.endswith("\n"), out[-200:]
-
-
 def test_train_loss_is_the_optimizer_steps_mean_whatever_the_accumulation(run_config):
     """Batch k of size B holds global samples k*B .. k*B + B - 1, so 2 micro-batches of B are the batch of 2B: the
     logged train/loss (one row a step, the mean over its micro-batches) must not depend on the split."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tinylm.paths import naming
+from tinylm.progress import bar
 from tinylm.tokenize import Tokenizer
 
 PIECE_CHARS = 1 << 20  # documents longer than this are encoded in pieces (bounded memory, parallel batches)
@@ -23,12 +24,9 @@ BATCH_CHARS = 8 << 20  # text handed to one encode_batch call
 
 
 def progress(total: int | None, desc: str, initial: int = 0, unit: str = "B") -> Any:
-    """A tqdm bar, in bytes unless told (shows MB/s, and an ETA when the total is known); silent when stderr is no
-    terminal."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1000, disable=None,
-                smoothing=0.05, initial=initial)
+    """A tqdm bar on stderr, in bytes unless told (shows MB/s, and an ETA when the total is known); where stderr is
+    no terminal, a line every so often instead (`tinylm.progress.bar`)."""
+    return bar(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1000, smoothing=0.05, initial=initial)
 
 
 def rate(n_bytes: int, seconds: float) -> dict:

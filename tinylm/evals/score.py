@@ -163,12 +163,12 @@ def score_requests(model: torch.nn.Module, rows: list[_Row], n_requests: int, *,
     """Each request's summed log-probability and greediness, from ``rows`` (`plan_rows`) in batches of
     ``batch_size``. At least ``forward_calls`` forwards are made (empty ones after the real): every rank of a sharded
     model must call it equally often."""
-    from tqdm.auto import tqdm
+    from tinylm.progress import bar
 
     device = next(model.parameters()).device
     scores = [RequestScore() for _ in range(n_requests)]
     batches = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-    for batch in tqdm(batches, desc=desc, disable=not progress, unit="batch", leave=False):
+    for batch in bar(batches, desc=desc, enabled=progress, unit="batch", leave=False):
         width = max(len(r.ids) for r in batch)
         idx = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T), right-padded
         for b, r in enumerate(batch):

@@ -263,7 +263,7 @@ def sample_report(
         their luck (common random numbers).
     strategies: the rows of the report (`report_strategies` adds speculative and constrained ones).
     draft: the draft model of the strategies whose ``draft`` is set (same tokenizer as ``model``).
-    progress: show a tqdm bar over (strategy, prompt) pairs.
+    progress: show progress over (strategy, prompt) pairs (a bar on a terminal, lines in a log).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -323,9 +323,9 @@ def _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max
     constraint = next((s.constraint for s in strategies if s.constraint), {})
     jobs = [(s, i) for s in strategies for i in range(len(encoded))]
     if progress:
-        from tqdm.auto import tqdm
+        from tinylm.progress import bar
 
-        jobs = tqdm(jobs, desc="sample-report", unit="run")
+        jobs = bar(jobs, desc="sample-report", unit="run")
     results: dict[str, dict[str, Any]] = {}
     for strat, i in jobs:
         text, ids = encoded[i]

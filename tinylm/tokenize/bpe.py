@@ -178,7 +178,7 @@ def _train_merges(
     to the lexicographically smallest (left bytes, right bytes). A max-heap with lazy deletion finds it: stale
     entries (whose count changed since they were pushed) are skipped when popped.
     """
-    from tqdm.auto import tqdm
+    from tinylm.progress import bar as progress_bar
 
     vocab = [bytes([b]) for b in range(256)]  # id -> bytes
     ids = {t: i for i, t in enumerate(vocab)}  # bytes -> id
@@ -194,7 +194,7 @@ def _train_merges(
     heap = [(-c, vocab[a], vocab[b], a, b) for (a, b), c in pair_counts.items()]
     heapq.heapify(heap)
 
-    bar = tqdm(total=n_new, desc="bpe merges", unit="tok", disable=not progress)
+    bar = progress_bar(total=n_new, desc="bpe merges", unit="tok", enabled=progress)
     while len(vocab) - 256 < n_new and heap:
         neg, ba, bb, a, b = heapq.heappop(heap)
         if pair_counts.get((a, b), 0) != -neg:
@@ -417,7 +417,7 @@ class ByteLevelBPE:
             vocab_size: total ids, the 256 bytes and the special tokens included; special tokens get the last ids.
             special_tokens: special-token strings, e.g. ["<|endoftext|>"].
             pattern: pre-tokenization regex; GPT-2's by default.
-            progress: show a tqdm bar over the merges.
+            progress: show the merges' progress (a bar on a terminal, lines in a log: tinylm.progress).
             max_piece_chars: pre-tokens longer than this many characters are learned from as chunks of it, which
                 keeps training linear on text without spaces (None: no limit; quadratic there). Encoding never
                 chunks, so no token is longer than this many characters but any text still encodes.

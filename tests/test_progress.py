@@ -1,0 +1,65 @@
+"""tinylm.progress: a bar on a terminal, plain lines in a log (a file, a pipe), nothing under TQDM_DISABLE."""
+
+import io
+import os
+import types
+
+import pytest
+
+from tinylm import progress
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """tinylm.progress's clock, set by hand: [seconds]."""
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def test_a_loop_in_a_log_writes_a_line_every_so_often_and_none_when_short(clock):
+    """Catches a bar's redrawings (carriage returns, several a second) written into a log of prepare, eval or
+    sample-report, and the other way round, a line for every loop of a second: a line every LINE_INTERVAL
+    seconds, a last one at the end when any was written, none for a loop that ends sooner."""
+    log = io.StringIO()
+    with progress.bar(total=100_000, desc="tokenizing x", unit="B", unit_scale=True, file=log) as bar:
+        assert isinstance(bar, progress.Lines)
+        for t in (10.0, 31.0, 40.0):
+            clock[0] = t
+            bar.update(10_000 if t < 40 else 80_000)
+    lines = log.getvalue().splitlines()
+    assert lines == ["tokenizing x:  20% 20.0k/100k [00:31<02:04, 645B/s]",
+                     "tokenizing x: 100% 100k/100k [00:40<00:00, 2.50kB/s]"], lines
+    short = io.StringIO()
+    for _ in progress.bar(range(5), desc="quick", file=short):
+        clock[0] += 1
+    assert short.getvalue() == ""  # its caller says what it did
+
+
+def test_a_terminal_gets_tqdm_and_tqdm_disable_silences_both(monkeypatch):
+    """Catches the bar on a terminal replaced by lines, and TQDM_DISABLE (tqdm's own switch) ignored: tinylm passed
+    `disable=` to tqdm, which overrides the variable."""
+    from tqdm.std import tqdm
+
+    master, slave = os.openpty()
+    with open(slave, "w") as term:
+        on_terminal = progress.bar(total=3, desc="x", file=term)
+        assert isinstance(on_terminal, tqdm) and not on_terminal.disable
+        on_terminal.close()
+        monkeypatch.setenv("TQDM_DISABLE", "1")
+        assert progress.bar(total=3, file=term).disable
+        assert progress.bar(total=3, file=io.StringIO()).disable
+        monkeypatch.setenv("TQDM_DISABLE", "0")
+        assert isinstance(progress.bar(total=3, file=io.StringIO()), progress.Lines)
+    os.close(master)
+
+
+def test_bpe_training_writes_no_redrawn_bar_to_a_log(capsys, monkeypatch):
+    """Catches the from-scratch BPE's bar over its merges written to stderr as carriage-return frames when stderr is
+    a file (pytest's capture is one): the library's bars go through tinylm.progress."""
+    from tinylm.tokenize.bpe import ByteLevelBPE
+
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)  # a line at every merge: the lines are seen
+    ByteLevelBPE.train("aaabdaaabac", vocab_size=259, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines()[-1].startswith("bpe merges: 100% 3/3 ["), err

@@ -1,0 +1,155 @@
+"""The training progress bar: one bar of the run's optimizer steps on a terminal, plain lines in a log."""
+
+import contextlib
+import fcntl
+import os
+import re
+import struct
+import sys
+import termios
+import threading
+import tty
+
+import pytest
+
+from tinylm.cli.fit import lightning_main
+from tinylm.train.callbacks import ProgressBar, steps_between_lines
+
+
+class Terminal:
+    """A real pseudo-terminal (200 columns, raw: no newline translation), read all along (so that its buffer never
+    fills); `shown` is what it showed so far."""
+
+    def __init__(self) -> None:
+        self.master, slave = os.openpty()
+        tty.setraw(slave)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
+        self.file = open(slave, "w", encoding="utf-8")  # noqa: SIM115 (closed by `close`)
+        self._shown = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):  # EIO once the other side is closed
+            while chunk := os.read(self.master, 65536):
+                self._shown.extend(chunk)
+
+    def shown(self) -> str:
+        self.file.flush()
+        return self._shown.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self.file.close()
+        self._reader.join(timeout=5)
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal():
+    """A `Terminal`; a test points sys.stdout at its ``file`` in its body (pytest's capture sets sys.stdout again
+    as each phase of a test starts)."""
+    term = Terminal()
+    yield term
+    term.close()
+
+
+def _bar_lines(text: str) -> list[str]:
+    """The bar's drawings, each up to its "[" (elapsed, rate and postfix vary)."""
+    lines = text.replace("\r", "\n").splitlines()
+    return [line.split("[")[0].strip() for line in lines if line.startswith(("steps", "Epoch"))]
+
+
+def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_config, terminal, monkeypatch):
+    """One bar for the run, on a terminal: optimizer steps of max_steps (not a notional epoch's batches, which showed
+    "Epoch 0: 100% 1307/1307" at 65% of a 2,000-step run, with the ETA of that epoch), a resumed run's bar starting
+    at its step (its ETA then counts the steps left), loss, val loss, tokens/sec and lr beside it; redrawn with
+    carriage returns, not written as lines as in a log."""
+    config = run_config(trainer={"max_steps": 3, "accumulate_grad_batches": 2, "val_check_interval": 2,
+                                 "enable_progress_bar": True})
+    monkeypatch.setattr(sys, "stdout", terminal.file)  # where Lightning draws its bars
+    seen = [0]
+
+    def bar_of(cli):
+        bar = next(cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressBar)).train_progress_bar
+        text = terminal.shown()
+        text, seen[0] = text[seen[0]:], len(text)
+        assert "\r" in text and "validation at step" not in text  # drawn, not logged
+        return bar, dict(item.split("=") for item in bar.postfix.split(", ")), _bar_lines(text)
+
+    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config)]))
+    assert (bar.total, bar.initial, bar.n) == (3, 0, 3)
+    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
+    assert re.fullmatch(r"steps: 100%\|█+\| 3/3", lines[-1]), lines
+    assert not any(line.startswith("Epoch") for line in lines)
+    bar, postfix, lines = bar_of(lightning_main(["fit", "--config", str(config), "--ckpt_path", "last",
+                                                 "--trainer.max_steps", "5"]))
+    assert (bar.total, bar.initial, bar.n) == (5, 3, 5)
+    assert lines[0].startswith("steps:  60%") and re.fullmatch(r"steps: 100%\|█+\| 5/5", lines[-1]), lines
+    assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
+
+
+@pytest.mark.parametrize("where", ["terminal", "log"])
+def test_a_run_ended_by_an_error_ends_the_bars_line(run_config, capsys, monkeypatch, terminal, where):
+    """Catches the bar's last drawing left without its newline when a run ends by an error or a signal: the line
+    saying why was appended to the bar's line. In a log, its lines are whole lines all along."""
+    from tinylm.train.module import TinyLM
+
+    config = run_config(trainer={"max_steps": 4, "enable_progress_bar": True})
+    step = TinyLM.training_step
+
+    def failing(self, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            raise RuntimeError("boom")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TinyLM, "training_step", failing)
+    if where == "terminal":
+        monkeypatch.setattr(sys, "stdout", terminal.file)
+    with pytest.raises(RuntimeError, match="boom"):
+        lightning_main(["fit", "--config", str(config)])
+    out = terminal.shown() if where == "terminal" else capsys.readouterr().out
+    assert "steps:" in out and out.endswith("\n"), out[-200:]
+    assert ("\r" in out) == (where == "terminal"), out[-200:]
+
+
+def test_a_log_gets_lines_every_so_many_steps_and_after_each_validation(run_config, capsys, monkeypatch):
+    """Catches the bar's redrawings written into a log (`tinylm fit ... > log`, SLURM, nohup, CI; pytest's capture
+    is such a file): a line every few seconds of a long run, each drawing kept with its carriage return, and
+    `less`/`grep` reading megabytes of them as one line. In a log: plain lines at steps (at most
+    ProgressBar.max_lines of them), one after each validation with its val loss; no validation bar."""
+    monkeypatch.setattr(ProgressBar, "max_lines", 2)  # 8 steps logged every 2: a line every 4 steps
+    config = run_config(trainer={"max_steps": 8, "log_every_n_steps": 2, "val_check_interval": 4,
+                                 "num_sanity_val_steps": 1, "enable_progress_bar": True})
+    lightning_main(["fit", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "\r" not in out and "\x1b" not in out, out[:500]
+    steps = [line for line in out.splitlines() if line.startswith("steps:")]
+    assert len(steps) == 2, out
+    assert re.fullmatch(r"steps:  50% 4/8 \[\d\d:\d\d<\d\d:\d\d, .*loss=\d\.\d{4}.*tok/s=[\d,]+.*\]", steps[0]), steps
+    assert steps[1].startswith("steps: 100% 8/8 [") and "val=" not in steps[1], steps
+    vals = [line for line in out.splitlines() if line.startswith("validation at step")]
+    assert [v.split(":")[0] for v in vals] == ["validation at step 4/8", "validation at step 8/8"], out
+    assert all(re.search(r"val=\d\.\d{4}$", v) for v in vals), vals
+    assert "Validation" not in out and "Sanity" not in out, out
+
+
+def test_a_progress_bar_turned_off_writes_no_lines(run_config, capsys, monkeypatch):
+    """Catches `--trainer.enable_progress_bar false` (Lightning's switch) or tqdm's TQDM_DISABLE=1 leaving lines in
+    a log: no bar, no lines."""
+    config = run_config(trainer={"enable_progress_bar": False})
+    lightning_main(["fit", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert "steps" not in out and "validation at step" not in out, out
+    assert ProgressBar().is_enabled
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert not ProgressBar().is_enabled  # (its bars and lines are made only when it is enabled)
+
+
+@pytest.mark.parametrize(("max_steps", "log_every", "max_lines", "every"),
+                         [(2000, 10, 100, 20), (300, 10, 100, 10), (8, 2, 2, 4), (19073, 1, 100, 191),
+                          (50, 100, 100, 100), (100, 3, 100, 3)])
+def test_lines_come_at_logged_steps_and_are_bounded(max_steps, log_every, max_lines, every):
+    """Catches a log holding a line per step (thousands for a 2,000-step run) or lines at steps whose loss was not
+    logged (the loss shown being an older step's): a multiple of log_every_n_steps, at most max_lines a run."""
+    assert steps_between_lines(max_steps, log_every, max_lines) == every
+    assert every % log_every == 0 and max_steps // every <= max_lines

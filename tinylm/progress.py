@@ -1,0 +1,161 @@
+"""Progress as a bar on a terminal, as plain lines anywhere else (a file, a pipe: SLURM's, nohup's or CI's log).
+
+A tqdm bar redraws its line with a carriage return several times a second. On a terminal the line changes in place;
+written to a file every drawing stays, and the log of a long run grew by megabytes of ``\\r`` frames that ``less``
+and ``grep`` read as one endless line. Where the stream is no terminal, `Lines` stands in for the bar: the text tqdm
+draws (description, percentage, count, elapsed<left, rate, postfix) without the bar and without a control character,
+one line at a time, when its owner says (`Lines.emit`) or every `LINE_INTERVAL` seconds. tqdm's own ``TQDM_DISABLE``
+turns bars and lines off alike.
+
+`bar` makes one for the library's long loops (tokenizer training, packing, cleaning, evaluation, sample reports);
+the training bar (`tinylm.train.callbacks.ProgressBar`) emits its lines at optimizer steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+LINE_INTERVAL = 30.0  # seconds between two lines of a loop's progress in a log: a long step shows it is alive
+_ENV_OFF = ("", "0", "false", "no")
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a redrawn line stays one line there)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+def draws_bars(stream: Any) -> bool:
+    """Whether a bar written to ``stream`` redraws in place: a terminal, or a Jupyter kernel's output, where
+    ``tqdm.auto`` draws a widget (its stream is no terminal)."""
+    if is_terminal(stream):
+        return True
+    import tqdm.auto  # noqa: F401 (imports tqdm.autonotebook without the warning that its notebook mode gives)
+    from tqdm.autonotebook import tqdm as auto  # (tqdm.auto's own class is a subclass of it, whatever the place)
+    from tqdm.std import tqdm as std
+
+    return auto is not std
+
+
+def disabled_by_env() -> bool:
+    """tqdm's ``TQDM_DISABLE`` set (to anything but 0/false/no): no bar, no lines."""
+    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in _ENV_OFF
+
+
+def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: str = "", enabled: bool = True,
+        file: Any = None, **kwargs: Any) -> Any:
+    """A tqdm bar over ``iterable`` (or updated by hand) where ``file`` (stderr by default) draws bars, `Lines`
+    elsewhere (a line every `LINE_INTERVAL` seconds, and a last one at the end when any was written: a loop of
+    seconds writes nothing), a silent one when not ``enabled`` or under ``TQDM_DISABLE``. ``kwargs``: tqdm's
+    (``unit``, ``unit_scale``, ``initial``, ...); `Lines` takes those it shows and ignores the rest."""
+    from tqdm.auto import tqdm
+
+    if not enabled or disabled_by_env():
+        return tqdm(iterable, total=total, disable=True)
+    if draws_bars(file or sys.stderr):
+        return tqdm(iterable, total=total, desc=desc, file=file, **kwargs)
+    return Lines(iterable, total=total, desc=desc, file=file, interval=LINE_INTERVAL, **kwargs)
+
+
+class Lines:
+    """The part of tqdm's interface that tinylm's bars use (and Lightning's progress bar calls), writing lines
+    instead of redrawing one: ``update``, ``n``, ``total``, ``initial``, ``set_postfix``, ``set_description``,
+    ``reset``, ``refresh``, ``write``, ``close``, iteration and ``with``.
+
+    A line is written by `emit`, by ``update``/``refresh`` once ``interval`` seconds passed since the last (None:
+    only by `emit`), and by ``close`` when the count moved since the last line written (a loop that wrote none
+    stays silent: its caller says what it did).
+    """
+
+    disable = False
+
+    def __init__(self, iterable: Iterable | None = None, *, total: float | None = None, desc: str = "",
+                 initial: float = 0, unit: str = "it", unit_scale: bool = False, unit_divisor: int = 1000,
+                 file: Any = None, interval: float | None = LINE_INTERVAL, **tqdm_only: Any) -> None:
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.iterable, self.total, self.desc = iterable, total, desc
+        self.initial = self.n = initial
+        self.unit, self.unit_scale, self.unit_divisor = unit, unit_scale, unit_divisor
+        self.file, self.interval = file, interval
+        self.postfix = ""
+        self.start_t = self._written_t = time.monotonic()
+        self._written_n: float | None = None  # the count at the last line written
+        self._closed = False
+
+    # ---- tqdm's interface --------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        try:
+            for item in self.iterable:
+                yield item
+                self.update()
+        finally:
+            self.close()
+
+    def __len__(self) -> int:
+        return int(self.total or 0)
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def refresh(self, *args: Any, **kwargs: Any) -> None:
+        if self.interval is not None and time.monotonic() - self._written_t >= self.interval:
+            self.emit()
+
+    def reset(self, total: float | None = None) -> None:
+        self.n, self.total, self.start_t = 0, total, time.monotonic()
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.desc = desc or ""
+
+    def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        from tqdm.std import tqdm
+
+        items = {**(ordered_dict or {}), **kwargs}
+        self.postfix = ", ".join(f"{k}={tqdm.format_num(v) if isinstance(v, (int, float)) else v}"
+                                 for k, v in items.items())
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = s
+
+    def write(self, s: str, file: Any = None, end: str = "\n", nolock: bool = False) -> None:
+        self._out(s + end, file)
+
+    def close(self) -> None:
+        if not self._closed and self._written_n is not None and self._written_n != self.n:
+            self.emit()
+        self._closed = True
+
+    # ---- lines ---------------------------------------------------------------------------------------------------
+    def emit(self) -> None:
+        """Write the progress now, as one line."""
+        self._written_n, self._written_t = self.n, time.monotonic()
+        self._out(str(self) + "\n")
+
+    def __str__(self) -> str:
+        from tqdm.std import tqdm
+
+        known = bool(self.total)  # (without a total, tqdm's own form: count, elapsed, rate)
+        form = (("{desc}: " if self.desc else "") + "{percentage:3.0f}% {n_fmt}/{total_fmt} "
+                "[{elapsed}<{remaining}, {rate_fmt}{postfix}]") if known else None
+        return tqdm.format_meter(self.n, self.total, time.monotonic() - self.start_t, prefix=self.desc,
+                                 unit=self.unit, unit_scale=self.unit_scale, unit_divisor=self.unit_divisor,
+                                 initial=self.initial, postfix=self.postfix or None, bar_format=form)
+
+    def _out(self, text: str, file: Any = None) -> None:
+        stream = file or self.file or sys.stderr  # (what it is now, as tqdm: stderr may have been replaced)
+        stream.write(text)
+        stream.flush()
