@@ -418,32 +418,32 @@ def test_checkpoint_hyperparameters_that_build_no_model_are_named(tmp_path):
         load_model(path)
 
 
-_EXPORTER = r"""
-import os, signal, sys
-from tinylm.cli import main
-import tinylm.cli.commands, tinylm.hf, tokenizers, transformers  # what each export imports, imported once: before
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401 (the kills, not in them)
-for line in sys.stdin:  # "K CKPT OUT": a forked child exports, killed at its K-th change to the folder's parent
-    k, ckpt, out = line.split()
+_SWAP_EVENTS = ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.export.swap")
+
+
+def _export_killed_at(k: int, ckpt: Path, out: Path) -> bool:
+    """`tinylm export --ckpt_path CKPT --out OUT` in a child forked from this process (tinylm, transformers and
+    tokenizers already imported: what each export imports, imported once, before the kills, not in them), SIGKILLed
+    at its K-th change to OUT's parent (Python's own audit events, and the swap); whether the kill came."""
+    from tinylm.cli import main
+
     child = os.fork()
-    if child == 0:
-        seen = [0]
-        parent = os.path.dirname(out)
-        def hook(event, args):  # every change a process makes to a folder (Python's own audit events) and the swap
-            if event in ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.export.swap") and \
-                    any(isinstance(a, str) and a.startswith(parent) for a in args):
-                seen[0] += 1
-                if seen[0] == int(k):
-                    os.kill(os.getpid(), signal.SIGKILL)
-        sys.addaudithook(hook)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what export prints; the parent alone answers
+    if child == 0:  # pragma: no cover (a child: dies by SIGKILL or leaves at once, never back into pytest)
         try:
-            main(["export", "--ckpt_path", ckpt, "--out", out])
+            seen, parent = [0], os.path.dirname(out)
+
+            def hook(event, args):
+                if event in _SWAP_EVENTS and any(isinstance(a, str) and a.startswith(parent) for a in args):
+                    seen[0] += 1
+                    if seen[0] == k:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            sys.addaudithook(hook)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what export prints
+            main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
         finally:
             os._exit(0)
-    _, status = os.waitpid(child, 0)
-    print("killed" if os.WIFSIGNALED(status) else "done", flush=True)
-"""
+    return os.WIFSIGNALED(os.waitpid(child, 0)[1])
 
 
 @pytest.mark.slow
@@ -454,7 +454,9 @@ def test_a_kill_at_any_point_of_an_export_leaves_one_whole_export(tmp_path):
     transformers as the earlier export or the new one, whole; the next export leaves nothing behind beside it."""
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401 (before the forks)
 
+    import tinylm.cli.commands  # noqa: F401 (what each export imports: before the forks, not in each)
     from tinylm.hf import export_hf
     from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
@@ -470,30 +472,22 @@ def test_a_kill_at_any_point_of_an_export_leaves_one_whole_export(tmp_path):
         want[name] = (sorted(p.name for p in ref.iterdir()), load_file(ref / "model.safetensors"),
                       Tokenizer.load(ref / "tinylm_tokenizer").fingerprint)
     out = tmp_path / "exports" / "hf"
-    proc = _spawn([sys.executable, "-c", _EXPORTER], tmp_path, stdin=subprocess.PIPE)
-    try:
-        for k in range(1, 40):
-            shutil.rmtree(out.parent, ignore_errors=True)
-            export_hf(ckpts["old"], out)
-            proc.stdin.write(f"{k} {ckpts['new']} {out}\n")
-            proc.stdin.flush()
-            said = proc.stdout.readline().strip()
-            names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: not loaded
-            which = [name for name, (files, weights, fingerprint) in want.items() if names == files
-                     and _same(load_file(out / "model.safetensors"), weights)
-                     and Tokenizer.load(out / "tinylm_tokenizer").fingerprint == fingerprint]
-            assert which, f"killed at change {k}: {names}"
-            transformers.AutoModelForCausalLM.from_pretrained(out)  # loads
-            if said == "done":
-                assert which == ["new"] and os.listdir(out.parent) == ["hf"]  # nothing left beside it
-                break
-            assert said == "killed"
-            export_hf(ckpts["new"], out)  # the next export cleans up what the killed one left
-            assert os.listdir(out.parent) == ["hf"] and _same(load_file(out / "model.safetensors"), want["new"][1])
-        assert k > 1  # not vacuous: it was killed at least once
-    finally:
-        proc.kill()
-        proc.wait()
+    for k in range(1, 40):
+        shutil.rmtree(out.parent, ignore_errors=True)
+        export_hf(ckpts["old"], out)
+        killed = _export_killed_at(k, ckpts["new"], out)
+        names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: not loaded
+        which = [name for name, (files, weights, fingerprint) in want.items() if names == files
+                 and _same(load_file(out / "model.safetensors"), weights)
+                 and Tokenizer.load(out / "tinylm_tokenizer").fingerprint == fingerprint]
+        assert which, f"killed at change {k}: {names}"
+        transformers.AutoModelForCausalLM.from_pretrained(out)  # loads
+        if not killed:
+            assert which == ["new"] and os.listdir(out.parent) == ["hf"]  # nothing left beside it
+            break
+        export_hf(ckpts["new"], out)  # the next export cleans up what the killed one left
+        assert os.listdir(out.parent) == ["hf"] and _same(load_file(out / "model.safetensors"), want["new"][1])
+    assert k > 1  # not vacuous: it was killed at least once
 
 
 def _same(a: dict, b: dict) -> bool:
