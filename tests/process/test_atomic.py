@@ -20,24 +20,26 @@ from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoi
 
 pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
 
-_WRITER = r"""
-import os, sys, torch
-from tinylm.checkpoint import AtomicCheckpointIO
-for line in sys.stdin:  # a path: a forked child rewrites it until the test kills it (one import for all the kills)
+def _saving_forever(path: Path) -> int:
+    """A child forked from this process (torch imported once) that rewrites checkpoint ``path`` until it is killed,
+    each version tagged and ~16 MB so writes take a while; its pid, once it starts its first save."""
+    ready, said = os.pipe()
     child = os.fork()
-    if child == 0:
+    if child == 0:  # pragma: no cover (a child: killed, or leaves at once, never back into pytest)
         try:
-            io, path = AtomicCheckpointIO(), line.strip()
-            print("ready", os.getpid(), flush=True)
-            i = 1
-            while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
-                io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"format": 1, "version": i}}, path)
+            os.close(ready)
+            os.write(said, b"ready")
+            io, i = AtomicCheckpointIO(), 1
+            while True:
+                io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))},
+                                    "tinylm": {"format": 1, "version": i}}, path)
                 i += 1
         finally:
-            os._exit(1)  # never back into the loop above: the parent alone reads the next path
-    os.waitpid(child, 0)
-    print("killed", flush=True)
-"""  # noqa: E501 (a line of the child's script, which this string holds verbatim)
+            os._exit(1)
+    os.close(said)
+    assert os.read(ready, 5) == b"ready"
+    os.close(ready)
+    return child
 
 
 def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.Popen:
@@ -48,27 +50,20 @@ def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.P
 
 def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path):
     """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file). Killed
-    0.05, 0.3, 0.7 and 1.2 s into the saves, each a fresh file and writer (forked from one that imported torch)."""
-    proc = _spawn([sys.executable, "-c", _WRITER], tmp_path, stdin=subprocess.PIPE)
-    try:
-        for delay in (0.05, 0.3, 0.7, 1.2):
-            path = tmp_path / f"after-{delay}s" / "last.ckpt"
-            path.parent.mkdir()
-            AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)},
-                                                  "tinylm": {"format": 1, "version": 0}}, path)
-            proc.stdin.write(f"{path}\n")
-            proc.stdin.flush()
-            said, pid = proc.stdout.readline().split()
-            assert said == "ready"
-            time.sleep(delay)
-            os.kill(int(pid), signal.SIGKILL)
-            assert proc.stdout.readline().strip() == "killed"  # and reaped: nothing writes the file any more
-            ckpt = load_checkpoint(path)  # whole: old or new, never a mix
-            version = ckpt["tinylm"]["version"]
-            assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
-    finally:
-        proc.kill()
-        proc.wait()
+    0.05, 0.3, 0.7 and 1.2 s into the saves, each a fresh file and writer (forked from this process, which imported
+    torch once)."""
+    for delay in (0.05, 0.3, 0.7, 1.2):
+        path = tmp_path / f"after-{delay}s" / "last.ckpt"
+        path.parent.mkdir()
+        AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)},
+                                              "tinylm": {"format": 1, "version": 0}}, path)
+        pid = _saving_forever(path)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        assert os.waitpid(pid, 0)[1] != 0  # killed, and reaped: nothing writes the file any more
+        ckpt = load_checkpoint(path)  # whole: old or new, never a mix
+        version = ckpt["tinylm"]["version"]
+        assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
 
 
 def test_truncated_checkpoint_is_reported_clearly(tmp_path):
