@@ -56,7 +56,8 @@ if request["session"]:
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
-for fd, path in ((0, os.devnull), (1, request["stdout"]), (2, request["stderr"])):
+for fd, path in ((0, request["stdin"]), (1, request["stdout"]), (2, request["stderr"])):  # a terminal among them:
+    # opened by the leader of a new session, it becomes the session's controlling terminal, as under a login shell
     opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(opened, fd)
     os.close(opened)
@@ -99,7 +100,7 @@ class _Server:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode()
 
-    def start(self, args, cwd, env, stdout, stderr, session: bool, ignore_sigint: bool) -> "Forked":
+    def start(self, args, cwd, env, stdin, stdout, stderr, session: bool, ignore_sigint: bool) -> "Forked":
         if self.current is not None and self.current.poll() is None:  # left running by a failed test: not for long
             self.current.end()
         pipes, folder = {}, None
@@ -112,7 +113,8 @@ class _Server:
                 pipes[name] = (os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
                 stdout, stderr = (fifo, stderr) if name == "stdout" else (stdout, fifo)
         request = {"args": [str(a) for a in args], "cwd": str(cwd), "env": dict(os.environ if env is None else env),
-                   "stdout": str(stdout), "stderr": str(stderr), "session": session, "ignore_sigint": ignore_sigint}
+                   "stdin": str(stdin), "stdout": str(stdout), "stderr": str(stderr), "session": session,
+                   "ignore_sigint": ignore_sigint}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         said, pid = self.readline(60).split()
@@ -219,15 +221,17 @@ class Forked:
 _server: _Server | None = None
 
 
-def popen(args, *, cwd, env=None, stdout=os.devnull, stderr=os.devnull, start_new_session: bool = False,
-          ignore_sigint: bool = False) -> Forked:
-    """`python -m tinylm ARGS` forked from the server, as subprocess.Popen would start it; ``stdout`` and ``stderr``
-    are paths (appended to) or PIPE (read by communicate), ``env`` the whole environment (default: this process's)."""
+def popen(args, *, cwd, env=None, stdin=os.devnull, stdout=os.devnull, stderr=os.devnull,
+          start_new_session: bool = False, ignore_sigint: bool = False) -> Forked:
+    """`python -m tinylm ARGS` forked from the server, as subprocess.Popen would start it; ``stdin`` is a path (read),
+    ``stdout`` and ``stderr`` paths (appended to) or PIPE (read by communicate), ``env`` the whole environment
+    (default: this process's). A terminal's path (``os.ttyname`` of a pty's end) for them all, with
+    ``start_new_session``, starts it as a login shell's job: its own session, that terminal its controlling one."""
     global _server
     if _server is None:
         _server = _Server()
         atexit.register(_server.close)
-    return _server.start(args, cwd, env, stdout, stderr, start_new_session, ignore_sigint)
+    return _server.start(args, cwd, env, stdin, stdout, stderr, start_new_session, ignore_sigint)
 
 
 def run(args, *, cwd, env=None, timeout: float, start_new_session: bool = False) -> subprocess.CompletedProcess:

@@ -338,27 +338,36 @@ def test_streamed_text_holds_back_a_character_until_its_last_byte(capsys):
 def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
     """Catches every node of a multi-node run started by hand (NODE_RANK=1, ...) printing the run's warnings and
     notes again: rank 0 of node 0 says them."""
-    import subprocess
-    import sys
+    import logging
+    import os
 
-    # each node a fresh process, forked from one that imported Lightning alone (5-10 s, once): it reads no NODE_RANK
-    show = ("import logging, os\n"
-            "import lightning.pytorch\n"
-            "for node in ('0', '1'):\n"
-            "    child = os.fork()\n"
-            "    if child == 0:\n"
-            "        try:\n"
-            "            os.environ['NODE_RANK'] = node\n"
-            "            from tinylm.cli.console import setup as _setup_console\n"
-            "            _setup_console()\n"
-            "            print(node, logging.getLogger('tinylm').getEffectiveLevel(), flush=True)\n"
-            "        finally:\n"
-            "            os._exit(0)\n"
-            "    os.waitpid(child, 0)\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "NODE_RANK"}
-    done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, env=env, check=True)
-    levels = {node: int(level) for node, level in (line.split() for line in done.stdout.splitlines())}
-    assert levels == {"0": 20, "1": 40}, done.stderr[-2000:]  # INFO, ERROR
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from tinylm.cli.console import setup as _setup_console
+
+    # each node a child forked from this process (Lightning imported, with no NODE_RANK), set up as a fresh process
+    # is: no handler on the "tinylm" logger yet, Lightning's rank that of a process it did not start (0)
+    levels = {}
+    for node in ("0", "1"):
+        ready, said = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a child: leaves at once, never back into pytest)
+            try:
+                os.close(ready)
+                tinylm_log = logging.getLogger("tinylm")
+                tinylm_log.handlers.clear()
+                tinylm_log.setLevel(logging.NOTSET)
+                rank_zero_only.rank = 0
+                os.environ["NODE_RANK"] = node
+                _setup_console()
+                os.write(said, str(tinylm_log.getEffectiveLevel()).encode())
+            finally:
+                os._exit(0)
+        os.close(said)
+        levels[node] = int(os.read(ready, 16) or -1)
+        os.close(ready)
+        os.waitpid(child, 0)
+    assert levels == {"0": 20, "1": 40}  # INFO, ERROR
 
 
 def test_tinylm_help_answers_without_importing_lightning():

@@ -20,24 +20,26 @@ from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoi
 
 pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
 
-_WRITER = r"""
-import os, sys, torch
-from tinylm.checkpoint import AtomicCheckpointIO
-for line in sys.stdin:  # a path: a forked child rewrites it until the test kills it (one import for all the kills)
+def _saving_forever(path: Path) -> int:
+    """A child forked from this process (torch imported once) that rewrites checkpoint ``path`` until it is killed,
+    each version tagged and ~16 MB so writes take a while; its pid, once it starts its first save."""
+    ready, said = os.pipe()
     child = os.fork()
-    if child == 0:
+    if child == 0:  # pragma: no cover (a child: killed, or leaves at once, never back into pytest)
         try:
-            io, path = AtomicCheckpointIO(), line.strip()
-            print("ready", os.getpid(), flush=True)
-            i = 1
-            while True:  # rewrite the same checkpoint forever, each version tagged and ~16 MB so writes take a while
-                io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))}, "tinylm": {"format": 1, "version": i}}, path)
+            os.close(ready)
+            os.write(said, b"ready")
+            io, i = AtomicCheckpointIO(), 1
+            while True:
+                io.save_checkpoint({"state_dict": {"w": torch.full((4_000_000,), float(i))},
+                                    "tinylm": {"format": 1, "version": i}}, path)
                 i += 1
         finally:
-            os._exit(1)  # never back into the loop above: the parent alone reads the next path
-    os.waitpid(child, 0)
-    print("killed", flush=True)
-"""  # noqa: E501 (a line of the child's script, which this string holds verbatim)
+            os._exit(1)
+    os.close(said)
+    assert os.read(ready, 5) == b"ready"
+    os.close(ready)
+    return child
 
 
 def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.Popen:
@@ -48,27 +50,20 @@ def _spawn(args: list[str], cwd: Path, stdin: int | None = None) -> subprocess.P
 
 def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path):
     """Catches a crash mid-save corrupting last.ckpt (Lightning's own writer moves an unsynced temp file). Killed
-    0.05, 0.3, 0.7 and 1.2 s into the saves, each a fresh file and writer (forked from one that imported torch)."""
-    proc = _spawn([sys.executable, "-c", _WRITER], tmp_path, stdin=subprocess.PIPE)
-    try:
-        for delay in (0.05, 0.3, 0.7, 1.2):
-            path = tmp_path / f"after-{delay}s" / "last.ckpt"
-            path.parent.mkdir()
-            AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)},
-                                                  "tinylm": {"format": 1, "version": 0}}, path)
-            proc.stdin.write(f"{path}\n")
-            proc.stdin.flush()
-            said, pid = proc.stdout.readline().split()
-            assert said == "ready"
-            time.sleep(delay)
-            os.kill(int(pid), signal.SIGKILL)
-            assert proc.stdout.readline().strip() == "killed"  # and reaped: nothing writes the file any more
-            ckpt = load_checkpoint(path)  # whole: old or new, never a mix
-            version = ckpt["tinylm"]["version"]
-            assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
-    finally:
-        proc.kill()
-        proc.wait()
+    0.05, 0.3, 0.7 and 1.2 s into the saves, each a fresh file and writer (forked from this process, which imported
+    torch once)."""
+    for delay in (0.05, 0.3, 0.7, 1.2):
+        path = tmp_path / f"after-{delay}s" / "last.ckpt"
+        path.parent.mkdir()
+        AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4_000_000)},
+                                              "tinylm": {"format": 1, "version": 0}}, path)
+        pid = _saving_forever(path)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        assert os.waitpid(pid, 0)[1] != 0  # killed, and reaped: nothing writes the file any more
+        ckpt = load_checkpoint(path)  # whole: old or new, never a mix
+        version = ckpt["tinylm"]["version"]
+        assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
 
 
 def test_truncated_checkpoint_is_reported_clearly(tmp_path):
@@ -418,32 +413,32 @@ def test_checkpoint_hyperparameters_that_build_no_model_are_named(tmp_path):
         load_model(path)
 
 
-_EXPORTER = r"""
-import os, signal, sys
-from tinylm.cli import main
-import tinylm.cli.commands, tinylm.hf, tokenizers, transformers  # what each export imports, imported once: before
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401 (the kills, not in them)
-for line in sys.stdin:  # "K CKPT OUT": a forked child exports, killed at its K-th change to the folder's parent
-    k, ckpt, out = line.split()
+_SWAP_EVENTS = ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.export.swap")
+
+
+def _export_killed_at(k: int, ckpt: Path, out: Path) -> bool:
+    """`tinylm export --ckpt_path CKPT --out OUT` in a child forked from this process (tinylm, transformers and
+    tokenizers already imported: what each export imports, imported once, before the kills, not in them), SIGKILLed
+    at its K-th change to OUT's parent (Python's own audit events, and the swap); whether the kill came."""
+    from tinylm.cli import main
+
     child = os.fork()
-    if child == 0:
-        seen = [0]
-        parent = os.path.dirname(out)
-        def hook(event, args):  # every change a process makes to a folder (Python's own audit events) and the swap
-            if event in ("os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "tinylm.export.swap") and \
-                    any(isinstance(a, str) and a.startswith(parent) for a in args):
-                seen[0] += 1
-                if seen[0] == int(k):
-                    os.kill(os.getpid(), signal.SIGKILL)
-        sys.addaudithook(hook)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what export prints; the parent alone answers
+    if child == 0:  # pragma: no cover (a child: dies by SIGKILL or leaves at once, never back into pytest)
         try:
-            main(["export", "--ckpt_path", ckpt, "--out", out])
+            seen, parent = [0], os.path.dirname(out)
+
+            def hook(event, args):
+                if event in _SWAP_EVENTS and any(isinstance(a, str) and a.startswith(parent) for a in args):
+                    seen[0] += 1
+                    if seen[0] == k:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            sys.addaudithook(hook)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what export prints
+            main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
         finally:
             os._exit(0)
-    _, status = os.waitpid(child, 0)
-    print("killed" if os.WIFSIGNALED(status) else "done", flush=True)
-"""
+    return os.WIFSIGNALED(os.waitpid(child, 0)[1])
 
 
 @pytest.mark.slow
@@ -454,7 +449,9 @@ def test_a_kill_at_any_point_of_an_export_leaves_one_whole_export(tmp_path):
     transformers as the earlier export or the new one, whole; the next export leaves nothing behind beside it."""
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401 (before the forks)
 
+    import tinylm.cli.commands  # noqa: F401 (what each export imports: before the forks, not in each)
     from tinylm.hf import export_hf
     from tinylm.tokenize.tokenizer import Tokenizer, build_tokenizer
 
@@ -470,30 +467,22 @@ def test_a_kill_at_any_point_of_an_export_leaves_one_whole_export(tmp_path):
         want[name] = (sorted(p.name for p in ref.iterdir()), load_file(ref / "model.safetensors"),
                       Tokenizer.load(ref / "tinylm_tokenizer").fingerprint)
     out = tmp_path / "exports" / "hf"
-    proc = _spawn([sys.executable, "-c", _EXPORTER], tmp_path, stdin=subprocess.PIPE)
-    try:
-        for k in range(1, 40):
-            shutil.rmtree(out.parent, ignore_errors=True)
-            export_hf(ckpts["old"], out)
-            proc.stdin.write(f"{k} {ckpts['new']} {out}\n")
-            proc.stdin.flush()
-            said = proc.stdout.readline().strip()
-            names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: not loaded
-            which = [name for name, (files, weights, fingerprint) in want.items() if names == files
-                     and _same(load_file(out / "model.safetensors"), weights)
-                     and Tokenizer.load(out / "tinylm_tokenizer").fingerprint == fingerprint]
-            assert which, f"killed at change {k}: {names}"
-            transformers.AutoModelForCausalLM.from_pretrained(out)  # loads
-            if said == "done":
-                assert which == ["new"] and os.listdir(out.parent) == ["hf"]  # nothing left beside it
-                break
-            assert said == "killed"
-            export_hf(ckpts["new"], out)  # the next export cleans up what the killed one left
-            assert os.listdir(out.parent) == ["hf"] and _same(load_file(out / "model.safetensors"), want["new"][1])
-        assert k > 1  # not vacuous: it was killed at least once
-    finally:
-        proc.kill()
-        proc.wait()
+    for k in range(1, 40):
+        shutil.rmtree(out.parent, ignore_errors=True)
+        export_hf(ckpts["old"], out)
+        killed = _export_killed_at(k, ckpts["new"], out)
+        names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: not loaded
+        which = [name for name, (files, weights, fingerprint) in want.items() if names == files
+                 and _same(load_file(out / "model.safetensors"), weights)
+                 and Tokenizer.load(out / "tinylm_tokenizer").fingerprint == fingerprint]
+        assert which, f"killed at change {k}: {names}"
+        transformers.AutoModelForCausalLM.from_pretrained(out)  # loads
+        if not killed:
+            assert which == ["new"] and os.listdir(out.parent) == ["hf"]  # nothing left beside it
+            break
+        export_hf(ckpts["new"], out)  # the next export cleans up what the killed one left
+        assert os.listdir(out.parent) == ["hf"] and _same(load_file(out / "model.safetensors"), want["new"][1])
+    assert k > 1  # not vacuous: it was killed at least once
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -114,20 +114,14 @@ def test_a_closed_terminal_stops_the_run_at_a_step_and_saves(config, tmp_path):
     """Catches a closed terminal (an ssh session dropped) killing `fit` at once, unsaved: the kernel's SIGHUP to the
     terminal's controlling process, and every write to the hung-up terminal failing (EIO), the progress bar's
     included. The run, on a real pseudo-terminal closed at step 2, stops at a whole step, saves, exits 129."""
-    import fcntl
     import pty
-    import termios
 
     master, slave = pty.openpty()
-
-    def own_terminal() -> None:  # as a login shell's job: its own session, the pty its controlling terminal
-        os.setsid()
-        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-
+    terminal = os.ttyname(slave)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(config),
-                             "--trainer.enable_progress_bar", "true"], cwd=tmp_path, env=env, stdin=slave,
-                            stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    # as a login shell's job: its own session, the pty its controlling terminal (opened by the session's leader)
+    proc = forked.popen(["fit", "--config", str(config), "--trainer.enable_progress_bar", "true"], cwd=tmp_path,
+                        env=env, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True)
     os.close(slave)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
     deadline, said = time.monotonic() + 180, b""
@@ -139,8 +133,7 @@ def test_a_closed_terminal_stops_the_run_at_a_step_and_saves(config, tmp_path):
     try:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.end()
         pytest.fail("the run went on after its terminal closed")
     assert proc.returncode == 129, said[-3000:]
     step = torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["global_step"]

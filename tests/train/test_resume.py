@@ -13,6 +13,7 @@ from tinylm import checkpoint_share
 from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
 
+pytestmark = pytest.mark.slow  # end-to-end runs, a resume each (run early: tests/conftest.py)
 STEPS = 8
 MUON_MODERN = {"optimizer": "muon", "positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
                "tie_embeddings": False, "logit_softcap": 15.0, "zero_init_proj": True}
