@@ -209,6 +209,16 @@ def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     main([*resume, "--ckpt_path", str(path)])  # the file it came from resumes (not vacuous)
 
 
+@pytest.mark.parametrize("limit", ["0", "0.0"])
+def test_validate_of_no_batches_is_refused(config, tmp_path, capsys, limit):
+    """Catches `tinylm validate --trainer.limit_val_batches 0` validating nothing without a word: it printed
+    "step N: " with no metric, exit 0, and appended an empty row to the run's validate/metrics.csv. Refused before
+    the checkpoint is read (this one does not exist)."""
+    _one_line_error(capsys, ["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "missing.ckpt"),
+                             "--trainer.limit_val_batches", limit],
+                    "trainer.limit_val_batches=0 validates nothing", "--trainer.limit_val_batches 20")
+
+
 def test_validate_with_another_block_size_says_to_leave_it_out(config, tmp_path, capsys):
     """Catches `tinylm validate --data.block_size 8` of a block-16 checkpoint told to "resume with the same
     data.block_size, or start a new run": validate resumes nothing; without the option it uses the run's own."""
