@@ -448,11 +448,13 @@ def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch,
                     f"got {got}")
 
 
-def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
-    """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
-    _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
-                    "--sizes needs at least 3 [n_layer, n_embd] pairs", "got []")
-    assert not (tmp_path / "s").exists()
+@pytest.mark.parametrize("option", ["--sizes", "--predict"])
+def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys, option):
+    """Catches `scaling --sizes []` (or `--predict []`) training the default ladder (or predicting the default
+    model), as if the option were not given."""
+    _one_line_error(capsys, ["scaling", "--config", str(config), option, "[]", "--out", str(tmp_path / "s.png")],
+                    "--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair", "got [")
+    assert not (tmp_path / "s.png").exists()
 
 
 @pytest.mark.parametrize(
