@@ -420,6 +420,9 @@ def sample_report(
     constraint = _check_report_options(sample_report.options.values(locals()))  # before loading anything
     if prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+        if not prompts:  # (it reported on the default prompt, as if --prompts were not given)
+            raise ValueError("--prompts is empty: give at least one (e.g. --prompts 'ROMEO:'), or leave it out to "
+                             "start every sample from a fresh document")
     last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
     if not 0 <= seed <= last:
         raise ValueError(f"--seed must be in [0, 2**63 - {len(prompts or [''])}] (prompt i samples with seed + i), "
