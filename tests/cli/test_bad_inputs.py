@@ -357,6 +357,29 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
             == "FileExistsError: [Errno 17] File exists: '/tmp'")
 
 
+def test_a_full_disk_under_redirected_output_names_the_output(tmp_path, capsys, monkeypatch):
+    """Catches `tinylm generate ... > samples.txt` (any command's output sent to a file) on a full disk said as
+    "no space left on the disk" with the fixes of runs and datasets (--trainer.default_root_dir, --data.cache_dir,
+    --out), which cannot help: that OSError names no file. The line names the standard output."""
+    import errno
+    import io
+    import sys
+
+    class Full(io.StringIO):  # a redirected stdout on a full disk
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,3.0\n1,2.5\n")
+    monkeypatch.setattr(sys, "stdout", Full())
+    with pytest.raises(SystemExit) as ended:
+        main(["plot", "metrics.csv", "--out", "p.png"])
+    err = capsys.readouterr().err.strip()
+    assert ended.value.code == 1 and "\n" not in err and "Traceback" not in err
+    assert "no space left on the disk writing the standard output" in err and "another disk" in err, err
+    assert "--trainer.default_root_dir" not in err
+
+
 @pytest.mark.parametrize("blocker, args", [
     ("ff", ["--trainer.default_root_dir", "ff"]),  # the runs folder is a file
     ("runs/tiny", []),  # the run folder is a file
