@@ -229,3 +229,14 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     n = max(1, min(default, round(cpus - busy)))
     why = f"{n} of {default}" + (f": other processes kept {busy:.1f} of {cpus} CPUs busy" if n < default else "")
     return n, why + "; --run.threads N sets it"
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now: CUDA's own count, else the machine's available physical memory (Linux); None
+    where there is no cheap reading (then no check refuses anything)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux
+        return None

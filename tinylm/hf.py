@@ -288,6 +288,62 @@ _IMPORTABLE = (
 )
 
 
+# config.json's fields that give the weights' shapes: model_type -> (the sizes, the width, the heads it splits into)
+_SHAPE_FIELDS = {
+    "gpt2": (("vocab_size", "n_positions", "n_layer", "n_head", "n_embd"), "n_embd", "n_head"),
+    "llama": (("vocab_size", "max_position_embeddings", "num_hidden_layers", "num_attention_heads", "hidden_size"),
+              "hidden_size", "num_attention_heads"),
+}
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+_AGAIN = "the file was edited or belongs to another model: export the model again with `tinylm export`"
+
+
+def _check_shape(path: Path, config: dict, sizes: tuple[str, ...], width: str, heads: str) -> None:
+    """The sizes in config.json are whole numbers >= 1 and the width splits into the heads, before transformers
+    reads them (it raised a ZeroDivisionError or its own validation error, with a traceback)."""
+    for field in sizes:
+        value = config.get(field, 1)  # (a missing size takes transformers' default; the weights then decide)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"cannot import {str(path)!r}: its config.json has {field}={value!r}, not a whole "
+                             f"number >= 1; {_AGAIN}")
+    if not isinstance(config.get("tinylm", {}), dict):  # (tinylm's own section, which `tinylm export` writes)
+        raise ValueError(f"cannot import {str(path)!r}: its config.json has tinylm={config['tinylm']!r}, not a "
+                         f"mapping of tinylm's options; {_AGAIN}")
+    if width in config and heads in config and config[width] % config[heads]:
+        raise ValueError(f"cannot import {str(path)!r}: its config.json has {width}={config[width]}, which "
+                         f"{heads}={config[heads]} does not divide into heads; {_AGAIN}")
+
+
+def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
+    """The fp32 state_dict of ``model_class.from_pretrained(path)``, refusing weights that do not fit config.json:
+    transformers fills a weight the file lacks with random numbers and drops one it does not expect, with only a
+    logged report (a config.json saying n_layer 3 over a 2-layer model's weights imported a random third layer),
+    and raised a RuntimeError with a traceback for a weight of another shape."""
+    from transformers.utils import logging as hf_logging
+
+    if not any((path / name).is_file() for name in _WEIGHT_FILES):
+        raise FileNotFoundError(f"no weights in {str(path)!r} (none of {', '.join(_WEIGHT_FILES)}); pass a "
+                                "directory written by `tinylm export`")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report: the error below says what matters
+    try:
+        with _weights_readable(path):
+            model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    wrong = [f"{name} is {tuple(theirs)} in the weights but {tuple(ours)} by config.json"
+             for name, theirs, ours in sorted(info.get("mismatched_keys") or [])]
+    wrong += [f"{name} is missing from the weights" for name in sorted(info.get("missing_keys") or [])]
+    wrong += [f"{name} is in the weights but not in the model config.json describes"
+              for name in sorted(info.get("unexpected_keys") or [])]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise ValueError(f"cannot import {str(path)!r}: its weights do not fit its config.json: {wrong[0]}{more}; "
+                         f"{_AGAIN}")
+    return {k: v.float() for k, v in model.state_dict().items()}
+
+
 def import_hf(path: str | Path) -> GPT:
     """A tinylm GPT (eval mode, fp32) from a transformers GPT-2 or Llama directory, e.g. one written by `export_hf`.
 
@@ -306,22 +362,24 @@ def import_hf(path: str | Path) -> GPT:
         raise ValueError(f"{str(path / 'config.json')!r} is not valid JSON ({e}); export the model again with "
                          "`tinylm export` (or fix the file)") from None
     model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type is None:
+        raise ValueError(f"{str(path / 'config.json')!r} names no model_type; only GPT-2 and Llama (model_type "
+                         "'gpt2', 'llama') import")
+    if model_type not in _SHAPE_FIELDS:
+        raise ValueError(f"{str(path)!r} holds a {model_type!r} model; only GPT-2 and Llama (model_type 'gpt2', "
+                         "'llama') import")
+    _check_shape(path, config, *_SHAPE_FIELDS[model_type])
     if model_type == "llama":
         from tinylm.hf_llama import import_llama
 
-        with _weights_readable(path):
-            return import_llama(path)
-    if model_type != "gpt2":
-        raise ValueError(f"{str(path)!r} holds a {model_type!r} model; only GPT-2 and Llama (model_type 'gpt2', "
-                         "'llama') import")
+        return import_llama(path, hf_weights)
     hc = GPT2Config.from_pretrained(path)
     unsupported = [f"{field}={getattr(hc, field, None)!r} (tinylm supports {what})"
                    for field, ok, what in _IMPORTABLE if not ok(getattr(hc, field, None), hc)]
     if unsupported:
         raise ValueError(f"cannot import {str(path)!r}: its config.json has {'; '.join(unsupported)}; tinylm's GPT "
                          "would predict differently from this model, so use it with transformers instead")
-    with _weights_readable(path):
-        state = {k: v.float() for k, v in GPT2LMHeadModel.from_pretrained(path).state_dict().items()}
+    state = hf_weights(GPT2LMHeadModel, path)
     extra = dict(getattr(hc, "tinylm", None) or {})
     biases = [v for k, v in state.items() if k.endswith(".bias") and k.startswith("transformer.")]
     # a bias-free export carries zero biases; keep them if something (e.g. fine-tuning in transformers) changed them

@@ -14,6 +14,7 @@ What Llama cannot express (qk_norm, logit_softcap, other norms/MLPs/positions) i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,8 +74,10 @@ def _rope(hc: Any) -> dict:
             "rope_theta": params.get("rope_theta", getattr(hc, "rope_theta", None))}
 
 
-def import_llama(path: Any) -> GPT:
-    """A tinylm GPT (eval, fp32) from a transformers Llama directory whose config tinylm computes exactly."""
+def import_llama(path: Any, weights: Callable[[Any, Any], dict[str, torch.Tensor]]) -> GPT:
+    """A tinylm GPT (eval, fp32) from a transformers Llama directory whose config tinylm computes exactly;
+    ``weights(LlamaForCausalLM, path)`` loads its fp32 state_dict (tinylm.hf.hf_weights: weights that fit the
+    config, or one line)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hc = LlamaConfig.from_pretrained(path)
@@ -92,7 +95,7 @@ def import_llama(path: Any) -> GPT:
         rope_theta=float(rope["rope_theta"]), tie_embeddings=bool(hc.tie_word_embeddings), **LLAMA_OPTIONS,
         **{k: extra[k] for k in EXTRA_FIELDS if k in extra},  # a folder from elsewhere: GPTConfig's defaults
     )
-    theirs = {k: v.float() for k, v in LlamaForCausalLM.from_pretrained(path).state_dict().items()}
+    theirs = weights(LlamaForCausalLM, path)
     if "lm_head.weight" not in theirs:  # tied: saved once
         theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
     model = GPT(config)

@@ -209,6 +209,16 @@ def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     main([*resume, "--ckpt_path", str(path)])  # the file it came from resumes (not vacuous)
 
 
+@pytest.mark.parametrize("limit", ["0", "0.0"])
+def test_validate_of_no_batches_is_refused(config, tmp_path, capsys, limit):
+    """Catches `tinylm validate --trainer.limit_val_batches 0` validating nothing without a word: it printed
+    "step N: " with no metric, exit 0, and appended an empty row to the run's validate/metrics.csv. Refused before
+    the checkpoint is read (this one does not exist)."""
+    _one_line_error(capsys, ["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "missing.ckpt"),
+                             "--trainer.limit_val_batches", limit],
+                    "trainer.limit_val_batches=0 validates nothing", "--trainer.limit_val_batches 20")
+
+
 def test_validate_with_another_block_size_says_to_leave_it_out(config, tmp_path, capsys):
     """Catches `tinylm validate --data.block_size 8` of a block-16 checkpoint told to "resume with the same
     data.block_size, or start a new run": validate resumes nothing; without the option it uses the run's own."""
@@ -347,6 +357,29 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
             == "FileExistsError: [Errno 17] File exists: '/tmp'")
 
 
+def test_a_full_disk_under_redirected_output_names_the_output(tmp_path, capsys, monkeypatch):
+    """Catches `tinylm generate ... > samples.txt` (any command's output sent to a file) on a full disk said as
+    "no space left on the disk" with the fixes of runs and datasets (--trainer.default_root_dir, --data.cache_dir,
+    --out), which cannot help: that OSError names no file. The line names the standard output."""
+    import errno
+    import io
+    import sys
+
+    class Full(io.StringIO):  # a redirected stdout on a full disk
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n0,3.0\n1,2.5\n")
+    monkeypatch.setattr(sys, "stdout", Full())
+    with pytest.raises(SystemExit) as ended:
+        main(["plot", "metrics.csv", "--out", "p.png"])
+    err = capsys.readouterr().err.strip()
+    assert ended.value.code == 1 and "\n" not in err and "Traceback" not in err
+    assert "no space left on the disk writing the standard output" in err and "another disk" in err, err
+    assert "--trainer.default_root_dir" not in err
+
+
 @pytest.mark.parametrize("blocker, args", [
     ("ff", ["--trainer.default_root_dir", "ff"]),  # the runs folder is a file
     ("runs/tiny", []),  # the run folder is a file
@@ -438,11 +471,13 @@ def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch,
                     f"got {got}")
 
 
-def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
-    """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
-    _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
-                    "--sizes needs at least 3 [n_layer, n_embd] pairs", "got []")
-    assert not (tmp_path / "s").exists()
+@pytest.mark.parametrize("option", ["--sizes", "--predict"])
+def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys, option):
+    """Catches `scaling --sizes []` (or `--predict []`) training the default ladder (or predicting the default
+    model), as if the option were not given."""
+    _one_line_error(capsys, ["scaling", "--config", str(config), option, "[]", "--out", str(tmp_path / "s.png")],
+                    "--sizes needs at least 3 [n_layer, n_embd] pairs and --predict one pair", "got [")
+    assert not (tmp_path / "s.png").exists()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ wheel (its README says where they come from), read by the same code as the insta
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import lightning as L
@@ -234,6 +235,22 @@ def test_bad_eval_options_end_in_one_line(bpe_ckpt, capsys, argv, needle):
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_batch_whose_logits_cannot_fit_is_refused_before_scoring(bpe_ckpt, capsys, monkeypatch):
+    """Catches `tinylm eval --batch_size 256` of a big-vocabulary model running out of memory mid-eval (CUDA's OOM
+    traceback; on the CPU the machine swapping or the OOM killer): the first batch's logits are (B, T, V). Here the
+    machine "has" 1 MiB free; the real machine scores the same command (the test above)."""
+    import tinylm.device
+
+    monkeypatch.setattr(tinylm.device, "free_memory", lambda device: 2**20)
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "hellaswag", "--limit", "5", "--data_dir", str(EVALS),
+              "--batch_size", "16"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and "\n" not in err and "Traceback" not in err
+    assert re.search(r"scoring 16 rows of up to \d+ tokens at once needs ~[\d.]+ GiB .* cpu has 0.0 GiB free; "
+                     r"use a smaller batch_size \(--batch_size", err), err
 
 
 # ---- in-loop --------------------------------------------------------------------------------------------------------

@@ -158,6 +158,15 @@ def test_a_grammar_the_tokenizer_cannot_write_is_refused_before_generating(char_
     assert seen == []  # nothing was generated
 
 
+def test_the_text_a_refused_grammar_needs_is_cut_to_one_short_line(char_tok):
+    """Catches the refusal quoting all the text the grammar forces where it got stuck: a regex of a long literal
+    (here 301 characters; `a{300000}` forced 300,000) made a line of that length."""
+    with pytest.raises(ValueError, match=r"at the start \(it needs 'ü(bc){28}\.\.\.' there\); use") as err:
+        generate(_model(char_tok.vocab_size), [char_tok.encode("A")], max_new_tokens=4, regex="ü" + "bc" * 150,
+                 tokenizer=char_tok)
+    assert len(str(err.value)) < 400
+
+
 @pytest.mark.parametrize("vocab", ["char", "char+eos"])
 def test_a_regex_that_loops_before_a_missing_character_is_refused_too(char_tok, char_tok_with_eos, vocab):
     """Catches `[a-z]+ü` (letters as long as you like, then a character the vocabulary lacks) passing the check:

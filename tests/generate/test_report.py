@@ -141,10 +141,12 @@ def test_bad_arguments_name_the_fix():
 
 
 @pytest.mark.parametrize("flags, message", [(["--max_new_tokens", "0"], "max_new_tokens must be a whole number"),
-                                            (["--num_samples", "0"], "num_samples must be a whole number")])
+                                            (["--num_samples", "0"], "num_samples must be a whole number"),
+                                            (["--prompts", "[]"], "--prompts is empty: give at least one")])
 def test_sizes_are_checked_before_the_checkpoint_is_loaded(tmp_path, flags, message):
     """Catches `sample-report --max_new_tokens 0` loading the checkpoint and starting its progress bar before the
-    refusal (here the checkpoint does not exist: the size must be named first)."""
+    refusal (here the checkpoint does not exist: the size must be named first), and `--prompts []` reporting on the
+    default prompt as if it were not given."""
     with pytest.raises(ValueError, match=message):
         run_command("sample-report", ["--ckpt_path", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "r"), *flags])
 

@@ -531,6 +531,48 @@ def test_import_refuses_llama_variants_tinylm_does_not_compute(tmp_path, changes
     assert "\n" not in str(err.value)
 
 
+def _edit_config(path: Path, **changes) -> Path:
+    fields = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**fields, **changes}))
+    return path
+
+
+@pytest.mark.parametrize("family, changes, message", [
+    ("gpt2", {"n_layer": 3}, r"transformer.h.2.attn.c_attn.bias is missing from the weights \(and 11 more\)"),
+    ("gpt2", {"n_layer": 1}, r"transformer.h.1.attn.c_attn.weight is in the weights but not in the model config.json"),
+    ("gpt2", {"n_positions": 16}, r"transformer.wpe.weight is \(32, 32\) in the weights but \(16, 32\) by config"),
+    ("gpt2", {"n_head": 3}, r"n_embd=32, which n_head=3 does not divide into heads"),
+    ("gpt2", {"n_layer": "two"}, r"n_layer='two', not a whole number >= 1"),
+    ("gpt2", {"tinylm": [1]}, r"tinylm=\[1\], not a mapping of tinylm's options"),
+    ("llama", {"num_hidden_layers": 3}, r"model.layers.2.input_layernorm.weight is missing from the weights"),
+    ("llama", {"num_attention_heads": 0}, r"num_attention_heads=0, not a whole number >= 1"),
+    ("gpt2", {}, r"no weights in .*model.safetensors"),
+], ids=["more-layers", "fewer-layers", "positions", "heads", "not-a-number", "tinylm-entry", "llama-layers",
+        "llama-heads", "no-weights"])
+def test_import_refuses_weights_that_do_not_fit_the_config(tmp_path, family, changes, message):
+    """Catches import_hf building what config.json says over weights of another shape: a config.json saying 3
+    layers over a 2-layer model's weights imported a model whose third layer was random (transformers only logged
+    a report), one saying 1 layer dropped the second, and another position count, a head count that does not divide
+    the width, a size that is not a number or a folder without weights ended in a traceback from transformers (a
+    RuntimeError, a ZeroDivisionError, its own validation error). Each is one line naming the field or weight and the
+    fix, a user's error for the CLI."""
+    from tinylm.cli.errors import is_user_error
+    from tinylm.hf_llama import llama_config
+    from tinylm.model import GPTConfig
+
+    if family == "gpt2":
+        path = _transformers_dir(tmp_path / "hf")
+    else:
+        config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
+        transformers.LlamaForCausalLM(llama_config(config, eos_id=None)).save_pretrained(path := tmp_path / "hf")
+    import_hf(path)  # guard: the folder as written imports
+    if not changes:
+        (path / "model.safetensors").unlink()
+    with pytest.raises((ValueError, OSError), match=message) as err:
+        import_hf(_edit_config(path, **changes))
+    assert "\n" not in str(err.value) and is_user_error(err.value) and str(path) in str(err.value)
+
+
 # ---- init_from: a new run from pretrained weights --------------------------------------------------------------
 @pytest.mark.parametrize("source", ["checkpoint", "llama-dir", "gpt2-dir"])
 def test_init_from_takes_weights_and_shape_from_the_source(tmp_path, char_tokenizer, source):

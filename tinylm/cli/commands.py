@@ -377,6 +377,20 @@ def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "floa
 
 
 # ---- sample-report ----------------------------------------------------------------------------------------------
+def _report_prompts(prompts: str | list[str] | None, seed: int) -> list[str] | None:
+    """sample-report's prompts, escapes read (None: the default), and its seed checked against their number."""
+    if prompts is not None:
+        prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+        if not prompts:  # (it reported on the default prompt, as if --prompts were not given)
+            raise ValueError("--prompts is empty: give at least one (e.g. --prompts 'ROMEO:'), or leave it out to "
+                             "start every sample from a fresh document")
+    last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
+    if not 0 <= seed <= last:
+        raise ValueError(f"--seed must be in [0, 2**63 - {len(prompts or [''])}] (prompt i samples with seed + i), "
+                         f"got {seed}")
+    return prompts
+
+
 @sampling_options("--{}")
 def sample_report(
     ckpt_path: str,
@@ -418,12 +432,7 @@ def sample_report(
 
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     constraint = _check_report_options(sample_report.options.values(locals()))  # before loading anything
-    if prompts is not None:
-        prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
-    last = 2**63 - len(prompts or [""])  # prompt i samples with seed + i
-    if not 0 <= seed <= last:
-        raise ValueError(f"--seed must be in [0, 2**63 - {len(prompts or [''])}] (prompt i samples with seed + i), "
-                         f"got {seed}")
+    prompts = _report_prompts(prompts, seed)
     check_output_path(out, folder=True)  # before the sampling, not after
     check_report_folder(out)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))

@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from tinylm.cli.errors import STDOUT
 from tinylm.train import stop_state
 
 log = logging.getLogger("tinylm")
@@ -23,8 +24,11 @@ def setup() -> None:
     stop_state.terminal_fds.update(fd for fd in (0, 1, 2) if _fd_isatty(fd))
     for name in ("stdout", "stderr"):  # before Lightning's handler takes sys.stderr
         stream = getattr(sys, name)
-        if not isinstance(stream, _Terminal) and _isatty(stream):
-            setattr(sys, name, _Terminal(stream))
+        if not isinstance(stream, (_Terminal, _Output)):
+            if _isatty(stream):
+                setattr(sys, name, _Terminal(stream))
+            elif name == "stdout":
+                sys.stdout = _Output(stream)
     if not any(isinstance(h, _Stderr) for h in log.handlers):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -107,6 +111,35 @@ class _Terminal:
                 raise
             stop_state.leave_terminal()
             self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+class _Output:
+    """stdout redirected to a file (`tinylm generate ... > samples.txt`): a full disk there raised an OSError
+    without a file name, said as "no space left on the disk" with the fixes for runs and datasets; it now names the
+    standard output (tinylm.cli.errors.one_line says to send it to another disk)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _full(self, e: OSError) -> OSError:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) and not e.filename:
+            return OSError(e.errno, e.strerror, STDOUT)
+        return e
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            raise self._full(e) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise self._full(e) from None
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

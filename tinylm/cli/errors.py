@@ -19,6 +19,7 @@ log = logging.getLogger("tinylm")
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+STDOUT = "the standard output"  # the file name of an OSError writing it (tinylm.cli.console)
 
 
 def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
@@ -159,6 +160,9 @@ def one_line(e: BaseException) -> str:
         return f"--{linked[1]} is set from --{linked[2]} (the data decides it); do not pass it"
     if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
         return _parse_error_line(text, _chain(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename == STDOUT:
+        return (f"{type(e).__name__}: no space left on the disk writing {STDOUT} (where the command's output was "
+                "sent); free some space, or send it to a file on another disk")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {e.filename}" if e.filename else ""
         return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or write on another "

@@ -38,6 +38,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     from tinylm.device import resolve_device
     from tinylm.evals import load
     from tinylm.evals.results import append_row, flat
+    from tinylm.evals.score import check_batch_memory
     from tinylm.evals.score import evaluate as score
     from tinylm.evals.tasks import parse_tasks
     from tinylm.ranges import check_ranges
@@ -53,6 +54,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     for t in encoded:
         if line := t.skip_line():
             log.warning(line)
+    check_batch_memory(model, encoded, batch_size)  # before the first batch, not an OOM in the middle
     results = score(model, encoded, batch_size=batch_size, progress=True)
     path = _run_dir(ckpt_path) / "eval" / "metrics.csv"
     row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,

@@ -55,7 +55,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     from tinylm.cli.ranks import rank_zero
 
     sizes = [tuple(s) for s in (DEFAULT_SIZES if sizes is None else sizes)]  # [] is not "unset": refused
-    target = tuple(predict or DEFAULT_PREDICT)
+    target = tuple(DEFAULT_PREDICT if predict is None else predict)  # ([] too is refused)
     _check_options(fit_args, budget, head_size, sizes, target, out)
     cli = fit_objects(fit_args, trains_here=True)
     hp, opts = cli.model.hparams, trainer_options(cli)

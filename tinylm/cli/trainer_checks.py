@@ -46,6 +46,11 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
     if runs:
         check_accelerator(trainer_cfg.get("accelerator"))
         _warn_more_ranks_than_cores(trainer_cfg)
+    if subcommand == "validate" and trainer_cfg.get("limit_val_batches") in (0, 0.0):
+        # Lightning then validates nothing without a word: "step N: " with no metric, an empty row in the CSV
+        raise ValueError("trainer.limit_val_batches=0 validates nothing (tinylm validate would report no metric); "
+                         "leave it out (the run's own data.val_batches), or pass a number of batches, e.g. "
+                         "--trainer.limit_val_batches 20")
     if subcommand == "fit":
         max_steps = trainer_cfg.get("max_steps", -1)
         if max_steps in (None, -1):  # Lightning's default: no config given, or one without it

@@ -227,6 +227,25 @@ def score_items(model: torch.nn.Module, task: EncodedTask, *, block_size: int, b
     return out
 
 
+def check_batch_memory(model: torch.nn.Module, tasks: Sequence[EncodedTask], batch_size: int) -> None:
+    """Refuse a batch_size whose first (longest) batch's logits would not fit in the device's free memory: a
+    forward makes (B, T, V) logits, 13 GiB at batch 64 for GPT-2's vocabulary and 1024 tokens, and the CUDA OOM
+    (or, on the CPU, the machine swapping) came mid-eval as a traceback."""
+    from tinylm.device import free_memory
+
+    c, p = model.config, next(model.parameters())
+    rows = [row for t in tasks for row in plan_rows([r for i in t.items for r in i.requests], c.block_size)]
+    if not rows:
+        return
+    width = max(len(r.ids) for r in rows)  # the longest row: the first batch is the widest
+    need = min(batch_size, len(rows)) * width * (c.padded_vocab_size + 4 * c.n_embd) * p.element_size()
+    free = free_memory(p.device)
+    if free is not None and need > 0.8 * free:
+        raise ValueError(f"scoring {min(batch_size, len(rows)):,} rows of up to {width:,} tokens at once needs "
+                         f"~{need / 2**30:.1f} GiB (their logits) but {p.device} has {free / 2**30:.1f} GiB free; use "
+                         "a smaller batch_size (--batch_size, --eval.batch_size; default 16)")
+
+
 def evaluate(model: torch.nn.Module, tasks: Sequence[EncodedTask], *, batch_size: int = 16, progress: bool = False,
              ranks: Ranks | None = None) -> dict[str, dict[str, float]]:
     """Task name -> its scores (`metrics`). Under several ranks each scores every world_size-th item and the sums

@@ -267,6 +267,7 @@ def _unwritable(name: str, tokenizer, ids: list[int], grammar: str) -> str:
     written = b"".join(tokenizer.token_bytes(i) for i in ids)
     where = f"after {written.decode('utf-8', 'replace')!r}" if ids else "at the start"
     needs = _forced_text(grammar, written)
+    needs = needs if len(needs) <= 60 else needs[:57] + "..."  # (`a{300000}` forced 300,000 a's into one line)
     return (f"the {name} needs text this {tokenizer.kind} tokenizer ({tokenizer.vocab_size:,} ids) cannot write: "
             f"no id continues it {where}{f' (it needs {needs!r} there)' if needs else ''}; use characters the "
             "tokenizer has (a char tokenizer knows only its corpus's characters) or a tokenizer that has them")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tinylm.device import free_memory
 from tinylm.generate.config import CONSTRAINTS, CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
 from tinylm.generate.constrained import rescue, restrict
 from tinylm.generate.options import sampling_options
@@ -219,14 +219,8 @@ def check_memory(model: GPT, rows: int, strategy: str = "sample") -> None:
     c, p = model.config, model.lm_head.weight
     per_row = c.n_layer * 2 * c.block_size * c.n_embd * p.element_size() + 3 * c.padded_vocab_size * 4
     need = rows * per_row
-    if p.device.type == "cuda":
-        free = torch.cuda.mem_get_info(p.device)[0]
-    else:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):  # not Linux: no cheap reading, no check
-            return
-    if need > 0.8 * free:
+    free = free_memory(p.device)
+    if free is not None and need > 0.8 * free:
         raise ValueError(f"generating {rows:,} sequences at once needs ~{need / 2**30:.1f} GiB (KV cache and logits) "
                          f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / "
                          f"{'--top_k' if strategy == 'contrastive' else '--num_beams'}")
