@@ -48,6 +48,16 @@ def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, cap
     assert "b: train/loss 4.1000 (step 1)" in out
 
 
+def test_runs_of_one_name_in_two_folders_are_told_apart(tmp_path, monkeypatch, capsys):
+    """Catches two runs named "x" (sweeps/a/runs/x, sweeps/b/runs/x) drawn and summed up under one label each."""
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path / "a", "x", "0,,0,1.5,4.2,1e-4,900,\n")
+    _run(tmp_path / "b", "x", "0,,0,1.4,4.3,1e-4,800,\n")
+    main(["plot", "a/runs/x", "b/runs/x/", "--out", "both.png"])
+    out = capsys.readouterr().out
+    assert "a/runs/x: train/loss 4.2000 (step 0)" in out and "b/runs/x: train/loss 4.3000 (step 0)" in out
+
+
 def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
     """Catches alerts of overlaid runs drawn as identical red lines labelled by kind alone: which run diverged?"""
     pytest.importorskip("matplotlib")

@@ -28,6 +28,10 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     if not runs:
         raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
     curves = [read_run(r) for r in runs]
+    names = [c.name for c in curves]
+    for run, c in zip(runs, curves, strict=True):  # runs/a/x and runs/b/x: named by their paths, not both "x"
+        if names.count(c.name) > 1:
+            c.name = str(run).rstrip("/")
     for run, c in zip(runs, curves, strict=True):
         check_drawable(c, str(metrics_csv(run)))
     if out is None:
