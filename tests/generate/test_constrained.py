@@ -167,6 +167,15 @@ def test_the_text_a_refused_grammar_needs_is_cut_to_one_short_line(char_tok):
     assert len(str(err.value)) < 400
 
 
+@pytest.mark.parametrize("regex", ["a{300000}", "(bc){100000}"])
+def test_a_regex_too_large_for_the_engine_is_named_so_not_blamed_on_the_tokenizer(char_tok, regex):
+    """Catches llguidance giving up on a huge repeat (its lexer's size limit, its fuel) reported as "needs text
+    this char tokenizer cannot write": the tokenizer has every character the regex names."""
+    with pytest.raises(ValueError, match=r"is too large for the grammar engine \((lexer error|fuel exhausted)"):
+        generate(_model(char_tok.vocab_size), [char_tok.encode("A")], max_new_tokens=4, regex=regex,
+                 tokenizer=char_tok)
+
+
 @pytest.mark.parametrize("vocab", ["char", "char+eos"])
 def test_a_regex_that_loops_before_a_missing_character_is_refused_too(char_tok, char_tok_with_eos, vocab):
     """Catches `[a-z]+ü` (letters as long as you like, then a character the vocabulary lacks) passing the check:

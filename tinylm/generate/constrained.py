@@ -214,7 +214,10 @@ def _check_writable(grammar: str, tokenizer, vocab_size: int, name: str, lltok) 
             continue
         for t in np.flatnonzero(mask).tolist():
             child = m.deep_copy()
-            if t == eos or not child.consume_token(t):
+            if t == eos:
+                continue
+            if not child.consume_token(t):  # an id its own mask allowed: the engine gave up, not the tokenizer
+                _check_engine(child, name)
                 continue
             if child.is_accepting():
                 return
@@ -223,14 +226,25 @@ def _check_writable(grammar: str, tokenizer, vocab_size: int, name: str, lltok) 
     if not queue:  # every path died
         raise ValueError(_unwritable(name, tokenizer, first_dead or [], grammar))
     # the budget ran out: a regex has an exact answer still, other grammars are left to the steps of generation
-    if _regex_needs_a_missing_character(grammar, tokenizer, vocab_size):
+    if _regex_needs_a_missing_character(grammar, tokenizer, vocab_size, name):
         raise ValueError(f"the {name} needs text this {tokenizer.kind} tokenizer ({tokenizer.vocab_size:,} ids) "
                          "cannot write: every match holds a character none of its ids has; use characters the "
                          "tokenizer has (a char tokenizer knows only its corpus's characters) or a tokenizer that "
                          "has them")
 
 
-def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int) -> bool:
+def _check_engine(m, name: str) -> None:
+    """Refuse a grammar llguidance gives up on while matching, in one line: its lexer's or parser's size limit
+    (`a{300000}`) or its fuel (`(ab){100000}`) is the grammar's size, not a character the tokenizer lacks (a text
+    the grammar refuses is neither: it stops with another reason)."""
+    error = m.get_error().split("\n", 1)[0] if m.is_error() else ""
+    if m.stop_reason() in ("LexerTooComplex", "ParserTooComplex") or error.startswith(("lexer error: too many",
+                                                                                      "fuel exhausted")):
+        raise ValueError(f"the {name} is too large for the grammar engine ({error}); use a smaller one (e.g. a "
+                         "repeat like a{300000} as a+ with --max_new_tokens to bound its length)")
+
+
+def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int, name: str) -> bool:
     """For a regex (as `grammar_text` compiles one): whether the regex and "any text of the characters the
     tokenizer's ids hold" have no match in common, read by llguidance's own regex engine (an exact answer, loops
     included: `[a-z]+ü` needs a ü however long its letters run). Other grammars: False (the search decides)."""
@@ -249,6 +263,7 @@ def _regex_needs_a_missing_character(grammar: str, tokenizer, vocab_size: int) -
         return False
     m = ll.LLMatcher(_byte_lltokenizer(), lark, log_level=0)
     bits = _bits(m)
+    _check_engine(m, name)
     return m.is_error() or not bits[:256].any() and not m.is_accepting()  # (llguidance: an error when no byte fits)
 
 
