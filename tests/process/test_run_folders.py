@@ -406,9 +406,16 @@ def test_logger_false_turns_logging_off(config, tmp_path):
     assert not (tmp_path / "runs" / "tiny" / "csv").exists()
 
 
-def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys):
+TB = "{class_path: lightning.pytorch.loggers.TensorBoardLogger, init_args: {save_dir: tb}}"
+
+
+@pytest.mark.parametrize("logger", [["lightning.pytorch.loggers.TensorBoardLogger", "--trainer.logger.save_dir", "tb"],
+                                    [f"[{{class_path: CSVLogger, init_args: {{save_dir: csv}}}}, {TB}]"]],
+                         ids=["alone", "in_a_list"])
+def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys, logger):
     """Catches a logger whose package is missing failing with only "Does not validate against any of the Union
-    subtypes" (the cause, e.g. tensorboard not installed, was lost)."""
+    subtypes" (the cause, e.g. tensorboard not installed, was lost), or, in a list of loggers, with "Not a valid
+    subclass of Logger. Got value: [Namespace(...)...]" (the list branch's reason was left out)."""
     pytest.importorskip("lightning")
     try:
         import tensorboard  # noqa: F401
@@ -416,9 +423,8 @@ def test_logger_without_its_package_is_one_line_naming_the_cause(config, capsys)
         pytest.skip("tensorboard is installed here")
     except ImportError:
         pass
-    line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.logger",
-                                "lightning.pytorch.loggers.TensorBoardLogger", "--trainer.logger.save_dir", "tb"])
-    assert "tensorboard" in line and "Union" not in line
+    line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.logger", *logger])
+    assert "tensorboard" in line and "Union" not in line and "Namespace" not in line
 
 
 @pytest.mark.parametrize("stop", ["max_time", "early_stopping"])
