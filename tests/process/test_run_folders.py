@@ -967,3 +967,17 @@ def test_a_run_refused_before_writing_anything_leaves_no_folder(config, tmp_path
     assert not (tmp_path / "runs" / "tiny").exists(), line
     main(["fit", "--config", str(config)])
     assert (tmp_path / "runs" / "tiny" / "config.yaml").is_file() and (tmp_path / "runs" / "tiny" / ".lock").exists()
+
+
+def test_a_users_csv_logger_keeps_what_earlier_runs_logged(config, tmp_path):
+    """Catches a user's own `--trainer.logger CSVLogger` with a fixed version losing its metrics.csv: Lightning's
+    CSVLogger deletes the file its folder holds, so a resume kept only the rows after the checkpoint, and another run
+    with the same logger wiped the first. Now a resume keeps the rows before the checkpoint (a fresh run moves the
+    file aside, as tinylm's own CSV: the same code)."""
+    mine = ["--trainer.logger", f"{{class_path: CSVLogger, init_args: {{save_dir: {tmp_path / 'mine'}, version: v0}}}}"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2", *mine])
+    metrics = tmp_path / "mine" / "lightning_logs" / "v0" / "metrics.csv"
+    before = [r["step"] for r in _rows(metrics) if r.get("train/loss")]
+    main(["fit", "--config", str(config), "--ckpt_path", "last", *mine])
+    steps = [r["step"] for r in _rows(metrics) if r.get("train/loss")]
+    assert before and steps[:len(before)] == before and int(steps[-1]) > int(before[-1])

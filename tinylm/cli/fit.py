@@ -228,6 +228,10 @@ class TinyLMCLI(LightningCLI):
             mine = make_loggers(self.run_dir, run.name, run.wandb_project, wandb_id=self.wandb_id,
                                 resume_step=self.resume_step)
         theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
+        if self.subcommand == "fit":  # a CSVLogger of the user's keeps the metrics.csv an earlier run left in it
+            from tinylm.train.loggers import KeptCSVLogger
+
+            theirs = [KeptCSVLogger.adopt(lg, self.resume_step if self.continues else None) for lg in theirs]
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:

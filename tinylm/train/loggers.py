@@ -44,31 +44,26 @@ class _AppendingWriter(ExperimentWriter):
         os.replace(tmp, self.metrics_file_path)
 
 
-class RunCSVLogger(CSVLogger):
-    """One ``metrics.csv`` per run folder, continued across resumes.
+class KeptCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, minus deleting a ``metrics.csv`` its folder already holds (Lightning warns, then deletes
+    it when the first row is saved): a resumed run (``resume_step`` = the checkpoint's global step) keeps every row
+    logged before the checkpoint and drops those logged after it (the steps about to be redone); a fresh run moves the
+    old file aside to ``metrics.<time>.csv``. A user's own ``--trainer.logger CSVLogger`` with a fixed ``version``
+    becomes one (`adopt`)."""
 
-    Lightning's CSVLogger deletes ``metrics.csv`` when its folder exists (or starts a new ``version_N``), so a resumed
-    run's log is split or lost. Here a resumed run (``resume_step`` = the checkpoint's global step) keeps every row
-    logged before the checkpoint and drops those logged after it (the steps about to be redone); a fresh run in a
-    used folder moves the old file aside to ``metrics.<time>.csv`` instead of deleting it.
-    """
-
-    def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
-        super().__init__(save_dir=str(save_dir), name="csv", version="")
+    def __init__(self, save_dir: str | Path, name: str | None = "lightning_logs", version: int | str | None = None,
+                 prefix: str = "", flush_logs_every_n_steps: int = 100, *, resume_step: int | None = None) -> None:
+        super().__init__(save_dir=str(save_dir), name=name, version=version, prefix=prefix,
+                         flush_logs_every_n_steps=flush_logs_every_n_steps)
         self._resume_step = resume_step
-        self._ahead: int | None = None  # the step of a row written ahead of Lightning's own log of it
 
-    def log_ahead(self, metrics: dict, step: int) -> None:
-        """Write the row of ``step`` now, ahead of its checkpoint (`PeriodicCheckpoint`); the log Lightning makes of
-        the same row after the checkpoint is left out."""
-        super().log_metrics(metrics, step)
-        self._ahead = step
-
-    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        if step is not None and step == self._ahead:
-            self._ahead = None
-            return
-        super().log_metrics(metrics, step)
+    @classmethod
+    def adopt(cls, logger: Logger, resume_step: int | None) -> Logger:
+        """A plain CSVLogger as a KeptCSVLogger with the same files; any other logger (a subclass too) as it is."""
+        if type(logger) is not CSVLogger:
+            return logger
+        return cls(logger._save_dir, logger._name, logger._version, logger._prefix, logger._flush_logs_every_n_steps,
+                   resume_step=resume_step)
 
     @property
     @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
@@ -83,6 +78,30 @@ class RunCSVLogger(CSVLogger):
                 _truncate_after(path, self._resume_step)
         self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+class RunCSVLogger(KeptCSVLogger):
+    """One ``metrics.csv`` per run folder (``<run dir>/csv/metrics.csv``), continued across resumes.
+
+    Lightning's CSVLogger deletes ``metrics.csv`` when its folder exists (or starts a new ``version_N``), so a resumed
+    run's log is split or lost: see `KeptCSVLogger`.
+    """
+
+    def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
+        super().__init__(save_dir, name="csv", version="", resume_step=resume_step)
+        self._ahead: int | None = None  # the step of a row written ahead of Lightning's own log of it
+
+    def log_ahead(self, metrics: dict, step: int) -> None:
+        """Write the row of ``step`` now, ahead of its checkpoint (`PeriodicCheckpoint`); the log Lightning makes of
+        the same row after the checkpoint is left out."""
+        super().log_metrics(metrics, step)
+        self._ahead = step
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if step is not None and step == self._ahead:
+            self._ahead = None
+            return
+        super().log_metrics(metrics, step)
 
 
 def _truncate_after(path: Path, resume_step: int) -> None:
