@@ -91,6 +91,21 @@ def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):
     assert [type(lg).__name__ for lg in make_loggers(tmp_path, "r", None)] == ["RunCSVLogger"]
 
 
+def test_wandb_project_from_the_environment_unless_a_flag_names_it(tmp_path, monkeypatch):
+    """Catches WANDB_PROJECT being ignored (tinylm passed its default project to wandb.init, whose arguments
+    override W&B's environment variables), a flag losing to it, or it turning on W&B that the config turned off."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+
+    def project(*args, **kwargs):
+        wandb = make_loggers(tmp_path, "r", *args, **kwargs)[0]
+        return wandb._wandb_init["project"] if type(wandb).__name__ == "WandbLogger" else None
+
+    assert project("tinylm") == "from-env"
+    assert project("mine", project_flag=True) == "mine"
+    assert project(None) is None
+
+
 def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config, capfd):
     """Catches a resume opening a second W&B run, splitting one training curve in two; and wandb's deprecation
     warning about the `anonymous` setting Lightning passes (W&B offline was to say one line, not six)."""

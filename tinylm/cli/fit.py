@@ -226,7 +226,8 @@ class TinyLMCLI(LightningCLI):
             from tinylm.train.loggers import make_loggers
 
             mine = make_loggers(self.run_dir, run.name, run.wandb_project, wandb_id=self.wandb_id,
-                                resume_step=self.resume_step)
+                                resume_step=self.resume_step,
+                                project_flag=bool({"run", "run.wandb_project"} & self._flags))
         theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
         if self.subcommand == "fit":  # a CSVLogger of the user's keeps the metrics.csv an earlier run left in it
             from tinylm.train.loggers import KeptCSVLogger

@@ -215,11 +215,14 @@ def _reachable(timeout: float = 3.0) -> bool:
 
 def make_loggers(
     run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None,
-    resume_step: int | None = None
+    resume_step: int | None = None, project_flag: bool = False
 ) -> list[Logger]:
     """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable.
 
     When resuming, pass the checkpoint's ``resume_step`` and ``wandb_id`` so both logs continue instead of restarting.
+    ``WANDB_PROJECT`` names the project unless ``project_flag`` (`--run.wandb_project` given on the command line):
+    W&B's own rule is that wandb.init's arguments override its environment variables, so passing tinylm's default
+    (or a recipe's ``tinylm``) on silently sent a user's runs to another project than the one their environment names.
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir, resume_step=resume_step)]
@@ -231,6 +234,11 @@ def make_loggers(
         return loggers
     from lightning.pytorch.loggers import WandbLogger
 
+    env_project = os.environ.get("WANDB_PROJECT")
+    if env_project and env_project != wandb_project and not project_flag:
+        log.info("W&B project %s, from WANDB_PROJECT (not %s; --run.wandb_project NAME overrides it)", env_project,
+                 wandb_project)
+        wandb_project = env_project
     if mode == "offline":
         log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", run_dir / "wandb", _offline_reason())
     run_dir.mkdir(parents=True, exist_ok=True)
