@@ -390,7 +390,7 @@ def test_user_logger_joins_tinylms_and_plugins_keep_atomic_writes(config, tmp_pa
                           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
                           "--trainer.logger.save_dir", str(tmp_path / "mine"),
                           "--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"])
-    assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["RunCSVLogger", "CSVLogger"]
+    assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["RunCSVLogger", "KeptCSVLogger"]  # a CSVLogger
     assert list((tmp_path / "mine").rglob("metrics.csv"))  # the user's logger wrote its own file
     assert (tmp_path / "runs" / "tiny" / "csv" / "metrics.csv").is_file()
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)  # the user's plugin joined it

@@ -130,6 +130,26 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
 
 
+def test_a_users_wandb_logger_logs_the_run_alone(no_wandb_account, tmp_path, run_config):
+    """Catches a user's `--trainer.logger WandbLogger` beside tinylm's own: both logged into the one W&B run wandb
+    allows a process (every row twice), in tinylm's project and folder, the user's ignored. Offline without
+    credentials, as tinylm's own."""
+    import os
+
+    from tinylm.cli.fit import TinyLMCLI
+
+    class Built(TinyLMCLI):  # the trainer as fit builds it, without training (nor starting wandb)
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test"})
+    cli = lightning_main(["fit", "--config", "c.yaml", "--trainer.logger", "WandbLogger", "--trainer.logger.project",
+                          "mine"], cli_class=Built)
+    wandb = [lg for lg in cli.trainer.loggers if type(lg).__name__ == "WandbLogger"]
+    assert len(wandb) == 1 and wandb[0]._project == "mine" and os.environ["WANDB_MODE"] == "offline"
+    assert any(type(lg).__name__ == "RunCSVLogger" for lg in cli.trainer.loggers)  # tinylm's CSV still beside it
+
+
 @pytest.mark.slow
 def test_ranks_that_ddp_fork_starts_log_to_wandb(no_wandb_account, tmp_path, run_config):
     """Catches W&B keeping nothing of a ddp_fork run (its file held 7 bytes, no metric): a forked rank leaves by

@@ -251,6 +251,32 @@ def make_loggers(
     return loggers
 
 
+def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: str | None,
+                        resume_step: int | None) -> tuple[list, str | None]:
+    """The user's own loggers (``--trainer.logger``), made to keep what earlier runs logged, and the W&B project left
+    to tinylm's own logger (None when theirs logs to W&B).
+
+    A plain CSVLogger becomes a `KeptCSVLogger` (``resume_step``: where a resume in the same run folder continues its
+    file). A WandbLogger of the user's logs the run in place of tinylm's: beside it, both logged every row into
+    the one W&B run wandb allows a process (twice, the user's project and folder ignored). Without credentials it
+    logs offline too, never prompting, and a resume continues the run folder's W&B run (``wandb_id``) unless it names
+    its own."""
+    kept = [KeptCSVLogger.adopt(lg, resume_step) for lg in theirs]
+    users = wandb_loggers(kept)
+    if not users:
+        return kept, wandb_project
+    if wandb_project is not None:
+        log.info("W&B: your --trainer.logger %s logs the run (project %s), in place of tinylm's own (run.wandb_project "
+                 "%s)", type(users[0]).__name__, users[0]._project, wandb_project)
+    wandb_mode()  # offline without credentials or network (WANDB_MODE for the process), as tinylm's own
+    for lg in users:
+        if lg._wandb_init.get("anonymous", False) is None:  # as tinylm's own: wandb's deprecation warning
+            del lg._wandb_init["anonymous"]
+        if wandb_id and not lg._wandb_init.get("id"):
+            lg._wandb_init["id"] = lg._id = wandb_id
+    return kept, None
+
+
 def wandb_loggers(loggers) -> list:
     """The W&B loggers among a trainer's ``loggers`` (tinylm's, or a user's own WandbLogger or a subclass)."""
     from lightning.pytorch.loggers import WandbLogger
