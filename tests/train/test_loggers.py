@@ -91,6 +91,21 @@ def test_disabled_or_no_project_means_csv_only(tmp_path, monkeypatch):
     assert [type(lg).__name__ for lg in make_loggers(tmp_path, "r", None)] == ["RunCSVLogger"]
 
 
+def test_wandb_project_from_the_environment_unless_a_flag_names_it(tmp_path, monkeypatch):
+    """Catches WANDB_PROJECT being ignored (tinylm passed its default project to wandb.init, whose arguments
+    override W&B's environment variables), a flag losing to it, or it turning on W&B that the config turned off."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+
+    def project(*args, **kwargs):
+        wandb = make_loggers(tmp_path, "r", *args, **kwargs)[0]
+        return wandb._wandb_init["project"] if type(wandb).__name__ == "WandbLogger" else None
+
+    assert project("tinylm") == "from-env"
+    assert project("mine", project_flag=True) == "mine"
+    assert project(None) is None
+
+
 def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config, capfd):
     """Catches a resume opening a second W&B run, splitting one training curve in two; and wandb's deprecation
     warning about the `anonymous` setting Lightning passes (W&B offline was to say one line, not six)."""
@@ -113,6 +128,26 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     runs = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
     assert first_id and last_id == first_id  # the resumed process logged into the run the checkpoint named
     assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
+
+
+def test_a_users_wandb_logger_logs_the_run_alone(no_wandb_account, tmp_path, run_config):
+    """Catches a user's `--trainer.logger WandbLogger` beside tinylm's own: both logged into the one W&B run wandb
+    allows a process (every row twice), in tinylm's project and folder, the user's ignored. Offline without
+    credentials, as tinylm's own."""
+    import os
+
+    from tinylm.cli.fit import TinyLMCLI
+
+    class Built(TinyLMCLI):  # the trainer as fit builds it, without training (nor starting wandb)
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test"})
+    cli = lightning_main(["fit", "--config", "c.yaml", "--trainer.logger", "WandbLogger", "--trainer.logger.project",
+                          "mine"], cli_class=Built)
+    wandb = [lg for lg in cli.trainer.loggers if type(lg).__name__ == "WandbLogger"]
+    assert len(wandb) == 1 and wandb[0]._project == "mine" and os.environ["WANDB_MODE"] == "offline"
+    assert any(type(lg).__name__ == "RunCSVLogger" for lg in cli.trainer.loggers)  # tinylm's CSV still beside it
 
 
 @pytest.mark.slow

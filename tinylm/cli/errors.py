@@ -209,6 +209,12 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
     problem = next((m.splitlines()[0] for m in causes if m.startswith("Problem with given class_path")), None)
     if problem and reason and reason != problem:
         reason = f"{problem.rstrip(':')}: {reason}"
+    # a list of loggers or callbacks, one of which fails (`--trainer.logger` [CSVLogger, TensorBoardLogger] without
+    # tensorboard): the chain's cause is the union's first branch ("Not a valid subclass of Logger. Got value: [...]"),
+    # the list branch's reason is only in the union's listing
+    listed = re.search(r"^\s*- (Problem with given class_path '[^']+'):\n\s+(\S.*)$", text, re.M)
+    if listed and (reason is None or reason.startswith(("Not a valid subclass", "Does not implement"))):
+        reason = f"{listed[1]}: {listed[2]}"
     if reason is None:
         reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
                    and not any(n in ln for n in _NOISE)]

@@ -221,13 +221,16 @@ class TinyLMCLI(LightningCLI):
         if user is False:
             log.info("--trainer.logger false: no metrics are logged (no csv/metrics.csv, no W&B)")
             return False
+        theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
         mine: list[Logger] = []
         if self.subcommand == "fit":
-            from tinylm.train.loggers import make_loggers
+            from tinylm.train.loggers import adopt_users_loggers, make_loggers
 
-            mine = make_loggers(self.run_dir, run.name, run.wandb_project, wandb_id=self.wandb_id,
-                                resume_step=self.resume_step)
-        theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
+            theirs, project = adopt_users_loggers(theirs, run.wandb_project, wandb_id=self.wandb_id,
+                                                  resume_step=self.resume_step if self.continues else None)
+            mine = make_loggers(self.run_dir, run.name, project, wandb_id=self.wandb_id,
+                                resume_step=self.resume_step,
+                                project_flag=bool({"run", "run.wandb_project"} & self._flags))
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:

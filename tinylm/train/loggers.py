@@ -44,31 +44,26 @@ class _AppendingWriter(ExperimentWriter):
         os.replace(tmp, self.metrics_file_path)
 
 
-class RunCSVLogger(CSVLogger):
-    """One ``metrics.csv`` per run folder, continued across resumes.
+class KeptCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, minus deleting a ``metrics.csv`` its folder already holds (Lightning warns, then deletes
+    it when the first row is saved): a resumed run (``resume_step`` = the checkpoint's global step) keeps every row
+    logged before the checkpoint and drops those logged after it (the steps about to be redone); a fresh run moves the
+    old file aside to ``metrics.<time>.csv``. A user's own ``--trainer.logger CSVLogger`` with a fixed ``version``
+    becomes one (`adopt`)."""
 
-    Lightning's CSVLogger deletes ``metrics.csv`` when its folder exists (or starts a new ``version_N``), so a resumed
-    run's log is split or lost. Here a resumed run (``resume_step`` = the checkpoint's global step) keeps every row
-    logged before the checkpoint and drops those logged after it (the steps about to be redone); a fresh run in a
-    used folder moves the old file aside to ``metrics.<time>.csv`` instead of deleting it.
-    """
-
-    def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
-        super().__init__(save_dir=str(save_dir), name="csv", version="")
+    def __init__(self, save_dir: str | Path, name: str | None = "lightning_logs", version: int | str | None = None,
+                 prefix: str = "", flush_logs_every_n_steps: int = 100, *, resume_step: int | None = None) -> None:
+        super().__init__(save_dir=str(save_dir), name=name, version=version, prefix=prefix,
+                         flush_logs_every_n_steps=flush_logs_every_n_steps)
         self._resume_step = resume_step
-        self._ahead: int | None = None  # the step of a row written ahead of Lightning's own log of it
 
-    def log_ahead(self, metrics: dict, step: int) -> None:
-        """Write the row of ``step`` now, ahead of its checkpoint (`PeriodicCheckpoint`); the log Lightning makes of
-        the same row after the checkpoint is left out."""
-        super().log_metrics(metrics, step)
-        self._ahead = step
-
-    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        if step is not None and step == self._ahead:
-            self._ahead = None
-            return
-        super().log_metrics(metrics, step)
+    @classmethod
+    def adopt(cls, logger: Logger, resume_step: int | None) -> Logger:
+        """A plain CSVLogger as a KeptCSVLogger with the same files; any other logger (a subclass too) as it is."""
+        if type(logger) is not CSVLogger:
+            return logger
+        return cls(logger._save_dir, logger._name, logger._version, logger._prefix, logger._flush_logs_every_n_steps,
+                   resume_step=resume_step)
 
     @property
     @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
@@ -83,6 +78,30 @@ class RunCSVLogger(CSVLogger):
                 _truncate_after(path, self._resume_step)
         self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+class RunCSVLogger(KeptCSVLogger):
+    """One ``metrics.csv`` per run folder (``<run dir>/csv/metrics.csv``), continued across resumes.
+
+    Lightning's CSVLogger deletes ``metrics.csv`` when its folder exists (or starts a new ``version_N``), so a resumed
+    run's log is split or lost: see `KeptCSVLogger`.
+    """
+
+    def __init__(self, save_dir: str | Path, *, resume_step: int | None = None) -> None:
+        super().__init__(save_dir, name="csv", version="", resume_step=resume_step)
+        self._ahead: int | None = None  # the step of a row written ahead of Lightning's own log of it
+
+    def log_ahead(self, metrics: dict, step: int) -> None:
+        """Write the row of ``step`` now, ahead of its checkpoint (`PeriodicCheckpoint`); the log Lightning makes of
+        the same row after the checkpoint is left out."""
+        super().log_metrics(metrics, step)
+        self._ahead = step
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if step is not None and step == self._ahead:
+            self._ahead = None
+            return
+        super().log_metrics(metrics, step)
 
 
 def _truncate_after(path: Path, resume_step: int) -> None:
@@ -196,11 +215,14 @@ def _reachable(timeout: float = 3.0) -> bool:
 
 def make_loggers(
     run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None,
-    resume_step: int | None = None
+    resume_step: int | None = None, project_flag: bool = False
 ) -> list[Logger]:
     """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable.
 
     When resuming, pass the checkpoint's ``resume_step`` and ``wandb_id`` so both logs continue instead of restarting.
+    ``WANDB_PROJECT`` names the project unless ``project_flag`` (`--run.wandb_project` given on the command line):
+    W&B's own rule is that wandb.init's arguments override its environment variables, so passing tinylm's default
+    (or a recipe's ``tinylm``) on silently sent a user's runs to another project than the one their environment names.
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir, resume_step=resume_step)]
@@ -212,6 +234,11 @@ def make_loggers(
         return loggers
     from lightning.pytorch.loggers import WandbLogger
 
+    env_project = os.environ.get("WANDB_PROJECT")
+    if env_project and env_project != wandb_project and not project_flag:
+        log.info("W&B project %s, from WANDB_PROJECT (not %s; --run.wandb_project NAME overrides it)", env_project,
+                 wandb_project)
+        wandb_project = env_project
     if mode == "offline":
         log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", run_dir / "wandb", _offline_reason())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +249,32 @@ def make_loggers(
         del wandb._wandb_init["anonymous"]
     loggers.insert(0, wandb)
     return loggers
+
+
+def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: str | None,
+                        resume_step: int | None) -> tuple[list, str | None]:
+    """The user's own loggers (``--trainer.logger``), made to keep what earlier runs logged, and the W&B project left
+    to tinylm's own logger (None when theirs logs to W&B).
+
+    A plain CSVLogger becomes a `KeptCSVLogger` (``resume_step``: where a resume in the same run folder continues its
+    file). A WandbLogger of the user's logs the run in place of tinylm's: beside it, both logged every row into
+    the one W&B run wandb allows a process (twice, the user's project and folder ignored). Without credentials it
+    logs offline too, never prompting, and a resume continues the run folder's W&B run (``wandb_id``) unless it names
+    its own."""
+    kept = [KeptCSVLogger.adopt(lg, resume_step) for lg in theirs]
+    users = wandb_loggers(kept)
+    if not users:
+        return kept, wandb_project
+    if wandb_project is not None:
+        log.info("W&B: your --trainer.logger %s logs the run (project %s), in place of tinylm's own (run.wandb_project "
+                 "%s)", type(users[0]).__name__, users[0]._project, wandb_project)
+    wandb_mode()  # offline without credentials or network (WANDB_MODE for the process), as tinylm's own
+    for lg in users:
+        if lg._wandb_init.get("anonymous", False) is None:  # as tinylm's own: wandb's deprecation warning
+            del lg._wandb_init["anonymous"]
+        if wandb_id and not lg._wandb_init.get("id"):
+            lg._wandb_init["id"] = lg._id = wandb_id
+    return kept, None
 
 
 def wandb_loggers(loggers) -> list:
