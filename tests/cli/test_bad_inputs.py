@@ -438,6 +438,23 @@ def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch,
                     f"got {got}")
 
 
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("model:\n  n_layer: 3\ndata:\n  block_size: 16\nmodel:\n  dropout: 0.1\n", "model", "lines 1 and 5"),
+    ("model:\n  n_embd: 48\n  n_embd: 64\n", "n_embd", "lines 2 and 3")], ids=["section", "option"])
+def test_a_key_given_twice_in_a_config_is_named(tmp_path, capsys, monkeypatch, text, key, lines):
+    """Catches a second `model:` section appended to a recipe silently dropping every option of the first (PyYAML
+    keeps the last of two equal keys): the run trained another model than the file reads."""
+    from tinylm.cli.main import check_config_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "twice.yaml").write_text(text)
+    _one_line_error(capsys, ["fit", "--config", "twice.yaml"], f"config file 'twice.yaml' sets '{key}' twice",
+                    lines, "give each key once")
+    # a key merged in from an anchor may be overridden: that is what `<<:` is for
+    (tmp_path / "merge.yaml").write_text("base: &b\n  n_layer: 2\nmodel:\n  <<: *b\n  n_layer: 3\n")
+    check_config_files(["--config", "merge.yaml"])
+
+
 def test_an_empty_list_where_one_is_needed_is_not_unset(config, tmp_path, capsys):
     """Catches `scaling --sizes []` training the default ladder, as if --sizes were not given."""
     _one_line_error(capsys, ["scaling", "--config", str(config), "--sizes", "[]", "--out", str(tmp_path / "s")],
