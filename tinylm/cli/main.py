@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
+from tinylm.cli.argv import expand_home
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
@@ -63,7 +64,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             sys.exit(141)
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
-    command, rest = argv[0], argv[1:]
+    command, rest = argv[0], expand_home(argv[1:])  # `--trainer.default_root_dir=~/runs`: the home folder
     try:
         if early.help_only(rest) and command in COMMANDS:
             _help(command, rest, program)
