@@ -500,7 +500,8 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     """Catches a checkpoint's own faults blamed on the user or reported as something else: a tokenizer with more
     ids than the model's vocab_size generated silently from ids without an embedding row (and validate told the user
     to leave out a --data.tokenizer never passed); a bad hyperparameter inside it was named as a flag
-    (`model.lr must be in (0, inf)`); an unreadable one was "not a readable checkpoint (truncated ...)"."""
+    (`model.lr must be in (0, inf)`); an unreadable one was "not a readable checkpoint (truncated ...)"; a resume of
+    a weights-only save ended in Lightning's KeyError traceback."""
     main(["fit", "--config", str(config)])
     path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
@@ -516,6 +517,15 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     for argv in (["validate"], ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "b"]):
         _one_line_error(capsys, [*argv, "--ckpt_path", str(tmp_path / "edited.ckpt")], "edited.ckpt",
                         "model.lr must be in (0, inf), got -1.0", "checkpoint's value, not an option")
+    # a weights-only save (Lightning's save_checkpoint(weights_only=True) keeps no optimizer, scheduler or callback
+    # state) resumed: Lightning's KeyError traceback
+    ckpt = {k: v for k, v in torch.load(path, weights_only=True).items()
+            if k not in ("optimizer_states", "lr_schedulers", "callbacks")}
+    torch.save(ckpt, tmp_path / "weights.ckpt")
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "c",
+                             "--ckpt_path", str(tmp_path / "weights.ckpt")],
+                    "weights.ckpt holds the weights but not the training state",
+                    "optimizer_states, lr_schedulers, callbacks missing", "--model.init_from")
     _denied(monkeypatch, path)
     _one_line_error(capsys, ["validate", "--ckpt_path", str(path)], "permission denied", str(path))
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],
