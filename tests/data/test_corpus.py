@@ -174,7 +174,9 @@ def test_symlinks_and_loops_read_each_file_once(tmp_path):
 
 def test_binary_files_are_refused_by_name(tmp_path):
     """Prevents an executable or image in a corpus folder from being trained on as text with a single UTF-8
-    warning; a few stray bytes in a real text file still only warn."""
+    warning; a few stray bytes in a real text file still only warn; a gzip'd corpus called "binary" (with advice to
+    re-encode it as UTF-8) rather than compressed."""
+    import gzip
     import random
 
     d = tmp_path / "mixed"
@@ -187,6 +189,10 @@ def test_binary_files_are_refused_by_name(tmp_path):
     (d / "z.png").write_bytes(bytes(100_000))  # a file of NULs (a sparse or preallocated file) is valid UTF-8
     with pytest.raises(ValueError, match=r"z\.png looks binary"):
         list(open_corpus(str(d / "z.png"), cache_dir=tmp_path))
+    # a corpus downloaded compressed: named as such, with the command that makes it text
+    (d / "c.txt.gz").write_bytes(gzip.compress(random.Random(0).randbytes(4000)))
+    with pytest.raises(ValueError, match=r"c\.txt\.gz is gzip-compressed, not text.*gzip -dk .*c\.txt\.gz"):
+        list(open_corpus(str(d / "c.txt.gz"), cache_dir=tmp_path))
 
 
 def test_fifo_and_devices_are_refused_at_once(tmp_path):

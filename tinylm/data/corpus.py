@@ -145,6 +145,20 @@ class TextFiles(Corpus):
         return h.hexdigest()
 
 
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
+               b"PK\x03\x04": "zip"}
+"""The first bytes of compressed files (a corpus downloaded as .txt.gz): named, with the fix, not "binary"."""
+
+
+def _binary(path: Path, why: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+    return f"corpus file {path} {why}" if kind is None else (
+        f"corpus file {path} is {kind}-compressed, not text: tinylm reads plain text; decompress it first (e.g. "
+        f"{'unzip' if kind == 'zip' else kind + ' -dk'} {path}) and pass --data.corpus PATH to the text")
+
+
 def _read_documents(path: Path) -> Iterator[str]:
     """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
@@ -157,9 +171,10 @@ def _read_documents(path: Path) -> Iterator[str]:
             buf += decoder.decode(chunk, final=not chunk)
             n_read, n_bad = n_read + len(chunk), n_bad + _replaced[0] - before + chunk.count(0)
             if n_bad >= _BINARY_MIN_BAD and n_bad > BINARY_FRACTION * n_read:
-                raise ValueError(f"corpus file {path} looks binary, not text: {n_bad} of its first {n_read} bytes "
-                                 "are undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
-                                 "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it is text")
+                raise ValueError(_binary(path, f"looks binary, not text: {n_bad} of its first {n_read} bytes are "
+                                         "undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
+                                         "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it "
+                                         "is text"))
             if buf.find(EOT, scan_from) >= 0:  # one split per read, not one copy of the rest per document
                 split = True
                 *docs, buf = buf.split(EOT)
