@@ -398,14 +398,16 @@ def test_verbose_with_a_value_it_does_not_know_is_refused(config, capsys):
         (["--data.corpus", "loop"], ["corpus 'loop' is a loop of symbolic links", "--data.corpus PATH"]),
         (["--data.corpus", "dangling"], ["corpus 'dangling' is a link to nothing ('gone.txt' does not exist)"]),
         (["--data.corpus", "rows.csv"], ["corpus 'rows.csv' has no rows (a header or blank lines only)"]),
+        (["--trainer.default_root_dir", "loop"], ["loop/tiny is a loop of symbolic links", "--run.name"]),
     ],
     ids=["seed-negative", "seed-too-large", "seed-1e20", "corpus-link-loop", "corpus-dangling-link",
-         "csv-of-empty-rows"],
+         "csv-of-empty-rows", "run-folder-link-loop"],
 )
 def test_out_of_range_seeds_and_corpora_that_are_not_files_are_named(config, tmp_path, capsys, override, needles):
     """Catches numpy's traceback for a seed out of its range (-1, 99999999999) and "expected true or false" for
     1e20; a corpus that is a loop of symbolic links or a dangling link reported as "not found"; a CSV holding only
-    a header and blank lines ending in `datasets`' traceback 'Instruction "train" corresponds to no data!'."""
+    a header and blank lines ending in `datasets`' traceback 'Instruction "train" corresponds to no data!'; a run
+    folder under a loop of links ending in Path.resolve's "RuntimeError: Symlink loop" traceback."""
     (tmp_path / "loop").symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(tmp_path / "loop")
     (tmp_path / "dangling").symlink_to("gone.txt")
