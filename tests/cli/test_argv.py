@@ -7,7 +7,7 @@ import warnings
 import pytest
 import yaml
 
-from tinylm.cli.argv import config_files, is_value, options, settings, spans, spelled, values
+from tinylm.cli.argv import config_files, expand_home, is_value, options, settings, spans, spelled, values
 from tinylm.cli.early import check_run_folder_free
 from tinylm.errors import TinyLMError
 
@@ -138,3 +138,20 @@ def test_early_check_refuses_the_folder_a_resume_with_no_config_continues(how, t
         with pytest.raises(TinyLMError, match=r"runs/x is in use by another tinylm process \(pid 4242\)"):
             check_run_folder_free("fit", args)
         check_run_folder_free("fit", [*args, "--run.name", "branch"])  # a branch into a new folder is free
+
+
+def test_a_tilde_is_expanded_only_in_options_that_take_a_path(monkeypatch):
+    """Catches `--ckpt_path=~/runs/x/checkpoints/last.ckpt` (a `~` no shell expands) reported as "not found", and a
+    prompt or a run name that starts with `~` taken for a path; and `ENV TINYLM_CACHE_DIR=~/cache` (a Dockerfile's)
+    making a folder named `~`."""
+    monkeypatch.setenv("HOME", "/h")
+    args = ["--ckpt_path=~/r/last.ckpt", "--trainer.default_root_dir", "~/runs", "-c", "~/c.yaml", "--out=~",
+            "--prompt", "~/not a path", "--run.name", "~x", "--data.corpus", "[~/a.txt]", "--print_config", "--",
+            "--out", "~/after"]
+    assert expand_home(args) == ["--ckpt_path=/h/r/last.ckpt", "--trainer.default_root_dir", "/h/runs", "-c",
+                                 "/h/c.yaml", "--out=/h", "--prompt", "~/not a path", "--run.name", "~x",
+                                 "--data.corpus", "[~/a.txt]", "--print_config", "--", "--out", "~/after"]
+    from tinylm.data.prepare import default_cache_dir
+
+    monkeypatch.setenv("TINYLM_CACHE_DIR", "~/cache")  # a Dockerfile's ENV, or quotes, leave the ~ to us
+    assert str(default_cache_dir()) == "/h/cache"

@@ -431,14 +431,16 @@ def test_verbose_with_a_value_it_does_not_know_is_refused(config, capsys):
         (["--data.corpus", "loop"], ["corpus 'loop' is a loop of symbolic links", "--data.corpus PATH"]),
         (["--data.corpus", "dangling"], ["corpus 'dangling' is a link to nothing ('gone.txt' does not exist)"]),
         (["--data.corpus", "rows.csv"], ["corpus 'rows.csv' has no rows (a header or blank lines only)"]),
+        (["--trainer.default_root_dir", "loop"], ["loop/tiny is a loop of symbolic links", "--run.name"]),
     ],
     ids=["seed-negative", "seed-too-large", "seed-1e20", "corpus-link-loop", "corpus-dangling-link",
-         "csv-of-empty-rows"],
+         "csv-of-empty-rows", "run-folder-link-loop"],
 )
 def test_out_of_range_seeds_and_corpora_that_are_not_files_are_named(config, tmp_path, capsys, override, needles):
     """Catches numpy's traceback for a seed out of its range (-1, 99999999999) and "expected true or false" for
     1e20; a corpus that is a loop of symbolic links or a dangling link reported as "not found"; a CSV holding only
-    a header and blank lines ending in `datasets`' traceback 'Instruction "train" corresponds to no data!'."""
+    a header and blank lines ending in `datasets`' traceback 'Instruction "train" corresponds to no data!'; a run
+    folder under a loop of links ending in Path.resolve's "RuntimeError: Symlink loop" traceback."""
     (tmp_path / "loop").symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(tmp_path / "loop")
     (tmp_path / "dangling").symlink_to("gone.txt")
@@ -469,6 +471,23 @@ def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch,
     section = text.split(":")[0]
     _one_line_error(capsys, ["fit", "--config", "bad.yaml"], f"config file 'bad.yaml': section {section}: must hold",
                     f"got {got}")
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("model:\n  n_layer: 3\ndata:\n  block_size: 16\nmodel:\n  dropout: 0.1\n", "model", "lines 1 and 5"),
+    ("model:\n  n_embd: 48\n  n_embd: 64\n", "n_embd", "lines 2 and 3")], ids=["section", "option"])
+def test_a_key_given_twice_in_a_config_is_named(tmp_path, capsys, monkeypatch, text, key, lines):
+    """Catches a second `model:` section appended to a recipe silently dropping every option of the first (PyYAML
+    keeps the last of two equal keys): the run trained another model than the file reads."""
+    from tinylm.cli.main import check_config_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "twice.yaml").write_text(text)
+    _one_line_error(capsys, ["fit", "--config", "twice.yaml"], f"config file 'twice.yaml' sets '{key}' twice",
+                    lines, "give each key once")
+    # a key merged in from an anchor may be overridden: that is what `<<:` is for
+    (tmp_path / "merge.yaml").write_text("base: &b\n  n_layer: 2\nmodel:\n  <<: *b\n  n_layer: 3\n")
+    check_config_files(["--config", "merge.yaml"])
 
 
 @pytest.mark.parametrize("option", ["--sizes", "--predict"])
@@ -518,7 +537,8 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     """Catches a checkpoint's own faults blamed on the user or reported as something else: a tokenizer with more
     ids than the model's vocab_size generated silently from ids without an embedding row (and validate told the user
     to leave out a --data.tokenizer never passed); a bad hyperparameter inside it was named as a flag
-    (`model.lr must be in (0, inf)`); an unreadable one was "not a readable checkpoint (truncated ...)"."""
+    (`model.lr must be in (0, inf)`); an unreadable one was "not a readable checkpoint (truncated ...)"; a resume of
+    a weights-only save ended in Lightning's KeyError traceback."""
     main(["fit", "--config", str(config)])
     path = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
@@ -534,6 +554,15 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     for argv in (["validate"], ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "b"]):
         _one_line_error(capsys, [*argv, "--ckpt_path", str(tmp_path / "edited.ckpt")], "edited.ckpt",
                         "model.lr must be in (0, inf), got -1.0", "checkpoint's value, not an option")
+    # a weights-only save (Lightning's save_checkpoint(weights_only=True) keeps no optimizer, scheduler or callback
+    # state) resumed: Lightning's KeyError traceback
+    ckpt = {k: v for k, v in torch.load(path, weights_only=True).items()
+            if k not in ("optimizer_states", "lr_schedulers", "callbacks")}
+    torch.save(ckpt, tmp_path / "weights.ckpt")
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.name", "c",
+                             "--ckpt_path", str(tmp_path / "weights.ckpt")],
+                    "weights.ckpt holds the weights but not the training state",
+                    "optimizer_states, lr_schedulers, callbacks missing", "--model.init_from")
     _denied(monkeypatch, path)
     _one_line_error(capsys, ["validate", "--ckpt_path", str(path)], "permission denied", str(path))
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],

@@ -455,3 +455,17 @@ def test_training_samples_take_a_grammar_and_a_seed_per_prompt(config, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert sum("the samples.regex '(x|y)ü' needs text this char tokenizer" in ln for ln in err) == 1, err
     assert not (tmp_path / "runs" / "nope" / "checkpoints").exists()
+
+
+def test_a_path_option_starting_with_a_tilde_is_the_home_folder(run_config, tmp_path, monkeypatch):
+    """Catches `--trainer.default_root_dir=~/runs` (no shell expands `~` after `=`, in quotes or in YAML) splitting the
+    run between ./~/runs (its config, checkpoints) and $HOME/runs (Lightning's CSV logger expands `~`) and ending in a
+    FileNotFoundError traceback; and `data.cache_dir: ~/cache` in a config making a folder named `~`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = run_config(data={"cache_dir": "~/cache"})
+    main(["fit", "--config", str(config), "--trainer.default_root_dir=~/runs"])
+    home = tmp_path / "home"
+    assert (home / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
+    assert (home / "runs" / "tiny" / "csv" / "metrics.csv").is_file()
+    assert (home / "cache" / "datasets").is_dir()
+    assert not (tmp_path / "~").exists()

@@ -174,7 +174,9 @@ def test_symlinks_and_loops_read_each_file_once(tmp_path):
 
 def test_binary_files_are_refused_by_name(tmp_path):
     """Prevents an executable or image in a corpus folder from being trained on as text with a single UTF-8
-    warning; a few stray bytes in a real text file still only warn."""
+    warning; a few stray bytes in a real text file still only warn; a gzip'd corpus called "binary" (with advice to
+    re-encode it as UTF-8) rather than compressed."""
+    import gzip
     import random
 
     d = tmp_path / "mixed"
@@ -187,6 +189,10 @@ def test_binary_files_are_refused_by_name(tmp_path):
     (d / "z.png").write_bytes(bytes(100_000))  # a file of NULs (a sparse or preallocated file) is valid UTF-8
     with pytest.raises(ValueError, match=r"z\.png looks binary"):
         list(open_corpus(str(d / "z.png"), cache_dir=tmp_path))
+    # a corpus downloaded compressed: named as such, with the command that makes it text
+    (d / "c.txt.gz").write_bytes(gzip.compress(random.Random(0).randbytes(4000)))
+    with pytest.raises(ValueError, match=r"c\.txt\.gz is gzip-compressed, not text.*gzip -dk .*c\.txt\.gz"):
+        list(open_corpus(str(d / "c.txt.gz"), cache_dir=tmp_path))
 
 
 def test_fifo_and_devices_are_refused_at_once(tmp_path):
@@ -231,7 +237,7 @@ def test_malformed_dataset_file_is_named(tmp_path):
 
 def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, monkeypatch):
     """Catches `--data.corpus ""` (an unset shell variable) reading the whole current folder, and a corpus of `.`
-    reading tinylm's own cache (its .bin files) into the next run's training text."""
+    reading tinylm's own cache (its .bin files) or runs (checkpoints, samples) into the next run's training text."""
     for spec in ("", "  "):
         with pytest.raises(ValueError, match=r"--data.corpus is empty .*unset shell variable"):
             open_corpus(spec, cache_dir=tmp_path / "cache")
@@ -243,6 +249,18 @@ def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, mon
     (tmp_path / "data_cache" / "hf-local" / "k" / "rows.arrow").write_bytes(b"ARROW1")
     assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
     assert list(open_corpus("**/*", cache_dir="data_cache")) == ["my notes"]
+    # a run folder of the default runs/ root beside the texts: its checkpoints, logs and samples are not text of
+    # the corpus (the second `tinylm fit --data.corpus .` refused the folder as "mixes files of different kinds
+    # (.ckpt, .csv, .txt, .yaml)"; `'**/*.txt'` trained on the first run's samples.txt)
+    run = tmp_path / "runs" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\3\4" + bytes(100))
+    (run / "hf" / "tokenizer").mkdir(parents=True)
+    (run / "hf" / "tokenizer" / "vocab.txt").write_text("a b c")
+    for name in (".lock", "config.yaml", "samples.txt"):
+        (run / name).write_text("pid 1" if name == ".lock" else "text")
+    assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
+    assert list(open_corpus("**/*.txt", cache_dir="data_cache")) == ["my notes"]
 
 
 def test_a_folder_that_cannot_be_read_is_an_error_not_a_gap(tmp_path):

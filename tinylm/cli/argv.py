@@ -21,6 +21,7 @@ given as one value (``--run '{name: x}'``).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,47 @@ def _at(data: Any, dotted: str) -> Any:
             return _ABSENT
         data = data[part]
     return data
+
+
+HOME_PATH_OPTIONS = ("config", "ckpt_path", "draft_ckpt_path", "default_root_dir", "cache_dir", "init_from",
+                     "corpus", "tokenizer", "out")
+"""The options (by the last part of their dotted key) that take a path: a leading ``~`` in their value is the home
+folder, as a shell would have made it, which it does not in ``--key=~/x``, in quotes or in a YAML config. Taken
+literally, ``--trainer.default_root_dir=~/runs`` split a run between ./~/runs and $HOME/runs (Lightning's CSV
+logger expands it) and ended in a traceback; ``--data.cache_dir`` made a folder named ``~``."""
+
+
+def home_expanded(key: str, value: Any) -> Any:
+    """``value`` with a leading ``~`` expanded if ``key`` takes a path (`HOME_PATH_OPTIONS`); else as it is."""
+    if isinstance(value, str) and value.startswith("~") and key.rsplit(".", 1)[-1] in HOME_PATH_OPTIONS:
+        return os.path.expanduser(value)
+    return value
+
+
+def expand_home(args: list[str]) -> list[str]:
+    """``args`` with `home_expanded` applied to the value of each option that takes a path (``--key VALUE`` and
+    ``--key=VALUE``, read as `options` reads them)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            out += args[i - 1:]
+            break
+        if is_value(arg):
+            out.append(arg)
+            continue
+        flag, eq, value = arg.partition("=")
+        key = "config" if flag == "-c" else flag.lstrip("-")
+        if eq:
+            out.append(f"{flag}={home_expanded(key, value)}")
+            continue
+        out.append(arg)
+        if arg not in NO_VALUE and i < len(args) and is_value(args[i]):
+            out.append(home_expanded(key, args[i]))
+            i += 1
+    return out
 
 
 def spelled(key: str, value: str) -> list[str]:

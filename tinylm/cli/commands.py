@@ -48,6 +48,7 @@ def run(command: str, args: list[str]) -> Any:
     """Parse ``args`` for ``command`` and run it."""
     if command == "prepare":
         return prepare(args)
+    from tinylm.cli.argv import home_expanded
     from tinylm.cli.fit_config import split_args, takes_fit_config
 
     fn = COMMANDS[command].function()
@@ -59,7 +60,7 @@ def run(command: str, args: list[str]) -> Any:
     else:
         _refuse_fit_configs(fn, command, args)
     cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
-    kwargs = cfg.as_dict()
+    kwargs = {key: home_expanded(key, value) for key, value in cfg.as_dict().items()}  # (a --config file's)
     kwargs.pop("config", None)
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
 
@@ -170,7 +171,9 @@ def prepare(args: list[str]) -> dict[str, Any]:
     for key in _FIT_SECTIONS:
         parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
-    dm = PreparedData(**cfg.data.as_dict())
+    from tinylm.cli.argv import home_expanded
+
+    dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
     dm.prepare_data()
     dm.setup("fit")  # a split too short for one window is refused here, as fit would
     summary = dm.summary()

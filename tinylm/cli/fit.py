@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
-from tinylm.cli.argv import options
+from tinylm.cli.argv import home_expanded, options
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
@@ -147,6 +147,15 @@ class TinyLMCLI(LightningCLI):
     def _section(self):
         return self.config[self.config["subcommand"]]
 
+    def _home_expanded(self):
+        """The section's options that take a path with a leading ``~`` expanded (a --config file's
+        ``default_root_dir: ~/runs``; the flags' were, tinylm.cli.argv.expand_home); returns the section."""
+        cfg = self._section()
+        for key, value in cfg.items():
+            if (home := home_expanded(key, value)) is not value:
+                cfg[key] = home
+        return cfg
+
     def _parse_ckpt_path(self) -> None:
         """Resolve ``--ckpt_path last`` to this run's file, check the run folder, and take the model's
         hyperparameters from the checkpoint (tinylm.cli.resume).
@@ -157,7 +166,7 @@ class TinyLMCLI(LightningCLI):
         named in one warning, and only the metadata is read (mmap).
         """
         sub = self.config.get("subcommand")
-        cfg = self._section()
+        cfg = self._home_expanded()
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None

@@ -101,7 +101,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     data_class: type | None = SizedData  # plan sizes the model: the data itself is not needed
 
     def _parse_ckpt_path(self) -> None:
-        cfg = self._section()
+        cfg = self._home_expanded()
         check_trainer_options(dict(cfg.trainer), "fit", runs=False)  # plan, lr-find, scaling: not as configured
         if cfg.get("ckpt_path"):
             raise ValueError(f"--ckpt_path {cfg.ckpt_path} is an option of `tinylm fit`: plan, lr-find and scaling "

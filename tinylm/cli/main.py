@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
+from tinylm.cli.argv import expand_home
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
@@ -63,7 +64,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             sys.exit(141)
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
-    command, rest = argv[0], argv[1:]
+    command, rest = argv[0], expand_home(argv[1:])  # `--trainer.default_root_dir=~/runs`: the home folder
     try:
         if early.help_only(rest) and command in COMMANDS:
             _help(command, rest, program)
@@ -172,6 +173,34 @@ def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: boo
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, lines: tuple[int, int]) -> None:
+        super().__init__(key)
+        self.key, self.lines = key, lines
+
+
+def _unique_key_loader():
+    """A YAML SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, and a
+    second ``model:`` section appended to a recipe dropped every option of the first (n_layer, n_embd, lr ...).
+    Keys merged in with ``<<: *anchor`` may be overridden, as YAML means them to be."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                    if key in seen:
+                        raise _DuplicateKey(str(key), (seen[key], line))
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
 def check_config_files(args: list[str]) -> None:
     """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
@@ -180,6 +209,7 @@ def check_config_files(args: list[str]) -> None:
     from tinylm.cli.argv import config_files
     from tinylm.paths import missing_path
 
+    loader = _unique_key_loader()
     for p in config_files(args):
         path = Path(p)
         if not path.is_file():
@@ -188,7 +218,11 @@ def check_config_files(args: list[str]) -> None:
             raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
                                     "configs/shakespeare-char-cpu.yaml")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a SafeLoader)
+        except _DuplicateKey as e:
+            raise ValueError(f"config file {p!r} sets {e.key!r} twice in one mapping (lines {e.lines[0]} and "
+                             f"{e.lines[1]}); YAML would keep only the last and silently drop what the first sets: "
+                             "give each key once (merge two sections of one name into one)") from None
         except UnicodeDecodeError:
             raise ValueError(f"config file {p!r} is not UTF-8 text; pass a YAML file") from None
         except yaml.YAMLError as e:

@@ -289,8 +289,27 @@ def data_of_run(trained: dict, cfg, flags: set[str], where: str) -> dict:
     return taken
 
 
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+"""What Lightning saves beside the weights and a resume continues from (a weights-only save has none but loops)."""
+
+
+def check_training_state(ckpt: dict, ckpt_path: str) -> None:
+    """Refuse a resume from a checkpoint without the training state (a weights-only save, or a file slimmed for
+    sharing): Lightning ended in a KeyError traceback without the optimizer's, and went on silently without the
+    callbacks' (every random stream reseeded: not the run it continues)."""
+    from tinylm.checkpoint import is_sharded_checkpoint
+
+    missing = [key for key in TRAINING_STATE if key not in ckpt]
+    if missing and not is_sharded_checkpoint(Path(ckpt_path)):  # (a sharded one is read here without its optimizer)
+        raise TinyLMError(f"{ckpt_path} holds the weights but not the training state a resume continues "
+                          f"({', '.join(missing)} missing: a weights-only save, or an edited file); start a new run "
+                          f"from its weights with --model.init_from {ckpt_path} (no --ckpt_path), or resume from a "
+                          "full checkpoint of the run (last.ckpt, step-N.ckpt)")
+
+
 def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     """Refuse a resume that has nothing to train, or whose settings would not continue the run."""
+    check_training_state(ckpt, ckpt_path)
     step = int(ckpt.get("global_step", 0))
     max_steps = cfg.trainer.get("max_steps")
     if max_steps is not None and step >= max_steps:

@@ -68,8 +68,14 @@ def _check_run_name(name: str) -> None:
 
 
 def run_dir_of(root: str | Path | None, name: str) -> Path:
+    from tinylm.paths import missing_path
+
     _check_run_name(name)  # before anything is made: the data prepared, a folder runs/a for the name a/b
-    return Path(root if root is not None else RUNS_ROOT) / name
+    run_dir = Path(root if root is not None else RUNS_ROOT).expanduser() / name  # (a config file's ~/runs too)
+    if (why := missing_path(run_dir)).startswith("is a loop"):  # (Path.resolve's RuntimeError traceback)
+        raise TinyLMError(f"{run_dir} {why} where the run folder should be; or choose another --run.name or "
+                          "--trainer.default_root_dir")
+    return run_dir
 
 
 def holds_run(run_dir: Path) -> bool:

@@ -32,6 +32,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+from tinylm.data.local_files import files_below, glob_files
 from tinylm.errors import TinyLMError, UnavailableError
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
@@ -146,6 +147,20 @@ class TextFiles(Corpus):
         return h.hexdigest()
 
 
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+"""The first bytes of compressed files (a corpus downloaded as .txt.gz): named, with the fix, not "binary". (Not
+zip's: a .ckpt, .pt, .docx or .npz is one, and unzipping gives no text.)"""
+
+
+def _binary(path: Path, why: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+    return f"corpus file {path} {why}" if kind is None else (
+        f"corpus file {path} is {kind}-compressed, not text: tinylm reads plain text; decompress it first (e.g. "
+        f"{kind} -dk {path}) and pass --data.corpus PATH to the text")
+
+
 class CorpusChanged(TinyLMError):
     """A corpus file changed between its fingerprint and the end of a read of it."""
 
@@ -179,9 +194,10 @@ def _read_documents(path: Path) -> Generator[str, None, int]:
             buf += decoder.decode(chunk, final=not chunk)
             n_read, n_bad = n_read + len(chunk), n_bad + _replaced[0] - before + chunk.count(0)
             if n_bad >= _BINARY_MIN_BAD and n_bad > BINARY_FRACTION * n_read:
-                raise ValueError(f"corpus file {path} looks binary, not text: {n_bad} of its first {n_read} bytes "
-                                 "are undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
-                                 "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it is text")
+                raise ValueError(_binary(path, f"looks binary, not text: {n_bad} of its first {n_read} bytes are "
+                                         "undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
+                                         "files (e.g. --data.corpus 'DIR/**/*.txt'), or re-encode it as UTF-8 if it "
+                                         "is text"))
             if buf.find(EOT, scan_from) >= 0:  # one split per read, not one copy of the rest per document
                 split = True
                 *docs, buf = buf.split(EOT)
@@ -449,7 +465,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         return HFDataset(spec, spec[3:], **hf, cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
-        files = _unique_files(_files_below(path, skip=_made_by_tinylm(cache_dir)))
+        files = _unique_files(files_below(path, cache_dir=cache_dir))
         if not files:
             raise ValueError(f"corpus directory {spec!r} holds no files; put text files in it or pass "
                              "--data.corpus PATH")
@@ -463,9 +479,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
             return HFDataset(spec, builder, **{**hf, "data_files": str(path)}, cache_dir=cache_dir)
         return TextFiles(spec, [path])
     if any(c in spec for c in "*?["):
-        made = _made_by_tinylm(cache_dir)
-        files = _unique_files(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()
-                                     and not any(_is_below(os.path.realpath(p), m) for m in made)))
+        files = _unique_files(glob_files(str(path), cache_dir=cache_dir))
         if not files:
             raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
         return _files_corpus(spec, files, hf, cache_dir)
@@ -502,31 +516,6 @@ def _sources(corpus: Corpus) -> set[Any]:
     if files:
         return {os.path.realpath(f) for f in files}
     return {("hf", corpus.path, corpus.config, corpus.revision, corpus.split)} if hasattr(corpus, "path") else set()
-
-
-def _made_by_tinylm(cache_dir: str | Path) -> list[str]:
-    """The cache's own folders (token ids, tokenizers, Arrow caches, downloads): never part of a corpus such as
-    `--data.corpus .`."""
-    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers", "hf-local", "corpora")]
-
-
-def _files_below(root: Path, *, skip: list[str]) -> list[Path]:
-    """Every non-hidden file below `root`, sorted by path, leaving out the folders `skip` (real paths).
-    Symlinked folders are not entered; a folder that cannot be read is an error, not a gap."""
-    def unreadable(err: OSError) -> None:
-        raise PermissionError(err.errno, f"corpus directory {str(root)!r}: cannot read {err.filename} "
-                              f"({err.strerror}); make it readable (chmod), or name only the files to use "
-                              "(--data.corpus 'DIR/**/*.txt')", err.filename)
-
-    found: list[Path] = []
-    for folder, dirs, names in os.walk(root, onerror=unreadable):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(folder, d)) not in skip]
-        found += [Path(folder, name) for name in names if not name.startswith(".")]
-    return sorted(p for p in found if p.is_file())
-
-
-def _is_below(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path) -> Corpus:

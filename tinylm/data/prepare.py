@@ -47,8 +47,9 @@ SCAN_TOKENS = 1 << 24  # ids checked per step when a dataset is opened (32-64 MB
 
 
 def default_cache_dir() -> Path:
-    """`$TINYLM_CACHE_DIR`, else `./data_cache`."""
-    return Path(os.environ.get("TINYLM_CACHE_DIR") or "data_cache")
+    """`$TINYLM_CACHE_DIR` (a leading ``~``, which a Dockerfile's ENV or a quoted value leaves as it is, is the home
+    folder), else `./data_cache`."""
+    return Path(os.environ.get("TINYLM_CACHE_DIR") or "data_cache").expanduser()
 
 
 def _key(obj: Any) -> str:

@@ -1,0 +1,53 @@
+"""Which files a local corpus (a folder, or a glob) reads: every non-hidden regular file below it, never what tinylm
+wrote there itself: its data cache's folders (token ids, tokenizers, Arrow caches, downloads) and its run folders
+(checkpoints, metrics, config records, samples.txt). `--data.corpus .` in a folder of texts where `runs/` and
+`data_cache/` live read the previous run's checkpoints and logs as corpus files (and `'**/*.txt'` its samples)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+
+def made_by_tinylm(cache_dir: str | Path) -> list[str]:
+    """The cache's own folders (real paths): never part of a corpus such as `--data.corpus .`."""
+    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers", "hf-local", "corpora")]
+
+
+def is_run_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` is a tinylm run folder (runs/NAME: its lock, and its checkpoints or config record)."""
+    return os.path.isfile(os.path.join(folder, ".lock")) and (
+        os.path.isdir(os.path.join(folder, "checkpoints")) or os.path.isfile(os.path.join(folder, "config.yaml")))
+
+
+def files_below(root: Path, *, cache_dir: str | Path) -> list[Path]:
+    """Every non-hidden file below `root`, sorted by path, leaving out what tinylm made (above).
+    Symlinked folders are not entered; a folder that cannot be read is an error, not a gap."""
+    def unreadable(err: OSError) -> None:
+        raise PermissionError(err.errno, f"corpus directory {str(root)!r}: cannot read {err.filename} "
+                              f"({err.strerror}); make it readable (chmod), or name only the files to use "
+                              "(--data.corpus 'DIR/**/*.txt')", err.filename)
+
+    skip = made_by_tinylm(cache_dir)
+    found: list[Path] = []
+    for folder, dirs, names in os.walk(root, onerror=unreadable):
+        if is_run_folder(folder):
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(folder, d)) not in skip]
+        found += [Path(folder, name) for name in names if not name.startswith(".")]
+    return sorted(p for p in found if p.is_file())
+
+
+def glob_files(pattern: str, *, cache_dir: str | Path) -> list[Path]:
+    """The regular files ``pattern`` matches (``**`` recursive), sorted, leaving out what tinylm made (above:
+    a run folder's files lie at most 3 folders below it, runs/NAME/hf/tokenizer/...)."""
+    made = made_by_tinylm(cache_dir)
+    return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()
+                  and not any(_is_below(os.path.realpath(p), m) for m in made)
+                  and not any(is_run_folder(a) for a in list(Path(p).parents)[:3]))
+
+
+def _is_below(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
