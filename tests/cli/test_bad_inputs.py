@@ -1,5 +1,7 @@
 """Every bad input a user can give the CLI ends as one clear line and a non-zero exit, and damages nothing."""
 
+import json
+
 import pytest
 import torch
 from helpers import _one_line_error
@@ -159,6 +161,27 @@ def test_config_type_errors_and_typos_are_jsonargparse_messages(config, capsys, 
     assert e.value.code != 0
     err = capsys.readouterr().err
     assert key in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command, given, files, hint", [
+    ("fit", ["--trainer.lr", "0.01"], {}, "--trainer.lr 0.01; lr is an option of model: --model.lr 0.01"),
+    ("plan", ["--trainer.lr=0.01"], {}, "lr is an option of model: --model.lr 0.01"),
+    ("fit", [], {"trainer": {"lr": 0.01}}, "'trainer.lr'; lr is an option of model: set it under `model:`"),
+    ("lr-find", [], {"n_layer": 3}, "'n_layer'; n_layer is an option of model: set it under `model:`"),
+    ("validate", [], {"model": {"seed_everything": 1}}, "seed_everything is a top-level option"),
+    ("fit", ["--model.n_layers", "3"], {}, "--model.n_layers 3; the nearest option is --model.n_layer 3"),
+    ("fit", ["--trainer.block_size", "8"], {}, "block_size is an option of data: --data.block_size 8"),  # not model's
+    ("fit", ["--nosuch.option", "3"], {}, "tinylm fit: error: unrecognized arguments: --nosuch.option 3"),
+])
+def test_an_option_in_the_wrong_section_names_where_it_lives(config, tmp_path, capsys, command, given, files, hint):
+    """Catches jsonargparse's bare "unrecognized arguments: --trainer.lr 0.01" (or, from a config file, "does not
+    accept option 'trainer.lr'") for an option that lives in another section (model.lr) or is misspelled: the line
+    names the option to give instead; one no section has keeps jsonargparse's line as it was."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(json.dumps(files))
+    argv = [command, "--config", str(config), *(["--config", str(extra)] if files else []), *given]
+    line = _one_line_error(capsys, [*argv, *(["--ckpt_path", "x.ckpt"] if command == "validate" else [])], hint)
+    assert line == hint or "nosuch" not in hint  # nothing added to the line of an option no section has
 
 
 def test_resuming_with_another_tokenizer_names_the_mismatch(config, tmp_path, capsys, small_bpe):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import errno
 import logging
 import re
@@ -64,6 +65,44 @@ def resume_command(args: list[str]) -> str:
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
     return shlex.join(["tinylm", "fit", *kept, "--ckpt_path", "last"])
+
+
+# ---- an option in the wrong section -----------------------------------------------------------------------------
+def with_section_hint(message: str, options: set[str]) -> str:
+    """jsonargparse's refusal of options it does not know (``unrecognized arguments: --trainer.lr 0.01`` on the
+    command line, ``Subcommand 'fit' does not accept option 'trainer.lr'`` from a config file) with where each one
+    lives: the one option of ``options`` (the parser's, dotted) with its last name (``lr is an option of model``),
+    else the nearest name (``--model.n_layers``: did you mean --model.n_layer?); ``message`` as it is when none."""
+    if said := re.fullmatch(r"Subcommand '[\w-]+' does not accept option '([^']+)'", message):
+        hints = [_section_hint(said[1], None, options, flag=False)]
+    elif said := re.fullmatch(r"unrecognized arguments: (.*)", message, re.S):
+        words = said[1].split()
+        given = [(w[2:].partition("=")[0], w.partition("=")[2] if "=" in w else
+                  words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("-") else None)
+                 for i, w in enumerate(words) if w.startswith("--")]
+        hints = [_section_hint(key, value, options, flag=True) for key, value in given]
+    else:
+        return message
+    return "; ".join([message, *filter(None, hints)])
+
+
+def _section_hint(key: str, value: str | None, options: set[str], *, flag: bool) -> str | None:
+    name = key.rpartition(".")[2]
+    homes = sorted(o for o in options if o.rpartition(".")[2] == name and o != key)
+
+    def spelled(option: str) -> str:
+        return f"--{option}{f' {value}' if value is not None else ''}" if flag else option
+
+    if len(homes) == 1:
+        section = homes[0].rpartition(".")[0]
+        if not flag:
+            where = f"under `{section}:`" if section else "at the top of the config, outside any section"
+            return f"{name} is {f'an option of {section}' if section else 'a top-level option'}: set it {where} " \
+                   f"(--{homes[0]} on the command line)"
+        return f"{name} is {f'an option of {section}' if section else 'a top-level option'}: {spelled(homes[0])}"
+    if not homes and (close := difflib.get_close_matches(key, sorted(options), n=1, cutoff=0.8)):
+        return f"the nearest option is {spelled(close[0])}"
+    return None
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ run's config.yaml (run_config). This module holds the LightningCLI subclass and 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import functools
@@ -20,6 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks
 from tinylm.cli.argv import home_expanded, options
+from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
@@ -36,6 +38,7 @@ from tinylm.cli.trainer_checks import (
     warn_small_vocab,
     with_atomic_checkpoints,
 )
+from tinylm.errors import TinyLMError
 from tinylm.ranges import SEED_RANGE, check_ranges
 from tinylm.train.loggers import finish_wandb
 
@@ -123,10 +126,25 @@ class TinyLMCLI(LightningCLI):
         # from a run's checkpoint with no --config: the run's own settings first (not named by the user: the
         # checkpoint's tokenizer and data still apply where the command sets none). Each rank reads the same files:
         # rank zero writes a resume's record once every rank has joined, long after they parsed this.
-        super().parse_arguments(parser, with_run_config(list(argv)) if isinstance(argv, (list, tuple)) else args)
+        try:
+            super().parse_arguments(parser, with_run_config(list(argv)) if isinstance(argv, (list, tuple)) else args)
+        except argparse.ArgumentError as e:  # an option it does not know: where one of that name lives
+            if (hinted := with_section_hint(str(e), self._option_names())) != str(e):
+                raise TinyLMError(hinted) from e  # (one_line would say the cause's message, without the hint)
+            raise
         seed = self._section().get("seed_everything")
         if not isinstance(seed, bool):  # true: a random seed; false: none set
             check_ranges("", {"seed_everything": seed}, {"seed_everything": SEED_RANGE}, whole={"seed_everything"})
+
+    def _option_names(self) -> set[str]:
+        """Every option of fit's and validate's parsers, dotted (``model.lr``, ``data.clean.exact``,
+        ``seed_everything``): the keys of their defaults, less ``config`` (the files) and the options linked from
+        another (``model.block_size``, set from data.block_size)."""
+        names: set[str] = set()
+        for sub in self._subcommand_parsers.values():
+            linked = {a.dest for a in sub._actions if not a.option_strings or not a.option_strings[0].startswith("-")}
+            names |= set(sub.get_defaults().keys()) - linked - {"config"}
+        return names
 
     def add_arguments_to_parser(self, parser) -> None:
         from tinylm.train.eval_callback import EvalTasks
