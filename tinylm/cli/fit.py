@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import functools
 import logging
 import os
@@ -338,17 +337,9 @@ class TinyLMCLI(LightningCLI):
         path = run_dir.resolve() / "validate" / "metrics.csv"
         self.validate_result, self.validate_csv = row, path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_header = not path.is_file()
-            fields = list(row)
-            if not write_header:
-                with open(path, newline="") as f:
-                    fields = next(csv.reader(f), fields)
-            with open(path, "a", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-                if write_header:
-                    writer.writeheader()
-                writer.writerow(row)
+            from tinylm.evals.results import append_row
+
+            append_row(path, row)
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None

@@ -1,8 +1,10 @@
 """Names and records of eval scores: ``eval/<task>_<metric>`` (``eval/hellaswag_acc_norm``) in the run's CSV and
-W&B during training, and the same columns in ``runs/NAME/eval/metrics.csv``, one row per `tinylm eval`."""
+W&B during training, and the same columns in ``runs/NAME/eval/metrics.csv``, one row per `tinylm eval`; the rows of
+that file and of ``runs/NAME/validate/metrics.csv`` appended by one writer (`append_row`)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 from pathlib import Path
@@ -19,8 +21,32 @@ def flat(results: dict[str, dict[str, float]], *, leave_out: tuple[str, ...] = (
 
 def append_row(path: Path, row: dict) -> None:
     """Append ``row`` to the CSV ``path``; a row with columns the header lacks widens it (the file is rewritten
-    into a temporary file renamed over it, so a crash leaves the old file whole)."""
+    into a temporary file renamed over it, so a crash leaves the old file whole). Two commands appending at once
+    (two `tinylm validate` of one run's checkpoints) take turns: neither writes a second header or loses the
+    other's row to its rewrite."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with _folder_locked(path.parent):
+        _append(path, row)
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path):
+    """An exclusive lock on ``folder`` itself (flock on its descriptor: no lock file left beside the CSV, and it
+    outlives the rename of a rewrite, which a lock on the CSV's own inode would not)."""
+    try:
+        import fcntl
+    except ImportError:  # (no flock: Windows)
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _append(path: Path, row: dict) -> None:
     rows, fields = [], list(row)
     if path.is_file():
         with open(path, newline="", encoding="utf-8") as f:
