@@ -95,11 +95,11 @@ def _section_hint(key: str, value: str | None, options: set[str], *, flag: bool)
 
     if len(homes) == 1:
         section = homes[0].rpartition(".")[0]
-        if not flag:
-            where = f"under `{section}:`" if section else "at the top of the config, outside any section"
-            return f"{name} is {f'an option of {section}' if section else 'a top-level option'}: set it {where} " \
-                   f"(--{homes[0]} on the command line)"
-        return f"{name} is {f'an option of {section}' if section else 'a top-level option'}: {spelled(homes[0])}"
+        lives = f"{name} is {f'an option of {section}' if section else 'a top-level option'}"
+        if flag:
+            return f"{lives}: {spelled(homes[0])}"
+        where = f"under `{section}:`" if section else "at the top of the config, outside any section"
+        return f"{lives}: set it {where} (--{homes[0]} on the command line)"
     if not homes and (close := difflib.get_close_matches(key, sorted(options), n=1, cutoff=0.8)):
         return f"the nearest option is {spelled(close[0])}"
     return None
