@@ -15,7 +15,8 @@ def no_wandb_account(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc with a stored key
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # W&B's files in the run folder, unless a test sets it
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
 
 
 def test_no_credentials_means_offline(no_wandb_account, tmp_path, caplog):
@@ -106,28 +107,77 @@ def test_wandb_project_from_the_environment_unless_a_flag_names_it(tmp_path, mon
     assert project(None) is None
 
 
-def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config, capfd):
+def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, run_config, capfd, monkeypatch):
     """Catches a resume opening a second W&B run, splitting one training curve in two; and wandb's deprecation
-    warning about the `anonymous` setting Lightning passes (W&B offline was to say one line, not six)."""
+    warning about the `anonymous` setting Lightning passes (W&B offline was to say one line, not six). With
+    WANDB_DIR set, W&B's files go to $WANDB_DIR/wandb (the run folder's path overrode it) and the resume still
+    continues the same W&B run; a run started with WANDB_PROJECT=foo and resumed without it stays in foo (it went
+    to the config's project)."""
+    import torch
+
     run_config(
         name="c.yaml",
         run={"name": "wb", "wandb_project": "tinylm-test", "checkpoint_every": 2, "keep_checkpoints": -1},
         samples={"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 4},
         model={"n_layer": 1, "decay_steps": 4},
     )
+    monkeypatch.setenv("WANDB_DIR", "elsewhere")  # relative, as users write it: the folder of the command
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
     main(["fit", "--config", "c.yaml"])
+    monkeypatch.delenv("WANDB_PROJECT")
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last"])
     err = capfd.readouterr().err
     assert "wandb" in err and "anonymous" not in err  # guard: wandb did talk
-    import torch
+    assert "W&B project from-env, the run's own" in err
 
-    first_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "step-2.ckpt",
-                          weights_only=True)["tinylm"]["wandb_id"]
-    last_id = torch.load(tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt",
-                         weights_only=True)["tinylm"]["wandb_id"]
-    runs = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
-    assert first_id and last_id == first_id  # the resumed process logged into the run the checkpoint named
-    assert runs and {r.name.rsplit("-", 1)[1] for r in runs} == {first_id}  # one W&B run on disk
+    def tinylm_section(name):
+        return torch.load(tmp_path / "runs" / "wb" / "checkpoints" / name, weights_only=True)["tinylm"]
+
+    first, last = tinylm_section("step-2.ckpt"), tinylm_section("last.ckpt")
+    runs = sorted((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))
+    assert first["wandb_id"] and last["wandb_id"] == first["wandb_id"]  # the resume logged into the run named
+    assert len(runs) == 2 and {r.name.rsplit("-", 1)[1] for r in runs} == {first["wandb_id"]}  # one W&B run
+    assert not (tmp_path / "runs" / "wb" / "wandb").exists()
+    assert first["wandb_project"] == last["wandb_project"] == "from-env"
+    assert b"from-env" in next(runs[1].glob("run-*.wandb")).read_bytes()  # what wandb itself was told
+
+
+def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, monkeypatch):
+    """Catches WANDB_DIR going unused (Lightning's WandbLogger passes its save_dir, the run folder or its default
+    `.`, to wandb.init, which overrides the variable), and it overriding a user's WandbLogger's own save_dir."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from tinylm.train.loggers import adopt_users_loggers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    assert make_loggers(tmp_path / "run", "r", "p")[0]._wandb_init["dir"] == str(tmp_path / "run")  # unset
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wd"))
+    assert make_loggers(tmp_path / "run", "r", "p")[0]._wandb_init["dir"] == str(tmp_path / "wd")
+    theirs, _ = adopt_users_loggers([WandbLogger(project="p"), WandbLogger(project="p", save_dir=str(tmp_path))],
+                                    "p", wandb_id=None, resume_step=None)
+    assert [lg._wandb_init["dir"] for lg in theirs] == [str(tmp_path / "wd"), str(tmp_path)]
+
+
+def test_a_resume_logs_to_the_runs_wandb_project_unless_a_flag_names_another(monkeypatch, caplog):
+    """Catches a resume without the WANDB_PROJECT that started the run (or with another one, or a recipe's project)
+    logging to another W&B project than the run's, and a --run.wandb_project flag on resume losing to the run's or
+    changing the project without a warning (as a resume's other changed settings warn)."""
+    from tinylm.train.loggers import wandb_project_for
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    with caplog.at_level(logging.INFO, logger="tinylm"):
+        assert wandb_project_for("tinylm", None, False) == "tinylm"  # a new run: the config's
+        assert wandb_project_for("tinylm", "foo", False) == "foo"  # a resume: the run's, not the config's
+        monkeypatch.setenv("WANDB_PROJECT", "bar")
+        assert wandb_project_for("tinylm", None, False) == "bar"
+        assert wandb_project_for("tinylm", "foo", False) == "foo"  # not the environment's either
+        assert wandb_project_for("mine", "foo", True) == "mine"  # a flag: applies, with a warning
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said[0] == ("INFO", "W&B project foo, the run's own, from its checkpoint (not run.wandb_project tinylm; "
+                               "--run.wandb_project NAME overrides it)")
+    assert said[2][1].startswith("W&B project foo, the run's own, from its checkpoint (not WANDB_PROJECT bar;")
+    assert said[3][0] == "WARNING" and "not the run's foo" in said[3][1] and len(said) == 4
 
 
 def test_a_users_wandb_logger_logs_the_run_alone(no_wandb_account, tmp_path, run_config):

@@ -188,6 +188,7 @@ class TinyLMCLI(LightningCLI):
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
+        self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)
         asked = cfg.get("ckpt_path")
         cfg.ckpt_path = ckpt_path = resolve_ckpt_path(asked, self.run_dir, sub)
         # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
@@ -200,6 +201,7 @@ class TinyLMCLI(LightningCLI):
             start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
                                      named=self._named, flags=self._flags, continues=self.continues)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
+            self.wandb_project = start.wandb_project
             self.config = self.parser.parse_object({sub: start.update}, self.config)
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
@@ -235,7 +237,7 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
         if sub == "fit":
             warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
-            self.model.wandb_id = self.wandb_id
+            self.model.wandb_id, self.model.wandb_project = self.wandb_id, self.wandb_project
         extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
         return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)
 
@@ -256,7 +258,8 @@ class TinyLMCLI(LightningCLI):
                                                   resume_step=self.resume_step if self.continues else None)
             mine = make_loggers(self.run_dir, run.name, project, wandb_id=self.wandb_id,
                                 resume_step=self.resume_step,
-                                project_flag=bool({"run", "run.wandb_project"} & self._flags))
+                                project_flag=bool({"run", "run.wandb_project"} & self._flags),
+                                run_project=self.wandb_project)
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:

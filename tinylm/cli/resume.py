@@ -202,6 +202,7 @@ class Start:
     step: int  # the checkpoint's global step
     resume_step: int | None  # fit: the step the CSV and W&B logs continue from; validate: None
     wandb_id: str | None  # the W&B run to continue (a resume in the checkpoint's own run folder)
+    wandb_project: str | None  # the W&B project the run logged to (a branch's W&B run goes there too)
     update: dict  # the config sections it sets: model (and for validate, data)
 
 
@@ -217,13 +218,16 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     meta = tinylm_section(ckpt, ckpt_path)
     checkpoint_tokenizer(ckpt, ckpt_path)  # one that does not fit its model: refused before the data is prepared
     step = int(ckpt.get("global_step", 0))
-    resume_step = wandb_id = None
+    resume_step = wandb_id = wandb_project = None
     if sub == "fit":
         check_resume(ckpt, cfg, ckpt_path)
         resume_step = step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
         wandb_id = meta.get("wandb_id") if continues else None
+        # its project, which a resume without the WANDB_PROJECT that named it would not find (tinylm.train.loggers.
+        # wandb_project_for: a --run.wandb_project flag overrides it); a branch's own W&B run goes beside it
+        wandb_project = meta.get("wandb_project")
     update = {"model": model_from(ckpt, meta, cfg, sub, ckpt_path, defaults, named)}
     data = run_data(ckpt, cfg, flags, ckpt_path)
     if sub == "validate":
@@ -231,7 +235,7 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         data.update(data_from(ckpt, meta, cfg, defaults, named - {f"data.{k}" for k in data}, {**cfg.data, **data}))
     if data:
         update["data"] = data
-    return Start(step, resume_step, wandb_id, update)
+    return Start(step, resume_step, wandb_id, wandb_project, update)
 
 
 RUN_DATA = ("corpus", "weights", "tokenizer", "vocab_size", "tokenizer_train_chars", "split", "val_split",

@@ -200,14 +200,13 @@ def _base_url() -> str:
 
 def make_loggers(
     run_dir: str | Path, name: str, wandb_project: str | None, *, wandb_id: str | None = None,
-    resume_step: int | None = None, project_flag: bool = False
+    resume_step: int | None = None, project_flag: bool = False, run_project: str | None = None
 ) -> list[Logger]:
     """CSV logger (``<run_dir>/csv/metrics.csv``) plus a W&B logger when a project is set and W&B is usable.
 
-    When resuming, pass the checkpoint's ``resume_step`` and ``wandb_id`` so both logs continue instead of restarting.
-    ``WANDB_PROJECT`` names the project unless ``project_flag`` (`--run.wandb_project` given on the command line):
-    W&B's own rule is that wandb.init's arguments override its environment variables, so passing tinylm's default
-    (or a recipe's ``tinylm``) on silently sent a user's runs to another project than the one their environment names.
+    When resuming, pass the checkpoint's ``resume_step``, ``wandb_id`` and ``run_project`` (the W&B project the run
+    logged to) so both logs continue instead of restarting; `wandb_project_for` says which project is used. W&B's
+    files go to ``<run_dir>/wandb``, or ``$WANDB_DIR/wandb`` (`wandb_root`).
     """
     run_dir = Path(run_dir)
     loggers: list[Logger] = [RunCSVLogger(run_dir, resume_step=resume_step)]
@@ -219,21 +218,61 @@ def make_loggers(
         return loggers
     from lightning.pytorch.loggers import WandbLogger
 
-    env_project = os.environ.get("WANDB_PROJECT")
-    if env_project and env_project != wandb_project and not project_flag:
-        log.info("W&B project %s, from WANDB_PROJECT (not %s; --run.wandb_project NAME overrides it)", env_project,
-                 wandb_project)
-        wandb_project = env_project
+    wandb_project = wandb_project_for(wandb_project, run_project, project_flag)
+    root = wandb_root(run_dir)
     if mode == "offline":
-        log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", run_dir / "wandb", _offline_reason())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline", id=wandb_id,
+        log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", root / "wandb", _offline_reason())
+    root.mkdir(parents=True, exist_ok=True)
+    wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(root), offline=mode == "offline", id=wandb_id,
                         resume="allow")
     # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
     if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:
         del wandb._wandb_init["anonymous"]
     loggers.insert(0, wandb)
     return loggers
+
+
+def wandb_root(run_dir: Path) -> Path:
+    """The folder wandb makes its ``wandb/`` folder in: ``WANDB_DIR`` when set (as wandb documents it: its runs'
+    files go to ``$WANDB_DIR/wandb``), else the run folder. Lightning's WandbLogger passes its ``save_dir`` to
+    wandb.init as ``dir``, which overrides WANDB_DIR, so the variable is read here."""
+    if where := os.environ.get("WANDB_DIR"):
+        return Path(os.path.abspath(os.path.expanduser(where)))  # (the one wandb would use, whatever the cwd later)
+    return run_dir
+
+
+def wandb_project_for(wandb_project: str, run_project: str | None, project_flag: bool) -> str:
+    """The W&B project a run logs to: ``--run.wandb_project NAME`` on the command line (``project_flag``); else, on a
+    resume, the run's own (``run_project``, recorded in its checkpoint: a run started with ``WANDB_PROJECT=foo`` stays
+    in foo when resumed without it); else ``WANDB_PROJECT``; else the config's ``run.wandb_project``.
+
+    W&B's own rule is that wandb.init's arguments override its environment variables, so passing tinylm's default
+    (or a recipe's ``tinylm``) on silently sent a user's runs to another project than the one their environment
+    names. A flag naming another project than the run's applies, with a warning, as a resume's other changed
+    settings do (tinylm.cli.resume): the run's W&B id starts a second W&B run there."""
+    env_project = os.environ.get("WANDB_PROJECT")
+    if project_flag:
+        if run_project and run_project != wandb_project:
+            log.warning("W&B project %s (--run.wandb_project), not the run's %s: the resumed steps log to a W&B run "
+                        "in %s, apart from the run's curve", wandb_project, run_project, wandb_project)
+        return wandb_project
+    if run_project:
+        if run_project != (env_project or wandb_project):
+            what = f"WANDB_PROJECT {env_project}" if env_project else f"run.wandb_project {wandb_project}"
+            log.info("W&B project %s, the run's own, from its checkpoint (not %s; --run.wandb_project NAME overrides "
+                     "it)", run_project, what)
+        return run_project
+    if env_project and env_project != wandb_project:
+        log.info("W&B project %s, from WANDB_PROJECT (not %s; --run.wandb_project NAME overrides it)", env_project,
+                 wandb_project)
+        return env_project
+    return wandb_project
+
+
+def wandb_project_of(logger) -> str | None:
+    """The project a WandbLogger logs to: its run's, once started (a user's logger without ``project`` logs to
+    WANDB_PROJECT's, or wandb's own default), else the one it was given."""
+    return getattr(logger._experiment, "project", None) or logger._project
 
 
 def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: str | None,
@@ -245,7 +284,8 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
     file). A WandbLogger of the user's logs the run in place of tinylm's: beside it, both logged every row into
     the one W&B run wandb allows a process (twice, the user's project and folder ignored). Without credentials it
     logs offline too, never prompting, and a resume continues the run folder's W&B run (``wandb_id``) unless it names
-    its own."""
+    its own. WANDB_DIR places its files unless it was given a ``save_dir`` (Lightning's default ``.`` counts as
+    none)."""
     kept = [KeptCSVLogger.adopt(lg, resume_step) for lg in theirs]
     users = wandb_loggers(kept)
     if not users:
@@ -259,6 +299,8 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
             del lg._wandb_init["anonymous"]
         if wandb_id and not lg._wandb_init.get("id"):
             lg._wandb_init["id"] = lg._id = wandb_id
+        if lg._wandb_init.get("dir") == "." and os.environ.get("WANDB_DIR"):  # Lightning's default save_dir: unset
+            lg._wandb_init["dir"] = lg._save_dir = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR)
     return kept, None
 
 

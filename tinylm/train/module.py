@@ -226,6 +226,7 @@ class TinyLM(L.LightningModule):
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
+        self.wandb_project: str | None = None  # the project of the run's W&B run, kept as wandb_id is
         self.last_grad_norm: torch.Tensor | None = None
         self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
         self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
@@ -488,11 +489,13 @@ class TinyLM(L.LightningModule):
             self.token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.float64)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from tinylm.train.loggers import wandb_loggers
+        from tinylm.train.loggers import wandb_loggers, wandb_project_of
 
-        wandb_id = next((lg.version for lg in wandb_loggers(self.trainer.loggers)), self.wandb_id)
+        wandb = wandb_loggers(self.trainer.loggers)
+        wandb_id = wandb[0].version if wandb else self.wandb_id
+        wandb_project = wandb_project_of(wandb[0]) if wandb else self.wandb_project
         checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
-                                "init_from": self.init_source}
+                                "wandb_project": wandb_project, "init_from": self.init_source}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = tinylm_section(checkpoint)
