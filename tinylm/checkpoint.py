@@ -267,8 +267,8 @@ CHECKPOINT_FORMAT = 1  # version of the checkpoint's "tinylm" section; bump when
 
 
 def tinylm_section(ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint") -> dict[str, Any]:
-    """The checkpoint's ``tinylm`` section (format, tokenizer state, W&B run id, the run's model.init_from), checked:
-    the one place it is read."""
+    """The checkpoint's ``tinylm`` section (format, tokenizer state, W&B run id and project, the run's
+    model.init_from), checked: the one place it is read."""
     meta = ckpt.get("tinylm")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{str(path)!r} was not written by tinylm (no 'tinylm' section); pass a .ckpt from "

@@ -144,9 +144,11 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
 
 def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, monkeypatch):
     """Catches WANDB_DIR going unused (Lightning's WandbLogger passes its save_dir, the run folder or its default
-    `.`, to wandb.init, which overrides the variable), and it overriding a user's WandbLogger's own save_dir."""
+    `.`, to wandb.init, which overrides the variable), it overriding a user's WandbLogger's own save_dir, and one
+    that cannot be made ending in a traceback (wandb itself went on in a temporary folder)."""
     from lightning.pytorch.loggers import WandbLogger
 
+    from tinylm.errors import TinyLMError
     from tinylm.train.loggers import adopt_users_loggers
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -157,6 +159,10 @@ def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, mo
     theirs, _ = adopt_users_loggers([WandbLogger(project="p"), WandbLogger(project="p", save_dir=str(tmp_path))],
                                     "p", wandb_id=None, resume_step=None)
     assert [lg._wandb_init["dir"] for lg in theirs] == [str(tmp_path / "wd"), str(tmp_path)]
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "a-file" / "wd"))  # a folder that cannot be made: one line
+    with pytest.raises(TinyLMError, match=r"WANDB_DIR=.*a-file/wd: cannot make that folder .* set WANDB_DIR to a "):
+        make_loggers(tmp_path / "run", "r", "p")
 
 
 def test_a_resume_logs_to_the_runs_wandb_project_unless_a_flag_names_another(monkeypatch, caplog):

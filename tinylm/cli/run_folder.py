@@ -5,7 +5,8 @@ A run lives in ``<trainer.default_root_dir>/<run.name>/`` (default ``runs/NAME``
                                 (a config.yaml found in the folder before the run is kept as config.previous.yaml)
     checkpoints/                best.ckpt, last.ckpt, step-<N>.ckpt
     csv/metrics.csv             every logged metric, one file continued across resumes
-    samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials)
+    samples.txt, wandb/         text samples; the W&B run (offline when there are no credentials; in $WANDB_DIR/wandb
+                                when WANDB_DIR is set)
     validate/metrics.csv        one row per `tinylm validate` of one of this run's checkpoints
 A fresh `fit` refuses a folder that already holds a run: continue it with `--ckpt_path last`, or pick a new
 `--run.name`. Nothing a run wrote is ever overwritten by another run.

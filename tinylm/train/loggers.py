@@ -1,7 +1,8 @@
 """Loggers: a CSV file always (readable without any account), W&B as the primary dashboard when available.
 
 W&B never blocks a run: with no credentials or no network (or ``WANDB_MODE=offline``) it logs offline into the run
-folder and says so in one line; ``WANDB_MODE=disabled`` or ``run.wandb_project: null`` turns it off.
+folder (``$WANDB_DIR/wandb`` when set) and says so in one line; ``WANDB_MODE=disabled`` or
+``run.wandb_project: null`` turns it off.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from tinylm.errors import TinyLMError
 from tinylm.net import reachable
 
 log = logging.getLogger("tinylm")
@@ -222,7 +224,6 @@ def make_loggers(
     root = wandb_root(run_dir)
     if mode == "offline":
         log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", root / "wandb", _offline_reason())
-    root.mkdir(parents=True, exist_ok=True)
     wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(root), offline=mode == "offline", id=wandb_id,
                         resume="allow")
     # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
@@ -233,12 +234,19 @@ def make_loggers(
 
 
 def wandb_root(run_dir: Path) -> Path:
-    """The folder wandb makes its ``wandb/`` folder in: ``WANDB_DIR`` when set (as wandb documents it: its runs'
+    """The folder wandb makes its ``wandb/`` folder in, made: ``WANDB_DIR`` when set (as wandb documents it: its runs'
     files go to ``$WANDB_DIR/wandb``), else the run folder. Lightning's WandbLogger passes its ``save_dir`` to
     wandb.init as ``dir``, which overrides WANDB_DIR, so the variable is read here."""
-    if where := os.environ.get("WANDB_DIR"):
-        return Path(os.path.abspath(os.path.expanduser(where)))  # (the one wandb would use, whatever the cwd later)
-    return run_dir
+    where = os.environ.get("WANDB_DIR")
+    root = Path(os.path.abspath(os.path.expanduser(where))) if where else run_dir  # (abspath: wandb's, cwd now)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # (wandb itself fell back to a temporary folder, with a warning)
+        if not where:
+            raise
+        raise TinyLMError(f"WANDB_DIR={where}: cannot make that folder for W&B's files ({e.strerror or e}); set "
+                          "WANDB_DIR to a writable folder, or unset it to keep them in the run folder") from None
+    return root
 
 
 def wandb_project_for(wandb_project: str, run_project: str | None, project_flag: bool) -> str:
