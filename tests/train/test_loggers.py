@@ -155,7 +155,9 @@ def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, mo
     monkeypatch.delenv("WANDB_DIR", raising=False)
     assert make_loggers(tmp_path / "run", "r", "p")[0]._wandb_init["dir"] == str(tmp_path / "run")  # unset
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wd"))
-    assert make_loggers(tmp_path / "run", "r", "p")[0]._wandb_init["dir"] == str(tmp_path / "wd")
+    wandb = make_loggers(tmp_path / "run", "r", "p")[0]
+    assert wandb._wandb_init["dir"] == str(tmp_path / "wd")
+    assert wandb.save_dir == str(tmp_path / "run")  # trainer.log_dir (profiler traces): still the run folder
     theirs, _ = adopt_users_loggers([WandbLogger(project="p"), WandbLogger(project="p", save_dir=str(tmp_path))],
                                     "p", wandb_id=None, resume_step=None)
     assert [lg._wandb_init["dir"] for lg in theirs] == [str(tmp_path / "wd"), str(tmp_path)]

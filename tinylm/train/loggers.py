@@ -224,8 +224,10 @@ def make_loggers(
     root = wandb_root(run_dir)
     if mode == "offline":
         log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", root / "wandb", _offline_reason())
-    wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(root), offline=mode == "offline", id=wandb_id,
-                        resume="allow")
+    wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline",
+                        id=wandb_id, resume="allow")
+    wandb._wandb_init["dir"] = str(root)  # W&B's files alone: its save_dir (trainer.log_dir: profiler traces, a
+    # ModelCheckpoint without a dirpath) stays the run folder
     # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
     if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:
         del wandb._wandb_init["anonymous"]
@@ -308,7 +310,7 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
         if wandb_id and not lg._wandb_init.get("id"):
             lg._wandb_init["id"] = lg._id = wandb_id
         if lg._wandb_init.get("dir") == "." and os.environ.get("WANDB_DIR"):  # Lightning's default save_dir: unset
-            lg._wandb_init["dir"] = lg._save_dir = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR)
+            lg._wandb_init["dir"] = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR; save_dir stays, as ours)
     return kept, None
 
 
