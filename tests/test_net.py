@@ -1,6 +1,7 @@
 """The reachability probe asked before W&B and the hub: bounded in time, its name lookup included."""
 
 import socket
+import threading
 import time
 
 from tinylm.net import reachable
@@ -15,18 +16,21 @@ def test_a_hanging_name_lookup_is_bounded_by_the_timeout(monkeypatch):
     """Catches a slow or dead DNS resolver holding the probe for the resolver's own timeouts (socket timeouts do not
     bound getaddrinfo): `tinylm fit` with a W&B key sat there before it said a word."""
     _no_proxy(monkeypatch)
-    asked = []
+    asked, released = [], threading.Event()
 
-    def hanging(*args, **kwargs):
+    def hanging(*args, **kwargs):  # a resolver that answers in 10 s
         asked.append(args[0])
-        time.sleep(10)
+        released.wait(10)
         raise socket.gaierror("too late")
 
     monkeypatch.setattr(socket, "getaddrinfo", hanging)
     start = time.monotonic()
-    assert reachable("https://api.example.invalid", timeout=0.3) is False
-    assert time.monotonic() - start < 0.3 + 2
-    assert asked == ["api.example.invalid"]  # guard: the lookup was the thing that hung
+    try:
+        assert reachable("https://api.example.invalid", timeout=0.3) is False
+        assert time.monotonic() - start < 0.3 + 2
+        assert asked == ["api.example.invalid"]  # guard: the lookup was the thing that hung
+    finally:
+        released.set()  # the lookup's thread ends now, not in 10 s (a thread alive across a later test's fork)
 
 
 def test_a_listening_server_is_reachable_and_a_closed_port_is_not(monkeypatch):
