@@ -136,6 +136,23 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["fit", "--model.lr", "-1e-3"], "model.lr must be in (0, inf), got -0.001"),
+    (["plan", "--mfu", "-1E-1"], "mfu must be in (0, 1], got -0.1"),
+    (["lr-find", "--min_lr", "-1e-3"], "min_lr must be in (0, max_lr=1.0), got -0.001"),
+    (["scaling", "--budget", "-1e12"], "budget must be in (0, 1e24], got -1000000000000.0"),
+    (["generate", "--ckpt_path", "x.ckpt", "--temperature", "-1.5e+0"], "--temperature must be in [0.0001, inf)"),
+    (["sample-report", "--ckpt_path", "x.ckpt", "--out", "r", "--num_samples", "-1e3"],
+     "--num_samples: expected a whole number, got -1000.0"),
+])
+def test_a_negative_number_in_scientific_notation_is_the_options_value(config, capsys, argv, message):
+    """Catches `--model.lr -1e-3` (and -1E5, -1.5e+3) ending in argparse's "expected one argument" (Python 3.11
+    takes -1 and -.5 only) instead of the range check's line naming the value."""
+    if argv[0] in ("fit", "plan", "lr-find", "scaling"):
+        argv = [argv[0], "--config", str(config), *argv[1:]]
+    _one_line_error(capsys, argv, message)
+
+
+@pytest.mark.parametrize("argv, message", [
     (["fit", "--model.lr", "nan"], "--model.lr: expected a finite number, got nan"),
     (["generate", "--ckpt_path", "x.ckpt", "--temperature", "inf"], "--temperature: expected a finite number, got inf"),
     (["generate", "--ckpt_path", "x.ckpt", "--max_new_tokens", "1.5"], "--max_new_tokens: expected a whole number"),

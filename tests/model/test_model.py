@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinylm.model import GPT, GPTConfig, build_attention_mask
+from tinylm.model import GPT, GPTConfig, GPTShape, build_attention_mask
 
 VOCAB = 64
 EOS = 0
@@ -105,6 +105,21 @@ def test_param_count_matches_hand_formula(bias):
     expected = V * C + T * C + L * per_block + (2 * C if bias else C)  # + final LayerNorm
     assert model.num_params() == expected
     assert model.num_params(exclude_position=True) == expected - T * C
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "positions": "rope", "mlp": "swiglu", "bias": True,
+                                        "qk_norm": True, "norm": "rmsnorm"}])
+def test_a_shape_counts_what_the_gpt_of_its_config_holds(overrides):
+    """Catches `tinylm plan` of a deep model (counted from one block, GPTShape) planning another model than fit
+    builds: its counts equal those of the GPT built with every block."""
+    model = tiny(n_layer=3, **overrides)
+    shape = GPTShape.of(model.config)
+    assert len(shape.one_block.transformer.h) == 1 and shape.one_block.lm_head.weight.is_meta
+    assert shape.num_params() == model.num_params() and shape.flops_per_token() == model.flops_per_token()
+    assert shape.num_params(exclude_position=True) == model.num_params(exclude_position=True)
+    one = shape.one_block
+    assert shape.count(one.transformer.h.parameters()) == sum(p.numel() for p in model.transformer.h.parameters())
+    assert shape.count([one.lm_head.weight]) == model.lm_head.weight.numel()  # outside the blocks: once
 
 
 def test_param_count_of_gpt2_small_is_124m():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tinylm.cli import main
 from tinylm.cli.commands import unescape
@@ -231,7 +232,13 @@ def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_pa
     main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
     assert (run / "config.yaml").read_text() == first
     assert killed.read_text() == "data:\n  val_batches: 5\n"  # the record of that resume is kept too
-    assert "max_steps: 4" in (run / "config.resume-step2-2.yaml").read_text()
+    record = run / "config.resume-step2-2.yaml"
+    assert "max_steps: 4" in record.read_text()
+    # the checkpoint it started from by step and file in a comment, not as ckpt_path: last.ckpt is at step 4 now,
+    # and the record given as --config resumed from it (not from step 2)
+    assert yaml.safe_load(record.read_text())["ckpt_path"] is None
+    last = run / "checkpoints" / "last.ckpt"
+    assert f"# resumed at step 2 from {last} as it was then" in record.read_text()
 
 
 def test_a_config_yaml_found_in_a_new_runs_folder_is_kept(config, tmp_path, caplog):

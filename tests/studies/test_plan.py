@@ -421,7 +421,8 @@ def test_plan_sizes_a_bpe_whose_corpus_is_not_here_at_its_target(run_config, tmp
 def test_plan_of_a_huge_model_builds_no_weights(run_config, capsys):
     """Catches `tinylm plan` building the model's weights (a 40B plan ran > 120 s and took 5 GB): the model is made on
     the meta device, so a 30B+ plan allocates nothing, and the meta model counts what a real one holds (the plan of a
-    small config equals a real GPT's count and FLOPs)."""
+    small config equals a real GPT's count and FLOPs). Nor its blocks: `--model.n_layer 100000` built 100,000 on the
+    meta device (minutes); one is built, and the plan counts it 100,000 times."""
     import resource
 
     from tinylm.cli.fit_config import fit_objects
@@ -434,12 +435,32 @@ def test_plan_of_a_huge_model_builds_no_weights(run_config, capsys):
     real = fit_objects(small, trains_here=True).model.model  # built as lr-find builds it: real weights
     assert next(real.parameters()).device.type == "cpu"
     assert planned["params"] == real.num_params() and planned["flops_per_token"] == real.flops_per_token()
+    main(["plan", "--json", *small, "--model.n_layer", "100000"])
+    deep = json.loads(capsys.readouterr().out)
+    block = sum(p.numel() for p in real.transformer.h[0].parameters())
+    assert deep["params"] == real.num_params() + 99_997 * block
+    attention = 12 * 4 * (48 // 4) * 16  # 12 x heads x head size x block_size, per layer
+    assert deep["flops_per_token"] == real.flops_per_token() + 99_997 * (6 * block + attention)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     main(["plan", "--config", str(cfg), "--json", "--model.n_layer", "48", "--model.n_embd", "8192",
           "--model.n_head", "64"])
     huge = json.loads(capsys.readouterr().out)
     assert huge["params"] > 30e9  # 120 GB of fp32 weights, were they built
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_memory_of_a_shape_is_the_memory_of_its_gpt(optimizer):
+    """Catches the plan of a model counted from one block (GPTShape: plan builds no more) estimating other memory
+    than for the GPT built whole: every part, with FSDP2 (one block's gathered copies) and Muon (its per-shape step
+    buffers) too."""
+    from tinylm.model import GPTShape
+
+    model = _gpt(n_layer=3, mlp="swiglu")
+    for shards, fsdp, ckpt in [(1, False, False), (1, True, True), (4, True, False)]:
+        kw = {"batch_size": 2, "precision": "bf16-mixed", "checkpointing": ckpt, "shards": shards, "fsdp": fsdp,
+              "optimizer": optimizer}
+        assert memory(GPTShape.of(model.config), **kw) == memory(model, **kw)
 
 
 def test_plan_of_a_cpu_run_answers_for_this_cpu(run_config, capsys):

@@ -9,10 +9,14 @@ jsonargparse parses with Python's argparse; its rules, which this reading follow
   an option given twice: the last one counts; config files and flags apply in their order on the line
   (``--run.name x -c a.yaml``: a.yaml's run.name wins; ``-c a.yaml --run.name x``: x).
 - After ``--key``, the next argument is its value unless it looks like an option: it starts with ``-`` and is not
-  ``-`` alone, a negative number (``-1``, ``-.5``) or text with a space in it. So ``--model.lr -1`` sets -1, while
-  ``--run.name --x`` and (Python 3.11) ``--model.lr -1e-3`` are refused ("expected one argument"): write
-  ``--model.lr=-1e-3``, ``--run.name=--x``. ``--help`` and a bare ``--print_config`` take no value; ``--`` ends the
-  options (jsonargparse refuses anything after it).
+  ``-`` alone, a negative number or text with a space in it. So ``--model.lr -1`` sets -1, while ``--run.name --x``
+  is refused ("expected one argument"): write ``--run.name=--x``. ``--help`` and a bare ``--print_config`` take no
+  value; ``--`` ends the options (jsonargparse refuses anything after it).
+- A negative number is any decimal one, in scientific notation too: ``-1``, ``-.5``, ``-1e-3``, ``-1E5``,
+  ``-1.5e+3`` (`NEGATIVE_NUMBER`). argparse's own rule is narrower and changes with the Python (3.11's takes ``-1``
+  and ``-.5`` only, and refused ``--model.lr -1e-3`` with "expected one argument" before any range check could
+  speak), so tinylm's entry point (tinylm.cli.main) rewrites ``--key -1e-3`` to ``--key=-1e-3`` once, before
+  anything parses the line (`numbers_attached`), and every reader here and after reads it as that value.
 Not followed here (`settings` says so with None, and the check after the imports reads them): an abbreviated option
 (``--conf``, ``--run.na``: jsonargparse expands a unique prefix, with a deprecation warning) and a whole section
 given as one value (``--run '{name: x}'``).
@@ -20,7 +24,6 @@ given as one value (``--run '{name: x}'``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Iterator
@@ -30,14 +33,29 @@ from typing import Any
 NO_VALUE = ("-h", "--help", "--print_config")
 """Options that never take the next argument (``--print_config=skip_null`` gives one with ``=``)."""
 
-# argparse's own, which may change with the Python (3.11's takes -1 and -.5, not -1e-3)
-_NEGATIVE_NUMBER = getattr(argparse.ArgumentParser(add_help=False), "_negative_number_matcher",
-                           re.compile(r"^-\d+$|^-\d*\.\d+$"))
+NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+"""A negative decimal number as float() reads it (``-1``, ``-.5``, ``-2.``, ``-1e-3``, ``-1.5E+3``; matched whole):
+a value, never an option (tinylm has no option spelled ``-`` and a digit)."""
 
 
 def is_value(arg: str) -> bool:
-    """Whether argparse reads ``arg``, after an option that takes a value, as that value (not as the next option)."""
-    return not arg.startswith("-") or arg == "-" or bool(_NEGATIVE_NUMBER.match(arg)) or " " in arg
+    """Whether ``arg``, after an option that takes a value, is that value (not the next option): as argparse reads it
+    once `numbers_attached` has attached a negative number to its option."""
+    return not arg.startswith("-") or arg == "-" or bool(NEGATIVE_NUMBER.fullmatch(arg)) or " " in arg
+
+
+def numbers_attached(args: list[str]) -> list[str]:
+    """``args`` with each ``--key NUMBER`` whose number is negative as ``--key=NUMBER``, which every Python's argparse
+    reads as that value (3.11's reads ``--key -1e-3`` as an option with no value, then a stray ``-1e-3``). Options
+    that take no value (``--help``), values that are not negative numbers and everything after ``--`` are kept as
+    they are; a line rewritten already is kept too."""
+    out: list[str] = []
+    for key, _, span in spans(args):
+        if key is not None and len(span) == 2 and span[0].startswith("--") and NEGATIVE_NUMBER.fullmatch(span[1]):
+            out.append("=".join(span))
+        else:
+            out += span
+    return out
 
 
 def spans(args: list[str]) -> Iterator[tuple[str | None, str | None, list[str]]]:
@@ -159,6 +177,6 @@ def expand_home(args: list[str]) -> list[str]:
 
 
 def spelled(key: str, value: str) -> list[str]:
-    """``--key value`` as arguments that read back as that value: ``--key=value`` where the value would be taken
-    for an option (``--data.corpus=-notes.txt``)."""
-    return [f"--{key}", value] if is_value(value) else [f"--{key}={value}"]
+    """``--key value`` as arguments that read back as that value, whatever reads them: ``--key=value`` where the value
+    starts with ``-`` (``--data.corpus=-notes.txt``, ``--model.lr=-1e-3``)."""
+    return [f"--{key}", value] if not value.startswith("-") else [f"--{key}={value}"]

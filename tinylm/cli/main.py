@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
-from tinylm.cli.argv import expand_home
+from tinylm.cli.argv import expand_home, numbers_attached
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
@@ -64,7 +64,9 @@ def _main(argv: list[str] | None, program: bool) -> None:
             sys.exit(141)
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
-    command, rest = argv[0], expand_home(argv[1:])  # `--trainer.default_root_dir=~/runs`: the home folder
+    # `--trainer.default_root_dir=~/runs`: the home folder; `--model.lr -1e-3`: that value (Python 3.11's argparse
+    # read an option with no value); once, here, before anything reads the line (tinylm.cli.argv)
+    command, rest = argv[0], expand_home(numbers_attached(argv[1:]))
     try:
         if early.help_only(rest) and command in COMMANDS:
             _help(command, rest, program)

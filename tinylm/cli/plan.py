@@ -88,14 +88,15 @@ def _make_plan(cli, gpu: str | None, mfu: float) -> tuple[Plan, Plan | None]:
     common = {"batch_size": cli.datamodule.batch_size, "accumulate": int(opts.get("accumulate_grad_batches") or 1),
               "devices": device_count(opts), "max_steps": int(max_steps), "mfu": mfu, "optimizer": hp.optimizer,
               "fsdp": "fsdp" in str(opts.get("strategy", "")).lower()}
+    shape = cli.gpt_shape
     if not on_cpu:
-        return make_plan(cli.model.model, precision=opts["precision"], gpu=device,
+        return make_plan(shape, precision=opts["precision"], gpu=device,
                          peak_flops=peak_flops_by_name(device, opts["precision"]), **common), None
     rate = _cpu_rate(cli, opts, mfu)
-    result = make_plan(cli.model.model, precision=opts["precision"], gpu="cpu", peak_flops=None,
+    result = make_plan(shape, precision=opts["precision"], gpu="cpu", peak_flops=None,
                        measured_flops=rate.flops_per_second, rate=f"{rate.threads} thread(s); {rate.how}", **common)
     gpu_opts = trainer_options(cli, gpu=DEFAULT_GPU)
-    return result, make_plan(cli.model.model, precision=gpu_opts["precision"], gpu=DEFAULT_GPU,
+    return result, make_plan(shape, precision=gpu_opts["precision"], gpu=DEFAULT_GPU,
                              peak_flops=peak_flops_by_name(DEFAULT_GPU, gpu_opts["precision"]), **common)
 
 
@@ -110,7 +111,7 @@ def _cpu_rate(cli, opts: dict, mfu: float):
     torch.set_num_threads(threads)
     hp = cli.model.hparams
     clip = opts.get("gradient_clip_val")
-    return measure(cli.model.model.config, batch_size=cli.datamodule.batch_size, precision=opts["precision"],
+    return measure(cli.gpt_shape.config, batch_size=cli.datamodule.batch_size, precision=opts["precision"],
                    optimizer=hp.optimizer, activation_checkpointing=bool(hp.activation_checkpointing),
                    clip=float(clip) if clip else None, mfu=mfu)
 

@@ -95,7 +95,10 @@ class RunConfig(SaveConfigCallback):
         if self.continues and path.exists():
             path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
             # before (killed in between): that record is kept too
-        elif os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(self._resume_record(), encoding="utf-8")
+            return self._log_to_wandb(trainer)
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
                                         != self.parser.dump(self.config, skip_none=False)):
             # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
             # outside the run folder; read, a folder crashed the run
@@ -104,6 +107,24 @@ class RunConfig(SaveConfigCallback):
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+        self._log_to_wandb(trainer)
+
+    def _resume_record(self) -> str:
+        """The resume's config as config.resume-step<N>.yaml holds it: with ``ckpt_path: null`` and a comment above
+        it naming the step and the file the resume started from. The file itself changes as the run goes on
+        (last.ckpt at every save; step-N.ckpt goes when run.keep_checkpoints drops it): named as ckpt_path, the
+        record given later as --config resumed from whatever last.ckpt was by then, not from step N."""
+        config = self.config.clone()
+        config.ckpt_path = None
+        lines = self.parser.dump(config, skip_none=False).splitlines(keepends=True)
+        at = next((i for i, line in enumerate(lines) if line.startswith("ckpt_path:")), 0)
+        started = os.path.abspath(self.config.ckpt_path)
+        note = (f"# resumed at step {self.resume_step} from {started} as it was then (a run saves over or deletes\n"
+                "# its checkpoints as it goes on, so ckpt_path names none): with --config THIS_FILE, --ckpt_path last "
+                "continues the run\n")
+        return "".join([*lines[:at], note, *lines[at:]])
+
+    def _log_to_wandb(self, trainer) -> None:
         # W&B has the model's and the data's hyperparameters (Lightning logs those); the rest of the run's settings
         # (max_steps, accumulate_grad_batches, precision, seed, ...) only the config holds
         wandb = wandb_loggers(trainer.loggers)

@@ -11,6 +11,8 @@ Shape letters used in the comments:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +26,7 @@ from tinylm.model.attention import (
 from tinylm.model.config import CONFIG_RANGES, GPTConfig
 from tinylm.model.layers import MLP, make_norm, rope_cos_sin
 
-__all__ = ["ATTN_MASKS", "CONFIG_RANGES", "GPT", "GPTConfig", "KVCache", "build_attention_mask"]
+__all__ = ["ATTN_MASKS", "CONFIG_RANGES", "GPT", "GPTConfig", "GPTShape", "KVCache", "build_attention_mask"]
 
 
 class Block(nn.Module):
@@ -101,11 +103,7 @@ class GPT(nn.Module):
         N counts the parameters that multiply: not the position table, nor an untied token embedding (a lookup;
         tied, the same matrix is the LM head's matmul). L layers, H heads, Q head size, T = block_size.
         """
-        c = self.config
-        n = self.num_params(exclude_position=True)
-        if not c.tie_embeddings:
-            n -= self.transformer.wte.weight.numel()
-        return 6.0 * n + 12.0 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+        return training_flops(self.config, self.num_params(exclude_position=True), self.transformer.wte.weight.numel())
 
     def new_kv_cache(
         self, batch_size: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
@@ -205,3 +203,41 @@ class GPT(nn.Module):
                 key_idx, q_len=T, attn_mask=c.attn_mask, eos_id=c.eos_id, prefix_len=prefix_len
             )
         return mask, is_causal
+
+
+def training_flops(config: GPTConfig, params: int, token_table: int) -> float:
+    """Training FLOPs per token of a GPT of ``config`` (see GPT.flops_per_token) with ``params`` parameters besides the
+    position table, ``token_table`` of them in the token embedding."""
+    c = config
+    n = params if c.tie_embeddings else params - token_table  # untied, the token table is a lookup
+    return 6.0 * n + 12.0 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """A GPT of ``config`` counted without building its n_layer blocks: the parameters outside the blocks and one
+    block's, which the others repeat (each is Block(config)). `tinylm plan` of a 10,000-layer model takes as long as
+    one of a layer (building 100,000 blocks took minutes, on the meta device too)."""
+
+    config: GPTConfig
+    one_block: GPT  # the GPT of config with one block, on the meta device (shapes, no storage)
+
+    @classmethod
+    def of(cls, config: GPTConfig) -> GPTShape:
+        with torch.device("meta"):
+            return cls(config, GPT(replace(config, n_layer=1)))
+
+    def count(self, params: Iterable[nn.Parameter]) -> int:
+        """Elements that ``params`` (one_block's) stand for in the whole GPT: a block's n_layer times."""
+        blocks = {id(p) for p in self.one_block.transformer.h.parameters()}
+        return sum(p.numel() * (self.config.n_layer if id(p) in blocks else 1) for p in params)
+
+    def num_params(self, *, exclude_position: bool = False) -> int:
+        """As GPT.num_params."""
+        block = sum(p.numel() for p in self.one_block.transformer.h.parameters())
+        return self.one_block.num_params(exclude_position=exclude_position) + (self.config.n_layer - 1) * block
+
+    def flops_per_token(self) -> float:
+        """As GPT.flops_per_token."""
+        return training_flops(self.config, self.num_params(exclude_position=True),
+                              self.one_block.transformer.wte.weight.numel())

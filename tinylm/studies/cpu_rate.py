@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from tinylm.device import precision_dtypes
-from tinylm.model import GPT, GPTConfig
+from tinylm.model import GPT, GPTConfig, GPTShape
 
 STEP_BUDGET_S = 0.5  # the longest step (by the matmul rate, which overrates small models) that plan times for real
 STATE_LIMIT = 2**30  # bytes of weights + gradients + AdamW state above which plan does not build the model
@@ -90,9 +90,8 @@ def measure(config: GPTConfig, *, batch_size: int, precision: str, optimizer: st
     tokens = batch_size * config.block_size
     matmul, shape = matmul_rate(config.n_embd, tokens, compute)
     threads = torch.get_num_threads()
-    with torch.device("meta"):
-        per_token = GPT(config).flops_per_token()
-        states = 16 * sum(p.numel() for p in GPT(config).parameters())
+    shape = GPTShape.of(config)  # (counted from one block: any depth in milliseconds)
+    per_token, states = shape.flops_per_token(), 16 * shape.num_params()
     if states > STATE_LIMIT or per_token * tokens / matmul > STEP_BUDGET_S:
         return CpuRate(matmul * mfu, matmul, None, threads,
                        f"{matmul / 1e9:.3g} GFLOP/s measured by a {shape} matmul x {mfu:.0%} MFU (--mfu); the "

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinylm.device import precision_dtypes
-from tinylm.model import GPT
+from tinylm.model import GPT, GPTShape
 from tinylm.model.layers import swiglu_hidden
 from tinylm.train.optim import split_params
 
@@ -114,7 +114,12 @@ def element_sizes(precision: str) -> tuple[int, int]:
     return weights.itemsize, compute.itemsize
 
 
-def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
+def shape_of(model: GPT | GPTShape) -> GPTShape:
+    """``model`` counted as a GPTShape (a GPT: from its config; its blocks are alike)."""
+    return model if isinstance(model, GPTShape) else GPTShape.of(model.config)
+
+
+def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
            optimizer: str = "adamw", accumulate: int = 1, fsdp: bool = False) -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
@@ -124,25 +129,26 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
     AdamW's two moments for the rest).
     accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
     """
-    c = model.config
-    n = model.num_params()
+    shape = shape_of(model)
+    c, one = shape.config, shape.one_block
+    n = shape.num_params()
     state, act = element_sizes(precision)
     mixed = state != act
-    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    matrices = shape.count(p for p in one.parameters() if p.dim() >= 2)
     weights = n * state // shards + (matrices * act if mixed else 0)
     fsdp = fsdp or shards > 1
     gathered = buffers = 0
     if fsdp:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
         # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
-        root = sum(p.numel() for name, p in model.named_parameters() if ".h." not in f".{name}")
-        block = max((sum(p.numel() for p in b.parameters()) for b in model.transformer.h), default=0)
+        root = sum(p.numel() for name, p in one.named_parameters() if ".h." not in f".{name}")
+        block = sum(p.numel() for p in one.transformer.h[0].parameters())  # (every block alike)
         gathered = (root + 2 * block) * (act if mixed else state)
         weights = n * state // shards + gathered
         # in the backward pass their gradients made whole (fp32: FSDP2 reduces in fp32), and the copies of two blocks'
         # gradients in flight in their reduce-scatters
         buffers = (root + 4 * block) * state
     gradients = n * state // shards
-    muon = sum(p.numel() for p in split_params(model)[0]) if optimizer == "muon" else 0
+    muon = shape.count(split_params(one)[0]) if optimizer == "muon" else 0
     optimizer_bytes = (2 * (n - muon) + muon) * state // shards
     tokens = batch_size * c.block_size
     resid = max(state, act)  # the residual stream stays fp32 under autocast
@@ -163,27 +169,27 @@ def memory(model: GPT, *, batch_size: int, precision: str, checkpointing: bool, 
         peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
                                                gradients + (per_layer if checkpointing else 0))
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
-    muon_step = _muon_step_memory(model, state) + (muon * state if shards > 1 else 0) if muon else 0
+    muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
     return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step), gathered)
 
 
-def _muon_step_memory(model: GPT, state: int) -> int:
+def _muon_step_memory(shape: GPTShape, state: int) -> int:
     """What tinylm's Muon step holds besides the states: the Nesterov updates (one per hidden matrix element) and,
     while one shape's matrices are orthogonalised together, their stack and the Newton–Schulz iterates (bf16 on a GPU,
     fp32 on a CPU: counted at fp32's 4 bytes, the larger)."""
     shapes: dict[tuple, int] = {}
-    hidden = {id(p) for p in split_params(model)[0]}
-    for name, p in model.named_parameters():
+    hidden = {id(p) for p in split_params(shape.one_block)[0]}
+    for name, p in shape.one_block.named_parameters():
         if id(p) in hidden:
             n = 3 if name.endswith("attn.c_attn.weight") else 1  # q, k and v orthogonalised apart
-            shape = (p.shape[0] // n, *p.shape[1:])
-            shapes[shape] = shapes.get(shape, 0) + p.numel()
+            size = (p.shape[0] // n, *p.shape[1:])
+            shapes[size] = shapes.get(size, 0) + shape.count([p])
     total = sum(shapes.values())
     return total * state + max(shapes.values(), default=0) * (state + 3 * 4)
 
 
-def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
+def plan(model: GPT | GPTShape, *, batch_size: int, accumulate: int, devices: int, max_steps: int, precision: str,
          gpu: str, mfu: float, peak_flops: float | None, fsdp: bool = False, optimizer: str = "adamw",
          measured_flops: float | None = None, rate: str | None = None) -> Plan:
     """The plan of a run of ``max_steps`` optimizer steps of ``model``.
@@ -192,12 +198,13 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     measured_flops: the training FLOP/s of the whole run measured on this machine (a CPU: its processes share it),
     described by ``rate``; it replaces peak x MFU.
     """
-    c = model.config
-    n = model.num_params()
-    embeddings = model.transformer.wte.weight.numel() + n - model.num_params(exclude_position=True)  # + wpe, if any
+    shape = shape_of(model)  # (counted once, not again by each memory() below)
+    c, one = shape.config, shape.one_block
+    n = shape.num_params()
+    embeddings = one.transformer.wte.weight.numel() + n - shape.num_params(exclude_position=True)  # + wpe, if any
     if not c.tie_embeddings:
-        embeddings += model.lm_head.weight.numel()  # the un-embedding: a vocabulary matrix too
-    per_token = model.flops_per_token()
+        embeddings += one.lm_head.weight.numel()  # the un-embedding: a vocabulary matrix too
+    per_token = shape.flops_per_token()
     tokens_per_step = batch_size * accumulate * devices * c.block_size
     tokens = tokens_per_step * max_steps
     run_flops = per_token * tokens
@@ -205,10 +212,10 @@ def plan(model: GPT, *, batch_size: int, accumulate: int, devices: int, max_step
     # at long contexts) would call a run of 20 tokens/param "too small" and recommend a larger model
     n_opt, d_opt = compute_optimal(6.0 * n * tokens)
     shards = devices if fsdp else 1
-    mem = {ckpt: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
+    mem = {ckpt: memory(shape, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
                         optimizer=optimizer, accumulate=accumulate, fsdp=fsdp)
            for ckpt in (False, True)}
-    strategies = {name: memory(model, batch_size=batch_size, precision=precision, checkpointing=ckpt,
+    strategies = {name: memory(shape, batch_size=batch_size, precision=precision, checkpointing=ckpt,
                                shards=devices if sharded else 1, optimizer=optimizer, accumulate=accumulate,
                                fsdp=sharded).peak
                   for name, sharded, ckpt in STRATEGIES if devices > 1 or not sharded}
