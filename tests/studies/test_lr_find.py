@@ -69,7 +69,8 @@ def test_lr_find_command(run_config, capsys):
 
 def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     """Catches the range test sweeping Muon at AdamW's LR (Lightning sets every parameter group to the same LR):
-    at every step of the sweep Muon's LR must be muon_lr / lr times AdamW's, and the output must say so."""
+    at every step of the sweep Muon's LR must be muon_lr / lr times AdamW's, the output must say so, and the fit it
+    suggests must set muon_lr at that ratio too."""
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects
@@ -93,8 +94,13 @@ def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     assert all(muon == pytest.approx(20 * adamw) for adamw, muon in seen)
     assert model.muon_lr_ratio is None  # a fit after the test is not tied
     main(["lr-find", "--config", str(cfg), "--num_training", "6", "--out", "lr.png"])
-    assert "swept model.lr with muon_lr at 20x it" in capsys.readouterr().out
-
+    out = capsys.readouterr().out
+    assert "swept model.lr with muon_lr at 20x it" in out
+    # its next: fit keeps that ratio (--model.lr alone left muon_lr at the config's 0.02: at a suggestion of 6e-2, a
+    # third of lr where the sweep had it at 20x)
+    command = shlex.split(out.split("next:\n", 1)[1])
+    lr = float(command[command.index("--model.lr") + 1])
+    assert float(command[command.index("--model.muon_lr") + 1]) == pytest.approx(20 * lr, rel=1e-2)
 
 def test_lr_find_losses_are_per_token_under_accumulation(run_config, tmp_path):
     """Catches the curve showing Lightning's recorded loss, which is divided by the accumulation count (what backward

@@ -73,7 +73,11 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     data = [arg for key, value in cli.run_data.items()
             for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
     name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
-    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}"
+    hp = cli.model.hparams
+    # the sweep moved Muon's LR at muon_lr / lr times lr (tinylm.studies.lr_find): keep that ratio at the suggestion,
+    # or --model.lr 6e-2 alone would leave muon_lr at 0.02, a third of lr where the sweep had it at 20x
+    muon = f" --model.muon_lr {hp.muon_lr / hp.lr * float(f'{lr:.2e}'):.2e}" if hp.optimizer == "muon" else ""
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}{muon}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:
@@ -84,5 +88,5 @@ def _print_summary(result, hparams, path: Path) -> None:
     if hparams.optimizer == "muon":
         ratio = hparams.muon_lr / hparams.lr
         print(f"model.optimizer muon: swept model.lr with muon_lr at {ratio:g}x it (this config's ratio); for a "
-              f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L")
+              f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L (the fit below does)")
     print(f"wrote {path} and {path.with_suffix('.json')}")
