@@ -166,6 +166,30 @@ def test_a_second_sweep_replaces_its_own_json(run_config):
     assert "rule_of_thumb" in (cfg.parent / "lr.json").read_text()
 
 
+def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
+    """Catches a Ctrl+C during the sweep ending lr-find with exit status 1, as a failure, after Lightning's own
+    "Detected KeyboardInterrupt" (it ends its handling in sys.exit(1)): every tinylm command ends a Ctrl+C with
+    "tinylm: interrupted" and 130 (128 + SIGINT), as fit does."""
+    import signal
+
+    from tinylm.train.module import TinyLM
+
+    cfg = run_config()
+
+    def ctrl_c(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TinyLM, "training_step", ctrl_c)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl+Cs as it shuts down: not pytest's
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", "lr.png"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
+    assert not (cfg.parent / "lr.png").exists()
+
+
 def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_config, capsys, monkeypatch):
     """Catches lr-find running its whole sweep (minutes) and only then failing to write runs/NAME/lr_find.png (a
     read-only run folder, or a file in its place): the default path is checked before any work, as --out is."""

@@ -50,8 +50,13 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                             use_distributed_sampler=False, default_root_dir=tmp)
-        result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(), min_lr=min_lr,
-                            max_lr=max_lr, num_training=num_training)
+        try:
+            result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(),
+                                min_lr=min_lr, max_lr=max_lr, num_training=num_training)
+        except SystemExit as e:
+            if isinstance(e.__context__, KeyboardInterrupt):  # Lightning ends a Ctrl+C in sys.exit(1), a failure:
+                raise e.__context__ from None  # main() reports it as every command's Ctrl+C ("interrupted", 130)
+            raise
     path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters",
                         config_lr=cli.model.hparams.lr)
