@@ -190,6 +190,26 @@ def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
     assert not (cfg.parent / "lr.png").exists()
 
 
+def test_sweep_steps_are_the_runs_global_batch(run_config, capsys, monkeypatch):
+    """Catches a run on 2 devices swept at one device's batch, half the run's, its LR suggested for that: on one
+    device the sweep accumulates the micro-batches of every device (and the run's own accumulation)."""
+    import tinylm.studies.lr_find
+    from tinylm.studies.lr_find import LRFind
+
+    cfg = run_config()
+    seen = []
+
+    def sweep(trainer, *args, **kwargs):
+        seen.append((trainer.num_devices, trainer.accumulate_grad_batches))
+        return LRFind([1e-4, 1e-3], [3.0, 2.0], 1e-3, 1e-3)
+
+    monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", sweep)
+    main(["lr-find", "--config", str(cfg), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+          "--trainer.accumulate_grad_batches", "3", "--out", "lr.png"])
+    assert seen == [(1, 6)]
+    assert "accumulates 6 micro-batches a step (accumulate_grad_batches 3 x 2)" in capsys.readouterr().out
+
+
 def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_config, capsys, monkeypatch):
     """Catches lr-find running its whole sweep (minutes) and only then failing to write runs/NAME/lr_find.png (a
     read-only run folder, or a file in its place): the default path is checked before any work, as --out is."""
