@@ -69,7 +69,8 @@ def test_lr_find_command(run_config, capsys):
 
 def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     """Catches the range test sweeping Muon at AdamW's LR (Lightning sets every parameter group to the same LR):
-    at every step of the sweep Muon's LR must be muon_lr / lr times AdamW's, and the output must say so."""
+    at every step of the sweep Muon's LR must be muon_lr / lr times AdamW's, the output must say so, and the fit it
+    suggests must set muon_lr at that ratio too."""
     import lightning as L
 
     from tinylm.cli.fit_config import fit_objects
@@ -93,8 +94,13 @@ def test_lr_find_with_muon_keeps_muons_lr_at_its_ratio(run_config, capsys):
     assert all(muon == pytest.approx(20 * adamw) for adamw, muon in seen)
     assert model.muon_lr_ratio is None  # a fit after the test is not tied
     main(["lr-find", "--config", str(cfg), "--num_training", "6", "--out", "lr.png"])
-    assert "swept model.lr with muon_lr at 20x it" in capsys.readouterr().out
-
+    out = capsys.readouterr().out
+    assert "swept model.lr with muon_lr at 20x it" in out
+    # its next: fit keeps that ratio (--model.lr alone left muon_lr at the config's 0.02: at a suggestion of 6e-2, a
+    # third of lr where the sweep had it at 20x)
+    command = shlex.split(out.split("next:\n", 1)[1])
+    lr = float(command[command.index("--model.lr") + 1])
+    assert float(command[command.index("--model.muon_lr") + 1]) == pytest.approx(20 * lr, rel=1e-2)
 
 def test_lr_find_losses_are_per_token_under_accumulation(run_config, tmp_path):
     """Catches the curve showing Lightning's recorded loss, which is divided by the accumulation count (what backward
@@ -158,6 +164,50 @@ def test_a_second_sweep_replaces_its_own_json(run_config):
     for _ in range(2):  # the second run replaces the first one's numbers
         main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", str(cfg.parent / "lr.png")])
     assert "rule_of_thumb" in (cfg.parent / "lr.json").read_text()
+
+
+def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
+    """Catches a Ctrl+C during the sweep ending lr-find with exit status 1, as a failure, after Lightning's own
+    "Detected KeyboardInterrupt" (it ends its handling in sys.exit(1)): every tinylm command ends a Ctrl+C with
+    "tinylm: interrupted" and 130 (128 + SIGINT), as fit does."""
+    import signal
+
+    from tinylm.train.module import TinyLM
+
+    cfg = run_config()
+
+    def ctrl_c(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TinyLM, "training_step", ctrl_c)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl+Cs as it shuts down: not pytest's
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", "lr.png"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
+    assert not (cfg.parent / "lr.png").exists()
+
+
+def test_sweep_steps_are_the_runs_global_batch(run_config, capsys, monkeypatch):
+    """Catches a run on 2 devices swept at one device's batch, half the run's, its LR suggested for that: on one
+    device the sweep accumulates the micro-batches of every device (and the run's own accumulation)."""
+    import tinylm.studies.lr_find
+    from tinylm.studies.lr_find import LRFind
+
+    cfg = run_config()
+    seen = []
+
+    def sweep(trainer, *args, **kwargs):
+        seen.append((trainer.num_devices, trainer.accumulate_grad_batches))
+        return LRFind([1e-4, 1e-3], [3.0, 2.0], 1e-3, 1e-3)
+
+    monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", sweep)
+    main(["lr-find", "--config", str(cfg), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+          "--trainer.accumulate_grad_batches", "3", "--out", "lr.png"])
+    assert seen == [(1, 6)]
+    assert "accumulates 6 micro-batches a step (accumulate_grad_batches 3 x 2)" in capsys.readouterr().out
 
 
 def test_default_out_that_cannot_be_written_is_refused_before_the_sweep(run_config, capsys, monkeypatch):

@@ -236,6 +236,43 @@ def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, 
     assert len(aside) == 1 and (aside[0] / "csv" / "metrics.csv").read_text().endswith("0,0,4.1\n")
 
 
+def test_scaling_retrains_a_run_that_ended_without_its_final_val_loss(run_config, monkeypatch, caplog):
+    """Catches a rung trained to its last step whose final val/loss was not logged (validation off, or killed as it
+    validated) blocking every rerun: its resume was refused ("already at step N >= --trainer.max_steps: nothing to
+    train; pass a larger --trainer.max_steps", an option scaling ignores). Its logs are kept aside; it trains again."""
+    import torch
+
+    import tinylm.cli.fit
+
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
+    run = cfg.parent / "runs" / "tiny-C1.0e08-L1-d24"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "csv").mkdir()
+    (run / "csv" / "metrics.csv").write_text("epoch,step,train/loss,val/loss\n0,9,3.0,\n")  # no val/loss logged
+    from tinylm.checkpoint import CHECKPOINT_FORMAT
+
+    torch.save({"global_step": 10**6, "state_dict": {}, "tinylm": {"format": CHECKPOINT_FORMAT}},  # past its last step
+               run / "checkpoints" / "last.ckpt")
+    trained = []
+
+    def trains(argv, **kwargs):  # the rung's new run: its final val/loss logged
+        trained.append(argv)
+        (run / "csv").mkdir(parents=True)
+        (run / "csv" / "metrics.csv").write_text(f"epoch,step,val/loss\n0,{10**6},2.0\n")
+
+    monkeypatch.setattr(tinylm.cli.fit, "lightning_main", trains)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict",
+              "[1,24]", "--out", "fit.png"])
+    assert "ended without a final val/loss in its csv/metrics.csv; its logs are now in" in caplog.text
+    assert len(trained) == 1 and "--ckpt_path" not in trained[0]  # from scratch, not a resume
+    assert json.loads((cfg.parent / "fit.json").read_text())["prediction"]["measured"] == 2.0
+    aside = list(run.parent.glob("tiny-C1.0e08-L1-d24.unfinished-*"))
+    assert len(aside) == 1 and (aside[0] / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_scaling_without_a_law_still_reports(run_config, capsys):
     """Losses that rise with size (a budget past the ladder's optimal size, as happens on small data) give no
     power law, but the command still prints the table and the measured larger model instead of failing after
@@ -305,6 +342,11 @@ def test_scaling_refuses_a_folder_of_another_ladder(run_config):
     (["--ckpt_path", "x.ckpt"], "--ckpt_path x.ckpt is an option of `tinylm fit`"),  # was passed to every run
     (["--sizes", "[[1,-8],[1,16],[2,16]]"], r"n_layer and n_embd >= 1, got \[\[1, -8\]"),  # was about n_head -2
     (["--sizes", "[[1,8],[1,16]]"], r"at least 3 .* got \[\[1, 8\], \[1, 16\]\]"),  # not Python's tuples
+    # every rung was the pretrained model, trained at each rung's length and labelled with the rung's size
+    (["--model.init_from", "x.ckpt"], "model.init_from 'x.ckpt': tinylm scaling trains each size .*from scratch"),
+    # the first rung trained, then "ended without a final val/loss"; and a rerun was refused ("nothing to train")
+    (["--trainer.limit_val_batches", "0"], "trainer.limit_val_batches 0: .* reads each run's final val/loss"),
+    (["--trainer.logger", "false"], "trainer.logger false: .* reads each run's final val/loss"),
 ])
 def test_scaling_bad_options_fail_in_one_line_before_training(run_config, capsys, args, message):
     cfg = run_config()

@@ -99,6 +99,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     """`tinylm fit`'s parsing and model/data instantiation, and nothing else: no trainer, no run folder, no run."""
 
     trains_here = False  # lr-find trains (on the configured accelerator); plan does not
+    ladder = False  # scaling: every rung a model of its own size, from scratch, judged by its logged val/loss
     meta_model = False  # the model on the meta device: shapes only (plan)
     data_class: type | None = SizedData  # plan sizes the model: the data itself is not needed
 
@@ -110,6 +111,8 @@ class _ConfigOnlyCLI(TinyLMCLI):
                              "take the config's model from scratch (scaling resumes its own runs); leave it out")
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
+        if self.ladder:
+            check_ladder_options(cfg)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         self.run_data = self._data_of_run()
         if self.run_data:
@@ -169,13 +172,37 @@ class _TrainingConfigCLI(_ConfigOnlyCLI):
     data_class = None  # (tinylm's data module: lr-find and scaling train on the data)
 
 
-def fit_objects(fit_args: list[str], *, trains_here: bool = False, meta: bool = False) -> _ConfigOnlyCLI:
+class _LadderConfigCLI(_TrainingConfigCLI):
+    ladder = True
+
+
+def check_ladder_options(cfg: Any) -> None:
+    """Refuse, before a ladder trains anything, fit options that make its runs useless to it: pretrained weights
+    (they bring their own size: every rung trained that one model, labelled with the rung's size) and a run that
+    logs no final val/loss (the ladder read nothing back after training its first rung)."""
+    init_from = cfg.model.get("init_from")
+    if init_from:
+        raise ValueError(f"model.init_from {init_from!r}: tinylm scaling trains each size of its ladder from scratch, "
+                         "and pretrained weights bring their own size (every rung would be that one model); leave "
+                         "out --model.init_from (and init_from in the config)")
+    limit, logger = cfg.trainer.get("limit_val_batches"), cfg.trainer.get("logger")
+    if logger is False or (limit is not None and not isinstance(limit, bool) and float(limit) == 0):
+        option = "logger false" if logger is False else f"limit_val_batches {limit}"
+        raise ValueError(f"trainer.{option}: tinylm scaling reads each run's final val/loss from its "
+                         "csv/metrics.csv, which this run would not log; leave trainer.limit_val_batches and "
+                         "trainer.logger unset (validation and the CSV log on)")
+
+
+def fit_objects(fit_args: list[str], *, trains_here: bool = False, meta: bool = False,
+                ladder: bool = False) -> _ConfigOnlyCLI:
     """Parse a fit config as `tinylm fit` does and build its model and data module (the tokenizer is trained or
     loaded: the model's vocabulary comes from it). ``.model``, ``.datamodule``, ``.config["fit"]`` (the resolved
     options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set.
     ``trains_here``: the caller trains on the configured accelerator, which must then be there. ``meta``: the model
-    is built on the meta device (shapes without weights, at any size; not with init_from, whose weights are read)."""
-    cli_class = _TrainingConfigCLI if trains_here else _MetaConfigCLI if meta else _ConfigOnlyCLI
+    is built on the meta device (shapes without weights, at any size; not with init_from, whose weights are read).
+    ``ladder``: for `tinylm scaling`, which trains here too (`check_ladder_options`)."""
+    cli_class = (_LadderConfigCLI if ladder else _TrainingConfigCLI if trains_here else _MetaConfigCLI if meta
+                 else _ConfigOnlyCLI)
     return lightning_main(["fit", *fit_args], cli_class=cli_class)
 
 

@@ -12,7 +12,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     """Find a learning rate: train num_training steps while the LR grows exponentially from min_lr to max_lr
     (Lightning's Tuner.lr_find; the weights are restored afterwards), plot loss against LR, and print the LR where
     the loss falls fastest per decade beside the rule of thumb 6e-4·(124M/N)^0.5. Takes every `tinylm fit` option
-    (--config FILE, --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device.
+    (--config FILE, --model.*, --data.*, --trainer.*: see tinylm fit --help) plus the options below; runs on one device,
+    its steps the run's global batch (the micro-batches of every device of the run, accumulated).
 
     Args:
         min_lr: LR of the first step.
@@ -21,14 +22,9 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         out: PNG to write, with the curve and suggestion as .json beside it (default: lr_find.png in the run's
             folder, <trainer.default_root_dir>/<run.name>/).
     """
-    import tempfile
-
-    import lightning as L
-
     from tinylm.cli.fit_config import fit_objects, trainer_options
     from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
-    from tinylm.studies.lr_find import lr_find as range_test
     from tinylm.studies.lr_find import plot_lr_find
     from tinylm.studies.plots import check_png_path
 
@@ -43,15 +39,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     if not out:  # the default too, before the sweep (a read-only run folder failed only once it was done)
         check_png_path(path)
         check_json_beside(path, "rule_of_thumb", "lr-find")
-    opts = trainer_options(cli)
-    keep = ("accelerator", "precision", "gradient_clip_val", "accumulate_grad_batches")
-    with tempfile.TemporaryDirectory() as tmp:  # Lightning's restore checkpoint lives here, not in the run folder
-        trainer = L.Trainer(**{k: opts[k] for k in keep if opts.get(k) is not None}, devices=1, max_steps=num_training,
-                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                            use_distributed_sampler=False, default_root_dir=tmp)
-        result = range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(), min_lr=min_lr,
-                            max_lr=max_lr, num_training=num_training)
+    result = _sweep(cli, trainer_options(cli), min_lr=min_lr, max_lr=max_lr, num_training=num_training)
     path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters",
                         config_lr=cli.model.hparams.lr)
@@ -61,6 +49,37 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     _print_summary(result, cli.model.hparams, path)
     print(f"next:\n  {_next_command(fit_args, cli, result.suggestion or result.rule_of_thumb)}")
     return summary
+
+
+def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
+    """The range test on one device, each step the run's global batch; a Ctrl+C ends it as every command's."""
+    import tempfile
+
+    import lightning as L
+
+    from tinylm.cli.fit_config import device_count
+    from tinylm.studies.lr_find import lr_find as range_test
+
+    keep = ("accelerator", "precision", "gradient_clip_val")
+    # the LR suits the global batch: on one device the sweep's step accumulates the micro-batches of every device
+    # of the run (a run on 2 devices was swept at half its batch, and its LR suggested for that)
+    devices, accumulate = device_count(opts), int(opts.get("accumulate_grad_batches") or 1)
+    if devices > 1:
+        print(f"the run trains on {devices} devices; the sweep, on one, accumulates {devices * accumulate} "
+              f"micro-batches a step (accumulate_grad_batches {accumulate} x {devices}): the run's global batch")
+    with tempfile.TemporaryDirectory() as tmp:  # Lightning's restore checkpoint lives here, not in the run folder
+        trainer = L.Trainer(**{k: opts[k] for k in keep if opts.get(k) is not None}, devices=1, max_steps=num_training,
+                            accumulate_grad_batches=devices * accumulate,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                            use_distributed_sampler=False, default_root_dir=tmp)
+        try:
+            return range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(),
+                              min_lr=min_lr, max_lr=max_lr, num_training=num_training)
+        except SystemExit as e:
+            if isinstance(e.__context__, KeyboardInterrupt):  # Lightning ends a Ctrl+C in sys.exit(1), a failure:
+                raise e.__context__ from None  # main() reports it as every command's Ctrl+C ("interrupted", 130)
+            raise
 
 
 def _next_command(fit_args: list[str], cli, lr: float) -> str:
@@ -73,7 +92,11 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     data = [arg for key, value in cli.run_data.items()
             for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
     name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
-    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}"
+    hp = cli.model.hparams
+    # the sweep moved Muon's LR at muon_lr / lr times lr (tinylm.studies.lr_find): keep that ratio at the suggestion,
+    # or --model.lr 6e-2 alone would leave muon_lr at 0.02, a third of lr where the sweep had it at 20x
+    muon = f" --model.muon_lr {hp.muon_lr / hp.lr * float(f'{lr:.2e}'):.2e}" if hp.optimizer == "muon" else ""
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}{muon}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:
@@ -84,5 +107,5 @@ def _print_summary(result, hparams, path: Path) -> None:
     if hparams.optimizer == "muon":
         ratio = hparams.muon_lr / hparams.lr
         print(f"model.optimizer muon: swept model.lr with muon_lr at {ratio:g}x it (this config's ratio); for a "
-              f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L")
+              f"suggestion L, set model.lr L and model.muon_lr {ratio:g}·L (the fit below does)")
     print(f"wrote {path} and {path.with_suffix('.json')}")

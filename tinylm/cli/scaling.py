@@ -57,7 +57,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     sizes = [tuple(s) for s in (DEFAULT_SIZES if sizes is None else sizes)]  # [] is not "unset": refused
     target = tuple(DEFAULT_PREDICT if predict is None else predict)  # ([] too is refused)
     _check_options(fit_args, budget, head_size, sizes, target, out)
-    cli = fit_objects(fit_args, trains_here=True)
+    cli = fit_objects(fit_args, ladder=True)
     hp, opts = cli.model.hparams, trainer_options(cli)
     accumulate = int(opts.get("accumulate_grad_batches") or 1)
     tokens_per_step = cli.datamodule.batch_size * accumulate * device_count(opts) * hp.block_size
@@ -174,24 +174,25 @@ def _train_ladder(rungs: list, run_dirs: list[Path], fit_args: list[str], accumu
 def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float:
     """The final val/loss of rung ``r`` in ``run_dir``: read back when the run finished before, else after training
     it (resuming it when it has a checkpoint)."""
+    from tinylm.checkpoint import load_checkpoint
     from tinylm.cli.fit import lightning_main
     from tinylm.cli.ranks import rank_zero
     from tinylm.cli.resume import latest_checkpoint
-    from tinylm.cli.run_folder import holds_run, lock_run_folder, release_run_folder
+    from tinylm.cli.run_folder import holds_run
     from tinylm.errors import TinyLMError
     from tinylm.train.interrupt import RunInterrupted, late_signal
 
     # every rank reads the same: the runs before this one finished before their ranks went on
     loss = final_val_loss(run_dir, r.max_steps)
     if loss is None:
-        resume = latest_checkpoint(run_dir) is not None
-        if not resume and holds_run(run_dir) and rank_zero():  # killed before its first checkpoint: nothing to resume
-            aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
-            lock_run_folder(run_dir)  # not a run another process is training
-            run_dir.rename(aside)
-            release_run_folder(run_dir)
-            log.info("%s stopped before its first checkpoint; its logs are now in %s, and it starts again",
-                     run_dir, aside)
+        ckpt = latest_checkpoint(run_dir)
+        # trained to its last step, its final val/loss not logged (validation or logging off, or killed as it
+        # validated): a resume has no step left to train, and fit refuses it
+        done = ckpt is not None and int(load_checkpoint(ckpt, mmap=True).get("global_step", 0)) >= r.max_steps
+        resume = ckpt is not None and not done
+        if not resume and holds_run(run_dir) and rank_zero():  # nothing to resume
+            _set_aside(run_dir, "ended without a final val/loss in its csv/metrics.csv" if done else
+                       "stopped before its first checkpoint")
         _barrier()  # the other ranks start this run after rank 0 moved that folder aside
         values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
         per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
@@ -213,6 +214,18 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
         raise TinyLMError(f"run {run_dir} ended with val/loss {loss}: it diverged, and no law fits it; "
                           "lower --model.lr, move that folder away and run the ladder again")
     return loss
+
+
+def _set_aside(run_dir: Path, why: str) -> None:
+    """Move a rung's folder that cannot be resumed to ``<name>.unfinished-<time>`` (its logs kept), so that the rung
+    trains again from scratch."""
+    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
+
+    aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
+    lock_run_folder(run_dir)  # not a run another process is training
+    run_dir.rename(aside)
+    release_run_folder(run_dir)
+    log.info("%s %s; its logs are now in %s, and it starts again", run_dir, why, aside)
 
 
 def _barrier() -> None:
