@@ -342,6 +342,20 @@ def test_loader_resumes_at_the_next_batch(shakespeare, tmp_path, num_workers):
     assert dm2.state_dict()["train_batches_yielded"] == 5
 
 
+def test_a_train_loader_made_again_goes_on_from_the_last_ones_position(shakespeare, tmp_path):
+    """Catches --trainer.reload_dataloaders_every_n_epochs N (Lightning calls train_dataloader() again) restarting the
+    stream of windows at the run's first: every reloaded epoch trained on the first epoch's windows again."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.setup("fit")
+    first = dm.train_dataloader()
+    ds = first.dataset
+    drawn = [batch for _, batch in zip(range(2), first)]  # 2 batches (zip asks range first: no third)
+    assert drawn[1][0].equal(ds[1][0])
+    again = dm.train_dataloader()
+    assert next(iter(again))[0].equal(ds[2][0]) and not ds[2][0].equal(ds[0][0])
+    assert dm.state_dict()["train_batches_yielded"] == 3
+
+
 def test_val_batches_tile_the_split(shakespeare, tmp_path):
     """Prevents validation windows that overlap, skip data, vary between calls, or ignore val_batches."""
     dm = _dm(tmp_path, shakespeare, block_size=16, batch_size=64)

@@ -68,7 +68,10 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         accumulate = getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
         epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
         epoch_length = max(accumulate, epoch_length - epoch_length % accumulate)
-        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=self._resume_batches,
+        # a loader made again (--trainer.reload_dataloaders_every_n_epochs) goes on from the last one's position: from
+        # the first window again, each epoch would train on the first epoch's windows once more
+        start = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
+        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=start,
                                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                                              seed=self.seed)
         return self._train_loader
