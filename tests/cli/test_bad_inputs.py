@@ -367,6 +367,16 @@ def test_deepspeed_and_xla_strategies_are_refused_in_one_line(strategy, why):
     check_strategy({"strategy": "single_device"})
 
 
+def test_use_distributed_sampler_true_is_refused_in_one_line():
+    """Catches --trainer.use_distributed_sampler true (Lightning's default, in a config copied from another project)
+    failing on every DDP rank after setup with Lightning's advice to add `__init__` arguments to ResumableLoader."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    with pytest.raises(ValueError, match="trainer.use_distributed_sampler=true is not used by tinylm.*leave it out"):
+        check_trainer_options({"use_distributed_sampler": True, "max_steps": 10}, "fit", runs=False)
+    check_trainer_options({"use_distributed_sampler": False, "max_steps": 10}, "fit", runs=False)  # tinylm's own
+
+
 @pytest.mark.parametrize(("env", "trainer", "said"), [
     ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, {"num_nodes": 2, "devices": 2},
      "torchrun started 2 processes (1 node(s) x --nproc_per_node 2), but trainer.num_nodes 2 x trainer.devices 2 is 4; "

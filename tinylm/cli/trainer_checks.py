@@ -43,6 +43,12 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
                          "test: benchmarks/bench_train_step.py)")
+    if trainer_cfg.get("use_distributed_sampler") is True:  # Lightning's default, which tinylm's sets to false
+        # Lightning then rebuilt tinylm's loader around a DistributedSampler and failed on every rank, after setup,
+        # with "Trying to inject parameters into the `ResumableLoader` instance ..." (advice for its author)
+        raise ValueError("trainer.use_distributed_sampler=true is not used by tinylm: its loaders give each rank "
+                         "its own windows already (batch k of rank r is a pure function of the seed, k and r: exact "
+                         "resume on another device count), so there is no sampler to wrap; leave it out")
     if runs:
         check_accelerator(trainer_cfg.get("accelerator"))
         _warn_more_ranks_than_cores(trainer_cfg)
