@@ -367,6 +367,16 @@ def test_deepspeed_and_xla_strategies_are_refused_in_one_line(strategy, why):
     check_strategy({"strategy": "single_device"})
 
 
+def test_single_device_on_several_devices_is_refused_in_one_line():
+    """Catches --trainer.strategy single_device --trainer.devices 2 training in one process without a word."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    with pytest.raises(ValueError, match="'single_device' trains in one process, and trainer.devices 2 x trainer"
+                                         ".num_nodes 1 asks for 2; pass --trainer.strategy ddp"):
+        check_trainer_options({"strategy": "single_device", "devices": 2, "accelerator": "cpu", "max_steps": 3}, "fit")
+    check_trainer_options({"strategy": "single_device", "devices": 1, "accelerator": "cpu", "max_steps": 3}, "fit")
+
+
 def test_use_distributed_sampler_true_is_refused_in_one_line():
     """Catches --trainer.use_distributed_sampler true (Lightning's default, in a config copied from another project)
     failing on every DDP rank after setup with Lightning's advice to add `__init__` arguments to ResumableLoader."""

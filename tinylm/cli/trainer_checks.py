@@ -167,7 +167,12 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
 def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
     """The strategy, nodes and validation interval of a run that trains as configured."""
     check_strategy(trainer_cfg)
-    nodes = trainer_cfg.get("num_nodes")
+    nodes, devices = trainer_cfg.get("num_nodes"), _devices_per_node(trainer_cfg)
+    if str(trainer_cfg.get("strategy")).lower() == "single_device" and (devices or 1) * (nodes or 1) > 1:
+        # Lightning then trained in one process without a word
+        raise ValueError(f"trainer.strategy 'single_device' trains in one process, and trainer.devices {devices} x "
+                         f"trainer.num_nodes {nodes or 1} asks for {(devices or 1) * (nodes or 1)}; pass "
+                         "--trainer.strategy ddp (or fsdp) for several, or --trainer.devices 1")
     if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
         raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
                          "and MASTER_ADDR is unset: this node would wait for the others forever; run "
