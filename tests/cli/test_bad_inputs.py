@@ -368,6 +368,76 @@ def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices
         assert "use --trainer.devices 2 or fewer" in lines[0]
 
 
+@pytest.mark.parametrize(("strategy", "why"), [("single_tpu", "TPUs"), ("xla", "TPUs"), ("deepspeed", "DeepSpeed"),
+                                               ("deepspeed_stage_3_offload", "DeepSpeed"),
+                                               ("lightning.pytorch.strategies.DeepSpeedStrategy", "DeepSpeed")])
+def test_deepspeed_and_xla_strategies_are_refused_in_one_line(strategy, why):
+    """Catches --trainer.strategy single_tpu ending in Lightning's TypeError traceback (its registry builds the
+    strategy without a device), and DeepSpeed (once installed) training without tinylm's clipping or
+    train/grad_norm (Lightning only warns that configure_gradient_clipping is not called)."""
+    from tinylm.train.parallel import check_strategy
+
+    with pytest.raises(ValueError, match=f"trainer.strategy '{strategy}' is not supported by tinylm: .*{why}") as e:
+        check_strategy({"strategy": strategy})
+    assert "--trainer.strategy ddp" in str(e.value) and "--trainer.strategy fsdp" in str(e.value)
+    check_strategy({"strategy": "ddp_find_unused_parameters_true"})  # Lightning's DDP names still train
+    check_strategy({"strategy": "single_device"})
+
+
+def test_single_device_on_several_devices_is_refused_in_one_line():
+    """Catches --trainer.strategy single_device --trainer.devices 2 training in one process without a word."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    with pytest.raises(ValueError, match="'single_device' trains in one process, and trainer.devices 2 x trainer"
+                                         ".num_nodes 1 asks for 2; pass --trainer.strategy ddp"):
+        check_trainer_options({"strategy": "single_device", "devices": 2, "accelerator": "cpu", "max_steps": 3}, "fit")
+    check_trainer_options({"strategy": "single_device", "devices": 1, "accelerator": "cpu", "max_steps": 3}, "fit")
+
+
+def test_use_distributed_sampler_true_is_refused_in_one_line():
+    """Catches --trainer.use_distributed_sampler true (Lightning's default, in a config copied from another project)
+    failing on every DDP rank after setup with Lightning's advice to add `__init__` arguments to ResumableLoader."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    with pytest.raises(ValueError, match="trainer.use_distributed_sampler=true is not used by tinylm.*leave it out"):
+        check_trainer_options({"use_distributed_sampler": True, "max_steps": 10}, "fit", runs=False)
+    check_trainer_options({"use_distributed_sampler": False, "max_steps": 10}, "fit", runs=False)  # tinylm's own
+
+
+@pytest.mark.parametrize(("env", "trainer", "said"), [
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, {"num_nodes": 2, "devices": 2},
+     "torchrun started 2 processes (1 node(s) x --nproc_per_node 2), but trainer.num_nodes 2 x trainer.devices 2 is 4; "
+     "pass --trainer.num_nodes 1 --trainer.devices 2"),
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, {},  # devices auto: 1 on a CPU
+     "trainer.num_nodes 1 x trainer.devices 1 is 1; pass --trainer.num_nodes 2 --trainer.devices 2"),
+    ({"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "job", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2"},
+     {"num_nodes": 2, "devices": 4}, "SLURM runs this job with --ntasks-per-node 2, but trainer.devices 4; pass "
+     "--trainer.devices 2"),
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, {"num_nodes": 2, "devices": 1}, None),
+    ({"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "bash", "SLURM_NTASKS_PER_NODE": "2"}, {"devices": 4}, None),
+])
+def test_a_launcher_that_started_another_number_of_processes_is_one_line(monkeypatch, env, trainer, said):
+    """Catches `torchrun --nproc_per_node 2 -m tinylm fit` with --trainer.num_nodes / --trainer.devices that do not
+    multiply to torchrun's world size (devices left at auto: one process on a CPU) ending, after the data and model
+    were set up, in Lightning's ValueError as a traceback from every rank, with no fix named."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    for var in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "LSB_JOBID", "OMPI_COMM_WORLD_SIZE",
+                "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # a cluster is found: num_nodes > 1 is not refused for its lack
+    options = {"accelerator": "cpu", "max_steps": 10, **trainer}
+    if said is None:
+        check_trainer_options(options, "fit")
+        return
+    with pytest.raises(ValueError) as e:
+        check_trainer_options(options, "fit")
+    assert said in str(e.value)
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a CUDA GPU")
 @pytest.mark.parametrize("command", ["fit", "lr-find"])
 def test_a_gpu_accelerator_without_a_gpu_is_one_line(config, capsys, command):

@@ -342,6 +342,42 @@ def test_loader_resumes_at_the_next_batch(shakespeare, tmp_path, num_workers):
     assert dm2.state_dict()["train_batches_yielded"] == 5
 
 
+def test_a_train_loader_made_again_goes_on_from_the_last_ones_position(shakespeare, tmp_path):
+    """Catches --trainer.reload_dataloaders_every_n_epochs N (Lightning calls train_dataloader() again) restarting the
+    stream of windows at the run's first: every reloaded epoch trained on the first epoch's windows again."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.setup("fit")
+    first = dm.train_dataloader()
+    ds = first.dataset
+    drawn = [batch for _, batch in zip(range(2), first)]  # 2 batches (zip asks range first: no third)
+    assert drawn[1][0].equal(ds[1][0])
+    again = dm.train_dataloader()
+    assert next(iter(again))[0].equal(ds[2][0]) and not ds[2][0].equal(ds[0][0])
+    assert dm.state_dict()["train_batches_yielded"] == 3
+
+
+def test_a_resume_keeping_the_global_batch_by_accumulation_names_the_runs_accumulation(shakespeare, tmp_path):
+    """Catches the refusal of 2 devices x batch 4 resumed as 1 device x batch 4 x accumulation 2 (the global batch
+    distributed.md said to keep) naming only --data.batch_size 8: done with accumulation 2, a global batch of 16."""
+    from types import SimpleNamespace
+
+    from tinylm.checkpoint import CheckpointError
+
+    dm = _dm(tmp_path, shakespeare, batch_size=4)
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(world_size=2, accumulate_grad_batches=1)
+    saved = dm.state_dict()
+    assert saved["accumulate_grad_batches"] == 1
+    dm.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=2)
+    with pytest.raises(CheckpointError, match=r"resume with --data.batch_size 8 --trainer.accumulate_grad_batches 1 "):
+        dm._check_same_data(saved)
+    dm.trainer.accumulate_grad_batches = 1  # a refusal of the batch alone names the batch alone
+    with pytest.raises(CheckpointError, match=r"resume with --data.batch_size 8, or start a new run"):
+        dm._check_same_data(saved)
+    dm._check_same_data({k: v for k, v in saved.items() if k != "accumulate_grad_batches"} | {"world_size": 1,
+                                                                                              "batch_size": 4})
+
+
 def test_val_batches_tile_the_split(shakespeare, tmp_path):
     """Prevents validation windows that overlap, skip data, vary between calls, or ignore val_batches."""
     dm = _dm(tmp_path, shakespeare, block_size=16, batch_size=64)

@@ -43,6 +43,12 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
                          "test: benchmarks/bench_train_step.py)")
+    if trainer_cfg.get("use_distributed_sampler") is True:  # Lightning's default, which tinylm's sets to false
+        # Lightning then rebuilt tinylm's loader around a DistributedSampler and failed on every rank, after setup,
+        # with "Trying to inject parameters into the `ResumableLoader` instance ..." (advice for its author)
+        raise ValueError("trainer.use_distributed_sampler=true is not used by tinylm: its loaders give each rank "
+                         "its own windows already (batch k of rank r is a pure function of the seed, k and r: exact "
+                         "resume on another device count), so there is no sampler to wrap; leave it out")
     if runs:
         check_accelerator(trainer_cfg.get("accelerator"))
         _warn_more_ranks_than_cores(trainer_cfg)
@@ -161,12 +167,18 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
 def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
     """The strategy, nodes and validation interval of a run that trains as configured."""
     check_strategy(trainer_cfg)
-    nodes = trainer_cfg.get("num_nodes")
+    nodes, devices = trainer_cfg.get("num_nodes"), _devices_per_node(trainer_cfg)
+    if str(trainer_cfg.get("strategy")).lower() == "single_device" and (devices or 1) * (nodes or 1) > 1:
+        # Lightning then trained in one process without a word
+        raise ValueError(f"trainer.strategy 'single_device' trains in one process, and trainer.devices {devices} x "
+                         f"trainer.num_nodes {nodes or 1} asks for {(devices or 1) * (nodes or 1)}; pass "
+                         "--trainer.strategy ddp (or fsdp) for several, or --trainer.devices 1")
     if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
         raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
                          "and MASTER_ADDR is unset: this node would wait for the others forever; run "
                          "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
                          "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
+    _check_launched_processes(trainer_cfg)
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
     if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
         raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "
@@ -182,6 +194,48 @@ def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
                          f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
                          f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
                          f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
+
+
+def _devices_per_node(trainer_cfg: dict[str, Any]) -> int | None:
+    """How many processes a node runs for `trainer.devices` (as Lightning resolves it: auto and -1 are one process on
+    the CPU, every GPU on a GPU); None where that is not known here."""
+    import torch
+
+    devices = trainer_cfg.get("devices")
+    text = "auto" if devices is None else str(devices).strip().lower()
+    if isinstance(devices, (list, tuple)) or "," in text:
+        return len(devices) if isinstance(devices, (list, tuple)) else len([d for d in text.split(",") if d.strip()])
+    if text.isdigit():
+        return int(text)
+    if text in ("auto", "-1"):
+        return 1 if _on_cpu(trainer_cfg) else torch.cuda.device_count() or None
+    return None
+
+
+def _check_launched_processes(trainer_cfg: dict[str, Any]) -> None:
+    """A launcher that started another number of processes than trainer.num_nodes x trainer.devices (`torchrun
+    --nproc_per_node 2` with devices left at auto, one process on a CPU): Lightning's check (its cluster environment's
+    validate_settings) raised from every rank, as a traceback, once the model and data were set up."""
+    devices, nodes = _devices_per_node(trainer_cfg), trainer_cfg.get("num_nodes") or 1
+    env = os.environ
+    if devices is None or not isinstance(nodes, int):
+        return
+    if "TORCHELASTIC_RUN_ID" in env and env.get("WORLD_SIZE", "").isdigit():  # torchrun (Lightning's detection)
+        world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"])
+        if world != devices * nodes:
+            raise ValueError(f"torchrun started {world} processes ({world // per_node} node(s) x --nproc_per_node "
+                             f"{per_node}), but trainer.num_nodes {nodes} x trainer.devices {devices} is "
+                             f"{devices * nodes}; pass --trainer.num_nodes {world // per_node} --trainer.devices "
+                             f"{per_node} (torchrun's --nnodes and --nproc_per_node)")
+    elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # srun, as Lightning
+        tasks, nnodes = env.get("SLURM_NTASKS_PER_NODE", ""), env.get("SLURM_NNODES", "")
+        wrong = [(f"--ntasks-per-node {tasks}", f"trainer.devices {devices}", f"--trainer.devices {tasks}")
+                 if tasks.isdigit() and int(tasks) != devices else None,
+                 (f"--nodes {nnodes}", f"trainer.num_nodes {nodes}", f"--trainer.num_nodes {nnodes}")
+                 if nnodes.isdigit() and int(nnodes) != nodes else None]
+        if wrong := [w for w in wrong if w]:
+            raise ValueError(f"SLURM runs this job with {' and '.join(w[0] for w in wrong)}, but "
+                             f"{' and '.join(w[1] for w in wrong)}; pass {' '.join(w[2] for w in wrong)}")
 
 
 def _cluster_found() -> bool:

@@ -65,10 +65,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         # a notional epoch of whole optimizer steps: Lightning ends an epoch with an optimizer step, so an epoch of
         # batches not a multiple of accumulate_grad_batches stepped on a partial accumulation, and validations
         # every N batches (counted over epochs) fell inside steps after it
-        accumulate = getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
+        accumulate = self._accumulation()
         epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
         epoch_length = max(accumulate, epoch_length - epoch_length % accumulate)
-        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=self._resume_batches,
+        # a loader made again (--trainer.reload_dataloaders_every_n_epochs) goes on from the last one's position: from
+        # the first window again, each epoch would train on the first epoch's windows once more
+        start = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
+        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=start,
                                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                                              seed=self.seed)
         return self._train_loader
@@ -92,9 +95,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
 
+    def _accumulation(self) -> int:
+        return getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
+
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
+                 "accumulate_grad_batches": self._accumulation(),
                  "seed": self.seed, "block_size": self.block_size, "weights": self.weights,
                  "clean": self.clean.key(), "streaming": self._hf["streaming"],
                  "max_documents": self._hf["max_documents"]}
@@ -130,6 +137,11 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         if was != now:
             fix = (f"--data.batch_size {was // world}" if was % world == 0
                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
+            had = saved.get("accumulate_grad_batches")
+            if had is not None and had != self._accumulation():  # (checkpoints from before it was saved: None)
+                # one that kept batch x devices x accumulation: the loader's position counts micro-batches of the
+                # run's global batch, so accumulation cannot stand in for devices on a resume
+                fix += f" --trainer.accumulate_grad_batches {had} (the run's: it cannot stand in for devices here)"
             diffs.insert(0, ((f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
                               f"device(s))"), f"{now} (data.batch_size={self.batch_size} x {world})", fix))
         # what selects the text: named before the split and the fingerprint that they change (a streamed run resumed

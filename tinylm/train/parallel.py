@@ -32,6 +32,15 @@ FSDP2_NAMES = ("fsdp", "fsdp2")
 """The --trainer.strategy names that mean FSDP2 (a Lightning user types `fsdp`)."""
 
 
+_NOT_TRAINED_WITH = {
+    ("deepspeed",): "DeepSpeed clips gradients itself (tinylm's clipping, and train/grad_norm, would not run: "
+                    "Lightning only warns) and its ZeRO stages hand the optimizer flattened shards (weight decay "
+                    "chosen by shape, Muon), so it would silently train another model",
+    ("xla", "tpu"): "the XLA strategies train on TPUs through torch_xla, and tinylm trains on CPUs and GPUs",
+}
+"""Lightning's strategy families that tinylm refuses (a name or class path holding one of the words), and why."""
+
+
 def check_strategy(trainer_cfg: dict[str, Any]) -> None:
     """Refuse the strategies that would train another model than the one configured, or that cannot start a
     tinylm run, naming the one to use."""
@@ -40,6 +49,12 @@ def check_strategy(trainer_cfg: dict[str, Any]) -> None:
         return
     start = strategy if isinstance(strategy, str) and "." not in strategy else \
         trainer_cfg.get("strategy.init_args.start_method")
+    why = next((why for words, why in _NOT_TRAINED_WITH.items()
+                if isinstance(strategy, str) and any(w in strategy.lower() for w in words)), None)
+    if why is not None:  # (before FSDP1's: XLAFSDPStrategy is a TPU's)
+        raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: {why}; "
+                         "use --trainer.strategy ddp (the model and AdamW fit one device) or --trainer.strategy "
+                         "fsdp (FSDP2: shards weights, gradients and AdamW state), or leave it out on one device")
     if isinstance(strategy, str) and any(k in strategy.lower() for k in ("fsdp", "modelparallel")):
         raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: FSDP1 hands the optimizer "
                          "flattened shards, so weight decay (chosen by a parameter's shape), Muon (whole "
