@@ -361,3 +361,19 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     _one_line_error(capsys, ["prepare", "--data.corpus", "[d, d/b.txt]", "--data.cache_dir", str(tmp_path / "cache")],
                     "data.corpus lists 'd' and 'd/b.txt'", "list each file once")
     assert len(open_corpora(["d/a.txt", "d/b.txt"], cache_dir=tmp_path / "cache")) == 2  # distinct files: fine
+
+
+def test_an_unwritable_dataset_cache_is_named_not_blamed_on_the_network(tmp_path):
+    """Catches a local .jsonl whose Arrow cache (CACHE/hf-local) cannot be written (a read-only or full disk, a file
+    in its place) ending in "could not load Hugging Face dataset 'json' ...; check the name and the network": the
+    disk's error reaches the CLI as it is, which names the path and the fix."""
+    from tinylm.cli.errors import is_user_error, one_line
+
+    (tmp_path / "d.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "hf-local").write_text("")  # a file where the Arrow caches' folder goes
+    with pytest.raises(NotADirectoryError) as e:
+        list(open_corpus(str(tmp_path / "d.jsonl"), cache_dir=cache))
+    assert is_user_error(e.value) and "network" not in one_line(e.value)
+    assert one_line(e.value).startswith(f"NotADirectoryError: {cache / 'hf-local'} is a file, where a folder is needed")

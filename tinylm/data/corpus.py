@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.data.local_files import files_below, glob_files
-from tinylm.errors import TinyLMError, UnavailableError
+from tinylm.errors import DISK_ERRNOS, TinyLMError, UnavailableError
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -252,6 +252,8 @@ class HFDataset(Corpus):
                 self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                  revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
+                if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
+                    raise
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
