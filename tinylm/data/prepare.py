@@ -61,6 +61,10 @@ def _slug(text: str) -> str:
 
 
 def _check_not_empty(corpus: Corpus) -> None:
+    if isinstance(corpus, Mixture):  # each of its corpora, before a tokenizer learns from the others (raw text: a
+        for part in corpus.parts:    # cleaned one would be decided out of order; cleaning refuses emptying one)
+            _check_not_empty(getattr(part, "inner", part))
+        return
     if next(iter(corpus.documents("train")), None) is None:
         held_out = getattr(corpus, "val_documents", None)
         if held_out and corpus.val_source == "held-out head" and next(iter(corpus.documents("validation")), None):
