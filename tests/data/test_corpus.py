@@ -259,6 +259,9 @@ def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, mon
     (run / "hf" / "tokenizer" / "vocab.txt").write_text("a b c")
     for name in (".lock", "config.yaml", "samples.txt"):
         (run / name).write_text("pid 1" if name == ".lock" else "text")
+    wandb = run / "wandb" / "offline-run-1" / "files"  # 4 folders down: a glob read W&B's logs and requirements.txt
+    wandb.mkdir(parents=True)
+    (wandb / "requirements.txt").write_text("torch==2.13")
     assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
     assert list(open_corpus("**/*.txt", cache_dir="data_cache")) == ["my notes"]
 
