@@ -351,7 +351,7 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     a file in it): its text counted twice, in both splits and with twice its share of the windows, silently."""
     from helpers import _one_line_error
 
-    from tinylm.data.corpus import open_corpora
+    from tinylm.data.mixture import open_corpora
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d").mkdir()

@@ -32,7 +32,8 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
     fcntl = None  # type: ignore[assignment]
 
 from tinylm.data.clean import CleanCorpus
-from tinylm.data.corpus import Corpus, CorpusChanged, Mixture
+from tinylm.data.corpus import Corpus, CorpusChanged
+from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.errors import TinyLMError
