@@ -364,6 +364,12 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     _one_line_error(capsys, ["prepare", "--data.corpus", "[d, d/b.txt]", "--data.cache_dir", str(tmp_path / "cache")],
                     "data.corpus lists 'd' and 'd/b.txt'", "list each file once")
     assert len(open_corpora(["d/a.txt", "d/b.txt"], cache_dir=tmp_path / "cache")) == 2  # distinct files: fine
+    # the same text under another file: a hard link (the same inode, another real path) or a copy
+    os.link(tmp_path / "d" / "a.txt", tmp_path / "hard.txt")
+    shutil.copy(tmp_path / "d" / "a.txt", tmp_path / "copy.txt")
+    for other in ("hard.txt", "copy.txt"):
+        with pytest.raises(ValueError, match=rf"lists 'd/a.txt' and '{other}', which hold the same text"):
+            open_corpora(["d/a.txt", other], cache_dir=tmp_path / "cache")
 
 
 def test_an_unwritable_dataset_cache_is_named_not_blamed_on_the_network(tmp_path):

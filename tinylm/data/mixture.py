@@ -40,7 +40,8 @@ def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
     """`open_corpus` of each spec of a `--data.corpus` list (``options``: its other arguments), refusing two that
     read the same text: one file named twice (`a.txt` and `./a.txt`, a link and its target) or a folder and a file
     in it would count that text twice (in train and val, with twice its share of the windows), as the same
-    hf:NAME twice would. Within one spec, globs and folders read each file once already (`_unique_files`)."""
+    hf:NAME twice, or a copy of a file, would. Within one spec, globs and folders read each file once already
+    (`_unique_files`)."""
     corpora = [open_corpus(spec, **options) for spec in specs]
     owner: dict[Any, str] = {}
     for corpus in corpora:
@@ -53,6 +54,12 @@ def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
                                  "with twice its share of the training windows); list each file once (for more "
                                  "of one corpus, use data.weights)")
             owner[source] = corpus.spec
+    first: dict[str, str] = {}  # by what they hold: a copy or a hard link of one file is another path to its text
+    for corpus in corpora if len(corpora) > 1 else []:  # (hashed here once: the tokenizer's key needs it anyway)
+        if (same := first.setdefault(corpus.fingerprint, corpus.spec)) != corpus.spec:
+            raise ValueError(f"data.corpus lists {same!r} and {corpus.spec!r}, which hold the same text (a copy or a "
+                             "hard link): it would count twice (in both splits, with twice its share of the training "
+                             "windows); list it once (for more of one corpus, use data.weights)")
     return corpora
 
 
