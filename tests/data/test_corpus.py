@@ -386,3 +386,14 @@ def test_an_unwritable_dataset_cache_is_named_not_blamed_on_the_network(tmp_path
         list(open_corpus(str(tmp_path / "d.jsonl"), cache_dir=cache))
     assert is_user_error(e.value) and "network" not in one_line(e.value)
     assert one_line(e.value).startswith(f"NotADirectoryError: {cache / 'hf-local'} is a file, where a folder is needed")
+
+
+def test_a_dataset_builder_without_data_files_is_refused(tmp_path, monkeypatch):
+    """Catches `--data.corpus hf:json` without --data.data_files training on every data file of the current folder
+    (what `datasets` reads then: here a stray .jsonl; elsewhere a parse error of some other .json, blamed on "the
+    name and the network")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.jsonl").write_text('{"text": "not the corpus"}\n')
+    for spec, streaming in (("hf:json", False), ("hf:text", False), ("hf:parquet", True)):
+        with pytest.raises(ValueError, match=rf"--data.corpus {spec} reads local files and needs --data.data_files"):
+            open_corpus(spec, cache_dir=tmp_path / "cache", streaming=streaming, max_documents=1)

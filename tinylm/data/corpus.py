@@ -426,6 +426,10 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     if not spec.strip():
         raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
                          "a named corpus or hf:NAME")
+    if spec[3:] in {*_LOCAL_DATASET_BUILDERS.values(), "text"} and spec.startswith("hf:") and not data_files:
+        raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
+                         "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "
+                         "current folder. Or pass --data.corpus FILE (.jsonl, .parquet, .csv, .txt)")
     if streaming:
         builder = _LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
         if spec.startswith("hf:"):
