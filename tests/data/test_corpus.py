@@ -154,8 +154,9 @@ def test_hf_builder_with_validation_split(tmp_path):
     assert corpus.has_validation
     assert list(corpus.documents("train")) == ["a tale", "b tale"]
     assert list(corpus.documents("validation")) == ["held out"]
-    other = open_corpus("hf:parquet", cache_dir=tmp_path, data_files={**files, "train": files["validation"]},
-                        text_column="story")
+    datasets.Dataset.from_dict({"story": ["c tale"]}).to_parquet(str(tmp_path / "other.parquet"))
+    other = open_corpus("hf:parquet", cache_dir=tmp_path, text_column="story",
+                        data_files={**files, "train": str(tmp_path / "other.parquet")})
     assert other.fingerprint != corpus.fingerprint
 
 
@@ -397,3 +398,16 @@ def test_a_dataset_builder_without_data_files_is_refused(tmp_path, monkeypatch):
     for spec, streaming in (("hf:json", False), ("hf:text", False), ("hf:parquet", True)):
         with pytest.raises(ValueError, match=rf"--data.corpus {spec} reads local files and needs --data.data_files"):
             open_corpus(spec, cache_dir=tmp_path / "cache", streaming=streaming, max_documents=1)
+
+
+def test_train_and_validation_data_files_that_share_a_file_are_refused(tmp_path):
+    """Catches `--data.data_files {train: t.jsonl, validation: t.jsonl}` (or a train glob that matches the
+    validation file too) scoring validation on training text: val/loss as low as the training loss, no warning."""
+    for name in ("t", "v"):
+        (tmp_path / f"{name}.jsonl").write_text(f'{{"text": "{name} row"}}\n')
+    t, v, both = (str(tmp_path / n) for n in ("t.jsonl", "v.jsonl", "*.jsonl"))
+    for files in ({"train": t, "validation": t}, {"train": both, "validation": v}):
+        with pytest.raises(ValueError, match=r"gives the 'train' and 'validation' splits the same file .*\.jsonl: "
+                                             r"validation would score text the model trains on"):
+            open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files=files)
+    open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "validation": v})  # guard: apart

@@ -396,6 +396,17 @@ def _hash_files(data_files: Any) -> Any:
     return data_files
 
 
+def _check_splits_apart(data_files: Any, split: str, val_split: str) -> None:
+    """Refuse `data_files` that give the train and validation splits one file: val/loss would score training text."""
+    if not isinstance(data_files, dict) or split == val_split:
+        return
+    real = lambda name: {os.path.realpath(p) for p in _local_files(data_files.get(name))}
+    if shared := sorted(real(split) & real(val_split)):
+        raise ValueError(f"--data.data_files gives the {split!r} and {val_split!r} splits the same file {shared[0]}: "
+                         "validation would score text the model trains on; give validation files of its own, or "
+                         f"leave {val_split!r} out (the last --data.val_fraction of {split!r} is then validation)")
+
+
 def _local_files(data_files: Any) -> list[Path]:
     """The local files `data_files` (a path or glob, a list, or {split: path(s)}) names."""
     if isinstance(data_files, dict):
@@ -430,6 +441,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
                          "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "
                          "current folder. Or pass --data.corpus FILE (.jsonl, .parquet, .csv, .txt)")
+    _check_splits_apart(data_files, split, val_split)
     if streaming:
         builder = _LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
         if spec.startswith("hf:"):
