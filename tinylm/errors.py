@@ -9,6 +9,13 @@ numpy do not, because there they usually mean tinylm forgot to validate somethin
 
 from __future__ import annotations
 
+import errno
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)
+"""OSErrors of the local disk: full, not writable, or a file (a broken link) where a folder must be made. The CLI
+names their path and the fix (tinylm.cli.errors), so one raised inside a library is passed on as it is, not
+wrapped in a reason of the library's (a read-only data cache is no "check the network")."""
+
 
 class TinyLMError(Exception):
     """An error the user can fix; its message names the bad value or file and the fix.

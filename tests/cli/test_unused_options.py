@@ -49,3 +49,22 @@ def test_options_of_the_mode_chosen_do_not_warn(run_config, caplog):
     assert _warnings(run_config, caplog, "--model.optimizer", "muon", "--model.muon_lr", "0.05",
                      "--model.lr_schedule", "wsd", "--model.decay_fraction", "0.3", "--model.min_lr", "1e-5",
                      "--guard.loss_z", "3") == []
+
+
+def test_prepare_warns_of_data_options_it_ignores(tmp_path, caplog, capsys):
+    """Catches `tinylm prepare --data.vocab_size 100` with the char tokenizer (the default) building a 26-id
+    vocabulary without a word: prepare reads the data options of fit's table too, and only those."""
+    from tinylm.cli import main
+
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog " * 20)
+    common = ["prepare", "--data.corpus", str(tmp_path / "c.txt"), "--data.block_size", "8",
+              "--data.cache_dir", str(tmp_path / "cache")]
+    main([*common, "--data.vocab_size", "100"])
+    hint = UNUSED_UNLESS["data.vocab_size"].hint
+    assert [r.getMessage() for r in caplog.records if "does nothing" in r.getMessage()] == [
+        f"data.vocab_size=100 does nothing with data.tokenizer='char': it is used only with {hint}; drop it, or turn "
+        "that on"]
+    caplog.clear()
+    main([*common, "--data.tokenizer", "scratch-bpe", "--data.vocab_size", "260"])  # used: no word
+    assert not [r for r in caplog.records if "does nothing" in r.getMessage()]

@@ -161,8 +161,14 @@ def test_a_corpus_cleaned_away_is_named_with_the_rules_that_did_it(tmp_path):
 
 
 def test_min_words_above_max_words_is_refused():
+    """Catches a minimum above its maximum (words, or mean word length) that no document can pass being found only
+    after a whole cleaning pass, as "data.clean removed every document"."""
     with pytest.raises(ValueError, match="min_words 50 is above data.clean.max_words 10"):
         CleanOptions(min_words=50, max_words=10)
+    with pytest.raises(ValueError, match="min_mean_word_length 5.0 is above data.clean.max_mean_word_length 3.0: no "
+                                         "document could pass; lower min_mean_word_length"):
+        CleanOptions(min_mean_word_length=5.0, max_mean_word_length=3.0)
+    CleanOptions(min_mean_word_length=3.0, max_mean_word_length=3.0)  # equal: a word length of exactly 3 passes
 
 
 def test_decontamination_of_a_tail_split_leaves_copies_out_of_validation(tmp_path):

@@ -154,8 +154,9 @@ def test_hf_builder_with_validation_split(tmp_path):
     assert corpus.has_validation
     assert list(corpus.documents("train")) == ["a tale", "b tale"]
     assert list(corpus.documents("validation")) == ["held out"]
-    other = open_corpus("hf:parquet", cache_dir=tmp_path, data_files={**files, "train": files["validation"]},
-                        text_column="story")
+    datasets.Dataset.from_dict({"story": ["c tale"]}).to_parquet(str(tmp_path / "other.parquet"))
+    other = open_corpus("hf:parquet", cache_dir=tmp_path, text_column="story",
+                        data_files={**files, "train": str(tmp_path / "other.parquet")})
     assert other.fingerprint != corpus.fingerprint
 
 
@@ -259,6 +260,9 @@ def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, mon
     (run / "hf" / "tokenizer" / "vocab.txt").write_text("a b c")
     for name in (".lock", "config.yaml", "samples.txt"):
         (run / name).write_text("pid 1" if name == ".lock" else "text")
+    wandb = run / "wandb" / "offline-run-1" / "files"  # 4 folders down: a glob read W&B's logs and requirements.txt
+    wandb.mkdir(parents=True)
+    (wandb / "requirements.txt").write_text("torch==2.13")
     assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
     assert list(open_corpus("**/*.txt", cache_dir="data_cache")) == ["my notes"]
 
@@ -348,7 +352,7 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     a file in it): its text counted twice, in both splits and with twice its share of the windows, silently."""
     from helpers import _one_line_error
 
-    from tinylm.data.corpus import open_corpora
+    from tinylm.data.mixture import open_corpora
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d").mkdir()
@@ -361,3 +365,49 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     _one_line_error(capsys, ["prepare", "--data.corpus", "[d, d/b.txt]", "--data.cache_dir", str(tmp_path / "cache")],
                     "data.corpus lists 'd' and 'd/b.txt'", "list each file once")
     assert len(open_corpora(["d/a.txt", "d/b.txt"], cache_dir=tmp_path / "cache")) == 2  # distinct files: fine
+    # the same text under another file: a hard link (the same inode, another real path) or a copy
+    os.link(tmp_path / "d" / "a.txt", tmp_path / "hard.txt")
+    shutil.copy(tmp_path / "d" / "a.txt", tmp_path / "copy.txt")
+    for other in ("hard.txt", "copy.txt"):
+        with pytest.raises(ValueError, match=rf"lists 'd/a.txt' and '{other}', which hold the same text"):
+            open_corpora(["d/a.txt", other], cache_dir=tmp_path / "cache")
+
+
+def test_an_unwritable_dataset_cache_is_named_not_blamed_on_the_network(tmp_path):
+    """Catches a local .jsonl whose Arrow cache (CACHE/hf-local) cannot be written (a read-only or full disk, a file
+    in its place) ending in "could not load Hugging Face dataset 'json' ...; check the name and the network": the
+    disk's error reaches the CLI as it is, which names the path and the fix."""
+    from tinylm.cli.errors import is_user_error, one_line
+
+    (tmp_path / "d.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "hf-local").write_text("")  # a file where the Arrow caches' folder goes
+    with pytest.raises(NotADirectoryError) as e:
+        list(open_corpus(str(tmp_path / "d.jsonl"), cache_dir=cache))
+    assert is_user_error(e.value) and "network" not in one_line(e.value)
+    assert one_line(e.value).startswith(f"NotADirectoryError: {cache / 'hf-local'} is a file, where a folder is needed")
+
+
+def test_a_dataset_builder_without_data_files_is_refused(tmp_path, monkeypatch):
+    """Catches `--data.corpus hf:json` without --data.data_files training on every data file of the current folder
+    (what `datasets` reads then: here a stray .jsonl; elsewhere a parse error of some other .json, blamed on "the
+    name and the network")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.jsonl").write_text('{"text": "not the corpus"}\n')
+    for spec, streaming in (("hf:json", False), ("hf:text", False), ("hf:parquet", True)):
+        with pytest.raises(ValueError, match=rf"--data.corpus {spec} reads local files and needs --data.data_files"):
+            open_corpus(spec, cache_dir=tmp_path / "cache", streaming=streaming, max_documents=1)
+
+
+def test_train_and_validation_data_files_that_share_a_file_are_refused(tmp_path):
+    """Catches `--data.data_files {train: t.jsonl, validation: t.jsonl}` (or a train glob that matches the
+    validation file too) scoring validation on training text: val/loss as low as the training loss, no warning."""
+    for name in ("t", "v"):
+        (tmp_path / f"{name}.jsonl").write_text(f'{{"text": "{name} row"}}\n')
+    t, v, both = (str(tmp_path / n) for n in ("t.jsonl", "v.jsonl", "*.jsonl"))
+    for files in ({"train": t, "validation": t}, {"train": both, "validation": v}):
+        with pytest.raises(ValueError, match=r"gives the 'train' and 'validation' splits the same file .*\.jsonl: "
+                                             r"validation would score text the model trains on"):
+            open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files=files)
+    open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "validation": v})  # guard: apart

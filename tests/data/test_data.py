@@ -455,6 +455,31 @@ def test_foreign_dtype_and_damaged_meta_are_refused_by_name(shakespeare, tmp_pat
     assert load_meta(dm.dataset_dir)["dtype"] == "uint16"  # guard: the untouched file loads
 
 
+def test_hand_edited_meta_is_refused_by_field(shakespeare, tmp_path):
+    """Prevents a meta.json edited by hand (a split removed, a count made a string, a bool or another vocab size)
+    from failing later with an AttributeError or a KeyError traceback, or being used with a vocab_size that is not
+    its tokenizer's (`tinylm prepare` printed `vocab_size True`, and `vocab_size 10` for a 58-id tokenizer)."""
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    meta_path = dm.dataset_dir / "meta.json"
+    good = meta_path.read_text()
+    load_meta(dm.dataset_dir, dm.tokenizer)  # guard: the untouched file loads
+    edits = [(lambda m: m.update(splits=[1]), r"splits is \[1\], not dict"),
+             (lambda m: m["splits"].pop("val"), r"splits must be train and val \(got \['train'\]\)"),
+             (lambda m: m.pop("settings"), r"KeyError: 'settings'"),
+             (lambda m: m["splits"].update(train=5), r"splits\.train must hold the counts"),
+             (lambda m: m["splits"]["val"].update(bytes="x"), r"splits\.val must hold the counts.*'bytes': 'x'"),
+             (lambda m: m.update(vocab_size=True), r"vocab_size is True, not int"),
+             (lambda m: m.update(vocab_size=10), r"says vocab_size 10, but the tokenizer that made the dataset has "
+                                                 rf"{dm.tokenizer.vocab_size} ids")]
+    for edit, named in edits:
+        meta = json.loads(good)
+        edit(meta)
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(ValueError, match=named + r".*tinylm prepare` again"):
+            load_meta(dm.dataset_dir, dm.tokenizer)
+
+
 def test_ids_outside_the_vocabulary_are_refused_when_opened(shakespeare, tmp_path, monkeypatch):
     """Prevents a .bin with ids >= vocab_size from failing only when a batch draws one (an index error inside the
     embedding, a device-side assert on GPU), maybe hours in. The scan reads bounded chunks; the bad id is in a

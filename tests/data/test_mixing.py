@@ -163,3 +163,14 @@ def test_per_corpus_val_losses_are_each_corpus_own(tmp_path):
     assert abs(got["val/loss/a.txt"] - got["val/loss/b.txt"]) > 1e-3
     weighted = sum(by_hand[n] * tokens[n] for n in tokens) / sum(tokens.values())
     assert got["val/loss"] == pytest.approx(weighted, rel=1e-5)
+
+
+def test_an_empty_corpus_of_a_mixture_is_refused_before_the_tokenizer_trains(two_corpora, tmp_path):
+    """Catches an empty file in a mixture being found only when its dataset is packed, after the tokenizer shared by
+    the mixture had learnt from the other corpora (minutes at scale, for a run that cannot start)."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    dm = _dm(tmp_path, [two_corpora[0], str(empty), two_corpora[1]], tokenizer="scratch-bpe", vocab_size=300)
+    with pytest.raises(ValueError, match=r"corpus '.*empty\.txt' is empty \(no text in it\)"):
+        _ = dm.tokenizer
+    assert not (tmp_path / "cache" / "tokenizers").exists()  # nothing was trained

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tinylm.errors import TinyLMError
+from tinylm.errors import DISK_ERRNOS, TinyLMError
 
 log = logging.getLogger("tinylm")
 
@@ -106,8 +106,7 @@ def _section_hint(key: str, value: str | None, options: set[str], *, flag: bool)
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
-_ENVIRONMENT = (errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.EDQUOT, errno.EMFILE,
-                errno.ENOTDIR, errno.EEXIST)  # the last two: a file (or a broken link) where a folder must be made
+_ENVIRONMENT = (*DISK_ERRNOS, errno.EMFILE)
 
 
 def is_user_error(e: BaseException) -> bool:

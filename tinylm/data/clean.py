@@ -105,9 +105,11 @@ class CleanOptions:
     def __post_init__(self) -> None:
         check_ranges("data.clean", dataclasses.asdict(self), RANGES,
                      whole={"shingle_words", "num_perm", "examples", "min_words", "max_words"})
-        if self.min_words is not None and self.max_words is not None and self.min_words > self.max_words:
-            raise ValueError(f"data.clean.min_words {self.min_words} is above data.clean.max_words "
-                             f"{self.max_words}: no document could pass; lower min_words or raise max_words")
+        for low, high in (("min_words", "max_words"), ("min_mean_word_length", "max_mean_word_length")):
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"data.clean.{low} {lo} is above data.clean.{high} {hi}: no document could pass; "
+                                 f"lower {low} or raise {high}")
 
     @property
     def rules(self) -> list[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.data.local_files import files_below, glob_files
-from tinylm.errors import TinyLMError, UnavailableError
+from tinylm.errors import DISK_ERRNOS, TinyLMError, UnavailableError
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -252,6 +252,8 @@ class HFDataset(Corpus):
                 self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                  revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
+                if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
+                    raise
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
                               "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
@@ -394,6 +396,17 @@ def _hash_files(data_files: Any) -> Any:
     return data_files
 
 
+def _check_splits_apart(data_files: Any, split: str, val_split: str) -> None:
+    """Refuse `data_files` that give the train and validation splits one file: val/loss would score training text."""
+    if not isinstance(data_files, dict) or split == val_split:
+        return
+    real = lambda name: {os.path.realpath(p) for p in _local_files(data_files.get(name))}
+    if shared := sorted(real(split) & real(val_split)):
+        raise ValueError(f"--data.data_files gives the {split!r} and {val_split!r} splits the same file {shared[0]}: "
+                         "validation would score text the model trains on; give validation files of its own, or "
+                         f"leave {val_split!r} out (the last --data.val_fraction of {split!r} is then validation)")
+
+
 def _local_files(data_files: Any) -> list[Path]:
     """The local files `data_files` (a path or glob, a list, or {split: path(s)}) names."""
     if isinstance(data_files, dict):
@@ -413,31 +426,6 @@ def _refuse_blank(spec: str, data_files: Any) -> None:
         raise ValueError(f"corpus {spec!r} is empty (no text in it); pass --data.corpus PATH to a corpus with text")
 
 
-class Mixture(Corpus):
-    """Several corpora read one after the other: what a tokenizer shared by a mixture of corpora learns from."""
-
-    def __init__(self, parts: list[Corpus]) -> None:
-        self.parts = parts
-        self.spec = " + ".join(p.spec for p in parts)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "+".join(p.name for p in self.parts)
-
-    @property
-    def size_bytes(self) -> int | None:  # type: ignore[override]
-        sizes = [p.size_bytes for p in self.parts]
-        return None if None in sizes else sum(sizes)  # type: ignore[arg-type]
-
-    def _docs(self, split: str) -> Iterator[str]:
-        for part in self.parts:
-            yield from part.documents("train")
-
-    def _fingerprint(self) -> str:
-        return hashlib.sha256("\0".join(["tinylm.corpus.mixture.v1", *(p.fingerprint for p in self.parts)])
-                              .encode()).hexdigest()
-
-
 def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_split: str = "validation",
                 text_column: str = "text", data_files: Any = None, hf_config: str | None = None,
                 hf_revision: str | None = None, streaming: bool = False, max_documents: int | None = None,
@@ -449,6 +437,11 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     if not spec.strip():
         raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
                          "a named corpus or hf:NAME")
+    if spec[3:] in {*_LOCAL_DATASET_BUILDERS.values(), "text"} and spec.startswith("hf:") and not data_files:
+        raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
+                         "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "
+                         "current folder. Or pass --data.corpus FILE (.jsonl, .parquet, .csv, .txt)")
+    _check_splits_apart(data_files, split, val_split)
     if streaming:
         builder = _LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
         if spec.startswith("hf:"):
@@ -487,35 +480,6 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         raise FileNotFoundError(f"corpus {spec!r} {why}; pass --data.corpus PATH")
     raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
-
-
-def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
-    """`open_corpus` of each spec of a `--data.corpus` list (``options``: its other arguments), refusing two that
-    read the same text: one file named twice (`a.txt` and `./a.txt`, a link and its target) or a folder and a file
-    in it would count that text twice (in train and val, with twice its share of the windows), as the same
-    hf:NAME twice would. Within one spec, globs and folders read each file once already (`_unique_files`)."""
-    corpora = [open_corpus(spec, **options) for spec in specs]
-    owner: dict[Any, str] = {}
-    for corpus in corpora:
-        for source in _sources(corpus):
-            if source in owner:
-                what = f"the file {source}" if isinstance(source, str) else f"the dataset {source[1]}"
-                both = f"{owner[source]!r} twice" if owner[source] == corpus.spec else \
-                    f"{owner[source]!r} and {corpus.spec!r}, which both read"
-                raise ValueError(f"data.corpus lists {both} {what}: its text would count twice (in both splits, "
-                                 "with twice its share of the training windows); list each file once (for more "
-                                 "of one corpus, use data.weights)")
-            owner[source] = corpus.spec
-    return corpora
-
-
-def _sources(corpus: Corpus) -> set[Any]:
-    """What ``corpus`` reads, comparable across corpora: each local file by its real path, a hub dataset by its
-    name, configuration, revision and split."""
-    files = corpus.files if isinstance(corpus, TextFiles) else _local_files(getattr(corpus, "data_files", None))
-    if files:
-        return {os.path.realpath(f) for f in files}
-    return {("hf", corpus.path, corpus.config, corpus.revision, corpus.split)} if hasattr(corpus, "path") else set()
 
 
 def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path) -> Corpus:

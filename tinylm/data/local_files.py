@@ -5,6 +5,7 @@ wrote there itself: its data cache's folders (token ids, tokenizers, Arrow cache
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from pathlib import Path
@@ -42,11 +43,12 @@ def files_below(root: Path, *, cache_dir: str | Path) -> list[Path]:
 
 def glob_files(pattern: str, *, cache_dir: str | Path) -> list[Path]:
     """The regular files ``pattern`` matches (``**`` recursive), sorted, leaving out what tinylm made (above:
-    a run folder's files lie at most 3 folders below it, runs/NAME/hf/tokenizer/...)."""
+    anything below a run folder, at any depth: runs/NAME/wandb/offline-run-*/logs/debug.log is 4 folders down)."""
     made = made_by_tinylm(cache_dir)
+    run_folder = functools.cache(is_run_folder)  # one look per folder, not one per file below it
     return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()
                   and not any(_is_below(os.path.realpath(p), m) for m in made)
-                  and not any(is_run_folder(a) for a in list(Path(p).parents)[:3]))
+                  and not any(run_folder(a) for a in Path(p).parents))
 
 
 def _is_below(path: str, folder: str) -> bool:

@@ -32,7 +32,8 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
     fcntl = None  # type: ignore[assignment]
 
 from tinylm.data.clean import CleanCorpus
-from tinylm.data.corpus import Corpus, CorpusChanged, Mixture
+from tinylm.data.corpus import Corpus, CorpusChanged
+from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.errors import TinyLMError
@@ -61,6 +62,10 @@ def _slug(text: str) -> str:
 
 
 def _check_not_empty(corpus: Corpus) -> None:
+    if isinstance(corpus, Mixture):  # each of its corpora, before a tokenizer learns from the others (raw text: a
+        for part in corpus.parts:    # cleaned one would be decided out of order; cleaning refuses emptying one)
+            _check_not_empty(getattr(part, "inner", part))
+        return
     if next(iter(corpus.documents("train")), None) is None:
         held_out = getattr(corpus, "val_documents", None)
         if held_out and corpus.val_source == "held-out head" and next(iter(corpus.documents("validation")), None):
@@ -339,6 +344,10 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
             meta["eos_id"] != tokenizer.eos_id:  # packed by a tinylm that read the end-of-text token otherwise
         raise ValueError(f"dataset {dataset_dir} was packed with end-of-text id {meta['eos_id']}, but its tokenizer's "
                          f"is {tokenizer.eos_id} (an older tinylm packed it); {redo}")
+    if tokenizer is not None and meta["tokenizer_fingerprint"] == tokenizer.fingerprint and \
+            meta["vocab_size"] != tokenizer.vocab_size:  # one tokenizer has one size: meta.json was edited
+        raise ValueError(f"{path} says vocab_size {meta['vocab_size']}, but the tokenizer that made the dataset has "
+                         f"{tokenizer.vocab_size} ids (the file was edited); {redo}")
     if tokenizer is not None and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise ValueError(f"dataset {dataset_dir} was built with tokenizer {meta['tokenizer_spec']!r} (fingerprint "
                          f"{meta['tokenizer_fingerprint'][:12]}), but this run's tokenizer {tokenizer.spec!r} has "
@@ -361,16 +370,31 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
     return meta
 
 
+_META_FIELDS = {"format_version": int, "dtype": str, "vocab_size": int, "eos_id": (int, type(None)), "splits": dict,
+                "tokenizer_spec": str, "tokenizer_fingerprint": str, "corpus_spec": str, "corpus_fingerprint": str,
+                "settings": dict}
+"""The fields of meta.json that tinylm reads, with their types (a split's counts: `_SPLIT_COUNTS`)."""
+_SPLIT_COUNTS = ("tokens", "documents", "bytes")  # "chars" and "eos" are optional: older datasets lack them
+
+
 def _check_meta_fields(meta: dict) -> None:
-    """Raise (KeyError/TypeError/ValueError) unless `meta` has the fields and types `load_meta` relies on."""
-    for key in ("format_version", "dtype", "vocab_size", "splits", "tokenizer_spec", "tokenizer_fingerprint"):
-        if key not in meta:
-            raise KeyError(key)
+    """Raise (KeyError/TypeError/ValueError) unless `meta` has the fields and types `load_meta` and its readers rely
+    on: a meta.json edited by hand failed later with an AttributeError or a KeyError, or printed `vocab_size True`."""
+    for key, kind in _META_FIELDS.items():
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):  # bool: True == 1, but no count
+            raise TypeError(f"{key} is {meta[key]!r}, not {getattr(kind, '__name__', 'an int or null')}")
     if meta["dtype"] not in DTYPES:
         raise ValueError(f"dtype {meta['dtype']!r} is not one tinylm stores ({', '.join(DTYPES)})")
-    if not isinstance(meta["vocab_size"], int) or not all(isinstance(s.get("tokens"), int)
-                                                          for s in meta["splits"].values()):
-        raise TypeError("vocab_size and each split's tokens must be integers")
+    if sorted(meta["splits"]) != ["train", "val"] or not isinstance(meta["settings"].get("val_source"), str):
+        raise ValueError(f"splits must be train and val (got {sorted(meta['splits'])}), and settings must name a "
+                         "val_source")
+    if meta["vocab_size"] < 1:
+        raise ValueError(f"vocab_size is {meta['vocab_size']}, not a positive number of ids")
+    for name, split in meta["splits"].items():
+        keys = _SPLIT_COUNTS + tuple(k for k in ("chars", "eos") if k in split) if isinstance(split, dict) else ()
+        if not keys or not all(type(split.get(k)) is int and split[k] >= 0 for k in keys):
+            raise ValueError(f"splits.{name} must hold the counts {', '.join(_SPLIT_COUNTS)} (and chars, eos) as "
+                             f"integers >= 0, got {split!r}")
 
 
 def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:

@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 from tinylm.data.clean import REPORT_FILE, CleanOptions, clean_corpora, options_from
-from tinylm.data.corpus import Corpus, Mixture, open_corpora
+from tinylm.data.corpus import Corpus
+from tinylm.data.mixture import Mixture, open_corpora
 from tinylm.data.prepare import (
     TRAIN_STATS,
     dataset_dir_for,
