@@ -115,6 +115,14 @@ def test_plot_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["plot", "a", "--reference", "-1"])  # a loss below 0: a typo, not a published result
     assert "reference must be in [0, inf), got -1" in capsys.readouterr().err
+    ckpt = tmp_path / "runs" / "a" / "checkpoints" / "last.ckpt"  # a file of the run: its folder is named
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"PK")
+    with pytest.raises(SystemExit):
+        main(["plot", str(ckpt)])
+    err = capsys.readouterr().err
+    assert "is a file, not a run or a metrics.csv: pass its run folder" in err and str(ckpt.parents[1]) in err
+    assert err.count("\n") == 1
 
 
 def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):

@@ -56,6 +56,10 @@ def metrics_csv(run: str | Path) -> Path:
     candidates = [path] if path.suffix == ".csv" else [path / "csv" / "metrics.csv", Path("runs") / run / "csv" /
                                                          "metrics.csv"]
     found = next((p for p in candidates if p.is_file()), None)
+    if found is None and path.is_file():  # a checkpoint, a config: its run folder is what plot reads
+        folder = next((p for p in path.resolve().parents if (p / "csv" / "metrics.csv").is_file()), None)
+        fix = f"pass its run folder {folder}" if folder else "pass a run folder written by `tinylm fit` (runs/NAME)"
+        raise ValueError(f"{str(run)!r} is a file, not a run or a metrics.csv: {fix}")
     if found is None:
         raise FileNotFoundError(f"no metrics for run {str(run)!r}: {candidates[0]} not found; pass a run folder "
                                 "written by `tinylm fit` (e.g. runs/NAME, holding csv/metrics.csv)")
