@@ -54,6 +54,25 @@ LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which tinylm uses
 
 
 # ---------------------------------------------------------------------------------------------------- loading
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' log lines and progress bars off for the block, as they were after it. Its tqdm bars
+    ("Writing model shards", "Loading weights") wrote carriage-return frames of a one-file, 100% bar into
+    `tinylm export`'s output, a log or a pipe included, and into a `fit --model.init_from` run's log; tinylm says
+    the result itself."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -264,7 +283,8 @@ def _write_export(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
         hf = LlamaForCausalLM(llama_config(c, eos_id=eos_id)).eval()
         state = llama_state_dict(model)
     hf.load_state_dict(state, strict=True)  # strict: every transformers weight comes from the checkpoint
-    hf.to(dtype).save_pretrained(out)
+    with quiet_transformers():
+        hf.to(dtype).save_pretrained(out)
     if tokenizer is None:
         warnings.warn(f"checkpoint {str(ckpt_path)!r} holds no tokenizer; exported the model only")
     else:
@@ -320,18 +340,11 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
     transformers fills a weight the file lacks with random numbers and drops one it does not expect, with only a
     logged report (a config.json saying n_layer 3 over a 2-layer model's weights imported a random third layer),
     and raised a RuntimeError with a traceback for a weight of another shape."""
-    from transformers.utils import logging as hf_logging
-
     if not any((path / name).is_file() for name in _WEIGHT_FILES):
         raise FileNotFoundError(f"no weights in {str(path)!r} (none of {', '.join(_WEIGHT_FILES)}); pass a "
                                 "directory written by `tinylm export`")
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its load report: the error below says what matters
-    try:
-        with _weights_readable(path):
-            model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    with quiet_transformers(), _weights_readable(path):  # its load report: the error below says what matters
+        model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
     wrong = [f"{name} is {tuple(theirs)} in the weights but {tuple(ours)} by config.json"
              for name, theirs, ours in sorted(info.get("mismatched_keys") or [])]
     wrong += [f"{name} is missing from the weights" for name in sorted(info.get("missing_keys") or [])]

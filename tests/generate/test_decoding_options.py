@@ -110,6 +110,23 @@ def test_generate_names_a_bad_value_before_loading_the_checkpoint(capsys, tmp_pa
     assert re.search(r"--top_p must be in \(0, 1\], got 0\.0$", line), line
 
 
+def test_stop_strings_are_taken_as_typed(capsys, tmp_path):
+    """Catches `--stop "[END]"` stopping at "END" (jsonargparse read a text option's value as YAML: a list), and a
+    `--stop+ "Q: x"` replacing the stop strings before it; `--stop+ ""` makes the line show what was read."""
+    with pytest.raises(SystemExit):
+        main(["generate", "--ckpt_path", str(tmp_path / "missing.ckpt"), "--stop", "[END]", "--stop+", "Q: x",
+              "--stop+", ""])
+    assert "--stop must be non-empty strings, got ['[END]', 'Q: x', '']" in capsys.readouterr().err
+
+
+def test_a_value_starting_with_a_dash_is_shown_after_an_equals_sign(capsys, tmp_path):
+    """Catches `--prompt "-x"` ending in argparse's bare "argument --prompt: expected one argument", which does not
+    say that the value was read as an option nor how to give it (`--prompt=-x`)."""
+    with pytest.raises(SystemExit):
+        main(["generate", "--ckpt_path", str(tmp_path / "missing.ckpt"), "--stop+", "-x"])
+    assert capsys.readouterr().err.strip().endswith("a value that starts with '-' goes after '=': --stop+=-x")
+
+
 def test_sample_report_names_its_flags(capsys, tmp_path):
     """Catches sample-report's max_new_tokens range being typed a second time, and named without its dashes."""
     with pytest.raises(SystemExit):

@@ -195,13 +195,15 @@ def test_sample_report_command_end_to_end(tmp_path, small_data, capsys):
 
 def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, capsys):
     """Catches `--prompts TEXT` failing ("Expected a <class 'list'>"): one prompt is plain text, `--prompts+` adds
-    more, and escapes are understood as in generate."""
+    more, and escapes are understood as in generate; and a prompt read as YAML (`--prompts "- a"` prompted "a", a
+    `--prompts+ "I: a"` replaced the prompts before it)."""
     pytest.importorskip("matplotlib")
     text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
     ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
     common = ["--ckpt_path", str(ckpt), "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"]
     for name, prompts, want in [("one", ["--prompts", "the"], ["the"]),
-                                ("two", ["--prompts+", "the", "--prompts+", "and\\n"], ["the", "and\n"])]:
+                                ("two", ["--prompts+", "the", "--prompts+", "and\\n"], ["the", "and\n"]),
+                                ("yaml-like", ["--prompts", "- a", "--prompts+", "I: a"], ["- a", "I: a"])]:
         run_command("sample-report", [*common, "--out", str(tmp_path / name), *prompts])
         assert json.loads((tmp_path / name / "metrics.json").read_text(encoding="utf-8"))["prompts"] == want
 

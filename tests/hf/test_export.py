@@ -181,7 +181,8 @@ def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
 def test_export_says_its_result_once_and_its_files_follow_the_umask(tmp_path, char_tokenizer, capsys):
     """Catches `tinylm export` saying its result twice ("wrote DIR: ..." and "exported CKPT to DIR") and writing
     model.safetensors 0600 (other users of a shared model folder could not read the weights beside a readable
-    config.json), also when an earlier export is replaced."""
+    config.json), also when an earlier export is replaced; and transformers' "Writing model shards" progress bar
+    (carriage-return frames of a one-file bar) in its output, a log or a pipe included."""
     import os
     import stat
 
@@ -198,6 +199,7 @@ def test_export_says_its_result_once_and_its_files_follow_the_umask(tmp_path, ch
             lines = [line for line in (said.out + said.err).splitlines()
                      if str(out) in line and "load with" not in line]
             assert len(lines) == 1, said
+            assert "\r" not in said.out + said.err and "shards" not in said.err, said
             modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")}
             assert modes["model.safetensors"] == 0o640, modes
             assert {m for p, m in modes.items() if (out / p).is_file()} == {0o640}, modes

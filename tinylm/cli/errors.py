@@ -31,7 +31,20 @@ def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
         # runs fits inside (scaling) resumes them when it is run again
         again = resume_command(args) if command == "fit" else shlex.join(["tinylm", command, *args])
         line = line.replace(hint, f"`{again}`")
+    if dashed := _dashed_value(line, args):
+        line += f"; a value that starts with '-' goes after '=': {dashed}"
     return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
+
+
+def _dashed_value(line: str, args: list[str]) -> str | None:
+    """`--prompt=-x` for argparse's "argument --prompt: expected one argument" where ``args`` gave `--prompt -x`
+    (argparse reads a value that starts with '-' as the next option; after '=' it is the value)."""
+    missing = re.search(r"argument (\S+): expected one argument", line)
+    flags = missing[1].split("/") if missing else []
+    for flag, value in zip(args, args[1:]):
+        if flag in flags and value.startswith("-"):
+            return shlex.join([f"{flag}={value}"])
+    return None
 
 
 class Terminated(TinyLMError):
