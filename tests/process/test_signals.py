@@ -466,6 +466,35 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
     assert str(ranks.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
 
 
+def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
+    """Catches a second line under a loaded machine's SIGTERM while the ranks connected ("terminated by SIGTERM ..."
+    then "rank 1 (pid N) was killed by SIGKILL ...", exit 1 for 143): the command, ending on its error, SIGKILLs a
+    rank slow to end (end_ranks), and the watch of the ranks took that for a rank lost, said so and exited 1. Run in
+    a forked child: the watch's os._exit would end the test's process."""
+    import weakref
+
+    from tinylm.cli import ranks
+
+    pid = os.fork()
+    if pid == 0:  # the command's process: a rank, its watch, then main ending on an error
+        code = 3
+        try:
+            err = os.open(tmp_path / "stderr.txt", os.O_WRONLY | os.O_CREAT)
+            os.dup2(err, 2)
+            rank = subprocess.Popen(["sleep", "30"])
+            ranks.RANKS[:] = []
+            ranks.watch_ranks([rank], weakref.ref(ranks))  # any object: nothing is distributed here
+            ranks.REPORTING.acquire()  # as main's _end_on_error
+            ranks.end_ranks(wait=0.1)  # SIGKILLs it
+            time.sleep(2.5)  # the watch polls every 1 s, lost_rank waits up to 2 s
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    said = (tmp_path / "stderr.txt").read_text()
+    assert os.waitstatus_to_exitcode(status) == 0 and "was killed" not in said, said
+
+
 def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
     """Catches rank 0's gloo traceback ("Connection closed by peer") below rank 1's own error line on a loaded
     machine: rank 1 closed its connections as it ended, but took more than 2 s to exit, so rank 0 took it for alive

@@ -155,6 +155,8 @@ def _fit_summary(cli, seconds: float) -> str:
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:
     """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
+    if ranks.RANKS:  # the watch of the ranks it started says why it ends, or this does: one line (never released)
+        ranks.REPORTING.acquire()  # the watch, saying a rank lost, ends this process before this goes on
     e = errors.from_training_process(raised)
     if not verbose and not errors.is_user_error(e) and (lost := ranks.lost_rank(raised=e)) is not None:
         e = lost  # a rank ended first: this process's collective with it failed, which says nothing

@@ -113,6 +113,8 @@ def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
     from tinylm.cli.errors import error_line
 
     lost = lost_rank()
+    if not REPORTING.acquire(blocking=False):  # this process is ending on its error already (main's line; its
+        return  # end_ranks then SIGKILLs a rank slow to end, which is no rank lost to report: a second line)
     for p in ranks:
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
@@ -121,6 +123,10 @@ def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
         sys.stderr.flush()
     os._exit(lost.exit_code)
 
+
+REPORTING = threading.Lock()
+"""Held by whoever says why this process ends (main ending on an error, or the watch of the ranks it started):
+one of them, once."""
 
 # what a collective says when the other end went away (gloo's two, NCCL's): that rank is ending, if slowly
 _PEER_GONE = ("closed by peer", "reset by peer", "remote process exit")
