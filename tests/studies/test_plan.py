@@ -239,6 +239,23 @@ def test_plan_command_table_and_errors(run_config, capsys):
         in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("devices", ["-1", "[0,1]"])
+def test_plan_on_the_cpu_reads_the_devices_as_fit_does(run_config, capsys, devices):
+    """Catches a CPU plan of 1 or 2 devices for --trainer.devices -1 or a list of GPU indices, which fit refuses on
+    the CPU: plan says fit's own line; a GPU plan (--gpu) takes the GPU indices as devices."""
+    from tinylm.cli.trainer_checks import check_trainer_options
+
+    cfg = run_config(trainer={"accelerator": "cpu"})
+    with pytest.raises(ValueError) as fit_said:
+        check_trainer_options({"accelerator": "cpu", "devices": json.loads(devices), "max_steps": 2}, "fit")
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg), "--trainer.devices", devices])
+    assert capsys.readouterr().err.strip().endswith(str(fit_said.value))
+    if devices == "[0,1]":
+        main(["plan", "--config", str(cfg), "--json", "--gpu", "H100", "--trainer.devices", devices])
+        assert json.loads(capsys.readouterr().out)["devices"] == 2
+
+
 def _png(path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 

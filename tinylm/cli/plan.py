@@ -75,12 +75,15 @@ def _device_of(gpu: str | None, accelerator: object) -> str:
 def _make_plan(cli, gpu: str | None, mfu: float) -> tuple[Plan, Plan | None]:
     """(the plan on the config's device or ``gpu``, and for a CPU plan the same run on DEFAULT_GPU)."""
     from tinylm.cli.fit_config import device_count, trainer_options
+    from tinylm.cli.trainer_checks import check_devices
     from tinylm.device import peak_flops_by_name
     from tinylm.studies.plan import plan as make_plan
 
     device = _device_of(gpu, dict(cli.config["fit"]["trainer"]).get("accelerator"))
     on_cpu = device.lower() == "cpu"
     opts = trainer_options(cli, gpu=None if on_cpu else device)
+    if on_cpu:  # the devices as fit reads them there (-1 and GPU indices are refused, as fit refuses them)
+        check_devices(opts, on_cpu=True)
     max_steps = opts.get("max_steps")
     if not max_steps or max_steps < 1:
         raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")

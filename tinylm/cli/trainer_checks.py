@@ -34,7 +34,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
-    _check_devices(trainer_cfg, runs)
+    check_devices(trainer_cfg, on_cpu=runs and _on_cpu(trainer_cfg))
     clip = trainer_cfg.get("gradient_clip_algorithm")  # (TinyLM checks it again for library users, at step 1)
     if clip is not None and str(getattr(clip, "value", clip)).lower() != "norm":
         raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={clip!r}: leave it unset "
@@ -125,10 +125,11 @@ def _on_cpu(trainer_cfg: dict[str, Any]) -> bool:
     return accelerator == "cpu" or accelerator == "auto" and not gpu
 
 
-def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
-    """trainer.devices is a number of devices, -1 (every GPU), auto or a list of GPU indices; on the CPU (a run
-    that `runs`), a number of processes. Lightning's CPU parser raised a bare TypeError ("`devices` selected with
-    `CPUAccelerator` should be an int > 0.") with its traceback for `two`, -3, 1.5 or a list."""
+def check_devices(trainer_cfg: dict[str, Any], *, on_cpu: bool) -> None:
+    """trainer.devices is a number of devices, -1 (every GPU), auto or a list of GPU indices; ``on_cpu`` (a run
+    that trains there, or `tinylm plan`'s CPU plan), a number of processes. Lightning's CPU parser raised a bare
+    TypeError ("`devices` selected with `CPUAccelerator` should be an int > 0.") with its traceback for `two`, -3,
+    1.5 or a list."""
     devices = trainer_cfg.get("devices")
     if devices is None:
         return
@@ -136,11 +137,11 @@ def _check_devices(trainer_cfg: dict[str, Any], runs: bool) -> None:
     if isinstance(devices, (list, tuple)) or re.fullmatch(r"\d+ *(, *\d+ *)*,? *", text) and "," in text:  # "0,1"
         indices = (list(devices) if isinstance(devices, (list, tuple))
                    else [int(d) for d in text.split(",") if d.strip()])
-        if runs and _on_cpu(trainer_cfg):
+        if on_cpu:
             raise ValueError(f"trainer.devices {indices} lists GPU indices, and this run is on the CPU; pass "
                              f"the number of training processes instead: --trainer.devices {len(indices)}")
         return
-    if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not (runs and _on_cpu(trainer_cfg)):
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not on_cpu:
         return
     shown = text if re.fullmatch(r"-?\d+", text) else repr(devices)
     raise ValueError(f"trainer.devices must be a number of devices (1 or more), auto, or -1 for every GPU, got "
