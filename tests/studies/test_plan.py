@@ -306,11 +306,26 @@ def test_plan_command_writes_png(run_config, tmp_path, capsys):
     png = tmp_path / "pictures" / "plan.png"
     main(["plan", "--config", str(cfg), "--gpu", "cpu", "--out", str(png)])
     out = capsys.readouterr().out
-    assert "memory per device" in out and f"wrote {png}" in out
-    assert _png(png)
+    assert "memory per device" in out and f"wrote {png} and {png.with_suffix('.json')}" in out
+    assert _png(png) and json.loads(png.with_suffix(".json").read_text())["chinchilla_flops"] > 0
     again = tmp_path / "plan2.png"
     main(["plan", "--config", str(cfg), "--json", "--out", str(again), "--gpu", "NVIDIA A100-SXM4-40GB"])
     assert json.loads(capsys.readouterr().out)["params"] > 0 and _png(again)
+
+
+def test_plan_out_keeps_another_commands_picture(run_config, tmp_path, capsys):
+    """Catches `tinylm plan --out lr.png` overwriting lr-find's picture and leaving lr-find's lr.json beside
+    plan's PNG: refused in one line before any work, as lr-find and scaling refuse another's .json (its own is
+    replaced)."""
+    cfg = run_config()
+    png = tmp_path / "lr.png"
+    png.write_bytes(b"lr-find's picture")
+    png.with_suffix(".json").write_text(json.dumps({"suggestion": 1e-3, "rule_of_thumb": 6e-4}))
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg), "--gpu", "H100", "--out", str(png)])
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a `tinylm plan` result" in err and str(png) in err, err
+    assert png.read_bytes() == b"lr-find's picture"
 
 
 def test_plan_command_out_errors(run_config, tmp_path, monkeypatch, capsys):

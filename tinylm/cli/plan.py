@@ -31,12 +31,15 @@ def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, js
         json: Print the plan as JSON instead of a table.
         out: Also draw the plan into this PNG: memory per device as stacked bars without and with activation
             checkpointing (a line at the GPU's memory when --gpu states it, as in "NVIDIA H100 80GB HBM3"), and the
-            run's parameters and tokens against Chinchilla's compute-optimal frontier (default: no picture).
+            run's parameters and tokens against Chinchilla's compute-optimal frontier, with the plan's numbers (as
+            --json prints them) in a .json beside it (default: no picture). As lr-find and scaling, it replaces its
+            own earlier PNG and .json, and refuses a PNG whose .json beside is another command's or another file.
     """
     import json as jsonlib
 
     from tinylm.cli.fit_config import fit_objects
     from tinylm.device import gpu_names, known_gpu
+    from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
     from tinylm.studies.plots import check_png_path
 
@@ -47,6 +50,7 @@ def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, js
                          "or cpu")
     if out is not None:
         check_png_path(out)  # before the tokenizer is trained or loaded, which can take a while
+        check_json_beside(out, "chinchilla_flops", "plan")  # lr-find's lr.json beside --out lr.png: refused
     cli = fit_objects(fit_args, meta=True)
     result, on_gpu = _make_plan(cli, gpu, mfu)
     print(jsonlib.dumps(result.as_dict(), indent=2) if json else format_plan(result, cli.model.hparams, on_gpu))
@@ -56,7 +60,7 @@ def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, js
                  f"{cli.datamodule.batch_size} x context {hp.block_size}, {result.devices} x {result.gpu}")
         path = _write_plot(result, out, title)
         if not json:  # stdout stays one JSON document
-            print(f"wrote {path}")
+            print(f"wrote {path} and {path.with_suffix('.json')}")
     return result
 
 
@@ -120,11 +124,16 @@ def _cpu_rate(cli, opts: dict, mfu: float):
 
 
 def _write_plot(result: Plan, out: str, title: str) -> Path:
+    """The PNG ``out`` and the plan's numbers in a .json beside it (as lr-find and scaling write theirs)."""
+    import json
+
     from tinylm.errors import TinyLMError
     from tinylm.studies.plan import memory_in_name, plot_plan
 
     try:
-        return plot_plan(result, out, device_memory=memory_in_name(result.gpu), title=title)
+        path = plot_plan(result, out, device_memory=memory_in_name(result.gpu), title=title)
+        path.with_suffix(".json").write_text(json.dumps(result.as_dict(), indent=2))
+        return path
     except OSError as e:  # a parent that is a file, a read-only folder, ...
         why = (f"{e.filename} is a file, not a folder" if isinstance(e, FileExistsError) else
                f"{e.strerror or e}: {e.filename}" if e.filename else e.strerror or str(e))
