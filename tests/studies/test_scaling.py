@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tinylm.cli import main
-from tinylm.studies.scaling import fit_power_law, isoflop_optimum, rung
+from tinylm.studies.scaling import fit_power_law, isoflop_optimum, ladder_time_left, rung
 
 SHAPE = {"vocab_size": 65, "block_size": 16, "bias": True, "pad_vocab_multiple": 1}
 
@@ -436,3 +436,23 @@ def test_scaling_and_its_rungs_read_the_data_of_the_run_the_config_names(run_con
     main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", "[[1,8],[1,16],[2,16]]", "--predict",
           "[1,24]", "--out", "fit.png"])
     assert len(given) == 4 and all(f"--data.corpus={corpus}" in args for args in given)
+
+
+def test_ladder_time_left_counts_a_resumed_rung_by_the_steps_it_trained(tmp_path, monkeypatch, caplog):
+    """Catches the ladder's time left taken as the mean time of the rungs trained, a rung resumed at its last
+    quarter counted whole: 10 s for a quarter of a rung is 40 s a rung, not 10."""
+    from tinylm.cli import scaling
+    from tinylm.cli.summary import duration
+
+    assert ladder_time_left(10.0, 0.25, 2) == 80.0 and ladder_time_left(30.0, 1.5, 1) == 20.0
+    assert ladder_time_left(0.0, 0.0, 3) is None and ladder_time_left(5.0, 1.0, 0) is None
+    rungs = [rung(n_layer=1, n_embd=n, head_size=8, budget=1e8, tokens_per_step=64, **SHAPE) for n in (8, 16, 24)]
+    clock = iter([0.0, 10.0, 100.0, 140.0, 200.0, 240.0])
+    monkeypatch.setattr(scaling.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(scaling, "_resume_step", lambda run_dir, max_steps: 3 * max_steps // 4 * (run_dir.name == "a"))
+    monkeypatch.setattr(scaling, "_train_rung", lambda *args: 2.0)
+    with caplog.at_level("INFO", logger="tinylm"):
+        scaling._train_ladder(rungs, [tmp_path / n for n in "abc"], [], 1)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scaling: rung")]
+    trained = (rungs[0].max_steps - 3 * rungs[0].max_steps // 4) / rungs[0].max_steps  # about a quarter
+    assert f"about {duration(10 / trained * 2)} left for the ladder (2 runs" in said[1], said

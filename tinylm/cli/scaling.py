@@ -151,24 +151,37 @@ def _rungs(sizes: list[tuple], hp, head_size: int | None, budget: float, tokens_
 
 def _train_ladder(rungs: list, run_dirs: list[Path], fit_args: list[str], accumulate: int) -> list[float]:
     """Each rung's final val/loss, training those not finished, saying "rung k of n" and, once one rung has trained,
-    the ladder's time left (every rung spends the same FLOPs: the mean time of the rungs trained so far, times the
-    unfinished ones)."""
+    the ladder's time left (every rung spends the same FLOPs: the time per rung of the steps trained so far in this
+    process, times the unfinished rungs; a rung resumed partway counts the share of its steps it trained)."""
     from tinylm.cli.summary import count, duration
+    from tinylm.studies.scaling import ladder_time_left
 
-    losses, spent, trained = [], 0.0, 0
+    losses, spent, trained = [], 0.0, 0.0
     for k, (r, run_dir) in enumerate(zip(rungs, run_dirs), 1):
         unfinished = sum(final_val_loss(d, rr.max_steps) is None for rr, d in zip(rungs[k - 1:], run_dirs[k - 1:]))
         finished = final_val_loss(run_dir, r.max_steps) is not None
-        eta = (f"; about {duration(spent / trained * unfinished)} left for the ladder ({count(unfinished, 'run')} to "
-               "train)"
-               if trained and unfinished else "")
+        left = ladder_time_left(spent, trained, unfinished)
+        eta = ("" if left is None else
+               f"; about {duration(left)} left for the ladder ({count(unfinished, 'run')} to train)")
         log.info("scaling: rung %d of %d: %s, %s parameters, %s steps%s%s", k, len(rungs), run_dir.name,
                  f"{r.params:,}", f"{r.max_steps:,}", " (finished before: reused)" if finished else "", eta)
+        start_step = 0 if finished else _resume_step(run_dir, r.max_steps)
         started = time.perf_counter()
         losses.append(_train_rung(run_dir, r, fit_args, accumulate))
         if not finished:
-            spent, trained = spent + time.perf_counter() - started, trained + 1
+            spent, trained = spent + time.perf_counter() - started, trained + (r.max_steps - start_step) / r.max_steps
     return losses
+
+
+def _resume_step(run_dir: Path, max_steps: int) -> int:
+    """The step an unfinished rung resumes from: its checkpoint's, or 0 (none, or one at max_steps without the final
+    val/loss, which `_train_rung` sets aside to train again)."""
+    from tinylm.checkpoint import load_checkpoint
+    from tinylm.cli.resume import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    step = int(load_checkpoint(ckpt, mmap=True).get("global_step", 0)) if ckpt is not None else 0
+    return step if step < max_steps else 0
 
 
 def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float:

@@ -48,6 +48,15 @@ def rung(*, n_layer: int, n_embd: int, head_size: int, budget: float, tokens_per
                 min(warmup_steps, steps // 10))
 
 
+def ladder_time_left(seconds: float, rungs_trained: float, rungs_left: int) -> float | None:
+    """Seconds the ladder's ``rungs_left`` unfinished rungs will take, at the rate of ``seconds`` spent training
+    ``rungs_trained`` rungs' worth of steps in this process (every rung spends the same FLOPs): a rung resumed at
+    step s of n counts (n - s) / n of one, not a whole one. None before any step was timed."""
+    if rungs_trained <= 0 or rungs_left <= 0:
+        return None
+    return seconds / rungs_trained * rungs_left
+
+
 @dataclass(frozen=True)
 class PowerLaw:
     """L(N) = E + A N^-alpha."""
