@@ -322,8 +322,22 @@ def test_fsdp1_is_refused_in_one_line(config, capsys, strategy):
 
 
 def test_lightnings_own_trainer_flag_checks_are_one_line(config, capsys):
-    """Catches the Trainer's own ValueError for a bad flag (an unknown strategy name) printed as a traceback."""
-    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "bogus"], "strategy='bogus'")
+    """Catches the Trainer's own ValueError for a bad flag (an unknown accelerator name) printed as a traceback."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.accelerator", "bogus"], "accelerator='bogus'")
+
+
+@pytest.mark.parametrize("command", ["fit", "plan"])
+def test_an_unknown_strategy_lists_only_the_strategies_tinylm_trains_with(config, capsys, command):
+    """Catches Lightning's line for `--trainer.strategy bogus`, whose "Example choices" are ddp_spawn and deepspeed
+    (both refused by tinylm), and plan planning that strategy without a word."""
+    from tinylm.train.parallel import check_strategy
+
+    line = _one_line_error(capsys, [command, "--config", str(config), "--trainer.strategy", "bogus"],
+                           "trainer.strategy 'bogus' is not a strategy", "ddp, ddp_fork", "fsdp (FSDP2")
+    listed = line.split("trains with ", 1)[1].split(", the ddp ones")[0]
+    assert "spawn" not in line and "deepspeed" not in line
+    for name in (n.split(" ")[0] for n in listed.split(", ")):
+        check_strategy({"strategy": name})  # each one listed is one tinylm trains with
 
 
 def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch, tmp_path):

@@ -10,7 +10,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-from tinylm.train.parallel import check_strategy
+from tinylm.train.parallel import check_strategy, check_strategy_name
 
 log = logging.getLogger("tinylm")
 
@@ -35,6 +35,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
     check_devices(trainer_cfg, on_cpu=runs and _on_cpu(trainer_cfg))
+    check_strategy_name(trainer_cfg.get("strategy"))  # a name Lightning does not know, wherever the config is read
     clip = trainer_cfg.get("gradient_clip_algorithm")  # (TinyLM checks it again for library users, at step 1)
     if clip is not None and str(getattr(clip, "value", clip)).lower() != "norm":
         raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={clip!r}: leave it unset "

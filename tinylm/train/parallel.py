@@ -68,6 +68,38 @@ def check_strategy(trainer_cfg: dict[str, Any]) -> None:
                          "(one process per device, each running the command: the same training)")
 
 
+def check_strategy_name(strategy: Any) -> None:
+    """A --trainer.strategy name Lightning does not know: one line listing the names tinylm trains with, not
+    Lightning's, whose "Example choices" are ddp_spawn and deepspeed (both refused by `check_strategy`)."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if not isinstance(strategy, str) or "." in strategy:  # an instance, or a class path (jsonargparse's to check)
+        return
+    name = strategy.strip().lower()
+    if name == "auto" or name in FSDP2_NAMES or name in StrategyRegistry.available_strategies():
+        return
+    names = [f"{n} (FSDP2; also {', '.join(FSDP2_NAMES[1:])})" if n == FSDP2_NAMES[0] else n
+             for n in accepted_strategies() if "find_unused" not in n and n not in FSDP2_NAMES[1:]]
+    raise ValueError(f"trainer.strategy {strategy!r} is not a strategy; tinylm trains with {', '.join(names)}, the "
+                     "ddp ones also as NAME_find_unused_parameters_true, or a Strategy's class path; e.g. "
+                     "--trainer.strategy ddp, or leave it out on one device")
+
+
+def accepted_strategies() -> list[str]:
+    """The strategy names tinylm trains with: auto, Lightning's registered names `check_strategy` lets through
+    (fsdp meaning FSDP2), and fsdp2."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    def accepted(name: str) -> bool:
+        try:
+            check_strategy({"strategy": name})
+        except ValueError:
+            return False
+        return True
+
+    return ["auto", *(n for n in StrategyRegistry.available_strategies() if accepted(n)), "fsdp2"]
+
+
 def resolve_strategy(strategy: Any) -> Any:
     """The Trainer's strategy for ``--trainer.strategy``: FSDP2Strategy for its names, else what was given."""
     if isinstance(strategy, str) and strategy.lower() in FSDP2_NAMES:
