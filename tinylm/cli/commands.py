@@ -295,8 +295,7 @@ def generate(
         ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
         prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token
             (a newline where the tokenizer has none).
-        prompt_file: Read the prompt from this UTF-8 file instead (`-`: standard input, piped in), exactly as
-            written but for one trailing line end; escapes are not read.
+        prompt_file: Read the prompt from this UTF-8 file (`-`: piped stdin), as written less one final newline.
         num_samples: Independent samples of the same prompt (one batch).
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
@@ -308,12 +307,8 @@ def generate(
     from tinylm.device import resolve_device
     from tinylm.generate.report import encode_prompt
 
-    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache)  # before loading
-    check_speculative(vars(config), generate.options.spell, draft_ckpt_path)
-    prompt = unescape(prompt) if prompt_file is None else read_prompt_file(prompt_file, prompt)
-    if prompt == "-" and prompt_file is None and not _stdin_is_terminal():
-        warnings.warn("--prompt - continues the text '-' (standard input is not read); to read the prompt from "
-                      "standard input use --prompt_file -")
+    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
+    prompt = _prompt_text(prompt, prompt_file)  # before loading, too
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
@@ -324,6 +319,19 @@ def generate(
     if len(ids) > block:
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
     return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
+
+
+def _prompt_text(prompt: str, prompt_file: str | None) -> str:
+    """generate's prompt: ``prompt`` with its escapes read, or the text of ``prompt_file`` (`read_prompt_file`).
+    ``--prompt -`` with text piped in warns: the pipe is not read (it was ignored without a word)."""
+    import warnings
+
+    if prompt_file is not None:
+        return read_prompt_file(prompt_file, prompt)
+    if prompt == "-" and not _stdin_is_terminal():
+        warnings.warn("--prompt - continues the text '-' (standard input is not read); to read the prompt from "
+                      "standard input use --prompt_file -")
+    return unescape(prompt)
 
 
 def read_prompt_file(path: str, prompt: str = "") -> str:
@@ -371,8 +379,10 @@ def _stdin_is_terminal() -> bool:
         return False
 
 
-def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool):
-    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded."""
+def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool,
+                     draft_ckpt_path: str | None):
+    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded (with
+    the draft checkpoint's speculative decoding)."""
     import warnings
 
     from tinylm.generate.config import unused_options
@@ -393,6 +403,7 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
         from tinylm.generate.constrained import grammar_text
 
         grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
+    check_speculative(vars(config), surface.spell, draft_ckpt_path)
     return config
 
 
