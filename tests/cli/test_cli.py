@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from tinylm.cli import main
+from tinylm.cli.commands import read_prompt_file
 from tinylm.cli.fit import lightning_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -289,6 +290,31 @@ def test_generate_bad_sampling_arguments_are_one_line_errors(config, tmp_path, c
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert re.search(match, err.splitlines()[-1]) and "Traceback" not in err, err
+
+
+def test_generate_reads_its_prompt_from_a_file_or_a_pipe(config, tmp_path, capsys, monkeypatch):
+    """Catches `--prompt_file` (a file, or - for a pipe) giving another prompt than --prompt with the same text: its
+    bytes are the prompt as written (only one trailing line end goes, CRLF too; escapes are not read), and
+    `--prompt -` with text piped in continuing "-" without a word (the piped text was ignored)."""
+    import io
+
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1"])
+    gen = ["generate", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"),
+           "--strategy", "greedy", "--max_new_tokens", "5"]
+    capsys.readouterr()
+    main([*gen, "--prompt", "ROMEO:\\nA"])  # typed: the escape is a newline
+    typed = capsys.readouterr().out
+    (tmp_path / "p.txt").write_bytes("ROMEO:\nA\n".encode())
+    main([*gen, "--prompt_file", "p.txt"])
+    assert capsys.readouterr().out == typed
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ROMEO:\nA\r\n")))
+    main([*gen, "--prompt_file", "-"])
+    assert capsys.readouterr().out == typed
+    (tmp_path / "p.txt").write_bytes(b"a\\n\n\n")
+    assert read_prompt_file("p.txt") == "a\\n\n"  # as written: an escape stays, one line end of two goes
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ROMEO:")))
+    with pytest.warns(UserWarning, match="--prompt - continues the text '-'.*use --prompt_file -"):
+        main([*gen, "--prompt", "-"])
 
 
 def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, caplog):

@@ -133,3 +133,33 @@ def test_sample_report_names_its_flags(capsys, tmp_path):
         main(["sample-report", "--ckpt_path", str(tmp_path / "x.ckpt"), "--out", str(tmp_path / "r"),
               "--max_new_tokens", "0"])
     assert "--max_new_tokens must be a whole number in [1, 1000000], got 0" in capsys.readouterr().err
+
+
+class _Terminal:
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_prompt_file_that_cannot_be_the_prompt_is_one_line_before_loading(capsys, tmp_path, monkeypatch):
+    """Catches `--prompt_file` turning a missing, binary, undecodable or empty file, both --prompt and
+    --prompt_file, or `-` on a terminal (a hang, waiting for typed text) into a traceback, a silent prompt or a
+    wait; each is one line naming the file, before the checkpoint is loaded."""
+    (tmp_path / "bad.txt").write_bytes(b"ab\xff")
+    (tmp_path / "nul.bin").write_bytes(b"PK\x00\x01")
+    (tmp_path / "empty.txt").write_bytes(b"\n")
+    (tmp_path / "ok.txt").write_text("ROMEO:")
+    monkeypatch.setattr("sys.stdin", _Terminal())
+    cases = {
+        "missing.txt": "--prompt_file 'missing.txt' cannot be read (No such file or directory)",
+        "bad.txt": r"--prompt_file 'bad.txt' is not UTF-8 text (byte b'\xff' at byte 2",
+        "nul.bin": "--prompt_file 'nul.bin' is a binary file (a NUL byte at character 2)",
+        "empty.txt": "--prompt_file 'empty.txt' is empty",
+        "-": "--prompt_file - reads the prompt from standard input, which is a terminal; pipe the text in",
+    }
+    monkeypatch.chdir(tmp_path)
+    for name, want in {**cases, "ok.txt": "--prompt and --prompt_file 'ok.txt' both give the prompt; give one"}.items():
+        with pytest.raises(SystemExit) as e:
+            main(["generate", "--ckpt_path", "missing.ckpt", "--prompt_file", name,
+                  *(["--prompt", "x"] if name == "ok.txt" else [])])
+        line = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and want in line and "\n" not in line, (name, line)

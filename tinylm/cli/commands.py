@@ -262,6 +262,7 @@ def unescape(text: str) -> str:
 def generate(
     ckpt_path: str,
     prompt: str = "",
+    prompt_file: str | None = None,
     strategy=Option(),
     max_new_tokens=Option(),
     num_samples: int = 1,
@@ -294,6 +295,7 @@ def generate(
         ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
         prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token
             (a newline where the tokenizer has none).
+        prompt_file: Read the prompt from this UTF-8 file (`-`: piped stdin), as written less one final newline.
         num_samples: Independent samples of the same prompt (one batch).
         stop: Stop a sample at this string (escapes such as "\n\n" are understood); `--stop+ S` adds more.
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
@@ -305,9 +307,8 @@ def generate(
     from tinylm.device import resolve_device
     from tinylm.generate.report import encode_prompt
 
-    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache)  # before loading
-    check_speculative(vars(config), generate.options.spell, draft_ckpt_path)
-    prompt = unescape(prompt)
+    config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
+    prompt = _prompt_text(prompt, prompt_file)  # before loading, too
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
@@ -320,8 +321,68 @@ def generate(
     return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
 
 
-def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool):
-    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded."""
+def _prompt_text(prompt: str, prompt_file: str | None) -> str:
+    """generate's prompt: ``prompt`` with its escapes read, or the text of ``prompt_file`` (`read_prompt_file`).
+    ``--prompt -`` with text piped in warns: the pipe is not read (it was ignored without a word)."""
+    import warnings
+
+    if prompt_file is not None:
+        return read_prompt_file(prompt_file, prompt)
+    if prompt == "-" and not _stdin_is_terminal():
+        warnings.warn("--prompt - continues the text '-' (standard input is not read); to read the prompt from "
+                      "standard input use --prompt_file -")
+    return unescape(prompt)
+
+
+def read_prompt_file(path: str, prompt: str = "") -> str:
+    """The text of ``path`` (``-``: standard input) as a prompt: decoded as UTF-8 exactly, less one trailing line end
+    (an editor's, `echo`'s). One line for a prompt given twice (``prompt`` non-empty), a terminal as standard input
+    (it would wait for text typed), a missing, unreadable, binary, undecodable or empty file."""
+    import sys
+
+    if prompt:
+        raise ValueError(f"--prompt and --prompt_file {path!r} both give the prompt; give one")
+    name = "standard input" if path == "-" else repr(path)
+    if path == "-" and _stdin_is_terminal():
+        raise ValueError("--prompt_file - reads the prompt from standard input, which is a terminal; pipe the text "
+                         "in (cat story.txt | tinylm generate ... --prompt_file -) or give a file")
+    if path == "-" and sys.stdin is None:
+        raise ValueError("--prompt_file - reads the prompt from standard input, which is closed; pipe the text in")
+    try:
+        data = Path(path).read_bytes() if path != "-" else getattr(sys.stdin, "buffer", sys.stdin).read()
+    except OSError as e:
+        raise ValueError(f"--prompt_file {name} cannot be read ({e.strerror or e}); give a text file, or - for "
+                         "standard input") from None
+    data = data.encode("utf-8") if isinstance(data, str) else data  # a text stream with no buffer
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt_file {name} is not UTF-8 text (byte {data[e.start:e.start + 1]!r} at byte "
+                         f"{e.start}: a binary file, or text in another encoding); save it as UTF-8") from None
+    if "\0" in text:
+        raise ValueError(f"--prompt_file {name} is a binary file (a NUL byte at character {text.index(chr(0))}); "
+                         "give a text file")
+    text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+    if not text:
+        raise ValueError(f"--prompt_file {name} is empty; give a file with the prompt, or leave out --prompt_file "
+                         "to start from a fresh document")
+    return text
+
+
+def _stdin_is_terminal() -> bool:
+    """Whether standard input is a terminal (a user would have to type the prompt); a closed one is not."""
+    import sys
+
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # closed
+        return False
+
+
+def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool,
+                     draft_ckpt_path: str | None):
+    """The SamplingConfig of generate's flags (``options``: {field: value}), checked before anything is loaded (with
+    the draft checkpoint's speculative decoding)."""
     import warnings
 
     from tinylm.generate.config import unused_options
@@ -342,6 +403,7 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
         from tinylm.generate.constrained import grammar_text
 
         grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
+    check_speculative(vars(config), surface.spell, draft_ckpt_path)
     return config
 
 
