@@ -312,6 +312,8 @@ def test_generate_reads_its_prompt_from_a_file_or_a_pipe(config, tmp_path, capsy
     assert capsys.readouterr().out == typed
     (tmp_path / "p.txt").write_bytes(b"a\\n\n\n")
     assert read_prompt_file("p.txt") == "a\\n\n"  # as written: an escape stays, one line end of two goes
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfROMEO:\r\n")  # Notepad's: a byte-order mark, CRLF
+    assert read_prompt_file("p.txt") == "ROMEO:"
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"ROMEO:")))
     with pytest.warns(UserWarning, match="--prompt - continues the text '-'.*use --prompt_file -"):
         main([*gen, "--prompt", "-"])

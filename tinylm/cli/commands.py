@@ -335,9 +335,10 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
 
 
 def read_prompt_file(path: str, prompt: str = "") -> str:
-    """The text of ``path`` (``-``: standard input) as a prompt: decoded as UTF-8 exactly, less one trailing line end
-    (an editor's, `echo`'s). One line for a prompt given twice (``prompt`` non-empty), a terminal as standard input
-    (it would wait for text typed), a missing, unreadable, binary, undecodable or empty file."""
+    """The text of ``path`` (``-``: standard input) as a prompt: decoded as UTF-8 exactly, less a byte-order mark
+    and one trailing line end (an editor's, `echo`'s). One line for a prompt given twice (``prompt`` non-empty), a
+    terminal as standard input (it would wait for text typed), a missing, unreadable, binary, undecodable or empty
+    file."""
     import sys
 
     if prompt:
@@ -355,7 +356,7 @@ def read_prompt_file(path: str, prompt: str = "") -> str:
                          "standard input") from None
     data = data.encode("utf-8") if isinstance(data, str) else data  # a text stream with no buffer
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading byte-order mark (Windows' Notepad writes one) is no text
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt_file {name} is not UTF-8 text (byte {data[e.start:e.start + 1]!r} at byte "
                          f"{e.start}: a binary file, or text in another encoding); save it as UTF-8") from None
