@@ -691,3 +691,14 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     _one_line_error(capsys, ["validate", "--ckpt_path", str(path)], "permission denied", str(path))
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],
                     "permission denied", "last.ckpt")
+
+
+def test_a_missing_optional_package_names_its_extra():
+    """Catches `tinylm export` after `make train` (which installs only the plots extra) ending in "No module named
+    'transformers'" alone: the line names the extra that installs it."""
+    from tinylm.cli.errors import one_line
+
+    line = one_line(ModuleNotFoundError("No module named 'transformers'", name="transformers"))
+    assert line == ("ModuleNotFoundError: No module named 'transformers'; this command needs it: "
+                    "pip install 'tinylm[export]' (or pip install transformers)")
+    assert one_line(ModuleNotFoundError("No module named 'foo'", name="foo.bar")).endswith("pip install foo")

@@ -664,3 +664,19 @@ def test_a_ctrl_c_in_the_teardown_after_a_stop_still_says_where_it_stopped(run_c
     line = (f"tinylm fit: error: interrupted by SIGTERM at step 2; saved runs/tiny/checkpoints/last.ckpt; resume with "
             f"`tinylm fit --config {config} --ckpt_path last`")
     assert [s for s in done.stderr.splitlines() if "error:" in s] == [line], done.stderr[-3000:]
+
+
+def test_a_hung_up_terminals_streams_go_to_dev_null(monkeypatch):
+    """Catches the streams of a hung-up terminal pointed at a debugging file (/tmp/hupdbg/after.txt, left in by
+    mistake): where that folder is missing, os.open failed, the OSError was passed over, and the streams stayed on the
+    dead terminal, whose next write ended the run mid-step."""
+    from tinylm.train import stop_state
+
+    opened, dup = [], []
+    monkeypatch.setattr(stop_state, "terminal_fds", {1, 2})
+    monkeypatch.setattr(stop_state.os, "open", lambda path, flags: opened.append(path) or 99)
+    monkeypatch.setattr(stop_state.os, "dup2", lambda src, fd: dup.append((src, fd)))
+    monkeypatch.setattr(stop_state.os, "close", lambda fd: None)
+    monkeypatch.setattr(stop_state.os, "isatty", lambda fd: False)
+    stop_state.leave_terminal()
+    assert opened == [os.devnull] and dup == [(99, 1), (99, 2)]

@@ -57,8 +57,9 @@ def test_lr_find_command(run_config, capsys):
         main(["lr-find", "--config", str(cfg), "--num_training", "12", "--out", "lr.png"])
     finally:
         fit_config.fit_objects = original
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "steepest descent" in out and "rule of thumb 6e-4·(124M/N)^0.5" in out
+    assert "\r" not in err  # no bar's redrawings where stderr is no terminal (Lightning's sweep bar left them in logs)
     assert (cfg.parent / "lr.png").stat().st_size > 10_000
     assert _red_pixels(cfg.parent / "lr.png") > 100  # the config's lr, marked in matplotlib's C3 (nothing else is)
     model, before = built[0]

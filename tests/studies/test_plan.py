@@ -515,13 +515,14 @@ def test_plan_of_a_cpu_run_answers_for_this_cpu(run_config, capsys):
 
 def test_cpu_rate_of_a_large_model_times_a_matmul_only():
     """Catches plan building (and training) a large model to time it on a CPU: beyond the size limit only a matmul
-    is timed, its rate x MFU said in words."""
+    is timed, its rate x MFU said in words: the product's shape (was the GPTShape's repr, dozens of lines, once the
+    plan of a huge n_layer counted the model without building it under the same variable's name)."""
     from tinylm.studies.cpu_rate import measure
 
     big = GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
     rate = measure(big, batch_size=16, precision="32-true", mfu=0.5)
     assert not rate.measured_steps and rate.flops_per_second == pytest.approx(rate.matmul_flops * 0.5)
-    assert "matmul x 50% MFU" in rate.how
+    assert "measured by a 256x768 @ 768x3072 float32 matmul x 50% MFU" in rate.how
 
 
 # Per-rank bytes measured by benchmarks/bench_fsdp2_memory.py (8 layers x 512, vocab 8192, micro-batch 2 x 64, fp32,

@@ -231,10 +231,19 @@ def one_line(e: BaseException) -> str:
             what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
             return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, "
                     "or choose another path")
+    if isinstance(e, ModuleNotFoundError) and e.name and "; " not in text:
+        package = e.name.split(".")[0]
+        extra = _EXTRAS.get(package)
+        how = f"pip install 'tinylm[{extra}]' (or pip install {package})" if extra else f"pip install {package}"
+        return f"{type(e).__name__}: {text}; this command needs it: {how}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
 
+
+# optional packages and the extra of pyproject.toml that installs each (`make train` installs only `plots`)
+_EXTRAS = {"matplotlib": "plots", "transformers": "export", "safetensors": "export", "datasketch": "clean",
+           "xxhash": "clean", "llguidance": "grammar"}
 
 _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
           "Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "- Expected a", "Given value:")

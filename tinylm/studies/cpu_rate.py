@@ -90,8 +90,8 @@ def measure(config: GPTConfig, *, batch_size: int, precision: str, optimizer: st
     tokens = batch_size * config.block_size
     matmul, shape = matmul_rate(config.n_embd, tokens, compute)
     threads = torch.get_num_threads()
-    shape = GPTShape.of(config)  # (counted from one block: any depth in milliseconds)
-    per_token, states = shape.flops_per_token(), 16 * shape.num_params()
+    counted = GPTShape.of(config)  # (counted from one block: any depth in milliseconds)
+    per_token, states = counted.flops_per_token(), 16 * counted.num_params()
     if states > STATE_LIMIT or per_token * tokens / matmul > STEP_BUDGET_S:
         return CpuRate(matmul * mfu, matmul, None, threads,
                        f"{matmul / 1e9:.3g} GFLOP/s measured by a {shape} matmul x {mfu:.0%} MFU (--mfu); the "

@@ -12,6 +12,8 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
+from tinylm.progress import bar
+
 GPT2_SMALL_PARAMS = 124e6
 GPT2_SMALL_LR = 6e-4  # GPT-3 paper's LR for its 125M model, nanoGPT's default
 
@@ -67,12 +69,19 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     quiet = logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
+    # Lightning's sweep draws its own tqdm bar on stderr whatever stderr is: in a log (`> lr.log 2>&1`, SLURM) every
+    # redrawing stayed, carriage returns and all; tinylm's bar is plain lines there, as the run's own
+    from lightning.pytorch.tuner import lr_finder
+
+    own_bar = lr_finder.tqdm
+    lr_finder.tqdm = bar
     try:
         finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
                                         num_training=num_training, update_attr=False)
     finally:
         module.muon_lr_ratio, module.lr_range_test = None, False
         quiet.setLevel(level)
+        lr_finder.tqdm = own_bar
     # Lightning records the loss that backward sees: divided by the accumulation count; scaled back here
     scale = trainer.accumulate_grad_batches
     points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
