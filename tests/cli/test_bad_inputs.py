@@ -396,6 +396,7 @@ def test_deepspeed_and_xla_strategies_are_refused_in_one_line(strategy, why):
     assert "--trainer.strategy ddp" in str(e.value) and "--trainer.strategy fsdp" in str(e.value)
     check_strategy({"strategy": "ddp_find_unused_parameters_true"})  # Lightning's DDP names still train
     check_strategy({"strategy": "single_device"})
+    check_strategy({"strategy": "mylib.OutputLoggingDDP"})  # "tpu" inside a word of a user's class: not a TPU's
 
 
 def test_single_device_on_several_devices_is_refused_in_one_line():

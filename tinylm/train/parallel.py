@@ -17,6 +17,7 @@ was lost) are tinylm.cli.ranks; the data each rank reads is tinylm.data.loader's
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,14 @@ _NOT_TRAINED_WITH = {
 """Lightning's strategy families that tinylm refuses (a name or class path holding one of the words), and why."""
 
 
+def _holds_word(strategy: str, words: tuple[str, ...]) -> bool:
+    """Whether ``strategy`` (a name or a class path) holds one of ``words`` as a word of its own: after a start, a
+    non-letter or a lower-case letter in CamelCase (single_tpu, xla_debug, DeepSpeedStrategy, SingleDeviceXLAStrategy),
+    not inside another word (a user's OutputLoggingDDP)."""
+    return any(re.search(rf"(?:^|(?<=[^A-Za-z]))(?i:{w})|(?<=[a-z]){w[0].upper()}(?i:{w[1:]})", strategy)
+               for w in words)
+
+
 def check_strategy(trainer_cfg: dict[str, Any]) -> None:
     """Refuse the strategies that would train another model than the one configured, or that cannot start a
     tinylm run, naming the one to use."""
@@ -50,7 +59,7 @@ def check_strategy(trainer_cfg: dict[str, Any]) -> None:
     start = strategy if isinstance(strategy, str) and "." not in strategy else \
         trainer_cfg.get("strategy.init_args.start_method")
     why = next((why for words, why in _NOT_TRAINED_WITH.items()
-                if isinstance(strategy, str) and any(w in strategy.lower() for w in words)), None)
+                if isinstance(strategy, str) and _holds_word(strategy, words)), None)
     if why is not None:  # (before FSDP1's: XLAFSDPStrategy is a TPU's)
         raise ValueError(f"trainer.strategy {strategy!r} is not supported by tinylm: {why}; "
                          "use --trainer.strategy ddp (the model and AdamW fit one device) or --trainer.strategy "
