@@ -161,3 +161,14 @@ def test_ddp_launcher_starts_its_watch_by_module_name():
 
     assert "_launch_process_observer(self.procs)" in inspect.getsource(
         subprocess_script._SubprocessScriptLauncher.launch)
+
+
+def test_wandb_logger_internals_used_by_tinylms_loggers():
+    """tinylm.train.loggers points W&B's files at $WANDB_DIR through WandbLogger's `_wandb_init["dir"]` (the
+    arguments its `experiment` passes to wandb.init: save_dir there overrode WANDB_DIR) and reads the project a
+    logger logs to from `_experiment` / `_project`."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    logger = WandbLogger(project="p", save_dir="x", offline=True)  # nothing started: wandb.init runs on `experiment`
+    assert logger._wandb_init["dir"] == "x" and logger._project == "p" and logger._experiment is None
+    assert "self._wandb_init" in inspect.getsource(WandbLogger.experiment.fget)
