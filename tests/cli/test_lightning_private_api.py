@@ -172,3 +172,11 @@ def test_wandb_logger_internals_used_by_tinylms_loggers():
     logger = WandbLogger(project="p", save_dir="x", offline=True)  # nothing started: wandb.init runs on `experiment`
     assert logger._wandb_init["dir"] == "x" and logger._project == "p" and logger._experiment is None
     assert "self._wandb_init" in inspect.getsource(WandbLogger.experiment.fget)
+
+
+def test_lr_finder_draws_its_bar_through_its_modules_tqdm():
+    """tinylm.studies.lr_find swaps `lightning.pytorch.tuner.lr_finder.tqdm` for tinylm's bar (plain lines in a log):
+    the sweep must still make its bar through that module-level name."""
+    from lightning.pytorch.tuner import lr_finder
+
+    assert callable(lr_finder.tqdm) and "tqdm(" in inspect.getsource(lr_finder._LRCallback)
