@@ -85,6 +85,17 @@ def _isolate(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg_cache"))  # the commands' kept --help (tinylm.cli.early)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test ends with torch on one thread again, as this worker started: a test left at 2 (a run's choice,
+    a thread test's restore) made the next multi-thread operator start OpenMP's thread pool, and a child a later
+    test forked from this process hung for good in its first parallel operator (GNU OpenMP's pool does not survive
+    fork): os.waitpid on it held the whole suite until CI's time ran out."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 @pytest.fixture
 def run_config(tmp_path, small_data, monkeypatch):
     """Factory for a tiny `tinylm fit` config in tmp_path (which becomes the working directory, so runs/ lands there).

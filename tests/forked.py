@@ -245,3 +245,25 @@ def run(args, *, cwd, env=None, timeout: float, start_new_session: bool = False)
         proc.end()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def reap(pid: int, timeout: float = 120) -> int:
+    """The wait status of a child the test forked from its own process itself (os.fork), as ``os.waitpid(pid, 0)``
+    gives it; one still running after ``timeout`` s is SIGKILLed, reaped, and fails the test, and so is one whose
+    test is interrupted meanwhile (pytest-timeout, Ctrl+C). A child deadlocked after the fork (an OpenMP pool, a lock
+    another thread held) hung os.waitpid, and with it the whole suite, for good; killed, it holds no copy of the
+    test worker's pipes either."""
+    deadline = time.monotonic() + timeout
+    try:
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the child forked by this test (pid {pid}) still ran after {timeout:.0f} s: "
+                                     "killed")
+            time.sleep(0.01)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise
+    return done[1]

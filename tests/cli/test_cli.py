@@ -6,6 +6,7 @@ import math
 import re
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 import yaml
@@ -247,7 +248,6 @@ def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
     import os
     import select
 
-    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
 
     main(["fit", "--config", str(config)])
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
@@ -392,9 +392,9 @@ def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
             finally:
                 os._exit(0)
         os.close(said)
+        forked.reap(child, 60)  # ended: what it said waits in the pipe
         levels[node] = int(os.read(ready, 16) or -1)
         os.close(ready)
-        os.waitpid(child, 0)
     assert levels == {"0": 20, "1": 40}  # INFO, ERROR
 
 

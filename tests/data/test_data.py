@@ -718,6 +718,29 @@ def test_validation_workers_outlive_a_sigterm_or_ctrl_c_to_the_whole_job(shakesp
     assert len([first, second, *batches]) == 6
 
 
+
+def test_a_workers_grace_ends_it_whatever_sigalrm_handler_the_main_process_had():
+    """Catches a worker stuck past its SIGTERM grace living on when the main process had a SIGALRM handler of its
+    own (a script's time limit, pytest-timeout's): forked, the worker ran that handler at the grace's end."""
+    import os
+    import signal
+
+    import forked
+
+    from tinylm.data.loader import worker_signals
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover (a child: ends by SIGALRM, or leaves at once)
+        try:
+            signal.signal(signal.SIGALRM, lambda *_: os._exit(5))  # the main process's handler, inherited
+            worker_signals(0)
+            os.kill(os.getpid(), signal.SIGALRM)  # the grace's alarm
+        finally:
+            os._exit(0)
+    status = forked.reap(child, 60)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM, status
+
+
 OPEN_LOADER = (
     "import numpy as np\n"
     "from tinylm.data.loader import ResumableLoader, TrainBatches\n"

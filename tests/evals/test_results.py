@@ -3,6 +3,8 @@
 import csv
 import os
 
+import forked
+
 from tinylm.evals.results import append_row
 
 
@@ -33,7 +35,7 @@ def test_two_commands_appending_at_once_keep_every_row_and_one_header(tmp_path):
     os.write(w, b"go")  # one byte each: both start together
     os.close(w)
     for pid in children:
-        assert os.waitpid(pid, 0)[1] == 0
+        assert forked.reap(pid) == 0
     rows = _rows(path)
     assert sorted((row["who"], int(row["i"])) for row in rows) == sorted((n, i) for n in "ab" for i in range(60))
     assert path.read_text().count("who,i") == 1

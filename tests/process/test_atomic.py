@@ -13,6 +13,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 
@@ -60,7 +61,7 @@ def test_kill_during_checkpoint_save_leaves_a_whole_file(tmp_path):
         pid = _saving_forever(path)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
-        assert os.waitpid(pid, 0)[1] != 0  # killed, and reaped: nothing writes the file any more
+        assert forked.reap(pid, 30) != 0  # killed, and reaped: nothing writes the file any more
         ckpt = load_checkpoint(path)  # whole: old or new, never a mix
         version = ckpt["tinylm"]["version"]
         assert torch.all(ckpt["state_dict"]["w"] == float(version)), f"killed {delay} s into the saves"
@@ -438,7 +439,7 @@ def _export_killed_at(k: int, ckpt: Path, out: Path) -> bool:
             main(["export", "--ckpt_path", str(ckpt), "--out", str(out)])
         finally:
             os._exit(0)
-    return os.WIFSIGNALED(os.waitpid(child, 0)[1])
+    return os.WIFSIGNALED(forked.reap(child))
 
 
 @pytest.mark.slow

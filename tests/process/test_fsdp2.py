@@ -6,6 +6,7 @@ ranks started by Lightning (or torchrun).
 """
 
 import csv
+import datetime
 import os
 import shutil
 import signal
@@ -202,7 +203,9 @@ def _muon_rank(rank: int, port: int) -> str:
     from tinylm.train.optim import build_optimizer
     from tinylm.train.parallel import shard_gpt
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # a rank that never connects (its port taken meanwhile) fails the other in 2 minutes, not gloo's 30
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
     torch.manual_seed(0)
     reference = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True))
     sharded = copy.deepcopy(reference)
@@ -265,7 +268,7 @@ def test_muon_on_sharded_parameters_steps_as_one_process(tmp_path):
             finally:
                 os._exit(code)
         children[rank] = child
-    codes = [os.waitstatus_to_exitcode(os.waitpid(children[rank], 0)[1]) for rank in (0, 1)]
+    codes = [os.waitstatus_to_exitcode(forked.reap(children[rank], 300)) for rank in (0, 1)]
     line = (tmp_path / "rank-0.txt").read_text()
     assert codes == [0, 0], line + (tmp_path / "rank-1.txt").read_text()
     worst, resumed = float(line.split()[1]), float(line.split()[3])
@@ -352,7 +355,7 @@ def test_a_kill_at_any_point_of_a_sharded_save_leaves_last_whole_or_absent(tmp_p
                 _version_saved(strategy, folder, 3)
             finally:
                 os._exit(0)
-        killed = os.WIFSIGNALED(os.waitpid(child, 0)[1])
+        killed = os.WIFSIGNALED(forked.reap(child))
         last = folder / "last.ckpt"
         assert last.exists() or not always, f"killed at change {k}: no last.ckpt"
         assert not last.exists() or _whole_version(last) in (2, 3), f"killed at change {k}"

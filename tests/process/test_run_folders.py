@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 import yaml
@@ -363,7 +364,7 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
         assert done.returncode == 0, done.stderr
     finally:
         os.kill(child, 9)
-        os.waitpid(child, 0)
+        forked.reap(child, 30)
 
 
 def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_path):
@@ -706,7 +707,6 @@ def test_lightning_info_lines_print_once(config, tmp_path):
     """Catches every Lightning INFO line printed twice (a root-logger basicConfig beside Lightning's handler), and
     Lightning's advice that does not apply to tinylm: "The number of training batches (625) is smaller than the
     logging interval" (a notional epoch of a small corpus; logging counts steps across epochs)."""
-    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
 
     proc = forked.run(["fit", "--config", str(config), "--trainer.max_steps", "1", "--trainer.log_every_n_steps",
                        "1000"], cwd=tmp_path, timeout=120)

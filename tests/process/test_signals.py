@@ -490,7 +490,7 @@ def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
             code = 0
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    status = forked.reap(pid, 60)
     said = (tmp_path / "stderr.txt").read_text()
     assert os.waitstatus_to_exitcode(status) == 0 and "was killed" not in said, said
 

@@ -1,7 +1,6 @@
 """The training-health monitor: each detector fires on a deliberately broken run, and a healthy run raises none."""
 
 import math
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tinylm.device import usable_cpus
 from tinylm.train.callbacks import SpeedMonitor
 from tinylm.train.health import HealthMonitor, TrainingHealthError
 from tinylm.train.module import TinyLM
@@ -224,7 +224,7 @@ def test_growing_per_step_work_is_reported(chars):
 
 
 class _OtherJobs(L.Callback):
-    """From step 40, busy processes (3 per core) compete with the run for the CPUs, as other jobs on a shared
+    """From step 40, busy processes (3 per CPU it may use) compete with the run for the CPUs, as other jobs on a shared
     machine do; records the wall-clock tokens/sec before they start and at the end."""
 
     def __init__(self, speed: SpeedMonitor) -> None:
@@ -233,7 +233,7 @@ class _OtherJobs(L.Callback):
     def on_train_start(self, trainer, pl_module):
         # started here, idle until their stdin closes: spawning them mid-run would bill the run for the spawning
         busy = [sys.executable, "-c", "import sys; sys.stdin.read(); exec('while True: pass')"]
-        self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE) for _ in range(3 * (os.cpu_count() or 1))]
+        self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE) for _ in range(3 * usable_cpus())]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == 40:
@@ -657,12 +657,12 @@ def test_slowdown_is_judged_against_a_reference_at_the_same_load(others_after, a
 def test_waiting_for_cpus_most_of_the_time_says_so_with_the_fix(caplog):
     """Catches a run that crawls on a machine other jobs hold (5.8 s a step instead of 44 ms) without a word: the
     health monitor knew the run waited for CPUs, and says so once, with --run.threads 1 as the fix."""
-    monitor = HealthMonitor(window=10)
+    monitor, before = HealthMonitor(window=10), torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         with caplog.at_level("WARNING", logger="tinylm"):
             kinds = _feed(monitor, [(300.0, 0.6, 2.0)] * 3)
     finally:
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(before)
     assert kinds == {"contention"} and len(monitor.alerts) == 1
     assert "60%" in monitor.alerts[0].message and "--run.threads 1" in monitor.alerts[0].message

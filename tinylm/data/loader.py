@@ -185,6 +185,9 @@ def worker_signals(worker_id: int) -> None:
             signal.alarm(WORKER_GRACE_S)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # the grace's end: a SIGALRM handler the main process installed (a script's own time limit, pytest-timeout's),
+    # which a forked worker inherits, would run here instead of ending the worker
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     # Ctrl+C reaches every process of the terminal's foreground group: the workers too, where a KeyboardInterrupt
     # ended them, and the run failed on its next batch instead of stopping. The main process decides what it stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
