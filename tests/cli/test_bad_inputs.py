@@ -431,6 +431,8 @@ def test_use_distributed_sampler_true_is_refused_in_one_line():
     ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, {"num_nodes": 2, "devices": 1}, None),
     ({"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "bash", "SLURM_NTASKS_PER_NODE": "2"}, {"devices": 4}, None),
 ])
+# devices 4 on a machine of fewer cores: tinylm's warning that they take turns, beside this test's point
+@pytest.mark.filterwarnings("ignore:--trainer.devices 4 starts 4 training processes on a CPU:UserWarning")
 def test_a_launcher_that_started_another_number_of_processes_is_one_line(monkeypatch, env, trainer, said):
     """Catches `torchrun --nproc_per_node 2 -m tinylm fit` with --trainer.num_nodes / --trainer.devices that do not
     multiply to torchrun's world size (devices left at auto: one process on a CPU) ending, after the data and model
