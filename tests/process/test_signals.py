@@ -495,6 +495,39 @@ def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0 and "was killed" not in said, said
 
 
+
+def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():
+    """Catches the watch of the ranks, its line's write failing (a closed terminal's EIO), leaving the lock it holds
+    taken: the command, ending on its own error meanwhile (the lost rank's failed collective), waited for it for
+    good. Run in a forked child: the watch's os._exit would end the test's process."""
+    import weakref
+
+    from tinylm.cli import ranks
+
+    class ClosedTerminal:
+        def write(self, text):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self):
+            pass
+
+    pid = os.fork()
+    if pid == 0:  # the command's process: a rank lost, its watch, then main ending on an error
+        code = 3
+        try:
+            sys.stderr = ClosedTerminal()
+            rank = subprocess.Popen(["sleep", "30"])
+            ranks.RANKS[:] = []
+            ranks.watch_ranks([rank], weakref.ref(ranks))  # any object: nothing is distributed here
+            rank.kill()  # lost
+            while not ranks.REPORTING.locked():  # the watch says why the command ends
+                time.sleep(0.01)
+            ranks.REPORTING.acquire()  # as main's _end_on_error: waits for the watch, which ends the process
+            code = 4
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(forked.reap(pid, 60)) == 1
+
 def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
     """Catches rank 0's gloo traceback ("Connection closed by peer") below rank 1's own error line on a loaded
     machine: rank 1 closed its connections as it ended, but took more than 2 s to exit, so rank 0 took it for alive

@@ -115,13 +115,16 @@ def _watch(ranks: list, trainer: weakref.ref, every: float = 1.0) -> None:
     lost = lost_rank()
     if not REPORTING.acquire(blocking=False):  # this process is ending on its error already (main's line; its
         return  # end_ranks then SIGKILLs a rank slow to end, which is no rank lost to report: a second line)
-    for p in ranks:
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-    if not lost.said:
-        sys.stderr.write(error_line(COMMAND[0], str(lost), COMMAND[1:]))
-        sys.stderr.flush()
-    os._exit(lost.exit_code)
+    try:  # holding REPORTING, it ends the process whatever happens here (main waits for it: an EIO of a closed
+        # terminal raised here left main waiting for good)
+        for p in ranks:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        if not lost.said:
+            sys.stderr.write(error_line(COMMAND[0], str(lost), COMMAND[1:]))
+            sys.stderr.flush()
+    finally:
+        os._exit(lost.exit_code)
 
 
 REPORTING = threading.Lock()
