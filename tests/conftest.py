@@ -87,10 +87,10 @@ def _isolate(monkeypatch, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
-    """Every test ends with torch on one thread again, as this worker started: a test left at 2 (a run's choice,
-    a thread test's restore) made the next multi-thread operator start OpenMP's thread pool, and a child a later
-    test forked from this process hung for good in its first parallel operator (GNU OpenMP's pool does not survive
-    fork): os.waitpid on it held the whole suite until CI's time ran out."""
+    """Every test ends with torch on one thread again, as this worker started: left at 2 (a run's choice, a thread
+    test's restore), the next multi-thread operator starts OpenMP's thread pool, and a child a later test forks from
+    this process hangs for good in its first parallel operator (GNU OpenMP's pool does not survive fork; measured in
+    tests/test_harness.py)."""
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
