@@ -250,7 +250,7 @@ def run(args, *, cwd, env=None, timeout: float, start_new_session: bool = False)
 def reap(pid: int, timeout: float = 120) -> int:
     """The wait status of a child the test forked from its own process itself (os.fork), as ``os.waitpid(pid, 0)``
     gives it; one still running after ``timeout`` s is SIGKILLed, reaped, and fails the test, and so is one whose
-    test is interrupted meanwhile (pytest-timeout, Ctrl+C). A child deadlocked after the fork (an OpenMP pool, a lock
+    test is interrupted meanwhile (Ctrl+C). A child deadlocked after the fork (an OpenMP pool, a lock
     another thread held) hung os.waitpid, and with it the whole suite, for good; killed, it holds no copy of the
     test worker's pipes either."""
     deadline = time.monotonic() + timeout
