@@ -1,8 +1,10 @@
 """The suite's own guards against a hang: a child a test forks is reaped within a time limit, and a test worker is
 back on one torch thread after every test (a child forked after a multi-thread operator hung in its own)."""
 
+import ast
 import os
 import time
+from pathlib import Path
 
 import forked
 import pytest
@@ -46,3 +48,18 @@ def test_a_child_forked_after_a_two_thread_operator_runs_once_torch_is_back_on_o
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(forked.reap(child, 60)) == 0
+
+
+def test_no_test_waits_for_its_own_forked_child_without_a_limit():
+    """Catches a new `os.waitpid(pid, 0)` on a child a test forked (one deadlocked child held the suite for good):
+    forked.reap waits with a limit. A script a test runs in another process (a string here) may wait as it likes."""
+    tests = Path(__file__).parent
+    unbounded = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name == "forked.py":  # reap itself, and the fork server (a process of its own)
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.waitpid" and len(node.args) == 2 \
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0:
+                unbounded.append(f"{path.relative_to(tests)}:{node.lineno}")
+    assert not unbounded, f"wait with forked.reap(pid, timeout): {unbounded}"
