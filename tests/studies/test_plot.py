@@ -123,6 +123,15 @@ def test_plot_errors(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "is a file, not a run or a metrics.csv: pass its run folder" in err and str(ckpt.parents[1]) in err
     assert err.count("\n") == 1
+    (tmp_path / "lr.png").write_bytes(b"lr-find's picture")  # with its numbers beside it: not plot's to replace
+    (tmp_path / "lr.json").write_text('{"suggested_lr": 0.001}')
+    with pytest.raises(SystemExit):
+        main(["plot", "a", "--out", "lr.png"])
+    assert "--out 'lr.png' is the picture of the numbers in lr.json" in capsys.readouterr().err
+    assert (tmp_path / "lr.png").read_bytes() == b"lr-find's picture"
+    main(["plot", "a", "--out", "lr2.png"])
+    main(["plot", "a", "--out", "lr2.png"])  # plot's own picture: replaced
+    assert _png(tmp_path / "lr2.png")
 
 
 def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):

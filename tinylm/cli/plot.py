@@ -14,7 +14,8 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     Args:
         runs: Run folders written by `tinylm fit` (runs/NAME, holding csv/metrics.csv), run names under runs/, or
             metrics.csv files.
-        out: PNG to write (default: plot.png in the first run's folder).
+        out: PNG to write (default: plot.png in the first run's folder); not a PNG with a .json beside it
+            (another command's picture of its numbers).
         reference: Draw a horizontal reference (e.g. a published result) in the first panel, in its unit.
         metric: The first panel: loss (train/loss, val/loss in nats per token) or bpb (val/bpb, and train/bpb when
             logged: bits per byte of raw text, comparable across tokenizers). Default: bpb when the runs' tokenizers
@@ -38,6 +39,9 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         csv = metrics_csv(runs[0])
         out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")
     check_png_path(out)
+    if Path(out).exists() and (numbers := Path(out).with_suffix(".json")).exists():  # lr-find's, scaling's, plan's
+        raise ValueError(f"--out {out!r} is the picture of the numbers in {numbers} (an lr-find, scaling or plan "
+                         "result): plot would replace it; pick another --out")
     metric, why = choose_metric(curves, metric)
     if why:
         print(why)
