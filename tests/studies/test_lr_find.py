@@ -159,6 +159,16 @@ def test_lr_find_num_training_has_bounds(run_config, capsys):
     assert "max_lr must be in (0, inf), got 0" in capsys.readouterr().err
 
 
+def test_a_next_fit_that_fit_would_refuse_is_refused_before_the_sweep(run_config, capsys):
+    """Catches `lr-find --trainer.accumulate_grad_batches 3` on a recipe that validates every 2 batches sweeping,
+    then printing a `next:` fit that fit refuses (a validation inside an optimizer step): the same line, up front."""
+    with pytest.raises(SystemExit):
+        main(["lr-find", "--config", str(run_config()), "--trainer.accumulate_grad_batches", "3"])
+    err = capsys.readouterr().err
+    assert "trainer.val_check_interval=2 (batches) is not a multiple of trainer.accumulate_grad_batches=3" in err
+    assert "use --trainer.val_check_interval 3 (or a multiple)" in err and err.count("\n") == 1
+
+
 def test_a_second_sweep_replaces_its_own_json(run_config):
     """lr-find's own earlier .json is replaced (tests/test_bad_inputs.py: another file there never is)."""
     cfg = run_config()
@@ -206,7 +216,7 @@ def test_sweep_steps_are_the_runs_global_batch(run_config, capsys, monkeypatch):
 
     monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", sweep)
     main(["lr-find", "--config", str(cfg), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-          "--trainer.accumulate_grad_batches", "3", "--out", "lr.png"])
+          "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "6", "--out", "lr.png"])
     assert seen == [(1, 6)]
     assert "accumulates 6 micro-batches a step (accumulate_grad_batches 3 x 2)" in capsys.readouterr().out
 

@@ -16,7 +16,7 @@ from typing import Any
 from tinylm.cli.argv import spans
 from tinylm.cli.fit import TinyLMCLI, lightning_main
 from tinylm.cli.run_folder import run_dir_of
-from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options
+from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options, check_validation_interval
 from tinylm.data.datamodule import TinyLMDataModule
 from tinylm.errors import UnavailableError
 from tinylm.model import GPTShape
@@ -111,6 +111,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
                              "take the config's model from scratch (scaling resumes its own runs); leave it out")
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
+            check_validation_interval(dict(cfg.trainer))  # lr-find's next: fit trains these options
         if self.ladder:
             check_ladder_options(cfg)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)

@@ -181,6 +181,11 @@ def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
                          "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
                          "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
     _check_launched_processes(trainer_cfg)
+    check_validation_interval(trainer_cfg)
+
+
+def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
+    """A validation interval that a run of these options can keep: whole batches, at optimizer-step boundaries."""
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
     if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
         raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "
