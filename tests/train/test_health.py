@@ -232,8 +232,12 @@ class _OtherJobs(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         # started here, idle until their stdin closes: spawning them mid-run would bill the run for the spawning
-        busy = [sys.executable, "-c", "import sys; sys.stdin.read(); exec('while True: pass')"]
-        self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE) for _ in range(3 * usable_cpus())]
+        # (each ends by itself within 5 minutes: killed with its test's worker, it would spin on, holding the
+        # suite's stderr open)
+        busy = [sys.executable, "-c", "import sys, time; sys.stdin.read(); end = time.monotonic() + 300\n"
+                "while time.monotonic() < end: pass"]
+        self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL) for _ in range(3 * usable_cpus())]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == 40:
