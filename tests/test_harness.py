@@ -12,8 +12,8 @@ import torch
 
 
 def test_a_forked_child_that_never_ends_is_killed_and_fails_the_test():
-    """Catches reap waiting on a deadlocked child for good (os.waitpid(pid, 0) held CI until its time ran out), or
-    leaving it running (with a copy of the test worker's pipes)."""
+    """Catches reap waiting on a deadlocked child for good (as os.waitpid(pid, 0) does), or leaving it
+    running (with a copy of the test worker's pipes)."""
     child = os.fork()
     if child == 0:  # pragma: no cover (a child: sleeps until killed)
         try:

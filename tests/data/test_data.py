@@ -718,7 +718,6 @@ def test_validation_workers_outlive_a_sigterm_or_ctrl_c_to_the_whole_job(shakesp
     assert len([first, second, *batches]) == 6
 
 
-
 def test_a_workers_grace_ends_it_whatever_sigalrm_handler_the_main_process_had():
     """Catches a worker stuck past its SIGTERM grace living on when the main process had a SIGALRM handler of its
     own (a script's time limit, pytest-timeout's): forked, the worker ran that handler at the grace's end."""

@@ -495,7 +495,6 @@ def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0 and "was killed" not in said, said
 
 
-
 def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():
     """Catches the watch of the ranks, its line's write failing (a closed terminal's EIO), leaving the lock it holds
     taken: the command, ending on its own error meanwhile (the lost rank's failed collective), waited for it for
@@ -527,6 +526,7 @@ def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(forked.reap(pid, 60)) == 1
+
 
 def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
     """Catches rank 0's gloo traceback ("Connection closed by peer") below rank 1's own error line on a loaded

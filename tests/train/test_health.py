@@ -224,8 +224,8 @@ def test_growing_per_step_work_is_reported(chars):
 
 
 class _OtherJobs(L.Callback):
-    """From step 40, busy processes (3 per CPU it may use) compete with the run for the CPUs, as other jobs on a shared
-    machine do; records the wall-clock tokens/sec before they start and at the end."""
+    """From step 40, busy processes (3 per CPU it may use) compete with the run for the CPUs, as other jobs on a
+    shared machine do; records the wall-clock tokens/sec before they start and at the end."""
 
     def __init__(self, speed: SpeedMonitor) -> None:
         self.speed, self.procs, self.before, self.after = speed, [], None, None
