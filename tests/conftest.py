@@ -90,10 +90,15 @@ def _one_torch_thread():
     """Every test ends with torch on one thread again, as this worker started: left at 2 (a run's choice, a thread
     test's restore), the next multi-thread operator starts OpenMP's thread pool, and a child a later test forks from
     this process hangs for good in its first parallel operator (GNU OpenMP's pool does not survive fork; measured in
-    tests/test_harness.py)."""
+    tests/test_harness.py). tinylm.device's record of torch's own count (taken at a process's first run) is put back
+    at this worker's 1 too: taken in a test that had set 2 first, every later run in the worker took 2 threads, and a
+    child it forked raised them over OpenMP's copied pool."""
+    from tinylm import device
+
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+    device._TORCH_DEFAULT[:] = [1]
 
 
 @pytest.fixture

@@ -356,26 +356,43 @@ def test_a_train_loader_made_again_goes_on_from_the_last_ones_position(shakespea
     assert dm.state_dict()["train_batches_yielded"] == 3
 
 
-def test_a_resume_keeping_the_global_batch_by_accumulation_names_the_runs_accumulation(shakespeare, tmp_path):
-    """Catches the refusal of 2 devices x batch 4 resumed as 1 device x batch 4 x accumulation 2 (the global batch
-    distributed.md said to keep) naming only --data.batch_size 8: done with accumulation 2, a global batch of 16."""
+def test_a_resume_may_split_the_global_batch_another_way_and_counts_its_position_again(shakespeare, tmp_path):
+    """Catches 2 devices x batch 4 resumed as 1 device x batch 4 x accumulation 2 (the same 8 windows a step) refused,
+    or resumed at micro-batch 3 of the new size (the windows of steps 1.5 to 3 once more): the data module's position,
+    the loader's count and Lightning's batch counters double, `completed` keeping its distance; a position that is
+    no whole number of new micro-batches, and a global batch that changed, are refused naming what keeps the run's."""
     from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
 
     from tinylm.checkpoint import CheckpointError
 
     dm = _dm(tmp_path, shakespeare, batch_size=4)
     dm.setup("fit")
-    dm.trainer = SimpleNamespace(world_size=2, accumulate_grad_batches=1)
-    saved = dm.state_dict()
-    assert saved["accumulate_grad_batches"] == 1
-    dm.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=2)
-    with pytest.raises(CheckpointError, match=r"resume with --data.batch_size 8 --trainer.accumulate_grad_batches 1 "):
-        dm._check_same_data(saved)
-    dm.trainer.accumulate_grad_batches = 1  # a refusal of the batch alone names the batch alone
-    with pytest.raises(CheckpointError, match=r"resume with --data.batch_size 8, or start a new run"):
-        dm._check_same_data(saved)
-    dm._check_same_data({k: v for k, v in saved.items() if k != "accumulate_grad_batches"} | {"world_size": 1,
-                                                                                              "batch_size": 4})
+    dm.trainer = SimpleNamespace(world_size=2, accumulate_grad_batches=1, state=SimpleNamespace(fn=TrainerFn.FITTING))
+    saved = dm.state_dict() | {"train_batches_yielded": 3}
+    counts = lambda n: {"ready": n, "started": n, "processed": n, "completed": n - 1}  # saved at a batch's end
+    progress = {"total": counts(3), "current": counts(3), "is_last_batch": False}
+    loader = {"batches_yielded": 3}
+    ckpt = {"TinyLMDataModule": saved, "loops": {"fit_loop": {"state_dict": {"combined_loader": [loader]},
+                                                              "epoch_loop.batch_progress": progress}}}
+    dm.trainer.world_size, dm.trainer.accumulate_grad_batches = 1, 2
+    with pytest.raises(CheckpointError, match="call resume_split"):  # by a module that does not count it again
+        dm.load_state_dict(dict(saved))
+    dm.resume_split(ckpt)
+    dm.load_state_dict(saved)
+    assert dm._resume_batches == loader["batches_yielded"] == 6
+    assert progress["total"] == progress["current"] == counts(6)
+    dm.trainer.world_size, dm.trainer.accumulate_grad_batches = 1, 1  # 8 windows a step, then 4: refused
+    dm._resplit = None
+    with pytest.raises(CheckpointError, match=r"global batch of 8 windows a step \(data.batch_size=4 x 2 device\(s\) "
+                                              r"x accumulation 1\) but this run has 4 \(4 x 1 x 1\).*resume with "
+                                              r"--data.batch_size 8 or --trainer.accumulate_grad_batches 2, or start"):
+        dm.load_state_dict(dict(saved, train_batches_yielded=3))
+    odd = {"TinyLMDataModule": dict(saved, world_size=1, accumulate_grad_batches=2, train_batches_yielded=3)}
+    dm.trainer.world_size = 2  # 4 windows x accumulation 2 resumed as 8 windows x 1, at micro-batch 3: mid-step
+    with pytest.raises(CheckpointError, match="3 micro-batches of 4 windows, is not a whole number of this run's"):
+        dm.resume_split(odd)
 
 
 def test_val_batches_tile_the_split(shakespeare, tmp_path):

@@ -1,4 +1,5 @@
-"""Elastic resume: a run may continue on another number of devices when the global batch stays the same.
+"""Elastic resume: a run may continue on another number of devices, or with accumulation standing in for devices or
+batch size, when the global batch (the windows an optimizer step draws) stays the same.
 
 Batch k of rank r holds the global samples (k * world_size + r) * B ... + B - 1 (tinylm.data.loader.TrainBatches),
 so 1 device with batch 2B draws exactly the windows of 2 devices with batch B, and DDP's gradient average over the
@@ -125,15 +126,41 @@ def test_resume_on_another_device_count_continues_the_same_run(config, tmp_path,
     assert [got[s] for s in range(STEPS)] == pytest.approx([want[s] for s in range(STEPS)], abs=1e-4)
 
 
+@pytest.mark.parametrize("before, after", [((1, 2 * B, 1), (1, B, 2)), ((2, B, 1), (1, B, 2)), ((1, B, 2), (2, B, 1))],
+                         ids=["batch-for-accumulation", "2-devices-for-accumulation", "accumulation-for-2-devices"])
+def test_a_resume_may_trade_devices_or_batch_for_accumulation(config, tmp_path, capsys, before, after):
+    """Catches a resume that keeps the global batch (data.batch_size x devices x accumulation) in micro-batches of
+    another size continuing from the wrong window or at the wrong place in a step: the loader's position and
+    Lightning's batch counters count micro-batches, so both are counted again in the new ones (a position left as it
+    was drew the windows of half the steps again; counters left so stepped after one micro-batch of two). The
+    resumed run's losses must match a straight single-device run's, step by step."""
+    _fit(config, devices=1)  # 1 device x batch 2B x accumulation 1
+    split = lambda devices, batch, accumulate: ["--data.batch_size", str(batch), "--trainer.accumulate_grad_batches",
+                                                str(accumulate), "--trainer.val_check_interval", str(HALF * accumulate)]
+    _fit(config, "--run.name", "elastic", "--trainer.max_steps", str(HALF), *split(*before), devices=before[0])
+    capsys.readouterr()
+    _fit(config, "--run.name", "elastic", "--ckpt_path", "last", *split(*after), devices=after[0])
+    if after[0] == 1:  # (2 devices: said on the command's own stderr, which `_fit` checks returned 0)
+        err = capsys.readouterr().err
+        assert f"as {after[1]} x 1 x {after[2]}: the same {2 * B} windows a step" in err, err[-3000:]
+        assert "the run had" not in err, err[-3000:]  # no "with trainer.accumulate_grad_batches 2 (the run had 1)"
+    straight, elastic = tmp_path / "runs" / "straight", tmp_path / "runs" / "elastic"
+    for key, steps in (("val/loss", [HALF - 1, STEPS - 1]), ("train/loss", list(range(STEPS)))):
+        want, got = _metric(straight, key), _metric(elastic, key)
+        assert sorted(got) == sorted(want) == steps, key
+        assert [got[s] for s in steps] == pytest.approx([want[s] for s in steps], abs=1e-4), key
+
+
 def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
     """Catches a resume with another global batch silently drawing other data (or a refusal that does not say
-    which --data.batch_size restores the run's global batch)."""
+    which --data.batch_size, or accumulation, restores the run's global batch)."""
     _fit(config, "--trainer.max_steps", str(HALF), devices=1)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", str(B)])
     err = capsys.readouterr().err.strip().splitlines()
     line = next(ln for ln in err if "global batch of" in ln)
-    assert f"global batch of {2 * B} windows" in line and f"resume with --data.batch_size {2 * B}" in line
+    assert f"global batch of {2 * B} windows a step" in line
+    assert f"resume with --data.batch_size {2 * B} or --trainer.accumulate_grad_batches 2, or" in line
 
 
 def test_ddp_fork_trains_and_resumes(config, tmp_path):

@@ -325,7 +325,10 @@ def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, 
     assert line.endswith("resume with the run's own 1 or one that divides 3 and trainer.val_check_interval 6 (3)")
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny").glob("config*.yaml")) == ["config.yaml"]
     main([*resume, "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "3"])
-    assert "trainer.accumulate_grad_batches 3 (the run had 1)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "trainer.accumulate_grad_batches 3 (the run had 1)" in err
+    # the interval counts micro-batches: every 3 with accumulation 3 validates every step, the run every 2
+    assert "validates every 1 optimizer steps, the run every 2; pass --trainer.val_check_interval 6" in err
 
 
 def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():
@@ -350,21 +353,47 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
 
     from tinylm.cli.run_folder import lock_run_folder, release_run_folder
 
+    from tinylm.cli import run_folder
+
     run = tmp_path / "runs" / "r"
     lock_run_folder(run)
+    forked_, go = os.pipe()
     child = os.fork()
-    if child == 0:  # the worker: lives on for a while
+    if child == 0:  # the worker: lives on for a while (once os.fork returns here, the fork's hooks have run)
+        os.write(go, b"1")
         time.sleep(20)
         os._exit(0)
     try:
-        release_run_folder(run)
-        take = "import fcntl, sys; fcntl.flock(open(sys.argv[1], 'a+'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
-        done = subprocess.run([sys.executable, "-c", take, str(run / ".lock")], capture_output=True, text=True,
-                              check=False)
-        assert done.returncode == 0, done.stderr
+        assert os.read(forked_, 1) == b"1"
+        run_folder._LOCKS.pop(str(run.resolve())).close()  # the parent's file closed as at its death: no unlock
+        assert _can_lock(run / ".lock"), "the forked child still holds the run folder's lock"
     finally:
         os.kill(child, 9)
         forked.reap(child, 30)
+        os.close(forked_), os.close(go)
+
+
+def _can_lock(path: Path) -> bool:
+    """Whether another process can take the flock on `path` now."""
+    take = "import fcntl, sys; fcntl.flock(open(sys.argv[1], 'a+'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    return subprocess.run([sys.executable, "-c", take, str(path)], capture_output=True, check=False).returncode == 0
+
+
+def test_a_released_run_folder_is_free_while_a_child_still_holds_a_copy_of_its_lock(tmp_path):
+    """Catches the release closing its lock file only: a child forked a moment before (a DataLoader worker whose
+    fork hooks have not run yet) holds a copy of the descriptor, and with it the lock, which belongs to the open
+    file (the test above, which released so, lost that race with its child once under a full run)."""
+    import os
+
+    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
+
+    run = tmp_path / "runs" / "r"
+    copy = os.dup(lock_run_folder(run).fileno())  # what the child holds until its hook closes it
+    try:
+        release_run_folder(run)
+        assert _can_lock(run / ".lock")
+    finally:
+        os.close(copy)
 
 
 def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_path):

@@ -68,6 +68,21 @@ def _run_config(ckpt_path: str) -> dict:
     return read_yaml(configs[-1]) if configs else {}
 
 
+def _windows_a_step(cfg) -> int | None:
+    """The windows an optimizer step draws under a config (data.batch_size x devices x accumulation); a dict or
+    jsonargparse's Namespace; None when one of them is not a number."""
+    from tinylm.cli.fit_config import device_count
+
+    data, trainer = cfg.get("data") or {}, cfg.get("trainer") or {}
+    batch, accumulate = data.get("batch_size"), trainer.get("accumulate_grad_batches") or 1
+    if not (isinstance(batch, int) and isinstance(accumulate, int)):
+        return None
+    try:
+        return batch * accumulate * device_count(trainer)
+    except (TypeError, ValueError):
+        return None
+
+
 def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
     """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
     newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
@@ -84,7 +99,17 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> 
         trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
         now["precision"] = resolve_precision(now["precision"], n_embd)
     changed = [f"trainer.{k} {now[k]!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
-               if k in trainer and now[k] != trainer.get(k)]
+               if k in trainer and now[k] != trainer.get(k)
+               # accumulation that stands in for devices or batch size: the same windows a step (tinylm.data.resplit)
+               and not (k == "accumulate_grad_batches" and _windows_a_step(newest) == _windows_a_step(cfg))]
+    every, had_every = cfg.trainer.get("val_check_interval"), trainer.get("val_check_interval")
+    accumulate, had = cfg.trainer.get("accumulate_grad_batches") or 1, trainer.get("accumulate_grad_batches") or 1
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (every, had_every, accumulate, had)) \
+            and every * had != had_every * accumulate:  # Lightning counts the interval in micro-batches
+        log.warning("resuming from %s with trainer.val_check_interval %d and accumulate_grad_batches %d: it validates "
+                    "every %s optimizer steps, the run every %s; pass --trainer.val_check_interval %s to keep the "
+                    "run's (the interval counts micro-batches)", ckpt_path, every, accumulate, f"{every / accumulate:g}",
+                    f"{had_every / had:g}", f"{had_every * accumulate / had:g}")
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
@@ -140,15 +165,19 @@ def check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
                           "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
 
 
-def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None) -> None:
+def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None,
+                       sizes: tuple[int, int] | None = None) -> None:
     """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
     epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
-    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such)."""
+    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such). `sizes`: a resume
+    that re-splits the run's global batch (tinylm.data.resplit) counts them in its own micro-batches."""
     try:
         progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
     except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
         return
+    if sizes is not None and done * sizes[0] % sizes[1] == 0:  # (else the restore names the position)
+        done = done * sizes[0] // sizes[1]
     if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
         return
     short = accumulate - done % accumulate
@@ -321,12 +350,15 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
         raise TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
                           f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
     check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
-    check_accumulation(ckpt, cfg.trainer.get("accumulate_grad_batches"), ckpt_path,
-                        cfg.trainer.get("val_check_interval"))
+    from tinylm.cli.fit_config import device_count
     from tinylm.data import TinyLMDataModule
+    from tinylm.data.datamodule import resplit
 
-    TinyLMDataModule.check_split_before_preparing(ckpt.get(TinyLMDataModule.__qualname__) or {},
-                                                  cfg.data.get("val_fraction"))
+    saved = ckpt.get(TinyLMDataModule.__qualname__) or {}
+    accumulate = cfg.trainer.get("accumulate_grad_batches")
+    check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"),
+                       resplit(saved, cfg.data.get("batch_size"), device_count(cfg.trainer), accumulate or 1))
+    TinyLMDataModule.check_split_before_preparing(saved, cfg.data.get("val_fraction"))
 
 
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:

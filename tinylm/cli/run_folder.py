@@ -164,7 +164,18 @@ def release_run_folder(run_dir: Path) -> None:
     """Release this process's lock on ``run_dir`` (taken by `lock_run_folder`), if it holds one."""
     lock = _LOCKS.pop(str(run_dir.resolve()), None)
     if lock is not None:
+        _unlock(lock)
         lock.close()
+
+
+def _unlock(f) -> None:
+    """Release the flock of an open lock file. Closing it is not enough while a forked child still holds a copy of
+    the descriptor (a DataLoader worker between its fork and its `_drop_inherited_locks`): the lock belongs to the
+    open file, which outlives this process's close; an unlock releases it for every copy."""
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def release_run_folders() -> None:
@@ -179,7 +190,8 @@ def release_run_folders() -> None:
         empty = lock in inside and all(p.is_dir() for p in inside if p != lock)  # no file but the lock
         if empty:
             lock.unlink()  # while still locked: no other process holds this file
-        f.close()  # closing the file releases its flock
+        _unlock(f)
+        f.close()
         if empty:
             with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
                 for sub in inside:

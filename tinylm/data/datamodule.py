@@ -26,7 +26,7 @@ from tinylm.data.loader import (
 )
 from tinylm.data.prepared import RANGES, PreparedData
 
-__all__ = ["RANGES", "TinyLMDataModule", "other_data"]
+__all__ = ["RANGES", "TinyLMDataModule", "other_data", "resplit"]
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,25 @@ def other_data(before: str, after: str, fix: str) -> Exception:
                            f"would draw different data; resume with {fix}, or start a new run")
 
 
+def resplit(saved: dict, batch_size: Any, world_size: int, accumulate: Any) -> tuple[int, int] | None:
+    """(windows one micro-batch drew in the checkpoint's run, windows it draws now) when a resume splits the run's
+    global batch another way: the same windows an optimizer step (data.batch_size x devices x accumulation) in
+    micro-batches of another size, e.g. 2 devices x batch 4 resumed on 1 device x batch 4 x accumulation 2. None
+    when the micro-batches keep their size, when the global batch changes (the restore refuses that), and for
+    checkpoints from before the accumulation was saved. `saved` is the data module's part of the checkpoint."""
+    had = saved.get("accumulate_grad_batches")
+    if not all(isinstance(v, int) and v > 0 for v in (saved.get("batch_size"), saved.get("world_size"), had,
+                                                      batch_size, world_size, accumulate)):
+        return None
+    was, now = saved["batch_size"] * saved["world_size"], batch_size * world_size
+    return (was, now) if was != now and was * had == now * accumulate else None
+
+
 class TinyLMDataModule(PreparedData, L.LightningDataModule):
     __doc__ = PreparedData.__doc__  # the options' help in `tinylm fit --help` (jsonargparse reads the class's)
     _train_loader: ResumableLoader | None = None
     _resume_batches = 0
+    _resplit: tuple[int, int] | None = None  # (windows a micro-batch drew, draws now) of a resume that re-splits
 
     def record_hyperparameters(self, frame) -> None:
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
@@ -134,16 +149,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         was, now = saved["batch_size"] * n, self.batch_size * world
         diffs = [(f"data.{k}={saved[k]}", f"data.{k}={getattr(self, k)}", f"--data.{k} {saved[k]}")
                  for k in ("seed", "block_size", "weights") if k in saved and not _same(k, saved[k], getattr(self, k))]
-        if was != now:
-            fix = (f"--data.batch_size {was // world}" if was % world == 0
-                   else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
-            had = saved.get("accumulate_grad_batches")
-            if had is not None and had != self._accumulation():  # (checkpoints from before it was saved: None)
-                # one that kept batch x devices x accumulation: the loader's position counts micro-batches of the
-                # run's global batch, so accumulation cannot stand in for devices on a resume
-                fix += f" --trainer.accumulate_grad_batches {had} (the run's: it cannot stand in for devices here)"
-            diffs.insert(0, ((f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} "
-                              f"device(s))"), f"{now} (data.batch_size={self.batch_size} x {world})", fix))
+        if was != now and self._resplit != (was, now):  # (a re-split of the same global batch: `resume_split`)
+            if resplit(saved, self.batch_size, world, self._accumulation()) is not None:  # outside TinyLM's module
+                raise CheckpointError(f"the checkpoint's position counts micro-batches of {was} windows and this "
+                                      f"run's hold {now}: call resume_split(checkpoint) from the LightningModule's "
+                                      f"on_load_checkpoint (as tinylm's does), or resume with --data.batch_size "
+                                      f"{saved['batch_size']} on {n} device(s)")
+            diffs.insert(0, self._global_batch_diff(saved))
         # what selects the text: named before the split and the fingerprint that they change (a streamed run resumed
         # without streaming was told "val_fraction=0.1 but this run has val_fraction=0.1"; another max_documents,
         # that the files were edited)
@@ -163,6 +175,70 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                                   "(its fingerprint changed: the files were edited or replaced), so the resumed run "
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
+
+    def _global_batch_diff(self, saved: dict) -> tuple[str, str, str]:
+        """(before, after, fix) for `other_data`: a resume whose windows an optimizer step draws (data.batch_size x
+        devices x accumulation) differ from the run's, with the options that keep them on this many devices."""
+        world, n, had, accumulate = self._world_size(), saved["world_size"], saved.get("accumulate_grad_batches"), \
+            self._accumulation()
+        if had is None:  # checkpoints from before the accumulation was saved: data.batch_size x devices
+            was, now = saved["batch_size"] * n, self.batch_size * world
+            return (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} device(s))",
+                    f"{now} (data.batch_size={self.batch_size} x {world})",
+                    f"--data.batch_size {was // world}" if was % world == 0
+                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
+        was, now = saved["batch_size"] * n * had, self.batch_size * world * accumulate
+        fixes = []  # the run's own split where this device count allows it, then ones that trade accumulation
+        if saved["batch_size"] * n % world == 0:
+            fixes.append(f"--data.batch_size {saved['batch_size'] * n // world}"
+                         + (f" --trainer.accumulate_grad_batches {had}" if had != accumulate else ""))
+        if was % (self.batch_size * world) == 0 and was // (self.batch_size * world) not in (accumulate, had):
+            fixes.append(f"--trainer.accumulate_grad_batches {was // (self.batch_size * world)}")
+        if was % (world * accumulate) == 0 and was // (world * accumulate) not in (
+                self.batch_size, saved["batch_size"] * n // world):
+            fixes.append(f"--data.batch_size {was // (world * accumulate)}")
+        return (f"a global batch of {was} windows a step (data.batch_size={saved['batch_size']} x {n} device(s) x "
+                f"accumulation {had})", f"{now} ({self.batch_size} x {world} x {accumulate})",
+                " or ".join(fixes) or f"--data.batch_size {saved['batch_size']} --trainer.accumulate_grad_batches "
+                                      f"{had} on {n} device(s)")
+
+    def resume_split(self, checkpoint: dict) -> None:
+        """Count a resumed run's position in this run's micro-batches when it splits the run's global batch another
+        way (`resplit`): the loader's position and Lightning's batch counters (which decide where an accumulation
+        ends in a step and where validation runs) counted micro-batches of the checkpoint's size. The module calls
+        this from its `on_load_checkpoint` when fitting: `load_state_dict` is handed only this module's part of the
+        checkpoint, and Lightning restores its loops from the rest after both."""
+        from tinylm.checkpoint import CheckpointError
+
+        saved = checkpoint.get(type(self).__qualname__) or {}
+        sizes = resplit(saved, self.batch_size, self._world_size(), self._accumulation())
+        if sizes is None:
+            return
+        was, now = sizes
+
+        def scaled(n: int) -> int:
+            if n * was % now:  # not at the end of an optimizer step (every checkpoint of a run is, but an edit)
+                raise CheckpointError(f"the checkpoint's position, {n} micro-batches of {was} windows, is not a whole "
+                                      f"number of this run's micro-batches of {now} windows; resume with "
+                                      f"--data.batch_size {saved['batch_size']} on {saved['world_size']} device(s)")
+            return n * was // now
+
+        saved["train_batches_yielded"] = scaled(int(saved.get("train_batches_yielded", 0)))
+        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        for state in (fit_loop.get("state_dict") or {}).get("combined_loader") or []:
+            if isinstance(state, dict) and "batches_yielded" in state:  # the loader's own count (ResumableLoader)
+                state["batches_yielded"] = scaled(int(state["batches_yielded"]))
+        progress = fit_loop.get("epoch_loop.batch_progress") or {}
+        for counts in (progress.get("total"), progress.get("current")):
+            if counts and "processed" in counts:  # each keeps its distance from `processed` (completed may be 1 less)
+                done = int(counts["processed"])
+                for key, value in counts.items():
+                    counts[key] = scaled(done) - (done - int(value))
+        self._resplit = sizes
+        log.info("resuming data.batch_size=%d x %d device(s) x accumulation %d as %d x %d x %d: the same %d windows "
+                 "a step, %d micro-batches of them so far", saved["batch_size"], saved["world_size"],
+                 saved["accumulate_grad_batches"], self.batch_size, self._world_size(), self._accumulation(),
+                 was * saved["accumulate_grad_batches"], saved["train_batches_yielded"])
 
     def _check_held_out(self, saved: dict) -> None:
         """Name an evaluation whose validation split may hold text the checkpoint trained on: a val_fraction larger

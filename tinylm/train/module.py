@@ -11,6 +11,7 @@ from dataclasses import fields
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -504,8 +505,6 @@ class TinyLM(L.LightningModule):
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape
                  if k in saved and saved[k] != self.hparams[k]]
         if diffs:
-            from lightning.pytorch.trainer.states import TrainerFn
-
             from tinylm.checkpoint import CheckpointError
 
             fix = ("resume with the same data.tokenizer and data.block_size, or start a new run"
@@ -516,6 +515,12 @@ class TinyLM(L.LightningModule):
                                   f"and block_size come from the data: {fix}")
         from tinylm.checkpoint import check_weights
 
+        if self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING:
+            # a resume that splits the global batch another way (devices traded for accumulation) counts its
+            # position in the new micro-batches, before Lightning restores the data module and its loops
+            resume_split = getattr(self._trainer.datamodule, "resume_split", None)
+            if resume_split is not None:
+                resume_split(checkpoint)
         # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor (FSDP2's
         # strategy loaded the weights itself, into their shards, and hands no state_dict here)
         if "state_dict" in checkpoint:
@@ -531,8 +536,6 @@ class TinyLM(L.LightningModule):
         tok = getattr(getattr(self._trainer, "datamodule", None), "tokenizer", None)
         if saved is None or tok is None:
             return  # loaded outside a run (load_from_checkpoint), or no tinylm data module
-        from lightning.pytorch.trainer.states import TrainerFn
-
         from tinylm.checkpoint import CheckpointError
         from tinylm.tokenize import Tokenizer
 
