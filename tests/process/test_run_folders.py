@@ -351,12 +351,10 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
     import os
     import time
 
-    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
-
     from tinylm.cli import run_folder
 
     run = tmp_path / "runs" / "r"
-    lock_run_folder(run)
+    run_folder.lock_run_folder(run)
     forked_, go = os.pipe()
     child = os.fork()
     if child == 0:  # the worker: lives on for a while (once os.fork returns here, the fork's hooks have run)

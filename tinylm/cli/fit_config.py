@@ -220,21 +220,3 @@ def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str,
             no_bf16 = peak_flops_by_name(gpu, "bf16-mixed") is None and peak_flops_by_name(gpu, "16-mixed")
             opts["precision"] = "16-mixed" if no_bf16 else "bf16-mixed"
     return opts
-
-
-def device_count(opts: dict[str, Any]) -> int:
-    """Devices of the run (all nodes): ``devices`` as an int, a list, "2" or "auto"/-1 (one per GPU here, else 1);
-    checked by `check_trainer_options`."""
-    import torch
-
-    devices = opts.get("devices", "auto")
-    number = int(devices) if str(devices).strip().lstrip("-").isdigit() else None
-    if isinstance(devices, (list, tuple)):
-        n = len(devices)
-    elif number is not None and number > 0:
-        n = number
-    elif "," in str(devices):
-        n = len([d for d in str(devices).split(",") if d.strip()])
-    else:  # "auto" / -1: every GPU of this machine, or one process on a CPU
-        n = max(torch.cuda.device_count(), 1)
-    return n * int(opts.get("num_nodes") or 1)

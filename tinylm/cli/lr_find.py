@@ -57,7 +57,7 @@ def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
 
     import lightning as L
 
-    from tinylm.cli.fit_config import device_count
+    from tinylm.cli.trainer_checks import device_count
     from tinylm.studies.lr_find import lr_find as range_test
 
     keep = ("accelerator", "precision", "gradient_clip_val")

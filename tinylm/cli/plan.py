@@ -78,8 +78,8 @@ def _device_of(gpu: str | None, accelerator: object) -> str:
 
 def _make_plan(cli, gpu: str | None, mfu: float) -> tuple[Plan, Plan | None]:
     """(the plan on the config's device or ``gpu``, and for a CPU plan the same run on DEFAULT_GPU)."""
-    from tinylm.cli.fit_config import device_count, trainer_options
-    from tinylm.cli.trainer_checks import check_devices
+    from tinylm.cli.fit_config import trainer_options
+    from tinylm.cli.trainer_checks import check_devices, device_count
     from tinylm.device import peak_flops_by_name
     from tinylm.studies.plan import plan as make_plan
 

@@ -71,7 +71,7 @@ def _run_config(ckpt_path: str) -> dict:
 def _windows_a_step(cfg) -> int | None:
     """The windows an optimizer step draws under a config (data.batch_size x devices x accumulation); a dict or
     jsonargparse's Namespace; None when one of them is not a number."""
-    from tinylm.cli.fit_config import device_count
+    from tinylm.cli.trainer_checks import device_count
 
     data, trainer = cfg.get("data") or {}, cfg.get("trainer") or {}
     batch, accumulate = data.get("batch_size"), trainer.get("accumulate_grad_batches") or 1
@@ -108,8 +108,8 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> 
             and every * had != had_every * accumulate:  # Lightning counts the interval in micro-batches
         log.warning("resuming from %s with trainer.val_check_interval %d and accumulate_grad_batches %d: it validates "
                     "every %s optimizer steps, the run every %s; pass --trainer.val_check_interval %s to keep the "
-                    "run's (the interval counts micro-batches)", ckpt_path, every, accumulate, f"{every / accumulate:g}",
-                    f"{had_every / had:g}", f"{had_every * accumulate / had:g}")
+                    "run's (the interval counts micro-batches)", ckpt_path, every, accumulate,
+                    f"{every / accumulate:g}", f"{had_every / had:g}", f"{had_every * accumulate / had:g}")
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
@@ -350,7 +350,7 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
         raise TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
                           f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
     check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
-    from tinylm.cli.fit_config import device_count
+    from tinylm.cli.trainer_checks import device_count
     from tinylm.data import TinyLMDataModule
     from tinylm.data.datamodule import resplit
 

@@ -51,8 +51,9 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
             e.g. ...-scaling-C2.0e12-L1-d8_L1-d12_L1-d16_L1-d20_L1-d24.png: another ladder does not overwrite it);
             the numbers go to a .json beside it.
     """
-    from tinylm.cli.fit_config import device_count, fit_objects, trainer_options
+    from tinylm.cli.fit_config import fit_objects, trainer_options
     from tinylm.cli.ranks import rank_zero
+    from tinylm.cli.trainer_checks import device_count
 
     sizes = [tuple(s) for s in (DEFAULT_SIZES if sizes is None else sizes)]  # [] is not "unset": refused
     target = tuple(DEFAULT_PREDICT if predict is None else predict)  # ([] too is refused)

@@ -304,3 +304,21 @@ def warn_small_vocab(dm) -> None:
         warnings.warn(f"the {dm.tokenizer_spec} tokenizer has {got:,} ids, far below --data.vocab_size {wanted:,}: "
                       "the corpus is too small (or repetitive) for that many merges; the model uses "
                       f"{got:,}. Use a bigger corpus or a smaller --data.vocab_size to silence this")
+
+
+def device_count(opts: dict[str, Any]) -> int:
+    """Devices of the run (all nodes): ``devices`` as an int, a list, "2" or "auto"/-1 (one per GPU here, else 1);
+    checked by `check_trainer_options`."""
+    import torch
+
+    devices = opts.get("devices", "auto")
+    number = int(devices) if str(devices).strip().lstrip("-").isdigit() else None
+    if isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif number is not None and number > 0:
+        n = number
+    elif "," in str(devices):
+        n = len([d for d in str(devices).split(",") if d.strip()])
+    else:  # "auto" / -1: every GPU of this machine, or one process on a CPU
+        n = max(torch.cuda.device_count(), 1)
+    return n * int(opts.get("num_nodes") or 1)

@@ -11,9 +11,9 @@ from dataclasses import fields
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.trainer.states import TrainerFn
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.checkpoint import checkpoint
 from torchmetrics.aggregation import MeanMetric, SumMetric
 
