@@ -152,6 +152,15 @@ def test_a_negative_number_in_scientific_notation_is_the_options_value(config, c
     _one_line_error(capsys, argv, message)
 
 
+def test_a_model_option_out_of_range_is_refused_before_the_data_is_prepared(config, tmp_path, capsys):
+    """Catches `--model.lr -1e-3` refused only by TinyLM's own check, after the data module had trained its tokenizer
+    and tokenized the corpus (minutes on a large one)."""
+    fresh = tmp_path / "fresh-cache"
+    _one_line_error(capsys, ["fit", "--config", str(config), "--model.lr", "-1e-3", "--data.cache_dir", str(fresh)],
+                    "model.lr must be in (0, inf), got -0.001")
+    assert not fresh.exists() or not any(fresh.iterdir())
+
+
 @pytest.mark.parametrize("argv, message", [
     (["fit", "--model.lr", "nan"], "--model.lr: expected a finite number, got nan"),
     (["generate", "--ckpt_path", "x.ckpt", "--temperature", "inf"], "--temperature: expected a finite number, got inf"),

@@ -207,6 +207,11 @@ class TinyLMCLI(LightningCLI):
             from tinylm.cli.unused import warn_unused_options
 
             warn_unused_options(self._section(), self._parser(sub).get_defaults())
+        from tinylm.train.module import RANGES
+
+        # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus
+        # first, minutes on a large one, before TinyLM's own check named `--model.lr -1e-3`
+        check_ranges("model", dict(self._section().get("model") or {}), RANGES)
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
