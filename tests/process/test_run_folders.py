@@ -798,6 +798,7 @@ def test_validation_inside_an_optimizer_step_is_refused(config, tmp_path, capsys
     line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", "5",
                                 "--trainer.accumulate_grad_batches", "4"])
     assert "val_check_interval=5" in line and "accumulate_grad_batches=4" in line and "4 or 8" in line
+    assert line.endswith("4 or 8, or 20 to validate every 5 optimizer steps (it counts micro-batches)")
     assert not (tmp_path / "runs" / "tiny").exists()
     line = _error_line(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", "1",
                                 "--trainer.accumulate_grad_batches", "4"])

@@ -196,6 +196,9 @@ def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
             not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
         below = every - every % accumulate if whole else 0
         nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
+        if whole and every * accumulate not in (below, below + accumulate):  # as a resume that trades devices for
+            # accumulation and keeps the run's interval would mean: it counts micro-batches
+            nearest += f", or {every * accumulate} to validate every {every} optimizer steps (it counts micro-batches)"
         what = "(batches) is not a multiple of" if whole else "(a time) under"
         raise ValueError(f"trainer.val_check_interval={every} {what} "
                          f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
