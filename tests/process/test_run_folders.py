@@ -996,7 +996,7 @@ def test_a_run_refused_before_writing_anything_leaves_no_folder(config, tmp_path
     line = _error_line(capsys, ["fit", "--config", str(config), "--model.positions", "rope", "--model.n_head", "4",
                                 "--model.n_embd", "12"])
     assert "must be even" in line
-    assert not (tmp_path / "runs" / "tiny").exists()
+    assert not (tmp_path / "runs").exists()  # nor the runs/ folder it made
     (tmp_path / "short.txt").write_text("too short to train on")  # refused after the loggers made csv/
     line = _error_line(capsys, ["fit", "--config", str(config), "--data.corpus", str(tmp_path / "short.txt")])
     assert not (tmp_path / "runs" / "tiny").exists(), line

@@ -89,6 +89,7 @@ def holds_run(run_dir: Path) -> bool:
 
 
 _LOCKS: dict[str, Any] = {}  # run folder -> the open lock file of this process
+_MADE: dict[str, Path] = {}  # run folder -> the topmost folder that locking it made
 
 
 def _drop_inherited_locks() -> None:
@@ -99,6 +100,7 @@ def _drop_inherited_locks() -> None:
         with contextlib.suppress(OSError):
             f.close()
     _LOCKS.clear()
+    _MADE.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -113,6 +115,8 @@ def lock_run_folder(run_dir: Path):
     key = str(run_dir.resolve())
     if key in _LOCKS:
         return _LOCKS[key]
+    folder = Path(key)  # the topmost folder this makes (runs/ of a first run), removed with an empty run folder
+    made = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), folder)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileNotFoundError as e:  # under /proc: one line naming the folder (a file on the way, a read-only disk:
@@ -131,7 +135,7 @@ def lock_run_folder(run_dir: Path):
     f.truncate()
     f.write(f"pid {os.getpid()}")
     f.flush()
-    _LOCKS[key] = f
+    _LOCKS[key], _MADE[key] = f, made
     return f
 
 
@@ -162,6 +166,7 @@ def check_not_in_use(run_dir: Path) -> None:
 
 def release_run_folder(run_dir: Path) -> None:
     """Release this process's lock on ``run_dir`` (taken by `lock_run_folder`), if it holds one."""
+    _MADE.pop(str(run_dir.resolve()), None)
     lock = _LOCKS.pop(str(run_dir.resolve()), None)
     if lock is not None:
         _unlock(lock)
@@ -192,12 +197,16 @@ def release_run_folders() -> None:
             lock.unlink()  # while still locked: no other process holds this file
         _unlock(f)
         f.close()
+        made = _MADE.pop(key, folder)
         if empty:
             with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
                 for sub in inside:
                     if sub.is_dir():
                         sub.rmdir()
                 folder.rmdir()
+                while folder != made and made in folder.parents:  # and the empty folders above it that it made
+                    folder = folder.parent
+                    folder.rmdir()
 
 
 def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
