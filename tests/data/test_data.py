@@ -391,8 +391,12 @@ def test_a_resume_may_split_the_global_batch_another_way_and_counts_its_position
         dm.load_state_dict(dict(saved, train_batches_yielded=3))
     odd = {"TinyLMDataModule": dict(saved, world_size=1, accumulate_grad_batches=2, train_batches_yielded=3)}
     dm.trainer.world_size = 2  # 4 windows x accumulation 2 resumed as 8 windows x 1, at micro-batch 3: mid-step
-    with pytest.raises(CheckpointError, match="3 micro-batches of 4 windows, is not a whole number of this run's"):
+    with pytest.raises(CheckpointError, match="position, 3, is not a whole number of this run's micro-batches"):
         dm.resume_split(odd)
+    old = {k: v for k, v in saved.items() if k != "accumulate_grad_batches"}  # from before it was saved
+    dm.trainer.world_size, dm.trainer.accumulate_grad_batches = 1, 2
+    with pytest.raises(CheckpointError, match="from before tinylm saved the run's accumulation"):
+        dm.load_state_dict(dict(old))
 
 
 def test_val_batches_tile_the_split(shakespeare, tmp_path):

@@ -161,6 +161,14 @@ def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
     line = next(ln for ln in err if "global batch of" in ln)
     assert f"global batch of {2 * B} windows a step" in line
     assert f"resume with --data.batch_size {2 * B} or --trainer.accumulate_grad_batches 2, or" in line
+    # a batch size typed wrong beside a new accumulation: this line, not the accumulation's check (which named an
+    # accumulation that the global batch then refused)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", "2",
+              "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "6"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith(f"resume with --data.batch_size {2 * B} --trainer.accumulate_grad_batches 1 or "
+                         f"--trainer.accumulate_grad_batches {B} or --data.batch_size {B}, or start a new run"), line
 
 
 def test_ddp_fork_trains_and_resumes(config, tmp_path):

@@ -313,22 +313,33 @@ def test_a_refused_resume_leaves_no_config_record(config, tmp_path, capsys):
     assert "accumulate_grad_batches: 2" in (run / "config.resume-step2.yaml").read_text()
 
 
-def test_a_resume_whose_accumulation_splits_a_step_is_refused(config, tmp_path, capsys):
-    """Catches a resume with an accumulate_grad_batches that does not divide the micro-batches done in the epoch:
-    Lightning steps when that count reaches a multiple, so the first step summed 1 micro-batch divided by 2."""
-    main(["fit", "--config", str(config), "--trainer.max_steps", "3"])
-    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"]
-    line = _error_line(capsys, [*resume, "--trainer.accumulate_grad_batches", "2"])
-    assert "accumulate_grad_batches 2 does not divide the 3 micro-batches" in line
-    assert line.endswith("resume with the run's own 1")  # 3 divides the micro-batches, not val_check_interval 2
-    line = _error_line(capsys, [*resume, "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "6"])
-    assert line.endswith("resume with the run's own 1 or one that divides 3 and trainer.val_check_interval 6 (3)")
-    assert sorted(p.name for p in (tmp_path / "runs" / "tiny").glob("config*.yaml")) == ["config.yaml"]
-    main([*resume, "--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "3"])
+def test_a_resume_with_another_accumulation_steps_on_whole_accumulations_at_the_runs_validation_steps(
+        config, tmp_path, capsys):
+    """Catches a resume with another accumulate_grad_batches stepping on part of an accumulation (Lightning steps when
+    its micro-batch count reaches a multiple of it: 3 done, accumulation 2, the first step summed 1 micro-batch
+    divided by 2; it was refused), or validating at other steps than its interval says (the count went on from the
+    run's micro-batches: every 6 with accumulation 2 validated after steps 5 and 8): the count is taken again in the
+    new micro-batches, as if the run had always accumulated so."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--trainer.val_check_interval", "3"])
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--trainer.max_steps", "9", "--ckpt_path", "last",
+          "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "6"])
     err = capsys.readouterr().err
-    assert "trainer.accumulate_grad_batches 3 (the run had 1)" in err
-    # the interval counts micro-batches: every 3 with accumulation 3 validates every step, the run every 2
-    assert "validates every 1 optimizer steps, the run every 2; pass --trainer.val_check_interval 6" in err
+    assert "trainer.accumulate_grad_batches 2 (the run had 1)" in err and "val_check_interval" not in err
+    rows = _rows(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv")
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [2, 5, 8]  # after steps 3, 6 and 9
+    assert all(float(r["train/loss"]) < 10 for r in rows if r.get("train/loss"))
+
+
+def test_a_resume_with_another_batch_size_names_the_val_batches_that_keep_the_runs_windows(config, tmp_path,
+                                                                                          capsys):
+    """Catches data.val_batches (batches of data.batch_size windows) silently measuring val/loss on other windows
+    after a resume that trades batch size for accumulation (val/loss 0.014 off the run's from there)."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])  # batch 2, val_batches 1
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", "1",
+          "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4"])
+    assert "pass --data.val_batches 2 to keep the run's" in capsys.readouterr().err
 
 
 def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():

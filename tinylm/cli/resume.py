@@ -68,12 +68,11 @@ def _run_config(ckpt_path: str) -> dict:
     return read_yaml(configs[-1]) if configs else {}
 
 
-def _windows_a_step(cfg) -> int | None:
-    """The windows an optimizer step draws under a config (data.batch_size x devices x accumulation); a dict or
-    jsonargparse's Namespace; None when one of them is not a number."""
+def _windows_a_step(data: dict, trainer: dict) -> int | None:
+    """The windows an optimizer step draws (data.batch_size x devices x accumulation) under a config's data and trainer
+    sections (dicts, or jsonargparse's Namespaces); None when one of them is not a number."""
     from tinylm.cli.trainer_checks import device_count
 
-    data, trainer = cfg.get("data") or {}, cfg.get("trainer") or {}
     batch, accumulate = data.get("batch_size"), trainer.get("accumulate_grad_batches") or 1
     if not (isinstance(batch, int) and isinstance(accumulate, int)):
         return None
@@ -83,47 +82,73 @@ def _windows_a_step(cfg) -> int | None:
         return None
 
 
-def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None) -> None:
+def _steps(n: float) -> str:
+    return "every optimizer step" if n == 1 else f"every {n:g} optimizer steps"
+
+
+def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, data_state: dict | None = None) -> None:
     """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
-    newest config*.yaml, beside the checkpoint's folder), and a seed_everything that has no effect: model options are
-    taken from the checkpoint with a warning; these apply, and the run goes on as another run."""
+    newest config*.yaml, beside the checkpoint's folder; the accumulation and batch from the checkpoint's own data
+    state, `data_state`, where it has them: a branch from an older step-N.ckpt), and a seed_everything that has no
+    effect: model options are taken from the checkpoint with a warning; these apply, and the run goes on as another
+    run."""
     folder = Path(ckpt_path).resolve().parent.parent
     newest = _run_config(ckpt_path)
     if not newest:
         return
-    trainer = newest.get("trainer") or {}  # what the run trained with last
+    trainer, data = dict(newest.get("trainer") or {}), dict(newest.get("data") or {})  # what the run trained with
+    state = data_state or {}
+    if isinstance(state.get("accumulate_grad_batches"), int):  # the checkpoint's own, over its run's newest record
+        trainer["accumulate_grad_batches"] = state["accumulate_grad_batches"]
+        data["batch_size"], trainer["devices"], trainer["num_nodes"] = state["batch_size"], state["world_size"], 1
     now = {k: cfg.trainer.get(k) for k in _TRAINING_OPTIONS}
     if n_embd and "precision" in trainer:  # an unset precision is resolved by device and width, here as there
         from tinylm.device import resolve_precision
 
         trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
         now["precision"] = resolve_precision(now["precision"], n_embd)
+    if "accumulate_grad_batches" in trainer:  # unset is 1 (a checkpoint's state says 1)
+        trainer["accumulate_grad_batches"], now["accumulate_grad_batches"] = \
+            trainer["accumulate_grad_batches"] or 1, now["accumulate_grad_batches"] or 1
     changed = [f"trainer.{k} {now[k]!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
                if k in trainer and now[k] != trainer.get(k)
                # accumulation that stands in for devices or batch size: the same windows a step (tinylm.data.resplit)
-               and not (k == "accumulate_grad_batches" and _windows_a_step(newest) == _windows_a_step(cfg))]
-    every, had_every = cfg.trainer.get("val_check_interval"), trainer.get("val_check_interval")
-    accumulate, had = cfg.trainer.get("accumulate_grad_batches") or 1, trainer.get("accumulate_grad_batches") or 1
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in (every, had_every, accumulate, had)) \
-            and every * had != had_every * accumulate:  # Lightning counts the interval in micro-batches
-        log.warning("resuming from %s with trainer.val_check_interval %d and accumulate_grad_batches %d: it validates "
-                    "every %s optimizer steps, the run every %s; pass --trainer.val_check_interval %s to keep the "
-                    "run's (the interval counts micro-batches)", ckpt_path, every, accumulate,
-                    f"{every / accumulate:g}", f"{had_every / had:g}", f"{had_every * accumulate / had:g}")
+               and not (k == "accumulate_grad_batches"
+                        and _windows_a_step(data, trainer) == _windows_a_step(cfg.data, cfg.trainer))]
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
-    data = newest.get("data") or {}
-    if "val_batches" in data and cfg.data.get("val_batches") != data["val_batches"]:
-        log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
-                    "windows from here on, so its curve jumps and best.ckpt is picked across the two",
-                    ckpt_path, cfg.data.get("val_batches"), data["val_batches"])
+    _warn_validation_changes(cfg, trainer, data, ckpt_path)
     started = read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
         log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
                     "restores the run's random state, so dropout and data order go on as they were", ckpt_path, seed,
                     started["seed_everything"])
+
+
+def _warn_validation_changes(cfg, trainer: dict, data: dict, ckpt_path: str) -> None:
+    """Name a resume that validates at other steps, or on other windows, than the run did (`trainer` and `data`: the
+    run's sections)."""
+    every, had_every = cfg.trainer.get("val_check_interval"), trainer.get("val_check_interval")
+    accumulate, had = cfg.trainer.get("accumulate_grad_batches") or 1, trainer.get("accumulate_grad_batches") or 1
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (every, had_every, accumulate, had)) \
+            and every * had != had_every * accumulate:  # Lightning counts the interval in micro-batches
+        log.warning("resuming from %s with trainer.val_check_interval %d and accumulate_grad_batches %d: it validates "
+                    "%s, the run %s; pass --trainer.val_check_interval %s to keep the run's (the interval counts "
+                    "micro-batches)", ckpt_path, every, accumulate, _steps(every / accumulate),
+                    _steps(had_every / had), f"{had_every * accumulate / had:g}")
+    limit, batch, had_batch = cfg.data.get("val_batches"), cfg.data.get("batch_size"), data.get("batch_size")
+    if "val_batches" in data and limit != data["val_batches"]:
+        log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
+                    "windows from here on, so its curve jumps and best.ckpt is picked across the two",
+                    ckpt_path, limit, data["val_batches"])
+    elif isinstance(limit, int) and isinstance(batch, int) and isinstance(had_batch, int) and batch != had_batch:
+        keep = f"--data.val_batches {limit * had_batch // batch}" if limit * had_batch % batch == 0 else \
+            "data.val_batches null (the whole split)"
+        log.warning("resuming from %s with data.batch_size %d (the run had %d) and data.val_batches %d: it counts "
+                    "batches of data.batch_size windows, so val/loss is measured on other windows from here on; "
+                    "pass %s to keep the run's", ckpt_path, batch, had_batch, limit, keep)
 
 
 def warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_path: str) -> None:
@@ -165,19 +190,20 @@ def check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
                           "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
 
 
-def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None,
-                       sizes: tuple[int, int] | None = None) -> None:
+def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None) -> None:
     """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
     epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
-    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such). `sizes`: a resume
-    that re-splits the run's global batch (tinylm.data.resplit) counts them in its own micro-batches."""
+    micro-batches than it divides by (a gradient too small by that ratio, and clipped as such). A checkpoint that
+    says its run's accumulation has its count taken again in this run's (TinyLMDataModule.resume_split), which
+    leaves only an edited one to refuse here."""
     try:
         progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
     except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
         return
-    if sizes is not None and done * sizes[0] % sizes[1] == 0:  # (else the restore names the position)
-        done = done * sizes[0] // sizes[1]
+    had = (ckpt.get("TinyLMDataModule") or {}).get("accumulate_grad_batches")
+    if isinstance(had, int) and had > 0 and isinstance(accumulate, int) and done * accumulate % had == 0:
+        done = done * accumulate // had  # as resume_split counts it
     if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
         return
     short = accumulate - done % accumulate
@@ -190,7 +216,8 @@ def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_in
     fits = f" or one that divides {done}" + (f" and trainer.val_check_interval {every}" if every else "") + \
            f" ({', '.join(map(str, near))})" if near else ""
     raise TinyLMError(f"--trainer.accumulate_grad_batches {accumulate} does not divide the {done} micro-batches "
-                      f"{ckpt_path} has done in its epoch: the first step would sum {short} micro-batches, each "
+                      f"{ckpt_path} has done in its epoch: the first step would sum {short} micro-batch"
+                      f"{'es' if short > 1 else ''}, each "
                       f"divided by {accumulate}; resume with {own}{fits}")
 
 
@@ -352,12 +379,13 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
     from tinylm.cli.trainer_checks import device_count
     from tinylm.data import TinyLMDataModule
-    from tinylm.data.datamodule import resplit
+    from tinylm.data.datamodule import check_global_batch
 
     saved = ckpt.get(TinyLMDataModule.__qualname__) or {}
-    accumulate = cfg.trainer.get("accumulate_grad_batches")
-    check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"),
-                       resplit(saved, cfg.data.get("batch_size"), device_count(cfg.trainer), accumulate or 1))
+    accumulate = cfg.trainer.get("accumulate_grad_batches") or 1
+    # before the accumulation's check: a batch size typed wrong was told to change its accumulation
+    check_global_batch(saved, cfg.data.get("batch_size"), device_count(cfg.trainer), accumulate)
+    check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"))
     TinyLMDataModule.check_split_before_preparing(saved, cfg.data.get("val_fraction"))
 
 
@@ -393,7 +421,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
                     " (to change them, start a new run)" if sub == "fit" else "")
     if sub == "fit":
         warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
-        warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"))
+        warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"), data_state=ckpt.get("TinyLMDataModule"))
     for key in linked:
         saved.pop(key, None)
     if source is not None:  # the checkpoint holds the weights, and the shape they gave

@@ -26,7 +26,7 @@ from tinylm.data.loader import (
 )
 from tinylm.data.prepared import RANGES, PreparedData
 
-__all__ = ["RANGES", "TinyLMDataModule", "other_data", "resplit"]
+__all__ = ["RANGES", "TinyLMDataModule", "check_global_batch", "global_batch_diff", "other_data", "resplit"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,47 @@ def resplit(saved: dict, batch_size: Any, world_size: int, accumulate: Any) -> t
         return None
     was, now = saved["batch_size"] * saved["world_size"], batch_size * world_size
     return (was, now) if was != now and was * had == now * accumulate else None
+
+
+def global_batch_diff(saved: dict, batch_size: int, world: int, accumulate: int) -> tuple[str, str, str]:
+    """(before, after, fix) for `other_data`: a resume whose windows an optimizer step draws (data.batch_size x
+    devices x accumulation) differ from the run's, with the options that keep them on this many devices."""
+    n, had = saved["world_size"], saved.get("accumulate_grad_batches")
+    if had is None:  # checkpoints from before the accumulation was saved: data.batch_size x devices
+        was, now = saved["batch_size"] * n, batch_size * world
+        fix = f"--data.batch_size {was // world}" if was % world == 0 else \
+            f"--data.batch_size {saved['batch_size']} on {n} device(s)"
+        if accumulate > 1:
+            fix += (" (the checkpoint is from before tinylm saved the run's accumulation, so accumulation cannot "
+                    "stand in for devices or batch size on its resume)")
+        return (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} device(s))",
+                f"{now} (data.batch_size={batch_size} x {world})", fix)
+    was, now = saved["batch_size"] * n * had, batch_size * world * accumulate
+    fixes = []  # the run's own split where this device count allows it, then ones that trade accumulation
+    if saved["batch_size"] * n % world == 0:
+        fixes.append(f"--data.batch_size {saved['batch_size'] * n // world}"
+                     + (f" --trainer.accumulate_grad_batches {had}" if had != accumulate else ""))
+    if was % (batch_size * world) == 0 and was // (batch_size * world) not in (accumulate, had):
+        fixes.append(f"--trainer.accumulate_grad_batches {was // (batch_size * world)}")
+    if was % (world * accumulate) == 0 and was // (world * accumulate) not in (batch_size,
+                                                                            saved["batch_size"] * n // world):
+        fixes.append(f"--data.batch_size {was // (world * accumulate)}")
+    return (f"a global batch of {was} windows a step (data.batch_size={saved['batch_size']} x {n} device(s) x "
+            f"accumulation {had})", f"{now} ({batch_size} x {world} x {accumulate})",
+            " or ".join(fixes) or f"--data.batch_size {saved['batch_size']} --trainer.accumulate_grad_batches "
+                                  f"{had} on {n} device(s)")
+
+
+def check_global_batch(saved: dict, batch_size: Any, world: int, accumulate: Any) -> None:
+    """Refuse, from the data module's part of a checkpoint alone (before the data is prepared, and before the ranks
+    start: each would say it), a resume whose micro-batch (data.batch_size x devices) changed and whose global batch
+    did not stay the same; the restore refuses it too (`TinyLMDataModule._check_same_data`)."""
+    if not all(isinstance(v, int) and v > 0 for v in (saved.get("batch_size"), saved.get("world_size"),
+                                                      batch_size, world, accumulate)):
+        return
+    if saved["batch_size"] * saved["world_size"] != batch_size * world and \
+            resplit(saved, batch_size, world, accumulate) is None:
+        raise other_data(*global_batch_diff(saved, batch_size, world, accumulate))
 
 
 class TinyLMDataModule(PreparedData, L.LightningDataModule):
@@ -139,8 +180,9 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     def _check_same_data(self, saved: dict) -> None:
         """Refuse a resume that would draw other training data than the checkpoint's run (checkpoints from before
         these keys were saved are not checked). Batch k holds global samples k * B * W ... (k + 1) * B * W - 1, keyed
-        by the seed (loader.TrainBatches), so what must match is the *global* batch B x W and the seed, not B and W
-        one by one: that keeps the door open to an elastic resume onto another device count."""
+        by the seed (loader.TrainBatches), so what must match is the seed and the windows a step, B x W x accumulation,
+        not B, W and accumulation one by one: an elastic resume onto another device count, or with accumulation
+        standing in for devices (`resume_split` then counted the position in the new micro-batches)."""
         from tinylm.checkpoint import CheckpointError
 
         if "batch_size" not in saved:
@@ -155,7 +197,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                                       f"run's hold {now}: call resume_split(checkpoint) from the LightningModule's "
                                       f"on_load_checkpoint (as tinylm's does), or resume with --data.batch_size "
                                       f"{saved['batch_size']} on {n} device(s)")
-            diffs.insert(0, self._global_batch_diff(saved))
+            diffs.insert(0, global_batch_diff(saved, self.batch_size, world, self._accumulation()))
         # what selects the text: named before the split and the fingerprint that they change (a streamed run resumed
         # without streaming was told "val_fraction=0.1 but this run has val_fraction=0.1"; another max_documents,
         # that the files were edited)
@@ -176,69 +218,48 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
 
-    def _global_batch_diff(self, saved: dict) -> tuple[str, str, str]:
-        """(before, after, fix) for `other_data`: a resume whose windows an optimizer step draws (data.batch_size x
-        devices x accumulation) differ from the run's, with the options that keep them on this many devices."""
-        world, n, had, accumulate = self._world_size(), saved["world_size"], saved.get("accumulate_grad_batches"), \
-            self._accumulation()
-        if had is None:  # checkpoints from before the accumulation was saved: data.batch_size x devices
-            was, now = saved["batch_size"] * n, self.batch_size * world
-            return (f"a global batch of {was} windows (data.batch_size={saved['batch_size']} x {n} device(s))",
-                    f"{now} (data.batch_size={self.batch_size} x {world})",
-                    f"--data.batch_size {was // world}" if was % world == 0
-                    else f"--data.batch_size {saved['batch_size']} on {n} device(s)")
-        was, now = saved["batch_size"] * n * had, self.batch_size * world * accumulate
-        fixes = []  # the run's own split where this device count allows it, then ones that trade accumulation
-        if saved["batch_size"] * n % world == 0:
-            fixes.append(f"--data.batch_size {saved['batch_size'] * n // world}"
-                         + (f" --trainer.accumulate_grad_batches {had}" if had != accumulate else ""))
-        if was % (self.batch_size * world) == 0 and was // (self.batch_size * world) not in (accumulate, had):
-            fixes.append(f"--trainer.accumulate_grad_batches {was // (self.batch_size * world)}")
-        if was % (world * accumulate) == 0 and was // (world * accumulate) not in (
-                self.batch_size, saved["batch_size"] * n // world):
-            fixes.append(f"--data.batch_size {was // (world * accumulate)}")
-        return (f"a global batch of {was} windows a step (data.batch_size={saved['batch_size']} x {n} device(s) x "
-                f"accumulation {had})", f"{now} ({self.batch_size} x {world} x {accumulate})",
-                " or ".join(fixes) or f"--data.batch_size {saved['batch_size']} --trainer.accumulate_grad_batches "
-                                      f"{had} on {n} device(s)")
-
     def resume_split(self, checkpoint: dict) -> None:
-        """Count a resumed run's position in this run's micro-batches when it splits the run's global batch another
-        way (`resplit`): the loader's position and Lightning's batch counters (which decide where an accumulation
-        ends in a step and where validation runs) counted micro-batches of the checkpoint's size. The module calls
-        this from its `on_load_checkpoint` when fitting: `load_state_dict` is handed only this module's part of the
-        checkpoint, and Lightning restores its loops from the rest after both."""
+        """Count a resumed run's position in this run's micro-batches when they are not the checkpoint's: the loader's
+        position when a micro-batch draws another number of windows (`resplit`: accumulation standing in for devices
+        or batch size), and Lightning's batch counters, which decide where an accumulation ends in a step and where
+        validation runs, whenever a step takes another number of micro-batches (a changed accumulate_grad_batches
+        too: counted as if the run had always stepped so, a validation interval keeps to whole steps). The module
+        calls this from its `on_load_checkpoint` when fitting: `load_state_dict` is handed only this module's part of
+        the checkpoint, and Lightning restores its loops from the rest after both."""
         from tinylm.checkpoint import CheckpointError
 
         saved = checkpoint.get(type(self).__qualname__) or {}
-        sizes = resplit(saved, self.batch_size, self._world_size(), self._accumulation())
-        if sizes is None:
-            return
-        was, now = sizes
+        had, accumulate, sizes = saved.get("accumulate_grad_batches"), self._accumulation(), \
+            resplit(saved, self.batch_size, self._world_size(), self._accumulation())
+        same_size = saved.get("batch_size", 0) * saved.get("world_size", 0) == self.batch_size * self._world_size()
+        if not isinstance(had, int) or had < 1 or not (sizes or same_size) or (same_size and had == accumulate):
+            return  # nothing to count again (or a changed global batch, which the restore refuses)
 
-        def scaled(n: int) -> int:
+        def scaled(n: int, was: int, now: int, what: str) -> int:
             if n * was % now:  # not at the end of an optimizer step (every checkpoint of a run is, but an edit)
-                raise CheckpointError(f"the checkpoint's position, {n} micro-batches of {was} windows, is not a whole "
-                                      f"number of this run's micro-batches of {now} windows; resume with "
-                                      f"--data.batch_size {saved['batch_size']} on {saved['world_size']} device(s)")
+                raise CheckpointError(f"the checkpoint's {what}, {n}, is not a whole number of this run's micro-"
+                                      f"batches; resume with --data.batch_size {saved['batch_size']} "
+                                      f"--trainer.accumulate_grad_batches {had} on {saved['world_size']} device(s)")
             return n * was // now
 
-        saved["train_batches_yielded"] = scaled(int(saved.get("train_batches_yielded", 0)))
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
-        for state in (fit_loop.get("state_dict") or {}).get("combined_loader") or []:
-            if isinstance(state, dict) and "batches_yielded" in state:  # the loader's own count (ResumableLoader)
-                state["batches_yielded"] = scaled(int(state["batches_yielded"]))
         progress = fit_loop.get("epoch_loop.batch_progress") or {}
         for counts in (progress.get("total"), progress.get("current")):
             if counts and "processed" in counts:  # each keeps its distance from `processed` (completed may be 1 less)
                 done = int(counts["processed"])
                 for key, value in counts.items():
-                    counts[key] = scaled(done) - (done - int(value))
+                    counts[key] = scaled(done, accumulate, had, "micro-batch count") - (done - int(value))
+        if sizes is None:
+            return
+        was, now = sizes
+        saved["train_batches_yielded"] = scaled(int(saved.get("train_batches_yielded", 0)), was, now, "position")
+        for state in (fit_loop.get("state_dict") or {}).get("combined_loader") or []:
+            if isinstance(state, dict) and "batches_yielded" in state:  # the loader's own count (ResumableLoader)
+                state["batches_yielded"] = scaled(int(state["batches_yielded"]), was, now, "position")
         self._resplit = sizes
         log.info("resuming data.batch_size=%d x %d device(s) x accumulation %d as %d x %d x %d: the same %d windows "
-                 "a step, %d micro-batches of them so far", saved["batch_size"], saved["world_size"],
-                 saved["accumulate_grad_batches"], self.batch_size, self._world_size(), self._accumulation(),
-                 was * saved["accumulate_grad_batches"], saved["train_batches_yielded"])
+                 "a step, %d micro-batches of them so far", saved["batch_size"], saved["world_size"], had,
+                 self.batch_size, self._world_size(), accumulate, was * had, saved["train_batches_yielded"])
 
     def _check_held_out(self, saved: dict) -> None:
         """Name an evaluation whose validation split may hold text the checkpoint trained on: a val_fraction larger
