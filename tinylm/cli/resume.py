@@ -97,6 +97,7 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     if not newest:
         return
     trainer, data = dict(newest.get("trainer") or {}), dict(newest.get("data") or {})  # what the run trained with
+    _warn_validation_changes(cfg, newest.get("trainer") or {}, dict(data), ckpt_path)  # (its interval and accumulation)
     state = data_state or {}
     if isinstance(state.get("accumulate_grad_batches"), int):  # the checkpoint's own, over its run's newest record
         trainer["accumulate_grad_batches"] = state["accumulate_grad_batches"]
@@ -118,7 +119,6 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
-    _warn_validation_changes(cfg, trainer, data, ckpt_path)
     started = read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
