@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import pytest
 import torch
 import yaml
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a run of the suite is the same test everywhere: CI, a clone) and
+# keep no example database in the tree; `--hypothesis-seed` or another profile explores further by hand.
+settings.register_profile("tinylm", derandomize=True, database=None)
+settings.load_profile("tinylm")
 
 if TYPE_CHECKING:
     from tinylm.tokenize.bpe import ByteLevelBPE
