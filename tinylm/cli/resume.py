@@ -190,18 +190,18 @@ def check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
                           "max_time is the run's total); pass a larger --trainer.max_time, or leave it out")
 
 
-def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None) -> None:
+def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_interval: Any = None,
+                       had: Any = None) -> None:
     """Refuse a resume whose --trainer.accumulate_grad_batches does not divide the micro-batches the checkpoint's
     epoch has done: Lightning steps when that count reaches a multiple of it, so the first step would sum fewer
     micro-batches than it divides by (a gradient too small by that ratio, and clipped as such). A checkpoint that
-    says its run's accumulation has its count taken again in this run's (TinyLMDataModule.resume_split), which
-    leaves only an edited one to refuse here."""
+    says its run's accumulation (`had`, from its data module's state) has its count taken again in this run's
+    (TinyLMDataModule.resume_split), which leaves only an edited one to refuse here."""
     try:
         progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
     except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
         return
-    had = (ckpt.get("TinyLMDataModule") or {}).get("accumulate_grad_batches")
     if isinstance(had, int) and had > 0 and isinstance(accumulate, int) and done * accumulate % had == 0:
         done = done * accumulate // had  # as resume_split counts it
     if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:
@@ -385,7 +385,8 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     accumulate = cfg.trainer.get("accumulate_grad_batches") or 1
     # before the accumulation's check: a batch size typed wrong was told to change its accumulation
     check_global_batch(saved, cfg.data.get("batch_size"), device_count(cfg.trainer), accumulate)
-    check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"))
+    check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"),
+                       saved.get("accumulate_grad_batches"))
     TinyLMDataModule.check_split_before_preparing(saved, cfg.data.get("val_fraction"))
 
 
@@ -421,7 +422,10 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
                     " (to change them, start a new run)" if sub == "fit" else "")
     if sub == "fit":
         warn_schedule_change(ckpt, saved, cfg.trainer.get("max_steps"), ckpt_path)
-        warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"), data_state=ckpt.get("TinyLMDataModule"))
+        from tinylm.data import TinyLMDataModule
+
+        warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"),
+                              data_state=ckpt.get(TinyLMDataModule.__qualname__))
     for key in linked:
         saved.pop(key, None)
     if source is not None:  # the checkpoint holds the weights, and the shape they gave

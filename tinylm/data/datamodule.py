@@ -229,10 +229,10 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         from tinylm.checkpoint import CheckpointError
 
         saved = checkpoint.get(type(self).__qualname__) or {}
-        had, accumulate, sizes = saved.get("accumulate_grad_batches"), self._accumulation(), \
-            resplit(saved, self.batch_size, self._world_size(), self._accumulation())
+        had, accumulate = saved.get("accumulate_grad_batches"), self._accumulation()
+        sizes = resplit(saved, self.batch_size, self._world_size(), accumulate)  # (None unless `had` is a count)
         same_size = saved.get("batch_size", 0) * saved.get("world_size", 0) == self.batch_size * self._world_size()
-        if not isinstance(had, int) or had < 1 or not (sizes or same_size) or (same_size and had == accumulate):
+        if sizes is None and not (same_size and isinstance(had, int) and 0 < had != accumulate):
             return  # nothing to count again (or a changed global batch, which the restore refuses)
 
         def scaled(n: int, was: int, now: int, what: str) -> int:
