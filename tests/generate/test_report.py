@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import lightning as L
@@ -193,10 +194,10 @@ def test_sample_report_command_end_to_end(tmp_path, small_data, capsys):
     assert (out / "diversity_vs_likelihood.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, capsys):
+def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, capsys, monkeypatch):
     """Catches `--prompts TEXT` failing ("Expected a <class 'list'>"): one prompt is plain text, `--prompts+` adds
     more, and escapes are understood as in generate; and a prompt read as YAML (`--prompts "- a"` prompted "a", a
-    `--prompts+ "I: a"` replaced the prompts before it)."""
+    `--prompts+ "I: a"` replaced the prompts before it). `--prompts_file`: one prompt a line."""
     pytest.importorskip("matplotlib")
     text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
     ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
@@ -206,6 +207,20 @@ def test_sample_report_prompts_as_the_readme_writes_them(tmp_path, small_data, c
                                 ("yaml-like", ["--prompts", "- a", "--prompts+", "I: a"], ["- a", "I: a"])]:
         run_command("sample-report", [*common, "--out", str(tmp_path / name), *prompts])
         assert json.loads((tmp_path / name / "metrics.json").read_text(encoding="utf-8"))["prompts"] == want
+    # a file: one prompt a line, escapes read, blank lines and a byte-order mark skipped, Windows line ends
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.txt").write_bytes("\ufeffthe\r\n\r\n  \nand\\n\r\n- a\n".encode())
+    run_command("sample-report", [*common, "--out", str(tmp_path / "file"), "--prompts_file", "prompts.txt"])
+    assert json.loads((tmp_path / "file" / "metrics.json").read_text(encoding="utf-8"))["prompts"] == [
+        "the", "and\n", "- a"]
+    (tmp_path / "blank.txt").write_text("\n \n")
+    for args, want in [(["--prompts_file", "blank.txt"], "--prompts_file 'blank.txt' holds no prompt"),
+                       (["--prompts_file", "prompts.txt", "--prompts", "x"], "--prompts and --prompts_file 'prompts"
+                        ".txt' both give the prompts; give one"),
+                       (["--prompts_file", "nope.txt"], "--prompts_file 'nope.txt' cannot be read")]:
+        with pytest.raises(ValueError, match=re.escape(want)):
+            run_command("sample-report", [*common, "--out", str(tmp_path / "refused"), *args])
+    assert not (tmp_path / "refused").exists()
 
 
 def test_sample_report_seed_leaves_room_for_every_prompt(tmp_path, small_data):

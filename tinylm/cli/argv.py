@@ -136,7 +136,7 @@ def _at(data: Any, dotted: str) -> Any:
 
 
 HOME_PATH_OPTIONS = ("config", "ckpt_path", "draft_ckpt_path", "default_root_dir", "cache_dir", "init_from",
-                     "corpus", "tokenizer", "out", "prompt_file")
+                     "corpus", "tokenizer", "out", "prompt_file", "prompts_file")
 """The options (by the last part of their dotted key) that take a path: a leading ``~`` in their value is the home
 folder, as a shell would have made it, which it does not in ``--key=~/x``, in quotes or in a YAML config. Taken
 literally, ``--trainer.default_root_dir=~/runs`` split a run between ./~/runs and $HOME/runs (Lightning's CSV

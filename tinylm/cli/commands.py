@@ -339,34 +339,46 @@ def read_prompt_file(path: str, prompt: str = "") -> str:
     and one trailing line end (an editor's, `echo`'s). One line for a prompt given twice (``prompt`` non-empty), a
     terminal as standard input (it would wait for text typed), a missing, unreadable, binary, undecodable or empty
     file."""
-    import sys
-
     if prompt:
         raise ValueError(f"--prompt and --prompt_file {path!r} both give the prompt; give one")
-    name = "standard input" if path == "-" else repr(path)
+    text = read_text_option(path, "--prompt_file", "the prompt", "generate")
+    text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+    if not text:
+        raise ValueError(f"--prompt_file {_file_name(path)} is empty; give a file with the prompt, or leave out "
+                         "--prompt_file to start from a fresh document")
+    return text
+
+
+def _file_name(path: str) -> str:
+    return "standard input" if path == "-" else repr(path)
+
+
+def read_text_option(path: str, flag: str, what: str, command: str) -> str:
+    """The text of the file ``path`` given to ``flag`` (``-``: standard input) of ``command``, which reads ``what``
+    from it, decoded as UTF-8 less a leading byte-order mark. One line for a terminal as standard input (it would
+    wait for text typed), a closed one, and a missing, unreadable, binary or undecodable file."""
+    import sys
+
+    name = _file_name(path)
     if path == "-" and _stdin_is_terminal():
-        raise ValueError("--prompt_file - reads the prompt from standard input, which is a terminal; pipe the text "
-                         "in (cat story.txt | tinylm generate ... --prompt_file -) or give a file")
+        raise ValueError(f"{flag} - reads {what} from standard input, which is a terminal; pipe the text in (cat "
+                         f"story.txt | tinylm {command} ... {flag} -) or give a file")
     if path == "-" and sys.stdin is None:
-        raise ValueError("--prompt_file - reads the prompt from standard input, which is closed; pipe the text in")
+        raise ValueError(f"{flag} - reads {what} from standard input, which is closed; pipe the text in")
     try:
         data = Path(path).read_bytes() if path != "-" else getattr(sys.stdin, "buffer", sys.stdin).read()
     except OSError as e:
-        raise ValueError(f"--prompt_file {name} cannot be read ({e.strerror or e}); give a text file, or - for "
-                         "standard input") from None
+        raise ValueError(f"{flag} {name} cannot be read ({e.strerror or e}); give a text file, or - for standard "
+                         "input") from None
     data = data.encode("utf-8") if isinstance(data, str) else data  # a text stream with no buffer
     try:
         text = data.decode("utf-8-sig")  # a leading byte-order mark (Windows' Notepad writes one) is no text
     except UnicodeDecodeError as e:
-        raise ValueError(f"--prompt_file {name} is not UTF-8 text (byte {data[e.start:e.start + 1]!r} at byte "
+        raise ValueError(f"{flag} {name} is not UTF-8 text (byte {data[e.start:e.start + 1]!r} at byte "
                          f"{e.start}: a binary file, or text in another encoding); save it as UTF-8") from None
     if "\0" in text:
-        raise ValueError(f"--prompt_file {name} is a binary file (a NUL byte at character {text.index(chr(0))}); "
-                         "give a text file")
-    text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
-    if not text:
-        raise ValueError(f"--prompt_file {name} is empty; give a file with the prompt, or leave out --prompt_file "
-                         "to start from a fresh document")
+        raise ValueError(f"{flag} {name} is a binary file (a NUL byte at character {text.index(chr(0))}); give a "
+                         "text file")
     return text
 
 
@@ -490,9 +502,14 @@ def export(ckpt_path: str, out: str, dtype: Literal["float32", "bfloat16", "floa
 
 
 # ---- sample-report ----------------------------------------------------------------------------------------------
-def _report_prompts(prompts: str | list[str] | None, seed: int) -> list[str] | None:
-    """sample-report's prompts, escapes read (None: the default), and its seed checked against their number."""
-    if prompts is not None:
+def _report_prompts(prompts: str | list[str] | None, seed: int, prompts_file: str | None = None) -> list[str] | None:
+    """sample-report's prompts, escapes read (None: the default), or those of ``prompts_file`` (`read_prompts_file`),
+    and its seed checked against their number."""
+    if prompts_file is not None:
+        if prompts is not None:
+            raise ValueError(f"--prompts and --prompts_file {prompts_file!r} both give the prompts; give one")
+        prompts = read_prompts_file(prompts_file)
+    elif prompts is not None:
         prompts = [unescape(p) for p in ([prompts] if isinstance(prompts, str) else prompts)]
         if not prompts:  # (it reported on the default prompt, as if --prompts were not given)
             raise ValueError("--prompts is empty: give at least one (e.g. --prompts 'ROMEO:'), or leave it out to "
@@ -504,11 +521,24 @@ def _report_prompts(prompts: str | list[str] | None, seed: int) -> list[str] | N
     return prompts
 
 
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts in ``path`` (``-``: standard input), one a line, escapes such as ``\\n`` read (a prompt of
+    several lines is one line of the file), blank lines skipped; one line for a file with none (`read_text_option`
+    for the rest)."""
+    prompts = [unescape(line) for line in read_text_option(path, "--prompts_file", "the prompts", "sample-report")
+               .splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts_file {_file_name(path)} holds no prompt (every line is blank); give one prompt a "
+                         "line, or leave it out to start every sample from a fresh document")
+    return prompts
+
+
 @sampling_options("--{}")
 def sample_report(
     ckpt_path: str,
     out: str,
     prompts: str | list[str] | None = None,
+    prompts_file: str | None = None,
     num_samples: int = 50,
     max_new_tokens=Option(default=100),
     seed=Option(default=0, annotation=int),  # prompt i samples with seed + i: not null
@@ -529,6 +559,8 @@ def sample_report(
         out: Folder to write the report into (created).
         prompts: Text to continue (escapes such as \n are understood); `--prompts+ TEXT` adds more (default: a
             fresh document from the end-of-text token, else a newline).
+        prompts_file: Read the prompts from this UTF-8 file (`-`: piped stdin), one a line, escapes such as \n
+            understood, blank lines skipped.
         num_samples: Samples per prompt for each sampling strategy.
         seed: Sampling seed (same seed, same report).
         device: cpu, cuda, cuda:1, ... (auto: cuda when available).
@@ -545,7 +577,7 @@ def sample_report(
 
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     constraint = _check_report_options(sample_report.options.values(locals()))  # before loading anything
-    prompts = _report_prompts(prompts, seed)
+    prompts = _report_prompts(prompts, seed, prompts_file)
     check_output_path(out, folder=True)  # before the sampling, not after
     check_report_folder(out)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
