@@ -168,11 +168,14 @@ def test_a_model_option_out_of_range_is_refused_before_the_data_is_prepared(conf
     (["generate", "--ckpt_path", "x.ckpt", "--strategy", "topk"],
      "--strategy: expected one of greedy, sample, beam, contrastive, got topk"),
     (["fit", "--trainer.precision", "bf17"], "--trainer.precision: expected one of 64, 32, 16, transformer-engine"),
+    (["fit", "--data.vocab_size", '"10"'], "--data.vocab_size: expected a whole number, got the quoted text '10'; "
+                                           "write it without quotes"),
 ])
 def test_wrongly_typed_values_are_named_in_plain_words(config, capsys, argv, message):
     """Catches jsonargparse's "Expected a <class 'float'>. Got value: nan" (a float was given, and it is one), and a
     value outside a fixed set named as jsonargparse's "Expected a typing.Literal[...]", or, for --trainer.precision
-    (numbers or names), as "expected a whole number": the line lists the values it takes."""
+    (numbers or names), as "expected a whole number": the line lists the values it takes. A number in quotes (YAML's
+    text) was "expected a whole number, got 10"."""
     if argv[0] == "fit":
         argv = [argv[0], "--config", str(config), *argv[1:]]
     _one_line_error(capsys, argv, message)

@@ -286,9 +286,11 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
     elif typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
         kind, got = typed.groups()
         what = {"float": "a number", "int": "a whole number", "bool": "true or false"}.get(kind, f"a {kind}")
-        if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
-            what = "a finite number"
         reason = f"expected {what}, got {got}"
+        if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            reason = f"expected a finite number, got {got}"
+        elif kind in ("int", "float") and _is_number(got, int if kind == "int" else float):  # '"10"': YAML's text
+            reason = f"expected {what}, got the quoted text {got!r}; write it without quotes"
         if key == "seed_everything":  # int or bool: jsonargparse's last try was the bool
             reason = f"expected a whole number in [0, 2**32) or true (a random seed), got {got}"
     hint = ""
@@ -304,6 +306,14 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
         return f"--{key}: {reason}{given}{hint}"
     return f"{reason}{hint}"
+
+
+def _is_number(text: str, kind: type) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _choices(text: str, reason: str) -> list[str] | None:
