@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from tinylm.cli import main
-from tinylm.cli.commands import read_prompt_file
 from tinylm.cli.fit import lightning_main
+from tinylm.cli.prompts import read_prompt_file
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from tinylm.cli import main
-from tinylm.cli.commands import unescape
 from tinylm.cli.errors import is_user_error, one_line
 from tinylm.cli.fit import lightning_main
+from tinylm.cli.prompts import unescape
 
 pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
 

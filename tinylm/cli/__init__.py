@@ -6,6 +6,7 @@
     console.py     log lines, warnings and stdout
     signals.py     SIGTERM / Ctrl+C outside fit's training loop
     commands.py    the own commands' parsing (jsonargparse) and prepare, generate, export, sample-report
+    prompts.py     the text they read: escapes, --prompt_file, sample-report's --prompts_file
     plan.py, plot.py, lr_find.py, scaling.py: those commands (their studies live in tinylm.studies)
     fit.py         `fit` / `validate`: the LightningCLI subclass, with
       run_folder.py    where a run lives, one writer at a time, nothing overwritten

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.cli import console
+from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.generate.config import check_speculative
 from tinylm.generate.options import Option, sampling_options
@@ -247,16 +247,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 # ---- generate ---------------------------------------------------------------------------------------------------
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    r"""Turn the escape sequences a shell passes through literally into characters: "\n\n" -> two newlines,
-    "\t" -> tab, "\r" -> carriage return, "\\" -> backslash. Any other backslash is kept as typed ("C:\xyz",
-    "\alpha", a trailing "\"): Python's full escape syntax would fail on some and silently change others."""
-    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
-
-
 # Option(): a decoding option, its type, default and help SamplingConfig's (tinylm/generate/config.py)
 @sampling_options("--{}")
 def generate(
@@ -328,68 +318,10 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
 
     if prompt_file is not None:
         return read_prompt_file(prompt_file, prompt)
-    if prompt == "-" and not _stdin_is_terminal():
+    if prompt == "-" and not stdin_is_terminal():
         warnings.warn("--prompt - continues the text '-' (standard input is not read); to read the prompt from "
                       "standard input use --prompt_file -")
     return unescape(prompt)
-
-
-def read_prompt_file(path: str, prompt: str = "") -> str:
-    """The text of ``path`` (``-``: standard input) as a prompt: decoded as UTF-8 exactly, less a byte-order mark
-    and one trailing line end (an editor's, `echo`'s). One line for a prompt given twice (``prompt`` non-empty), a
-    terminal as standard input (it would wait for text typed), a missing, unreadable, binary, undecodable or empty
-    file."""
-    if prompt:
-        raise ValueError(f"--prompt and --prompt_file {path!r} both give the prompt; give one")
-    text = read_text_option(path, "--prompt_file", "the prompt", "generate")
-    text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
-    if not text:
-        raise ValueError(f"--prompt_file {_file_name(path)} is empty; give a file with the prompt, or leave out "
-                         "--prompt_file to start from a fresh document")
-    return text
-
-
-def _file_name(path: str) -> str:
-    return "standard input" if path == "-" else repr(path)
-
-
-def read_text_option(path: str, flag: str, what: str, command: str) -> str:
-    """The text of the file ``path`` given to ``flag`` (``-``: standard input) of ``command``, which reads ``what``
-    from it, decoded as UTF-8 less a leading byte-order mark. One line for a terminal as standard input (it would
-    wait for text typed), a closed one, and a missing, unreadable, binary or undecodable file."""
-    import sys
-
-    name = _file_name(path)
-    if path == "-" and _stdin_is_terminal():
-        raise ValueError(f"{flag} - reads {what} from standard input, which is a terminal; pipe the text in (cat "
-                         f"story.txt | tinylm {command} ... {flag} -) or give a file")
-    if path == "-" and sys.stdin is None:
-        raise ValueError(f"{flag} - reads {what} from standard input, which is closed; pipe the text in")
-    try:
-        data = Path(path).read_bytes() if path != "-" else getattr(sys.stdin, "buffer", sys.stdin).read()
-    except OSError as e:
-        raise ValueError(f"{flag} {name} cannot be read ({e.strerror or e}); give a text file, or - for standard "
-                         "input") from None
-    data = data.encode("utf-8") if isinstance(data, str) else data  # a text stream with no buffer
-    try:
-        text = data.decode("utf-8-sig")  # a leading byte-order mark (Windows' Notepad writes one) is no text
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{flag} {name} is not UTF-8 text (byte {data[e.start:e.start + 1]!r} at byte "
-                         f"{e.start}: a binary file, or text in another encoding); save it as UTF-8") from None
-    if "\0" in text:
-        raise ValueError(f"{flag} {name} is a binary file (a NUL byte at character {text.index(chr(0))}); give a "
-                         "text file")
-    return text
-
-
-def _stdin_is_terminal() -> bool:
-    """Whether standard input is a terminal (a user would have to type the prompt); a closed one is not."""
-    import sys
-
-    try:
-        return sys.stdin is not None and sys.stdin.isatty()
-    except (ValueError, OSError):  # closed
-        return False
 
 
 def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list[str] | None, no_cache: bool,
@@ -518,18 +450,6 @@ def _report_prompts(prompts: str | list[str] | None, seed: int, prompts_file: st
     if not 0 <= seed <= last:
         raise ValueError(f"--seed must be in [0, 2**63 - {len(prompts or [''])}] (prompt i samples with seed + i), "
                          f"got {seed}")
-    return prompts
-
-
-def read_prompts_file(path: str) -> list[str]:
-    """The prompts in ``path`` (``-``: standard input), one a line, escapes such as ``\\n`` read (a prompt of
-    several lines is one line of the file), blank lines skipped; one line for a file with none (`read_text_option`
-    for the rest)."""
-    prompts = [unescape(line) for line in read_text_option(path, "--prompts_file", "the prompts", "sample-report")
-               .splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"--prompts_file {_file_name(path)} holds no prompt (every line is blank); give one prompt a "
-                         "line, or leave it out to start every sample from a fresh document")
     return prompts
 
 
