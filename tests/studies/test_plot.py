@@ -2,6 +2,7 @@
 
 import pytest
 
+from tinylm.checkpoint import load_checkpoint
 from tinylm.cli import main
 from tinylm.studies.curves import read_run
 
@@ -20,19 +21,20 @@ def _png(path) -> bool:
 
 
 def test_read_run_series_alerts_and_cut_rows(tmp_path):
-    """Every logged metric is read with its step, health columns become alerts, and a last row cut short by an
-    interrupted (or ongoing) write is left out: its "3." may be the start of "3.5" (a reader that chokes on it
-    hides the whole run; one that reads it plots a made-up point)."""
+    """Every logged metric is read with its step (counted as tinylm counts them: Lightning's row 0 is step 1),
+    health columns become alerts, and a last row cut short by an interrupted (or ongoing) write is left out: its
+    "3." may be the start of "3.5" (a reader that chokes on it hides the whole run; one that reads it plots a
+    made-up point)."""
     folder = _run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,1,1,9.0,4.0,2e-4,950,\n0,,1,,,,,3.9\n0,,2,1.1,3.")
     curves = read_run(folder)
-    assert curves.series["train/loss"] == [(0, 4.2), (1, 4.0)]
-    assert curves.series["train/grad_norm"] == [(0, 1.5), (1, 9.0)]
-    assert curves.series["val/loss"] == [(1, 3.9)]
-    assert curves.alerts == [(1, "spike")]
+    assert curves.series["train/loss"] == [(1, 4.2), (2, 4.0)]
+    assert curves.series["train/grad_norm"] == [(1, 1.5), (2, 9.0)]
+    assert curves.series["val/loss"] == [(2, 3.9)]
+    assert curves.alerts == [(2, "spike")]
     assert "health/spike" not in curves.series
     damaged = folder / "csv" / "metrics.csv"  # a byte that is no UTF-8 (a disk error): that cell only is lost
     damaged.write_bytes(damaged.read_bytes().replace(b"4.0", b"4.\xff"))
-    assert read_run(folder).series["train/loss"] == [(0, 4.2)]
+    assert read_run(folder).series["train/loss"] == [(1, 4.2)]
 
 
 def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, capsys):
@@ -44,8 +46,8 @@ def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, cap
     main(["plot", "a", "runs/b", "--out", "both.png"])
     out = capsys.readouterr().out
     assert _png(tmp_path / "both.png")
-    assert "a: train/loss 4.0000 (step 1), val/loss 3.9000 (step 1); health alerts: spike at 1" in out
-    assert "b: train/loss 4.1000 (step 1)" in out
+    assert "a: train/loss 4.0000 (step 2), val/loss 3.9000 (step 2); health alerts: spike at 2" in out
+    assert "b: train/loss 4.1000 (step 2)" in out
 
 
 def test_runs_of_one_name_in_two_folders_are_told_apart(tmp_path, monkeypatch, capsys):
@@ -55,7 +57,7 @@ def test_runs_of_one_name_in_two_folders_are_told_apart(tmp_path, monkeypatch, c
     _run(tmp_path / "b", "x", "0,,0,1.4,4.3,1e-4,800,\n")
     main(["plot", "a/runs/x", "b/runs/x/", "--out", "both.png"])
     out = capsys.readouterr().out
-    assert "a/runs/x: train/loss 4.2000 (step 0)" in out and "b/runs/x: train/loss 4.3000 (step 0)" in out
+    assert "a/runs/x: train/loss 4.2000 (step 1)" in out and "b/runs/x: train/loss 4.3000 (step 1)" in out
 
 
 def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
@@ -77,11 +79,18 @@ def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
 
 def test_plot_a_real_run(run_config, capsys):
     """A run written by `tinylm fit` plots with default output in its folder (the CSV written by Lightning is the
-    format the reader must follow, not a hand-made one)."""
-    cfg = run_config(trainer={"max_steps": 3, "val_check_interval": 3})
+    format the reader must follow, not a hand-made one), its steps named as the run named them: the plot said
+    "val/loss (step 2)" of the validation the run did "at step 3", whose checkpoint is step-3.ckpt."""
+    cfg = run_config(trainer={"max_steps": 6, "val_check_interval": 3}, run={"checkpoint_every": 3})
     main(["fit", "--config", str(cfg)])
+    capsys.readouterr()
     main(["plot", "runs/tiny"])
-    assert "val/loss" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    curves = read_run(cfg.parent / "runs" / "tiny")
+    assert [s for s, _ in curves.series["val/loss"]] == [3, 6] and f"val/loss {curves.series['val/loss'][-1][1]:.4f} "\
+        "(step 6)" in out
+    assert [s for s, _ in curves.series["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert load_checkpoint(cfg.parent / "runs" / "tiny" / "checkpoints" / "step-3.ckpt")["global_step"] == 3
     assert _png(cfg.parent / "runs" / "tiny" / "plot.png")
 
 

@@ -72,10 +72,10 @@ def read_run(run: str | Path) -> RunCurves:
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name, tokenizer=run_tokenizer(path.parent.parent) if path.parent.name == "csv" else None)
-    _read_rows(path, curves)
+    _read_rows(path, curves, shift=0 if path.parent.name == "eval" else 1)
     evals = path.parent.parent / "eval" / "metrics.csv"  # `tinylm eval`'s rows of the run's checkpoints
     if path.parent.name == "csv" and evals.is_file():
-        _read_rows(evals, curves)
+        _read_rows(evals, curves, shift=0)
         for points in curves.series.values():
             points.sort()
     return curves
@@ -112,7 +112,11 @@ def choose_metric(runs: list[RunCurves], metric: str | None) -> tuple[str, str |
                    "text, which compares them (nats per token do not); --metric loss for nats/token")
 
 
-def _read_rows(path: Path, curves: RunCurves) -> None:
+def _read_rows(path: Path, curves: RunCurves, shift: int) -> None:
+    """The rows of ``path`` into ``curves``, their steps plus ``shift``: Lightning's CSV numbers a row by the step
+    being taken, from 0 (the first step's loss is at 0, the validation after 30 steps at 29); tinylm counts the steps
+    done (`validation at step 30`, step-30.ckpt, a health line's step, `tinylm eval`'s rows), so Lightning's rows
+    take 1 more and every step the plot names is the one the run said."""
     with open(path, newline="", encoding="utf-8", errors="replace") as f:  # damaged bytes: that cell is no number
         lines = f.read().splitlines(keepends=True)
     if lines and not lines[-1].endswith(("\n", "\r")):
@@ -130,9 +134,9 @@ def _read_rows(path: Path, curves: RunCurves) -> None:
             if key in (None, "step", "epoch") or value is None:
                 continue
             if key.startswith(HEALTH_PREFIX):
-                curves.alerts.append((int(step), key[len(HEALTH_PREFIX):]))
+                curves.alerts.append((int(step) + shift, key[len(HEALTH_PREFIX):]))
             else:
-                curves.series.setdefault(key, []).append((int(step), value))
+                curves.series.setdefault(key, []).append((int(step) + shift, value))
 
 
 def _number(text: str | None) -> float | None:
