@@ -100,10 +100,15 @@ def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatc
     with open(partial / "train.bin", "ab") as f:
         f.write(b"\x07\x00" * 33)  # what a build killed mid-shard wrote after its last complete shard
     inode = (partial / "train.bin").stat().st_ino
-    with caplog.at_level("INFO", logger="tinylm.data.pack"):
+    with caplog.at_level("INFO", logger="tinylm.data"):
         resumed = prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
     assert "7 shard(s) of 140 documents already done" in caplog.text  # not encoded again
     meta = load_meta(resumed, tok)
+    # the speed is of what this build encoded (it was the whole dataset's bytes over this build's time)
+    build, total = meta["build"], sum(meta["splits"][s]["bytes"] for s in ("train", "val"))
+    assert 0 < build["resumed_bytes"] < total and build["bytes"] + build["resumed_bytes"] == total
+    assert f"tokenized {flaky.spec}: 0.0 MB in" in caplog.text and "going on after the 0.0 MB an interrupted " \
+        "build had tokenized" in caplog.text
     assert not partial.exists() and (resumed / "train.bin").stat().st_ino == inode  # renamed into place, not copied
     clean = prepare_dataset(_FlakyStream(docs, None), tok, val_fraction=0.1, cache_dir=tmp_path / "clean")
     for split in ("train", "val"):

@@ -58,9 +58,10 @@ def routed(corpus: Corpus, val_fraction: float) -> Iterator[list[tuple[str, str,
 
 
 def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, *, val_fraction: float,
-                 piece_chars: int) -> dict:
+                 piece_chars: int) -> tuple[dict, int]:
     """Write out/train.bin and out/val.bin through `partial` (going on after its complete shards); return each
-    split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens)."""
+    split's stats (tokens, documents, bytes, chars, eos: the end-of-text ids among the tokens), and the bytes of
+    text an interrupted build had encoded (0 for a build from the start)."""
     partial.mkdir(parents=True, exist_ok=True)
     done = _complete_shards(partial, dtype.itemsize)
     skip = done[-1]["next_document"] if done else 0
@@ -79,7 +80,7 @@ def write_splits(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, dtype
         _link_or_move(partial / f"{split}.bin", out / f"{split}.bin")
         stats[split] = {key: sum(d["splits"][split].get(key, 0) for d in done)
                         for key in ("tokens", "documents", "bytes", "chars", "eos")}
-    return stats
+    return stats, bytes_done
 
 
 def _write_shards(partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype, val_fraction: float,

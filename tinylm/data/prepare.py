@@ -287,20 +287,26 @@ def prepare_dataset(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float
     return final
 
 
+def resumed_note(n_bytes: int) -> str:
+    return f", going on after the {n_bytes / 1e6:,.1f} MB an interrupted build had tokenized" if n_bytes else ""
+
+
 def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val_fraction: float,
                    piece_chars: int) -> None:
     dtype_name = "uint16" if tok.vocab_size <= 2**16 else "uint32"
     tok.save(out / "tokenizer")
     clock = Stopwatch()
     try:
-        splits = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
-                              val_fraction=val_fraction, piece_chars=piece_chars)
+        splits, resumed = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
+                                       val_fraction=val_fraction, piece_chars=piece_chars)
     except CorpusChanged:  # the shards are keyed by text that is gone (no build resumes them) and may hold the new
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    build = rate(sum(s["bytes"] for s in splits.values()), clock())
-    log.info("tokenized %s: %.1f MB in %.1f s (%.2f MB/s)", corpus.spec, build["bytes"] / 1e6, build["seconds"],
-             build["mb_per_s"])
+    build = rate(sum(s["bytes"] for s in splits.values()) - resumed, clock())  # what this build encoded, timed
+    if resumed:
+        build["resumed_bytes"] = resumed
+    log.info("tokenized %s: %.1f MB in %.1f s (%.2f MB/s)%s", corpus.spec, build["bytes"] / 1e6, build["seconds"],
+             build["mb_per_s"], resumed_note(resumed))
     meta = {
         "format_version": FORMAT_VERSION,
         "dtype": dtype_name,

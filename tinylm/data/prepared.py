@@ -21,6 +21,7 @@ from tinylm.data.prepare import (
     load_meta,
     prepare_dataset,
     prepare_tokenizer,
+    resumed_note,
     tokenizer_dir_for,
 )
 from tinylm.ranges import check_ranges
@@ -274,8 +275,9 @@ class PreparedData:
         builds = [x["build"] for x in self.metas if "build" in x]
         if builds:
             n, secs = sum(b["bytes"] for b in builds), sum(b["seconds"] for b in builds)
-            parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)")
-        return "; ".join(parts) or "nothing was timed (folders made by an older tinylm)"
+            parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)"
+                         + resumed_note(sum(b.get("resumed_bytes", 0) for b in builds)))
+        return "when built: " + "; ".join(parts) if parts else "nothing was timed (folders made by an older tinylm)"
 
 
 def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
