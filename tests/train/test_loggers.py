@@ -3,6 +3,7 @@
 import logging
 
 import pytest
+import yaml
 
 from tinylm.cli import main
 from tinylm.cli.fit import lightning_main
@@ -140,6 +141,17 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert not (tmp_path / "runs" / "wb" / "wandb").exists()
     assert first["wandb_project"] == last["wandb_project"] == "from-env"
     assert b"from-env" in next(runs[1].glob("run-*.wandb")).read_bytes()  # what wandb itself was told
+    # a resume under a config with no project (the laptop recipe's) still logs to the run's W&B run (it logged
+    # nothing to W&B, without a word); `--run.wandb_project null` on the command line turns W&B off
+    cfg = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    (tmp_path / "null.yaml").write_text(yaml.safe_dump({**cfg, "run": {**cfg["run"], "wandb_project": None}}))
+    main(["fit", "--config", "null.yaml", "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    said = capfd.readouterr().err
+    assert "W&B project from-env, the run's own, from its checkpoint (run.wandb_project is null" in said
+    main(["fit", "--config", "null.yaml", "--trainer.max_steps", "8", "--ckpt_path", "last", "--run.wandb_project",
+          "null"])
+    runs = sorted((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 3 and {r.name.rsplit("-", 1)[1] for r in runs} == {first["wandb_id"]}
 
 
 def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, monkeypatch):

@@ -257,14 +257,19 @@ class TinyLMCLI(LightningCLI):
         theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
         mine: list[Logger] = []
         if self.subcommand == "fit":
-            from tinylm.train.loggers import adopt_users_loggers, make_loggers
+            from tinylm.train.loggers import adopt_users_loggers, make_loggers, wandb_loggers
 
             theirs, project = adopt_users_loggers(theirs, run.wandb_project, wandb_id=self.wandb_id,
                                                   resume_step=self.resume_step if self.continues else None)
+            flagged = bool({"run", "run.wandb_project"} & self._flags)
+            if project is None and self.wandb_project and not flagged and not wandb_loggers(theirs):
+                # a W&B run resumed under a config without a project (the laptop recipe's; the run's own record of a
+                # resume that did so): it stopped logging to W&B without a word
+                log.info("W&B project %s, the run's own, from its checkpoint (run.wandb_project is null; "
+                         "--run.wandb_project null logs without W&B)", self.wandb_project)
+                project = self.wandb_project
             mine = make_loggers(self.run_dir, run.name, project, wandb_id=self.wandb_id,
-                                resume_step=self.resume_step,
-                                project_flag=bool({"run", "run.wandb_project"} & self._flags),
-                                run_project=self.wandb_project)
+                                resume_step=self.resume_step, project_flag=flagged, run_project=self.wandb_project)
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
