@@ -372,6 +372,17 @@ def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, caps
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize(("project", "said"), [
+    ("team/tinylm", "run.wandb_project 'team/tinylm' is a team and a project; W&B takes the project alone: "
+                    "--run.wandb_project tinylm, with the team in WANDB_ENTITY=team"),
+    ("", "run.wandb_project is empty; name a W&B project"), ("a#b?", "run.wandb_project 'a#b?' holds # ?, which W&B")])
+def test_a_wandb_project_w_and_b_refuses_is_refused_before_anything_is_made(config, capsys, tmp_path, project, said):
+    """Catches `--run.wandb_project team/tinylm` (W&B's habit of naming runs entity/project) ending in wandb's
+    UsageError traceback after the data was prepared, and an empty project logging to one named lightning_logs."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--run.wandb_project", project], said)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize(("devices", "accelerator", "warns"), [(64, "cpu", True), ("3", "cpu", True), (2, "cpu", False),
                                                              (64, "gpu", False)])
 def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices, accelerator, warns):

@@ -27,6 +27,7 @@ from tinylm.cli.run_folder import (
     RUNS_ROOT,
     RunOptions,
     check_run_folder,
+    check_wandb_project,
     release_run_folders,
     run_dir_of,
     with_run_config,
@@ -186,6 +187,7 @@ class TinyLMCLI(LightningCLI):
         cfg = self._home_expanded()
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+        check_wandb_project(cfg.run.get("wandb_project"))  # (RunOptions checks it too, after the data is built)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)

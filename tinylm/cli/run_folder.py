@@ -50,6 +50,7 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         _check_run_name(self.name)
+        check_wandb_project(self.wandb_project)
         if self.checkpoint_every < 1:
             raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
         if self.keep_checkpoints < -1:
@@ -66,6 +67,24 @@ def _check_run_name(name: str) -> None:
         why = "empty" if not name else "not a folder of its own" if name in (".", "..") else "has a '/'"
         raise ValueError(f"run.name must be a plain folder name (runs/NAME), got {name!r} ({why}); pick another, "
                          "e.g. --run.name my-run")
+
+
+def check_wandb_project(project: str | None) -> None:
+    """A project name W&B takes (wandb.init's rule): it failed with a traceback after the data was prepared, and an
+    empty one logged to a project named lightning_logs."""
+    if project is None:
+        return
+    if not project.strip():
+        raise ValueError("run.wandb_project is empty; name a W&B project (--run.wandb_project tinylm), or null to log "
+                         "without W&B")
+    if "/" in project and (parts := project.split("/")) and len(parts) == 2 and all(parts):
+        raise ValueError(f"run.wandb_project {project!r} is a team and a project; W&B takes the project alone: "
+                         f"--run.wandb_project {parts[1]}, with the team in WANDB_ENTITY={parts[0]}")
+    if bad := sorted(set(project) & set("/\\#?%:")):
+        raise ValueError(f"run.wandb_project {project!r} holds {' '.join(bad)}, which W&B project names cannot; pick "
+                         "another name")
+    if len(project) > 128:
+        raise ValueError(f"run.wandb_project is {len(project)} characters; W&B takes at most 128")
 
 
 def run_dir_of(root: str | Path | None, name: str) -> Path:
