@@ -180,3 +180,13 @@ def test_lr_finder_draws_its_bar_through_its_modules_tqdm():
     from lightning.pytorch.tuner import lr_finder
 
     assert callable(lr_finder.tqdm) and "tqdm(" in inspect.getsource(lr_finder._LRCallback)
+
+
+def test_callback_states_fall_back_to_the_legacy_state_key():
+    """tinylm.train.callbacks.BestCheckpoint keys its state apart from a user's ModelCheckpoint and reads a checkpoint
+    written before it through `_legacy_state_key`, which Lightning must still look up when `state_key` is missing."""
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.trainer import call
+
+    assert isinstance(inspect.getattr_static(Callback, "_legacy_state_key"), property)
+    assert "callback_states.get(callback._legacy_state_key)" in inspect.getsource(call._call_callbacks_load_state_dict)

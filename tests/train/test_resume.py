@@ -351,3 +351,26 @@ def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path,
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1
     rows = list(csv.DictReader(open(tmp_path / run / "validate" / "metrics.csv")))
     assert len(rows) == 1 and rows[0]["step"] in ("2", "3") and float(rows[0]["val/loss"]) > 0
+
+
+def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):
+    """Catches `--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss` (top-k by val/loss, as
+    Lightning's docs show) ending in a traceback: tinylm's best.ckpt keyed its state as the same ModelCheckpoint
+    ("Found more than one stateful callback"). A checkpoint written before best.ckpt had a key of its own resumes
+    with its best score: best.ckpt is not replaced by a worse model."""
+    cfg = run_config(trainer={"max_steps": 4, "val_check_interval": 2}, run={"checkpoint_every": 2})
+    main(["fit", "--config", str(cfg), "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor",
+          "val/loss", "--trainer.callbacks.save_top_k", "2", "--trainer.callbacks.filename", "top-{step}"])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    assert torch.load(ckpts / "best.ckpt", weights_only=True)["global_step"] == 4
+    assert len(list((tmp_path / "runs" / "tiny").rglob("top-step=*.ckpt"))) == 2  # the user's, by val/loss
+    saved = torch.load(ckpts / "last.ckpt", weights_only=True)
+    ours = next(k for k in saved["callbacks"] if k.startswith("BestCheckpoint{"))
+    old = saved["callbacks"].pop(ours)  # as tinylm wrote it before: a plain ModelCheckpoint's key
+    low = torch.tensor(-1.0)  # a best score no validation beats
+    saved["callbacks"][ours.replace("BestCheckpoint", "ModelCheckpoint", 1)] = {
+        **old, "best_model_score": low, "kth_value": low, "best_k_models": dict.fromkeys(old["best_k_models"], low)}
+    torch.save(saved, ckpts / "last.ckpt")
+    main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert torch.load(ckpts / "best.ckpt", weights_only=True)["global_step"] == 4  # -1 (the old key's) stays best

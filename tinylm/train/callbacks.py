@@ -256,6 +256,18 @@ class FinalValidation(L.Callback):
             trainer.should_stop = True
 
 
+class BestCheckpoint(ModelCheckpoint):
+    """``best.ckpt``: a ModelCheckpoint of tinylm's own, so that its state in a checkpoint is keyed apart from a
+    user's ``--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss`` (Lightning refuses two
+    callbacks of one state key: a traceback, "Found more than one stateful callback of type ModelCheckpoint").
+    Checkpoints written before it keyed its state as a plain ModelCheckpoint's: a resume of one reads that (Lightning
+    looks up ``_legacy_state_key`` when ``state_key`` is missing), so its best score is kept."""
+
+    @property
+    def _legacy_state_key(self) -> str:  # type: ignore[override]
+        return self.state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
     the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.

@@ -10,10 +10,11 @@ import logging
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from tinylm.train.callbacks import (
+    BestCheckpoint,
     FinalValidation,
     LoggedStep,
     PeriodicCheckpoint,
@@ -58,7 +59,7 @@ def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int)
     """``best.ckpt`` by ``val/loss``; ``step-N.ckpt`` every ``every_n_steps`` (keeping ``keep``) plus ``last.ckpt``;
     ``last.ckpt`` also when SIGTERM or Ctrl+C stops the run (see `tinylm.train.interrupt`)."""
     return [
-        ModelCheckpoint(
+        BestCheckpoint(
             dirpath=ckpt_dir,
             filename="best",
             monitor="val/loss",
