@@ -435,3 +435,10 @@ def test_a_truncated_or_edited_tiktoken_file_is_named(small_bpe, tmp_path):
         build_tokenizer(f"tiktoken:{tmp_path / 'twice.tiktoken'}")
     with pytest.raises(ValueError, match=r"line 301 .* is not 'base64token rank'"):
         build_tokenizer(f"tiktoken:{tmp_path / 'negative.tiktoken'}")
+
+
+def test_bpe_training_writes_nothing_to_standard_output_but_a_terminal(capfd):
+    """Catches the tokenizers library's progress bars writing blank lines into `tinylm prepare > out.txt` (its bars
+    write to standard output, and only redraw on a terminal)."""
+    build_tokenizer("bpe", vocab_size=270, documents=lambda: ["the cat sat on the mat, " * 40, "a dog ran " * 30])
+    assert capfd.readouterr().out == ""

@@ -285,7 +285,14 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
     else:
         tok.pre_tokenizer = encoding_split
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,
+    import sys
+
+    from tinylm.progress import disabled_by_env, is_terminal
+
+    # the library's own bars (counting pairs, merges) write to standard output: on a terminal only (in a log, or
+    # `tinylm prepare > out.txt`, they were blank lines), and not under TQDM_DISABLE
+    shown = is_terminal(sys.stdout) and not disabled_by_env()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=shown,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
     tok.train_from_iterator(docs, trainer=trainer)
     if tok.get_vocab_size() < vocab_size:  # as scratch-bpe says it
