@@ -541,8 +541,8 @@ class TinyLM(L.LightningModule):
 
         fingerprint = Tokenizer.from_state_dict(saved).fingerprint
         if fingerprint != tok.fingerprint:
-            fix = ("resume with the data.tokenizer, data.corpus and data.vocab_size the checkpoint was trained with, "
-                   "or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
+            fix = ("resume with the data.tokenizer, data.corpus, data.vocab_size and data.tokenizer_train_chars the "
+                   "checkpoint was trained with, or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
                    "leave --data.tokenizer out (of the command and its --config): tinylm validate then uses the "
                    "checkpoint's own")
             raise CheckpointError(
