@@ -107,6 +107,30 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path,
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no half-made run folder
 
 
+@pytest.mark.parametrize("command", [["fit"], ["generate", "--ckpt_path", "x.ckpt"]])
+def test_sigterm_while_lightning_is_imported_ends_with_the_line(config, capsys, monkeypatch, command):
+    """Catches a SIGTERM in a command's first seconds (Lightning's import) ending it without a word: the command's
+    handler came after the import. The signal is sent from inside the import."""
+    import os
+    import signal
+
+    from tinylm.cli import console
+
+    class Unhandled(Exception):
+        pass
+
+    def unhandled(signum, frame):  # where the command's own handler is not in place yet (Python's default: killed)
+        raise Unhandled
+
+    monkeypatch.setattr(console, "setup_lightning", lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        argv = command + (["--config", str(config)] if command == ["fit"] else [])
+        _one_line_error(capsys, argv, f"terminated by SIGTERM before it finished; run the same `tinylm {command[0]}`")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.parametrize("command", [["generate", "--ckpt_path", "x.ckpt"], ["export", "--ckpt_path", "x.ckpt"],
                                      ["plot", "runs/tiny"]], ids=["generate", "export", "plot"])
 def test_a_fit_config_given_to_a_command_that_reads_none_says_so(config, capsys, command):

@@ -123,12 +123,12 @@ def _help(command: str, rest: list[str], program: bool) -> None:
 def _run(command: str, rest: list[str], program: bool) -> None:
     if command not in COMMANDS:
         raise TinyLMError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)} (tinylm --help)")
-    if command not in ("prepare", "plot"):  # the commands that never import Lightning
-        console.setup_lightning()
+    # (Lightning's import, seconds, inside the handlers: a SIGTERM there ended the command without a word)
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-        started = time.perf_counter()
         with signals.terminate_cleanly(command, program, rest):
+            console.setup_lightning()
+            started = time.perf_counter()
             cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
             from tinylm.cli.summary import example_prompt, validate_next
@@ -141,6 +141,8 @@ def _run(command: str, rest: list[str], program: bool) -> None:
         from tinylm.cli import commands
 
         with signals.terminate_cleanly(command):
+            if command not in ("prepare", "plot"):  # the commands that never import Lightning
+                console.setup_lightning()
             commands.run(command, rest)
 
 
