@@ -355,12 +355,13 @@ def test_streamed_text_holds_back_a_character_until_its_last_byte(capsys):
     from tinylm.cli.commands import _StreamPrinter
 
     decode = lambda ids: bytes(ids).decode("utf-8", "replace")
-    printer = _StreamPrinter(decode, list(b"caf"))
+    printer = _StreamPrinter(decode, list(b"caf"), "caf")
+    assert capsys.readouterr().out == ""  # the prompt comes with the first token (a refusal before it: nothing)
     new = list("é東".encode())
     for token in new:
         printer(0, token)
     printer.finish(new)
-    assert capsys.readouterr().out == "é東"
+    assert capsys.readouterr().out == "café東"
 
 
 def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():

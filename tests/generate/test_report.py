@@ -326,3 +326,20 @@ def test_plot_labels_do_not_overlap():
     assert numbers == list(range(1, len(points) + 1))
     pixels = ax.transData.transform(points[:8])  # guard: labelled at their points, these would overlap
     assert abs(pixels[2] - pixels[0]).max() < 3 and len(labels) < len(points)
+
+
+def test_a_refused_grammar_leaves_standard_output_empty(tmp_path, small_data, capsys):
+    """Catches `tinylm generate --prompt ROMEO: --regex '[a-z]+ü' > out.txt` (a character the char vocabulary lacks)
+    refused in one line, but with the prompt already written into out.txt: it is printed with the first token."""
+    pytest.importorskip("llguidance")
+    from tinylm.cli import main
+
+    text = (small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:2000]
+    ckpt = _tiny_checkpoint(tmp_path / "tiny.ckpt", text)
+    with pytest.raises(SystemExit):
+        main(["generate", "--ckpt_path", str(ckpt), "--prompt", "First", "--regex", "[a-z]+ü", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert out == "" and "cannot write" in err
+    main(["generate", "--ckpt_path", str(ckpt), "--prompt", "First", "--regex", "[a-z]+", "--device", "cpu",
+          "--max_new_tokens", "4"])
+    assert capsys.readouterr().out.startswith("First")

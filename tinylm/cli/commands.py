@@ -358,10 +358,8 @@ def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: i
     from tinylm.generate.strategies import batch_rows, check_memory, generate_with
 
     stream = num_samples == 1 and config.strategy != "beam"
-    printer = _StreamPrinter(tokenizer.decode, ids) if stream else None
+    printer = _StreamPrinter(tokenizer.decode, ids, prompt) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output
-    if stream:
-        console.write(prompt)
     out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer, draft=draft,
                         tokenizer=tokenizer)
     texts = [decode_after(tokenizer.decode, ids, row) for row in out]
@@ -380,17 +378,25 @@ class _StreamPrinter:
     """Prints text as tokens arrive: each time, the tokens not yet shown are decoded after the few before them
     (`decode_after`: a SentencePiece "▁" is a space only after a word), so the cost of a token does not grow with
     the text, and an incomplete UTF-8 character (decoded as U+FFFD) is held back until the token that completes it
-    arrives."""
+    arrives. The prompt is printed with the first token: a refusal before it (a grammar the vocabulary cannot
+    write) leaves nothing on standard output (`> out.txt` held the prompt)."""
 
-    def __init__(self, decode, context: list[int]) -> None:
+    def __init__(self, decode, context: list[int], prompt: str) -> None:
         from tinylm.generate.rows import CONTEXT_TOKENS, decode_after
 
         self.text_after = lambda ids, end: decode_after(decode, ids[max(0, end - CONTEXT_TOKENS):end], ids[end:])
         self.ids = list(context)
         self.start = self.shown = len(self.ids)  # ids[start:] are the new ones; ids[shown:] are not printed yet
         self.printed = 0  # characters printed
+        self.prompt: str | None = prompt  # None once printed
+
+    def _prompt(self) -> None:
+        if self.prompt is not None:
+            console.write(self.prompt)
+            self.prompt = None
 
     def __call__(self, row: int, token: int) -> None:
+        self._prompt()
         self.ids.append(token)
         text = self.text_after(self.ids, self.shown)
         if text.endswith("\ufffd"):
@@ -399,6 +405,7 @@ class _StreamPrinter:
         self.shown, self.printed = len(self.ids), self.printed + len(text)
 
     def finish(self, ids: list[int]) -> None:
+        self._prompt()  # (no token came: max_new_tokens 0, an end-of-text first)
         text = self.text_after(self.ids[:self.start] + list(ids), self.start)  # the final ids (a stop may trim)
         if len(text) > self.printed:
             console.write(text[self.printed:])
