@@ -4,6 +4,7 @@ fit's `--samples.*` and `tinylm sample-report` with their own defaults and spell
 import inspect
 import re
 import typing
+import warnings
 
 import pytest
 
@@ -163,3 +164,22 @@ def test_a_prompt_file_that_cannot_be_the_prompt_is_one_line_before_loading(caps
                   *(["--prompt", "x"] if name == "ok.txt" else [])])
         line = capsys.readouterr().err.strip()
         assert e.value.code == 1 and want in line and "\n" not in line, (name, line)
+
+
+def test_draft_tokens_without_a_drafter_are_named_in_a_warning(tmp_path):
+    """Catches `--num_draft_tokens 9` with no draft checkpoint and no prompt lookup accepted without a word (it does
+    nothing), as an option of another strategy is named; on generate, sample-report and fit's samples."""
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    for command in (["generate", "--ckpt_path", str(junk)],
+                    ["sample-report", "--ckpt_path", str(junk), "--out", str(tmp_path / "r")]):
+        for extra, warned in ((["--num_draft_tokens", "9"], True), (["--num_draft_tokens", "9", "--prompt_lookup",
+                                                                     "2"], False), ([], False)):
+            with warnings.catch_warnings(record=True) as said, pytest.raises(SystemExit):
+                warnings.simplefilter("always")
+                main([*command, *extra])  # (no checkpoint: the warning comes before one is loaded)
+            said = [str(w.message) for w in said]
+            assert ("--num_draft_tokens does nothing without a drafter (it shapes speculative decoding: "
+                    "--draft_ckpt_path or --prompt_lookup N)" in said) == warned, (command, extra, said)
+    with pytest.warns(UserWarning, match=r"^samples\.num_draft_tokens does nothing without a drafter"):
+        SampleText(num_draft_tokens=9)

@@ -330,7 +330,7 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
     the draft checkpoint's speculative decoding)."""
     import warnings
 
-    from tinylm.generate.config import unused_options
+    from tinylm.generate.config import idle_draft_tokens, unused_options
 
     surface, strategy = generate.options, options["strategy"]
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
@@ -349,6 +349,8 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
 
         grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
     check_speculative(vars(config), surface.spell, draft_ckpt_path)
+    if idle := idle_draft_tokens(vars(config), surface.spell, draft_ckpt_path):
+        warnings.warn(idle)
     return config
 
 
@@ -503,7 +505,7 @@ def sample_report(
     from tinylm.paths import check_output_path
 
     check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
-    constraint = _check_report_options(sample_report.options.values(locals()))  # before loading anything
+    constraint = _check_report_options(sample_report.options.values(locals()), draft_ckpt_path)  # before loading
     prompts = _report_prompts(prompts, seed, prompts_file)
     check_output_path(out, folder=True)  # before the sampling, not after
     check_report_folder(out)
@@ -521,12 +523,19 @@ def sample_report(
     return report
 
 
-def _check_report_options(options: dict[str, Any]) -> dict[str, str]:
-    """Check sample-report's decoding options (``options``: {field: value}); return its constraint ({kind: value},
-    compiled once here so that a bad one stops the report before the checkpoint loads). The speculative and the
-    constrained strategies are rows of their own: a draft and a grammar may both be given."""
+def _check_report_options(options: dict[str, Any], draft_ckpt_path: str | None) -> dict[str, str]:
+    """Check sample-report's decoding options (``options``: {field: value}; ``draft_ckpt_path``: its draft); return
+    its constraint ({kind: value}, compiled once here so that a bad one stops the report before the checkpoint
+    loads). The speculative and the constrained strategies are rows of their own: a draft and a grammar may both be
+    given."""
+    import warnings
+
+    from tinylm.generate.config import idle_draft_tokens
+
     check = sample_report.options.check
     check({k: options[k] for k in ("max_new_tokens", "prompt_lookup", "num_draft_tokens")})
+    if idle := idle_draft_tokens(options, sample_report.options.spell, draft_ckpt_path):
+        warnings.warn(idle)
     constraint = {k: options[k] for k in ("regex", "json_schema", "grammar") if options[k]}
     check(constraint)
     if constraint:

@@ -207,6 +207,16 @@ def check_speculative(values: Mapping[str, Any], spell: Spelling = LIBRARY, draf
                          f"{spell('strategy')} {values['strategy']!r}; drop {spell.flag(using[0])}")
 
 
+def idle_draft_tokens(values: Mapping[str, Any], spell: Spelling = LIBRARY, draft: str | None = None) -> str | None:
+    """A warning for num_draft_tokens set where nothing drafts (no ``draft`` checkpoint, no prompt lookup), as
+    `unused_options` warns of a strategy's options set under another strategy; None where it is not."""
+    values = {**DEFAULTS, **values}
+    if draft or values["prompt_lookup"] or values["num_draft_tokens"] == DEFAULTS["num_draft_tokens"]:
+        return None
+    return (f"{spell('num_draft_tokens')} does nothing without a drafter (it shapes speculative decoding: "
+            f"{spell('draft_ckpt_path')} or {spell('prompt_lookup')} N)")
+
+
 def unused_options(strategy: str, values: Mapping[str, Any], defaults: Mapping[str, Any],
                    spell: Spelling = LIBRARY) -> str | None:
     """A warning naming the options of ``values`` set away from their ``defaults`` that ``strategy`` ignores (None

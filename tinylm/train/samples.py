@@ -57,7 +57,7 @@ class SampleText(L.Callback):
         json_schema=Option(),
         grammar=Option(),
     ) -> None:
-        from tinylm.generate.config import check_speculative, unused_options
+        from tinylm.generate.config import check_speculative, idle_draft_tokens, unused_options
 
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
@@ -82,6 +82,8 @@ class SampleText(L.Callback):
         # as generate warns of --top_p with --strategy greedy
         if unused := unused_options(strategy, surface.values(locals()), surface.defaults, surface.spell):
             warnings.warn(unused, UserWarning)
+        if idle := idle_draft_tokens(options, surface.spell, draft_ckpt_path):
+            warnings.warn(idle, UserWarning)
         self._last_step = -1
         self._path: Path | None = None
         self._saved_bytes: int | None = None  # from the checkpoint resumed
