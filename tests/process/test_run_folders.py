@@ -156,7 +156,7 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
         main(["validate", "--ckpt_path", ckpt, "--data.corpus", str(other)])
     assert "with the checkpoint's own bpe tokenizer" in caplog.text and "larger than" not in caplog.text
     (row,) = _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")
-    assert float(row["val/loss"]) > 0
+    assert float(row["val/loss"]) > 0 and row["corpus"] == str(other)  # told apart from the run's own text's rows
     caplog.clear()
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.2"])
@@ -167,6 +167,8 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
         main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.05"])  # a part of the held-out text
         main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.1"])  # the run's own
     assert "larger than" not in caplog.text
+    assert _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")[-1]["corpus"] == str(
+        tmp_path / "shakespeare_small.txt")
     corpus = tmp_path / "shakespeare_small.txt"
     corpus.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
     with caplog.at_level("WARNING", logger="tinylm"):

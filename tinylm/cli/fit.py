@@ -341,8 +341,10 @@ class TinyLMCLI(LightningCLI):
         if not self.trainer.is_global_zero:
             return
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
+        # the text validated: rows of one checkpoint on the run's data and on other text (--data.corpus) told apart
+        corpus = getattr(self.datamodule, "corpus_spec", None)
         row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
-               "step": getattr(self, "ckpt_step", 0), **metrics}
+               "step": getattr(self, "ckpt_step", 0), **({"corpus": corpus} if corpus else {}), **metrics}
         ckpt = Path(self._section().ckpt_path).resolve()
         # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names; for one
         # outside a run folder, the run the command names, else its own folder (the default run name's folder,
