@@ -307,7 +307,7 @@ def test_sample_report_compares_speculative_and_constrained_decoding(tmp_path, s
 def test_plot_labels_do_not_overlap():
     """Catches the numbers of strategies that land on (or next to) each other being drawn over one another: a
     speculative twin sits exactly on its plain strategy, and near points crowd. No two labels' boxes (matplotlib's
-    text extents) may intersect, and every strategy's number is in one."""
+    text extents) may intersect, and every strategy's number is in one; every strategy has a colour of its own."""
     pytest.importorskip("matplotlib")
     points = [(2.0, 0.5), (2.0, 0.5), (2.001, 0.501), (2.002, 0.5), (2.0, 0.503), (2.5, 0.9), (2.5, 0.9), (3.0, 0.2)]
     points += [(2.0 + 0.004 * i, 0.5 + 0.002 * i) for i in range(8)]
@@ -326,6 +326,8 @@ def test_plot_labels_do_not_overlap():
     assert numbers == list(range(1, len(points) + 1))
     pixels = ax.transData.transform(points[:8])  # guard: labelled at their points, these would overlap
     assert abs(pixels[2] - pixels[0]).max() < 3 and len(labels) < len(points)
+    # 16 strategies, 16 colours (a draft and a grammar make 14: on the 10-colour cycle, 1 and 11 were one colour)
+    assert len({tuple(c.get_facecolor()[0]) for c in ax.collections}) == len(points)
 
 
 def test_a_refused_grammar_leaves_standard_output_empty(tmp_path, small_data, capsys):

@@ -473,12 +473,13 @@ def diversity_figure(report: dict[str, Any]):
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     points = []
+    colour = _colours(len(report["strategies"]))
     for i, (name, m) in enumerate(report["strategies"].items(), start=1):
         x, y = m["nll"], m["distinct_2"]
         if x is None or y is None or math.isnan(x) or math.isnan(y):
             continue
         # numbered points and a legend: strategies often land on top of each other, full names would overlap
-        ax.scatter(x, y, marker="s" if m["deterministic"] else "o", color=f"C{(i - 1) % 10}", label=f"{i}  {name}")
+        ax.scatter(x, y, marker="s" if m["deterministic"] else "o", color=colour(i), label=f"{i}  {name}")
         points.append((x, y, i))
     ax.margins(0.12)
     ax.set_xlabel("model NLL of its own output (nats/token, lower = more likely)")
@@ -487,11 +488,21 @@ def diversity_figure(report: dict[str, Any]):
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
     fig.canvas.draw()  # the layout is settled (labels take no part in it): screen positions are final
-    _place_labels(fig, ax, points)
+    _place_labels(fig, ax, points, colour)
     return fig
 
 
-def _place_labels(fig, ax, points: list[tuple[float, float, int]]) -> None:
+def _colours(n: int):
+    """Point i's colour: matplotlib's 10-colour cycle, or tab20's 20 where there are more strategies (a draft and a
+    grammar make 14: points 1 and 11 were one colour)."""
+    if n <= 10:
+        return lambda i: f"C{(i - 1) % 10}"
+    from matplotlib import colormaps
+
+    return lambda i: colormaps["tab20"]((i - 1) % 20)
+
+
+def _place_labels(fig, ax, points: list[tuple[float, float, int]], colour) -> None:
     """Number each point. Points whose markers touch share one label ("1,10": a speculative twin sits on its plain
     strategy); a label that would overlap one placed before it moves up past it, in the order of the points'
     heights, so no two labels overlap."""
@@ -509,7 +520,7 @@ def _place_labels(fig, ax, points: list[tuple[float, float, int]]) -> None:
     for (px, py), numbers in sorted(groups, key=lambda g: (g[0][1], g[0][0])):
         x, y = ax.transData.inverted().transform((px, py))
         label = ax.annotate(",".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=8, color=f"C{(numbers[0] - 1) % 10}", annotation_clip=False)
+                            fontsize=8, color=colour(numbers[0]), annotation_clip=False)
         label.set_in_layout(False)
         for _ in range(len(placed) + 1):  # each move clears one label at least
             box = label.get_window_extent(renderer).expanded(1.0, 1.0)
