@@ -328,8 +328,8 @@ def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
     (run / "eval").mkdir()
     (run / "eval" / "metrics.csv").write_text("time,checkpoint,step,eval/hellaswag_acc_norm,eval/hellaswag_items,"
                                               "eval/lambada_acc\nt,c,20,0.28,100,0.01\n")
-    curves = read_run(run)
-    assert curves.series["eval/hellaswag_acc_norm"] == [(9, 0.26), (20, 0.28)]
+    curves = read_run(run)  # Lightning's row 9 is step 10, as `tinylm eval` of step-10.ckpt would write it
+    assert curves.series["eval/hellaswag_acc_norm"] == [(10, 0.26), (20, 0.28)]
     fig = Figure()
     draw_runs(fig, [curves])
     titles = [ax.get_title() for ax in fig.axes]
