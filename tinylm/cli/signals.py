@@ -24,8 +24,10 @@ def end_at_once_on_ctrl_c() -> None:
     """From here on, as the command ends (saying why, waiting for the ranks it started, its exit hooks: the loader's
     workers joined, W&B's upload, ddp_fork's training processes), a Ctrl+C ends it at once, quietly, with 130: it
     raised KeyboardInterrupt wherever it landed ("Exception ignored in atexit callback ... KeyboardInterrupt" and a
-    traceback, or a traceback in place of the line saying why the run stopped)."""
-    if threading.current_thread() is threading.main_thread():
+    traceback, or a traceback in place of the line saying why the run stopped). A command started with Ctrl+C
+    ignored (a script's `&` job) keeps ignoring it: its Ctrl+C handler, reset to the default as Python finalizes,
+    let a Ctrl+C in its last moments kill it (status -2, though the run had ended well)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, end_now)
 
 
