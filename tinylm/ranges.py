@@ -45,7 +45,8 @@ def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str
     """Raise ValueError naming the first option of ``ranges`` whose value in ``values`` lies outside its interval.
 
     owner: the config section the options belong to (``model``, ``data``, ``trainer``), printed as the prefix of
-        each name so the message names the command-line option (``model.dropout``); "" for none.
+        each name so the message names the command-line option (``model.dropout``); ``"--"`` for a command's own
+        flags (``--num_samples``); "" for none.
     values: option name -> value; an option that is missing or None (unset: use the default) is skipped, and so
         is one whose bound names an option that is None.
     ranges: option name -> interval. NaN, bools and non-numbers are out of every range.
@@ -65,4 +66,5 @@ def check_ranges(owner: str, values: Mapping[str, Any], ranges: Mapping[str, str
         if not (above and below):  # NaN fails both comparisons
             shown = f"{'(' if low_open else '['}{lo_text}, {hi_text}{')' if high_open else ']'}"
             what = "a whole number in" if name in whole else "in"
-            raise ValueError(f"{owner + '.' if owner else ''}{name} must be {what} {shown}, got {value!r}")
+            prefix = owner if owner.endswith("-") else f"{owner}." if owner else ""
+            raise ValueError(f"{prefix}{name} must be {what} {shown}, got {value!r}")

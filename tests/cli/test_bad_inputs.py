@@ -161,9 +161,9 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["fit", "--model.lr", "-1e-3"], "model.lr must be in (0, inf), got -0.001"),
-    (["plan", "--mfu", "-1E-1"], "mfu must be in (0, 1], got -0.1"),
-    (["lr-find", "--min_lr", "-1e-3"], "min_lr must be in (0, max_lr=1.0), got -0.001"),
-    (["scaling", "--budget", "-1e12"], "budget must be in (0, 1e24], got -1000000000000.0"),
+    (["plan", "--mfu", "-1E-1"], "--mfu must be in (0, 1], got -0.1"),
+    (["lr-find", "--min_lr", "-1e-3"], "--min_lr must be in (0, max_lr=1.0), got -0.001"),
+    (["scaling", "--budget", "-1e12"], "--budget must be in (0, 1e24], got -1000000000000.0"),
     (["generate", "--ckpt_path", "x.ckpt", "--temperature", "-1.5e+0"], "--temperature must be in [0.0001, inf)"),
     (["sample-report", "--ckpt_path", "x.ckpt", "--out", "r", "--num_samples", "-1e3"],
      "--num_samples: expected a whole number, got -1000.0"),

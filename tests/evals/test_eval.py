@@ -226,7 +226,7 @@ def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe
 
 @pytest.mark.parametrize("argv, needle", [
     (["--tasks", "hellaswag,mmlu"], "--tasks: unknown task 'mmlu'; choose from hellaswag"),
-    (["--limit", "0"], "limit must be a whole number in [1, inf), got 0"),
+    (["--limit", "0"], "--limit must be a whole number in [1, inf), got 0"),
     (["--data_dir", "nowhere"], "--data_dir 'nowhere' is not a folder"),
 ])
 def test_bad_eval_options_end_in_one_line(bpe_ckpt, capsys, argv, needle):

@@ -333,7 +333,7 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
     from tinylm.generate.config import idle_draft_tokens, unused_options
 
     surface, strategy = generate.options, options["strategy"]
-    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
+    check_ranges("--", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     if num_samples > 1 and strategy != "sample":
         raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
                          f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
@@ -504,7 +504,7 @@ def sample_report(
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
-    check_ranges("", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
+    check_ranges("--", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     constraint = _check_report_options(sample_report.options.values(locals()), draft_ckpt_path)  # before loading
     prompts = _report_prompts(prompts, seed, prompts_file)
     check_output_path(out, folder=True)  # before the sampling, not after

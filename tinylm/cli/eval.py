@@ -43,7 +43,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     from tinylm.evals.tasks import parse_tasks
     from tinylm.ranges import check_ranges
 
-    check_ranges("", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
+    check_ranges("--", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
                  whole=("limit", "batch_size"))
     chosen = parse_tasks(tasks)
     model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))

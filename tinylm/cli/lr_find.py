@@ -28,7 +28,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     from tinylm.studies.lr_find import plot_lr_find
     from tinylm.studies.plots import check_png_path
 
-    check_ranges("", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},  # max_lr first: min_lr's
+    check_ranges("--", {"min_lr": min_lr, "max_lr": max_lr, "num_training": num_training},  # max_lr first: min_lr's
                  {"max_lr": "(0, inf)", "min_lr": "(0, max_lr)", "num_training": "[4, 10000]"},  # bound is max_lr;
                  whole=("num_training",))  # 4: three points to read past the last, which the suggestion skips
     if out:

@@ -43,7 +43,7 @@ def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, js
     from tinylm.ranges import check_ranges
     from tinylm.studies.plots import check_png_path
 
-    check_ranges("", {"mfu": mfu}, {"mfu": "(0, 1]"})
+    check_ranges("--", {"mfu": mfu}, {"mfu": "(0, 1]"})
     if gpu is not None and gpu.lower() != "cpu" and not known_gpu(gpu):
         raise ValueError(f"--gpu {gpu!r} is not a GPU whose peak FLOP/s tinylm knows; use one of "
                          f"{', '.join(gpu_names())}, a full device name containing one (as nvidia-smi prints it), "

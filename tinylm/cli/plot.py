@@ -25,7 +25,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     from tinylm.studies.curves import check_drawable, choose_metric, metrics_csv, plot_runs, read_run
     from tinylm.studies.plots import check_png_path
 
-    check_ranges("", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
+    check_ranges("--", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:
         raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
     curves = [read_run(r) for r in runs]

@@ -94,7 +94,7 @@ def _check_options(fit_args: list[str], budget: float, head_size: int | None, si
     from tinylm.ranges import check_ranges
     from tinylm.studies.plots import check_png_path
 
-    check_ranges("", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
+    check_ranges("--", {"budget": budget, "head_size": head_size}, {"budget": "(0, 1e24]", "head_size": "[1, inf)"})
     _check_sizes(sizes, target)
     if out:
         check_png_path(out)  # before hours of training, not after
