@@ -122,6 +122,7 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     assert (saved["model"]["decay_steps"] is None
             and saved["model"]["warmup_steps"] == result["runs"][-1]["warmup_steps"])
     assert result["prediction"]["measured"] > 0 and "prediction for L1-d24" in out
+    assert "3 points for its 3 parameters: it passes through them, so the rmse checks nothing" in out  # (it said 0)
     assert (cfg.parent / "fit.png").stat().st_size > 10_000
     main(args)  # everything finished: nothing trains again, same answer
     assert json.loads((cfg.parent / "fit.json").read_text())["prediction"] == result["prediction"]

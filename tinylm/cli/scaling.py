@@ -359,7 +359,7 @@ def format_scaling(r: dict) -> str:
     lines.append(f"no law over the first {len(r['runs']) - 1}: {law['none']}" if "none" in law else
                  f"fit over the first {len(r['runs']) - 1}: L(N) = {law['E']:.4f} + {law['A']:.4g}"
                  f"·N^-{law['alpha']:.4f}"
-                 f" (rmse {law['rmse']:.4f} nats)")
+                 f" (rmse {law['rmse']:.4f} nats{_exact(len(r['runs']) - 1)})")
     opt = r["isoflop_optimum"]
     lines.append("compute-optimal size for this budget: " + (
         f"{opt['params']:,.0f} parameters (IsoFLOP parabola minimum, val/loss {opt['val_loss']:.4f})"
@@ -373,3 +373,9 @@ def format_scaling(r: dict) -> str:
                  f"{p['model']} ({p['params']:,} parameters): measured {p['measured']:.4f} (no law to predict it)")
     lines.append(f"wrote {r['plot']} and {Path(r['plot']).with_suffix('.json')}")
     return "\n".join(lines)
+
+
+def _exact(points: int) -> str:
+    """Said of a law fitted to as many points as it has parameters (E, A, alpha): it passes through them."""
+    return ("; 3 points for its 3 parameters: it passes through them, so the rmse checks nothing, the prediction "
+            "does" if points == 3 else "")
