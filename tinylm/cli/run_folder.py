@@ -242,7 +242,8 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
             "does without a checkpoint)" if asked == "last" else "a fresh run"
         found, broken = checkpoints_by_step(run_dir / "checkpoints")
         if not found:  # logs only, or only damaged checkpoints: --ckpt_path last has nothing to go on from
-            why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else "it stopped before its first"
+            why = f"its checkpoints ({', '.join(broken)}) are damaged" if broken else \
+                "it stopped before its first, or trained with checkpointing off"
             raise TinyLMError(
                 f"{run_dir} holds a run that saved no readable checkpoint ({why}), so there is nothing to "
                 f"continue; refusing to start {what} over it. Start a new run with --run.name NEW_NAME, or delete "
