@@ -117,6 +117,19 @@ def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatc
     assert meta["splits"]["train"]["documents"] == 200
 
 
+def test_a_build_stopped_before_its_first_shard_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """Catches the tokens of a build stopped before any shard was complete (a full disk, a signal, a lost stream)
+    left in .partial/: no build resumes from them, and on a full disk they kept it full."""
+    monkeypatch.setattr(pack, "SHARD_CHARS", 1_000_000)  # no shard completes before the stream fails
+    docs = [f"document {i:03d} " + "abc " * 3 for i in range(200)]
+    tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
+    flaky = _FlakyStream(docs, fail_after=150)
+    with pytest.raises(ConnectionError):
+        prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    final = dataset_dir_for(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert not final.with_name(final.name + ".partial").exists() and not final.exists()
+
+
 def test_a_build_stopped_while_publishing_keeps_its_shards(tmp_path, monkeypatch, caplog):
     """Catches the finished token files moved out of .partial/ into the temporary dataset folder, which a failure
     before publishing (here: writing meta.json) removes: the next build encoded everything again."""

@@ -302,6 +302,10 @@ def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val
     except CorpusChanged:  # the shards are keyed by text that is gone (no build resumes them) and may hold the new
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    except BaseException:  # a full disk, a signal: tokens of no complete shard are of no use to the next build, and
+        if not any(partial.glob("[0-9]*.json")):  # on a full disk they kept it full
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     build = rate(sum(s["bytes"] for s in splits.values()) - resumed, clock())  # what this build encoded, timed
     if resumed:
         build["resumed_bytes"] = resumed
