@@ -4,6 +4,7 @@ import contextlib
 import fcntl
 import os
 import re
+import select
 import struct
 import sys
 import termios
@@ -18,7 +19,9 @@ from tinylm.train.callbacks import ProgressBar, steps_between_lines
 
 class Terminal:
     """A real pseudo-terminal (200 columns, raw: no newline translation), read all along (so that its buffer never
-    fills); `shown` is what it showed so far."""
+    fills); `shown` is what it showed so far, every byte written before it was called included: it reads what the
+    reader has not yet read itself (a reader a moment behind, on a loaded machine, left the end of one run's
+    drawings to be taken for the start of the next one's)."""
 
     def __init__(self) -> None:
         self.master, slave = os.openpty()
@@ -26,20 +29,31 @@ class Terminal:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
         self.file = open(slave, "w", encoding="utf-8")  # noqa: SIM115 (closed by `close`)
         self._shown = bytearray()
+        self._lock = threading.Lock()  # one reader at a time: no chunk is ever read and not yet kept
+        self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-    def _read(self) -> None:
+    def _drain(self, wait: float) -> None:
         with contextlib.suppress(OSError):  # EIO once the other side is closed
-            while chunk := os.read(self.master, 65536):
-                self._shown.extend(chunk)
+            while select.select([self.master], [], [], wait)[0]:
+                self._shown.extend(os.read(self.master, 65536))
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                self._drain(0)
+            self._closed.wait(0.01)
 
     def shown(self) -> str:
         self.file.flush()
-        return self._shown.decode("utf-8", "replace")
+        with self._lock:
+            self._drain(0.05)
+            return self._shown.decode("utf-8", "replace")
 
     def close(self) -> None:
         self.file.close()
+        self._closed.set()
         self._reader.join(timeout=5)
         os.close(self.master)
 
