@@ -168,3 +168,57 @@ def test_a_bad_guard_option_is_one_line(run_config, capsys):
 
     config = run_config()
     _one_line_error(capsys, ["fit", "--config", str(config), "--guard.lr_factor", "2"], "guard.lr_factor", "(0, 1]")
+
+
+def test_a_rollback_never_takes_weights_an_earlier_rollback_abandoned(tmp_path):
+    """Catches a second rollback loading a checkpoint saved on the trajectory the first one threw away: rolled back
+    at step 13 to step-4.ckpt, the run's step-12.ckpt holds the weights of steps 5-12 it abandoned; trouble from
+    step 14 then took step-12.ckpt (the first rollback silently undone). A checkpoint saved at a rollback's own step
+    holds the rolled-back weights (checkpoint callbacks run after the guard), and one of N steps has not seen step
+    index N (the rule was N < first_bad: a good checkpoint passed over). The spans survive a resume."""
+    from types import SimpleNamespace
+
+    from tinylm.checkpoint import CHECKPOINT_FORMAT
+    from tinylm.train.guard import StabilityGuard, last_good_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (2, 4, 8, 12, 14, 16):  # (what the step is read from: the checkpoint's metadata)
+        torch.save({"global_step": step, "state_dict": {}, "tinylm": {"format": CHECKPOINT_FORMAT}},
+                   folder / f"step-{step}.ckpt")
+    trainer = SimpleNamespace(checkpoint_callbacks=[SimpleNamespace(dirpath=str(folder))])
+    guard = StabilityGuard()
+    guard.abandoned = [(4, 13)]  # rolled back at step 13 to step-4.ckpt
+    assert last_good_checkpoint(trainer, 13).name == "step-12.ckpt"  # (without the spans: the abandoned weights)
+    assert last_good_checkpoint(trainer, 13, guard.abandoned).name == "step-4.ckpt"
+    assert last_good_checkpoint(trainer, 14, guard.abandoned).name == "step-14.ckpt"  # saved after the rollback
+    assert last_good_checkpoint(trainer, 15, [(4, 13), (14, 16)]).name == "step-14.ckpt"
+    assert last_good_checkpoint(trainer, 16, [(4, 13), (14, 16)]).name == "step-16.ckpt"  # its own step: kept
+    assert last_good_checkpoint(trainer, 3, guard.abandoned).name == "step-2.ckpt"
+    resumed = StabilityGuard()
+    resumed.load_state_dict(guard.state_dict())
+    assert resumed.abandoned == [(4, 13)]
+    old = {k: v for k, v in guard.state_dict().items() if k != "abandoned"}  # a checkpoint from before the spans
+    resumed.load_state_dict(old)
+    assert resumed.abandoned == []
+
+
+def test_a_divergence_the_guard_could_not_hold_does_not_say_to_turn_the_guard_on(tmp_path):
+    """Catches the health monitor's `diverged` line telling a run whose guard skipped steps and rolled back to turn
+    the guard on ("--guard.enabled true skips bad steps and rolls back"): it says what the guard did."""
+    from types import SimpleNamespace
+
+    from tinylm.train.guard import StabilityGuard
+    from tinylm.train.health import HealthMonitor
+
+    lines = {}
+    for enabled in (True, False):
+        guard = StabilityGuard(enabled=enabled)
+        guard.rollbacks, guard._skipped = 2, torch.tensor(6)
+        trainer = SimpleNamespace(callbacks=[guard], global_step=10, is_global_zero=False, checkpoint_callbacks=[])
+        health = HealthMonitor()
+        health._losses.append(10.0)  # train loss above ln(vocab) too: diverged, not overfit
+        health._judge_val(trainer, SimpleNamespace(hparams=SimpleNamespace(vocab_size=65)), 5e4)
+        lines[enabled] = health._diverged
+    assert "the stability guard was on and could not hold it (6 step(s) skipped, 2 rollback(s))" in lines[True]
+    assert "--guard.enabled true" not in lines[True] and "--guard.enabled true skips bad steps" in lines[False]

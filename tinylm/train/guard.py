@@ -88,6 +88,10 @@ class StabilityGuard(L.Callback):
         self.rollback_skips, self.rollback_loss_rise = rollback_skips, rollback_loss_rise
         self.lr_factor, self.max_rollbacks = lr_factor, max_rollbacks
         self.rollbacks = 0
+        # the steps each rollback threw away, (the checkpoint's step, the step it rolled back at): a checkpoint saved
+        # at one of them holds weights the run abandoned (a later rollback took one, undoing the earlier); one saved
+        # at the rollback's own step holds the rolled-back weights (Lightning runs checkpoint callbacks last)
+        self.abandoned: list[tuple[int, int]] = []
         self.level: float | None = None  # the lowest median loss of a full window since the start or a rollback
         # the last `window` steps by slot step % window: loss, grad norm (NaN where skipped or not yet taken), and
         # 1.0 where the step was skipped
@@ -167,8 +171,8 @@ class StabilityGuard(L.Callback):
         order = [(step - self.window + i) for i in range(self.window)]  # the last `window` steps, oldest first
         flags = [skips[s % self.window] for s in order]
         if self.rollback_skips and sum(flags) >= self.rollback_skips:
-            first = next(s for s, f in zip(order, flags) if f)
-            return f"{int(sum(flags))} of the last {self.window} steps skipped (first at step {first})", first
+            first = next(s for s, f in zip(order, flags) if f)  # (the step's index: it is step first + 1)
+            return f"{int(sum(flags))} of the last {self.window} steps skipped (first at step {first + 1})", first
         by_step = [(s, losses[s % self.window]) for s in order if not math.isnan(losses[s % self.window])]
         accepted = [v for _, v in by_step]
         if len(accepted) < self.window // 2 or self.rollback_loss_rise is None:
@@ -185,10 +189,13 @@ class StabilityGuard(L.Callback):
         return None
 
     def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str, first_bad: int) -> None:
-        ckpt = last_good_checkpoint(trainer, first_bad)
+        """Load the newest checkpoint whose weights have not seen step index ``first_bad`` (nor steps an earlier
+        rollback abandoned), lower the LR, go on; or stop the run (`GuardStop`)."""
+        ckpt = last_good_checkpoint(trainer, first_bad, self.abandoned)
         step = trainer.global_step
         if ckpt is None or self.rollbacks >= self.max_rollbacks or not _single_file_checkpoints(trainer):
-            why = ("no checkpoint was saved before it" if ckpt is None else
+            why = ("no checkpoint from before it is on disk (only the newest run.keep_checkpoints step-N.ckpt are "
+                   "kept, and none a rollback abandoned)" if ckpt is None else
                    f"after {self.rollbacks} rollback(s) (guard.max_rollbacks)" if self.rollbacks >= self.max_rollbacks
                    else f"the {type(trainer.strategy).__name__} strategy's checkpoints are not rolled back in place")
             fix = (f"start a new run from {ckpt} with a lower LR (--model.init_from {ckpt} --model.lr ... --run.name "
@@ -196,6 +203,7 @@ class StabilityGuard(L.Callback):
             raise GuardStop(f"tinylm guard: training diverged at step {step} ({what}) and {why}; {fix}")
         self.rollbacks += 1
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        self.abandoned.append((int(state.get("global_step", 0)), step))
         pl_module.load_state_dict(state["state_dict"])
         optimizer = trainer.optimizers[0]
         optimizer.load_state_dict(state["optimizer_states"][0])
@@ -214,13 +222,15 @@ class StabilityGuard(L.Callback):
 
     # ---- state survives resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        state: dict[str, Any] = {"rollbacks": self.rollbacks, "level": self.level, "skipped": self._skipped.cpu()}
+        state: dict[str, Any] = {"rollbacks": self.rollbacks, "level": self.level, "skipped": self._skipped.cpu(),
+                                 "abandoned": [list(span) for span in self.abandoned]}
         if self._history is not None:
             state |= {"history": self._history.cpu(), "limit": self._limit.cpu()}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.rollbacks, self.level = int(state_dict.get("rollbacks", 0)), state_dict.get("level")
+        self.abandoned = [(int(lo), int(hi)) for lo, hi in state_dict.get("abandoned", [])]
         self._skipped = state_dict.get("skipped", torch.zeros((), dtype=torch.int64)).clone()
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
@@ -243,12 +253,14 @@ def _single_file_checkpoints(trainer: L.Trainer) -> bool:
     return not isinstance(trainer.strategy, ModelParallelStrategy)
 
 
-def last_good_checkpoint(trainer: L.Trainer, first_bad: int) -> Path | None:
-    """The newest checkpoint of the run's checkpoint folders saved before step ``first_bad`` (its weights had not
-    seen the steps from there on), or None."""
+def last_good_checkpoint(trainer: L.Trainer, first_bad: int, abandoned: list[tuple[int, int]] = ()) -> Path | None:
+    """The newest checkpoint of the run's checkpoint folders whose weights have not seen step index ``first_bad``
+    (a checkpoint of N steps has seen indices 0 .. N - 1: N <= first_bad) and were not abandoned by a rollback
+    (``abandoned``: (lo, hi) spans of steps; the run never trains those steps again, so a checkpoint of one is of
+    the abandoned weights), or None."""
     from tinylm.checkpoint import checkpoints_by_step
 
     dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
     saved = sorted((step, not last, str(path)) for d in dirs for step, last, path in checkpoints_by_step(d)[0]
-                   if step < first_bad)
+                   if step <= first_bad and not any(lo < step < hi for lo, hi in abandoned))
     return Path(saved[-1][2]) if saved else None

@@ -379,11 +379,16 @@ class HealthMonitor(L.Callback):
             self._diverged, self._sane_val_step = None, trainer.global_step
             return
         before = "; ".join(f"{a.kind} at step {a.step}" for a in self.alerts[:3]) or "no alert before it"
+        # (type by name: tinylm.train.guard imports this package's module, not the other way)
+        guard = next((cb for cb in trainer.callbacks if type(cb).__name__ == "StabilityGuard" and cb.enabled), None)
+        guarded = ("--guard.enabled true skips bad steps and rolls back" if guard is None else
+                   f"the stability guard was on and could not hold it ({int(guard._skipped)} step(s) skipped, "
+                   f"{guard.rollbacks} rollback(s))")
         self._diverged = (
             f"the run diverged: val/loss {val:.4g} at step {trainer.global_step} is far above ln(vocab)={ln_v:.2f}, "
             f"what a model that guesses uniformly scores ({before}). Likely causes: LR too high (lower lr or muon_lr, "
-            "lengthen warmup), missing gradient clipping, or corrupt data; --guard.enabled true skips bad steps and "
-            "rolls back. After fixing, " + _restart_hint(trainer, self._sane_val_step + 1))
+            f"lengthen warmup), missing gradient clipping, or corrupt data; {guarded}. After fixing, "
+            + _restart_hint(trainer, self._sane_val_step + 1))
         self._alert(trainer, "diverged", self._diverged)
 
     def _end_diverged(self) -> None:
