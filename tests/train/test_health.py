@@ -469,7 +469,7 @@ def test_tokens_per_sec_leaves_out_validation_time(chars):
 
     class SlowValidation(TinyLM):
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
-            time.sleep(0.5)  # a validation far longer than the window's training steps
+            time.sleep(2.0)  # a validation far longer than the window's training steps (counted: a ~15x dip)
             return super().validation_step(batch, batch_idx, dataloader_idx)
 
     torch.manual_seed(0)
@@ -477,7 +477,8 @@ def test_tokens_per_sec_leaves_out_validation_time(chars):
     rates = _Rates()
     _run(module, _windows(ids, 8 * 30, 0), steps=30, val=_windows(ids[50_000:], 8, 1), val_every=10, callbacks=[rates])
     measured = [r for r in rates.rates if r is not None]
-    assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after validations
+    # no dip after validations (a loaded machine's own dips, up to ~5x, pass)
+    assert min(measured[10:]) > 0.1 * sorted(measured)[len(measured) // 2], measured
 
 
 def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, monkeypatch):
@@ -491,7 +492,7 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, mo
 
     class SlowSamples(SampleText):
         def _sample(self, *args, **kwargs):
-            time.sleep(0.5)  # sampling far longer than the window's training steps
+            time.sleep(2.0)  # sampling far longer than the window's training steps (counted: a ~15x dip)
             return super()._sample(*args, **kwargs)
 
     monkeypatch.chdir(tmp_path)  # the trainer's default_root_dir, where samples.txt goes
@@ -500,7 +501,7 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, mo
     rates = _Rates()
     _run(module, _windows(ids, 8 * 30, 0), steps=30, callbacks=[rates, SlowSamples(every_n_steps=10, max_new_tokens=4)])
     measured = [r for r in rates.rates if r is not None]
-    assert min(measured[10:]) > 0.3 * sorted(measured)[len(measured) // 2], measured  # no dip after samples
+    assert min(measured[10:]) > 0.1 * sorted(measured)[len(measured) // 2], measured  # no dip after samples
 
 
 
