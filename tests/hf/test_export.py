@@ -614,6 +614,12 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
     assert exit_.value.code == 1
     assert re.search(r"model.init_from .*last.ckpt' was trained with another tokenizer", err[-1])
     assert not (tmp_path / "runs" / "finetune").exists()  # refused before it wrote anything: no empty run left
+    # the fix it names can be followed (it said "data.tokenizer", and a checkpoint is no tokenizer file)
+    assert f"`tinylm export --ckpt_path {source} --out DIR` and pass --data.tokenizer DIR/tinylm_tokenizer" in err[-1]
+    main(["export", "--ckpt_path", str(source), "--out", str(tmp_path / "exported")])
+    main(["fit", "--config", str(config), "--data.tokenizer", str(tmp_path / "exported" / "tinylm_tokenizer"),
+          "--data.corpus", str(tmp_path / "shakespeare_small.txt")])  # (other.txt has a character it lacks)
+    assert (tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt").is_file()
     with pytest.raises(ValueError, match="has 48 token ids but this run's tokenizer has 2"):
         TinyLM(vocab_size=2, block_size=16, init_from=str(_write_checkpoint(
             tmp_path / "m.ckpt",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -476,9 +477,14 @@ class TinyLM(L.LightningModule):
         """Refuse to fine-tune model.init_from's weights with another tokenizer than theirs (the ids would mean
         other text). The CLI calls it before the run writes anything; fit start checks again for library users."""
         if tok is not None and self._init_fingerprint not in (None, tok.fingerprint):
+            source = Path(self.hparams.init_from)
+            own = source / "tinylm_tokenizer"  # (an export's; any Hugging Face folder holds its tokenizer.json)
+            how = (f"--data.tokenizer {own if own.is_dir() else source}" if source.is_dir() else
+                   f"write it out with `tinylm export --ckpt_path {source} --out DIR` and pass --data.tokenizer "
+                   "DIR/tinylm_tokenizer")
             raise ValueError(f"model.init_from {self.hparams.init_from!r} was trained with another tokenizer "
                              f"(fingerprint {self._init_fingerprint[:12]}) than this run's {tok.spec!r} (fingerprint "
-                             f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer (data.tokenizer)")
+                             f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer: {how}")
 
     def _grab_tokenizer(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
