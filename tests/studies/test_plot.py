@@ -50,6 +50,16 @@ def test_plot_overlays_runs_and_handles_no_validation(tmp_path, monkeypatch, cap
     assert "b: train/loss 4.1000 (step 2)" in out
 
 
+def test_a_csv_of_tinylm_validate_or_eval_is_read_at_its_own_steps(tmp_path):
+    """Catches `tinylm plot runs/NAME/validate/metrics.csv` drawing the validate of step-20.ckpt at step 21: its
+    rows (and eval's) count steps done, as the checkpoint; only Lightning's CSV counts from 0."""
+    for folder in ("validate", "eval"):
+        path = tmp_path / folder / "metrics.csv"
+        path.parent.mkdir()
+        path.write_text("time,checkpoint,step,val/loss\nt,c,20,3.5\n")
+        assert read_run(path).series["val/loss"] == [(20, 3.5)]
+
+
 def test_runs_of_one_name_in_two_folders_are_told_apart(tmp_path, monkeypatch, capsys):
     """Catches two runs named "x" (sweeps/a/runs/x, sweeps/b/runs/x) drawn and summed up under one label each."""
     monkeypatch.chdir(tmp_path)

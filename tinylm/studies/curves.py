@@ -72,7 +72,7 @@ def read_run(run: str | Path) -> RunCurves:
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name, tokenizer=run_tokenizer(path.parent.parent) if path.parent.name == "csv" else None)
-    _read_rows(path, curves, shift=0 if path.parent.name == "eval" else 1)
+    _read_rows(path, curves, shift=0 if path.parent.name in ("eval", "validate") else 1)  # theirs: steps done
     evals = path.parent.parent / "eval" / "metrics.csv"  # `tinylm eval`'s rows of the run's checkpoints
     if path.parent.name == "csv" and evals.is_file():
         _read_rows(evals, curves, shift=0)
