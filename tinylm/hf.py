@@ -85,23 +85,23 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 # ---------------------------------------------------------------------------------------------------- model
 def hf_family(config: GPTConfig) -> str:
-    """"gpt2" or "llama": the transformers architecture that computes this GPT; ValueError naming the option that
-    neither can represent."""
-    if config.qk_norm:
-        raise ValueError("model.qk_norm=true cannot be exported: neither GPT-2 nor Llama in transformers normalises "
-                         "queries and keys; train with qk_norm false to export")
-    if config.logit_softcap is not None:
-        raise ValueError(f"model.logit_softcap={config.logit_softcap} cannot be exported: GPT-2 and Llama in "
-                         "transformers do not soft-cap logits; train with logit_softcap null to export")
+    """"gpt2" or "llama": the transformers architecture that computes this GPT; ValueError naming every option that
+    neither can represent (one at a time took a retraining each to find the next)."""
     from tinylm.hf_llama import LLAMA_OPTIONS
 
     family, wanted = ("gpt2", {"norm": "layernorm", "mlp": "gelu", "tie_embeddings": True}) \
         if config.positions == "learned" else ("llama", {k: v for k, v in LLAMA_OPTIONS.items() if k != "positions"})
-    for name, value in wanted.items():
-        if getattr(config, name) != value:
-            raise ValueError(f"model.{name}={getattr(config, name)!r} with positions={config.positions!r} cannot be "
-                             f"exported: transformers' {'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}="
-                             f"{value!r} (GPT-2: learned + layernorm + gelu + tied; Llama: rope + rmsnorm + swiglu)")
+    blocks = (["model.qk_norm=true (neither GPT-2 nor Llama in transformers normalises queries and keys; train with "
+               "qk_norm false)"] if config.qk_norm else [])
+    if config.logit_softcap is not None:
+        blocks.append(f"model.logit_softcap={config.logit_softcap} (GPT-2 and Llama in transformers do not soft-cap "
+                      "logits; train with logit_softcap null)")
+    blocks += [f"model.{name}={getattr(config, name)!r} with positions={config.positions!r} (transformers' "
+               f"{'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}={value!r})"
+               for name, value in wanted.items() if getattr(config, name) != value]
+    if blocks:
+        raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu + "
+                         "tied; Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
     return family
 
 

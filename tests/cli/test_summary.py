@@ -49,6 +49,22 @@ def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
     assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
 
 
+def test_a_model_transformers_cannot_hold_is_not_offered_an_export(run_config, capsys):
+    """Catches the modern recipe (qk_norm, logit_softcap, relu2) ending with `next: tinylm export ...`, which fails
+    when pasted: the export is offered where transformers has the model's options."""
+    from types import SimpleNamespace
+
+    from tinylm.cli.summary import exportable
+    from tinylm.model import GPTConfig
+
+    config = run_config(trainer={"max_steps": 2}, model={"positions": "rope", "norm": "rmsnorm", "qk_norm": True})
+    main(["fit", "--config", str(config)])
+    text, commands = _summary(capsys.readouterr().out)
+    assert [c.split()[1] for c in commands] == ["generate", "validate", "plot"], text
+    assert exportable(SimpleNamespace(model=SimpleNamespace(config=GPTConfig(vocab_size=8, block_size=8, n_layer=1,
+                                                                             n_head=1, n_embd=8))))
+
+
 def test_the_next_generate_prompt_is_one_the_runs_tokenizer_encodes():
     """Catches `next: tinylm generate ... --prompt 'ROMEO:'` failing when pasted after a char-level run on a corpus
     without those letters ("character 'R' is not in the char tokenizer's vocabulary")."""

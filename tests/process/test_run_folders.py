@@ -773,10 +773,12 @@ def test_gpu_recipe_on_cpu_says_so(monkeypatch):
     laptop = yaml.safe_load((Path(__file__).parents[2] / "configs" / "shakespeare-char-cpu.yaml").read_text())
     import warnings
 
+    modern = yaml.safe_load((Path(__file__).parents[2] / "configs" / "shakespeare-char-cpu-modern.yaml").read_text())
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the laptop recipe is not warned about
-        warn_gpu_recipe_on_cpu({}, {**laptop["model"], "block_size": 64}, type("D", (), {"batch_size": 12,
-                                                                                          "num_workers": 0})())
+        warnings.simplefilter("error")  # the laptop recipes are not warned about, compiled too (docs/modern.md)
+        for model in (laptop["model"], {**modern["model"], "compile_model": True}):
+            warn_gpu_recipe_on_cpu({}, {**model, "block_size": 64}, type("D", (), {"batch_size": 12,
+                                                                                   "num_workers": 0})())
 
 
 def test_small_bpe_vocab_warns_at_fit_time(config, recwarn):

@@ -131,10 +131,11 @@ def _run(command: str, rest: list[str], program: bool) -> None:
             started = time.perf_counter()
             cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
-            from tinylm.cli.summary import example_prompt, validate_next
+            from tinylm.cli.summary import example_prompt, exportable, validate_next
 
             print(console.format_validate(cli.validate_result, cli.validate_csv))
-            print(validate_next(Path(cli.validate_result["checkpoint"]), example_prompt(cli.datamodule.tokenizer)))
+            print(validate_next(Path(cli.validate_result["checkpoint"]), example_prompt(cli.datamodule.tokenizer),
+                                exportable(cli.model)))
         if command == "fit" and not ranks.rank():
             print(_fit_summary(cli, time.perf_counter() - started))
     else:
@@ -147,12 +148,13 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
 
 def _fit_summary(cli, seconds: float) -> str:
-    from tinylm.cli.summary import example_prompt, fit_summary
+    from tinylm.cli.summary import example_prompt, exportable, fit_summary
 
     trainer, data = cli.trainer, cli.datamodule
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
     return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
-                       tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer))
+                       tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
+                       exportable=exportable(cli.model))
 
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:

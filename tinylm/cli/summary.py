@@ -36,15 +36,16 @@ def example_prompt(tokenizer) -> str:
     return tokenizer.decode([0]).encode("unicode_escape").decode("ascii")  # (generate reads escapes: \t, \n)
 
 
-def next_commands(ckpt: Path, run_dir: Path, prompt: str = "ROMEO:") -> list[str]:
-    """generate, validate, plot (when the run logged metrics: not with --trainer.logger false) and export for a
-    checkpoint of the run in ``run_dir``."""
+def next_commands(ckpt: Path, run_dir: Path, prompt: str = "ROMEO:", exportable: bool = True) -> list[str]:
+    """generate, validate, plot (when the run logged metrics: not with --trainer.logger false) and export (when
+    transformers can represent the model: `tinylm.hf.hf_family`) for a checkpoint of the run in ``run_dir``."""
     c, r = shown(ckpt), shown(run_dir)
     plot = [f"tinylm plot {r}"] if (run_dir / "csv" / "metrics.csv").is_file() else []
+    export = [f"tinylm export --ckpt_path {c} --out {shown(run_dir / 'hf')}"] if exportable else []
     return [f"tinylm generate --ckpt_path {c} --prompt {shlex.quote(prompt)}",
             f"tinylm validate --ckpt_path {c}",
             *plot,
-            f"tinylm export --ckpt_path {c} --out {shown(run_dir / 'hf')}"]
+            *export]
 
 
 def _val_rows(metrics: Path) -> list[dict]:
@@ -66,7 +67,7 @@ def duration(seconds: float) -> str:
 
 
 def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float,
-                prompt: str = "ROMEO:") -> str:
+                prompt: str = "ROMEO:", exportable: bool = True) -> str:
     """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
     val/bpb (from the run's CSV), where best.ckpt and the metrics are, and the next commands."""
     done = steps - first_step
@@ -91,11 +92,23 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     ckpt = best_ckpt if best_ckpt.is_file() else last_ckpt if last_ckpt.is_file() else None
     if ckpt is not None:
         lines.append("next:")
-        lines += [f"  {c}" for c in next_commands(ckpt, run_dir, prompt)]
+        lines += [f"  {c}" for c in next_commands(ckpt, run_dir, prompt, exportable)]
     return "\n".join(lines)
 
 
-def validate_next(ckpt: Path, prompt: str = "ROMEO:") -> str:
+def validate_next(ckpt: Path, prompt: str = "ROMEO:", exportable: bool = True) -> str:
     """After `tinylm validate`: what else to do with that checkpoint."""
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir, prompt) if " validate " not in c)
+    return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir, prompt, exportable)
+                                  if " validate " not in c)
+
+
+def exportable(model) -> bool:
+    """Whether `tinylm export` can write this TinyLM's model (its options are ones transformers has)."""
+    from tinylm.hf import hf_family
+
+    try:
+        hf_family(model.model.config)
+    except ValueError:
+        return False
+    return True

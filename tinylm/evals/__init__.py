@@ -18,7 +18,8 @@ def load(tasks: list[Task], tokenizer, *, data_dir: str | Path | None = None, li
          option: str = "--data_dir") -> list[EncodedTask]:
     """Each task's first ``limit`` items (all when None) in ``tokenizer``'s ids. A task none of whose items the
     tokenizer can encode is refused; one some of whose items it cannot encode keeps the rest and says how many
-    were left out (`EncodedTask.skip_line`). Messages name the data folder's option as ``option``."""
+    were left out (`EncodedTask.skip_line`). Messages name the data folder's option as ``option`` (and the tasks'
+    option beside it: ``--tasks``, fit's ``--eval.tasks``)."""
     out = []
     for task in tasks:
         items, source = load_items(task, data_dir, limit, option=option)
@@ -27,6 +28,6 @@ def load(tasks: list[Task], tokenizer, *, data_dir: str | Path | None = None, li
             why = f" ({encoded.skip_reason})" if encoded.skip_reason else ""
             raise TaskDataError(f"{task.name}: none of its {encoded.read:,} items can be scored{why}; evaluate a "
                                 "model whose tokenizer covers the text (a byte-level BPE or tiktoken), or leave the "
-                                "task out of --tasks")
+                                f"task out of {option.removesuffix('data_dir')}tasks")
         out.append(encoded)
     return out
