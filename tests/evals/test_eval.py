@@ -197,8 +197,11 @@ def test_items_a_char_tokenizer_cannot_encode_are_counted_never_silent(small_dat
                                 f"some of their characters, e.g. {task.skip_reason.split('e.g. ')[1]}); the scores are "
                                 f"over the other {40 - task.skipped}")
     tiny = build_tokenizer("char", documents=lambda: ["abc"])
-    with pytest.raises(TaskDataError, match=r"piqa: none of its 40 items can be scored \(the char tokenizer has no "):
+    with pytest.raises(TaskDataError, match=r"piqa: none of its 40 items can be scored \(the char tokenizer has no "
+                                            r".*or leave the task out of --tasks$"):
         load([TASKS["piqa"]], tiny, data_dir=EVALS)
+    with pytest.raises(TaskDataError, match=r"leave the task out of --eval\.tasks$"):  # fit's in-loop evals' option
+        load([TASKS["piqa"]], tiny, data_dir=EVALS, option="--eval.data_dir")
 
 
 # ---- tinylm eval ----------------------------------------------------------------------------------------------------
