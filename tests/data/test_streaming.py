@@ -83,17 +83,23 @@ class _FlakyStream(Corpus):
         return "flaky-v1"
 
 
-def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatch, caplog):
-    """Catches an interrupted prepare that starts over (re-encoding everything), leaves a folder a later run
-    takes for a dataset, resumes into different ids than an uninterrupted build (keeping tokens a killed build wrote
-    after its last complete shard), or copies the token files at the end (twice the dataset's size on disk)."""
-    monkeypatch.setattr(pack, "SHARD_CHARS", 500)  # shards of ~500 characters: 20 documents of 26-27
+def _build_cut_at_document_150(tmp_path, monkeypatch, shard_chars: int):
+    """A build of 200 short documents (26-27 characters) in shards of ~``shard_chars`` characters whose stream fails
+    at document 150: (documents, tokenizer, stream, the dataset's folder)."""
+    monkeypatch.setattr(pack, "SHARD_CHARS", shard_chars)
     docs = [f"document {i:03d} " + "abc " * 3 for i in range(200)]
     tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
     flaky = _FlakyStream(docs, fail_after=150)
     with pytest.raises(ConnectionError):
         prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
-    final = dataset_dir_for(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    return docs, tok, flaky, dataset_dir_for(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+
+
+def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatch, caplog):
+    """Catches an interrupted prepare that starts over (re-encoding everything), leaves a folder a later run
+    takes for a dataset, resumes into different ids than an uninterrupted build (keeping tokens a killed build wrote
+    after its last complete shard), or copies the token files at the end (twice the dataset's size on disk)."""
+    docs, tok, flaky, final = _build_cut_at_document_150(tmp_path, monkeypatch, 500)  # 20 documents a shard
     assert not final.exists()  # nothing that looks like a dataset
     partial = final.with_name(final.name + ".partial")
     assert len(list(partial.glob("*.json"))) == 7  # 7 complete shards of 20 documents; the 8th was cut off
@@ -120,13 +126,7 @@ def test_interrupted_build_resumes_from_its_complete_shards(tmp_path, monkeypatc
 def test_a_build_stopped_before_its_first_shard_leaves_no_partial_folder(tmp_path, monkeypatch):
     """Catches the tokens of a build stopped before any shard was complete (a full disk, a signal, a lost stream)
     left in .partial/: no build resumes from them, and on a full disk they kept it full."""
-    monkeypatch.setattr(pack, "SHARD_CHARS", 1_000_000)  # no shard completes before the stream fails
-    docs = [f"document {i:03d} " + "abc " * 3 for i in range(200)]
-    tok = build_tokenizer("char", documents=lambda: docs + ["x<|"])
-    flaky = _FlakyStream(docs, fail_after=150)
-    with pytest.raises(ConnectionError):
-        prepare_dataset(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
-    final = dataset_dir_for(flaky, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    _, _, _, final = _build_cut_at_document_150(tmp_path, monkeypatch, 1_000_000)  # no shard completes
     assert not final.with_name(final.name + ".partial").exists() and not final.exists()
 
 
