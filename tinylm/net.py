@@ -1,9 +1,14 @@
-"""Whether a server can be reached, asked once and quickly before a library that would retry it for a minute."""
+"""Whether a server can be reached, asked once and quickly before a library that would retry it for a minute; and
+the Hugging Face hub's offline mode for one call when it cannot be."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+
+HUB = "https://huggingface.co"  # HF_ENDPOINT's default
 
 
 def reachable(url: str, timeout: float = 3.0) -> bool:
@@ -53,3 +58,40 @@ def _lookup(host: str, port: int, timeout: float) -> list:
     thread.start()
     thread.join(timeout)
     return list(found) if not thread.is_alive() else []
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", HUB).rstrip("/")
+
+
+def hub_offline_asked() -> bool:
+    """Whether the user has told Hugging Face to stay offline (then `datasets` reads only its cache, at once and
+    quietly), as huggingface_hub and datasets read these variables."""
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_unreachable() -> bool:
+    """Whether the hub (HF_ENDPOINT) takes no connection within `reachable`'s 3 s, where offline mode is not set
+    already: `datasets` then retried for ~26 s, with a log line each time, before it failed or read its cache."""
+    return not hub_offline_asked() and not reachable(hub_endpoint())
+
+
+@contextlib.contextmanager
+def hub_offline(on: bool) -> Iterator[None]:
+    """Hugging Face's offline mode for one call, as HF_HUB_OFFLINE=1 sets it (read at import, so set on the
+    modules that hold it): `datasets` reads its cache and asks no server."""
+    if not on:
+        yield
+        return
+    import datasets.config
+    import huggingface_hub.constants
+
+    held = [(m, getattr(m, k)) for m in (datasets.config, huggingface_hub.constants) for k in ("HF_HUB_OFFLINE",)]
+    try:
+        for m, _ in held:
+            m.HF_HUB_OFFLINE = True
+        yield
+    finally:
+        for m, v in held:
+            m.HF_HUB_OFFLINE = v

@@ -437,6 +437,22 @@ def test_plan_of_the_readme_config_needs_neither_data_nor_network(shared_data, m
     assert offline == json.loads(capsys.readouterr().out) and 124e6 < offline["params"] < 125e6
 
 
+def test_plan_of_a_hub_corpus_offline_asks_the_hub_once(monkeypatch, capsys):
+    """Catches `tinylm plan --config configs/tinystories.yaml` with no network waiting ~26 s on `datasets`' retries
+    of the hub (28 s in all, a "Retrying in 1s" line each time) before sizing the BPE at its target: the hub is
+    asked once, and unreachable, the dataset is read in offline mode (its cache, or a failure at once)."""
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "tinystories.yaml")
+    _offline(monkeypatch)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # (the tests' own; a user's machine has none)
+        monkeypatch.delenv(var)
+    main(["plan", "--config", config, "--json"])
+    err = capsys.readouterr().err
+    assert "the hub, https://huggingface.co, cannot be reached and the Hugging Face cache holds no copy" in err, err
+    assert "Retrying" not in err
+
+
 def test_plan_sizes_a_bpe_whose_corpus_is_not_here_at_its_target(run_config, tmp_path, capsys):
     """Catches plan failing on a trained BPE whose corpus cannot be read here (not downloaded, offline): the model
     is sized at data.vocab_size, the most such a tokenizer has, and a line says so."""

@@ -34,6 +34,7 @@ from typing import Any
 
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.errors import DISK_ERRNOS, TinyLMError, UnavailableError
+from tinylm.net import hub_offline
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -54,6 +55,17 @@ def _text(value: Any, path: str, column: str) -> str:
 
 
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _hub_unreachable(path: str) -> str | None:
+    """Why dataset ``path`` is loaded in Hugging Face's offline mode (`tinylm.net.hub_offline`: its cache, or a
+    failure at once), or None: it is on the hub and the hub cannot be reached (`datasets` retried for ~26 s, a log
+    line each time: `tinylm plan` of the tinystories recipe took 28 s offline)."""
+    from tinylm.net import hub_endpoint, hub_unreachable
+
+    if path in {*_LOCAL_DATASET_BUILDERS.values(), "text"} or not hub_unreachable():
+        return None
+    return f"the hub, {hub_endpoint()}, cannot be reached and the Hugging Face cache holds no copy"
 NAMED = {
     "tinyshakespeare": {
         "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
@@ -248,14 +260,16 @@ class HFDataset(Corpus):
             if self.cache_dir is not None and _local_files(self.data_files):
                 key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
                 local = str(Path(self.cache_dir) / "hf-local" / key)
+            offline = _hub_unreachable(self.path)
             try:
-                self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                 revision=self.revision, cache_dir=local)
+                with hub_offline(offline is not None):
+                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                     revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
                     raise
-                raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({e}); check the name and the "
-                              "network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
+                raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({offline or e}); check the name "
+                              "and the network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
                 _refuse_blank(self.spec, self.data_files)  # or only empty files
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
@@ -334,12 +348,15 @@ class HFStream(Corpus):
         if self._dd is None:
             import datasets
 
+            offline = _hub_unreachable(self.path)
             try:
-                self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                 revision=self.revision, streaming=True)
+                with hub_offline(offline is not None):
+                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                     revision=self.revision, streaming=True)
             except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
-                raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({type(e).__name__}: {e}); "
-                                 "check the name, the network and --data.data_files") from e
+                why = offline or f"{type(e).__name__}: {e}"
+                raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({why}); check the name, the "
+                                 "network and --data.data_files") from e
             except StopIteration:  # no file with a row to infer the columns from
                 _refuse_blank(self.spec, self.data_files)
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "

