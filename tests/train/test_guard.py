@@ -135,6 +135,9 @@ def test_rollbacks_are_bounded_then_the_run_stops_naming_the_checkpoint(run_conf
     assert err.count("rolled back to") == 2
     line = next(line for line in err.splitlines() if "error" in line)
     assert "after 2 rollback(s)" in line and "--model.init_from runs/tiny/checkpoints/step-20.ckpt" in line, line
+    # the CSV holds the row of the step it stopped at (Lightning's log of it came after the stop: lost)
+    skipped = _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")
+    assert max(skipped) == 23 and "diverged at step 24" in line  # (row 23 is step 24)
 
 
 def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, tmp_path):

@@ -268,6 +268,20 @@ class BestCheckpoint(ModelCheckpoint):
         return self.state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
 
+def log_step_row_now(trainer: L.Trainer) -> None:
+    """Write this step's CSV row now, from a hook that runs before Lightning logs it (after on_train_batch_end): a
+    `kill -9` during a save (step-N.ckpt written, last.ckpt not yet) lost the row for good, the resume going on from
+    step N + 1; a run the guard stops lost the row of its last step. RunCSVLogger then leaves out Lightning's own
+    log of the row."""
+    connector = trainer._logger_connector
+    if not connector.should_update_logs or not (metrics := connector.metrics["log"]):
+        return  # (with nothing to log Lightning writes no row, and RunCSVLogger would skip the step's next one)
+    row = {**metrics, "epoch": trainer.current_epoch}  # what Lightning's log_metrics writes
+    for logger in trainer.loggers:
+        if isinstance(logger, RunCSVLogger):
+            logger.log_ahead(row, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
 class PeriodicCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
     the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.
@@ -320,7 +334,7 @@ class PeriodicCheckpoint(ModelCheckpoint):
         if scheduled_validation_follows(trainer):
             self._save_after_validation = due and not self._should_skip_saving_checkpoint(trainer)
         elif due:
-            self._log_row_first(trainer)
+            log_step_row_now(trainer)
             self._save_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -345,18 +359,6 @@ class PeriodicCheckpoint(ModelCheckpoint):
         self._save_now(trainer)
         if not trainer.fast_dev_run:  # Lightning's own save of last.ckpt forgets fast_dev_run's "save nothing"
             super().on_train_end(trainer, pl_module)
-
-    def _log_row_first(self, trainer: L.Trainer) -> None:
-        """Write this step's CSV row before its checkpoint: Lightning logs it after this hook, so a `kill -9` during
-        the save (step-N.ckpt written, last.ckpt not yet) lost the row for good, the resume going on from step N + 1.
-        RunCSVLogger then leaves out Lightning's own log of the row."""
-        connector = trainer._logger_connector
-        if not connector.should_update_logs or not (metrics := connector.metrics["log"]):
-            return  # (with nothing to log Lightning writes no row, and RunCSVLogger would skip the step's next one)
-        row = {**metrics, "epoch": trainer.current_epoch}  # what Lightning's log_metrics writes
-        for logger in trainer.loggers:
-            if isinstance(logger, RunCSVLogger):
-                logger.log_ahead(row, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):

@@ -200,6 +200,9 @@ class StabilityGuard(L.Callback):
                    else f"the {type(trainer.strategy).__name__} strategy's checkpoints are not rolled back in place")
             fix = (f"start a new run from {ckpt} with a lower LR (--model.init_from {ckpt} --model.lr ... --run.name "
                    "NEW_NAME)" if ckpt is not None else "start again with a lower --model.lr or a longer warmup")
+            from tinylm.train.callbacks import log_step_row_now
+
+            log_step_row_now(trainer)  # the row of the step it stops at (its skips decided it): Lightning's is lost
             raise GuardStop(f"tinylm guard: training diverged at step {step} ({what}) and {why}; {fix}")
         self.rollbacks += 1
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
