@@ -282,15 +282,21 @@ def _csv(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_in_loop_eval_logs_scores_and_leaves_the_training_unchanged(run_config, tmp_path):
+def test_in_loop_eval_logs_scores_and_leaves_the_training_unchanged(run_config, tmp_path, caplog):
     """eval/<task>_<metric> lands in the validation rows of the run's CSV, and the run's losses are those of the same
-    run without it: scoring draws no random numbers and leaves the model in train mode (dropout on)."""
+    run without it: scoring draws no random numbers and leaves the model in train mode (dropout on). The scores are
+    said on the console too (they were only in the CSV and W&B)."""
     config = run_config(data={"tokenizer": "bpe", "vocab_size": 300, "block_size": 32},
                         model={"dropout": 0.1}, trainer={"max_steps": 4, "val_check_interval": 2})
     main(["fit", "--config", str(config), "--run.name", "plain"])
-    main(["fit", "--config", str(config), "--run.name", "evals", "--eval.tasks", "hellaswag,lambada",
-          "--eval.limit", "4", "--eval.data_dir", str(EVALS)])
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--run.name", "evals", "--eval.tasks", "hellaswag,lambada",
+              "--eval.limit", "4", "--eval.data_dir", str(EVALS)])
     plain, evals = _csv(tmp_path / "runs" / "plain"), _csv(tmp_path / "runs" / "evals")
+    said = re.findall(r"eval at step (\d+): hellaswag acc_norm ([\d.]+), lambada acc ([\d.]+) \(", caplog.text)
+    assert [(int(s) - 1, float(h)) for s, h, _ in said] == [  # (the CSV's rows count steps from 0)
+        (int(r["step"]), round(float(r["eval/hellaswag_acc_norm"]), 4)) for r in evals
+        if r.get("eval/hellaswag_acc_norm")], caplog.text
     loss = [(r["step"], r["train/loss"]) for r in plain if r["train/loss"]]
     assert loss == [(r["step"], r["train/loss"]) for r in evals if r["train/loss"]] and len(loss) == 4
     scored = [r for r in evals if r.get("eval/hellaswag_acc_norm")]

@@ -85,7 +85,11 @@ class EvalTasks(L.Callback):
                                ranks=_ranks(trainer, pl_module))
         for key, value in flat(results).items():  # the same on every rank: no sync needed
             pl_module.log(key, value)
-        log.debug("eval at step %d took %.1f s", trainer.global_step, time.perf_counter() - started)
+        if trainer.is_global_zero:  # on the console too (they were only in the CSV and W&B): acc_norm, else acc
+            said = [f"{task} {name} {scores[name]:.4f}" for task, scores in results.items()
+                    for name in [next((n for n in ("acc_norm", "acc") if n in scores), None)] if name]
+            log.info("eval at step %d: %s (%.1f s)", trainer.global_step, ", ".join(said),
+                     time.perf_counter() - started)
 
 
 def _ranks(trainer: L.Trainer, pl_module: L.LightningModule):
