@@ -122,6 +122,11 @@ class StabilityGuard(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.step_guard = None
 
+    @property
+    def skipped(self) -> int:
+        """Steps skipped so far (a host sync: for a line at a validation, not for every step)."""
+        return int(self._skipped)
+
     def judge(self, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
         """Decide whether this optimizer step is applied (called between the gradient norm and the optimizer's
         update) and make the optimizer skip it if not: a dozen tiny tensor operations on the device, no sync (but

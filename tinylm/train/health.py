@@ -379,10 +379,11 @@ class HealthMonitor(L.Callback):
             self._diverged, self._sane_val_step = None, trainer.global_step
             return
         before = "; ".join(f"{a.kind} at step {a.step}" for a in self.alerts[:3]) or "no alert before it"
-        # (type by name: tinylm.train.guard imports this package's module, not the other way)
-        guard = next((cb for cb in trainer.callbacks if type(cb).__name__ == "StabilityGuard" and cb.enabled), None)
+        from tinylm.train.guard import StabilityGuard
+
+        guard = next((cb for cb in trainer.callbacks if isinstance(cb, StabilityGuard) and cb.enabled), None)
         guarded = ("--guard.enabled true skips bad steps and rolls back" if guard is None else
-                   f"the stability guard was on and could not hold it ({int(guard._skipped)} step(s) skipped, "
+                   f"the stability guard was on and could not hold it ({guard.skipped} step(s) skipped, "
                    f"{guard.rollbacks} rollback(s))")
         self._diverged = (
             f"the run diverged: val/loss {val:.4g} at step {trainer.global_step} is far above ln(vocab)={ln_v:.2f}, "
