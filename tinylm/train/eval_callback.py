@@ -86,8 +86,11 @@ class EvalTasks(L.Callback):
         for key, value in flat(results).items():  # the same on every rank: no sync needed
             pl_module.log(key, value)
         if trainer.is_global_zero:  # on the console too (they were only in the CSV and W&B): acc_norm, else acc
-            said = [f"{task} {name} {scores[name]:.4f}" for task, scores in results.items()
-                    for name in [next((n for n in ("acc_norm", "acc") if n in scores), None)] if name]
+            said = []
+            for task, scores in results.items():
+                name = "acc_norm" if "acc_norm" in scores else "acc"
+                if name in scores:
+                    said.append(f"{task} {name} {scores[name]:.4f}")
             log.info("eval at step %d: %s (%.1f s)", trainer.global_step, ", ".join(said),
                      time.perf_counter() - started)
 
