@@ -752,3 +752,13 @@ def test_a_missing_optional_package_names_its_extra():
     assert line == ("ModuleNotFoundError: No module named 'transformers'; this command needs it: "
                     "pip install 'tinylm[export]' (or pip install transformers)")
     assert one_line(ModuleNotFoundError("No module named 'foo'", name="foo.bar")).endswith("pip install foo")
+
+
+def test_a_split_too_short_to_train_on_is_refused_before_the_loggers_start(config, capsys, tmp_path, monkeypatch):
+    """Catches "the val split has 10 tokens" found in `setup`, after Lightning had started the loggers: an empty
+    W&B run (online: on the user's page) and csv/ were left behind by a run that never trained."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    _one_line_error(capsys, ["fit", "--config", str(config), "--data.val_fraction", "0.0005",
+                             "--run.wandb_project", "tinylm-test"],
+                    "the val split has 10 tokens, but one window needs block_size + 1 = 17")
+    assert not (tmp_path / "runs").exists()

@@ -411,3 +411,69 @@ def test_train_and_validation_data_files_that_share_a_file_are_refused(tmp_path)
                                              r"validation would score text the model trains on"):
             open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files=files)
     open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "validation": v})  # guard: apart
+
+
+def test_a_corpus_file_removed_while_it_is_read_is_one_line(tmp_path):
+    """Catches a file of a corpus folder deleted during `prepare` ending in a FileNotFoundError traceback (from the
+    size of the corpus that packing's bar reads) or a bare "No such file" without the fix."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text(f"text of {name}")
+    corpus = open_corpus(str(folder), cache_dir=tmp_path / "cache")
+    assert corpus.fingerprint and corpus.size_bytes == 2 * len("text of a.txt")
+    (folder / "b.txt").unlink()
+    said = rf"^corpus file {folder / 'b.txt'} was removed \(or renamed\) while the corpus was read; run again"
+    with pytest.raises(corpus_mod.CorpusChanged, match=said):
+        _ = corpus.size_bytes
+    with pytest.raises(corpus_mod.CorpusChanged, match=said):
+        list(corpus)
+    (folder / "a.txt").unlink()  # listed, then removed before its fingerprint
+    with pytest.raises(corpus_mod.CorpusChanged, match=rf"^corpus file {folder / 'a.txt'} was removed"):
+        _ = corpus_mod.TextFiles(str(folder), [folder / "a.txt"]).fingerprint
+
+
+def test_rows_without_the_text_column_are_counted_in_a_warning(tmp_path):
+    """Catches a .jsonl whose rows put their text under other keys (or a null) losing them without a word: half
+    the rows of a 300-row file were dropped, exit 0; and `{"text": 0}` dropped while `{"text": 42}` is refused."""
+    rows = [{"text": f"story {i}"} if i % 2 else {"content": f"other {i}"} for i in range(10)] + [{"text": None}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for streaming in (False, True):
+        corpus = open_corpus(str(tmp_path / "m.jsonl"), cache_dir=tmp_path / str(streaming), streaming=streaming,
+                             **({"max_documents": 100, "val_fraction": 0.01} if streaming else {}))
+        with pytest.warns(UserWarning) as said:
+            docs = list(corpus.documents("train"))
+        assert docs == [f"story {i}" for i in range(1, 10, 2)][streaming:]  # (a stream holds out its first)
+        lines = [str(w.message) for w in said if "rows" in str(w.message)]
+        assert lines == [f"corpus '{tmp_path / 'm.jsonl'}': 6 of the 11 rows read of its train split "
+                         "have no 'text' (missing or null) and were skipped; if the text is in another column, pass "
+                         "--data.text_column NAME"], lines
+    (tmp_path / "z.jsonl").write_text('{"text": "a"}\n{"text": 0}\n')
+    with pytest.raises(ValueError, match=r"dataset '.*z\.jsonl': column 'text' holds int values \(e\.g\. '0'\)"):
+        list(open_corpus(str(tmp_path / "z.jsonl"), cache_dir=tmp_path))
+
+
+def test_local_dataset_files_are_named_by_their_files_not_their_loader(tmp_path):
+    """Catches "dataset 'json' has no column 'text'" (the loader's name) for the user's own file, and a missing
+    --data.data_files file blamed on the network."""
+    (tmp_path / "rows.jsonl").write_text('{"body": "a"}\n')
+    with pytest.raises(ValueError, match=rf"^dataset '{tmp_path / 'rows.jsonl'}' has no column 'text'"):
+        list(open_corpus("hf:json", cache_dir=tmp_path, data_files=str(tmp_path / "rows.jsonl")))
+    with pytest.raises(FileNotFoundError, match=r"^--data.data_files '.*nope\.jsonl' matches no file; check the"):
+        list(open_corpus("hf:json", cache_dir=tmp_path, data_files=str(tmp_path / "nope.jsonl")))
+
+
+@pytest.mark.parametrize("spec", ["hf:", "hf:/", "hf: "])
+def test_a_dataset_spec_without_a_name_is_refused(tmp_path, spec):
+    """Catches `--data.corpus hf:$DS` with DS unset ending in `datasets`' IndexError traceback."""
+    with pytest.raises(ValueError, match=r"names no dataset \(an unset shell variable\?\); pass hf:NAME"):
+        open_corpus(spec, cache_dir=tmp_path)
+
+
+def test_datasets_own_bars_stay_out_of_a_log(tmp_path, capfd):
+    """Catches `datasets`' "Generating train split" bar writing its carriage-return redraws into a log file
+    (standard error no terminal), where tinylm's own progress writes lines."""
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(50)))
+    assert len(list(open_corpus(str(tmp_path / "rows.jsonl"), cache_dir=tmp_path))) == 50
+    err = capfd.readouterr().err
+    assert "Generating" not in err and "\r" not in err, err

@@ -553,6 +553,41 @@ def test_bytes_per_token_counts_text_tokens_only(tmp_path):
     assert sum(dm.meta["splits"][s]["eos"] for s in ("train", "val")) == 300  # one per document, not per part
 
 
+def test_prepare_says_the_val_bytes_per_token_that_bits_per_byte_divides_by(shakespeare, tmp_path):
+    """Catches docs/data.md quoting "the val bytes per token that `prepare` prints" where prepare printed one figure
+    over both splits (3.515 for a BPE on tinyshakespeare, whose val figure is 3.386)."""
+    dm = _dm(tmp_path, shakespeare, tokenizer="bpe", vocab_size=400)
+    dm.prepare_data()
+    val = dm.meta["splits"]["val"]
+    s = dm.summary()
+    assert s["val_bytes_per_token"] == pytest.approx(val["bytes"] / (val["tokens"] - val["eos"]))
+    assert s["val_bytes_per_token"] != pytest.approx(s["bytes_per_token"], abs=1e-3)
+
+
+def test_val_fraction_with_a_dataset_of_its_own_validation_split_is_warned_of(tmp_path, caplog):
+    """Catches `--data.val_fraction 0.3` doing nothing, silently, for a dataset with its own validation split."""
+    for name, n in (("train", 40), ("validation", 8)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": f"{name} story {i}. " * 3}) + "\n"
+                                                        for i in range(n)))
+    files = {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}
+    for fraction, warns in ((0.3, True), (0.1, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tinylm.data"):
+            _dm(tmp_path, "hf:json", data_files=files, val_fraction=fraction, block_size=8).prepare_data()
+        said = [r.getMessage() for r in caplog.records if "val_fraction" in r.getMessage()]
+        assert len(said) == warns, said
+    assert said[0] if warns else True
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tinylm.data"):
+        _dm(tmp_path, "hf:json", data_files=files, val_fraction=0.3, block_size=8).prepare_data()
+    assert ("data.val_fraction=0.3 does nothing here: hf:json has its own validation split ('validation'), read "
+            "whole; drop it, or pass --data.val_split train to cut validation from the tail of the train split "
+            "instead") in caplog.text
+    dm = _dm(tmp_path, "hf:json", data_files=files, val_fraction=0.3, block_size=8, val_split="train")
+    dm.prepare_data()  # the way out it names: the tail of train, cut by the fraction
+    assert dm.meta["settings"]["val_source"] == "tail" and dm.meta["settings"]["val_fraction"] == 0.3
+
+
 def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(tmp_path):
     """Prevents `data.tokenizer_train_chars` from training on the head of a sorted corpus only (or on all of it),
     and from changing the cache key of corpora smaller than the sample (which would retrain them for nothing)."""

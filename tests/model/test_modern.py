@@ -279,3 +279,12 @@ def test_modern_model_compiles_in_one_graph_and_matches_eager():
     (got_grad,) = torch.autograd.grad(got.square().sum(), model.transformer.wte.weight)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_logit_softcap_keeps_a_float64_model_in_float64():
+    """Catches the soft-cap's upcast to exactly float32 turning a `64-true` model's logits into float32 (agreement
+    with a float64 reference capped at ~1e-7)."""
+    model = tiny(logit_softcap=15.0).double()
+    with torch.no_grad():
+        out = model(ids(1, 8))
+    assert out.dtype == torch.float64

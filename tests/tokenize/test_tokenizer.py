@@ -442,3 +442,48 @@ def test_bpe_training_writes_nothing_to_standard_output_but_a_terminal(capfd):
     write to standard output, and only redraw on a terminal)."""
     build_tokenizer("bpe", vocab_size=270, documents=lambda: ["the cat sat on the mat, " * 40, "a dog ran " * 30])
     assert capfd.readouterr().out == ""
+
+
+@pytest.mark.parametrize(("kind", "lossy"), [("bytelevel", False), ("metaspace", False),
+                                              ("bytelevel-no-decoder", True), ("whitespace", True)])
+def test_a_tokenizer_file_that_does_not_give_back_its_text_is_warned_of(shakespeare_100k, tmp_path, kind, lossy):
+    """Catches a tokenizer.json whose ids decode to other text than they encoded (a Whitespace pre-tokenizer
+    without a decoder: 'O n ce up on'; an unknown token) accepted without a word: the model trained on that text
+    and generate wrote it."""
+    import warnings
+
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if kind == "metaspace":
+        hf = HF(models.Unigram())
+        hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=["<unk>"], unk_token="<unk>")
+    elif kind.startswith("bytelevel"):
+        hf = HF(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = None if kind.endswith("no-decoder") else decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        hf = HF(models.BPE(unk_token="[UNK]"))
+        hf.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"])
+    hf.train_from_iterator([shakespeare_100k[:30_000]], trainer)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        build_tokenizer(str(tmp_path / "tokenizer.json"))
+    lines = [str(w.message) for w in said if "does not give back the text it encodes" in str(w.message)]
+    assert len(lines) == lossy, lines
+    if lossy:
+        assert lines[0].startswith(f"tokenizer {tmp_path / 'tokenizer.json'} does not give back the text it encodes ")
+        assert "use --data.tokenizer bpe, or a tokenizer.json that decodes its own ids to the text" in lines[0]
+
+
+def test_an_empty_tokenizer_spec_is_refused(tmp_path, monkeypatch):
+    """Catches `--data.tokenizer ""` (an unset shell variable) read as the working folder: its tokenizer.json, if it
+    held one, was taken without a word."""
+    monkeypatch.chdir(tmp_path)
+    for spec in ("", " "):
+        with pytest.raises(ValueError, match=r"^--data.tokenizer is empty \(.*an unset shell variable\?\); pass one"):
+            build_tokenizer(spec)

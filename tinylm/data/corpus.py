@@ -18,6 +18,7 @@ holds one absurdly long document, or changed since its fingerprint was taken is 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import glob
 import hashlib
 import itertools
@@ -26,9 +27,10 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import urllib.request
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,56 @@ def _text(value: Any, path: str, column: str) -> str:
     return value
 
 
+def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str) -> Iterator[str]:
+    """A split's documents from its `column`: anything but text is refused; a row without it (None: a JSON line
+    with other keys, or a null) is skipped and counted, and the count said once when the split has been read."""
+    missing = rows = 0
+    try:
+        for value in values:
+            rows += 1
+            if value is None:
+                missing += 1
+            elif text := _text(value, path, column):
+                yield text
+    finally:  # (also when a stream's reader stops early: what was read so far)
+        if missing:
+            warnings.warn(f"corpus {spec!r}: {missing:,} of the {rows:,} rows read of its {split} split have no "
+                          f"{column!r} (missing or null) and were skipped; if the text is in another column, pass "
+                          "--data.text_column NAME", stacklevel=2)
+
+
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@contextlib.contextmanager
+def _datasets_bars() -> Iterator[None]:
+    """`datasets`' own bars ("Generating train split") where tinylm's draw one: in a log (a file, a pipe) their
+    redraws would stay as lines of carriage returns; tinylm's lines say what is read."""
+    import datasets
+
+    from tinylm.progress import draws_bars
+
+    if draws_bars(sys.stderr) or datasets.are_progress_bars_disabled():
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()
+
+
+def _dataset_name(spec: str, path: str, data_files: Any) -> str:
+    """How messages name a dataset: its hub name, or for local files (hf:json with --data.data_files, a .jsonl)
+    the files, not the loader that reads them ("dataset 'json' has no column 'text'")."""
+    if path not in {*_LOCAL_DATASET_BUILDERS.values(), "text"}:
+        return path
+    if not spec.startswith("hf:"):
+        return spec
+    files = [data_files] if isinstance(data_files, str) else data_files
+    if isinstance(files, (list, tuple)) and files:
+        return str(files[0]) + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
+    return str(data_files) if data_files else path
 
 
 def _hub_unreachable(path: str) -> str | None:
@@ -144,7 +195,7 @@ class TextFiles(Corpus):
 
     @property
     def size_bytes(self) -> int:  # type: ignore[override]
-        return sum(path.stat().st_size for path in self.files)
+        return sum(_stamp(path)[2] for path in self.files)
 
     def _fingerprint(self) -> str:
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
@@ -185,8 +236,17 @@ def _check_unchanged(stamps: dict[Path, tuple], paths: list[Path] | None = None,
 
 def _stamp(path: Path) -> tuple[int, ...]:
     """What changes with a file's bytes: inode (a file renamed over it), size, mtime, ctime (set by every write)."""
-    st = path.stat()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise _gone(path) from None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _gone(path: Path) -> CorpusChanged:
+    """A corpus file listed (or fingerprinted) and then removed or renamed before it was read."""
+    return CorpusChanged(f"corpus file {path} was removed (or renamed) while the corpus was read; run again when "
+                         "nothing is moving its files, or leave it out of --data.corpus")
 
 
 def _read_documents(path: Path) -> Generator[str, None, int]:
@@ -195,7 +255,11 @@ def _read_documents(path: Path) -> Generator[str, None, int]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
     buf, scan_from, split = "", 0, False
     n_read = n_bad = 0
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:
+        raise _gone(path) from None
+    with f:
         while True:
             chunk = f.read(_READ_BYTES)
             before = _replaced[0]
@@ -239,6 +303,10 @@ class HFDataset(Corpus):
         self._files: Any = None
 
     @property
+    def shown(self) -> str:
+        return _dataset_name(self.spec, self.path, self.data_files)
+
+    @property
     def files(self) -> Any:
         """`data_files` with each local file's sha256 (see `_hash_files`), computed once."""
         if self._files is None:
@@ -258,12 +326,16 @@ class HFDataset(Corpus):
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None):
+                with hub_offline(offline is not None), _datasets_bars():
                     self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                      revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
                     raise
+                if self.path in {*_LOCAL_DATASET_BUILDERS.values(), "text"} and self.data_files \
+                        and not _local_files(self.data_files):
+                    raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                            "and globs") from None
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({offline or e}); check the name "
                               "and the network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
@@ -288,11 +360,11 @@ class HFDataset(Corpus):
                     shutil.rmtree(local, ignore_errors=True)
                 raise
             if self.split not in self._dd:
-                raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
+                raise ValueError(f"dataset {self.shown!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
             columns = self._dd[self.split].column_names
             if self.text_column not in columns:
-                raise ValueError(f"dataset {self.path!r} has no column {self.text_column!r}; its columns are "
+                raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
                                  f"{columns} (--data.text_column)")
         return self._dd
 
@@ -306,11 +378,9 @@ class HFDataset(Corpus):
         return sum(dd[s].data.nbytes for s in {self.split, self.val_split} if s in dd) or None
 
     def _docs(self, split: str) -> Iterator[str]:
-        ds = self._load()[self.split if split == "train" else self.val_split]
-        for batch in ds.iter(batch_size=1000):
-            for text in batch[self.text_column]:
-                if text:
-                    yield _text(text, self.path, self.text_column)
+        name = self.split if split == "train" else self.val_split
+        values = (v for batch in self._load()[name].iter(batch_size=1000) for v in batch[self.text_column])
+        yield from _texts(values, self.spec, self.shown, self.text_column, name)
 
     def _fingerprint(self) -> str:
         dd = self._load()
@@ -346,7 +416,7 @@ class HFStream(Corpus):
 
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None):
+                with hub_offline(offline is not None), _datasets_bars():
                     self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                      revision=self.revision, streaming=True)
             except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
@@ -358,13 +428,17 @@ class HFStream(Corpus):
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
                                         "and globs") from None
             if self.split not in self._dd:
-                raise ValueError(f"dataset {self.path!r} has no split {self.split!r}; it has {list(self._dd)} "
+                raise ValueError(f"dataset {self.shown!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
             if self.val_source == "held-out head" and self.max_documents is None:
-                raise ValueError(f"streamed dataset {self.path!r} has no {self.val_split!r} split, so validation "
+                raise ValueError(f"streamed dataset {self.shown!r} has no {self.val_split!r} split, so validation "
                                  "is a held-out head of the train split, and its size needs --data.max_documents N "
                                  "(val is the first val_fraction x N documents)")
         return self._dd
+
+    @property
+    def shown(self) -> str:
+        return _dataset_name(self.spec, self.path, self.data_files)
 
     @property
     def val_source(self) -> str:
@@ -373,9 +447,8 @@ class HFStream(Corpus):
             else "held-out head"
 
     def _rows(self, split: str) -> Iterator[str]:
-        for row in self._load()[split]:
-            if text := row[self.text_column]:
-                yield _text(text, self.path, self.text_column)
+        rows = (row.get(self.text_column) for row in self._load()[split])
+        return _texts(rows, self.spec, self.shown, self.text_column, split)
 
     def _docs(self, split: str) -> Iterator[str]:
         head = self.val_source == "held-out head"
@@ -450,6 +523,9 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     if not spec.strip():
         raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
                          "a named corpus or hf:NAME")
+    if spec.startswith("hf:") and not spec[3:].strip(" /"):
+        raise ValueError(f"--data.corpus {spec!r} names no dataset (an unset shell variable?); pass hf:NAME, e.g. "
+                         "hf:roneneldan/TinyStories")
     if spec[3:] in {*_LOCAL_DATASET_BUILDERS.values(), "text"} and spec.startswith("hf:") and not data_files:
         raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
                          "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "

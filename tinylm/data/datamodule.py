@@ -106,6 +106,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         self.hparams["target_vocab_size"] = self.target_vocab_size  # for `tinylm validate` without --config
         self.hparams["clean"] = dataclasses.asdict(self.clean)  # plain values: checkpoints load with weights_only
 
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        # here as well as in setup: Lightning starts the loggers (a W&B run, csv/) between the two hooks, and a
+        # split too short to train on left an empty W&B run behind (setup still checks the ranks that skip this)
+        if self.trainer is not None:
+            self.check_splits(getattr(self.trainer.state.fn, "value", None))
+
     def _split(self, i: int, name: str) -> dict:
         meta = self.metas[i]
         return {"path": self.dataset_dirs[i] / f"{name}.bin", "dtype": meta["dtype"],

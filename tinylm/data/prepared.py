@@ -26,7 +26,7 @@ from tinylm.data.prepare import (
 )
 from tinylm.ranges import check_ranges
 from tinylm.tokenize import TRAINED_SPECS, Tokenizer
-from tinylm.tokenize.tokenizer import EOS_NAMES
+from tinylm.tokenize.tokenizer import EOS_NAMES, build_tokenizer
 
 # the seed keys a uint64 hash (loader.TrainBatches) and torch.Generator.manual_seed; a trained vocabulary of 2**21
 # ids is 8x the largest in use (256k), and a BPE trainer's memory grows with the target (2**31 asks for 283 GB)
@@ -37,6 +37,7 @@ RANGES = {
 }
 """Valid values of the data module's numeric options (interval notation, see tinylm.ranges)."""
 
+VAL_FRACTION = 0.1  # data.val_fraction's default: nanoGPT's data[:int(n * 0.9)]
 log = logging.getLogger(__name__)
 
 
@@ -86,7 +87,7 @@ class PreparedData:
     def __init__(self, *, corpus: str | list[str] = "tinyshakespeare", weights: list[float] | None = None,
                  tokenizer: str = "char", vocab_size: int = 8192,
                  tokenizer_train_chars: int | None = 250_000_000, block_size: int = 256, batch_size: int = 64,
-                 val_fraction: float = 0.1, val_batches: int | None = None, cache_dir: str | None = None,
+                 val_fraction: float = VAL_FRACTION, val_batches: int | None = None, cache_dir: str | None = None,
                  num_workers: int = 0,
                  seed: int = 1337, split: str = "train", val_split: str = "validation", text_column: str = "text",
                  data_files: str | list[str] | dict[str, str | list[str]] | None = None,
@@ -95,6 +96,8 @@ class PreparedData:
         super().__init__()
         check_ranges("data", locals(), RANGES)  # locals(): every argument by name
         self.clean = options_from(clean)
+        if not tokenizer.strip():
+            build_tokenizer(tokenizer)  # its one line, before anything is read
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)
         self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
@@ -177,6 +180,13 @@ class PreparedData:
                                 "with nothing between them, and generation has no token to end a text at; add one "
                                 "of these to the tokenizer's special tokens", self.tokenizer.spec,
                                 ", ".join(EOS_NAMES), corpus.spec)
+            own = [c.spec for c, m in zip(self.corpora, self._metas)  # validation read whole from its own split
+                   if m["settings"].get("val_fraction") is None and getattr(c, "val_documents", None) is None]
+            if self.val_fraction != VAL_FRACTION and len(own) == len(self.corpora):
+                log.warning("data.val_fraction=%s does nothing here: %s %s its own validation split (%r), read "
+                            "whole; drop it, or pass --data.val_split %s to cut validation from the tail of the train "
+                            "split instead", self.val_fraction, ", ".join(own), "has" if len(own) == 1 else "have",
+                            self._hf["val_split"], self._hf["split"])
         return self._metas
 
     @property
@@ -197,6 +207,10 @@ class PreparedData:
         _ = self.metas
 
     def setup(self, stage: str | None = None) -> None:
+        self.check_splits(stage)
+
+    def check_splits(self, stage: str | None) -> None:
+        """Refuse a split too short for one window of what ``stage`` reads (fit: both; validate: val)."""
         splits = {"fit": ("train", "val"), "validate": ("val",), None: ("train", "val")}.get(stage, ())
         for split in splits:
             for spec, meta in zip(self.corpus_specs, self.metas):
@@ -228,6 +242,8 @@ class PreparedData:
             # per token of text: the end-of-text ids stand for no bytes (datasets before the count: documents)
             "bytes_per_token": (split("train", "bytes") + split("val", "bytes"))
             / max(1, sum(split(s, "tokens") - self._eos_count(s) for s in ("train", "val"))),
+            # the figure val/bpb divides by; a trained tokenizer has read the val tail too (docs/data.md)
+            "val_bytes_per_token": split("val", "bytes") / max(1, split("val", "tokens") - self._eos_count("val")),
         }
         if len(metas) > 1:
             weights = self.weights or [x["splits"]["train"]["tokens"] for x in metas]

@@ -150,8 +150,9 @@ class GPT(nn.Module):
         logits = self.lm_head(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, Vp)
         logits = logits[..., : c.vocab_size]  # (B, T or 1, V): padded rows are never targets
         if c.logit_softcap is not None:
-            # smooth clamp to (-cap, cap), in fp32: under bf16 autocast the tanh was off by up to 0.06
-            logits = c.logit_softcap * torch.tanh(logits.float() / c.logit_softcap)
+            # smooth clamp to (-cap, cap), in fp32 at least: under bf16 autocast the tanh was off by up to 0.06
+            wide = torch.promote_types(logits.dtype, torch.float32)  # (a float64 model's stay float64)
+            logits = c.logit_softcap * torch.tanh(logits.to(wide) / c.logit_softcap)
         if self.sample_vocab is not None and self.sample_vocab < c.vocab_size:
             logits = logits.index_fill(-1, torch.arange(self.sample_vocab, c.vocab_size, device=logits.device),
                                        float("-inf"))

@@ -248,6 +248,8 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
         documents: a callable returning a fresh iterable of document strings (called once per pass); only the
             trained kinds need it.
     """
+    if not spec.strip():  # Path("") is the working folder: its tokenizer.json would be taken without a word
+        raise ValueError(f"--data.tokenizer is empty ({spec!r}: an unset shell variable?); pass one of: {VALID_SPECS}")
     if spec in TRAINED_SPECS:
         if documents is None:
             raise ValueError(f"tokenizer {spec!r} is trained on the corpus, so build_tokenizer needs documents=")
@@ -263,10 +265,33 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
     if Path(spec).exists():
         tok = Tokenizer.load(spec)
         tok.spec = spec
+        _warn_lossy(tok)
         return tok
     if any(c in spec for c in "/\\") or spec.endswith((".json", ".tiktoken")):
         raise FileNotFoundError(f"tokenizer path {spec!r} not found; pass an existing path or one of: {VALID_SPECS}")
     raise ValueError(f"unknown tokenizer {spec!r}; valid specs: {VALID_SPECS}")
+
+
+_ROUND_TRIP = "Once upon a time, there was a cat.\nIt sat on the mat, and it purred."
+
+
+def _warn_lossy(tok: Tokenizer) -> None:
+    """A tokenizer.json that does not decode its ids to the text it encoded (a Whitespace pre-tokenizer without a
+    decoder joins words with spaces; an unknown token loses characters) trains the model on other text than the
+    corpus, and generate writes that text: said once, when it is loaded by path."""
+    if tok.kind != "hf":
+        return
+    try:
+        back = tok.decode(tok.encode(_ROUND_TRIP))
+    except ValueError:  # characters it has no id for and no unknown token: its own error says so when it encodes
+        return
+    if back != _ROUND_TRIP:
+        i = next((i for i, (a, b) in enumerate(zip(_ROUND_TRIP, back)) if a != b), min(len(back), len(_ROUND_TRIP)))
+        start = max(0, i - 10)
+        warnings.warn(f"tokenizer {tok.spec} does not give back the text it encodes "
+                      f"({_ROUND_TRIP[start:i + 15]!r} decodes as {back[start:i + 15]!r}): the model would learn "
+                      "and write text other than the corpus's (a pre-tokenizer without a decoder, or an unknown "
+                      "token); use --data.tokenizer bpe, or a tokenizer.json that decodes its own ids to the text")
 
 
 def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None = TRAIN_PIECE_CHARS) -> Tokenizer:

@@ -168,8 +168,9 @@ class TinyLM(L.LightningModule):
         fsdp_reshard_after_forward: Under ``--trainer.strategy fsdp`` (FSDP2): free each block's gathered weights
             after its forward pass and gather them again for its backward pass (less memory, one more all-gather
             per block per step); false keeps them from forward to backward. Ignored by other strategies.
-        init_from: Start from pretrained weights (a new run, not a resume; nanoGPT's ``init_from='gpt2'``): a tinylm
-            ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``). The architecture
+        init_from: Start from pretrained weights (a new run, not a resume; as nanoGPT's ``init_from``): a tinylm
+            ``.ckpt`` or a Hugging Face GPT-2 / Llama directory (e.g. from ``tinylm export``; OpenAI's own GPT-2
+            weights use the tanh GELU, ``gelu_new``, and are refused, see docs/export.md). The architecture
             (n_layer, n_head, n_embd, bias, positions, norm, mlp, ...) comes from the weights and overrides this
             section's; vocab_size and the tokenizer must be the weights' own (a different one is refused).
     """
