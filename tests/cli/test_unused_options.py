@@ -68,3 +68,17 @@ def test_prepare_warns_of_data_options_it_ignores(tmp_path, caplog, capsys):
     caplog.clear()
     main([*common, "--data.tokenizer", "scratch-bpe", "--data.vocab_size", "260"])  # used: no word
     assert not [r for r in caplog.records if "does nothing" in r.getMessage()]
+
+
+def test_mixture_and_minhash_options_without_their_mode_warn(run_config, caplog):
+    """Catches `--data.weights [3]` with one corpus and `--data.clean.near_threshold 0.9` without near-duplicate
+    removal or decontamination (both accepted, doing nothing, without a word); and their use is not warned of."""
+    lines = _warnings(run_config, caplog, "--data.weights", "[3]", "--data.clean.near_threshold", "0.9",
+                      "--data.clean.num_perm", "64")
+    assert [line.split("=")[0] for line in lines] == ["data.weights", "data.clean.near_threshold",
+                                                      "data.clean.num_perm"], lines
+    assert lines[1] == ("data.clean.near_threshold=0.9 does nothing with data.clean.near=False: it is used only with "
+                        "--data.clean.near true or --data.clean.decontaminate true; drop it, or turn that on")
+    caplog.clear()
+    assert _warnings(run_config, caplog, "--data.clean.decontaminate", "true", "--data.clean.near_threshold",
+                     "0.9") == []

@@ -23,6 +23,7 @@ class Needs:
     control: str
     active: Callable[[Any], bool]
     hint: str
+    also: tuple[str, ...] = ()  # other config keys that give it its effect just as well (by the same ``active``)
 
 
 _MUON = Needs("model.optimizer", lambda v: v == "muon", "--model.optimizer muon")
@@ -33,6 +34,8 @@ _TRAINED = Needs("data.tokenizer", lambda v: v in ("bpe", "scratch-bpe"),
 _GUARD = Needs("guard.enabled", lambda v: v is not False, "--guard.enabled true")
 _SAMPLES = Needs("samples.every_n_steps", lambda v: bool(v), "--samples.every_n_steps N (0 turns sampling off)")
 _EVAL = Needs("eval.tasks", lambda v: bool(v), "--eval.tasks hellaswag,... (no tasks: no in-loop evaluation)")
+_MINHASH = Needs("data.clean.near", lambda v: v is True, "--data.clean.near true or --data.clean.decontaminate true",
+                 also=("data.clean.decontaminate",))
 _CHECKPOINTS = Needs("trainer.enable_checkpointing", lambda v: v is not False,
                      "trainer.enable_checkpointing left on")
 
@@ -45,6 +48,9 @@ UNUSED_UNLESS: dict[str, Needs] = {
     "data.max_documents": Needs("data.streaming", lambda v: bool(v),
                                 "--data.streaming true (a corpus read whole is read whole)"),
     "data.vocab_size": _TRAINED, "data.tokenizer_train_chars": _TRAINED,
+    "data.weights": Needs("data.corpus", lambda v: isinstance(v, (list, tuple)) and len(v) > 1,
+                          "a list of corpora to mix (--data.corpus '[a.txt, b.txt]')"),
+    **{f"data.clean.{k}": _MINHASH for k in ("near_threshold", "shingle_words", "num_perm")},
     **{f"guard.{k}": _GUARD for k in ("loss_z", "grad_norm_z", "window", "min_history", "rollback_skips",
                                       "rollback_loss_rise", "lr_factor", "max_rollbacks")},
     **{f"samples.{k}": _SAMPLES for k in ("prompts", "max_new_tokens", "strategy", "temperature", "top_k", "top_p",
@@ -59,11 +65,16 @@ the user asked for and did not get changes what the loss counts.)"""
 
 
 def _get(cfg: Any, key: str) -> Any:
-    section, _, name = key.partition(".")
-    try:
-        return cfg[section][name]
-    except (KeyError, TypeError, AttributeError):
-        return None
+    """``cfg``'s value at a dotted key (``data.clean.near``: a section's option, or an option of an option)."""
+    value = cfg
+    for name in key.split("."):
+        try:
+            value = value[name]
+        except (KeyError, TypeError, AttributeError):
+            value = getattr(value, name, None)
+        if value is None:
+            return None
+    return value
 
 
 def unused_options(cfg: Any, defaults: Any) -> list[str]:
@@ -72,7 +83,7 @@ def unused_options(cfg: Any, defaults: Any) -> list[str]:
     lines = []
     for key, needs in UNUSED_UNLESS.items():
         value, control = _get(cfg, key), _get(cfg, needs.control)
-        if value == _get(defaults, key) or needs.active(control):
+        if value == _get(defaults, key) or any(needs.active(_get(cfg, k)) for k in (needs.control, *needs.also)):
             continue
         lines.append(f"{key}={value!r} does nothing with {needs.control}={control!r}: it is used only with "
                      f"{needs.hint}; drop it, or turn that on")
