@@ -38,6 +38,23 @@ def test_streamed_dataset_takes_a_prefix_and_holds_out_its_head(tmp_path):
     assert meta["splits"]["train"]["documents"] == 100
 
 
+def test_a_stream_shorter_than_max_documents_is_said(tmp_path, caplog):
+    """Catches `--data.max_documents 50` on a 50-row file training on 45 (its first 5 held out for validation)
+    without a word."""
+    import logging
+
+    path = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}" for i in range(50)])
+    for wanted, said in ((50, True), (40, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tinylm.data"):
+            dm = TinyLMDataModule(corpus=str(path), streaming=True, max_documents=wanted, tokenizer="char",
+                                  cache_dir=str(tmp_path / "cache"))
+            dm.prepare_data()
+        lines = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
+        assert lines == ([f"streamed corpus {path} ran out after 45 training documents of the 50 of "
+                          "--data.max_documents (validation held out its first 5)"] if said else []), lines
+
+
 def test_streamed_dataset_uses_its_own_validation_split(tmp_path):
     """Catches a stream with a validation split still cutting validation out of its train split."""
     train = _jsonl(tmp_path / "train.jsonl", [f"train doc {i}" for i in range(50)])

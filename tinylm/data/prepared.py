@@ -180,6 +180,13 @@ class PreparedData:
                                 "with nothing between them, and generation has no token to end a text at; add one "
                                 "of these to the tokenizer's special tokens", self.tokenizer.spec,
                                 ", ".join(EOS_NAMES), corpus.spec)
+            for corpus, meta in zip(self.corpora, self._metas):
+                wanted, got = getattr(corpus, "max_documents", None), meta["splits"]["train"]["documents"]
+                if wanted is not None and got < wanted:  # a stream that ran out (the held-out head came first)
+                    log.warning("streamed corpus %s ran out after %s training documents of the %s of "
+                                "--data.max_documents%s", corpus.spec, f"{got:,}", f"{wanted:,}",
+                                f" (validation held out its first {corpus.val_documents:,})"
+                                if corpus.val_source == "held-out head" else "")
             own = [c.spec for c, m in zip(self.corpora, self._metas)  # validation read whole from its own split
                    if m["settings"].get("val_fraction") is None and getattr(c, "val_documents", None) is None]
             if self.val_fraction != VAL_FRACTION and len(own) == len(self.corpora):
