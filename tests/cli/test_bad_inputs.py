@@ -51,6 +51,22 @@ def config(run_config):
          ["an empty prompt starts from the end-of-text token, and this char tokenizer has none"]),
         (["--samples.every_n_steps", "2", "--samples.prompts", "[]"],
          ["samples.prompts is empty", "--samples.every_n_steps 0"]),
+        # LightningCLI's flags for a torch class: the hint was "optimizer is an option of model: --model.optimizer
+        # torch.optim.SGD", which fails again (model.optimizer is adamw or muon)
+        (["--optimizer", "torch.optim.SGD"], ["unrecognized arguments: --optimizer torch.optim.SGD; tinylm's optimizer "
+                                              "and LR schedule are set with --model.* (optimizer adamw or muon"]),
+        (["--lr_scheduler", "StepLR"], ["--lr_scheduler StepLR; tinylm's optimizer and LR schedule are set with"]),
+        # a user's callbacks that ended in tracebacks deep in the run, or trained other than the run said
+        (["--trainer.callbacks+=StabilityGuard"], ["--trainer.callbacks+=StabilityGuard: tinylm adds its "
+                                                   "StabilityGuard to every run itself; set it with --guard.*"]),
+        (["--trainer.callbacks+=RNGState"], ["tinylm adds its RNGState to every run itself; set it with nothing"]),
+        (["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling", "{0: 2}"],
+         ["GradientAccumulationScheduler is not taken by tinylm: set --trainer.accumulate_grad_batches N"]),
+        (["--trainer.callbacks+=Timer"], ["Timer is not taken by tinylm: set --trainer.max_time DD:HH:MM:SS"]),
+        (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"],
+         ["--trainer.callbacks.monitor val_loss: tinylm logs no such metric; did you mean val/loss?"]),
+        (["--trainer.limit_train_batches", "3"], ["trainer.limit_train_batches=3 changes nothing a tinylm run trains",
+                                                  "--trainer.max_steps N"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
@@ -589,6 +605,21 @@ def test_verbose_takes_the_value_validate_help_shows(config, capsys, flags, verb
         _one_line_error(capsys, argv, "checkpoint 'missing.ckpt' not found")
 
 
+def test_validate_help_shows_verbose_off_and_validate_still_prints_its_table(config, capsys):
+    """Catches `tinylm validate --help` saying `--verbose ... (default: True)` (Lightning's own default, for its
+    table of metrics) of tinylm's traceback flag, which is off unless given; the table is printed all the same."""
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"--verbose \{true,false\} Show full tracebacks on errors .*?default: False\)", shown), shown
+    main(["fit", "--config", str(config)])
+    capsys.readouterr()
+    main(["validate", "--config", str(config), "--ckpt_path", "last"])
+    assert "Validate metric" in capsys.readouterr().out
+
+
 def test_verbose_with_a_value_it_does_not_know_is_refused(config, capsys):
     """Catches `--verbose=maybe` (or `=no` before) quietly turning tracebacks on."""
     with pytest.raises(SystemExit) as e:
@@ -762,3 +793,29 @@ def test_a_split_too_short_to_train_on_is_refused_before_the_loggers_start(confi
                              "--run.wandb_project", "tinylm-test"],
                     "the val split has 10 tokens, but one window needs block_size + 1 = 17")
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_early_stopping_monitor_of_no_logged_metric_is_one_line(config, capsys):
+    """Catches EarlyStopping on a metric the run never logs ending in Lightning's ~75-line traceback at the first
+    validation (its own message lists the metrics there are)."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.callbacks+=EarlyStopping",
+                             "--trainer.callbacks.monitor", "accuracy"],
+                    "Early stopping conditioned on metric `accuracy` which is not available", "val/loss")
+
+
+def test_a_users_progress_bar_and_model_summary_take_the_place_of_tinylms(config, capsys):
+    """Catches `--trainer.callbacks+=TQDMProgressBar` (or RichProgressBar) refused by Lightning as "multiple progress
+    bar callbacks" (tinylm always added its own), a user's ModelSummary printed beside tinylm's, and
+    `--trainer.min_steps` adding Lightning's min_epochs=1 (a whole notional epoch before an early stop)."""
+    from lightning.pytorch.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
+
+    from tinylm.cli.fit import lightning_main
+
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.callbacks+=TQDMProgressBar",
+                          "--trainer.callbacks.refresh_rate", "5", "--trainer.callbacks+=ModelSummary",
+                          "--trainer.enable_model_summary", "true", "--trainer.enable_progress_bar", "true",
+                          "--trainer.min_steps", "1"])
+    bars = [cb for cb in cli.trainer.callbacks if isinstance(cb, ProgressBar)]
+    assert len(bars) == 1 and type(bars[0]) is TQDMProgressBar and bars[0].refresh_rate == 5
+    assert [type(cb) for cb in cli.trainer.callbacks if isinstance(cb, ModelSummary)] == [ModelSummary]
+    assert cli.trainer.global_step == 2 and cli.trainer.fit_loop.min_epochs == 0

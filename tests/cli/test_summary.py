@@ -49,6 +49,17 @@ def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
     assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
 
 
+def test_a_sharded_checkpoint_folder_is_named_with_its_next_commands(tmp_path):
+    """Catches an FSDP2 run (its best.ckpt and last.ckpt: folders of shards) ending with no `checkpoints:` line and
+    no `next:` commands, though generate, validate and export read those folders."""
+    for name in ("best.ckpt", "last.ckpt"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "meta.pt").touch()
+    text = fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "checkpoints: " in text and "best.ckpt" in text.split("checkpoints: ")[1].splitlines()[0], text
+    assert "next:" in text and "tinylm generate --ckpt_path" in text and "best.ckpt" in text.split("next:")[1], text
+
+
 def test_a_model_transformers_cannot_hold_is_not_offered_an_export(run_config, capsys):
     """Catches the modern recipe (qk_norm, logit_softcap, relu2) ending with `next: tinylm export ...`, which fails
     when pasted: the export is offered where transformers has the model's options."""

@@ -82,3 +82,20 @@ def test_mixture_and_minhash_options_without_their_mode_warn(run_config, caplog)
     caplog.clear()
     assert _warnings(run_config, caplog, "--data.clean.decontaminate", "true", "--data.clean.near_threshold",
                      "0.9") == []
+
+
+def test_a_mode_turned_off_on_the_command_line_leaves_the_configs_settings_idle_without_a_word(run_config, caplog):
+    """Catches `--samples.every_n_steps 0` (the documented way to turn samples off) under a recipe that sets
+    samples.prompts telling the user to drop options they never typed (and `tinylm scaling`, which turns samples
+    off for its rungs, saying so at every rung); an option typed beside it is still named."""
+    config = run_config(samples={"every_n_steps": 5, "prompts": ["ROMEO:"], "max_new_tokens": 20})
+    caplog.set_level(logging.WARNING, logger="tinylm")
+
+    def said(*args: str) -> list[str]:
+        caplog.clear()
+        with pytest.raises(_Parsed):
+            lightning_main(["fit", "--config", str(config), *args], cli_class=_ParseOnly)
+        return [r.getMessage().split("=")[0] for r in caplog.records if "does nothing" in r.getMessage()]
+
+    assert said("--samples.every_n_steps", "0") == []
+    assert said("--samples.every_n_steps", "0", "--samples.top_k", "5") == ["samples.top_k"]

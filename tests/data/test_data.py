@@ -715,6 +715,28 @@ def test_val_windows_score_every_target_once(tmp_path, n):
         assert ((y == x + 1) | (y == IGNORE)).all() and (x[:, 1:] == x[:, :-1] + 1).all()
 
 
+@pytest.mark.parametrize("batches, world", [(3, 2), (5, 4), (4, 2), (1, 2)])
+def test_every_rank_runs_as_many_val_batches_and_the_targets_count_once(tmp_path, batches, world):
+    """Catches ranks given unequal shares of validation (3 batches on 2 ranks: 2 and 1): under FSDP each forward
+    gathers the weights from every rank, and the rank with a batch fewer left the others waiting forever. Each rank
+    runs as many; a padding batch counts no target, and over the ranks every target counts once."""
+    from tinylm.data.loader import IGNORE, ValBatches
+
+    T, B = 4, 2
+    n = batches * B * T + 1
+    path = tmp_path / "val.bin"
+    np.arange(n, dtype="<u2").tofile(path)
+    ranks = [ValBatches(path, dtype="uint16", n_tokens=n, block_size=T, batch_size=B, rank=r, world_size=world)
+             for r in range(world)]
+    assert len({len(v) for v in ranks}) == 1
+    counted = sorted(t for v in ranks for j in range(len(v)) for t in v[j][1][v[j][1] != IGNORE].tolist())
+    assert counted == sorted(list(range(1, n)) * (world if batches < world else 1))  # (fewer than ranks: all on each)
+    for v in ranks:
+        for j in range(len(v)):
+            x, y = v[j]
+            assert x.shape == y.shape == (B, T) and ((y == x + 1) | (y == IGNORE)).all()
+
+
 @pytest.mark.parametrize("top_id, dtype", [(65_535, "uint16"), (65_536, "uint32")])
 def test_uint16_holds_exactly_65536_ids(small_data, small_bpe, tmp_path, top_id, dtype):
     """Catches an off-by-one in the dtype choice: a vocabulary of 65,536 ids (0..65,535) fits uint16, one of

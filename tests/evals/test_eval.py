@@ -345,6 +345,9 @@ def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 6 and titles[4].startswith("eval: acc_norm")
     assert sorted(line.get_label() for line in fig.axes[4].lines) == ["r eval/hellaswag_acc_norm", "r eval/lambada_acc"]
+    # the tasks of a panel told apart by more than the legend: a marker and a colour each (one run)
+    styles = {(line.get_marker(), line.get_color()) for line in fig.axes[4].lines}
+    assert len(styles) == 2 and len({m for m, _ in styles}) == 2, styles
     (run / "eval" / "metrics.csv").unlink()
     (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,4.0\n")
     fig = Figure()

@@ -301,7 +301,8 @@ def test_ranks_share_the_validation_and_report_what_one_device_does(run_config, 
     _fit(config, count, "--run.name", "two", "--data.batch_size", str(B), devices=2)
     shares = [int((tmp_path / f"val-batches-{r}.txt").read_text()) for r in (0, 1)]
     # each corpus's 75 val windows: 10 batches of 8 on one device; 19 batches of 4 on two, 10 on rank 0, 9 on rank 1
-    assert one == 2 * 10 and shares == [2 * 10, 2 * 9]
+    # and one that counts nothing (every rank runs as many: under FSDP a rank with fewer left the others waiting)
+    assert one == 2 * 10 and shares == [2 * 10, 2 * 10]
     for key in ("val/loss", "val/loss/a.txt", "val/loss/b.txt", "val/bpb"):
         want, got = _metric(tmp_path / "runs" / "tiny", key), _metric(tmp_path / "runs" / "two", key)
         assert list(got) == list(want) == [1] and got[1] == pytest.approx(want[1], abs=1e-5), key

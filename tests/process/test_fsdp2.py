@@ -126,7 +126,7 @@ def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_ranks_and_node
        the previous last.ckpt stays, whole);
     4. DDP from what `--ckpt_path last` then finds (the step-N folder of 4 shards, newer than last.ckpt,
        consolidated; FSDP2 -> DDP), clearing the new last.ckpt.tmp the kill left;
-    5. FSDP2 on 2 ranks from DDP's file (DDP -> FSDP2);
+    5. FSDP2 on 2 ranks from DDP's file (DDP -> FSDP2), validating 3 batches at its end (2 on one rank);
     6. one device from FSDP2's folder (2 -> 1).
     Then generate, validate, export and init_from read one of FSDP2's folders."""
     main(["fit", "--config", str(config)])
@@ -156,8 +156,11 @@ def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_ranks_and_node
     assert f"last.ckpt {why}; continuing from the newest readable checkpoint, step-{3 * LEG}.ckpt" in err, \
         err[-3000:]
     assert last.is_file() and _step(last) == 4 * LEG  # DDP writes a file
-    _ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(5 * LEG))
+    # 3 validation batches on 2 ranks: a rank with one fewer left the other waiting in FSDP's all-gather forever
+    err = _ranks(config, "fsdp", *legs, "--ckpt_path", "last", "--trainer.max_steps", str(5 * LEG),
+                 "--data.val_batches", "3")
     assert _shards(last) == 2 and _step(last) == 5 * LEG
+    assert 5 * LEG - 1 in _metric(tmp_path / "runs" / "legs", "val/loss"), err[-3000:]  # its final validation
     main(["fit", "--config", str(config), *legs, "--ckpt_path", "last"])
     got = _metric(tmp_path / "runs" / "legs", "train/loss")
     assert sorted(got) == sorted(want) == list(range(STEPS))

@@ -214,11 +214,11 @@ def prepare(args: list[str]) -> dict[str, Any]:
     for key in _FIT_SECTIONS:
         parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
-    from tinylm.cli.argv import home_expanded
+    from tinylm.cli.argv import home_expanded, options
     from tinylm.cli.unused import warn_unused_options
 
     # the data options of one table with fit's (`--data.vocab_size 100` with the char tokenizer was silently ignored)
-    warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data})
+    warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data}, {key for key, _ in options(args)})
 
     dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
     dm.prepare_data()

@@ -99,7 +99,14 @@ def with_section_hint(message: str, options: set[str]) -> str:
     return "; ".join([message, *filter(None, hints)])
 
 
+OPTIMIZER_HINT = ("tinylm's optimizer and LR schedule are set with --model.* (optimizer adamw or muon, lr, min_lr, "
+                  "lr_schedule, weight_decay, beta1, beta2): see tinylm fit --help")
+"""For LightningCLI's --optimizer / --lr_scheduler (a torch class), which tinylm does not take."""
+
+
 def _section_hint(key: str, value: str | None, options: set[str], *, flag: bool) -> str | None:
+    if key in ("optimizer", "lr_scheduler"):  # not "an option of model": --model.optimizer takes no torch class
+        return OPTIMIZER_HINT
     name = key.rpartition(".")[2]
     homes = sorted(o for o in options if o.rpartition(".")[2] == name and o != key)
 
@@ -141,6 +148,10 @@ def is_user_error(e: BaseException) -> bool:
     if isinstance(e, (ValueError, OSError, TypeError)):
         # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
         return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()) if d)
+    if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):
+        # "Early stopping conditioned on metric `x` which is not available. Pass in or modify your `EarlyStopping`
+        # callback to use any of the following: ...": a user's --trainer.callbacks.monitor, with the metrics there are
+        return _raised_in(e, stopping)
     return False
 
 
@@ -194,6 +205,12 @@ def _jsonargparse_dir() -> Path:
     import jsonargparse
 
     return Path(jsonargparse.__file__).resolve().parent
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of module ``name`` when it was imported (else an error cannot come from it)."""
+    module = sys.modules.get(name)
+    return None if module is None or not getattr(module, "__file__", None) else Path(module.__file__).resolve()
 
 
 def _trainer_flags_file() -> Path | None:
@@ -300,8 +317,7 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         source = linked.split(" --> ")[0].split()[-1]
         return f"--{target} is set from --{source} (the data decides it); do not pass it"
     if "--optimizer" in text or "--lr_scheduler" in text:
-        hint = "; tinylm's optimizer and LR schedule are set with --model.* (lr, min_lr, lr_schedule, weight_decay, " \
-               "beta1, beta2): see tinylm fit --help"
+        hint = f"; {OPTIMIZER_HINT}"
     if key:
         given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
         return f"--{key}: {reason}{given}{hint}"

@@ -118,6 +118,14 @@ class TinyLMCLI(LightningCLI):
         for parser in parsers:
             for action in parser._actions:
                 action.help = _HELP.get(action.dest, action.help)
+                if action.dest == "verbose":  # tinylm's flag (tracebacks), off unless given; not validate's table
+                    action.default = False
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "verbose" in kwargs:  # Trainer.validate's own verbose: its table of the metrics, always printed
+            kwargs["verbose"] = True
+        return kwargs
 
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
@@ -208,7 +216,7 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 
-            warn_unused_options(self._section(), self._parser(sub).get_defaults())
+            warn_unused_options(self._section(), self._parser(sub).get_defaults(), self._flags)
         from tinylm.train.module import RANGES
 
         # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus
@@ -222,21 +230,30 @@ class TinyLMCLI(LightningCLI):
         from tinylm.train.run import run_callbacks
 
         sub = self.subcommand
+        from lightning.pytorch.callbacks import ModelSummary
+        from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
+
         trainer_cfg = dict(self.config_init[sub]["trainer"])
         run: RunOptions = self.config_init[sub]["run"]
         checkpointing = trainer_cfg.get("enable_checkpointing") is not False
+        user_callbacks = trainer_cfg.get("callbacks") or []
+        user_callbacks = user_callbacks if isinstance(user_callbacks, list) else [user_callbacks]
+        # a user's progress bar or model summary takes the place of tinylm's, as of Lightning's defaults
+        bar = trainer_cfg.get("enable_progress_bar") is not False and \
+            not any(isinstance(cb, AnyProgressBar) for cb in user_callbacks)
         if sub == "fit":
             callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
                                       every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=trainer_cfg.get("enable_progress_bar") is not False,
-                                      model_summary=trainer_cfg.get("enable_model_summary") is not False)
+                                      progress_bar=bar,
+                                      model_summary=trainer_cfg.get("enable_model_summary") is not False and
+                                      not any(isinstance(cb, ModelSummary) for cb in user_callbacks))
         else:
             from tinylm.train.callbacks import ProgressBar
 
-            callbacks = [ProgressBar()] if trainer_cfg.get("enable_progress_bar") is not False else []
-        user_callbacks = trainer_cfg.get("callbacks") or []
-        trainer_cfg["callbacks"] = ((user_callbacks if isinstance(user_callbacks, list) else [user_callbacks])
-                                    + callbacks)
+            callbacks = [ProgressBar()] if bar else []
+        if trainer_cfg.get("min_steps") is not None and trainer_cfg.get("min_epochs") is None:
+            trainer_cfg["min_epochs"] = 0  # Lightning's default with min_steps is 1: a whole notional epoch more
+        trainer_cfg["callbacks"] = user_callbacks + callbacks
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))

@@ -84,12 +84,12 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
                              f"(step {int(float(best['step'])) + 1:,})")
     ckpts = run_dir / "checkpoints"
     best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
-    saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.is_file()]
+    saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.exists()]  # (FSDP2: a folder of shards)
     if saved:
         lines.append(f"  checkpoints: {', '.join(saved)}")
     if metrics.is_file():
         lines.append(f"  metrics:     {shown(metrics)}")
-    ckpt = best_ckpt if best_ckpt.is_file() else last_ckpt if last_ckpt.is_file() else None
+    ckpt = best_ckpt if best_ckpt.exists() else last_ckpt if last_ckpt.exists() else None
     if ckpt is not None:
         lines.append("next:")
         lines += [f"  {c}" for c in next_commands(ckpt, run_dir, prompt, exportable)]

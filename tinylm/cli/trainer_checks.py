@@ -50,6 +50,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.use_distributed_sampler=true is not used by tinylm: its loaders give each rank "
                          "its own windows already (batch k of rank r is a pure function of the seed, k and r: exact "
                          "resume on another device count), so there is no sampler to wrap; leave it out")
+    check_callbacks(trainer_cfg.get("callbacks"))
     if runs:
         check_accelerator(trainer_cfg.get("accelerator"))
         _warn_more_ranks_than_cores(trainer_cfg)
@@ -70,9 +71,14 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                              "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
                              "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
                              "characters")
-        if trainer_cfg.get("limit_train_batches") in (0, 0.0):  # Lightning then ends the run at step 0 without a word
+        limit = trainer_cfg.get("limit_train_batches")
+        if limit in (0, 0.0):  # Lightning then ends the run at step 0 without a word
             raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); "
                              "leave it out: tinylm runs are driven by --trainer.max_steps")
+        if limit not in (None, 1.0):  # it cut the notional epochs shorter and the run trained the same steps
+            raise ValueError(f"trainer.limit_train_batches={limit} changes nothing a tinylm run trains (its "
+                             "batches are drawn by step, an epoch is a notional pass): the run would take the same "
+                             "steps on the same windows; leave it out, and pass --trainer.max_steps N to train less")
         if trainer_cfg.get("max_epochs") not in (None, -1):
             raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
                              "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
@@ -273,6 +279,46 @@ def with_atomic_checkpoints(plugins: Any) -> list:
         log.warning("--trainer.plugins brings its own CheckpointIO: tinylm's atomic checkpoint writes are off")
         return plugins
     return plugins + [AtomicCheckpointIO()]
+
+
+_OWN_CALLBACKS = {"StabilityGuard": "--guard.* (on by default; --guard.enabled false turns it off)",
+                  "SampleText": "--samples.* (--samples.every_n_steps N)", "EvalTasks": "--eval.* (--eval.tasks ...)"}
+"""tinylm's callbacks that `--help` lists as options of their own: added again by hand, Lightning found two of them
+("Found more than one stateful callback") in a traceback. The others are always on."""
+_METRICS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "val/loss", "val/ppl",
+            "val/bpb")
+_REFUSED_CALLBACKS = {
+    "GradientAccumulationScheduler": "set --trainer.accumulate_grad_batches N instead: tinylm's checks (validation "
+                                     "at whole optimizer steps, exact resume) and its tokens per step read that, and "
+                                     "a schedule would change the batch under them mid-run",
+    "Timer": "set --trainer.max_time DD:HH:MM:SS instead (Lightning's Timer with that duration)",
+}
+
+
+def check_callbacks(callbacks: Any) -> None:
+    """The user's ``--trainer.callbacks`` that would fail deep in a run (or train other than the run says), refused
+    in one line before anything is made: tinylm's own callbacks added again, a schedule of accumulation, a Timer
+    (its interval enum cannot be written into the run's config), and a monitor one character off a logged metric
+    (`val_loss`, Lightning's habit: EarlyStopping ended in a traceback at the first validation)."""
+    import difflib
+
+    for cb in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []:
+        path = (cb.get("class_path") if hasattr(cb, "get") else None) or type(cb).__module__ + "." + type(cb).__name__
+        name = str(path).rpartition(".")[2]
+        if name in _OWN_CALLBACKS or (str(path).startswith("tinylm.") and name != "ProgressBar"):
+            where = _OWN_CALLBACKS.get(name, "nothing: it is always on")
+            raise ValueError(f"--trainer.callbacks+={name}: tinylm adds its {name} to every run itself; set it with "
+                             f"{where}")
+        if name in _REFUSED_CALLBACKS:
+            raise ValueError(f"--trainer.callbacks+={name} is not taken by tinylm: {_REFUSED_CALLBACKS[name]}")
+        args = cb.get("init_args") if hasattr(cb, "get") else None
+        monitor = args.get("monitor") if hasattr(args, "get") else getattr(cb, "monitor", None)
+        if isinstance(monitor, str) and monitor not in _METRICS and not monitor.startswith(
+                ("val/loss/", "eval/", "health/")):
+            close = difflib.get_close_matches(monitor, _METRICS, n=1, cutoff=0.75)
+            if close:
+                raise ValueError(f"--trainer.callbacks.monitor {monitor}: tinylm logs no such metric; did you mean "
+                                 f"{close[0]}? (its metrics: {', '.join(_METRICS)}, see docs/training.md)")
 
 
 def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:

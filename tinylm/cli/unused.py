@@ -77,19 +77,23 @@ def _get(cfg: Any, key: str) -> Any:
     return value
 
 
-def unused_options(cfg: Any, defaults: Any) -> list[str]:
+def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> list[str]:
     """One line for each option of UNUSED_UNLESS that ``cfg`` (a parsed fit config) sets away from ``defaults``
-    while the option that gives it its effect is set so that it has none."""
+    while the option that gives it its effect is set so that it has none; not when that option was ``typed`` on
+    the command line and this one was not: a mode turned off there leaves the config's settings of it idle, as
+    meant (`--samples.every_n_steps 0` under a recipe that sets samples.prompts, and every rung of `scaling`)."""
     lines = []
     for key, needs in UNUSED_UNLESS.items():
         value, control = _get(cfg, key), _get(cfg, needs.control)
         if value == _get(defaults, key) or any(needs.active(_get(cfg, k)) for k in (needs.control, *needs.also)):
+            continue
+        if key not in typed and any(k in typed for k in (needs.control, *needs.also)):
             continue
         lines.append(f"{key}={value!r} does nothing with {needs.control}={control!r}: it is used only with "
                      f"{needs.hint}; drop it, or turn that on")
     return lines
 
 
-def warn_unused_options(cfg: Any, defaults: Any) -> None:
-    for line in unused_options(cfg, defaults):
+def warn_unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> None:
+    for line in unused_options(cfg, defaults, typed):
         log.warning("%s", line)

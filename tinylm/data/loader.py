@@ -116,7 +116,9 @@ class ValBatches(_TokenWindows):
 
     Under several ranks each takes every `world_size`-th batch from its `rank` on (their sums add up to the
     split's); when there are fewer batches than ranks, every rank takes all of them (the ratios of the sums, which
-    validation reports, come out the same)."""
+    validation reports, come out the same). Every rank runs as many batches: a rank whose share is one short ends
+    on a batch whose targets are all IGNORE (it counts nothing). Under FSDP each forward gathers the weights from
+    every rank, and a rank with a batch fewer left the others waiting for it forever (3 batches on 2 ranks)."""
 
     def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
                  limit: int | None = None, rank: int = 0, world_size: int = 1) -> None:
@@ -129,12 +131,15 @@ class ValBatches(_TokenWindows):
         self.rank, self.world_size = (rank, world_size) if self.n_batches >= world_size else (0, 1)
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.n_batches, self.world_size))
+        return -(-self.n_batches // self.world_size)  # the same on every rank
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(i)
         j = self.rank + i * self.world_size  # the batch of the split
+        if j >= self.n_batches:  # this rank's share is one short: a batch that counts nothing
+            x, y = self[0]  # (its first batch: rank < n_batches)
+            return x, torch.full_like(y, IGNORE)
         T = self.block_size
         w = np.arange(j * self.batch_size, min((j + 1) * self.batch_size, self.n_windows), dtype=np.int64)
         x, y = self.windows(np.minimum(w * T, self.n_tokens - 1 - T))  # the last window ends at the split's end

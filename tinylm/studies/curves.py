@@ -170,12 +170,15 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
     panels = ((*METRICS[metric], False), *PANELS[1:], *evals)
     for i, (ax, (title, keys, log_y)) in enumerate(zip(axes, panels)):
         for run, colour in zip(runs, colours):
-            for key in keys:
+            for j, key in enumerate(keys):
                 points = run.series.get(key)
                 if not points:
                     continue
                 steps, values = zip(*points)
-                if key.startswith(("val/", "eval/")):
+                if key.startswith("eval/"):  # the tasks of a panel told apart: a marker each (and a colour, one run)
+                    ax.plot(steps, values, f"{_MARKERS[j % len(_MARKERS)]}-", lw=2, ms=4, label=f"{run.name} {key}",
+                            color=f"C{j % 10}" if len(runs) == 1 else colour)
+                elif key.startswith("val/"):
                     ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
                 else:
                     ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
@@ -202,6 +205,9 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
         axes[0].legend(fontsize=7)
     fig.suptitle(", ".join(_headline(run, metric) for run in runs), fontsize=10)
     fig.tight_layout()
+
+
+_MARKERS = "os^Dv<>PX*"
 
 
 def _eval_panels(runs: list[RunCurves]) -> tuple:

@@ -315,7 +315,8 @@ class TinyLM(L.LightningModule):
         nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
                                reduction="none")  # (B*T,), 0 where ignored
         counted = y.reshape(-1) != IGNORE
-        self.val_loss.update(nats.sum() / counted.sum(), weight=counted.sum())
+        # (a rank's padding batch counts no target: weight 0, and a mean of 0 rather than 0/0)
+        self.val_loss.update(nats.sum() / counted.sum().clamp(min=1), weight=counted.sum())
         part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
         part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
         if self.token_bytes is not None:
