@@ -819,3 +819,15 @@ def test_a_users_progress_bar_and_model_summary_take_the_place_of_tinylms(config
     assert len(bars) == 1 and type(bars[0]) is TQDMProgressBar and bars[0].refresh_rate == 5
     assert [type(cb) for cb in cli.trainer.callbacks if isinstance(cb, ModelSummary)] == [ModelSummary]
     assert cli.trainer.global_step == 2 and cli.trainer.fit_loop.min_epochs == 0
+
+
+@pytest.mark.parametrize("args", [["--trainer.callbacks.filename", "best"], ["--trainer.callbacks.save_last", "true"]])
+def test_a_users_checkpoint_named_as_tinylms_in_its_folder_is_refused(config, capsys, tmp_path, args):
+    """Catches a user's ModelCheckpoint (monitor val/loss, mode max) writing best.ckpt into the run's checkpoints
+    folder: tinylm's best.ckpt replaced it without a word (and its save_last would race tinylm's last.ckpt)."""
+    folder = tmp_path / "runs" / "tiny" / "checkpoints"
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.callbacks+=ModelCheckpoint",
+                             "--trainer.callbacks.dirpath", str(folder), "--trainer.callbacks.monitor", "val/loss",
+                             "--trainer.callbacks.mode", "max", *args],
+                    f"--trainer.callbacks.dirpath {folder} is this run's own checkpoints folder", "e.g. 'top-{step}'")
+    assert not (tmp_path / "runs").exists()

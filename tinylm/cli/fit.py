@@ -33,6 +33,7 @@ from tinylm.cli.run_folder import (
     with_run_config,
 )
 from tinylm.cli.trainer_checks import (
+    check_checkpoint_names,
     check_trainer_options,
     warn_gpu_recipe_on_cpu,
     warn_small_vocab,
@@ -195,6 +196,8 @@ class TinyLMCLI(LightningCLI):
         cfg = self._home_expanded()
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
+        if sub == "fit":
+            check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints")
         check_wandb_project(cfg.run.get("wandb_project"))  # (RunOptions checks it too, after the data is built)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None

@@ -8,6 +8,7 @@ import os
 import re
 import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from tinylm.train.parallel import check_strategy, check_strategy_name
@@ -319,6 +320,25 @@ def check_callbacks(callbacks: Any) -> None:
             if close:
                 raise ValueError(f"--trainer.callbacks.monitor {monitor}: tinylm logs no such metric; did you mean "
                                  f"{close[0]}? (its metrics: {', '.join(_METRICS)}, see docs/training.md)")
+
+
+def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
+    """A user's ModelCheckpoint writing into the run's own checkpoints ``folder`` under a name tinylm writes there
+    (best, last, step-N; or its save_last): one would overwrite the other's file without a word (a user's best.ckpt of
+    the highest val/loss was replaced by tinylm's of the lowest)."""
+    for cb in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []:
+        if not hasattr(cb, "get") or not str(cb.get("class_path", "")).endswith("ModelCheckpoint"):
+            continue
+        args = cb.get("init_args") or {}
+        dirpath, filename = args.get("dirpath"), args.get("filename")
+        if not dirpath or Path(str(dirpath)).expanduser().resolve() != folder.resolve():
+            continue
+        taken = re.fullmatch(r"(best|last|step-\d+)(\.ckpt)?", str(filename)) if filename else None
+        if taken or args.get("save_last"):
+            what = f"filename {filename}" if taken else "save_last (last.ckpt)"
+            raise ValueError(f"--trainer.callbacks.dirpath {dirpath} is this run's own checkpoints folder, and its "
+                             f"{what} is a name tinylm writes there: the two would overwrite each other; give your "
+                             "ModelCheckpoint another --trainer.callbacks.filename (e.g. 'top-{step}') or dirpath")
 
 
 def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
