@@ -99,3 +99,19 @@ def test_a_mode_turned_off_on_the_command_line_leaves_the_configs_settings_idle_
 
     assert said("--samples.every_n_steps", "0") == []
     assert said("--samples.every_n_steps", "0", "--samples.top_k", "5") == ["samples.top_k"]
+
+
+def test_validate_names_the_training_flags_it_ignores(run_config, caplog, capsys):
+    """Catches `tinylm validate --trainer.max_steps 5 --trainer.gradient_clip_val 1` (training options) accepted
+    without a word; the same options from the config file (fit's and validate's alike) are not named."""
+    from tinylm.cli import main
+
+    config = run_config(trainer={"max_steps": 2, "gradient_clip_val": 1.0})
+    main(["fit", "--config", str(config)])
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    caplog.clear()
+    main(["validate", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5",
+          "--trainer.accumulate_grad_batches", "2"])
+    said = [r.getMessage() for r in caplog.records if "does nothing in tinylm validate" in r.getMessage()]
+    assert said == ["--trainer.accumulate_grad_batches does nothing in tinylm validate (it sets training); drop it",
+                    "--trainer.max_steps does nothing in tinylm validate (it sets training); drop it"]

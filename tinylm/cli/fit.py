@@ -220,6 +220,10 @@ class TinyLMCLI(LightningCLI):
             from tinylm.cli.unused import warn_unused_options
 
             warn_unused_options(self._section(), self._parser(sub).get_defaults(), self._flags)
+        else:
+            from tinylm.cli.unused import warn_training_flags
+
+            warn_training_flags(self._flags)
         from tinylm.train.module import RANGES
 
         # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus

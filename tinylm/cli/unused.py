@@ -97,3 +97,18 @@ def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> li
 def warn_unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> None:
     for line in unused_options(cfg, defaults, typed):
         log.warning("%s", line)
+
+
+TRAINING_ONLY = ("trainer.max_steps", "trainer.min_steps", "trainer.max_time", "trainer.max_epochs",
+                 "trainer.min_epochs", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
+                 "trainer.gradient_clip_algorithm", "trainer.val_check_interval", "trainer.check_val_every_n_epoch",
+                 "trainer.num_sanity_val_steps", "trainer.limit_train_batches", "trainer.log_every_n_steps",
+                 "trainer.enable_checkpointing", "trainer.reload_dataloaders_every_n_epochs")
+"""Trainer options of training alone: given to `tinylm validate`, they change nothing."""
+
+
+def warn_training_flags(flags: set[str]) -> None:
+    """`tinylm validate --trainer.max_steps 5` (a fit command edited into a validate one): said, not silently
+    ignored. Only options typed on the command line: a config file is fit's and validate's alike."""
+    for key in sorted(set(TRAINING_ONLY) & flags):
+        log.warning("--%s does nothing in tinylm validate (it sets training); drop it", key)
