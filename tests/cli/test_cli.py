@@ -498,3 +498,15 @@ def test_a_path_option_starting_with_a_tilde_is_the_home_folder(run_config, tmp_
     assert (home / "runs" / "tiny" / "csv" / "metrics.csv").is_file()
     assert (home / "cache" / "datasets").is_dir()
     assert not (tmp_path / "~").exists()
+
+
+def test_seed_everything_true_draws_a_seed_and_records_it(run_config, monkeypatch):
+    """Catches `--seed_everything true` (Lightning's help: "a random seed") seeding every run with 0 (Lightning's
+    seed_everything(None) without PL_GLOBAL_SEED): each run draws its own, and its config.yaml records it."""
+    config = run_config()
+    seeds = []
+    for name in ("a", "b"):
+        monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # (set by the seeding of the run before, in-process)
+        main(["fit", "--config", str(config), "--seed_everything", "true", "--run.name", name])
+        seeds.append(yaml.safe_load(open(f"runs/{name}/config.yaml"))["seed_everything"])
+    assert all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and seeds[0] != seeds[1], seeds

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import sys
 import time
 import warnings
@@ -144,6 +145,11 @@ class TinyLMCLI(LightningCLI):
         seed = self._section().get("seed_everything")
         if not isinstance(seed, bool):  # true: a random seed; false: none set
             check_ranges("", {"seed_everything": seed}, {"seed_everything": SEED_RANGE}, whole={"seed_everything"})
+        elif seed:  # Lightning's "true: a random seed" set 0 (seed_everything(None) without PL_GLOBAL_SEED), always
+            # (the ranks a DDP launcher starts find the seed drawn here in PL_GLOBAL_SEED, which seeding sets)
+            drawn = int(os.environ.get("PL_GLOBAL_SEED") or random.SystemRandom().randrange(2**32))
+            self._section()["seed_everything"] = drawn
+            log.info("seed_everything true: drew seed %d (the run's config.yaml records it)", drawn)
 
     def _option_names(self) -> set[str]:
         """Every option of fit's and validate's parsers, dotted (``model.lr``, ``data.clean.exact``,
