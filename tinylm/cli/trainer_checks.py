@@ -61,31 +61,36 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                          "leave it out (the run's own data.val_batches), or pass a number of batches, e.g. "
                          "--trainer.limit_val_batches 20")
     if subcommand == "fit":
-        max_steps = trainer_cfg.get("max_steps", -1)
-        if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
-            raise ValueError("trainer.max_steps is not set (tinylm runs are driven by steps): pass --config "
-                             "configs/NAME.yaml (a recipe), or --trainer.max_steps N")
-        if max_steps <= 0:
-            raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
-        if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):
-            raise ValueError(f"trainer.overfit_batches={trainer_cfg['overfit_batches']} is not supported by tinylm "
-                             "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
-                             "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
-                             "characters")
-        limit = trainer_cfg.get("limit_train_batches")
-        if limit in (0, 0.0):  # Lightning then ends the run at step 0 without a word
-            raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); "
-                             "leave it out: tinylm runs are driven by --trainer.max_steps")
-        if limit not in (None, 1.0):  # it cut the notional epochs shorter and the run trained the same steps
-            raise ValueError(f"trainer.limit_train_batches={limit} changes nothing a tinylm run trains (its "
-                             "batches are drawn by step, an epoch is a notional pass): the run would take the same "
-                             "steps on the same windows; leave it out, and pass --trainer.max_steps N to train less")
-        if trainer_cfg.get("max_epochs") not in (None, -1):
-            raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
-                             "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
-        _check_stops(trainer_cfg, max_steps)
+        _check_fit_limits(trainer_cfg)
         if runs:
             _check_how_it_runs(trainer_cfg)
+
+
+def _check_fit_limits(trainer_cfg: dict[str, Any]) -> None:
+    """What a fit runs for: steps (required), never epochs or a share of Lightning's batches."""
+    max_steps = trainer_cfg.get("max_steps", -1)
+    if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
+        raise ValueError("trainer.max_steps is not set (tinylm runs are driven by steps): pass --config "
+                         "configs/NAME.yaml (a recipe), or --trainer.max_steps N")
+    if max_steps <= 0:
+        raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
+    if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):
+        raise ValueError(f"trainer.overfit_batches={trainer_cfg['overfit_batches']} is not supported by tinylm "
+                         "(its loader draws windows by step and cannot be re-instantiated by Lightning); to "
+                         "see a model overfit, train on a tiny corpus: --data.corpus FILE of a few hundred "
+                         "characters")
+    limit = trainer_cfg.get("limit_train_batches")
+    if limit in (0, 0.0):  # Lightning then ends the run at step 0 without a word
+        raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); "
+                         "leave it out: tinylm runs are driven by --trainer.max_steps")
+    if limit not in (None, 1.0):  # it cut the notional epochs shorter and the run trained the same steps
+        raise ValueError(f"trainer.limit_train_batches={limit} changes nothing a tinylm run trains (its "
+                         "batches are drawn by step, an epoch is a notional pass): the run would take the same "
+                         "steps on the same windows; leave it out, and pass --trainer.max_steps N to train less")
+    if trainer_cfg.get("max_epochs") not in (None, -1):
+        raise ValueError("trainer.max_epochs is not used by tinylm (runs are driven by trainer.max_steps; an "
+                         "epoch is a notional pass over random windows): remove it and set --trainer.max_steps")
+    _check_stops(trainer_cfg, max_steps)
 
 
 def _check_stops(trainer_cfg: dict[str, Any], max_steps: int) -> None:

@@ -28,14 +28,15 @@ import os
 import shutil
 import stat
 import sys
-import urllib.request
 import warnings
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tinylm.data.local_files import files_below, glob_files
-from tinylm.errors import DISK_ERRNOS, TinyLMError, UnavailableError
+from tinylm.data.named import NAMED, download_named
+from tinylm.data.named import sha256_of as _sha256
+from tinylm.errors import DISK_ERRNOS, TinyLMError
 from tinylm.net import hub_offline, hub_unreachable
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
@@ -113,13 +114,6 @@ def _hub_unreachable(path: str) -> str | None:
     failure at once), or None: it is on the hub and the hub cannot be reached (`datasets` retried for ~26 s, a log
     line each time: `tinylm plan` of the tinystories recipe took 28 s offline)."""
     return None if path in {*_LOCAL_DATASET_BUILDERS.values(), "text"} else hub_unreachable()
-NAMED = {
-    "tinyshakespeare": {
-        "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-        "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
-        "file": "tinyshakespeare.txt",
-    },
-}
 
 # Counts byte sequences that were not valid UTF-8 (each becomes U+FFFD); the corpus warns once when it is non-zero.
 _replaced = [0]
@@ -599,44 +593,3 @@ def _file_kind(path: Path) -> str:
     kinds = ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISCHR, "character device"),
              (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
     return next((name for test, name in kinds if test(mode)), "special file")
-
-
-def download_named(name: str, cache_dir: str | Path) -> Path:
-    """Path of the named corpus in `cache_dir/corpora`, downloading it once; the sha256 is checked either way."""
-    info = NAMED[name]
-    target = Path(cache_dir) / "corpora" / info["file"]
-    if target.is_file() and _sha256(target) == info["sha256"]:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    log.info("downloading %s from %s", name, info["url"])
-    try:
-        with urllib.request.urlopen(info["url"], timeout=30) as r, open(tmp, "wb") as f:
-            while chunk := r.read(_READ_BYTES):
-                f.write(chunk)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        # a copy placed there that is not the text (another version, other line endings) is named as such: "no
-        # verified copy" sent the user who had placed it to place it again
-        placed = (f"the copy at {target} is not the expected text (sha256 {_sha256(target)[:12]}, expected "
-                  f"{info['sha256'][:12]}: another version, or changed line endings); replace it with the file from "
-                  "that address" if target.is_file() else f"no verified copy is at {target}; download it there "
-                  "yourself")
-        raise UnavailableError(f"could not download corpus {name!r} from {info['url']} ({e}) and {placed}, or pass "
-                               "--data.corpus PATH to a local text file") from e
-    got = _sha256(tmp)
-    if got != info["sha256"]:
-        tmp.unlink(missing_ok=True)
-        raise UnavailableError(f"downloaded {name!r} has sha256 {got}, expected {info['sha256']}; the file changed "
-                           "upstream or the download was corrupted. Pass --data.corpus PATH to a copy you trust")
-    tmp.replace(target)
-    return target
-
-
-def _sha256(path: Path, h: Any = None) -> str:
-    """The sha256 of `path`'s bytes; with `h`, a hash that they update."""
-    h = h or hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_READ_BYTES):
-            h.update(chunk)
-    return h.hexdigest()

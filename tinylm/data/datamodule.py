@@ -303,7 +303,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
 def corpus_paths(specs: list[str]) -> list[str | None]:
     """Where each local corpus of ``specs`` lies, as an absolute path (None for a named or hub corpus, or a glob):
     the file a run read, which a resume from another folder finds by it (tinylm.cli.resume.run_data)."""
-    from tinylm.data.corpus import NAMED
+    from tinylm.data.named import NAMED
 
     return [None if spec in NAMED or spec.startswith("hf:") or any(c in spec for c in "*?[")
             else os.path.abspath(os.path.expanduser(spec)) for spec in specs]

@@ -1,0 +1,65 @@
+"""The corpora tinylm knows by name (`--data.corpus tinyshakespeare`): downloaded once into the data cache, their
+sha256 checked on every use; and the sha256 of a file, which corpora are keyed by."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tinylm.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+_READ_BYTES = 1 << 20
+
+NAMED = {
+    "tinyshakespeare": {
+        "url": "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+        "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        "file": "tinyshakespeare.txt",
+    },
+}
+
+
+def download_named(name: str, cache_dir: str | Path) -> Path:
+    """Path of the named corpus in `cache_dir/corpora`, downloading it once; the sha256 is checked either way."""
+    info = NAMED[name]
+    target = Path(cache_dir) / "corpora" / info["file"]
+    if target.is_file() and sha256_of(target) == info["sha256"]:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    log.info("downloading %s from %s", name, info["url"])
+    try:
+        with urllib.request.urlopen(info["url"], timeout=30) as r, open(tmp, "wb") as f:
+            while chunk := r.read(_READ_BYTES):
+                f.write(chunk)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        # a copy placed there that is not the text (another version, other line endings) is named as such: "no
+        # verified copy" sent the user who had placed it to place it again
+        placed = (f"the copy at {target} is not the expected text (sha256 {sha256_of(target)[:12]}, expected "
+                  f"{info['sha256'][:12]}: another version, or changed line endings); replace it with the file from "
+                  "that address" if target.is_file() else f"no verified copy is at {target}; download it there "
+                  "yourself")
+        raise UnavailableError(f"could not download corpus {name!r} from {info['url']} ({e}) and {placed}, or pass "
+                               "--data.corpus PATH to a local text file") from e
+    got = sha256_of(tmp)
+    if got != info["sha256"]:
+        tmp.unlink(missing_ok=True)
+        raise UnavailableError(f"downloaded {name!r} has sha256 {got}, expected {info['sha256']}; the file changed "
+                           "upstream or the download was corrupted. Pass --data.corpus PATH to a copy you trust")
+    tmp.replace(target)
+    return target
+
+
+def sha256_of(path: Path, h: Any = None) -> str:
+    """The sha256 of `path`'s bytes; with `h`, a hash that they update."""
+    h = h or hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
