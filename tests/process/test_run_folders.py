@@ -419,6 +419,27 @@ def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_
     assert steps() == ["step-6.ckpt", "step-8.ckpt"] and (ckpts / "last.ckpt").is_file()
 
 
+def test_a_run_folder_moved_and_resumed_keeps_its_best_score_and_trims_its_checkpoints(config, tmp_path):
+    """Catches `mv runs/tiny runs/moved` then a resume losing the run's best score and kept files (Lightning drops a
+    ModelCheckpoint's state saved under another folder): the next validation's best.ckpt replaced a better one, and
+    the step-N files were never trimmed again."""
+    from tinylm.train.callbacks import BestCheckpoint, PeriodicCheckpoint
+
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--run.keep_checkpoints", "2"])
+    shutil.move(tmp_path / "runs" / "tiny", tmp_path / "runs" / "moved")
+    ckpts = tmp_path / "runs" / "moved" / "checkpoints"
+    before = torch.load(ckpts / "last.ckpt", weights_only=True, map_location="cpu")["callbacks"]
+    best_before = next(v["best_model_score"] for k, v in before.items() if k.startswith("BestCheckpoint"))
+    cli = lightning_main(["fit", "--config", str(config), "--run.name", "moved", "--trainer.max_steps", "6",
+                          "--ckpt_path", "last", "--run.keep_checkpoints", "2"])
+    best = next(cb for cb in cli.trainer.callbacks if isinstance(cb, BestCheckpoint))
+    periodic = next(cb for cb in cli.trainer.callbacks if isinstance(cb, PeriodicCheckpoint))
+    assert best.best_model_score <= best_before  # kept, then improved on or not: never a worse one taken
+    assert Path(best.best_model_path).parent == ckpts.resolve()
+    assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-4.ckpt", "step-6.ckpt"]  # step-2 trimmed
+    assert all(Path(p).parent == ckpts.resolve() for p in periodic.best_k_models)
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

@@ -257,7 +257,7 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":
             callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
                                       every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=bar,
+                                      progress_bar=bar, continues=self.continues,
                                       model_summary=trainer_cfg.get("enable_model_summary") is not False and
                                       not any(isinstance(cb, ModelSummary) for cb in user_callbacks))
         else:

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections import deque
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -256,7 +256,38 @@ class FinalValidation(L.Callback):
             trainer.should_stop = True
 
 
-class BestCheckpoint(ModelCheckpoint):
+class _RunFolderCheckpoint(ModelCheckpoint):
+    """A ModelCheckpoint of the run folder's ``checkpoints/``, which follows the folder when it moves: Lightning
+    drops the best score and the kept files of a state whose ``dirpath`` is not its own (right for a branch into a
+    new folder), and a run folder moved or copied (``mv runs/a runs/b``, another mount point) and resumed had its
+    better best.ckpt replaced by the next validation's and its step-N files never trimmed again. ``continues``
+    (set when the run resumes a checkpoint of its own folder) reads that state with its paths moved here."""
+
+    continues = False
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        was, now = state_dict.get("dirpath"), self.dirpath
+        if self.continues and was and now and was != now:
+            state_dict = moved_state(state_dict, str(was), str(now))
+        super().load_state_dict(state_dict)
+
+
+def moved_state(state: dict[str, Any], was: str, now: str) -> dict[str, Any]:
+    """A ModelCheckpoint's state with the paths under folder ``was`` put under ``now``."""
+    def move(path: Any) -> Any:
+        return now + path[len(was):] if isinstance(path, str) and (path == was or path.startswith(was + os.sep)) \
+            else path
+
+    out = {**state, "dirpath": now}
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in out:
+            out[key] = move(out[key])
+    if isinstance(out.get("best_k_models"), dict):
+        out["best_k_models"] = {move(k): v for k, v in out["best_k_models"].items()}
+    return out
+
+
+class BestCheckpoint(_RunFolderCheckpoint):
     """``best.ckpt``: a ModelCheckpoint of tinylm's own, so that its state in a checkpoint is keyed apart from a
     user's ``--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss`` (Lightning refuses two
     callbacks of one state key: a traceback, "Found more than one stateful callback of type ModelCheckpoint").
@@ -282,7 +313,7 @@ def log_step_row_now(trainer: L.Trainer) -> None:
             logger.log_ahead(row, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
-class PeriodicCheckpoint(ModelCheckpoint):
+class PeriodicCheckpoint(_RunFolderCheckpoint):
     """``ModelCheckpoint`` every N optimizer steps plus ``last.ckpt``, and always one at the final step, also when
     the run stops early (``--trainer.max_time``, EarlyStopping): there after the optimizer step it is in.
 

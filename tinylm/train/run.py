@@ -55,10 +55,12 @@ class FlopsSummary(ModelSummary):
         log.info("\n%s", "\n".join(lines))
 
 
-def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int) -> list[L.Callback]:
+def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int,
+                         continues: bool = False) -> list[L.Callback]:
     """``best.ckpt`` by ``val/loss``; ``step-N.ckpt`` every ``every_n_steps`` (keeping ``keep``) plus ``last.ckpt``;
-    ``last.ckpt`` also when SIGTERM or Ctrl+C stops the run (see `tinylm.train.interrupt`)."""
-    return [
+    ``last.ckpt`` also when SIGTERM or Ctrl+C stops the run (see `tinylm.train.interrupt`). ``continues``: the run
+    resumes a checkpoint of its own folder (which may have moved since: the saved best score and files follow it)."""
+    callbacks = [
         BestCheckpoint(
             dirpath=ckpt_dir,
             filename="best",
@@ -81,6 +83,9 @@ def checkpoint_callbacks(ckpt_dir: str | Path, *, every_n_steps: int, keep: int)
         ),
         InterruptCheckpoint(ckpt_dir),  # after the others: a validation's best.ckpt is saved before it stops a run
     ]
+    for cb in callbacks[:2]:
+        cb.continues = continues
+    return callbacks
 
 
 def monitor_callbacks(*, progress_bar: bool, model_summary: bool = True) -> list[L.Callback]:
@@ -95,10 +100,10 @@ def monitor_callbacks(*, progress_bar: bool, model_summary: bool = True) -> list
 
 
 def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int,
-                  progress_bar: bool, model_summary: bool = True) -> list[L.Callback]:
+                  progress_bar: bool, model_summary: bool = True, continues: bool = False) -> list[L.Callback]:
     """All of a run's callbacks (the last step's log row and validation among them); ``ckpt_dir=None`` leaves out the
     checkpoint callbacks (checkpointing off)."""
     # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
     ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
-                                                                               keep=keep)
+                                                                               keep=keep, continues=continues)
     return [*ckpts, FinalValidation(), *monitor_callbacks(progress_bar=progress_bar, model_summary=model_summary)]
