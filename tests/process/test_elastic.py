@@ -364,3 +364,23 @@ def test_an_error_every_rank_raises_is_a_whole_line_from_each_saying_its_rank(co
     assert done.returncode == 1 and len(said) == 2, done.stderr[-3000:]
     assert sorted(line.startswith("tinylm fit: error: (rank 1) ") for line in said) == [False, True], said
     assert all(line.count("error:") == 1 and line.endswith("the data of this rank is wrong") for line in said), said
+
+
+def test_a_master_port_in_use_is_one_line(config, tmp_path):
+    """Catches `MASTER_PORT=N` of a port another process listens on ending in ~60 lines of torch's C++ frames
+    (DistNetworkError: EADDRINUSE) instead of the port and the fix."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cmd = ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+               "--trainer.strategy", "ddp"]
+        done = forked.run(cmd, cwd=tmp_path, env={**os.environ, "MASTER_PORT": str(port)}, timeout=300)
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and said[-1] == (
+        f"tinylm fit: error: MASTER_PORT {port} is in use by another process (address already in use): the ranks "
+        "cannot meet there; pass another MASTER_PORT, or leave it unset on one machine (Lightning then picks a free "
+        "one)"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -169,6 +169,15 @@ def test_fsdp2_trains_as_one_device_and_resumes_across_strategies_ranks_and_node
     _every_command_reads_a_sharded_checkpoint(config, last.parent / f"step-{5 * LEG}.ckpt", tmp_path, capsys)
 
 
+def test_in_loop_samples_under_fsdp2_are_skipped_in_one_warning_not_a_crash(config, tmp_path):
+    """Catches `--samples.every_n_steps N` under FSDP2 ending the run at its first sample step ("aten.embedding got
+    mixed torch.Tensor and DTensor": rank 0 sampled alone from sharded weights), before that step's checkpoint."""
+    err = _ranks(config, "fsdp", "--run.name", "samples", "--trainer.max_steps", "2", "--samples.every_n_steps", "1",
+                 devices=1)
+    assert "no text is sampled during training under --trainer.strategy fsdp" in err, err[-3000:]
+    assert _step(tmp_path / "runs" / "samples" / "checkpoints" / "last.ckpt") == 2
+
+
 def _every_command_reads_a_sharded_checkpoint(config: Path, folder: Path, tmp_path: Path, capsys) -> None:
     """generate, validate, export and model.init_from take FSDP2's folder as they take a file: its weights,
     consolidated, are the ones each uses."""

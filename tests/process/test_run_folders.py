@@ -1052,3 +1052,17 @@ def test_a_users_csv_logger_keeps_what_earlier_runs_logged(config, tmp_path):
     main(["fit", "--config", str(config), "--ckpt_path", "last", *mine])
     steps = [r["step"] for r in _rows(metrics) if r.get("train/loss")]
     assert before and steps[:len(before)] == before and int(steps[-1]) > int(before[-1])
+
+
+@pytest.mark.parametrize(("node", "first"), [("1", False), ("0", True), ("", True)])
+def test_a_node_started_by_hand_past_the_first_is_no_rank_zero(monkeypatch, node, first):
+    """Catches node 1 of a run started by hand (MASTER_ADDR, MASTER_PORT, NODE_RANK=1; docs/distributed.md) counted
+    as rank 0 before its Trainer set its rank (Lightning reads RANK, LOCAL_RANK, ... and not NODE_RANK): it took the
+    run folder's lock, node 0's run was refused as "in use by another tinylm process", and node 1 waited 30 minutes
+    for its peer."""
+    from tinylm.cli import ranks
+
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NODE_RANK", node)
+    assert ranks.rank_zero() == first

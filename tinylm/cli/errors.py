@@ -8,6 +8,7 @@ import ast
 import difflib
 import errno
 import logging
+import os
 import re
 import shlex
 import signal
@@ -148,6 +149,8 @@ def is_user_error(e: BaseException) -> bool:
     if isinstance(e, (ValueError, OSError, TypeError)):
         # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
         return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()) if d)
+    if _port_in_use(e):
+        return True
     if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):
         # "Early stopping conditioned on metric `x` which is not available. Pass in or modify your `EarlyStopping`
         # callback to use any of the following: ...": a user's --trainer.callbacks.monitor, with the metrics there are
@@ -207,6 +210,13 @@ def _jsonargparse_dir() -> Path:
     return Path(jsonargparse.__file__).resolve().parent
 
 
+def _port_in_use(e: BaseException) -> bool:
+    """torch's refusal to start a run's rendezvous on a MASTER_PORT another process listens on."""
+    dist = sys.modules.get("torch.distributed")
+    network = getattr(dist, "DistNetworkError", None) if dist is not None else None
+    return network is not None and isinstance(e, network) and ("EADDRINUSE" in str(e) or "in use" in str(e))
+
+
 def _module_file(name: str) -> Path | None:
     """The file of module ``name`` when it was imported (else an error cannot come from it)."""
     module = sys.modules.get(name)
@@ -228,6 +238,10 @@ def one_line(e: BaseException) -> str:
         return f"--{linked[1]} is set from --{linked[2]} (the data decides it); do not pass it"
     if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
         return _parse_error_line(text, _chain(e))
+    if _port_in_use(e):  # (torch's own text: ~60 lines of C++ frames)
+        port = os.environ.get("MASTER_PORT", "?")
+        return (f"MASTER_PORT {port} is in use by another process (address already in use): the ranks cannot meet "
+                "there; pass another MASTER_PORT, or leave it unset on one machine (Lightning then picks a free one)")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename == STDOUT:
         return (f"{type(e).__name__}: no space left on the disk writing {STDOUT} (where the command's output was "
                 "sent); free some space, or send it to a file on another disk")

@@ -93,6 +93,15 @@ class SampleText(L.Callback):
         # without accumulation never samples either): not again after the next step's first micro-batch
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
+        if self.every_n_steps and _sharded(trainer):
+            # rank 0 samples alone, and FSDP2's weights are shards of every rank's (a forward gathers them from all):
+            # its first sample step ended the run in "got mixed torch.Tensor and DTensor", before that step's save
+            if trainer.is_global_zero:
+                warnings.warn(f"samples.every_n_steps {self.every_n_steps}: no text is sampled during training under "
+                              "--trainer.strategy fsdp (the weights are sharded over the ranks); sample a checkpoint "
+                              "with tinylm generate --ckpt_path ..., or pass --samples.every_n_steps 0",
+                              UserWarning, stacklevel=2)
+            self.every_n_steps = 0
         if self.every_n_steps:
             tokenizer = run_tokenizer(trainer, pl_module)
             self._check_prompts(tokenizer)
@@ -199,6 +208,13 @@ class SampleText(L.Callback):
         for logger in wandb_loggers(trainer.loggers):
             logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows],
                             step=rows[0][0])
+
+
+def _sharded(trainer: L.Trainer) -> bool:
+    """Whether the run's weights are sharded over its ranks (FSDP2: Lightning's ModelParallelStrategy)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(trainer.strategy, ModelParallelStrategy)
 
 
 def _cut_after(path: Path, size: int) -> None:
