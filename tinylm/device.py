@@ -207,10 +207,11 @@ def busy_cpus(sample_s: float = 0.3) -> float:
 
 
 def choose_cpu_threads(requested: int | None = None, *, default: int | None = None,
-                       busy: float | None = None) -> tuple[int, str]:
+                       busy: float | None = None, resumed: int | None = None) -> tuple[int, str]:
     """Torch's CPU thread count for a run, and why, in words for the start line.
 
-    ``requested`` (``--run.threads``) wins, then the environment (`THREAD_ENV_VARS`). Otherwise the CPUs other
+    ``requested`` (``--run.threads``) wins, then the environment (`THREAD_ENV_VARS`), then ``resumed`` (the count of
+    the run a resume continues, from its checkpoint: exact resume). Otherwise the CPUs other
     processes leave free, rounded, at least 1 and at most torch's own default (``default``: the physical cores, what
     it runs with today). Why: torch's threads meet at a barrier after every operator, so with every CPU taken each
     step waits for its slowest, descheduled thread; a laptop-recipe step at load ~14 on 2 cores took 5.8 s with 2
@@ -224,6 +225,9 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     for var in THREAD_ENV_VARS:
         if os.environ.get(var):
             return torch.get_num_threads(), f"{torch.get_num_threads()} (torch's, from {var}={os.environ[var]})"
+    if resumed:  # another count sums in another order: losses off the uninterrupted run's in the 4th-5th digit
+        return resumed, (f"{resumed}, the run's own (from its checkpoint: a resume sums as the run did, exactly); "
+                         "--run.threads N sets it")
     busy = busy_cpus() if busy is None else busy
     cpus = usable_cpus()
     n = max(1, min(default, round(cpus - busy)))

@@ -54,3 +54,20 @@ def test_fit_sets_and_says_its_threads(run_config, threads, caplog):
 def test_zero_threads_is_refused_in_one_line(run_config, capsys):
     """Catches --run.threads 0 reaching torch (which refuses it mid-start with a traceback)."""
     _one_line_error(capsys, ["fit", "--config", str(run_config()), "--run.threads", "0"], "run.threads", "got 0")
+
+
+def test_a_resume_takes_the_runs_own_thread_count(run_config, threads, caplog, monkeypatch):
+    """Catches a resume whose thread count tinylm chose afresh from the machine's load (2 threads for the run, 1 for
+    its resume): float sums in another order, the resumed losses off the uninterrupted run's by 1e-4 (exact resume
+    promised); a count the user sets on the resume still wins."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    config = run_config(trainer={"max_steps": 2, "val_check_interval": 2})
+    main(["fit", "--config", str(config), "--run.threads", "2"])
+    torch.set_num_threads(1)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    assert torch.get_num_threads() == 2
+    assert any(r.getMessage().startswith("CPU threads: 2, the run's own (from its checkpoint") for r in caplog.records)
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.threads", "1"])
+    assert torch.get_num_threads() == 1

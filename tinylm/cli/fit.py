@@ -220,7 +220,7 @@ class TinyLMCLI(LightningCLI):
             start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
                                      named=self._named, flags=self._flags, continues=self.continues)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
-            self.wandb_project = start.wandb_project
+            self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
             self.config = self.parser.parse_object({sub: start.update}, self.config)
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
@@ -338,7 +338,8 @@ class TinyLMCLI(LightningCLI):
 
         from tinylm.device import choose_cpu_threads
 
-        threads, why = choose_cpu_threads(self.config_init[self.subcommand]["run"].threads)
+        threads, why = choose_cpu_threads(self.config_init[self.subcommand]["run"].threads,
+                                          resumed=getattr(self, "ckpt_threads", None))
         torch.set_num_threads(threads)
         log.info("CPU threads: %s", why)
 

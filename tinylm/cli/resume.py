@@ -261,6 +261,7 @@ class Start:
     wandb_id: str | None  # the W&B run to continue (a resume in the checkpoint's own run folder)
     wandb_project: str | None  # the W&B project the run logged to (a branch's W&B run goes there too)
     update: dict  # the config sections it sets: model (and for validate, data)
+    cpu_threads: int | None = None  # fit: the torch threads of the run's one CPU process (exact resume on a CPU)
 
 
 def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool,
@@ -292,7 +293,8 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         data.update(data_from(ckpt, meta, cfg, defaults, named - {f"data.{k}" for k in data}, {**cfg.data, **data}))
     if data:
         update["data"] = data
-    return Start(step, resume_step, wandb_id, wandb_project, update)
+    threads = meta.get("cpu_threads") if sub == "fit" else None
+    return Start(step, resume_step, wandb_id, wandb_project, update, threads if isinstance(threads, int) else None)
 
 
 RUN_DATA = ("corpus", "weights", "tokenizer", "vocab_size", "tokenizer_train_chars", "split", "val_split",
