@@ -1,6 +1,7 @@
 """Run folders never lose a result, and Lightning's own flags do what Lightning's users expect (issue 9)."""
 
 import csv
+import os
 import shutil
 import subprocess
 import sys
@@ -1066,3 +1067,20 @@ def test_a_node_started_by_hand_past_the_first_is_no_rank_zero(monkeypatch, node
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NODE_RANK", node)
     assert ranks.rank_zero() == first
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("folder", ["checkpoints", "csv"])
+def test_a_read_only_folder_of_the_run_is_refused_before_training(config, tmp_path, capsys, folder):
+    """Catches a resume into a run whose checkpoints/ cannot be written found at its first save (every step before
+    it lost: 500 by default), and a read-only wandb/ ending in wandb's traceback."""
+    from helpers import _one_line_error
+
+    main(["fit", "--config", str(config)])
+    where = tmp_path / "runs" / "tiny" / folder
+    where.chmod(0o555)
+    try:
+        _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path", "last"],
+                        f"permission denied: {where}")
+    finally:
+        where.chmod(0o755)

@@ -237,6 +237,11 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
     ckpts = run_dir / "checkpoints"  # made at the first save: found now, not after the training
     if ckpts.is_symlink() and not ckpts.exists() or ckpts.exists() and not ckpts.is_dir():
         raise FileExistsError(errno.EEXIST, "File exists", str(ckpts))
+    # the folders a run writes into, found read-only now: at the first save (step 500 by default) every step before
+    # it was lost; under W&B, wandb's own traceback
+    for folder in (run_dir, ckpts, run_dir / "csv", run_dir / "wandb"):
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "Permission denied", str(folder))
     if holds_run(run_dir) and not continues:
         what = f"a run from {ckpt_path}" if ckpt_path else "the run again from step 0 (what --ckpt_path last " \
             "does without a checkpoint)" if asked == "last" else "a fresh run"
