@@ -403,7 +403,10 @@ def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize(("name", "why"), [("a/b", "has a '/'"), ("..", "not a folder of its own"), ("", "empty")])
+@pytest.mark.parametrize(("name", "why"), [("a/b", "has a '/'"), ("..", "not a folder of its own"), ("", "empty"),
+                                          (" ", "empty"),
+                                          ("a\nb", "holds a control character (a line break, a tab, ...)"),
+                                          ("x" * 256, "256 bytes, over the 255 a folder name may have")])
 def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, capsys, tmp_path, name, why):
     """Catches --run.name a/b refused only after the tokenizer was trained and the data packed, leaving an empty
     runs/a/ behind; and `..` or an empty name refused for a '/' they do not have."""
@@ -831,3 +834,13 @@ def test_a_users_checkpoint_named_as_tinylms_in_its_folder_is_refused(config, ca
                              "--trainer.callbacks.mode", "max", *args],
                     f"--trainer.callbacks.dirpath {folder} is this run's own checkpoints folder", "e.g. 'top-{step}'")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_name_too_long_is_one_line(tmp_path, capsys):
+    """Catches `tinylm plot --out NAME.png` (or export --out) with a name over 255 bytes ending in OSError's
+    traceback (ENAMETOOLONG)."""
+    (tmp_path / "r" / "csv").mkdir(parents=True)
+    (tmp_path / "r" / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.0\n0,1,3.9\n")
+    out = tmp_path / ("p" * 260 + ".png")
+    _one_line_error(capsys, ["plot", str(tmp_path / "r"), "--out", str(out)],
+                    f"OSError: file name too long: {out}; choose a shorter name")

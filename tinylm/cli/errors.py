@@ -127,7 +127,7 @@ def _section_hint(key: str, value: str | None, options: set[str], *, flag: bool)
 
 
 # ---- errors -----------------------------------------------------------------------------------------------------
-_ENVIRONMENT = (*DISK_ERRNOS, errno.EMFILE)
+_ENVIRONMENT = (*DISK_ERRNOS, errno.EMFILE, errno.ENAMETOOLONG)
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -262,6 +262,9 @@ def one_line(e: BaseException) -> str:
             what = "a link to nothing" if blocker.is_symlink() and not blocker.exists() else "a file"
             return (f"{type(e).__name__}: {blocker} is {what}, where a folder is needed ({where}); move it away, "
                     "or choose another path")
+    if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:  # (a name over 255 bytes: --out, --run.name)
+        return (f"{type(e).__name__}: file name too long: {e.filename or text}; choose a shorter name (at most 255 "
+                "bytes a folder or file)")
     if isinstance(e, ModuleNotFoundError) and e.name and "; " not in text:
         package = e.name.split(".")[0]
         extra = _EXTRAS.get(package)

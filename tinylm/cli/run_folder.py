@@ -63,8 +63,11 @@ RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all
 
 
 def _check_run_name(name: str) -> None:
-    if not name or Path(name).name != name or name in (".", ".."):
-        why = "empty" if not name else "not a folder of its own" if name in (".", "..") else "has a '/'"
+    why = ("empty" if not name.strip() else "not a folder of its own" if name in (".", "..") else "has a '/'"
+           if Path(name).name != name else "holds a control character (a line break, a tab, ...)"
+           if any(not c.isprintable() for c in name) else f"{len(name.encode())} bytes, over the 255 a folder name "
+           "may have" if len(name.encode()) > 255 else None)
+    if why:  # (blank, or a line break: the run's summary and next: lines broke; too long: OSError's traceback)
         raise ValueError(f"run.name must be a plain folder name (runs/NAME), got {name!r} ({why}); pick another, "
                          "e.g. --run.name my-run")
 
