@@ -212,3 +212,12 @@ def test_bpb_panel_draws_val_bpb_and_train_bpb_when_logged(tmp_path):
     assert fig.axes[0].get_title().startswith("bits per byte")
     assert [line.get_label() for line in fig.axes[0].lines] == ["a train/bpb", "a val/bpb"]
     assert list(fig.axes[0].lines[1].get_ydata()) == [4.6]
+
+
+def test_plot_expands_a_quoted_home(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot '~/runs/a'` (quoted, or from a script: no shell expands it) said "not found", though
+    --out and every option expand `~`."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,,1,1.4,4.0,1e-4,900,3.9\n")
+    main(["plot", "~/runs/a", "--out", str(tmp_path / "p.png")])
+    assert _png(tmp_path / "p.png")

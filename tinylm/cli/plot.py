@@ -28,6 +28,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     check_ranges("--", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:
         raise ValueError("name at least one run: tinylm plot runs/NAME [runs/OTHER ...]")
+    runs = [str(Path(r).expanduser()) if str(r).startswith("~") else r for r in runs]  # (quoted: the shell's is not)
     curves = [read_run(r) for r in runs]
     names = [c.name for c in curves]
     for run, c in zip(runs, curves, strict=True):  # runs/a/x and runs/b/x: named by their paths, not both "x"
