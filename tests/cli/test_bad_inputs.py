@@ -31,6 +31,8 @@ def config(run_config):
         (["--trainer.devices", "two"], ["trainer.devices must be a number of devices", "got 'two'"]),
         (["--trainer.devices", "-3"], ["trainer.devices must be a number of devices", "got -3"]),
         (["--trainer.devices", "0"], ["trainer.devices must be a number of devices", "got 0"]),
+        (["--trainer.devices", "-1", "--trainer.accelerator", "cpu"],  # (it said "... or -1 for every GPU, got -1")
+         ["trainer.devices -1 means every GPU, and this run is on the CPU", "--trainer.devices 1"]),
         (["--trainer.devices", "[0,1]", "--trainer.accelerator", "cpu"],
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list

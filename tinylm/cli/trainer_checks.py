@@ -157,6 +157,9 @@ def check_devices(trainer_cfg: dict[str, Any], *, on_cpu: bool) -> None:
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not on_cpu:
         return
     shown = text if re.fullmatch(r"-?\d+", text) else repr(devices)
+    if text == "-1":  # (valid on GPUs: the same sentence offered it as valid)
+        raise ValueError("trainer.devices -1 means every GPU, and this run is on the CPU, where it is the number "
+                         "of training processes: pass --trainer.devices 1 (or auto)")
     raise ValueError(f"trainer.devices must be a number of devices (1 or more), auto, or -1 for every GPU, got "
                      f"{shown}; on the CPU it is the number of training processes (e.g. --trainer.devices 1)")
 
