@@ -826,7 +826,9 @@ def test_a_users_progress_bar_and_model_summary_take_the_place_of_tinylms(config
     assert cli.trainer.global_step == 2 and cli.trainer.fit_loop.min_epochs == 0
 
 
-@pytest.mark.parametrize("args", [["--trainer.callbacks.filename", "best"], ["--trainer.callbacks.save_last", "true"]])
+@pytest.mark.parametrize("args", [["--trainer.callbacks.filename", "best"], ["--trainer.callbacks.save_last", "true"],
+                                  ["--trainer.callbacks.filename", "step-{step}",  # (tinylm's keep trimmed the user's)
+                                   "--trainer.callbacks.auto_insert_metric_name", "false"]])
 def test_a_users_checkpoint_named_as_tinylms_in_its_folder_is_refused(config, capsys, tmp_path, args):
     """Catches a user's ModelCheckpoint (monitor val/loss, mode max) writing best.ckpt into the run's checkpoints
     folder: tinylm's best.ckpt replaced it without a word (and its save_last would race tinylm's last.ckpt)."""
@@ -846,3 +848,18 @@ def test_a_file_name_too_long_is_one_line(tmp_path, capsys):
     out = tmp_path / ("p" * 260 + ".png")
     _one_line_error(capsys, ["plot", str(tmp_path / "r"), "--out", str(out)],
                     f"OSError: file name too long: {out}; choose a shorter name")
+
+
+def test_a_monitor_of_the_users_own_metric_is_not_refused():
+    """Catches the near-miss check refusing metrics that are logged (`train/loss_ema` by a user's callback,
+    `train/muon_lr` by tinylm itself): only tinylm's name with its slash written otherwise (`val_loss`) is refused."""
+    from tinylm.cli.trainer_checks import check_callbacks
+
+    checkpoint = lambda monitor: {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                  "init_args": {"monitor": monitor}}
+    for monitor in ("train/loss_ema", "val/loss_min", "train/muon_lr", "train/skipped_steps", "my/val/loss",
+                    "val/loss/a.txt", "eval/hellaswag_acc_norm"):
+        check_callbacks([checkpoint(monitor)])
+    for monitor, meant in (("val_loss", "val/loss"), ("train.loss", "train/loss"), ("val-bpb", "val/bpb")):
+        with pytest.raises(ValueError, match=f"monitor {monitor}: tinylm logs no such metric; did you mean {meant}"):
+            check_callbacks([checkpoint(monitor)])

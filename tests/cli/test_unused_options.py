@@ -115,3 +115,18 @@ def test_validate_names_the_training_flags_it_ignores(run_config, caplog, capsys
     said = [r.getMessage() for r in caplog.records if "does nothing in tinylm validate" in r.getMessage()]
     assert said == ["--trainer.accumulate_grad_batches does nothing in tinylm validate (it sets training); drop it",
                     "--trainer.max_steps does nothing in tinylm validate (it sets training); drop it"]
+
+
+def test_a_resume_names_only_the_options_typed_on_its_command_line(run_config, caplog):
+    """Catches a run started with `--samples.every_n_steps 0` under a recipe that sets samples.prompts (no warning)
+    warning at every resume that the prompts do nothing: the resume reads the run's config.yaml, which holds both,
+    and the user cannot drop them there."""
+    from tinylm.cli import main
+
+    config = run_config(samples={"every_n_steps": 5, "prompts": ["ROMEO:"], "max_new_tokens": 20})
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    main(["fit", "--config", str(config), "--samples.every_n_steps", "0"])
+    main(["fit", "--ckpt_path", "last", "--run.name", "tiny", "--trainer.max_steps", "3"])
+    main(["fit", "--ckpt_path", "last", "--run.name", "tiny", "--trainer.max_steps", "4", "--samples.top_k", "5"])
+    said = [r.getMessage().split("=")[0] for r in caplog.records if "does nothing" in r.getMessage()]
+    assert said == ["samples.top_k"], said

@@ -443,11 +443,15 @@ def test_rows_without_the_text_column_are_counted_in_a_warning(tmp_path):
                              **({"max_documents": 100, "val_fraction": 0.01} if streaming else {}))
         with pytest.warns(UserWarning) as said:
             docs = list(corpus.documents("train"))
+            assert list(corpus.documents("train")) == docs  # a second pass (a stream is read in several): said once
         assert docs == [f"story {i}" for i in range(1, 10, 2)][streaming:]  # (a stream holds out its first)
         lines = [str(w.message) for w in said if "rows" in str(w.message)]
         assert lines == [f"corpus '{tmp_path / 'm.jsonl'}': 6 of the 11 rows read of its train split "
                          "have no 'text' (missing or null) and were skipped; if the text is in another column, pass "
                          "--data.text_column NAME"], lines
+    with pytest.raises(ValueError, match=r"has no column 'body'; its columns are"):  # (streamed: an empty corpus)
+        list(open_corpus(str(tmp_path / "m.jsonl"), cache_dir=tmp_path / "s", streaming=True, max_documents=5,
+                         text_column="body").documents("train"))
     (tmp_path / "z.jsonl").write_text('{"text": "a"}\n{"text": 0}\n')
     with pytest.raises(ValueError, match=r"dataset '.*z\.jsonl': column 'text' holds int values \(e\.g\. '0'\)"):
         list(open_corpus(str(tmp_path / "z.jsonl"), cache_dir=tmp_path))

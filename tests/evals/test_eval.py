@@ -348,6 +348,13 @@ def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
     # the tasks of a panel told apart by more than the legend: a marker and a colour each (one run)
     styles = {(line.get_marker(), line.get_color()) for line in fig.axes[4].lines}
     assert len(styles) == 2 and len({m for m, _ in styles}) == 2, styles
+    # a task drawn alike in both panels, also where another task comes before it in one panel only
+    (run / "csv" / "metrics.csv").write_text("step,train/loss,eval/arc_easy_acc,eval/hellaswag_acc_norm,"
+                                             "eval/hellaswag_bpb\n0,4.0,,,\n9,3.5,0.3,0.26,2.5\n")
+    fig = Figure()
+    draw_runs(fig, [read_run(run)])
+    acc, bpb = ({ln.get_label(): (ln.get_marker(), ln.get_color()) for ln in ax.lines} for ax in fig.axes[4:])
+    assert acc["r eval/hellaswag_acc_norm"] == bpb["r eval/hellaswag_bpb"] != acc["r eval/arc_easy_acc"], (acc, bpb)
     (run / "eval" / "metrics.csv").unlink()
     (run / "csv" / "metrics.csv").write_text("step,train/loss\n0,4.0\n")
     fig = Figure()

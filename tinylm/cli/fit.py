@@ -225,7 +225,9 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 
-            warn_unused_options(self._section(), self._parser(sub).get_defaults(), self._flags)
+            # (a resume of the run's own folder reads its config.yaml: what it set was named when the run started)
+            warn_unused_options(self._section(), self._parser(sub).get_defaults(), self._flags,
+                                only=self._flags if self.continues else None)
         else:
             from tinylm.cli.unused import warn_training_flags
 

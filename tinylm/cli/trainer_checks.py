@@ -294,8 +294,8 @@ _OWN_CALLBACKS = {"StabilityGuard": "--guard.* (on by default; --guard.enabled f
                   "SampleText": "--samples.* (--samples.every_n_steps N)", "EvalTasks": "--eval.* (--eval.tasks ...)"}
 """tinylm's callbacks that `--help` lists as options of their own: added again by hand, Lightning found two of them
 ("Found more than one stateful callback") in a traceback. The others are always on."""
-_METRICS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "val/loss", "val/ppl",
-            "val/bpb")
+_METRICS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "train/bpb",
+            "train/muon_lr", "train/skipped_steps", "val/loss", "val/ppl", "val/bpb")
 _REFUSED_CALLBACKS = {
     "GradientAccumulationScheduler": "set --trainer.accumulate_grad_batches N instead: tinylm's checks (validation "
                                      "at whole optimizer steps, exact resume) and its tokens per step read that, and "
@@ -309,8 +309,6 @@ def check_callbacks(callbacks: Any) -> None:
     in one line before anything is made: tinylm's own callbacks added again, a schedule of accumulation, a Timer
     (its interval enum cannot be written into the run's config), and a monitor one character off a logged metric
     (`val_loss`, Lightning's habit: EarlyStopping ended in a traceback at the first validation)."""
-    import difflib
-
     for cb in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []:
         path = (cb.get("class_path") if hasattr(cb, "get") else None) or type(cb).__module__ + "." + type(cb).__name__
         name = str(path).rpartition(".")[2]
@@ -322,12 +320,12 @@ def check_callbacks(callbacks: Any) -> None:
             raise ValueError(f"--trainer.callbacks+={name} is not taken by tinylm: {_REFUSED_CALLBACKS[name]}")
         args = cb.get("init_args") if hasattr(cb, "get") else None
         monitor = args.get("monitor") if hasattr(args, "get") else getattr(cb, "monitor", None)
-        if isinstance(monitor, str) and monitor not in _METRICS and not monitor.startswith(
-                ("val/loss/", "eval/", "health/")):
-            close = difflib.get_close_matches(monitor, _METRICS, n=1, cutoff=0.75)
-            if close:
-                raise ValueError(f"--trainer.callbacks.monitor {monitor}: tinylm logs no such metric; did you mean "
-                                 f"{close[0]}? (its metrics: {', '.join(_METRICS)}, see docs/training.md)")
+        # only tinylm's name with its slash written otherwise (val_loss, val.loss): a metric of the user's own
+        # (train/loss_ema, logged by their callback) is theirs to name, and a missing one is Lightning's one line
+        meant = re.sub(r"[_.\-]", "/", monitor, count=1) if isinstance(monitor, str) and "/" not in monitor else None
+        if meant in _METRICS:
+            raise ValueError(f"--trainer.callbacks.monitor {monitor}: tinylm logs no such metric; did you mean "
+                             f"{meant}? (its metrics: {', '.join(_METRICS)}, see docs/training.md)")
 
 
 def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
@@ -341,7 +339,9 @@ def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
         dirpath, filename = args.get("dirpath"), args.get("filename")
         if not dirpath or Path(str(dirpath)).expanduser().resolve() != folder.resolve():
             continue
-        taken = re.fullmatch(r"(best|last|step-\d+)(\.ckpt)?", str(filename)) if filename else None
+        named = "{}=0" if args.get("auto_insert_metric_name", True) is not False else "0"  # ("{step}": "step=4")
+        formatted = re.sub(r"\{([^}:]*)[^}]*\}", lambda m, named=named: named.format(m[1]), str(filename or ""))
+        taken = re.fullmatch(r"(best|last|step-\d+)(\.ckpt)?", formatted) if filename else None
         if taken or args.get("save_last"):
             what = f"filename {filename}" if taken else "save_last (last.ckpt)"
             raise ValueError(f"--trainer.callbacks.dirpath {dirpath} is this run's own checkpoints folder, and its "

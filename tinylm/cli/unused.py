@@ -77,13 +77,17 @@ def _get(cfg: Any, key: str) -> Any:
     return value
 
 
-def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> list[str]:
+def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset(), *,
+                   only: set[str] | None = None) -> list[str]:
     """One line for each option of UNUSED_UNLESS that ``cfg`` (a parsed fit config) sets away from ``defaults``
     while the option that gives it its effect is set so that it has none; not when that option was ``typed`` on
     the command line and this one was not: a mode turned off there leaves the config's settings of it idle, as
-    meant (`--samples.every_n_steps 0` under a recipe that sets samples.prompts, and every rung of `scaling`)."""
+    meant (`--samples.every_n_steps 0` under a recipe that sets samples.prompts, and every rung of `scaling`).
+    ``only``: name no other options (a resume: the run's own config was warned of when it started)."""
     lines = []
     for key, needs in UNUSED_UNLESS.items():
+        if only is not None and key not in only:
+            continue
         value, control = _get(cfg, key), _get(cfg, needs.control)
         if value == _get(defaults, key) or any(needs.active(_get(cfg, k)) for k in (needs.control, *needs.also)):
             continue
@@ -94,8 +98,9 @@ def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> li
     return lines
 
 
-def warn_unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset()) -> None:
-    for line in unused_options(cfg, defaults, typed):
+def warn_unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset(), *,
+                        only: set[str] | None = None) -> None:
+    for line in unused_options(cfg, defaults, typed, only=only):
         log.warning("%s", line)
 
 

@@ -57,9 +57,10 @@ def _text(value: Any, path: str, column: str) -> str:
     return value
 
 
-def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str) -> Iterator[str]:
+def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set) -> Iterator[str]:
     """A split's documents from its `column`: anything but text is refused; a row without it (None: a JSON line
-    with other keys, or a null) is skipped and counted, and the count said once when the split has been read."""
+    with other keys, or a null) is skipped and counted, and the count said when the split has been read, once a
+    corpus and split (``said``: the splits said; a stream is read in several passes, some cut short)."""
     missing = rows = 0
     try:
         for value in values:
@@ -69,7 +70,8 @@ def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str)
             elif text := _text(value, path, column):
                 yield text
     finally:  # (also when a stream's reader stops early: what was read so far)
-        if missing:
+        if missing and split not in said:
+            said.add(split)
             warnings.warn(f"corpus {spec!r}: {missing:,} of the {rows:,} rows read of its {split} split have no "
                           f"{column!r} (missing or null) and were skipped; if the text is in another column, pass "
                           "--data.text_column NAME", stacklevel=2)
@@ -294,6 +296,7 @@ class HFDataset(Corpus):
         self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
         self.cache_dir = cache_dir
         self._dd: Any = None
+        self._said: set = set()  # the splits whose rows without text were counted in a warning
         self._files: Any = None
 
     @property
@@ -374,7 +377,7 @@ class HFDataset(Corpus):
     def _docs(self, split: str) -> Iterator[str]:
         name = self.split if split == "train" else self.val_split
         values = (v for batch in self._load()[name].iter(batch_size=1000) for v in batch[self.text_column])
-        yield from _texts(values, self.spec, self.shown, self.text_column, name)
+        yield from _texts(values, self.spec, self.shown, self.text_column, name, self._said)
 
     def _fingerprint(self) -> str:
         dd = self._load()
@@ -403,6 +406,7 @@ class HFStream(Corpus):
         self.max_documents = max_documents
         self.val_documents = None if max_documents is None else max(1, int(val_fraction * max_documents))
         self._dd: Any = None
+        self._said: set = set()  # the splits whose rows without text were counted in a warning
 
     def _load(self) -> Any:
         if self._dd is None:
@@ -424,6 +428,10 @@ class HFStream(Corpus):
             if self.split not in self._dd:
                 raise ValueError(f"dataset {self.shown!r} has no split {self.split!r}; it has {list(self._dd)} "
                                  "(--data.split)")
+            columns = getattr(self._dd[self.split], "column_names", None)  # (None: not known before reading)
+            if columns and self.text_column not in columns:  # (it read as an empty corpus)
+                raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
+                                 f"{columns} (--data.text_column)")
             if self.val_source == "held-out head" and self.max_documents is None:
                 raise ValueError(f"streamed dataset {self.shown!r} has no {self.val_split!r} split, so validation "
                                  "is a held-out head of the train split, and its size needs --data.max_documents N "
@@ -442,7 +450,7 @@ class HFStream(Corpus):
 
     def _rows(self, split: str) -> Iterator[str]:
         rows = (row.get(self.text_column) for row in self._load()[split])
-        return _texts(rows, self.spec, self.shown, self.text_column, split)
+        return _texts(rows, self.spec, self.shown, self.text_column, split, self._said)
 
     def _docs(self, split: str) -> Iterator[str]:
         head = self.val_source == "held-out head"

@@ -310,7 +310,7 @@ def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
         return
     if len(weights) != len(specs):
         raise ValueError(f"data.weights has {len(weights)} entries but data.corpus names {len(specs)} corpora; give "
-                         "one weight per corpus, in the same order (or leave data.weights unset)")
+                         "one weight per corpus, in the same order (or leave data.weights unset: --data.weights null)")
     if not all(w > 0 and math.isfinite(w) for w in weights):
         raise ValueError(f"data.weights must all be positive finite numbers, got {weights}")
     if not math.isfinite(sum(weights)):  # each share is a weight over the sum: inf made every share 0 or NaN

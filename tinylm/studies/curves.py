@@ -165,17 +165,19 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
     dots, health alerts as dashed lines named in the first panel (red for one run; in the run's colour, with its name,
     for several). The first panel is ``metric``'s (METRICS): loss in nats/token, or bits per byte."""
     evals = _eval_panels(runs)
+    tasks = sorted({_task(k) for _title, keys, _log in evals for k in keys})  # a task's marker in every panel
     axes = fig.subplots(2, 3 if evals else 2).ravel()
     colours = [f"C{i % 10}" for i in range(len(runs))]
     panels = ((*METRICS[metric], False), *PANELS[1:], *evals)
     for i, (ax, (title, keys, log_y)) in enumerate(zip(axes, panels)):
         for run, colour in zip(runs, colours):
-            for j, key in enumerate(keys):
+            for key in keys:
                 points = run.series.get(key)
                 if not points:
                     continue
                 steps, values = zip(*points)
                 if key.startswith("eval/"):  # the tasks of a panel told apart: a marker each (and a colour, one run)
+                    j = tasks.index(_task(key))
                     ax.plot(steps, values, f"{_MARKERS[j % len(_MARKERS)]}-", lw=2, ms=4, label=f"{run.name} {key}",
                             color=f"C{j % 10}" if len(runs) == 1 else colour)
                 elif key.startswith("val/"):
@@ -210,12 +212,17 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
 _MARKERS = "os^Dv<>PX*"
 
 
+def _task(key: str) -> str:
+    """The task of an eval metric: eval/hellaswag_acc_norm -> hellaswag."""
+    return key[len("eval/"):].rsplit("_", 1)[0].removesuffix("_acc")
+
+
 def _eval_panels(runs: list[RunCurves]) -> tuple:
     """`EVAL_PANELS` as PANELS rows for the tasks the runs scored (one key per task: acc_norm, else acc)."""
     keys = sorted({k for run in runs for k in run.series if k.startswith("eval/")})
     if not keys:
         return ()
-    tasks = sorted({k[len("eval/"):].rsplit("_", 1)[0].removesuffix("_acc") for k in keys})
+    tasks = sorted({_task(k) for k in keys})
     panels = []
     for title, suffixes in EVAL_PANELS:
         chosen = [next((f"eval/{t}{s}" for s in suffixes if f"eval/{t}{s}" in keys), None) for t in tasks]

@@ -100,7 +100,7 @@ class SampleText(L.Callback):
                 warnings.warn(f"samples.every_n_steps {self.every_n_steps}: no text is sampled during training under "
                               "--trainer.strategy fsdp (the weights are sharded over the ranks); sample a checkpoint "
                               "with tinylm generate --ckpt_path ..., or pass --samples.every_n_steps 0",
-                              UserWarning, stacklevel=2)
+                              UserWarning)
             self.every_n_steps = 0
         if self.every_n_steps:
             tokenizer = run_tokenizer(trainer, pl_module)
