@@ -8,11 +8,13 @@ one line at a time, when its owner says (`Lines.emit`) or every `LINE_INTERVAL` 
 turns bars and lines off alike.
 
 `bar` makes one for the library's long loops (tokenizer training, packing, cleaning, evaluation, sample reports);
-the training bar (`tinylm.train.callbacks.ProgressBar`) emits its lines at optimizer steps.
+the training bar (`tinylm.train.callbacks.ProgressBar`) emits its lines at optimizer steps; `datasets_bars` keeps
+the `datasets` library's own bars out of a log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -159,3 +161,19 @@ class Lines:
         stream = file or self.file or sys.stderr  # (what it is now, as tqdm: stderr may have been replaced)
         stream.write(text)
         stream.flush()
+
+
+@contextlib.contextmanager
+def datasets_bars() -> Iterator[None]:
+    """`datasets`' own bars ("Generating train split") where tinylm's draw one: in a log (a file, a pipe) their
+    redraws would stay as lines of carriage returns; tinylm's lines say what is read."""
+    import datasets
+
+    if draws_bars(sys.stderr) or datasets.are_progress_bars_disabled():
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()

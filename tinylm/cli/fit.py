@@ -240,14 +240,14 @@ class TinyLMCLI(LightningCLI):
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
+        from lightning.pytorch.callbacks import ModelSummary
+        from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
+
         from tinylm.device import resolve_precision
         from tinylm.train.parallel import resolve_strategy
         from tinylm.train.run import run_callbacks
 
         sub = self.subcommand
-        from lightning.pytorch.callbacks import ModelSummary
-        from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
-
         trainer_cfg = dict(self.config_init[sub]["trainer"])
         run: RunOptions = self.config_init[sub]["run"]
         checkpointing = trainer_cfg.get("enable_checkpointing") is not False

@@ -18,7 +18,6 @@ holds one absurdly long document, or changed since its fingerprint was taken is 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import glob
 import hashlib
 import itertools
@@ -27,7 +26,6 @@ import logging
 import os
 import shutil
 import stat
-import sys
 import warnings
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ from tinylm.data.named import sha256_of as _sha256
 from tinylm.errors import DISK_ERRNOS, TinyLMError
 from tinylm.net import hub_offline, hub_unreachable
 from tinylm.paths import missing_path
+from tinylm.progress import datasets_bars
 from tinylm.tokenize.patterns import EOT
 
 log = logging.getLogger(__name__)
@@ -78,24 +77,6 @@ def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str,
 
 
 _LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-@contextlib.contextmanager
-def _datasets_bars() -> Iterator[None]:
-    """`datasets`' own bars ("Generating train split") where tinylm's draw one: in a log (a file, a pipe) their
-    redraws would stay as lines of carriage returns; tinylm's lines say what is read."""
-    import datasets
-
-    from tinylm.progress import draws_bars
-
-    if draws_bars(sys.stderr) or datasets.are_progress_bars_disabled():
-        yield
-        return
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        datasets.enable_progress_bars()
 
 
 def _dataset_name(spec: str, path: str, data_files: Any) -> str:
@@ -323,7 +304,7 @@ class HFDataset(Corpus):
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None), _datasets_bars():
+                with hub_offline(offline is not None), datasets_bars():
                     self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                      revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
@@ -414,7 +395,7 @@ class HFStream(Corpus):
 
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None), _datasets_bars():
+                with hub_offline(offline is not None), datasets_bars():
                     self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                      revision=self.revision, streaming=True)
             except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
