@@ -236,3 +236,17 @@ def test_a_corpus_file_written_to_while_it_is_packed_is_refused(tmp_path, monkey
     meta = load_meta(prepare_dataset(unchanged, tok, val_fraction=0.1, cache_dir=cache), tok)
     assert meta["corpus_fingerprint"] == unchanged.fingerprint != corpus.fingerprint
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 41 + 1  # the cut counts twice
+
+
+def test_streamed_files_of_other_columns_are_one_line(tmp_path):
+    """Catches streamed train and validation files whose columns differ (a validation row with one key more) ending
+    in `datasets`' CastError traceback (the same files read whole: one line)."""
+    from tinylm.data.corpus import open_corpus
+
+    train = _jsonl(tmp_path / "t.jsonl", [f"train doc {i}" for i in range(20)])
+    val = tmp_path / "v.jsonl"
+    val.write_text("".join(json.dumps({"text": f"val doc {i}", "body": "x"}) + "\n" for i in range(5)))
+    corpus = open_corpus("hf:json", cache_dir=tmp_path / "cache", streaming=True, max_documents=10,
+                         data_files={"train": str(train), "validation": str(val)})
+    with pytest.raises(ValueError, match=r"could not read the validation rows of .* as a json dataset \(CastError"):
+        list(corpus.documents("validation"))

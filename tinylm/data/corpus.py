@@ -430,8 +430,19 @@ class HFStream(Corpus):
             else "held-out head"
 
     def _rows(self, split: str) -> Iterator[str]:
-        rows = (row.get(self.text_column) for row in self._load()[split])
-        return _texts(rows, self.spec, self.shown, self.text_column, split, self._said)
+        return _texts(self._values(split), self.spec, self.shown, self.text_column, split, self._said)
+
+    def _values(self, split: str) -> Iterator[Any]:
+        import datasets
+
+        try:
+            for row in self._load()[split]:
+                yield row.get(self.text_column)
+        except (ValueError, datasets.exceptions.DatasetsError) as e:  # rows `datasets` cannot read as it streams
+            # (a validation file with other columns than train's: CastError, a traceback; read whole: one line)
+            raise ValueError(f"could not read the {split} rows of {self.shown!r} as a {self.path} dataset "
+                             f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); give every file the "
+                             "same columns, or fix the file") from e
 
     def _docs(self, split: str) -> Iterator[str]:
         head = self.val_source == "held-out head"
