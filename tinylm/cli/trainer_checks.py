@@ -307,8 +307,9 @@ _REFUSED_CALLBACKS = {
 def check_callbacks(callbacks: Any) -> None:
     """The user's ``--trainer.callbacks`` that would fail deep in a run (or train other than the run says), refused
     in one line before anything is made: tinylm's own callbacks added again, a schedule of accumulation, a Timer
-    (its interval enum cannot be written into the run's config), and a monitor one character off a logged metric
-    (`val_loss`, Lightning's habit: EarlyStopping ended in a traceback at the first validation)."""
+    (its interval enum cannot be written into the run's config), and a monitor that is tinylm's metric with its
+    slash written otherwise (`val_loss`, Lightning's habit: EarlyStopping ended in a traceback at the first
+    validation)."""
     for cb in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []:
         path = (cb.get("class_path") if hasattr(cb, "get") else None) or type(cb).__module__ + "." + type(cb).__name__
         name = str(path).rpartition(".")[2]
