@@ -435,8 +435,9 @@ class HFStream(Corpus):
     def _values(self, split: str) -> Iterator[Any]:
         import datasets
 
+        rows = self._load()[split]  # (its own refusals stay as they are)
         try:
-            for row in self._load()[split]:
+            for row in rows:
                 yield row.get(self.text_column)
         except (ValueError, datasets.exceptions.DatasetsError) as e:  # rows `datasets` cannot read as it streams
             # (a validation file with other columns than train's: CastError, a traceback; read whole: one line)
