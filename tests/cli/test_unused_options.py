@@ -98,6 +98,7 @@ def test_a_mode_turned_off_on_the_command_line_leaves_the_configs_settings_idle_
         return [r.getMessage().split("=")[0] for r in caplog.records if "does nothing" in r.getMessage()]
 
     assert said("--samples.every_n_steps", "0") == []
+    assert said("--samples", "{every_n_steps: 0}") == []  # (a section typed whole: its keys are typed too)
     assert said("--samples.every_n_steps", "0", "--samples.top_k", "5") == ["samples.top_k"]
 
 

@@ -47,17 +47,20 @@ from tinylm.train.loggers import finish_wandb
 log = logging.getLogger("tinylm")
 
 
+_SECTIONS = ("config", "data", "model", "trainer", "run", "samples", "eval", "guard")  # (config: a file of them)
+
+
 def _named_options(argv: list, *, files: bool = True) -> set[str]:
     """The options a command sets, even to their defaults (`--data.val_batches null` evaluates the whole split,
     not the checkpoint's setting): named on the command line (`--data.KEY`, `--data.KEY=V`), or keys of the
-    `data`/`model`/`trainer` sections of a `--config` file (unless not ``files``) or of a section given whole
-    (`--data '{...}'`)."""
+    sections of a `--config` file (unless not ``files``) or of a section given whole (`--data '{...}'`,
+    `--samples '{every_n_steps: 0}'`)."""
     import yaml
 
     named: set[str] = set()
     for key, value in options([arg for arg in argv if isinstance(arg, str)]):
         named.add(key)
-        if value is not None and key in ("config", "data", "model", "trainer") and (files or key != "config"):
+        if value is not None and key in _SECTIONS and (files or key != "config"):
             text = value
             with contextlib.suppress(OSError, ValueError):  # a file's name, or the section itself as YAML/JSON
                 if Path(value).is_file():
