@@ -36,7 +36,7 @@ def setup() -> None:
         log.setLevel(logging.INFO)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
     # another rank of a run (from its environment; NODE_RANK: a node started by hand): rank 0 says the same
-    if env_rank() != 0 or os.environ.get("NODE_RANK", "0") not in ("", "0"):
+    if env_rank() != 0:
         log.setLevel(logging.ERROR)
         warnings.simplefilter("ignore")
     # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
@@ -66,9 +66,16 @@ def env_rank() -> int:
     imported, else what Lightning would read from the environment (a process it has not started as a rank is 0)."""
     rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")  # (lightning.pytorch's is the same)
     if rank_zero is not None:
-        return getattr(rank_zero.rank_zero_only, "rank", 0)
-    value = next((os.environ[k] for k in _RANK_VARIABLES if os.environ.get(k)), "0")
-    return int(value) if value.isdigit() else 0
+        here = getattr(rank_zero.rank_zero_only, "rank", 0)
+    else:
+        value = next((os.environ[k] for k in _RANK_VARIABLES if os.environ.get(k)), "0")
+        here = int(value) if value.isdigit() else 0
+    # A node started by hand (MASTER_ADDR, NODE_RANK 1, ...) is no rank 0 either, before its Trainer sets its rank:
+    # Lightning reads 0 from an environment without RANK, and node 1 took the run folder's lock, refusing node 0's
+    # run ("in use by another tinylm process"). (Its first rank's number needs the devices per node: not 0 is all
+    # that is asked.)
+    node = os.environ.get("NODE_RANK", "")
+    return int(node) if here == 0 and node.isdigit() and int(node) > 0 else here
 
 
 def _fd_isatty(fd: int) -> bool:

@@ -18,16 +18,10 @@ log = logging.getLogger("tinylm")
 
 
 def rank() -> int:
-    """This process's global rank in a run (0 outside one; read without importing Lightning: tinylm.cli.console).
-    A node started by hand (MASTER_ADDR, NODE_RANK 1, ...) is no rank 0 either, before its Trainer sets its rank:
-    Lightning reads 0 from an environment without RANK, and node 1 took the run folder's lock, refusing node 0's run
-    ("in use by another tinylm process")."""
+    """This process's global rank in a run (0 outside one; read without importing Lightning: tinylm.cli.console)."""
     from tinylm.cli.console import env_rank
 
-    node = os.environ.get("NODE_RANK", "")
-    if (here := env_rank()) == 0 and node.isdigit() and int(node) > 0:
-        return int(node)  # (its first rank's number needs the devices per node; not rank 0 is what is asked)
-    return here
+    return env_rank()
 
 
 def rank_zero() -> bool:

@@ -38,6 +38,7 @@ import torch
 from tinylm.errors import TinyLMError
 from tinylm.ranges import check_ranges
 from tinylm.train.module import host_scalar, logging_step
+from tinylm.train.parallel import shards_weights
 
 log = logging.getLogger("tinylm")
 
@@ -198,7 +199,7 @@ class StabilityGuard(L.Callback):
         rollback abandoned), lower the LR, go on; or stop the run (`GuardStop`)."""
         ckpt = last_good_checkpoint(trainer, first_bad, self.abandoned)
         step = trainer.global_step
-        if ckpt is None or self.rollbacks >= self.max_rollbacks or not _single_file_checkpoints(trainer):
+        if ckpt is None or self.rollbacks >= self.max_rollbacks or shards_weights(trainer):
             why = ("no checkpoint from before it is on disk (only the newest run.keep_checkpoints step-N.ckpt are "
                    "kept, and none a rollback abandoned)" if ckpt is None else
                    f"after {self.rollbacks} rollback(s) (guard.max_rollbacks)" if self.rollbacks >= self.max_rollbacks
@@ -253,12 +254,6 @@ def _skip_update(optimizer: Any, skip: torch.Tensor) -> None:
         optimizer.found_inf = skip.float()
     elif skip.item():  # (Muon, foreach AdamW: parameters without a gradient are left as they are)
         optimizer.zero_grad(set_to_none=True)
-
-
-def _single_file_checkpoints(trainer: L.Trainer) -> bool:
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    return not isinstance(trainer.strategy, ModelParallelStrategy)
 
 
 def last_good_checkpoint(trainer: L.Trainer, first_bad: int, abandoned: list[tuple[int, int]] = ()) -> Path | None:

@@ -206,6 +206,12 @@ def _fsync_tree(folder: Path) -> None:
             os.close(fd)
 
 
+def shards_weights(trainer: Any) -> bool:
+    """Whether ``trainer``'s strategy shards the weights over its ranks (FSDP2, or Lightning's ModelParallelStrategy
+    it is): no rank holds the whole model (a rank-0 forward alone waits for the others), checkpoints are folders."""
+    return isinstance(trainer.strategy, ModelParallelStrategy)
+
+
 def is_sharded(module: nn.Module) -> bool:
     """Whether ``module``'s parameters are FSDP2's DTensors."""
     from torch.distributed.tensor import DTensor

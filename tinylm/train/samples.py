@@ -13,6 +13,7 @@ import torch
 
 from tinylm.generate.options import Option, sampling_options
 from tinylm.train.callbacks import SpeedMonitor, run_tokenizer
+from tinylm.train.parallel import shards_weights
 
 
 class SampleText(L.Callback):
@@ -93,7 +94,7 @@ class SampleText(L.Callback):
         # without accumulation never samples either): not again after the next step's first micro-batch
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
-        if self.every_n_steps and _sharded(trainer):
+        if self.every_n_steps and shards_weights(trainer):
             # rank 0 samples alone, and FSDP2's weights are shards of every rank's (a forward gathers them from all):
             # its first sample step ended the run in "got mixed torch.Tensor and DTensor", before that step's save
             if trainer.is_global_zero:
@@ -208,13 +209,6 @@ class SampleText(L.Callback):
         for logger in wandb_loggers(trainer.loggers):
             logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows],
                             step=rows[0][0])
-
-
-def _sharded(trainer: L.Trainer) -> bool:
-    """Whether the run's weights are sharded over its ranks (FSDP2: Lightning's ModelParallelStrategy)."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    return isinstance(trainer.strategy, ModelParallelStrategy)
 
 
 def _cut_after(path: Path, size: int) -> None:
