@@ -7,6 +7,7 @@ Lightning starts it, a fresh interpreter)."""
 import contextlib
 import errno
 import os
+import pickle
 import re
 import select
 import signal
@@ -493,6 +494,32 @@ def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
     status = forked.reap(pid, 60)
     said = (tmp_path / "stderr.txt").read_text()
     assert os.waitstatus_to_exitcode(status) == 0 and "was killed" not in said, said
+
+
+def test_a_training_process_writing_down_its_error_ends_with_it_on_the_launchers_sigterm(tmp_path):
+    """Catches ddp_fork's launcher, ending the other training processes with a SIGTERM as one failed, reaching a rank
+    that had failed in a collective with it ("Connection closed by peer") while torch wrote its error down: the
+    signal, raised as an error there, printed that rank's two chained tracebacks after the failure's one line. The
+    SIGTERM is sent as the traceback is formatted (the moment it came in CI); the rank ends with its own error."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, signal, sys, traceback\n"
+        "from torch.multiprocessing.spawn import _wrap\n"
+        "from tinylm.cli.signals import terminate_cleanly\n"
+        "format_exc = traceback.format_exc\n"
+        "def launchers_sigterm(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return format_exc(*args, **kwargs)\n"
+        "traceback.format_exc = launchers_sigterm\n"
+        "def _wrapping_function(i):\n"
+        "    raise RuntimeError('Connection closed by peer [127.0.0.1]:24989')\n"
+        "with terminate_cleanly('validate'):\n"
+        "    _wrap(_wrapping_function, 0, (), sys.argv[1])\n")
+    error_file = tmp_path / "error"
+    done = subprocess.run([sys.executable, str(script), str(error_file)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes())
 
 
 def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():

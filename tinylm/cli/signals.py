@@ -43,9 +43,28 @@ def end_now(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
+def _writing_down_its_error(frame: object) -> bool:
+    """In a training process that ddp_fork started: torch's wrapper of it is writing down the error it ended on,
+    for the launching process, which ends the other training processes with a SIGTERM as soon as one has failed (a
+    rank that failed in a collective with the first, gone). The signal, raised as an error there, added that
+    rank's traceback (two, chained) to the first failure's line."""
+    if sys.exc_info()[1] is None:
+        return False
+    inner = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
+            # outside the training function it calls (Lightning's), in its `except`
+            return inner is None or inner.f_code.co_name != "_wrapping_function"
+        inner, frame = frame, frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
+        if _writing_down_its_error(frame):
+            return  # it exits in a moment, with its error (its traceback beside the first failure's line, if raised)
         if signum == signal.SIGHUP:
             stop_state.leave_terminal()
         children = multiprocessing.active_children()  # ddp_fork's training processes (or loader workers)
