@@ -11,6 +11,7 @@ import pickle
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -377,9 +378,61 @@ def test_sigterm_while_the_ranks_connect_is_one_line(ddp_config, tmp_path, to):
     Lightning's watch SIGKILLed the launcher, which waited for rank 1 to connect): one line and 143, as one process."""
     code, text = _signal_two_ranks(tmp_path, ddp_config, "ddp", signal.SIGTERM, when="connecting", to=to)
     said = [line for line in text.splitlines() if "error:" in line]
-    line = "tinylm fit: error: terminated by SIGTERM before it finished; run the same `tinylm fit` again"
-    assert code == 143 and said == [line], text[-3000:]
+    # (the launcher waiting in torch's C++ for rank 1 to connect says where it waited)
+    line = r"tinylm fit: error: terminated by SIGTERM (before it finished|while connecting to the other ranks at " \
+        r"127\.0\.0\.1:\d+); run the same `tinylm fit` again"
+    assert code == 143 and len(said) == 1 and re.fullmatch(line, said[0]), text[-3000:]
     assert "Traceback" not in text and "Exception raised from" not in text, text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("node", "signum"), [(1, signal.SIGTERM), (0, signal.SIGINT)], ids=["node1-SIGTERM",
+                                                                                            "node0-Ctrl+C"])
+def test_a_node_waiting_for_the_others_ends_on_a_signal(ddp_config, tmp_path, node, signum):
+    """Catches a node started by hand (docs/distributed.md: MASTER_ADDR, MASTER_PORT, NODE_RANK) whose peer never
+    came ignoring SIGTERM and Ctrl+C for 30 minutes (torch's rendezvous retries in C++, where no Python handler
+    runs; only kill -9 ended it), saying nothing meanwhile: it ends on the signal in one line, 128 + the signal."""
+    with socket.socket() as free:  # a port nobody listens on (node 1 waits for it), free to take (node 0)
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node)}
+    err = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 (the child's stderr, read after it exits)
+    cmd = ["fit", "--config", str(ddp_config), "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
+           "--trainer.num_nodes", "2", "--trainer.devices", "1"]
+    proc = forked.popen(cmd, cwd=tmp_path, env=env, stderr=err.name, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "Initializing distributed" not in (tmp_path / "stderr.txt").read_text() and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)  # inside torch's wait
+    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _wait_or_kill(proc, tmp_path, 30, "the signal")
+    took = time.monotonic() - sent
+    err.close()
+    text = (tmp_path / "stderr.txt").read_text()
+    said = [line for line in text.splitlines() if "error:" in line]
+    how = "terminated by SIGTERM" if signum == signal.SIGTERM else "interrupted by Ctrl+C"
+    want = f"tinylm fit: error: {'(rank 1) ' if node else ''}{how} while connecting to the other ranks at " \
+           f"127.0.0.1:{port}; run the same `tinylm fit` again"
+    assert proc.returncode == 128 + signum and said == [want] and took < 15, (took, text[-3000:])
+
+
+def test_a_long_wait_for_the_other_ranks_is_said_once(monkeypatch, capsys):
+    """Catches a node waiting for its peers saying nothing for torch's 30 minutes; and the watch of the wait left
+    holding Python's signal wakeup fd after it (it is another's to take)."""
+    from tinylm.cli import ranks, rendezvous
+
+    monkeypatch.setattr(rendezvous, "NOTE_S", 0.2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv(ranks.RANK0_PID, raising=False)
+    with rendezvous.waiting("connecting to the other ranks at 10.0.0.1:29500"):
+        time.sleep(2.5)
+    assert signal.set_wakeup_fd(-1) == -1
+    time.sleep(1.5)  # (the watch would say it again by now)
+    said = capsys.readouterr().err
+    assert said.count("tinylm: still connecting to the other ranks at 10.0.0.1:29500 (") == 1, said
 
 
 @pytest.mark.slow

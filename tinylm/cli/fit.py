@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from tinylm.cli import ranks
+from tinylm.cli import ranks, rendezvous
 from tinylm.cli.argv import home_expanded, options
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
@@ -316,6 +316,8 @@ class TinyLMCLI(LightningCLI):
         self.save_config_callback = None
         trainer = super()._instantiate_trainer(config, callbacks)
         self._set_cpu_threads(trainer)
+        if trainer.world_size > 1:  # a signal while the ranks connect ends it (torch's C++ waits 30 min)
+            rendezvous.watch_waits(trainer.strategy)
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
             # ddp's launcher starts it with the ranks it ran (a weak reference: the module outlives the trainer)
             subprocess_script._launch_process_observer = functools.partial(ranks.watch_ranks,
