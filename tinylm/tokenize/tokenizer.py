@@ -319,12 +319,37 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
     shown = is_terminal(sys.stdout) and not disabled_by_env()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=shown,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
-    tok.train_from_iterator(docs, trainer=trainer)
+    _while_signals_work(tok.train_from_iterator, docs, trainer=trainer)
     if tok.get_vocab_size() < vocab_size:  # as scratch-bpe says it
         warnings.warn(f"training text ran out of pairs to merge after {tok.get_vocab_size() - 257} merges; vocab_size "
                       f"is {tok.get_vocab_size()} instead of {vocab_size} (give more text for a larger one)")
     tok.pre_tokenizer = encoding_split  # encoding does not chunk: the saved tokenizer is plain GPT-2 style
     return Tokenizer(HFBackend(tok), "bpe")
+
+
+def _while_signals_work(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn`` (a library's call into Rust that runs for long) in a thread of its own, the main thread waiting in
+    Python: Python runs a signal's handler there alone, between its own steps, and a Ctrl+C or SIGTERM during BPE
+    training (1 s per MB) waited for the training's end (10 s on 10 MB). The thread is left to the process's end."""
+    import threading
+
+    done: dict[str, Any] = {}
+    over = threading.Event()  # (not Thread.join: a Ctrl+C inside it marks a running thread stopped, Python 3.11)
+
+    def run() -> None:
+        try:
+            done["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 (raised in the main thread)
+            done["error"] = e
+        finally:
+            over.set()
+
+    threading.Thread(target=run, daemon=True, name="tinylm-tokenizer-training").start()
+    while not over.wait(0.1):
+        pass
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
