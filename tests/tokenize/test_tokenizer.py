@@ -195,6 +195,13 @@ def test_encode_batch_equals_encode(bpe):
     assert bpe.encode_batch(texts) == [bpe.encode(t) for t in texts]
 
 
+def test_a_tiktoken_rank_file_is_read_by_its_path_alone(small_bpe, small_tiktoken):
+    """Catches `--data.tokenizer gpt2.tiktoken` (without tiktoken:) refused as "not a tokenizer file": a path ending
+    in .tiktoken is a rank file."""
+    tok = build_tokenizer(str(small_bpe.tiktoken))
+    assert tok.kind == "tiktoken" and tok.fingerprint == small_tiktoken.fingerprint
+
+
 def test_bad_specs_are_clear(tmp_path):
     """Prevents unknown specs, missing paths, paths that are not files or a too-small BPE vocab from failing
     obscurely."""

@@ -262,6 +262,8 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
         return _train_bpe(documents(), vocab_size) if spec == "bpe" else _train_scratch(documents(), vocab_size)
     if spec.startswith("tiktoken:"):
         return _load_tiktoken(spec)
+    if spec.endswith(".tiktoken") and Path(spec).is_file():  # a rank file as a path alone: it says what it is
+        return _load_tiktoken(f"tiktoken:{spec}")
     if Path(spec).exists():
         tok = Tokenizer.load(spec)
         tok.spec = spec
