@@ -412,11 +412,15 @@ def test_a_node_waiting_for_the_others_ends_on_a_signal(ddp_config, tmp_path, no
     took = time.monotonic() - sent
     err.close()
     text = (tmp_path / "stderr.txt").read_text()
-    said = [line for line in text.splitlines() if "error:" in line]
+    said = [line for line in text.splitlines() if "error:" in line or line == "tinylm: interrupted"]
     how = "terminated by SIGTERM" if signum == signal.SIGTERM else "interrupted by Ctrl+C"
     want = f"tinylm fit: error: {'(rank 1) ' if node else ''}{how} while connecting to the other ranks at " \
            f"127.0.0.1:{port}; run the same `tinylm fit` again"
-    assert proc.returncode == 128 + signum and said == [want] and took < 15, (took, text[-3000:])
+    # (on a loaded machine the signal may come before torch's wait, and its handler says it: as before)
+    before = "tinylm fit: error: (rank 1) terminated by SIGTERM before it finished; run the same `tinylm fit` again" \
+        if node else "tinylm: interrupted"
+    assert proc.returncode == 128 + signum and said in ([want], [before]) and took < 15, (took, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
 
 
 def test_a_long_wait_for_the_other_ranks_is_said_once(monkeypatch, capsys):
