@@ -224,6 +224,15 @@ def test_validate_without_a_checkpoint_is_refused(config, capsys):
     assert "--ckpt_path last: runs/tinylm holds no checkpoint" in line and "--config" in line
 
 
+def test_ckpt_path_last_with_no_checkpoint_says_where_it_starts_a_new_run(config, tmp_path, capsys):
+    """Catches `--ckpt_path last` finding no checkpoint (a run's config.yaml used from another folder: runs/ is under
+    the folder the command runs in; a mistyped --run.name) starting a new run in a line easily missed, which did
+    not say where: a warning names the folder, and the folder it is in."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "1", "--ckpt_path", "last"])
+    assert f"--ckpt_path last: runs/tiny (in {tmp_path}) has no checkpoint yet; starting a new run from step 0" \
+        in capsys.readouterr().err
+
+
 def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_path):
     """Catches config.yaml landing in csv/ when W&B is off, or a resume overwriting the config that started the run
     or that of an earlier resume from the same step."""

@@ -218,7 +218,10 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit" and ranks.rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)
         if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
-            log.info("--ckpt_path last: %s has no checkpoint yet; starting the run from step 0", self.run_dir)
+            # (runs/NAME is under the folder the command runs in: a run's config.yaml used from elsewhere, or a
+            # mistyped --run.name, starts a new run, which the line says where)
+            where = self.run_dir if self.run_dir.is_absolute() else f"{self.run_dir} (in {Path.cwd()})"
+            log.warning("--ckpt_path last: %s has no checkpoint yet; starting a new run from step 0", where)
         if ckpt_path:
             start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
                                      named=self._named, flags=self._flags, continues=self.continues)
