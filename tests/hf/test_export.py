@@ -645,12 +645,13 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     shutil.copy(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt", source)
     config = run_config(run={"name": "finetune"}, model={"init_from": str(source)})
     with caplog.at_level("WARNING", logger="tinylm"):
-        main(["fit", "--config", str(config), "--model.n_layer", "3"])
+        main(["fit", "--config", str(config), "--model.n_layer", "3", "--model.positions", "learned"])
     last = tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt"
     assert load_checkpoint(last)["hyper_parameters"]["rope_theta"] == 10000.0
     # the architecture comes from the weights: an option set otherwise is named, and config.yaml records the model
     # built (it said n_layer 3 and positions learned, which a rerun of that file would have built)
     assert "the architecture comes from the weights; ignoring model.n_layer=3 (weights: 2)" in caplog.text
+    assert "model.positions='learned' (weights: 'rope')" in caplog.text  # typed at its default: the user's too
     recorded = yaml.safe_load((tmp_path / "runs" / "finetune" / "config.yaml").read_text())["model"]
     assert (recorded["n_layer"], recorded["positions"], recorded["rope_theta"]) == (2, "rope", 10000.0)
     source.unlink()

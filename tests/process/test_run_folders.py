@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import forked
@@ -574,6 +575,25 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "10",
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2"])
     assert "with data.val_batches 2 (the run had 1): val/loss is measured on other windows" in caplog.text
+
+
+def test_a_resume_compares_with_the_runs_newest_record_by_its_name(config, tmp_path, caplog):
+    """Catches a run folder copied with `cp -r` (each file the copy's time: config.yaml the newest) resumed with its
+    newest settings warned as a change from the first ones, and config.previous.yaml (another run's) read as the
+    run's: the newest record is the latest resume's by its name."""
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5",
+          "--trainer.gradient_clip_val", "0.5"])
+    run = tmp_path / "runs" / "tiny"
+    (run / "config.previous.yaml").write_text(yaml.safe_dump({"trainer": {"gradient_clip_val": 3.0}}))
+    later = time.time() + 60
+    os.utime(run / "config.yaml", (later, later))
+    os.utime(run / "config.previous.yaml", (later + 1, later + 1))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
+              "--trainer.gradient_clip_val", "0.5"])
+    assert "the run had" not in caplog.text
 
 
 def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):

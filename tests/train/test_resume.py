@@ -353,6 +353,46 @@ def test_a_run_alone_resumes_and_validates_on_its_own_data(run_config, tmp_path,
     assert len(rows) == 1 and rows[0]["step"] in ("2", "3") and float(rows[0]["val/loss"]) > 0
 
 
+def test_a_checkpoint_alone_resumes_exactly(run_config, tmp_path, caplog):
+    """Catches a checkpoint outside its run folder (copied, downloaded: DESIGN, "a checkpoint is enough on its own
+    to resume training exactly") resumed with the defaults' settings: gradient clipping off (losses off by 3e-3),
+    another validation and logging interval, W&B on, and the run's batch and block sizes refused one at a time. The
+    checkpoint keeps the run's config; the command's flags still override it, and its run folder is its own."""
+    cfg = run_config(trainer={"max_steps": 8, "gradient_clip_val": 0.01, "val_check_interval": 4},
+                     run={"name": "whole", "checkpoint_every": 4, "keep_checkpoints": -1},
+                     model={"dropout": 0.1}, data={"block_size": 24, "batch_size": 3})
+    main(["fit", "--config", str(cfg)])
+    cfg.unlink()
+    (tmp_path / "lone").mkdir()
+    shutil.copy(tmp_path / "runs" / "whole" / "checkpoints" / "step-4.ckpt", tmp_path / "lone" / "x.ckpt")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--ckpt_path", "lone/x.ckpt", "--run.name", "branch"])
+    assert "lone/x.ckpt: the run's own settings, from the checkpoint" in caplog.text
+    whole, branch = tmp_path / "runs" / "whole", tmp_path / "runs" / "branch"
+    _assert_same_rows(_losses(branch), {s: v for s, v in _losses(whole).items() if s >= 4})
+    _assert_same_rows(_val_losses(branch), {s: v for s, v in _val_losses(whole).items() if s >= 4})
+    assert not (branch / "wandb").exists() and not (tmp_path / "runs" / "whole" / "wandb").exists()
+    main(["fit", "--ckpt_path", "lone/x.ckpt", "--run.name", "longer", "--trainer.max_steps", "9"])  # a flag
+    assert max(_losses(tmp_path / "runs" / "longer")) == 8
+
+
+def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog):
+    """Catches a run trained with --data.tokenizer PATH whose file was moved or deleted since refused on resume
+    ("tokenizer path not found", naming only options that are other tokenizers), though its checkpoint holds that
+    tokenizer (validate, generate and export read it): the resume reads the checkpoint's, and its dataset."""
+    (tmp_path / "tok").mkdir()
+    shutil.copy(small_bpe.tiktoken, tmp_path / "tok" / "small.tiktoken")
+    cfg = run_config(data={"tokenizer": "tiktoken:tok/small.tiktoken"}, trainer={"max_steps": 2})
+    main(["fit", "--config", str(cfg)])
+    shutil.rmtree(tmp_path / "tok")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    assert "data.tokenizer tiktoken:tok/small.tiktoken is not found; using the tokenizer the checkpoint holds" \
+        in caplog.text
+    assert max(_losses(tmp_path / "runs" / "tiny")) == 2
+    assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's dataset, not another
+
+
 def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):
     """Catches `--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss` (top-k by val/loss, as
     Lightning's docs show) ending in a traceback: tinylm's best.ckpt keyed its state as the same ModelCheckpoint

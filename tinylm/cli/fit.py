@@ -369,7 +369,9 @@ class TinyLMCLI(LightningCLI):
             return
         built, defaults = self.model.hparams, self._parser("fit").get_defaults().model
         overridden = [f"model.{k}={cfg.model[k]!r} (weights: {built[k]!r})" for k in architecture_fields()
-                      if k in cfg.model and cfg.model[k] != built[k] and cfg.model[k] != defaults.get(k)]
+                      if k in cfg.model and cfg.model[k] != built[k]
+                      # (a value at its default that the command names is the user's too: --model.qk_norm false)
+                      and (cfg.model[k] != defaults.get(k) or f"model.{k}" in self._named)]
         if overridden:
             log.warning("model.init_from %s: the architecture comes from the weights; ignoring %s",
                         cfg.model.init_from, ", ".join(overridden))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
-from tinylm.cli.run_folder import read_yaml
+from tinylm.cli.run_folder import read_yaml, run_record
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -64,8 +64,8 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 
 def _run_config(ckpt_path: str) -> dict:
     """The newest config*.yaml of the checkpoint's run folder (what the run trained with last); {} if none."""
-    configs = sorted(Path(ckpt_path).resolve().parent.parent.glob("config*.yaml"), key=lambda p: p.stat().st_mtime)
-    return read_yaml(configs[-1]) if configs else {}
+    # by name (`cp -r` gives a copy's files its own times; and config.previous.yaml is another run's)
+    return run_record(Path(ckpt_path).resolve().parent.parent)[1]
 
 
 def _windows_a_step(data: dict, trainer: dict) -> int | None:
@@ -313,7 +313,34 @@ def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
     taken = data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
     if not {"data", "data.corpus"} & flags:  # (a flag's corpus is read as the user named it)
         taken.update(_files_read(ckpt, taken.get("corpus", cfg.data.get("corpus")), ckpt_path))
+    if not {"data", "data.tokenizer"} & flags:
+        taken.update(_tokenizer_kept(ckpt, taken.get("tokenizer", cfg.data.get("tokenizer")),
+                                     cfg.data.get("cache_dir"), ckpt_path))
     return taken
+
+
+def _tokenizer_kept(ckpt: dict, spec: Any, cache_dir: Any, ckpt_path: str) -> dict:
+    """The run's tokenizer file moved or deleted since (``--data.tokenizer PATH``): the one its checkpoint holds,
+    the same tokenizer (a resume refused "tokenizer path not found" and named only options that are other
+    tokenizers; validate, generate and export read the checkpoint's)."""
+    import os
+
+    from tinylm.checkpoint import tinylm_section
+    from tinylm.tokenize import TRAINED_SPECS
+
+    if not isinstance(spec, str) or spec in TRAINED_SPECS:
+        return {}
+    path = spec.removeprefix("tiktoken:")
+    if spec.startswith("tiktoken:") and not any(c in path for c in "/\.") or os.path.exists(os.path.expanduser(path)):
+        return {}  # (tiktoken:NAME: tiktoken's own encoding)
+    state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
+    if not state:
+        return {}
+    from tinylm.data.prepare import checkpoint_tokenizer_dir, default_cache_dir
+
+    kept = checkpoint_tokenizer_dir(state, cache_dir or default_cache_dir())
+    log.info("%s: data.tokenizer %s is not found; using the tokenizer the checkpoint holds (%s)", ckpt_path, spec, kept)
+    return {"tokenizer": str(kept)}
 
 
 def _files_read(ckpt: dict, corpus: Any, ckpt_path: str) -> dict:

@@ -31,6 +31,7 @@ class RunConfig(SaveConfigCallback):
                  **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run_dir, self.resume_step, self.continues = run_dir, resume_step, continues
+        self._record: str | None = None  # the config's text that each checkpoint keeps
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # a run from a checkpoint (a resume, or a branch into a new folder) writes at on_train_start: every rank
@@ -79,6 +80,15 @@ class RunConfig(SaveConfigCallback):
                     warnings.warn(f"one optimizer step reads {what}: every step goes over it {step * share / n:.3g} "
                                   f"times; use {fix}a smaller --data.batch_size (or accumulate_grad_batches, "
                                   f"block_size) or a larger corpus", UserWarning)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # the run's settings in each of its checkpoints: one outside its run folder (copied, downloaded) resumes as
+        # the run trained (run_folder.with_run_config)
+        if self._record is None:
+            config = self.config.clone()
+            config.ckpt_path = None
+            self._record = self.parser.dump(config, skip_none=False)
+        checkpoint.setdefault("tinylm", {})["config"] = self._record
 
     def on_fit_end(self, trainer, pl_module) -> None:
         # said here, in the process that trained: under ddp_fork the command's own trainer stays at step 0

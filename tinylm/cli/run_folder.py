@@ -304,6 +304,32 @@ def run_record(run_dir: Path) -> tuple[Path | None, dict]:
     return record, read_yaml(record) if record else {}
 
 
+def _with_checkpoint_config(args: list[str], ckpt_path: str, quiet: bool) -> list[str]:
+    """``fit`` ``args`` from a checkpoint outside a run folder that holds a config (copied, downloaded): with the
+    run's own settings that the checkpoint keeps (tinylm.cli.run_config.RunConfig), given as the config's text, but
+    the command's own run folder (run.name, trainer.default_root_dir: the early check found it from the flags).
+    Without them a checkpoint alone resumed with the defaults' gradient clipping, validation and logging (losses
+    off by 3e-3 from step 10) and refused the defaults' batch and block sizes one at a time."""
+    if quiet or args[0] != "fit":
+        return args
+    import yaml
+
+    from tinylm.checkpoint import load_checkpoint
+
+    try:
+        record = (load_checkpoint(ckpt_path, mmap=True).get("tinylm") or {}).get("config")
+        settings = yaml.safe_load(record) if isinstance(record, str) else None
+    except Exception:  # noqa: BLE001 (the resume's own checks say what is wrong with the file)
+        return args
+    if not isinstance(settings, dict):
+        return args
+    for section, key in (("run", "name"), ("trainer", "default_root_dir")):
+        if isinstance(settings.get(section), dict):
+            settings[section].pop(key, None)
+    log.info("%s: the run's own settings, from the checkpoint (no --config given; flags override them)", ckpt_path)
+    return [args[0], "--config", yaml.safe_dump(settings, sort_keys=False), *args[1:]]
+
+
 def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     """``fit``/``validate`` ``args`` from a run's checkpoint that name no ``--config``: with the run's own settings
     read first (the run folder's newest config*.yaml: the one it started with, or its newest resume's record), so
@@ -325,10 +351,10 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     elif Path(asked).parent.name == "checkpoints":
         run_dir = Path(asked).parent.parent
     else:
-        return args
+        return _with_checkpoint_config(args, asked, quiet)
     config, settings = run_record(run_dir)
     if config is None:
-        return args
+        return args if asked in ("last", "best") else _with_checkpoint_config(args, asked, quiet)
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names

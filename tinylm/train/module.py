@@ -503,7 +503,8 @@ class TinyLM(L.LightningModule):
         wandb = wandb_loggers(self.trainer.loggers)
         wandb_id = wandb[0].version if wandb else self.wandb_id
         wandb_project = wandb_project_of(wandb[0]) if wandb else self.wandb_project
-        checkpoint["tinylm"] = {"format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
+        checkpoint["tinylm"] = {**(checkpoint.get("tinylm") or {}),  # (the run's config: tinylm.cli's RunConfig)
+                                "format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
                                 "wandb_project": wandb_project, "init_from": self.init_source,
                                 # one CPU process's torch threads: a resume with others sums in another order
                                 "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" and
