@@ -331,7 +331,7 @@ def _tokenizer_kept(ckpt: dict, spec: Any, cache_dir: Any, ckpt_path: str) -> di
     if not isinstance(spec, str) or spec in TRAINED_SPECS:
         return {}
     path = spec.removeprefix("tiktoken:")
-    if spec.startswith("tiktoken:") and not any(c in path for c in "/\.") or os.path.exists(os.path.expanduser(path)):
+    if spec.startswith("tiktoken:") and not any(c in path for c in r"/\.") or os.path.exists(os.path.expanduser(path)):
         return {}  # (tiktoken:NAME: tiktoken's own encoding)
     state = tinylm_section(ckpt, ckpt_path).get("tokenizer")
     if not state:
