@@ -393,6 +393,21 @@ def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_con
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's dataset, not another
 
 
+def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(run_config, tmp_path, capsys):
+    """Catches a resume with --data.vocab_size (a BPE run) or --data.tokenizer of another kind training that
+    tokenizer and packing the whole corpus (half an hour at a recipe's size) before it was refused as "a different
+    model shape", naming neither option: one line naming the option, and nothing prepared."""
+    from helpers import _one_line_error
+
+    cfg = run_config(data={"tokenizer": "bpe", "vocab_size": 300})
+    main(["fit", "--config", str(cfg)])
+    made = sorted((tmp_path / "cache").rglob("*"))
+    resume = ["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "4"]
+    _one_line_error(capsys, [*resume, "--data.vocab_size", "320"], "data.vocab_size 320 (the run's BPE: 300)")
+    _one_line_error(capsys, [*resume, "--data.tokenizer", "char"], "data.tokenizer 'char' (the run's: 'bpe')")
+    assert sorted((tmp_path / "cache").rglob("*")) == made
+
+
 def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):
     """Catches `--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss` (top-k by val/loss, as
     Lightning's docs show) ending in a traceback: tinylm's best.ckpt keyed its state as the same ModelCheckpoint

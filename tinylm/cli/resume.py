@@ -279,6 +279,7 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     resume_step = wandb_id = wandb_project = None
     if sub == "fit":
         check_resume(ckpt, cfg, ckpt_path)
+        check_same_tokenizer(ckpt, cfg, flags, ckpt_path)
         resume_step = step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
@@ -417,6 +418,29 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"),
                        saved.get("accumulate_grad_batches"))
     TinyLMDataModule.check_split_before_preparing(saved, cfg.data.get("val_fraction"))
+
+
+def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> None:
+    """Refuse a resume whose flags make another tokenizer than the run's (another kind to train, or another
+    vocab_size of a BPE trained on the run's text) before the data is prepared: it trained the tokenizer and
+    packed the whole corpus first (half an hour at a recipe's size), then was refused as "a different model
+    shape", naming neither option."""
+    from tinylm.tokenize import TRAINED_SPECS
+
+    trained = ckpt.get("datamodule_hyper_parameters") or {}
+    was_spec, was_size = trained.get("tokenizer"), trained.get("target_vocab_size")
+    spec = cfg.data.get("tokenizer") if {"data", "data.tokenizer"} & flags else was_spec
+    changed = []
+    if spec != was_spec and spec in TRAINED_SPECS and was_spec is not None:
+        changed.append(f"data.tokenizer {spec!r} (the run's: {was_spec!r})")
+    size = cfg.data.get("vocab_size")
+    if {"data", "data.vocab_size"} & flags and spec in ("bpe", "scratch-bpe") and spec == was_spec \
+            and isinstance(was_size, int) and size != was_size:
+        changed.append(f"data.vocab_size {size} (the run's BPE: {was_size})")
+    if changed:
+        raise TinyLMError(f"resuming from {ckpt_path} with {' and '.join(changed)}: that is another tokenizer than "
+                          "the one the model was trained with, so the run cannot go on with it; drop the flag to "
+                          "resume, or start a new run (without --ckpt_path) for the new tokenizer")
 
 
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
