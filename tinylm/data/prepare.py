@@ -361,8 +361,8 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
     if tokenizer is not None and meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise ValueError(f"dataset {dataset_dir} was built with tokenizer {meta['tokenizer_spec']!r} (fingerprint "
                          f"{meta['tokenizer_fingerprint'][:12]}), but this run's tokenizer {tokenizer.spec!r} has "
-                         f"fingerprint {tokenizer.fingerprint[:12]}; prepare the dataset with this tokenizer "
-                         "(`tinylm prepare`) or run with the tokenizer the dataset was made with")
+                         f"fingerprint {tokenizer.fingerprint[:12]}, which the folder is named for: its meta.json "
+                         f"was edited or copied from another dataset; {redo}")
     vocab = max(meta["vocab_size"], tokenizer.vocab_size if tokenizer is not None else 0)
     if meta["dtype"] == "uint16" and vocab > 2**16:
         raise ValueError(f"dataset {dataset_dir} stores uint16 ids but the vocabulary has {vocab} ids (more than "
