@@ -161,6 +161,24 @@ def test_every_shipped_config_parses(name, capsys):
     assert printed["trainer"]["max_steps"] > 0 and printed["model"]["n_layer"] > 0
 
 
+def test_prepares_printed_config_reads_back(config, tmp_path, capsys):
+    """Catches `tinylm prepare --print_config` writing the fit sections it ignores as `trainer: null`, which neither
+    prepare nor fit reads back ("section trainer: must hold trainer options ..."); a recipe's sections stay whole."""
+    for args in ([], ["--config", str(config)]):
+        with pytest.raises(SystemExit) as e:
+            main(["prepare", *args, "--print_config"])
+        assert e.value.code == 0
+        printed = tmp_path / "printed.yaml"
+        printed.write_text(capsys.readouterr().out)
+        assert all(v is not None for v in yaml.safe_load(printed.read_text()).values() if not isinstance(v, str))
+        main(["prepare", "--config", str(printed), "--data.corpus", str(tmp_path / "shakespeare_small.txt")])
+        assert "vocab_size" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # the recipe's sections: fit reads them as it would the recipe
+        main(["fit", "--config", str(printed), "--print_config"])
+    steps = yaml.safe_load(config.read_text())["trainer"]["max_steps"]
+    assert e.value.code == 0 and yaml.safe_load(capsys.readouterr().out)["trainer"]["max_steps"] == steps
+
+
 def test_prepare_prints_summary(config, tmp_path, capsys):
     """Catches `tinylm prepare` not accepting a fit config (also a run's own config.yaml, which LightningCLI writes
     with its `weights_only` option) or not saying what it made."""

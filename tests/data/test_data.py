@@ -237,7 +237,7 @@ def test_refuses_wrong_tokenizer_and_uint16_overflow(shakespeare, tmp_path):
     dm = _dm(tmp_path, shakespeare)
     dm.prepare_data()
     other = build_tokenizer("char", documents=lambda: ["abc"])
-    with pytest.raises(ValueError, match=r"built with tokenizer .*edited or copied from another dataset; delete the folder"):
+    with pytest.raises(ValueError, match=r"built with tokenizer .*copied from another dataset; delete the folder"):
         load_meta(dm.dataset_dir, other)
     meta_path = dm.dataset_dir / "meta.json"
     meta = json.loads(meta_path.read_text())

@@ -7,6 +7,7 @@ library never prints.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 from collections.abc import Callable, Iterator
@@ -212,7 +213,8 @@ def prepare(args: list[str]) -> dict[str, Any]:
                         help="a tinylm fit config (YAML); only `data` is used")
     parser.add_class_arguments(PreparedData, "data")
     for key in _FIT_SECTIONS:
-        parser.add_argument(f"--{key}", type=Any, default=None, help="(a fit section; ignored by prepare)")
+        # (SUPPRESS: absent unless given, so that --print_config writes no `trainer: null`, which no command reads)
+        parser.add_argument(f"--{key}", type=Any, default=argparse.SUPPRESS, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
     from tinylm.cli.argv import home_expanded, options
     from tinylm.cli.unused import warn_unused_options
