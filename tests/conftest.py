@@ -29,6 +29,8 @@ torch.set_num_threads(1)
 # tests hung, and one left a run training (and saving) forever. The tests are of a run started from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # (under nohup: the runs the tests start would ignore it too,
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a run started under nohup does, and train on)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TINYLM_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -186,9 +186,11 @@ def lost_rank(wait: float = 2.0, raised: BaseException | None = None) -> TinyLME
     return None
 
 
-def end_ranks(wait: float = 1.0) -> None:
+def end_ranks(wait: float = 3.0) -> None:
     """End the ranks DDP's launcher started from this process as it ends on an error: one waiting for it in a
-    collective would otherwise fail as it leaves, with a traceback after the command ended (or, on NCCL, wait on)."""
+    collective would otherwise fail as it leaves, with a traceback after the command ended (or, on NCCL, wait on).
+    A rank ending on its own error meanwhile (every rank raised it) says it first: 1 s was short on a loaded
+    machine, and its line was lost."""
     deadline = time.monotonic() + wait  # (a rank stopping with this one, on a signal or a health check, ends first)
     while any(p.poll() is None for p in RANKS) and time.monotonic() < deadline:
         time.sleep(0.05)
