@@ -129,15 +129,18 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
     (torch.set_float32_matmul_precision "high" or "medium")."""
     name = re.sub(r"[-_\s]+", " ", name.lower()).strip()  # "Tesla V100-SXM2-16GB" -> "tesla v100 sxm2 16gb"
     dtype = precision_dtypes(precision)[1]
-    if dtype in (torch.bfloat16, torch.float16):
+    tf32 = dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
+    if dtype in (torch.bfloat16, torch.float16) or tf32:
         found = next((v for k, v in PEAK_BF16.items() if _names_chip(name, k)), None)
-        if found is not None:
-            return found
+        if found is not None:  # TF32 runs at half the 16-bit rate on each of these (Lightning's table gives the
+            return found / 2 if tf32 else found  # sparse TF32 figure for the H200 and H100 NVL: twice the dense)
+    if dtype == torch.float32 and not tf32 and _names_chip(name, "h100 nvl"):
+        return 60e12  # one card's (Lightning's 133.8e12 is the pair's)
     from lightning.fabric.utilities.throughput import (
         _CUDA_FLOPS,  # private: guarded in test_lightning_private_api
     )
 
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if tf32:
         dtype = "tfloat32"  # fp32 matmuls on the tensor cores in TF32 (7x the fp32 peak of an H100), as Lightning's
     # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one; an H100 or H200
     # that names no form factor is the SXM part; a short name is the start of a key ("v100": "v100 sxm", SXM

@@ -388,18 +388,22 @@ def test_peak_flops_are_dense_tensor_core_peaks(name, precision, tflops):
 
 def test_fp32_peak_is_tf32_s_once_matmuls_may_use_it():
     """Catches MFU of a 32-true run with TF32 matmuls on (torch.set_float32_matmul_precision("high")) measured
-    against the fp32 peak, 7x too high on an H100."""
+    against the fp32 peak, 7x too high on an H100; or against the sparse TF32 peak (Lightning's for an H200 and
+    an H100 NVL): half its value. An H100 NVL's fp32 peak is one card's, not the pair's."""
     from tinylm.device import peak_flops_by_name
 
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
-        assert peak_flops_by_name("NVIDIA H100 80GB HBM3", "32-true") == pytest.approx(494.7e12)
+        assert peak_flops_by_name("NVIDIA H100 80GB HBM3", "32-true") == pytest.approx(494.75e12)
+        assert peak_flops_by_name("NVIDIA H200", "32-true") == pytest.approx(494.75e12)
+        assert peak_flops_by_name("NVIDIA H100 NVL", "32-true") == pytest.approx(417.5e12)
         assert peak_flops_by_name("a100", "32-true") == pytest.approx(156e12)
         assert peak_flops_by_name("a100", "bf16-mixed") == pytest.approx(312e12)  # 16-bit runs are unchanged
     finally:
         torch.set_float32_matmul_precision(before)
     assert peak_flops_by_name("a100", "32-true") == pytest.approx(19.5e12)
+    assert peak_flops_by_name("NVIDIA H100 NVL", "32-true") == pytest.approx(60e12)
 
 
 def test_plan_for_a_gpu_without_bf16_takes_fit_s_precision(run_config, capsys):
