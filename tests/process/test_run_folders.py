@@ -353,6 +353,13 @@ def test_a_resume_with_another_batch_size_names_the_val_batches_that_keep_the_ru
     main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", "1",
           "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4"])
     assert "pass --data.val_batches 2 to keep the run's" in capsys.readouterr().err
+    # that advice followed (by another run of the same start): the run's windows, nothing to say (it warned "val/loss
+    # is measured on other windows")
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--run.name", "advised"])
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--data.batch_size", "1", "--data.val_batches", "2",
+          "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4", "--run.name", "advised"])
+    assert "other windows" not in capsys.readouterr().err
 
 
 def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():

@@ -139,7 +139,15 @@ def _warn_validation_changes(cfg, trainer: dict, data: dict, ckpt_path: str) -> 
                     "micro-batches)", ckpt_path, every, accumulate, _steps(every / accumulate),
                     _steps(had_every / had), f"{had_every * accumulate / had:g}")
     limit, batch, had_batch = cfg.data.get("val_batches"), cfg.data.get("batch_size"), data.get("batch_size")
-    if "val_batches" in data and limit != data["val_batches"]:
+    had_limit = data.get("val_batches", limit)
+
+    def windows(batches: Any, size: Any) -> Any:  # what validation reads: val_batches x batch_size windows
+        return batches * size if all(isinstance(v, int) and not isinstance(v, bool) for v in (batches, size)) \
+            else batches
+
+    if windows(limit, batch) == windows(had_limit, had_batch):  # (the run's, as its advice below gives them)
+        return
+    if limit != had_limit:
         log.warning("resuming from %s with data.val_batches %r (the run had %r): val/loss is measured on other "
                     "windows from here on, so its curve jumps and best.ckpt is picked across the two",
                     ckpt_path, limit, data["val_batches"])
