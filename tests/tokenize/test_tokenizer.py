@@ -209,6 +209,8 @@ def test_bad_specs_are_clear(tmp_path):
         build_tokenizer("wordpiece")
     with pytest.raises(FileNotFoundError, match=r"missing/tokenizer.json"):
         build_tokenizer(str(tmp_path / "missing" / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"single distinct character \('a'\): a model of it has nothing to learn"):
+        build_tokenizer("char", documents=lambda: ["aaaa"])
     with pytest.raises(ValueError, match=r"vocab_size=200 is too small.*257"):
         build_tokenizer("bpe", vocab_size=200, documents=lambda: ["abc"])
     with pytest.raises(FileNotFoundError, match=r"tiktoken:PATH"):

@@ -371,6 +371,9 @@ def _train_char(docs: Iterable[str]) -> Tokenizer:
         n_docs += 1
     if not chars:
         raise ValueError("cannot build a char tokenizer from an empty corpus; pass --data.corpus PATH to text")
+    if len(chars) == 1 and n_docs == 1:  # one id: every next token is known (loss 0 from the first step)
+        raise ValueError(f"the corpus holds a single distinct character ({next(iter(chars))!r}): a model of it has "
+                         "nothing to learn; pass --data.corpus PATH to text")
     ordered = "".join(sorted(chars))
     # the separator is needed only when there is something to separate (65 ids for tinyshakespeare, like nanoGPT)
     specials = {EOT: len(ordered)} if n_docs > 1 else {}
