@@ -277,7 +277,11 @@ def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
     _one_line_error(capsys, [*resume, "--data.val_fraction", "0.2"], "data.val_fraction=0.1",
                     "--data.val_fraction 0.1")
     corpus.write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")
-    _one_line_error(capsys, resume, "other text", "--model.init_from")
+    _one_line_error(capsys, resume, "other text", "files were edited or replaced", "--model.init_from")
+    (tmp_path / "other.txt").write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")
+    other = str(tmp_path / "other.txt")
+    _one_line_error(capsys, [*resume, "--data.corpus", other],  # another file: named, and the run's
+                    f"other text than data.corpus {other!r} holds now (the run read {str(corpus)!r})")
     corpus.write_text(text, encoding="utf-8")
     main(resume)  # the text it was trained on: resumes
 

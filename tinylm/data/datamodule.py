@@ -219,9 +219,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
             raise other_data(*diffs[0])
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is not None and was_fps != now_fps:
-            changed = next((s for s, a, b in zip(self.corpus_specs, was_fps, now_fps) if a != b), self.corpus_spec)
+            at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), 0)
+            changed = self.corpus_specs[at] if at < len(self.corpus_specs) else self.corpus_spec
+            was = (saved.get("corpus_specs") or [])[at:at + 1]
+            why = f"the run read {was[0]!r}" if was and was[0] != changed else \
+                "its fingerprint changed: the files were edited or replaced"
             raise CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now "
-                                  "(its fingerprint changed: the files were edited or replaced), so the resumed run "
+                                  f"({why}), so the resumed run "
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
 
