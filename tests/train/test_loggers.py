@@ -338,3 +338,14 @@ def test_a_new_column_never_leaves_metrics_csv_cut(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         logger.save()
     assert path.read_text() == before
+
+
+def test_an_offline_run_says_it_in_tinylms_lines_alone(no_wandb_account, run_config, capfd):
+    """Catches ~30 lines of wandb's own around an offline run, one of them "set WANDB_MODE=online to enable cloud
+    syncing" where credentials were what lacked: tinylm's line says it goes offline and why, and the run's end the
+    command that uploads it."""
+    main(["fit", "--config", str(run_config(run={"wandb_project": "tinylm-test"}))])
+    said = capfd.readouterr()
+    assert "wandb:" not in said.err + said.out
+    assert re.search(r"W&B: +offline; upload with `wandb sync runs/tiny/wandb/offline-run-\d{8}_\d{6}-\w+`",
+                     said.err + said.out), said.err[-3000:]

@@ -89,6 +89,10 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
         lines.append(f"  checkpoints: {', '.join(saved)}")
     if metrics.is_file():
         lines.append(f"  metrics:     {shown(metrics)}")
+    from tinylm.train.loggers import offline_wandb_run
+
+    if (offline := offline_wandb_run(run_dir)) is not None:
+        lines.append(f"  W&B:         offline; upload with `wandb sync {shown(offline)}`")
     ckpt = best_ckpt if best_ckpt.exists() else last_ckpt if last_ckpt.exists() else None
     if ckpt is not None:
         lines.append("next:")

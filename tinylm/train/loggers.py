@@ -224,8 +224,11 @@ def make_loggers(
     root = wandb_root(run_dir)
     if mode == "offline":
         log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", root / "wandb", _offline_reason())
+    # offline, wandb's own ~30 lines (its "set WANDB_MODE=online to enable cloud syncing" too, where credentials or
+    # the network were what lacked) say what tinylm's line above and the run's end (`wandb sync PATH`) say
+    quiet = {"settings": _quiet_settings()} if mode == "offline" else {}
     wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline",
-                        id=wandb_id, resume="allow")
+                        id=wandb_id, resume="allow", **quiet)
     wandb._wandb_init["dir"] = str(root)  # W&B's files alone: its save_dir (trainer.log_dir: profiler traces, a
     # ModelCheckpoint without a dirpath) stays the run folder
     # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
@@ -233,6 +236,22 @@ def make_loggers(
         del wandb._wandb_init["anonymous"]
     loggers.insert(0, wandb)
     return loggers
+
+
+def _quiet_settings():
+    import wandb
+
+    return wandb.Settings(silent=True)
+
+
+def offline_wandb_run(run_dir: Path) -> Path | None:
+    """The newest W&B run of ``run_dir`` (its wandb/ folder, or $WANDB_DIR's) when it was logged offline, else None:
+    what `wandb sync` uploads."""
+    root = Path(os.environ.get("WANDB_DIR") or run_dir) / "wandb"
+    runs = [p for p in (root.glob("*run-*") if root.is_dir() else ()) if p.is_dir()
+            and p.name.startswith(("offline-run-", "run-"))]  # (named run-TIME-ID or offline-run-TIME-ID)
+    runs.sort(key=lambda p: p.name.removeprefix("offline-").removeprefix("run-"))
+    return runs[-1] if runs and runs[-1].name.startswith("offline-run-") else None
 
 
 def wandb_root(run_dir: Path) -> Path:
