@@ -429,3 +429,16 @@ def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_th
     main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 6
     assert torch.load(ckpts / "best.ckpt", weights_only=True)["global_step"] == 4  # -1 (the old key's) stays best
+
+
+def test_a_resumes_warmup_warning_gives_advice_a_resume_can_follow(run_config, recwarn):
+    """Catches a resume told to "lower --model.warmup_steps", an option the resume ignores (the run's model options
+    are the checkpoint's)."""
+    cfg = run_config(model={"warmup_steps": 5}, trainer={"max_steps": 2, "val_check_interval": 2})
+    main(["fit", "--config", str(cfg)])
+    assert any("lower --model.warmup_steps" in str(w.message) for w in recwarn.list)
+    recwarn.clear()
+    main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    said = [str(w.message) for w in recwarn.list if "warmup outlasts the run" in str(w.message)]
+    assert len(said) == 1 and "lengthen the run (--trainer.max_steps: a resume keeps the run's model options)" \
+        in said[0], said

@@ -355,7 +355,7 @@ class TinyLMCLI(LightningCLI):
 
     # ---- after the command -------------------------------------------------------------------------------------
     def before_fit(self) -> None:
-        warn_small_vocab(self.datamodule)
+        warn_small_vocab(self.datamodule, resumed=bool(self._section().ckpt_path))
         self.model.check_init_tokenizer(getattr(self.datamodule, "tokenizer", None))  # before the run writes
         self._record_architecture_from_weights()
 

@@ -373,10 +373,11 @@ def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
                       + ". For a laptop use configs/shakespeare-char-cpu.yaml (or override those options)")
 
 
-def warn_small_vocab(dm) -> None:
+def warn_small_vocab(dm, resumed: bool = False) -> None:
     """A trained BPE far below the requested size (a small corpus) is worth a line at fit time, not only in
-    `prepare`: the model's embedding is sized by the real vocabulary."""
-    if dm is None or getattr(dm, "tokenizer_spec", None) not in ("bpe", "scratch-bpe"):
+    `prepare`: the model's embedding is sized by the real vocabulary. Not on a resume: the run's tokenizer is the
+    one it goes on with (its start said it)."""
+    if dm is None or resumed or getattr(dm, "tokenizer_spec", None) not in ("bpe", "scratch-bpe"):
         return
     got, wanted = dm.vocab_size, dm.target_vocab_size
     if got < 0.9 * wanted:

@@ -401,7 +401,10 @@ class TinyLM(L.LightningModule):
 
             rank_zero_warn(f"model.warmup_steps={hp.warmup_steps} is not below the schedule's length {decay_steps} "
                            f"(model.decay_steps, else trainer.max_steps): the warmup outlasts the run and the LR "
-                           f"never reaches model.lr={hp.lr:g}; lower --model.warmup_steps or lengthen the run")
+                           f"never reaches model.lr={hp.lr:g}; "
+                           + ("lengthen the run (--trainer.max_steps: a resume keeps the run's model options)"
+                              if self._trainer is not None and self.trainer.ckpt_path else
+                              "lower --model.warmup_steps or lengthen the run"))
         # LambdaLR multiplies each group's own peak lr (AdamW's lr, Muon's muon_lr) by the schedule's factor; it is
         # stepped once per optimizer step, so last_epoch == global_step
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self._lr_at(step) / hp.lr)
