@@ -628,13 +628,18 @@ def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(c
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(ckpts / "step-4.ckpt"),
                                 "--trainer.max_steps", "8"])
     assert "is at step 4 but" in line and "gone on to step 6" in line
+    kept = ckpts.parent / "backup.ckpt"  # a copy kept in the run folder, outside checkpoints/: its own step counts
+    shutil.copy(ckpts / "step-4.ckpt", kept)  # (it was taken for the newest, and the run went back to step 4)
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(kept), "--trainer.max_steps", "8"])
+    assert "is at step 4 but" in line and "gone on to step 6" in line
+    kept.unlink()
     for path in ckpts.glob("*.ckpt"):
         path.unlink()
     caplog.clear()
     line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
     assert "saved no readable checkpoint" in line and "--run.name NEW_NAME" in line
     assert "refusing to start the run again from step 0 (what --ckpt_path last does without a checkpoint)" in line
-    assert "starting the run from step 0" not in caplog.text  # what the refusal then contradicted
+    assert "starting a new run from step 0" not in caplog.text  # what the refusal then contradicted
 
 
 def test_ckpt_path_last_behind_a_newer_step_checkpoint_continues_from_the_newest(config, tmp_path, caplog):

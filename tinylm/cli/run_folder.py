@@ -263,7 +263,11 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
         # the newest readable checkpoint, whatever its name (last.ckpt may be missing or damaged)
         found, _ = checkpoints_by_step(run_dir / "checkpoints")
         latest = max((step for step, _, _ in found), default=None)
-        at = next((step for step, _, p in found if p.resolve() == Path(ckpt_path).resolve()), latest)
+        at = next((step for step, _, p in found if p.resolve() == Path(ckpt_path).resolve()), None)
+        if at is None:  # a checkpoint kept elsewhere in the run folder (runs/NAME/backup.ckpt): its own step
+            from tinylm.checkpoint import load_checkpoint
+
+            at = int(load_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
         if latest is not None and at < latest:  # going back here would drop later history and checkpoints
             raise TinyLMError(
                 f"{ckpt_path} is at step {at} but {run_dir} has gone on to step {latest}; continuing from it "
