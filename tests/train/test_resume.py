@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import _assert_same_rows, _losses, _val_losses
 
 from tinylm import checkpoint_share
@@ -372,8 +373,20 @@ def test_a_checkpoint_alone_resumes_exactly(run_config, tmp_path, caplog):
     _assert_same_rows(_losses(branch), {s: v for s, v in _losses(whole).items() if s >= 4})
     _assert_same_rows(_val_losses(branch), {s: v for s, v in _val_losses(whole).items() if s >= 4})
     assert not (branch / "wandb").exists() and not (tmp_path / "runs" / "whole" / "wandb").exists()
-    main(["fit", "--ckpt_path", "lone/x.ckpt", "--run.name", "longer", "--trainer.max_steps", "9"])  # a flag
+    # a flag overrides, and is compared with the checkpoint's settings (not with a config.yaml that happens to be
+    # beside its folder: a project's, no record of this run)
+    (tmp_path / "config.yaml").write_text("trainer:\n  gradient_clip_val: 5.0\n")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--ckpt_path", "lone/x.ckpt", "--run.name", "longer", "--trainer.max_steps", "9",
+              "--trainer.gradient_clip_val", "0.5"])
     assert max(_losses(tmp_path / "runs" / "longer")) == 8
+    assert "trainer.gradient_clip_val 0.5 (the run had 0.01)" in caplog.text
+    # a run folder copied without its config records: the checkpoint's settings, and its own folder
+    (tmp_path / "runs" / "copy" / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "lone" / "x.ckpt", tmp_path / "runs" / "copy" / "checkpoints" / "step-4.ckpt")
+    main(["fit", "--ckpt_path", "last", "--run.name", "copy"])
+    _assert_same_rows(_losses(tmp_path / "runs" / "copy"), _losses(branch))
 
 
 def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog):
@@ -406,6 +419,14 @@ def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(ru
     _one_line_error(capsys, [*resume, "--data.vocab_size", "320"], "data.vocab_size 320 (the run's BPE: 300)")
     _one_line_error(capsys, [*resume, "--data.tokenizer", "char"], "data.tokenizer 'char' (the run's: 'bpe')")
     assert sorted((tmp_path / "cache").rglob("*")) == made
+    # a config of another vocab_size and the data section typed whole: its one option is what it types (the
+    # section counted as typing every data option: refused, then trained a BPE of the config's size)
+    other = yaml.safe_load(cfg.read_text())
+    other["data"]["vocab_size"] = 8192
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    main(["fit", "--config", str(tmp_path / "other.yaml"), "--ckpt_path", "last", "--trainer.max_steps", "3",
+          "--data", "{val_batches: 1}"])
+    assert max(_losses(tmp_path / "runs" / "tiny")) == 2
 
 
 def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):

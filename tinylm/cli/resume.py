@@ -62,10 +62,21 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 """Trainer options that change what a resumed run computes (a checkpoint does not hold them, so they apply)."""
 
 
-def _run_config(ckpt_path: str) -> dict:
-    """The newest config*.yaml of the checkpoint's run folder (what the run trained with last); {} if none."""
-    # by name (`cp -r` gives a copy's files its own times; and config.previous.yaml is another run's)
-    return run_record(Path(ckpt_path).resolve().parent.parent)[1]
+def _run_config(ckpt_path: str, ckpt: dict | None = None) -> dict:
+    """What the checkpoint's run trained with last: the newest config*.yaml of its run folder (by name: `cp -r`
+    gives a copy's files its own times; and config.previous.yaml is another run's), else the settings the checkpoint
+    keeps (one outside its run folder: the config*.yaml beside its folder is no record of its run); {} if none."""
+    folder = Path(ckpt_path).resolve().parent
+    if folder.name == "checkpoints" and (record := run_record(folder.parent)[1]):
+        return record
+    import yaml
+
+    kept = ((ckpt or {}).get("tinylm") or {}).get("config")
+    try:
+        settings = yaml.safe_load(kept) if isinstance(kept, str) else None
+    except yaml.YAMLError:
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def _windows_a_step(data: dict, trainer: dict) -> int | None:
@@ -86,14 +97,15 @@ def _steps(n: float) -> str:
     return "every optimizer step" if n == 1 else f"every {n:g} optimizer steps"
 
 
-def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, data_state: dict | None = None) -> None:
+def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, data_state: dict | None = None,
+                          ckpt: dict | None = None) -> None:
     """Name the trainer options that change the training and that a resume sets otherwise than the run had (in its
     newest config*.yaml, beside the checkpoint's folder; the accumulation and batch from the checkpoint's own data
     state, `data_state`, where it has them: a branch from an older step-N.ckpt), and a seed_everything that has no
     effect: model options are taken from the checkpoint with a warning; these apply, and the run goes on as another
-    run."""
+    run. A checkpoint outside its run folder (``ckpt``) is compared with the settings it keeps."""
     folder = Path(ckpt_path).resolve().parent.parent
-    newest = _run_config(ckpt_path)
+    newest = _run_config(ckpt_path, ckpt)
     if not newest:
         return
     trainer, data = dict(newest.get("trainer") or {}), dict(newest.get("data") or {})  # what the run trained with
@@ -119,7 +131,9 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
-    started = read_yaml(folder / "config.yaml")  # the seed the run started from (a resume's own seed has no effect)
+    # the seed the run started from (a resume's own seed has no effect); outside its folder, the checkpoint's
+    started = read_yaml(folder / "config.yaml") if folder / "checkpoints" == Path(ckpt_path).resolve().parent \
+        and (folder / "config.yaml").is_file() else newest
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
         log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
@@ -219,7 +233,7 @@ def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_in
     # the values that divide both the micro-batches done and the validation interval (fit's own check)
     usable = [a for a in range(2, min(done, 4 * accumulate) + 1) if done % a == 0 and (every is None or every % a == 0)]
     near = sorted(sorted(usable, key=lambda a: abs(a - accumulate))[:3])
-    had = (_run_config(ckpt_path).get("trainer") or {}).get("accumulate_grad_batches")
+    had = (_run_config(ckpt_path, ckpt).get("trainer") or {}).get("accumulate_grad_batches")
     own = f"the run's own {had}" if isinstance(had, int) else "the run's own value"
     fits = f" or one that divides {done}" + (f" and trainer.val_check_interval {every}" if every else "") + \
            f" ({', '.join(map(str, near))})" if near else ""
@@ -320,9 +334,9 @@ def run_data(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> dict:
     if "target_vocab_size" in trained:  # data.vocab_size: the target a BPE tokenizer was trained to
         trained["vocab_size"] = trained.pop("target_vocab_size")
     taken = data_of_run(trained, cfg, flags, f"{ckpt_path}: the data the run read, from its checkpoint")
-    if not {"data", "data.corpus"} & flags:  # (a flag's corpus is read as the user named it)
+    if "data.corpus" not in flags:  # (a flag's corpus is read as the user named it)
         taken.update(_files_read(ckpt, taken.get("corpus", cfg.data.get("corpus")), ckpt_path))
-    if not {"data", "data.tokenizer"} & flags:
+    if "data.tokenizer" not in flags:
         taken.update(_tokenizer_kept(ckpt, taken.get("tokenizer", cfg.data.get("tokenizer")),
                                      cfg.data.get("cache_dir"), ckpt_path))
     return taken
@@ -377,7 +391,7 @@ def _files_read(ckpt: dict, corpus: Any, ckpt_path: str) -> dict:
 def data_of_run(trained: dict, cfg, flags: set[str], where: str) -> dict:
     """`run_data`'s choice from a run's data options ``trained`` (its checkpoint's, or its config.yaml's data
     section: tinylm.cli.fit_config), said in a line that starts with ``where``."""
-    by_flag = {k for k in RUN_DATA if f"data.{k}" in flags or "data" in flags}
+    by_flag = {k for k in RUN_DATA if f"data.{k}" in flags}  # (a section typed whole names its keys)
     if "corpus" in by_flag:
         by_flag |= {"weights"}
     taken = {k: trained[k] for k in RUN_DATA if k in trained and k not in by_flag and k in cfg.data
@@ -437,12 +451,13 @@ def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> No
 
     trained = ckpt.get("datamodule_hyper_parameters") or {}
     was_spec, was_size = trained.get("tokenizer"), trained.get("target_vocab_size")
-    spec = cfg.data.get("tokenizer") if {"data", "data.tokenizer"} & flags else was_spec
+    # (the options typed: `--data '{corpus: x}'` names data.corpus alone, not the section's every option)
+    spec = cfg.data.get("tokenizer") if "data.tokenizer" in flags else was_spec
     changed = []
     if spec != was_spec and spec in TRAINED_SPECS and was_spec is not None:
         changed.append(f"data.tokenizer {spec!r} (the run's: {was_spec!r})")
     size = cfg.data.get("vocab_size")
-    if {"data", "data.vocab_size"} & flags and spec in ("bpe", "scratch-bpe") and spec == was_spec \
+    if "data.vocab_size" in flags and spec in ("bpe", "scratch-bpe") and spec == was_spec \
             and isinstance(was_size, int) and size != was_size:
         changed.append(f"data.vocab_size {size} (the run's BPE: {was_size})")
     if changed:
@@ -486,7 +501,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
         from tinylm.data import TinyLMDataModule
 
         warn_training_changes(cfg, ckpt_path, n_embd=saved.get("n_embd"),
-                              data_state=ckpt.get(TinyLMDataModule.__qualname__))
+                              data_state=ckpt.get(TinyLMDataModule.__qualname__), ckpt=ckpt)
     for key in linked:
         saved.pop(key, None)
     if source is not None:  # the checkpoint holds the weights, and the shape they gave

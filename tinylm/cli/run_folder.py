@@ -308,13 +308,27 @@ def run_record(run_dir: Path) -> tuple[Path | None, dict]:
     return record, read_yaml(record) if record else {}
 
 
-def _with_checkpoint_config(args: list[str], ckpt_path: str, quiet: bool) -> list[str]:
-    """``fit`` ``args`` from a checkpoint outside a run folder that holds a config (copied, downloaded): with the
-    run's own settings that the checkpoint keeps (tinylm.cli.run_config.RunConfig), given as the config's text, but
-    the command's own run folder (run.name, trainer.default_root_dir: the early check found it from the flags).
-    Without them a checkpoint alone resumed with the defaults' gradient clipping, validation and logging (losses
-    off by 3e-3 from step 10) and refused the defaults' batch and block sizes one at a time."""
-    if quiet or args[0] != "fit":
+def _checkpoint_named(asked: str, run_dir: Path) -> str | None:
+    """The checkpoint ``--ckpt_path`` names, found quietly (`tinylm.cli.resume.resolve_ckpt_path` says why later)."""
+    if asked == "best":
+        return str(run_dir / "checkpoints" / "best.ckpt")
+    if asked == "last":
+        from tinylm.checkpoint import checkpoints_by_step
+
+        found, _ = checkpoints_by_step(run_dir / "checkpoints")
+        return str(max(found)[2]) if found else None
+    return asked
+
+
+def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool, run_dir: Path | None = None
+                            ) -> list[str]:
+    """``fit`` ``args`` from a checkpoint outside a run folder that holds a config (copied, downloaded), or in a run
+    folder without its config records (``run_dir``): with the run's own settings that the checkpoint keeps
+    (tinylm.cli.run_config.RunConfig), given as the config's text; the run folder is ``run_dir``, else the
+    command's own (run.name, trainer.default_root_dir: the early check found it from the flags). Without them a
+    checkpoint alone resumed with the defaults' gradient clipping, validation and logging (losses off by 3e-3 from
+    step 10) and refused the defaults' batch and block sizes one at a time."""
+    if quiet or args[0] != "fit" or not ckpt_path:
         return args
     import yaml
 
@@ -327,9 +341,12 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str, quiet: bool) -> lis
         return args
     if not isinstance(settings, dict):
         return args
-    for section, key in (("run", "name"), ("trainer", "default_root_dir")):
+    for (section, key), value in zip((("run", "name"), ("trainer", "default_root_dir")),
+                                     (run_dir.name, str(run_dir.parent)) if run_dir else (None, None)):
         if isinstance(settings.get(section), dict):
             settings[section].pop(key, None)
+            if value is not None:  # (flags still override them)
+                settings[section][key] = value
     log.info("%s: the run's own settings, from the checkpoint (no --config given; flags override them)", ckpt_path)
     return [args[0], "--config", yaml.safe_dump(settings, sort_keys=False), *args[1:]]
 
@@ -357,8 +374,8 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     else:
         return _with_checkpoint_config(args, asked, quiet)
     config, settings = run_record(run_dir)
-    if config is None:
-        return args if asked in ("last", "best") else _with_checkpoint_config(args, asked, quiet)
+    if config is None:  # a run folder without its records (copied without them): its checkpoint's settings
+        return args if quiet else _with_checkpoint_config(args, _checkpoint_named(asked, run_dir), quiet, run_dir)
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names
