@@ -406,7 +406,8 @@ def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_con
     assert len(list((tmp_path / "cache" / "datasets").iterdir())) == 1  # the run's dataset, not another
 
 
-def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(run_config, tmp_path, capsys):
+def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(run_config, tmp_path, capsys,
+                                                                              small_bpe):
     """Catches a resume with --data.vocab_size (a BPE run) or --data.tokenizer of another kind training that
     tokenizer and packing the whole corpus (half an hour at a recipe's size) before it was refused as "a different
     model shape", naming neither option: one line naming the option, and nothing prepared."""
@@ -418,6 +419,8 @@ def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(ru
     resume = ["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "4"]
     _one_line_error(capsys, [*resume, "--data.vocab_size", "320"], "data.vocab_size 320 (the run's BPE: 300)")
     _one_line_error(capsys, [*resume, "--data.tokenizer", "char"], "data.tokenizer 'char' (the run's: 'bpe')")
+    _one_line_error(capsys, [*resume, "--data.tokenizer", f"tiktoken:{small_bpe.tiktoken}"],  # another file
+                    f"data.tokenizer 'tiktoken:{small_bpe.tiktoken}' (the run's: 'bpe')")
     assert sorted((tmp_path / "cache").rglob("*")) == made
     # a config of another vocab_size and the data section typed whole: its one option is what it types (the
     # section counted as typing every data option: refused, then trained a BPE of the config's size)
