@@ -844,6 +844,21 @@ def test_a_users_checkpoint_named_as_tinylms_in_its_folder_is_refused(config, ca
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_users_checkpoint_folder_inside_another_run_is_refused(config, capsys, tmp_path):
+    """Catches a branch (or a resume from a checkpoint alone) that takes its run's config, with a user's
+    ModelCheckpoint whose dirpath is inside that run's folder: Lightning restored its top-k there, and the branch
+    deleted the old run's checkpoints as better ones came. The run's own folder, or one outside any run, is fine."""
+    topk = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/loss",
+            "--trainer.callbacks.save_top_k", "1", "--trainer.callbacks.dirpath"]
+    main(["fit", "--config", str(config), *topk, "runs/tiny/topk"])
+    kept = sorted((tmp_path / "runs" / "tiny" / "topk").iterdir())
+    _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", "other", *topk, "runs/tiny/topk"],
+                    "--trainer.callbacks.dirpath runs/tiny/topk is inside the folder of another run",
+                    "e.g. runs/other/topk")
+    assert sorted((tmp_path / "runs" / "tiny" / "topk").iterdir()) == kept
+    main(["fit", "--config", str(config), "--run.name", "other", *topk, str(tmp_path / "elsewhere")])
+
+
 def test_a_file_name_too_long_is_one_line(tmp_path, capsys):
     """Catches `tinylm plot --out NAME.png` (or export --out) with a name over 255 bytes ending in OSError's
     traceback (ENAMETOOLONG)."""

@@ -338,6 +338,8 @@ def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
             continue
         args = cb.get("init_args") or {}
         dirpath, filename = args.get("dirpath"), args.get("filename")
+        if dirpath:
+            _check_not_in_another_run(str(dirpath), folder.parent)
         if not dirpath or Path(str(dirpath)).expanduser().resolve() != folder.resolve():
             continue
         named = "{}=0" if args.get("auto_insert_metric_name", True) is not False else "0"  # ("{step}": "step=4")
@@ -348,6 +350,24 @@ def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
             raise ValueError(f"--trainer.callbacks.dirpath {dirpath} is this run's own checkpoints folder, and its "
                              f"{what} is a name tinylm writes there: the two would overwrite each other; give your "
                              "ModelCheckpoint another --trainer.callbacks.filename (e.g. 'top-{step}') or dirpath")
+
+
+def _check_not_in_another_run(dirpath: str, run_dir: Path) -> None:
+    """A user's ModelCheckpoint whose dirpath is inside another run's folder (a branch, or a resume from a
+    checkpoint alone, taking the run's config with its callbacks): Lightning restores its top-k there and deletes
+    that run's checkpoints as better ones come."""
+    from tinylm.cli.run_folder import holds_run
+
+    where = Path(dirpath).expanduser().resolve()
+    mine = run_dir.expanduser().resolve()
+    for folder in (where, *where.parents):
+        if folder == mine or mine in folder.parents:
+            return  # this run's own folder (or one that holds it)
+        if holds_run(folder):
+            raise ValueError(f"--trainer.callbacks.dirpath {dirpath} is inside the folder of another run, {folder}: "
+                             "this run's ModelCheckpoint would keep its top-k there and delete that run's "
+                             f"checkpoints; pass a dirpath of this run's (e.g. {run_dir / 'topk'}), or leave it "
+                             "unset")
 
 
 def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
