@@ -69,11 +69,15 @@ def waiting(what: str) -> Iterator[None]:
         yield
         return
     over = threading.Event()
+    # the signals go to another thread than this one (the watch, which unblocks them): torch's C++ took one here
+    # as an interrupted connect, and said so in a warning with its C++ stack (~15 lines) before the line
+    kept = signal.pthread_sigmask(signal.SIG_BLOCK, set(_SIGNALS))
     threading.Thread(target=_watch, args=(read, over, what), daemon=True, name="tinylm-rendezvous-watch").start()
     try:
         yield
     finally:
         over.set()
+        signal.pthread_sigmask(signal.SIG_SETMASK, kept)  # (one that came meanwhile is handled here now)
         signal.set_wakeup_fd(-1)
         os.close(write)  # the watch reads the end of its pipe, and closes it
 
@@ -85,6 +89,7 @@ def _speaks() -> bool:
 
 
 def _watch(read: int, over: threading.Event, what: str) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_SIGNALS))  # (blocked in the thread that started it)
     started, noted = time.monotonic(), False
     with os.fdopen(read, "rb", buffering=0) as pipe:
         while True:
