@@ -456,8 +456,8 @@ def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> No
     changed = []
     if spec != was_spec and spec in TRAINED_SPECS and was_spec is not None:
         changed.append(f"data.tokenizer {spec!r} (the run's: {was_spec!r})")
-    elif spec != was_spec and isinstance(spec, str) and spec not in TRAINED_SPECS and _other_file(ckpt, spec):
-        changed.append(f"data.tokenizer {spec!r} (the run's: {was_spec!r})")
+    elif spec != was_spec and isinstance(spec, str) and spec not in TRAINED_SPECS and (ids := _other_file(ckpt, spec)):
+        changed.append(f"data.tokenizer {spec!r} ({ids[0]:,} ids; the run's: {was_spec!r}, {ids[1]:,} ids)")
     size = cfg.data.get("vocab_size")
     if "data.vocab_size" in flags and spec in ("bpe", "scratch-bpe") and spec == was_spec \
             and isinstance(was_size, int) and size != was_size:
@@ -468,20 +468,21 @@ def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> No
                           "resume, or start a new run (without --ckpt_path) for the new tokenizer")
 
 
-def _other_file(ckpt: dict, spec: str) -> bool:
-    """Whether ``spec``, a tokenizer file or folder here (a tokenizer.json, a .tiktoken rank file; read in a moment),
-    holds another tokenizer than the checkpoint's own."""
+def _other_file(ckpt: dict, spec: str) -> tuple[int, int] | None:
+    """When ``spec``, a tokenizer file or folder here (a tokenizer.json, a .tiktoken rank file; read in a moment),
+    holds another tokenizer than the checkpoint's own: the two vocabulary sizes (its, the checkpoint's); else None."""
     import os
 
     from tinylm.tokenize import Tokenizer, build_tokenizer
 
     state = (ckpt.get("tinylm") or {}).get("tokenizer")
     if not state or not os.path.exists(os.path.expanduser(spec.removeprefix("tiktoken:"))):
-        return False  # (a tiktoken encoding's name, a hub name: the data's own check compares them)
+        return None  # (a tiktoken encoding's name, a hub name: the data's own check compares them)
     try:
-        return build_tokenizer(os.path.expanduser(spec)).fingerprint != Tokenizer.from_state_dict(state).fingerprint
+        now, was = build_tokenizer(os.path.expanduser(spec)), Tokenizer.from_state_dict(state)
     except Exception:  # noqa: BLE001 (not a tokenizer: preparing the data says so in its own words)
-        return False
+        return None
+    return (now.vocab_size, was.vocab_size) if now.fingerprint != was.fingerprint else None
 
 
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
