@@ -340,12 +340,20 @@ def test_a_new_column_never_leaves_metrics_csv_cut(tmp_path, monkeypatch):
     assert path.read_text() == before
 
 
-def test_an_offline_run_says_it_in_tinylms_lines_alone(no_wandb_account, run_config, capfd):
+def test_an_offline_run_says_it_in_tinylms_lines_alone(no_wandb_account, run_config, capfd, tmp_path,
+                                                       monkeypatch):
     """Catches ~30 lines of wandb's own around an offline run, one of them "set WANDB_MODE=online to enable cloud
     syncing" where credentials were what lacked: tinylm's line says it goes offline and why, and the run's end the
-    command that uploads it."""
-    main(["fit", "--config", str(run_config(run={"wandb_project": "tinylm-test"}))])
+    command that uploads it: its own W&B run's (a shared WANDB_DIR holds other runs' too)."""
+    config = run_config(run={"wandb_project": "tinylm-test"})
+    main(["fit", "--config", str(config)])
     said = capfd.readouterr()
     assert "wandb:" not in said.err + said.out
     assert re.search(r"W&B: +offline; upload with `wandb sync runs/tiny/wandb/offline-run-\d{8}_\d{6}-\w+`",
                      said.err + said.out), said.err[-3000:]
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "shared"))
+    main(["fit", "--config", str(config), "--run.name", "first"])
+    capfd.readouterr()
+    main(["fit", "--config", str(config), "--run.name", "second", "--run.wandb_project", "null"])  # no W&B run
+    said = capfd.readouterr()
+    assert "W&B:" not in said.err + said.out  # (it named the first run's folder)

@@ -149,12 +149,14 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
 def _fit_summary(cli, seconds: float) -> str:
     from tinylm.cli.summary import example_prompt, exportable, fit_summary
+    from tinylm.train.loggers import wandb_loggers
 
     trainer, data = cli.trainer, cli.datamodule
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
+    wandb = wandb_loggers(trainer.loggers)
     return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
                        tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
-                       exportable=exportable(cli.model))
+                       exportable=exportable(cli.model), wandb_id=wandb[0].version if wandb else None)
 
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:

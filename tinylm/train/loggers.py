@@ -244,11 +244,13 @@ def _quiet_settings():
     return wandb.Settings(silent=True)
 
 
-def offline_wandb_run(run_dir: Path) -> Path | None:
-    """The newest W&B run of ``run_dir`` (its wandb/ folder, or $WANDB_DIR's) when it was logged offline, else None:
-    what `wandb sync` uploads."""
+def offline_wandb_run(run_dir: Path, wandb_id: str | None) -> Path | None:
+    """The newest folder of W&B run ``wandb_id`` (in ``run_dir``'s wandb/ folder, or $WANDB_DIR's, which other
+    runs share) when it was logged offline, else None: what `wandb sync` uploads."""
     root = Path(os.environ.get("WANDB_DIR") or run_dir) / "wandb"
-    runs = [p for p in (root.glob("*run-*") if root.is_dir() else ()) if p.is_dir()
+    if not wandb_id or not root.is_dir():
+        return None
+    runs = [p for p in root.glob(f"*run-*-{wandb_id}") if p.is_dir()
             and p.name.startswith(("offline-run-", "run-"))]  # (named run-TIME-ID or offline-run-TIME-ID)
     runs.sort(key=lambda p: p.name.removeprefix("offline-").removeprefix("run-"))
     return runs[-1] if runs and runs[-1].name.startswith("offline-run-") else None
