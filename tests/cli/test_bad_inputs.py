@@ -278,6 +278,8 @@ def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
                     "--data.val_fraction 0.1")
     corpus.write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")
     _one_line_error(capsys, resume, "other text", "files were edited or replaced", "--model.init_from")
+    # the same file by another name (relative, where the run named it absolute): edited, not another file
+    _one_line_error(capsys, [*resume, "--data.corpus", corpus.name], "files were edited or replaced")
     (tmp_path / "other.txt").write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")
     other = str(tmp_path / "other.txt")
     _one_line_error(capsys, [*resume, "--data.corpus", other],  # another file: named, and the run's

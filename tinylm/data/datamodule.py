@@ -219,15 +219,26 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
             raise other_data(*diffs[0])
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is not None and was_fps != now_fps:
-            at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), 0)
-            changed = self.corpus_specs[at] if at < len(self.corpus_specs) else self.corpus_spec
-            was = (saved.get("corpus_specs") or [])[at:at + 1]
-            why = f"the run read {was[0]!r}" if was and was[0] != changed else \
-                "its fingerprint changed: the files were edited or replaced"
+            why, changed = self._which_text_changed(saved, was_fps, now_fps)
             raise CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now "
                                   f"({why}), so the resumed run "
                                   "would draw different data; resume with the text it was trained on, or start a "
                                   "new run from its weights (--model.init_from CHECKPOINT)")
+
+    def _which_text_changed(self, saved: dict, was_fps: list, now_fps: list) -> tuple[str, str]:
+        """(why, the corpus spec named): another file (by where it is: `c.txt` and `$PWD/c.txt` are one file), another
+        number of corpora, or the same file edited since."""
+        at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), min(len(was_fps), len(now_fps)))
+        changed = self.corpus_specs[at] if at < len(self.corpus_specs) else self.corpus_spec
+        if len(was_fps) != len(now_fps):
+            return f"the run read {len(was_fps)} corpora, this run {len(now_fps)}", changed
+        specs, paths = saved.get("corpus_specs") or [], saved.get("corpus_paths") or []
+        was_spec = specs[at] if at < len(specs) else None
+        was_path = paths[at] if at < len(paths) else None
+        same = (was_path or was_spec) == (corpus_paths([changed])[0] if was_path else changed)
+        if same or was_spec is None:
+            return "its fingerprint changed: the files were edited or replaced", changed
+        return f"the run read {was_spec!r}", changed
 
     def resume_split(self, checkpoint: dict) -> None:
         """Count a resumed run's position in this run's micro-batches when they are not the checkpoint's: the loader's
