@@ -148,6 +148,13 @@ def test_plot_errors(tmp_path, monkeypatch, capsys):
         main(["plot", "a", "--out", "lr.png"])
     assert "--out 'lr.png' is the picture of the numbers in lr.json" in capsys.readouterr().err
     assert (tmp_path / "lr.png").read_bytes() == b"lr-find's picture"
+    (tmp_path / "rep").mkdir()  # a sample report's picture, which its report.md shows: not plot's to replace
+    (tmp_path / "rep" / "diversity_vs_likelihood.png").write_bytes(b"the report's picture")
+    (tmp_path / "rep" / "report.md").write_text("![](diversity_vs_likelihood.png)\n")
+    with pytest.raises(SystemExit):
+        main(["plot", "a", "--out", "rep/diversity_vs_likelihood.png"])
+    assert "is a picture of the sample report rep/report.md" in capsys.readouterr().err
+    assert (tmp_path / "rep" / "diversity_vs_likelihood.png").read_bytes() == b"the report's picture"
     main(["plot", "a", "--out", "lr2.png"])
     main(["plot", "a", "--out", "lr2.png"])  # plot's own picture: replaced
     assert _png(tmp_path / "lr2.png")

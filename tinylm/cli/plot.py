@@ -43,6 +43,10 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     if Path(out).exists() and (numbers := Path(out).with_suffix(".json")).exists():  # lr-find's, scaling's, plan's
         raise ValueError(f"--out {out!r} is the picture of the numbers in {numbers} (an lr-find, scaling or plan "
                          "result): plot would replace it; pick another --out")
+    report = Path(out).parent / "report.md"
+    if Path(out).exists() and report.is_file() and Path(out).name in report.read_text(errors="replace"):
+        raise ValueError(f"--out {out!r} is a picture of the sample report {report} (tinylm sample-report): plot "
+                         "would replace it; pick another --out")
     metric, why = choose_metric(curves, metric)
     if why:
         print(why)
