@@ -141,6 +141,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     with open(path, "rb"):  # a file that cannot be read is that (PermissionError, the path), not a damaged one
         pass  # (zipfile.is_zipfile says False for it, and torch.load's OSError read as a broken file)
     if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; its index sits at the end of the file
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if not head.startswith(b"PK"):  # not the start of a zip either: another kind of file, not a damaged save
+            raise CheckpointError(f"{str(path)!r} is not a checkpoint (not a torch file: a {path.suffix or 'text'} "
+                                  "file?); pass --ckpt_path PATH to a .ckpt written by `tinylm fit` (e.g. "
+                                  "runs/NAME/checkpoints/last.ckpt)")
         raise CheckpointError(
             f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file); "
             "use another one, e.g. an earlier step-*.ckpt from the same run"

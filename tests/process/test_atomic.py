@@ -93,7 +93,8 @@ def test_foreign_files_are_reported_clearly(tmp_path):
     """Catches a YAML, a plain state_dict or another tool's checkpoint being half-loaded."""
     text = tmp_path / "config.yaml"
     text.write_text("model: {}\n")
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"'.*config.yaml' is not a checkpoint \(not a torch file: a .yaml "
+                       r"file\?\); pass --ckpt_path PATH to a .ckpt"):  # (not: "use an earlier step-*.ckpt")
         load_checkpoint(text)
     plain = tmp_path / "weights.pt"
     torch.save({"w": torch.ones(3)}, plain)
