@@ -387,6 +387,14 @@ def test_a_checkpoint_alone_resumes_exactly(run_config, tmp_path, caplog):
     shutil.copy(tmp_path / "lone" / "x.ckpt", tmp_path / "runs" / "copy" / "checkpoints" / "step-4.ckpt")
     main(["fit", "--ckpt_path", "last", "--run.name", "copy"])
     _assert_same_rows(_losses(tmp_path / "runs" / "copy"), _losses(branch))
+    # a checkpoint of an older tinylm (no settings kept) alone: said, with the way to go on as the run did
+    old = torch.load(tmp_path / "lone" / "x.ckpt", weights_only=True)
+    del old["tinylm"]["config"]
+    torch.save(old, tmp_path / "lone" / "old.ckpt")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"), pytest.raises(SystemExit):  # (the defaults' batch: refused)
+        main(["fit", "--ckpt_path", "lone/old.ckpt", "--run.name", "old"])
+    assert "lone/old.ckpt keeps no settings of its run" in caplog.text and "pass the run's own --config" in caplog.text
 
 
 def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog):

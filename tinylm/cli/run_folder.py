@@ -335,11 +335,16 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     from tinylm.checkpoint import load_checkpoint
 
     try:
-        record = (load_checkpoint(ckpt_path, mmap=True).get("tinylm") or {}).get("config")
+        ckpt = load_checkpoint(ckpt_path, mmap=True)
+        record = (ckpt.get("tinylm") or {}).get("config")
         settings = yaml.safe_load(record) if isinstance(record, str) else None
     except Exception:  # noqa: BLE001 (the resume's own checks say what is wrong with the file)
         return args
     if not isinstance(settings, dict):
+        if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
+            log.warning("%s keeps no settings of its run (a checkpoint of an older tinylm) and no config record of "
+                        "its run is beside it: it resumes with this command's options; pass the run's own "
+                        "--config (its config.yaml) to go on as it trained", ckpt_path)
         return args
     for (section, key), value in zip((("run", "name"), ("trainer", "default_root_dir")),
                                      (run_dir.name, str(run_dir.parent)) if run_dir else (None, None)):
