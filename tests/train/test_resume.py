@@ -474,3 +474,18 @@ def test_a_resumes_warmup_warning_gives_advice_a_resume_can_follow(run_config, r
     said = [str(w.message) for w in recwarn.list if "warmup outlasts the run" in str(w.message)]
     assert len(said) == 1 and "lengthen the run (--trainer.max_steps: a resume keeps the run's model options)" \
         in said[0], said
+
+
+def test_the_lr_jump_of_an_extended_schedule_is_told_in_digits_that_differ(caplog):
+    """Catches a run extended by a few steps at its end told that "the LR jumps from 0.0001 to 0.0001" (three
+    digits of two LRs that differ further down)."""
+    from tinylm.cli.resume import warn_schedule_change
+    from tinylm.train.schedules import lr_at
+
+    hparams = {"lr_schedule": "cosine", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100, "decay_steps": None}
+    was = lr_at(2000, schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=100, decay_steps=2000, decay_fraction=0.2)
+    ckpt = {"global_step": 2000, "lr_schedulers": [{"_last_lr": [was]}]}
+    with caplog.at_level("WARNING", logger="tinylm"):
+        warn_schedule_change(ckpt, hparams, 2010, "x.ckpt")
+    jump = re.search(r"the LR jumps from (\S+) to (\S+) and", caplog.text)
+    assert jump and jump[1] != jump[2], caplog.text

@@ -187,10 +187,12 @@ def warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_
     except (KeyError, IndexError, TypeError, ValueError):  # an older checkpoint, another scheduler
         return
     if max_steps and not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
+        # as many digits as tell the two apart (a run extended by 10 steps at its end: "from 0.0001 to 0.0001")
+        digits = next((d for d in (3, 6, 9) if f"{was:.{d}g}" != f"{now:.{d}g}"), 12)
         log.warning("resuming from %s at step %d with trainer.max_steps %d: the LR schedule's length is max_steps "
-                    "(model.decay_steps is unset), so the LR jumps from %.3g to %.3g and the decay is stretched over "
+                    "(model.decay_steps is unset), so the LR jumps from %s to %s and the decay is stretched over "
                     "the new length; pin model.decay_steps when you start a run you may extend", ckpt_path, step,
-                    max_steps, was, now)
+                    max_steps, f"{was:.{digits}g}", f"{now:.{digits}g}")
 
 
 def check_time_left(ckpt: dict, max_time: Any, ckpt_path: str) -> None:
