@@ -224,9 +224,9 @@ def test_growing_per_step_work_is_reported(chars):
 
 
 class _OtherJobs(L.Callback):
-    """From step 40, busy processes (one per CPU it may use: three starved the tests that ran beside it) compete
-    with the run for the CPUs, as other jobs on a shared machine do; records the wall-clock tokens/sec before they
-    start and at the end."""
+    """From step 40, busy processes (two per CPU it may use: three starved the tests beside it, one often did not
+    slow the run) compete with the run for the CPUs, as other jobs on a shared machine do; records the wall-clock
+    tokens/sec before they start and at the end."""
 
     def __init__(self, speed: SpeedMonitor) -> None:
         self.speed, self.procs, self.before, self.after = speed, [], None, None
@@ -238,7 +238,7 @@ class _OtherJobs(L.Callback):
         busy = [sys.executable, "-c", "import sys, time; sys.stdin.read(); end = time.monotonic() + 300\n"
                 "while time.monotonic() < end: pass"]
         self.procs = [subprocess.Popen(busy, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL) for _ in range(usable_cpus())]
+                                       stderr=subprocess.DEVNULL) for _ in range(2 * usable_cpus())]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == 40:
