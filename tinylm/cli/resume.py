@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
-from tinylm.cli.run_folder import read_yaml, run_record
+from tinylm.cli.run_folder import kept_settings, read_yaml, run_record
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -69,14 +69,7 @@ def _run_config(ckpt_path: str, ckpt: dict | None = None) -> dict:
     folder = Path(ckpt_path).resolve().parent
     if folder.name == "checkpoints" and (record := run_record(folder.parent)[1]):
         return record
-    import yaml
-
-    kept = ((ckpt or {}).get("tinylm") or {}).get("config")
-    try:
-        settings = yaml.safe_load(kept) if isinstance(kept, str) else None
-    except yaml.YAMLError:
-        return {}
-    return settings if isinstance(settings, dict) else {}
+    return kept_settings(ckpt or {})
 
 
 def _windows_a_step(data: dict, trainer: dict) -> int | None:

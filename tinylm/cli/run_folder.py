@@ -320,6 +320,19 @@ def _checkpoint_named(asked: str, run_dir: Path) -> str | None:
     return asked
 
 
+def kept_settings(ckpt: dict) -> dict:
+    """The run's settings that a checkpoint keeps (its config's text: tinylm.cli.run_config.RunConfig), as a mapping;
+    {} for one written before checkpoints kept them, or a damaged text."""
+    import yaml
+
+    kept = (ckpt.get("tinylm") or {}).get("config")
+    try:
+        settings = yaml.safe_load(kept) if isinstance(kept, str) else None
+    except yaml.YAMLError:
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
 def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool, run_dir: Path | None = None
                             ) -> list[str]:
     """``fit`` ``args`` from a checkpoint outside a run folder that holds a config (copied, downloaded), or in a run
@@ -336,11 +349,10 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
 
     try:
         ckpt = load_checkpoint(ckpt_path, mmap=True)
-        record = (ckpt.get("tinylm") or {}).get("config")
-        settings = yaml.safe_load(record) if isinstance(record, str) else None
     except Exception:  # noqa: BLE001 (the resume's own checks say what is wrong with the file)
         return args
-    if not isinstance(settings, dict):
+    settings = kept_settings(ckpt)
+    if not settings:
         if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
             log.warning("%s keeps no settings of its run (a checkpoint of an older tinylm) and no config record of "
                         "its run is beside it: it resumes with this command's options; pass the run's own "
