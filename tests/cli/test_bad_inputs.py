@@ -288,6 +288,23 @@ def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
     main(resume)  # the text it was trained on: resumes
 
 
+def test_a_resume_on_another_corpus_is_refused_before_its_data_is_prepared(config, tmp_path, capsys):
+    """Catches `--data.corpus OTHER` on a resume refused only after the other corpus had a tokenizer trained on it
+    and was tokenized whole (minutes on a large one), and, where its characters differ, as "a different model shape
+    (vocab_size ...)" naming neither corpus; and another data.clean option refused only after that too."""
+    main(["fit", "--config", str(config)])
+    cache = tmp_path / "cache"
+    before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    other = tmp_path / "other.txt"
+    other.write_text("Zebras quietly jumped over 42 lazy foxes; {braces} & <angles>!\n" * 300, encoding="utf-8")
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"]
+    _one_line_error(capsys, [*resume, "--data.corpus", str(other)],
+                    f"other text than data.corpus {str(other)!r} holds now (the run read ")
+    _one_line_error(capsys, [*resume, "--data.corpus", str(tmp_path / "shakespeare_small.txt"),
+                             "--data.clean.exact", "true"], "data.clean.exact off but this run has data.clean.exact")
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before  # nothing prepared for either
+
+
 def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error), and
     validate or a resume of such a file (or of one missing a tensor) ending in load_state_dict's traceback."""

@@ -155,6 +155,26 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert len(runs) == 3 and _ids(runs) == {first["wandb_id"]}, [r.name for r in runs]
 
 
+def test_a_resume_refused_as_it_starts_leaves_no_empty_wandb_run(no_wandb_account, tmp_path, run_config, capsys):
+    """Catches a resume refused on restoring its checkpoint (here: a tensor edited out of it) leaving an empty
+    offline W&B run behind, which `latest-run` pointed at and `wandb sync` uploaded as the run's last part."""
+    import torch
+    from helpers import _one_line_error
+
+    config = run_config(run={"name": "wb", "wandb_project": "tinylm-test"})
+    main(["fit", "--config", str(config)])
+    wandb_dir = tmp_path / "runs" / "wb" / "wandb"
+    first = sorted(wandb_dir.glob("offline-run-*"))
+    last = tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    del ckpt["state_dict"]["model.lm_head.weight"]
+    torch.save(ckpt, last)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],
+                    "lm_head.weight")
+    assert len(first) == 1 and sorted(wandb_dir.glob("offline-run-*")) == first  # the run's own alone
+    assert (wandb_dir / "latest-run").resolve() == first[0] and (wandb_dir / "debug.log").resolve().is_file()
+
+
 def _ids(folders) -> set[str]:
     """The W&B run ids of offline-run folders: offline-run-DATE_TIME-ID, with "-1", "-2" added by wandb to a folder
     of an id started in the same second as the one before (two quick resumes of a tiny run)."""

@@ -228,6 +228,10 @@ class TinyLMCLI(LightningCLI):
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
             self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
             self.config = self.parser.parse_object({sub: start.update}, self.config)
+            if start.data_state and "data.corpus" in self._flags:  # before the data module trains a tokenizer on it
+                from tinylm.data import TinyLMDataModule
+
+                TinyLMDataModule.check_text_before_preparing(start.data_state, self.config[sub].data.as_dict())
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 

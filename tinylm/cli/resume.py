@@ -279,6 +279,7 @@ class Start:
     wandb_project: str | None  # the W&B project the run logged to (a branch's W&B run goes there too)
     update: dict  # the config sections it sets: model (and for validate, data)
     cpu_threads: int | None = None  # fit: the torch threads of the run's one CPU process (exact resume on a CPU)
+    data_state: dict | None = None  # fit: the data module's state in the checkpoint (what the run read)
 
 
 def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool,
@@ -312,7 +313,8 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     if data:
         update["data"] = data
     threads = meta.get("cpu_threads") if sub == "fit" else None
-    return Start(step, resume_step, wandb_id, wandb_project, update, threads if isinstance(threads, int) else None)
+    return Start(step, resume_step, wandb_id, wandb_project, update, threads if isinstance(threads, int) else None,
+                 ckpt.get("TinyLMDataModule") if sub == "fit" else None)
 
 
 RUN_DATA = ("corpus", "weights", "tokenizer", "vocab_size", "tokenizer_train_chars", "split", "val_split",

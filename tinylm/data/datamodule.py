@@ -219,26 +219,41 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
             raise other_data(*diffs[0])
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is not None and was_fps != now_fps:
-            why, changed = self._which_text_changed(saved, was_fps, now_fps)
-            raise CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now "
-                                  f"({why}), so the resumed run "
-                                  "would draw different data; resume with the text it was trained on, or start a "
-                                  "new run from its weights (--model.init_from CHECKPOINT)")
+            raise _other_text(saved, now_fps, self.corpus_specs)
 
-    def _which_text_changed(self, saved: dict, was_fps: list, now_fps: list) -> tuple[str, str]:
-        """(why, the corpus spec named): another file (by where it is: `c.txt` and `$PWD/c.txt` are one file), another
-        number of corpora, or the same file edited since."""
-        at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), min(len(was_fps), len(now_fps)))
-        changed = self.corpus_specs[at] if at < len(self.corpus_specs) else self.corpus_spec
-        if len(was_fps) != len(now_fps):
-            return f"the run read {len(was_fps)} corpora, this run {len(now_fps)}", changed
-        specs, paths = saved.get("corpus_specs") or [], saved.get("corpus_paths") or []
-        was_spec = specs[at] if at < len(specs) else None
-        was_path = paths[at] if at < len(paths) else None
-        same = (was_path or was_spec) == (corpus_paths([changed])[0] if was_path else changed)
-        if same or was_spec is None:
-            return "its fingerprint changed: the files were edited or replaced", changed
-        return f"the run read {was_spec!r}", changed
+    @staticmethod
+    def check_text_before_preparing(saved: dict, options: dict) -> None:
+        """Refuse a resume whose ``--data.corpus`` (``options``: the data section) holds other text than the
+        checkpoint's run read, when both are local text files: the restore refuses it too (`_check_same_data`), but
+        only after the data was prepared (a tokenizer trained on the other text, all of it tokenized), and as "a
+        different model shape" where its characters made another character vocabulary. The fingerprints are read
+        here as preparing the data reads them (cleaning is part of them); hub and named corpora wait for that."""
+        from tinylm.data.clean import clean_corpora
+        from tinylm.data.corpus import TextFiles
+        from tinylm.data.mixture import open_corpora
+        from tinylm.data.named import NAMED
+
+        corpus, was_fps = options.get("corpus"), saved.get("corpus_fingerprints")
+        specs = [corpus] if isinstance(corpus, str) else list(corpus or [])
+        if not was_fps or options.get("streaming") or not all(isinstance(s, str) for s in specs) or \
+                any(s in NAMED or s.startswith("hf:") for s in specs):
+            return
+        try:
+            data = PreparedData(**options)
+        except Exception:  # noqa: BLE001 (the data module says what is wrong with an option, in its own words)
+            return
+        if "clean" in saved and saved["clean"] != data.clean.key():  # (another cleaning: other fingerprints)
+            raise other_data(*_clean_diff(saved["clean"], data.clean.key()))
+        try:
+            opened = open_corpora(data.corpus_specs, cache_dir=data.cache_dir, **data._hf)
+            if not all(isinstance(c, TextFiles) for c in opened):
+                return  # (a dataset file: its fingerprint loads it)
+            now_fps = [c.fingerprint for c in clean_corpora(opened, data.clean, val_fraction=data.val_fraction)]
+        except Exception:  # noqa: BLE001 (preparing the data says what is wrong with it, in its own words)
+            return
+        if now_fps != was_fps:
+            raise _other_text(saved, now_fps, data.corpus_specs)
+
 
     def resume_split(self, checkpoint: dict) -> None:
         """Count a resumed run's position in this run's micro-batches when they are not the checkpoint's: the loader's
@@ -313,6 +328,28 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         if cut_by_fraction and saved.get("val_fraction") != val_fraction:
             raise other_data(f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={val_fraction}",
                              f"--data.val_fraction {saved['val_fraction']}")
+
+
+def _other_text(saved: dict, now_fps: list, now_specs: list[str]) -> Exception:
+    """The error of a resume whose corpus holds other text than the checkpoint's: another file (by where it is:
+    `c.txt` and `$PWD/c.txt` are one file), another number of corpora, or the same file edited since."""
+    from tinylm.checkpoint import CheckpointError
+
+    was_fps = saved["corpus_fingerprints"]
+    at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), min(len(was_fps), len(now_fps)))
+    changed = now_specs[at] if at < len(now_specs) else " + ".join(now_specs)
+    specs, paths = saved.get("corpus_specs") or [], saved.get("corpus_paths") or []
+    was_spec = specs[at] if at < len(specs) else None
+    was_path = paths[at] if at < len(paths) else None
+    if len(was_fps) != len(now_fps):
+        why = f"the run read {len(was_fps)} corpora, this run {len(now_fps)}"
+    elif was_spec is None or (was_path or was_spec) == (corpus_paths([changed])[0] if was_path else changed):
+        why = "its fingerprint changed: the files were edited or replaced"
+    else:
+        why = f"the run read {was_spec!r}"
+    return CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now ({why}), "
+                           "so the resumed run would draw different data; resume with the text it was trained on, or "
+                           "start a new run from its weights (--model.init_from CHECKPOINT)")
 
 
 def corpus_paths(specs: list[str]) -> list[str | None]:

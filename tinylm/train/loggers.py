@@ -353,9 +353,36 @@ def finish_wandb(exit_code: int) -> None:
     process (the next rung of `tinylm scaling`, a notebook's second fit) reuses an open run: every rung logged into
     the first rung's W&B run."""
     wandb = sys.modules.get("wandb")  # not imported: no run was started
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        try:
-            wandb.finish(exit_code=exit_code)
-        except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
-            log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
-                        type(e).__name__, e)
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is None:
+        return
+    # an offline run that logged no step (a resume refused as it started: another corpus, an edited checkpoint)
+    # holds nothing to upload, and `wandb sync` of the run's folders sent it as a last, empty part of the run
+    empty = Path(run.dir).parent if run.offline and run.step == 0 else None
+    try:
+        wandb.finish(exit_code=exit_code)
+    except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
+        log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
+                    type(e).__name__, e)
+        return
+    if empty is not None and empty.name.startswith("offline-run-"):
+        _remove_offline_run(empty)
+
+
+def _remove_offline_run(folder: Path) -> None:
+    """Remove an offline W&B run's folder, and point wandb's links beside it (``latest-run``, ``debug.log``,
+    ``debug-internal.log``) back at the newest run left, or remove them when none is."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    root = folder.parent
+    left = sorted((p for p in root.glob("*run-*") if p.is_dir() and not p.is_symlink()),
+                  key=lambda p: p.name.removeprefix("offline-").removeprefix("run-"))
+    for link, inside in (("latest-run", ""), ("debug.log", "logs/debug.log"),
+                         ("debug-internal.log", "logs/debug-internal.log")):
+        path = root / link
+        if not path.is_symlink() or Path(os.readlink(path)).parts[:1] != (folder.name,):
+            continue  # (another run's since, or not wandb's link)
+        path.unlink()
+        if left:
+            path.symlink_to(Path(left[-1].name, inside))
