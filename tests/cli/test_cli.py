@@ -161,6 +161,29 @@ def test_every_shipped_config_parses(name, capsys):
     assert printed["trainer"]["max_steps"] > 0 and printed["model"]["n_layer"] > 0
 
 
+def test_print_config_of_a_resume_prints_what_it_runs(config, tmp_path, capsys):
+    """Catches `--print_config` with --ckpt_path printing the model options the resume ignores (the checkpoint's
+    are the model: a printed `n_embd: 64` for a 32-wide run), and printing the resolved file for `last`; the printed
+    config resumes the run. `--ckpt_path last` without a checkpoint yet prints too (it trained instead)."""
+    main(["fit", "--config", str(config)])
+    capsys.readouterr()
+    resume = ["fit", "--config", str(config), "--trainer.max_steps", "8", "--ckpt_path", "last"]
+    with pytest.raises(SystemExit) as e:
+        main([*resume, "--model.n_embd", "64", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert e.value.code == 0 and printed["model"]["n_embd"] == 32 and printed["ckpt_path"] == "last"
+    assert printed["trainer"]["max_steps"] == 8
+    (tmp_path / "printed.yaml").write_text(yaml.safe_dump(printed))
+    main(["fit", "--config", str(tmp_path / "printed.yaml")])
+    capsys.readouterr()
+    assert torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    with pytest.raises(SystemExit) as e:
+        main([*resume, "--run.name", "new", "--print_config"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 0 and yaml.safe_load(out)["run"]["name"] == "new", err
+    assert not (tmp_path / "runs" / "new").exists()
+
+
 def test_prepares_printed_config_reads_back(config, tmp_path, capsys):
     """Catches `tinylm prepare --print_config` writing the fit sections it ignores as `trainer: null`, which neither
     prepare nor fit reads back ("section trainer: must hold trainer options ..."); a recipe's sections stay whole."""

@@ -190,3 +190,14 @@ def test_callback_states_fall_back_to_the_legacy_state_key():
 
     assert isinstance(inspect.getattr_static(Callback, "_legacy_state_key"), property)
     assert "callback_states.get(callback._legacy_state_key)" in inspect.getsource(call._call_callbacks_load_state_dict)
+
+
+def test_jsonargparse_print_config_internals():
+    """TinyLMCLI puts off `--print_config` of a command from a checkpoint until the checkpoint's options apply, with
+    jsonargparse's private `_ActionPrintConfig`: its skip context, its check and its print (which exits)."""
+    from jsonargparse._actions import _ActionPrintConfig
+
+    assert _params(_ActionPrintConfig.print_config_if_requested) == ["parser", "cfg"]
+    assert _params(_ActionPrintConfig.is_print_config_requested) == ["parser"]
+    assert "print_config_skip" in inspect.getsource(_ActionPrintConfig.skip_print_config)
+    assert "parser.exit()" in inspect.getsource(_ActionPrintConfig.print_config_if_requested)

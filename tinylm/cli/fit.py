@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from jsonargparse._actions import _ActionPrintConfig
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks, rendezvous
@@ -139,8 +140,14 @@ class TinyLMCLI(LightningCLI):
         # from a run's checkpoint with no --config: the run's own settings first (not named by the user: the
         # checkpoint's tokenizer and data still apply where the command sets none). Each rank reads the same files:
         # rank zero writes a resume's record once every rank has joined, long after they parsed this.
+        # --print_config of a command from a checkpoint prints what it runs: the checkpoint's model (and the run's
+        # data) applied (`_parse_ckpt_path`), not the config's and the defaults' that the command ignores
+        later = "ckpt_path" in self._named and isinstance(argv, (list, tuple)) and \
+            any(str(a).split("=")[0] == "--print_config" for a in argv)
         try:
-            super().parse_arguments(parser, with_run_config(list(argv)) if isinstance(argv, (list, tuple)) else args)
+            with _ActionPrintConfig.skip_print_config() if later else contextlib.nullcontext():
+                super().parse_arguments(parser, with_run_config(list(argv)) if isinstance(argv, (list, tuple))
+                                        else args)
         except argparse.ArgumentError as e:  # an option it does not know: where one of that name lives
             if (hinted := with_section_hint(str(e), self._option_names())) != str(e):
                 raise TinyLMError(hinted) from e  # (one_line would say the cause's message, without the hint)
@@ -215,7 +222,8 @@ class TinyLMCLI(LightningCLI):
         cfg.ckpt_path = ckpt_path = resolve_ckpt_path(asked, self.run_dir, sub)
         # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
         self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
-        if sub == "fit" and ranks.rank_zero():  # other ranks (launched by rank zero's Trainer) share its folder
+        printing = _ActionPrintConfig.is_print_config_requested(self.parser)  # (put off by parse_arguments)
+        if sub == "fit" and ranks.rank_zero() and not printing:  # other ranks (launched by rank zero) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)
         if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
             # (runs/NAME is under the folder the command runs in: a run's config.yaml used from elsewhere, or a
@@ -227,11 +235,15 @@ class TinyLMCLI(LightningCLI):
                                      named=self._named, flags=self._flags, continues=self.continues)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
             self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
-            self.config = self.parser.parse_object({sub: start.update}, self.config)
-            if start.data_state and "data.corpus" in self._flags:  # before the data module trains a tokenizer on it
+            with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
+                self.config = self.parser.parse_object({sub: start.update}, self.config)
+            if start.data_state and "data.corpus" in self._flags and not printing:  # before a tokenizer trains on it
                 from tinylm.data import TinyLMDataModule
 
                 TinyLMDataModule.check_text_before_preparing(start.data_state, self.config[sub].data.as_dict())
+        if printing:
+            self._section().ckpt_path = asked
+            _ActionPrintConfig.print_config_if_requested(self.parser, self.config)  # (and exits)
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 
