@@ -105,6 +105,15 @@ def test_each_quality_rule_keeps_and_drops_what_it_says(options, doc, rule):
     assert quality_rule(doc, CleanOptions(**options)) == rule
 
 
+@pytest.mark.parametrize("rule", ["max_symbol_ratio", "max_duplicate_lines", "max_duplicate_ngrams",
+                                  "min_punctuated_lines"])
+def test_a_threshold_of_zero_is_a_rule_turned_on(rule):
+    """Catches a threshold of 0, the strictest, turning its rule off (`0 in (None, False)` is true): `prepare
+    --data.clean.max_duplicate_lines 0` kept every document, said nothing and reused the uncleaned dataset."""
+    options = CleanOptions(**{rule: 0})
+    assert options.active and options.rules == [rule] and options.key() == {rule: 0}
+
+
 def test_duplicate_ngram_share_by_hand():
     """Catches a share counted over n-grams instead of characters, or counting a word twice."""
     share = lambda text: duplicate_ngram_share(text.split())

@@ -114,7 +114,8 @@ class CleanOptions:
     @property
     def rules(self) -> list[str]:
         """The rules turned on, in the order they are applied."""
-        return [r for r in RULES if getattr(self, r) not in (None, False)]
+        # (`is`, not `in (None, False)`: a threshold of 0 is the strictest, and `0 == False` turned it off)
+        return [r for r in RULES if getattr(self, r) is not None and getattr(self, r) is not False]
 
     @property
     def active(self) -> bool:
