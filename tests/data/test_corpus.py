@@ -400,7 +400,7 @@ def test_a_dataset_builder_without_data_files_is_refused(tmp_path, monkeypatch):
             open_corpus(spec, cache_dir=tmp_path / "cache", streaming=streaming, max_documents=1)
 
 
-def test_train_and_validation_data_files_that_share_a_file_are_refused(tmp_path):
+def test_train_and_validation_data_files_apart_and_all_read(tmp_path):
     """Catches `--data.data_files {train: t.jsonl, validation: t.jsonl}` (or a train glob that matches the
     validation file too) scoring validation on training text: val/loss as low as the training loss, no warning."""
     for name in ("t", "v"):
@@ -411,6 +411,11 @@ def test_train_and_validation_data_files_that_share_a_file_are_refused(tmp_path)
                                              r"validation would score text the model trains on"):
             open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files=files)
     open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "validation": v})  # guard: apart
+    # a split neither option reads: v.jsonl was never read, and validation was cut from the tail of train
+    with pytest.raises(ValueError, match=r"data_files names the split 'val', which neither --data.split 'train' nor "
+                                         r"--data.val_split 'validation' reads.*pass --data.val_split val"):
+        open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "val": v})
+    open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "val": v}, val_split="val")
 
 
 def test_a_corpus_file_removed_while_it_is_read_is_one_line(tmp_path):

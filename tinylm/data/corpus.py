@@ -478,7 +478,11 @@ def _hash_files(data_files: Any) -> Any:
 
 
 def _check_splits_apart(data_files: Any, split: str, val_split: str) -> None:
-    """Refuse `data_files` that give the train and validation splits one file: val/loss would score training text."""
+    """Refuse `data_files` giving train and validation one file (val/loss scored training text) or a split unread."""
+    if unread := [str(k) for k in data_files if k not in (split, val_split)] if isinstance(data_files, dict) else []:
+        raise ValueError(f"--data.data_files names the split {unread[0]!r}, which neither --data.split {split!r} nor "
+                         f"--data.val_split {val_split!r} reads, so its files would never be read; pass --data.val_split"
+                         f" {unread[0]} (or --data.split), or leave it out")
     if not isinstance(data_files, dict) or split == val_split:
         return
     real = lambda name: {os.path.realpath(p) for p in _local_files(data_files.get(name))}
