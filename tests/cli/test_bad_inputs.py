@@ -284,6 +284,8 @@ def test_resuming_on_changed_text_or_split_is_refused(config, tmp_path, capsys):
     other = str(tmp_path / "other.txt")
     _one_line_error(capsys, [*resume, "--data.corpus", other],  # another file: named, and the run's
                     f"other text than data.corpus {other!r} holds now (the run read {str(corpus)!r})")
+    corpus.write_text(text + "\n@#%~ new characters", encoding="utf-8")  # edited: another character vocabulary,
+    _one_line_error(capsys, resume, "files were edited or replaced")  # said as such (was: "a different model shape")
     corpus.write_text(text, encoding="utf-8")
     main(resume)  # the text it was trained on: resumes
 

@@ -217,6 +217,11 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
             diffs.append(_clean_diff(saved["clean"], self.clean.key()))
         if diffs:
             raise other_data(*diffs[0])
+        self.check_same_text(saved)
+
+    def check_same_text(self, saved: dict) -> None:
+        """Refuse a resume whose corpus holds other text than the checkpoint's run read (``saved``: the data module's
+        state in the checkpoint)."""
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is not None and was_fps != now_fps:
             raise _other_text(saved, now_fps, self.corpus_specs)

@@ -519,11 +519,15 @@ class TinyLM(L.LightningModule):
         shape = (*config_fields("data", "size", "arch"), "optimizer")  # what the weights and optimizer state are
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape
                  if k in saved and saved[k] != self.hparams[k]]
+        fitting = self._trainer is None or self._trainer.state.fn == TrainerFn.FITTING
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None and fitting else None
+        if diffs and hasattr(data, "check_same_text") and (state := checkpoint.get(type(data).__qualname__)):
+            data.check_same_text(state)  # the text it read changed (a character more: another vocab_size): why
         if diffs:
             from tinylm.checkpoint import CheckpointError
 
             fix = ("resume with the same data.tokenizer and data.block_size, or start a new run"
-                   if self._trainer is None or self._trainer.state.fn == TrainerFn.FITTING else
+                   if fitting else
                    "leave --data.block_size and --data.tokenizer out (of the command and its --config): tinylm "
                    "validate then uses the checkpoint's own")
             raise CheckpointError(f"the checkpoint is for a different model shape ({'; '.join(diffs)}); vocab_size "
