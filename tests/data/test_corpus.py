@@ -412,8 +412,8 @@ def test_train_and_validation_data_files_apart_and_all_read(tmp_path):
             open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files=files)
     open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "validation": v})  # guard: apart
     # a split neither option reads: v.jsonl was never read, and validation was cut from the tail of train
-    with pytest.raises(ValueError, match=r"data_files names the split 'val', which neither --data.split 'train' nor "
-                                         r"--data.val_split 'validation' reads.*pass --data.val_split val"):
+    with pytest.raises(ValueError, match=r"data_files names the split 'val' and no 'validation' \(--data.val_split\), "
+                                         r"so its files would never be read.*pass --data.val_split val"):
         open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "val": v})
     open_corpus("hf:json", cache_dir=tmp_path / "cache", data_files={"train": t, "val": v}, val_split="val")
 

@@ -199,6 +199,30 @@ def test_a_resume_with_other_streaming_settings_names_them(tmp_path):
     dm.load_state_dict(saved)  # the same settings resume (not vacuous)
 
 
+def test_a_streamed_file_rewritten_while_it_is_packed_is_refused(tmp_path, monkeypatch):
+    """Catches a streamed local .jsonl rewritten during `prepare` (the same rows in another order: same size, same
+    characters) packed and published under the fingerprint of the text it held before, as files read whole are not."""
+    from tinylm.data.corpus import CorpusChanged, open_corpus
+
+    path = tmp_path / "rows.jsonl"
+    rows = [json.dumps({"text": f"story number {i:02d} of the stream"}) for i in range(60)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    corpus = open_corpus(str(path), cache_dir=tmp_path, streaming=True, max_documents=50)
+    tok = build_tokenizer("char", documents=lambda: [path.read_text(encoding="utf-8")])
+    routed = pack.routed
+
+    def rewritten_midway(corpus, val_fraction):
+        parts = routed(corpus, val_fraction)
+        yield next(parts)
+        path.write_text("\n".join(reversed(rows)) + "\n", encoding="utf-8")
+        yield from parts
+
+    monkeypatch.setattr(pack, "routed", rewritten_midway)
+    with pytest.raises(CorpusChanged, match=rf"^corpus file {path} changed while it was read"):
+        prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").rglob("meta.json"))  # nothing published
+
+
 def test_a_corpus_file_written_to_while_it_is_packed_is_refused(tmp_path, monkeypatch):
     """Catches a dataset stored under the key of text its file no longer holds: a log appended to while prepare
     packed it (here after the writing pass's first chunk: the change is real, only its timing is arranged) was

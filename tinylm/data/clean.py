@@ -409,7 +409,7 @@ class CleanCorpus(Corpus):
         return self.inner.name
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("val_source", "val_documents"):  # a streamed corpus's (tinylm.data.corpus.HFStream)
+        if name in ("val_source", "val_documents"):  # a streamed corpus's (tinylm.data.hf_corpus.HFStream)
             return getattr(self.inner, name)
         raise AttributeError(name)
 

@@ -8,7 +8,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from tinylm.data.corpus import Corpus, TextFiles, _local_files, open_corpus
+from tinylm.data.corpus import Corpus, TextFiles, open_corpus
+from tinylm.data.hf_corpus import local_files
 
 
 class Mixture(Corpus):
@@ -66,7 +67,7 @@ def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
 def _sources(corpus: Corpus) -> set[Any]:
     """What ``corpus`` reads, comparable across corpora: each local file by its real path, a hub dataset by its
     name, configuration, revision and split."""
-    files = corpus.files if isinstance(corpus, TextFiles) else _local_files(getattr(corpus, "data_files", None))
+    files = corpus.files if isinstance(corpus, TextFiles) else local_files(getattr(corpus, "data_files", None))
     if files:
         return {os.path.realpath(f) for f in files}
     return {("hf", corpus.path, corpus.config, corpus.revision, corpus.split)} if hasattr(corpus, "path") else set()

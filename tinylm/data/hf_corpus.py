@@ -1,0 +1,321 @@
+"""Hugging Face datasets as corpora: a hub dataset (`hf:NAME`), local dataset files (.jsonl, .json, .parquet, .csv,
+or `hf:json` with `--data.data_files`), whole or streamed. `tinylm.data.corpus.open_corpus` makes them; each is a
+`Corpus` whose fingerprint follows the contents of its local files (wherever they lie, whatever their mtime) or the
+hub's revision."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tinylm.data.named import sha256_of as _sha256
+from tinylm.data.source import Corpus, CorpusChanged, check_unchanged, stamp
+from tinylm.errors import DISK_ERRNOS
+from tinylm.net import hub_offline, hub_unreachable
+from tinylm.progress import datasets_bars
+
+
+def _text(value: Any, path: str, column: str) -> str:
+    """A row's document, checked: a column of numbers or lists is no text to train on."""
+    if not isinstance(value, str):  # a bad input, not a bug: ValueError is the kind the CLI prints as one line
+        raise ValueError(f"dataset {path!r}: column {column!r} holds {type(value).__name__} values (e.g. "  # noqa: TRY004
+                         f"{str(value)[:40]!r}), not text; pass --data.text_column NAME of a column of text")
+    return value
+
+
+def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set) -> Iterator[str]:
+    """A split's documents from its `column`: anything but text is refused; a row without it (None: a JSON line
+    with other keys, or a null) is skipped and counted, and the count said when the split has been read, once a
+    corpus and split (``said``: the splits said; a stream is read in several passes, some cut short)."""
+    missing = rows = 0
+    try:
+        for value in values:
+            rows += 1
+            if value is None:
+                missing += 1
+            elif text := _text(value, path, column):
+                yield text
+    finally:  # (also when a stream's reader stops early: what was read so far)
+        if missing and split not in said:
+            said.add(split)
+            warnings.warn(f"corpus {spec!r}: {missing:,} of the {rows:,} rows read of its {split} split have no "
+                          f"{column!r} (missing or null) and were skipped; if the text is in another column, pass "
+                          "--data.text_column NAME", stacklevel=2)
+
+
+LOCAL_DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _dataset_name(spec: str, path: str, data_files: Any) -> str:
+    """How messages name a dataset: its hub name, or for local files (hf:json with --data.data_files, a .jsonl)
+    the files, not the loader that reads them ("dataset 'json' has no column 'text'")."""
+    if path not in {*LOCAL_DATASET_BUILDERS.values(), "text"}:
+        return path
+    if not spec.startswith("hf:"):
+        return spec
+    files = [data_files] if isinstance(data_files, str) else data_files
+    if isinstance(files, (list, tuple)) and files:
+        return str(files[0]) + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
+    return str(data_files) if data_files else path
+
+
+def _hub_unreachable(path: str) -> str | None:
+    """Why dataset ``path`` is loaded in Hugging Face's offline mode (`tinylm.net.hub_offline`: its cache, or a
+    failure at once), or None: it is on the hub and the hub cannot be reached (`datasets` retried for ~26 s, a log
+    line each time: `tinylm plan` of the tinystories recipe took 28 s offline)."""
+    return None if path in {*LOCAL_DATASET_BUILDERS.values(), "text"} else hub_unreachable()
+
+
+class HFDataset(Corpus):
+    """A Hugging Face dataset; each row's `text_column` is one document. Loaded (and cached as Arrow, memory-
+    mapped) by `datasets.load_dataset`; also reads local json/parquet/csv/text files through `data_files`."""
+
+    def __init__(self, spec: str, path: str, *, split: str = "train", val_split: str = "validation",
+                 text_column: str = "text", data_files: Any = None, config: str | None = None,
+                 revision: str | None = None, cache_dir: str | Path | None = None) -> None:
+        self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
+        self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
+        self.cache_dir = cache_dir
+        self._dd: Any = None
+        self._said: set = set()  # the splits whose rows without text were counted in a warning
+        self._files: Any = None
+
+    @property
+    def shown(self) -> str:
+        return _dataset_name(self.spec, self.path, self.data_files)
+
+    @property
+    def files(self) -> Any:
+        """`data_files` with each local file's sha256 (see `_hash_files`), computed once."""
+        if self._files is None:
+            self._stamps = {path: stamp(path) for path in local_files(self.data_files)}  # before their bytes are read
+            self._files = _hash_files(self.data_files)
+        return self._files
+
+    def _load(self) -> Any:
+        if self._dd is None:
+            import datasets
+
+            # `datasets` caches a local file's rows under its path and mtime: an edit that keeps the mtime (cp -p,
+            # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
+            local = None
+            if self.cache_dir is not None and local_files(self.data_files):
+                key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
+                local = str(Path(self.cache_dir) / "hf-local" / key)
+            offline = _hub_unreachable(self.path)
+            try:
+                with hub_offline(offline is not None), datasets_bars():
+                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                     revision=self.revision, cache_dir=local)
+            except (FileNotFoundError, ConnectionError, OSError) as e:
+                if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
+                    raise
+                if self.path in {*LOCAL_DATASET_BUILDERS.values(), "text"} and self.data_files \
+                        and not local_files(self.data_files):
+                    raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                            "and globs") from None
+                raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({offline or e}); check the name "
+                              "and the network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
+            except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
+                _refuse_blank(self.spec, self.data_files)  # or only empty files
+                raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                        "and globs") from None
+            except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
+                cause = e.__cause__ or e
+                raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
+                                 f"({type(cause).__name__}: {str(cause).strip()[:300]}); fix the file, or pass "
+                                 "--data.corpus PATH to plain text files") from e
+            except ValueError as e:  # 'Instruction "train" corresponds to no data!': files of blank lines
+                _refuse_blank(self.spec, self.data_files)
+                if "corresponds to no data" not in str(e):
+                    raise
+                raise ValueError(f"corpus {self.spec!r} has no rows (a header or blank lines only); pass "
+                                 "--data.corpus PATH to a corpus with text") from None
+            try:  # rows read from files that changed since they were hashed: a cache whose key lies about them
+                check_unchanged(getattr(self, "_stamps", {}))
+            except CorpusChanged:
+                if local:
+                    shutil.rmtree(local, ignore_errors=True)
+                raise
+            if self.split not in self._dd:
+                raise ValueError(f"dataset {self.shown!r} has no split {self.split!r}; it has {list(self._dd)} "
+                                 "(--data.split)")
+            columns = self._dd[self.split].column_names
+            if self.text_column not in columns:
+                raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
+                                 f"{columns} (--data.text_column)")
+        return self._dd
+
+    @property
+    def has_validation(self) -> bool:  # type: ignore[override]
+        return self.val_split in self._load() and self.val_split != self.split
+
+    @property
+    def size_bytes(self) -> int | None:  # type: ignore[override]
+        dd = self._load()  # Arrow bytes of the splits read: close to the text's size
+        return sum(dd[s].data.nbytes for s in {self.split, self.val_split} if s in dd) or None
+
+    def _docs(self, split: str) -> Iterator[str]:
+        name = self.split if split == "train" else self.val_split
+        values = (v for batch in self._load()[name].iter(batch_size=1000) for v in batch[self.text_column])
+        yield from _texts(values, self.spec, self.shown, self.text_column, name, self._said)
+
+    def _fingerprint(self) -> str:
+        dd = self._load()
+        key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
+               "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
+        if local_files(self.data_files):  # local files: their contents, wherever they lie and whatever their mtime
+            key["contents"] = self.files
+        else:  # hub data: datasets' own fingerprint follows the resolved revision
+            key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class HFStream(Corpus):
+    """A Hugging Face dataset read with `streaming=True`: rows arrive as they are downloaded and only the tokens
+    are kept. Training takes `max_documents` documents of `split` (None: all). Validation is the dataset's own
+    `val_split` when it has one (its first `val_documents`), else a held-out head: the first `val_documents`
+    documents of `split`, which training then skips (taking the `max_documents` after them)."""
+
+    has_validation = True
+
+    def __init__(self, spec: str, path: str, *, split: str, val_split: str, text_column: str, data_files: Any,
+                 config: str | None, revision: str | None, max_documents: int | None,
+                 val_fraction: float) -> None:
+        self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
+        self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
+        self.max_documents = max_documents
+        self.val_documents = None if max_documents is None else max(1, int(val_fraction * max_documents))
+        self._dd: Any = None
+        self._said: set = set()  # the splits whose rows without text were counted in a warning
+
+    def _load(self) -> Any:
+        if self._dd is None:
+            import datasets
+
+            offline = _hub_unreachable(self.path)
+            try:
+                with hub_offline(offline is not None), datasets_bars():
+                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                     revision=self.revision, streaming=True)
+            except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
+                why = offline or f"{type(e).__name__}: {e}"
+                raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({why}); check the name, the "
+                                 "network and --data.data_files") from e
+            except StopIteration:  # no file with a row to infer the columns from
+                _refuse_blank(self.spec, self.data_files)
+                raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
+                                        "and globs") from None
+            if self.split not in self._dd:
+                raise ValueError(f"dataset {self.shown!r} has no split {self.split!r}; it has {list(self._dd)} "
+                                 "(--data.split)")
+            columns = getattr(self._dd[self.split], "column_names", None)  # (None: not known before reading)
+            if columns and self.text_column not in columns:  # (it read as an empty corpus)
+                raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
+                                 f"{columns} (--data.text_column)")
+            if self.val_source == "held-out head" and self.max_documents is None:
+                raise ValueError(f"streamed dataset {self.shown!r} has no {self.val_split!r} split, so validation "
+                                 "is a held-out head of the train split, and its size needs --data.max_documents N "
+                                 "(val is the first val_fraction x N documents)")
+        return self._dd
+
+    @property
+    def shown(self) -> str:
+        return _dataset_name(self.spec, self.path, self.data_files)
+
+    @property
+    def val_source(self) -> str:
+        """"validation split" (the dataset's own) or "held-out head" (the first documents of the train split)."""
+        return "validation split" if self.val_split in self._load() and self.val_split != self.split \
+            else "held-out head"
+
+    def _rows(self, split: str) -> Iterator[str]:
+        return _texts(self._values(split), self.spec, self.shown, self.text_column, split, self._said)
+
+    def _values(self, split: str) -> Iterator[Any]:
+        import datasets
+
+        rows = self._load()[split]  # (its own refusals stay as they are)
+        try:
+            for row in rows:
+                yield row.get(self.text_column)
+        except (ValueError, datasets.exceptions.DatasetsError) as e:  # rows `datasets` cannot read as it streams
+            # (a validation file with other columns than train's: CastError, a traceback; read whole: one line)
+            raise ValueError(f"could not read the {split} rows of {self.shown!r} as a {self.path} dataset "
+                             f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200]}); give every file the "
+                             "same columns, or fix the file") from e
+
+    def _docs(self, split: str) -> Iterator[str]:
+        head = self.val_source == "held-out head"
+        start = self.val_documents if head and split == "train" else 0
+        stop = self.val_documents if split != "train" else None if self.max_documents is None else \
+            start + self.max_documents
+        yield from itertools.islice(self._rows(self.split if head or split == "train" else self.val_split), start,
+                                    stop)
+        check_unchanged(getattr(self, "_stamps", {}))  # (a local file rewritten as it was read: refused)
+
+    def _fingerprint(self) -> str:
+        # a stream cannot be hashed without reading it: local files are hashed, hub data is named by its revision
+        # (pin --data.hf_revision to make it reproducible)
+        self._stamps = {path: stamp(path) for path in local_files(self.data_files)}  # before their bytes are read
+        key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
+               "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
+               "val_documents": self.val_documents, "val_source": self.val_source,
+               "files": _hash_files(self.data_files)}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hash_files(data_files: Any) -> Any:
+    """`data_files` (a path or glob, a list, or {split: path(s)}) with each local file replaced by "sha256:<hex>" of
+    its contents, in path order: a corpus moved, copied or named by another path is the same text. A name that
+    matches no local file (a hub dataset's) stays as given."""
+    if isinstance(data_files, dict):
+        return {k: _hash_files(v) for k, v in sorted(data_files.items())}
+    if isinstance(data_files, (list, tuple)):
+        return [_hash_files(v) for v in data_files]
+    if isinstance(data_files, str):
+        return [f"sha256:{_sha256(Path(p))}" for p in sorted(glob.glob(data_files, recursive=True))
+                if Path(p).is_file()] or data_files
+    return data_files
+
+
+def check_splits_apart(data_files: Any, split: str, val_split: str) -> None:
+    """Refuse `data_files` giving train and validation one file (val/loss scored training text) or a split unread."""
+    if not isinstance(data_files, dict) or split == val_split:  # (the same: validation is cut from split's tail)
+        return
+    if val_split not in data_files and (unread := [str(k) for k in data_files if k != split]):
+        raise ValueError(f"--data.data_files names the split {unread[0]!r} and no {val_split!r} (--data.val_split), "
+                         f"so its files would never be read and validation would be cut from the tail of {split!r}; "
+                         f"pass --data.val_split {unread[0]}, or leave it out")
+    real = lambda name: {os.path.realpath(p) for p in local_files(data_files.get(name))}
+    if shared := sorted(real(split) & real(val_split)):
+        raise ValueError(f"--data.data_files gives the {split!r} and {val_split!r} splits the same file {shared[0]}: "
+                         "validation would score text the model trains on; give validation files of its own, or "
+                         f"leave {val_split!r} out (the last --data.val_fraction of {split!r} is then validation)")
+
+
+def local_files(data_files: Any) -> list[Path]:
+    """The local files `data_files` (a path or glob, a list, or {split: path(s)}) names."""
+    if isinstance(data_files, dict):
+        return [p for v in data_files.values() for p in local_files(v)]
+    if isinstance(data_files, (list, tuple)):
+        return [p for v in data_files for p in local_files(v)]
+    if isinstance(data_files, str):
+        return [Path(p) for p in glob.glob(data_files, recursive=True) if Path(p).is_file()]
+    return []
+
+
+def _refuse_blank(spec: str, data_files: Any) -> None:
+    """An empty corpus, when `data_files` names local files that hold nothing but whitespace: `datasets` finds no
+    row in them and says so in its own words (a StopIteration, "Instruction "train" corresponds to no data!")."""
+    files = local_files(data_files)  # (read only once loading failed)
+    if files and not any(f.read_bytes().strip() for f in files):
+        raise ValueError(f"corpus {spec!r} is empty (no text in it); pass --data.corpus PATH to a corpus with text")

@@ -1,0 +1,81 @@
+"""What every corpus is (`Corpus`: documents and a fingerprint), and how a read notices its files changing under it
+(`CorpusChanged`): the base of tinylm.data.corpus (text files) and tinylm.data.hf_corpus (datasets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from tinylm.errors import TinyLMError
+
+
+class Corpus:
+    """A sequence of documents. Subclasses set `spec` and implement `_docs(split)` and `_fingerprint()`."""
+
+    spec: str = ""
+    has_validation: bool = False  # True when the source has its own validation split
+
+    def documents(self, split: str = "train") -> Iterator[str]:
+        """Stream the documents of `split` ("train", or "validation" when `has_validation`)."""
+        if split != "train" and not self.has_validation:
+            raise ValueError(f"corpus {self.spec!r} has no {split!r} split; the validation data is cut from the "
+                             "tail of the train split instead (--data.val_fraction)")
+        return self._docs(split)
+
+    def __iter__(self) -> Iterator[str]:
+        return self.documents("train")
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 hex that changes whenever the corpus's text (or the selection of it) changes."""
+        if not hasattr(self, "_fp"):
+            self._fp = self._fingerprint()
+        return self._fp
+
+    @property
+    def size_bytes(self) -> int | None:
+        """About how many bytes of text the corpus holds (for progress bars and sampling), None when unknown."""
+        return None
+
+    @property
+    def name(self) -> str:
+        """Short readable name for folder names and summaries."""
+        return Path(self.spec.rstrip("/")).name or self.spec
+
+    def _docs(self, split: str) -> Iterator[str]:
+        raise NotImplementedError
+
+    def _fingerprint(self) -> str:
+        raise NotImplementedError
+
+
+class CorpusChanged(TinyLMError):
+    """A corpus file changed between its fingerprint and the end of a read of it."""
+
+
+def check_unchanged(stamps: dict[Path, tuple], paths: list[Path] | None = None, n_read: int | None = None) -> None:
+    """Refuse a file read whole (``n_read`` bytes) that is not the one its fingerprint hashed (``stamps``: taken then;
+    ``paths``: all of them): what is made of it would be stored under a key that lies about its text."""
+    for path in stamps if paths is None else paths:
+        taken = stamps.get(path)  # (none: a file never fingerprinted keys nothing)
+        if taken and (n_read not in (None, taken[2]) or (stamp(path) if path.exists() else ()) != taken):
+            raise CorpusChanged(f"corpus file {path} changed while it was read (something is writing to it); run "
+                                "again when it is no longer written to")
+
+
+def stamp(path: Path) -> tuple[int, ...]:
+    """What changes with a file's bytes: inode (a file renamed over it), size, mtime, ctime (set by every write)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise gone(path) from None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def gone(path: Path) -> CorpusChanged:
+    """A corpus file listed (or fingerprinted) and then removed or renamed before it was read."""
+    return CorpusChanged(f"corpus file {path} was removed (or renamed) while the corpus was read; run again when "
+                         "nothing is moving its files, or leave it out of --data.corpus")
+
+
+__all__ = ["Corpus", "CorpusChanged", "check_unchanged", "gone", "stamp"]
