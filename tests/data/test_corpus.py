@@ -322,6 +322,18 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     assert open_corpus(str(moved), cache_dir=tmp_path / "c2").fingerprint == after.fingerprint
     with pytest.raises(FileNotFoundError, match=r"--data.data_files .*matches no file"):
         list(open_corpus("hf:json", cache_dir=tmp_path / "c3", data_files=str(tmp_path / "none" / "*.jsonl")))
+    # a local folder named as the dataset (hf:DIR: its train.jsonl and validation.jsonl) too: it was keyed by mtimes
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        (folder / f"{split}.jsonl").write_text(json.dumps({"text": f"{split} rows"}) + "\n")
+    before = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4").fingerprint
+    stamp = (folder / "train.jsonl").stat()
+    (folder / "train.jsonl").write_text(json.dumps({"text": "train rows!"}) + "\n")
+    os.utime(folder / "train.jsonl", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    after = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4")
+    assert after.fingerprint != before and list(after) == ["train rows!"]
+    assert list(after.documents("validation")) == ["validation rows"]
 
 
 def test_a_dataset_file_written_to_while_it_is_loaded_is_refused(tmp_path, monkeypatch):

@@ -93,11 +93,19 @@ class HFDataset(Corpus):
         return _dataset_name(self.spec, self.path, self.data_files)
 
     @property
+    def sources(self) -> Any:
+        """The local files the dataset is read from: `data_files`, or every file below a local folder named as the
+        dataset (`hf:DIR`: its train.jsonl and validation.jsonl, a `save_to_disk` folder), or None (the hub's)."""
+        if self.data_files or not Path(self.path).expanduser().is_dir():
+            return self.data_files
+        return os.path.join(glob.escape(str(Path(self.path).expanduser())), "**", "*")
+
+    @property
     def files(self) -> Any:
-        """`data_files` with each local file's sha256 (see `_hash_files`), computed once."""
+        """`sources` with each local file's sha256 (see `_hash_files`), computed once."""
         if self._files is None:
-            self._stamps = {path: stamp(path) for path in local_files(self.data_files)}  # before their bytes are read
-            self._files = _hash_files(self.data_files)
+            self._stamps = {path: stamp(path) for path in local_files(self.sources)}  # before their bytes are read
+            self._files = _hash_files(self.sources)
         return self._files
 
     def _load(self) -> Any:
@@ -107,7 +115,7 @@ class HFDataset(Corpus):
             # `datasets` caches a local file's rows under its path and mtime: an edit that keeps the mtime (cp -p,
             # rsync -a, tar x) would load the old rows. Local files get an Arrow cache keyed by their contents.
             local = None
-            if self.cache_dir is not None and local_files(self.data_files):
+            if self.cache_dir is not None and local_files(self.sources):
                 key = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             offline = _hub_unreachable(self.path)
@@ -172,7 +180,7 @@ class HFDataset(Corpus):
         dd = self._load()
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
-        if local_files(self.data_files):  # local files: their contents, wherever they lie and whatever their mtime
+        if local_files(self.sources):  # local files: their contents, wherever they lie and whatever their mtime
             key["contents"] = self.files
         else:  # hub data: datasets' own fingerprint follows the resolved revision
             key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
