@@ -336,6 +336,25 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     assert list(after.documents("validation")) == ["validation rows"]
 
 
+def test_a_folder_datasets_saved_is_read_as_a_dataset(tmp_path):
+    """Catches a `save_to_disk` folder named as a corpus read as text (its Arrow bytes, or its JSON files as rows
+    after the hint to glob them), and `hf:FOLDER` of a single saved Dataset ending in `datasets`' traceback ("use
+    load_from_disk")."""
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(6)]})
+    rows.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": rows, "validation": rows.select(range(2))}).save_to_disk(str(tmp_path / "dict"))
+    for name in ("one", "dict"):
+        with pytest.raises(ValueError, match=rf"is a folder `datasets` saved \(save_to_disk\); pass --data.corpus "
+                                             rf"hf:{tmp_path / name} to read its rows"):
+            open_corpus(str(tmp_path / name), cache_dir=tmp_path / "cache")
+    one = open_corpus(f"hf:{tmp_path / 'one'}", cache_dir=tmp_path / "cache")
+    assert list(one) == [f"row {i}" for i in range(6)] and not one.has_validation
+    both = open_corpus(f"hf:{tmp_path / 'dict'}", cache_dir=tmp_path / "cache")
+    assert list(both.documents("validation")) == ["row 0", "row 1"]
+
+
 def test_a_dataset_file_written_to_while_it_is_loaded_is_refused(tmp_path, monkeypatch):
     """Catches rows cached under the contents key of a .jsonl appended to while `datasets` read it (the change is
     real, only its timing is arranged: after the file was hashed): the key lied about the rows, and so would the

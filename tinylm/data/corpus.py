@@ -180,6 +180,9 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         return HFDataset(spec, spec[3:], **hf, cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if path.is_dir():
+        if any((path / name).is_file() for name in ("dataset_dict.json", "state.json")):  # (its Arrow is no text)
+            raise ValueError(f"corpus {spec!r} is a folder `datasets` saved (save_to_disk); pass --data.corpus "
+                             f"hf:{spec} to read its rows")
         files = _unique_files(files_below(path, cache_dir=cache_dir))
         if not files:
             raise ValueError(f"corpus directory {spec!r} holds no files; put text files in it or pass "

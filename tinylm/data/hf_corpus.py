@@ -71,7 +71,8 @@ def _hub_unreachable(path: str) -> str | None:
     """Why dataset ``path`` is loaded in Hugging Face's offline mode (`tinylm.net.hub_offline`: its cache, or a
     failure at once), or None: it is on the hub and the hub cannot be reached (`datasets` retried for ~26 s, a log
     line each time: `tinylm plan` of the tinystories recipe took 28 s offline)."""
-    return None if path in {*LOCAL_DATASET_BUILDERS.values(), "text"} else hub_unreachable()
+    local = path in {*LOCAL_DATASET_BUILDERS.values(), "text"} or Path(path).expanduser().is_dir()
+    return None if local else hub_unreachable()
 
 
 class HFDataset(Corpus):
@@ -121,8 +122,12 @@ class HFDataset(Corpus):
             offline = _hub_unreachable(self.path)
             try:
                 with hub_offline(offline is not None), datasets_bars():
-                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                     revision=self.revision, cache_dir=local)
+                    if not self.data_files and (Path(self.path).expanduser() / "state.json").is_file():
+                        # one Dataset that `save_to_disk` wrote (load_dataset refuses it; a DatasetDict's it reads)
+                        self._dd = datasets.DatasetDict({self.split: datasets.load_from_disk(self.path)})
+                    else:
+                        self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
+                                                         revision=self.revision, cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
                     raise
