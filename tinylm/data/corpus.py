@@ -46,8 +46,9 @@ _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short fi
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
 
 
-# Counts byte sequences that were not valid UTF-8 (each becomes U+FFFD); the corpus warns once when it is non-zero.
-_replaced = [0]
+# Counts byte sequences that were not valid UTF-8 (each becomes U+FFFD), and NUL bytes (text has none: a binary file,
+# or the hole a crash left in a log); the corpus warns once of each when it is non-zero.
+_replaced, _nuls = [0], [0]
 
 
 def _replace_and_count(err: UnicodeDecodeError) -> tuple[str, int]:
@@ -65,15 +66,20 @@ class TextFiles(Corpus):
 
     def __init__(self, spec: str, files: list[Path]) -> None:
         self.spec, self.files = spec, files
-        self._warned = False
+        self._warned: set[str] = set()
 
     def _docs(self, split: str) -> Iterator[str]:
         for path in self.files:
-            before = _replaced[0]
+            before, nuls = _replaced[0], _nuls[0]
             n_read = yield from _read_documents(path)
             check_unchanged(getattr(self, "_stamps", {}), [path], n_read)
-            if _replaced[0] != before and not self._warned:
-                self._warned = True
+            if _nuls[0] != nuls and "nul" not in self._warned:
+                self._warned.add("nul")
+                warnings.warn(f"corpus {self.spec!r}: {path} holds {_nuls[0] - nuls} NUL byte(s), which text has none "
+                              "of (a binary file, or a hole a crash left?); they are trained on as a character: remove "
+                              "them (tr -d '\\000'), or the file from the corpus", stacklevel=2)
+            if _replaced[0] != before and "utf-8" not in self._warned:
+                self._warned.add("utf-8")
                 warnings.warn(f"corpus {self.spec!r}: {path} is not valid UTF-8; {_replaced[0] - before} bad byte "
                               "sequence(s) were replaced by U+FFFD (re-encode the file as UTF-8 to keep them)",
                               stacklevel=2)
@@ -120,7 +126,8 @@ def _read_documents(path: Path) -> Generator[str, None, int]:
             chunk = f.read(_READ_BYTES)
             before = _replaced[0]
             buf += decoder.decode(chunk, final=not chunk)
-            n_read, n_bad = n_read + len(chunk), n_bad + _replaced[0] - before + chunk.count(0)
+            _nuls[0] += (nuls := chunk.count(0))
+            n_read, n_bad = n_read + len(chunk), n_bad + _replaced[0] - before + nuls
             if n_bad >= _BINARY_MIN_BAD and n_bad > BINARY_FRACTION * n_read:
                 raise ValueError(_binary(path, f"looks binary, not text: {n_bad} of its first {n_read} bytes are "
                                          "undecodable as UTF-8 or NUL; remove it from the corpus or name only the text "
