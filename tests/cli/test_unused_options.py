@@ -68,6 +68,14 @@ def test_prepare_warns_of_data_options_it_ignores(tmp_path, caplog, capsys):
     caplog.clear()
     main([*common, "--data.tokenizer", "scratch-bpe", "--data.vocab_size", "260"])  # used: no word
     assert not [r for r in caplog.records if "does nothing" in r.getMessage()]
+    # a dataset's options on a text file (no splits, no columns: each was ignored without a word); on a .jsonl, used
+    main([*common, "--data.text_column", "body", "--data.val_split", "dev"])
+    said = [r.getMessage().split("=")[0] for r in caplog.records if "does nothing" in r.getMessage()]
+    assert said == ["data.val_split", "data.text_column"]
+    caplog.clear()
+    (tmp_path / "c.jsonl").write_text('{"body": "the quick brown fox jumps over the lazy dog"}\n' * 20)
+    main([*common[:2], str(tmp_path / "c.jsonl"), *common[3:], "--data.text_column", "body"])
+    assert not [r for r in caplog.records if "does nothing" in r.getMessage()]
 
 
 def test_mixture_and_minhash_options_without_their_mode_warn(run_config, caplog):

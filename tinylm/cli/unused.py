@@ -36,6 +36,20 @@ _SAMPLES = Needs("samples.every_n_steps", lambda v: bool(v), "--samples.every_n_
 _EVAL = Needs("eval.tasks", lambda v: bool(v), "--eval.tasks hellaswag,... (no tasks: no in-loop evaluation)")
 _MINHASH = Needs("data.clean.near", lambda v: v is True, "--data.clean.near true or --data.clean.decontaminate true",
                  also=("data.clean.decontaminate",))
+def _reads_a_dataset(corpus: Any) -> bool:
+    """Whether `data.corpus` may read a `datasets` dataset: hf:NAME, a .jsonl/.parquet/.csv file, or a folder or
+    glob (which may hold such files); a text file or a named corpus never does."""
+    from pathlib import Path
+
+    from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS
+
+    specs = [corpus] if isinstance(corpus, str) else list(corpus or [])
+    return any(not isinstance(s, str) or s.startswith("hf:") or Path(s).suffix.lower() in LOCAL_DATASET_BUILDERS
+               or any(c in s for c in "*?[") or Path(s).expanduser().is_dir() for s in specs)
+
+
+_DATASET = Needs("data.corpus", _reads_a_dataset,
+                 "a dataset corpus (hf:NAME, a .jsonl/.parquet/.csv file: text files have no splits or columns)")
 _CHECKPOINTS = Needs("trainer.enable_checkpointing", lambda v: v is not False,
                      "trainer.enable_checkpointing left on")
 
@@ -48,6 +62,7 @@ UNUSED_UNLESS: dict[str, Needs] = {
     "data.max_documents": Needs("data.streaming", lambda v: bool(v),
                                 "--data.streaming true (a corpus read whole is read whole)"),
     "data.vocab_size": _TRAINED, "data.tokenizer_train_chars": _TRAINED,
+    **{f"data.{k}": _DATASET for k in ("split", "val_split", "text_column", "data_files", "hf_config", "hf_revision")},
     "data.weights": Needs("data.corpus", lambda v: isinstance(v, (list, tuple)) and len(v) > 1,
                           "a list of corpora to mix (--data.corpus '[a.txt, b.txt]')"),
     **{f"data.clean.{k}": _MINHASH for k in ("near_threshold", "shingle_words", "num_perm")},
