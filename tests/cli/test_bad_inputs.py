@@ -307,6 +307,19 @@ def test_a_resume_on_another_corpus_is_refused_before_its_data_is_prepared(confi
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before  # nothing prepared for either
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--model.n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
+    (["--model.positions", "rope", "--model.n_embd", "18", "--model.n_head", "2"], "head size n_embd/n_head = 9"),
+    (["--run.checkpoint_every", "0"], "run.checkpoint_every must be >= 1"),
+])
+def test_model_and_run_options_are_refused_before_the_data_is_prepared(config, tmp_path, capsys, flags, says):
+    """Catches a model shape the GPT cannot build, or a bad run option, refused only after the data module had
+    trained the tokenizer and packed the corpus (minutes on a large one, for a typo)."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--data.tokenizer", "scratch-bpe",
+                             "--data.vocab_size", "300", *flags], says)
+    assert not (tmp_path / "cache").exists()
+
+
 def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error), and
     validate or a resume of such a file (or of one missing a tensor) ending in load_state_dict's traceback."""

@@ -29,7 +29,6 @@ from tinylm.cli.run_folder import (
     RUNS_ROOT,
     RunOptions,
     check_run_folder,
-    check_wandb_project,
     release_run_folders,
     run_dir_of,
     with_run_config,
@@ -214,7 +213,7 @@ class TinyLMCLI(LightningCLI):
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":
             check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints")
-        check_wandb_project(cfg.run.get("wandb_project"))  # (RunOptions checks it too, after the data is built)
+        RunOptions(**cfg.run.as_dict())  # its checks, before the data is built (a tokenizer trained, a corpus packed)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)
@@ -258,7 +257,9 @@ class TinyLMCLI(LightningCLI):
 
         # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus
         # first, minutes on a large one, before TinyLM's own check named `--model.lr -1e-3`
-        check_ranges("model", dict(self._section().get("model") or {}), RANGES)
+        model = dict(self._section().get("model") or {})
+        check_ranges("model", model, RANGES)
+        _check_shape(model)
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):
@@ -419,6 +420,17 @@ class TinyLMCLI(LightningCLI):
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None
+
+
+def _check_shape(model: dict) -> None:
+    """The GPT's own checks of the model options (n_embd divisible by n_head, ...) before the data module is built:
+    they ran after it had trained a tokenizer and packed the corpus (the vocabulary comes from the data: any here)."""
+    from dataclasses import fields
+
+    from tinylm.model.config import GPTConfig
+
+    names = {f.name for f in fields(GPTConfig)}
+    GPTConfig(**{**{k: v for k, v in model.items() if k in names}, "vocab_size": 1, "eos_id": 0})
 
 
 def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> TinyLMCLI:
