@@ -320,6 +320,19 @@ def test_model_and_run_options_are_refused_before_the_data_is_prepared(config, t
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("command", ["fit", "prepare"])
+def test_a_glob_the_shell_expanded_is_named(tmp_path, capsys, monkeypatch, command):
+    """Catches `--data.corpus parts/p_*` unquoted (the shell passes every file: the first as the corpus) ending in
+    "unrecognized arguments: parts/p_ab" and nothing else."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "parts").mkdir()
+    for name in ("p_aa", "p_ab"):
+        (tmp_path / "parts" / name).write_text("some text\n")
+    _one_line_error(capsys, [command, "--data.corpus", "parts/p_aa", "parts/p_ab"],
+                    "unrecognized arguments: parts/p_ab; parts/p_ab is a file: a glob the shell expanded",
+                    "Quote it (--data.corpus 'data/*.txt')")
+
+
 def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):
     """Catches weights of one model shape loaded under another's hyperparameters (garbage output, no error), and
     validate or a resume of such a file (or of one missing a tensor) ending in load_state_dict's traceback."""
