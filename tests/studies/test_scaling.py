@@ -385,13 +385,16 @@ def test_scaling_counts_the_configs_architecture():
     assert modern.params == plain.params - 16 * 16 + 65 * 16  # no position table (block 16), an LM head of its own
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("losses, side", [([1.9, 2.3, 2.4, 2.5], "below"), ([2.4, 2.2, 2.1, 2.05], "above")])
-def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses, side):
-    """Catches "beyond the ladder (the loss still falls)" printed for losses that rise from the smallest model."""
+def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses, side, reverse):
+    """Catches "beyond the ladder (the loss still falls)" printed for losses that rise from the smallest model, and
+    the side named from the order of --sizes (largest first: the other side) instead of the models' sizes."""
     cfg = run_config()
     sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]  # the last is --predict
-    _finished_runs(cfg, sizes, lambda _, i: losses[i])
-    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes[:3]), "--predict",
+    ladder, given = (sizes[2::-1], losses[2::-1] + losses[3:]) if reverse else (sizes[:3], losses)
+    _finished_runs(cfg, ladder + sizes[3:], lambda _, i: given[i])
+    main(["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(ladder), "--predict",
           json.dumps(sizes[3]), "--head_size", "8", "--out", "s.png"])
     assert f"{side} the ladder's range" in capsys.readouterr().out
 

@@ -263,8 +263,10 @@ def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step
     except ValueError as e:  # losses that do not fall with size: the IsoFLOP optimum is the answer, not a law
         law, no_law = None, str(e)
     optimum = isoflop_optimum([r.params for r in ladder], ladder_losses)
-    # with no minimum inside, the optimum lies past the end where the loss is lower: above if it still falls
-    beyond = "below" if ladder_losses[0] < ladder_losses[-1] else "above"
+    # with no minimum inside, the optimum lies past the end where the loss is lower: above if it still falls at the
+    # largest model (by parameters: --sizes may list the ladder in any order)
+    by_size = sorted(range(len(ladder)), key=lambda i: ladder[i].params)
+    beyond = "below" if ladder_losses[by_size[0]] < ladder_losses[by_size[-1]] else "above"
     big, measured = rungs[-1], losses[-1]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
