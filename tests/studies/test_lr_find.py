@@ -136,14 +136,21 @@ def test_steepest_descent_is_per_decade():
     assert steepest_descent(lrs, list(4.17 + 0.002 * rng.standard_normal(100))) is None  # flat: noise only
 
 
-@pytest.mark.parametrize("lrs, why", [(["1e-9", "1e-7"], "did not fall between 1e-09 and 1e-07: raise --max_lr"),
-                                      (["10", "1e4"], "diverged after .* lower --min_lr")])
-def test_lr_find_says_why_it_has_no_suggestion(run_config, capsys, lrs, why):
-    """Catches a "steepest descent" LR printed for a sweep whose loss never fell (its noise's steepest point), and
-    "raise --num_training" for a sweep that diverged at once (only a lower --min_lr helps)."""
-    main(["lr-find", "--config", str(run_config()), "--num_training", "20", "--min_lr", lrs[0], "--max_lr", lrs[1]])
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("steepest descent"))
-    assert re.search(r"none \(the loss " + why, line), line
+@pytest.mark.parametrize("lrs, steps, why", [
+    (["1e-9", "1e-7"], "20", "the loss did not fall between 1e-09 and 1e-07: raise --max_lr"),
+    (["10", "1e4"], "20", "the loss diverged after .* lower --min_lr"),
+    (["1e-9", "1e-7"], "6", r"too few points \(6\): raise --num_training"),
+])
+def test_lr_find_says_why_it_has_no_suggestion(run_config, capsys, lrs, steps, why):
+    """Catches a "steepest descent" LR printed for a sweep whose loss never fell (its noise's steepest point),
+    "raise --num_training" for a sweep that diverged at once (only a lower --min_lr helps), "raise --max_lr" for a
+    sweep too short to tell (it was said at an LR of 1 already), and a `next:` fit at the rule of thumb's LR that did
+    not say it was not the sweep's."""
+    main(["lr-find", "--config", str(run_config()), "--num_training", steps, "--min_lr", lrs[0], "--max_lr", lrs[1]])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("steepest descent"))
+    assert re.search(r"none \(" + why, line), line
+    assert "next (no suggestion: at the rule of thumb's LR):" in out
 
 
 def test_lr_find_num_training_has_bounds(run_config, capsys):

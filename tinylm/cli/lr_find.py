@@ -47,7 +47,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
-    print(f"next:\n  {_next_command(fit_args, cli, result.suggestion or result.rule_of_thumb)}")
+    which = "" if result.suggestion else " (no suggestion: at the rule of thumb's LR)"
+    print(f"next{which}:\n  {_next_command(fit_args, cli, result.suggestion or result.rule_of_thumb)}")
     return summary
 
 

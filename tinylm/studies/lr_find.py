@@ -25,6 +25,7 @@ def rule_of_thumb_lr(params: int) -> float:
 
 
 MIN_POINTS = 3  # points of the curve a suggestion needs (past the skipped ones)
+FEW_POINTS = 20  # a sweep shorter than this that finds no fall says to sweep longer, not wider
 SMOOTHING = 0.98  # the beta of Lightning's running loss in the range test (_LRCallback)
 
 
@@ -90,10 +91,13 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     suggestion, why = steepest_descent(lrs, losses), ""
     if suggestion is None:
         stopped = len(finder.results["lr"]) < num_training  # Lightning ends the test once the loss exceeds 4x its best
+        # (a short sweep's curve is noise: "raise --max_lr" was said of 4 points, already at an LR of 1)
+        few = len(_trimmed(lrs)) < MIN_POINTS or len(lrs) < FEW_POINTS
         why = (f"the loss diverged after {len(finder.results['lr'])} steps, at LR {finder.results['lr'][-1]:.2e}: "
                "lower --min_lr" if stopped else
-               "too few points: raise --num_training" if len(_trimmed(lrs)) < MIN_POINTS else
-               f"the loss did not fall between {min_lr:g} and {max_lr:g}: raise --max_lr (or check the data)")
+               f"too few points ({len(lrs)}): raise --num_training" if few else
+               f"the loss did not fall between {min_lr:g} and {max_lr:g}: " +
+               ("raise --max_lr (or check the data)" if max_lr < 1 else "check the data and the model"))
     return LRFind(lrs, losses, suggestion, rule_of_thumb_lr(params), why)
 
 
