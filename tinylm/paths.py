@@ -44,6 +44,9 @@ def check_json_beside(png: str | Path, key: str, command: str, option: str = "--
     model's config.json beside ``--out config.png``). Raises ValueError naming both paths and the fix."""
     beside = Path(png).with_suffix(".json")
     if not beside.exists():
+        if Path(png).exists():  # a picture of the user's own, or another command's (`tinylm plot`'s plot.png)
+            raise ValueError(f"{option} {str(png)!r} already exists, without the {beside.name} a `tinylm {command}` "
+                             f"writes beside its picture: it is another file; pick another {option}, or move it away")
         return beside
     try:
         ours = key in json.loads(beside.read_text(encoding="utf-8"))

@@ -169,6 +169,11 @@ def test_out_never_replaces_another_file_beside_it(config, capsys, command):
     _one_line_error(capsys, [command[0], "--config", str(config), *command[1:], "--out",
                              str(config.parent / "config.png")], f"{theirs}, which holds another file")
     assert theirs.read_text() == '{"model_type": "gpt2"}' and not (config.parent / "runs").exists()
+    mine = config.parent / "mine.png"  # a picture without the command's .json beside it: not its own either
+    mine.write_bytes(b"my picture")
+    _one_line_error(capsys, [command[0], "--config", str(config), *command[1:], "--out", str(mine)],
+                    f"--out {str(mine)!r} already exists, without the mine.json a `tinylm {command[0]}` writes")
+    assert mine.read_bytes() == b"my picture"
 
 
 def test_empty_corpus_is_one_line(config, tmp_path, capsys):
