@@ -62,6 +62,21 @@ def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
     assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced
 
 
+def test_validate_of_a_checkpoint_leaves_the_runs_own_loggers_and_validation_limit(config, tmp_path, capsys):
+    """Catches `tinylm validate --ckpt_path` (no --config: the run's own settings) taking the run's trainer.logger
+    too: a user's CSVLogger lost its training rows to validate's one row at step 0 (a WandbLogger failed without
+    credentials); and its `limit_val_batches 0` (validation off while training), refused as "validates nothing"."""
+    main(["fit", "--config", str(config), "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+          "--trainer.logger.save_dir", "logs", "--trainer.logger.version", "v", "--trainer.limit_val_batches", "0"])
+    theirs = tmp_path / "logs" / "lightning_logs" / "v"
+    before = {p: p.read_bytes() for p in theirs.iterdir()}
+    capsys.readouterr()
+    main(["validate", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt"])
+    assert "val/loss" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in theirs.iterdir()} == before
+    assert len(_rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")) == 1
+
+
 def test_validate_prints_its_result_when_it_cannot_record_it(config, tmp_path, capsys, caplog):
     """Catches validate printing its numbers and then failing (exit 1) because the record cannot be written (a
     read-only run folder, a full disk; here a file where the validate/ folder goes): a warning, not a failure."""

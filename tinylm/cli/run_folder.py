@@ -368,6 +368,11 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     return [args[0], "--config", yaml.safe_dump(settings, sort_keys=False), *args[1:]]
 
 
+VALIDATE_LEAVES = ("logger", "callbacks", "profiler", "limit_val_batches")
+"""Trainer options of a run's config that `tinylm validate` of its checkpoint leaves at their defaults (flags set
+them): it logs only to ``<run dir>/validate/metrics.csv``, and validates the whole validation split."""
+
+
 def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     """``fit``/``validate`` ``args`` from a run's checkpoint that name no ``--config``: with the run's own settings
     read first (the run folder's newest config*.yaml: the one it started with, or its newest resume's record), so
@@ -401,6 +406,10 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     # the run's mixture weights go with its corpora, not with a --data.corpus OTHER the command names
     if "data.corpus" in flags and (settings.get("data") or {}).get("weights") is not None:
         where += ["--data.weights", "null"]
+    if args[0] == "validate":  # the run's loggers, callbacks, profiler and validation limit are its training's: a
+        # user's CSVLogger lost its training rows to validate's one, a WandbLogger failed without credentials
+        where += [arg for key in VALIDATE_LEAVES if key in (settings.get("trainer") or {}) and
+                  f"trainer.{key}" not in flags for arg in (f"--trainer.{key}", "null")]
     if not quiet:
         log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
                  f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
