@@ -43,6 +43,10 @@ def config(run_config):
         (["--trainer.min_steps", "3"], ["trainer.min_steps 3 is above trainer.max_steps 2", "leave min_steps out"]),
         (["--trainer.max_time", "00:00:00:00"], ["trainer.max_time 00:00:00:00 is no time", "DD:HH:MM:SS"]),
         (["--trainer.max_time", "{minutes: 0}"], ["trainer.max_time {'minutes': 0} is no time"]),
+        (["--trainer.max_time", "{minutes: -1}"], ["trainer.max_time {'minutes': -1} is no time"]),  # (stopped at 0)
+        (["--trainer.max_time", "{sec: 1}"], ["trainer.max_time {'sec': 1} names what timedelta does not take"]),
+        (["--trainer.callbacks+=LearningRateFinder"], ["LearningRateFinder is not taken by tinylm", "tinylm lr-find"]),
+        (["--trainer.callbacks+=BatchSizeFinder"], ["BatchSizeFinder is not taken by tinylm", "--data.batch_size"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
         (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),

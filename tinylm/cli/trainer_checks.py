@@ -101,12 +101,17 @@ def _check_stops(trainer_cfg: dict[str, Any], max_steps: int) -> None:
                          "max_steps anyway, without its final validation and best.ckpt; leave min_steps out (or "
                          "at most max_steps)")
     max_time = trainer_cfg.get("max_time")
+    if isinstance(max_time, dict):  # Lightning's Timer passes it to timedelta: `{sec: 1}` was its TypeError traceback
+        try:
+            max_time = timedelta(**max_time)
+        except TypeError:
+            raise ValueError(f"trainer.max_time {trainer_cfg['max_time']} names what timedelta does not take; use "
+                             "days, hours, minutes and seconds, e.g. {hours: 2}") from None
     zero = (all(p.strip().isdigit() and int(p) == 0 for p in max_time.split(":")) if isinstance(max_time, str)
-            else isinstance(max_time, dict) and not any(max_time.values())
-            or isinstance(max_time, timedelta) and not max_time)
+            else isinstance(max_time, timedelta) and max_time <= timedelta(0))
     if zero:  # the run stopped at step 0 and said that last.ckpt was saved there (there was nothing to save)
-        raise ValueError(f"trainer.max_time {max_time} is no time: the run would stop before its first step; pass a "
-                         "positive time (DD:HH:MM:SS, e.g. 00:01:00:00) or leave it out")
+        raise ValueError(f"trainer.max_time {trainer_cfg['max_time']} is no time: the run would stop before its "
+                         "first step; pass a positive time (DD:HH:MM:SS, e.g. 00:01:00:00) or leave it out")
 
 
 def check_accelerator(accelerator: Any) -> None:
@@ -301,6 +306,12 @@ _REFUSED_CALLBACKS = {
                                      "at whole optimizer steps, exact resume) and its tokens per step read that, and "
                                      "a schedule would change the batch under them mid-run",
     "Timer": "set --trainer.max_time DD:HH:MM:SS instead (Lightning's Timer with that duration)",
+    # (the LR it found went to the checkpoint's hyperparameters, not the optimizer, and a resume ran it again; the
+    # batch size finder's trial fits ended in a refusal of the run's own batch size)
+    "LearningRateFinder": "run `tinylm lr-find --config ...` first (it sweeps the run's own model and schedule), then "
+                          "pass its --model.lr",
+    "BatchSizeFinder": "set --data.batch_size (with --trainer.accumulate_grad_batches for the global batch); `tinylm "
+                       "plan` says the memory a batch size takes",
 }
 
 
