@@ -898,6 +898,12 @@ def test_a_users_checkpoint_named_as_tinylms_in_its_folder_is_refused(config, ca
                              "--trainer.callbacks.mode", "max", *args],
                     f"--trainer.callbacks.dirpath {folder} is this run's own checkpoints folder", "e.g. 'top-{step}'")
     assert not (tmp_path / "runs").exists()
+    # without a dirpath and with no logger, Lightning's default folder is the same one (tinylm's best.ckpt was the
+    # user's, of another step)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.logger", "false",
+                             "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/loss", *args],
+                    "a ModelCheckpoint without a dirpath (with trainer.logger false: runs/tiny/checkpoints) is")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_users_checkpoint_folder_inside_another_run_is_refused(config, capsys, tmp_path):

@@ -212,7 +212,8 @@ class TinyLMCLI(LightningCLI):
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":
-            check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints")
+            check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints",
+                                   logger=cfg.trainer.get("logger"))
         RunOptions(**cfg.run.as_dict())  # its checks, before the data is built (a tokenizer trained, a corpus packed)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None

@@ -340,15 +340,16 @@ def check_callbacks(callbacks: Any) -> None:
                              f"{meant}? (its metrics: {', '.join(_METRICS)}, see docs/training.md)")
 
 
-def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
+def check_checkpoint_names(callbacks: Any, folder: Path, *, logger: Any = None) -> None:
     """A user's ModelCheckpoint writing into the run's own checkpoints ``folder`` under a name tinylm writes there
     (best, last, step-N; or its save_last): one would overwrite the other's file without a word (a user's best.ckpt of
-    the highest val/loss was replaced by tinylm's of the lowest)."""
+    the highest val/loss was replaced by tinylm's of the lowest). Without a dirpath it writes there too when
+    ``logger`` (trainer.logger) is false: Lightning's default is then ``<default_root_dir>/checkpoints``."""
     for cb in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []:
         if not hasattr(cb, "get") or not str(cb.get("class_path", "")).endswith("ModelCheckpoint"):
             continue
         args = cb.get("init_args") or {}
-        dirpath, filename = args.get("dirpath"), args.get("filename")
+        dirpath, filename = args.get("dirpath") or (str(folder) if logger is False else None), args.get("filename")
         if dirpath:
             _check_not_in_another_run(str(dirpath), folder.parent)
         if not dirpath or Path(str(dirpath)).expanduser().resolve() != folder.resolve():
@@ -358,7 +359,9 @@ def check_checkpoint_names(callbacks: Any, folder: Path) -> None:
         taken = re.fullmatch(r"(best|last|step-\d+)(\.ckpt)?", formatted) if filename else None
         if taken or args.get("save_last"):
             what = f"filename {filename}" if taken else "save_last (last.ckpt)"
-            raise ValueError(f"--trainer.callbacks.dirpath {dirpath} is this run's own checkpoints folder, and its "
+            said = f"--trainer.callbacks.dirpath {dirpath}" if args.get("dirpath") else \
+                f"a ModelCheckpoint without a dirpath (with trainer.logger false: {dirpath})"
+            raise ValueError(f"{said} is this run's own checkpoints folder, and its "
                              f"{what} is a name tinylm writes there: the two would overwrite each other; give your "
                              "ModelCheckpoint another --trainer.callbacks.filename (e.g. 'top-{step}') or dirpath")
 
