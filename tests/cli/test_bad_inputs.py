@@ -886,6 +886,19 @@ def test_a_users_progress_bar_and_model_summary_take_the_place_of_tinylms(config
     assert cli.trainer.global_step == 2 and cli.trainer.fit_loop.min_epochs == 0
 
 
+def test_a_precision_plugin_is_the_runs_precision(config):
+    """Catches `--trainer.plugins lightning.pytorch.plugins.DoublePrecision` refused by Lightning as "Received both
+    `precision=32-true` and `plugins=<...DoublePrecision object at 0x...>`": tinylm set a precision the user never
+    gave (or a config's, which the command line's plugin overrides). Both typed is the user's own contradiction,
+    which Lightning names."""
+    from tinylm.cli.fit import lightning_main
+
+    plugin = "lightning.pytorch.plugins.DoublePrecision"  # (the config's precision: 32-true, the flag's plugin wins)
+    cli = lightning_main(["fit", "--config", str(config), "--trainer.plugins", plugin])
+    assert cli.trainer.precision == "64-true" and cli.trainer.global_step == 2
+    assert next(cli.model.parameters()).dtype == torch.float64
+
+
 @pytest.mark.parametrize("args", [["--trainer.callbacks.filename", "best"], ["--trainer.callbacks.save_last", "true"],
                                   ["--trainer.callbacks.filename", "step-{step}",  # (tinylm's keep trimmed the user's)
                                    "--trainer.callbacks.auto_insert_metric_name", "false"]])

@@ -297,7 +297,10 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))
         trainer_cfg["strategy"] = resolve_strategy(trainer_cfg.get("strategy", "auto"))  # `fsdp`: FSDP2
-        trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
+        if not _precision_plugin(trainer_cfg["plugins"]) or "trainer.precision" in self._flags:
+            trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
+        else:  # a Precision plugin on the command line is the precision (Lightning refused both: "Received both ...")
+            trainer_cfg.pop("precision", None)
         if sub == "fit":
             warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
             self.model.wandb_id, self.model.wandb_project = self.wandb_id, self.wandb_project
@@ -421,6 +424,12 @@ class TinyLMCLI(LightningCLI):
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None
+
+
+def _precision_plugin(plugins: Any) -> bool:
+    from lightning.pytorch.plugins.precision import Precision
+
+    return any(isinstance(p, Precision) for p in (plugins if isinstance(plugins, (list, tuple)) else [plugins]))
 
 
 def _check_shape(model: dict) -> None:
