@@ -145,11 +145,13 @@ def peak_flops_by_name(name: str, precision: str) -> float | None:
     # Lightning's keys are chip names ("h100 sxm", "a100"): "NVIDIA A100-SXM4-40GB" contains one; an H100 or H200
     # that names no form factor is the SXM part; a short name is the start of a key ("v100": "v100 sxm", SXM
     # first); a fragment that names no chip ("", "x", "a") matches nothing
-    prefix = re.fullmatch(r"[a-z]*\d+\w*", name) is not None
+    # ("v100 32gb", "2080 ti": a short name with its memory, or a key's end without its "rtx", names it too)
+    short = re.sub(r"\s*\b\d+\s*gb\b", "", name).strip()
+    prefix = re.fullmatch(r"[a-z]*\d+\w*", short) is not None
     chip = next((k for k in _CUDA_FLOPS if _names_chip(name, k)), None) or \
         next((sxm for short, sxm in _SXM.items() if _names_chip(name, short)), None) or \
-        next((k for k in sorted(_CUDA_FLOPS, key=lambda k: "sxm" not in k) if prefix and k.startswith(name + " ")),
-             None)
+        next((k for k in sorted(_CUDA_FLOPS, key=lambda k: "sxm" not in k) if prefix and k.startswith(short + " ")
+              or re.match(r"\d", short) and k.endswith(" " + short)), None)
     flops = _CUDA_FLOPS[chip].get(dtype) if chip else None
     return float(flops) if flops else None
 

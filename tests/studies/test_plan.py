@@ -362,6 +362,10 @@ def test_gpu_names_match_whole_chip_names_only():
     assert (peak_flops_by_name("NVIDIA RTX A4000", "bf16-mixed") is None
             and peak_flops_by_name("H20", "bf16-mixed") is None)
     assert peak_flops_by_name("L40S", "32-true") != peak_flops_by_name("L4", "32-true")
+    # a short name with its memory, or a chip's name without its "rtx", as `V100` and `T4 16GB` were taken
+    assert peak_flops_by_name("V100 32GB", "16-mixed") == peak_flops_by_name("v100", "16-mixed") is not None
+    assert peak_flops_by_name("2080 Ti", "16-mixed") == peak_flops_by_name("rtx 2080 ti", "16-mixed") is not None
+    assert peak_flops_by_name("80GB", "16-mixed") is None and peak_flops_by_name("080 ti", "16-mixed") is None
 
 
 @pytest.mark.parametrize("name, precision, tflops", [
