@@ -87,6 +87,22 @@ def test_alerts_of_several_runs_say_whose_they_are(tmp_path):
     assert [t.get_text() for t in fig.axes[0].texts] == ["spike"]
 
 
+def test_the_headline_of_many_runs_wraps_between_runs(tmp_path):
+    """Catches the figure's title of 5 runs (`tinylm plot` of a scaling ladder, as scaling's next: says) drawn on one
+    line that ran off both sides of the picture; a run's own headline is never broken."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tinylm.studies.curves import _headline, draw_runs
+
+    runs = [read_run(_run(tmp_path, f"sd-C2.0e10-L1-d{d}", "0,,0,1.5,4.2,1e-4,900,\n")) for d in (8, 12, 16, 20, 24)]
+    fig = Figure(figsize=(11, 7))
+    draw_runs(fig, runs)
+    lines = fig._suptitle.get_text().split("\n")
+    assert len(lines) > 1 and all(len(line) <= 11 * 12 for line in lines)
+    assert ", ".join(lines).replace(",, ", ", ") == ", ".join(_headline(run) for run in runs)
+
+
 def test_plot_a_real_run(run_config, capsys):
     """A run written by `tinylm fit` plots with default output in its folder (the CSV written by Lightning is the
     format the reader must follow, not a hand-made one), its steps named as the run named them: the plot said

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,7 +206,11 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
     handles, _labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=7)
-    fig.suptitle(", ".join(_headline(run, metric) for run in runs), fontsize=10)
+    # wrapped between runs to the figure's width (about 12 characters an inch at this size): 3 runs' or more ran off
+    # both sides (each run's headline kept whole: "\0" holds its spaces while textwrap breaks)
+    headline = ", ".join(_headline(run, metric).replace(" ", "\0") for run in runs)
+    fig.suptitle(textwrap.fill(headline, width=int(fig.get_figwidth() * 12), break_long_words=False)
+                 .replace("\0", " "), fontsize=10)
     fig.tight_layout()
 
 
