@@ -134,6 +134,23 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
         assert "holds a run of another ladder" in err and f"{other[0][2:]} " in err, err
 
 
+def test_a_rung_of_another_warmup_alone_names_the_earlier_tinylm_that_kept_it(tmp_path):
+    """Catches "a ladder run by an earlier tinylm kept the config's warmup" said of a rung whose warmup differs with
+    its steps (another batch size): only a warmup that alone differs may be that."""
+    from types import SimpleNamespace
+
+    from tinylm.cli.scaling import check_ladder_run
+
+    rung = SimpleNamespace(n_layer=1, n_embd=8, n_head=1, warmup_steps=2, max_steps=28)
+    for max_steps, earlier in ((28, True), (55, False)):
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+            "model": {"n_layer": 1, "n_embd": 8, "n_head": 1, "warmup_steps": 5, "decay_steps": None},
+            "trainer": {"max_steps": max_steps}}))
+        with pytest.raises(ValueError, match="holds a run of another ladder: model.warmup_steps 5") as e:
+            check_ladder_run(tmp_path, rung, {})
+        assert ("earlier tinylm" in str(e.value)) == earlier, e.value
+
+
 class TermAtTheFinalValidation(L.Callback):
     """SIGTERM reaches the run as it validates after its last step (a final validation can take minutes)."""
 

@@ -329,8 +329,10 @@ def check_ladder_run(run_dir: Path, r, shape: dict, settings: dict | None = None
         have |= {k: then[k] for k in common}
     diff = [f"{k} {have[k]!r} (this ladder: {want[k]!r})" for k in want if have[k] != want[k]]
     if diff:
+        # (only the warmup differs: another --model.warmup_steps, or a ladder an earlier tinylm ran; with more, the
+        # warmup follows the other settings, e.g. another batch size's steps)
         why = (" (a rung warms up for at most a tenth of its steps: a ladder run by an earlier tinylm kept the "
-               "config's warmup)" if diff[0].startswith("model.warmup_steps") else "")
+               "config's warmup)" if len(diff) == 1 and diff[0].startswith("model.warmup_steps") else "")
         raise ValueError(f"{run_dir} holds a run of another ladder: {', '.join(diff[:4])}"
                          f"{f' and {len(diff) - 4} more' if len(diff) > 4 else ''}{why}; pass another --run.name for "
                          "this ladder, or move that folder away")
