@@ -184,6 +184,9 @@ def test_empty_corpus_is_one_line(config, tmp_path, capsys):
     """Catches an empty corpus turning into a zero-length dataset and a crash inside the sampler."""
     (tmp_path / "empty.txt").write_text("")
     _one_line_error(capsys, ["prepare", "--config", str(config), "--data.corpus", str(tmp_path / "empty.txt")], "empty")
+    (tmp_path / "blank.txt").write_text(" \t\n" * 500)  # whitespace alone: it trained a vocabulary of 3
+    _one_line_error(capsys, ["prepare", "--config", str(config), "--data.corpus", str(tmp_path / "blank.txt")],
+                    "is empty (no text in it)")
 
 
 @pytest.mark.parametrize("argv, message", [
