@@ -60,6 +60,9 @@ def test_validate_leaves_the_training_run_untouched(config, tmp_path, capsys):
     assert float(rows[0]["val/loss"]) == pytest.approx(val_at_2, abs=1e-5)
     main(["validate", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
     assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]  # appended, not replaced
+    main(["validate", "--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+          "--trainer.fast_dev_run", "true"])  # one batch: printed, never recorded as the checkpoint's result
+    assert [r["step"] for r in _rows(run / "validate" / "metrics.csv")] == ["2", "4"]
 
 
 def test_validate_of_a_checkpoint_leaves_the_runs_own_loggers_and_validation_limit(config, tmp_path, capsys):

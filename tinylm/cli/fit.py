@@ -417,6 +417,11 @@ class TinyLMCLI(LightningCLI):
         run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else self.run_dir if named else ckpt.parent
         path = run_dir.resolve() / "validate" / "metrics.csv"
         self.validate_result, self.validate_csv = row, path
+        if self.trainer.fast_dev_run:  # a batch or a few: a check of the command, not the checkpoint's result
+            log.info("--trainer.fast_dev_run: validated %s batch(es) only; not recorded in %s",
+                     int(self.trainer.fast_dev_run), path)
+            self.validate_csv = None
+            return
         try:
             from tinylm.evals.results import append_row
 
