@@ -316,6 +316,9 @@ def test_a_resume_on_another_corpus_is_refused_before_its_data_is_prepared(confi
                     f"other text than data.corpus {str(other)!r} holds now (the run read ")
     _one_line_error(capsys, [*resume, "--data.corpus", str(tmp_path / "shakespeare_small.txt"),
                              "--data.clean.exact", "true"], "data.clean.exact off but this run has data.clean.exact")
+    _one_line_error(capsys, [*resume, "--data.clean.exact", "true"], "data.clean.exact off but this run has")
+    (tmp_path / "data.yaml").write_text(f"corpus: {other}\n")  # a section from a file (jsonargparse adds __path__)
+    _one_line_error(capsys, [*resume, "--data", str(tmp_path / "data.yaml")], "other text than data.corpus")
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before  # nothing prepared for either
 
 

@@ -184,6 +184,14 @@ def test_print_config_of_a_resume_prints_what_it_runs(config, tmp_path, capsys):
     assert not (tmp_path / "runs" / "new").exists()
 
 
+def test_a_section_from_a_file_is_read(config, tmp_path):
+    """Catches `--run run.yaml` (a section's options from a file, as `--help` offers) ending in "RunOptions got an
+    unexpected keyword argument '__path__'": the path jsonargparse keeps beside a section read from a file."""
+    (tmp_path / "run.yaml").write_text("name: from-file\ncheckpoint_every: 3\n")
+    main(["fit", "--config", str(config), "--run", str(tmp_path / "run.yaml")])
+    assert (tmp_path / "runs" / "from-file" / "checkpoints" / "step-3.ckpt").is_file()
+
+
 def test_prepares_printed_config_reads_back(config, tmp_path, capsys):
     """Catches `tinylm prepare --print_config` writing the fit sections it ignores as `trainer: null`, which neither
     prepare nor fit reads back ("section trainer: must hold trainer options ..."); a recipe's sections stay whole."""

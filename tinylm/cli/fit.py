@@ -218,7 +218,7 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":
             check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints",
                                    logger=cfg.trainer.get("logger"))
-        RunOptions(**cfg.run.as_dict())  # its checks, before the data is built (a tokenizer trained, a corpus packed)
+        RunOptions(**_options(cfg.run))  # its checks, before the data is built (a tokenizer trained, a corpus packed)
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)
@@ -241,10 +241,11 @@ class TinyLMCLI(LightningCLI):
             self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
             with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
                 self.config = self.parser.parse_object({sub: start.update}, self.config)
-            if start.data_state and "data.corpus" in self._flags and not printing:  # before a tokenizer trains on it
+            text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
+            if start.data_state and text and not printing:  # before a tokenizer trains on it
                 from tinylm.data import TinyLMDataModule
 
-                TinyLMDataModule.check_text_before_preparing(start.data_state, self.config[sub].data.as_dict())
+                TinyLMDataModule.check_text_before_preparing(start.data_state, _options(self.config[sub].data))
         if printing:
             self._section().ckpt_path = asked
             _ActionPrintConfig.print_config_if_requested(self.parser, self.config)  # (and exits)
@@ -433,6 +434,13 @@ class TinyLMCLI(LightningCLI):
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None
+
+
+def _options(section: Any) -> dict:
+    """A parsed section's options as keyword arguments: less the ``__path__`` jsonargparse adds to one read from a
+    file (``--run run.yaml``), there and in the options it holds (data.clean)."""
+    items = section.as_dict() if hasattr(section, "as_dict") else dict(section)
+    return {k: _options(v) if isinstance(v, dict) else v for k, v in items.items() if not k.startswith("__")}
 
 
 def _precision_plugin(plugins: Any) -> bool:

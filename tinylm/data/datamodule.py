@@ -232,7 +232,8 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         checkpoint's run read, when both are local text files: the restore refuses it too (`_check_same_data`), but
         only after the data was prepared (a tokenizer trained on the other text, all of it tokenized), and as "a
         different model shape" where its characters made another character vocabulary. The fingerprints are read
-        here as preparing the data reads them (cleaning is part of them); hub and named corpora wait for that."""
+        here as preparing the data reads them (cleaning is part of them), of files other than the run's (the run's own
+        are hashed once, by preparing the data); hub and named corpora wait for that too."""
         from tinylm.data.clean import clean_corpora
         from tinylm.data.corpus import TextFiles
         from tinylm.data.mixture import open_corpora
@@ -249,6 +250,8 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
             return
         if "clean" in saved and saved["clean"] != data.clean.key():  # (another cleaning: other fingerprints)
             raise other_data(*_clean_diff(saved["clean"], data.clean.key()))
+        if corpus_paths(data.corpus_specs) == saved.get("corpus_paths"):
+            return  # the run's own files: preparing the data hashes them once (an edit is refused then)
         try:
             opened = open_corpora(data.corpus_specs, cache_dir=data.cache_dir, **data._hf)
             if not all(isinstance(c, TextFiles) for c in opened):
