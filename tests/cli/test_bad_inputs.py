@@ -338,14 +338,21 @@ def test_model_and_run_options_are_refused_before_the_data_is_prepared(config, t
 @pytest.mark.parametrize("command", ["fit", "prepare"])
 def test_a_glob_the_shell_expanded_is_named(tmp_path, capsys, monkeypatch, command):
     """Catches `--data.corpus parts/p_*` unquoted (the shell passes every file: the first as the corpus) ending in
-    "unrecognized arguments: parts/p_ab" and nothing else."""
+    "unrecognized arguments: parts/p_ab" and nothing else; and the hint said of any word that is a file (a config
+    given without --config, a folder after a corpus)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "parts").mkdir()
     for name in ("p_aa", "p_ab"):
         (tmp_path / "parts" / name).write_text("some text\n")
     _one_line_error(capsys, [command, "--data.corpus", "parts/p_aa", "parts/p_ab"],
-                    "unrecognized arguments: parts/p_ab; parts/p_ab is a file: a glob the shell expanded",
+                    "unrecognized arguments: parts/p_ab; parts/p_ab and the file before it: a glob the shell",
                     "Quote it (--data.corpus 'data/*.txt')")
+    _one_line_error(capsys, [command, "--data.corpus=parts/p_aa", "parts/p_ab"], "a glob the shell expanded")
+    for stray in (["parts/p_aa"], ["--data.corpus", "parts/p_aa", "parts"]):
+        with pytest.raises(SystemExit):
+            main([command, *stray])
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" in err and "glob" not in err, err
 
 
 def test_checkpoint_mixing_two_shapes_is_refused(config, tmp_path, capsys):

@@ -34,7 +34,24 @@ def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
         line = line.replace(hint, f"`{again}`")
     if dashed := _dashed_value(line, args):
         line += f"; a value that starts with '-' goes after '=': {dashed}"
+    if globbed := _expanded_glob(line, args):
+        line += (f"; {globbed} and the file before it: a glob the shell expanded into several files? Quote it "
+                 "(--data.corpus 'data/*.txt') or list them (--data.corpus '[a.txt, b.txt]')")
     return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
+
+
+def _expanded_glob(line: str, args: list[str]) -> str | None:
+    """The first word of ``unrecognized arguments: a/p_ab ...`` when it is a file that follows an option's value,
+    itself a file of the same folder (``--data.corpus a/p_aa a/p_ab``): an unquoted glob, expanded by the shell."""
+    said = re.search(r"unrecognized arguments: (\S+)", line)
+    if not said or said[1] not in args or (i := args.index(said[1])) < 1:
+        return None
+    option, _, value = args[i - 1].partition("=") if args[i - 1].startswith("--") else (args[i - 2] if i >= 2 else
+                                                                                        "", "", args[i - 1])
+    same_folder = os.path.dirname(value) == os.path.dirname(said[1])
+    if option.startswith("--") and value and os.path.isfile(value) and os.path.isfile(said[1]) and same_folder:
+        return said[1]
+    return None
 
 
 def _dashed_value(line: str, args: list[str]) -> str | None:
@@ -94,20 +111,10 @@ def with_section_hint(message: str, options: set[str]) -> str:
         given = [(w[2:].partition("=")[0], w.partition("=")[2] if "=" in w else
                   words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("-") else None)
                  for i, w in enumerate(words) if w.startswith("--")]
-        hints = [_section_hint(key, value, options, flag=True) for key, value in given] + [_glob_hint(message)]
+        hints = [_section_hint(key, value, options, flag=True) for key, value in given]
     else:
         return message
     return "; ".join([message, *filter(None, hints)])
-
-
-def _glob_hint(message: str) -> str | None:
-    """For ``unrecognized arguments: a/p_ab ...`` where that is a file: an unquoted glob (``--data.corpus a/p_*``)
-    that the shell expanded, the first file taken as the option's value and the others left over."""
-    said = re.fullmatch(r"unrecognized arguments: (\S+).*", message, re.S)
-    if not said or said[1].startswith("-") or not os.path.exists(said[1]):
-        return None
-    return (f"{said[1]} is a file: a glob the shell expanded into several files? Quote it (--data.corpus "
-            "'data/*.txt') or list them (--data.corpus '[a.txt, b.txt]')")
 
 
 OPTIMIZER_HINT = ("tinylm's optimizer and LR schedule are set with --model.* (optimizer adamw or muon, lr, min_lr, "
@@ -246,8 +253,6 @@ def one_line(e: BaseException) -> str:
     text = str(e).strip()
     if linked := re.search(r'Linked "([\w.]+)" must be given via "([\w.]+)"', text):  # --model.vocab_size 3
         return f"--{linked[1]} is set from --{linked[2]} (the data decides it); do not pass it"
-    if isinstance(e, argparse.ArgumentError) and (hint := _glob_hint(text)):
-        return f"{text}; {hint}"
     if isinstance(e, argparse.ArgumentError) or text.startswith(("Does not validate", "Problem with given")):
         return _parse_error_line(text, _chain(e))
     if _port_in_use(e):  # (torch's own text: ~60 lines of C++ frames)
