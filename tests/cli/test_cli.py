@@ -177,6 +177,9 @@ def test_print_config_of_a_resume_prints_what_it_runs(config, tmp_path, capsys):
     main(["fit", "--config", str(tmp_path / "printed.yaml")])
     capsys.readouterr()
     assert torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    with pytest.raises(SystemExit) as e:  # a resume that would be refused (nothing to train) prints all the same
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--print_config"])
+    assert e.value.code == 0 and yaml.safe_load(capsys.readouterr().out)["trainer"]["max_steps"] == 6
     with pytest.raises(SystemExit) as e:
         main([*resume, "--run.name", "new", "--print_config"])
     out, err = capsys.readouterr()

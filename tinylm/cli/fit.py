@@ -236,7 +236,8 @@ class TinyLMCLI(LightningCLI):
             log.warning("--ckpt_path last: %s has no checkpoint yet; starting a new run from step 0", where)
         if ckpt_path:
             start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
-                                     named=self._named, flags=self._flags, continues=self.continues)
+                                     named=self._named, flags=self._flags, continues=self.continues,
+                                     check=not printing)
             self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
             self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
             with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)

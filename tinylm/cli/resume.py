@@ -283,7 +283,7 @@ class Start:
 
 
 def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool,
-                     flags: set[str] = frozenset()) -> Start:
+                     flags: set[str] = frozenset(), check: bool = True) -> Start:
     """Take the model's hyperparameters and the data the run read (corpus, tokenizer: `run_data`; for validate
     the rest of its data options too) from ``ckpt_path``; for fit, refuse a resume with nothing to train or with
     settings that would not continue the run. ``named``: the options the command sets (flags and --config files);
@@ -296,8 +296,9 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     step = int(ckpt.get("global_step", 0))
     resume_step = wandb_id = wandb_project = None
     if sub == "fit":
-        check_resume(ckpt, cfg, ckpt_path)
-        check_same_tokenizer(ckpt, cfg, flags, ckpt_path)
+        if check:  # (not for --print_config: what a refused resume would run, to change it, is printed)
+            check_resume(ckpt, cfg, ckpt_path)
+            check_same_tokenizer(ckpt, cfg, flags, ckpt_path)
         resume_step = step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
