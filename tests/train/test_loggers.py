@@ -175,6 +175,19 @@ def test_a_resume_refused_as_it_starts_leaves_no_empty_wandb_run(no_wandb_accoun
     assert (wandb_dir / "latest-run").resolve() == first[0] and (wandb_dir / "debug.log").resolve().is_file()
 
 
+def test_a_runs_only_offline_part_is_kept_empty(no_wandb_account, tmp_path):
+    """Catches the W&B folder of a fresh run that failed before its first step (a crash in setup) removed with the
+    logs that say why: only an empty later part of a run (a refused resume) goes."""
+    import wandb
+
+    from tinylm.train.loggers import finish_wandb
+
+    wandb.init(project="p", dir=str(tmp_path), mode="offline", id="onlypart", settings=wandb.Settings(silent=True))
+    finish_wandb(exit_code=1)
+    (only,) = (tmp_path / "wandb").glob("offline-run-*-onlypart")
+    assert (only / "logs" / "debug.log").is_file()
+
+
 def _ids(folders) -> set[str]:
     """The W&B run ids of offline-run folders: offline-run-DATE_TIME-ID, with "-1", "-2" added by wandb to a folder
     of an id started in the same second as the one before (two quick resumes of a tiny run)."""

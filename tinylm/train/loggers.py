@@ -11,6 +11,7 @@ import csv
 import io
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -356,17 +357,28 @@ def finish_wandb(exit_code: int) -> None:
     run = getattr(wandb, "run", None) if wandb is not None else None
     if run is None:
         return
-    # an offline run that logged no step (a resume refused as it started: another corpus, an edited checkpoint)
-    # holds nothing to upload, and `wandb sync` of the run's folders sent it as a last, empty part of the run
-    empty = Path(run.dir).parent if run.offline and run.step == 0 else None
     try:
+        empty = _empty_part(run)
         wandb.finish(exit_code=exit_code)
     except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
         log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
                     type(e).__name__, e)
         return
-    if empty is not None and empty.name.startswith("offline-run-"):
+    if empty is not None:
         _remove_offline_run(empty)
+
+
+def _empty_part(run) -> Path | None:
+    """The folder of an offline W&B run that logged no step and continues a run with earlier parts beside it (a
+    resume refused as it started: another corpus, an edited checkpoint): nothing to upload, and `wandb sync` of the
+    run's folders sent it as the run's last part. A run's only part is kept, empty too (its logs say why it
+    failed)."""
+    if not run.offline or run.step != 0:
+        return None
+    folder = Path(run.dir).parent  # (offline-run-TIME-ID/files)
+    part = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run.id)}(-\d+)?")  # ("-1": a second in one second)
+    earlier = [p for p in folder.parent.iterdir() if part.fullmatch(p.name) and p.is_dir() and p != folder]
+    return folder if folder.name.startswith("offline-run-") and earlier else None
 
 
 def _remove_offline_run(folder: Path) -> None:
