@@ -999,6 +999,25 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_train(config, capsys):
     assert "already at step 4" in line and "--trainer.max_steps" in line
 
 
+def test_a_constrained_sample_cut_short_by_max_new_tokens_is_named(config, tmp_path, capsys, caplog):
+    """Catches `generate --regex ...` (or --json_schema) printing a text that max_new_tokens cut before it matched
+    whole (`{"name":"x` for a JSON object) as if it were a match: exit 0, not a word on stderr."""
+    pytest.importorskip("llguidance")
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    capsys.readouterr()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--regex", "abcdefgh", "--max_new_tokens", "3",
+              "--strategy", "greedy"])
+    assert capsys.readouterr().out == "Aabc\n"
+    assert ("the sample ended at --max_new_tokens 3 before its text matched the --regex whole (it is cut short); "
+            "raise --max_new_tokens") in caplog.text
+    caplog.clear()
+    main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--regex", "abc", "--max_new_tokens", "3",
+          "--strategy", "greedy"])
+    assert "cut short" not in caplog.text  # a whole match says nothing
+
+
 def test_small_user_errors_are_one_line(config, tmp_path, capsys):
     """Catches tracebacks for: an unusable --device, a file as data.cache_dir, a seed out of range, a linked option
     given by hand, a checkpoint path that is a folder, and a block_size the corpus cannot fill in `prepare`."""

@@ -375,7 +375,29 @@ def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: i
         for i, text in enumerate(texts):
             console.write(("\n\n" if i else "") + f"----- sample {i + 1} -----\n{prompt}{text}")
     console.write("\n")
+    _warn_cut_short(model, tokenizer, config, out)
     return texts
+
+
+def _warn_cut_short(model, tokenizer, config, out: list[list[int]]) -> None:
+    """A constrained sample that max_new_tokens ended before its text matched whole (a JSON object without its
+    closing brace): said in a line, not printed as if it were a match (exit 0, nothing on stderr)."""
+    import logging
+
+    from tinylm.generate.config import CONSTRAINTS
+
+    given = next((k for k in CONSTRAINTS if getattr(config, k, None)), None)
+    if given is None:
+        return
+    from tinylm.generate.constrained import full_matches, grammar_text
+
+    grammar = grammar_text(**{k: getattr(config, k, None) for k in CONSTRAINTS})
+    cut = [i + 1 for i, whole in enumerate(full_matches(grammar, tokenizer, model.config.vocab_size, out)) if not whole]
+    if cut:
+        which = f"sample {cut[0]}" if len(out) == 1 else f"sample(s) {', '.join(map(str, cut))}"
+        logging.getLogger("tinylm").warning(
+            "%s ended at --max_new_tokens %d before its text matched the --%s whole (it is cut short); raise "
+            "--max_new_tokens", "the sample" if len(out) == 1 else which, config.max_new_tokens, given)
 
 
 class _StreamPrinter:
