@@ -235,21 +235,29 @@ class TinyLMCLI(LightningCLI):
             where = self.run_dir if self.run_dir.is_absolute() else f"{self.run_dir} (in {Path.cwd()})"
             log.warning("--ckpt_path last: %s has no checkpoint yet; starting a new run from step 0", where)
         if ckpt_path:
-            start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(),
-                                     named=self._named, flags=self._flags, continues=self.continues,
-                                     check=not printing)
-            self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
-            self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
-            with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
-                self.config = self.parser.parse_object({sub: start.update}, self.config)
-            text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
-            if start.data_state and text and not printing:  # before a tokenizer trains on it
-                from tinylm.data import TinyLMDataModule
-
-                TinyLMDataModule.check_text_before_preparing(start.data_state, _options(self.config[sub].data))
+            self._take_checkpoint(sub, cfg, ckpt_path, printing)
         if printing:
             self._section().ckpt_path = asked
             _ActionPrintConfig.print_config_if_requested(self.parser, self.config)  # (and exits)
+        self._check_parsed(sub)
+
+    def _take_checkpoint(self, sub: str, cfg, ckpt_path: str, printing: bool) -> None:
+        """The model options (and the run's data) the checkpoint gives the command; for fit, the resume's checks
+        (not for --print_config: what a refused resume would run is printed, to change it)."""
+        start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(), named=self._named,
+                                 flags=self._flags, continues=self.continues, check=not printing)
+        self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
+        self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
+        with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
+            self.config = self.parser.parse_object({sub: start.update}, self.config)
+        text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
+        if start.data_state and text and not printing:  # before a tokenizer trains on it
+            from tinylm.data import TinyLMDataModule
+
+            TinyLMDataModule.check_text_before_preparing(start.data_state, _options(self.config[sub].data))
+
+    def _check_parsed(self, sub: str) -> None:
+        """The options that do nothing in the mode chosen, and the model's own checks, before anything is built."""
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 
