@@ -94,8 +94,8 @@ _HELP = {
     "trainer.barebones": "Refused by tinylm: a run is made of the logging, checkpoints and callbacks it turns off",
     "trainer.overfit_batches": "Refused by tinylm (its loader draws windows by step); to see a model overfit, train "
                                "on a tiny corpus",
-    "trainer.gradient_clip_algorithm": "Leave unset: tinylm clips by the gradients' global norm alone (its grad_norm "
-                                       "logging and the stability guard read it); value is refused",
+    "trainer.gradient_clip_algorithm": "Leave unset (or norm): tinylm clips by the gradients' global norm alone (its "
+                                       "grad_norm logging and the stability guard read it); 'value' is refused",
     "trainer.limit_train_batches": "Refused by tinylm but for 1.0 (its epochs are notional): stop a run with "
                                    "--trainer.max_steps",
     "trainer.val_check_interval": "Validate every this many batches (micro-batches: a multiple of "

@@ -66,7 +66,7 @@ def _check_not_empty(corpus: Corpus) -> None:
         for part in corpus.parts:    # cleaned one would be decided out of order; cleaning refuses emptying one)
             _check_not_empty(getattr(part, "inner", part))
         return
-    if next((doc for doc in corpus.documents("train") if doc.strip()), None) is None:  # (blanks: a vocabulary of 3)
+    if next((doc for doc in corpus.documents("train") if doc and not doc.isspace()), None) is None:  # (blanks: 3 ids)
         held_out = getattr(corpus, "val_documents", None)
         if held_out and corpus.val_source == "held-out head" and next(iter(corpus.documents("validation")), None):
             raise ValueError(f"streamed corpus {corpus.spec!r} has no documents left for training: validation holds "
