@@ -328,6 +328,27 @@ def test_plan_out_keeps_another_commands_picture(run_config, tmp_path, capsys):
     assert png.read_bytes() == b"lr-find's picture"
 
 
+def test_a_plan_cut_short_while_it_drew_is_drawn_again(run_config, tmp_path, monkeypatch):
+    """Catches the picture written before its numbers: a plan stopped in between (a full disk, a kill) left a PNG
+    without its .json, and the rerun refused it as "another file"; the numbers come first."""
+    pytest.importorskip("matplotlib")
+    from tinylm.studies import plan as plan_module
+
+    cfg, png = run_config(), tmp_path / "p.png"
+    drawn = plan_module.plot_plan
+
+    def stopped(*args, **kwargs):
+        drawn(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_module, "plot_plan", stopped)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        main(["plan", "--config", str(cfg), "--gpu", "H100", "--out", str(png)])
+    monkeypatch.setattr(plan_module, "plot_plan", drawn)
+    main(["plan", "--config", str(cfg), "--gpu", "H100", "--out", str(png)])
+    assert png.is_file() and "chinchilla_flops" in json.loads(png.with_suffix(".json").read_text())
+
+
 def test_plan_command_out_errors(run_config, tmp_path, monkeypatch, capsys):
     """A path that cannot be written, a name that is not a .png and a missing matplotlib are each one line on
     stderr naming the path or the fix, not a traceback from inside matplotlib."""

@@ -40,12 +40,14 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         check_png_path(path)
         check_json_beside(path, "rule_of_thumb", "lr-find")
     result = _sweep(cli, trainer_options(cli), min_lr=min_lr, max_lr=max_lr, num_training=num_training)
+    summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
+               "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
+    # the numbers first: a picture without its .json beside it is taken for another file (paths.check_json_beside)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters",
                         config_lr=cli.model.hparams.lr)
-    summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
-               "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
-    path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _print_summary(result, cli.model.hparams, path)
     which = "" if result.suggestion else " (no suggestion: at the rule of thumb's LR)"
     print(f"next{which}:\n  {_next_command(fit_args, cli, result.suggestion or result.rule_of_thumb)}")

@@ -79,7 +79,6 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
         return {}
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
-    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
     print(format_scaling(result))
     from tinylm.cli.summary import shown
 
@@ -268,9 +267,7 @@ def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step
     by_size = sorted(range(len(ladder)), key=lambda i: ladder[i].params)
     beyond = "below" if ladder_losses[by_size[0]] < ladder_losses[by_size[-1]] else "above"
     big, measured = rungs[-1], losses[-1]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
-    return {
+    result = {
         "budget_flops": budget, "tokens_per_step": tokens_per_step,
         "runs": [{"model": r.label, "params": r.params, "steps": r.max_steps, "warmup_steps": r.warmup_steps,
                   "tokens": r.max_steps * tokens_per_step,
@@ -282,6 +279,11 @@ def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step
                        "measured": measured, "error": measured - law(big.params) if law else None},
         "plot": str(out_path),
     }
+    # the numbers first: a picture without its .json beside it is taken for another file (paths.check_json_beside)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
+    plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
+    return result
 
 
 # what a rung learns besides its size and length: every model option, the data (but where it is cached and how
