@@ -342,12 +342,15 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     folder.mkdir()
     for split in ("train", "validation"):
         (folder / f"{split}.jsonl").write_text(json.dumps({"text": f"{split} rows"}) + "\n")
+    streamed = {"streaming": True, "max_documents": 1}  # (streamed too)
     before = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4").fingerprint
+    before_streamed = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4", **streamed).fingerprint
     stamp = (folder / "train.jsonl").stat()
     (folder / "train.jsonl").write_text(json.dumps({"text": "train rows!"}) + "\n")
     os.utime(folder / "train.jsonl", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     after = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4")
     assert after.fingerprint != before and list(after) == ["train rows!"]
+    assert open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c4", **streamed).fingerprint != before_streamed
     assert list(after.documents("validation")) == ["validation rows"]
 
 

@@ -95,11 +95,7 @@ class HFDataset(Corpus):
 
     @property
     def sources(self) -> Any:
-        """The local files the dataset is read from: `data_files`, or every file below a local folder named as the
-        dataset (`hf:DIR`: its train.jsonl and validation.jsonl, a `save_to_disk` folder), or None (the hub's)."""
-        if self.data_files or not Path(self.path).expanduser().is_dir():
-            return self.data_files
-        return os.path.join(glob.escape(str(Path(self.path).expanduser())), "**", "*")
+        return _sources(self.path, self.data_files)
 
     @property
     def files(self) -> Any:
@@ -278,12 +274,21 @@ class HFStream(Corpus):
     def _fingerprint(self) -> str:
         # a stream cannot be hashed without reading it: local files are hashed, hub data is named by its revision
         # (pin --data.hf_revision to make it reproducible)
-        self._stamps = {path: stamp(path) for path in local_files(self.data_files)}  # before their bytes are read
+        sources = _sources(self.path, self.data_files)  # (hf:DIR streamed: its files, as read whole)
+        self._stamps = {path: stamp(path) for path in local_files(sources)}  # before their bytes are read
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
                "val_documents": self.val_documents, "val_source": self.val_source,
-               "files": _hash_files(self.data_files)}
+               "files": _hash_files(sources)}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _sources(path: str, data_files: Any) -> Any:
+    """The local files a dataset is read from: `data_files`, or every file below a local folder named as the
+    dataset (`hf:DIR`: its train.jsonl and validation.jsonl, a `save_to_disk` folder), or None (the hub's)."""
+    if data_files or not Path(path).expanduser().is_dir():
+        return data_files
+    return os.path.join(glob.escape(str(Path(path).expanduser())), "**", "*")
 
 
 def _hash_files(data_files: Any) -> Any:
