@@ -143,6 +143,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     if not zipfile.is_zipfile(path):  # torch.save's format is a zip archive; its index sits at the end of the file
         with open(path, "rb") as f:
             head = f.read(4)
+        if not head:
+            raise CheckpointError(f"{str(path)!r} is empty (0 bytes: a save that never wrote, or a copy cut short); "
+                                  "pass --ckpt_path PATH to a .ckpt written by `tinylm fit` (e.g. an earlier "
+                                  "step-*.ckpt of the same run)")
         if not head.startswith(b"PK"):  # not the start of a zip either: another kind of file, not a damaged save
             raise CheckpointError(f"{str(path)!r} is not a checkpoint (not a torch file: a {path.suffix or 'text'} "
                                   "file?); pass --ckpt_path PATH to a .ckpt written by `tinylm fit` (e.g. "
@@ -388,7 +392,10 @@ def load_draft(ckpt_path: str | os.PathLike, tokenizer: Any, map_location: Any =
                option: str = "--draft_ckpt_path") -> Any:
     """The GPT of a draft checkpoint for speculative decoding (eval mode, on ``map_location``), refused in one line
     (naming ``option``, as the user spelled it) unless it was trained with ``tokenizer``, the model's."""
-    draft, draft_tokenizer, _ = load_model(ckpt_path, map_location=map_location)
+    try:
+        draft, draft_tokenizer, _ = load_model(ckpt_path, map_location=map_location)
+    except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file
+        raise type(e)(str(e).replace("--ckpt_path", option)) from None
     if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
         theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
             f"{draft_tokenizer.vocab_size:,} ids"

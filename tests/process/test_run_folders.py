@@ -1043,6 +1043,12 @@ def test_small_user_errors_are_one_line(config, tmp_path, capsys):
     assert "cannot run a model" in _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--device", "meta"])
     assert "is a folder" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path)])
     assert "is not a regular file" in _error_line(capsys, ["generate", "--ckpt_path", "/dev/null"])
+    (tmp_path / "zero.ckpt").write_bytes(b"")  # (it said "not a torch file: a .ckpt file?")
+    assert "is empty (0 bytes" in _error_line(capsys, ["generate", "--ckpt_path", str(tmp_path / "zero.ckpt")])
+    for draft in ("missing.ckpt", str(tmp_path / "zero.ckpt")):  # the option that named the file, not --ckpt_path
+        line = _error_line(capsys, ["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "greedy",
+                                    "--draft_ckpt_path", draft])
+        assert "pass --draft_ckpt_path PATH" in line and " --ckpt_path PATH" not in line, line
     # contrastive decodes min(top_k, vocab) candidates: a huge --top_k is no memory problem on a 58-char vocabulary
     main(["generate", "--ckpt_path", ckpt, "--prompt", "A", "--strategy", "contrastive", "--top_k", "10000000",
           "--max_new_tokens", "2"])
