@@ -1137,6 +1137,13 @@ def test_a_users_csv_logger_keeps_what_earlier_runs_logged(config, tmp_path):
     main(["fit", "--config", str(config), "--ckpt_path", "last", *mine])
     steps = [r["step"] for r in _rows(metrics) if r.get("train/loss")]
     assert before and steps[:len(before)] == before and int(steps[-1]) > int(before[-1])
+    # another run logging into the same folder, then a resume of the first: it cut the other's rows at its own step
+    # and appended under them; the other's file is moved aside whole
+    main(["fit", "--config", str(config), "--run.name", "other", "--trainer.max_steps", "8", *mine])
+    other = _rows(metrics)
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8", *mine])
+    asides = [_rows(p) for p in metrics.parent.glob("metrics.*.csv")]  # the first's (moved by the other's start)
+    assert len(asides) == 2 and other in asides and int(_rows(metrics)[-1]["step"]) == 7  # and the other's, whole
 
 
 @pytest.mark.parametrize(("node", "first"), [("1", False), ("0", True), ("", True)])

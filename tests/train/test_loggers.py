@@ -390,3 +390,15 @@ def test_an_offline_run_says_it_in_tinylms_lines_alone(no_wandb_account, run_con
     main(["fit", "--config", str(config), "--run.name", "second", "--run.wandb_project", "null"])  # no W&B run
     said = capfd.readouterr()
     assert "W&B:" not in said.err + said.out  # (it named the first run's folder)
+
+
+def test_files_moved_aside_in_one_second_keep_names_of_their_own(tmp_path):
+    """Catches two metrics.csv moved aside within one second (quick runs one after another in a user's CSVLogger
+    folder) renamed to the same metrics.<time>.csv: the second rename replaced the first file."""
+    from tinylm.train.loggers import KeptCSVLogger
+
+    for i in range(3):
+        logger = KeptCSVLogger(tmp_path, name="l", version="v")
+        logger.log_metrics({"x": float(i)}, step=i)
+        logger.save()
+    assert len(list((tmp_path / "l" / "v").glob("metrics.*.csv"))) == 2

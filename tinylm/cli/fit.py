@@ -335,7 +335,8 @@ class TinyLMCLI(LightningCLI):
             from tinylm.train.loggers import adopt_users_loggers, make_loggers, wandb_loggers
 
             theirs, project = adopt_users_loggers(theirs, run.wandb_project, wandb_id=self.wandb_id,
-                                                  resume_step=self.resume_step if self.continues else None)
+                                                  resume_step=self.resume_step if self.continues else None,
+                                                  run_dir=self.run_dir)
             flagged = bool({"run", "run.wandb_project"} & self._flags)
             if project is None and self.wandb_project and not flagged and not wandb_loggers(theirs):
                 # a W&B run resumed under a config without a project (the laptop recipe's; the run's own record of a

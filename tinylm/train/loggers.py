@@ -57,32 +57,47 @@ class KeptCSVLogger(CSVLogger):
     becomes one (`adopt`)."""
 
     def __init__(self, save_dir: str | Path, name: str | None = "lightning_logs", version: int | str | None = None,
-                 prefix: str = "", flush_logs_every_n_steps: int = 100, *, resume_step: int | None = None) -> None:
+                 prefix: str = "", flush_logs_every_n_steps: int = 100, *, resume_step: int | None = None,
+                 run: str | None = None) -> None:
         super().__init__(save_dir=str(save_dir), name=name, version=version, prefix=prefix,
                          flush_logs_every_n_steps=flush_logs_every_n_steps)
-        self._resume_step = resume_step
+        self._resume_step, self._run = resume_step, run
 
     @classmethod
-    def adopt(cls, logger: Logger, resume_step: int | None) -> Logger:
-        """A plain CSVLogger as a KeptCSVLogger with the same files; any other logger (a subclass too) as it is."""
+    def adopt(cls, logger: Logger, resume_step: int | None, run: str | None = None) -> Logger:
+        """A plain CSVLogger as a KeptCSVLogger with the same files; any other logger (a subclass too) as it is.
+        ``run``: the run folder it logs for, kept beside its metrics.csv (`RUN_MARK`)."""
         if type(logger) is not CSVLogger:
             return logger
         return cls(logger._save_dir, logger._name, logger._version, logger._prefix, logger._flush_logs_every_n_steps,
-                   resume_step=resume_step)
+                   resume_step=resume_step, run=run)
 
     @property
     @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
     def experiment(self) -> ExperimentWriter:
         if self._experiment is not None:
             return self._experiment
-        path = Path(self.log_dir) / "metrics.csv"
+        path, mark = Path(self.log_dir) / "metrics.csv", Path(self.log_dir) / RUN_MARK
+        # a folder two runs log into (a user's CSVLogger with a fixed version): a resume of one cut the other's rows
+        theirs = self._run is not None and mark.is_file() and mark.read_text(encoding="utf-8").strip() != self._run
         if path.is_file():
-            if self._resume_step is None:
-                path.rename(path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.csv"))
+            if self._resume_step is None or theirs:
+                aside = _free_name(path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.csv"))
+                path.rename(aside)  # (a name of its own: two in one second, and the rename replaced the first)
+                if theirs:
+                    log.warning("%s held the rows of another run (%s): moved aside to %s", path,
+                                mark.read_text(encoding="utf-8").strip(), aside.name)
             else:
                 _truncate_after(path, self._resume_step)
         self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        if self._run is not None:
+            mark.write_text(self._run + "\n", encoding="utf-8")
         return self._experiment
+
+
+RUN_MARK = "tinylm-run.txt"
+"""Beside a user's CSVLogger's metrics.csv: the run folder whose rows it holds (a resume of another run that logs
+there moves the file aside instead of cutting it at its own step)."""
 
 
 class RunCSVLogger(KeptCSVLogger):
@@ -107,6 +122,14 @@ class RunCSVLogger(KeptCSVLogger):
             self._ahead = None
             return
         super().log_metrics(metrics, step)
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``NAME-1.csv``, ``NAME-2.csv``, ... where it is taken."""
+    n = 0
+    while (free := path.with_name(f"{path.stem}-{n}{path.suffix}") if n else path).exists():
+        n += 1
+    return free
 
 
 def _truncate_after(path: Path, resume_step: int) -> None:
@@ -308,7 +331,7 @@ def wandb_project_of(logger) -> str | None:
 
 
 def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: str | None,
-                        resume_step: int | None) -> tuple[list, str | None]:
+                        resume_step: int | None, run_dir: Path | None = None) -> tuple[list, str | None]:
     """The user's own loggers (``--trainer.logger``), made to keep what earlier runs logged, and the W&B project left
     to tinylm's own logger (None when theirs logs to W&B).
 
@@ -318,7 +341,8 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
     logs offline too, never prompting, and a resume continues the run folder's W&B run (``wandb_id``) unless it names
     its own. WANDB_DIR places its files unless it was given a ``save_dir`` (Lightning's default ``.`` counts as
     none)."""
-    kept = [KeptCSVLogger.adopt(lg, resume_step) for lg in theirs]
+    run = str(Path(run_dir).resolve()) if run_dir is not None else None
+    kept = [KeptCSVLogger.adopt(lg, resume_step, run) for lg in theirs]
     users = wandb_loggers(kept)
     if not users:
         return kept, wandb_project
