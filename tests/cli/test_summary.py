@@ -49,6 +49,16 @@ def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
     assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
 
 
+def test_a_run_without_a_logger_still_says_its_validation(run_config, capsys):
+    """Catches `--trainer.logger false` ending without the val/loss and val/bpb lines (read from metrics.csv, which
+    such a run does not write): the trainer's final numbers, and best.ckpt's val/loss."""
+    config = run_config(trainer={"max_steps": 4, "val_check_interval": 2})
+    main(["fit", "--config", str(config), "--trainer.logger", "false"])
+    text, _ = _summary(capsys.readouterr().out)
+    lines = r"\n  val/loss final \d\.\d{4}   best \d\.\d{4} \(best\.ckpt\)\n  val/bpb  final \d\.\d{4}\n"
+    assert re.search(lines, text), text
+
+
 def test_a_sharded_checkpoint_folder_is_named_with_its_next_commands(tmp_path):
     """Catches an FSDP2 run (its best.ckpt and last.ckpt: folders of shards) ending with no `checkpoints:` line and
     no `next:` commands, though generate, validate and export read those folders."""

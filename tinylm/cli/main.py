@@ -154,9 +154,16 @@ def _fit_summary(cli, seconds: float) -> str:
     trainer, data = cli.trainer, cli.datamodule
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
     wandb = wandb_loggers(trainer.loggers)
+    from tinylm.train.callbacks import BestCheckpoint
+
+    # (with no metrics.csv, --trainer.logger false: the final numbers the trainer holds, and the best val/loss)
+    final = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("val/loss", "val/bpb")}
+    best = next((float(cb.best_model_score) for cb in trainer.checkpoint_callbacks
+                 if isinstance(cb, BestCheckpoint) and cb.best_model_score is not None), None)
     return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
                        tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
-                       exportable=exportable(cli.model), wandb_id=wandb[0].version if wandb else None)
+                       exportable=exportable(cli.model), wandb_id=wandb[0].version if wandb else None,
+                       final=final, best_loss=best)
 
 
 def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:

@@ -67,9 +67,11 @@ def duration(seconds: float) -> str:
 
 
 def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float,
-                prompt: str = "ROMEO:", exportable: bool = True, wandb_id: str | None = None) -> str:
+                prompt: str = "ROMEO:", exportable: bool = True, wandb_id: str | None = None,
+                final: dict | None = None, best_loss: float | None = None) -> str:
     """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
-    val/bpb (from the run's CSV), where best.ckpt and the metrics are, and the next commands."""
+    val/bpb (from the run's CSV; without one, ``final`` and ``best_loss``: what the trainer holds), where best.ckpt
+    and the metrics are, and the next commands."""
     done = steps - first_step
     tokens = f", {tokens_per_step * done:,} tokens" if tokens_per_step else ""
     since = f" (from step {first_step:,})" if first_step else ""
@@ -82,6 +84,11 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
             if final.get(key):
                 lines.append(f"  {key:<8} final {float(final[key]):.4f}   best {float(best[key]):.4f} "
                              f"(step {int(float(best['step'])) + 1:,})")
+    elif final:  # no metrics.csv (--trainer.logger false): this command's last validation
+        for key in ("val/loss", "val/bpb"):
+            if key in final:
+                kept = f"   best {best_loss:.4f} (best.ckpt)" if key == "val/loss" and best_loss is not None else ""
+                lines.append(f"  {key:<8} final {final[key]:.4f}{kept}")
     ckpts = run_dir / "checkpoints"
     best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
     saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.exists()]  # (FSDP2: a folder of shards)
