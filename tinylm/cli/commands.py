@@ -394,10 +394,10 @@ def _warn_cut_short(model, tokenizer, config, out: list[list[int]]) -> None:
     grammar = grammar_text(**{k: getattr(config, k, None) for k in CONSTRAINTS})
     cut = [i + 1 for i, whole in enumerate(full_matches(grammar, tokenizer, model.config.vocab_size, out)) if not whole]
     if cut:
-        which = f"sample {cut[0]}" if len(out) == 1 else f"sample(s) {', '.join(map(str, cut))}"
+        which = "the sample" if len(out) == 1 else f"sample(s) {', '.join(map(str, cut))}"
         logging.getLogger("tinylm").warning(
             "%s ended at --max_new_tokens %d before its text matched the --%s whole (it is cut short); raise "
-            "--max_new_tokens", "the sample" if len(out) == 1 else which, config.max_new_tokens, given)
+            "--max_new_tokens", which, config.max_new_tokens, given)
 
 
 class _StreamPrinter:

@@ -46,8 +46,10 @@ def _expanded_glob(line: str, args: list[str]) -> str | None:
     said = re.search(r"unrecognized arguments: (\S+)", line)
     if not said or said[1] not in args or (i := args.index(said[1])) < 1:
         return None
-    option, _, value = args[i - 1].partition("=") if args[i - 1].startswith("--") else (args[i - 2] if i >= 2 else
-                                                                                        "", "", args[i - 1])
+    if args[i - 1].startswith("--"):  # --data.corpus=a/p_aa a/p_ab
+        option, _, value = args[i - 1].partition("=")
+    else:  # --data.corpus a/p_aa a/p_ab
+        option, value = args[i - 2] if i >= 2 else "", args[i - 1]
     same_folder = os.path.dirname(value) == os.path.dirname(said[1])
     if option.startswith("--") and value and os.path.isfile(value) and os.path.isfile(said[1]) and same_folder:
         return said[1]

@@ -234,9 +234,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         different model shape" where its characters made another character vocabulary. The fingerprints are read
         here as preparing the data reads them (cleaning is part of them), of files other than the run's (the run's own
         are hashed once, by preparing the data); hub and named corpora wait for that too."""
-        from tinylm.data.clean import clean_corpora
         from tinylm.data.corpus import TextFiles
-        from tinylm.data.mixture import open_corpora
         from tinylm.data.named import NAMED
 
         corpus, was_fps = options.get("corpus"), saved.get("corpus_fingerprints")
@@ -253,10 +251,10 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         if corpus_paths(data.corpus_specs) == saved.get("corpus_paths"):
             return  # the run's own files: preparing the data hashes them once (an edit is refused then)
         try:
-            opened = open_corpora(data.corpus_specs, cache_dir=data.cache_dir, **data._hf)
-            if not all(isinstance(c, TextFiles) for c in opened):
+            corpora = data.corpora  # (as preparing the data opens and cleans them; nothing read yet)
+            if not all(isinstance(getattr(c, "inner", c), TextFiles) for c in corpora):
                 return  # (a dataset file: its fingerprint loads it)
-            now_fps = [c.fingerprint for c in clean_corpora(opened, data.clean, val_fraction=data.val_fraction)]
+            now_fps = [c.fingerprint for c in corpora]
         except Exception:  # noqa: BLE001 (preparing the data says what is wrong with it, in its own words)
             return
         if now_fps != was_fps:

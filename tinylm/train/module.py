@@ -534,7 +534,7 @@ class TinyLM(L.LightningModule):
                                   f"and block_size come from the data: {fix}")
         from tinylm.checkpoint import check_weights
 
-        if self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING:
+        if self._trainer is not None and fitting:
             # a resume that splits the global batch another way (devices traded for accumulation) counts its
             # position in the new micro-batches, before Lightning restores the data module and its loops
             resume_split = getattr(self._trainer.datamodule, "resume_split", None)
