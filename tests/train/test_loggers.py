@@ -392,6 +392,18 @@ def test_an_offline_run_says_it_in_tinylms_lines_alone(no_wandb_account, run_con
     assert "W&B:" not in said.err + said.out  # (it named the first run's folder)
 
 
+def test_the_end_names_the_offline_run_of_a_users_wandb_logger(no_wandb_account, run_config, capfd, tmp_path):
+    """Catches the summary of a run logged by a user's own WandbLogger: wandb wrote its files under the logger's
+    save_dir (Lightning's default: ./wandb), and the summary looked for them in the run folder alone and named no
+    `wandb sync` command."""
+    config = run_config()
+    main(["fit", "--config", str(config), "--trainer.logger", "WandbLogger", "--trainer.logger.project", "mine"])
+    said = capfd.readouterr()
+    assert re.search(r"W&B: +offline; upload with `wandb sync wandb/offline-run-\d{8}_\d{6}-\w+`",
+                     said.err + said.out), said.err[-3000:]
+    assert not (tmp_path / "runs" / "tiny" / "wandb").exists()
+
+
 def test_files_moved_aside_in_one_second_keep_names_of_their_own(tmp_path):
     """Catches two metrics.csv moved aside within one second (quick runs one after another in a user's CSVLogger
     folder) renamed to the same metrics.<time>.csv: the second rename replaced the first file."""

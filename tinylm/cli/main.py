@@ -149,7 +149,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
 def _fit_summary(cli, seconds: float) -> str:
     from tinylm.cli.summary import example_prompt, exportable, fit_summary
-    from tinylm.train.loggers import wandb_loggers
+    from tinylm.train.loggers import wandb_dir, wandb_loggers
 
     trainer, data = cli.trainer, cli.datamodule
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
@@ -162,7 +162,8 @@ def _fit_summary(cli, seconds: float) -> str:
                  if isinstance(cb, BestCheckpoint) and cb.best_model_score is not None), None)
     return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
                        tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
-                       exportable=exportable(cli.model), wandb_id=wandb[0].version if wandb else None,
+                       exportable=exportable(cli.model),
+                       wandb=(wandb_dir(wandb[0]), wandb[0].version) if wandb else None,
                        final=final, best_loss=best)
 
 

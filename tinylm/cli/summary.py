@@ -67,11 +67,12 @@ def duration(seconds: float) -> str:
 
 
 def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float,
-                prompt: str = "ROMEO:", exportable: bool = True, wandb_id: str | None = None,
+                prompt: str = "ROMEO:", exportable: bool = True, wandb: tuple[Path, str] | None = None,
                 final: dict | None = None, best_loss: float | None = None) -> str:
     """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
     val/bpb (from the run's CSV; without one, ``final`` and ``best_loss``: what the trainer holds), where best.ckpt
-    and the metrics are, and the next commands."""
+    and the metrics are, and the next commands. ``wandb``: the folder holding the W&B run's wandb/ folder, and its
+    id."""
     done = steps - first_step
     tokens = f", {tokens_per_step * done:,} tokens" if tokens_per_step else ""
     since = f" (from step {first_step:,})" if first_step else ""
@@ -98,7 +99,7 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
         lines.append(f"  metrics:     {shown(metrics)}")
     from tinylm.train.loggers import offline_wandb_run
 
-    if (offline := offline_wandb_run(run_dir, wandb_id)) is not None:  # (this run's W&B run, when it had one)
+    if wandb and (offline := offline_wandb_run(*wandb)) is not None:  # (this run's W&B run, when it had one)
         lines.append(f"  W&B:         offline; upload with `wandb sync {shown(offline)}`")
     ckpt = best_ckpt if best_ckpt.exists() else last_ckpt if last_ckpt.exists() else None
     if ckpt is not None:

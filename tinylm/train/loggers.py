@@ -268,10 +268,11 @@ def _quiet_settings():
     return wandb.Settings(silent=True)
 
 
-def offline_wandb_run(run_dir: Path, wandb_id: str | None) -> Path | None:
-    """The newest folder of W&B run ``wandb_id`` (in ``run_dir``'s wandb/ folder, or $WANDB_DIR's, which other
-    runs share) when it was logged offline, else None: what `wandb sync` uploads."""
-    root = Path(os.environ.get("WANDB_DIR") or run_dir) / "wandb"
+def offline_wandb_run(wandb_dir: Path, wandb_id: str | None) -> Path | None:
+    """The newest folder of W&B run ``wandb_id`` in ``wandb_dir``'s wandb/ folder (the ``dir`` a WandbLogger gave
+    wandb: the run folder, $WANDB_DIR, which other runs share, or a user's logger's ``save_dir``) when it was logged
+    offline, else None: what `wandb sync` uploads."""
+    root = Path(wandb_dir) / "wandb"
     if not wandb_id or not root.is_dir():
         return None
     runs = [p for p in root.glob(f"*run-*-{wandb_id}") if p.is_dir()
@@ -358,6 +359,12 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
         if lg._wandb_init.get("dir") == "." and os.environ.get("WANDB_DIR"):  # Lightning's default save_dir: unset
             lg._wandb_init["dir"] = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR; save_dir stays, as ours)
     return kept, None
+
+
+def wandb_dir(logger) -> Path:
+    """The folder a WandbLogger has wandb keep its ``wandb/`` folder in (tinylm's: the run folder or $WANDB_DIR; a
+    user's: its ``save_dir``, Lightning's default ``.`` the working folder)."""
+    return Path(logger._wandb_init.get("dir") or logger.save_dir or ".")
 
 
 def wandb_loggers(loggers) -> list:
