@@ -548,7 +548,9 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
         cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "20", "--run.checkpoint_every",
                               "3", *same, *flags])
     stopped = cli.trainer.global_step
-    assert f"the run stopped at step {stopped} of trainer.max_steps 20" in caplog.text  # EarlyStopping says nothing
+    said = {"max_time": "(--trainer.max_time: 1e-06 s)",
+            "early_stopping": "(EarlyStopping: Monitored metric val/loss did"}  # (what stopped it)
+    assert f"the run stopped at step {stopped} of trainer.max_steps 20 {said[stop]}" in caplog.text, caplog.text
     assert stopped == {"max_time": 1, "early_stopping": 4}[stop]
     ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
     assert ckpt["global_step"] == stopped

@@ -95,8 +95,8 @@ class RunConfig(SaveConfigCallback):
         t = trainer
         if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
             saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
-            log.info("the run stopped at step %d of trainer.max_steps %d (--trainer.max_time, or a callback such as "
-                     "EarlyStopping)%s", t.global_step, t.max_steps, saved)
+            log.info("the run stopped at step %d of trainer.max_steps %d (%s)%s", t.global_step, t.max_steps,
+                     _stopped_by(t), saved)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
@@ -151,3 +151,17 @@ def _unused(path: Path) -> Path:
         n += 1
         free = path.with_name(f"{path.stem}-{n}{path.suffix}")
     return free
+
+
+def _stopped_by(trainer) -> str:
+    """What stopped a run before max_steps: an EarlyStopping callback (with its reason), --trainer.max_time (the
+    Timer's time is up), or, when neither says so, one of them or another callback."""
+    from lightning.pytorch.callbacks import EarlyStopping, Timer
+
+    for cb in trainer.callbacks:
+        reason = getattr(cb, "stopping_reason_message", None)  # (Lightning 2.6)
+        if isinstance(cb, EarlyStopping) and reason:
+            return f"{type(cb).__name__}: {reason.removesuffix(' Signaling Trainer to stop.').rstrip('.')}"
+        if isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0:
+            return f"--trainer.max_time: {cb._duration:g} s"
+    return "--trainer.max_time, or a callback such as EarlyStopping"
