@@ -201,3 +201,14 @@ def test_jsonargparse_print_config_internals():
     assert _params(_ActionPrintConfig.is_print_config_requested) == ["parser"]
     assert "print_config_skip" in inspect.getsource(_ActionPrintConfig.skip_print_config)
     assert "parser.exit()" in inspect.getsource(_ActionPrintConfig.print_config_if_requested)
+
+
+def test_on_exception_checkpoint_turns_no_ckpt_path_into_last():
+    """tinylm.cli.trainer_checks.check_exception_checkpoints refuses what Lightning's rule would resume a fresh run
+    from (an OnExceptionCheckpoint turns ``fit(ckpt_path=None)`` into "last", the newest of its file and the
+    ModelCheckpoints' last files), and tinylm.cli.fit silences the two warnings of that rule by their text."""
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    source = inspect.getsource(_CheckpointConnector._parse_ckpt_path)
+    assert 'ckpt_path = "last"' in source and "ft_checkpoints" in source and "_find_last_checkpoints" in source
+    assert "was called without a model" in source and "is set, but there is no last checkpoint" in source

@@ -1177,3 +1177,26 @@ def test_a_read_only_folder_of_the_run_is_refused_before_training(config, tmp_pa
                         f"permission denied: {where}")
     finally:
         where.chmod(0o755)
+
+
+def test_a_fresh_run_is_not_started_from_a_checkpoint_an_on_exception_callback_left(config, tmp_path, capsys):
+    """Catches Lightning's rule for a run with an OnExceptionCheckpoint and no ckpt_path: it resumes from the newest
+    of that callback's file and a ModelCheckpoint's last*.ckpt. A fresh run became, silently, a resume of another
+    run's failed one (and deleted its file when done), or of a last.ckpt in a user's ModelCheckpoint folder."""
+    keep = ["--trainer.callbacks+", "OnExceptionCheckpoint", "--trainer.callbacks.dirpath", "saved"]
+    main(["fit", "--config", str(config), *keep])  # a fresh run with the callback: no Lightning warning about "last"
+    said = capsys.readouterr()
+    assert "ckpt_path" not in said.err and not (tmp_path / "saved" / "on_exception.ckpt").exists(), said.err[-2000:]
+    failed = tmp_path / "saved" / "on_exception.ckpt"  # what a failed run left
+    failed.parent.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "runs" / "tiny" / "checkpoints" / "step-2.ckpt", failed)
+    line = _error_line(capsys, ["fit", "--config", str(config), "--run.name", "other", *keep])
+    assert "saved/on_exception.ckpt" in line and "--ckpt_path saved/on_exception.ckpt" in line, line
+    assert failed.is_file() and not (tmp_path / "runs" / "other" / "checkpoints").exists()
+
+    topk = ["--trainer.callbacks+", "ModelCheckpoint", "--trainer.callbacks.dirpath", "topk"]
+    (tmp_path / "topk").mkdir()
+    shutil.copy(failed, tmp_path / "topk" / "last.ckpt")
+    line = _error_line(capsys, ["fit", "--config", str(config), "--run.name", "third", *keep[:2], "--trainer"
+                                ".callbacks.dirpath", "saved2", *topk])
+    assert f"--trainer.callbacks.dirpath {tmp_path / 'topk'} holds last.ckpt" in line, line

@@ -35,6 +35,7 @@ from tinylm.cli.run_folder import (
 )
 from tinylm.cli.trainer_checks import (
     check_checkpoint_names,
+    check_exception_checkpoints,
     check_trainer_options,
     warn_gpu_recipe_on_cpu,
     warn_small_vocab,
@@ -370,6 +371,7 @@ class TinyLMCLI(LightningCLI):
             elif (rank0 := ranks.rank0_pid()) is not None:
                 ranks.watch_rank0(rank0, weakref.ref(trainer))
         if self.subcommand == "fit":
+            check_exception_checkpoints(trainer.callbacks, self._section().ckpt_path)
             saver = RunConfig(self._parser("fit"), self.config["fit"], run_dir=self.run_dir,
                               resume_step=self.resume_step, continues=self.continues, **self.save_config_kwargs)
             trainer.callbacks.append(saver)
@@ -482,6 +484,10 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    # a fresh run with a user's OnExceptionCheckpoint: Lightning looks for a "last" checkpoint to resume from (any
+    # it would find is refused first: check_exception_checkpoints)
+    warnings.filterwarnings("ignore", message=r"`\.fit\(ckpt_path=None\)` was called without a model")
+    warnings.filterwarnings("ignore", message=r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint')
     # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
     # tinylm's epochs are notional (a small corpus makes short ones) and logging counts steps across them

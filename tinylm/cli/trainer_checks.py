@@ -384,6 +384,34 @@ def _check_not_in_another_run(dirpath: str, run_dir: Path) -> None:
                              "unset")
 
 
+def check_exception_checkpoints(callbacks: list, ckpt_path: str | None) -> None:
+    """A user's OnExceptionCheckpoint whose file is there (a run that failed saved it): Lightning starts a run given
+    no ``ckpt_path`` from it (with such a callback, ``fit(ckpt_path=None)`` means "last", the newest of that file and
+    of a ModelCheckpoint's last*.ckpt, a fresh tinylm run silently became a resume of the other one) and deletes it
+    when the run ends. Refused in one line, as such a "last" of a user's ModelCheckpoint for a fresh run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+    keepers = [cb for cb in callbacks if isinstance(cb, OnExceptionCheckpoint)]
+    if not keepers:
+        return
+    given = Path(ckpt_path).resolve() if ckpt_path else None
+    for cb in keepers:
+        path = Path(cb.ckpt_path)
+        if path.is_file() and path.resolve() != given:
+            start = "start this fresh run from it" if given is None else "delete it when this run ends"
+            raise ValueError(f"--trainer.callbacks OnExceptionCheckpoint: {path} holds the checkpoint a run saved as "
+                             f"it failed, and Lightning would {start}; resume that run with --ckpt_path {path}, or "
+                             "move the file away (or give the callback another --trainer.callbacks.dirpath)")
+    for cb in callbacks if given is None else []:
+        folder = Path(cb.dirpath) if isinstance(cb, ModelCheckpoint) and cb.dirpath else None
+        lasts = sorted(p for p in folder.iterdir() if ModelCheckpoint.CHECKPOINT_NAME_LAST in p.name) \
+            if folder is not None and folder.is_dir() else []
+        if lasts:
+            raise ValueError(f"--trainer.callbacks.dirpath {cb.dirpath} holds {lasts[-1].name}, and with an "
+                             "OnExceptionCheckpoint Lightning would start this fresh run from it; resume with "
+                             f"--ckpt_path {lasts[-1]}, or give the ModelCheckpoint another dirpath")
+
+
 def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
     """A GPU recipe (a wide model, with compile and many loader workers) run on a CPU takes minutes per step: say so
     once, with the fix, instead of leaving the user to wonder (shakespeare-char.yaml ran at ~75 s/step on 2 cores)."""
