@@ -79,3 +79,24 @@ def test_validation_sums_keep_their_precision_under_bf16_true(tmp_path, small_da
         module.float()  # back to fp32 weights, as Lightning leaves them converted
     for key in ("val/loss", "val/bpb"):
         assert results["bf16-true"][key] == pytest.approx(results["32-true"][key], rel=5e-3), key
+
+
+def test_a_validation_batch_of_nan_makes_the_validation_nan(tmp_path, small_data):
+    """Catches a validation with a NaN batch logged as a good one: torchmetrics' aggregators drop NaN values by
+    default (with a warning), so val/loss was the mean of the finite batches and val/bpb 0.0 (a perfect score)
+    beside a NaN."""
+    corpus = tmp_path / "text.txt"
+    corpus.write_text((small_data / "tinyshakespeare_100k.txt").read_text(encoding="utf-8")[:20000])
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="char", block_size=32, batch_size=4, val_batches=3,
+                          cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=32, decay_steps=10)
+
+    class NaNOnce(L.Callback):  # the second validation batch's weights hold a NaN
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            pl_module.model.lm_head.weight.data[0, 0] = float("nan") if batch_idx == 1 else 0.0
+
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                        callbacks=[NaNOnce()])
+    result = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    assert all(math.isnan(result[key]) for key in ("val/loss", "val/ppl", "val/bpb")), result

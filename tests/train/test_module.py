@@ -95,6 +95,18 @@ def test_schedule_steps_once_per_optimizer_step(accumulate):
     assert rec.lrs == pytest.approx(expected)
 
 
+def test_logged_lr_is_the_optimizers_under_bf16_true():
+    """Catches train/lr rounded to bf16 under --trainer.precision bf16-true (0.00099945 for 1e-3): the logged value was
+    made a tensor of the default dtype, which Lightning sets to the precision's."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY, lr=1e-3, min_lr=3.25e-4, warmup_steps=0, decay_steps=2)
+    trainer = _trainer(max_steps=2, precision="bf16-true")
+    trainer.fit(module, _batches(2))
+    lr = lr_at(1, schedule="cosine", lr=1e-3, min_lr=3.25e-4, warmup_steps=0, decay_steps=2)  # the last step's
+    assert trainer.callback_metrics["train/lr"].item() == pytest.approx(lr, rel=1e-6)
+    assert torch.tensor(lr, dtype=torch.bfloat16).item() != pytest.approx(lr, rel=1e-6)  # guard: bf16 rounds it
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_grad_norm_is_logged_before_clipping(precision):
     """Catches logging the clipped norm (which would always read <= gradient_clip_val and hide spikes)."""

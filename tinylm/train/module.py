@@ -58,7 +58,7 @@ def host_scalar(value: float) -> torch.Tensor:
     kernels. A CPU tensor stays on the CPU (Lightning keeps a tensor's device), so neither happens. Measured with
     ``torch.cuda.set_sync_debug_mode`` (benchmarks/gpu/syncs.py): 4.6 syncs per step that logged nothing before, on an
     H200; tests/gpu/test_gpu.py checks that it is 0."""
-    return torch.tensor(float(value))
+    return torch.tensor(float(value), dtype=torch.float64)  # (not the default dtype: bf16 under bf16-true)
 
 
 class RecomputedBlock(Block):
@@ -222,10 +222,12 @@ class TinyLM(L.LightningModule):
         # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
         self.model = _build_gpt(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}), state,
                                 activation_checkpointing)
-        self.val_loss = MeanMetric()
+        # a NaN batch makes the validation NaN: torchmetrics' default drops it (a diverged model's val/bpb came out
+        # 0.0, a perfect score). The mean's NaN is "replaced" by NaN: its "disable" also drops the weights
+        self.val_loss = MeanMetric(nan_strategy=math.nan)
         # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
-        self.val_text_nats, self.val_text_bytes = (SumMetric().set_dtype(torch.float64),
-                                                   SumMetric().set_dtype(torch.float64))
+        self.val_text_nats, self.val_text_bytes = (SumMetric(nan_strategy="disable").set_dtype(torch.float64),
+                                                   SumMetric(nan_strategy="disable").set_dtype(torch.float64))
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
