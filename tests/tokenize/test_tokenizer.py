@@ -522,3 +522,26 @@ def test_ctrl_c_during_bpe_training_is_not_held_until_it_ends():
     training = [t for t in threading.enumerate() if t.name == "tinylm-tokenizer-training"]
     assert [t.is_alive() for t in training] == [True]
     training[0].join()
+
+
+def test_a_tokenizer_json_saved_with_truncation_or_padding_encodes_whole_texts(tmp_path, shakespeare_100k, caplog):
+    """Catches a tokenizer.json saved with truncation or padding on (BERT-like ones; one saved after a call with
+    truncation=True): every document was cut to max_length (61 % of a corpus lost) and each batch padded to its
+    longest document with <pad> ids (18 % of the tokens), in silence."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HF(models.BPE())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    hf.train_from_iterator([shakespeare_100k[:20000]], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[EOT, "<pad>"]))
+    hf.enable_truncation(max_length=8)
+    hf.enable_padding(pad_id=1, pad_token="<pad>")
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with caplog.at_level("INFO", logger="tinylm"):
+        tok = build_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert "turns on truncation (max_length 8) and padding (pad_token <pad>): off here" in caplog.text
+    texts = [shakespeare_100k[:300], shakespeare_100k[300:330]]
+    assert [tok.decode(ids) for ids in tok.encode_batch(texts)] == texts
+    assert tok.decode(tok.encode(texts[0])) == texts[0]
+    assert Tokenizer.from_state_dict(tok.state_dict()).encode(texts[0]) == tok.encode(texts[0])

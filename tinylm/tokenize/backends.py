@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import base64
 import functools
+import logging
 import os
 import re
 from collections.abc import Callable
 from typing import Any
+
+_SHOWN = ("max_length", "pad_token", "length")  # the settings of truncation / padding that a note names
 
 
 class HFBackend:
@@ -19,6 +22,16 @@ class HFBackend:
 
     def __init__(self, tok: Any) -> None:
         tok.encode_special_tokens = True  # "<|endoftext|>" in user text stays text
+        # a tokenizer.json saved with truncation or padding on (a BERT-like one, or one saved after a call with
+        # truncation=True) cut every document to max_length and padded each batch to its longest: a corrupt dataset
+        settings = {"truncation": tok.truncation, "padding": tok.padding}
+        if on := {name: setting for name, setting in settings.items() if setting is not None}:
+            said = [f"{name} ({', '.join(f'{k} {v}' for k, v in setting.items() if k in _SHOWN and v is not None)})"
+                    for name, setting in on.items()]
+            logging.getLogger("tinylm").info("the tokenizer file turns on %s: off here (tinylm encodes whole "
+                                             "documents and packs them)", " and ".join(said).replace(" ()", ""))
+            tok.no_truncation()
+            tok.no_padding()
         self.tok = tok
 
     def encode(self, text: str) -> list[int]:
