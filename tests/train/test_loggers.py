@@ -128,9 +128,12 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     main(["fit", "--config", "c.yaml"])
     monkeypatch.delenv("WANDB_PROJECT")
     main(["fit", "--config", "c.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last"])
-    err = capfd.readouterr().err
+    said = capfd.readouterr()
+    err = said.err
     assert "wandb" in err and "anonymous" not in err  # guard: wandb did talk
     assert "W&B project from-env, the run's own" in err
+    # the end of the resume uploads both parts (it named the newest alone: `wandb sync` of it lost steps 1-2)
+    assert re.search(r"W&B: +offline; upload with `wandb sync elsewhere/wandb/offline-run-\*-\w+`", said.out), said
 
     def tinylm_section(name):
         return torch.load(tmp_path / "runs" / "wb" / "checkpoints" / name, weights_only=True)["tinylm"]
