@@ -204,6 +204,19 @@ def test_items_a_char_tokenizer_cannot_encode_are_counted_never_silent(small_dat
         load([TASKS["piqa"]], tiny, data_dir=EVALS, option="--eval.data_dir")
 
 
+def test_a_task_the_tokenizer_cannot_score_is_left_out_and_the_others_scored(caplog):
+    """Catches one task of several that a char tokenizer can score none of ending the whole evaluation, the other
+    tasks' scores thrown away (no table, no CSV row)."""
+    items, _ = load_items(TASKS["hellaswag"], EVALS, 2)
+    text = "".join(a + b for item in items for a, b in item.requests).replace("Q", "").replace("\n", "")
+    char = build_tokenizer("char", documents=lambda: [text])  # every PIQA item holds "Question:\nAnswer:"
+    with caplog.at_level("WARNING", logger="tinylm"):
+        scored = load([TASKS["hellaswag"], TASKS["piqa"]], char, data_dir=EVALS, limit=2)
+    assert [t.task.name for t in scored] == ["hellaswag"] and len(scored[0].items) == 2
+    assert "piqa: none of its 2 items can be scored (the char tokenizer has no " in caplog.text
+    assert "it is left out" in caplog.text
+
+
 # ---- tinylm eval ----------------------------------------------------------------------------------------------------
 def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe_ckpt, capsys):
     """A table with the random-guess acc beside each score, a row in runs/NAME/eval/metrics.csv at the checkpoint's
