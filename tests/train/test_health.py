@@ -108,7 +108,7 @@ class _Poison(L.Callback):
 def test_nonfinite_loss_stops_the_run_with_the_last_good_step(chars):
     """Catches NaN training that runs on (and checkpoints NaN weights) instead of stopping."""
     ids, vocab = chars
-    with pytest.raises(TrainingHealthError, match="last finite loss at step 5 ") as e:
+    with pytest.raises(TrainingHealthError, match=r"last finite step 5 \(loss and gradient norm; ") as e:
         _run(_tiny(vocab), _windows(ids, 8 * 20, 0), steps=20, callbacks=[_Poison()])
     assert "LR too high" in str(e.value)
 
@@ -303,7 +303,7 @@ def test_nonfinite_is_caught_before_a_checkpoint_between_syncs(chars, tmp_path):
     monitor = HealthMonitor(sync_every=1000)  # no read before the checkpoint at step 7 but the one it forces
     trainer = L.Trainer(accelerator="cpu", max_steps=20, max_epochs=None, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, callbacks=[_Poison(), monitor, ckpt])
-    with pytest.raises(TrainingHealthError, match="last finite loss at step 5 "):
+    with pytest.raises(TrainingHealthError, match=r"last finite step 5 \(loss and gradient norm; "):
         trainer.fit(_tiny(vocab), DataLoader(_windows(ids, 8 * 20, 0), batch_size=8))
     assert not list(tmp_path.glob("*.ckpt")), "a checkpoint was written from NaN weights"
 
@@ -401,6 +401,7 @@ def test_nonfinite_names_a_restart_that_works(run_config, tmp_path, capsys):
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "step-4.ckpt"
     assert f"--model.init_from {ckpt.relative_to(tmp_path)} --run.name NEW_NAME" in err, err[-2000:]
     assert "--ckpt_path last" not in err
+    assert err.count("recent grad norms") == 1, err[-3000:]  # the error's line alone (a health warning said it too)
     main(["fit", "--config", str(run_config(run={"name": "again"})), "--model.init_from", str(ckpt),
           "--model.lr", "1e-4"])  # the advice, followed
     assert (tmp_path / "runs" / "again" / "checkpoints" / "last.ckpt").is_file()

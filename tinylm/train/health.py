@@ -154,14 +154,17 @@ class HealthMonitor(L.Callback):
 
     # ---- reporting ----------------------------------------------------------------------------------------------
     def _alert(self, trainer: L.Trainer, kind: str, message: str, *, once: bool = True,
-               step: int | None = None) -> None:
+               step: int | None = None, said: bool = True) -> None:
+        """Record an alert (the run's CSV column ``health/KIND``, a W&B alert) and, when ``said``, warn of it (not
+        when the error that ends the run says the same)."""
         if once and kind in self._fired:
             return
         self._fired.add(kind)
         step = trainer.global_step if step is None else step  # optimizer steps done, as in step-N.ckpt
         self.alerts.append(Alert(step, kind, message))
         if trainer.is_global_zero:
-            log.warning("tinylm health [%s] step %d: %s", kind, step, message)
+            if said:
+                log.warning("tinylm health [%s] step %d: %s", kind, step, message)
             for logger in trainer.loggers:  # in the row of the step's own metrics: they are logged one behind
                 logger.log_metrics({f"health/{kind}": 1.0}, step=max(step - 1, 0))
                 experiment = getattr(logger, "experiment", None)
@@ -269,12 +272,13 @@ class HealthMonitor(L.Callback):
             if precision_dtypes(precision)[1] == torch.float16 else ""
         message = (
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} (loss={loss}, grad_norm={norm}); "
-            f"last finite loss at step {self._last_good_step} (global_step, as in step-N.ckpt); recent grad norms "
+            f"last finite step {self._last_good_step} (loss and gradient norm; global_step, as in step-N.ckpt); "
+            "recent grad norms "
             f"[{history}]. Likely causes: LR too high "
             f"(lower lr or lengthen warmup), missing gradient clipping, or corrupt data.{fp16} After fixing, "
             + _restart_hint(trainer, self._last_good_step)
         )
-        self._alert(trainer, "nonfinite", message, step=step)
+        self._alert(trainer, "nonfinite", message, step=step, said=not self.halt_on_nonfinite)
         if self.halt_on_nonfinite:
             raise TrainingHealthError(message)
 
