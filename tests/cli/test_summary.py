@@ -49,6 +49,18 @@ def test_a_run_without_metrics_is_not_offered_a_plot(tmp_path):
     assert "tinylm plot" in fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=None, seconds=1.0)
 
 
+def test_a_last_validation_before_the_runs_end_is_not_called_final(tmp_path):
+    """Catches a run whose validation schedule missed its end (check_val_every_n_epoch: the last validation at step
+    20 of 30) summed up as "val/loss final ...", a value 10 steps stale."""
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,step,train/loss,val/loss,val/bpb\n0,9,,3.5,5.0\n"
+                                                  "1,19,,3.25,4.75\n2,29,3.0,,\n")
+    text = fit_summary(tmp_path, steps=30, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "val/loss last (step 20) 3.2500   best 3.2500 (step 20)" in text, text
+    assert "final" not in fit_summary(tmp_path, steps=30, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "val/loss final 3.2500" in fit_summary(tmp_path, steps=20, first_step=0, tokens_per_step=None, seconds=1)
+
+
 def test_a_run_without_a_logger_still_says_its_validation(run_config, capsys):
     """Catches `--trainer.logger false` ending without the val/loss and val/bpb lines (read from metrics.csv, which
     such a run does not write): the trainer's final numbers, and best.ckpt's val/loss."""

@@ -81,9 +81,12 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     rows = _val_rows(metrics)
     if rows:
         final, best = rows[-1], min(rows, key=lambda r: float(r["val/loss"]))
+        at = int(float(final["step"])) + 1
+        # (a validation schedule that missed the run's end: its last is not the end's)
+        last = "final" if at == steps else f"last (step {at:,})"
         for key in ("val/loss", "val/bpb"):
             if final.get(key):
-                lines.append(f"  {key:<8} final {float(final[key]):.4f}   best {float(best[key]):.4f} "
+                lines.append(f"  {key:<8} {last} {float(final[key]):.4f}   best {float(best[key]):.4f} "
                              f"(step {int(float(best['step'])) + 1:,})")
     elif final:  # no metrics.csv (--trainer.logger false): this command's last validation
         for key in ("val/loss", "val/bpb"):
