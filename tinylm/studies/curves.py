@@ -9,9 +9,10 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+MUON_LR = "train/muon_lr"  # Muon's LR (the blocks' matrices), beside train/lr (AdamW's: embeddings, head, norms)
 PANELS = (  # (title, metric keys drawn in it, log-scale y)
     ("loss (nats/token)", ("train/loss", "val/loss"), False),
-    ("learning rate", ("train/lr",), False),
+    ("learning rate", ("train/lr", MUON_LR), False),  # (a Muon run's two: log scale, named)
     ("gradient norm (before clipping)", ("train/grad_norm",), True),
     ("tokens / s", ("train/tokens_per_sec",), False),
 )
@@ -185,7 +186,7 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
                     ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
                 else:
                     ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
-                            label=f"{run.name} {key}")
+                            ls="--" if key == MUON_LR else "-", label=f"{run.name} {key}")
             for step, kind in run.alerts:  # red for one run; with several, each run's colour, named in the label
                 ax.axvline(step, color="red" if len(runs) == 1 else colour, ls="--", lw=0.8, alpha=0.7)
                 if i == 0:
@@ -194,9 +195,10 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
                                 color="red" if len(runs) == 1 else colour)
         if reference is not None and i == 0:
             ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
-        if title.startswith("eval") and ax.lines:
+        muon = MUON_LR in keys and any(run.series.get(MUON_LR) for run in runs)  # 20x AdamW's by default
+        if (title.startswith("eval") or muon) and ax.lines:
             ax.legend(fontsize=6)
-        if log_y and any(run.series.get(k) for run in runs for k in keys):
+        if (log_y or muon) and any(run.series.get(k) for run in runs for k in keys):
             ax.set_yscale("log")
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", color="gray")
