@@ -71,7 +71,8 @@ class GPTConfig:
     """RMS-normalise each head's queries and keys before attention (bounded attention logits)."""
     mlp: str = option("arch", "gelu")
     """``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
-    same parameters from n_embd ~128 up; the rounding swings small widths either way) or ``relu2`` (relu(x)², 4·n_embd wide; modded-nanogpt)."""
+    same parameters from n_embd ~128 up; the rounding swings small widths either way) or ``relu2`` (relu(x)²,
+    4·n_embd wide; modded-nanogpt)."""
     tie_embeddings: bool = option("arch", True)
     """The LM head shares the token embedding matrix (nanoGPT); false gives it its own."""
     logit_softcap: float | None = option("arch", None)  # Gemma 2's too

@@ -61,6 +61,15 @@ def host_scalar(value: float) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float64)  # (not the default dtype: bf16 under bf16-true)
 
 
+def _validation_metrics() -> tuple[MeanMetric, SumMetric, SumMetric]:
+    """val/loss's token-weighted mean, and val/bpb's sums (nats / ln 2 / bytes, both over the targets evaluated that
+    stand for text, not EOS). A NaN batch makes the validation NaN: torchmetrics' default drops it (a diverged
+    model's val/bpb came out 0.0, a perfect score); the mean's NaN is "replaced" by NaN, as its "disable" drops the
+    weights too."""
+    sums = (SumMetric(nan_strategy="disable").set_dtype(torch.float64) for _ in range(2))
+    return MeanMetric(nan_strategy=math.nan), *sums
+
+
 class RecomputedBlock(Block):
     """A `Block` run under torch.utils.checkpoint while training with gradients: only its input is saved, and the
     backward pass runs it again to get what it needs. Evaluation and generation run it as is. A block becomes one by
@@ -222,12 +231,7 @@ class TinyLM(L.LightningModule):
         # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
         self.model = _build_gpt(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}), state,
                                 activation_checkpointing)
-        # a NaN batch makes the validation NaN: torchmetrics' default drops it (a diverged model's val/bpb came out
-        # 0.0, a perfect score). The mean's NaN is "replaced" by NaN: its "disable" also drops the weights
-        self.val_loss = MeanMetric(nan_strategy=math.nan)
-        # val/bpb = nats / ln 2 / bytes, both summed over the targets evaluated that stand for text (not EOS)
-        self.val_text_nats, self.val_text_bytes = (SumMetric(nan_strategy="disable").set_dtype(torch.float64),
-                                                   SumMetric(nan_strategy="disable").set_dtype(torch.float64))
+        self.val_loss, self.val_text_nats, self.val_text_bytes = _validation_metrics()
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
