@@ -89,7 +89,7 @@ def hf_family(config: GPTConfig) -> str:
     neither can represent (one at a time took a retraining each to find the next)."""
     from tinylm.hf_llama import LLAMA_OPTIONS
 
-    family, wanted = ("gpt2", {"norm": "layernorm", "mlp": "gelu", "tie_embeddings": True}) \
+    family, wanted = ("gpt2", {"norm": "layernorm", "mlp": "gelu"}) \
         if config.positions == "learned" else ("llama", {k: v for k, v in LLAMA_OPTIONS.items() if k != "positions"})
     blocks = (["model.qk_norm=true (neither GPT-2 nor Llama in transformers normalises queries and keys; train with "
                "qk_norm false)"] if config.qk_norm else [])
@@ -100,13 +100,14 @@ def hf_family(config: GPTConfig) -> str:
                f"{'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}={value!r})"
                for name, value in wanted.items() if getattr(config, name) != value]
     if blocks:
-        raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu + "
-                         "tied; Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
+        raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu; "
+                         "Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
     return family
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """tinylm GPT weights renamed and shaped for `GPT2LMHeadModel` (the names already match; Conv1D is transposed)."""
+    """tinylm GPT weights renamed and shaped for `GPT2LMHeadModel` (the names already match; Conv1D is transposed;
+    an untied LM head is its own lm_head.weight)."""
     c = model.config
     out = {}
     for name, tensor in model.state_dict().items():
@@ -143,7 +144,7 @@ def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
         layer_norm_epsilon=LAYER_NORM_EPS,
         bos_token_id=eos_id,  # GPT-2 convention: one <|endoftext|> both starts and ends documents
         eos_token_id=eos_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=config.tie_embeddings,  # (false: lm_head.weight of its own)
         tinylm={k: getattr(config, k) for k in _EXTRA_FIELDS},
     )
 
@@ -304,7 +305,6 @@ _IMPORTABLE = (
     ("scale_attn_weights", lambda v, hc: v is True, "true: attention scores divided by sqrt(head size)"),
     ("scale_attn_by_inverse_layer_idx", lambda v, hc: not v, "false"),
     ("add_cross_attention", lambda v, hc: not v, "false: a decoder-only GPT has no cross-attention"),
-    ("tie_word_embeddings", lambda v, hc: v is True, "true: the LM head is the token embedding"),
 )
 
 
@@ -399,16 +399,17 @@ def import_hf(path: str | Path) -> GPT:
     bias = bool(extra.get("bias", True)) or any(bool(b.any()) for b in biases)
     # a folder from elsewhere carries none: GPTConfig's defaults
     carried = {k: extra[k] for k in _EXTRA_FIELDS if k in extra} | {"bias": bias}
+    tied = bool(getattr(hc, "tie_word_embeddings", True))
     config = GPTConfig(vocab_size=hc.vocab_size, block_size=hc.n_positions, n_layer=hc.n_layer, n_head=hc.n_head,
-                       n_embd=hc.n_embd, dropout=0.0, **carried)
+                       n_embd=hc.n_embd, dropout=0.0, tie_embeddings=tied, **carried)
     model = GPT(config)
     target = model.state_dict()
     for name in target:
-        if name == "lm_head.weight":
+        if name == "lm_head.weight" and tied:
             continue  # tied to wte
         tensor = state[name].t() if name.endswith(_CONV1D) else state[name]
         with torch.no_grad():
-            target[name][: tensor.size(0)].copy_(tensor)  # wte: the real rows; the padded ones are zeroed
-            if name == "transformer.wte.weight":
+            target[name][: tensor.size(0)].copy_(tensor)  # wte, lm_head: the real rows; the padded ones are zeroed
+            if name in ("transformer.wte.weight", "lm_head.weight"):
                 target[name][tensor.size(0):].zero_()
     return model.eval()

@@ -56,12 +56,14 @@ def char_tokenizer() -> Tokenizer:
     return build_tokenizer("char", documents=lambda: docs)  # 2 documents, so it has <|endoftext|>
 
 
-@pytest.mark.parametrize("bias, pad", [(True, 64), (False, 64), (True, 1)], ids=["bias-padded", "nobias-padded",
-                                                                                "bias-unpadded"])
-def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad):
+@pytest.mark.parametrize("bias, pad, tie", [(True, 64, True), (False, 64, True), (True, 1, True), (False, 64, False)],
+                         ids=["bias-padded", "nobias-padded", "bias-unpadded", "untied"])
+def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, tie):
     """Catches untransposed Conv1D weights, dropped biases, padded vocab rows leaking into the export, tanh GELU
-    (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5."""
-    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad)
+    (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5. An untied
+    LM head (refused: "transformers' GPT-2 needs tie_embeddings=True", which it does not) is its lm_head.weight."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad,
+                             tie_embeddings=tie)
     model, tokenizer, _hparams = load_model(ckpt)
     V = tokenizer.vocab_size
     assert (model.config.padded_vocab_size != V) == (pad == 64)  # the padded case really pads
@@ -80,7 +82,8 @@ def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad):
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
 
     back = import_hf(out)  # and back into tinylm, same architecture options
-    assert (back.config.bias, back.config.pad_vocab_multiple) == (bias, pad)
+    assert (back.config.bias, back.config.pad_vocab_multiple, back.config.tie_embeddings) == (bias, pad, tie)
+    assert config["tie_word_embeddings"] is tie
     with torch.no_grad():
         torch.testing.assert_close(back(idx), ours, atol=1e-5, rtol=0)
     saved = Tokenizer.load(out / "tinylm_tokenizer")
@@ -256,7 +259,6 @@ def _transformers_dir(path: Path, **overrides) -> Path:
     ("scale_attn_weights", False),
     ("scale_attn_by_inverse_layer_idx", True),
     ("add_cross_attention", True),
-    ("tie_word_embeddings", False),
 ])
 def test_import_refuses_gpt2_variants_tinylm_does_not_compute(tmp_path, field, value):
     """Catches import_hf loading a GPT-2 whose config asks for a function tinylm's GPT does not compute (it used to
@@ -485,7 +487,6 @@ def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie, c
                                                                   r".*; model.mlp='relu2'"),
     ({"positions": "rope"}, "model.norm='layernorm' with positions='rope'"),
     ({"norm": "rmsnorm"}, "model.norm='rmsnorm' with positions='learned'.*norm='layernorm'"),
-    ({"tie_embeddings": False}, "model.tie_embeddings=False with positions='learned'"),
 ])
 def test_export_refuses_what_transformers_cannot_represent(tmp_path, char_tokenizer, options, message):
     """Catches an export that silently drops an option (a model that predicts differently in transformers): the
