@@ -175,8 +175,12 @@ def test_validate_on_other_text_uses_the_checkpoints_tokenizer_and_names_an_over
     with caplog.at_level("INFO", logger="tinylm"):
         main(["validate", "--ckpt_path", ckpt, "--data.corpus", str(other)])
     assert "with the checkpoint's own bpe tokenizer" in caplog.text and "larger than" not in caplog.text
+    # how much of OTHER it scored: said (it scored the last 10 % saying "evaluating on data.corpus OTHER") and kept
+    assert f"the validation split of data.corpus {other} (its last 10%; --data.val_fraction sets it)" in caplog.text
     (row,) = _rows(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")
     assert float(row["val/loss"]) > 0 and row["corpus"] == str(other)  # told apart from the run's own text's rows
+    text = other.read_bytes()
+    assert 0 < int(row["val_bytes"]) < 0.15 * len(text), row  # (of its 10 %: the run's data.val_batches)
     caplog.clear()
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["validate", "--ckpt_path", ckpt, "--data.val_fraction", "0.2"])

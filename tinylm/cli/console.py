@@ -182,7 +182,8 @@ class _NoTips(logging.Filter):
 
 def format_validate(row: dict, path: Path | None) -> str:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("val/"))
-    return f"step {row['step']}: {metrics}" + (f"\n(appended to {path})" if path is not None else "")
+    scored = f" (over {row['val_bytes']:,} bytes of text)" if row.get("val_bytes") is not None else ""
+    return f"step {row['step']}: {metrics}{scored}" + (f"\n(appended to {path})" if path is not None else "")
 
 
 _MID_LINE = [False]  # the last text written to stdout did not end its line

@@ -426,6 +426,8 @@ class TinyLMCLI(LightningCLI):
         corpus = getattr(self.datamodule, "corpus_spec", None)
         row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
                "step": getattr(self, "ckpt_step", 0), **({"corpus": corpus} if corpus else {}), **metrics}
+        if self.model.val_bytes is not None:  # how much text: a split, data.val_batches of it
+            row["val_bytes"] = self.model.val_bytes
         ckpt = Path(self._section().ckpt_path).resolve()
         # the checkpoint's own run folder (runs/NAME/checkpoints/x.ckpt), whatever run the config names; for one
         # outside a run folder, the run the command names, else its own folder (the default run name's folder,

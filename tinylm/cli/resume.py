@@ -569,8 +569,11 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
         data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
                                                          now.get("cache_dir") or default_cache_dir()))
         if now.get("corpus") != trained.get("corpus"):
-            log.info("evaluating on data.corpus %s with the checkpoint's own %s tokenizer (trained on %s)",
-                     now.get("corpus"), trained.get("tokenizer"), trained.get("corpus"))
+            share = now.get("val_fraction")
+            log.info("evaluating on the validation split of data.corpus %s (%s; --data.val_fraction sets it) with the "
+                     "checkpoint's own %s tokenizer (trained on %s)", now.get("corpus"),
+                     f"its last {share:.0%}" if isinstance(share, float) else "its own", trained.get("tokenizer"),
+                     trained.get("corpus"))
         elif "data.tokenizer" in named:  # asked for by name, and not what it gets: said, not done in silence
             log.info("--data.tokenizer %s would train a new tokenizer, not the model's: the checkpoint's own %s "
                      "tokenizer is used", now["tokenizer"], trained.get("tokenizer"))

@@ -233,6 +233,7 @@ class TinyLM(L.LightningModule):
                                 activation_checkpointing)
         self.val_loss, self.val_text_nats, self.val_text_bytes = _validation_metrics()
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
+        self.val_bytes: int | None = None  # the UTF-8 bytes of text the last validation scored
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
         self.wandb_project: str | None = None  # the project of the run's W&B run, kept as wandb_id is
@@ -339,6 +340,7 @@ class TinyLM(L.LightningModule):
             # across tokenizers (an EOS is no text: neither its nats nor bytes count)
             nats, nbytes = self.val_text_nats.compute(), self.val_text_bytes.compute()
             self.log("val/bpb", nats / math.log(2) / nbytes.clamp(min=1), sync_dist=True)
+            self.val_bytes = int(nbytes)  # the text scored (all ranks'): what `tinylm validate` says it read
         names = getattr(getattr(self._trainer, "datamodule", None), "val_names", [])
         if len(names) > 1:  # each corpus's nats and targets summed over the ranks (each evaluated a share)
             wide = torch.float32 if self.device.type == "mps" else torch.float64  # (MPS has no float64)
