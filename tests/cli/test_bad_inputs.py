@@ -430,11 +430,22 @@ def test_generation_that_cannot_fit_in_memory_is_refused():
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", ("{class_path: lightning.pytorch.strategies.DDPStrategy, "
-                                                    "init_args: {start_method: spawn}}")])
+                                                    "init_args: {start_method: spawn}}"),
+                                      "{class_path: lightning.pytorch.strategies.DDPStrategy, init_args: "
+                                      "{start_method: forkserver}}"])
 def test_spawning_strategies_are_one_line(config, capsys, strategy):
-    """Catches --trainer.strategy ddp_spawn dying in a pickling traceback (cannot pickle '_io.TextIOWrapper')."""
+    """Catches --trainer.strategy ddp_spawn (or a DDPStrategy started by spawn or a fork server, which pickle the
+    same) dying in a pickling traceback (cannot pickle '_io.TextIOWrapper')."""
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", strategy, "--trainer.devices", "2",
-                             "--trainer.accelerator", "cpu"], "spawning", "--trainer.strategy ddp")
+                             "--trainer.accelerator", "cpu"], "which pickles", "--trainer.strategy ddp")
+
+
+def test_the_nccl_backend_on_the_cpu_is_one_line(config, capsys):
+    """Catches a DDPStrategy with process_group_backend nccl on the CPU ending in a traceback from each rank
+    ("Distributed package doesn't have NCCL built in")."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "{class_path: lightning.pytorch."
+                             "strategies.DDPStrategy, init_args: {process_group_backend: nccl}}", "--trainer.devices",
+                             "2", "--trainer.accelerator", "cpu"], "'nccl'", "process_group_backend gloo")
 
 
 @pytest.mark.parametrize("strategy", ["fsdp_cpu_offload", ("{class_path: lightning.pytorch.strategies.FSDPStrategy, "
@@ -470,12 +481,27 @@ def test_an_unknown_strategy_lists_only_the_strategies_tinylm_trains_with(config
 def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch, tmp_path):
     """Catches --trainer.num_nodes 2 on one machine waiting forever for node 1 (and deaf to SIGTERM meanwhile)."""
     for var in ("MASTER_ADDR", "SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID", "LSB_JOBID",
-                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "RANK", "WORLD_SIZE", "GROUP_RANK"):
         monkeypatch.delenv(var, raising=False)
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.num_nodes", "2",
                              "--trainer.accelerator", "cpu"],
                     "trainer.num_nodes 2", "MASTER_ADDR", "NODE_RANK")
     assert not (tmp_path / "runs").exists()
+    main(["fit", "--config", str(config)])  # validate of a checkpoint with num_nodes 2 waited the same way
+    capsys.readouterr()
+    _one_line_error(capsys, ["validate", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", "--trainer.num_nodes", "2",
+                             "--trainer.accelerator", "cpu"], "trainer.num_nodes 2", "MASTER_ADDR")
+    # set by hand, but not whole: each node picked a port of its own, or waited for a node that never comes
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("NODE_RANK", "0")
+    nodes = ["fit", "--config", str(config), "--trainer.num_nodes", "2", "--trainer.accelerator", "cpu", "--run.name",
+             "nodes"]
+    _one_line_error(capsys, nodes, "needs MASTER_PORT too", "got 'none'")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("NODE_RANK", "5")
+    _one_line_error(capsys, nodes, "needs NODE_RANK, this node's number, 0 to 1", "got '5'")
+    assert not (tmp_path / "runs" / "nodes").exists()
 
 
 @pytest.mark.parametrize(("name", "why"), [("a/b", "has a '/'"), ("..", "not a folder of its own"), ("", "empty"),

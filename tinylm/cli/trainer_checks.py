@@ -60,10 +60,12 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.limit_val_batches=0 validates nothing (tinylm validate would report no metric); "
                          "leave it out (the run's own data.val_batches), or pass a number of batches, e.g. "
                          "--trainer.limit_val_batches 20")
+    if subcommand in ("fit", "validate") and runs:
+        _check_processes(trainer_cfg)
     if subcommand == "fit":
         _check_fit_limits(trainer_cfg)
         if runs:
-            _check_how_it_runs(trainer_cfg)
+            check_validation_interval(trainer_cfg)
 
 
 def _check_fit_limits(trainer_cfg: dict[str, Any]) -> None:
@@ -186,8 +188,8 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
                       "the global batch)")
 
 
-def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
-    """The strategy, nodes and validation interval of a run that trains as configured."""
+def _check_processes(trainer_cfg: dict[str, Any]) -> None:
+    """The strategy and nodes of a command that runs as configured (fit, validate)."""
     check_strategy(trainer_cfg)
     nodes, devices = trainer_cfg.get("num_nodes"), _devices_per_node(trainer_cfg)
     if str(trainer_cfg.get("strategy")).lower() == "single_device" and (devices or 1) * (nodes or 1) > 1:
@@ -195,13 +197,38 @@ def _check_how_it_runs(trainer_cfg: dict[str, Any]) -> None:
         raise ValueError(f"trainer.strategy 'single_device' trains in one process, and trainer.devices {devices} x "
                          f"trainer.num_nodes {nodes or 1} asks for {(devices or 1) * (nodes or 1)}; pass "
                          "--trainer.strategy ddp (or fsdp) for several, or --trainer.devices 1")
-    if isinstance(nodes, int) and nodes > 1 and not _cluster_found():
-        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
-                         "and MASTER_ADDR is unset: this node would wait for the others forever; run "
-                         "the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and "
-                         "NODE_RANK (0, 1, ...) set, or launch it with srun or torchrun")
+    backend = trainer_cfg.get("strategy.init_args.process_group_backend")
+    if isinstance(backend, str) and backend.lower() == "nccl" and _on_cpu(trainer_cfg):  # (two tracebacks)
+        raise ValueError("trainer.strategy's process_group_backend 'nccl' connects CUDA GPUs, and this run is on "
+                         "the CPU; pass --trainer.strategy.init_args.process_group_backend gloo, or leave it out "
+                         "(Lightning picks the device's)")
+    if isinstance(nodes, int) and nodes > 1:
+        _check_nodes(nodes)
     _check_launched_processes(trainer_cfg)
-    check_validation_interval(trainer_cfg)
+
+
+def _check_nodes(nodes: int) -> None:
+    """Several nodes: a cluster that starts them, or each told by hand where node 0 is and which node it is (each
+    node without MASTER_PORT picked a port of its own, and they never met; a NODE_RANK past the nodes waited too)."""
+    hand = ("run the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and NODE_RANK "
+            "(0, 1, ...) set, or launch it with srun or torchrun")
+    if not _cluster_found():
+        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                         f"and MASTER_ADDR is unset: this node would wait for the others forever; {hand}")
+    if _cluster_found(by_hand=False):
+        return
+    env = os.environ
+    if not env.get("MASTER_PORT", "").strip().isdigit():
+        raise ValueError(f"trainer.num_nodes {nodes} with MASTER_ADDR set by hand needs MASTER_PORT too (a free port "
+                         f"of node 0, the same on every node), got {env.get('MASTER_PORT', 'none')!r}: each node "
+                         f"would pick a port of its own and wait for the others forever; {hand}")
+    rank = env.get("NODE_RANK", env.get("GROUP_RANK"))  # (Lightning's LightningEnvironment reads both)
+    if "RANK" in env and "WORLD_SIZE" in env:  # Kubeflow's PyTorchJob (--trainer.plugins KubeflowEnvironment)
+        return
+    if rank is None or not rank.strip().isdigit() or int(rank) >= nodes:
+        raise ValueError(f"trainer.num_nodes {nodes} with MASTER_ADDR set by hand needs NODE_RANK, this node's "
+                         f"number, 0 to {nodes - 1} (0 on MASTER_ADDR's node), got {rank!r}: the nodes would wait "
+                         f"for one that never comes; {hand}")
 
 
 def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
@@ -268,8 +295,9 @@ def _check_launched_processes(trainer_cfg: dict[str, Any]) -> None:
                              f"{' and '.join(w[1] for w in wrong)}; pass {' '.join(w[2] for w in wrong)}")
 
 
-def _cluster_found() -> bool:
-    """Whether this process was started by a cluster Lightning detects, or told by hand where the others are."""
+def _cluster_found(*, by_hand: bool = True) -> bool:
+    """Whether this process was started by a cluster Lightning detects, or (``by_hand``) told by hand where the others
+    are (MASTER_ADDR)."""
     from lightning.fabric.plugins.environments import (
         LSFEnvironment,
         MPIEnvironment,
@@ -277,7 +305,7 @@ def _cluster_found() -> bool:
         TorchElasticEnvironment,
     )
 
-    if "MASTER_ADDR" in os.environ:  # Kubeflow's PyTorchJob sets it too (Lightning cannot detect Kubeflow)
+    if by_hand and "MASTER_ADDR" in os.environ:  # Kubeflow's PyTorchJob sets it too (Lightning cannot detect it)
         return True
     return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
 

@@ -71,8 +71,9 @@ def check_strategy(trainer_cfg: dict[str, Any]) -> None:
                          "model, and ModelParallelStrategy's own defaults shard nothing within a node; use "
                          "--trainer.strategy fsdp (FSDP2, which keeps every parameter's shape) or "
                          "--trainer.strategy ddp (`tinylm plan --config ...` shows the memory a device needs)")
-    if isinstance(start, str) and "spawn" in start:
-        raise ValueError(f"trainer.strategy {strategy!r} starts its processes by spawning, which pickles the "
+    if isinstance(start, str) and ("spawn" in start or start.lower() == "forkserver"):
+        raise ValueError(f"trainer.strategy {strategy!r} starts its processes by "
+                         f"{'a fork server' if start.lower() == 'forkserver' else 'spawning'}, which pickles the "
                          "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
                          "(one process per device, each running the command: the same training)")
 
