@@ -85,11 +85,15 @@ def test_a_nan_gradient_step_is_not_applied_and_the_run_goes_on(run_config, tmp_
         assert torch.equal(before, after)
 
 
-def test_a_batch_of_garbage_ids_is_skipped(run_config, tmp_path):
-    """Catches a corrupt batch's update reaching the weights: its loss is an outlier against the window."""
-    main(["fit", "--config", str(_config(run_config, "_GarbageAt24", max_steps=26))])
+def test_a_batch_of_garbage_ids_is_skipped(run_config, tmp_path, caplog):
+    """Catches a corrupt batch's update reaching the weights: its loss is an outlier against the window. The skip is
+    said in a line (train/skipped_steps alone told it: a rare batch dropped went by unseen)."""
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(_config(run_config, "_GarbageAt24", max_steps=26))])
     skipped = _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")
     assert skipped[23] == [0.0] and skipped[25] == [1.0]
+    said = [r.getMessage() for r in caplog.records if "skipped since" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("tinylm guard: 1 step(s) skipped since step 24: step 25 ("), said
 
 
 def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):

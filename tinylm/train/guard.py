@@ -99,6 +99,7 @@ class StabilityGuard(L.Callback):
         self._history: torch.Tensor | None = None
         self._limit: torch.Tensor | None = None  # (2,) loss, grad norm above which a step is an outlier
         self._skipped = torch.zeros((), dtype=torch.int64)  # skipped steps so far
+        self._told = (0, 0)  # the skipped steps said so far, and the step they were said at
         self._saved: dict | None = None  # a checkpoint's state, put on the device at train start
         self._step_seen = -1
 
@@ -166,10 +167,24 @@ class StabilityGuard(L.Callback):
         # the one sync, on a step that logs anyway: the window's losses and skip flags, and the count
         values = torch.cat([self._history[:, [0, 2]].T.flatten(), self._skipped.reshape(1).float()]).tolist()
         pl_module.log("train/skipped_steps", host_scalar(values[-1]), rank_zero_only=True)
+        self._tell_skips(trainer, step, int(values[-1]), values[self.window : 2 * self.window])
         trouble = self._trouble(step, values[: self.window], values[self.window : 2 * self.window])
         if trouble is not None:
             self._rollback(trainer, pl_module, *trouble)
         self._refresh_limit()
+
+    def _tell_skips(self, trainer: L.Trainer, step: int, skipped: int, skips: list[float]) -> None:
+        """A line for the steps skipped since the last logging step (train/skipped_steps alone told them: a rare
+        batch dropped as an outlier went by unseen), naming those still in the window (by slot: step % window)."""
+        told, since = self._told
+        self._told = (skipped, step)
+        if skipped <= told or not trainer.is_global_zero:
+            return
+        steps = [s + 1 for s in range(max(since, step - self.window), step) if skips[s % self.window]]
+        named = f": step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}" if len(steps) == skipped - told else ""
+        log.info("tinylm guard: %d step(s) skipped since step %d%s (loss or gradient norm an outlier against the "
+                 "last %d steps, or not finite; train/skipped_steps counts them, --guard.enabled false keeps them)",
+                 skipped - told, since, named, self.window)
 
     def _trouble(self, step: int, losses: list[float], skips: list[float]) -> tuple[str, int] | None:
         """What calls for a rollback, if anything: (what happened, the first step it concerns), from the window's
@@ -241,6 +256,7 @@ class StabilityGuard(L.Callback):
         self.rollbacks, self.level = int(state_dict.get("rollbacks", 0)), state_dict.get("level")
         self.abandoned = [(int(lo), int(hi)) for lo, hi in state_dict.get("abandoned", [])]
         self._skipped = state_dict.get("skipped", torch.zeros((), dtype=torch.int64)).clone()
+        self._told = (int(self._skipped), 0)  # (said by the run before the resume)
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
             self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}
