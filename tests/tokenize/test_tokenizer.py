@@ -545,3 +545,12 @@ def test_a_tokenizer_json_saved_with_truncation_or_padding_encodes_whole_texts(t
     assert [tok.decode(ids) for ids in tok.encode_batch(texts)] == texts
     assert tok.decode(tok.encode(texts[0])) == texts[0]
     assert Tokenizer.from_state_dict(tok.state_dict()).encode(texts[0]) == tok.encode(texts[0])
+
+
+def test_a_vocabulary_file_alone_names_the_folder_form(tmp_path):
+    """Catches `--data.tokenizer gpt2_vocab.json` (GPT-2's vocabulary, its merges file beside it under another name)
+    told only to save a tokenizer.json: the folder of vocab.json + merges.txt, which tinylm reads, went unnamed."""
+    (tmp_path / "gpt2_vocab.json").write_text('{"a": 0, "b": 1, "ab": 2}')
+    with pytest.raises(ValueError, match=r"put the two in a folder as vocab\.json and merges\.txt and pass the "
+                                          r"folder"):
+        build_tokenizer(str(tmp_path / "gpt2_vocab.json"))

@@ -181,9 +181,10 @@ class Tokenizer:
                 if (path.parent / "merges.txt").is_file():
                     raise FormatError(f"this is a vocabulary (token -> id); pass the folder that holds it and "
                                      f"merges.txt, --data.tokenizer {path.parent}")
-                raise FormatError("this is a vocabulary (token -> id) without the rest of a tokenizer; save the "
-                                 "tokenizer as one tokenizer.json (tokenizers.Tokenizer.save, or "
-                                 "AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
+                raise FormatError("this is a vocabulary (token -> id) without the rest of a tokenizer; with its "
+                                 "merges file (GPT-2's), put the two in a folder as vocab.json and merges.txt and pass "
+                                 "the folder, or save the tokenizer as one tokenizer.json "
+                                 "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) and pass that")
             from tokenizers import Tokenizer as HFTokenizer
 
             return cls(HFBackend(HFTokenizer.from_str(json.dumps(data))), str(path))
