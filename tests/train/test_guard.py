@@ -14,6 +14,10 @@ from tinylm.cli import main
 GUARD = {"window": 10, "min_history": 5, "rollback_skips": 3}  # a window tiny runs can fill
 
 
+class _Nothing(L.Callback):
+    """No fault: the run's own settings make it diverge."""
+
+
 class _NaNGradAt3(L.Callback):
     """A NaN in one gradient at optimizer step 3 (a fault of the backward pass or the hardware); records the
     weights before and after that step (in the class: the CLI builds the instance)."""
@@ -142,6 +146,23 @@ def test_rollbacks_are_bounded_then_the_run_stops_naming_the_checkpoint(run_conf
     # the CSV holds the row of the step it stopped at (Lightning's log of it came after the stop: lost)
     skipped = _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")
     assert max(skipped) == 23 and "diverged at step 24" in line  # (row 23 is step 24)
+
+
+def test_a_rollback_never_goes_to_weights_worse_than_guessing(run_config, tmp_path, capsys):
+    """Catches a run whose loss climbed, finite, far above ln(vocab) (a huge LR in a long warmup) before a step went
+    non-finite: the guard rolled back to a checkpoint of those diverged weights ("before the trouble" was before
+    the first non-finite step), again and again, and then advised starting a new run from them."""
+    config = _config(run_config, "_Nothing", max_steps=30, log_every_n_steps=1)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--model.lr", "3e3", "--model.warmup_steps", "299",
+              "--run.checkpoint_every", "2", "--guard.window", "20", "--guard.min_history", "20"])
+    err = capsys.readouterr().err
+    losses = _losses(tmp_path / "runs" / "tiny", "train/loss")
+    ceiling = 1.5 * math.log(65)
+    assert any(math.isfinite(v[0]) and v[0] > ceiling for v in losses.values())  # guard: finite, worse than guessing
+    assert "rolled back to" not in err and "--model.init_from" not in err, err[-2000:]
+    assert "is on disk (its loss was already above 1.5 x ln(vocab), worse than guessing)" in err
+    assert "start again with a lower --model.lr" in err
 
 
 def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, tmp_path):

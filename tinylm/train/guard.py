@@ -43,6 +43,7 @@ from tinylm.train.parallel import shards_weights
 log = logging.getLogger("tinylm")
 
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+DIVERGED_FACTOR = 1.5  # a loss above this multiple of ln(vocab) is worse than guessing (health's diverged_factor)
 
 
 class GuardStop(TinyLMError, RuntimeError):
@@ -119,6 +120,9 @@ class StabilityGuard(L.Callback):
             self._skipped = state["skipped"].to(device)
         self._z = torch.tensor([self.loss_z or math.inf, self.grad_norm_z or math.inf], device=device)
         self._step_seen = trainer.global_step
+        # a loss above this is a model worse than guessing uniformly (the health monitor's `diverged`): weights past
+        # it are no state to roll back to, though their loss was finite
+        self._ceiling = DIVERGED_FACTOR * math.log(pl_module.hparams.vocab_size)
         pl_module.step_guard = self.judge
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -170,7 +174,10 @@ class StabilityGuard(L.Callback):
         self._tell_skips(trainer, step, int(values[-1]), values[self.window : 2 * self.window])
         trouble = self._trouble(step, values[: self.window], values[self.window : 2 * self.window])
         if trouble is not None:
-            self._rollback(trainer, pl_module, *trouble)
+            what, first = trouble
+            order = range(step - self.window, step)  # the window's steps, by slot: the first worse than guessing
+            worse = [s for s in order if s >= 0 and values[s % self.window] > self._ceiling]
+            self._rollback(trainer, pl_module, what, min([first, *worse]), worse=bool(worse) and worse[0] < first)
         self._refresh_limit()
 
     def _tell_skips(self, trainer: L.Trainer, step: int, skipped: int, skips: list[float]) -> None:
@@ -209,13 +216,17 @@ class StabilityGuard(L.Callback):
             self.level = median
         return None
 
-    def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str, first_bad: int) -> None:
+    def _rollback(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str, first_bad: int, *,
+                  worse: bool = False) -> None:
         """Load the newest checkpoint whose weights have not seen step index ``first_bad`` (nor steps an earlier
-        rollback abandoned), lower the LR, go on; or stop the run (`GuardStop`)."""
+        rollback abandoned), lower the LR, go on; or stop the run (`GuardStop`). ``worse``: ``first_bad`` is the
+        first step whose loss was worse than guessing, before the trouble seen."""
         ckpt = last_good_checkpoint(trainer, first_bad, self.abandoned)
         step = trainer.global_step
         if ckpt is None or self.rollbacks >= self.max_rollbacks or shards_weights(trainer):
-            why = ("no checkpoint from before it is on disk (only the newest run.keep_checkpoints step-N.ckpt are "
+            why = (f"no checkpoint from before step {first_bad + 1} is on disk (its loss was already above "
+                   f"{DIVERGED_FACTOR} x ln(vocab), worse than guessing)" if ckpt is None and worse else
+                   "no checkpoint from before it is on disk (only the newest run.keep_checkpoints step-N.ckpt are "
                    "kept, and none a rollback abandoned)" if ckpt is None else
                    f"after {self.rollbacks} rollback(s) (guard.max_rollbacks)" if self.rollbacks >= self.max_rollbacks
                    else f"the {type(trainer.strategy).__name__} strategy's checkpoints are not rolled back in place")
