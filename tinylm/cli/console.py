@@ -39,6 +39,8 @@ def setup() -> None:
     if env_rank() != 0:
         log.setLevel(logging.ERROR)
         warnings.simplefilter("ignore")
+    elif log.level == logging.ERROR:  # (a command of the same process as another rank's, a notebook's or a test's)
+        log.setLevel(logging.INFO)
     # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
     for handler in log.handlers:
         if isinstance(handler, _Stderr) and not any(isinstance(f, _RankZero) for f in handler.filters):
