@@ -1197,10 +1197,22 @@ def test_a_fresh_run_is_not_started_from_a_checkpoint_an_on_exception_callback_l
     line = _error_line(capsys, ["fit", "--config", str(config), "--run.name", "other", *keep])
     assert "saved/on_exception.ckpt" in line and "--ckpt_path saved/on_exception.ckpt" in line, line
     assert failed.is_file() and not (tmp_path / "runs" / "other" / "checkpoints").exists()
+    # an FSDP2 run's is a folder of shards: the same
+    failed.rename(tmp_path / "file.ckpt")
+    failed.mkdir()
+    (failed / "meta.pt").touch()
+    _error_line(capsys, ["fit", "--config", str(config), "--run.name", "other", *keep])
+    shutil.rmtree(failed)
+    shutil.copy(tmp_path / "file.ckpt", failed)
+    # the failed run itself goes on from its last.ckpt (refused: a loop of two refusals), told its file goes
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6", *keep])
+    assert "on_exception.ckpt, the checkpoint a run saved as it failed (OnExceptionCheckpoint), is deleted by " \
+           "Lightning when this run ends" in capsys.readouterr().err
 
     topk = ["--trainer.callbacks+", "ModelCheckpoint", "--trainer.callbacks.dirpath", "topk"]
     (tmp_path / "topk").mkdir()
-    shutil.copy(failed, tmp_path / "topk" / "last.ckpt")
+    assert not failed.exists()  # (deleted by Lightning as the resume ended, as said)
+    shutil.copy(tmp_path / "file.ckpt", tmp_path / "topk" / "last.ckpt")
     line = _error_line(capsys, ["fit", "--config", str(config), "--run.name", "third", *keep[:2], "--trainer"
                                 ".callbacks.dirpath", "saved2", *topk])
     assert f"--trainer.callbacks.dirpath {tmp_path / 'topk'} holds last.ckpt" in line, line

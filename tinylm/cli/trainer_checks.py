@@ -413,10 +413,12 @@ def _check_not_in_another_run(dirpath: str, run_dir: Path) -> None:
 
 
 def check_exception_checkpoints(callbacks: list, ckpt_path: str | None) -> None:
-    """A user's OnExceptionCheckpoint whose file is there (a run that failed saved it): Lightning starts a run given
-    no ``ckpt_path`` from it (with such a callback, ``fit(ckpt_path=None)`` means "last", the newest of that file and
-    of a ModelCheckpoint's last*.ckpt, a fresh tinylm run silently became a resume of the other one) and deletes it
-    when the run ends. Refused in one line, as such a "last" of a user's ModelCheckpoint for a fresh run."""
+    """A user's OnExceptionCheckpoint whose checkpoint is there (a run that failed saved it: a file, or an FSDP2
+    folder): Lightning starts a run given no ``ckpt_path`` from it (with such a callback, ``fit(ckpt_path=None)``
+    means "last", the newest of that checkpoint and of a ModelCheckpoint's last*.ckpt: a fresh tinylm run silently
+    became a resume of the other one) and deletes it when the run ends. A fresh run is refused in one line, as one
+    that such a "last" of a user's ModelCheckpoint would start; a resume from another checkpoint is warned that the
+    failed run's checkpoint goes at its end."""
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
     keepers = [cb for cb in callbacks if isinstance(cb, OnExceptionCheckpoint)]
@@ -425,11 +427,16 @@ def check_exception_checkpoints(callbacks: list, ckpt_path: str | None) -> None:
     given = Path(ckpt_path).resolve() if ckpt_path else None
     for cb in keepers:
         path = Path(cb.ckpt_path)
-        if path.is_file() and path.resolve() != given:
-            start = "start this fresh run from it" if given is None else "delete it when this run ends"
-            raise ValueError(f"--trainer.callbacks OnExceptionCheckpoint: {path} holds the checkpoint a run saved as "
-                             f"it failed, and Lightning would {start}; resume that run with --ckpt_path {path}, or "
-                             "move the file away (or give the callback another --trainer.callbacks.dirpath)")
+        if not path.exists() or path.resolve() == given:
+            continue
+        if given is not None:
+            log.warning("%s, the checkpoint a run saved as it failed (OnExceptionCheckpoint), is deleted by Lightning "
+                        "when this run ends; move it away to keep it", path)
+            continue
+        raise ValueError(f"--trainer.callbacks OnExceptionCheckpoint: {path} holds the checkpoint a run saved as it "
+                         "failed, and Lightning would start this fresh run from it (and delete it at the end); go "
+                         f"on from it with --ckpt_path {path} (under a new --run.name if its run's folder is there), "
+                         "or move it away (or give the callback another --trainer.callbacks.dirpath)")
     for cb in callbacks if given is None else []:
         folder = Path(cb.dirpath) if isinstance(cb, ModelCheckpoint) and cb.dirpath else None
         lasts = sorted(p for p in folder.iterdir() if ModelCheckpoint.CHECKPOINT_NAME_LAST in p.name) \
