@@ -1216,3 +1216,16 @@ def test_a_fresh_run_is_not_started_from_a_checkpoint_an_on_exception_callback_l
     line = _error_line(capsys, ["fit", "--config", str(config), "--run.name", "third", *keep[:2], "--trainer"
                                 ".callbacks.dirpath", "saved2", *topk])
     assert f"--trainer.callbacks.dirpath {tmp_path / 'topk'} holds last.ckpt" in line, line
+
+
+def test_a_resume_stopped_by_max_time_does_not_blame_the_early_stop_of_the_command_before(config, caplog):
+    """Catches the stop line of a resume stopped by --trainer.max_time naming EarlyStopping with the reason it gave
+    in the command before (Lightning restores the callback's stopping_reason_message from the checkpoint)."""
+    early = ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+             "--trainer.callbacks.min_delta", "10", "--trainer.callbacks.patience", "1", "--model.decay_steps", "20"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "20", *early])
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--trainer.max_steps", "20", *early[:5], "0", *early[6:], "--ckpt_path",
+              "last", "--trainer.max_time", "{microseconds: 1}"])  # (min_delta 0: it stops no more)
+    *_, line = (r.getMessage() for r in caplog.records if "the run stopped at step" in r.getMessage())
+    assert "(--trainer.max_time: 1e-06 s)" in line, line

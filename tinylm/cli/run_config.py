@@ -48,6 +48,8 @@ class RunConfig(SaveConfigCallback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
+        # the reasons EarlyStopping restored from the checkpoint: a stop of the run before this command
+        self._reasons = {id(cb): getattr(cb, "stopping_reason_message", None) for cb in trainer.callbacks}
         data = trainer.datamodule
         if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
             B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
@@ -96,7 +98,7 @@ class RunConfig(SaveConfigCallback):
         if t.is_global_zero and 0 < t.max_steps and t.global_step < t.max_steps:  # EarlyStopping is silent
             saved = "; last.ckpt is saved there: --ckpt_path last goes on" if t.checkpoint_callbacks else ""
             log.info("the run stopped at step %d of trainer.max_steps %d (%s)%s", t.global_step, t.max_steps,
-                     _stopped_by(t), saved)
+                     _stopped_by(t, getattr(self, "_reasons", {})), saved)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero:
@@ -153,14 +155,15 @@ def _unused(path: Path) -> Path:
     return free
 
 
-def _stopped_by(trainer) -> str:
-    """What stopped a run before max_steps: an EarlyStopping callback (with its reason), --trainer.max_time (the
-    Timer's time is up), or, when neither says so, one of them or another callback."""
+def _stopped_by(trainer, before: dict[int, str | None]) -> str:
+    """What stopped a run before max_steps: an EarlyStopping callback (with its reason, one it gave in this command:
+    not one of ``before``, restored from the checkpoint), --trainer.max_time (the Timer's time is up), or, when
+    neither says so, one of them or another callback."""
     from lightning.pytorch.callbacks import EarlyStopping, Timer
 
     for cb in trainer.callbacks:
         reason = getattr(cb, "stopping_reason_message", None)  # (Lightning 2.6)
-        if isinstance(cb, EarlyStopping) and reason:
+        if isinstance(cb, EarlyStopping) and reason and reason is not before.get(id(cb)):
             return f"{type(cb).__name__}: {reason.removesuffix(' Signaling Trainer to stop.').rstrip('.')}"
         if isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0:
             return f"--trainer.max_time: {cb._duration:g} s"
