@@ -165,7 +165,7 @@ def test_a_rollback_never_goes_to_weights_worse_than_guessing(run_config, tmp_pa
     assert "start again with a lower --model.lr" in err
 
 
-def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, tmp_path):
+def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, tmp_path, caplog):
     """Catches the guard's state (window, skip count) missing from checkpoints, or a skipped step's update half
     applied: a run whose steps 3 and 5 were skipped, stopped at step 6 and resumed, logs the uninterrupted run's
     losses and skip counts."""
@@ -182,6 +182,13 @@ def test_a_resume_after_skipped_steps_matches_the_uninterrupted_run(run_config, 
         straight, resumed = (_losses(tmp_path / "runs" / name, key) for name in ("straight", "resumed"))
         _assert_same_rows(resumed, straight)
     assert straight[9] == [2.0]  # not vacuous: both skips counted, and kept across the resume
+    # a skip after a resume is said from the resume's first step (it said "since step 0")
+    every = ["--trainer.log_every_n_steps", "2"]  # (the resume's first logging step is the skip's)
+    main(["fit", "--config", str(config), "--run.name", "again", "--trainer.max_steps", "4", *every])
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--run.name", "again", "--ckpt_path", "last", *every])
+    said = [r.getMessage() for r in caplog.records if "skipped since" in r.getMessage()]
+    assert said and said[-1].startswith("tinylm guard: 1 step(s) skipped since step 4: step 6 ("), said
 
 
 class _NaNGradAt3And5(L.Callback):

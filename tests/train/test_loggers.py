@@ -417,3 +417,20 @@ def test_files_moved_aside_in_one_second_keep_names_of_their_own(tmp_path):
         logger.log_metrics({"x": float(i)}, step=i)
         logger.save()
     assert len(list((tmp_path / "l" / "v").glob("metrics.*.csv"))) == 2
+
+
+def test_the_offline_parts_to_upload_are_named_whatever_part_came_last(tmp_path):
+    """Catches a run whose newest part was logged online (a resume with credentials) hiding its earlier offline
+    part, never uploaded, and a part `wandb sync` uploaded already (its .wandb.synced marker) named again."""
+    from tinylm.train.loggers import offline_wandb_run
+
+    root = tmp_path / "wandb"
+    (root / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (root / "run-20260102_000000-abc").mkdir()
+    assert offline_wandb_run(tmp_path, "abc") == root / "offline-run-20260101_000000-abc"
+    (root / "offline-run-20260103_000000-abc").mkdir()
+    assert offline_wandb_run(tmp_path, "abc") == root / "offline-run-*-abc"
+    (root / "offline-run-20260101_000000-abc" / "run-abc.wandb.synced").touch()
+    assert offline_wandb_run(tmp_path, "abc") == root / "offline-run-20260103_000000-abc"
+    (root / "offline-run-20260103_000000-abc" / "run-abc.wandb.synced").touch()
+    assert offline_wandb_run(tmp_path, "abc") is None and offline_wandb_run(tmp_path, "other") is None

@@ -572,8 +572,8 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
             share = now.get("val_fraction")
             log.info("evaluating on the validation split of data.corpus %s (%s; --data.val_fraction sets it) with the "
                      "checkpoint's own %s tokenizer (trained on %s)", now.get("corpus"),
-                     f"its last {share:.0%}" if isinstance(share, float) else "its own", trained.get("tokenizer"),
-                     trained.get("corpus"))
+                     f"its last {share * 100:.3g}%" if isinstance(share, float) else "its own",
+                     trained.get("tokenizer"), trained.get("corpus"))
         elif "data.tokenizer" in named:  # asked for by name, and not what it gets: said, not done in silence
             log.info("--data.tokenizer %s would train a new tokenizer, not the model's: the checkpoint's own %s "
                      "tokenizer is used", now["tokenizer"], trained.get("tokenizer"))

@@ -120,6 +120,7 @@ class StabilityGuard(L.Callback):
             self._skipped = state["skipped"].to(device)
         self._z = torch.tensor([self.loss_z or math.inf, self.grad_norm_z or math.inf], device=device)
         self._step_seen = trainer.global_step
+        self._told = (self._told[0], trainer.global_step)  # (a resume's skips are said from its first step)
         # a loss above this is a model worse than guessing uniformly (the health monitor's `diverged`): weights past
         # it are no state to roll back to, though their loss was finite
         self._ceiling = DIVERGED_FACTOR * math.log(pl_module.hparams.vocab_size)
@@ -267,7 +268,7 @@ class StabilityGuard(L.Callback):
         self.rollbacks, self.level = int(state_dict.get("rollbacks", 0)), state_dict.get("level")
         self.abandoned = [(int(lo), int(hi)) for lo, hi in state_dict.get("abandoned", [])]
         self._skipped = state_dict.get("skipped", torch.zeros((), dtype=torch.int64)).clone()
-        self._told = (int(self._skipped), 0)  # (said by the run before the resume)
+        self._told = (int(self._skipped), 0)  # (said by the run before the resume; the step: at train start)
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
             self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}

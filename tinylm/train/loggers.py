@@ -269,7 +269,7 @@ def _quiet_settings():
 
 
 def offline_wandb_run(wandb_dir: Path, wandb_id: str | None) -> Path | None:
-    """What `wandb sync` uploads of W&B run ``wandb_id`` when its newest part was logged offline, else None: its folder
+    """What `wandb sync` uploads of W&B run ``wandb_id`` when parts of it were logged offline, else None: their folder
     in ``wandb_dir``'s wandb/ folder (the ``dir`` a WandbLogger gave wandb: the run folder, $WANDB_DIR, which other
     runs share, or a user's logger's ``save_dir``), or, when resumes logged offline parts of their own, a pattern of
     them all (``offline-run-*-ID``: the shell lists them oldest first, as they are to be uploaded)."""
@@ -278,10 +278,10 @@ def offline_wandb_run(wandb_dir: Path, wandb_id: str | None) -> Path | None:
         return None
     runs = [p for p in root.glob(f"*run-*-{wandb_id}") if p.is_dir()
             and p.name.startswith(("offline-run-", "run-"))]  # (named run-TIME-ID or offline-run-TIME-ID)
-    runs.sort(key=lambda p: p.name.removeprefix("offline-").removeprefix("run-"))
-    if not runs or not runs[-1].name.startswith("offline-run-"):
+    # the parts logged offline and not uploaded yet (`wandb sync` leaves a .synced file beside a part's log)
+    offline = [p for p in runs if p.name.startswith("offline-run-") and not any(p.glob("*.wandb.synced"))]
+    if not offline:
         return None
-    offline = [p for p in runs if p.name.startswith("offline-run-")]
     return offline[0] if len(offline) == 1 else root / f"offline-run-*-{wandb_id}"
 
 
