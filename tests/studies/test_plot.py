@@ -219,19 +219,25 @@ def test_runs_of_different_tokenizers_plot_bits_per_byte(run_config, capsys):
     assert "differ" not in out and out.startswith("char: val/bpb")
 
 
-def test_bpb_panel_draws_val_bpb_and_train_bpb_when_logged(tmp_path):
-    """Catches --metric bpb leaving the first panel on nats/token (or dropping train/bpb where a run logs it)."""
+def _drawn(tmp_path, name: str, rows: str, metric: str = "loss"):
+    """The figure `tinylm plot` draws of one run whose metrics.csv is ``rows`` (its header first)."""
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
     from tinylm.studies.curves import draw_runs
 
-    folder = tmp_path / "runs" / "a"
+    folder = tmp_path / "runs" / name
     (folder / "csv").mkdir(parents=True)
-    (folder / "csv" / "metrics.csv").write_text("step,train/loss,train/bpb,val/loss,val/bpb\n0,4.0,5.5,,\n"
-                                                 "1,3.0,4.5,,\n1,,,3.1,4.6\n")
+    (folder / "csv" / "metrics.csv").write_text(rows)
     fig = Figure()
-    draw_runs(fig, [read_run(folder)], metric="bpb")
+    draw_runs(fig, [read_run(folder)], metric=metric)
+    return fig
+
+
+def test_bpb_panel_draws_val_bpb_and_train_bpb_when_logged(tmp_path):
+    """Catches --metric bpb leaving the first panel on nats/token (or dropping train/bpb where a run logs it)."""
+    fig = _drawn(tmp_path, "a", "step,train/loss,train/bpb,val/loss,val/bpb\n0,4.0,5.5,,\n1,3.0,4.5,,\n1,,,3.1,4.6\n",
+                 metric="bpb")
     assert fig.axes[0].get_title().startswith("bits per byte")
     assert [line.get_label() for line in fig.axes[0].lines] == ["a train/bpb", "a val/bpb"]
     assert list(fig.axes[0].lines[1].get_ydata()) == [4.6]
@@ -240,27 +246,11 @@ def test_bpb_panel_draws_val_bpb_and_train_bpb_when_logged(tmp_path):
 def test_a_muon_runs_two_learning_rates_are_drawn_and_named(tmp_path):
     """Catches the learning-rate panel of a Muon run drawing train/lr alone (AdamW's, for embeddings, head and
     norms), unnamed: read as the model's LR, 20x below the blocks' train/muon_lr, which was never drawn."""
-    pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
-
-    from tinylm.studies.curves import draw_runs
-
-    folder = tmp_path / "runs" / "m"
-    (folder / "csv").mkdir(parents=True)
-    (folder / "csv" / "metrics.csv").write_text("step,train/loss,train/lr,train/muon_lr\n0,4.0,5e-4,0.01\n"
-                                                 "1,3.0,1e-3,0.02\n")
-    fig = Figure()
-    draw_runs(fig, [read_run(folder)])
-    lr = fig.axes[1]
+    lr = _drawn(tmp_path, "m", "step,train/loss,train/lr,train/muon_lr\n0,4.0,5e-4,0.01\n1,3.0,1e-3,0.02\n").axes[1]
     assert [line.get_label() for line in lr.lines] == ["m train/lr", "m train/muon_lr"]
     assert lr.get_legend() is not None and lr.get_yscale() == "log"
-    fig = Figure()  # an AdamW run's panel as it was
-    draw_runs(fig, [_run_of(tmp_path, "a")])
-    assert fig.axes[1].get_yscale() == "linear" and fig.axes[1].get_legend() is None
-
-
-def _run_of(tmp_path, name):
-    return read_run(_run(tmp_path, name, "0,,0,1.0,4.0,1e-3,100,\n"))
+    lr = _drawn(tmp_path, "a", HEADER + "0,,0,1.0,4.0,1e-3,100,\n").axes[1]  # an AdamW run's panel, as it was
+    assert lr.get_yscale() == "linear" and lr.get_legend() is None
 
 
 def test_plot_expands_a_quoted_home(tmp_path, monkeypatch, capsys):
