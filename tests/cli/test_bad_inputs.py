@@ -490,7 +490,8 @@ def test_several_nodes_without_a_cluster_are_refused(config, capsys, monkeypatch
     main(["fit", "--config", str(config)])  # validate of a checkpoint with num_nodes 2 waited the same way
     capsys.readouterr()
     _one_line_error(capsys, ["validate", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", "--trainer.num_nodes", "2",
-                             "--trainer.accelerator", "cpu"], "trainer.num_nodes 2", "MASTER_ADDR")
+                             "--trainer.accelerator", "cpu"], "trainer.num_nodes 2", "MASTER_ADDR",
+                    "or validate on this machine alone: --trainer.num_nodes 1")
     # set by hand, but not whole: each node picked a port of its own, or waited for a node that never comes
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.delenv("MASTER_PORT", raising=False)

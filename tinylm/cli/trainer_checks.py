@@ -61,7 +61,7 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
                          "leave it out (the run's own data.val_batches), or pass a number of batches, e.g. "
                          "--trainer.limit_val_batches 20")
     if subcommand in ("fit", "validate") and runs:
-        _check_processes(trainer_cfg)
+        _check_processes(trainer_cfg, subcommand)
     if subcommand == "fit":
         _check_fit_limits(trainer_cfg)
         if runs:
@@ -188,7 +188,7 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
                       "the global batch)")
 
 
-def _check_processes(trainer_cfg: dict[str, Any]) -> None:
+def _check_processes(trainer_cfg: dict[str, Any], subcommand: str) -> None:
     """The strategy and nodes of a command that runs as configured (fit, validate)."""
     check_strategy(trainer_cfg)
     nodes, devices = trainer_cfg.get("num_nodes"), _devices_per_node(trainer_cfg)
@@ -203,15 +203,17 @@ def _check_processes(trainer_cfg: dict[str, Any]) -> None:
                          "the CPU; pass --trainer.strategy.init_args.process_group_backend gloo, or leave it out "
                          "(Lightning picks the device's)")
     if isinstance(nodes, int) and nodes > 1:
-        _check_nodes(nodes)
+        _check_nodes(nodes, subcommand)
     _check_launched_processes(trainer_cfg)
 
 
-def _check_nodes(nodes: int) -> None:
+def _check_nodes(nodes: int, subcommand: str) -> None:
     """Several nodes: a cluster that starts them, or each told by hand where node 0 is and which node it is (each
     node without MASTER_PORT picked a port of its own, and they never met; a NODE_RANK past the nodes waited too)."""
     hand = ("run the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and NODE_RANK "
             "(0, 1, ...) set, or launch it with srun or torchrun")
+    if subcommand == "validate":  # (the run's own num_nodes, read from its settings: this machine validates alone)
+        hand += "; or validate on this machine alone: --trainer.num_nodes 1"
     if not _cluster_found():
         raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
                          f"and MASTER_ADDR is unset: this node would wait for the others forever; {hand}")
