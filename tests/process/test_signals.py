@@ -797,3 +797,27 @@ def test_a_hung_up_terminals_streams_go_to_dev_null(monkeypatch):
     monkeypatch.setattr(stop_state.os, "isatty", lambda fd: False)
     stop_state.leave_terminal()
     assert opened == [os.devnull] and dup == [(99, 1), (99, 2)]
+
+
+@pytest.mark.parametrize("said", [False, True])
+def test_a_ctrl_c_while_the_command_ends_says_the_stop_line_it_had_not_said(tmp_path, said):
+    """Catches a second Ctrl+C on a DDP run that landed while rank 0 waited for the rank it started to end, before
+    its line: the command ended with 130 and not a word, though last.ckpt was saved (0.3-1 s between the two). The
+    stop's line is said first, unless the command said its line already."""
+    script = f"""
+import os, signal, time
+from tinylm.cli import ranks, signals
+from tinylm.train import stop_state
+ranks.COMMAND[:] = ["fit", "--config", "c.yaml"]
+stop_state.line = ("interrupted by SIGINT at step 3; saved runs/x/checkpoints/last.ckpt; resume with "
+                   "`tinylm fit --config ... --ckpt_path last`")
+signals.SAID[0] = {said}
+signals.end_at_once_on_ctrl_c()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 130, done.stderr[-2000:]
+    line = ("tinylm fit: error: interrupted by SIGINT at step 3; saved runs/x/checkpoints/last.ckpt; resume with "
+            "`tinylm fit --config c.yaml --ckpt_path last`\n")
+    assert done.stderr == ("" if said else line), done.stderr[-2000:]

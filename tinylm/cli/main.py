@@ -64,6 +64,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             sys.exit(141)
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
+    signals.SAID[0] = False
     # `--trainer.default_root_dir=~/runs`: the home folder; `--model.lr -1e-3`: that value (Python 3.11's argparse
     # read an option with no value); once, here, before anything reads the line (tinylm.cli.argv)
     command, rest = argv[0], expand_home(numbers_attached(argv[1:]))
@@ -81,6 +82,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             print(flush=True)
         if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
             print("tinylm: interrupted", file=sys.stderr)
+        signals.SAID[0] = True
         sys.exit(130)
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
         if program:
@@ -188,6 +190,7 @@ def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: boo
         # lines do not interleave (print's text and newline were two, and two lines came out as one)
         sys.stderr.write(errors.error_line(command, errors.one_line(e), rest, rank))
         sys.stderr.flush()
+    signals.SAID[0] = True
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it
 
 

@@ -28,7 +28,21 @@ def end_at_once_on_ctrl_c() -> None:
     ignored (a script's `&` job) keeps ignoring it: its Ctrl+C handler, reset to the default as Python finalizes,
     let a Ctrl+C in its last moments kill it (status -2, though the run had ended well)."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, end_now)
+        signal.signal(signal.SIGINT, _end_saying_the_stop)
+
+
+SAID = [False]
+"""The command's ending line is written (main's error line, or its `tinylm: interrupted`)."""
+
+
+def _end_saying_the_stop(signum: int, frame: object) -> None:
+    """`end_now`, saying the run's stop line first when the command had not said it yet: a second Ctrl+C that landed
+    while it waited for the ranks it started to end, before its line, ended it without a word (the checkpoint
+    saved, and nothing naming it)."""
+    if stop_state.line is not None and not SAID[0] and not ranks.rank() and ranks.COMMAND:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(error_line(ranks.COMMAND[0], stop_state.line, list(ranks.COMMAND[1:])))
+    end_now(signum, frame)
 
 
 def end_now(signum: int, frame: object) -> None:
@@ -87,7 +101,7 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
             if program and command == "fit" and stop_state.over:
                 # the run stopped (or ended) and is being torn down: it is exiting, and says why first (a stop's
                 # line: the checkpoint is saved by now)
-                if stop_state.line is not None and not ranks.rank():
+                if stop_state.line is not None and not SAID[0] and not ranks.rank():
                     sys.stderr.write(error_line(command, stop_state.line, list(args)))
                 end_now(signum, frame)
             raise KeyboardInterrupt
