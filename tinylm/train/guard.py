@@ -43,7 +43,7 @@ from tinylm.train.parallel import shards_weights
 log = logging.getLogger("tinylm")
 
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
-DIVERGED_FACTOR = 1.5  # a loss above this multiple of ln(vocab) is worse than guessing (health's diverged_factor)
+DIVERGED_FACTOR = 1.5  # a loss above this multiple of ln(vocab) is worse than guessing (health's `diverged` default)
 
 
 class GuardStop(TinyLMError, RuntimeError):

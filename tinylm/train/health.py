@@ -42,6 +42,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from tinylm.device import precision_dtypes, usable_cpus
 from tinylm.errors import TinyLMError
+from tinylm.train.guard import DIVERGED_FACTOR
 
 log = logging.getLogger("tinylm")
 
@@ -109,7 +110,7 @@ class HealthMonitor(L.Callback):
         contention_alert: float = 0.5,
         window: int = 20,
         halt_on_nonfinite: bool = True,
-        diverged_factor: float | None = 1.5,
+        diverged_factor: float | None = DIVERGED_FACTOR,
         sync_every: int | None = None,
     ) -> None:
         if sync_every is not None and sync_every < 1:
