@@ -214,12 +214,12 @@ def _check_nodes(nodes: int, subcommand: str) -> None:
             "(0, 1, ...) set, or launch it with srun or torchrun")
     if subcommand == "validate":  # (the run's own num_nodes, read from its settings: this machine validates alone)
         hand += "; or validate on this machine alone: --trainer.num_nodes 1"
-    if not _cluster_found():
-        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
-                         f"and MASTER_ADDR is unset: this node would wait for the others forever; {hand}")
-    if _cluster_found(by_hand=False):
+    if _cluster_found():
         return
     env = os.environ
+    if "MASTER_ADDR" not in env:  # (Kubeflow's PyTorchJob sets it too: Lightning cannot detect Kubeflow)
+        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                         f"and MASTER_ADDR is unset: this node would wait for the others forever; {hand}")
     if not env.get("MASTER_PORT", "").strip().isdigit():
         raise ValueError(f"trainer.num_nodes {nodes} with MASTER_ADDR set by hand needs MASTER_PORT too (a free port "
                          f"of node 0, the same on every node), got {env.get('MASTER_PORT', 'none')!r}: each node "
@@ -297,9 +297,9 @@ def _check_launched_processes(trainer_cfg: dict[str, Any]) -> None:
                              f"{' and '.join(w[1] for w in wrong)}; pass {' '.join(w[2] for w in wrong)}")
 
 
-def _cluster_found(*, by_hand: bool = True) -> bool:
-    """Whether this process was started by a cluster Lightning detects, or (``by_hand``) told by hand where the others
-    are (MASTER_ADDR)."""
+def _cluster_found() -> bool:
+    """Whether this process was started by a cluster Lightning detects (else the nodes are told by hand where the
+    others are: MASTER_ADDR, MASTER_PORT, NODE_RANK)."""
     from lightning.fabric.plugins.environments import (
         LSFEnvironment,
         MPIEnvironment,
@@ -307,8 +307,6 @@ def _cluster_found(*, by_hand: bool = True) -> bool:
         TorchElasticEnvironment,
     )
 
-    if by_hand and "MASTER_ADDR" in os.environ:  # Kubeflow's PyTorchJob sets it too (Lightning cannot detect it)
-        return True
     return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
 
 
