@@ -128,7 +128,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     # (Lightning's import, seconds, inside the handlers: a SIGTERM there ended the command without a word)
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-        with signals.terminate_cleanly(command, program, rest):
+        with signals.terminate_cleanly(command, program):
             console.setup_lightning()
             started = time.perf_counter()
             cli = COMMANDS[command].function()([command, *rest])

@@ -75,7 +75,7 @@ def _writing_down_its_error(frame: object) -> bool:
 
 
 @contextlib.contextmanager
-def terminate_cleanly(command: str, program: bool = False, args: list[str] = ()) -> Iterator[None]:
+def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         if _writing_down_its_error(frame):
             return  # it exits in a moment, with its error (its traceback beside the first failure's line, if raised)
@@ -101,9 +101,7 @@ def terminate_cleanly(command: str, program: bool = False, args: list[str] = ())
             if program and command == "fit" and stop_state.over:
                 # the run stopped (or ended) and is being torn down: it is exiting, and says why first (a stop's
                 # line: the checkpoint is saved by now)
-                if stop_state.line is not None and not SAID[0] and not ranks.rank():
-                    sys.stderr.write(error_line(command, stop_state.line, list(args)))
-                end_now(signum, frame)
+                _end_saying_the_stop(signum, frame)
             raise KeyboardInterrupt
         for child in forked:
             with contextlib.suppress(ProcessLookupError):
