@@ -562,3 +562,20 @@ def test_seed_everything_true_draws_a_seed_and_records_it(run_config, monkeypatc
         main(["fit", "--config", str(config), "--seed_everything", "true", "--run.name", name])
         seeds.append(yaml.safe_load(open(f"runs/{name}/config.yaml"))["seed_everything"])
     assert all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and seeds[0] != seeds[1], seeds
+
+
+def test_generate_shows_progress_until_text_printed_at_the_end(run_config, tmp_path, capsys, monkeypatch):
+    """Catches `tinylm generate --strategy beam` (and --num_samples N) sitting silent until all its tokens are
+    decoded: a progress line of the tokens decoded goes to stderr (in a log, every LINE_INTERVAL seconds: 0 here),
+    the text alone to stdout; a streamed sample shows its text instead."""
+    import tinylm.progress
+
+    main(["fit", "--config", str(run_config())])
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    monkeypatch.setattr(tinylm.progress, "LINE_INTERVAL", 0.0)
+    for extra in (["--strategy", "beam", "--num_beams", "2"], ["--num_samples", "2"], []):
+        capsys.readouterr()
+        main(["generate", "--ckpt_path", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "9"] + extra)
+        out, err = capsys.readouterr()
+        assert out.startswith(("ROMEO:", "----- sample 1 -----")) and "generating" not in out
+        assert ("generating: 100% 9/9" in err) == bool(extra), err

@@ -520,3 +520,21 @@ def test_a_lone_stop_string_is_one_string_not_its_characters():
     lone = generate(model, PROMPTS, stop_strings="vs", **kw)
     assert lone == generate(model, PROMPTS, stop_strings=["vs"], **kw)
     assert lone != generate(model, PROMPTS, stop_strings=["v", "s"], **kw)
+
+
+@pytest.mark.parametrize("options", [{"strategy": "greedy"}, {"strategy": "sample", "seed": 1},
+                                     {"strategy": "beam", "num_beams": 3}, {"strategy": "contrastive"},
+                                     {"strategy": "greedy", "prompt_lookup": 2}])
+def test_every_strategy_tells_each_step(options):
+    """Catches a progress bar that stood still: `tinylm generate --strategy beam` (or several samples) prints
+    nothing until the end, so its bar counts the steps that on_step tells; beam search's on_token fires only once
+    the best beam is known, at its end. Each strategy says the new tokens so far after each step, up to the tokens
+    of its longest row, in order."""
+    from tinylm.generate import SamplingConfig, generate_with
+
+    told: list[int] = []
+    config = SamplingConfig(max_new_tokens=12, eos_id=None, **options)
+    out = generate_with(tiny(), PROMPTS, config, on_step=told.append)
+    assert told and told == sorted(set(told)) and told[-1] == max(map(len, out)) == 12
+    if "prompt_lookup" not in options:  # (speculative decoding may take several tokens a step)
+        assert told == list(range(1, 13))

@@ -357,15 +357,18 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
 
 
 def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: int, config, draft) -> list[str]:
-    """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one."""
+    """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one (a
+    progress bar on stderr until then)."""
     from tinylm.generate.rows import decode_after
     from tinylm.generate.strategies import batch_rows, check_memory, generate_with
+    from tinylm.progress import bar
 
     stream = num_samples == 1 and config.strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode, ids, prompt) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output
-    out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer, draft=draft,
-                        tokenizer=tokenizer)
+    with bar(total=config.max_new_tokens, desc="generating", unit="tok", enabled=not stream, leave=False) as progress:
+        out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer,
+                            draft=draft, tokenizer=tokenizer, on_step=lambda n: progress.update(n - progress.n))
     texts = [decode_after(tokenizer.decode, ids, row) for row in out]
     if stream:
         printer.finish(out[0])

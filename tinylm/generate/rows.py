@@ -87,6 +87,7 @@ class _Rows:
         self.active = [True] * len(contexts)
         self.config, self.decode, self.on_token, self.contexts = config, decode, on_token, contexts
         self.grammar = grammar  # constrained.Grammar, one matcher per row (None: free text)
+        self.on_step: Callable[[int], None] | None = None  # told the tokens decoded so far after each step
         # a stop string that the newest token completes ends in it, and spans at most 4 tokens per character
         # (each token adds a byte or more): decoding that tail, not the whole continuation, keeps each check short
         self.tail = 4 * max(map(len, config.stop_strings or [""])) + 1
@@ -117,6 +118,11 @@ class _Rows:
                 self.active[row] = False
             if not self.active[row] and self.grammar is not None:
                 self.grammar.live[row] = False
+
+    def stepped(self, n: int) -> None:
+        """A decoding step ended with ``n`` new tokens per row so far (the most a row has): told to on_step."""
+        if self.on_step is not None:
+            self.on_step(n)
 
     def allowed(self) -> Tensor | None:
         """(B, V) mask of the ids the grammar allows each row next; None without a grammar."""

@@ -208,6 +208,7 @@ def decode(model: GPT, ids: Tensor, rows: _Rows, drafter, generator: torch.Gener
         target.keep(L + a)  # the cache holds every kept token but the newest, which the next step feeds
         drafter.keep(L + a)
         produced += a + 1
+        rows.stepped(produced)
         stats["steps"] += 1
         stats["tokens"] += a + 1
         stats["drafted"] += int(valid[active].sum()) if k else 0

@@ -32,7 +32,7 @@ from tinylm.model import GPT
 
 def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.Generator | None) -> None:
     config = rows.config
-    for _ in range(config.max_new_tokens):
+    for step in range(config.max_new_tokens):
         logits, _ = run(ids)  # (B, V)
         mask = rows.allowed()
         allowed = restrict(logits, mask)  # the grammar first: the other processors choose among its ids
@@ -44,6 +44,7 @@ def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.G
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, L + 1)
         rows.accept(nxt.tolist())
+        rows.stepped(step + 1)
         if not any(rows.active):
             break
 
@@ -57,7 +58,7 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
     logits, context = run(ids)  # (B, V), (B, L, C)
     context = F.normalize(context.float(), dim=-1)
     expand = torch.arange(B, device=ids.device).repeat_interleave(k)  # (B*k,): row b repeated k times
-    for _ in range(config.max_new_tokens):
+    for step in range(config.max_new_tokens):
         mask = rows.allowed()
         allowed = restrict(logits, mask)
         logits = rescue(constrained_logits(allowed, ids, config), allowed, mask)
@@ -75,6 +76,7 @@ def _contrastive(run: _Runner, ids: Tensor, rows: _Rows) -> None:
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         logits, context = cand_logits[chosen], torch.cat([context, cand_hidden[chosen]], dim=1)
         rows.accept(nxt.tolist())
+        rows.stepped(step + 1)
         if not any(rows.active):
             break
 
@@ -158,6 +160,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
                 src.append(beam), tok.append(t), new_scores.append(s)
         ids = _next_beams(run, ids, src, tok, grammar)  # (B*nb, L + 1)
         scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
+        rows.stepped(step + 1)
         if all(h.done for h in hyps):
             break
     generated = ids[:, L0:].tolist()
@@ -236,9 +239,12 @@ def generate_with(
     draft: GPT | None = None,
     tokenizer=None,
     stats: dict[str, int] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
     """`generate` with the options in a SamplingConfig. ``stats``: speculative decoding adds its counts to this dict
-    (steps, tokens, drafted, kept, accepted: see `speculative.decode`)."""
+    (steps, tokens, drafted, kept, accepted: see `speculative.decode`). ``on_step(n)``: called after each decoding
+    step of every strategy with the new tokens so far (the longest row's; a progress bar: beam search's
+    ``on_token`` fires only at its end)."""
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
         _check_speculative(model, draft, config)
@@ -254,6 +260,7 @@ def generate_with(
         config = replace(config, eos_id=tokenizer.eos_id)  # EOS only where the grammar may end
     rows = _Rows(config, decode, on_token, [row[-CONTEXT_TOKENS:] for row in ids.tolist()],
                  grammar if config.strategy != "beam" else None)
+    rows.on_step = on_step
     generator = None
     if config.seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(config.seed)
