@@ -4,9 +4,9 @@ its last good checkpoint with a lower learning rate (``--guard.*``).
 Each optimizer step is judged on the device, after its gradients are known and before the optimizer uses them
 (`TinyLM.configure_gradient_clipping` calls `StabilityGuard.judge`): the step is *skipped* when its loss or
 gradient norm is NaN/Inf, or when its loss (optionally its gradient norm) is an outlier against the accepted steps
-of the recent window, by a robust z-score, (x - median) / (1.4826 * MAD), as llm.c skips updates (the limit,
-median + z x 1.4826 x MAD, is refreshed on the device every ``trainer.log_every_n_steps`` steps; per step the
-judgement is a dozen tiny tensor operations). A skipped step
+of the recent window, by a robust z-score, (x - median) / (1.4826 * MAD) (llm.c skips updates too, judged by a
+mean/std z-score; the limit, median + z x 1.4826 x MAD, is refreshed on the device every
+``trainer.log_every_n_steps`` steps; per step the judgement is a dozen tiny tensor operations). A skipped step
 is not applied: AdamW's fused kernel is handed the decision as its ``found_inf`` (the flag GradScaler uses), so
 parameters, moments and AdamW's step count stay as they were without the host reading the flag; other optimizers
 (Muon) have their gradients dropped, which needs the flag on the host (free on a CPU, one sync per step on a GPU).

@@ -183,8 +183,9 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None,
     """One step of the torch.optim.Muon `muon`, computed as its own `step()` computes it (Nesterov momentum in the
     "momentum_buffer" state, decoupled weight decay, orthogonalised update scaled per matrix shape), but with the
     Newton–Schulz iterations of all matrices of one shape batched (`newton_schulz`) and the momentum and decay as
-    foreach ops. At the laptop recipe's 16 matrices of 4 shapes this makes the step 1.44x faster on CPU
-    (benchmarks/bench_modern.py --ops); tests/train/test_optim.py checks it against torch's step.
+    foreach ops. At the laptop recipe's 16 matrices of 4 shapes (24 of 3 with c_attn's q, k and v apart) this made
+    the step 1.44x faster on CPU (benchmarks/bench_modern.py --ops); tests/train/test_optim.py checks it against
+    torch's step.
 
     splits: {id(parameter): n} for parameters whose rows stack n matrices (attention's c_attn: q, k and v), each
     then orthogonalised on its own, as the speedruns do with separate q, k and v weights. ns_dtype: the precision
@@ -279,7 +280,7 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
     muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True,
                 "ns_steps": 5, "adjust_lr_fn": "original"}
     # c_attn stacks q, k and v: each is orthogonalised on its own, as the speedruns' separate weights are (over
-    # the laptop recipe's 2000 steps this ended 0.02-0.03 nats lower than one (3C, C) matrix; docs/benchmarks.md)
+    # the laptop recipe's 2000 steps this ended 0.013-0.017 nats lower than one (3C, C) matrix; docs/benchmarks.md)
     splits = {id(m.weight): 3 for name, m in model.named_modules() if name.endswith("attn.c_attn")}
     return MuonAdamW([{"params": hidden}], [g for g in adamw_groups if g["params"]], muon=muon,
                      adamw={"lr": lr, "betas": betas, "fused": fused}, splits=splits)
