@@ -156,7 +156,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
             "use another one, e.g. an earlier step-*.ckpt from the same run"
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = _torch_load(path, map_location, mmap)
+    except FileNotFoundError:
+        raise
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_unsafe(e)}); "
@@ -172,6 +174,35 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
     tinylm_section(ckpt, path)
     return ckpt
+
+
+def _torch_load(path: Path, map_location: Any, mmap: bool, tries: int = 5) -> Any:
+    """torch.load, of one file even while a running fit replaces it. With ``mmap`` torch opens the path twice (the
+    zip index, then the mapping): a `tinylm fit` saving last.ckpt in between (a new file renamed over it) had the
+    old file's index read the new file's bytes, which loaded weights no checkpoint holds, NaN, or a "truncated"
+    error. The file's identity (inode, size, mtime) is compared before and after; a load it changed under is
+    done again; one removed meanwhile (a step-N.ckpt that `run.keep_checkpoints` rotated out) is not found."""
+    def identity() -> tuple[int, int, int]:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"checkpoint {str(path)!r} was removed as it loaded (a running `tinylm fit` "
+                                    "keeping its newest checkpoints?); pass --ckpt_path PATH to one it keeps, "
+                                    "e.g. runs/NAME/checkpoints/last.ckpt") from None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    for attempt in range(tries if mmap else 1):
+        before = identity()
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except Exception:
+            if not mmap or identity() == before or attempt == tries - 1:
+                raise
+            continue
+        if not mmap or identity() == before:
+            return ckpt
+    raise CheckpointError(f"{str(path)!r} was replaced {tries} times while it loaded (a running `tinylm fit` saving "
+                          "it every step?); copy it elsewhere first, or pass a step-*.ckpt of the run")
 
 
 SHARDED_METADATA = "meta.pt"  # Lightning's name for the non-tensor part of a DCP checkpoint folder
@@ -339,10 +370,16 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
+    # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
+    return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, map_location)
+
+
+def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike, map_location: Any = "cpu"
+               ) -> tuple[Any, Any, dict[str, Any]]:
+    """`load_model` of a checkpoint already loaded (``ckpt``, read from ``ckpt_path``): its step and its weights
+    from one reading of the file."""
     from tinylm.model import GPT, GPTConfig
 
-    # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
-    ckpt = load_checkpoint(ckpt_path, map_location="cpu", mmap=True)
     hparams = dict(ckpt.get("hyper_parameters") or {})
     names = {f.name for f in fields(GPTConfig)}
     try:
@@ -428,6 +465,8 @@ def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], lis
     for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
         try:
             found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))
+        except FileNotFoundError:  # removed since the listing: a running fit rotating its step-N.ckpt files
+            continue
         except CheckpointError:
             broken.append(path.name)
     return found, broken

@@ -579,3 +579,29 @@ def test_generate_shows_progress_until_text_printed_at_the_end(run_config, tmp_p
         out, err = capsys.readouterr()
         assert out.startswith(("ROMEO:", "----- sample 1 -----")) and "generating" not in out
         assert ("generating: 100% 9/9" in err) == bool(extra), err
+
+
+def test_validate_records_the_step_of_the_weights_it_validated(config, tmp_path, monkeypatch):
+    """Catches `tinylm validate --ckpt_path last` on a running fit recording "step 4" beside step 6's val/loss: the
+    command read the step when it parsed (last.ckpt at step 4) and Lightning loaded the file again seconds later,
+    after the fit had saved step 6 over it. The step now comes from the file whose weights were validated."""
+    import shutil
+
+    from tinylm.checkpoint import AtomicCheckpointIO
+
+    main(["fit", "--config", str(config)])
+    folder = tmp_path / "runs" / "tiny" / "checkpoints"
+    last_val = [float(r["val/loss"]) for r in _rows(tmp_path / "runs" / "tiny") if r.get("val/loss")][-1]
+    shutil.copyfile(folder / "last.ckpt", tmp_path / "step-6.ckpt")
+    shutil.copyfile(folder / "step-4.ckpt", folder / "last.ckpt")  # what the command reads first
+    real = AtomicCheckpointIO.load_checkpoint
+
+    def the_fit_saved_meanwhile(self, path, *args, **kwargs):
+        shutil.copyfile(tmp_path / "step-6.ckpt", folder / "last.ckpt.tmp")
+        Path(folder / "last.ckpt.tmp").replace(folder / "last.ckpt")
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "load_checkpoint", the_fit_saved_meanwhile)
+    main(["validate", "--ckpt_path", str(folder / "last.ckpt")])
+    row = list(csv.DictReader(open(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")))[-1]
+    assert (int(row["step"]), float(row["val/loss"])) == (6, pytest.approx(last_val, abs=1e-5))

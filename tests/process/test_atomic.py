@@ -510,3 +510,47 @@ def _save(module, path: Path) -> None:
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=2))
     trainer.save_checkpoint(path)
+
+
+def test_a_checkpoint_replaced_as_it_loads_is_read_whole(tmp_path, monkeypatch):
+    """Catches `tinylm generate`/`eval`/`export` on a running fit's last.ckpt loading weights no checkpoint holds
+    (or NaN, or a "truncated" refusal): with mmap torch opens the path twice, the zip index and then the mapping,
+    and a save renamed over it in between had the old file's index read the new file's bytes. The rename lands
+    there (when torch maps the file) exactly; the load is the new file's, whole."""
+    path, older, newer = tmp_path / "last.ckpt", tmp_path / "step-1.ckpt", tmp_path / "step-2.ckpt"
+    torch.save({"state_dict": {"w": torch.arange(1000.0)}, "tinylm": {"format": 1, "note": "1"}}, older)
+    # another length before the tensor's bytes: every offset of the index is off in the newer file
+    torch.save({"state_dict": {"w": -torch.arange(1000.0)}, "tinylm": {"format": 1, "note": "2" * 300}}, newer)
+    shutil.copyfile(older, path)
+    real, saves = torch.UntypedStorage.from_file, []
+
+    def the_fit_saves_first(*args, **kwargs):
+        if not saves:  # the running fit's atomic save: a whole new file renamed over the path
+            shutil.copyfile(newer, tmp_path / "last.ckpt.tmp")
+            os.replace(tmp_path / "last.ckpt.tmp", path)
+            saves.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", the_fit_saves_first)
+    ckpt = load_checkpoint(path, mmap=True)
+    assert saves and ckpt["tinylm"]["note"] == "2" * 300
+    assert torch.equal(ckpt["state_dict"]["w"], -torch.arange(1000.0))
+
+
+def test_a_checkpoint_removed_as_it_loads_is_said_so(tmp_path, monkeypatch):
+    """Catches `--ckpt_path last` on a running fit with run.keep_checkpoints failing on a step-N.ckpt it had just
+    listed and the fit then rotated out: the listing skips it, and a load of it says it was removed."""
+    from tinylm.checkpoint import checkpoints_by_step
+
+    for step in (1, 2):
+        torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / f"step-{step}.ckpt")
+    real = torch.UntypedStorage.from_file
+
+    def rotated_out(name, *args, **kwargs):
+        if Path(name).name == "step-1.ckpt":
+            os.remove(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", rotated_out)
+    found, broken = checkpoints_by_step(tmp_path)
+    assert [(s, p.name) for s, _, p in found] == [(2, "step-2.ckpt")] and broken == []

@@ -489,3 +489,28 @@ def test_the_lr_jump_of_an_extended_schedule_is_told_in_digits_that_differ(caplo
         warn_schedule_change(ckpt, hparams, 2010, "x.ckpt")
     jump = re.search(r"the LR jumps from (\S+) to (\S+) and", caplog.text)
     assert jump and jump[1] != jump[2], caplog.text
+
+
+def test_last_on_a_running_fit_is_not_called_a_stopped_one(tmp_path, caplog):
+    """Catches `tinylm validate --ckpt_path last` during a fit warning that the run "stopped between two saves": a
+    running fit saves step-N.ckpt first and last.ckpt next, so the newer step-N.ckpt is taken, said as the running
+    run's order of saves (the run folder's lock names who runs); a folder nobody holds is a stopped run."""
+    import fcntl
+
+    from tinylm.cli.resume import latest_checkpoint
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for name, step in (("last.ckpt", 4), ("step-6.ckpt", 6)):
+        torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, folder / name)
+    with caplog.at_level("WARNING", logger="tinylm"):
+        assert latest_checkpoint(tmp_path / "run") == str(folder / "step-6.ckpt")
+    assert "the run stopped between two saves" in caplog.text
+    caplog.clear()
+    with open(tmp_path / "run" / ".lock", "w") as lock:  # another open file: held as another process holds it
+        lock.write("pid 4242")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with caplog.at_level("WARNING", logger="tinylm"):
+            assert latest_checkpoint(tmp_path / "run") == str(folder / "step-6.ckpt")
+    assert "stopped" not in caplog.text and "is at step 4, behind it (the run is running there, pid 4242" in caplog.text

@@ -34,7 +34,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     import json as jsonlib
     import time
 
-    from tinylm.checkpoint import load_checkpoint, load_model
+    from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
     from tinylm.device import resolve_device
     from tinylm.evals import load
     from tinylm.evals.results import append_row, flat
@@ -46,10 +46,12 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     check_ranges("--", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
                  whole=("limit", "batch_size"))
     chosen = parse_tasks(tasks)
-    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
+    ckpt = load_checkpoint(ckpt_path, mmap=True)  # read once: the step and the weights of one file (a running
+    model, tokenizer, _ = gpt_from_checkpoint(ckpt, ckpt_path, map_location=resolve_device(device))  # fit replaces
+    # its last.ckpt: a second reading for the step named another file's)
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
-    step = int(load_checkpoint(ckpt_path, mmap=True).get("global_step", 0))
+    step = int(ckpt.get("global_step", 0))
     encoded = load(chosen, tokenizer, data_dir=data_dir, limit=limit)
     for t in encoded:
         if line := t.skip_line():

@@ -425,7 +425,10 @@ class TinyLMCLI(LightningCLI):
         # the text validated: rows of one checkpoint on the run's data and on other text (--data.corpus) told apart
         corpus = getattr(self.datamodule, "corpus_spec", None)
         row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
-               "step": getattr(self, "ckpt_step", 0), **({"corpus": corpus} if corpus else {}), **metrics}
+               # the step of the weights validated: the file Lightning loaded, which a running fit may have
+               # replaced since the command read it for the run's settings (ckpt_step)
+               "step": getattr(self.model, "loaded_step", getattr(self, "ckpt_step", 0)),
+               **({"corpus": corpus} if corpus else {}), **metrics}
         if self.model.val_bytes is not None:  # how much text: a split, data.val_batches of it
             row["val_bytes"] = self.model.val_bytes
         ckpt = Path(self._section().ckpt_path).resolve()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
-from tinylm.cli.run_folder import kept_settings, read_yaml, run_record
+from tinylm.cli.run_folder import kept_settings, read_yaml, run_record, running_holder
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -50,9 +50,12 @@ def latest_checkpoint(run_dir: Path) -> str | None:
     step, is_last, path = max(found)  # at one step, last.ckpt first
     if not is_last:
         last = next((s for s, is_l, _ in found if is_l), None)
-        why = ("is damaged" if "last.ckpt" in broken else "is missing" if last is None
+        # a run still running there saves step-N.ckpt (or best.ckpt) first, then last.ckpt: not a stopped run
+        running = running_holder(run_dir)
+        saving = f" (the run is running there, {running}: it saves last.ckpt after the others)" if running else ""
+        why = ("is damaged" if "last.ckpt" in broken else "is missing" + saving if last is None
                else f"is at step {last}, behind it (a validation saved it since)" if path.name == "best.ckpt"
-               else f"is at step {last}, behind it (the run stopped between two saves)")
+               else f"is at step {last}, behind it" + (saving or " (the run stopped between two saves)"))
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
                     run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
     return str(path)

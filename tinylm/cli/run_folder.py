@@ -169,21 +169,29 @@ def _in_use(run_dir: Path, holder: str) -> TinyLMError:
 def check_not_in_use(run_dir: Path) -> None:
     """Refuse ``run_dir`` if another process holds its lock, without taking it or making anything (tinylm.cli.early:
     the refusal before the imports)."""
+    if (holder := running_holder(run_dir)) is not None:
+        raise _in_use(run_dir, holder)
+
+
+def running_holder(run_dir: Path) -> str | None:
+    """Who holds ``run_dir``'s lock ("pid N": a `tinylm fit` running there) when another process does, else None;
+    takes nothing."""
     import fcntl
 
     if str(run_dir.resolve()) in _LOCKS:  # this process's own run (a caller's main([...]) again): its check's
-        return
+        return None
     try:
         f = open(run_dir / ".lock")  # noqa: SIM115 (closed below, which drops the lock taken to test it)
     except OSError:  # no lock file (no run, or one never started): nothing holds the folder
-        return
+        return None
     with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _in_use(run_dir, f.read().strip()) from None
+            return f.read().strip() or "another process"
         except OSError:  # a file system without locks: the full check says what is wrong
-            return
+            return None
+    return None
 
 
 def release_run_folder(run_dir: Path) -> None:

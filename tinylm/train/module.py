@@ -555,6 +555,9 @@ class TinyLM(L.LightningModule):
                           getattr(self._trainer, "ckpt_path", None) or "checkpoint")
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
+        # the step of the file whose weights these are (a live run's last.ckpt may have been replaced since the
+        # command read it for its settings: validate reports this one)
+        self.loaded_step = int(checkpoint.get("global_step", 0))
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
 
     def _check_tokenizer(self, saved: dict | None) -> None:
