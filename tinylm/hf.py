@@ -171,6 +171,11 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     if out.is_symlink() and not out.exists():
         raise NotADirectoryError(f"--out {str(out)!r} is a link to nothing; pass a directory path")
     check_output_path(out, folder=True)  # a folder that cannot be made (under /proc, read-only): one line, now
+    with _one_export_at_a_time(next((p for p in out.absolute().parents if p.is_dir()), out.absolute())):
+        return _export_into(ckpt_path, out, dtype)
+
+
+def _export_into(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> Path:
     foreign = _not_an_export(out) if out.is_dir() else []
     if foreign:
         raise FileExistsError(f"--out {str(out)!r} holds files that are not a tinylm export ({', '.join(foreign[:3])}"
@@ -204,6 +209,33 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         follow_umask(tmp)
         swap_in_folder(tmp, target, event="tinylm.export.swap")
     return out
+
+
+@contextlib.contextmanager
+def _one_export_at_a_time(parent: Path) -> Iterator[None]:
+    """Exports into one folder take turns (a lock on the nearest existing folder above --out, held until the export
+    is in place): two at once shared the partial folder beside --out, each removing the other's, so one said
+    "wrote" and published nothing, or --out got one model's config beside the other's weights."""
+    import fcntl
+    import logging
+    import os
+
+    try:
+        fd = os.open(parent, os.O_RDONLY)
+    except OSError:  # a folder that cannot be opened to lock: the export goes on as before (and says what fails)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger("tinylm").info("waiting for another tinylm export into %s to finish", parent)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def _write_in_place(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:

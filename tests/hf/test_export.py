@@ -770,3 +770,40 @@ def test_init_from_a_damaged_export_names_the_file_and_the_fix(tmp_path, char_to
     damage(out)
     with pytest.raises(ValueError, match=message):
         import_hf(out)
+
+
+def test_two_exports_into_one_folder_take_turns(tmp_path, char_tokenizer):
+    """Catches two `tinylm export` into one --out at once sharing the partial folder beside it: the second removed
+    the first's as it was being swapped in (the first ended in a FileNotFoundError traceback, or said "wrote" with
+    nothing there), or --out got one model's config.json beside the other's weights. The second export starts
+    while the first is swapping in its folder; it waits its turn, and --out is then its export, whole."""
+    import sys
+    import threading
+
+    import safetensors.torch
+
+    narrow = _write_checkpoint(tmp_path / "a.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=1)
+    wide = _write_checkpoint(tmp_path / "b.ckpt", char_tokenizer, bias=True, pad_vocab_multiple=1)
+    want = export_hf(wide, tmp_path / "ref")
+    out, second, errors = tmp_path / "hf", [], []
+
+    def export_wide() -> None:
+        try:
+            export_hf(wide, out)
+        except BaseException as e:  # noqa: BLE001 (raised again below, in the test's thread)
+            errors.append(e)
+
+    def hook(event, args):  # (an audit hook stays for the process: inert once the test has its second export)
+        if event == "tinylm.export.swap" and not second and str(args[1]) == str(out.resolve()):
+            second.append(threading.Thread(target=export_wide))
+            second[0].start()
+            second[0].join(timeout=1.0)  # (it runs to its end here when nothing makes it wait)
+
+    sys.addaudithook(hook)
+    export_hf(narrow, out)
+    second[0].join()
+    assert not errors, errors
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in want.iterdir())
+    assert json.loads((out / "config.json").read_text()) == json.loads((want / "config.json").read_text())
+    weights, wanted = (safetensors.torch.load_file(d / "model.safetensors") for d in (out, want))
+    assert weights.keys() == wanted.keys() and all(torch.equal(weights[k], wanted[k]) for k in wanted)
