@@ -522,22 +522,32 @@ def test_ids_outside_the_vocabulary_are_refused_when_opened(shakespeare, tmp_pat
 
 def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     """Prevents every killed `prepare` from leaving its <dataset>.tmp-<pid> folder (the size of a dataset) forever,
-    without touching those of builds still running or of other hosts sharing the cache."""
+    without touching those of builds still running or of other hosts sharing the cache; a build killed and not yet
+    reaped by its parent (a zombie, which a signal still reaches) is not running."""
     import os
     import socket
     import subprocess
     import sys
+    import time
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()  # a process that has exited
     datasets = tmp_path / "cache" / "datasets"
     host = socket.gethostname()
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux's /proc to tell a zombie")
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits, and stays unreaped until .wait()
+    while not os.path.exists(f"/proc/{zombie.pid}") or \
+            open(f"/proc/{zombie.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.05)
     names = {"stale": f"a.tmp-{host}-{dead}", "stale_old_style": f"b.tmp-{dead}",
-             "running": f"c.tmp-{host}-{os.getpid()}", "other_host": f"d.tmp-elsewhere-{dead}"}
+             "running": f"c.tmp-{host}-{os.getpid()}", "other_host": f"d.tmp-elsewhere-{dead}",
+             "zombie": f"e.tmp-{host}-{zombie.pid}"}
     for name in names.values():
         (datasets / name).mkdir(parents=True)
         (datasets / name / "train.bin").write_bytes(bytes(1000))
     _dm(tmp_path, shakespeare).prepare_data()
+    zombie.wait()
     left = {p.name for p in datasets.iterdir() if ".tmp-" in p.name}
     assert left == {names["running"], names["other_host"]}
 

@@ -80,13 +80,18 @@ _TMP = re.compile(r"\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # "<dir>.tmp-<host>
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs: a zombie (killed, not yet reaped by its parent) does not, though
+    a signal to it still succeeds (its temp folder was left behind by the build that took over)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # PermissionError: alive, another user's
         pass
-    return True
+    try:  # Linux: the state after the command's closing parenthesis in /proc/PID/stat
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): alive as far as can be told
+        return True
 
 
 def _remove_stale_temps(parent: Path) -> None:
