@@ -434,3 +434,36 @@ def test_the_offline_parts_to_upload_are_named_whatever_part_came_last(tmp_path)
     assert offline_wandb_run(tmp_path, "abc") == root / "offline-run-20260103_000000-abc"
     (root / "offline-run-20260103_000000-abc" / "run-abc.wandb.synced").touch()
     assert offline_wandb_run(tmp_path, "abc") is None and offline_wandb_run(tmp_path, "other") is None
+
+
+def test_a_run_in_a_shared_csv_folder_keeps_the_earlier_runs_settings(tmp_path):
+    """Catches a second run into a user's CSVLogger folder (a fixed version) replacing the first's hparams.yaml: its
+    metrics.csv was moved aside, its settings lost. Both go aside together, under one time."""
+    from tinylm.train.loggers import KeptCSVLogger
+
+    for lr in (0.1, 0.01):
+        logger = KeptCSVLogger(tmp_path, name="l", version="v")
+        logger.log_hyperparams({"lr": lr})
+        logger.log_metrics({"x": lr}, step=0)
+        logger.save()
+    folder = tmp_path / "l" / "v"
+    (aside,) = folder.glob("metrics.*.csv")
+    kept = folder / f"hparams.{aside.stem.removeprefix('metrics.')}.yaml"
+    assert yaml.safe_load(kept.read_text()) == {"lr": 0.1} and yaml.safe_load((folder / "hparams.yaml").read_text()) \
+        == {"lr": 0.01}
+
+
+def test_a_users_csv_logger_under_home_logs_there(tmp_path, monkeypatch):
+    """Catches `--trainer.logger.save_dir=~/lg` (or `save_dir: ~/lg` in a config) ending in a FileNotFoundError
+    traceback: Lightning's writer expanded the ~, tinylm wrote the run's mark beside metrics.csv under ./~/lg."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from tinylm.train.loggers import KeptCSVLogger
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    logger = KeptCSVLogger.adopt(CSVLogger("~/lg", version="v"), None, run="runs/a")
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.save()
+    assert (tmp_path / "home" / "lg" / "lightning_logs" / "v" / "metrics.csv").is_file()
+    assert not (tmp_path / "~").exists()

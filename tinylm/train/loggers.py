@@ -69,8 +69,9 @@ class KeptCSVLogger(CSVLogger):
         ``run``: the run folder it logs for, kept beside its metrics.csv (`RUN_MARK`)."""
         if type(logger) is not CSVLogger:
             return logger
-        return cls(logger._save_dir, logger._name, logger._version, logger._prefix, logger._flush_logs_every_n_steps,
-                   resume_step=resume_step, run=run)
+        # save_dir ~/x: Lightning's own writer expands the ~, and the run's mark beside metrics.csv went to ./~/x
+        return cls(os.path.expanduser(logger._save_dir), logger._name, logger._version, logger._prefix,
+                   logger._flush_logs_every_n_steps, resume_step=resume_step, run=run)
 
     @property
     @rank_zero_experiment  # as CSVLogger's own: under DDP only rank zero touches metrics.csv (others raced it)
@@ -84,6 +85,9 @@ class KeptCSVLogger(CSVLogger):
             if self._resume_step is None or theirs:
                 aside = _free_name(path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.csv"))
                 path.rename(aside)  # (a name of its own: two in one second, and the rename replaced the first)
+                hparams = path.with_name("hparams.yaml")  # the earlier run's settings go with its rows (this run
+                if hparams.is_file():  # writes its own there)
+                    hparams.rename(hparams.with_name(f"hparams.{aside.stem.removeprefix('metrics.')}.yaml"))
                 if theirs:
                     log.warning("%s held the rows of another run (%s): moved aside to %s", path,
                                 mark.read_text(encoding="utf-8").strip(), aside.name)
