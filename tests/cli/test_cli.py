@@ -605,3 +605,21 @@ def test_validate_records_the_step_of_the_weights_it_validated(config, tmp_path,
     main(["validate", "--ckpt_path", str(folder / "last.ckpt")])
     row = list(csv.DictReader(open(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv")))[-1]
     assert (int(row["step"]), float(row["val/loss"])) == (6, pytest.approx(last_val, abs=1e-5))
+
+
+def test_a_run_named_like_a_number_resumes_from_what_it_wrote(run_config, tmp_path, capsys):
+    """Catches a run named `--run.name 3e-4` (a sweep named by its LR) that trained and could then never resume,
+    validate or plan: its config.yaml (and the config kept in its checkpoint) said `name: 3e-4`, plain, which
+    jsonargparse reads back as 0.0003 ("expected a str"). Every config tinylm writes quotes such a string."""
+    config = run_config()
+    main(["fit", "--config", str(config), "--run.name", "3e-4", "--samples.prompts", '["1e5"]'])
+    run = tmp_path / "runs" / "3e-4"
+    assert yaml.safe_load((run / "config.yaml").read_text())["run"]["name"] == "3e-4"
+    main(["fit", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--trainer.max_steps", "3"])
+    main(["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    main(["validate", "--ckpt_path", str(run / "checkpoints" / "last.ckpt")])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(run / "config.yaml"), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["run"]["name"] == "3e-4" and printed["samples"]["prompts"] == ["1e5"]

@@ -180,3 +180,31 @@ def spelled(key: str, value: str) -> list[str]:
     """``--key value`` as arguments that read back as that value, whatever reads them: ``--key=value`` where the value
     starts with ``-`` (``--data.corpus=-notes.txt``, ``--model.lr=-1e-3``)."""
     return [f"--{key}", value] if not value.startswith("-") else [f"--{key}={value}"]
+
+
+# jsonargparse's YAML loader reads 1e-3 (no dot) as a float, as YAML 1.2 does; PyYAML's dumper (YAML 1.1) knows
+# only floats with a dot and writes such a string plain
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
+def reloadable_yaml(data: Any) -> str:
+    """``data`` as YAML that jsonargparse reads back as the same values: a string that its loader would read as a
+    number is quoted. PyYAML wrote ``name: 3e-4`` plain, which jsonargparse reads as 0.0003, so a run named
+    ``--run.name 3e-4`` (a sweep named by its LR) trained and then could not resume, validate or plan from its own
+    config.yaml or checkpoint ("expected a str, got 0.0003"). The dumper of every config tinylm writes and prints
+    (`use_reloadable_yaml`)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+    return yaml.dump(data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+
+
+def use_reloadable_yaml() -> None:
+    """jsonargparse's YAML dumper (its config files, --print_config, the run's config records) is
+    `reloadable_yaml`."""
+    from jsonargparse import set_dumper
+
+    set_dumper("yaml", reloadable_yaml)

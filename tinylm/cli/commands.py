@@ -33,6 +33,9 @@ def parser_for(fn: Callable, prog: str):
     docstring), with ``--config FILE`` and ``--print_config``."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    from tinylm.cli.argv import use_reloadable_yaml
+
+    use_reloadable_yaml()  # (its --print_config)
     doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     parser = ArgumentParser(prog=prog, description=doc, exit_on_error=False, env_prefix="TINYLM",
                             default_env=False)
@@ -202,7 +205,10 @@ def prepare(args: list[str]) -> dict[str, Any]:
     """`tinylm prepare --config FILE [--data.KEY VALUE ...]`: tokenizer + packed dataset, then a summary."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    from tinylm.cli.argv import use_reloadable_yaml
     from tinylm.data.prepared import PreparedData  # (the data module without Lightning: no torch imported)
+
+    use_reloadable_yaml()  # (its --print_config)
 
     parser = ArgumentParser(
         prog="tinylm prepare", exit_on_error=False,

@@ -21,7 +21,7 @@ from jsonargparse._actions import _ActionPrintConfig
 from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks, rendezvous
-from tinylm.cli.argv import home_expanded, options
+from tinylm.cli.argv import home_expanded, options, use_reloadable_yaml
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
@@ -46,6 +46,7 @@ from tinylm.ranges import SEED_RANGE, check_ranges
 from tinylm.train.loggers import finish_wandb
 
 log = logging.getLogger("tinylm")
+use_reloadable_yaml()  # every config written or printed reads back as the same values (a run named 3e-4)
 
 
 _SECTIONS = ("config", "data", "model", "trainer", "run", "samples", "eval", "guard")  # (config: a file of them)

@@ -351,9 +351,8 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     step 10) and refused the defaults' batch and block sizes one at a time."""
     if quiet or args[0] != "fit" or not ckpt_path:
         return args
-    import yaml
-
     from tinylm.checkpoint import load_checkpoint
+    from tinylm.cli.argv import reloadable_yaml
 
     try:
         ckpt = load_checkpoint(ckpt_path, mmap=True)
@@ -373,7 +372,7 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
             if value is not None:  # (flags still override them)
                 settings[section][key] = value
     log.info("%s: the run's own settings, from the checkpoint (no --config given; flags override them)", ckpt_path)
-    return [args[0], "--config", yaml.safe_dump(settings, sort_keys=False), *args[1:]]
+    return [args[0], "--config", reloadable_yaml(settings), *args[1:]]
 
 
 VALIDATE_LEAVES = ("logger", "callbacks", "profiler", "limit_val_batches")
