@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import random
@@ -215,6 +216,7 @@ class TinyLMCLI(LightningCLI):
         """
         sub = self.config.get("subcommand")
         cfg = self._home_expanded()
+        self._check_nulls(cfg)
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":
@@ -242,6 +244,23 @@ class TinyLMCLI(LightningCLI):
             self._section().ckpt_path = asked
             _ActionPrintConfig.print_config_if_requested(self.parser, self.config)  # (and exits)
         self._check_parsed(sub)
+
+    def _check_nulls(self, cfg) -> None:
+        """Refuse ``null`` for an option that takes no None (a --config file's ``lr: null``): jsonargparse lets it
+        through from a file, and it ended in a traceback deep in AdamW or in "unsupported operand type(s)"."""
+        from tinylm.train.eval_callback import EvalTasks
+        from tinylm.train.guard import StabilityGuard
+        from tinylm.train.samples import SampleText
+
+        classes = {"model": self.model_class, "data": self.datamodule_class, "run": RunOptions,
+                   "samples": SampleText, "eval": EvalTasks, "guard": StabilityGuard}
+        for section, cls in classes.items():
+            params = inspect.signature(cls).parameters
+            for key, value in _options(cfg.get(section) or {}).items():
+                p = params.get(key)
+                if value is None and p is not None and p.default is not None and not _takes_none(p.annotation):
+                    raise TinyLMError(f"{section}.{key} is null, which it cannot be (a --config file's `{key}: "
+                                      f"null`?); give it a value, or leave it out for its default, {p.default!r}")
 
     def _take_checkpoint(self, sub: str, cfg, ckpt_path: str, printing: bool) -> None:
         """The model options (and the run's data) the checkpoint gives the command; for fit, the resume's checks
@@ -452,6 +471,20 @@ class TinyLMCLI(LightningCLI):
         except OSError as e:  # a read-only or full disk: the result is printed all the same
             log.warning("could not append the result to %s (%s)", path, e.strerror or e)
             self.validate_csv = None
+
+
+def _takes_none(annotation: Any) -> bool:
+    """Whether an option's annotation (a type, or its text under ``from __future__ import annotations``) takes None
+    (``int | None``, ``Optional[str]``, ``Any``)."""
+    import types
+    import typing
+
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return True
+    if isinstance(annotation, str):
+        return any(word in annotation for word in ("None", "Optional", "Any"))
+    return annotation is type(None) or (typing.get_origin(annotation) in (typing.Union, types.UnionType)
+                                        and type(None) in typing.get_args(annotation))
 
 
 def _options(section: Any) -> dict:
