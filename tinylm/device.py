@@ -241,10 +241,19 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
 
 
 def free_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device`` now: CUDA's own count, else the machine's available physical memory (Linux); None
-    where there is no cheap reading (then no check refuses anything)."""
+    """Bytes free on ``device`` now: CUDA's own count, else the machine's available physical memory (Linux's
+    MemAvailable: free pages and the file cache the kernel gives back; the free pages alone, sysconf's count, are a
+    few GB on a machine that has read its corpus, and refused what fits); None where there is no cheap reading (then
+    no check refuses anything)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not Linux

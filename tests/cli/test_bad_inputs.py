@@ -1016,3 +1016,16 @@ def test_null_for_options_that_take_none_is_their_none(config, tmp_path, capsys)
     (tmp_path / "nulls.yaml").write_text("data:\n  weights: null\nmodel:\n  decay_steps: null\n")
     main(["fit", "--config", str(config), "--config", str(tmp_path / "nulls.yaml")])
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_its_first_step(config, tmp_path, capsys, monkeypatch):
+    """Catches a batch too big for the machine going on to a 100-line allocator traceback, or on a CPU growing
+    until the kernel killed it: fit compares plan's estimate of a step with the device's free memory first (here
+    a machine with 1 KiB free) and names the sizes and the fix, leaving no run folder."""
+    import tinylm.device
+
+    monkeypatch.setattr(tinylm.device, "free_memory", lambda device: 2**10)
+    line = _one_line_error(capsys, ["fit", "--config", str(config)], "this run needs ~")
+    assert "GiB on cpu" in line and "cpu has 0.0 GiB free; lower --data.batch_size" in line
+    assert "--model.activation_checkpointing true" in line
+    assert not (tmp_path / "runs" / "tiny" / "checkpoints").exists()

@@ -37,6 +37,7 @@ from tinylm.cli.run_folder import (
 from tinylm.cli.trainer_checks import (
     check_checkpoint_names,
     check_exception_checkpoints,
+    check_fits_in_memory,
     check_trainer_options,
     warn_gpu_recipe_on_cpu,
     warn_small_vocab,
@@ -413,6 +414,7 @@ class TinyLMCLI(LightningCLI):
 
     # ---- after the command -------------------------------------------------------------------------------------
     def before_fit(self) -> None:
+        check_fits_in_memory(self.trainer, self.model, self.datamodule.batch_size)  # before a step can be killed
         warn_small_vocab(self.datamodule, resumed=bool(self._section().ckpt_path))
         self.model.check_init_tokenizer(getattr(self.datamodule, "tokenizer", None))  # before the run writes
         self._record_architecture_from_weights()

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tinylm.errors import TinyLMError
 from tinylm.train.parallel import check_strategy, check_strategy_name
 
 log = logging.getLogger("tinylm")
@@ -21,6 +22,37 @@ log = logging.getLogger("tinylm")
 _POSITIVE = ("accumulate_grad_batches", "log_every_n_steps", "val_check_interval",
              "check_val_every_n_epoch", "num_nodes")
 _NON_NEGATIVE = ("gradient_clip_val", "limit_val_batches", "limit_train_batches")
+
+
+def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
+    """Refuse a run whose training step cannot fit in its device's free memory (`tinylm plan`'s estimate of weights,
+    gradients, optimizer state and one micro-batch's activations; it counts no framework overhead, so it errs low):
+    a batch of 64 x 1024 tokens at a 50k vocabulary went on to a 100-line allocator traceback, or on a CPU grew
+    until the kernel killed it (and everything else on the machine waited on swap). One device or DDP; FSDP2's
+    shards are not checked here."""
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+    from tinylm.device import free_memory
+    from tinylm.studies.plan import memory
+
+    if type(trainer.strategy) not in (SingleDeviceStrategy, DDPStrategy) or not hasattr(module, "model"):
+        return
+    device, hp = trainer.strategy.root_device, module.hparams
+    free = free_memory(device)
+    # CPU ranks of one machine share its memory; each GPU rank has its own device
+    ranks = trainer.num_devices if device.type == "cpu" else 1
+    need = ranks * memory(module.model, batch_size=batch_size, precision=str(trainer.precision),
+                          checkpointing=bool(hp.get("activation_checkpointing")),
+                          optimizer=hp.get("optimizer", "adamw"), accumulate=int(trainer.accumulate_grad_batches)).peak
+    if free is None or need <= free:
+        return
+    block = module.model.config.block_size
+    each = f" ({ranks} processes)" if ranks > 1 else ""
+    ckpt = "" if hp.get("activation_checkpointing") else ", or --model.activation_checkpointing true"
+    raise TinyLMError(f"this run needs ~{need / 2**30:.1f} GiB on {device.type}{each} (weights, gradients, optimizer "
+                     f"state and the activations of {batch_size} x {block} tokens: `tinylm plan` itemizes it) but "
+                     f"{device.type} has {free / 2**30:.1f} GiB free; lower --data.batch_size (raise "
+                     f"--trainer.accumulate_grad_batches to keep the global batch) or --data.block_size{ckpt}")
 
 
 def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True) -> None:
