@@ -38,6 +38,8 @@ def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
     if type(trainer.strategy) not in (SingleDeviceStrategy, DDPStrategy) or not hasattr(module, "model"):
         return
     device, hp = trainer.strategy.root_device, module.hparams
+    if device.type == "cuda" and getattr(trainer.strategy, "_start_method", "popen") != "popen":
+        return  # ddp_fork / ddp_spawn: CUDA read here, in the process that forks its ranks, would break them
     free = free_memory(device)
     # CPU ranks of one machine share its memory; each GPU rank has its own device
     ranks = trainer.num_devices if device.type == "cpu" else 1
