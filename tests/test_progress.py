@@ -63,3 +63,24 @@ def test_bpe_training_writes_no_redrawn_bar_to_a_log(capsys, monkeypatch):
     ByteLevelBPE.train("aaabdaaabac", vocab_size=259, progress=True)
     err = capsys.readouterr().err
     assert "\r" not in err and err.splitlines()[-1].startswith("bpe merges: 100% 3/3 ["), err
+
+
+def test_a_long_step_with_no_progress_of_its_own_beats_in_a_log(capsys):
+    """Catches a BPE trainer's minutes of merging (after the text is read) leaving a log silent: a heartbeat line
+    every interval while the step runs, once it has something to say, and none after it ended."""
+    import time
+
+    told = []
+
+    def say(seconds: float) -> str | None:
+        told.append(seconds)
+        return None if len(told) < 2 else f"merging, {len(told)}"
+
+    with progress.heartbeat(say, interval=0.01):
+        while len(told) < 4:
+            time.sleep(0.01)
+    after = len(told)
+    time.sleep(0.05)
+    err = capsys.readouterr().err.splitlines()
+    assert err[:3] == ["merging, 2", "merging, 3", "merging, 4"] and len(told) == after
+    assert told == sorted(told)

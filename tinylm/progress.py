@@ -18,7 +18,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 LINE_INTERVAL = 30.0  # seconds between two lines of a loop's progress in a log: a long step shows it is alive
@@ -161,6 +161,34 @@ class Lines:
         stream = file or self.file or sys.stderr  # (what it is now, as tqdm: stderr may have been replaced)
         stream.write(text)
         stream.flush()
+
+
+@contextlib.contextmanager
+def heartbeat(say: Callable[[float], str | None], interval: float | None = None) -> Iterator[None]:
+    """In a log (where bars are not drawn), a line on stderr every ``interval`` seconds (`LINE_INTERVAL`) while the
+    block runs, the text ``say(seconds since it began)`` gives (None: nothing that time): a long step that reports
+    no progress of its own (a BPE trainer merging pairs) shows it is alive. Nothing on a terminal, where the library
+    draws its own bars, or under ``TQDM_DISABLE``."""
+    if disabled_by_env() or draws_bars(sys.stderr):
+        yield
+        return
+    import threading
+
+    stop, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(LINE_INTERVAL if interval is None else interval):
+            if text := say(time.monotonic() - start):
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+
+    thread = threading.Thread(target=beat, name="tinylm-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager

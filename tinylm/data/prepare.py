@@ -37,6 +37,7 @@ from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
 from tinylm.errors import TinyLMError
+from tinylm.progress import heartbeat
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ def _sample_chars(corpus: Corpus, spec: str, train_chars: int | None) -> int | N
 
 
 def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, sample: int | None) -> None:
-    clock, read = Stopwatch(), [0]
+    clock, read, read_at = Stopwatch(), [0], [None]
 
     def documents() -> Iterator[str]:
         read[0] = 0
@@ -221,8 +222,15 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
                 read[0] += n
                 bar.update(n if sample is None else len(doc))
                 yield doc
+        read_at[0] = clock()
 
-    build_tokenizer(spec, vocab_size=vocab_size, documents=documents).save(out)
+    def merging(_: float) -> str | None:  # (after the text is read, the trainer counts and merges, saying nothing)
+        return None if read_at[0] is None else (f"training {spec}: merging pairs to {vocab_size:,} ids, "
+                                                f"{clock() - read_at[0]:.0f} s since the text was read")
+
+    with heartbeat(merging):
+        tokenizer = build_tokenizer(spec, vocab_size=vocab_size, documents=documents)
+    tokenizer.save(out)
     stats = {**rate(read[0], clock()), "sample_chars": sample}
     log.info("trained the %s tokenizer on %.1f MB in %.1f s", spec, stats["bytes"] / 1e6, stats["seconds"])
     (out / TRAIN_STATS).write_text(json.dumps(stats) + "\n", encoding="utf-8")
