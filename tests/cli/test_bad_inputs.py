@@ -163,6 +163,17 @@ def test_a_fit_config_given_to_a_command_that_reads_none_says_so(config, capsys,
     assert ("from --ckpt_path" in line) == (command[0] != "plot")
 
 
+@pytest.mark.parametrize("command", ["fit", "plan", "prepare"])
+def test_a_config_of_another_command_given_to_fit_says_so(config, tmp_path, capsys, command):
+    """Catches `tinylm fit --config g.yaml` (g.yaml: `tinylm generate --print_config`) ending in "Subcommand 'fit'
+    does not accept option 'prompt'" (plan's said "Subcommand 'fit'" too), naming neither the file nor the fix."""
+    given = tmp_path / "g.yaml"
+    given.write_text("ckpt_path: x.ckpt\nprompt: ROMEO\nstrategy: sample\nmax_new_tokens: 10\n")
+    line = _one_line_error(capsys, [command, "--config", str(given)], f"config file '{given}' is no `tinylm fit` "
+                           "config: it sets max_new_tokens, prompt, strategy and none of the sections trainer,")
+    assert f"`tinylm {command} --config` takes a `tinylm fit` config" in line
+
+
 @pytest.mark.parametrize("command", [["lr-find", "--num_training", "4"], ["scaling", "--budget", "1e8"]],
                          ids=["lr-find", "scaling"])
 def test_out_never_replaces_another_file_beside_it(config, capsys, command):
