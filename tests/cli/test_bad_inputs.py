@@ -1040,3 +1040,11 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_its_first_step(config
     assert "GiB on cpu" in line and "cpu has 0.0 GiB free; lower --data.batch_size" in line
     assert "--model.activation_checkpointing true" in line
     assert not (tmp_path / "runs" / "tiny" / "checkpoints").exists()
+
+
+def test_a_missing_draft_for_the_runs_samples_is_refused_before_the_run_folder(config, tmp_path, capsys):
+    """Catches `--samples.draft_ckpt_path nope.ckpt` refused only as the run started, its folder made (config.yaml,
+    csv/, the lock) for a run that never trained."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--samples.every_n_steps", "1",
+                             "--samples.draft_ckpt_path", "nope.ckpt"], "samples.draft_ckpt_path 'nope.ckpt' not found")
+    assert not (tmp_path / "runs").exists()

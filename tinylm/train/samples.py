@@ -74,6 +74,9 @@ class SampleText(L.Callback):
             options["top_k"] = None
         self.config = surface.config({**options, "num_beams": num_beams if strategy == "beam" else 1})
         check_speculative(options, surface.spell, draft_ckpt_path)
+        if draft_ckpt_path and not Path(draft_ckpt_path).exists():  # now, not at the run's start (a folder made)
+            raise FileNotFoundError(f"samples.draft_ckpt_path {draft_ckpt_path!r} not found; pass a .ckpt written by "
+                                    "`tinylm fit` with this run's tokenizer, or leave it out")
         self.draft_ckpt_path, self._draft = draft_ckpt_path, None  # the draft model, loaded once at the start
         self._grammar = None
         if regex or json_schema or grammar:
