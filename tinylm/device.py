@@ -249,12 +249,21 @@ def free_memory(device: torch.device) -> int | None:
         return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not Linux
+            return None
+    return min(available, _cgroup_free() or available)
+
+
+def _cgroup_free() -> int | None:
+    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) lets it allocate still, or None
+    without a limit: the machine's MemAvailable counts memory the kernel would kill the container for using."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
         return None
+    return None if limit == "max" else max(0, int(limit) - used)

@@ -214,7 +214,8 @@ def _export_into(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> Path:
 @contextlib.contextmanager
 def _one_export_at_a_time(parent: Path) -> Iterator[None]:
     """Exports into one folder take turns (a lock on the nearest existing folder above --out, held until the export
-    is in place): two at once shared the partial folder beside --out, each removing the other's, so one said
+    is in place; exports to two folders side by side wait for each other too, which costs seconds and leaves no
+    lock file beside them): two at once shared the partial folder beside --out, each removing the other's, so one said
     "wrote" and published nothing, or --out got one model's config beside the other's weights."""
     import fcntl
     import logging
@@ -229,7 +230,8 @@ def _one_export_at_a_time(parent: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logging.getLogger("tinylm").info("waiting for another tinylm export into %s to finish", parent)
+            logging.getLogger("tinylm").info("waiting for another tinylm export in %s to finish (exports into one "
+                                             "folder take turns)", parent)
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:  # a file system without locks
             pass

@@ -172,6 +172,10 @@ def test_a_config_of_another_command_given_to_fit_says_so(config, tmp_path, caps
     line = _one_line_error(capsys, [command, "--config", str(given)], f"config file '{given}' is no `tinylm fit` "
                            "config: it sets max_new_tokens, prompt, strategy and none of the sections trainer,")
     assert f"`tinylm {command} --config` takes a `tinylm fit` config" in line
+    if command == "plan":  # a file of plan's own options is said as that, as before
+        (tmp_path / "own.yaml").write_text("gpu: H100\nmfu: 0.4\n")
+        _one_line_error(capsys, [command, "--config", str(config), "--config", str(tmp_path / "own.yaml")],
+                        "sets gpu, mfu, which `tinylm plan` takes as flags")
 
 
 @pytest.mark.parametrize("command", [["lr-find", "--num_training", "4"], ["scaling", "--budget", "1e8"]],
@@ -1032,14 +1036,18 @@ def test_null_for_options_that_take_none_is_their_none(config, tmp_path, capsys)
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_its_first_step(config, tmp_path, capsys, monkeypatch):
     """Catches a batch too big for the machine going on to a 100-line allocator traceback, or on a CPU growing
     until the kernel killed it: fit compares plan's estimate of a step with the device's free memory first (here
-    a machine with 1 KiB free) and names the sizes and the fix, leaving no run folder."""
+    a machine with 1 KiB free) and names the sizes and the fix, leaving no run folder; TINYLM_NO_MEMORY_CHECK=1
+    lets it train."""
     import tinylm.device
 
     monkeypatch.setattr(tinylm.device, "free_memory", lambda device: 2**10)
     line = _one_line_error(capsys, ["fit", "--config", str(config)], "this run needs ~")
-    assert "GiB on cpu" in line and "cpu has 0.0 GiB free; lower --data.batch_size" in line
-    assert "--model.activation_checkpointing true" in line
-    assert not (tmp_path / "runs" / "tiny" / "checkpoints").exists()
+    assert "KiB more on cpu" in line and "cpu has 1 KiB free; lower --data.batch_size" in line
+    assert "--model.activation_checkpointing true" in line and "TINYLM_NO_MEMORY_CHECK=1 skips this check" in line
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("TINYLM_NO_MEMORY_CHECK", "1")  # an estimate the user knows better than
+    main(["fit", "--config", str(config)])
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_a_missing_draft_for_the_runs_samples_is_refused_before_the_run_folder(config, tmp_path, capsys):

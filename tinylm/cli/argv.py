@@ -208,3 +208,25 @@ def use_reloadable_yaml() -> None:
     from jsonargparse import set_dumper
 
     set_dumper("yaml", reloadable_yaml)
+
+
+_FIT_TOP = ("seed_everything", "ckpt_path", "weights_only", "optimizer", "lr_scheduler")  # besides the sections
+
+
+def check_fit_configs(command: str, args: list[str]) -> None:
+    """A --config of another command (``tinylm generate --print_config > g.yaml`` then ``tinylm fit --config
+    g.yaml``) is named as that, with the file: jsonargparse said "Subcommand 'fit' does not accept option 'prompt'"
+    (for plan too), naming neither the file nor the fix. A fit config with one misspelled section stays the
+    parser's (its line offers the nearest option): two keys of no fit section at least, and no section."""
+    import yaml
+
+    from tinylm.cli.table import FIT_GROUPS
+
+    for p in config_files(args):
+        keys = set(yaml.safe_load(Path(p).read_text(encoding="utf-8")) or {})
+        foreign = sorted(keys - set(FIT_GROUPS) - set(_FIT_TOP))
+        if len(foreign) > 1 and not keys & set(FIT_GROUPS):
+            raise ValueError(f"config file {p!r} is no `tinylm fit` config: it sets {', '.join(foreign[:4])}"
+                             f"{', ...' if len(foreign) > 4 else ''} and none of the sections {', '.join(FIT_GROUPS)} "
+                             f"(a config of another command?); `tinylm {command} --config` takes a `tinylm fit` "
+                             "config such as configs/shakespeare-char-cpu.yaml")

@@ -52,7 +52,7 @@ def run(command: str, args: list[str]) -> Any:
     """Parse ``args`` for ``command`` and run it."""
     if command == "prepare":
         return prepare(args)
-    from tinylm.cli.argv import home_expanded
+    from tinylm.cli.argv import check_fit_configs, home_expanded
     from tinylm.cli.fit_config import split_args, takes_fit_config
 
     fn = COMMANDS[command].function()
@@ -61,6 +61,7 @@ def run(command: str, args: list[str]) -> Any:
     if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
         args, fit_args = split_args(fn, args)
         _refuse_own_options_in_fit_configs(fn, command, fit_args)
+        check_fit_configs(command, fit_args)  # (after: a file of the command's own options is said as that)
     else:
         _refuse_fit_configs(fn, command, args)
     cfg = parser_for(fn, f"tinylm {command}").parse_args(args)

@@ -60,7 +60,7 @@ def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
 
     import lightning as L
 
-    from tinylm.cli.trainer_checks import device_count
+    from tinylm.cli.trainer_checks import check_fits_in_memory, device_count
     from tinylm.studies.lr_find import lr_find as range_test
 
     keep = ("accelerator", "precision", "gradient_clip_val")
@@ -76,6 +76,7 @@ def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                             use_distributed_sampler=False, default_root_dir=tmp)
+        check_fits_in_memory(trainer, cli.model, cli.datamodule.batch_size)  # as fit's: one line, not an OOM kill
         try:
             return range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(),
                               min_lr=min_lr, max_lr=max_lr, num_training=num_training)

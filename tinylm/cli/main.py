@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
-from tinylm.cli.argv import expand_home, numbers_attached
+from tinylm.cli.argv import check_fit_configs, expand_home, numbers_attached
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
@@ -73,7 +73,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             _help(command, rest, program)
             return
         check_config_files(rest)
-        if command in FIT_CONFIG_COMMANDS:
+        if command in ("fit", "validate", "prepare"):  # (plan, lr-find, scaling: after their own options' check)
             check_fit_configs(command, rest)
         early.check_run_folder_free(command, rest)
         _run(command, rest, program)
@@ -222,30 +222,6 @@ def _unique_key_loader():
             return super().construct_mapping(node, deep=deep)
 
     return Loader
-
-
-FIT_CONFIG_COMMANDS = ("fit", "validate", "prepare", "plan", "lr-find", "scaling")
-"""The commands whose --config is a `tinylm fit` config."""
-_FIT_TOP = ("seed_everything", "ckpt_path", "weights_only", "optimizer", "lr_scheduler")  # besides the sections
-
-
-def check_fit_configs(command: str, args: list[str]) -> None:
-    """A --config of another command (``tinylm generate --print_config > g.yaml`` then ``tinylm fit --config
-    g.yaml``) is named as that, with the file: jsonargparse said "Subcommand 'fit' does not accept option 'prompt'"
-    (for plan too), naming neither the file nor the fix. A fit config with one misspelled section stays the
-    parser's (its line offers the nearest option): two keys of no fit section at least, and no section."""
-    import yaml
-
-    from tinylm.cli.argv import config_files
-
-    for p in config_files(args):
-        keys = set(yaml.safe_load(Path(p).read_text(encoding="utf-8")) or {})
-        foreign = sorted(keys - set(FIT_GROUPS) - set(_FIT_TOP))
-        if len(foreign) > 1 and not keys & set(FIT_GROUPS):
-            raise ValueError(f"config file {p!r} is no `tinylm fit` config: it sets {', '.join(foreign[:4])}"
-                             f"{', ...' if len(foreign) > 4 else ''} and none of the sections {', '.join(FIT_GROUPS)} "
-                             f"(a config of another command?); `tinylm {command} --config` takes a `tinylm fit` "
-                             "config such as configs/shakespeare-char-cpu.yaml")
 
 
 def check_config_files(args: list[str]) -> None:
