@@ -1006,3 +1006,34 @@ def test_a_full_disk_while_packing_names_the_file(tmp_path):
         signal.signal(signal.SIGXFSZ, ignored)
     assert e.value.errno == errno.EFBIG and e.value.filename.startswith(str(tmp_path / "cache"))
     assert e.value.filename.endswith("train.bin")
+
+
+def test_a_fit_starts_at_the_first_batch_whatever_the_data_module_read_before(shakespeare, tmp_path):
+    """Catches a notebook's `next(iter(dm.train_dataloader()))` (a peek at a batch), or an earlier fit of the same
+    data module, moving where the next fit starts: it trained on batch 2 onwards (the peek's count kept), or went on
+    from the earlier fit's last batch. A new fit without ckpt_path reads the fresh run's batches from the first."""
+    import lightning as L
+
+    from tinylm.train.module import TinyLM
+
+    def first_batches(dm) -> list[list[int]]:
+        seen = []
+
+        class Record(L.Callback):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                seen.append(batch[0][0, :4].tolist())
+
+        L.seed_everything(0)
+        module = TinyLM(vocab_size=dm.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)
+        L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, limit_val_batches=0, callbacks=[Record()]).fit(module, datamodule=dm)
+        return seen
+
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    fresh = first_batches(dm)
+    assert first_batches(dm) == fresh  # a second fit of the same data module
+    peeked = _dm(tmp_path, shakespeare)
+    peeked.prepare_data()
+    next(iter(peeked.train_dataloader()))
+    assert first_batches(peeked) == fresh

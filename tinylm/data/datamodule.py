@@ -119,6 +119,12 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                 "n_tokens": meta["splits"][name]["tokens"], "block_size": self.block_size,
                 "batch_size": self.batch_size}
 
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if stage == "fit":  # a fit starts at the first batch (a resume's load_state_dict, after setup, moves it): a
+            # batch peeked at before, or an earlier fit of this data module, had the next fit start where they left off
+            self._train_loader, self._resume_batches = None, 0
+
     def train_dataloader(self) -> ResumableLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         parts = [TrainBatches(**self._split(i, "train"), seed=self.seed, rank=rank, world_size=world)
