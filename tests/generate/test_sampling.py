@@ -1,6 +1,7 @@
 """Decoding: logits processors by hand, each strategy against its definition, stopping, and bad arguments."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -538,3 +539,23 @@ def test_every_strategy_tells_each_step(options):
     assert told and told == sorted(set(told)) and told[-1] == max(map(len, out)) == 12
     if "prompt_lookup" not in options:  # (speculative decoding may take several tokens a step)
         assert told == list(range(1, 13))
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ([[1.9, 2.9]], "got 1.9 among them"), ("ROMEO", "not text; encode the text first"),
+    (torch.tensor([[1.0, 2.0]]), "got a torch.float32 tensor"), ([[True, 2]], "got True among them"),
+])
+def test_prompt_ids_that_are_no_integer_ids_are_refused(prompt, says):
+    """Catches generate cutting float ids to integers without a word ([[1.9, 2.9]] decoded as [[1, 2]]), and text or
+    bools passed as ids ending in torch's "too many dimensions 'str'"."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        generate(tiny(), prompt, strategy="greedy", max_new_tokens=2)
+
+
+def test_generate_given_the_lightning_module_names_its_gpt():
+    """Catches `generate(module, ...)` with the TinyLM LightningModule ending in "'TinyLM' object has no attribute
+    'config'"."""
+    from tinylm.train.module import TinyLM
+
+    with pytest.raises(TypeError, match=re.escape("got a TinyLM (the LightningModule: pass its .model)")):
+        generate(TinyLM(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16), [[1, 2]], max_new_tokens=2)

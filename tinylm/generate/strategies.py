@@ -178,9 +178,14 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
 
 # ---- entry points -----------------------------------------------------------------------------------------------
 def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor, model: GPT) -> Tensor:
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ValueError("prompt_ids are token ids, not text; encode the text first: tokenizer.encode(text)")
     if hasattr(prompt_ids, "__array__") and not isinstance(prompt_ids, Tensor):  # a numpy array of ids
         prompt_ids = torch.as_tensor(np.asarray(prompt_ids))
     if isinstance(prompt_ids, Tensor):
+        if prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+            raise ValueError(f"prompt_ids must be integer token ids, got a {prompt_ids.dtype} tensor (a float id "
+                             "would be cut to an integer); pass .long() ids")
         ids = prompt_ids.long()
         if ids.dim() == 1:
             ids = ids[None]
@@ -188,6 +193,11 @@ def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
         prompts = list(prompt_ids)
         if prompts and isinstance(prompts[0], numbers.Integral):
             prompts = [prompts]  # one prompt given as a flat list of ids
+        odd = next((t for p in prompts for t in (p if isinstance(p, Sequence) and not isinstance(p, str) else [p])
+                    if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if odd is not None or not all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt_ids must be lists of integer token ids (one flat list: one prompt), got "
+                             f"{odd!r} among them; encode text with tokenizer.encode, and pass ids as ints")
         lengths = sorted({len(p) for p in prompts})
         if len(lengths) > 1:
             raise ValueError(
@@ -245,6 +255,9 @@ def generate_with(
     (steps, tokens, drafted, kept, accepted: see `speculative.decode`). ``on_step(n)``: called after each decoding
     step of every strategy with the new tokens so far (the longest row's; a progress bar: beam search's
     ``on_token`` fires only at its end)."""
+    if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
+        raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
+                        ".model)")  # of a GPT passes)
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
         _check_speculative(model, draft, config)
