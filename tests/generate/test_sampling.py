@@ -559,3 +559,19 @@ def test_generate_given_the_lightning_module_names_its_gpt():
 
     with pytest.raises(TypeError, match=re.escape("got a TinyLM (the LightningModule: pass its .model)")):
         generate(TinyLM(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16), [[1, 2]], max_new_tokens=2)
+
+
+def test_switches_take_true_or_false_and_a_changed_config_is_checked_again():
+    """Catches a switch given as text turned on by Python's truth ("false" gave a model biases, early_stopping="never"
+    stopped beams early), and a SamplingConfig changed after it was made skipping its checks (temperature = 0 ended
+    in torch.multinomial's "probability tensor contains inf")."""
+    from tinylm.generate import SamplingConfig, generate_with
+
+    with pytest.raises(ValueError, match="bias must be true or false, got 'false'"):
+        GPTConfig(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=32, bias="false")
+    with pytest.raises(ValueError, match="early_stopping must be true or false, got 'never'"):
+        SamplingConfig(early_stopping="never")
+    config = SamplingConfig(max_new_tokens=2)
+    config.temperature = 0
+    with pytest.raises(ValueError, match="temperature"):
+        generate_with(tiny(), [[1, 2]], config)

@@ -121,6 +121,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         check_options(vars(self))
+        for f in fields(self):  # a switch given as text ("never", "no") is true in Python: early_stopping="never"
+            if f.type in (bool, "bool") and not isinstance(getattr(self, f.name), bool):  # stopped beams early
+                raise ValueError(f"{f.name} must be true or false, got {getattr(self, f.name)!r}")
         if isinstance(self.stop_strings, str):
             self.stop_strings = [self.stop_strings]  # a lone string would otherwise stop at any of its characters
 

@@ -258,6 +258,7 @@ def generate_with(
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
         raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
                         ".model)")  # of a GPT passes)
+    config = replace(config)  # its checks again: a field changed after it was made (temperature = 0) skipped them
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
         _check_speculative(model, draft, config)

@@ -88,6 +88,9 @@ class GPTConfig:
             if values[name] is not None and type(values[name]) is not int:
                 raise ValueError(f"{name} must be an integer, got {values[name]!r}")
         check_ranges("", values, CONFIG_RANGES)
+        for f in fields(self):  # a switch given as text ("false") is true in Python: it turned biases on
+            if f.type in (bool, "bool") and not isinstance(values[f.name], bool):
+                raise ValueError(f"{f.name} must be true or false, got {values[f.name]!r}")
         if self.n_embd % self.n_head:
             near = next(d for d in range(self.n_head, 0, -1) if self.n_embd % d == 0)
             raise ValueError(
