@@ -130,6 +130,26 @@ def test_batched_scores_equal_one_forward_per_request(bpe, bpe_ckpt):
             assert got.greedy == bool((logprobs.argmax(-1) == torch.tensor(cont)).all())
 
 
+def test_a_prefix_lm_is_scored_with_its_context_as_the_prefix(bpe):
+    """Catches `tinylm eval` (and fit's in-loop evals) of a prefix-LM checkpoint (model.attn_mask prefix) ending in
+    "pass prefix_len", an API message with no flag behind it, and a run with --eval.tasks losing its training at its
+    first validation. Each request scores as generate would read it: its context both ways, the continuation causal."""
+    from tinylm.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=bpe.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16,
+                          attn_mask="prefix")).eval()
+    items, _ = load_items(TASKS["hellaswag"], EVALS, limit=3)
+    requests = [encode_pair(bpe, c, x) for item in items for c, x in item.requests]
+    scores = score_requests(model, plan_rows(requests, 64), len(requests), batch_size=4, forward_calls=9)
+    with torch.no_grad():
+        for (ctx, cont), got in zip(requests, scores):
+            ids = torch.tensor((ctx + cont)[-65:][:-1])[None]
+            logprobs = model(ids, prefix_len=ids.size(1) - len(cont) + 1)[0, -len(cont):].log_softmax(-1)
+            want = logprobs.gather(1, torch.tensor(cont)[:, None]).sum().item()
+            assert got.logprob == pytest.approx(want, abs=1e-4)
+
+
 def test_acc_and_acc_norm_choose_as_lm_eval_does():
     """acc: the largest log-likelihood (the first of equals, as np.argmax); acc_norm: per character of the choice,
     which can pick another; bpb counts the right continuation's nats and bytes."""

@@ -166,6 +166,7 @@ def score_requests(model: torch.nn.Module, rows: list[_Row], n_requests: int, *,
     from tinylm.progress import bar
 
     device = next(model.parameters()).device
+    prefix_lm = getattr(getattr(model, "config", None), "attn_mask", None) == "prefix"
     scores = [RequestScore() for _ in range(n_requests)]
     batches = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     for batch in bar(batches, desc=desc, enabled=progress, unit="batch", leave=False):
@@ -173,7 +174,9 @@ def score_requests(model: torch.nn.Module, rows: list[_Row], n_requests: int, *,
         idx = torch.zeros(len(batch), width, dtype=torch.long)  # (B, T), right-padded
         for b, r in enumerate(batch):
             idx[b, :len(r.ids)] = torch.tensor(r.ids)
-        logits = model(idx.to(device))  # (B, T, V)
+        # a prefix-LM sees its context both ways, as generate its prompt: the tokens before the first scored one
+        prefix = {"prefix_len": torch.tensor([r.first + 1 for r in batch], device=device)} if prefix_lm else {}
+        logits = model(idx.to(device), **prefix)  # (B, T, V)
         which = torch.tensor([b for b, r in enumerate(batch) for _ in r.targets], device=device)  # (N,)
         where = torch.tensor([r.first + j for r in batch for j in range(len(r.targets))], device=device)  # (N,)
         targets = torch.tensor([t for r in batch for t in r.targets], device=device)  # (N,)
@@ -187,7 +190,7 @@ def score_requests(model: torch.nn.Module, rows: list[_Row], n_requests: int, *,
             s.greedy = s.greedy and all(hits[n:n + len(r.targets)])
             n += len(r.targets)
     for _ in range(forward_calls - len(batches)):
-        model(torch.zeros(1, 1, dtype=torch.long, device=device))
+        model(torch.zeros(1, 1, dtype=torch.long, device=device), **({"prefix_len": 0} if prefix_lm else {}))
     return scores
 
 
