@@ -193,11 +193,13 @@ def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
         prompts = list(prompt_ids)
         if prompts and isinstance(prompts[0], numbers.Integral):
             prompts = [prompts]  # one prompt given as a flat list of ids
-        odd = next((t for p in prompts for t in (p if isinstance(p, Sequence) and not isinstance(p, str) else [p])
-                    if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
-        if odd is not None or not all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):
-            raise ValueError(f"prompt_ids must be lists of integer token ids (one flat list: one prompt), got "
-                             f"{odd!r} among them; encode text with tokenizer.encode, and pass ids as ints")
+        for p in prompts:  # each a list (or a 1-D numpy array) of integer ids: a float was cut to an int silently
+            listed = (isinstance(p, Sequence) or hasattr(p, "__array__")) and not isinstance(p, (str, bytes, Tensor))
+            odd = next((t for t in p if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None) \
+                if listed else p
+            if odd is not None:
+                raise ValueError(f"prompt_ids must be lists of integer token ids (one flat list: one prompt), got "
+                                 f"{odd!r} among them; encode text with tokenizer.encode, and pass ids as ints")
         lengths = sorted({len(p) for p in prompts})
         if len(lengths) > 1:
             raise ValueError(
