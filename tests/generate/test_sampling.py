@@ -575,3 +575,13 @@ def test_switches_take_true_or_false_and_a_changed_config_is_checked_again():
     config.temperature = 0
     with pytest.raises(ValueError, match="temperature"):
         generate_with(tiny(), [[1, 2]], config)
+
+
+def test_generate_leaves_every_submodule_in_the_mode_it_found_it():
+    """Catches generate restoring only the top-level train()/eval() mode: a dropout the user had put in eval mode
+    while fine-tuning (model.train(); model.transformer.drop.eval()) came back in train mode."""
+    model = tiny(dropout=0.1).train()
+    model.transformer.drop.eval()
+    before = {name: m.training for name, m in model.named_modules()}
+    generate(model, [[1, 2]], strategy="greedy", max_new_tokens=2)
+    assert {name: m.training for name, m in model.named_modules()} == before and not model.transformer.drop.training

@@ -281,7 +281,9 @@ def generate_with(
     if config.seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(config.seed)
     models = [m for m in (model, draft) if m is not None]
-    was_training = [m.training for m in models]
+    # each submodule's own mode, restored as it was: a dropout the user had put in eval mode (train() would have
+    # turned it back on)
+    was_training = [(sub, sub.training) for m in models for sub in m.modules()]
     for m in models:
         m.eval()
         # a tokenizer of fewer ids than the model's vocabulary: the ids it cannot write are never generated
@@ -290,8 +292,9 @@ def generate_with(
         with torch.no_grad():
             counts = _decode(model, ids, rows, generator, draft, grammar)
     finally:
-        for m, mode in zip(models, was_training, strict=True):
-            m.train(mode)
+        for sub, mode in was_training:
+            sub.training = mode
+        for m in models:
             m.sample_vocab = None
     if stats is not None:
         for key, n in (counts or {}).items():
