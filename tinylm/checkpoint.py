@@ -374,8 +374,8 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, map_location)
 
 
-def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike, map_location: Any = "cpu"
-               ) -> tuple[Any, Any, dict[str, Any]]:
+def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
+                        map_location: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
     """`load_model` of a checkpoint already loaded (``ckpt``, read from ``ckpt_path``): its step and its weights
     from one reading of the file."""
     from tinylm.model import GPT, GPTConfig

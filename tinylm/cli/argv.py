@@ -218,15 +218,24 @@ def check_fit_configs(command: str, args: list[str]) -> None:
     g.yaml``) is named as that, with the file: jsonargparse said "Subcommand 'fit' does not accept option 'prompt'"
     (for plan too), naming neither the file nor the fix. A fit config with one misspelled section stays the
     parser's (its line offers the nearest option): two keys of no fit section at least, and no section."""
-    import yaml
-
     from tinylm.cli.table import FIT_GROUPS
 
-    for p in config_files(args):
-        keys = set(yaml.safe_load(Path(p).read_text(encoding="utf-8")) or {})
+    for path, keys in config_keys(args):
         foreign = sorted(keys - set(FIT_GROUPS) - set(_FIT_TOP))
         if len(foreign) > 1 and not keys & set(FIT_GROUPS):
-            raise ValueError(f"config file {p!r} is no `tinylm fit` config: it sets {', '.join(foreign[:4])}"
+            raise ValueError(f"config file {str(path)!r} is no `tinylm fit` config: it sets {', '.join(foreign[:4])}"
                              f"{', ...' if len(foreign) > 4 else ''} and none of the sections {', '.join(FIT_GROUPS)} "
                              f"(a config of another command?); `tinylm {command} --config` takes a `tinylm fit` "
                              "config such as configs/shakespeare-char-cpu.yaml")
+
+
+def config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
+    """Each ``--config FILE`` of ``args`` with its top-level keys (files that cannot be read are left to the
+    parser, which says what is wrong with them)."""
+    import yaml
+
+    for path in map(Path, config_files(args)):
+        try:
+            yield path, set(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+        except (OSError, yaml.YAMLError, TypeError, ValueError):
+            continue

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.cli import console
+from tinylm.cli.argv import config_keys
 from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.generate.config import check_speculative
@@ -132,32 +133,18 @@ def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: lis
     """A --config file of plan, lr-find or scaling is the `tinylm fit` config they work on: one that sets the
     command's own options (``gpu: A100``) gets this line, not the fit parser's "does not accept option"."""
     own = set(inspect.signature(fn).parameters) - {"fit_args"}
-    for path, keys in _config_keys(fit_args):
+    for path, keys in config_keys(fit_args):
         if found := sorted(own & keys):
             raise ValueError(f"{path} sets {', '.join(found)}, which `tinylm {command}` takes as flags: pass "
                              f"{' '.join('--' + k + ' ...' for k in found)} on the command line (--config takes "
                              "the `tinylm fit` config it works on)")
 
 
-def _config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
-    """Each ``--config FILE`` of ``args`` with its top-level keys (files that cannot be read are left to the
-    parser, which says what is wrong with them)."""
-    import yaml
-
-    from tinylm.cli.argv import config_files
-
-    for path in map(Path, config_files(args)):
-        try:
-            yield path, set(yaml.safe_load(path.read_text()) or {})
-        except (OSError, yaml.YAMLError, TypeError, ValueError):
-            continue
-
-
 def _refuse_fit_configs(fn: Callable, command: str, args: list[str]) -> None:
     """A `tinylm fit` config given to a command that reads its model from a checkpoint (generate, export, ...): this
     line, not the parser's "Option 'run.name' is not accepted"."""
     own = set(inspect.signature(fn).parameters)
-    for path, keys in _config_keys(args):
+    for path, keys in config_keys(args):
         if found := sorted((keys & {*_FIT_SECTIONS, "data"}) - own):
             source = "takes the model, its tokenizer and its settings from --ckpt_path, and its" if "ckpt_path" in own \
                 else "reads no fit config: its"
