@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -554,3 +555,27 @@ def test_a_vocabulary_file_alone_names_the_folder_form(tmp_path):
     with pytest.raises(ValueError, match=r"put the two in a folder as vocab\.json and merges\.txt and pass the "
                                           r"folder"):
         build_tokenizer(str(tmp_path / "gpt2_vocab.json"))
+
+
+def test_every_backend_refuses_ids_outside_its_vocabulary_and_text_where_ids_go(bpe, small_tiktoken, shakespeare_100k):
+    """Catches decode of an id past the vocabulary differing per backend (HF BPE gave '', char and tiktoken a bare
+    KeyError) and encode_batch("ab") encoding a str as the two texts "a" and "b"."""
+    text = shakespeare_100k[:20_000]
+    toks = [bpe, small_tiktoken, build_tokenizer("char", documents=lambda: [text]),
+            build_tokenizer("scratch-bpe", vocab_size=300, documents=lambda: [text])]
+    for tok in toks:
+        ids = tok.encode("To be")
+        assert tok.decode(torch.tensor(ids)) == tok.decode(np.array(ids)) == "To be", tok.kind
+        for bad in (tok.vocab_size, -1):
+            with pytest.raises(ValueError, match=rf"id {bad} is outside the tokenizer's vocabulary "
+                                                 rf"\(ids are 0\.\.{tok.vocab_size - 1}\)"):
+                tok.decode([*ids, bad])
+        for bad, named in (([1.5], "float 1.5"), ("To", "str 'To'"), ([True], "bool True")):
+            with pytest.raises(TypeError, match=named):
+                tok.decode(bad)
+        with pytest.raises(TypeError, match=r"got one str 'ab': use encode\(text\) or encode_batch\(\[text\]\)"):
+            tok.encode_batch("ab")
+        with pytest.raises(TypeError, match=r"one is int 0"):
+            tok.encode_batch(["a", 0])
+        with pytest.raises(TypeError, match=r"encode takes one str; got list"):
+            tok.encode(["a"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -46,6 +47,21 @@ VALID_SPECS = "bpe, scratch-bpe, char, tiktoken:NAME (e.g. tiktoken:gpt2), tikto
 
 
 # ---------------------------------------------------------------------------------------------------- facade
+def _token_ids(ids: Iterable[int]) -> list[int]:
+    """`ids` as Python ints: ints, numpy or 0-d integer tensors; a float, str or bool is a TypeError naming it."""
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"Tokenizer.decode takes a sequence of int ids; got {type(ids).__name__} {ids[:40]!r}")
+    out = []
+    for i in ids:
+        if isinstance(i, bool):
+            raise TypeError(f"Tokenizer.decode takes int ids; got the bool {i}")
+        try:
+            out.append(operator.index(i))
+        except TypeError:
+            raise TypeError(f"Tokenizer.decode takes int ids; got {type(i).__name__} {i!r:.40}") from None
+    return out
+
+
 class Tokenizer:
     """Text <-> token ids, whatever the backend. Build one with `build_tokenizer(spec, ...)`."""
 
@@ -70,15 +86,30 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, read as plain text (special-token strings in it are not specials)."""
+        if not isinstance(text, str):
+            raise TypeError(f"Tokenizer.encode takes one str; got {type(text).__name__}: for many texts use "
+                            "encode_batch(texts)")
         return self._b.encode(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """`encode` over many texts, on all cores where the backend can."""
-        return self._b.encode_batch(list(texts))
+        if isinstance(texts, str):  # (a str is an iterable of one-character texts)
+            raise TypeError(f"Tokenizer.encode_batch takes a list of texts; got one str {texts[:40]!r}: use "
+                            "encode(text) or encode_batch([text])")
+        texts = list(texts)
+        for bad in (t for t in texts if not isinstance(t, str)):
+            raise TypeError(f"Tokenizer.encode_batch takes a list of str; one is {type(bad).__name__} {bad!r:.60}")
+        return self._b.encode_batch(texts)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD."""
-        return self._b.decode([int(i) for i in ids])
+        """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD. An id outside the vocabulary is a
+        ValueError naming it, whatever the backend."""
+        ids = _token_ids(ids)
+        size = self.vocab_size
+        if (bad := next((i for i in ids if not 0 <= i < size), None)) is not None:
+            raise ValueError(f"id {bad} is outside the tokenizer's vocabulary (ids are 0..{size - 1}); ids from a "
+                             "model with a padded vocabulary, or another tokenizer's, do not decode")
+        return self._b.decode(ids)  # (an id below vocab_size that no token has decodes to "": a sampler can pick it)
 
     def token_bytes(self, i: int) -> bytes:
         """The bytes of raw text id ``i`` stands for (part of a UTF-8 character for some byte-level BPE ids; a special
