@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
+from tinylm.data.datamodule import TinyLMDataModule
 from tinylm.train.module import TinyLM
 from tinylm.train.schedules import lr_at
 
@@ -390,3 +391,22 @@ def test_train_loss_goes_to_the_host_after_the_optimizer_step(monkeypatch):
     assert [kind for kind, _ in events] == ["step", "train/loss"] * 3
     want = [(losses[2 * i] + losses[2 * i + 1]) / 2 for i in range(3)]  # the mean over the step's micro-batches
     assert [v for kind, v in events if kind == "train/loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_model_with_fewer_ids_than_its_data_modules_tokenizer_is_named(tmp_path):
+    """Catches TinyLM(vocab_size=50) on a data module whose char tokenizer has more ids failing in the loss with
+    torch's "IndexError: Target 55 is out of bounds" (or a CUDA device assert), in fit and in validate."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(chr(ord("!") + i % 60) for i in range(3000)), encoding="utf-8")
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="char", block_size=16, batch_size=2,
+                          cache_dir=str(tmp_path / "cache"))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    model = TinyLM(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    for run in (trainer.fit, trainer.validate):
+        with pytest.raises(ValueError, match=r"the model has vocab_size 50 but the data module's tokenizer 'char' "
+                                             r"has 60 ids; pass TinyLM\(vocab_size=datamodule.vocab_size"):
+            run(model, datamodule=dm)
+    fits = TinyLM(vocab_size=dm.vocab_size + 4, block_size=16, n_layer=1, n_head=2, n_embd=16)  # more rows: fine
+    trainer.fit(fits, datamodule=dm)
+    assert trainer.global_step == 1

@@ -503,6 +503,10 @@ class TinyLM(L.LightningModule):
         dm = getattr(self.trainer, "datamodule", None)
         tok = getattr(dm, "tokenizer", None)
         self.check_init_tokenizer(tok)
+        if tok is not None and tok.vocab_size > self.hparams.vocab_size:  # (the loss would fail on the first id past)
+            raise ValueError(f"the model has vocab_size {self.hparams.vocab_size:,} but the data module's tokenizer "
+                             f"{tok.spec!r} has {tok.vocab_size:,} ids; pass TinyLM(vocab_size=datamodule.vocab_size,"
+                             " ...) (`tinylm fit` links it)")
         if tok is not None and self.tokenizer_state is None:
             self.tokenizer_state = tok.state_dict()
         if tok is not None and self.token_bytes is None:
