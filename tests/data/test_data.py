@@ -1037,3 +1037,23 @@ def test_a_fit_starts_at_the_first_batch_whatever_the_data_module_read_before(sh
     peeked.prepare_data()
     next(iter(peeked.train_dataloader()))
     assert first_batches(peeked) == fresh
+
+
+def test_the_python_api_takes_a_path_object_and_refuses_fractional_counts(tmp_path):
+    """Catches TinyLMDataModule(corpus=Path(...)) failing late in setup ("'PosixPath' object is not iterable"), a
+    Path kept in the hyperparameters (a checkpoint torch.load(weights_only=True) refuses), and batch_size=8.5
+    accepted."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 40, encoding="utf-8")
+    dm = TinyLMDataModule(corpus=corpus, tokenizer="char", block_size=8, batch_size=2, cache_dir=str(tmp_path / "c"))
+    assert dm.hparams["corpus"] == str(corpus) and type(dm.hparams["corpus"]) is str
+    dm.prepare_data()
+    dm.setup("fit")
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.shape == (2, 8)
+    assert TinyLMDataModule(corpus=[corpus, "tinyshakespeare"]).corpus_specs == [str(corpus), "tinyshakespeare"]
+    with pytest.raises(TypeError, match=r"data.corpus takes a path, a dataset name or a list of them; got int 3"):
+        TinyLMDataModule(corpus=3)
+    for name, value in (("batch_size", 8.5), ("block_size", 64.0), ("val_batches", 2.0)):
+        with pytest.raises(ValueError, match=rf"data.{name} must be a whole number in \[1, inf\), got {value}"):
+            TinyLMDataModule(corpus=str(corpus), **{name: value})

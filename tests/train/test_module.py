@@ -410,3 +410,11 @@ def test_a_model_with_fewer_ids_than_its_data_modules_tokenizer_is_named(tmp_pat
     fits = TinyLM(vocab_size=dm.vocab_size + 4, block_size=16, n_layer=1, n_head=2, n_embd=16)  # more rows: fine
     trainer.fit(fits, datamodule=dm)
     assert trainer.global_step == 1
+
+
+@pytest.mark.parametrize(("name", "value"), [("warmup_steps", 1.5), ("decay_steps", 10.0), ("prefix_len", 2.0)])
+def test_step_counts_must_be_whole_numbers(name, value):
+    """Catches TinyLM(warmup_steps=1.5) accepted (the schedule then warms up over a fractional step count)."""
+    extra = {"attn_mask": "prefix"} if name == "prefix_len" else {}
+    with pytest.raises(ValueError, match=rf"model.{name} must be a whole number in .*, got {value}"):
+        TinyLM(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16, **{name: value}, **extra)

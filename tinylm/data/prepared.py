@@ -8,8 +8,10 @@ import inspect
 import json
 import logging
 import math
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 from tinylm.data.clean import REPORT_FILE, CleanOptions, clean_corpora, options_from
 from tinylm.data.corpus import Corpus
@@ -94,10 +96,11 @@ class PreparedData:
                  hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
                  max_documents: int | None = None, clean: CleanOptions = CleanOptions()) -> None:  # noqa: B008 (frozen)
         super().__init__()
-        check_ranges("data", locals(), RANGES)  # locals(): every argument by name
+        check_ranges("data", locals(), RANGES, whole=set(RANGES) - {"val_fraction"})  # locals(): every argument
         self.clean = options_from(clean)
         if not tokenizer.strip():
             build_tokenizer(tokenizer)  # its one line, before anything is read
+        corpus = _corpus_specs(corpus)  # (rebound: the hyperparameters record strings, never a Path)
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)
         self.corpus_spec = corpus if isinstance(corpus, str) else " + ".join(self.corpus_specs)
@@ -301,6 +304,19 @@ class PreparedData:
             parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)"
                          + resumed_note(sum(b.get("resumed_bytes", 0) for b in builds)))
         return "when built: " + "; ".join(parts) if parts else "nothing was timed (folders made by an older tinylm)"
+
+
+def _corpus_specs(corpus: Any) -> str | list[str]:
+    """data.corpus as str specs: a path object is its path; anything else than str, path or a list of them is
+    named."""
+    def one(spec: Any) -> str:
+        if isinstance(spec, os.PathLike):
+            return os.fspath(spec)
+        if not isinstance(spec, str):
+            raise TypeError(f"data.corpus takes a path, a dataset name or a list of them; got {type(spec).__name__} "
+                            f"{spec!r:.60}")
+        return spec
+    return [one(c) for c in corpus] if isinstance(corpus, (list, tuple)) else one(corpus)
 
 
 def _check_mixture(specs: list[str], weights: list[float] | None) -> None:

@@ -37,6 +37,7 @@ RANGES = {
     "muon_weight_decay": "[0, inf)",
 }
 """Valid values of TinyLM's numeric options (interval notation, see tinylm.ranges)."""
+WHOLE = ("prefix_len", "warmup_steps", "decay_steps")  # (GPTConfig checks its own counts)
 
 
 def logging_step(trainer: L.Trainer | None) -> bool:
@@ -111,7 +112,7 @@ def check_options(options: dict[str, Any]) -> None:
     choice, a value out of range, a GPT its fields cannot build. For options that come from elsewhere than the
     command line (a checkpoint's), before TinyLM blames them on a flag."""
     _check_choices(options)
-    check_ranges("model", options, RANGES)
+    check_ranges("model", options, RANGES, whole=WHOLE)
     GPTConfig(**{f.name: options[f.name] for f in fields(GPTConfig)})
 
 
@@ -217,7 +218,7 @@ class TinyLM(L.LightningModule):
         # the frame passed in: Lightning's own lookup keeps a reference cycle through it, which held the caller's
         # locals (data loaders and their worker processes among them) until a garbage collection
         save_hyperparameters(self, options, inspect.currentframe())
-        check_ranges("model", self.hparams, RANGES)
+        check_ranges("model", self.hparams, RANGES, whole=WHOLE)
         self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.studies.lr_find)
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
