@@ -297,3 +297,18 @@ def test_overfits_one_batch():
         if loss.item() < 0.05:
             break
     assert loss.item() < 0.1
+
+
+def test_forward_names_ids_it_cannot_embed():
+    """Catches GPT.forward on one unbatched sequence or an id past the vocabulary failing with torch's IndexError
+    ("index out of range in self"; a device-side assert on a GPU) instead of naming the input."""
+    model = tiny()
+    V = model.config.vocab_size
+    with pytest.raises(ValueError, match=r"shape \(B, T\), got torch.int64 of shape \(3,\); one sequence is idx\[None\]"):
+        model(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"got torch.float32 of shape \(1, 2\)"):
+        model(torch.zeros(1, 2))
+    for bad in (V, -1):
+        with pytest.raises(ValueError, match=rf"idx holds id {bad}, outside the model's vocabulary of {V} ids"):
+            model(torch.tensor([[1, bad, 2]]))
+    assert model(torch.tensor([[0, V - 1]])).shape == (1, 2, V)

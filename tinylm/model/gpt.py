@@ -129,6 +129,9 @@ class GPT(nn.Module):
         last_only: compute logits for the last position only, (B, 1, V) (generation skips the LM head elsewhere).
         """
         c = self.config
+        if idx.dim() != 2 or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise ValueError(f"idx must be integer token ids of shape (B, T), got {idx.dtype} of shape "
+                             f"{tuple(idx.shape)}" + ("; one sequence is idx[None]" if idx.dim() == 1 else ""))
         T = idx.size(1)
         start = kv_cache.pos if kv_cache is not None else 0
         self._check_inputs(idx, start, prefix_len, kv_cache)
@@ -171,6 +174,13 @@ class GPT(nn.Module):
                 f"the KV cache holds {start} tokens and {T} more would exceed block_size {c.block_size}; "
                 f"reset the cache and re-prefill it from the last {c.block_size} tokens"
             )
+        # ids past the embedding: torch's "index out of range in self" on a CPU, a device-side assert on a GPU.
+        # Checked on CPU tensors outside a compiled graph only (on a GPU it would wait for the device every step)
+        if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
+            low, high = int(idx.min()), int(idx.max())
+            if low < 0 or high >= c.vocab_size:
+                raise ValueError(f"idx holds id {low if low < 0 else high}, outside the model's vocabulary of "
+                                 f"{c.vocab_size:,} ids (0..{c.vocab_size - 1}); encode with the model's own tokenizer")
         if kv_cache is not None and kv_cache.batch_size != B:
             raise ValueError(f"idx has batch size {B} but the KV cache {kv_cache.batch_size}; reorder or renew it")
         if prefix_len is not None and c.attn_mask != "prefix":
