@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tinylm.checkpoint_share import StepFiles, one_name_left_writable
+from tinylm.device import resolve_device
 from tinylm.errors import TinyLMError
 from tinylm.paths import fsync_folder, naming, remove_path, swap_in
 
@@ -370,8 +371,9 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
+    device = resolve_device(str(map_location))  # (one line for "gpu", or cuda on a machine without one)
     # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
-    return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, map_location)
+    return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, device)
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
@@ -388,7 +390,8 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} has hyperparameters that build no GPT ({e}); "
                               "pass a .ckpt written by `tinylm fit`") from None
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model = GPT(config)
+    with torch.random.fork_rng(devices=[]):  # the random init, overwritten below, leaves the caller's seed alone
+        model = GPT(config)
     check_weights(state, model.state_dict(), ckpt_path)
     broken = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if broken:

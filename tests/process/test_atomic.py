@@ -554,3 +554,23 @@ def test_a_checkpoint_removed_as_it_loads_is_said_so(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.UntypedStorage, "from_file", rotated_out)
     found, broken = checkpoints_by_step(tmp_path)
     assert [(s, p.name) for s, _, p in found] == [(2, "step-2.ckpt")] and broken == []
+
+
+def test_load_model_leaves_the_callers_random_state_alone_and_names_a_device_it_cannot_use(tmp_path):
+    """Catches load_model advancing torch's global RNG (the GPT's random init, then overwritten: a seeded script
+    sampled differently after it) and map_location="cuda" on a machine without CUDA ending in torch's
+    AssertionError "Torch not compiled with CUDA enabled"."""
+    from tinylm.checkpoint import load_model
+
+    path = _model_checkpoint(tmp_path / "ok.ckpt")
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    load_model(path)
+    assert torch.equal(torch.rand(3), expected)
+    with pytest.raises(ValueError, match=r"unknown device 'gpu'; use auto, cpu, cuda or cuda:N"):
+        load_model(path, map_location="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device 'cuda' asked for, but this machine has no CUDA device"):
+            load_model(path, map_location="cuda")
+    assert load_model(path, map_location=torch.device("cpu"))[0].lm_head.weight.device.type == "cpu"
