@@ -260,3 +260,16 @@ def test_plot_expands_a_quoted_home(tmp_path, monkeypatch, capsys):
     _run(tmp_path, "a", "0,,0,1.5,4.2,1e-4,900,\n0,,1,1.4,4.0,1e-4,900,3.9\n")
     main(["plot", "~/runs/a", "--out", str(tmp_path / "p.png")])
     assert _png(tmp_path / "p.png")
+
+
+def test_plot_runs_writes_png_only_under_a_png_name(tmp_path):
+    """Catches the Python API's plot_runs(runs, "x.jpg") writing PNG bytes under a .jpg name (the CLI refused it;
+    the library did not)."""
+    pytest.importorskip("matplotlib")
+    from tinylm.studies.curves import RunCurves, plot_runs
+
+    run = RunCurves("a", series={"train/loss": [(1, 4.0), (2, 3.5)], "val/loss": [(2, 3.6)]})
+    with pytest.raises(ValueError, match=r"out must name a .png file, got '.*x.jpg'"):
+        plot_runs([run], tmp_path / "x.jpg")
+    assert not (tmp_path / "x.jpg").exists()
+    assert plot_runs([run], tmp_path / "sub" / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -151,15 +151,12 @@ def _number(text: str | None) -> float | None:
 
 def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None = None, metric: str = "loss") -> Path:
     """Draw the four panels for ``runs`` into the PNG ``out`` (`draw_runs`)."""
-    from tinylm.studies.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas, save_png
 
     evals = any(k.startswith("eval/") for run in runs for k in run.series)
     fig, canvas = figure_canvas(figsize=(16, 7) if evals else (11, 7))
     draw_runs(fig, runs, reference=reference, metric=metric)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.print_png(str(out))
-    return out
+    return save_png(canvas, out)
 
 
 def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, metric: str = "loss") -> None:

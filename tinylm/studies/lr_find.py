@@ -126,7 +126,7 @@ def steepest_descent(lrs: list[float], losses: list[float]) -> float | None:
 def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "", config_lr: float | None = None) -> Path:
     """Loss against LR (log x), the suggestion, the rule of thumb and the config's lr (``config_lr``, red) as
     vertical lines, into the PNG ``out``."""
-    from tinylm.studies.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas, save_png
 
     fig, canvas = figure_canvas(figsize=(7, 4))
     ax = fig.subplots()
@@ -143,7 +143,4 @@ def plot_lr_find(result: LRFind, out: str | Path, *, title: str = "", config_lr:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.print_png(str(out))
-    return out
+    return save_png(canvas, out)

@@ -334,11 +334,8 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
 
 def plot_plan(p: Plan, out: str | Path, *, device_memory: int | None = None, title: str = "") -> Path:
     """`draw_plan` into the PNG ``out`` (its folder is made if missing)."""
-    from tinylm.studies.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas, save_png
 
     fig, canvas = figure_canvas(figsize=(12, 4.8))
     draw_plan(fig, p, device_memory=device_memory, title=title)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.print_png(str(out))
-    return out
+    return save_png(canvas, out)

@@ -19,6 +19,17 @@ def figure_canvas(**figure_kwargs: Any) -> tuple[Any, Any]:
     return fig, FigureCanvasAgg(fig)
 
 
+def save_png(canvas: Any, out: str | Path, option: str = "out") -> Path:
+    """Write ``canvas`` (from `figure_canvas`) as the PNG ``out``, making its folder; a name that is not a .png is a
+    ValueError (the bytes are PNG whatever the name says: x.jpg held a PNG)."""
+    path = Path(out)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.print_png(str(path))
+    return path
+
+
 def check_png_path(out: str | Path, option: str = "--out") -> Path:
     """`out` as a Path a PNG can be written to, checked before any work: a .png name that is not a folder, in a
     place where files can be created (tinylm.paths), and matplotlib installed (one-line errors naming the fix)."""

@@ -144,7 +144,7 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
     and the predicted and measured loss of the larger model."""
     from matplotlib.ticker import ScalarFormatter
 
-    from tinylm.studies.plots import figure_canvas
+    from tinylm.studies.plots import figure_canvas, save_png
 
     fig, canvas = figure_canvas(figsize=(7, 4.5))
     ax = fig.subplots()
@@ -174,4 +174,4 @@ def plot_scaling(rungs: list[Rung], losses: list[float], law: PowerLaw | None, *
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    canvas.print_png(str(out))
+    save_png(canvas, out)
