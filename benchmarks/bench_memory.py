@@ -46,22 +46,24 @@ CONFIGS = {  # name: (TinyLM kwargs, batch_size, precision)
 }
 
 
-def _setup(name: str, ckpt: bool):
+def _setup(name: str, ckpt: bool, device: str = "cpu"):
+    """(module, batch size, precision, one training step) of CONFIGS[name] on ``device`` (benchmarks/gpu/
+    plan_memory.py runs the same step on a GPU)."""
     from tinylm.train.module import TinyLM
     from tinylm.train.optim import build_optimizer, fused_adamw
 
     kwargs, batch, precision = CONFIGS[name]
     torch.manual_seed(0)
-    module = TinyLM(**kwargs, activation_checkpointing=ckpt)
+    module = TinyLM(**kwargs, activation_checkpointing=ckpt).to(device)
     hp = module.hparams
     opt = build_optimizer(module.model, optimizer=hp.optimizer, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95),
                           muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, fused=fused_adamw(module.device))
-    x = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]))
-    y = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]))
+    x = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]), device=device)
+    y = torch.randint(0, kwargs["vocab_size"], (batch, kwargs["block_size"]), device=device)
     mixed = precision == "bf16-mixed"
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=mixed):
             loss = module._loss((x, y))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 NANOGPT_VAL = 1.4697  # nanoGPT's published best val loss for its shakespeare-char recipe
-STAGES = ("tests", "memory", "strategies", "syncs", "step124m", "loss124m", "tinystories", "tinystories256",
-          "shakespeare", "vsnanogpt")
+STAGES = ("tests", "memory", "planmemory", "strategies", "syncs", "step124m", "loss124m", "tinystories",
+          "tinystories256", "shakespeare", "vsnanogpt")
 
 
 def load_json(path: Path) -> dict | None:
@@ -99,10 +99,31 @@ def step_table(bench: dict) -> list[str]:
     return lines
 
 
+def plan_memory_lines(p: dict | None) -> list[str]:
+    """benchmarks/gpu/plan_memory.py's probes and plan-vs-measured rows, with what was alive at each peak."""
+    if not p:
+        return []
+    mib = 2**20
+    md = ["", "## `tinylm plan` against `max_memory_allocated` (benchmarks/gpu/plan_memory.py)", "",
+          "| probe | MiB beyond its tensors |", "|---|---:|"]
+    md += [f"| {r.get('probe', r.get('arg'))} | " + (f"{r['beyond_tensors'] / mib:.2f}" if "beyond_tensors" in r
+                                                      else r.get("error", "")) + " |" for r in p["probes"]]
+    md += ["", "| config | measured MiB | plan MiB | plan / measured | missing MiB |", "|---|---:|---:|---:|---:|"]
+    md += [f"| {r['config']} | {r['measured_peak'] / mib:.1f} | {r['plan_peak'] / mib:.1f} | "
+           f"{r['plan_over_measured']:.3f} | {r['missing'] / mib:.1f} |" if "error" not in r
+           else f"| {r['arg']} | {r['error']} | | | |" for r in p["rows"]]
+    for r in p["rows"]:
+        md += ["", f"Alive at the peak of {r['config']}:", "", "```"] + [
+            f"{g['bytes'] / mib:9.2f} MiB {g['blocks']:5d} blocks  {g['where']}" for g in r["at_peak"]] + ["```"] \
+            if "at_peak" in r else []
+    return md
+
+
 def main(work: Path, out: Path) -> None:
     status = stage_status(work)
     report = {"env": (work / "env.txt").read_text() if (work / "env.txt").exists() else None, "stages": status,
               "tests": tests_summary(work), "memory": load_json(work / "memory.json"),
+              "plan_memory": load_json(work / "plan_memory.json"),
               "syncs": load_json(work / "syncs.json"), "step124m": load_json(work / "step124m.json"),
               "loss124m": load_json(work / "loss124m.json"),
               "tinystories": load_json(work / "tinystories.json"),
@@ -153,6 +174,7 @@ def main(work: Path, out: Path) -> None:
         md += [f"| {r['config']} | {r['params'] / 1e6:.1f}M | {r['batch_size']} x {r['block_size']} | "
                f"{r['optimizer']} | {r['peak_gib']:.2f} |" if "error" not in r else f"| {r['config']} | | | | OOM |"
                for r in m["rows"]]
+    md += plan_memory_lines(report["plan_memory"])
     if report["strategies"]:
         md += ["", "## Strategies on one GPU (start, train, checkpoint, resume)", ""]
         md += [f"- {line}" for line in report["strategies"] if line]

@@ -7,7 +7,7 @@
 # DATA: a folder holding tinyshakespeare.txt and gpt2.tiktoken (GPT-2's BPE ranks, so nothing is downloaded);
 # default ../shared/data beside the checkout. Needs tinylm importable (installed, or the checkout on PYTHONPATH).
 # Environment: PYTHON (default python3); WORK, a scratch folder for runs and caches (default OUT/work);
-# STAGES, which stages to run (default: all, in this order): tests memory strategies syncs step124m loss124m
+# STAGES, which stages to run (default: all, in this order): tests memory planmemory strategies syncs step124m loss124m
 # tinystories tinystories256 shakespeare vsnanogpt. The first four check correctness and run side by side (the GPU has room); the timed ones run alone,
 # one after the other. Each stage has a time limit (seconds: T_<stage>), so one that hangs costs only its own.
 # vsnanogpt (benchmarks/gpu/vs_nanogpt.sh: `tinylm fit` beside nanoGPT's train.py, ~8 minutes; OUT/vs_nanogpt.json)
@@ -27,7 +27,7 @@ work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 : >"$out/logs.txt"
 nanogpt=${NANOGPT:-$repo/../shared/reference/nanogpt}
-default_stages="tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare"
+default_stages="tests memory planmemory strategies syncs step124m loss124m tinystories tinystories256 shakespeare"
 [ -f "$nanogpt/train.py" ] && default_stages+=" vsnanogpt"
 stages=${STAGES:-$default_stages}
 T_vsnanogpt=${T_vsnanogpt:-900}  # its own cases have limits too (T_SIDE)
@@ -63,6 +63,7 @@ EOF
 
 tests() { "$py" -m pytest -m gpu tests/gpu/test_gpu.py -q -rA -s -p no:cacheprovider --junitxml="$work/tests.xml"; }
 memory() { "$py" benchmarks/gpu/memory.py --json "$work/memory.json"; }
+planmemory() { "$py" benchmarks/gpu/plan_memory.py --json "$work/plan_memory.json"; }  # what plan misses on CUDA
 strategies() {
   local s rc=0
   mkdir -p "$work/strategies" && cd "$work/strategies" || return 1
@@ -123,10 +124,10 @@ vsnanogpt() {  # writes OUT/vs_nanogpt.json and OUT/vs_nanogpt.md; its sides' li
 }
 
 export py repo here data work out nanogpt
-export -f tests memory strategies syncs step124m loss124m tinystories tinystories256 shakespeare vsnanogpt
+export -f tests memory planmemory strategies syncs step124m loss124m tinystories tinystories256 shakespeare vsnanogpt
 # correctness first, side by side; then the timed stages alone
 pids=()
-for s in tests memory strategies syncs; do
+for s in tests memory planmemory strategies syncs; do
   if want "$s"; then (stage "$s") & pids+=($!); fi
   [ "$s" = tests ] && sleep 2  # let pytest start first
 done
