@@ -37,9 +37,9 @@ def test_check_ranges_reads_interval_notation():
     "bad, message",
     [
         ({"weight_decay": -1.0}, r"model\.weight_decay must be in \[0, inf\), got -1"),
-        ({"decay_steps": -5}, r"model\.decay_steps must be in \[1, inf\), got -5"),
-        ({"prefix_len": -5, "attn_mask": "prefix"}, r"model\.prefix_len must be in \[0, block_size=16\), got -5"),
-        ({"prefix_len": 16, "attn_mask": "prefix"}, r"model\.prefix_len must be in \[0, block_size=16\), got 16"),
+        ({"decay_steps": -5}, r"model\.decay_steps must be a whole number in \[1, inf\), got -5"),
+        ({"prefix_len": -5, "attn_mask": "prefix"}, r"model\.prefix_len must be a whole number in \[0, block_size=16\), got -5"),
+        ({"prefix_len": 16, "attn_mask": "prefix"}, r"model\.prefix_len must be a whole number in \[0, block_size=16\), got 16"),
         ({"prefix_len": 4}, r"prefix_len=4 is used only with model\.attn_mask: prefix"),
         ({"dropout": 1.0}, r"model\.dropout must be in \[0, 1\)"),
         ({"dropout": -0.1}, r"model\.dropout must be in \[0, 1\)"),
@@ -49,7 +49,7 @@ def test_check_ranges_reads_interval_notation():
         ({"lr": 0.0}, r"model\.lr must be in \(0, inf\)"),
         ({"lr": float("nan")}, r"model\.lr must be in \(0, inf\), got nan"),
         ({"min_lr": 1.0}, r"model\.min_lr must be in \[0, lr=0\.0006\]"),
-        ({"warmup_steps": -1}, r"model\.warmup_steps must be in \[0, inf\)"),
+        ({"warmup_steps": -1}, r"model\.warmup_steps must be a whole number in \[0, inf\)"),
         ({"n_layer": 0}, r"model\.n_layer must be in \[1, inf\)"),
         ({"eos_id": 50}, r"model\.eos_id must be in \[0, vocab_size=50\)"),
         ({"n_embd": 33}, r"n_embd \(33\) must be divisible by n_head \(2\)"),
@@ -74,13 +74,13 @@ def test_gpt_config_checks_the_same_ranges():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"seed": -1}, r"data\.seed must be in \[0, 2\*\*64\), got -1"),  # was an OverflowError inside numpy
-        ({"vocab_size": 0}, r"data\.vocab_size must be in \[1, 2\*\*21\]"),
-        ({"batch_size": 0}, r"data\.batch_size must be in \[1, inf\)"),
-        ({"block_size": -3}, r"data\.block_size must be in \[1, inf\)"),
+        ({"seed": -1}, r"data\.seed must be a whole number in \[0, 2\*\*64\), got -1"),  # was an OverflowError inside numpy
+        ({"vocab_size": 0}, r"data\.vocab_size must be a whole number in \[1, 2\*\*21\]"),
+        ({"batch_size": 0}, r"data\.batch_size must be a whole number in \[1, inf\)"),
+        ({"block_size": -3}, r"data\.block_size must be a whole number in \[1, inf\)"),
         ({"val_fraction": 1.0}, r"data\.val_fraction must be in \(0, 1\)"),
-        ({"val_batches": 0}, r"data\.val_batches must be in \[1, inf\)"),
-        ({"num_workers": -1}, r"data\.num_workers must be in \[0, inf\)"),
+        ({"val_batches": 0}, r"data\.val_batches must be a whole number in \[1, inf\)"),
+        ({"num_workers": -1}, r"data\.num_workers must be a whole number in \[0, inf\)"),
     ],
 )
 def test_bad_data_options_fail_at_construction(bad, message):
