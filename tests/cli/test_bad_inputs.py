@@ -37,7 +37,8 @@ def config(run_config):
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
-        (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"], ["data.vocab_size must be a whole number in [1, 2**21]"]),
+        (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"],
+         ["data.vocab_size must be a whole number in [1, 2**21]"]),
         # Lightning ignored the stop at max_steps (no final validation, no best.ckpt) / stopped at step 0 saying
         # last.ckpt was saved there
         (["--trainer.min_steps", "3"], ["trainer.min_steps 3 is above trainer.max_steps 2", "leave min_steps out"]),

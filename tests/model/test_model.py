@@ -304,7 +304,8 @@ def test_forward_names_ids_it_cannot_embed():
     ("index out of range in self"; a device-side assert on a GPU) instead of naming the input."""
     model = tiny()
     V = model.config.vocab_size
-    with pytest.raises(ValueError, match=r"shape \(B, T\), got torch.int64 of shape \(3,\); one sequence is idx\[None\]"):
+    with pytest.raises(ValueError, match=r"shape \(B, T\), got torch.int64 of shape \(3,\); one sequence is "
+                                         r"idx\[None\]"):
         model(torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match=r"got torch.float32 of shape \(1, 2\)"):
         model(torch.zeros(1, 2))

@@ -38,8 +38,10 @@ def test_check_ranges_reads_interval_notation():
     [
         ({"weight_decay": -1.0}, r"model\.weight_decay must be in \[0, inf\), got -1"),
         ({"decay_steps": -5}, r"model\.decay_steps must be a whole number in \[1, inf\), got -5"),
-        ({"prefix_len": -5, "attn_mask": "prefix"}, r"model\.prefix_len must be a whole number in \[0, block_size=16\), got -5"),
-        ({"prefix_len": 16, "attn_mask": "prefix"}, r"model\.prefix_len must be a whole number in \[0, block_size=16\), got 16"),
+        ({"prefix_len": -5, "attn_mask": "prefix"},
+         r"model\.prefix_len must be a whole number in \[0, block_size=16\), got -5"),
+        ({"prefix_len": 16, "attn_mask": "prefix"},
+         r"model\.prefix_len must be a whole number in \[0, block_size=16\), got 16"),
         ({"prefix_len": 4}, r"prefix_len=4 is used only with model\.attn_mask: prefix"),
         ({"dropout": 1.0}, r"model\.dropout must be in \[0, 1\)"),
         ({"dropout": -0.1}, r"model\.dropout must be in \[0, 1\)"),
@@ -74,7 +76,8 @@ def test_gpt_config_checks_the_same_ranges():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"seed": -1}, r"data\.seed must be a whole number in \[0, 2\*\*64\), got -1"),  # was an OverflowError inside numpy
+        # (was an OverflowError inside numpy)
+        ({"seed": -1}, r"data\.seed must be a whole number in \[0, 2\*\*64\), got -1"),
         ({"vocab_size": 0}, r"data\.vocab_size must be a whole number in \[1, 2\*\*21\]"),
         ({"batch_size": 0}, r"data\.batch_size must be a whole number in \[1, inf\)"),
         ({"block_size": -3}, r"data\.block_size must be a whole number in \[1, inf\)"),
