@@ -6,6 +6,7 @@ import shlex
 
 import pytest
 import torch
+import yaml
 
 from tinylm.cli import main
 from tinylm.studies.lr_find import SMOOTHING, debiased, rule_of_thumb_lr
@@ -287,3 +288,17 @@ def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path
     with pytest.raises(SystemExit):  # a flag is the user's word: the gone file is read, and refused
         main(["lr-find", "--config", str(cfg), "--num_training", "4", "--data.corpus", gone])
     assert "gone.txt' not found" in capsys.readouterr().err
+
+
+def test_lr_find_and_scaling_need_no_max_steps(run_config, capsys):
+    """Catches lr-find (and scaling) refusing a config without trainer.max_steps ("pass --trainer.max_steps N"),
+    a count they then ignore: the sweep trains --num_training steps, the ladder its own per model."""
+    cfg = run_config()
+    config = yaml.safe_load(cfg.read_text())
+    del config["trainer"]["max_steps"]
+    cfg.write_text(yaml.safe_dump(config))
+    main(["lr-find", "--config", str(cfg), "--num_training", "6", "--out", "lr.png"])
+    assert (cfg.parent / "lr.json").is_file()
+    with pytest.raises(SystemExit):  # fit itself still needs it
+        main(["fit", "--config", str(cfg)])
+    assert "trainer.max_steps is not set" in capsys.readouterr().err

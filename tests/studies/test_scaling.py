@@ -107,6 +107,9 @@ def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, ca
     cfg = run_config(samples={"every_n_steps": 1})
     sizes = [[1, 8], [1, 16], [2, 16]]
     _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)  # losses from L = 1.5 + 30 N^-0.5
+    config = yaml.safe_load(cfg.read_text())
+    del config["trainer"]["max_steps"]  # (each run's steps follow from the budget: none needed)
+    cfg.write_text(yaml.safe_dump(config))
     args = ["scaling", "--config", str(cfg), "--budget", "1e8", "--sizes", json.dumps(sizes), "--predict", "[1,24]",
             "--out", "fit.png"]
     main(args)

@@ -105,7 +105,8 @@ class _ConfigOnlyCLI(TinyLMCLI):
 
     def _parse_ckpt_path(self) -> None:
         cfg = self._home_expanded()
-        check_trainer_options(dict(cfg.trainer), "fit", runs=False)  # plan, lr-find, scaling: not as configured
+        # plan, lr-find, scaling: not as configured; the last two train their own steps
+        check_trainer_options(dict(cfg.trainer), "fit", runs=False, own_steps=self.trains_here)
         if cfg.get("ckpt_path"):
             raise ValueError(f"--ckpt_path {cfg.ckpt_path} is an option of `tinylm fit`: plan, lr-find and scaling "
                              "take the config's model from scratch (scaling resumes its own runs); leave it out")

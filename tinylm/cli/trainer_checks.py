@@ -71,10 +71,12 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
-def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True) -> None:
+def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True,
+                          own_steps: bool = False) -> None:
     """Range checks of the Trainer options that Lightning only trips over later (or never). `runs`: the command
     runs the config as configured, its strategy's processes and validations (plan, lr-find and scaling do not:
-    `tinylm plan --trainer.strategy fsdp` plans the memory of a strategy that `fit` refuses)."""
+    `tinylm plan --trainer.strategy fsdp` plans the memory of a strategy that `fit` refuses). `own_steps`: the
+    command sets how many steps it trains (lr-find, scaling): trainer.max_steps may be left unset."""
     for key in _POSITIVE:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
@@ -111,7 +113,8 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
     if subcommand in ("fit", "validate") and runs:
         _check_processes(trainer_cfg, subcommand)
     if subcommand == "fit":
-        _check_fit_limits(trainer_cfg)
+        _check_fit_limits(trainer_cfg if not own_steps or trainer_cfg.get("max_steps") not in (None, -1)
+                          else {**trainer_cfg, "max_steps": 1})  # (a stand-in: the limits, not the count, to check)
         if runs:
             check_validation_interval(trainer_cfg)
 
