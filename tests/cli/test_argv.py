@@ -181,3 +181,22 @@ def test_a_tilde_is_expanded_only_in_options_that_take_a_path(monkeypatch):
 
     monkeypatch.setenv("TINYLM_CACHE_DIR", "~/cache")  # a Dockerfile's ENV, or quotes, leave the ~ to us
     assert str(default_cache_dir()) == "/h/cache"
+
+
+def test_samples_prompts_on_the_command_line_are_the_texts_typed(run_config, capsys):
+    """Catches fit's --samples.prompts read as YAML (jsonargparse's way): `--samples.prompts+ "[END]"` sampled from
+    "END", `"- a"` from "a", "Q: x" replaced the config's list with a mapping; `--samples.prompts ROMEO` was refused
+    ("expected a list"). A JSON list is still a list."""
+    from tinylm.cli import main
+
+    cfg = run_config(samples={"every_n_steps": 0, "prompts": ["ROMEO:"]})
+
+    def prompts(*args: str) -> list[str]:
+        with pytest.raises(SystemExit):
+            main(["fit", "--config", str(cfg), *args, "--print_config"])
+        return yaml.safe_load(capsys.readouterr().out)["samples"]["prompts"]
+
+    assert prompts("--samples.prompts+", "[END]", "--samples.prompts+=- a", "--samples.prompts+", "Q: x") == \
+        ["ROMEO:", "[END]", "- a", "Q: x"]
+    assert prompts("--samples.prompts", "ROMEO") == ["ROMEO"]
+    assert prompts("--samples.prompts", '["a", "b: c"]') == ["a", "b: c"]

@@ -24,6 +24,7 @@ given as one value (``--run '{name: x}'``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -70,10 +71,10 @@ def spans(args: list[str]) -> Iterator[tuple[str | None, str | None, list[str]]]
         if arg == "--":
             yield None, None, args[i - 1:]
             return
-        if is_value(arg):
+        flag, eq, value = arg.partition("=")
+        if is_value(arg) and not (arg.startswith("--") and eq and " " not in flag):  # (`--prompts+=- a`: an option)
             yield None, None, [arg]
             continue
-        flag, eq, value = arg.partition("=")
         if arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):  # -c=FILE, -cFILE
             flag, eq, value = "-c", "=", arg[3:] if arg[2] == "=" else arg[2:]
         span = [arg]
@@ -81,6 +82,43 @@ def spans(args: list[str]) -> Iterator[tuple[str | None, str | None, list[str]]]
             eq, value, i = "=", args[i], i + 1
             span.append(value)
         yield "config" if flag == "-c" else flag.lstrip("-"), value if eq else None, span
+
+
+def texts_as_typed(args: list[str], names: set[str]) -> list[str]:
+    """``args`` with the options ``names`` that take one text or several (`--prompts TEXT`, `--prompts+ TEXT`) joined
+    into one JSON list of their texts as typed, where the last of them was. jsonargparse reads such a value as YAML
+    first: `--stop "[END]"` stopped at "END", `--prompts "- a"` prompted "a", and `--prompts A --prompts+ "Q: x"`
+    dropped "A" (a "key: value" text replaced the list). `--NAME TEXT` starts the list again, `--NAME+ TEXT` adds;
+    a JSON list of texts (`--prompts '["a", "b"]'`, `'[]'`) is still that list."""
+    texts: dict[str, list[str]] = {}
+    adds: dict[str, bool] = {}  # the first was --NAME+: add to a list given before (by --config)
+    out: list[str | None] = []
+    where: dict[str, int] = {}  # the place in ``out`` of each joined option: its last one's
+    for key, value, span in spans(args):
+        name = (key or "").removesuffix("+")
+        if name not in names or value is None:
+            out += span
+            continue
+        if key == name or name not in texts:
+            texts[name], adds[name] = [], key != name
+        listed = _json_texts(value)
+        texts[name] += [value] if listed is None else listed
+        if name in where:
+            out[where[name]] = None
+        where[name] = len(out)
+        out.append(None)
+    for name, i in where.items():
+        out[i] = f"--{name}{'+' if adds[name] else ''}={json.dumps(texts[name], ensure_ascii=False)}"
+    return [arg for arg in out if arg is not None]
+
+
+def _json_texts(value: str) -> list[str] | None:
+    """``value`` as a JSON list of texts (`["a", "b"]`, `[]`: several at once, as jsonargparse took them), or None."""
+    try:
+        texts = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
 
 
 def options(args: list[str]) -> list[tuple[str, str | None]]:

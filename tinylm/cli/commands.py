@@ -90,43 +90,12 @@ _TEXTS = ("str | list[str] | None", str | list[str] | None)  # one text or sever
 
 
 def _texts_as_typed(fn: Callable, args: list[str]) -> list[str]:
-    """``args`` with the options of ``fn`` that take one text or several (`--prompts TEXT`, `--prompts+ TEXT`) joined
-    into one JSON list of their texts as typed, where the last of them was. jsonargparse reads such a value as YAML
-    first: `--stop "[END]"` stopped at "END", `--prompts "- a"` prompted "a", and `--prompts A --prompts+ "Q: x"`
-    dropped "A" (a "key: value" text replaced the list). `--NAME TEXT` starts the list again, `--NAME+ TEXT` adds;
-    a JSON list of texts (`--prompts '["a", "b"]'`, `'[]'`) is still that list."""
-    from tinylm.cli.argv import spans
+    """``args`` with the options of ``fn`` that take one text or several (`--prompts TEXT`, `--prompts+ TEXT`) read
+    as typed (tinylm.cli.argv.texts_as_typed)."""
+    from tinylm.cli.argv import texts_as_typed
 
-    names = {name for name, p in inspect.signature(fn).parameters.items() if p.annotation in _TEXTS}
-    texts: dict[str, list[str]] = {}
-    adds: dict[str, bool] = {}  # the first was --NAME+: add to a list given before (by --config)
-    out: list[str | None] = []
-    where: dict[str, int] = {}  # the place in ``out`` of each joined option: its last one's
-    for key, value, span in spans(args):
-        name = (key or "").removesuffix("+")
-        if name not in names or value is None:
-            out += span
-            continue
-        if key == name or name not in texts:
-            texts[name], adds[name] = [], key != name
-        listed = _json_texts(value)
-        texts[name] += [value] if listed is None else listed
-        if name in where:
-            out[where[name]] = None
-        where[name] = len(out)
-        out.append(None)
-    for name, i in where.items():
-        out[i] = f"--{name}{'+' if adds[name] else ''}={json.dumps(texts[name], ensure_ascii=False)}"
-    return [arg for arg in out if arg is not None]
-
-
-def _json_texts(value: str) -> list[str] | None:
-    """``value`` as a JSON list of texts (`["a", "b"]`, `[]`: several at once, as jsonargparse took them), or None."""
-    try:
-        texts = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
+    params = inspect.signature(fn).parameters.items()
+    return texts_as_typed(args, {name for name, p in params if p.annotation in _TEXTS})
 
 
 def _refuse_own_options_in_fit_configs(fn: Callable, command: str, fit_args: list[str]) -> None:

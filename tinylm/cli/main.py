@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
-from tinylm.cli.argv import check_fit_configs, expand_home, numbers_attached
+from tinylm.cli.argv import check_fit_configs, expand_home, numbers_attached, texts_as_typed
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
 
@@ -67,7 +67,8 @@ def _main(argv: list[str] | None, program: bool) -> None:
     signals.SAID[0] = False
     # `--trainer.default_root_dir=~/runs`: the home folder; `--model.lr -1e-3`: that value (Python 3.11's argparse
     # read an option with no value); once, here, before anything reads the line (tinylm.cli.argv)
-    command, rest = argv[0], expand_home(numbers_attached(argv[1:]))
+    # `--samples.prompts+ "[END]"`: that text, not the YAML list ["END"] jsonargparse made of it
+    command, rest = argv[0], texts_as_typed(expand_home(numbers_attached(argv[1:])), {"samples.prompts"})
     try:
         if early.help_only(rest) and command in COMMANDS:
             _help(command, rest, program)
