@@ -363,17 +363,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         remove_checkpoint(path)
 
 
-def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu", *,
+               option: str = "--ckpt_path") -> tuple[Any, Any, dict[str, Any]]:
     """(GPT, Tokenizer | None, hyperparameters): the GPT (eval mode, on `map_location`), its tokenizer and
-    hyperparameters from a `tinylm fit` checkpoint.
+    hyperparameters from a `tinylm fit` checkpoint. ``option``: the flag that gave the path, named in refusals.
 
     The tokenizer is None only for checkpoints written without one (a TinyLM fit without the tinylm data module).
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
     device = resolve_device(str(map_location))  # (one line for "gpu", or cuda on a machine without one)
-    # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
-    return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, device)
+    try:  # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
+        return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, device)
+    except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file
+        if option == "--ckpt_path":
+            raise
+        raise type(e)(str(e).replace("--ckpt_path", option)) from None
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
@@ -432,10 +437,7 @@ def load_draft(ckpt_path: str | os.PathLike, tokenizer: Any, map_location: Any =
                option: str = "--draft_ckpt_path") -> Any:
     """The GPT of a draft checkpoint for speculative decoding (eval mode, on ``map_location``), refused in one line
     (naming ``option``, as the user spelled it) unless it was trained with ``tokenizer``, the model's."""
-    try:
-        draft, draft_tokenizer, _ = load_model(ckpt_path, map_location=map_location)
-    except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file
-        raise type(e)(str(e).replace("--ckpt_path", option)) from None
+    draft, draft_tokenizer, _ = load_model(ckpt_path, map_location=map_location, option=option)
     if draft_tokenizer is None or draft_tokenizer.fingerprint != tokenizer.fingerprint:
         theirs = "no tokenizer" if draft_tokenizer is None else f"a {draft_tokenizer.kind} tokenizer of " \
             f"{draft_tokenizer.vocab_size:,} ids"

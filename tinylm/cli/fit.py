@@ -215,9 +215,12 @@ class TinyLMCLI(LightningCLI):
         ``last`` (#20801), silently, and reads the whole file; here both behave the same, every ignored override is
         named in one warning, and only the metadata is read (mmap).
         """
+        from tinylm.data.prepared import check_data_ranges
+
         sub = self.config.get("subcommand")
         cfg = self._home_expanded()
         self._check_nulls(cfg)
+        check_data_ranges(dict(cfg.data))  # (before the model, given data.block_size, names it model.block_size)
         check_trainer_options(dict(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":

@@ -96,7 +96,7 @@ class PreparedData:
                  hf_config: str | None = None, hf_revision: str | None = None, streaming: bool = False,
                  max_documents: int | None = None, clean: CleanOptions = CleanOptions()) -> None:  # noqa: B008 (frozen)
         super().__init__()
-        check_ranges("data", locals(), RANGES, whole=set(RANGES) - {"val_fraction"})  # locals(): every argument
+        check_data_ranges(locals())  # locals(): every argument by name
         self.clean = options_from(clean)
         if not tokenizer.strip():
             build_tokenizer(tokenizer)  # its one line, before anything is read
@@ -304,6 +304,11 @@ class PreparedData:
             parts.append(f"tokenized {n / 1e6:,.1f} MB in {secs:,.1f} s ({n / 1e6 / max(secs, 1e-9):.2f} MB/s)"
                          + resumed_note(sum(b.get("resumed_bytes", 0) for b in builds)))
         return "when built: " + "; ".join(parts) if parts else "nothing was timed (folders made by an older tinylm)"
+
+
+def check_data_ranges(options: dict[str, Any]) -> None:
+    """ValueError naming the first numeric data option of ``options`` out of its range (RANGES; counts whole)."""
+    check_ranges("data", options, RANGES, whole=set(RANGES) - {"val_fraction"})
 
 
 def _corpus_specs(corpus: Any) -> str | list[str]:

@@ -43,7 +43,7 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
         tok_dir = path / TINYLM_TOKENIZER_DIR
         tokenizer = Tokenizer.load(tok_dir) if tok_dir.is_dir() else None
     elif is_checkpoint(path):  # a .ckpt file, or the folder of a sharded (FSDP2) one
-        model, tokenizer, _ = load_model(path)
+        model, tokenizer, _ = load_model(path, option="--model.init_from")
     else:
         raise FileNotFoundError(f"model.init_from {str(path)!r} not found; pass a tinylm .ckpt or a Hugging Face "
                                 "GPT-2/Llama directory (e.g. one written by `tinylm export`)")
