@@ -421,3 +421,23 @@ def test_in_loop_eval_under_ddp_is_one_result_over_all_items(run_config, tmp_pat
     assert sorted(one) == sorted(two) == ["eval/piqa_acc", "eval/piqa_acc_norm", "eval/piqa_bpb", "eval/winogrande_acc",
                                           "eval/winogrande_bpb"]
     assert two == pytest.approx(one, rel=1e-4)
+
+
+def test_rows_without_a_right_answer_and_empty_files_are_named(tmp_path):
+    """Catches a row whose label names no choice scoring silently (-1, a test split's withheld answer, read as the
+    last choice, and appended to eval/metrics.csv) or ending in an IndexError (label 5), and an empty .jsonl in
+    datasets' StopIteration traceback."""
+    rows = tmp_path / "baber" / "piqa" / "validation.jsonl"
+    rows.parent.mkdir(parents=True)
+    good = {"goal": "Open a jar", "sol1": "twist the lid", "sol2": "shout at it", "label": 0}
+    for label in (-1, 2):
+        rows.write_text("\n".join(json.dumps(dict(good, label=lab)) for lab in (0, label)) + "\n")
+        with pytest.raises(TaskDataError, match=rf"piqa: row 1 of .*baber/piqa has label {label}, which is none of its "
+                                                r"2 choices \(a test split, without answers\?\); point --data_dir at a "
+                                                r"copy of baber/piqa's validation split"):
+            load_items(TASKS["piqa"], tmp_path)
+    rows.write_text(json.dumps(good) + "\n")
+    assert load_items(TASKS["piqa"], tmp_path)[0][0].gold == 0
+    rows.write_text("")
+    with pytest.raises(TaskDataError, match=r"piqa: .*baber/piqa cannot be read as the task's data \(StopIteration"):
+        load_items(TASKS["piqa"], tmp_path)

