@@ -345,3 +345,27 @@ def test_a_refused_grammar_leaves_standard_output_empty(tmp_path, small_data, ca
     main(["generate", "--ckpt_path", str(ckpt), "--prompt", "First", "--regex", "[a-z]+", "--device", "cpu",
           "--max_new_tokens", "4"])
     assert capsys.readouterr().out.startswith("First")
+
+
+def test_one_prompt_as_a_str_and_an_empty_prompt_to_score():
+    """Catches sample_report(prompts="ROMEO:") reporting on six one-character prompts, and score_tokens with an
+    empty prompt scoring the first token as certain (NLL 0, entropy 0: it had no context at all)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16)).eval()
+    with pytest.raises(ValueError, match=r"score_tokens needs a prompt of at least one token: .* start the prompt "
+                                         r"with the end-of-text token"):
+        score_tokens(model, [], [[3, 4]])
+    assert score_tokens(model, [1], [[3, 4]])[0][0][0] > 0
+
+    class Chars:
+        eos_id = 0
+
+        def encode(self, text: str) -> list[int]:
+            return [1 + ord(c) % 19 for c in text]
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(chr(97 + i) for i in ids)
+
+    result = sample_report(model, Chars(), prompts="ROMEO:", num_samples=2, max_new_tokens=3, seed=0,
+                           strategies=STRATEGIES[:1])
+    assert result["prompts"] == ["ROMEO:"]

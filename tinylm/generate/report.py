@@ -95,6 +95,10 @@ def score_tokens(model: GPT, prompt: Sequence[int], outputs: Sequence[Sequence[i
     Tokens past block_size are scored one window each, exactly as generation (with or without the KV cache)
     computed them. Rows go through the model in groups small enough to bound the logits' memory.
     """
+    if not len(prompt) and any(len(o) for o in outputs):
+        raise ValueError("score_tokens needs a prompt of at least one token: the first output token has no context "
+                         "to be scored from; start the prompt with the end-of-text token (tokenizer.eos_id), as "
+                         "generation from an empty prompt does")
     T = min(model.config.block_size, len(prompt) + max((len(o) for o in outputs), default=0))
     rows = max(1, SCORE_CHUNK_LOGITS // (max(T, 1) * model.config.vocab_size))
     nll: list[list[float]] = []
@@ -254,7 +258,7 @@ def sample_report(
 ) -> dict[str, Any]:
     """Generate with every strategy and measure it; returns the metrics.json content.
 
-    prompts: texts to continue (None or "": a fresh document, see `default_prompt`).
+    prompts: texts to continue, or one text (None or "": a fresh document, see `default_prompt`).
     num_samples: samples per prompt for sampling strategies, generated as one batch. Deterministic ones run once
         per prompt and count as num_samples identical samples, so every strategy's distinct-n pools the same
         number of samples (what asking it num_samples times would give).
@@ -267,6 +271,8 @@ def sample_report(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if isinstance(prompts, str):  # one prompt (iterated, it was one prompt per character)
+        prompts = [prompts]
     if any(s.draft for s in strategies) and draft is None:
         raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
     constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
