@@ -623,3 +623,20 @@ def test_a_run_named_like_a_number_resumes_from_what_it_wrote(run_config, tmp_pa
         main(["fit", "--config", str(run / "config.yaml"), "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["run"]["name"] == "3e-4" and printed["samples"]["prompts"] == ["1e5"]
+
+
+def test_a_prompt_file_that_never_ends_is_refused(monkeypatch):
+    """Catches `--prompt_file /dev/zero` (or /dev/urandom, or an endless pipe as -) reading until the machine killed
+    the process (a MemoryError traceback under a memory limit)."""
+    import io
+
+    from tinylm.cli import prompts
+
+    with pytest.raises(ValueError, match=r"--prompt_file '/dev/zero' is a device, not a text file"):
+        read_prompt_file("/dev/zero")
+    monkeypatch.setattr(prompts, "MAX_TEXT_BYTES", 2**20)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a" * (2**20 + 1))))
+    with pytest.raises(ValueError, match=r"--prompt_file standard input holds more than 1 MiB"):
+        read_prompt_file("-")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a" * 2**20)))
+    assert len(read_prompt_file("-")) == 2**20

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+MAX_TEXT_BYTES = 256 * 2**20  # a prompt file or standard input read past this is no prompt (/dev/zero, a stream)
 
 
 def unescape(text: str) -> str:
@@ -49,10 +50,20 @@ def read_text_option(path: str, flag: str, what: str, command: str) -> str:
     if path == "-" and sys.stdin is None:
         raise ValueError(f"{flag} - reads {what} from standard input, which is closed; pipe the text in")
     try:
-        data = Path(path).read_bytes() if path != "-" else getattr(sys.stdin, "buffer", sys.stdin).read()
+        if path != "-" and Path(path).exists() and (Path(path).is_char_device() or Path(path).is_block_device()):
+            raise ValueError(f"{flag} {name} is a device, not a text file (/dev/zero, /dev/urandom and the like never "
+                             "end); give a text file, or - for standard input")
+        if path == "-":
+            data = getattr(sys.stdin, "buffer", sys.stdin).read(MAX_TEXT_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(MAX_TEXT_BYTES + 1)
     except OSError as e:
         raise ValueError(f"{flag} {name} cannot be read ({e.strerror or e}); give a text file, or - for standard "
                          "input") from None
+    if len(data) > MAX_TEXT_BYTES:  # (a stream that never ends: it grew until the machine killed the process)
+        raise ValueError(f"{flag} {name} holds more than {MAX_TEXT_BYTES // 2**20} MiB; {what} is read whole, and a "
+                         "model sees at most its block_size tokens of it: give a shorter text file")
     data = data.encode("utf-8") if isinstance(data, str) else data  # a text stream with no buffer
     try:
         text = data.decode("utf-8-sig")  # a leading byte-order mark (Windows' Notepad writes one) is no text
