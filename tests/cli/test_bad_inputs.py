@@ -23,6 +23,7 @@ def config(run_config):
         (["--data.block_size", "50000"], ["block_size"]),
         # named as the model's option it is linked to (which the user cannot set) / --ckpt_path, which would resume
         (["--data.block_size", "0"], ["data.block_size must be a whole number in [1, inf), got 0"]),
+        (["--trainer.gradient_clip_val", "abc"], ["--trainer.gradient_clip_val: expected a number, got abc"]),
         (["--model.init_from", "tiny.yaml"], ["'tiny.yaml' is not a checkpoint", "pass --model.init_from PATH"]),
         (["--trainer.max_steps", "0"], ["max_steps", "driven by steps"]),
         (["--trainer.max_steps", "-1"], ["max_steps is not set", "--config configs/NAME.yaml"]),

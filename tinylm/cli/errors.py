@@ -338,6 +338,8 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         reason = f"expected one of {', '.join(choices)}, got {got}"
     elif typed := re.fullmatch(r"Expected a <class '(\w+)'>\. Got value: (.*)", reason):  # jsonargparse's wording
         kind, got = typed.groups()
+        if kind == "int" and "Expected a <class 'float'>" in text:  # int | float (gradient_clip_val, limit_*):
+            kind = "float"  # the int branch's reason came last, but 0.5 is welcome
         what = {"float": "a number", "int": "a whole number", "bool": "true or false"}.get(kind, f"a {kind}")
         reason = f"expected {what}, got {got}"
         if got.lower().lstrip("+-") in ("nan", "inf", "infinity"):
