@@ -39,6 +39,8 @@ def config(run_config):
          ["trainer.devices -1 means every GPU, and this run is on the CPU", "--trainer.devices 1"]),
         (["--trainer.devices", "[0,1]", "--trainer.accelerator", "cpu"],
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
+        (["--trainer.devices", "[]", "--trainer.accelerator", "cpu"],  # (not --trainer.devices 0: refused too)
+         ["trainer.devices [] lists GPU indices", "--trainer.devices 1"]),
         (["--trainer.devices", "0,1,", "--trainer.accelerator", "cpu"],  # Lightning's other form of a list
          ["trainer.devices [0, 1] lists GPU indices", "--trainer.devices 2"]),
         (["--data.tokenizer", "bpe", "--data.vocab_size", "2147483647"],

@@ -210,7 +210,7 @@ def check_devices(trainer_cfg: dict[str, Any], *, on_cpu: bool) -> None:
                    else [int(d) for d in text.split(",") if d.strip()])
         if on_cpu:
             raise ValueError(f"trainer.devices {indices} lists GPU indices, and this run is on the CPU; pass "
-                             f"the number of training processes instead: --trainer.devices {len(indices)}")
+                             f"the number of training processes instead: --trainer.devices {max(len(indices), 1)}")
         return
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text) or text == "-1" and not on_cpu:
         return
