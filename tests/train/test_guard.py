@@ -109,6 +109,12 @@ def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):
     vals = _losses(tmp_path / "runs" / "tiny", "val/loss")
     assert _final(tmp_path) < vals[9][-1]  # better than before the explosion (at step 10)
     assert max(_losses(tmp_path / "runs" / "tiny")[13]) > 100  # not vacuous: it did explode
+    from tinylm.train.schedules import lr_at
+
+    lrs = _losses(tmp_path / "runs" / "tiny", "train/lr")  # the schedule's, halved from the rollback on
+    for step in (8, 25):
+        schedule = lr_at(step, schedule="cosine", lr=3e-3, min_lr=3e-4, warmup_steps=2, decay_steps=30)
+        assert lrs[step][-1] == pytest.approx(schedule * (0.5 if step > 14 else 1), rel=0.02), (step, lrs[step])
 
 
 def test_without_the_guard_an_lr_that_explodes_ends_non_zero(run_config, tmp_path, capsys):
@@ -257,3 +263,44 @@ def test_a_divergence_the_guard_could_not_hold_does_not_say_to_turn_the_guard_on
         lines[enabled] = health._diverged
     assert "the stability guard was on and could not hold it (6 step(s) skipped, 2 rollback(s))" in lines[True]
     assert "--guard.enabled true" not in lines[True] and "--guard.enabled true skips bad steps" in lines[False]
+
+
+@pytest.mark.parametrize("optimizer, fused", [("muon", False), ("adamw", False), ("adamw", True)])
+def test_a_skipped_update_leaves_every_weight_with_each_optimizer(optimizer, fused):
+    """Catches the guard's skip applied by the fused AdamW kernel only: with Muon, or AdamW without its fused kernel
+    (fp16's GradScaler turns it off), a step the guard said it skipped still moved the weights (and weight decay
+    too); a step not skipped moves them (not vacuous)."""
+    from tinylm.model import GPT, GPTConfig
+    from tinylm.train.guard import _skip_update
+    from tinylm.train.optim import build_optimizer
+
+    if fused and not torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True).defaults.get("fused"):
+        pytest.skip("no fused AdamW on this build")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    opt = build_optimizer(model, optimizer=optimizer, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.02,
+                          muon_momentum=0.95, muon_weight_decay=0.1, fused=fused)
+    x = torch.randint(0, 16, (2, 8))
+    for skip in (True, False):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        model(x).logsumexp(-1).mean().backward()
+        _skip_update(opt, torch.tensor(skip))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+        assert (moved == []) if skip else len(moved) > 5, (skip, moved)
+
+
+def test_the_loss_level_follows_the_lowest_window_and_a_rise_above_it_is_trouble():
+    """Catches the guard's loss level never lowered from its first window: a rise of 60 % above the lowest level
+    was judged against the first, higher one, and the rollback came late or never."""
+    from tinylm.train.guard import StabilityGuard
+
+    guard = StabilityGuard(window=10, min_history=3, rollback_loss_rise=0.5)
+    no_skips = [0.0] * 10
+    assert guard._trouble(10, [4.0] * 10, no_skips) is None and guard.level == 4.0
+    assert guard._trouble(20, [2.0] * 10, no_skips) is None and guard.level == 2.0
+    losses = [2.0] * 10
+    losses[28 % 10] = losses[29 % 10] = 3.2  # the last window // 5 = 2 steps, 60 % above the level 2.0
+    what, first = guard._trouble(30, losses, no_skips)
+    assert first == 28 and "60% above its level 2.000" in what
