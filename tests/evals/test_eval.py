@@ -6,6 +6,7 @@ wheel (its README says where they come from), read by the same code as the insta
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 
@@ -441,3 +442,17 @@ def test_rows_without_a_right_answer_and_empty_files_are_named(tmp_path):
     rows.write_text("")
     with pytest.raises(TaskDataError, match=r"piqa: .*baber/piqa cannot be read as the task's data \(StopIteration"):
         load_items(TASKS["piqa"], tmp_path)
+
+
+def test_metrics_by_hand():
+    """Catches bpb reported in nats per byte (the ln 2 dropped) and LAMBADA's ppl divided by another count than the
+    items (the only checks were bpb > 0 and ppl > 1)."""
+    from tinylm.evals.score import SUMS, metrics
+
+    sums = {"items": 4.0, "acc": 3.0, "acc_norm": 2.0, "logprob": -6.0, "nats": 12.0, "bytes": 20.0, "chance": 2.0}
+    assert set(sums) == set(SUMS)
+    word = metrics(TASKS["lambada"], [sums[k] for k in SUMS])
+    assert word["acc"] == 0.75 and word["ppl"] == pytest.approx(math.exp(6.0 / 4)) and word["items"] == 4
+    assert word["bpb"] == pytest.approx(12.0 / math.log(2) / 20.0)
+    choice = metrics(TASKS["hellaswag"], [sums[k] for k in SUMS])
+    assert (choice["acc"], choice["acc_norm"], choice["random"]) == (0.75, 0.5, 0.5) and "ppl" not in choice

@@ -585,3 +585,23 @@ def test_generate_leaves_every_submodule_in_the_mode_it_found_it():
     before = {name: m.training for name, m in model.named_modules()}
     generate(model, [[1, 2]], strategy="greedy", max_new_tokens=2)
     assert {name: m.training for name, m in model.named_modules()} == before and not model.transformer.drop.training
+
+
+def test_prefix_lm_window_past_block_size_keeps_only_the_prompt_as_its_prefix():
+    """Catches generated tokens read as prefix once the window slides past block_size (they then saw each other
+    both ways): the runner's logits, cached and not, equal an independent forward of the window with the prompt
+    left in it as its prefix. Cached-vs-uncached alone cannot catch it (both shared the error), greedy ids neither
+    (the logits moved by ~2e-3)."""
+    from tinylm.generate.rows import _Runner
+
+    model = tiny(attn_mask="prefix")
+    B = model.config.block_size
+    ids = torch.randint(1, VOCAB, (1, B + 6), generator=torch.Generator().manual_seed(0))
+    P = 6
+    for cache in (False, True):
+        run = _Runner(model, use_cache=cache, prompt_len=P)
+        with torch.no_grad():
+            for L in range(P, ids.size(1) + 1):
+                start = max(0, L - B)
+                want = model(ids[:, start:L], prefix_len=max(0, P - start))[:, -1]
+                torch.testing.assert_close(run(ids[:, :L])[0], want, atol=1e-5, rtol=0, msg=f"{cache=} {L=}")
