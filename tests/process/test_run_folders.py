@@ -459,6 +459,19 @@ def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_
     assert steps() == ["step-6.ckpt", "step-8.ckpt"] and (ckpts / "last.ckpt").is_file()
 
 
+def test_a_resume_with_another_checkpoint_interval_still_keeps_only_the_newest(config, tmp_path):
+    """Catches a resume with another --run.checkpoint_every leaving the run's earlier step-N.ckpt files forever
+    beside run.keep_checkpoints newer ones (Lightning keys its state by the interval: the resumed list was empty)."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--run.keep_checkpoints", "2",
+          "--run.checkpoint_every", "2"])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    steps = lambda: sorted(p.name for p in ckpts.glob("step-*.ckpt"))
+    assert steps() == ["step-4.ckpt", "step-6.ckpt"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "12", "--ckpt_path", "last",
+          "--run.keep_checkpoints", "2", "--run.checkpoint_every", "3", "--trainer.val_check_interval", "3"])
+    assert steps() == ["step-12.ckpt", "step-9.ckpt"]
+
+
 def test_a_run_folder_moved_and_resumed_keeps_its_best_score_and_trims_its_checkpoints(config, tmp_path):
     """Catches `mv runs/tiny runs/moved` then a resume losing the run's best score and kept files (Lightning drops a
     ModelCheckpoint's state saved under another folder): the next validation's best.ckpt replaced a better one, and
