@@ -619,6 +619,13 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "10",
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2"])
     assert "with data.val_batches 2 (the run had 1): val/loss is measured on other windows" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):  # Lightning's cut of the validation batches: the same
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "11",
+              "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2",
+              "--trainer.limit_val_batches", "1"])
+    assert "with trainer.limit_val_batches 1 (the run had None): val/loss is measured on other windows" \
+        in caplog.text and "data.val_batches" not in caplog.text
 
 
 def test_a_resume_compares_with_the_runs_newest_record_by_its_name(config, tmp_path, caplog):

@@ -148,6 +148,11 @@ def _warn_validation_changes(cfg, trainer: dict, data: dict, ckpt_path: str) -> 
                     "%s, the run %s; pass --trainer.val_check_interval %s to keep the run's (the interval counts "
                     "micro-batches)", ckpt_path, every, accumulate, _steps(every / accumulate),
                     _steps(had_every / had), f"{had_every * accumulate / had:g}")
+    cut, had_cut = cfg.trainer.get("limit_val_batches"), trainer.get("limit_val_batches")
+    if cut != had_cut:
+        log.warning("resuming from %s with trainer.limit_val_batches %r (the run had %r): val/loss is measured on "
+                    "other windows from here on, so its curve jumps and best.ckpt is picked across the two; pass "
+                    "--trainer.limit_val_batches %r to keep the run's", ckpt_path, cut, had_cut, had_cut)
     limit, batch, had_batch = cfg.data.get("val_batches"), cfg.data.get("batch_size"), data.get("batch_size")
     had_limit = data.get("val_batches", limit)
 
