@@ -2,6 +2,7 @@
 
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1249,3 +1250,17 @@ def test_a_resume_stopped_by_max_time_does_not_blame_the_early_stop_of_the_comma
               "last", "--trainer.max_time", "{microseconds: 1}"])  # (min_delta 0: it stops no more)
     *_, line = (r.getMessage() for r in caplog.records if "the run stopped at step" in r.getMessage())
     assert "(--trainer.max_time: 1e-06 s)" in line, line
+
+
+def test_the_branch_a_refusal_advises_runs(config, tmp_path, capsys):
+    """Catches the refusal of `--ckpt_path best` behind the run's newest step advising "--run.name NEW_NAME (same
+    --ckpt_path)": `best` then named the new folder's best.ckpt, which does not exist. It names the file."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--run.checkpoint_every", "2"])
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    (ckpts / "best.ckpt").unlink()
+    shutil.copy(ckpts / "step-4.ckpt", ckpts / "best.ckpt")  # an overfitting run: its best is behind its last
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "best", "--trainer.max_steps", "8"])
+    advice = re.search(r"--run\.name NEW_NAME (--ckpt_path \S+),", line)
+    assert advice and advice[1] == "--ckpt_path runs/tiny/checkpoints/best.ckpt", line
+    main(["fit", "--config", str(config), "--trainer.max_steps", "8", "--run.name", "branch", *advice[1].split()])
+    assert (tmp_path / "runs" / "branch" / "checkpoints" / "last.ckpt").is_file()

@@ -280,7 +280,7 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
             raise TinyLMError(
                 f"{ckpt_path} is at step {at} but {run_dir} has gone on to step {latest}; continuing from it "
                 f"here would discard steps {at}-{latest} of this run's logs and overwrite its last.ckpt. Branch "
-                f"from it into a new folder with --run.name NEW_NAME (same --ckpt_path), or continue the run "
+                f"from it into a new folder with --run.name NEW_NAME --ckpt_path {ckpt_path}, or continue the run "
                 f"with --ckpt_path last")
     return lock
 
