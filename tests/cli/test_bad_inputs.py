@@ -24,6 +24,10 @@ def config(run_config):
         # named as the model's option it is linked to (which the user cannot set) / --ckpt_path, which would resume
         (["--data.block_size", "0"], ["data.block_size must be a whole number in [1, inf), got 0"]),
         (["--trainer.gradient_clip_val", "abc"], ["--trainer.gradient_clip_val: expected a number, got abc"]),
+        # empty (an unset shell variable): the run landed in ./NAME, the data in ./data_cache, without a word
+        (["--trainer.default_root_dir", ""], ["--trainer.default_root_dir is empty (an unset shell variable?)"]),
+        (["--data.cache_dir", ""], ["data.cache_dir is empty (an unset shell variable?)"]),
+        (["--samples.every_n_steps", "-1"], ["samples.every_n_steps must be >= 0"]),  # (eval.every_n_steps too)
         (["--model.init_from", "tiny.yaml"], ["'tiny.yaml' is not a checkpoint", "pass --model.init_from PATH"]),
         (["--trainer.max_steps", "0"], ["max_steps", "driven by steps"]),
         (["--trainer.max_steps", "-1"], ["max_steps is not set", "--config configs/NAME.yaml"]),

@@ -640,3 +640,12 @@ def test_a_prompt_file_that_never_ends_is_refused(monkeypatch):
         read_prompt_file("-")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a" * 2**20)))
     assert len(read_prompt_file("-")) == 2**20
+
+
+def test_version(capsys):
+    """Catches `tinylm --version` answered with "unknown command" (the first thing one asks of a tool)."""
+    import tinylm
+
+    for flag in ("--version", "-V"):
+        main([flag])
+        assert capsys.readouterr().out == f"tinylm {tinylm.__version__}\n"

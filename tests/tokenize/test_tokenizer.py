@@ -579,3 +579,10 @@ def test_every_backend_refuses_ids_outside_its_vocabulary_and_text_where_ids_go(
             tok.encode_batch(["a", 0])
         with pytest.raises(TypeError, match=r"encode takes one str; got list"):
             tok.encode(["a"])
+
+
+def test_documents_must_be_a_function_returning_them():
+    """Catches build_tokenizer("char", documents=[...]) failing with "'list' object is not callable"."""
+    with pytest.raises(TypeError, match=r"documents= is a function returning the documents, got a list: pass "
+                                        r"documents=lambda: texts"):
+        build_tokenizer("char", documents=["ab"])

@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None, program: bool) -> None:
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+    if argv and argv[0] in ("-V", "--version"):
+        from tinylm import __version__
+
+        print(f"tinylm {__version__}", flush=True)
+        return
     if not argv or argv[0] in ("-h", "--help"):  # before the console's setup, which imports Lightning (seconds)
         try:
             print(usage(), flush=True)

@@ -94,6 +94,9 @@ def run_dir_of(root: str | Path | None, name: str) -> Path:
     from tinylm.paths import missing_path
 
     _check_run_name(name)  # before anything is made: the data prepared, a folder runs/a for the name a/b
+    if root is not None and not str(root).strip():  # (Path("") is the working folder: the run landed in ./NAME)
+        raise ValueError("--trainer.default_root_dir is empty (an unset shell variable?); pass the folder that holds "
+                         f"the run folders, or leave it out for {RUNS_ROOT}/")
     run_dir = Path(root if root is not None else RUNS_ROOT).expanduser() / name  # (a config file's ~/runs too)
     if (why := missing_path(run_dir)).startswith("is a loop"):  # (Path.resolve's RuntimeError traceback)
         raise TinyLMError(f"{run_dir} {why} where the run folder should be; or choose another --run.name or "

@@ -109,6 +109,9 @@ class PreparedData:
         self.tokenizer_train_chars = tokenizer_train_chars
         self.block_size, self.batch_size, self.val_fraction, self.val_batches = (block_size, batch_size,
                                                                                  val_fraction, val_batches)
+        if cache_dir is not None and not str(cache_dir).strip():  # (it fell back to the default without a word)
+            raise ValueError("data.cache_dir is empty (an unset shell variable?); pass a folder, or leave it out for "
+                             "$TINYLM_CACHE_DIR or ./data_cache")
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         if self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise NotADirectoryError(f"data.cache_dir {str(self.cache_dir)!r} is a file, not a folder; pass "

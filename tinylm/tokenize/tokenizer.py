@@ -285,6 +285,9 @@ def build_tokenizer(spec: str, *, vocab_size: int = 8192,
     if spec in TRAINED_SPECS:
         if documents is None:
             raise ValueError(f"tokenizer {spec!r} is trained on the corpus, so build_tokenizer needs documents=")
+        if not callable(documents):  # (a list is read once per pass: the callable gives a fresh one each time)
+            raise TypeError(f"build_tokenizer's documents= is a function returning the documents, got a "
+                            f"{type(documents).__name__}: pass documents=lambda: texts")
         if spec == "char":
             return _train_char(documents())
         if vocab_size < 256 + 1:

@@ -61,7 +61,7 @@ class SampleText(L.Callback):
         from tinylm.generate.config import check_speculative, idle_draft_tokens, unused_options
 
         if every_n_steps < 0:
-            raise ValueError(f"every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
+            raise ValueError(f"samples.every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.prompts = list(prompts) if prompts is not None else ["\n"]
         if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
