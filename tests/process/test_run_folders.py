@@ -770,6 +770,23 @@ def test_checkpointing_off_runs_without_checkpoints(config, tmp_path):
     assert not (tmp_path / "runs" / "tiny" / "checkpoints").exists()
 
 
+def test_a_resume_that_saves_nothing_does_not_show_the_runs_checkpoints_as_its_own(config, tmp_path, capsys):
+    """Catches the end of a resume with --trainer.enable_checkpointing false listing best.ckpt and last.ckpt (the
+    run's, from before it) as if this command had saved them, its best val/loss beside them."""
+    main(["fit", "--config", str(config)])
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    os.utime(last, (time.time() - 60, time.time() - 60))  # (saved a minute before the resume)
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
+          "--trainer.enable_checkpointing", "false"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "checkpoints:" in ln)
+    assert line.endswith("(saved before this command, which saved none: checkpointing was off)"), line
+    capsys.readouterr()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "8"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "checkpoints:" in ln)
+    assert line.endswith("last.ckpt"), line
+
+
 def test_optimizer_and_scheduler_flags_are_refused(config, capsys):
     """Catches --optimizer/--lr_scheduler replacing AdamW while train/lr kept logging tinylm's schedule."""
     line = _error_line(capsys, ["fit", "--config", str(config), "--optimizer", "torch.optim.SGD"])

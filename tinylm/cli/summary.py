@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import shlex
+import time
 from pathlib import Path
 
 
@@ -96,8 +97,11 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     ckpts = run_dir / "checkpoints"
     best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
     saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.exists()]  # (FSDP2: a folder of shards)
+    # a resume with --trainer.enable_checkpointing false: the files are the run's from before this command
+    older = steps > 0 and last_ckpt.exists() and last_ckpt.stat().st_mtime < time.time() - seconds - 1
     if saved:
-        lines.append(f"  checkpoints: {', '.join(saved)}")
+        lines.append(f"  checkpoints: {', '.join(saved)}" + (" (saved before this command, which saved none: "
+                                                             "checkpointing was off)" if older else ""))
     if metrics.is_file():
         lines.append(f"  metrics:     {shown(metrics)}")
     from tinylm.train.loggers import offline_wandb_run
