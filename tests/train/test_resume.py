@@ -397,7 +397,8 @@ def test_a_checkpoint_alone_resumes_exactly(run_config, tmp_path, caplog):
     assert "lone/old.ckpt keeps no settings of its run" in caplog.text and "pass the run's own --config" in caplog.text
 
 
-def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog):
+def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog,
+                                                                         capsys):
     """Catches a run trained with --data.tokenizer PATH whose file was moved or deleted since refused on resume
     ("tokenizer path not found", naming only options that are other tokenizers), though its checkpoint holds that
     tokenizer (validate, generate and export read it): the resume reads the checkpoint's, and its dataset."""
@@ -405,6 +406,17 @@ def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_con
     shutil.copy(small_bpe.tiktoken, tmp_path / "tok" / "small.tiktoken")
     cfg = run_config(data={"tokenizer": "tiktoken:tok/small.tiktoken"}, trainer={"max_steps": 2})
     main(["fit", "--config", str(cfg)])
+    ranks = tmp_path / "tok" / "small.tiktoken"
+    kept = ranks.read_text()
+    lines = kept.splitlines()  # edited in place: two tokens swap their ids
+    (a, ra), (b, rb) = lines[300].split(), lines[301].split()
+    lines[300:302] = [f"{a} {rb}", f"{b} {ra}"]
+    ranks.write_text("\n".join(lines) + "\n")
+    from helpers import _one_line_error  # (it named two equal specs as two tokenizers: "resume with the one ...")
+
+    _one_line_error(capsys, ["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "3"],
+                    "data.tokenizer 'tiktoken:tok/small.tiktoken' is not the tokenizer the checkpoint was trained "
+                    "with under that name", "its file changed since; put the run's file back, or move it away")
     shutil.rmtree(tmp_path / "tok")
     with caplog.at_level("INFO", logger="tinylm"):
         main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "3"])

@@ -464,6 +464,10 @@ def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> No
         changed.append(f"data.tokenizer {spec!r} (the run's: {was_spec!r})")
     elif spec != was_spec and isinstance(spec, str) and spec not in TRAINED_SPECS and (ids := _other_file(ckpt, spec)):
         changed.append(f"data.tokenizer {spec!r} ({ids[0]:,} ids; the run's: {was_spec!r}, {ids[1]:,} ids)")
+    elif spec == was_spec and isinstance(spec, str) and spec not in TRAINED_SPECS and (ids := _other_file(ckpt, spec)):
+        from tinylm.tokenize.tokenizer import changed_file_message
+
+        raise TinyLMError(f"resuming from {ckpt_path}: " + changed_file_message(spec, *ids[2:]))  # (edited in place)
     size = cfg.data.get("vocab_size")
     if "data.vocab_size" in flags and spec in ("bpe", "scratch-bpe") and spec == was_spec \
             and isinstance(was_size, int) and size != was_size:
@@ -474,9 +478,10 @@ def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> No
                           "resume, or start a new run (without --ckpt_path) for the new tokenizer")
 
 
-def _other_file(ckpt: dict, spec: str) -> tuple[int, int] | None:
+def _other_file(ckpt: dict, spec: str) -> tuple[int, int, str, str] | None:
     """When ``spec``, a tokenizer file or folder here (a tokenizer.json, a .tiktoken rank file; read in a moment),
-    holds another tokenizer than the checkpoint's own: the two vocabulary sizes (its, the checkpoint's); else None."""
+    holds another tokenizer than the checkpoint's own: the two vocabulary sizes and fingerprints (the checkpoint's
+    second in each pair); else None."""
     import os
 
     from tinylm.tokenize import Tokenizer, build_tokenizer
@@ -488,7 +493,8 @@ def _other_file(ckpt: dict, spec: str) -> tuple[int, int] | None:
         now, was = build_tokenizer(os.path.expanduser(spec)), Tokenizer.from_state_dict(state)
     except Exception:  # noqa: BLE001 (not a tokenizer: preparing the data says so in its own words)
         return None
-    return (now.vocab_size, was.vocab_size) if now.fingerprint != was.fingerprint else None
+    return (now.vocab_size, was.vocab_size, was.fingerprint, now.fingerprint) if now.fingerprint != was.fingerprint \
+        else None
 
 
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:

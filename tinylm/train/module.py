@@ -572,9 +572,13 @@ class TinyLM(L.LightningModule):
         if saved is None or tok is None:
             return  # loaded outside a run (load_from_checkpoint), or no tinylm data module
         from tinylm.checkpoint import CheckpointError
-        from tinylm.tokenize import Tokenizer
+        from tinylm.tokenize import TRAINED_SPECS, Tokenizer
+        from tinylm.tokenize.tokenizer import changed_file_message
 
         fingerprint = Tokenizer.from_state_dict(saved).fingerprint
+        if fingerprint != tok.fingerprint and saved.get("spec") == tok.spec and tok.spec not in TRAINED_SPECS:
+            raise CheckpointError(changed_file_message(tok.spec, fingerprint, tok.fingerprint))  # (a trained kind's
+            # spec names no file: its corpus or vocab_size changed, below)
         if fingerprint != tok.fingerprint:
             fix = ("resume with the data.tokenizer, data.corpus, data.vocab_size and data.tokenizer_train_chars the "
                    "checkpoint was trained with, or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
