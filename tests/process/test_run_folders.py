@@ -1281,3 +1281,16 @@ def test_the_branch_a_refusal_advises_runs(config, tmp_path, capsys):
     assert advice and advice[1] == "--ckpt_path runs/tiny/checkpoints/best.ckpt", line
     main(["fit", "--config", str(config), "--trainer.max_steps", "8", "--run.name", "branch", *advice[1].split()])
     assert (tmp_path / "runs" / "branch" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_new_run_refused_after_its_data_leaves_no_folder(config, tmp_path, capsys):
+    """Catches a fresh run refused only once its tokenizer exists (a prompt it cannot encode) leaving runs/NAME with
+    its config.yaml, CSV and W&B start behind, as if it had run; a resume refused the same way keeps its folder."""
+    _error_line(capsys, ["fit", "--config", str(config), "--run.name", "new", "--samples.every_n_steps", "2",
+                         "--samples.prompts+", "€uro"])
+    assert not (tmp_path / "runs" / "new").exists()
+    main(["fit", "--config", str(config)])
+    kept = sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs" / "tiny").rglob("*"))
+    _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
+                         "--samples.every_n_steps", "2", "--samples.prompts+", "€uro"])
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs" / "tiny").rglob("*")) == kept

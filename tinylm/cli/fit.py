@@ -536,6 +536,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
     # tinylm's epochs are notional (a small corpus makes short ones) and logging counts steps across them
     warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
+    failed = False
     try:
         cli = cli_class(
             TinyLM,
@@ -556,6 +557,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
         )
     except BaseException as e:
         finish_wandb(exit_code=1)
+        failed = True
         if isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt):
             # Lightning ends its handling of a Ctrl+C (one before training, or a second one) in sys.exit(1), as a
             # failure; main() reports it as every command's Ctrl+C: "interrupted", exit 130
@@ -565,4 +567,4 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
         finish_wandb(exit_code=0)
         return cli
     finally:
-        release_run_folders()
+        release_run_folders(failed=failed)

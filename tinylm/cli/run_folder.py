@@ -216,30 +216,53 @@ def _unlock(f) -> None:
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def release_run_folders() -> None:
+def release_run_folders(*, failed: bool = False) -> None:
     """Release this process's run-folder locks; a folder left holding nothing but its lock and empty folders (the
     run failed before writing anything: a config error, a corpus too short) is removed, so a typo leaves no empty
-    run behind."""
+    run behind. ``failed``: the command failed; a folder it made that holds no result yet (only its config record,
+    the loggers' empty start and W&B's offline files: refused after its data was prepared, for a prompt its
+    tokenizer cannot encode) goes too."""
     while _LOCKS:
         key, f = _LOCKS.popitem()
         folder = Path(key)
+        made = _MADE.pop(key, folder)
         inside = sorted(folder.rglob("*"), reverse=True) if folder.is_dir() else []  # deepest first
         lock = folder / ".lock"
         empty = lock in inside and all(p.is_dir() for p in inside if p != lock)  # no file but the lock
-        if empty:
+        new = made == folder or made in folder.parents  # this process made the run folder
+        unstarted = failed and new and not empty and lock in inside and _no_results(folder, inside)
+        if empty or unstarted:
+            if unstarted:  # (the lock kept: it goes last, as for an empty folder)
+                for path in inside:
+                    if path != lock and (path.is_symlink() or not path.is_dir()):  # (W&B's latest-run: a link)
+                        path.unlink()
             lock.unlink()  # while still locked: no other process holds this file
         _unlock(f)
         f.close()
-        made = _MADE.pop(key, folder)
-        if empty:
+        if empty or unstarted:
             with contextlib.suppress(OSError):  # another process came in meanwhile: the folder is theirs
                 for sub in inside:
-                    if sub.is_dir():
+                    if sub.is_dir() and not sub.is_symlink():
                         sub.rmdir()
                 folder.rmdir()
                 while folder != made and made in folder.parents:  # and the empty folders above it that it made
                     folder = folder.parent
                     folder.rmdir()
+
+
+def _no_results(folder: Path, inside: list[Path]) -> bool:
+    """Whether the files of run folder ``folder`` (``inside``: all it holds) are only what a run writes before its
+    first step: its config record(s), the CSV logger's hyperparameters and a metrics.csv of no row, W&B's files."""
+    for path in inside:
+        rel = path.relative_to(folder)
+        record = len(rel.parts) == 1 and rel.name.startswith("config") and rel.suffix == ".yaml"
+        if path.is_dir() and not path.is_symlink() or rel.parts[0] in (".lock", "wandb") or record \
+                or rel.as_posix() == "csv/hparams.yaml":
+            continue
+        if rel.as_posix() == "csv/metrics.csv" and len(path.read_bytes().splitlines()) <= 1:
+            continue
+        return False
+    return True
 
 
 def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
