@@ -649,3 +649,15 @@ def test_version(capsys):
     for flag in ("--version", "-V"):
         main([flag])
         assert capsys.readouterr().out == f"tinylm {tinylm.__version__}\n"
+
+
+def test_a_commands_typo_and_missing_options_are_named(capsys):
+    """Catches `tinylm generate --temprature` without the nearest option (fit gave it), and a missing required
+    option said as argparse's "the following arguments are required: ckpt_path" (no flag, plot's RUN as --runs)."""
+    for argv, said in ((["generate", "--ckpt_path", "x.ckpt", "--temprature", "0.5"],
+                        "unrecognized arguments: --temprature 0.5; the nearest option is --temperature 0.5"),
+                       (["generate"], "--ckpt_path is required (tinylm generate --help says what it takes)"),
+                       (["plot"], "RUN is required (tinylm plot --help says what it takes)")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert capsys.readouterr().err.strip().endswith(said), argv

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from tinylm.cli import console
 from tinylm.cli.argv import config_keys
 from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
+from tinylm.errors import TinyLMError
 from tinylm.generate.config import check_speculative
 from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
@@ -65,7 +67,21 @@ def run(command: str, args: list[str]) -> Any:
         check_fit_configs(command, fit_args)  # (after: a file of the command's own options is said as that)
     else:
         _refuse_fit_configs(fn, command, args)
-    cfg = parser_for(fn, f"tinylm {command}").parse_args(args)
+    parser = parser_for(fn, f"tinylm {command}")
+    try:
+        cfg = parser.parse_args(args)
+    except argparse.ArgumentError as e:  # an option it does not know: the nearest it has; a required one: its flag
+        from tinylm.cli.errors import with_section_hint
+
+        message = with_section_hint(str(e), {a.dest for a in parser._actions if a.option_strings})
+        if required := re.fullmatch(r"the following arguments are required: (.*)", message):
+            positional = _positional_list(fn)  # (plot's RUN: a word, not an option)
+            names = ", ".join(n.strip().upper().rstrip("S") if n.strip() == positional else f"--{n.strip()}"
+                              for n in required[1].split(","))
+            message = f"{names} is required (tinylm {command} --help says what it takes)"
+        if message == str(e):
+            raise
+        raise TinyLMError(message) from e
     kwargs = {key: home_expanded(key, value) for key, value in cfg.as_dict().items()}  # (a --config file's)
     kwargs.pop("config", None)
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
