@@ -243,6 +243,11 @@ def test_contrastive_penalises_candidates_similar_to_the_context():
     out = generate(TableLM(table), [[A, C]], strategy="contrastive", penalty_alpha=0.5, top_k=2, **kw)
     assert out == [[B, D]]
     assert generate(TableLM(table), [[A, C]], strategy="greedy", **kw)[0][0] == A  # guard: the penalty decides
+    # the probability weighs (1 - alpha): from C, A .85 (seen) and B .07 (new): A .5·.85 - .5 = -.075, B .035, so B
+    # (without the weight, A .35 against B .07)
+    table[C] = [0.04, 0.85, 0.07, 0.0, 0.04]
+    assert generate(TableLM(table), [[A, C]], strategy="contrastive", penalty_alpha=0.5, top_k=2,
+                    max_new_tokens=1, use_cache=False) == [[B]]
 
 
 def test_beam_search_finds_the_better_sequence_greedy_misses():

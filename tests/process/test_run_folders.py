@@ -1294,3 +1294,10 @@ def test_a_new_run_refused_after_its_data_leaves_no_folder(config, tmp_path, cap
     _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
                          "--samples.every_n_steps", "2", "--samples.prompts+", "€uro"])
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs" / "tiny").rglob("*")) == kept
+    # a folder that was there before (a user's, holding the config they wrote) is never removed with its files
+    own = tmp_path / "runs" / "mine"
+    own.mkdir()
+    (own / "config.yaml").write_text(config.read_text())
+    _error_line(capsys, ["fit", "--config", str(own / "config.yaml"), "--run.name", "mine", "--samples.every_n_steps",
+                         "2", "--samples.prompts+", "€uro"])
+    assert (own / "config.yaml").is_file() or (own / "config.previous.yaml").is_file()

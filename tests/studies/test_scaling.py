@@ -1,6 +1,7 @@
 """`tinylm scaling`: the ladder's arithmetic, the power-law and IsoFLOP fits, and the command's reuse of runs."""
 
 import json
+import math
 import os
 import re
 import signal
@@ -480,3 +481,17 @@ def test_ladder_time_left_counts_a_resumed_rung_by_the_steps_it_trained(tmp_path
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scaling: rung")]
     trained = (rungs[0].max_steps - 3 * rungs[0].max_steps // 4) / rungs[0].max_steps  # about a quarter
     assert f"about {duration(10 / trained * 2)} left for the ladder (2 runs" in said[1], said
+
+
+def test_the_fits_rmse_is_its_residuals_root_mean_square():
+    """Catches the printed rmse off by sqrt(points) (the square root of the sum of squares): only rmse < tol on
+    exact data was checked. With noise, it equals the residuals' root mean square to the fitted law."""
+    from tinylm.studies.scaling import fit_power_law
+
+    ns = [1e4, 3e4, 1e5, 3e5, 1e6]
+    noise = [0.02, -0.015, 0.01, -0.02, 0.012]
+    losses = [1.5 + 30 * n**-0.5 + e for n, e in zip(ns, noise)]
+    law = fit_power_law(ns, losses)
+    residuals = [law(n) - y for n, y in zip(ns, losses)]
+    assert law.rmse == pytest.approx(math.sqrt(sum(r * r for r in residuals) / len(ns)), rel=1e-6)
+    assert 0.005 < law.rmse < 0.02  # (not vacuous: the noise shows)

@@ -114,7 +114,7 @@ def holds_run(run_dir: Path) -> bool:
 
 
 _LOCKS: dict[str, Any] = {}  # run folder -> the open lock file of this process
-_MADE: dict[str, Path] = {}  # run folder -> the topmost folder that locking it made
+_MADE: dict[str, Path | None] = {}  # run folder -> the topmost folder that locking it made (None: none)
 
 
 def _drop_inherited_locks() -> None:
@@ -140,8 +140,9 @@ def lock_run_folder(run_dir: Path):
     key = str(run_dir.resolve())
     if key in _LOCKS:
         return _LOCKS[key]
-    folder = Path(key)  # the topmost folder this makes (runs/ of a first run), removed with an empty run folder
-    made = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), folder)
+    folder = Path(key)  # the topmost folder this makes (runs/ of a first run), removed with an empty run folder;
+    # None: the run folder was there already (a resume's, or one a user made: never removed with what it holds)
+    made = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except FileNotFoundError as e:  # under /proc: one line naming the folder (a file on the way, a read-only disk:
@@ -225,12 +226,12 @@ def release_run_folders(*, failed: bool = False) -> None:
     while _LOCKS:
         key, f = _LOCKS.popitem()
         folder = Path(key)
-        made = _MADE.pop(key, folder)
+        made = _MADE.pop(key, None)
         inside = sorted(folder.rglob("*"), reverse=True) if folder.is_dir() else []  # deepest first
         lock = folder / ".lock"
         empty = lock in inside and all(p.is_dir() for p in inside if p != lock)  # no file but the lock
-        new = made == folder or made in folder.parents  # this process made the run folder
-        unstarted = failed and new and not empty and lock in inside and _no_results(folder, inside)
+        # this process made the run folder: all it holds is this command's
+        unstarted = failed and made is not None and not empty and lock in inside and _no_results(folder, inside)
         if empty or unstarted:
             if unstarted:  # (the lock kept: it goes last, as for an empty folder)
                 for path in inside:
@@ -245,7 +246,7 @@ def release_run_folders(*, failed: bool = False) -> None:
                     if sub.is_dir() and not sub.is_symlink():
                         sub.rmdir()
                 folder.rmdir()
-                while folder != made and made in folder.parents:  # and the empty folders above it that it made
+                while made is not None and made in folder.parents:  # and the empty folders above it that it made
                     folder = folder.parent
                     folder.rmdir()
 
