@@ -339,16 +339,13 @@ class PeriodicCheckpoint(_RunFolderCheckpoint):
             self._trim_to_keep(trainer)
 
     def _adopt_earlier_files(self, step: int) -> None:
-        """Count in run.keep_checkpoints the step-N.ckpt files of the run's folder (N <= ``step``) that the resumed
-        state does not list: saved under another run.checkpoint_every (Lightning keys a callback's state by it, so
-        a resume with another one started from an empty list), or left by a resume that fell back past newer files.
-        They stayed forever beside the kept ones (1.5 GB each at GPT-2's size)."""
+        """Count in run.keep_checkpoints the run's step-N.ckpt (N <= ``step``) that the resumed state does not list
+        (saved under another run.checkpoint_every, which keys Lightning's state; left by a resume that fell back past
+        newer files): they stayed forever beside the kept ones (1.5 GB each at GPT-2's size)."""
         known = {os.path.realpath(p) for p in self.best_k_models}
-        for path in sorted(os.listdir(self.dirpath)):
-            n = path.removeprefix("step-").removesuffix(".ckpt")
-            full = os.path.join(self.dirpath, path)
-            if path.startswith("step-") and path.endswith(".ckpt") and n.isdigit() and int(n) <= step \
-                    and os.path.realpath(full) not in known:
+        for name in sorted(os.listdir(self.dirpath)):
+            n, full = name.removeprefix("step-").removesuffix(".ckpt"), os.path.join(self.dirpath, name)
+            if name == f"step-{n}.ckpt" and n.isdigit() and int(n) <= step and os.path.realpath(full) not in known:
                 self.best_k_models[full] = torch.tensor(float(n))
         if self.best_k_models:  # the one the next save replaces (mode max: the oldest step)
             self.kth_best_model_path = min(self.best_k_models, key=lambda p: float(self.best_k_models[p]))
