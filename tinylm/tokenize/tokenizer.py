@@ -77,6 +77,7 @@ class Tokenizer:
         self._b = backend
         self.spec = spec
         self._fingerprint: str | None = None
+        self._vocab_size: int | None = None
         self._check_specials()
 
     def _check_specials(self) -> None:
@@ -139,7 +140,9 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids (embedding rows), special tokens included."""
-        return self._b.vocab_size
+        if self._vocab_size is None:  # (once: scratch-bpe's counts its ids, and decode asks per token while streaming)
+            self._vocab_size = self._b.vocab_size
+        return self._vocab_size
 
     @property
     def special_tokens(self) -> dict[str, int]:
