@@ -200,3 +200,4 @@ def test_samples_prompts_on_the_command_line_are_the_texts_typed(run_config, cap
         ["ROMEO:", "[END]", "- a", "Q: x"]
     assert prompts("--samples.prompts", "ROMEO") == ["ROMEO"]
     assert prompts("--samples.prompts", '["a", "b: c"]') == ["a", "b: c"]
+    assert prompts("--samples.prompts", "null") is None  # (the default: a fresh document)

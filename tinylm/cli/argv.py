@@ -89,14 +89,14 @@ def texts_as_typed(args: list[str], names: set[str]) -> list[str]:
     into one JSON list of their texts as typed, where the last of them was. jsonargparse reads such a value as YAML
     first: `--stop "[END]"` stopped at "END", `--prompts "- a"` prompted "a", and `--prompts A --prompts+ "Q: x"`
     dropped "A" (a "key: value" text replaced the list). `--NAME TEXT` starts the list again, `--NAME+ TEXT` adds;
-    a JSON list of texts (`--prompts '["a", "b"]'`, `'[]'`) is still that list."""
+    a JSON list of texts (`--prompts '["a", "b"]'`, `'[]'`) is still that list, and `--NAME null` the default."""
     texts: dict[str, list[str]] = {}
     adds: dict[str, bool] = {}  # the first was --NAME+: add to a list given before (by --config)
     out: list[str | None] = []
     where: dict[str, int] = {}  # the place in ``out`` of each joined option: its last one's
     for key, value, span in spans(args):
         name = (key or "").removesuffix("+")
-        if name not in names or value is None:
+        if name not in names or value is None or key == name and value == "null":  # (null: the option's default)
             out += span
             continue
         if key == name or name not in texts:

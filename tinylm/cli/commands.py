@@ -78,7 +78,7 @@ def run(command: str, args: list[str]) -> Any:
             positional = _positional_list(fn)  # (plot's RUN: a word, not an option)
             names = ", ".join(n.strip().upper().rstrip("S") if n.strip() == positional else f"--{n.strip()}"
                               for n in required[1].split(","))
-            message = f"{names} is required (tinylm {command} --help says what it takes)"
+            message = f"{names} {'are' if ',' in names else 'is'} required (tinylm {command} --help says what it takes)"
         if message == str(e):
             raise
         raise TinyLMError(message) from e

@@ -46,12 +46,14 @@ VALID_SPECS = "bpe, scratch-bpe, char, tiktoken:NAME (e.g. tiktoken:gpt2), tikto
               "tokenizer.json / saved tokenizer directory / folder of vocab.json + merges.txt"
 
 
-def changed_file_message(spec: str, was: str, now: str) -> str:
-    """Why a resume is refused when the tokenizer file its spec names holds another tokenizer than the checkpoint's
-    (``was`` and ``now``: the two fingerprints): the file was edited or replaced since the run."""
+def changed_file_message(spec: str, was: str, now: str, *, resume: bool = True) -> str:
+    """Why a resume (``resume``) or a validation is refused when the tokenizer file its spec names holds another
+    tokenizer than the checkpoint's (``was`` and ``now``: the two fingerprints): the file changed since the run."""
+    fix = ("put the run's file back, or move it away (a resume that finds no file there uses the checkpoint's own "
+           "copy, unless --data.tokenizer is typed)" if resume else "leave --data.tokenizer out (of the command and "
+           "its --config): tinylm validate then uses the checkpoint's own")
     return (f"data.tokenizer {spec!r} is not the tokenizer the checkpoint was trained with under that name "
-            f"(fingerprint {was[:12]}, now {now[:12]}): its file changed since; put the run's file back, or move it "
-            "away and resume without --data.tokenizer on the command line (the checkpoint's own copy is used then)")
+            f"(fingerprint {was[:12]}, now {now[:12]}): its file changed since; {fix}")
 
 
 # ---------------------------------------------------------------------------------------------------- facade

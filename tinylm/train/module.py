@@ -577,8 +577,8 @@ class TinyLM(L.LightningModule):
 
         fingerprint = Tokenizer.from_state_dict(saved).fingerprint
         if fingerprint != tok.fingerprint and saved.get("spec") == tok.spec and tok.spec not in TRAINED_SPECS:
-            raise CheckpointError(changed_file_message(tok.spec, fingerprint, tok.fingerprint))  # (a trained kind's
-            # spec names no file: its corpus or vocab_size changed, below)
+            raise CheckpointError(changed_file_message(  # (a trained kind's spec names no file: its corpus or
+                tok.spec, fingerprint, tok.fingerprint, resume=self.trainer.state.fn == TrainerFn.FITTING))  # size)
         if fingerprint != tok.fingerprint:
             fix = ("resume with the data.tokenizer, data.corpus, data.vocab_size and data.tokenizer_train_chars the "
                    "checkpoint was trained with, or start a new run" if self.trainer.state.fn == TrainerFn.FITTING else
