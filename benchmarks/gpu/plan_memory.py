@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -31,41 +32,46 @@ PROBES = ("matmul", "matmul_backward", "bf16_matmul", "bf16_matmul_backward", "s
 
 
 def probe(name: str) -> dict:
-    """Bytes the allocator holds beyond the probe's own tensors after each stage of one small computation."""
+    """Bytes the allocator holds after one small computation beyond its inputs, outputs and gradients (what autograd
+    saves for the backward counts in the forward's: 128 KiB of bf16 x under autocast)."""
     import torch.nn.functional as F
 
     dev = torch.device("cuda")
     torch.empty(1, device=dev)  # the context, outside the count
-    base = torch.cuda.memory_allocated()
-    bf16 = name.startswith("bf16")
-    x = torch.randn(256, 256, device=dev, requires_grad=True)
-    own = x.nbytes
-    if name.startswith("sdpa"):
-        q = torch.randn(2, 4, 128, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-        own = q.nbytes + y.nbytes
-    else:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            y = x @ x
-        own += y.nbytes + (2 * x.numel() if bf16 else 0)  # (autocast's bf16 copy of x, saved for the backward)
+    bf16, sdpa = name.startswith("bf16"), name.startswith("sdpa")
+    x = (torch.randn(2, 4, 128, 64, device=dev, dtype=torch.bfloat16) if sdpa
+         else torch.randn(256, 256, device=dev)).requires_grad_()
     torch.cuda.synchronize()
-    forward = torch.cuda.memory_allocated() - base - own
+    base = torch.cuda.memory_allocated()  # (x is there already)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        y = F.scaled_dot_product_attention(x, x, x, is_causal=True) if sdpa else x @ x
+    torch.cuda.synchronize()
+    forward = torch.cuda.memory_allocated() - base - y.nbytes
     if not name.endswith("backward"):
         return {"probe": name, "beyond_tensors": forward}
     y.float().sum().backward()
     torch.cuda.synchronize()
-    grads = (q if name.startswith("sdpa") else x).grad.nbytes
     return {"probe": name, "forward_beyond_tensors": forward,
-            "beyond_tensors": torch.cuda.memory_allocated() - base - own - grads}
+            "beyond_tensors": torch.cuda.memory_allocated() - base - y.nbytes - x.grad.nbytes}
 
 
-def _frames_key(frames: list[dict], depth: int = 3) -> str:
-    """Where a block was allocated: the first frames that are not the allocator's own, C++ and Python alike."""
-    keep = [f for f in frames if not any(s in f.get("filename", "") + f.get("name", "")
-                                         for s in ("CUDACachingAllocator", "c10::", "record_memory", "_snapshot"))]
-    return " < ".join(f"{f.get('name', '?')}" + (f" ({Path(f['filename']).name}:{f.get('line', '')})"
-                                                 if f.get("filename", "").endswith(".py") else "")
-                      for f in keep[:depth]) or "?"
+_LIBRARY = re.compile(r"blas|cudnn|workspace|nccl|flash|cutlass", re.I)
+
+
+def _frames_key(frames: list[dict]) -> str:
+    """Where a block was allocated: the innermost library frame that names its owner (cuBLAS, cuDNN: their
+    workspaces) and the innermost tinylm frame (else the innermost Python one)."""
+    def short(f: dict | None) -> str | None:
+        if f is None:
+            return None
+        file = f.get("filename", "")
+        return f.get("name", "?") + (f" ({Path(file).name}:{f.get('line', '')})" if file.endswith(".py") else "")
+
+    library = next((f for f in frames if _LIBRARY.search(f.get("name", ""))), None)
+    python = [f for f in frames if f.get("filename", "").endswith(".py")]
+    ours = next((f for f in python if "tinylm" in f["filename"] or "bench_memory" in f["filename"]),
+                python[0] if python else None)
+    return " < ".join(filter(None, (short(library), short(ours)))) or "?"
 
 
 def live_at_peak(snapshot: dict) -> tuple[int, list[tuple[str, int, int]]]:
@@ -98,9 +104,9 @@ def measure(name: str) -> dict:
     kwargs, batch, precision = CONFIGS[name]
     dev = torch.device("cuda")
     torch.empty(1, device=dev)
-    # C++ frames name a library's allocation (cuBLAS, cuDNN); symbolizing them takes a while, so the small configs
-    # (where what plan lacks is most of the peak) get them, the larger Python frames only
-    stacks = "all" if kwargs["n_embd"] * kwargs["block_size"] * batch < 2**20 else "python"
+    # C++ frames name a library's allocation (cuBLAS, cuDNN); symbolizing them takes a while, so the first config
+    # (the laptop recipe: what plan lacks is most of its peak) gets them, the others Python frames only
+    stacks = "all" if name == next(iter(CONFIGS)) else "python"
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks=stacks)
     base = torch.cuda.memory_allocated()
     module, _, _, step = _setup(name, False, "cuda")
@@ -118,10 +124,13 @@ def measure(name: str) -> dict:
             "at_peak": [{"where": w, "bytes": b, "blocks": n} for w, b, n in groups]}
 
 
-def _fresh(fn: str, arg: str) -> dict:
+def _fresh(fn: str, arg: str, timeout: float = 120) -> dict:
     code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import plan_memory as m; " \
            f"print('RESULT', json.dumps(m.{fn}({arg!r})))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s", "arg": arg}
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode or not lines:
         return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1][:300], "arg": arg}
@@ -132,33 +141,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(str(i) for i in range(len(CONFIGS))),
                         help="indices into bench_memory.CONFIGS")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="written after every result (a timeout keeps them)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    probes = [_fresh("probe", p) for p in PROBES]
-    print("| probe | MiB held beyond its tensors |\n|---|---:|")
-    for p in probes:
-        print(f"| {p.get('probe', p.get('arg'))} | " + (f"{p['beyond_tensors'] / MiB:.2f}" if "beyond_tensors" in p
-                                                        else p.get("error", "")) + " |", flush=True)
-    names = list(CONFIGS)
-    rows = [_fresh("measure", names[int(i)]) for i in args.configs.split(",")]
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "probes": [], "rows": []}
+
+    def keep(kind: str, r: dict) -> dict:
+        result[kind].append(r)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        return r
+
+    print(f"GPU: {result['gpu']}, torch {result['torch']}\n| probe | MiB held beyond its tensors |\n|---|---:|")
+    for name in PROBES:
+        p = keep("probes", _fresh("probe", name, timeout=60))
+        print(f"| {name} | " + (f"{p['beyond_tensors'] / MiB:.2f}" if "beyond_tensors" in p else p["error"]) + " |",
+              flush=True)
     print("\n| config | measured peak MiB | plan MiB | plan / measured | missing MiB |\n|---|---:|---:|---:|---:|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['arg']} | {r['error']} | | | |")
-            continue
-        print(f"| {r['config']} | {r['measured_peak'] / MiB:.1f} | {r['plan_peak'] / MiB:.1f} | "
-              f"{r['plan_over_measured']:.3f} | {r['missing'] / MiB:.1f} |")
-    for r in rows:
+    for i in args.configs.split(","):
+        r = keep("rows", _fresh("measure", list(CONFIGS)[int(i)]))
+        print(f"| {r['arg']} | {r['error']} | | | |" if "error" in r else
+              f"| {r['config']} | {r['measured_peak'] / MiB:.1f} | {r['plan_peak'] / MiB:.1f} | "
+              f"{r['plan_over_measured']:.3f} | {r['missing'] / MiB:.1f} |", flush=True)
+    for r in result["rows"]:
         if "at_peak" in r:
             print(f"\nalive at the peak of {r['config']} ({r['trace_peak'] / MiB:.1f} MiB in the trace):")
             for g in r["at_peak"]:
                 print(f"  {g['bytes'] / MiB:9.2f} MiB  {g['blocks']:5d} blocks  {g['where']}")
-    if args.json:
-        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "probes": probes, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
