@@ -149,7 +149,7 @@ def _warn_validation_changes(cfg, trainer: dict, data: dict, ckpt_path: str) -> 
                     "micro-batches)", ckpt_path, every, accumulate, _steps(every / accumulate),
                     _steps(had_every / had), f"{had_every * accumulate / had:g}")
     cut, had_cut = cfg.trainer.get("limit_val_batches"), trainer.get("limit_val_batches")
-    if cut != had_cut:
+    if cut != had_cut and {cut, had_cut} != {None, 1.0}:  # (null and 1.0 both validate every batch)
         log.warning("resuming from %s with trainer.limit_val_batches %r (the run had %r): val/loss is measured on "
                     "other windows from here on, so its curve jumps and best.ckpt is picked across the two; pass "
                     "--trainer.limit_val_batches %r to keep the run's", ckpt_path, cut, had_cut, had_cut)
