@@ -61,6 +61,9 @@ def _token_ids(ids: Iterable[int]) -> list[int]:
     """`ids` as Python ints: ints, numpy or 0-d integer tensors; a float, str or bool is a TypeError naming it."""
     if isinstance(ids, (str, bytes)):
         raise TypeError(f"Tokenizer.decode takes a sequence of int ids; got {type(ids).__name__} {ids[:40]!r}")
+    if hasattr(ids, "tolist"):  # a tensor or an array: its values at once (not a 0-d tensor per element)
+        ids = ids.tolist()
+        ids = ids if isinstance(ids, list) else [ids]
     out = []
     for i in ids:
         if isinstance(i, bool):
