@@ -334,7 +334,7 @@ class PeriodicCheckpoint(_RunFolderCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped, self._stop_after_step = trainer.global_step, True, False
-        if self.continues and self.dirpath:
+        if self.continues and self.dirpath and os.path.isdir(self.dirpath):  # (a rank of a node without the folder)
             self._adopt_earlier_files(trainer.global_step)
             self._trim_to_keep(trainer)
 
