@@ -661,3 +661,15 @@ def test_a_commands_typo_and_missing_options_are_named(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert capsys.readouterr().err.strip().endswith(said), argv
+
+
+def test_a_commands_config_file_with_a_typo_names_the_file_and_the_nearest_option(tmp_path, capsys):
+    """Catches `top_kk: 5` in a generate --config file said as "Option 'top_kk' is not accepted" (no file, no
+    nearest option), and a file holding a list told to hold fit's sections."""
+    (tmp_path / "g.yaml").write_text("top_kk: 5\n")
+    (tmp_path / "l.yaml").write_text("- a\n")
+    for name, said in (("g.yaml", "g.yaml: Option 'top_kk' is not accepted; the nearest option is top_k"),
+                       ("l.yaml", "must hold a mapping of KEY: VALUE lines")):
+        with pytest.raises(SystemExit):
+            main(["generate", "--ckpt_path", "x.ckpt", "--config", str(tmp_path / name)])
+        assert said in capsys.readouterr().err, name

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinylm.cli import console
-from tinylm.cli.argv import config_keys
+from tinylm.cli.argv import config_files, config_keys
 from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.errors import TinyLMError
@@ -74,6 +74,8 @@ def run(command: str, args: list[str]) -> Any:
         from tinylm.cli.errors import with_section_hint
 
         message = with_section_hint(str(e), {a.dest for a in parser._actions if a.option_strings})
+        if str(e).startswith("Option '") and (files := config_files(args)):  # an option of a --config file
+            message = f"--config {', '.join(files)}: {message}"
         if required := re.fullmatch(r"the following arguments are required: (.*)", message):
             positional = _positional_list(fn)  # (plot's RUN: a word, not an option)
             names = ", ".join(n.strip().upper().rstrip("S") if n.strip() == positional else f"--{n.strip()}"

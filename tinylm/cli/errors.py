@@ -106,7 +106,9 @@ def with_section_hint(message: str, options: set[str]) -> str:
     command line, ``Subcommand 'fit' does not accept option 'trainer.lr'`` from a config file) with where each one
     lives: the one option of ``options`` (the parser's, dotted) with its last name (``lr is an option of model``),
     else the nearest name (``--model.n_layers``: did you mean --model.n_layer?); ``message`` as it is when none."""
-    if said := re.fullmatch(r"Subcommand '[\w-]+' does not accept option '([^']+)'", message):
+    if said := re.fullmatch(r"Subcommand '[\w-]+' does not accept option '([^']+)'|Option '([^']+)' is not accepted",
+                            message):  # (the second: a command's --config file)
+        said = [None, said[1] or said[2]]
         hints = [_section_hint(said[1], None, options, flag=False)]
     elif said := re.fullmatch(r"unrecognized arguments: (.*)", message, re.S):
         words = said[1].split()

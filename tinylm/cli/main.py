@@ -264,8 +264,8 @@ def check_config_files(args: list[str]) -> None:
             raise ValueError(f"config file {p!r} is empty (or only comments); pass a YAML file with sections "
                              "(trainer:, model:, data:, ...) such as configs/shakespeare-char-cpu.yaml")
         if not isinstance(data, dict):
-            raise ValueError(f"config file {p!r} must hold a mapping of sections (trainer:, model:, data:, ...), "
-                             f"got a {type(data).__name__}")
+            raise ValueError(f"config file {p!r} must hold a mapping of KEY: VALUE lines (fit's sections trainer:, "
+                             f"model:, data:, ...; a command's own options), got a {type(data).__name__}")
         for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
             if key in FIT_GROUPS and not isinstance(value, dict):
                 raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
