@@ -574,3 +574,27 @@ def test_load_model_leaves_the_callers_random_state_alone_and_names_a_device_it_
         with pytest.raises(ValueError, match=r"device 'cuda' asked for, but this machine has no CUDA device"):
             load_model(path, map_location="cuda")
     assert load_model(path, map_location=torch.device("cpu"))[0].lm_head.weight.device.type == "cpu"
+
+
+def test_a_checkpoint_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
+    """Catches atomic_write swapping the new file in before it is fsynced (a crash right after could leave the name
+    pointing at a file whose data never reached the disk: the point of writing it beside and renaming)."""
+    from tinylm import checkpoint
+
+    events = []
+    real_fsync, real_swap = os.fsync, checkpoint.swap_in
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))  # (Linux: the path the descriptor names)
+        real_fsync(fd)
+
+    def swap_in(tmp, path, **kwargs):
+        events.append(("swap", str(tmp)))
+        real_swap(tmp, path, **kwargs)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint, "swap_in", swap_in)
+    checkpoint.atomic_write_bytes(tmp_path / "a.ckpt", b"data")
+    swapped = events.index(("swap", str(tmp_path / "a.ckpt.tmp")))
+    assert ("fsync", str(tmp_path / "a.ckpt.tmp")) in events[:swapped], events  # the temp file, before its swap
+    assert (tmp_path / "a.ckpt").read_bytes() == b"data"
