@@ -883,6 +883,10 @@ def test_a_checkpoint_that_contradicts_itself_is_blamed_not_the_command(config, 
     torch.save(ckpt, tmp_path / "longer.ckpt")
     with pytest.raises(CheckpointError, match="holds a tokenizer of 68 ids but a model of vocab_size 58"):
         load_model(tmp_path / "longer.ckpt")  # generate, export, init_from
+    state["chars"] = "".join(sorted(set(state["chars"]) - set("123456789")))  # one id more than the model: the edge
+    torch.save(ckpt, tmp_path / "one_more.ckpt")
+    with pytest.raises(CheckpointError, match="holds a tokenizer of 59 ids but a model of vocab_size 58"):
+        load_model(tmp_path / "one_more.ckpt")
     _one_line_error(capsys, ["validate", "--ckpt_path", str(tmp_path / "longer.ckpt")], "68 ids", "vocab_size 58")
     ckpt = torch.load(path, weights_only=True)
     ckpt["hyper_parameters"]["lr"] = -1.0
