@@ -195,3 +195,14 @@ def test_a_draft_checkpoint_is_refused_with_what_it_cannot_do_before_loading(tmp
             run_command("generate", ["--ckpt_path", str(tmp_path / "none.ckpt"), "--draft_ckpt_path", draft, *args])
         else:
             SampleText(draft_ckpt_path=draft, **args)
+
+
+def test_a_draft_that_is_no_model_is_named():
+    """Catches generate(draft="draft.ckpt") (a path where the model goes) ending in an AttributeError."""
+    from tinylm.generate import generate
+    from tinylm.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    with pytest.raises(TypeError, match=r"draft must be a tinylm GPT \(tinylm.checkpoint.load_draft\(path, tokenizer\) "
+                                        r"loads one\), got str 'draft.ckpt'"):
+        generate(model, [[1, 2]], draft="draft.ckpt", max_new_tokens=2)

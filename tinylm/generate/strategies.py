@@ -27,7 +27,7 @@ from tinylm.generate.constrained import rescue, restrict
 from tinylm.generate.options import sampling_options
 from tinylm.generate.processors import constrained_logits, sampling_logits
 from tinylm.generate.rows import CONTEXT_TOKENS, _Rows, _Runner
-from tinylm.model import GPT
+from tinylm.model import GPT, GPTConfig
 
 
 def _greedy_or_sample(run: _Runner, ids: Tensor, rows: _Rows, generator: torch.Generator | None) -> None:
@@ -260,6 +260,9 @@ def generate_with(
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
         raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
                         ".model)")  # of a GPT passes)
+    if draft is not None and not isinstance(getattr(draft, "config", None), GPTConfig):  # (a path: load_draft)
+        raise TypeError(f"draft must be a tinylm GPT (tinylm.checkpoint.load_draft(path, tokenizer) loads one), got "
+                        f"{type(draft).__name__} {draft!r:.60}")
     config = replace(config)  # its checks again: a field changed after it was made (temperature = 0) skipped them
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
