@@ -206,3 +206,19 @@ def test_a_draft_that_is_no_model_is_named():
     with pytest.raises(TypeError, match=r"draft must be a tinylm GPT \(tinylm.checkpoint.load_draft\(path, tokenizer\) "
                                         r"loads one\), got str 'draft.ckpt'"):
         generate(model, [[1, 2]], draft="draft.ckpt", max_new_tokens=2)
+
+
+def test_acceptance_counts_every_rows_drafts():
+    """Catches the accepted drafts counted by the row that accepted fewest (the batch's step) instead of each row's
+    own test: the acceptance rate of several prompts came out low. Two copies of one prompt draft and accept exactly
+    twice what the prompt alone does (prompt lookup, greedy: the rows are alike)."""
+    from tinylm.generate import generate_with
+
+    target = model(0, tie_embeddings=False)  # (tied, the scaled head made it repeat its last token: every draft kept)
+    prompt = [[16, 21, 17, 13, 6, 1, 17]]
+    config = SamplingConfig(strategy="greedy", max_new_tokens=12, num_draft_tokens=2, prompt_lookup=2)
+    one, two = {}, {}
+    generate_with(target, prompt, config, stats=one)
+    generate_with(target, prompt * 2, config, stats=two)
+    assert 0 < one["accepted"] < one["drafted"]  # (not vacuous: some drafts kept, some not)
+    assert (two["accepted"], two["drafted"]) == (2 * one["accepted"], 2 * one["drafted"])
