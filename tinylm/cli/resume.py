@@ -149,7 +149,10 @@ def _warn_validation_changes(cfg, trainer: dict, data: dict, ckpt_path: str) -> 
                     "micro-batches)", ckpt_path, every, accumulate, _steps(every / accumulate),
                     _steps(had_every / had), f"{had_every * accumulate / had:g}")
     cut, had_cut = cfg.trainer.get("limit_val_batches"), trainer.get("limit_val_batches")
-    if cut != had_cut and {cut, had_cut} != {None, 1.0}:  # (null and 1.0 both validate every batch)
+    def whole(v: Any) -> bool:  # null and the float 1.0 validate every batch; the int 1, one batch
+        return v is None or isinstance(v, float) and v == 1.0
+
+    if (type(cut), cut) != (type(had_cut), had_cut) and not (whole(cut) and whole(had_cut)):
         log.warning("resuming from %s with trainer.limit_val_batches %r (the run had %r): val/loss is measured on "
                     "other windows from here on, so its curve jumps and best.ckpt is picked across the two; pass "
                     "--trainer.limit_val_batches %r to keep the run's", ckpt_path, cut, had_cut, had_cut)
