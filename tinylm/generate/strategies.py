@@ -260,9 +260,6 @@ def generate_with(
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
         raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
                         ".model)")  # of a GPT passes)
-    if draft is not None and not isinstance(getattr(draft, "config", None), GPTConfig):  # (a path: load_draft)
-        raise TypeError(f"draft must be a tinylm GPT (tinylm.checkpoint.load_draft(path, tokenizer) loads one), got "
-                        f"{type(draft).__name__} {draft!r:.60}")
     config = replace(config)  # its checks again: a field changed after it was made (temperature = 0) skipped them
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
@@ -342,6 +339,9 @@ def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculati
 
 def _check_speculative(model: GPT, draft: GPT | None, config: SamplingConfig) -> None:
     """Refuse what speculative decoding cannot keep exact: beams or candidates, a draft of another vocabulary."""
+    if draft is not None and not isinstance(getattr(draft, "config", None), GPTConfig):  # (a path: load_draft)
+        raise TypeError(f"draft must be a tinylm GPT (tinylm.checkpoint.load_draft(path, tokenizer) loads one), got "
+                        f"{type(draft).__name__} {draft!r:.60}")
     from tinylm.generate.config import SPECULATIVE
 
     if config.strategy not in SPECULATIVE:
