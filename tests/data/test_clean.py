@@ -97,6 +97,8 @@ GOOD = "The cat sat on the mat.\nIt was a warm day, and the sun was out.\nThen t
     ({"min_punctuated_lines": 0.5}, GOOD, None),
     ({"max_duplicate_lines": 0.3}, "buy now!\nbuy now!\nbuy now!\nreal text here.", "max_duplicate_lines"),
     ({"max_duplicate_lines": 0.3}, GOOD + "\nThe cat sat on the mat.", None),  # 1 of 4 lines repeats: 0.25
+    ({"max_duplicate_lines": 0.25}, GOOD + "\nThe cat sat on the mat.", None),  # at the threshold: kept
+    ({"max_symbol_ratio": 0.5}, "Wait\u2026 what\u2026 no\u2026 really\u2026 yes.", "max_symbol_ratio"),  # "…" too
     ({"max_duplicate_ngrams": 0.15}, "a b c d e " * 6 + "and then something else entirely.", "max_duplicate_ngrams"),
     ({"max_duplicate_ngrams": 0.15}, GOOD, None),
 ])
