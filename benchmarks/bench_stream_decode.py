@@ -36,7 +36,7 @@ def cpu(fn, *args) -> tuple[float, object]:
 def stream_tinylm(decode, prompt: list[int], ids: list[int]) -> str:
     sink = io.StringIO()
     with redirect_stdout(sink):
-        printer = commands._StreamPrinter(decode, prompt)
+        printer = commands._StreamPrinter(decode, prompt, "")  # (no prompt text: the continuation alone)
         for t in ids:
             printer(0, t)
         printer.finish(ids)
