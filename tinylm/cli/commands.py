@@ -47,7 +47,7 @@ def parser_for(fn: Callable, prog: str):
                         if fit_config else "a YAML file of these options")
     parser.add_function_arguments(fn, as_group=False, skip={"fit_args"})  # fit_args: see tinylm.cli.fit_config
     if name := _positional_list(fn):  # jsonargparse would show "--runs [ITEM,...]", which takes a JSON list only
-        parser.usage = f"{prog} {name.upper().rstrip('S')} [{name.upper().rstrip('S')} ...] [options]"
+        parser.usage = f"{prog} {_word(name)} [{_word(name)} ...] [options]"
     return parser
 
 
@@ -78,7 +78,7 @@ def run(command: str, args: list[str]) -> Any:
             message = f"--config {', '.join(files)}: {message}"
         if required := re.fullmatch(r"the following arguments are required: (.*)", message):
             positional = _positional_list(fn)  # (plot's RUN: a word, not an option)
-            names = ", ".join(n.strip().upper().rstrip("S") if n.strip() == positional else f"--{n.strip()}"
+            names = ", ".join(_word(n.strip()) if n.strip() == positional else f"--{n.strip()}"
                               for n in required[1].split(","))
             message = f"{names} {'are' if ',' in names else 'is'} required (tinylm {command} --help says what it takes)"
         if message == str(e):
@@ -147,6 +147,11 @@ def _positional_list(fn: Callable) -> str | None:
             or first.annotation not in ("list[str]", list[str])):
         return None
     return first.name
+
+
+def _word(name: str) -> str:
+    """How usage lines and messages spell a positional list (``runs``: ``RUN``)."""
+    return name.upper().rstrip("S")
 
 
 def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:

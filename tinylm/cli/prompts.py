@@ -50,7 +50,7 @@ def read_text_option(path: str, flag: str, what: str, command: str) -> str:
     if path == "-" and sys.stdin is None:
         raise ValueError(f"{flag} - reads {what} from standard input, which is closed; pipe the text in")
     try:
-        if path != "-" and Path(path).exists() and (Path(path).is_char_device() or Path(path).is_block_device()):
+        if path != "-" and (Path(path).is_char_device() or Path(path).is_block_device()):  # (False when missing)
             raise ValueError(f"{flag} {name} is a device, not a text file (/dev/zero, /dev/urandom and the like never "
                              "end); give a text file, or - for standard input")
         if path == "-":
