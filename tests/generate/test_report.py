@@ -141,6 +141,14 @@ def test_bad_arguments_name_the_fix():
         sample_report(model, tok, num_samples=1)
 
 
+def test_write_report_refuses_what_is_no_report_before_making_its_folder(tmp_path):
+    """Catches write_report({}, dir) failing with a KeyError after it had made the folder."""
+    for bad in ({}, [], {"prompts": []}):
+        with pytest.raises(ValueError, match="report must be what sample_report returns; this one has no "):
+            report.write_report(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("flags, message", [(["--max_new_tokens", "0"], "max_new_tokens must be a whole number"),
                                             (["--num_samples", "0"], "num_samples must be a whole number"),
                                             (["--prompts", "[]"], "--prompts is empty: give at least one")])

@@ -563,11 +563,17 @@ def check_report_folder(out_dir: str | Path) -> None:
                               "empty folder")
 
 
+REPORT_KEYS = {"prompts", "num_samples", "max_new_tokens", "seed", "strategies"}  # what write_report reads
+
+
 def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     """Write report.md, metrics.json and diversity_vs_likelihood.png into out_dir (created); returns report.md.
 
     They are written whole into a folder inside out_dir first, then moved in place of an earlier report's: a full
     disk or a kill leaves the earlier report as it was, never a mix of the two."""
+    missing = REPORT_KEYS - set(report) if isinstance(report, dict) else REPORT_KEYS
+    if missing:  # before the folder is made: a KeyError midway left it behind
+        raise ValueError(f"report must be what sample_report returns; this one has no {', '.join(sorted(missing))}")
     out = Path(out_dir)
     check_report_folder(out)
     out.mkdir(parents=True, exist_ok=True)
