@@ -39,6 +39,9 @@ SPELLINGS = [
     (["-c", "a.yaml"], "fromA"),
     (["-c=a.yaml"], "fromA"),
     (["-ca.yaml"], "fromA"),
+    (["-c=my a.yaml"], "fromA"),  # a space in the file's name: still the option
+    (["-cmy a.yaml"], "fromA"),
+    (["--config=my a.yaml"], "fromA"),
     (["--config=a.yaml"], "fromA"),
     (["-c", "a.yaml", "--config", "b.yaml"], "fromB"),  # several: in order
     (["--config=b.yaml", "-c", "a.yaml"], "fromA"),
@@ -84,6 +87,7 @@ def test_the_reader_reads_every_spelling_as_jsonargparse_does(args, expected, tm
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.yaml").write_text("run:\n  name: fromA\n")
     (tmp_path / "b.yaml").write_text("run:\n  name: fromB\n")
+    (tmp_path / "my a.yaml").write_text("run:\n  name: fromA\n")
     found = settings(args, WANTED)
     assert (found and found["run.name"]) == expected
     if expected is not None:

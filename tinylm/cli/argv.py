@@ -72,10 +72,11 @@ def spans(args: list[str]) -> Iterator[tuple[str | None, str | None, list[str]]]
             yield None, None, args[i - 1:]
             return
         flag, eq, value = arg.partition("=")
-        if is_value(arg) and not (arg.startswith("--") and eq and " " not in flag):  # (`--prompts+=- a`: an option)
-            yield None, None, [arg]
+        short_config = arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--")  # -c=FILE, -cFILE
+        if is_value(arg) and not short_config and not (arg.startswith("--") and eq and " " not in flag):
+            yield None, None, [arg]  # (`--prompts+=- a`, `-c=my config.yaml`: options, as argparse reads them)
             continue
-        if arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):  # -c=FILE, -cFILE
+        if short_config:
             flag, eq, value = "-c", "=", arg[3:] if arg[2] == "=" else arg[2:]
         span = [arg]
         if not eq and arg not in NO_VALUE and i < len(args) and is_value(args[i]):
