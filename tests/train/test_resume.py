@@ -416,7 +416,8 @@ def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_con
 
     _one_line_error(capsys, ["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "3"],
                     "data.tokenizer 'tiktoken:tok/small.tiktoken' is not the tokenizer the checkpoint was trained "
-                    "with under that name", "its file changed since; put the run's file back, or move it away")
+                    "with under that name", "its file changed since, or the relative path names another file from "
+                    f"this working folder ({tmp_path})", "put the run's file back, or move it away")
     shutil.rmtree(tmp_path / "tok")
     with caplog.at_level("INFO", logger="tinylm"):
         main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "3"])

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import operator
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -52,8 +53,12 @@ def changed_file_message(spec: str, was: str, now: str, *, resume: bool = True) 
     fix = ("put the run's file back, or move it away (a resume that finds no file there uses the checkpoint's own "
            "copy, unless --data.tokenizer is typed)" if resume else "leave --data.tokenizer out (of the command and "
            "its --config): tinylm validate then uses the checkpoint's own")
+    path = spec.removeprefix("tiktoken:")
+    changed = "its file changed since"
+    if path not in TIKTOKEN_SIZES and not Path(path).is_absolute():  # resumed from another folder: another file
+        changed += f", or the relative path names another file from this working folder ({os.getcwd()})"
     return (f"data.tokenizer {spec!r} is not the tokenizer the checkpoint was trained with under that name "
-            f"(fingerprint {was[:12]}, now {now[:12]}): its file changed since; {fix}")
+            f"(fingerprint {was[:12]}, now {now[:12]}): {changed}; {fix}")
 
 
 # ---------------------------------------------------------------------------------------------------- facade
