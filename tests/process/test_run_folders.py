@@ -756,6 +756,12 @@ def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
     main(["fit", "--config", str(config), "--trainer.max_steps", "10", "--ckpt_path", "last"])
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
     assert line.endswith("; resumed at step 4: 6 steps left read 192 tokens"), line
+    caplog.clear()  # resumed at another accumulation: the steps before read the batch they had
+    main(["fit", "--config", str(config), "--trainer.max_steps", "12", "--ckpt_path", "last",
+          "--trainer.accumulate_grad_batches", "2"])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
+    assert "12 steps (trainer.max_steps) read 448 tokens" in line  # 10 x 32 + 2 x 64 (not 12 x 64)
+    assert line.endswith("; resumed at step 10: 2 steps left read 128 tokens"), line
     with pytest.warns(UserWarning, match=r"one optimizer step reads 19,200 tokens but the training split holds "
                                          r"[\d,]+: every step goes over it 1\.\d+ times; "
                                          r"use a smaller --data.batch_size"):

@@ -53,11 +53,14 @@ class RunConfig(SaveConfigCallback):
         data = trainer.datamodule
         if trainer.is_global_zero and data is not None:  # what an optimizer step is made of, devices included
             B, A, W, T = data.batch_size, trainer.accumulate_grad_batches, trainer.world_size, data.block_size
-            step, max_steps = B * A * W * T, trainer.max_steps
+            step, max_steps, done = B * A * W * T, trainer.max_steps, trainer.global_step
             splits = [meta["splits"]["train"]["tokens"] for meta in data.metas]
             split = sum(splits)
-            run = (f"; {max_steps:,} steps (trainer.max_steps) read {step * max_steps:,} tokens: "
-                   f"{step * max_steps / split:.3g} passes over the training split ({split:,} tokens)"
+            # a resume: what its steps read (at another accumulation, another batch), then the steps left at this one
+            before = data._resume_batches * B * W * T if 0 < done < max_steps and data._resume_batches else None
+            total = step * max_steps if before is None else before + step * (max_steps - done)
+            run = (f"; {max_steps:,} steps (trainer.max_steps) read {total:,} tokens: "
+                   f"{total / split:.3g} passes over the training split ({split:,} tokens)"
                    if max_steps > 0 else "")
             # data.weights draw each corpus at its own pace (unset: in proportion to its tokens, all at one pace):
             # [0.1, 0.9] over 18,000 and 2,700 tokens read the small one 30 times as often as the 0.297 passes say
@@ -67,7 +70,6 @@ class RunConfig(SaveConfigCallback):
                 run += " (by data.weights: " + ", ".join(
                     f"{name} {step * max_steps * share / n:.3g} passes of {n:,}"
                     for name, share, n in zip(data.val_names, shares, splits)) + ")"
-            done = trainer.global_step  # a resume: what is left of the run, not only its whole
             if max_steps > 0 and 0 < done < max_steps:
                 run += (f"; resumed at step {done:,}: {max_steps - done:,} steps left read "
                         f"{step * (max_steps - done):,} tokens")
