@@ -463,7 +463,7 @@ class TinyLM(L.LightningModule):
         # a negative max_norm flips every gradient (clip_grad_norm_ scales by max_norm / norm): gradient ascent
         check_ranges("trainer", {"gradient_clip_val": gradient_clip_val}, {"gradient_clip_val": "[0, inf)"})
         max_norm = gradient_clip_val if gradient_clip_val else float("inf")
-        norm = clip_by_global_norm(self.model, max_norm)
+        norm = clip_by_global_norm(self.model, max_norm, sharded=getattr(self, "_device_mesh", None) is not None)
         self.last_grad_norm = norm.detach()  # read by the health monitor on every step
         if self.step_guard is not None:  # skips the update on the device when the step is not to be applied
             self.step_guard(self, optimizer, self.last_grad_norm)
