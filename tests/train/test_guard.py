@@ -106,6 +106,8 @@ def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["fit", "--config", str(_config(run_config, "_LRExplodesAt12"))])
     assert "rolled back to" in caplog.text and "step-12.ckpt" in caplog.text, caplog.text
+    # once: the window forgets the exploded steps it rolled back over (judged again, they called a second rollback)
+    assert caplog.text.count("rolled back to") == 1, caplog.text
     vals = _losses(tmp_path / "runs" / "tiny", "val/loss")
     assert _final(tmp_path) < vals[9][-1]  # better than before the explosion (at step 10)
     assert max(_losses(tmp_path / "runs" / "tiny")[13]) > 100  # not vacuous: it did explode
@@ -304,3 +306,39 @@ def test_the_loss_level_follows_the_lowest_window_and_a_rise_above_it_is_trouble
     losses[28 % 10] = losses[29 % 10] = 3.2  # the last window // 5 = 2 steps, 60 % above the level 2.0
     what, first = guard._trouble(30, losses, no_skips)
     assert first == 28 and "60% above its level 2.000" in what
+
+
+def _judged(guard, steps: list[tuple[float, float]]) -> list[bool]:
+    """Which of ``steps`` (loss, gradient norm) the guard skips, judged one by one as a run's steps are (a real
+    AdamW takes the decision), the outlier limits refreshed after the first min_history + 2."""
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    trainer = SimpleNamespace(global_step=0, world_size=1)
+    module = SimpleNamespace(trainer=trainer, device=torch.device("cpu"), hparams=SimpleNamespace(vocab_size=65))
+    guard.on_train_start(trainer, module)
+    skipped = []
+    for i, (loss, norm) in enumerate(steps):
+        trainer.global_step = i
+        module.step_loss = torch.tensor(loss)
+        guard.judge(module, optimizer, torch.tensor(norm))
+        skipped.append(bool(module.step_skipped))
+        if i == guard.min_history + 1:
+            guard._refresh_limit()
+    return skipped
+
+
+def test_grad_norm_z_skips_a_gradient_norm_outlier_and_loss_z_a_loss_outlier():
+    """Catches guard.grad_norm_z judged against the loss's limit, or not at all (mutation testing found no test of
+    it), and loss_z null still skipping a loss outlier."""
+    from tinylm.train.guard import StabilityGuard
+
+    calm = [(2.0 + 0.01 * (i % 3), 1.0 + 0.02 * (i % 4)) for i in range(8)]
+    steps = calm + [(2.01, 9.0), (9.0, 1.02), (float("nan"), 1.0)]  # a norm outlier, a loss outlier, a NaN loss
+    want = {(6.0, None): [False, True, True], (None, 6.0): [True, False, True], (None, None): [False, False, True],
+            (6.0, 6.0): [True, True, True]}
+    for (loss_z, grad_norm_z), expected in want.items():
+        guard = StabilityGuard(window=10, min_history=5, loss_z=loss_z, grad_norm_z=grad_norm_z)
+        got = _judged(guard, steps)
+        assert got == [False] * 8 + expected, (loss_z, grad_norm_z, got)
