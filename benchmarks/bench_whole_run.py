@@ -15,6 +15,10 @@ and peak RSS (of the child's largest process: Python's, not W&B's service). The 
 so runs alternate in pairs (tinylm first in odd pairs, plain first in even pairs) and the CPU-time ratio is the number
 to trust: other jobs stretch wall time but hardly CPU time.
 
+Both sides run with this Python's environment. What `make train` runs is tinylm[plots] alone; `make test`'s
+tinylm[dev] adds transformers and scipy, which Lightning's import pulls in (through torchmetrics) and pays ~1.6 s
+for: the first line says which one is measured.
+
     python benchmarks/bench_whole_run.py                       # 3 pairs of full runs (about 8 minutes on 2 cores)
     python benchmarks/bench_whole_run.py --pairs 1 --max-steps 300
     python benchmarks/bench_whole_run.py --tinylm-args "--run.wandb_project null"   # what W&B costs
@@ -111,6 +115,17 @@ def baseline_val_loss(log: Path) -> float | None:
     return float(lines[-1].rsplit("val loss", 1)[1]) if lines else None
 
 
+def environment_line() -> str:
+    """Which of the packages that Lightning's import pulls in when installed (torchmetrics imports them) this
+    environment has: `make train` installs tinylm[plots] (neither), `make test` tinylm[dev] (both), and they add
+    ~1.6 s of CPU and ~85 MB to every `tinylm fit` (docs/benchmarks.md)."""
+    import importlib.util
+
+    extras = [name for name in ("transformers", "scipy") if importlib.util.find_spec(name) is not None]
+    return (f"{', '.join(extras)} installed (tinylm[dev]: Lightning's import pays for them)" if extras else
+            "neither transformers nor scipy installed (as `make train` sets up: tinylm[plots])")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the recipe both sides run")
@@ -131,6 +146,7 @@ def main() -> None:
     tinylm_bin = Path(sys.executable).with_name("tinylm")
     sides = args.sides.split(",")
     print(f"machine: {machine_line()}", flush=True)
+    print(f"environment: {environment_line()}", flush=True)
     print(f"recipe: {args.config.name}, {steps} steps; {args.pairs} pair(s), alternating; "
           f"threads {args.threads or 'default'}; tinylm extra args: {args.tinylm_args or '(none)'}\n", flush=True)
 
