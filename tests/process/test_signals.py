@@ -821,3 +821,36 @@ time.sleep(30)
     line = ("tinylm fit: error: interrupted by SIGINT at step 3; saved runs/x/checkpoints/last.ckpt; resume with "
             "`tinylm fit --config c.yaml --ckpt_path last`\n")
     assert done.stderr == ("" if said else line), done.stderr[-2000:]
+
+
+def test_a_signal_during_the_imports_waits_for_them_then_ends_the_command_in_its_line(tmp_path):
+    """Catches a SIGTERM (or Ctrl+C) landing inside Lightning's import: raised mid-import it left a module half made,
+    and numpy's lazy submodules recursed without end (a RecursionError's 50-line traceback, exit 1, in place of
+    the command's one line, 143). Now held until the imports are done; a second one meanwhile ends at once."""
+    from tinylm.cli import signals
+    from tinylm.cli.errors import Terminated
+
+    done = []
+    with pytest.raises(Terminated, match="terminated by SIGTERM before it finished"):
+        with signals.terminate_cleanly("fit"), signals.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # (a handler runs between two bytecodes: here, inside the imports)
+            done.append("imported")
+    assert done == ["imported"]
+    with pytest.raises(KeyboardInterrupt), signals.terminate_cleanly("generate"), signals.held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        done.append("imported again")
+    assert done == ["imported", "imported again"]
+    script = tmp_path / "twice.py"
+    script.write_text("import os, signal, time\n"
+                      "from tinylm.cli import signals\n"
+                      "with signals.terminate_cleanly('fit'), signals.held():\n"
+                      "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                      "    time.sleep(0.01)\n"
+                      "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                      "    time.sleep(0.01)\n"
+                      "    print('not ended')\n")
+    ended = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 128 + signal.SIGTERM and ended.stdout == "", (ended.returncode, ended.stdout)
+    assert ended.stderr == "tinylm: SIGTERM again during the imports: ended at once\n", ended.stderr

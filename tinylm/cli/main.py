@@ -137,7 +137,8 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
         with signals.terminate_cleanly(command, program):
-            console.setup_lightning()
+            with signals.held():
+                console.setup_lightning()
             started = time.perf_counter()
             cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
@@ -153,7 +154,8 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
         with signals.terminate_cleanly(command):
             if command not in ("prepare", "plot"):  # the commands that never import Lightning
-                console.setup_lightning()
+                with signals.held():
+                    console.setup_lightning()
             commands.run(command, rest)
 
 

@@ -74,9 +74,46 @@ def _writing_down_its_error(frame: object) -> bool:
     return False
 
 
+_HELD: list[int] | None = None
+"""The signals that arrived while `held` imports ran (None: not holding)."""
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold SIGTERM, SIGHUP and Ctrl+C (`terminate_cleanly`'s) until the imports inside are done, then act on the
+    first: raised in the middle of an import, its exception could leave a module half made, and what followed was
+    another error (numpy's lazy submodules recursed without end: a RecursionError's 50-line traceback in place of
+    the command's line, exit 1). A second signal meanwhile ends the command at once (an import that hangs)."""
+    global _HELD
+    if _HELD is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _HELD = []
+    try:
+        yield
+    finally:
+        got, _HELD = _HELD, None
+        if got:
+            signal.raise_signal(got[0])  # its handler runs now, between two statements
+
+
+def _holding(signum: int) -> bool:
+    """Whether `held` keeps ``signum`` for later (the second one ends the command at once)."""
+    if _HELD is None:
+        return False
+    if _HELD:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"tinylm: {signal.Signals(signum).name} again during the imports: ended at once\n")
+        end_now(signum, None)
+    _HELD.append(signum)
+    return True
+
+
 @contextlib.contextmanager
 def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
+        if _holding(signum):
+            return
         if _writing_down_its_error(frame):
             return  # it exits in a moment, with its error (its traceback beside the first failure's line, if raised)
         if signum == signal.SIGHUP:
@@ -96,6 +133,8 @@ def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
         # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
         # notebook's Interrupt, `kill -INT`) left them training to the end. They get a SIGTERM: beside a terminal's
         # own Ctrl+C to them it is one request, where a second SIGINT would stop them at once, unsaved.
+        if _holding(signum):
+            return
         forked = [child for child in multiprocessing.active_children() if not child.daemon]
         if not forked:
             if program and command == "fit" and stop_state.over:
