@@ -397,6 +397,21 @@ def test_a_checkpoint_alone_resumes_exactly(run_config, tmp_path, caplog):
     assert "lone/old.ckpt keeps no settings of its run" in caplog.text and "pass the run's own --config" in caplog.text
 
 
+def test_a_checkpoint_alone_that_is_none_is_named(tmp_path, capsys, monkeypatch):
+    """Catches `tinylm fit --ckpt_path TYPO --run.name NEW` (no --config: the checkpoint's settings are read) refused
+    as "trainer.max_steps is not set": the missing, broken or foreign file was left to the resume's own checks."""
+    from helpers import _one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"a": torch.ones(2)}, tmp_path / "plain.pt")
+    (tmp_path / "cut.ckpt").write_bytes(b"PK\x03\x04" + b"\0" * 20)
+    for path, said in (("nothere.ckpt", "checkpoint 'nothere.ckpt' not found"),
+                       ("plain.pt", "'plain.pt' is a torch file but not a Lightning checkpoint"),
+                       ("cut.ckpt", "'cut.ckpt' is not a readable checkpoint")):
+        _one_line_error(capsys, ["fit", "--ckpt_path", path, "--run.name", "new"], said)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog,
                                                                          capsys):
     """Catches a run trained with --data.tokenizer PATH whose file was moved or deleted since refused on resume

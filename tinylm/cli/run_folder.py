@@ -381,10 +381,9 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     from tinylm.checkpoint import load_checkpoint
     from tinylm.cli.argv import reloadable_yaml
 
-    try:
-        ckpt = load_checkpoint(ckpt_path, mmap=True)
-    except Exception:  # noqa: BLE001 (the resume's own checks say what is wrong with the file)
-        return args
+    # a file that is none (missing, broken, not tinylm's) is said now: left to the resume's own checks, it was refused
+    # first for what the settings it keeps would have given ("trainer.max_steps is not set")
+    ckpt = load_checkpoint(ckpt_path, mmap=True)
     settings = kept_settings(ckpt)
     if not settings:
         if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
