@@ -398,14 +398,21 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
     with torch.random.fork_rng(devices=[]):  # the random init, overwritten below, leaves the caller's seed alone
         model = GPT(config)
     check_weights(state, model.state_dict(), ckpt_path)
-    broken = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    check_finite(state, ckpt_path)
+    model.load_state_dict(state)
+    tokenizer = checkpoint_tokenizer(ckpt, ckpt_path)
+    return model.to(map_location).eval(), tokenizer, hparams
+
+
+def check_finite(state: dict[str, Any], ckpt_path: str | os.PathLike) -> None:
+    """Refuse weights (``state``: a state_dict) holding NaN or inf: a run that diverged before it saved them (a
+    resume or a validation of them trained from NaN, or scored `val/loss nan`, and named the LR as the cause)."""
+    broken = [k for k, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
+              and not torch.isfinite(t).all()]
     if broken:
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds non-finite weights (NaN or inf) in {len(broken)} "
                               f"tensors, e.g. {broken[0]!r}: the run diverged before this save; use an earlier "
                               "step-*.ckpt of the run")
-    model.load_state_dict(state)
-    tokenizer = checkpoint_tokenizer(ckpt, ckpt_path)
-    return model.to(map_location).eval(), tokenizer, hparams
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | os.PathLike) -> Any:

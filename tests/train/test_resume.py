@@ -412,6 +412,22 @@ def test_a_checkpoint_alone_that_is_none_is_named(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_checkpoint_of_nan_weights_is_refused_by_resume_and_validate(run_config, tmp_path, capsys):
+    """Catches a diverged run's checkpoint (NaN weights) resumed (it trained from NaN, and the guard blamed the LR)
+    or validated (`val/loss nan`, exit 0, its next lines naming generate and export, which refuse it)."""
+    from helpers import _one_line_error
+
+    cfg = run_config(trainer={"max_steps": 2})
+    main(["fit", "--config", str(cfg)])
+    ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt["state_dict"]["model.transformer.ln_f.weight"][0] = float("nan")
+    torch.save(ckpt, tmp_path / "nan.ckpt")
+    said = f"checkpoint '{tmp_path / 'nan.ckpt'}' holds non-finite weights (NaN or inf) in 1 tensors"
+    _one_line_error(capsys, ["fit", "--config", str(cfg), "--ckpt_path", str(tmp_path / "nan.ckpt"),
+                             "--run.name", "again", "--trainer.max_steps", "4"], said, "use an earlier step-*.ckpt")
+    _one_line_error(capsys, ["validate", "--ckpt_path", str(tmp_path / "nan.ckpt")], said)
+
+
 def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog,
                                                                          capsys):
     """Catches a run trained with --data.tokenizer PATH whose file was moved or deleted since refused on resume

@@ -545,7 +545,7 @@ class TinyLM(L.LightningModule):
                    "validate then uses the checkpoint's own")
             raise CheckpointError(f"the checkpoint is for a different model shape ({'; '.join(diffs)}); vocab_size "
                                   f"and block_size come from the data: {fix}")
-        from tinylm.checkpoint import check_weights
+        from tinylm.checkpoint import check_finite, check_weights
 
         if self._trainer is not None and fitting:
             # a resume that splits the global batch another way (devices traded for accumulation) counts its
@@ -556,8 +556,9 @@ class TinyLM(L.LightningModule):
         # before Lightning's load_state_dict: an edited or merged file is one line naming the tensor (FSDP2's
         # strategy loaded the weights itself, into their shards, and hands no state_dict here)
         if "state_dict" in checkpoint:
-            check_weights(checkpoint["state_dict"], self.state_dict(),
-                          getattr(self._trainer, "ckpt_path", None) or "checkpoint")
+            path = getattr(self._trainer, "ckpt_path", None) or "checkpoint"
+            check_weights(checkpoint["state_dict"], self.state_dict(), path)
+            check_finite(checkpoint["state_dict"], path)
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
         # the step of the file whose weights these are (a live run's last.ckpt may have been replaced since the
