@@ -79,6 +79,9 @@ def config(run_config):
         (["--trainer.callbacks+=RNGState"], ["tinylm adds its RNGState to every run itself; set it with nothing"]),
         (["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling", "{0: 2}"],
          ["GradientAccumulationScheduler is not taken by tinylm: set --trainer.accumulate_grad_batches N"]),
+        (["--trainer.callbacks+=GradientAccumulationScheduler"],  # (not asked first for its `scheduling`)
+         ["--trainer.callbacks+=GradientAccumulationScheduler is not taken by tinylm: set "
+          "--trainer.accumulate_grad_batches N"]),
         (["--trainer.callbacks+=Timer"], ["Timer is not taken by tinylm: set --trainer.max_time DD:HH:MM:SS"]),
         (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"],
          ["--trainer.callbacks.monitor val_loss: tinylm logs no such metric; did you mean val/loss?"]),

@@ -322,6 +322,12 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
     causes = [m for m in chain if m and not m.startswith(("Parser key", "Does not validate"))]
     reason = causes[-1].splitlines()[0] if causes else None
     problem = next((m.splitlines()[0] for m in causes if m.startswith("Problem with given class_path")), None)
+    named = re.search(r"class_path '(?:[\w.]+\.)?(\w+)'", problem or "")
+    if named and key in ("trainer.callbacks", "trainer.callbacks+"):
+        from tinylm.cli.trainer_checks import refused_callback
+
+        if (refused := refused_callback(named[1])) is not None:  # not its missing arguments: it is refused anyway
+            return refused
     if problem and reason and reason != problem:
         reason = f"{problem.rstrip(':')}: {reason}"
     # a list of loggers or callbacks, one of which fails (`--trainer.logger` [CSVLogger, TensorBoardLogger] without

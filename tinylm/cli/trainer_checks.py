@@ -394,6 +394,14 @@ _REFUSED_CALLBACKS = {
 }
 
 
+def refused_callback(name: str) -> str | None:
+    """Why tinylm does not take Lightning's callback ``name`` (a class name), or None. Also asked of a parse error
+    (tinylm.cli.errors): a callback whose arguments jsonargparse wants asked for them first (the scheduling of a
+    GradientAccumulationScheduler), and was refused only once given them."""
+    return f"--trainer.callbacks+={name} is not taken by tinylm: {_REFUSED_CALLBACKS[name]}" \
+        if name in _REFUSED_CALLBACKS else None
+
+
 def check_callbacks(callbacks: Any) -> None:
     """The user's ``--trainer.callbacks`` that would fail deep in a run (or train other than the run says), refused
     in one line before anything is made: tinylm's own callbacks added again, a schedule of accumulation, a Timer
@@ -407,8 +415,8 @@ def check_callbacks(callbacks: Any) -> None:
             where = _OWN_CALLBACKS.get(name, "nothing: it is always on")
             raise ValueError(f"--trainer.callbacks+={name}: tinylm adds its {name} to every run itself; set it with "
                              f"{where}")
-        if name in _REFUSED_CALLBACKS:
-            raise ValueError(f"--trainer.callbacks+={name} is not taken by tinylm: {_REFUSED_CALLBACKS[name]}")
+        if (refused := refused_callback(name)) is not None:
+            raise ValueError(refused)
         args = cb.get("init_args") if hasattr(cb, "get") else None
         monitor = args.get("monitor") if hasattr(args, "get") else getattr(cb, "monitor", None)
         # only tinylm's name with its slash written otherwise (val_loss, val.loss): a metric of the user's own
