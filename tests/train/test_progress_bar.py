@@ -102,6 +102,27 @@ def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_confi
     assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
 
 
+def test_lightnings_stop_line_starts_after_the_bars_line(run_config, terminal, monkeypatch):
+    """Catches "`Trainer.fit` stopped: `max_steps=3` reached." (Lightning's, after the last validation) written on a
+    terminal at the end of the bar's last drawing, the bar drawn again below it by its close."""
+    import lightning.pytorch.loops.fit_loop as fit_loop
+
+    config = run_config(trainer={"max_steps": 3, "enable_progress_bar": True})
+    monkeypatch.setattr(sys, "stdout", terminal.file)
+    said, info = [], fit_loop.rank_zero_info
+
+    def shown_when(message, *args, **kwargs):  # what the terminal shows as Lightning writes its line
+        said.append((message, terminal.shown()))
+        return info(message, *args, **kwargs)
+
+    monkeypatch.setattr(fit_loop, "rank_zero_info", shown_when)
+    lightning_main(["fit", "--config", str(config)])
+    message, shown = said[-1]
+    assert message == "`Trainer.fit` stopped: `max_steps=3` reached." and "val=" in shown, said
+    assert shown.endswith("\n") and _bar_lines(shown)[-1].startswith("steps: 100%"), shown[-200:]
+    assert terminal.shown() == shown  # not drawn again
+
+
 @pytest.mark.parametrize("where", ["terminal", "log"])
 def test_a_run_ended_by_an_error_ends_the_bars_line(run_config, capsys, monkeypatch, terminal, where):
     """Catches the bar's last drawing left without its newline when a run ends by an error or a signal: the line
@@ -167,3 +188,42 @@ def test_lines_come_at_logged_steps_and_are_bounded(max_steps, log_every, max_li
     logged (the loss shown being an older step's): a multiple of log_every_n_steps, at most max_lines a run."""
     assert steps_between_lines(max_steps, log_every, max_lines) == every
     assert every % log_every == 0 and max_steps // every <= max_lines
+
+
+def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypatch):
+    """Catches tinylm's lines mid-run (the guard's skips, the health monitor's alerts, the samples) written at the end
+    of the bar's drawing on a terminal, the bar drawn again after them on the same line; in a log they are lines as
+    ever (a bar that draws nowhere, or a stderr that is a file)."""
+    import io
+    import logging
+
+    from tqdm.std import tqdm
+
+    from tinylm.cli.console import _Stderr
+
+    logger = logging.getLogger("tinylm.test_bar_lines")
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    try:
+        monkeypatch.setattr(sys, "stdout", terminal.file)
+        monkeypatch.setattr(sys, "stderr", terminal.file)
+        bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
+        bar.update(3)
+        before = len(terminal.shown())
+        logger.info("\ntinylm guard: 1 step(s) skipped")
+        shown = terminal.shown()[before:]
+        line, _, after = shown.partition("tinylm guard: 1 step(s) skipped\n")
+        assert line.rstrip(" ").endswith("\r") and "steps" not in line, repr(shown)  # the bar's line cleared first
+        assert after.lstrip("\r").startswith("steps:  30%"), repr(shown)  # and drawn again below the line
+        bar.close()
+        log = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", log)  # stderr a file: as ever
+        bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
+        logger.info("\nin a log")
+        bar.close()
+        assert log.getvalue() == "\nin a log\n"
+    finally:
+        logger.removeHandler(handler)

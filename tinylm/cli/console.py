@@ -155,7 +155,9 @@ class _Output:
 
 
 class _Stderr(logging.StreamHandler):
-    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with); on a terminal where a
+    progress bar is drawn, above the bar (a guard's or health monitor's line mid-run was written at the end of the
+    bar's drawing, and the bar drawn again after it)."""
 
     @property
     def stream(self):
@@ -164,6 +166,28 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        bars = _drawn_bars()
+        if not bars or not _isatty(self.stream):
+            super().emit(record)
+            return
+        try:
+            # the bars cleared, the line, the bars again below it (a leading newline, which starts a line after a
+            # bar's drawing elsewhere, would leave an empty line where the bar was)
+            sys.modules["tqdm.std"].tqdm.write(self.format(record).lstrip("\n"), file=self.stream)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 (as logging's own emit: a line that cannot be written is no crash)
+            self.handleError(record)
+
+
+def _drawn_bars() -> list:
+    """The tqdm bars drawn on a terminal now (none before tqdm is imported; a log's plain lines are no bars)."""
+    std = sys.modules.get("tqdm.std")
+    bars = list(getattr(getattr(std, "tqdm", None), "_instances", ()))
+    return [bar for bar in bars if not getattr(bar, "disable", True) and _isatty(getattr(bar, "fp", None))]
 
 
 class _RankZero(logging.Filter):

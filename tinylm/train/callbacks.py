@@ -514,8 +514,13 @@ class ProgressBar(TQDMProgressBar):
             super().on_train_epoch_start(trainer, *args)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.train_progress_bar.disable:
-            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
+        bar = self.train_progress_bar
+        if bar.disable:
+            return
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
+        if not isinstance(bar, Lines) and self._by_steps(trainer) and \
+                (trainer.global_step >= trainer.max_steps or trainer.should_stop):
+            bar.close()  # its line ended now: Lightning's "`Trainer.fit` stopped" comes next, and was glued to it
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
