@@ -8,7 +8,7 @@ one line at a time, when its owner says (`Lines.emit`) or every `LINE_INTERVAL` 
 turns bars and lines off alike.
 
 `bar` makes one for the library's long loops (tokenizer training, packing, cleaning, evaluation, sample reports);
-the training bar (`tinylm.train.callbacks.ProgressBar`) emits its lines at optimizer steps; `datasets_bars` keeps
+the training bar (`tinylm.train.progress_bar.ProgressBar`) emits its lines at optimizer steps; `datasets_bars` keeps
 the `datasets` library's own bars out of a log.
 """
 

@@ -14,7 +14,7 @@ import tty
 import pytest
 
 from tinylm.cli.fit import lightning_main
-from tinylm.train.callbacks import ProgressBar, steps_between_lines
+from tinylm.train.progress_bar import ProgressBar, steps_between_lines
 
 
 class Terminal:

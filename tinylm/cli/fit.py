@@ -326,7 +326,7 @@ class TinyLMCLI(LightningCLI):
                                       model_summary=trainer_cfg.get("enable_model_summary") is not False and
                                       not any(isinstance(cb, ModelSummary) for cb in user_callbacks))
         else:
-            from tinylm.train.callbacks import ProgressBar
+            from tinylm.train.progress_bar import ProgressBar
 
             callbacks = [ProgressBar()] if bar else []
         if trainer_cfg.get("min_steps") is not None and trainer_cfg.get("min_epochs") is None:

@@ -18,12 +18,12 @@ from tinylm.train.callbacks import (
     FinalValidation,
     LoggedStep,
     PeriodicCheckpoint,
-    ProgressBar,
     RNGState,
     SpeedMonitor,
 )
 from tinylm.train.health import HealthMonitor
 from tinylm.train.interrupt import InterruptCheckpoint, InterruptStop
+from tinylm.train.progress_bar import ProgressBar
 
 log = logging.getLogger("tinylm")
 

@@ -1,0 +1,175 @@
+"""The training progress bar: one bar of the run's optimizer steps on a terminal, plain lines in a log."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import ClassVar
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+from tinylm.progress import Lines, disabled_by_env, draws_bars
+
+
+def steps_between_lines(max_steps: int, log_every_n_steps: int, max_lines: int) -> int:
+    """Optimizer steps between two progress lines in a log: a multiple of ``log_every_n_steps`` (the steps whose
+    metrics are logged, so each line's loss is that step's), the smallest that writes at most ``max_lines`` over
+    ``max_steps``. 2,000 steps logged every 10, at most 100 lines: every 20 steps; 300 steps: every 10 (30 lines)."""
+    every = max(1, log_every_n_steps)
+    return every * max(1, math.ceil(max_steps / (every * max_lines)))
+
+
+class ProgressBar(TQDMProgressBar):
+    """One bar for the whole run: optimizer steps of ``trainer.max_steps`` (a resumed run's bar starts at its step),
+    with loss, val loss, learning rate and tokens/sec, and tqdm's ETA to the run's end.
+
+    Lightning's bar counts the batches of a notional epoch ("Epoch 0: 100% 1307/1307" at 65% of a 2,000-step run)
+    and its ETA is the epoch's end. Redrawn at most every ``min_interval`` seconds during training: Lightning redraws
+    it (and formats its metrics) after every batch, which cost ~1.6% of the laptop recipe's run on a 2-core CPU.
+    Without ``max_steps`` (Lightning's bar, for code that builds a Trainer by hand) it counts epochs' batches.
+
+    Where stdout (Lightning's bars' stream) is no terminal (``tinylm fit ... > log``, SLURM, nohup, CI) the run's
+    progress is plain lines instead (`tinylm.progress.Lines`): the bar's text, every `steps_between_lines` steps
+    (at most ``max_lines`` lines a run) and at the last, and a line with the val loss after each validation; the
+    validation and sanity-check bars write nothing. ``TQDM_DISABLE`` turns the bar off, as
+    ``--trainer.enable_progress_bar false`` does.
+    """
+
+    _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr",
+                                        "train/tokens_per_sec": "tok/s"}
+    max_lines: ClassVar[int] = 100  # progress lines a run writes to a log, at most (validation's aside)
+
+    def __init__(self, *, min_interval: float = 0.25, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.min_interval = min_interval
+        self._drawn = 0.0
+        self._every = 1  # steps between two lines (where they are lines)
+
+    @property
+    def is_enabled(self) -> bool:
+        return super().is_enabled and not disabled_by_env()
+
+    @staticmethod
+    def _by_steps(trainer: L.Trainer) -> bool:
+        return trainer.max_steps > 0
+
+    @staticmethod
+    def _lines() -> bool:
+        return not draws_bars(sys.stdout)  # (where Lightning draws its bars)
+
+    def init_train_tqdm(self):
+        if self.is_disabled or not self._lines():
+            return super().init_train_tqdm()
+        return Lines(desc=self.train_description, file=sys.stdout)
+
+    # the other bars draw nothing in a log: a validation's line comes when it ends (on_validation_end)
+    def init_sanity_tqdm(self):
+        return Tqdm(disable=True) if self._lines() else super().init_sanity_tqdm()
+
+    def init_validation_tqdm(self):
+        return Tqdm(disable=True) if self._lines() else super().init_validation_tqdm()
+
+    def init_test_tqdm(self):
+        return Tqdm(disable=True) if self._lines() else super().init_test_tqdm()
+
+    def init_predict_tqdm(self):
+        return Tqdm(disable=True) if self._lines() else super().init_predict_tqdm()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self._by_steps(trainer):
+            bar = self.train_progress_bar
+            if isinstance(bar, Lines):  # lines at steps (on_train_batch_end), not every so many seconds
+                bar.interval = None
+                self._every = steps_between_lines(trainer.max_steps, trainer.log_every_n_steps, self.max_lines)
+            bar.reset(total=trainer.max_steps)
+            bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
+            bar.set_description("steps")
+            bar.refresh()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
+        if not self._by_steps(trainer):  # epochs are notional: the run's bar goes on across them
+            super().on_train_epoch_start(trainer, *args)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        bar = self.train_progress_bar
+        if bar.disable:
+            return
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
+        if not isinstance(bar, Lines) and self._by_steps(trainer) and \
+                (trainer.global_step >= trainer.max_steps or trainer.should_stop):
+            bar.close()  # its line ended now: Lightning's "`Trainer.fit` stopped" comes next, and was glued to it
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        if not self._by_steps(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
+        bar, step = self.train_progress_bar, trainer.global_step
+        if isinstance(bar, Lines):
+            due = step % self._every == 0 or step >= trainer.max_steps or trainer.should_stop
+            if due and bar.n != step:
+                self._emit(trainer, pl_module)
+            return
+        now = time.perf_counter()
+        last = step >= trainer.max_steps
+        if bar.disable or (now - self._drawn < self.min_interval and not last) or bar.n == step:
+            return  # the next drawing sets the bar's count to the true position
+        self._drawn = now
+        bar.n = step
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        bar = self._train_progress_bar
+        if isinstance(bar, Lines) and not trainer.sanity_checking and trainer.state.fn == "fit":
+            shown = [f"{k}={v}" for k, v in self.get_metrics(trainer, pl_module).items() if _is_val(k)]
+            of = f"/{trainer.max_steps}" if self._by_steps(trainer) else ""
+            if shown:
+                bar.write(f"validation at step {trainer.global_step}{of}: {', '.join(shown)}")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if isinstance(self._train_progress_bar, Lines) and self._by_steps(trainer) \
+                and self.train_progress_bar.n != trainer.global_step:
+            self._emit(trainer, pl_module)  # a stop that no batch's end saw
+        super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # a run ended by an error or a signal: the bar's line is ended, so the line that says why starts on its own
+        # (written to a file, the bar's last drawing had no newline and the error's line was appended to it); in a
+        # log, the last line written stays the last (the step it names is the last one it knows the loss of)
+        for bar in (self._train_progress_bar, self._val_progress_bar):
+            if bar is not None and not bar.disable:
+                bar.close()
+
+    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """One line of the run's progress in a log, at this step: the bar's fields but the val loss (its own line
+        says it when it is new)."""
+        bar = self.train_progress_bar
+        bar.n = trainer.global_step
+        bar.set_postfix({k: v for k, v in self.get_metrics(trainer, pl_module).items() if not _is_val(k)})
+        bar.emit()
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        out = {}
+        for key, value in items.items():
+            name = self._SHORT.get(key, key)
+            if key == "train/lr":
+                out[name] = f"{float(value):.2e}"
+            elif key == "train/tokens_per_sec":
+                out[name] = f"{float(value):,.0f}"
+            elif isinstance(value, float):
+                out[name] = f"{value:.4f}"
+            else:
+                out[name] = value
+        return out
+
+
+def _is_val(name: str) -> bool:
+    """A validation metric, by its name on the bar ("val", or "val/..." for those without a short name)."""
+    return name == "val" or name.startswith("val/")
