@@ -103,7 +103,8 @@ def _holding(signum: int) -> bool:
         return False
     if _HELD:
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"tinylm: {signal.Signals(signum).name} again during the imports: ended at once\n")
+            name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
+            sys.stderr.write(f"tinylm: {name} again during the imports: ended at once\n")
         end_now(signum, None)
     _HELD.append(signum)
     return True
