@@ -11,6 +11,7 @@ import termios
 import threading
 import tty
 
+import lightning as L
 import pytest
 
 from tinylm.cli.fit import lightning_main
@@ -100,6 +101,27 @@ def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_confi
     assert (bar.total, bar.initial, bar.n) == (5, 3, 5)
     assert lines[0].startswith("steps:  60%") and re.fullmatch(r"steps: 100%\|█+\| 5/5", lines[-1]), lines
     assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
+
+
+class _StopAt2(L.Callback):
+    """Asks the run to stop at optimizer step 2 (as EarlyStopping would), every batch after."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= 2:
+            trainer.should_stop = True
+
+
+def test_a_stop_before_min_steps_leaves_the_bar_going(run_config, terminal, monkeypatch):
+    """Catches the bar closed at a stop that trainer.min_steps overrides (EarlyStopping, max_time) when a notional
+    epoch ended there: Lightning trains on to min_steps, and the bar stood still at the step of the stop."""
+    config = run_config(trainer={"max_steps": 6, "min_steps": 4, "enable_progress_bar": True,
+                                 "callbacks": [{"class_path": "test_progress_bar._StopAt2"}]},
+                        data={"batch_size": 400})  # a notional epoch of 2 steps: one ends at the stop
+
+    monkeypatch.setattr(sys, "stdout", terminal.file)
+    cli = lightning_main(["fit", "--config", str(config)])
+    assert cli.trainer.global_step == 4
+    assert re.fullmatch(r"steps:  67%\|█+\s*\| 4/6", _bar_lines(terminal.shown())[-1]), _bar_lines(terminal.shown())
 
 
 def test_lightnings_stop_line_starts_after_the_bars_line(run_config, terminal, monkeypatch):

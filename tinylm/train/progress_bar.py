@@ -98,9 +98,13 @@ class ProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         if bar.disable:
             return
+        drawn = self._by_steps(trainer) and not isinstance(bar, Lines)
+        if drawn:
+            bar.n = trainer.global_step  # (a stop between two drawings: the step it stopped at)
         bar.set_postfix(self.get_metrics(trainer, pl_module))  # (the bar stays open)
-        if not isinstance(bar, Lines) and self._by_steps(trainer) and \
-                (trainer.global_step >= trainer.max_steps or trainer.should_stop):
+        # (a stop before trainer.min_steps goes on training: Lightning's own test)
+        stops = trainer.should_stop and getattr(trainer.fit_loop, "_can_stop_early", True)
+        if drawn and (trainer.global_step >= trainer.max_steps or stops):
             bar.close()  # its line ended now: Lightning's "`Trainer.fit` stopped" comes next, and was glued to it
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
