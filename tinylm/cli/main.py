@@ -137,7 +137,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
         with signals.terminate_cleanly(command, program):
-            with signals.held():
+            with signals.held(command, program):
                 console.setup_lightning()
             started = time.perf_counter()
             cli = COMMANDS[command].function()([command, *rest])
@@ -154,7 +154,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
         with signals.terminate_cleanly(command):
             if command not in ("prepare", "plot"):  # the commands that never import Lightning
-                with signals.held():
+                with signals.held(command, program):
                     console.setup_lightning()
             commands.run(command, rest)
 

@@ -76,19 +76,22 @@ def _writing_down_its_error(frame: object) -> bool:
 
 _HELD: list[int] | None = None
 """The signals that arrived while `held` imports ran (None: not holding)."""
+_HOLDER: tuple[str, bool] = ("", False)
+"""The command `held` holds them for, and whether this process is that command (not a caller's main([...]))."""
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
+def held(command: str, program: bool) -> Iterator[None]:
     """Hold SIGTERM, SIGHUP and Ctrl+C (`terminate_cleanly`'s) until the imports inside are done, then act on the
     first: raised in the middle of an import, its exception could leave a module half made, and what followed was
     another error (numpy's lazy submodules recursed without end: a RecursionError's 50-line traceback in place of
-    the command's line, exit 1). A second signal meanwhile ends the command at once (an import that hangs)."""
-    global _HELD
+    the command's line, exit 1). A second signal meanwhile ends the command at once (an import that hangs), when
+    this process is the command (``program``): a caller's (a notebook's kernel) is never ended, only told later."""
+    global _HELD, _HOLDER
     if _HELD is not None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    _HELD = []
+    _HELD, _HOLDER = [], (command, program)
     try:
         yield
     finally:
@@ -98,13 +101,15 @@ def held() -> Iterator[None]:
 
 
 def _holding(signum: int) -> bool:
-    """Whether `held` keeps ``signum`` for later (the second one ends the command at once)."""
+    """Whether `held` keeps ``signum`` for later (the second one ends a command that is this process at once)."""
     if _HELD is None:
         return False
-    if _HELD:
+    command, program = _HOLDER
+    if _HELD and program:
         with contextlib.suppress(Exception):
             name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
-            sys.stderr.write(f"tinylm: {name} again during the imports: ended at once\n")
+            sys.stderr.write(error_line(command, f"{name} during the imports, after an earlier signal: ended at "
+                                                 "once", []))
         end_now(signum, None)
     _HELD.append(signum)
     return True
