@@ -168,7 +168,10 @@ class _Stderr(logging.StreamHandler):
         pass
 
     def emit(self, record: logging.LogRecord) -> None:
-        bars = _drawn_bars()
+        try:
+            bars = _drawn_bars()
+        except Exception:  # noqa: BLE001 (a bar made or closed meanwhile by another thread: written as ever)
+            bars = []
         if not bars or not _isatty(self.stream):
             super().emit(record)
             return

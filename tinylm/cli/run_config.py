@@ -68,7 +68,7 @@ class RunConfig(SaveConfigCallback):
             shares = [w / sum(data.weights) for w in data.weights] if weighted else [1.0]
             if weighted and max_steps > 0:
                 run += " (by data.weights: " + ", ".join(
-                    f"{name} {step * max_steps * share / n:.3g} passes of {n:,}"
+                    f"{name} {total * share / n:.3g} passes of {n:,}"
                     for name, share, n in zip(data.val_names, shares, splits)) + ")"
             if max_steps > 0 and 0 < done < max_steps:
                 run += (f"; resumed at step {done:,}: {max_steps - done:,} steps left read "

@@ -345,8 +345,9 @@ def run_record(run_dir: Path) -> tuple[Path | None, dict]:
 
 def _checkpoint_named(asked: str, run_dir: Path) -> str | None:
     """The checkpoint ``--ckpt_path`` names, found quietly (`tinylm.cli.resume.resolve_ckpt_path` says why later)."""
-    if asked == "best":
-        return str(run_dir / "checkpoints" / "best.ckpt")
+    if asked == "best":  # (none yet: resolve_ckpt_path says when one is saved)
+        best = run_dir / "checkpoints" / "best.ckpt"
+        return str(best) if best.exists() else None
     if asked == "last":
         from tinylm.checkpoint import checkpoints_by_step
 
@@ -376,7 +377,8 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     command's own (run.name, trainer.default_root_dir: the early check found it from the flags). Without them a
     checkpoint alone resumed with the defaults' gradient clipping, validation and logging (losses off by 3e-3 from
     step 10) and refused the defaults' batch and block sizes one at a time."""
-    if quiet or args[0] != "fit" or not ckpt_path:
+    if quiet or args[0] != "fit" or not ckpt_path or ckpt_path in ("hpc", "registry") or \
+            ckpt_path.startswith("registry:"):  # (Lightning's names: the resume refuses them by name)
         return args
     from tinylm.checkpoint import load_checkpoint
     from tinylm.cli.argv import reloadable_yaml

@@ -437,3 +437,6 @@ def run_tokenizer(trainer: L.Trainer, pl_module: L.LightningModule):
 
         tok = Tokenizer.from_state_dict(pl_module.tokenizer_state)
     return tok
+
+
+from tinylm.train.progress_bar import ProgressBar  # noqa: E402, F401 (its place before: configs name it there)
