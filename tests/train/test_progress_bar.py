@@ -247,5 +247,25 @@ def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypat
         logger.info("\nin a log")
         bar.close()
         assert log.getvalue() == "\nin a log\n"
+        # Lightning's console handler ("min_steps has not been met", "Time limit reached") writes above it too
+        from tinylm.cli.console import AboveBars, setup_lightning
+
+        setup_lightning()
+        kinds = [type(h) for h in logging.getLogger("lightning.pytorch").handlers]
+        assert AboveBars in kinds and logging.StreamHandler not in kinds, kinds
+        monkeypatch.setattr(sys, "stderr", terminal.file)
+        lightnings = AboveBars(terminal.file)  # (Lightning's writes to the stderr of its import)
+        logger.removeHandler(handler)
+        logger.addHandler(lightnings)
+        bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
+        bar.update(5)
+        before = len(terminal.shown())
+        logger.info("Trainer was signaled to stop but the required `min_steps=4` has not been met")
+        shown = terminal.shown()[before:]
+        line, _, after = shown.partition("has not been met\n")
+        assert line.rstrip(" ").startswith("\r") and "steps" not in line.split("Trainer")[0], repr(shown)
+        assert after.lstrip("\r").startswith("steps:  50%"), repr(shown)
+        bar.close()
+        logger.removeHandler(lightnings)
     finally:
         logger.removeHandler(handler)

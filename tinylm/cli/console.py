@@ -52,12 +52,15 @@ def setup() -> None:
 
 
 def setup_lightning() -> None:
-    """Import Lightning (seconds) and filter its console handler's advertising lines."""
+    """Import Lightning (seconds), filter its console handler's advertising lines, and have it write above a drawn
+    progress bar."""
     import lightning.pytorch  # noqa: F401  (installs Lightning's console handler, which the filter goes on)
 
     for handler in logging.getLogger("lightning.pytorch").handlers:
         if not any(isinstance(f, _NoTips) for f in handler.filters):
             handler.addFilter(_NoTips())
+        if type(handler) is logging.StreamHandler:  # (the same handler, its writing only: as a subclass's instance)
+            handler.__class__ = AboveBars
 
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's, in its order
@@ -154,18 +157,11 @@ class _Output:
         return getattr(self._stream, name)
 
 
-class _Stderr(logging.StreamHandler):
-    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with); on a terminal where a
-    progress bar is drawn, above the bar (a guard's or health monitor's line mid-run was written at the end of the
-    bar's drawing, and the bar drawn again after it)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
+class AboveBars(logging.StreamHandler):
+    """A console handler that writes, on a terminal where a progress bar is drawn, above the bar: a line mid-run
+    (tinylm's guard or health monitor, Lightning's "min_steps has not been met" or "Time limit reached") was written
+    at the end of the bar's drawing, and the bar drawn again after it. Lightning's own console handler becomes one
+    (`setup_lightning`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -184,6 +180,18 @@ class _Stderr(logging.StreamHandler):
             raise
         except Exception:  # noqa: BLE001 (as logging's own emit: a line that cannot be written is no crash)
             self.handleError(record)
+
+
+class _Stderr(AboveBars):
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 def _drawn_bars() -> list:
