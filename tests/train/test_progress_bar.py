@@ -121,7 +121,8 @@ def test_a_stop_before_min_steps_leaves_the_bar_going(run_config, terminal, monk
     monkeypatch.setattr(sys, "stdout", terminal.file)
     cli = lightning_main(["fit", "--config", str(config)])
     assert cli.trainer.global_step == 4
-    assert re.fullmatch(r"steps:  67%\|█+\s*\| 4/6", _bar_lines(terminal.shown())[-1]), _bar_lines(terminal.shown())
+    last = _bar_lines(terminal.shown())[-1]  # (its blocks end in a partial one: ▎, ▋, ...)
+    assert last.startswith("steps:  67%|") and last.endswith("| 4/6"), _bar_lines(terminal.shown())
 
 
 def test_lightnings_stop_line_starts_after_the_bars_line(run_config, terminal, monkeypatch):
