@@ -213,6 +213,22 @@ def test_lines_come_at_logged_steps_and_are_bounded(max_steps, log_every, max_li
     assert every % log_every == 0 and max_steps // every <= max_lines
 
 
+def _logged_above_a_bar(terminal, logger, message: str, *, done: int) -> None:
+    """Log ``message`` while a bar of 10 steps at ``done`` is drawn on ``terminal``: the bar's line is cleared first,
+    then the message written (less a leading newline), then the bar drawn again below it."""
+    from tqdm.std import tqdm
+
+    bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
+    bar.update(done)
+    before = len(terminal.shown())
+    logger.info(message)
+    shown = terminal.shown()[before:]
+    cleared, _, after = shown.partition(message.lstrip("\n") + "\n")
+    assert "\r" in cleared and cleared.strip(" \r") == "", repr(shown)
+    assert after.lstrip("\r").startswith(f"steps:  {10 * done}%"), repr(shown)
+    bar.close()
+
+
 def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypatch):
     """Catches tinylm's lines mid-run (the guard's skips, the health monitor's alerts, the samples) written at the end
     of the bar's drawing on a terminal, the bar drawn again after them on the same line; in a log they are lines as
@@ -233,15 +249,7 @@ def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypat
     try:
         monkeypatch.setattr(sys, "stdout", terminal.file)
         monkeypatch.setattr(sys, "stderr", terminal.file)
-        bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
-        bar.update(3)
-        before = len(terminal.shown())
-        logger.info("\ntinylm guard: 1 step(s) skipped")
-        shown = terminal.shown()[before:]
-        line, _, after = shown.partition("tinylm guard: 1 step(s) skipped\n")
-        assert line.rstrip(" ").endswith("\r") and "steps" not in line, repr(shown)  # the bar's line cleared first
-        assert after.lstrip("\r").startswith("steps:  30%"), repr(shown)  # and drawn again below the line
-        bar.close()
+        _logged_above_a_bar(terminal, logger, "\ntinylm guard: 1 step(s) skipped", done=3)
         log = io.StringIO()
         monkeypatch.setattr(sys, "stderr", log)  # stderr a file: as ever
         bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
@@ -258,15 +266,8 @@ def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypat
         lightnings = AboveBars(terminal.file)  # (Lightning's writes to the stderr of its import)
         logger.removeHandler(handler)
         logger.addHandler(lightnings)
-        bar = tqdm(total=10, desc="steps", file=sys.stdout, mininterval=0)
-        bar.update(5)
-        before = len(terminal.shown())
-        logger.info("Trainer was signaled to stop but the required `min_steps=4` has not been met")
-        shown = terminal.shown()[before:]
-        line, _, after = shown.partition("has not been met\n")
-        assert line.rstrip(" ").startswith("\r") and "steps" not in line.split("Trainer")[0], repr(shown)
-        assert after.lstrip("\r").startswith("steps:  50%"), repr(shown)
-        bar.close()
+        _logged_above_a_bar(terminal, logger, "Trainer was signaled to stop but the required `min_steps=4` has not "
+                            "been met", done=5)
         logger.removeHandler(lightnings)
     finally:
         logger.removeHandler(handler)
