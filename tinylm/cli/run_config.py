@@ -57,7 +57,7 @@ class RunConfig(SaveConfigCallback):
             splits = [meta["splits"]["train"]["tokens"] for meta in data.metas]
             split = sum(splits)
             # a resume: what its steps read (at another accumulation, another batch), then the steps left at this one
-            before = data._resume_batches * B * W * T if 0 < done < max_steps and data._resume_batches else None
+            before = data.resumed_batches * B * W * T if 0 < done < max_steps and data.resumed_batches else None
             total = step * max_steps if before is None else before + step * (max_steps - done)
             run = (f"; {max_steps:,} steps (trainer.max_steps) read {total:,} tokens: "
                    f"{total / split:.3g} passes over the training split ({split:,} tokens)"

@@ -167,6 +167,12 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     def _accumulation(self) -> int:
         return getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
 
+    @property
+    def resumed_batches(self) -> int:
+        """The micro-batches (of this run's size) each rank had drawn at the checkpoint a fit resumed; 0 for a fresh
+        fit."""
+        return self._resume_batches
+
     def state_dict(self) -> dict:
         done = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         state = {"train_batches_yielded": done, "batch_size": self.batch_size, "world_size": self._world_size(),
