@@ -82,6 +82,15 @@ def config(run_config):
         (["--trainer.callbacks+=GradientAccumulationScheduler"],  # (not asked first for its `scheduling`)
          ["--trainer.callbacks+=GradientAccumulationScheduler is not taken by tinylm: set "
           "--trainer.accumulate_grad_batches N"]),
+        # a class given without += (one callback, not a list): the line was "expected a list, got ..."
+        (["--trainer.callbacks", "GradientAccumulationScheduler"],
+         ["--trainer.callbacks+=GradientAccumulationScheduler is not taken by tinylm"]),
+        (["--trainer.callbacks", "EarlyStopping"], ["class_path 'lightning.pytorch.callbacks.EarlyStopping': the "
+                                                    "following arguments are required: monitor"]),
+        (["--trainer.callbacks", "Earlystopping"], ["Earlystopping is not a class of lightning.pytorch.callbacks: "
+                                                    "did you mean EarlyStopping?", "my_package.MyClass"]),
+        (["--trainer.logger", "CSVlogger"], ["CSVlogger is not a class of lightning.pytorch.loggers: did you mean "
+                                             "CSVLogger?"]),
         (["--trainer.callbacks+=Timer"], ["Timer is not taken by tinylm: set --trainer.max_time DD:HH:MM:SS"]),
         (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"],
          ["--trainer.callbacks.monitor val_loss: tinylm logs no such metric; did you mean val/loss?"]),

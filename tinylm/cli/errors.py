@@ -7,6 +7,7 @@ import argparse
 import ast
 import difflib
 import errno
+import importlib
 import logging
 import os
 import re
@@ -322,20 +323,15 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
     causes = [m for m in chain if m and not m.startswith(("Parser key", "Does not validate"))]
     reason = causes[-1].splitlines()[0] if causes else None
     problem = next((m.splitlines()[0] for m in causes if m.startswith("Problem with given class_path")), None)
-    named = re.search(r"class_path '(?:[\w.]+\.)?(\w+)'", problem or "")
+    if problem and reason and reason != problem:
+        reason = f"{problem.rstrip(':')}: {reason}"
+    reason = _class_reason(key, text, reason)
+    named = re.search(r"^Problem with given class_path '(?:[\w.]+\.)?(\w+)'", reason or "")
     if named and key in ("trainer.callbacks", "trainer.callbacks+"):
         from tinylm.cli.trainer_checks import refused_callback
 
         if (refused := refused_callback(named[1])) is not None:  # not its missing arguments: it is refused anyway
             return refused
-    if problem and reason and reason != problem:
-        reason = f"{problem.rstrip(':')}: {reason}"
-    # a list of loggers or callbacks, one of which fails (`--trainer.logger` [CSVLogger, TensorBoardLogger] without
-    # tensorboard): the chain's cause is the union's first branch ("Not a valid subclass of Logger. Got value: [...]"),
-    # the list branch's reason is only in the union's listing
-    listed = re.search(r"^\s*- (Problem with given class_path '[^']+'):\n\s+(\S.*)$", text, re.M)
-    if listed and (reason is None or reason.startswith(("Not a valid subclass", "Does not implement"))):
-        reason = f"{listed[1]}: {listed[2]}"
     if reason is None:
         reasons = [ln.lstrip("- ").strip() for ln in lines if not ln.startswith('Parser key "')
                    and not any(n in ln for n in _NOISE)]
@@ -368,6 +364,33 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
         given = f" (given {value})" if value and value not in reason and "Namespace(" not in value else ""
         return f"--{key}: {reason}{given}{hint}"
     return f"{reason}{hint}"
+
+
+# the options that take a Lightning class by its name, and the module whose names they take
+_CLASS_OPTIONS = {"trainer.callbacks": "lightning.pytorch.callbacks", "trainer.logger": "lightning.pytorch.loggers",
+                  "trainer.plugins": "lightning.pytorch.plugins"}
+_CLASS_OPTIONS["trainer.callbacks+"] = _CLASS_OPTIONS["trainer.callbacks"]
+
+
+def _class_reason(key: str | None, text: str, reason: str | None) -> str | None:
+    """The reason an option that takes a class, or a list of them (callbacks, loggers, plugins), refused its value.
+    jsonargparse's chain ends in the union's first branch it tried ("Expected a <class 'list'>" for `--trainer.callbacks
+    EarlyStopping`, "Not a valid subclass of Logger" for a list of loggers one of which fails); the class's own
+    reason (its missing arguments, a name that imports nothing) is only in the union's listing. A name that imports
+    nothing gets the nearest of Lightning's names."""
+    if reason is None or reason.startswith(("Not a valid subclass", "Does not implement", "Expected a <class 'list'>")):
+        listed = re.search(r"^\s*- (Problem with given class_path '[^']+'):\n\s+(\S.*)$", text, re.M)
+        dotted = re.search(r"^\s*- (Expected a dot import path string: \S+)$", text, re.M)
+        reason = f"{listed[1]}: {listed[2]}" if listed else dotted[1] if dotted else reason
+    unknown = re.fullmatch(r"Expected a dot import path string: (\S+)", reason or "")
+    if unknown and key in _CLASS_OPTIONS:
+        module = _CLASS_OPTIONS[key]
+        names = [n for n in getattr(importlib.import_module(module), "__all__", []) if n[:1].isupper()]
+        near = difflib.get_close_matches(unknown[1], names, n=1, cutoff=0.6)
+        meant = f"did you mean {near[0]}? " if near else ""
+        reason = (f"{unknown[1]} is not a class of {module}: {meant}(give one of its names, {', '.join(names[:4])}, "
+                  "..., or a class's full import path, my_package.MyClass)")
+    return reason
 
 
 def _is_number(text: str, kind: type) -> bool:
