@@ -823,6 +823,28 @@ time.sleep(30)
     assert done.stderr == ("" if said else line), done.stderr[-2000:]
 
 
+def test_a_sigterm_inside_a_best_effort_step_still_ends_the_command(monkeypatch):
+    """Catches a SIGTERM that lands inside an ``except Exception`` of tinylm's (here the load of an eval task from
+    the hub, which says "no data here" on any failure) being taken for that failure: `tinylm eval` ended in "no data
+    here; the hub said: terminated by SIGTERM ..." with exit 1, not in its stop's line with 143."""
+    import datasets
+
+    from tinylm.cli import signals
+    from tinylm.cli.errors import Terminated
+    from tinylm.evals import tasks
+
+    def killed_while_loading(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # (the handler raises here)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (no probe of the hub first: the test runs offline)
+    monkeypatch.setattr(tasks, "package_root", lambda: None)
+    monkeypatch.setattr(datasets, "load_dataset", killed_while_loading)
+    with pytest.raises(Terminated, match="terminated by SIGTERM before it finished"):
+        with signals.terminate_cleanly("eval"):
+            tasks.load_items(tasks.TASKS["piqa"])
+
+
 def test_a_signal_during_the_imports_waits_for_them_then_ends_the_command_in_its_line(tmp_path):
     """Catches a SIGTERM (or Ctrl+C) landing inside Lightning's import: raised mid-import it left a module half made,
     and numpy's lazy submodules recursed without end (a RecursionError's 50-line traceback, exit 1, in place of

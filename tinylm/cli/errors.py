@@ -68,7 +68,22 @@ def _dashed_value(line: str, args: list[str]) -> str | None:
     return None
 
 
-class Terminated(TinyLMError):
+class Stopped(BaseException):
+    """A command stopped by a signal. As KeyboardInterrupt, not an Exception: an ``except Exception`` on its way (a
+    best-effort lookup, "the data is not here" around a dataset's load, a download's retries) would take it for its
+    own failure, and the command went on, or ended in that other line with exit 1. It carries a TinyLMError's
+    attributes (tinylm.errors) and is reported as one."""
+
+    exit_code: int = 1
+    every_rank: bool = False
+    said: bool = False
+
+
+USER_ERRORS = (TinyLMError, Stopped)
+"""What the CLI reports in one line, its message as it is (no exception's name before it)."""
+
+
+class Terminated(Stopped):
     """SIGTERM (or SIGHUP) reached a command outside fit's training loop (which saves and stops on its own,
     tinylm.train.interrupt): raised so that its cleanup runs (temp folders, partial exports) and it ends with a line,
     exit 143 (129). A SIGTERM before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0
@@ -82,7 +97,7 @@ class Terminated(TinyLMError):
         self.exit_code = 128 + signum
 
 
-class Interrupted(TinyLMError):
+class Interrupted(Stopped):
     """Ctrl+C reached ddp_fork's launching process, which passed it on to the training processes: exit 130."""
 
     exit_code = 128 + signal.SIGINT
@@ -161,7 +176,7 @@ def is_user_error(e: BaseException) -> bool:
     of its flags (Lightning's accelerator_connector). The same exception types raised inside torch, numpy or another
     library mean tinylm failed to validate something: a bug, shown with its traceback.
     """
-    if isinstance(e, (TinyLMError, argparse.ArgumentError, ModuleNotFoundError)):
+    if isinstance(e, (*USER_ERRORS, argparse.ArgumentError, ModuleNotFoundError)):
         return True
     lightning = sys.modules.get("lightning.fabric.utilities.exceptions")  # (not imported: not Lightning's error)
     if lightning is not None and isinstance(e, lightning.MisconfigurationException):
@@ -200,11 +215,11 @@ def from_training_process(e: BaseException) -> BaseException:
     module, name, message = said.groups()
     cls = getattr(sys.modules.get(module or "builtins"), name, None)
     ours = _inside(Path(frames[-1]), PACKAGE_DIR)
-    if not (isinstance(cls, type) and (issubclass(cls, TinyLMError) or (ours and issubclass(cls, (ValueError, OSError,
+    if not (isinstance(cls, type) and (issubclass(cls, USER_ERRORS) or (ours and issubclass(cls, (ValueError, OSError,
                                                                                                   TypeError))))):
         return e
     # Python's own errors keep their type, as in one process ("ValueError: ...")
-    error = TrainingProcessError(message if issubclass(cls, TinyLMError) else f"{name}: {message}")
+    error = TrainingProcessError(message if issubclass(cls, USER_ERRORS) else f"{name}: {message}")
     stopped = re.match(r"interrupted by (SIG[A-Z0-9]+)\b", message)
     error.exit_code = 128 + signal.Signals[stopped[1]] if stopped and stopped[1] in signal.Signals.__members__ \
         else getattr(cls, "exit_code", 1)
@@ -293,7 +308,7 @@ def one_line(e: BaseException) -> str:
         how = f"pip install 'tinylm[{extra}]' (or pip install {package})" if extra else f"pip install {package}"
         return f"{type(e).__name__}: {text}; this command needs it: {how}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
-    name = "" if isinstance(e, TinyLMError) else f"{type(e).__name__}: "
+    name = "" if isinstance(e, USER_ERRORS) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
 
 

@@ -97,7 +97,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
             signals.end_at_once_on_ctrl_c()
         _quiet_stdout()
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
-    except Exception as raised:
+    except (Exception, errors.Stopped) as raised:  # (a signal's stop is no Exception)
         if program:
             signals.end_at_once_on_ctrl_c()
         _end_on_error(raised, command, rest, verbose)
@@ -179,7 +179,7 @@ def _fit_summary(cli, seconds: float) -> str:
                        final=final, best_loss=best)
 
 
-def _end_on_error(raised: Exception, command: str, rest: list[str], verbose: bool) -> None:
+def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose: bool) -> None:
     """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
     if ranks.RANKS:  # the watch of the ranks it started says why it ends, or this does: one line (never released)
         ranks.REPORTING.acquire()  # the watch, saying a rank lost, ends this process before this goes on
