@@ -228,16 +228,26 @@ class CtrlCTwice(L.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, tmp_path):
+@pytest.mark.parametrize("every, said", [
+    (None, "stopped at once by a second Ctrl+C in step 3: nothing was saved; no checkpoint of this run was saved "
+           "yet\n"),
+    (1, "stopped at once by a second Ctrl+C in step 3, without saving it (one Ctrl+C finishes the step and saves); "
+        "the newest checkpoint is runs/tiny/checkpoints/last.ckpt: resume with `tinylm fit --config tiny.yaml "
+        "--ckpt_path last`\n"),
+])
+def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, tmp_path, every, said):
     """Catches a second Ctrl+C exiting 1, as a failure (Lightning ends its KeyboardInterrupt handling in
-    sys.exit(1)): an interrupted command exits 130, as a shell reports one, and says so in a line."""
-    config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.CtrlCTwice"}]})
+    sys.exit(1)): an interrupted command exits 130, as a shell reports one, and says in a line what it cut short
+    and where the run goes on from (it said Lightning's "attempting graceful shutdown", then "tinylm: interrupted")."""
+    config = run_config(trainer={"max_steps": 100, "callbacks": [{"class_path": "test_signals.CtrlCTwice"}]},
+                        run={"checkpoint_every": every} if every else {})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
                                                         os.path.dirname(os.path.dirname(__file__)),
                                                         os.environ.get("PYTHONPATH", "")])}
-    done = forked.run(["fit", "--config", str(config)], cwd=tmp_path, env=env, timeout=120)
+    done = forked.run(["fit", "--config", config.name], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 130, done.stderr[-3000:]
-    assert "tinylm: interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.endswith(f"tinylm fit: error: {said}"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "graceful" not in done.stderr, done.stderr[-3000:]
 
 
 def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
@@ -714,13 +724,13 @@ class CtrlCTwiceToTheGroup(L.Callback):
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_under_ddp_is_said_once(ddp_config, tmp_path):
-    """Catches a double Ctrl+C under ddp printing "tinylm: interrupted" once per rank (rank 1 said it too, when it
-    ended before rank 0 ended it)."""
+    """Catches a double Ctrl+C under ddp saying its line once per rank (rank 1 said "tinylm: interrupted" too, when
+    it ended before rank 0 ended it)."""
     cmd, env = _two_ranks(ddp_config)
     done = forked.run([*cmd, "--trainer.callbacks+=test_signals.CtrlCTwiceToTheGroup"], cwd=tmp_path, env=env,
                       timeout=120, start_new_session=True)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert done.stderr.count("tinylm: interrupted") == 1, done.stderr[-3000:]
+    assert done.stderr.count("stopped at once by a second Ctrl+C") == 1, done.stderr[-3000:]
 
 
 class CtrlCAtExit(L.Callback):

@@ -209,12 +209,16 @@ class _RankZero(logging.Filter):
 
 
 class _NoTips(logging.Filter):
-    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger"), and its note that tinylm's own
-    model summary (tinylm.train.run.FlopsSummary) stands in for its default one."""
+    """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger"), its note that tinylm's own
+    model summary (tinylm.train.run.FlopsSummary) stands in for its default one, and its "attempting graceful
+    shutdown" on a run's stop that tinylm says in its own line (a second Ctrl+C's: nothing graceful follows)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from tinylm.train import stop_state
+
         msg = str(record.msg)
-        return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg
+        said = stop_state.line is not None and "Detected KeyboardInterrupt" in msg
+        return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg and not said
 
 
 def format_validate(row: dict, path: Path | None) -> str:

@@ -18,6 +18,7 @@ from tinylm.cli import console, early, errors, ranks, signals
 from tinylm.cli.argv import check_fit_configs, expand_home, numbers_attached, texts_as_typed
 from tinylm.cli.table import COMMANDS, FIT_GROUPS, usage
 from tinylm.errors import TinyLMError
+from tinylm.train import stop_state
 
 log = logging.getLogger("tinylm")
 
@@ -70,6 +71,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
     signals.SAID[0] = False
+    stop_state.line = None  # (an earlier command's, in a caller's process)
     # `--trainer.default_root_dir=~/runs`: the home folder; `--model.lr -1e-3`: that value (Python 3.11's argparse
     # read an option with no value); once, here, before anything reads the line (tinylm.cli.argv)
     # `--samples.prompts+ "[END]"`: that text, not the YAML list ["END"] jsonargparse made of it
@@ -89,7 +91,9 @@ def _main(argv: list[str] | None, program: bool) -> None:
         if console.mid_line():  # generate streamed part of a line: end it first
             print(flush=True)
         if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
-            print("tinylm: interrupted", file=sys.stderr)
+            # a second Ctrl+C during fit: what it cut short and where the run goes on from (tinylm.train.interrupt)
+            said = stop_state.line if command == "fit" and stop_state.line is not None else None
+            sys.stderr.write(errors.error_line(command, said, rest) if said else "tinylm: interrupted\n")
         signals.SAID[0] = True
         sys.exit(130)
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does

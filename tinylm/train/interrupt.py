@@ -118,9 +118,10 @@ class InterruptStop(L.Callback):
             elif previous == signal.SIG_DFL:
                 os.kill(os.getpid(), signum)
             return
-        if signum == signal.SIGINT and self._received == signal.SIGINT:
+        if signum == signal.SIGINT and self._received == signal.SIGINT:  # a second Ctrl+C: stop now, unsaved
+            stop_state.line = self._unsaved_line()
             self._disarm()
-            raise KeyboardInterrupt  # a second Ctrl+C: stop now, unsaved
+            raise KeyboardInterrupt
         if signum == signal.SIGHUP:
             stop_state.leave_terminal()
         self._received = signum
@@ -128,6 +129,21 @@ class InterruptStop(L.Callback):
         # set (by its notifier, a no-op here: see setup); the run stops at a whole step instead.
         if self._trainer is not None:
             self._trainer._signal_connector.received_sigterm = False
+
+    def _unsaved_line(self) -> str:
+        """What a second Ctrl+C left: the step it cut short, unsaved, and where the run goes on from. (Lightning's
+        "Detected KeyboardInterrupt, attempting graceful shutdown" and "tinylm: interrupted" named neither.)"""
+        step = "" if self._trainer is None else f" in step {self._trainer.global_step + 1}"
+        saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if p.is_file()]
+        if not saved:
+            after = "; no checkpoint of this run was saved yet" if self.dirpath is not None else \
+                " (--trainer.enable_checkpointing false)"
+            return f"stopped at once by a second Ctrl+C{step}: nothing was saved{after}"
+        newest = max(saved, key=lambda p: p.stat().st_mtime_ns)
+        resume = "last" if newest.name == "last.ckpt" else newest  # (the CLI spells out the user's own command)
+        return (f"stopped at once by a second Ctrl+C{step}, without saving it (one Ctrl+C finishes the step and "
+                f"saves); the newest checkpoint is {newest}: resume with `tinylm fit --config ... --ckpt_path "
+                f"{resume}`")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False
