@@ -535,6 +535,25 @@ def test_the_lr_jump_of_an_extended_schedule_is_told_in_digits_that_differ(caplo
     assert jump and jump[1] != jump[2], caplog.text
 
 
+@pytest.mark.parametrize("max_steps, said", [(40, None), (50, ("0.00944", "0.0138"))])
+def test_the_lr_jump_after_a_guard_rollback_counts_its_lower_peak(caplog, max_steps, said):
+    """Catches a resume of a run whose stability guard had halved the LR (the scheduler's base LRs) warned of a jump
+    from the halved LR to the whole one: with model.decay_steps pinned there is none, and an extended run jumps to
+    half the new schedule's LR, as it then trains."""
+    from tinylm.cli.resume import warn_schedule_change
+    from tinylm.train.schedules import lr_at
+
+    pinned = max_steps == 40
+    hparams = {"lr_schedule": "cosine", "lr": 0.05, "min_lr": 0.005, "warmup_steps": 0,
+               "decay_steps": 40 if pinned else None}
+    was = 0.5 * lr_at(25, schedule="cosine", lr=0.05, min_lr=0.005, warmup_steps=0, decay_steps=40, decay_fraction=0.2)
+    ckpt = {"global_step": 25, "lr_schedulers": [{"_last_lr": [was], "base_lrs": [0.025]}]}
+    with caplog.at_level("WARNING", logger="tinylm"):
+        warn_schedule_change(ckpt, hparams, max_steps, "x.ckpt")
+    jump = re.search(r"the LR jumps from (\S+) to (\S+) and", caplog.text)
+    assert (jump.groups() if jump else None) == said, caplog.text
+
+
 def test_last_on_a_running_fit_is_not_called_a_stopped_one(tmp_path, caplog):
     """Catches `tinylm validate --ckpt_path last` during a fit warning that the run "stopped between two saves": a
     running fit saves step-N.ckpt first and last.ckpt next, so the newer step-N.ckpt is taken, said as the running

@@ -183,12 +183,15 @@ def warn_schedule_change(ckpt: dict, hparams: dict, max_steps: int | None, ckpt_
     from tinylm.train.schedules import lr_at
 
     try:
-        was = float(ckpt["lr_schedulers"][0]["_last_lr"][0])  # the LR the next step would have used
+        scheduler = ckpt["lr_schedulers"][0]
+        was = float(scheduler["_last_lr"][0])  # the LR the next step would have used (AdamW's first group)
         step = int(ckpt["global_step"])
+        # the stability guard's rollbacks multiplied the schedule's peak (the scheduler's base LRs) by lr_factor
+        peak = float(scheduler.get("base_lrs", [hparams["lr"]])[0])
         now = lr_at(step, schedule=hparams["lr_schedule"], lr=hparams["lr"], min_lr=hparams["min_lr"],
                     warmup_steps=hparams["warmup_steps"], decay_steps=hparams.get("decay_steps") or max_steps,
-                    decay_fraction=hparams.get("decay_fraction", 0.2))
-    except (KeyError, IndexError, TypeError, ValueError):  # an older checkpoint, another scheduler
+                    decay_fraction=hparams.get("decay_fraction", 0.2)) * peak / float(hparams["lr"])
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):  # an older checkpoint, another scheduler
         return
     if max_steps and not math.isclose(was, now, rel_tol=1e-6, abs_tol=1e-12):
         # as many digits as tell the two apart (a run extended by 10 steps at its end: "from 0.0001 to 0.0001")
