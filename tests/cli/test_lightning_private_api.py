@@ -101,14 +101,14 @@ def test_logged_step_counter():
         inspect.getsource(_TrainingEpochLoop.on_advance_end)
 
 
-def test_lr_finder_debias_exponent():
-    """tinylm.studies.lr_find.debiased undoes Lightning's off-by-one debiasing of the range test's running loss
-    (global_step is read after the step counted it). When Lightning fixes it, this fails: drop the correction."""
+def test_lr_finder_records_one_lr_per_optimizer_step():
+    """tinylm.studies.lr_find pairs the LRs Lightning's range test records with each optimizer step's own loss (the
+    module's, not the callback's last micro-batch): one LR per optimizer step, at the accumulation's last batch."""
     from lightning.pytorch.tuner.lr_finder import _LRCallback
 
-    source = inspect.getsource(_LRCallback.on_train_batch_end)
-    assert "current_step = trainer.global_step" in source
-    assert "self.beta ** (current_step + 1)" in source
+    source = inspect.getsource(_LRCallback.on_train_batch_start)
+    assert "(trainer.fit_loop.batch_idx + 1) % trainer.accumulate_grad_batches != 0" in source
+    assert "self.lrs.append(" in source
     from tinylm.studies.lr_find import SMOOTHING
 
     assert inspect.signature(_LRCallback.__init__).parameters["beta"].default == SMOOTHING

@@ -1,4 +1,5 @@
-"""`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve, the rule of thumb."""
+"""`tinylm lr-find`: Lightning's range test on a fit config, weights restored, the debiased curve of each step's
+loss, the rule of thumb."""
 
 import json
 import re
@@ -9,7 +10,7 @@ import torch
 import yaml
 
 from tinylm.cli import main
-from tinylm.studies.lr_find import SMOOTHING, debiased, rule_of_thumb_lr
+from tinylm.studies.lr_find import SMOOTHING, rule_of_thumb_lr, smoothed
 
 
 def test_rule_of_thumb_by_hand():
@@ -18,16 +19,12 @@ def test_rule_of_thumb_by_hand():
     assert rule_of_thumb_lr(31_000_000) == pytest.approx(1.2e-3)
 
 
-def test_debiased_recovers_a_constant_loss():
-    """Lightning's running average of a constant loss, debiased with its off-by-one exponent, starts at about half
-    the loss and rises; the correction must give the constant back at every point (else the curve's first tens of
-    points slope the wrong way and the suggestion lands there)."""
-    avg, lightning = 0.0, []
-    for k in range(1, 30):  # Lightning: global_step is already k when it debiases the k-th loss
-        avg = SMOOTHING * avg + (1 - SMOOTHING) * 3.0
-        lightning.append(avg / (1 - SMOOTHING ** (k + 1)))
-    assert lightning[0] < 1.6
-    assert debiased(lightning) == pytest.approx([3.0] * len(lightning))
+def test_the_curve_is_each_steps_loss_smoothed_and_debiased():
+    """A constant loss gives the constant back at every point (Lightning's own debiasing, off by one step, started
+    at about half of it and rose: the curve's first tens of points sloped the wrong way and the suggestion landed
+    there), and each point averages what came before it."""
+    assert smoothed([3.0] * 30) == pytest.approx([3.0] * 30)
+    assert smoothed([2.0, 4.0]) == pytest.approx([2.0, (SMOOTHING * 0.02 * 2 + 0.02 * 4) / (1 - SMOOTHING ** 2)])
 
 
 def _red_pixels(png) -> int:
@@ -207,6 +204,33 @@ def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
         signal.signal(signal.SIGINT, handler)
     assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
     assert not (cfg.parent / "lr.png").exists()
+
+
+def test_the_curve_under_accumulation_is_each_steps_mean_loss(run_config):
+    """Catches the curve reading Lightning's loss of each step's last micro-batch alone (its range test's): with
+    accumulation 4 a curve twice as noisy as the loss the step trains on, which the suggestion is read from."""
+    import lightning as L
+
+    from tinylm.cli.fit_config import fit_objects
+    from tinylm.studies.lr_find import lr_find
+
+    cli = fit_objects(["--config", str(run_config())])
+    model, micro = cli.model, []
+    training_step = model.training_step
+
+    def record(batch, batch_idx):
+        loss = training_step(batch, batch_idx)
+        micro.append(float(loss))
+        return loss
+
+    model.training_step = record
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=6, accumulate_grad_batches=4, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, default_root_dir=str(cli.run_dir))
+    result = lr_find(trainer, model, cli.datamodule, params=1, min_lr=1e-4, max_lr=1e-2, num_training=6)
+    steps = [sum(micro[i:i + 4]) / 4 for i in range(0, len(micro), 4)]
+    assert len(micro) == 24 and len(set(micro[:4])) == 4  # (micro-batches that differ: their mean is no last one)
+    assert result.losses == pytest.approx(smoothed(steps), rel=1e-6)
 
 
 def test_sweep_steps_are_the_runs_global_batch(run_config, capsys, monkeypatch):

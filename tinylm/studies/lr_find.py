@@ -26,18 +26,22 @@ def rule_of_thumb_lr(params: int) -> float:
 
 MIN_POINTS = 3  # points of the curve a suggestion needs (past the skipped ones)
 FEW_POINTS = 20  # a sweep shorter than this that finds no fall says to sweep longer, not wider
-SMOOTHING = 0.98  # the beta of Lightning's running loss in the range test (_LRCallback)
+SMOOTHING = 0.98  # the beta of the running loss, Lightning's in its range test (_LRCallback)
 
 
-def debiased(losses: list[float]) -> list[float]:
-    """Lightning's smoothed losses with the bias correction it meant to apply.
+def smoothed(losses: list[float]) -> list[float]:
+    """The running average of ``losses`` (beta SMOOTHING), debiased as Adam is: divided by 1 - beta^k after k losses.
 
-    Lightning debiases the running average after k steps by 1 - beta^(global_step + 1), but reads global_step after
-    the step has counted it (global_step = k), so it divides by 1 - beta^(k+1) instead of 1 - beta^k: the first
-    point comes out at about half the true loss (for 65 characters ln 65 = 4.17 showed as 2.1) and the curve
-    *rises* over the first ~50 LRs, which misplaces the steepest-descent suggestion (Lightning issue #14167 reports
-    the symptom). Point i (from 0) was taken after k = i + 1 steps."""
-    return [loss * (1 - SMOOTHING ** (i + 2)) / (1 - SMOOTHING ** (i + 1)) for i, loss in enumerate(losses)]
+    Not Lightning's own curve: its range test averages the loss of each step's last micro-batch only (with
+    accumulation, a sqrt(accumulation) times noisier curve than the step's loss), and debiases it by 1 -
+    beta^(k+1), reading global_step after the step counted it: the first point came out at about half the true
+    loss (for 65 characters ln 65 = 4.17 showed as 2.1) and the curve *rose* over the first ~50 LRs, which
+    misplaced the steepest-descent suggestion (Lightning issue #14167 reports the symptom)."""
+    avg, out = 0.0, []
+    for k, loss in enumerate(losses, start=1):
+        avg = SMOOTHING * avg + (1 - SMOOTHING) * loss
+        out.append(avg / (1 - SMOOTHING ** k))
+    return out
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     hp = module.hparams
     if hp.get("optimizer") == "muon":
         module.muon_lr_ratio = hp.muon_lr / hp.lr
-    module.lr_range_test = True
+    module.lr_range_test, module.range_test_losses = True, []
     # Lightning's own save of the weights it restores says "`weights_only` was not set, defaulting to `False`": a
     # note about its temporary file, not the user's
     quiet = logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector")
@@ -83,10 +87,10 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
         module.muon_lr_ratio, module.lr_range_test = None, False
         quiet.setLevel(level)
         lr_finder.tqdm = own_bar
-    # Lightning records the loss that backward sees: divided by the accumulation count; scaled back here
-    scale = trainer.accumulate_grad_batches
-    points = [(lr, loss * scale) for lr, loss in zip(finder.results["lr"], debiased(finder.results["loss"]))
-              if math.isfinite(loss)]
+    # each step's loss: the mean over its micro-batches (Lightning's curve reads the last one's: `smoothed` says why)
+    raw = [float(loss) for loss in module.range_test_losses]
+    module.range_test_losses = []
+    points = [(lr, loss) for lr, loss in zip(finder.results["lr"], smoothed(raw), strict=True) if math.isfinite(loss)]
     lrs, losses = [p[0] for p in points], [p[1] for p in points]
     suggestion, why = steepest_descent(lrs, losses), ""
     if suggestion is None:
