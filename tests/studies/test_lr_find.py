@@ -170,7 +170,8 @@ def test_a_next_fit_that_fit_would_refuse_is_refused_before_the_sweep(run_config
     with pytest.raises(SystemExit):
         main(["lr-find", "--config", str(run_config()), "--trainer.accumulate_grad_batches", "3"])
     err = capsys.readouterr().err
-    assert "trainer.val_check_interval=2 (batches) is not a multiple of trainer.accumulate_grad_batches=3" in err
+    assert "the fit this sweep is for would be refused: trainer.val_check_interval=2 (batches) is not a multiple " \
+           "of trainer.accumulate_grad_batches=3" in err
     assert "use --trainer.val_check_interval 3 (or a multiple)" in err and err.count("\n") == 1
 
 
@@ -280,10 +281,25 @@ def test_lr_find_ends_with_the_fit_command_at_its_lr(run_config, capsys):
     command = out.split("next:\n", 1)[1].strip()
     lr = json.loads((cfg.parent / "lr.json").read_text())
     lr = lr["suggestion"] or lr["rule_of_thumb"]
-    assert command.startswith(f"tinylm fit --config {cfg}") and command.endswith(f"--model.lr {lr:.2e}")
+    assert command.startswith(f"tinylm fit --config {cfg}") and f" --model.lr {lr:.2e} " in command
     with pytest.raises(SystemExit) as e:
         main([*shlex.split(command)[1:], "--print_config"])
     assert e.value.code in (0, None) and f"lr: {float(f'{lr:.2e}')}" in capsys.readouterr().out
+
+
+def test_the_next_fit_keeps_the_schedules_floor_at_the_configs_ratio(run_config, capsys, monkeypatch):
+    """Catches a suggestion below the config's model.min_lr printed as a `next:` fit that fit refuses ("model.min_lr
+    must be in [0, lr]"): the fit sets min_lr at the config's ratio to lr, as the cosine it was written for."""
+    import tinylm.studies.lr_find
+    from tinylm.studies.lr_find import LRFind
+
+    cfg = run_config(model={"lr": 1e-3, "min_lr": 1e-4})
+    monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", lambda *a, **k: LRFind([1e-6, 1e-5], [3.0, 2.0], 5e-5, 1e-3))
+    main(["lr-find", "--config", str(cfg), "--out", "lr.png"])
+    command = capsys.readouterr().out.split("next:\n", 1)[1].strip()
+    assert command.endswith("--model.lr 5.00e-05 --model.min_lr 5.00e-06"), command
+    main(shlex.split(command)[1:])  # (the model's check of min_lr is made as it is built: the fit trains)
+    assert (cfg.parent / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path, capsys, caplog):

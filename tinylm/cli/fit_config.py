@@ -112,7 +112,10 @@ class _ConfigOnlyCLI(TinyLMCLI):
                              "take the config's model from scratch (scaling resumes its own runs); leave it out")
         if self.trains_here:
             check_accelerator(cfg.trainer.get("accelerator"))
-            check_validation_interval(dict(cfg.trainer))  # lr-find's next: fit trains these options
+            try:  # lr-find's next: fit trains these options (the sweep itself validates nothing)
+                check_validation_interval(dict(cfg.trainer))
+            except ValueError as e:
+                raise ValueError(f"the fit this sweep is for would be refused: {e}") from None
         if self.ladder:
             check_ladder_options(cfg)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)

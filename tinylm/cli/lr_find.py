@@ -99,8 +99,12 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     hp = cli.model.hparams
     # the sweep moved Muon's LR at muon_lr / lr times lr (tinylm.studies.lr_find): keep that ratio at the suggestion,
     # or --model.lr 6e-2 alone would leave muon_lr at 0.02, a third of lr where the sweep had it at 20x
-    muon = f" --model.muon_lr {hp.muon_lr / hp.lr * float(f'{lr:.2e}'):.2e}" if hp.optimizer == "muon" else ""
-    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}{muon}"
+    said = float(f"{lr:.2e}")
+    muon = f" --model.muon_lr {hp.muon_lr / hp.lr * said:.2e}" if hp.optimizer == "muon" else ""
+    # the schedule's floor at the config's ratio to its peak: a suggestion below the config's min_lr made a fit
+    # that was refused (min_lr must be in [0, lr]), and one just above it a cosine that barely decays
+    floor = f" --model.min_lr {hp.min_lr / hp.lr * said:.2e}" if hp.min_lr > 0 else ""
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}{floor}{muon}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:
