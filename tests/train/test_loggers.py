@@ -158,6 +158,28 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert len(runs) == 3 and _ids(runs) == {first["wandb_id"]}, [r.name for r in runs]
 
 
+def test_samples_sit_at_the_wandb_step_of_their_steps_metrics(no_wandb_account, run_config, monkeypatch):
+    """Catches the samples table logged at W&B's x axis value one past the metrics of the same optimizer step
+    (its val/loss at Lightning's logging step, steps done - 1; the table at steps done): on W&B a sample and the
+    val/loss it was written beside looked one step apart."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    logged = []
+    log_metrics = WandbLogger.log_metrics
+
+    def seen(self, metrics, step=None):
+        logged.append((step, set(metrics)))
+        return log_metrics(self, metrics, step)
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", seen)
+    cfg = run_config(run={"wandb_project": "tinylm-test"}, trainer={"max_steps": 4},
+                     samples={"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 2})
+    main(["fit", "--config", str(cfg)])
+    samples = [step for step, keys in logged if "samples" in keys]
+    validations = [step for step, keys in logged if "val/loss" in keys]
+    assert samples == validations == [1, 3], logged
+
+
 def test_a_resume_refused_as_it_starts_leaves_no_empty_wandb_run(no_wandb_account, tmp_path, run_config, capsys):
     """Catches a resume refused on restoring its checkpoint (here: a tensor edited out of it) leaving an empty
     offline W&B run behind, which `latest-run` pointed at and `wandb sync` uploaded as the run's last part."""

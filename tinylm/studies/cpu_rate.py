@@ -5,7 +5,9 @@ Two measurements, the first always, the second when it fits in about a second:
     matmul   a (tokens x n_embd) @ (n_embd x 4 n_embd) product in the run's compute dtype, the MLP's shape (at most
              256 x 1024), timed for 0.1 s: the machine's matmul FLOP/s now (its load included)
     steps    2-3 whole training steps of the real model (forward, loss, backward, clipping, tinylm's optimizer) at the
-             run's micro-batch and precision, after one untimed step: the run's own FLOP/s, every overhead included.
+             run's micro-batch and precision, after one untimed step: the step's own FLOP/s, its Python overheads
+             included (not Lightning's loop, logging, the loader and callbacks: a run is 1.1-1.4x slower a step, and
+             more for a tiny model, whose step those dominate; docs/studies.md)
              Taken when the model is small (states under 1 GiB) and the matmul rate says a step takes under 0.5 s
 A plan from `steps` needs no MFU; one from `matmul` alone applies --mfu to it.
 """

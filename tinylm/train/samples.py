@@ -210,8 +210,10 @@ class SampleText(L.Callback):
         from tinylm.train.loggers import wandb_loggers
 
         for logger in wandb_loggers(trainer.loggers):
+            # at Lightning's logging step, where this step's metrics are (its val/loss: steps done - 1, as the CSV's
+            # step column); the table's own column says the steps done, as samples.txt does
             logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows],
-                            step=rows[0][0])
+                            step=rows[0][0] - 1)
 
 
 def _cut_after(path: Path, size: int) -> None:
