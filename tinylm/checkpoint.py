@@ -6,7 +6,8 @@ the target (a checkpoint is never held whole in memory), fsyncs it, then ``os.re
 whole until the new one is complete. A save that fails (disk full, Ctrl+C) removes its ``.tmp`` and raises its own
 error (a full disk: an OSError naming the checkpoint); one killed outright (kill -9, a crash) leaves it, and the next
 successful save into that folder removes it.
-Every load uses ``torch.load(weights_only=True)``: a checkpoint can hold tensors and plain values, never code.
+Every load uses ``torch.load(weights_only=True)`` (a sharded checkpoint's ``.metadata``, torch.distributed.checkpoint's
+own, an unpickler as restricted): a checkpoint can hold tensors and plain values, never code.
 """
 
 from __future__ import annotations

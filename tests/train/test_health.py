@@ -80,6 +80,18 @@ def test_stuck_loss_is_reported(chars):
     assert "ln(vocab)" in next(a.message for a in monitor.alerts if a.kind == "stuck")
 
 
+@pytest.mark.parametrize("loss, stuck", [(math.log(65), True), (20.0, False)])
+def test_stuck_is_a_loss_near_uniform_not_one_far_above_it(loss, stuck):
+    """Catches a loss far above ln(vocab) (a run blowing up) called stuck near ln(vocab), with the advice to check
+    that the LR is not zero: the opposite of its cause."""
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    monitor = HealthMonitor(window=5, stuck_after=0)
+    module = _tiny(65, warmup_steps=0)
+    for step in range(1, 7):
+        monitor._check(trainer, module, step, loss, None)
+    assert ("stuck" in {a.kind for a in monitor.alerts}) is stuck
+
+
 def test_gradient_accumulation_neither_hides_stuck_nor_fakes_leak(chars):
     """Catches the monitor judging Lightning's per-micro-batch loss, which is divided by accumulate_grad_batches:
     `stuck` could never fire and `leak` fired at step 0 (gpt2-124m's recipe accumulates 32 micro-batches)."""

@@ -83,18 +83,37 @@ USER_ERRORS = (TinyLMError, Stopped)
 """What the CLI reports in one line, its message as it is (no exception's name before it)."""
 
 
-class Terminated(Stopped):
-    """SIGTERM (or SIGHUP) reached a command outside fit's training loop (which saves and stops on its own,
-    tinylm.train.interrupt): raised so that its cleanup runs (temp folders, partial exports) and it ends with a line,
-    exit 143 (129). A SIGTERM before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0
-    says it."""
+class _BySignal:
+    """An error that a signal raised: its exit status is 128 + the signal's number, as a shell reports it."""
 
-    exit_code = 128 + signal.SIGTERM
     every_rank = True
 
     def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+class Terminated(_BySignal, Stopped):
+    """SIGTERM (or SIGHUP) reached a command outside fit's training loop (which saves and stops on its own,
+    tinylm.train.interrupt): raised so that its cleanup runs (temp folders, partial exports) and it ends with a line,
+    exit 143 (129). A SIGTERM before training reaches every rank (rank 0 passes it on to the ranks it started): rank 0
+    says it."""
+
+
+class TrainingProcessTerminated(_BySignal, TinyLMError):
+    """`Terminated` in a training process that ddp_fork started (the launching process ends them all when one
+    fails): an Exception, which torch's wrapper of the process passes on to the launching process (it prints the
+    traceback of any other)."""
+
+
+def terminated(message: str, signum: int) -> BaseException:
+    """A SIGTERM's (or SIGHUP's) stop: `Terminated`, or in a training process that ddp_fork started (whose parent
+    is a Python process) `TrainingProcessTerminated`, which torch's wrapper of the process passes on to the
+    launching process; that says the first failure (a BaseException's traceback was printed there)."""
+    import multiprocessing
+
+    stopped = Terminated if multiprocessing.parent_process() is None else TrainingProcessTerminated
+    return stopped(message, signum)
 
 
 class Interrupted(Stopped):

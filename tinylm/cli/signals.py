@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 
 from tinylm.cli import ranks
-from tinylm.cli.errors import Interrupted, Terminated, error_line
+from tinylm.cli.errors import Interrupted, Terminated, error_line, terminated
 from tinylm.train import stop_state
 
 log = logging.getLogger("tinylm")
@@ -133,7 +133,7 @@ def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
         if children and command == "fit":  # this process only waits for the ones that train; it exits after them
             raise Terminated(f"terminated by {name}, passed on to the training processes: they finish their step "
                              "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`", signum)
-        raise Terminated(f"terminated by {name} before it finished; run the same `tinylm {command}` again", signum)
+        raise terminated(f"terminated by {name} before it finished; run the same `tinylm {command}` again", signum)
 
     def on_sigint(signum: int, frame: object) -> None:
         # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a

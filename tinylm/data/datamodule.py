@@ -199,9 +199,10 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     def _check_same_data(self, saved: dict) -> None:
         """Refuse a resume that would draw other training data than the checkpoint's run (checkpoints from before
         these keys were saved are not checked). Batch k holds global samples k * B * W ... (k + 1) * B * W - 1, keyed
-        by the seed (loader.TrainBatches), so what must match is the seed and the windows a step, B x W x accumulation,
-        not B, W and accumulation one by one: an elastic resume onto another device count, or with accumulation
-        standing in for devices (`resume_split` then counted the position in the new micro-batches)."""
+        by the seed (loader.TrainBatches), so what must match is the seed and the windows of a micro-batch over the
+        devices, B x W (or a re-split of the same step's windows: another device count with accumulation standing in
+        for it, which `resume_split` counted in the new micro-batches). Another accumulation alone is taken: it
+        regroups the same sequence of windows into steps (a larger global batch from the resume on)."""
         from tinylm.checkpoint import CheckpointError
 
         if "batch_size" not in saved:

@@ -1,7 +1,8 @@
 """Tokenize -> pack -> memmap: trained tokenizers and packed datasets, cached on disk and built atomically.
 
 On disk (under `cache_dir`, see `TinyLMDataModule`):
-    tokenizers/<spec>-<corpus>-<key>/     trained tokenizers, keyed by corpus fingerprint + spec + vocab_size
+    tokenizers/<spec>-<corpus>-<key>/     trained tokenizers, keyed by corpus fingerprint + spec + vocab_size (+ the
+                                          text sample it read, and a char vocabulary's validation split)
     datasets/<corpus>-<kind><V>-<key>/    keyed by corpus fingerprint + tokenizer fingerprint + split settings
         tokenizer/  train.bin  val.bin    flat little-endian token ids (uint16 when the vocab fits, else uint32)
         meta.json                         written last; a folder without it is an interrupted build and is rebuilt
@@ -312,7 +313,8 @@ def _write_dataset(out: Path, partial: Path, corpus: Corpus, tok: Tokenizer, val
     try:
         splits, resumed = write_splits(out, partial, corpus, tok, np.dtype(dtype_name).newbyteorder("<"),
                                        val_fraction=val_fraction, piece_chars=piece_chars)
-    except CorpusChanged:  # the shards are keyed by text that is gone (no build resumes them) and may hold the new
+    except CorpusChanged:  # the shards are keyed by text that is gone (no build resumes them), and may already hold
+        # some of the changed text: dropped
         shutil.rmtree(partial, ignore_errors=True)
         raise
     except BaseException:  # a full disk, a signal: tokens of no complete shard are of no use to the next build, and

@@ -1,4 +1,5 @@
-"""Decoding: logits processors, strategies (greedy, sampling, beam, contrastive) and the decoding report."""
+"""Decoding: logits processors, strategies (greedy, sampling, beam, contrastive), speculative and constrained decoding,
+and the decoding report."""
 
 from tinylm.generate.config import STRATEGIES, SamplingConfig
 

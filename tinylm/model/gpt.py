@@ -125,7 +125,8 @@ class GPT(nn.Module):
         prefix_len: with attn_mask="prefix", how many leading tokens see each other both ways (int or (B,) tensor).
         kv_cache: append these tokens to the cache and attend over everything cached (positions continue
             from kv_cache.pos); create one with `new_kv_cache`.
-        return_hidden: also return the final-LayerNorm output (B, T, C): `(logits, hidden)`.
+        return_hidden: also return the final norm's output (ln_f: LayerNorm, or RMSNorm with norm rmsnorm), (B, T,
+            C): `(logits, hidden)`.
         last_only: compute logits for the last position only, (B, 1, V) (generation skips the LM head elsewhere).
         """
         c = self.config
@@ -227,7 +228,7 @@ def training_flops(config: GPTConfig, params: int, token_table: int) -> float:
 @dataclass(frozen=True)
 class GPTShape:
     """A GPT of ``config`` counted without building its n_layer blocks: the parameters outside the blocks and one
-    block's, which the others repeat (each is Block(config)). `tinylm plan` of a 10,000-layer model takes as long as
+    block's, which the others repeat (each is Block(config)). `tinylm plan` of a 100,000-layer model takes as long as
     one of a layer (building 100,000 blocks took minutes, on the meta device too)."""
 
     config: GPTConfig

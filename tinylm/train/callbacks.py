@@ -1,4 +1,5 @@
-"""Training callbacks: throughput and MFU, RNG state for exact resume, checkpoint cadence (the bar: progress_bar)."""
+"""Training callbacks: throughput and MFU, RNG state for exact resume, the logging step on resume, the final validation,
+the best and periodic checkpoints (the bar: progress_bar)."""
 
 from __future__ import annotations
 

@@ -68,8 +68,8 @@ class StabilityGuard(L.Callback):
             outlier limits are taken from the window every ``trainer.log_every_n_steps`` steps.
         rollback_skips: Roll back when this many of the window's steps were skipped; 0: never for skips.
         rollback_loss_rise: Roll back when the median loss of the last ``window // 5`` accepted steps is more than
-            this fraction above the loss's level (the lowest window median since the start or the last rollback);
-            null: never for a high loss.
+            this fraction above the loss's level (the lowest median of a full window in the run, kept across
+            rollbacks: they take the weights back to before the trouble); null: never for a high loss.
         lr_factor: Each rollback multiplies the learning rate (the schedule's peak, so every later step's) by this.
         max_rollbacks: Rollbacks allowed in the run; one more divergence stops it with the checkpoint to go back to.
     """
@@ -94,7 +94,7 @@ class StabilityGuard(L.Callback):
         # at one of them holds weights the run abandoned (a later rollback took one, undoing the earlier); one saved
         # at the rollback's own step holds the rolled-back weights (Lightning runs checkpoint callbacks last)
         self.abandoned: list[tuple[int, int]] = []
-        self.level: float | None = None  # the lowest median loss of a full window since the start or a rollback
+        self.level: float | None = None  # the lowest median loss of a full window in the run (rollbacks keep it)
         # the last `window` steps by slot step % window: loss, grad norm (NaN where skipped or not yet taken), and
         # 1.0 where the step was skipped
         self._history: torch.Tensor | None = None
@@ -200,7 +200,7 @@ class StabilityGuard(L.Callback):
         order = [(step - self.window + i) for i in range(self.window)]  # the last `window` steps, oldest first
         flags = [skips[s % self.window] for s in order]
         if self.rollback_skips and sum(flags) >= self.rollback_skips:
-            first = next(s for s, f in zip(order, flags) if f)  # (the step's index: it is step first + 1)
+            first = next(s for s, f in zip(order, flags) if f)  # a step index: step-N names it N = first + 1
             return f"{int(sum(flags))} of the last {self.window} steps skipped (first at step {first + 1})", first
         by_step = [(s, losses[s % self.window]) for s in order if not math.isnan(losses[s % self.window])]
         accepted = [v for _, v in by_step]

@@ -75,7 +75,8 @@ class HealthMonitor(L.Callback):
         overfit_patience: ``overfit`` fires after this many consecutive rising validation losses while the
             training loss fell over the same span.
         slowdown_fraction: ``slowdown`` fires when recent tokens/sec stays below (1 - this) of the reference rate
-            (the best ``window``-step median so far) for ``window`` optimizer steps...
+            (the best ``window``-step median so far) for ``window`` readings of it (every optimizer step on a CPU,
+            every logging step on a GPU)...
         contention_margin: ...judged only while the run waited for CPUs held by other processes less than this
             fraction of the time: on a machine loaded by other jobs the rate moves with them (measured: 230 to
             2,400 tokens/sec, steps alike, at one steady 60 % wait), not with the run...
@@ -232,8 +233,10 @@ class HealthMonitor(L.Callback):
         warmup = getattr(pl_module.hparams, "warmup_steps", 0)
         mean = sum(self._losses) / len(self._losses)
 
+        # near ln(vocab), on either side (far above it the run is blowing up, which is no zero LR: the guard and
+        # `diverged` judge that)
         if (step >= warmup + self.stuck_after and len(self._losses) == self.window
-                and mean > (1 - self.stuck_tolerance) * ln_v):
+                and abs(mean - ln_v) < self.stuck_tolerance * ln_v):
             self._alert(
                 trainer,
                 "stuck",

@@ -6,7 +6,7 @@ at once, unsaved. Here each signal only sets a flag; the run stops at the next p
 an optimizer step, and after that step's validation when one is due (under several ranks, one step later: see
 `InterruptStop._stop_signal`). It saves ``last.ckpt`` there (as exact to resume from as a periodic checkpoint) and
 raises :class:`RunInterrupted` (exit 128 + the signal: 143, 129, 130). A second Ctrl+C stops at once, without
-saving. A SIGHUP the run was started to ignore (nohup) stays ignored.
+saving. A SIGHUP or Ctrl+C the run was started to ignore (nohup, a script's `&` job) stays ignored.
 
 Under SLURM, Lightning's SIGUSR1 requeue handler is untouched. Its SIGTERM handler (composed with the one found
 installed, this one) runs until training starts; from then on this one alone handles SIGTERM (see on_train_start:
@@ -32,16 +32,6 @@ from tinylm.train.callbacks import validation_follows
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _REQUESTS = (signal.SIGTERM, signal.SIGHUP)  # a stop asked once; the same signal again is the same request
 _late: int | None = None  # see late_signal
-
-
-def training_over() -> bool:
-    """Whether the last run's training has ended (tinylm.train.stop_state.over)."""
-    return stop_state.over
-
-
-def stop_line() -> str | None:
-    """The line of the last run's stop on a signal (tinylm.train.stop_state.line)."""
-    return stop_state.line
 
 
 def late_signal() -> int | None:

@@ -172,9 +172,9 @@ class TinyLM(L.LightningModule):
             step's forward and loss as one graph (the fp32 upcast of the logits fuses into the log-softmax: no fp32
             copy of the (B, T, V) logits is written).
         activation_checkpointing: Keep only each transformer block's input in the forward pass and recompute the
-            rest in the backward pass (torch.utils.checkpoint): activation memory falls to about 1/17 of a
-            block's per layer in fp32 (about 1/10 under bf16-mixed), for about one more forward pass of compute
-            (measured in docs/benchmarks.md; `tinylm plan` shows both memory estimates).
+            rest in the backward pass (torch.utils.checkpoint): `tinylm plan` counts a block's activations at
+            about 1/17 per layer in fp32 (1/10 under bf16-mixed), for one more forward pass of compute; measured on
+            CPU (docs/benchmarks.md): the step's peak memory 37-45 % lower, the step ~1.5x as long.
         fsdp_reshard_after_forward: Under ``--trainer.strategy fsdp`` (FSDP2): free each block's gathered weights
             after its forward pass and gather them again for its backward pass (less memory, one more all-gather
             per block per step); false keeps them from forward to backward. Ignored by other strategies.
@@ -362,9 +362,9 @@ class TinyLM(L.LightningModule):
         return self._lr_at(self.global_step)
 
     def current_lr(self, group: int = 0) -> float:
-        """The learning rate the optimizer will use for this step, read from its first parameter group (what
-        `train/lr` logs: the truth even if a callback or a user's scheduler changed it). With Muon the first group
-        is AdamW's and the last Muon's (`train/muon_lr`)."""
+        """The learning rate the optimizer will use for this step, read from its parameter group ``group`` (the
+        first: what `train/lr` logs, the truth even if a callback or a user's scheduler changed it). With Muon the
+        first group is AdamW's and the last (-1) Muon's (`train/muon_lr`)."""
         optimizers = self.optimizers(use_pl_optimizer=False) if self._trainer is not None else None
         optimizer = optimizers[0] if isinstance(optimizers, list) else optimizers
         if optimizer is None:
@@ -457,8 +457,8 @@ class TinyLM(L.LightningModule):
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None
     ) -> None:
-        # Called on every optimizer step after accumulation and AMP unscaling, before the step: the return value
-        # of clip_grad_norm_ is the total norm *before* clipping, which is what we want to watch.
+        # Called on every optimizer step after accumulation and AMP unscaling, before the step: clip_by_global_norm
+        # returns the total norm *before* clipping, which is what we want to watch.
         if gradient_clip_algorithm not in (None, "norm"):
             algorithm = getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)  # Lightning passes an enum
             raise ValueError(f"tinylm clips by norm only; got trainer.gradient_clip_algorithm={algorithm!r}: leave it "

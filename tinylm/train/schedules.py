@@ -37,7 +37,8 @@ def warmup_cosine(step: int, *, lr: float, min_lr: float, warmup_steps: int, dec
 def warmup_stable_decay(
     step: int, *, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, decay_fraction: float = 0.2
 ) -> float:
-    """WSD: warmup, hold ``lr`` flat, then decay linearly to ``min_lr`` over the last ``decay_fraction`` of the run."""
+    """WSD: warmup, hold ``lr`` flat, then decay linearly to ``min_lr`` over the last ``decay_fraction`` of the
+    steps after warmup."""
     if (w := _warmup(step, lr, warmup_steps)) is not None:
         return w
     decay_start = warmup_steps + int((1.0 - decay_fraction) * (decay_steps - warmup_steps))
