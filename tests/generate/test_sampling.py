@@ -90,6 +90,9 @@ def test_top_p_boundary_keeps_the_smallest_set_reaching_p():
     tokens, top_p 0.5 is reached by one of them, so exactly one stays; of four, 0.5 keeps two."""
     assert torch.isfinite(top_p_filter(torch.zeros(1, 2), 0.5)).sum() == 1
     assert torch.isfinite(top_p_filter(torch.zeros(1, 4), 0.5)).sum() == 2
+    # float32's running sum of equal probabilities lands just under top_p (five 0.02s: 0.099999994): one more was
+    # kept (6, 16, 26), where transformers' TopPLogitsWarper and the definition keep 5, 15, 25
+    assert [int(torch.isfinite(top_p_filter(torch.zeros(1, 50), p)).sum()) for p in (0.1, 0.3, 0.5)] == [5, 15, 25]
 
 
 def test_min_p_1_keeps_the_top_token_and_samples_greedily():

@@ -29,14 +29,19 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     return torch.full_like(logits, -math.inf).scatter(-1, indices, values)
 
 
+TOP_P_SLACK = 1e-6  # a nucleus that sums to within this of top_p is whole (float32's running sum is off by ~1e-7)
+
+
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
-    """Nucleus: keep the most likely tokens until their probabilities sum to >= top_p (always at least one)."""
+    """Nucleus: keep the most likely tokens until their probabilities sum to >= top_p (always at least one), within
+    float32's rounding of the running sum (TOP_P_SLACK): 50 equally likely tokens at top_p 0.1 keep 5 (the sum of
+    five 0.02s came to 0.099999994, and a sixth was kept)."""
     if top_p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
-    remove_sorted = mass_before >= top_p
+    remove_sorted = mass_before >= top_p - TOP_P_SLACK
     remove_sorted[..., 0] = False  # the top token always stays (a top_p of 1e-46 is 0 in float32: 0 >= 0)
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, -math.inf)
