@@ -70,6 +70,16 @@ def test_near_duplicates_are_found_with_known_recall_and_precision(tmp_path):
     assert sum(truth) == 80 and recall >= 0.95 and precision == 1.0, (recall, precision)
 
 
+def test_documents_shorter_than_a_shingle_are_near_duplicates_only_of_their_own_words(tmp_path):
+    """Catches a document of fewer words than `shingle_words` having no shingle at all: every such MinHash is the
+    same (of nothing), so near-dedup dropped every short document after the first (headlines, one-line answers)."""
+    rng = random.Random(2)
+    docs = [_doc(rng, 60) for _ in range(5)] + ["Alpha beta gamma.", "Delta epsilon.", "Zeta eta theta iota.",
+                                                 "Delta  epsilon."]
+    rules, _ = _decisions(tmp_path, docs, CleanOptions(near=True), val_fraction=0.01)
+    assert rules == [None] * 8 + ["near"], rules
+
+
 def test_exact_duplicates_ignore_case_and_whitespace_only(tmp_path):
     """Catches exact de-duplication that misses a copy re-cased or re-wrapped, or drops a copy with one word
     changed (a near duplicate, not an exact one), or drops the first copy instead of the later."""
