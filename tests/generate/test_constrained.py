@@ -59,6 +59,16 @@ def test_every_output_matches_the_regex(char_tok, bpe_tok, pattern, strategy, pr
         assert re.fullmatch(pattern, tok.decode(ids)), (pattern, tok.decode(ids))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_beam_without_an_end_token_goes_on_to_where_the_pattern_stops(char_tok, seed):
+    """Catches beams finished at the first point the text could end ([de]{2,4} cut at two letters): with no end
+    token to choose (a char vocabulary), a beam ends only where the grammar takes no further token."""
+    model = _model(char_tok.vocab_size, seed)
+    (ids,) = generate(model, [char_tok.encode("ROMEO:")], strategy="beam", num_beams=3, max_new_tokens=40,
+                      regex=r"[ab]{3}c?[de]{2,4}", tokenizer=char_tok, eos_id=char_tok.eos_id)
+    assert char_tok.eos_id is None and re.fullmatch(r"[ab]{3}c?[de]{4}", char_tok.decode(ids)), char_tok.decode(ids)
+
+
 def test_free_text_does_not_match(char_tok):
     """Guard: the same model unconstrained does not write these patterns (so the tests above test the mask)."""
     model = _model(char_tok.vocab_size)
