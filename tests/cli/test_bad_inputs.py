@@ -1077,6 +1077,23 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_its_first_step(config
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_cpu_ranks_are_counted_together_against_the_machines_memory(config, tmp_path, capsys, monkeypatch):
+    """Catches a `--trainer.devices 2` CPU run checked as one process: its ranks share the machine's memory, so a
+    machine with room for one rank's step (1.5x its need) must refuse two, naming both processes."""
+    import re
+
+    import tinylm.device
+    from tinylm.cli.trainer_checks import MEMORY_MARGIN
+
+    monkeypatch.setattr(tinylm.device, "free_memory", lambda device: 2**10)
+    one = _one_line_error(capsys, ["fit", "--config", str(config)], "this run needs ~")
+    need = float(re.search(r"needs ~([\d.]+) KiB", one)[1]) * 2**10
+    monkeypatch.setattr(tinylm.device, "free_memory", lambda device: 1.5 * need / MEMORY_MARGIN)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                             "--trainer.strategy", "ddp_fork"], "this run needs ~", "more on cpu (2 processes)")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_missing_draft_for_the_runs_samples_is_refused_before_the_run_folder(config, tmp_path, capsys):
     """Catches `--samples.draft_ckpt_path nope.ckpt` refused only as the run started, its folder made (config.yaml,
     csv/, the lock) for a run that never trained."""
