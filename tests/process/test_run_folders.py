@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import forked
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -1002,6 +1003,25 @@ def test_every_command_takes_config_and_print_config(tmp_path, capsys):
         assert "ckpt_path:" in printed
         if command == "generate":
             assert "max_new_tokens: 7" in printed
+
+
+class FailAtTheSecondStep(L.Callback):
+    """A callback whose bug ends the run as its second step starts: after the first step's row, before a checkpoint."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 1:
+            raise RuntimeError("a bug in a callback")
+
+
+def test_a_run_that_fails_after_logging_a_row_keeps_its_folder(config, tmp_path):
+    """Catches a failed fresh run's folder taken for one that never started (removed with what it holds) once its
+    metrics.csv holds a row: the steps it logged are a result, kept for the user to read."""
+    with pytest.raises(RuntimeError, match="a bug in a callback"):
+        main(["fit", "--config", str(config), "--trainer.callbacks+=test_run_folders.FailAtTheSecondStep",
+              "--run.checkpoint_every", "10"])
+    rows = _rows(tmp_path / "runs" / "tiny" / "csv" / "metrics.csv")
+    assert len(rows) == 1 and rows[0]["train/loss"], rows
+    assert (tmp_path / "runs" / "tiny" / "config.yaml").is_file()
 
 
 def test_two_fits_in_one_folder_cannot_run_at_once(config, tmp_path, capsys):
