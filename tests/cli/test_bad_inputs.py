@@ -103,6 +103,13 @@ def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
     _one_line_error(capsys, ["fit", "--config", str(config), *override], *needles)
 
 
+def test_min_steps_equal_to_max_steps_trains(config, tmp_path):
+    """The other side of the min_steps check above: min_steps at max_steps contradicts nothing, and the run trains
+    to its end."""
+    main(["fit", "--config", str(config), "--trainer.min_steps", "2"])
+    assert torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
 def test_clipping_by_value_is_refused_before_the_run_starts(config, capsys):
     """Catches --trainer.gradient_clip_algorithm value refused only at the first optimizer step, after the model,
     the data and the run folder (config.yaml, csv/) were made."""
