@@ -73,6 +73,20 @@ def _exact_distribution(m: GPT, prompt: list[int], n: int, config: SamplingConfi
     return probs
 
 
+@pytest.mark.parametrize("seq, drafts", [
+    ([1, 2, 3, 1, 2, 4, 1, 2], [4, 1, 2]),  # the latest earlier "1 2", not the first
+    ([1, 2, 3, 4, 3], [4, 3]),  # no 2-gram matches: the last token alone does
+    ([1, 2, 3], []),  # nothing repeats
+    ([5, 6, 7, 8, 6, 7], [8, 6, 7]),  # the longest match (2-gram "6 7"), its continuation cut at k
+])
+def test_prompt_lookup_drafts_what_followed_the_latest_longest_match(seq, drafts):
+    """Catches prompt lookup drafting from the earliest match (older text, less likely to repeat now) or never
+    trying a one-token match: the output stays exact either way, only the drafts (the speed) change."""
+    from tinylm.generate.speculative import PromptLookup
+
+    assert PromptLookup(max_ngram=3)._lookup(seq, 3) == drafts
+
+
 @pytest.mark.parametrize("drafter", ["model", "lookup"])
 def test_sampled_speculative_follows_the_models_distribution(drafter):
     """Catches an accept/reject rule that is not exact (accepting with p instead of min(1, p/q), resampling from p
