@@ -131,6 +131,19 @@ def test_report_metrics_behave_on_a_peaked_model():
     assert s["greedy"]["example"] == IdTokenizer().decode(greedy)  # the first prompt's first sample
 
 
+def test_each_prompt_samples_with_its_own_seed():
+    """Catches every prompt sampled with the same seed (not seed + i): two identical prompts then gave two
+    identical samples, and the pooled diversity of the report read half of what it was."""
+    tok = build_tokenizer("char", documents=lambda: ["abcdefghijklmnopqrstuvwxyz .,"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32)).eval()
+    sample = [st for st in STRATEGIES if st.name == "sample T=1.0"]
+    one = sample_report(model, tok, prompts=["ab"], num_samples=1, max_new_tokens=30, seed=0, strategies=sample)
+    two = sample_report(model, tok, prompts=["ab", "ab"], num_samples=1, max_new_tokens=30, seed=0, strategies=sample)
+    one, two = one["strategies"]["sample T=1.0"], two["strategies"]["sample T=1.0"]
+    assert two["distinct_2"] > 0.75 * one["distinct_2"], (one["distinct_2"], two["distinct_2"])
+
+
 def test_bad_arguments_name_the_fix():
     """Catches silently writing an empty report for num_samples=0, or a crash for a tokenizer with no start token."""
     model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=32)).eval()
