@@ -136,6 +136,15 @@ def test_states_are_compared_bit_for_bit(monkeypatch, memcmp):
     assert not share.same_bits(bf16, changed) and not share.same_bits(t[1:], t[:2])
 
 
+def test_states_that_differ_in_the_length_of_a_list_are_not_the_same():
+    """Catches lists compared element by element over the shorter one: a state with one more saved entry (an RNG
+    state per loader worker, a scheduler's list of LRs) was called the same, and the older file shared its bytes."""
+    state = {"state_dict": {"w": torch.ones(2)}, "callbacks": {}, "lrs": [1e-3, 1e-4]}
+    assert share.same_state(state, {**state, "lrs": [1e-3, 1e-4]})
+    assert not share.same_state(state, {**state, "lrs": [1e-3, 1e-4, 1e-5]})
+    assert not share.same_state({**state, "lrs": (1e-3,)}, {**state, "lrs": (1e-3, 1e-4)})
+
+
 def test_a_shared_file_left_with_one_name_by_tinylm_is_writable_again(tmp_path, non_root):
     """Catches a checkpoint staying read-only once it shares its bytes with no other name (`rm best.ckpt` then asks
     "remove write-protected regular file?", a user's own torch.save into it fails): a later save over last.ckpt
