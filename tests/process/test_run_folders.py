@@ -1062,6 +1062,15 @@ def test_resuming_an_earlier_checkpoint_in_place_is_refused(config, tmp_path, ca
     assert cli.trainer.global_step == 3 and (tmp_path / "runs" / "branch" / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_resuming_the_checkpoint_one_step_before_the_last_in_place_is_refused(config, tmp_path, capsys):
+    """The same refusal one step behind: step-3.ckpt of a run at step 4 would drop step 4 as silently."""
+    main(["fit", "--config", str(config), "--run.checkpoint_every", "1"])
+    step3 = tmp_path / "runs" / "tiny" / "checkpoints" / "step-3.ckpt"
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", str(step3), "--run.checkpoint_every",
+                                "1", "--trainer.max_steps", "5"])
+    assert "is at step 3 but" in line and "has gone on to step 4" in line
+
+
 def test_resuming_a_finished_run_says_there_is_nothing_to_train(config, capsys):
     """Catches `--ckpt_path last --trainer.max_steps N` below the checkpoint's step exiting 0 having trained nothing."""
     main(["fit", "--config", str(config)])
