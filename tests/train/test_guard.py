@@ -342,3 +342,13 @@ def test_grad_norm_z_skips_a_gradient_norm_outlier_and_loss_z_a_loss_outlier():
         guard = StabilityGuard(window=10, min_history=5, loss_z=loss_z, grad_norm_z=grad_norm_z)
         got = _judged(guard, steps)
         assert got == [False] * 8 + expected, (loss_z, grad_norm_z, got)
+
+
+def test_a_window_of_identical_losses_skips_no_loss_within_rounding_of_them():
+    """Catches a window whose losses are bit-identical (a MAD of 0: a constant batch, a tiny repeated corpus)
+    skipping every step whose loss is a rounding above them: the limit keeps a spread of 1e-6 of the median."""
+    from tinylm.train.guard import StabilityGuard
+
+    steps = [(2.0, 1.0)] * 8 + [(2.0 + 1e-6, 1.0), (2.0, 1.0), (2.5, 1.0)]
+    got = _judged(StabilityGuard(window=10, min_history=5), steps)
+    assert got == [False] * 10 + [True], got
