@@ -7,6 +7,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tinylm.data import TinyLMDataModule
 from tinylm.data.corpus import EOT, open_corpus
@@ -46,6 +48,19 @@ def test_char_packing_matches_nanogpt_split(shakespeare, tmp_path):
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.vocab_size
     assert meta["splits"]["val"]["bytes"] == len(text[cut:].encode("utf-8"))
     assert meta["splits"]["train"]["tokens"] == cut and meta["settings"]["val_source"] == "tail"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab \n\t.", min_size=1, max_size=120), max_chars=st.integers(4, 30))
+def test_pieces_encode_like_the_whole_text_around_whitespace_runs(text, max_chars):
+    """Catches a cut inside a run of whitespace (after the first of three newlines, of a newline and spaces):
+    GPT-2's pattern reads the run as other pre-tokens, and the pieces then encode to other ids than the whole
+    text (a document over the piece size: tinyshakespeare is one), with a BPE that merged whitespace runs."""
+    tok = _whitespace_bpe()
+    cut = list(pieces(text, max_chars))
+    assert "".join(cut) == text
+    assume(all(len(piece) < max_chars for piece in cut[:-1]))  # a piece of max_chars: no safe cut, cut hard
+    assert [i for piece in cut for i in tok.encode(piece)] == tok.encode(text), cut
 
 
 def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, small_bpe, tmp_path):
@@ -1057,3 +1072,22 @@ def test_the_python_api_takes_a_path_object_and_refuses_fractional_counts(tmp_pa
     for name, value in (("batch_size", 8.5), ("block_size", 64.0), ("val_batches", 2.0)):
         with pytest.raises(ValueError, match=rf"data.{name} must be a whole number in \[1, inf\), got {value}"):
             TinyLMDataModule(corpus=str(corpus), **{name: value})
+
+
+_BPE: dict = {}
+
+
+def _whitespace_bpe():
+    """A byte-level BPE (GPT-2's pre-tokenization) trained on runs of spaces, tabs and newlines between short
+    words, so that it merged "\n\n", built once for the property test's examples."""
+    if "tok" not in _BPE:
+        import random
+
+        from tinylm.tokenize.bpe import ByteLevelBPE
+
+        rng = random.Random(0)
+        text = "".join(rng.choice(["a", "b", "ab", "."]) + rng.choice([" ", "\n", "\n\n", "\n\n\n", "  ", "\n ", "\t"])
+                       for _ in range(5000))
+        _BPE["tok"] = ByteLevelBPE.train([text], vocab_size=262, progress=False)  # (all the pairs it holds)
+        assert len(_BPE["tok"].encode("\n\n")) == 1
+    return _BPE["tok"]
