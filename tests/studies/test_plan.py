@@ -80,6 +80,22 @@ def test_memory_states_by_precision_and_checkpointing():
     # a logit soft-cap keeps one more fp32 tensor of the logits' size alive (its tanh's input)
     capped = memory(_gpt(logit_softcap=15.0), batch_size=4, precision="32-true", checkpointing=False)
     assert capped.activations - fp32.activations == 4 * 32 * 64 * 4  # batch x block x vocab x fp32
+    # RoPE keeps q and k rotated apart from the projection's output: 2 x n_embd more per token and layer
+    rope = memory(_gpt(positions="rope"), batch_size=4, precision="32-true", checkpointing=False)
+    assert rope.activations - fp32.activations == 2 * (4 * 32) * (2 * 64) * 4  # layers x tokens x 2C x fp32
+
+
+def test_muon_under_fsdp2_counts_the_whole_hidden_matrices_each_rank_gathers():
+    """Catches plan's step peak for Muon under FSDP2 without the hidden matrices' updates each rank gathers whole
+    (and a buffer of each for its result): `fits_on` then chose a strategy that ran out of memory in the step."""
+    from tinylm.train.optim import split_params
+
+    model = _gpt()
+    hidden = sum(p.numel() for p in split_params(model)[0])
+    one = memory(model, batch_size=1, precision="32-true", checkpointing=False, optimizer="muon", shards=1, fsdp=True)
+    two = memory(model, batch_size=1, precision="32-true", checkpointing=False, optimizer="muon", shards=2)
+    step = lambda m: m.weights + m.optimizer + m.gradients  # noqa: E731 (the step's states, before Muon's own)
+    assert two.peak - step(two) == one.peak - step(one) + 4 * hidden  # fp32: the gathered copy of each matrix
 
 
 MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie_embeddings": False,
