@@ -164,6 +164,32 @@ def test_acc_and_acc_norm_choose_as_lm_eval_does():
     assert tie[1] == 0.0  # the first of equals: choice 0, wrong
 
 
+def test_a_continuation_over_several_windows_is_greedy_only_if_every_window_is():
+    """Catches greediness taken from the last window scored alone (a LAMBADA word longer than the block: its first
+    tokens missed, its last hit, and it counted as a hit), and the bytes of the spaces moved from the context into
+    the continuation left out of bits per byte."""
+    from tinylm.evals.score import _Row
+
+    class AlwaysZero(torch.nn.Module):  # a model whose argmax is id 0 everywhere
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, idx):
+            logits = torch.zeros(*idx.shape, 3)
+            logits[..., 0] = 1.0
+            return logits
+
+    rows = [_Row(0, (2, 1), 0, (1,)), _Row(0, (2, 0), 0, (0,)), _Row(1, (2, 0), 0, (0,))]  # request 0 misses once
+    scores = score_requests(AlwaysZero(), rows, 2, batch_size=1)
+    assert [s.greedy for s in scores] == [False, True]
+    task = TASKS["piqa"]
+    tok = build_tokenizer("char", documents=lambda: ["Q shortamuchlongerchoice"])
+    item = encode_items(task, [tasks_module.Item((("Q ", "short"), ("Q ", "a much longer choice")), 0, (5, 20))],
+                        tok).items[0]
+    assert item.gold_bytes == len(" short")  # the context's space is scored with the continuation
+
+
 # ---- where the data comes from --------------------------------------------------------------------------------------
 def test_a_hub_snapshot_folder_reads_the_same_items(tmp_path):
     """`--data_dir DIR` holding a copy of the hub repository (DIR/Rowan/hellaswag, parquet shards, as
