@@ -171,13 +171,14 @@ class StabilityGuard(L.Callback):
             return
         # the one sync, on a step that logs anyway: the window's losses and skip flags, and the count
         values = torch.cat([self._history[:, [0, 2]].T.flatten(), self._skipped.reshape(1).float()]).tolist()
-        pl_module.log("train/skipped_steps", host_scalar(values[-1]), rank_zero_only=True)
-        self._tell_skips(trainer, step, int(values[-1]), values[self.window : 2 * self.window])
-        trouble = self._trouble(step, values[: self.window], values[self.window : 2 * self.window])
+        losses, skips, skipped = values[: self.window], values[self.window : 2 * self.window], int(values[-1])
+        pl_module.log("train/skipped_steps", host_scalar(float(skipped)), rank_zero_only=True)
+        self._tell_skips(trainer, step, skipped, skips)
+        trouble = self._trouble(step, losses, skips)
         if trouble is not None:
             what, first = trouble
             order = range(step - self.window, step)  # the window's steps, by slot: the first worse than guessing
-            worse = [s for s in order if s >= 0 and values[s % self.window] > self._ceiling]
+            worse = [s for s in order if s >= 0 and losses[s % self.window] > self._ceiling]
             self._rollback(trainer, pl_module, what, min([first, *worse]), worse=bool(worse) and worse[0] < first)
         self._refresh_limit()
 
