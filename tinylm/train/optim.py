@@ -225,9 +225,10 @@ def _orthogonalized_steps(group: dict, params: list[Tensor], updates: list[Tenso
     # where each orthogonalised update goes: the parameter itself, or for a sharded one a whole-matrix buffer
     targets = [torch.empty_like(w) if isinstance(p, DTensor) else p for p, w in zip(params, whole)]
     # (update, target, parameter index) of each matrix: a split parameter gives n of them, views of its rows
-    pieces = [(u, t, i) for i, p in enumerate(params) for u, t in
-              (zip(whole[i].chunk(splits[id(p)]), targets[i].chunk(splits[id(p)])) if id(p) in splits
-               else [(whole[i], targets[i])])]
+    pieces = []
+    for i, p in enumerate(params):
+        n = splits.get(id(p), 1)  # (chunk(1): the whole matrix, as a view that writes through to the parameter)
+        pieces += [(u, t, i) for u, t in zip(whole[i].chunk(n), targets[i].chunk(n))]
     batches: dict[tuple, list[int]] = defaultdict(list)  # same shape, device and dtype: one batch
     for k, (u, _, _) in enumerate(pieces):
         batches[(u.shape, u.device, u.dtype)].append(k)
@@ -278,7 +279,7 @@ def build_optimizer(model: nn.Module, *, optimizer: str, lr: float, weight_decay
     adamw_groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # adjust_lr_fn "original": Keller Jordan's scaling of the update by sqrt(max(1, rows/cols)), as modded-nanogpt
     muon = {"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay, "nesterov": True,
-                "ns_steps": 5, "adjust_lr_fn": "original"}
+            "ns_steps": 5, "adjust_lr_fn": "original"}
     # c_attn stacks q, k and v: each is orthogonalised on its own, as the speedruns' separate weights are (over
     # the laptop recipe's 2000 steps this ended 0.013-0.017 nats lower than one (3C, C) matrix; docs/benchmarks.md)
     splits = {id(m.weight): 3 for name, m in model.named_modules() if name.endswith("attn.c_attn")}
