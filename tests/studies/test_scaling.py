@@ -98,6 +98,11 @@ def test_isoflop_optimum_is_the_parabola_minimum():
     n_opt, l_opt = isoflop_optimum(ns, u)
     assert n_opt == pytest.approx(1e5, rel=1e-6) and l_opt == pytest.approx(2.0)
     assert isoflop_optimum(ns, [3.0, 2.5, 2.2, 2.0, 1.9]) is None
+    # a power law falls all along: a parabola through it had its vertex inside the ladder (here at ~3.3e4, at a
+    # loss below the law's floor 2.0), named as the optimum though the largest rung measured the lowest loss
+    law = [2.0 + 3165 * n**-1.18 for n in (800, 2000, 5000, 12_000)]
+    assert isoflop_optimum([800, 2000, 5000, 12_000], law) is None
+    assert isoflop_optimum(ns, list(reversed([3.0, 2.5, 2.2, 2.0, 1.9]))) is None  # rising: the optimum is below
 
 
 def test_scaling_command_reuses_finished_runs_and_trains_the_rest(run_config, capsys):

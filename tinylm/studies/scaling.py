@@ -125,8 +125,14 @@ def fit_power_law(params: list[float], losses: list[float]) -> PowerLaw:
 def isoflop_optimum(params: list[float], losses: list[float]) -> tuple[float, float] | None:
     """(N, L) at the minimum of a parabola in log N through the ladder's losses (Chinchilla, approach 2): the
     compute-optimal size of this budget. None when the losses still fall at the largest size (the optimum lies
-    beyond the ladder: the budget favours bigger models than it holds) or the parabola opens downwards."""
+    beyond the ladder: the budget favours bigger models than it holds), rise from the smallest (it lies below), or
+    the parabola opens downwards. (A parabola through a curve that falls all along, as a power law does, has its
+    vertex inside the range as often as not: it named a size below the best rung, at a loss under the law's floor.)"""
     if len(params) < 3:
+        return None
+    by_size = sorted(range(len(params)), key=lambda i: params[i])
+    best = min(by_size, key=lambda i: losses[i])
+    if best in (by_size[0], by_size[-1]):  # the measured optimum at an end: the minimum is outside the ladder
         return None
     x = np.log(np.asarray(params, dtype=np.float64))
     a, b, c = np.polyfit(x, np.asarray(losses, dtype=np.float64), 2)
