@@ -106,7 +106,9 @@ MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2
     (False, 1, {}, 4), (True, 1, {}, 4), (False, 2, {}, 4), (True, 2, {}, 4), (False, 1, MODERN, 4),
     (True, 1, MODERN, 1),  # Muon's step is the peak here
     (False, 1, {"mlp": "swiglu"}, 4),
-], ids=["plain", "ckpt", "accumulate", "ckpt-accumulate", "modern", "modern-ckpt-small-batch", "swiglu"])
+    (False, 1, {"vocab_size": 8192}, 1), (False, 2, {"vocab_size": 8192}, 1),  # the tied table's two gradients
+], ids=["plain", "ckpt", "accumulate", "ckpt-accumulate", "modern", "modern-ckpt-small-batch", "swiglu",
+        "tied-large-vocab", "tied-large-vocab-accumulate"])
 def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
     """The estimate is within 10% of the measured peak of live tensors in the third optimizer step of a real
     Lightning training run. Would fail: gradients kept until the next forward (Lightning's own order), the
@@ -143,9 +145,10 @@ def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
                 trainer.should_stop = True
 
     torch.manual_seed(0)
-    module = TinyLM(vocab_size=64, block_size=64, n_layer=2, n_head=2, n_embd=256, pad_vocab_multiple=1,
+    arch = {"vocab_size": 64, **arch}
+    module = TinyLM(block_size=64, n_layer=2, n_head=2, n_embd=256, pad_vocab_multiple=1,
                     activation_checkpointing=ckpt, warmup_steps=0, **arch)
-    data = [(x, x) for x in torch.randint(0, 64, (12, batch, 64))]
+    data = [(x, x) for x in torch.randint(0, arch["vocab_size"], (12, batch, 64))]
     peak = Peak()
     trainer = L.Trainer(max_steps=5, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, callbacks=[peak],
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,

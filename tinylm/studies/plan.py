@@ -26,10 +26,11 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                to run with the collectives' timing): 0.92-1.08x of the step's peak; counting without these buffers,
                and without the gathered ones on one device, it was 0.80-0.88x
     peak       weights + optimizer + the larger of (activations + the first gradient the backward pass makes, the
-               head's V x n_embd) and gradients: tinylm frees the gradients right after each optimizer step, and the
-               backward pass frees a layer's activations as it makes that layer's gradients, so the two are never
-               all alive at once. Under gradient accumulation the summed gradients stay alive through the later
-               micro-batches' forward passes: weights + optimizer + gradients + activations + that first gradient.
+               head's V x n_embd) and gradients (+ 2 V x n_embd with a tied table: its lookup's gradient and the
+               sum, made last): tinylm frees the gradients right after each optimizer step, and the backward pass
+               frees a layer's activations as it makes that layer's gradients, so the two are never all alive at
+               once. Under gradient accumulation the summed gradients stay alive through the later micro-batches'
+               forward passes: weights + optimizer + gradients + activations + that first gradient.
                Muon's step holds its updates and one shape's Newton–Schulz iterates beside weights, optimizer and
                gradients, which can be the peak when activations are small (AdamW is fused: no copies).
 """
@@ -163,11 +164,14 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
         layers = c.n_layer * per_layer
     activations = layers + stream + head
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
+    # a table tied to the head gets a second gradient last, from the token lookup (dense, V x C), and the sum of the
+    # two: both alive beside every other gradient (measured: exactly 2 V x C more at that moment)
+    tied = 2 * first_grad if c.tie_embeddings else 0
     if accumulate > 1:
-        peak = weights + optimizer_bytes + gradients + activations + first_grad + buffers
+        peak = weights + optimizer_bytes + max(gradients + activations + first_grad + buffers, gradients + tied)
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists
         peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
-                                               gradients + (per_layer if checkpointing else 0))
+                                               gradients + (per_layer if checkpointing else 0) + tied)
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
