@@ -630,3 +630,14 @@ def test_plan_says_which_strategy_fits_the_devices():
     one = plan(model, batch_size=4, accumulate=1, devices=1, max_steps=10, precision="32-true", gpu="h100", mfu=0.4,
                peak_flops=1e15)
     assert list(one.strategies) == names[:2]  # FSDP2 needs devices to shard over
+
+
+def test_a_gpu_plan_of_a_tiny_model_says_it_is_launch_bound(run_config, capsys):
+    """Catches a plan answering 10 us a step on an H100 for a tiny model (its FLOPs at 40 % MFU) without a word:
+    such a step is bound by its kernel launches and Python, milliseconds, which no MFU describes."""
+    main(["plan", "--config", str(run_config()), "--gpu", "H100"])
+    said = capsys.readouterr().out
+    assert "of FLOPs a step: a model this small is bound by its kernel launches" in said
+    main(["plan", "--config", str(run_config(model={"n_layer": 12, "n_head": 12, "n_embd": 768},
+                                             data={"block_size": 1024, "batch_size": 16})), "--gpu", "H100"])
+    assert "kernel launches" not in capsys.readouterr().out

@@ -8,6 +8,7 @@ from tinylm.studies.plan import CHINCHILLA_TOKENS_PER_PARAM, Memory, Plan
 from tinylm.studies.plan import short_count as _n
 
 DEFAULT_GPU = "H100"  # the GPU a plan answers for when the config's is not here (and beside every CPU plan)
+SMALL_STEP_S = 1e-3  # a GPU step of fewer seconds of FLOPs than this is said to be launch-bound
 
 
 def plan(fit_args: list[str], /, *, gpu: str | None = None, mfu: float = 0.4, json: bool = False,
@@ -190,9 +191,15 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
         if p.measured_flops:
             return (f"{_duration(p.wall_seconds)} on this CPU, {_duration(p.step_seconds)} a step, at "
                     f"{p.measured_flops / 1e9:.3g} GFLOP/s ({p.rate})")
+        if p.wall_seconds is None:
+            return f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)"
+        step = p.wall_seconds / max(p.max_steps, 1)
+        # a step of a few microseconds of FLOPs is bound by its hundreds of kernel launches and the Python around
+        # them (the laptop recipe: 10 us of FLOPs a step on an H100), which no MFU describes
+        small = (f"; {_duration(step)} of FLOPs a step: a model this small is bound by its kernel launches and "
+                 "Python (milliseconds a step), not by its FLOPs" if step < SMALL_STEP_S else "")
         return (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
-                f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)" if p.wall_seconds is not None else
-                f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)")
+                f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each){small}")
 
     rows = [
         ("model", (f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "
