@@ -17,9 +17,9 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         out: PNG to write (default: plot.png in the first run's folder); not a PNG with a .json beside it
             (another command's picture of its numbers).
         reference: Draw a horizontal reference (e.g. a published result) in the first panel, in its unit.
-        metric: The first panel: loss (train/loss, val/loss in nats per token) or bpb (val/bpb, and train/bpb when
-            logged: bits per byte of raw text, comparable across tokenizers). Default: bpb when the runs' tokenizers
-            differ (a line says so), loss otherwise.
+        metric: The first panel: loss (train/loss, val/loss in nats per token) or bpb (val/bpb, and train/bpb if a
+            callback of yours logs it: bits per byte of raw text, comparable across tokenizers). Default: bpb when
+            the runs' tokenizers differ (a line says so), loss otherwise.
     """
     from tinylm.ranges import check_ranges
     from tinylm.studies.curves import check_drawable, choose_metric, metrics_csv, plot_runs, read_run

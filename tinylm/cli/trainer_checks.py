@@ -378,8 +378,8 @@ _OWN_CALLBACKS = {"StabilityGuard": "--guard.* (on by default; --guard.enabled f
                   "SampleText": "--samples.* (--samples.every_n_steps N)", "EvalTasks": "--eval.* (--eval.tasks ...)"}
 """tinylm's callbacks that `--help` lists as options of their own: added again by hand, Lightning found two of them
 ("Found more than one stateful callback") in a traceback. The others are always on."""
-_METRICS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "train/bpb",
-            "train/muon_lr", "train/skipped_steps", "val/loss", "val/ppl", "val/bpb")
+_METRICS = ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "train/muon_lr",
+            "train/skipped_steps", "val/loss", "val/ppl", "val/bpb")
 _REFUSED_CALLBACKS = {
     "GradientAccumulationScheduler": "set --trainer.accumulate_grad_batches N instead: tinylm's checks (validation "
                                      "at whole optimizer steps, exact resume) and its tokens per step read that, and "
