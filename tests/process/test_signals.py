@@ -298,6 +298,26 @@ def _two_ranks(config, strategy: str = "ddp", command: tuple[str, ...] = ()) -> 
             "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy], env
 
 
+class TermRank1AtSetup(L.Callback):
+    """A SIGTERM that reaches one training process of ddp_fork's before training (a scheduler's to one rank)."""
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+
+
+def test_a_sigterm_to_one_ddp_fork_training_process_before_training_exits_143(run_config, tmp_path):
+    """Catches a training process's stop on SIGTERM (raised as an Exception there, for torch's wrapper to pass on)
+    read back by the launching process with exit 1: a scheduler then records a failure, not a termination."""
+    cmd, env = _two_ranks(run_config(), "ddp_fork")
+    done = forked.run([*cmd, "--trainer.callbacks+=test_signals.TermRank1AtSetup"], cwd=tmp_path, env=env,
+                      timeout=120)
+    assert done.returncode == 143, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(said) == 1 and "terminated by SIGTERM before it finished" in said[0], done.stderr[-3000:]
+
+
 def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str, to: str,
                       args: tuple[str, ...] = (), command: tuple[str, ...] = ()) -> tuple[int, str]:
     """`tinylm fit` (or ``command``) on 2 CPU ranks in its own session, with ``args``; ``signum`` sent ``when``

@@ -84,8 +84,10 @@ USER_ERRORS = (TinyLMError, Stopped)
 
 
 class _BySignal:
-    """An error that a signal raised: its exit status is 128 + the signal's number, as a shell reports it."""
+    """An error that a signal raised: its exit status is 128 + the signal's number, as a shell reports it (the
+    class's, SIGTERM's, is what the launching process reads of one raised in a training process)."""
 
+    exit_code = 128 + signal.SIGTERM
     every_rank = True
 
     def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
@@ -104,16 +106,6 @@ class TrainingProcessTerminated(_BySignal, TinyLMError):
     """`Terminated` in a training process that ddp_fork started (the launching process ends them all when one
     fails): an Exception, which torch's wrapper of the process passes on to the launching process (it prints the
     traceback of any other)."""
-
-
-def terminated(message: str, signum: int) -> BaseException:
-    """A SIGTERM's (or SIGHUP's) stop: `Terminated`, or in a training process that ddp_fork started (whose parent
-    is a Python process) `TrainingProcessTerminated`, which torch's wrapper of the process passes on to the
-    launching process; that says the first failure (a BaseException's traceback was printed there)."""
-    import multiprocessing
-
-    stopped = Terminated if multiprocessing.parent_process() is None else TrainingProcessTerminated
-    return stopped(message, signum)
 
 
 class Interrupted(Stopped):
@@ -239,7 +231,7 @@ def from_training_process(e: BaseException) -> BaseException:
         return e
     # Python's own errors keep their type, as in one process ("ValueError: ...")
     error = TrainingProcessError(message if issubclass(cls, USER_ERRORS) else f"{name}: {message}")
-    stopped = re.match(r"interrupted by (SIG[A-Z0-9]+)\b", message)
+    stopped = re.match(r"(?:interrupted|terminated) by (SIG[A-Z0-9]+)\b", message)
     error.exit_code = 128 + signal.Signals[stopped[1]] if stopped and stopped[1] in signal.Signals.__members__ \
         else getattr(cls, "exit_code", 1)
     return error

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 
 from tinylm.cli import ranks
-from tinylm.cli.errors import Interrupted, Terminated, error_line, terminated
+from tinylm.cli.errors import Interrupted, Terminated, TrainingProcessTerminated, error_line
 from tinylm.train import stop_state
 
 log = logging.getLogger("tinylm")
@@ -55,6 +55,19 @@ def end_now(signum: int, frame: object) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(128 + signum)
+
+
+def _in_torch_spawn(frame: object) -> bool:
+    """Whether ``frame`` runs under torch's wrapper of a training process that ddp_fork (or ddp_spawn) started. A
+    stop raised there is an Exception (TrainingProcessTerminated): the wrapper passes only those on to the launching
+    process, which says the first failure (a BaseException's traceback was printed there). Any other process of
+    multiprocessing's (a user's Pool) gets Terminated, which no ``except Exception`` takes for its own failure."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _writing_down_its_error(frame: object) -> bool:
@@ -133,7 +146,8 @@ def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
         if children and command == "fit":  # this process only waits for the ones that train; it exits after them
             raise Terminated(f"terminated by {name}, passed on to the training processes: they finish their step "
                              "and save last.ckpt; resume with `tinylm fit --config ... --ckpt_path last`", signum)
-        raise terminated(f"terminated by {name} before it finished; run the same `tinylm {command}` again", signum)
+        stopped = TrainingProcessTerminated if _in_torch_spawn(frame) else Terminated  # (_in_torch_spawn: why)
+        raise stopped(f"terminated by {name} before it finished; run the same `tinylm {command}` again", signum)
 
     def on_sigint(signum: int, frame: object) -> None:
         # ddp_fork's training processes (not daemonic, as loader workers are): a Ctrl+C to this process alone (a
