@@ -229,10 +229,10 @@ class CtrlCTwice(L.Callback):
 
 
 @pytest.mark.parametrize("every, said", [
-    (None, "stopped at once by a second Ctrl+C in step 3: nothing was saved; no checkpoint of this run was saved "
+    (None, "stopped at once by a second Ctrl+C at step 2: nothing was saved; no checkpoint of this run was saved "
            "yet\n"),
-    (1, "stopped at once by a second Ctrl+C in step 3, without saving it (one Ctrl+C finishes the step and saves); "
-        "the newest checkpoint is runs/tiny/checkpoints/last.ckpt: resume with `tinylm fit --config tiny.yaml "
+    (1, "stopped at once by a second Ctrl+C at step 2, unsaved (one Ctrl+C finishes the step and saves); the "
+        "newest checkpoint is runs/tiny/checkpoints/last.ckpt: resume with `tinylm fit --config tiny.yaml "
         "--ckpt_path last`\n"),
 ])
 def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, tmp_path, every, said):

@@ -91,8 +91,8 @@ def _main(argv: list[str] | None, program: bool) -> None:
         if console.mid_line():  # generate streamed part of a line: end it first
             print(flush=True)
         if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
-            # a second Ctrl+C during fit: what it cut short and where the run goes on from (tinylm.train.interrupt)
-            said = stop_state.line if command == "fit" and stop_state.line is not None else None
+            # a second Ctrl+C during a run: where it stopped and where it goes on from (tinylm.train.interrupt)
+            said = stop_state.line if command in ("fit", "scaling") and stop_state.line is not None else None
             sys.stderr.write(errors.error_line(command, said, rest) if said else "tinylm: interrupted\n")
         signals.SAID[0] = True
         sys.exit(130)

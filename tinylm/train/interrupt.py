@@ -121,19 +121,24 @@ class InterruptStop(L.Callback):
             self._trainer._signal_connector.received_sigterm = False
 
     def _unsaved_line(self) -> str:
-        """What a second Ctrl+C left: the step it cut short, unsaved, and where the run goes on from. (Lightning's
-        "Detected KeyboardInterrupt, attempting graceful shutdown" and "tinylm: interrupted" named neither.)"""
-        step = "" if self._trainer is None else f" in step {self._trainer.global_step + 1}"
-        saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if p.is_file()]
-        if not saved:
+        """What a second Ctrl+C left: the steps done, not saved since the newest checkpoint, and where the run goes
+        on from. (Lightning's "Detected KeyboardInterrupt, attempting graceful shutdown" and "tinylm: interrupted"
+        named neither.) Runs in the signal handler: a checkpoint removed meanwhile is no error of its own."""
+        from tinylm.checkpoint import is_checkpoint
+
+        step = "" if self._trainer is None else f" at step {self._trainer.global_step}"
+        try:  # files, or FSDP2's sharded folders
+            saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if is_checkpoint(p)]
+            newest = max(saved, key=lambda p: p.stat().st_mtime_ns, default=None)
+        except OSError:
+            newest = None
+        if newest is None:
             after = "; no checkpoint of this run was saved yet" if self.dirpath is not None else \
                 " (--trainer.enable_checkpointing false)"
             return f"stopped at once by a second Ctrl+C{step}: nothing was saved{after}"
-        newest = max(saved, key=lambda p: p.stat().st_mtime_ns)
-        resume = "last" if newest.name == "last.ckpt" else newest  # (the CLI spells out the user's own command)
-        return (f"stopped at once by a second Ctrl+C{step}, without saving it (one Ctrl+C finishes the step and "
-                f"saves); the newest checkpoint is {newest}: resume with `tinylm fit --config ... --ckpt_path "
-                f"{resume}`")
+        # `last` is the run's newest checkpoint by step (best.ckpt too); the CLI spells out the user's own command
+        return (f"stopped at once by a second Ctrl+C{step}, unsaved (one Ctrl+C finishes the step and saves); the "
+                f"newest checkpoint is {newest}: resume with `tinylm fit --config ... --ckpt_path last`")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False
