@@ -193,13 +193,14 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
                     f"{p.measured_flops / 1e9:.3g} GFLOP/s ({p.rate})")
         if p.wall_seconds is None:
             return f"unknown: no peak FLOP/s for {p.gpu!r} at {p.precision} (try --gpu H100, A100, L4, ...)"
-        step = p.wall_seconds / max(p.max_steps, 1)
-        # a step of a few microseconds of FLOPs is bound by its hundreds of kernel launches and the Python around
-        # them (the laptop recipe: 10 us of FLOPs a step on an H100), which no MFU describes
-        small = (f"; {_duration(step)} of FLOPs a step: a model this small is bound by its kernel launches and "
-                 "Python (milliseconds a step), not by its FLOPs" if step < SMALL_STEP_S else "")
-        return (f"{_duration(p.wall_seconds)} on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU "
-                f"({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each){small}")
+        at = f"on {p.devices} x {p.gpu} at {p.mfu:.0%} MFU ({p.peak_flops / 1e12:.0f} TFLOP/s dense peak each)"
+        if p.step_seconds < SMALL_STEP_S:
+            # a step of microseconds of FLOPs is bound by its hundreds of kernel launches and the Python around them
+            # (the laptop recipe: 10 us of FLOPs a step on an H100), which no MFU describes
+            return (f"{_duration(p.max_steps * SMALL_STEP_S)} or more: a model this small is bound by its kernel "
+                    f"launches and Python (a millisecond or more a step), not by its FLOPs ({_duration(p.wall_seconds)}"
+                    f" {at})")
+        return f"{_duration(p.wall_seconds)} {at}"
 
     rows = [
         ("model", (f"{hparams.n_layer} layers x {hparams.n_embd} wide, {hparams.n_head} heads, "

@@ -169,9 +169,10 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     tied = 2 * first_grad if c.tie_embeddings else 0
     if accumulate > 1:
         peak = weights + optimizer_bytes + max(gradients + activations + first_grad + buffers, gradients + tied)
-    else:  # with checkpointing the first block is recomputed when nearly every gradient exists
+    else:  # with checkpointing the first block is recomputed when nearly every gradient exists (and freed before
+        # the tied table's lookup makes its gradient)
         peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
-                                               gradients + (per_layer if checkpointing else 0) + tied)
+                                               gradients + max(per_layer if checkpointing else 0, tied))
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
