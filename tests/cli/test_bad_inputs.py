@@ -82,6 +82,10 @@ def config(run_config):
         (["--trainer.callbacks+=GradientAccumulationScheduler"],  # (not asked first for its `scheduling`)
          ["--trainer.callbacks+=GradientAccumulationScheduler is not taken by tinylm: set "
           "--trainer.accumulate_grad_batches N"]),
+        # one callback given alone (no +=, no list) skipped these checks: Lightning's "Found more than one stateful
+        # callback" traceback, or "expected a list, got Namespace(...Timer...)"
+        (["--trainer.callbacks=StabilityGuard"], ["tinylm adds its StabilityGuard to every run itself"]),
+        (["--trainer.callbacks=Timer"], ["Timer is not taken by tinylm: set --trainer.max_time DD:HH:MM:SS"]),
         # a class given without += (one callback, not a list): the line was "expected a list, got ..."
         (["--trainer.callbacks", "GradientAccumulationScheduler"],
          ["--trainer.callbacks+=GradientAccumulationScheduler is not taken by tinylm"]),

@@ -392,9 +392,10 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
     return f"{reason}{hint}"
 
 
-# the options that take a Lightning class by its name, and the module whose names they take
-_CLASS_OPTIONS = {"trainer.callbacks": "lightning.pytorch.callbacks", "trainer.logger": "lightning.pytorch.loggers",
-                  "trainer.plugins": "lightning.pytorch.plugins"}
+# the options that take a Lightning class by its name: the module whose names they take, and a few of them
+_CLASS_OPTIONS = {"trainer.callbacks": ("lightning.pytorch.callbacks", "EarlyStopping, LearningRateMonitor"),
+                  "trainer.logger": ("lightning.pytorch.loggers", "CSVLogger, WandbLogger, TensorBoardLogger"),
+                  "trainer.plugins": ("lightning.pytorch.plugins", "AsyncCheckpointIO, TorchCheckpointIO")}
 _CLASS_OPTIONS["trainer.callbacks+"] = _CLASS_OPTIONS["trainer.callbacks"]
 
 
@@ -410,12 +411,12 @@ def _class_reason(key: str | None, text: str, reason: str | None) -> str | None:
         reason = f"{listed[1]}: {listed[2]}" if listed else dotted[1] if dotted else reason
     unknown = re.fullmatch(r"Expected a dot import path string: (\S+)", reason or "")
     if unknown and key in _CLASS_OPTIONS:
-        module = _CLASS_OPTIONS[key]
+        module, examples = _CLASS_OPTIONS[key]
         names = [n for n in getattr(importlib.import_module(module), "__all__", []) if n[:1].isupper()]
         near = difflib.get_close_matches(unknown[1], names, n=1, cutoff=0.6)
         meant = f"did you mean {near[0]}? " if near else ""
-        reason = (f"{unknown[1]} is not a class of {module}: {meant}(give one of its names, {', '.join(names[:4])}, "
-                  "..., or a class's full import path, my_package.MyClass)")
+        reason = (f"{unknown[1]} is not a class of {module}: {meant}(give one of its names, {examples}, ..., or a "
+                  "class's full import path, my_package.MyClass)")
     return reason
 
 

@@ -39,6 +39,7 @@ from tinylm.cli.trainer_checks import (
     check_exception_checkpoints,
     check_fits_in_memory,
     check_trainer_options,
+    trainer_section,
     warn_gpu_recipe_on_cpu,
     warn_small_vocab,
     with_atomic_checkpoints,
@@ -221,7 +222,7 @@ class TinyLMCLI(LightningCLI):
         cfg = self._home_expanded()
         self._check_nulls(cfg)
         check_data_ranges(dict(cfg.data))  # (before the model, given data.block_size, names it model.block_size)
-        check_trainer_options(dict(cfg.trainer), sub)
+        check_trainer_options(trainer_section(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":
             check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints",

@@ -16,7 +16,12 @@ from typing import Any
 from tinylm.cli.argv import spans
 from tinylm.cli.fit import TinyLMCLI, lightning_main
 from tinylm.cli.run_folder import run_dir_of
-from tinylm.cli.trainer_checks import check_accelerator, check_trainer_options, check_validation_interval
+from tinylm.cli.trainer_checks import (
+    check_accelerator,
+    check_trainer_options,
+    check_validation_interval,
+    trainer_section,
+)
 from tinylm.data.datamodule import TinyLMDataModule
 from tinylm.errors import UnavailableError
 from tinylm.model import GPTShape
@@ -106,7 +111,7 @@ class _ConfigOnlyCLI(TinyLMCLI):
     def _parse_ckpt_path(self) -> None:
         cfg = self._home_expanded()
         # plan, lr-find, scaling: not as configured; the last two train their own steps
-        check_trainer_options(dict(cfg.trainer), "fit", runs=False, own_steps=self.trains_here)
+        check_trainer_options(trainer_section(cfg.trainer), "fit", runs=False, own_steps=self.trains_here)
         if cfg.get("ckpt_path"):
             raise ValueError(f"--ckpt_path {cfg.ckpt_path} is an option of `tinylm fit`: plan, lr-find and scaling "
                              "take the config's model from scratch (scaling resumes its own runs); leave it out")

@@ -71,6 +71,13 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
+def trainer_section(trainer: Any) -> dict[str, Any]:
+    """The parsed ``trainer`` section as the checks read it: dict() flattens a class given with its arguments into
+    dotted keys (``strategy.class_path``, which the strategy checks read), and so a callback given alone, not in a
+    list (`--trainer.callbacks=Timer`), whose checks then never ran: that one is kept whole."""
+    return {**dict(trainer), "callbacks": trainer.get("callbacks")}
+
+
 def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs: bool = True,
                           own_steps: bool = False) -> None:
     """Range checks of the Trainer options that Lightning only trips over later (or never). `runs`: the command
