@@ -214,8 +214,6 @@ class _NoTips(logging.Filter):
     shutdown" on a run's stop that tinylm says in its own line (a second Ctrl+C's: nothing graceful follows)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from tinylm.train import stop_state
-
         msg = str(record.msg)
         said = stop_state.line is not None and "Detected KeyboardInterrupt" in msg
         return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg and not said

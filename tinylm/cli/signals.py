@@ -57,17 +57,24 @@ def end_now(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def _in_torch_spawn(frame: object) -> bool:
-    """Whether ``frame`` runs under torch's wrapper of a training process that ddp_fork (or ddp_spawn) started. A
-    stop raised there is an Exception (TrainingProcessTerminated): the wrapper passes only those on to the launching
-    process, which says the first failure (a BaseException's traceback was printed there). Any other process of
-    multiprocessing's (a user's Pool) gets Terminated, which no ``except Exception`` takes for its own failure."""
+def _torch_spawn_wrapper(frame: object) -> tuple[object, object] | None:
+    """(torch's wrapper of a training process that ddp_fork or ddp_spawn started, the frame it called) on the stack
+    of ``frame``; None outside such a process."""
+    inner = None
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
-            return True
-        frame = frame.f_back
-    return False
+            return frame, inner
+        inner, frame = frame, frame.f_back
+    return None
+
+
+def _in_torch_spawn(frame: object) -> bool:
+    """Whether ``frame`` runs in a training process that ddp_fork (or ddp_spawn) started. A stop raised there is an
+    Exception (TrainingProcessTerminated): torch's wrapper passes only those on to the launching process, which says
+    the first failure (a BaseException's traceback was printed there). Any other process of multiprocessing's (a
+    user's Pool) gets Terminated, which no ``except Exception`` takes for its own failure."""
+    return _torch_spawn_wrapper(frame) is not None
 
 
 def _writing_down_its_error(frame: object) -> bool:
@@ -75,16 +82,10 @@ def _writing_down_its_error(frame: object) -> bool:
     for the launching process, which ends the other training processes with a SIGTERM as soon as one has failed (a
     rank that failed in a collective with the first, gone). The signal, raised as an error there, added that
     rank's traceback (two, chained) to the first failure's line."""
-    if sys.exc_info()[1] is None:
+    if sys.exc_info()[1] is None or (found := _torch_spawn_wrapper(frame)) is None:
         return False
-    inner = None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
-            # outside the training function it calls (Lightning's), in its `except`
-            return inner is None or inner.f_code.co_name != "_wrapping_function"
-        inner, frame = frame, frame.f_back
-    return False
+    inner = found[1]  # outside the training function it calls (Lightning's), in its `except`
+    return inner is None or inner.f_code.co_name != "_wrapping_function"
 
 
 _HELD: list[int] | None = None
