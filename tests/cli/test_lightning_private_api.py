@@ -144,8 +144,8 @@ def test_multiprocessing_launcher():
 
 
 def test_timer_duration_and_saved_training_time():
-    """tinylm.cli.resume.check_time_left reads Timer's parsed `_duration` (seconds) and the training time it saves in
-    a checkpoint under callbacks["Timer"]["time_elapsed"]["train"]."""
+    """tinylm.cli.resume_changes.check_time_left reads Timer's parsed `_duration` (seconds) and the training time it
+    saves in a checkpoint under callbacks["Timer"]["time_elapsed"]["train"]."""
     from lightning.pytorch.callbacks import Timer
 
     timer = Timer(duration="00:00:01:03")

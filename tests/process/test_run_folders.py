@@ -389,7 +389,7 @@ def test_a_resume_with_another_batch_size_names_the_val_batches_that_keep_the_ru
 def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():
     """Catches the refusal above hitting a checkpoint taken at a notional epoch's last batch: the next epoch counts
     its micro-batches from 0, so any accumulation divides them."""
-    from tinylm.cli.resume import check_accumulation
+    from tinylm.cli.resume_changes import check_accumulation
     from tinylm.errors import TinyLMError
 
     progress = {"current": {"ready": 3}, "is_last_batch": True}

@@ -523,7 +523,7 @@ def test_a_resumes_warmup_warning_gives_advice_a_resume_can_follow(run_config, r
 def test_the_lr_jump_of_an_extended_schedule_is_told_in_digits_that_differ(caplog):
     """Catches a run extended by a few steps at its end told that "the LR jumps from 0.0001 to 0.0001" (three
     digits of two LRs that differ further down)."""
-    from tinylm.cli.resume import warn_schedule_change
+    from tinylm.cli.resume_changes import warn_schedule_change
     from tinylm.train.schedules import lr_at
 
     hparams = {"lr_schedule": "cosine", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100, "decay_steps": None}
@@ -540,7 +540,7 @@ def test_the_lr_jump_after_a_guard_rollback_counts_its_lower_peak(caplog, max_st
     """Catches a resume of a run whose stability guard had halved the LR (the scheduler's base LRs) warned of a jump
     from the halved LR to the whole one: with model.decay_steps pinned there is none, and an extended run jumps to
     half the new schedule's LR, as it then trains."""
-    from tinylm.cli.resume import warn_schedule_change
+    from tinylm.cli.resume_changes import warn_schedule_change
     from tinylm.train.schedules import lr_at
 
     pinned = max_steps == 40
