@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tinylm.cli import main
-from tinylm.studies.lr_find import SMOOTHING, rule_of_thumb_lr, smoothed
+from tinylm.studies.lr_find import DIVERGED, SMOOTHING, diverged, rule_of_thumb_lr, smoothed
 
 
 def test_rule_of_thumb_by_hand():
@@ -25,6 +25,17 @@ def test_the_curve_is_each_steps_loss_smoothed_and_debiased():
     there), and each point averages what came before it."""
     assert smoothed([3.0] * 30) == pytest.approx([3.0] * 30)
     assert smoothed([2.0, 4.0]) == pytest.approx([2.0, (SMOOTHING * 0.02 * 2 + 0.02 * 4) / (1 - SMOOTHING ** 2)])
+
+
+def test_the_sweep_ends_when_its_own_curve_passes_four_times_its_lowest_point():
+    """Catches the sweep ended by Lightning's rule on its own curve: its first point was about half the loss, so a
+    loss that doubled (4 -> 8.5) ended the sweep; and a NaN loss, which never ended it."""
+    assert not diverged([4.0]) and not diverged([4.0, 8.5]) and not diverged([4.0] * 10 + [8.5] * 5)
+    rising = [4.0] * 10 + [4.0 * DIVERGED * 1.5] * 200
+    first = next(k for k in range(1, len(rising) + 1) if diverged(rising[:k]))
+    curve = smoothed(rising[:first])
+    assert curve[-1] > DIVERGED * 4.0 >= curve[-2]  # the first point past 4x the lowest one
+    assert diverged([4.0, 3.9, float("nan")]) and diverged([4.0, float("inf")])
 
 
 def _red_pixels(png) -> int:
@@ -221,7 +232,7 @@ def test_the_curve_under_accumulation_is_each_steps_mean_loss(run_config):
 
     def record(batch, batch_idx):
         loss = training_step(batch, batch_idx)
-        micro.append(float(loss))
+        micro.append(float(loss.detach()))
         return loss
 
     model.training_step = record

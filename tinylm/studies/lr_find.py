@@ -27,6 +27,7 @@ def rule_of_thumb_lr(params: int) -> float:
 MIN_POINTS = 3  # points of the curve a suggestion needs (past the skipped ones)
 FEW_POINTS = 20  # a sweep shorter than this that finds no fall says to sweep longer, not wider
 SMOOTHING = 0.98  # the beta of the running loss, Lightning's in its range test (_LRCallback)
+DIVERGED = 4.0  # the sweep ends once its curve exceeds this many times its lowest point (Lightning's threshold)
 
 
 def smoothed(losses: list[float]) -> list[float]:
@@ -42,6 +43,16 @@ def smoothed(losses: list[float]) -> list[float]:
         avg = SMOOTHING * avg + (1 - SMOOTHING) * loss
         out.append(avg / (1 - SMOOTHING ** k))
     return out
+
+
+def diverged(losses: list[float]) -> bool:
+    """Whether the sweep is over: its curve (`smoothed(losses)`) is past DIVERGED times its lowest point before, or
+    not a number. Lightning's rule, on the curve tinylm reads: Lightning's range test judged its own (the last
+    micro-batch's loss, debiased one step off: its first point was about half the loss, so it stopped at about 2x
+    the loss the sweep started from, not 4x, and under accumulation on one micro-batch's noise); and a NaN never
+    stopped it (every later step trained NaN weights)."""
+    curve = smoothed(losses)
+    return len(curve) > 1 and not (curve[-1] <= DIVERGED * min(curve[:-1]))
 
 
 @dataclass(frozen=True)
@@ -81,20 +92,20 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     own_bar = lr_finder.tqdm
     lr_finder.tqdm = bar
     try:
+        # the module ends the sweep by tinylm's curve (`diverged`), not Lightning's callback by its own
         finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
-                                        num_training=num_training, update_attr=False)
+                                        num_training=num_training, update_attr=False, early_stop_threshold=None)
     finally:
         module.muon_lr_ratio, module.lr_range_test = None, False
         quiet.setLevel(level)
         lr_finder.tqdm = own_bar
     # each step's loss: the mean over its micro-batches (Lightning's curve reads the last one's: `smoothed` says why)
-    raw = [float(loss) for loss in module.range_test_losses]
-    module.range_test_losses = []
+    raw, module.range_test_losses = module.range_test_losses, []
     points = [(lr, loss) for lr, loss in zip(finder.results["lr"], smoothed(raw), strict=True) if math.isfinite(loss)]
     lrs, losses = [p[0] for p in points], [p[1] for p in points]
     suggestion, why = steepest_descent(lrs, losses), ""
     if suggestion is None:
-        stopped = len(finder.results["lr"]) < num_training  # Lightning ends the test once the loss exceeds 4x its best
+        stopped = len(finder.results["lr"]) < num_training  # the curve went past 4x its lowest point (`diverged`)
         # (a short sweep's curve is noise: "raise --max_lr" was said of 4 points, already at an LR of 1)
         few = len(_trimmed(lrs)) < MIN_POINTS or len(lrs) < FEW_POINTS
         why = (f"the loss diverged after {len(finder.results['lr'])} steps, at LR {finder.results['lr'][-1]:.2e}: "

@@ -221,7 +221,7 @@ class TinyLM(L.LightningModule):
         check_ranges("model", self.hparams, RANGES, whole=WHOLE)
         self.muon_lr_ratio: float | None = None  # the LR range test ties Muon's LR to AdamW's (tinylm.studies.lr_find)
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
-        self.range_test_losses: list[torch.Tensor] = []  # each step's loss during it (step_loss, on device)
+        self.range_test_losses: list[float] = []  # each step's loss during it (step_loss)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         # where the run's first weights came from: kept in every checkpoint of the run, its resumes' too (a resume
         # passes init_from=None, so that the source is not read again, and takes this from the checkpoint)
@@ -424,8 +424,12 @@ class TinyLM(L.LightningModule):
         if self._step_losses:  # the loss of the whole optimizer step, the mean over its micro-batches (on device)
             self.step_loss = torch.stack(self._step_losses).mean()
             self._step_losses = []
-            if self.lr_range_test:
-                self.range_test_losses.append(self.step_loss)
+            if self.lr_range_test:  # (one host sync a step, as Lightning's own range test has)
+                from tinylm.studies.lr_find import diverged
+
+                self.range_test_losses.append(float(self.step_loss))
+                if diverged(self.range_test_losses):  # (Lightning's callback passes rank 0's on to every rank)
+                    self.trainer.should_stop = True
             if logging_step(self.trainer):  # and over the ranks' (each the same number of windows), so the curve
                 loss = self.step_loss  # ignores how the batch is split
                 if self.trainer.world_size > 1:
