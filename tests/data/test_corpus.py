@@ -535,3 +535,121 @@ def test_datasets_own_bars_stay_out_of_a_log(tmp_path, capfd):
     assert len(list(open_corpus(str(tmp_path / "rows.jsonl"), cache_dir=tmp_path))) == 50
     err = capfd.readouterr().err
     assert "Generating" not in err and "\r" not in err, err
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_damaged_parquet_file_is_named_in_one_line(tmp_path, streaming):
+    """Catches a .parquet cut short (an interrupted download) ending in pyarrow's ArrowInvalid traceback, and a
+    corrupted one blamed on the network ("could not load Hugging Face dataset 'parquet' ...; check the name and the
+    network")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tinylm.cli.errors import is_user_error
+
+    pq.write_table(pa.table({"text": [f"story {i} " * 20 for i in range(50)]}), tmp_path / "good.parquet")
+    whole = (tmp_path / "good.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[:300])
+    corrupt = bytearray(whole)
+    for i in range(100, len(corrupt) - 200, 7):
+        corrupt[i] = 0x55
+    (tmp_path / "bad.parquet").write_bytes(bytes(corrupt))
+    for name in ("cut", "bad")[: 1 if streaming else 2]:
+        said = rf"^could not read '.*{name}\.parquet' as a parquet dataset \(.*\); fix the file"
+        with pytest.raises(ValueError, match=said) as raised:
+            list(open_corpus(str(tmp_path / f"{name}.parquet"), cache_dir=tmp_path / name, streaming=streaming,
+                             **({"max_documents": 10} if streaming else {})))
+        assert is_user_error(raised.value)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_rows_without_text_are_counted_over_the_whole_split_when_prepared(tmp_path, streaming):
+    """Catches `tinylm prepare` saying "1 of the 2 rows read of its train split have no 'text'" for a .jsonl of
+    which half the rows had none: the count came from the check that the corpus is not empty (which stops at its
+    first document), and the full passes after it said nothing."""
+    from tinylm.data.prepare import prepare_dataset, prepare_tokenizer
+
+    rows = [{"text": f"story {i}"} if i % 2 else {"content": f"other {i}"} for i in range(40)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = open_corpus(str(tmp_path / "m.jsonl"), cache_dir=tmp_path / "c", streaming=streaming,
+                         **({"max_documents": 100, "val_fraction": 0.1} if streaming else {}))
+    with pytest.warns(UserWarning) as said:
+        tok = prepare_tokenizer(corpus, "char", vocab_size=8192, cache_dir=tmp_path / "c")
+        prepare_dataset(corpus, tok, val_fraction=0.1, cache_dir=tmp_path / "c")
+    lines = [str(w.message) for w in said if "rows read" in str(w.message)]
+    assert lines == [f"corpus '{tmp_path / 'm.jsonl'}': 20 of the 40 rows read of its train split have no 'text' "
+                     "(missing or null) and were skipped; if the text is in another column, pass "
+                     "--data.text_column NAME"], lines
+
+
+def test_an_empty_split_file_of_a_dataset_folder_is_named(tmp_path):
+    """Catches `--data.corpus hf:DIR` with an empty validation.jsonl beside a train.jsonl of rows saying "corpus
+    has no rows (a header or blank lines only)", and an empty train.jsonl beside a validation.jsonl of rows saying
+    "--data.data_files None matches no file" (an option never given)."""
+    rows = "".join(json.dumps({"text": f"story {i}"}) + "\n" for i in range(20))
+    for empty, said in (("validation", r"has no rows in its 'validation' split \(its files are empty"),
+                        ("train", r"train\.jsonl has no rows \(empty, or blank lines only\); give it rows")):
+        folder = tmp_path / empty
+        folder.mkdir()
+        for split in ("train", "validation"):
+            (folder / f"{split}.jsonl").write_text("" if split == empty else rows)
+        with pytest.raises(ValueError, match=rf"^corpus 'hf:{folder}'.*{said}"):
+            list(open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c"))
+
+
+def test_utf16_text_is_named_as_such(tmp_path):
+    """Catches a UTF-16 file (Windows Notepad's "Unicode", PowerShell's `>`) refused as "looks binary, not text",
+    and a short one trained on as text with a NUL between every two characters (too few bad bytes to refuse)."""
+    for name, text in (("short.txt", "hi there\n"), ("long.txt", "Once upon a time. " * 200)):
+        (tmp_path / name).write_bytes(text.encode("utf-16"))  # (with its byte-order mark)
+        with pytest.raises(ValueError, match=rf"{name} is UTF-16 text .* iconv -f UTF-16 -t UTF-8"):
+            list(open_corpus(str(tmp_path / name), cache_dir=tmp_path))
+
+
+def test_a_utf8_byte_order_mark_is_no_text(tmp_path):
+    """Catches the BOM of a file saved as "UTF-8 with BOM" (Windows Notepad) read as a character U+FEFF at the start
+    of every such file's first document (the model learned to write it after each end of text), and an "empty"
+    file Notepad saved (its 3 BOM bytes) refused as "a single distinct character ('\\ufeff')" or "the train split
+    has 0 tokens ... use a smaller --data.block_size" instead of as an empty corpus."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.txt").write_bytes(bom + f"first{EOT}second\n".encode())
+    (tmp_path / "b.txt").write_bytes(bom + "caf\u00e9\r\n".encode())
+    assert list(open_corpus(str(tmp_path / "a.txt"), cache_dir=tmp_path)) == ["first", "second"]
+    assert list(open_corpus(str(tmp_path / "b.txt"), cache_dir=tmp_path)) == ["caf\u00e9\r\n"]
+    (tmp_path / "empty.txt").write_bytes(bom)
+    assert list(open_corpus(str(tmp_path / "empty.txt"), cache_dir=tmp_path)) == []
+    (tmp_path / "mid.txt").write_bytes(b"a" + bom + b"b")  # (inside the text it is a character, kept)
+    assert list(open_corpus(str(tmp_path / "mid.txt"), cache_dir=tmp_path)) == ["a\ufeffb"]
+
+
+def test_a_small_compressed_file_is_named_not_trained_on(tmp_path):
+    """Catches a compressed corpus file too small to pass the binary check's 32 bad bytes (an 86-byte .zst of a
+    2.4 KB text) trained on as text, with warnings of NUL bytes and U+FFFD, instead of "is zstd-compressed"."""
+    import bz2
+    import gzip
+    import lzma
+
+    text = ("Hello world.\n" * 200).encode()
+    zstd = bytes.fromhex("28b52ffd2000690000") + b"Hello world.\n"  # (a zstd frame's header; enough for the magic)
+    for name, data in (("t.gz", gzip.compress(text)), ("t.xz", lzma.compress(text)), ("t.bz2", bz2.compress(text)),
+                       ("t.zst", zstd)):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match=rf"{name} is \w+-compressed, not text: .* decompress it first"):
+            list(open_corpus(str(tmp_path / name), cache_dir=tmp_path))
+    (tmp_path / "bzh.txt").write_text("BZh is how this text starts.\n")  # bzip2's first 3 bytes alone: text
+    assert list(open_corpus(str(tmp_path / "bzh.txt"), cache_dir=tmp_path)) == ["BZh is how this text starts.\n"]
+
+
+def test_a_symlinked_folder_of_a_corpus_folder_is_read(tmp_path):
+    """Catches `--data.corpus corpus` leaving out without a word the files of `corpus/wiki -> /data/wiki` (a
+    symlinked folder), which `--data.corpus 'corpus/**/*.txt'` reads; a loop (sub/loop -> corpus) is read once."""
+    (tmp_path / "data" / "wiki").mkdir(parents=True)
+    (tmp_path / "data" / "wiki" / "w.txt").write_text("wiki text")
+    d = tmp_path / "corpus"
+    (d / "own").mkdir(parents=True)
+    (d / "own" / "a.txt").write_text("own text")
+    (d / "wiki").symlink_to(tmp_path / "data" / "wiki", target_is_directory=True)
+    (d / "own" / "loop").symlink_to(d, target_is_directory=True)
+    want = ["own text", "wiki text"]
+    assert list(open_corpus(str(d / "**" / "*.txt"), cache_dir=tmp_path / "c")) == want
+    assert list(open_corpus(str(d), cache_dir=tmp_path / "c")) == want

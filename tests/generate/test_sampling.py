@@ -613,3 +613,20 @@ def test_prefix_lm_window_past_block_size_keeps_only_the_prompt_as_its_prefix():
                 start = max(0, L - B)
                 want = model(ids[:, start:L], prefix_len=max(0, P - start))[:, -1]
                 torch.testing.assert_close(run(ids[:, :L])[0], want, atol=1e-5, rtol=0, msg=f"{cache=} {L=}")
+
+
+def test_the_default_sample_prompt_fits_a_char_corpus_without_line_breaks():
+    """Catches `tinylm fit --data.corpus dna.txt` (char tokenizer, every other option at its default) stopping
+    before its first step with "samples.prompts: '\\n' cannot be encoded by the run's tokenizer ...; change
+    --samples.prompts": a prompt the user never gave. One the user gave is still refused."""
+    from tinylm.tokenize import build_tokenizer
+    from tinylm.train.samples import SampleText
+
+    one_doc = build_tokenizer("char", documents=lambda: ["ACGTTGCA" * 8])  # no end-of-text id
+    two_docs = build_tokenizer("char", documents=lambda: ["ACGT", "TGCA"])  # one
+    for tok, prompt in ((one_doc, "A"), (two_docs, "")):
+        samples = SampleText()
+        samples._check_prompts(tok)
+        assert samples.prompts == [prompt]
+    with pytest.raises(ValueError, match=r"samples.prompts: '\\n' cannot be encoded .* change --samples.prompts"):
+        SampleText(prompts=["\n"])._check_prompts(one_doc)

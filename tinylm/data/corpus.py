@@ -102,9 +102,30 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x
 zip's: a .ckpt, .pt, .docx or .npz is one, and unzipping gives no text.)"""
 
 
+def _utf16(head: bytes, path: Path) -> bool:
+    """Whether a file that starts with `head` is UTF-16 text: a byte-order mark (never UTF-8), whole code units."""
+    if not head.startswith((b"\xff\xfe", b"\xfe\xff")) or path.stat().st_size % 2:
+        return False
+    try:
+        head[2 : len(head) // 2 * 2].decode("utf-16-le" if head[0] == 0xFF else "utf-16-be")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _compressed(head: bytes) -> bool:
+    """Whether `head` starts a compressed file (bzip2's "BZh" in full, "BZh91AY&SY": a text may start "BZh")."""
+    return any(head.startswith(magic) for magic in _COMPRESSED if magic != b"BZh") or \
+        head[:3] == b"BZh" and head[3:4].isdigit() and head[4:10] == b"1AY&SY"
+
+
 def _binary(path: Path, why: str) -> str:
     with open(path, "rb") as f:
         head = f.read(6)
+    if _utf16(head, path):  # Windows' "Unicode" (Notepad's, PowerShell's >): text, in UTF-16
+        return (f"corpus file {path} is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8: tinylm "
+                f"reads UTF-8; re-encode it (e.g. iconv -f UTF-16 -t UTF-8 {path} > {path}.utf8) and pass "
+                "--data.corpus PATH to that")
     kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
     return f"corpus file {path} {why}" if kind is None else (
         f"corpus file {path} is {kind}-compressed, not text: tinylm reads plain text; decompress it first (e.g. "
@@ -114,7 +135,7 @@ def _binary(path: Path, why: str) -> str:
 def _read_documents(path: Path) -> Generator[str, None, int]:
     """Stream `path` as text, yielding its `<|endoftext|>`-separated documents (or the whole file if none); return
     the number of bytes read."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="tinylm.replace")
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="tinylm.replace")  # (a BOM is no text: dropped)
     buf, scan_from, split = "", 0, False
     n_read = n_bad = 0
     try:
@@ -124,6 +145,8 @@ def _read_documents(path: Path) -> Generator[str, None, int]:
     with f:
         while True:
             chunk = f.read(_READ_BYTES)
+            if not n_read and (_utf16(chunk, path) or _compressed(chunk)):  # (a small one has too few bad bytes to
+                raise ValueError(_binary(path, "is not UTF-8 text"))        # be refused as binary below)
             before = _replaced[0]
             buf += decoder.decode(chunk, final=not chunk)
             _nuls[0] += (nuls := chunk.count(0))

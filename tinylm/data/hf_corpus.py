@@ -5,10 +5,12 @@ hub's revision."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -31,20 +33,28 @@ def _text(value: Any, path: str, column: str) -> str:
     return value
 
 
-def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set) -> Iterator[str]:
-    """A split's documents from its `column`: anything but text is refused; a row without it (None: a JSON line
-    with other keys, or a null) is skipped and counted, and the count said when the split has been read, once a
-    corpus and split (``said``: the splits said; a stream is read in several passes, some cut short)."""
-    missing = rows = 0
+def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set,
+           limit: int | None = None) -> Iterator[str]:
+    """A split's documents from its `column` (its first `limit`; None: all): anything but text is refused; a row
+    without it (None: a JSON line with other keys, or a null) is skipped and counted, and the count said once a pass
+    has read them all, once a corpus and split (``said``: the splits said; a stream is read in several passes;
+    None: say nothing). A pass its reader stops early (the check that a corpus is not empty reads one document)
+    says nothing: its count would be of the few rows it read ("1 of the 2 rows read")."""
+    missing = rows = kept = 0
+    whole = False
     try:
-        for value in values:
+        for value in values if limit != 0 else ():
             rows += 1
             if value is None:
                 missing += 1
             elif text := _text(value, path, column):
+                kept += 1
                 yield text
-    finally:  # (also when a stream's reader stops early: what was read so far)
-        if missing and split not in said:
+                if kept == limit:
+                    break
+        whole = True
+    finally:
+        if whole and missing and said is not None and split not in said:
             said.add(split)
             warnings.warn(f"corpus {spec!r}: {missing:,} of the {rows:,} rows read of its {split} split have no "
                           f"{column!r} (missing or null) and were skipped; if the text is in another column, pass "
@@ -117,7 +127,7 @@ class HFDataset(Corpus):
                 local = str(Path(self.cache_dir) / "hf-local" / key)
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None), datasets_bars():
+                with hub_offline(offline is not None), datasets_bars(), _parse_errors_unlogged(self.path):
                     if not self.data_files and (Path(self.path).expanduser() / "state.json").is_file():
                         # one Dataset that `save_to_disk` wrote (load_dataset refuses it; a DatasetDict's it reads)
                         self._dd = datasets.DatasetDict({self.split: datasets.load_from_disk(self.path)})
@@ -131,23 +141,29 @@ class HFDataset(Corpus):
                         and not local_files(self.data_files):
                     raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
                                             "and globs") from None
+                if self.path in LOCAL_DATASET_BUILDERS.values() and local_files(self.data_files):
+                    raise _unreadable(self.data_files, self.path, e) from e  # a damaged file, not the network
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({offline or e}); check the name "
                               "and the network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
-                _refuse_blank(self.spec, self.data_files)  # or only empty files
+                _refuse_blank(self.spec, self.sources)  # or only empty files
+                blank = [f for f in local_files(self.sources) if not f.read_bytes().strip()]
+                if blank and not self.data_files:
+                    # hf:DIR whose train.jsonl is empty beside a validation.jsonl with rows (no --data.data_files)
+                    raise ValueError(f"corpus {self.spec!r}: {blank[0]} has no rows (empty, or blank lines only); give "
+                                     "it rows, or remove it") from None
                 raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
                                         "and globs") from None
             except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
-                cause = e.__cause__ or e
-                raise ValueError(f"could not read {self.data_files or self.path!r} as a {self.path} dataset "
-                                 f"({type(cause).__name__}: {str(cause).strip()[:300]}); fix the file, or pass "
-                                 "--data.corpus PATH to plain text files") from e
+                raise _unreadable(self.data_files or self.path, self.path, e.__cause__ or e) from e
             except ValueError as e:  # 'Instruction "train" corresponds to no data!': files of blank lines
-                _refuse_blank(self.spec, self.data_files)
+                _refuse_blank(self.spec, self.sources)
                 if "corresponds to no data" not in str(e):
+                    if self.path in LOCAL_DATASET_BUILDERS.values() and local_files(self.data_files):
+                        # pyarrow's ArrowInvalid (a ValueError) from a .parquet cut short or not parquet at all
+                        raise _unreadable(self.data_files, self.path, e) from e
                     raise
-                raise ValueError(f"corpus {self.spec!r} has no rows (a header or blank lines only); pass "
-                                 "--data.corpus PATH to a corpus with text") from None
+                raise self._no_rows(str(e)) from None
             try:  # rows read from files that changed since they were hashed: a cache whose key lies about them
                 check_unchanged(getattr(self, "_stamps", {}))
             except CorpusChanged:
@@ -162,6 +178,16 @@ class HFDataset(Corpus):
                 raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
                                  f"{columns} (--data.text_column)")
         return self._dd
+
+    def _no_rows(self, said: str) -> ValueError:
+        """`datasets`' 'Instruction "validation" corresponds to no data!', in words naming the split."""
+        empty = said.split('"')[1] if said.count('"') >= 2 else self.split
+        if empty != self.split:  # (a train file with rows beside an empty validation file)
+            return ValueError(f"corpus {self.spec!r} has no rows in its {empty!r} split (its files are empty, a "
+                              "header or blank lines only); give them rows, or remove them (validation is then the "
+                              "last --data.val_fraction of the train split)")
+        return ValueError(f"corpus {self.spec!r} has no rows (a header or blank lines only); pass --data.corpus "
+                          "PATH to a corpus with text")
 
     @property
     def has_validation(self) -> bool:  # type: ignore[override]
@@ -212,9 +238,13 @@ class HFStream(Corpus):
 
             offline = _hub_unreachable(self.path)
             try:
-                with hub_offline(offline is not None), datasets_bars():
+                with hub_offline(offline is not None), datasets_bars(), _parse_errors_unlogged(self.path):
                     self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
                                                      revision=self.revision, streaming=True)
+            except ValueError as e:  # pyarrow's ArrowInvalid: a .parquet cut short, or not parquet at all
+                if self.path in LOCAL_DATASET_BUILDERS.values() and local_files(self.data_files):
+                    raise _unreadable(self.data_files, self.path, e) from e
+                raise
             except (FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as e:
                 why = offline or f"{type(e).__name__}: {e}"
                 raise ValueError(f"could not stream Hugging Face dataset {self.path!r} ({why}); check the name, the "
@@ -246,8 +276,9 @@ class HFStream(Corpus):
         return "validation split" if self.val_split in self._load() and self.val_split != self.split \
             else "held-out head"
 
-    def _rows(self, split: str) -> Iterator[str]:
-        return _texts(self._values(split), self.spec, self.shown, self.text_column, split, self._said)
+    def _rows(self, split: str, limit: int | None = None, say: bool = True) -> Iterator[str]:
+        return _texts(self._values(split), self.spec, self.shown, self.text_column, split,
+                      self._said if say else None, limit)
 
     def _values(self, split: str) -> Iterator[Any]:
         import datasets
@@ -267,8 +298,9 @@ class HFStream(Corpus):
         start = self.val_documents if head and split == "train" else 0
         stop = self.val_documents if split != "train" else None if self.max_documents is None else \
             start + self.max_documents
-        yield from itertools.islice(self._rows(self.split if head or split == "train" else self.val_split), start,
-                                    stop)
+        # (a held-out head's pass reads the train split's first rows: the training pass counts them, and the rest)
+        yield from itertools.islice(self._rows(self.split if head or split == "train" else self.val_split, stop,
+                                               say=not head or split == "train"), start, None)
         check_unchanged(getattr(self, "_stamps", {}))  # (a local file rewritten as it was read: refused)
 
     def _fingerprint(self) -> str:
@@ -329,6 +361,25 @@ def local_files(data_files: Any) -> list[Path]:
     if isinstance(data_files, str):
         return [Path(p) for p in glob.glob(data_files, recursive=True) if Path(p).is_file()]
     return []
+
+
+@contextlib.contextmanager
+def _parse_errors_unlogged(builder: str) -> Iterator[None]:
+    """`datasets`' json and parquet loaders log "Failed to load JSON from file ..." before they raise: a second
+    line beside the one `_unreadable` makes of the same error."""
+    logger = logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}")
+    was = logger.disabled
+    logger.disabled = builder in LOCAL_DATASET_BUILDERS.values()
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
+def _unreadable(files: Any, builder: str, cause: BaseException) -> ValueError:
+    """A local dataset file that `datasets` (or pyarrow under it) could not parse: named, with the fix."""
+    return ValueError(f"could not read {files!r} as a {builder} dataset ({type(cause).__name__}: "
+                      f"{str(cause).strip()[:300]}); fix the file, or pass --data.corpus PATH to plain text files")
 
 
 def _refuse_blank(spec: str, data_files: Any) -> None:

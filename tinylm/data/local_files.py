@@ -23,8 +23,10 @@ def is_run_folder(folder: str | Path) -> bool:
 
 
 def files_below(root: Path, *, cache_dir: str | Path) -> list[Path]:
-    """Every non-hidden file below `root`, sorted by path, leaving out what tinylm made (above).
-    Symlinked folders are not entered; a folder that cannot be read is an error, not a gap."""
+    """Every non-hidden file below `root`, sorted by path, leaving out what tinylm made (above). Symlinked
+    folders are entered, each real folder once (a loop, dir/loop -> dir, is not walked again: a `**` glob reads
+    them too, and `corpus/wiki -> /data/wiki` was left out without a word); a folder that cannot be read is an
+    error, not a gap."""
     def unreadable(err: OSError) -> None:
         raise PermissionError(err.errno, f"corpus directory {str(root)!r}: cannot read {err.filename} "
                               f"({err.strerror}); make it readable (chmod), or name only the files to use "
@@ -32,10 +34,12 @@ def files_below(root: Path, *, cache_dir: str | Path) -> list[Path]:
 
     skip = made_by_tinylm(cache_dir)
     found: list[Path] = []
-    for folder, dirs, names in os.walk(root, onerror=unreadable):
-        if is_run_folder(folder):
+    walked: set[str] = set()
+    for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
+        if is_run_folder(folder) or os.path.realpath(folder) in walked:
             dirs[:] = []
             continue
+        walked.add(os.path.realpath(folder))
         dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(folder, d)) not in skip]
         found += [Path(folder, name) for name in names if not name.startswith(".")]
     return sorted(p for p in found if p.is_file())

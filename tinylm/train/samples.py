@@ -64,6 +64,7 @@ class SampleText(L.Callback):
             raise ValueError(f"samples.every_n_steps must be >= 0 (0 turns sampling off), got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.prompts = list(prompts) if prompts is not None else ["\n"]
+        self._default_prompts = prompts is None  # "\n": none of a char vocabulary of text without line breaks
         if every_n_steps and not self.prompts:  # it wrote a sample step's heading over no samples, every time
             raise ValueError("samples.prompts is empty: give at least one (--samples.prompts '[\"ROMEO:\"]'; \"\" "
                              "starts from the end-of-text token), or turn sampling off with --samples.every_n_steps 0")
@@ -119,6 +120,10 @@ class SampleText(L.Callback):
         it ended the run there, before that step's checkpoint was saved."""
         if tokenizer is None:
             return
+        if self._default_prompts and not _encodes(tokenizer, "\n"):
+            # a char model of text without line breaks (DNA, one-line rows): the default was refused, so a run on
+            # such a corpus with every option left at its default stopped before its first step
+            self.prompts = [""] if tokenizer.eos_id is not None else [tokenizer.decode([0])]
         for prompt in self.prompts:
             try:
                 ids = tokenizer.encode(prompt)
@@ -224,3 +229,11 @@ def _cut_after(path: Path, size: int) -> None:
                 f.truncate(size)
     except OSError:
         pass
+
+
+def _encodes(tokenizer, text: str) -> bool:
+    try:
+        tokenizer.encode(text)
+    except ValueError:
+        return False
+    return True
