@@ -146,14 +146,7 @@ class HFDataset(Corpus):
                 raise type(e)(f"could not load Hugging Face dataset {self.path!r} ({offline or e}); check the name "
                               "and the network (HF_DATASETS_OFFLINE), or pass --data.corpus PATH to local files") from e
             except StopIteration:  # hf:json with data_files matching nothing (datasets finds no file to infer from)
-                _refuse_blank(self.spec, self.sources)  # or only empty files
-                blank = [f for f in local_files(self.sources) if not f.read_bytes().strip()]
-                if blank and not self.data_files:
-                    # hf:DIR whose train.jsonl is empty beside a validation.jsonl with rows (no --data.data_files)
-                    raise ValueError(f"corpus {self.spec!r}: {blank[0]} has no rows (empty, or blank lines only); give "
-                                     "it rows, or remove it") from None
-                raise FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths "
-                                        "and globs") from None
+                raise self._no_files() from None  # or only empty files
             except datasets.exceptions.DatasetsError as e:  # e.g. a malformed .jsonl: "An error occurred ..."
                 raise _unreadable(self.data_files or self.path, self.path, e.__cause__ or e) from e
             except ValueError as e:  # 'Instruction "train" corresponds to no data!': files of blank lines
@@ -178,6 +171,17 @@ class HFDataset(Corpus):
                 raise ValueError(f"dataset {self.shown!r} has no column {self.text_column!r}; its columns are "
                                  f"{columns} (--data.text_column)")
         return self._dd
+
+    def _no_files(self) -> Exception:
+        """`datasets`' StopIteration (it found no file to infer the rows' kind from), in words: the files are all
+        empty, one split's file is, or --data.data_files matches none."""
+        _refuse_blank(self.spec, self.sources)
+        blank = [f for f in local_files(self.sources) if not f.read_bytes().strip()]
+        if blank and not self.data_files:
+            # hf:DIR whose train.jsonl is empty beside a validation.jsonl with rows (no --data.data_files)
+            return ValueError(f"corpus {self.spec!r}: {blank[0]} has no rows (empty, or blank lines only); give it "
+                              "rows, or remove it")
+        return FileNotFoundError(f"--data.data_files {self.data_files!r} matches no file; check the paths and globs")
 
     def _no_rows(self, said: str) -> ValueError:
         """`datasets`' 'Instruction "validation" corresponds to no data!', in words naming the split."""
