@@ -58,6 +58,31 @@ def config(run_config):
         (["--trainer.max_time", "{sec: 1}"], ["trainer.max_time {'sec': 1} names what timedelta does not take"]),
         (["--trainer.callbacks+=LearningRateFinder"], ["LearningRateFinder is not taken by tinylm", "tinylm lr-find"]),
         (["--trainer.callbacks+=BatchSizeFinder"], ["BatchSizeFinder is not taken by tinylm", "--data.batch_size"]),
+        (["--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "0.5",
+          "--trainer.accumulate_grad_batches", "2"],  # (it said "(a time)")
+         ["trainer.val_check_interval=0.5 (a share of an epoch) under trainer.accumulate_grad_batches=2"]),
+        # longer than tinylm's notional epoch (known once the data is there): Lightning's ValueError traceback
+        (["--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "100000"],
+         ["`val_check_interval` (100000) must be less than or equal to the number of the training batches"]),
+        # taken, and nothing uploaded: Lightning's uploading checkpoint callback is added only to a run without one
+        (["--trainer.model_registry", "my-model"], ["trainer.model_registry 'my-model' is not used by tinylm"]),
+        (["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs", "0.01",
+          "--trainer.callbacks.swa_epoch_start", "1"], ["StochasticWeightAveraging is not taken by tinylm",
+                                                         "EMAWeightAveraging"]),
+        # jsonargparse read it as H:MM:SS, dropping the last field: a checkpoint every 30 s
+        (["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.train_time_interval", "00:00:30:00"],
+         ["--trainer.callbacks.train_time_interval 00:00:30:00: this option is a timedelta, read as H:MM:SS",
+          "write 00:30:00"]),
+        # two callbacks whose checkpoint states are keyed alike: Lightning's RuntimeError traceback
+        (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+          "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/loss"],
+         ["--trainer.callbacks holds EarlyStopping{'monitor': 'val/loss', 'mode': 'min'} twice", "drop one"]),
+        # written into config.yaml as "Unable to serialize instance ...": a resume from the run's records failed
+        (["--trainer.callbacks+=ModelPruning", "--trainer.callbacks.pruning_fn", "l1_unstructured",
+          "--trainer.callbacks.amount", "0.5"],
+         ["trainer.callbacks[0].init_args.pruning_fn 'l1_unstructured' cannot be written into the run's config.yaml"]),
+        (["--trainer.callbacks+=BackboneFinetuning"], ["BackboneFinetuning is not taken by tinylm",
+                                                       "--model.init_from"]),
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
         (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
@@ -112,6 +137,15 @@ def test_min_steps_equal_to_max_steps_trains(config, tmp_path):
     to its end."""
     main(["fit", "--config", str(config), "--trainer.min_steps", "2"])
     assert torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_a_whole_epoch_val_check_interval_trains_under_accumulation(run_config, tmp_path):
+    """Catches `--trainer.val_check_interval 1.0` (once per epoch, at its end: a whole number of optimizer steps)
+    refused under gradient accumulation as "(a time)" that could fall inside an optimizer step."""
+    config = run_config(chars=2_000, trainer={"max_steps": 4, "val_check_interval": 1.0, "check_val_every_n_epoch": 1,
+                                              "accumulate_grad_batches": 2})
+    main(["fit", "--config", str(config)])
+    assert torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "best.ckpt", weights_only=True)["global_step"] > 0
 
 
 def test_clipping_by_value_is_refused_before_the_run_starts(config, capsys):

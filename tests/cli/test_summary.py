@@ -132,3 +132,17 @@ def test_the_model_summary_gives_tinylms_flops_per_token(run_config, caplog):
     text = "\n".join(r.getMessage() for r in caplog.records)
     per_token = get_human_readable_count(int(cli.model.model.flops_per_token()))
     assert f"{per_token} training FLOPs per token" in text and "FLOPs:" not in text and "| FLOPs" not in text
+
+
+def test_a_ddp_fork_run_says_the_steps_its_training_processes_took(tmp_path, run_config):
+    """Catches the summary of a ddp_fork run saying "run tiny done: step 0: 0 steps, 0 tokens" and "val/loss last
+    (step 4)": the launching process's trainer trains nothing, and its training processes hand back their metrics,
+    not their loops."""
+    import forked  # `python -m tinylm` forked from a process that imported tinylm, torch and Lightning once
+
+    config = run_config(trainer={"max_steps": 4})
+    done = forked.run(["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp_fork"], cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "run tiny done: step 4: 4 steps, 256 tokens in " in done.stdout, done.stdout[-2000:]
+    assert re.search(r"val/loss +final \d\.\d{4}", done.stdout), done.stdout[-2000:]

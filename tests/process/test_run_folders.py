@@ -659,6 +659,17 @@ def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):
     assert "max_time" in line and "already spent" in line and "larger --trainer.max_time" in line
 
 
+def test_a_resume_without_the_runs_weight_averaging_is_refused(config, tmp_path, capsys):
+    """Catches a run saved with EMAWeightAveraging resumed under a --config without it going on from the averaged
+    weights (its checkpoint's state_dict) without a word: the trained weights (current_model_state) were dropped."""
+    ema = ["--trainer.callbacks+=EMAWeightAveraging"]
+    main(["fit", "--config", str(config), *ema])
+    capsys.readouterr()
+    line = _error_line(capsys, ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert "saved by a WeightAveraging callback" in line and "--trainer.callbacks+=EMAWeightAveraging" in line
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6", *ema])  # with it: goes on
+
+
 def test_ckpt_path_last_without_a_readable_last_ckpt_continues_from_the_newest(config, tmp_path, capsys, caplog):
     """Catches a run folder without last.ckpt (killed before its first periodic save: only best.ckpt) or with a
     damaged one being a dead end: the refusal said 'continue it with --ckpt_path last', which said the same."""

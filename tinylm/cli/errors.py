@@ -195,8 +195,11 @@ def is_user_error(e: BaseException) -> bool:
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT:
         return True
     if isinstance(e, (ValueError, OSError, TypeError)):
-        # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy)
-        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file()) if d)
+        # tinylm's checks, config parsing, and the Trainer's own checks of its flags (an unknown --trainer.strategy;
+        # the fit loop's of val_check_interval against the batches of an epoch, known once the data is there: a
+        # --trainer.check_val_every_n_epoch run's interval longer than tinylm's notional epoch was a traceback)
+        return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file(),
+                                              _module_file("lightning.pytorch.loops.fit_loop")) if d)
     if _port_in_use(e):
         return True
     if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):

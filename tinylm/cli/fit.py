@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks, rendezvous
 from tinylm.cli.argv import home_expanded, options, use_reloadable_yaml
+from tinylm.cli.callback_checks import check_callback_states, check_recordable, check_time_intervals
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
@@ -97,6 +98,8 @@ _HELP = {
                           "over random windows)",
     "trainer.min_epochs": "Not useful in tinylm: its epochs are notional; use --trainer.min_steps",
     "trainer.barebones": "Refused by tinylm: a run is made of the logging, checkpoints and callbacks it turns off",
+    "trainer.model_registry": "Refused by tinylm: Lightning uploads only through the checkpoint callback it adds to a "
+                              "run without one, and a tinylm run has its own",
     "trainer.overfit_batches": "Refused by tinylm (its loader draws windows by step); to see a model overfit, train "
                                "on a tiny corpus",
     "trainer.gradient_clip_algorithm": "Leave unset (or norm): tinylm clips by the gradients' global norm alone (its "
@@ -143,6 +146,8 @@ class TinyLMCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            check_time_intervals(list(argv))
         self._named = _named_options(list(argv)) if isinstance(argv, (list, tuple)) else set()
         self._flags = _named_options(list(argv), files=False) if isinstance(argv, (list, tuple)) else set()
         # from a run's checkpoint with no --config: the run's own settings first (not named by the user: the
@@ -290,6 +295,7 @@ class TinyLMCLI(LightningCLI):
             # (a resume of the run's own folder reads its config.yaml: what it set was named when the run started)
             warn_unused_options(self._section(), self._parser(sub).get_defaults(), self._flags,
                                 only=self._flags if self.continues else None)
+            check_recordable(self._parser(sub), self._section())
         else:
             from tinylm.cli.unused import warn_training_flags
 
@@ -332,6 +338,7 @@ class TinyLMCLI(LightningCLI):
             callbacks = [ProgressBar()] if bar else []
         if trainer_cfg.get("min_steps") is not None and trainer_cfg.get("min_epochs") is None:
             trainer_cfg["min_epochs"] = 0  # Lightning's default with min_steps is 1: a whole notional epoch more
+        check_callback_states(user_callbacks)
         trainer_cfg["callbacks"] = user_callbacks + callbacks
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)

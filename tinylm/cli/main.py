@@ -165,9 +165,12 @@ def _run(command: str, rest: list[str], program: bool) -> None:
 
 def _fit_summary(cli, seconds: float) -> str:
     from tinylm.cli.summary import example_prompt, exportable, fit_summary
+    from tinylm.train.callbacks import REACHED_STEP
     from tinylm.train.loggers import wandb_dir, wandb_loggers
 
     trainer, data = cli.trainer, cli.datamodule
+    # (under ddp_fork this process's trainer did not train: the step the training processes reached)
+    steps = max(trainer.global_step, int(trainer.callback_metrics.get(REACHED_STEP, 0)))
     tokens = data.batch_size * trainer.accumulate_grad_batches * trainer.world_size * data.block_size
     wandb = wandb_loggers(trainer.loggers)
     from tinylm.train.callbacks import BestCheckpoint
@@ -176,7 +179,7 @@ def _fit_summary(cli, seconds: float) -> str:
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("val/loss", "val/bpb")}
     best = next((float(cb.best_model_score) for cb in trainer.checkpoint_callbacks
                  if isinstance(cb, BestCheckpoint) and cb.best_model_score is not None), None)
-    return fit_summary(cli.run_dir, steps=trainer.global_step, first_step=cli.resume_step or 0,
+    return fit_summary(cli.run_dir, steps=steps, first_step=cli.resume_step or 0,
                        tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
                        exportable=exportable(cli.model),
                        wandb=(wandb_dir(wandb[0]), wandb[0].version) if wandb else None,

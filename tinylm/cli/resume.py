@@ -251,6 +251,7 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
         raise TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
                           f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
     check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
+    check_weight_averaging(ckpt, cfg.trainer.get("callbacks"), ckpt_path)
     from tinylm.cli.trainer_checks import device_count
     from tinylm.data import TinyLMDataModule
     from tinylm.data.datamodule import check_global_batch
@@ -262,6 +263,23 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     check_accumulation(ckpt, accumulate, ckpt_path, cfg.trainer.get("val_check_interval"),
                        saved.get("accumulate_grad_batches"))
     TinyLMDataModule.check_split_before_preparing(saved, cfg.data.get("val_fraction"))
+
+
+def check_weight_averaging(ckpt: dict, callbacks, ckpt_path: str) -> None:
+    """A checkpoint of a run with a WeightAveraging callback (EMAWeightAveraging) holds the averaged weights as its
+    state_dict and the trained ones as ``current_model_state``, which only that callback puts back: resumed without
+    it, the run went on from the average (train/loss back up from 3.83 to 4.10), the trained weights dropped."""
+    if "current_model_state" not in ckpt:
+        return
+    names = [str(cb.get("class_path") if hasattr(cb, "get") else type(cb).__name__)
+             for cb in (callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else [])]
+    if any(name.endswith("WeightAveraging") for name in names):
+        return
+    raise TinyLMError(f"{ckpt_path} was saved by a WeightAveraging callback (EMAWeightAveraging): it holds the "
+                      "averaged weights as the model, and the trained ones apart, which only that callback puts "
+                      "back; resume with the run's callback again (--trainer.callbacks+=EMAWeightAveraging, or "
+                      "without --config: the run's own settings), or start a new run from the averaged weights with "
+                      "--model.init_from")
 
 
 def check_same_tokenizer(ckpt: dict, cfg, flags: set[str], ckpt_path: str) -> None:

@@ -102,6 +102,12 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         raise ValueError("trainer.barebones=true turns off logging, checkpoints and callbacks, and a tinylm run is "
                          "made of them (metrics.csv, last.ckpt, the health monitor); leave it out (for a bare speed "
                          "test: benchmarks/bench_train_step.py)")
+    if trainer_cfg.get("model_registry"):  # Lightning uploads through the ModelCheckpoint it adds when a run has none
+        # (litmodels' LitModelCheckpoint); a tinylm run always has its own, so the name was taken and nothing uploaded
+        raise ValueError(f"trainer.model_registry {trainer_cfg['model_registry']!r} is not used by tinylm: Lightning "
+                         "uploads only through the checkpoint callback it adds to a run that has none, and a tinylm "
+                         "run has its own (best.ckpt, last.ckpt); leave it out, and upload a checkpoint yourself "
+                         "(litmodels' upload_model), or share it with `tinylm export`")
     if trainer_cfg.get("use_distributed_sampler") is True:  # Lightning's default, which tinylm's sets to false
         # Lightning then rebuilt tinylm's loader around a DistributedSampler and failed on every rank, after setup,
         # with "Trying to inject parameters into the `ResumableLoader` instance ..." (advice for its author)
@@ -299,14 +305,17 @@ def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
                          "notional (random windows, driven by max_steps); give a number of batches (e.g. "
                          "--trainer.val_check_interval 500) or a time (00:00:30:00)")
     whole = isinstance(every, int) and not isinstance(every, bool)  # batches; else a time
+    # (a validation could fall between two micro-batches; not at 1.0, each epoch's end: a whole number of optimizer
+    # steps, as tinylm's notional epochs are; 1, an int, is one batch)
     if every is not None and isinstance(accumulate, int) and accumulate > 1 and \
-            not (whole and every % accumulate == 0):  # a validation could fall between two micro-batches
+            not (whole and every % accumulate == 0) and not (isinstance(every, float) and every == 1.0):
         below = every - every % accumulate if whole else 0
         nearest = f"{below} or {below + accumulate}" if below else f"{accumulate} (or a multiple)"
         if whole and every * accumulate not in (below, below + accumulate):  # as a resume that trades devices for
             # accumulation and keeps the run's interval would mean: it counts micro-batches
             nearest += f", or {every * accumulate} to validate every {every} optimizer steps (it counts micro-batches)"
-        what = "(batches) is not a multiple of" if whole else "(a time) under"
+        what = "(batches) is not a multiple of" if whole else \
+            "(a share of an epoch) under" if isinstance(every, float) else "(a time) under"
         raise ValueError(f"trainer.val_check_interval={every} {what} "
                          f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
                          f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
@@ -398,6 +407,16 @@ _REFUSED_CALLBACKS = {
                           "pass its --model.lr",
     "BatchSizeFinder": "set --data.batch_size (with --trainer.accumulate_grad_batches for the global batch); `tinylm "
                        "plan` says the memory a batch size takes",
+    # (it swapped the run's schedule for SWALR, averaged once per notional epoch, and put the average into the model
+    # at on_train_end, after the run's last save: no checkpoint held it)
+    "StochasticWeightAveraging": "it averages once per epoch (tinylm's are notional: hundreds of steps), replaces the "
+                                 "run's LR schedule with SWALR, and puts the average into the model only after the "
+                                 "run's last checkpoint (best.ckpt and last.ckpt never hold it); use "
+                                 "--trainer.callbacks+=EMAWeightAveraging (an average of every step, which the "
+                                 "checkpoints hold)",
+    # (it freezes pl_module.backbone at setup: TinyLM has none, and the run ended in an AttributeError traceback)
+    "BackboneFinetuning": "it unfreezes a model's `backbone` module, and tinylm's GPT has none; to fine-tune, start a "
+                          "new run from a checkpoint's weights with --model.init_from PATH (and a lower --model.lr)",
 }
 
 

@@ -212,6 +212,15 @@ class LoggedStep(L.Callback):
             self._first = False
             trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
 
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # ddp_fork's training processes hand the launching process their callback_metrics, not their loops (its
+        # trainer stays at step 0): the step the run reached goes back with them, for the run's summary
+        trainer.callback_metrics[REACHED_STEP] = torch.tensor(trainer.global_step)
+
+
+REACHED_STEP = "tinylm/reached_step"
+"""The key of the step a fit reached in ``trainer.callback_metrics`` (set by LoggedStep at the end of the fit)."""
+
 
 def validation_follows(trainer: L.Trainer) -> bool:
     """Whether Lightning validates right after the current training batch (ask in ``on_train_batch_end``).

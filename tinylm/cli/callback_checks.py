@@ -1,0 +1,73 @@
+"""Checks of the callbacks `--trainer.callbacks` adds to a fit, where Lightning or jsonargparse would fail late or
+say nothing: a value the run's config.yaml cannot record, two callbacks a checkpoint keys alike, and a timedelta
+written as --trainer.max_time's DD:HH:MM:SS. (Callbacks refused by class: trainer_checks._REFUSED_CALLBACKS.)"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from tinylm.cli.argv import options
+from tinylm.errors import TinyLMError
+
+_UNSERIALIZABLE = "Unable to serialize instance "  # what jsonargparse writes (with a warning) for such a value
+
+
+def check_recordable(parser, cfg) -> None:
+    """Refuse an option that the run's config.yaml (and each checkpoint's copy of it) cannot record: jsonargparse
+    writes `Unable to serialize instance X` in its place (ModelPruning's `pruning_fn: l1_unstructured`,
+    StochasticWeightAveraging's default `device`), and every resume, which reads those settings back, failed on it
+    ("The provided `pruning_fn` unable to serialize instance l1_unstructured isn't available") or ran with it."""
+    import yaml
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = parser.dump(cfg, skip_none=False)
+    if _UNSERIALIZABLE not in text:
+        return
+
+    def bad(node: Any, key: str):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from bad(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from bad(v, f"{key}[{i}]")
+        elif isinstance(node, str) and node.startswith(_UNSERIALIZABLE):
+            yield key, node[len(_UNSERIALIZABLE):]
+
+    for key, value in bad(yaml.safe_load(text), ""):
+        raise TinyLMError(f"{key} {value!r} cannot be written into the run's config.yaml (jsonargparse writes "
+                          f"'{_UNSERIALIZABLE}{value}' there), so a resume, which reads the run's settings back, would "
+                          "fail on it; give it a value that can be written (a string, a number, an import path), or "
+                          "leave that callback out")
+
+
+def check_callback_states(callbacks: list) -> None:
+    """Two of the user's callbacks whose states a checkpoint would key alike (a config file's EarlyStopping and the
+    same one added with `+=`): Lightning's check of them was a RuntimeError traceback ("Found more than one stateful
+    callback of type `EarlyStopping`")."""
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    seen: set[str] = set()
+    for cb in callbacks:
+        if not is_overridden("state_dict", instance=cb, parent=Callback):
+            continue
+        if cb.state_key in seen:
+            raise TinyLMError(f"--trainer.callbacks holds {cb.state_key} twice: a checkpoint keys a callback's state "
+                              "by these settings, so it could not tell them apart; drop one of them, or give it "
+                              "other settings (e.g. another monitor or mode)")
+        seen.add(cb.state_key)
+
+
+def check_time_intervals(argv: list) -> None:
+    """A callback's timedelta option (ModelCheckpoint's train_time_interval) written as --trainer.max_time's
+    DD:HH:MM:SS: jsonargparse reads a timedelta as H:MM:SS and dropped the last field without a word
+    (`00:00:30:00`, 30 minutes, saved a checkpoint every 30 s; `00:00:00:01` after every step)."""
+    for key, value in options([arg for arg in argv if isinstance(arg, str)]):
+        if key.endswith("train_time_interval") and isinstance(value, str) and value.count(":") == 3:
+            d, h, m, s = (part.strip() for part in value.split(":"))
+            raise TinyLMError(f"--{key} {value}: this option is a timedelta, read as H:MM:SS (not --trainer.max_time's "
+                              f"DD:HH:MM:SS: it would be read as {d}:{h}:{m}); write " +
+                              (f"'{int(d)} days, {h}:{m}:{s}'" if d.isdigit() and int(d) else f"{h}:{m}:{s}"))
