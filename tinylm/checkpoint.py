@@ -174,8 +174,18 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
+    wrong = next((k for k, kind in _SECTIONS.items() if k in ckpt and not isinstance(ckpt[k], kind)), None)
+    if wrong is not None:  # (an edited file: read as Lightning writes it, it was an AttributeError traceback)
+        raise CheckpointError(f"{str(path)!r} holds a {wrong!r} that is a {type(ckpt[wrong]).__name__}, not the "
+                              f"{_SECTIONS[wrong].__name__} Lightning writes: the file was edited or written by "
+                              "another tool; use another checkpoint of the run")
     tinylm_section(ckpt, path)
     return ckpt
+
+
+_SECTIONS = {"state_dict": dict, "hyper_parameters": dict, "datamodule_hyper_parameters": dict, "loops": dict,
+             "callbacks": dict, "optimizer_states": list, "lr_schedulers": list}
+"""The type of each section of a Lightning checkpoint that tinylm reads."""
 
 
 def _torch_load(path: Path, map_location: Any, mmap: bool, tries: int = 5) -> Any:
@@ -461,6 +471,9 @@ def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: st
     its state_dict): a tensor of another shape, or one missing or extra, names the tensor (load_state_dict would
     list every mismatch in a traceback)."""
     for key, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):  # (an edited file: .shape below was an AttributeError traceback)
+            raise CheckpointError(f"checkpoint {str(ckpt_path)!r}: {key!r} is a {type(tensor).__name__}, not a tensor; "
+                                  "the file was edited or written by another tool: use another checkpoint of the run")
         if key in expected and tensor.shape != expected[key].shape:
             raise CheckpointError(
                 f"checkpoint {str(ckpt_path)!r}: tensor {key!r} has shape {tuple(tensor.shape)} but its "

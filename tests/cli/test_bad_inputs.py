@@ -6,8 +6,11 @@ import pytest
 import torch
 from helpers import _one_line_error
 
-from tinylm.checkpoint import CheckpointError, load_model
+from tinylm.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_model
 from tinylm.cli import main
+from tinylm.cli.resume import resolve_ckpt_path
+from tinylm.cli.run_folder import with_run_config
+from tinylm.model import GPT, GPTConfig
 
 
 @pytest.fixture
@@ -872,7 +875,7 @@ def test_a_section_that_is_not_a_mapping_is_named(tmp_path, capsys, monkeypatch,
 def test_a_key_given_twice_in_a_config_is_named(tmp_path, capsys, monkeypatch, text, key, lines):
     """Catches a second `model:` section appended to a recipe silently dropping every option of the first (PyYAML
     keeps the last of two equal keys): the run trained another model than the file reads."""
-    from tinylm.cli.main import check_config_files
+    from tinylm.cli.config_files import check_config_files
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "twice.yaml").write_text(text)
@@ -1145,3 +1148,84 @@ def test_a_missing_draft_for_the_runs_samples_is_refused_before_the_run_folder(c
     _one_line_error(capsys, ["fit", "--config", str(config), "--samples.every_n_steps", "1",
                              "--samples.draft_ckpt_path", "nope.ckpt"], "samples.draft_ckpt_path 'nope.ckpt' not found")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command, key", [("generate", "prompt"), ("generate", "num_samples"),
+                                          ("generate", "device"), ("sample-report", "device"),
+                                          ("eval", "tasks")])
+def test_null_from_a_config_file_of_a_command_is_one_line(tmp_path, capsys, command, key):
+    """Catches `null` in a --config file of generate, sample-report or eval (jsonargparse lets it through from a file)
+    ending in a TypeError traceback (`prompt: null`) or a bare TypeError naming no option (`num_samples: null`)."""
+    (tmp_path / "nulls.yaml").write_text(f"{key}: null\n")
+    argv = [command, "--ckpt_path", str(tmp_path / "x.ckpt"), "--config", str(tmp_path / "nulls.yaml")]
+    if command == "sample-report":
+        argv += ["--out", str(tmp_path / "out")]
+    _one_line_error(capsys, argv, f"--{key} is null, which it cannot be")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nulls.yaml"]
+
+
+@pytest.mark.parametrize("sub", ["fit", "validate"])
+def test_an_empty_ckpt_path_is_named_as_empty(tmp_path, sub):
+    """Catches `--ckpt_path "$CKPT"` with CKPT unset: fit ended in Lightning's traceback (`.fit() found no path for
+    the best weights: ''`), validate said it needs a --ckpt_path."""
+    with pytest.raises(ValueError, match=r"--ckpt_path is empty \(''"):
+        resolve_ckpt_path("", tmp_path / "runs" / "x", sub)
+
+
+@pytest.mark.parametrize("text", ["model: [\n", "- 1\n"])
+def test_a_broken_run_record_is_named(tmp_path, text):
+    """Catches a run's config.yaml edited into broken YAML (or a list) making a resume or validate, which read it as
+    the run's own settings, end in jsonargparse's bare `while parsing a flow node`, naming no file."""
+    run = tmp_path / "runs" / "x"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.ckpt").write_bytes(b"")
+    (run / "config.yaml").write_text(text)
+    with pytest.raises(ValueError, match=r"config\.yaml' (is not valid YAML|must hold a mapping).*run's own settings"):
+        with_run_config(["validate", "--ckpt_path", str(run / "checkpoints" / "best.ckpt")])
+
+
+_HPARAMS = {"vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 8, "pad_vocab_multiple": 1}
+
+
+def _edited_ckpt(path, hparams, tok):
+    state = {f"model.{k}": v for k, v in GPT(GPTConfig(**_HPARAMS)).state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hparams,
+                "tinylm": {"format": CHECKPOINT_FORMAT, "tokenizer": tok}}, path)
+    return path
+
+
+@pytest.mark.parametrize("tok", ["{not a dict", ["char"], {"version": 1, "kind": "char", "state": "x"}])
+def test_checkpoint_tokenizer_state_of_another_type_is_refused_in_one_line(tmp_path, tok):
+    """Catches a checkpoint's tokenizer state edited into another type ending in an AttributeError traceback."""
+    ckpt = _edited_ckpt(tmp_path / "edited.ckpt", _HPARAMS, tok)
+    with pytest.raises(CheckpointError, match=r"edited\.ckpt' holds a tokenizer this tinylm cannot rebuild"):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize("name", ["vocab_size", "block_size", "n_layer", "n_head", "n_embd"])
+def test_checkpoint_hyperparameter_null_is_refused_in_one_line(tmp_path, name):
+    """Catches a null size in a checkpoint's hyperparameters ending in a bare TypeError (`NoneType + int`)."""
+    ckpt = _edited_ckpt(tmp_path / "edited.ckpt", {**_HPARAMS, name: None}, None)
+    with pytest.raises(CheckpointError, match=rf"edited\.ckpt' has hyperparameters that build no GPT \({name}"):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize("section, value", [("state_dict", [1]), ("hyper_parameters", [1, 2])])
+def test_checkpoint_section_of_another_type_is_refused_in_one_line(tmp_path, section, value):
+    """Catches a checkpoint section edited into a list ending in an AttributeError traceback."""
+    ckpt = _edited_ckpt(tmp_path / "edited.ckpt", _HPARAMS, None)
+    saved = torch.load(ckpt, weights_only=True)
+    saved[section] = value
+    torch.save(saved, ckpt)
+    with pytest.raises(CheckpointError, match=rf"edited\.ckpt' holds a '{section}' that is a list"):
+        load_model(ckpt)
+
+
+def test_checkpoint_weight_that_is_no_tensor_is_refused_in_one_line(tmp_path):
+    """Catches a weight edited into a string ending in an AttributeError traceback."""
+    ckpt = _edited_ckpt(tmp_path / "edited.ckpt", _HPARAMS, None)
+    saved = torch.load(ckpt, weights_only=True)
+    saved["state_dict"]["model.transformer.wte.weight"] = "abc"
+    torch.save(saved, ckpt)
+    with pytest.raises(CheckpointError, match=r"edited\.ckpt': '(model\.)?transformer\.wte\.weight' is a str"):
+        load_model(ckpt)

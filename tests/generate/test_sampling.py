@@ -630,3 +630,13 @@ def test_the_default_sample_prompt_fits_a_char_corpus_without_line_breaks():
         assert samples.prompts == [prompt]
     with pytest.raises(ValueError, match=r"samples.prompts: '\\n' cannot be encoded .* change --samples.prompts"):
         SampleText(prompts=["\n"])._check_prompts(one_doc)
+
+
+def test_a_numpy_integer_seed_samples_as_the_same_int_seed():
+    """SamplingConfig accepts any whole number as the seed (numbers.Integral); a numpy one (np.random's, a
+    DataFrame's) must seed the generator too, not end in torch's "TypeError: an integer is required"."""
+    import numpy as np
+
+    model = tiny()
+    expected = generate(model, PROMPTS, strategy="sample", seed=3, max_new_tokens=8)
+    assert generate(model, PROMPTS, strategy="sample", seed=np.int64(3), max_new_tokens=8) == expected

@@ -8,7 +8,7 @@ import yaml
 
 from tinylm.cli import main
 from tinylm.cli.fit import lightning_main
-from tinylm.train.loggers import make_loggers, wandb_mode
+from tinylm.train.loggers import _truncate_after, make_loggers, wandb_mode
 
 
 @pytest.fixture
@@ -489,3 +489,38 @@ def test_a_users_csv_logger_under_home_logs_there(tmp_path, monkeypatch):
     logger.save()
     assert (tmp_path / "home" / "lg" / "lightning_logs" / "v" / "metrics.csv").is_file()
     assert not (tmp_path / "~").exists()
+
+
+_CSV_HEADER = "epoch,step,train/loss\n"
+
+
+@pytest.mark.parametrize("body,message", [(b"0,4,4.1\n0,\x80\x81,4.0\n", r"metrics\.csv is not UTF-8 text"),
+                                          (b"0,4.0,4.1\n0,9,4.0\n", r"metrics\.csv has a row whose step is '4\.0'")])
+def test_a_damaged_metrics_csv_is_refused_naming_the_file_and_kept(tmp_path, body, message):
+    """Catches a resume over a csv/metrics.csv another program saved: a non-UTF-8 byte was a UnicodeDecodeError
+    traceback, a step written 4.0 the bare `invalid literal for int() with base 10: '4.0'`."""
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(_CSV_HEADER.encode() + body)
+    with pytest.raises(ValueError, match=message):
+        _truncate_after(path, 5)
+    assert path.read_bytes() == _CSV_HEADER.encode() + body  # left as it was
+
+
+def test_rows_of_later_steps_are_still_cut(tmp_path):
+    """The resume's cut keeps rows up to its step, rows without a step among them."""
+    path = tmp_path / "metrics.csv"
+    path.write_text(_CSV_HEADER + "0,4,4.1\n0,,\n0,9,4.0\n")
+    _truncate_after(path, 5)
+    assert path.read_text() == _CSV_HEADER + "0,4,4.1\n0,,\n"
+
+
+def test_validate_row_into_a_damaged_csv_is_refused_naming_the_file(tmp_path):
+    """`tinylm validate` appending its row to a validate/metrics.csv that is not UTF-8 was a UnicodeDecodeError
+    traceback (tinylm.evals.results._append)."""
+    from tinylm.evals.results import append_row
+
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"\xff\xfe\x00\x01" * 50)
+    with pytest.raises(ValueError, match=r"metrics\.csv is not UTF-8 text"):
+        append_row(path, {"step": 1, "val/loss": 2.0})
+    assert path.read_bytes() == b"\xff\xfe\x00\x01" * 50

@@ -86,7 +86,19 @@ def run(command: str, args: list[str]) -> Any:
         raise TinyLMError(message) from e
     kwargs = {key: home_expanded(key, value) for key, value in cfg.as_dict().items()}  # (a --config file's)
     kwargs.pop("config", None)
+    _refuse_nulls(fn, kwargs)
     return fn(**kwargs) if fit_args is None else fn(fit_args, **kwargs)
+
+
+def _refuse_nulls(fn: Callable, kwargs: dict) -> None:
+    """Refuse ``null`` for an option that takes no None (a --config file's ``prompt: null``), as fit does for its
+    sections: jsonargparse lets it through from a file, and it ended in a traceback or a bare TypeError."""
+    for name, p in inspect.signature(fn).parameters.items():
+        if name in kwargs and kwargs[name] is None and p.default is not None and \
+                not any(word in str(p.annotation) for word in ("None", "Optional", "Any")):
+            default = "" if p.default is inspect.Parameter.empty else f", or leave it out (default {p.default!r})"
+            raise TinyLMError(f"--{name} is null, which it cannot be (a --config file's `{name}: null`?); give it a "
+                              f"value{default}")
 
 
 def _bare_booleans(fn: Callable, args: list[str]) -> list[str]:

@@ -63,8 +63,8 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
            **flat(results, leave_out=("random",))}
     try:
         append_row(path, row)
-    except OSError as e:  # a read-only or full disk: the scores are printed all the same
-        log.warning("could not append the scores to %s (%s)", path, e.strerror or e)
+    except (OSError, ValueError) as e:  # a read-only or full disk, a damaged file: printed all the same
+        log.warning("could not append the scores to %s (%s)", path, getattr(e, "strerror", None) or e)
         path = None
     report = {"checkpoint": str(ckpt_path), "step": step, "tokenizer": tokenizer.kind, "csv": str(path) if path
               else None, "tasks": {t.task.name: {**results[t.task.name], "skipped": t.skipped, "source": t.source}

@@ -481,8 +481,8 @@ class TinyLMCLI(LightningCLI):
             from tinylm.evals.results import append_row
 
             append_row(path, row)
-        except OSError as e:  # a read-only or full disk: the result is printed all the same
-            log.warning("could not append the result to %s (%s)", path, e.strerror or e)
+        except (OSError, ValueError) as e:  # a read-only or full disk, a damaged file: printed all the same
+            log.warning("could not append the result to %s (%s)", path, getattr(e, "strerror", None) or e)
             self.validate_csv = None
 
 

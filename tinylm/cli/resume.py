@@ -66,6 +66,10 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
     """What ``--ckpt_path`` names: ``last`` (the run folder's newest readable checkpoint, None when it has none
     yet), ``best``, or a path, checked to be a file; validate needs one."""
     ckpt_path = asked
+    if ckpt_path is not None and not str(ckpt_path).strip():  # `--ckpt_path "$CKPT"` with CKPT unset
+        raise ValueError(f"--ckpt_path is empty ({ckpt_path!r}: an unset shell variable?); pass `last`, `best` or the "
+                         "path of a .ckpt written by `tinylm fit`" + (", or leave it out to start a new run"
+                                                                       if sub == "fit" else ""))
     if ckpt_path == "last":
         ckpt_path = latest_checkpoint(run_dir)
     elif ckpt_path == "best":

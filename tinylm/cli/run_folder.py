@@ -433,6 +433,14 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     config, settings = run_record(run_dir)
     if config is None:  # a run folder without its records (copied without them): its checkpoint's settings
         return args if quiet else _with_checkpoint_config(args, _checkpoint_named(asked, run_dir), quiet, run_dir)
+    if not settings:  # a record edited by hand into no YAML mapping: said as a --config file's, naming it
+        from tinylm.cli.config_files import check_config_files
+
+        try:
+            check_config_files(["--config", str(config)])
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"{e} ({config} holds the run's own settings, read as no --config is given: fix it, or "
+                          "pass --config FILE with the run's settings)") from None
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names

@@ -49,6 +49,11 @@ def _folder_locked(folder: Path):
 def _append(path: Path, row: dict) -> None:
     rows, fields = [], list(row)
     if path.is_file():
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at {e.start:,}): it is "
+                             "damaged, or another program saved it; move it aside (a new one is started)") from None
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             old = list(reader.fieldnames or [])

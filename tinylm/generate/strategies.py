@@ -279,7 +279,8 @@ def generate_with(
     rows.on_step = on_step
     generator = None
     if config.seed is not None:
-        generator = torch.Generator(device=ids.device).manual_seed(config.seed)
+        # (int: a numpy integer passes the seed's check, and torch's manual_seed refuses it)
+        generator = torch.Generator(device=ids.device).manual_seed(int(config.seed))
     models = [m for m in (model, draft) if m is not None]
     # each submodule's own mode, restored as it was: a dropout the user had put in eval mode (train() would have
     # turned it back on)

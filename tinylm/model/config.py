@@ -85,7 +85,8 @@ class GPTConfig:
     def __post_init__(self) -> None:
         values = vars(self)
         for name in [n for n in CONFIG_RANGES if n not in _FLOATS]:  # counts and ids: a float fails later, in torch
-            if values[name] is not None and type(values[name]) is not int:
+            optional = "None" in str(next(f.type for f in fields(self) if f.name == name))  # (eos_id)
+            if (values[name] is not None or not optional) and type(values[name]) is not int:
                 raise ValueError(f"{name} must be an integer, got {values[name]!r}")
         check_ranges("", values, CONFIG_RANGES)
         for f in fields(self):  # a switch given as text ("false") is true in Python: it turned biases on

@@ -187,6 +187,9 @@ class Tokenizer:
     @classmethod
     def from_state_dict(cls, state: dict) -> Tokenizer:
         """Rebuild a tokenizer from `state_dict()` output."""
+        if not isinstance(state, dict) or not isinstance(state.get("state"), dict):  # (an edited file)
+            got = type(state).__name__ if not isinstance(state, dict) else f"state {type(state.get('state')).__name__}"
+            raise ValueError(f"tokenizer state is not the mapping tinylm writes (version, kind, state), got {got}")
         version = state.get("version")
         if version != STATE_VERSION:
             raise ValueError(f"tokenizer state has version {version!r}; this tinylm reads version {STATE_VERSION}")

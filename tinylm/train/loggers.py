@@ -142,7 +142,12 @@ def _truncate_after(path: Path, resume_step: int) -> None:
     A last line without its newline is an append cut short by a crash: it is dropped, as is any row with fewer or
     more fields than the header; a file without a whole header line is removed (the logger starts a new one).
     """
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at {e.start:,}): it is "
+                         "damaged, or another program saved it; move it aside (this run starts a new one) and run "
+                         "again") from None
     if not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]  # for "a,b\n0,1\n0,2,3." this keeps "a,b\n0,1\n"
     reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -150,7 +155,11 @@ def _truncate_after(path: Path, resume_step: int) -> None:
     if not fields:
         path.unlink()
         return
-    whole = (r for r in reader if None not in r and None not in r.values())
+    whole = [r for r in reader if None not in r and None not in r.values()]
+    if (bad := next((r["step"] for r in whole if not r.get("step", "0").isdigit() and r["step"] != ""), None)):
+        raise ValueError(f"{path} has a row whose step is {bad!r}, not a whole number: the file was edited, or "
+                         "another program saved it; fix that row, or move the file aside (this run starts a new "
+                         "one), and run again")
     keep = [r for r in whole if r.get("step", "") == "" or int(r["step"]) < resume_step]
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as f:

@@ -1,0 +1,80 @@
+"""The `--config FILE`s of a command line, checked before jsonargparse reads them: it names `<unicode string>`
+where the file is meant, keeps the last of two keys without a word, and says "Unexpected config:" of an empty file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tinylm.cli.table import FIT_GROUPS
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, lines: tuple[int, int]) -> None:
+        super().__init__(key)
+        self.key, self.lines = key, lines
+
+
+def _unique_key_loader():
+    """A YAML SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, and a
+    second ``model:`` section appended to a recipe dropped every option of the first (n_layer, n_embd, lr ...).
+    Keys merged in with ``<<: *anchor`` may be overridden, as YAML means them to be."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                    if key in seen:
+                        raise _DuplicateKey(str(key), (seen[key], line))
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def check_config_files(args: list[str]) -> None:
+    """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
+    the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
+    import yaml
+
+    from tinylm.cli.argv import config_files
+    from tinylm.paths import missing_path
+
+    loader = _unique_key_loader()
+    for p in config_files(args):
+        path = Path(p)
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else \
+                missing_path(path)
+            raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
+                                    "configs/shakespeare-char-cpu.yaml")
+        try:
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a SafeLoader)
+        except _DuplicateKey as e:
+            raise ValueError(f"config file {p!r} sets {e.key!r} twice in one mapping (lines {e.lines[0]} and "
+                             f"{e.lines[1]}); YAML would keep only the last and silently drop what the first sets: "
+                             "give each key once (merge two sections of one name into one)") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {p!r} is not UTF-8 text; pass a YAML file") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in path.read_text() else ""
+            raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
+        if data is None:  # jsonargparse said "Unexpected config:" and nothing more
+            raise ValueError(f"config file {p!r} is empty (or only comments); pass a YAML file with sections "
+                             "(trainer:, model:, data:, ...) such as configs/shakespeare-char-cpu.yaml")
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {p!r} must hold a mapping of KEY: VALUE lines (fit's sections trainer:, "
+                             f"model:, data:, ...; a command's own options), got a {type(data).__name__}")
+        for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
+            if key in FIT_GROUPS and not isinstance(value, dict):
+                raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
+                                 f"(e.g. `{key}:` then `  OPTION: VALUE`), got {json.dumps(value, default=str)}; "
+                                 "delete the line for no options")
