@@ -482,3 +482,16 @@ def test_metrics_by_hand():
     assert word["bpb"] == pytest.approx(12.0 / math.log(2) / 20.0)
     choice = metrics(TASKS["hellaswag"], [sums[k] for k in SUMS])
     assert (choice["acc"], choice["acc_norm"], choice["random"]) == (0.75, 0.5, 0.5) and "ppl" not in choice
+
+
+def test_metrics_of_a_model_far_from_the_answers():
+    """Catches `tinylm eval` (and fit's in-loop eval) of a diverged checkpoint ending in a traceback, `OverflowError:
+    math range error`: the mean gold log-probability below -709 nats made math.exp overflow in ppl, which only
+    LAMBADA reports. Its ppl is infinite; the multiple-choice tasks' scores are as for any model."""
+    from tinylm.evals.score import SUMS, metrics
+
+    sums = {"items": 5.0, "acc": 1.0, "acc_norm": 1.0, "logprob": -5.0 * 1500, "nats": 7500.0, "bytes": 900.0,
+            "chance": 2.5}
+    choice = metrics(TASKS["piqa"], [sums[k] for k in SUMS])
+    assert choice["acc"] == 0.2 and choice["bpb"] == pytest.approx(7500 / math.log(2) / 900)
+    assert metrics(TASKS["lambada"], [sums[k] for k in SUMS])["ppl"] == math.inf

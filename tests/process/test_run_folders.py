@@ -1347,3 +1347,18 @@ def test_a_new_run_refused_after_its_data_leaves_no_folder(config, tmp_path, cap
     _error_line(capsys, ["fit", "--config", str(own / "config.yaml"), "--run.name", "mine", "--samples.every_n_steps",
                          "2", "--samples.prompts+", "€uro"])
     assert (own / "config.yaml").is_file() or (own / "config.previous.yaml").is_file()
+
+
+def test_fp16_weights_are_warned_of(run_config):
+    """Catches `--trainer.precision 16-true` training silently into a divergence (fp16 AdamW states underflow; the
+    health monitor then names the LR, clipping or data): fit says so in one warning; 16-mixed is not warned of."""
+    import warnings
+
+    cfg = run_config(trainer={"max_steps": 1, "precision": "16-true"})
+    with pytest.warns(UserWarning, match="16-true keeps the weights and the AdamW/Muon states in fp16.*use 16-mixed"):
+        main(["fit", "--config", str(cfg)])
+    from tinylm.cli.trainer_checks import warn_fp16_weights
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_fp16_weights({"precision": "16-mixed"})

@@ -641,3 +641,12 @@ def test_a_gpu_plan_of_a_tiny_model_says_it_is_launch_bound(run_config, capsys):
     main(["plan", "--config", str(run_config(model={"n_layer": 12, "n_head": 12, "n_embd": 768},
                                              data={"block_size": 1024, "batch_size": 16})), "--gpu", "H100"])
     assert "kernel launches" not in capsys.readouterr().out
+
+
+def test_plan_of_a_prefix_lm_on_the_cpu_times_its_steps(run_config, capsys):
+    """Catches `tinylm plan` of a config `fit` trains (attn_mask prefix) ending in "this model uses attn_mask='prefix':
+    pass prefix_len": the CPU timing called the model without the run's prefix_len."""
+    cfg = run_config(trainer={"max_steps": 4, "accelerator": "cpu"}, model={"attn_mask": "prefix", "prefix_len": 4})
+    main(["plan", "--config", str(cfg), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured_flops"] > 0 and "training steps of this model" in out["rate"]

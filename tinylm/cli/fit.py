@@ -41,6 +41,7 @@ from tinylm.cli.trainer_checks import (
     check_fits_in_memory,
     check_trainer_options,
     trainer_section,
+    warn_fp16_weights,
     warn_gpu_recipe_on_cpu,
     warn_small_vocab,
     with_atomic_checkpoints,
@@ -350,6 +351,7 @@ class TinyLMCLI(LightningCLI):
             trainer_cfg.pop("precision", None)
         if sub == "fit":
             warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
+            warn_fp16_weights(trainer_cfg)
             self.model.wandb_id, self.model.wandb_project = self.wandb_id, self.wandb_project
         extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
         return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)

@@ -121,7 +121,7 @@ def _cpu_rate(cli, opts: dict, mfu: float):
     clip = opts.get("gradient_clip_val")
     return measure(cli.gpt_shape.config, batch_size=cli.datamodule.batch_size, precision=opts["precision"],
                    optimizer=hp.optimizer, activation_checkpointing=bool(hp.activation_checkpointing),
-                   clip=float(clip) if clip else None, mfu=mfu)
+                   clip=float(clip) if clip else None, mfu=mfu, prefix_len=hp.prefix_len)
 
 
 def _write_plot(result: Plan, out: str, title: str) -> Path:

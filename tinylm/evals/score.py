@@ -212,7 +212,8 @@ def metrics(task: Task, sums: Sequence[float]) -> dict[str, float]:
     """The task's scores from its `SUMS`, with ``random``: the expected acc of guessing."""
     s = dict(zip(SUMS, sums))
     n = max(s["items"], 1.0)
-    out = {"acc": s["acc"] / n, "acc_norm": s["acc_norm"] / n, "ppl": math.exp(-s["logprob"] / n),
+    nll = -s["logprob"] / n  # a model that scores the answers at below e^-709 has an infinite ppl, not an error
+    out = {"acc": s["acc"] / n, "acc_norm": s["acc_norm"] / n, "ppl": math.exp(nll) if nll < 709 else math.inf,
            "bpb": s["nats"] / math.log(2) / max(s["bytes"], 1.0)}
     return {**{k: out[k] for k in task.metrics}, "random": s["chance"] / n, "items": s["items"]}
 

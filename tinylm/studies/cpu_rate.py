@@ -57,7 +57,7 @@ def matmul_rate(n_embd: int, tokens: int, dtype: torch.dtype, budget_s: float = 
 
 
 def _train_steps(model: GPT, *, batch_size: int, precision: str, optimizer: str, clip: float | None,
-                 budget_s: float = 1.0) -> list[float]:
+                 prefix_len: int = 0, budget_s: float = 1.0) -> list[float]:
     """Seconds of each timed training step (one untimed step first: it makes the optimizer's states)."""
     from tinylm.train.module import token_loss
     from tinylm.train.optim import build_optimizer, fused_adamw
@@ -74,7 +74,7 @@ def _train_steps(model: GPT, *, batch_size: int, precision: str, optimizer: str,
     while len(times) < 4 and (len(times) < 3 or time.perf_counter() - start < budget_s):  # 2 timed, 3 in budget
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=compute, enabled=compute != weights):
-            loss = token_loss(model, x, y)
+            loss = token_loss(model, x, y, prefix_len if c.attn_mask == "prefix" else None)
         loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -85,7 +85,8 @@ def _train_steps(model: GPT, *, batch_size: int, precision: str, optimizer: str,
 
 
 def measure(config: GPTConfig, *, batch_size: int, precision: str, optimizer: str = "adamw",
-            activation_checkpointing: bool = False, clip: float | None = None, mfu: float = 0.4) -> CpuRate:
+            activation_checkpointing: bool = False, clip: float | None = None, mfu: float = 0.4,
+            prefix_len: int = 0) -> CpuRate:
     """This CPU's training rate for a model of ``config`` at micro-batch ``batch_size`` (see the module docstring),
     with torch's current thread count."""
     _, compute = precision_dtypes(precision)
@@ -105,7 +106,8 @@ def measure(config: GPTConfig, *, batch_size: int, precision: str, optimizer: st
 
         for block in model.transformer.h:
             block.__class__ = RecomputedBlock
-    times = _train_steps(model, batch_size=batch_size, precision=precision, optimizer=optimizer, clip=clip)
+    times = _train_steps(model, batch_size=batch_size, precision=precision, optimizer=optimizer, clip=clip,
+                         prefix_len=prefix_len)
     step = statistics.median(times)
     return CpuRate(per_token * tokens / step, matmul, step, threads,
                    f"the median of {len(times)} training steps of this model at micro-batch {batch_size}, "
