@@ -650,3 +650,11 @@ def test_plan_of_a_prefix_lm_on_the_cpu_times_its_steps(run_config, capsys):
     main(["plan", "--config", str(cfg), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["measured_flops"] > 0 and "training steps of this model" in out["rate"]
+
+
+def test_plan_of_16_mixed_on_the_cpu_plans_the_bf16_lightning_trains(run_config, capsys):
+    """Catches plan timing and labelling a CPU run of 16-mixed in fp16 autocast: Lightning trains it as bf16-mixed
+    on a CPU (its own warning says so)."""
+    cfg = run_config(trainer={"max_steps": 4, "accelerator": "cpu", "precision": "16-mixed"})
+    main(["plan", "--config", str(cfg), "--json"])
+    assert json.loads(capsys.readouterr().out)["precision"] == "bf16-mixed"

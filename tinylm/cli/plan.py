@@ -89,6 +89,8 @@ def _make_plan(cli, gpu: str | None, mfu: float) -> tuple[Plan, Plan | None]:
     opts = trainer_options(cli, gpu=None if on_cpu else device)
     if on_cpu:  # the devices as fit reads them there (-1 and GPU indices are refused, as fit refuses them)
         check_devices(opts, on_cpu=True)
+        if str(opts.get("precision")) in ("16-mixed", "16"):  # Lightning trains it as bf16-mixed on a CPU (its
+            opts["precision"] = "bf16-mixed"                   # warning says so): timed in fp16, it planned another
     max_steps = opts.get("max_steps")
     if not max_steps or max_steps < 1:
         raise ValueError(f"tinylm plan needs the run's length: set --trainer.max_steps N (got {max_steps})")
