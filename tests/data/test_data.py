@@ -1091,3 +1091,13 @@ def _whitespace_bpe():
         _BPE["tok"] = ByteLevelBPE.train([text], vocab_size=262, progress=False)  # (all the pairs it holds)
         assert len(_BPE["tok"].encode("\n\n")) == 1
     return _BPE["tok"]
+
+
+def test_other_text_under_the_same_name_says_where_the_run_read_it(tmp_path):
+    """Catches "other text than data.corpus 'corpus.txt' holds now (the run read 'corpus.txt')": a relative
+    corpus of another folder (a run folder moved, a resume from elsewhere) names where the run read it."""
+    from tinylm.data.datamodule import _other_text
+
+    saved = {"corpus_fingerprints": ["a"], "corpus_specs": ["corpus.txt"], "corpus_paths": ["/old/place/corpus.txt"]}
+    said = str(_other_text(saved, ["b"], ["corpus.txt"]))
+    assert "(the run read 'corpus.txt' at /old/place/corpus.txt)" in said, said

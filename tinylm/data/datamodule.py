@@ -364,8 +364,8 @@ def _other_text(saved: dict, now_fps: list, now_specs: list[str]) -> Exception:
         why = f"the run read {len(was_fps)} corpora, this run {len(now_fps)}"
     elif was_spec is None or (was_path or was_spec) == (corpus_paths([changed])[0] if was_path else changed):
         why = "its fingerprint changed: the files were edited or replaced"
-    else:
-        why = f"the run read {was_spec!r}"
+    else:  # (the same spec of another folder: where the run read it)
+        why = f"the run read {was_spec!r}" + (f" at {was_path}" if was_spec == changed and was_path else "")
     return CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now ({why}), "
                            "so the resumed run would draw different data; resume with the text it was trained on, or "
                            "start a new run from its weights (--model.init_from CHECKPOINT)")
