@@ -67,6 +67,10 @@ def config(run_config):
         # longer than tinylm's notional epoch (known once the data is there): Lightning's ValueError traceback
         (["--trainer.check_val_every_n_epoch", "1", "--trainer.val_check_interval", "100000"],
          ["`val_check_interval` (100000) must be less than or equal to the number of the training batches"]),
+        # tinylm logs train/ metrics on logging steps only: Lightning's MisconfigurationException at step 3
+        (["--trainer.log_every_n_steps", "10", "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor",
+          "train/loss", "--trainer.callbacks.every_n_train_steps", "3"],
+         ["ModelCheckpoint(monitor='train/loss', every_n_train_steps=3) checks every 3 steps", "log_every_n_steps"]),
         # taken, and nothing uploaded: Lightning's uploading checkpoint callback is added only to a run without one
         (["--trainer.model_registry", "my-model"], ["trainer.model_registry 'my-model' is not used by tinylm"]),
         (["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs", "0.01",

@@ -71,3 +71,21 @@ def check_time_intervals(argv: list) -> None:
             raise TinyLMError(f"--{key} {value}: this option is a timedelta, read as H:MM:SS (not --trainer.max_time's "
                               f"DD:HH:MM:SS: it would be read as {d}:{h}:{m}); write " +
                               (f"'{int(d)} days, {h}:{m}:{s}'" if d.isdigit() and int(d) else f"{h}:{m}:{s}"))
+
+
+def check_train_monitors(callbacks: list, log_every_n_steps: Any) -> None:
+    """A ModelCheckpoint that monitors a train/ metric every N steps, where tinylm logs train/ metrics on logging
+    steps only (every --trainer.log_every_n_steps: tinylm.train.module.logging_step), unlike Lightning's every step:
+    a check between two logging steps read a value up to that many steps old, and one before the first logging step
+    found none (Lightning's MisconfigurationException mid-run, no checkpoint saved)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    every = log_every_n_steps if isinstance(log_every_n_steps, int) and log_every_n_steps > 0 else 50  # (Lightning's)
+    for cb in callbacks:
+        n = getattr(cb, "_every_n_train_steps", 0)
+        if isinstance(cb, ModelCheckpoint) and str(cb.monitor or "").startswith("train/") and n and n % every:
+            raise TinyLMError(f"ModelCheckpoint(monitor={cb.monitor!r}, every_n_train_steps={n}) checks every {n} "
+                              f"steps, and tinylm logs {cb.monitor} every {every} (--trainer.log_every_n_steps: "
+                              "train metrics are logged on logging steps only), so it would read a value up to "
+                              f"{every - 1} steps old, and none before step {every}; set --trainer.log_every_n_steps "
+                              f"to a divisor of {n} (e.g. 1), or every_n_train_steps to a multiple of {every}")

@@ -23,7 +23,12 @@ from lightning.pytorch.cli import LightningCLI
 
 from tinylm.cli import ranks, rendezvous
 from tinylm.cli.argv import home_expanded, options, use_reloadable_yaml
-from tinylm.cli.callback_checks import check_callback_states, check_recordable, check_time_intervals
+from tinylm.cli.callback_checks import (
+    check_callback_states,
+    check_recordable,
+    check_time_intervals,
+    check_train_monitors,
+)
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
@@ -340,6 +345,7 @@ class TinyLMCLI(LightningCLI):
         if trainer_cfg.get("min_steps") is not None and trainer_cfg.get("min_epochs") is None:
             trainer_cfg["min_epochs"] = 0  # Lightning's default with min_steps is 1: a whole notional epoch more
         check_callback_states(user_callbacks)
+        check_train_monitors(user_callbacks, trainer_cfg.get("log_every_n_steps"))
         trainer_cfg["callbacks"] = user_callbacks + callbacks
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
