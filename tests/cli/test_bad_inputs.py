@@ -1233,3 +1233,15 @@ def test_checkpoint_weight_that_is_no_tensor_is_refused_in_one_line(tmp_path):
     torch.save(saved, ckpt)
     with pytest.raises(CheckpointError, match=r"edited\.ckpt': '(model\.)?transformer\.wte\.weight' is a str"):
         load_model(ckpt)
+
+
+def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path):
+    """Catches `train_time_interval: 00:00:30:00` in a --config file read by jsonargparse as 0:00:30 without a word
+    (a checkpoint every 30 s), as the same value on the command line is refused."""
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    (tmp_path / "c.yaml").write_text("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n      init_args:\n"
+                                     "        train_time_interval: 00:00:30:00\n")
+    with pytest.raises(TinyLMError, match=r"interval 00:00:30:00: this option is a timedelta.*write 00:30:00"):
+        check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])

@@ -5,6 +5,7 @@ written as --trainer.max_time's DD:HH:MM:SS. (Callbacks refused by class: traine
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from tinylm.cli.argv import options
@@ -26,21 +27,14 @@ def check_recordable(parser, cfg) -> None:
     if _UNSERIALIZABLE not in text:
         return
 
-    def bad(node: Any, key: str):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                yield from bad(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                yield from bad(v, f"{key}[{i}]")
-        elif isinstance(node, str) and node.startswith(_UNSERIALIZABLE):
-            yield key, node[len(_UNSERIALIZABLE):]
-
-    for key, value in bad(yaml.safe_load(text), ""):
+    for key, value in _leaves(yaml.safe_load(text)):
+        if not (isinstance(value, str) and value.startswith(_UNSERIALIZABLE)):
+            continue
+        value = value[len(_UNSERIALIZABLE):]
         raise TinyLMError(f"{key} {value!r} cannot be written into the run's config.yaml (jsonargparse writes "
-                          f"'{_UNSERIALIZABLE}{value}' there), so a resume, which reads the run's settings back, would "
-                          "fail on it; give it a value that can be written (a string, a number, an import path), or "
-                          "leave that callback out")
+                          f"'{_UNSERIALIZABLE}{value}' there: it made an object of the value given), so a resume, "
+                          "which reads the run's settings back, would fail on it; leave that option at a value "
+                          "jsonargparse keeps as written, or leave that callback out")
 
 
 def check_callback_states(callbacks: list) -> None:
@@ -65,7 +59,8 @@ def check_time_intervals(argv: list) -> None:
     """A callback's timedelta option (ModelCheckpoint's train_time_interval) written as --trainer.max_time's
     DD:HH:MM:SS: jsonargparse reads a timedelta as H:MM:SS and dropped the last field without a word
     (`00:00:30:00`, 30 minutes, saved a checkpoint every 30 s; `00:00:00:01` after every step)."""
-    for key, value in options([arg for arg in argv if isinstance(arg, str)]):
+    argv = [arg for arg in argv if isinstance(arg, str)]
+    for key, value in [*options(argv), *_file_options(argv)]:
         if key.endswith("train_time_interval") and isinstance(value, str) and value.count(":") == 3:
             d, h, m, s = (part.strip() for part in value.split(":"))
             raise TinyLMError(f"--{key} {value}: this option is a timedelta, read as H:MM:SS (not --trainer.max_time's "
@@ -89,3 +84,32 @@ def check_train_monitors(callbacks: list, log_every_n_steps: Any) -> None:
                               "train metrics are logged on logging steps only), so it would read a value up to "
                               f"{every - 1} steps old, and none before step {every}; set --trainer.log_every_n_steps "
                               f"to a divisor of {n} (e.g. 1), or every_n_train_steps to a multiple of {every}")
+
+
+def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """The (dotted key, value) of each leaf of a YAML document (`trainer.callbacks[0].init_args.monitor`)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{key}[{i}]")
+    else:
+        yield key, node
+
+
+def _file_options(argv: list) -> list:
+    """The (dotted key, value) leaves of the --config files of ``argv`` (`train_time_interval: 00:00:30:00` in a
+    callback's init_args is a string to YAML, read by jsonargparse as 0:00:30 as from the command line)."""
+    import yaml
+
+    from tinylm.cli.argv import config_files
+
+    found: list = []
+    for path in config_files(argv):
+        try:
+            with open(path, encoding="utf-8") as f:
+                found += _leaves(yaml.safe_load(f))
+        except (OSError, ValueError, yaml.YAMLError):  # (check_config_files names an unreadable file)
+            continue
+    return found
