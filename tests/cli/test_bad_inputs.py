@@ -618,6 +618,19 @@ def test_a_wandb_project_w_and_b_refuses_is_refused_before_anything_is_made(conf
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize(("env", "said"), [
+    ("team/tinylm", "WANDB_PROJECT=team/tinylm is a team and a project; W&B takes the project alone: "
+                    "WANDB_PROJECT=tinylm, with the team in WANDB_ENTITY=team"),
+    ("a#b", "WANDB_PROJECT=a#b holds #, which W&B"), (" ", "WANDB_PROJECT is set and blank")])
+def test_a_wandb_project_variable_w_and_b_refuses_is_refused_before_anything_is_made(config, capsys, tmp_path,
+                                                                                    monkeypatch, env, said):
+    """Catches WANDB_PROJECT=team/tinylm ending in wandb's UsageError traceback after the data was prepared (wandb
+    reads the variable even where --run.wandb_project overrides it), and a blank one naming the W&B project ' '."""
+    monkeypatch.setenv("WANDB_PROJECT", env)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--run.wandb_project", "tinylm"], said)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize(("devices", "accelerator", "warns"), [(64, "cpu", True), ("3", "cpu", True), (2, "cpu", False),
                                                              (64, "gpu", False)])
 def test_more_cpu_devices_than_cores_are_named_in_a_warning(monkeypatch, devices, accelerator, warns):

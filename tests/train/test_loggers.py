@@ -524,3 +524,54 @@ def test_validate_row_into_a_damaged_csv_is_refused_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"metrics\.csv is not UTF-8 text"):
         append_row(path, {"step": 1, "val/loss": 2.0})
     assert path.read_bytes() == b"\xff\xfe\x00\x01" * 50
+
+
+@pytest.mark.parametrize("given", ["ofline", "Online", "bogus"])
+def test_a_wandb_mode_wandb_refuses_is_named_in_one_line(no_wandb_account, tmp_path, monkeypatch, given):
+    """Catches WANDB_MODE=ofline going unsaid (the run logged offline "without credentials"), and, with a key and a
+    server, wandb.init's pydantic traceback (its check is case-sensitive: Online too) after the data was prepared."""
+    import os
+
+    from tinylm.errors import TinyLMError
+
+    monkeypatch.setenv("WANDB_MODE", given)
+    if given == "Online":  # a key and a server that takes the connection: wandb_mode says online
+        from tinylm.train import loggers
+
+        monkeypatch.setenv("WANDB_API_KEY", "ab" * 20)
+        monkeypatch.setattr(loggers, "reachable", lambda url: True)
+        assert wandb_mode() == "online" and os.environ["WANDB_MODE"] == "online"
+        return
+    with pytest.raises(TinyLMError, match=f"WANDB_MODE={given}: W&B takes online, offline or disabled"):
+        make_loggers(tmp_path / "run", "r", "p")
+
+
+def test_a_users_offline_wandb_logger_says_it_in_tinylms_line_alone(no_wandb_account, tmp_path, caplog):
+    """Catches a user's `--trainer.logger WandbLogger` without credentials going offline in wandb's own ~30 lines, one
+    of them "set WANDB_MODE=online to enable cloud syncing" where a key was what lacked, and no tinylm line saying
+    why (LightningCLI passes settings=None, as every other argument)."""
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    from tinylm.train.loggers import adopt_users_loggers
+
+    theirs = WandbLogger(project="mine", save_dir=str(tmp_path / "mine"), settings=None)
+    with caplog.at_level(logging.INFO, logger="tinylm"):
+        adopt_users_loggers([theirs], None, wandb_id=None, resume_step=None, run_dir=tmp_path / "run")
+    assert theirs._wandb_init["settings"].silent
+    said = [r.getMessage() for r in caplog.records if "offline" in r.getMessage()]
+    assert len(said) == 1 and "no W&B credentials" in said[0] and str(tmp_path / "mine" / "wandb") in said[0], said
+
+
+def test_validate_with_a_users_wandb_logger_logs_offline_without_credentials(no_wandb_account, run_config, capfd,
+                                                                              tmp_path):
+    """Catches `tinylm validate --trainer.logger WandbLogger` without a key ending in wandb's "No API key configured"
+    UsageError traceback (fit's logger went offline; validate's asked wandb to log in)."""
+    config = run_config()
+    main(["fit", "--config", str(config)])
+    capfd.readouterr()
+    main(["validate", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", "--trainer.logger", "WandbLogger",
+          "--trainer.logger.project", "mine", "--trainer.logger.save_dir", str(tmp_path / "mine")])
+    said = capfd.readouterr()
+    assert "W&B logs offline to" in said.err + said.out and "Traceback" not in said.err
+    assert list((tmp_path / "mine" / "wandb").glob("offline-run-*"))

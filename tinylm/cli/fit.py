@@ -372,9 +372,9 @@ class TinyLMCLI(LightningCLI):
             return False
         theirs = [] if user in (None, True) else list(user) if isinstance(user, (list, tuple)) else [user]
         mine: list[Logger] = []
-        if self.subcommand == "fit":
-            from tinylm.train.loggers import adopt_users_loggers, make_loggers, wandb_loggers
+        from tinylm.train.loggers import adopt_users_loggers, make_loggers, offline_quietly, wandb_loggers
 
+        if self.subcommand == "fit":
             theirs, project = adopt_users_loggers(theirs, run.wandb_project, wandb_id=self.wandb_id,
                                                   resume_step=self.resume_step if self.continues else None,
                                                   run_dir=self.run_dir)
@@ -387,6 +387,8 @@ class TinyLMCLI(LightningCLI):
                 project = self.wandb_project
             mine = make_loggers(self.run_dir, run.name, project, wandb_id=self.wandb_id,
                                 resume_step=self.resume_step, project_flag=flagged, run_project=self.wandb_project)
+        elif users := wandb_loggers(theirs):  # validate with a WandbLogger of the user's: offline without credentials
+            offline_quietly(users)  # or network, as fit's (wandb asked for a key: a UsageError traceback)
         return mine + theirs or False
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:

@@ -51,6 +51,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         _check_run_name(self.name)
         check_wandb_project(self.wandb_project)
+        if self.wandb_project is not None and os.environ.get("WANDB_PROJECT"):  # wandb.init reads it, flag or not
+            check_wandb_project(os.environ["WANDB_PROJECT"], "WANDB_PROJECT=")
         if self.checkpoint_every < 1:
             raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
         if self.keep_checkpoints < -1:
@@ -72,22 +74,27 @@ def _check_run_name(name: str) -> None:
                          "e.g. --run.name my-run")
 
 
-def check_wandb_project(project: str | None) -> None:
+def check_wandb_project(project: str | None, what: str = "--run.wandb_project") -> None:
     """A project name W&B takes (wandb.init's rule): it failed with a traceback after the data was prepared, and an
-    empty one logged to a project named lightning_logs."""
+    empty one logged to a project named lightning_logs. ``what`` names where it came from: the flag, or
+    ``WANDB_PROJECT=`` (wandb checks the variable even where the flag overrides it)."""
     if project is None:
         return
+    env = what.endswith("=")
+    said = f"{what}{project}" if env else f"run.wandb_project {project!r}"
     if not project.strip():
+        if env:
+            raise ValueError("WANDB_PROJECT is set and blank; unset it, or name a W&B project: WANDB_PROJECT=tinylm")
         raise ValueError("run.wandb_project is empty; name a W&B project (--run.wandb_project tinylm), or null to log "
                          "without W&B")
     if "/" in project and (parts := project.split("/")) and len(parts) == 2 and all(parts):
-        raise ValueError(f"run.wandb_project {project!r} is a team and a project; W&B takes the project alone: "
-                         f"--run.wandb_project {parts[1]}, with the team in WANDB_ENTITY={parts[0]}")
+        raise ValueError(f"{said} is a team and a project; W&B takes the project alone: {what}"
+                         f"{'' if env else ' '}{parts[1]}, with the team in WANDB_ENTITY={parts[0]}")
     if bad := sorted(set(project) & set("/\\#?%:")):
-        raise ValueError(f"run.wandb_project {project!r} holds {' '.join(bad)}, which W&B project names cannot; pick "
-                         "another name")
+        raise ValueError(f"{said} holds {' '.join(bad)}, which W&B project names cannot; pick another name")
     if len(project) > 128:
-        raise ValueError(f"run.wandb_project is {len(project)} characters; W&B takes at most 128")
+        raise ValueError(f"{said.split(' ')[0] if not env else 'WANDB_PROJECT'} is {len(project)} characters; "
+                         "W&B takes at most 128")
 
 
 def run_dir_of(root: str | Path | None, name: str) -> Path:

@@ -169,6 +169,8 @@ def _truncate_after(path: Path, resume_step: int) -> None:
     os.replace(tmp, path)
 
 
+WANDB_MODES = ("", "online", "offline", "disabled", "dryrun", "run", "shared")
+"""The values wandb takes for WANDB_MODE ('' : unset), lower case (wandb's own check is case-sensitive)."""
 _went_offline: str | None = None  # why wandb_mode set WANDB_MODE=offline itself (None: it did not)
 
 
@@ -181,7 +183,13 @@ def wandb_mode() -> str:
     most) tells whether the server can be reached. Without credentials or network this sets ``WANDB_MODE=offline``
     for the process before wandb starts.
     """
-    mode = os.environ.get("WANDB_MODE", "").lower()
+    given = os.environ.get("WANDB_MODE", "")
+    mode = given.lower()
+    if mode not in WANDB_MODES:  # (wandb.init failed with pydantic's traceback, with credentials; without, unsaid)
+        raise TinyLMError(f"WANDB_MODE={given}: W&B takes online, offline or disabled (or dryrun, run, shared); "
+                          "set one of them, or unset it")
+    if mode != given:  # wandb refuses WANDB_MODE=Offline with a traceback
+        os.environ["WANDB_MODE"] = mode
     if mode in ("disabled", "offline"):
         return mode
     if mode == "dryrun":
@@ -367,7 +375,7 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
     if wandb_project is not None:
         log.info("W&B: your --trainer.logger %s logs the run (project %s), in place of tinylm's own (run.wandb_project "
                  "%s)", type(users[0]).__name__, users[0]._project, wandb_project)
-    wandb_mode()  # offline without credentials or network (WANDB_MODE for the process), as tinylm's own
+    offline_quietly(users)  # offline without credentials or network (WANDB_MODE for the process), as tinylm's own
     for lg in users:
         if lg._wandb_init.get("anonymous", False) is None:  # as tinylm's own: wandb's deprecation warning
             del lg._wandb_init["anonymous"]
@@ -376,6 +384,20 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
         if lg._wandb_init.get("dir") == "." and os.environ.get("WANDB_DIR"):  # Lightning's default save_dir: unset
             lg._wandb_init["dir"] = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR; save_dir stays, as ours)
     return kept, None
+
+
+def offline_quietly(users: list) -> str:
+    """WANDB_MODE for a user's own WandbLoggers (`wandb_mode`): offline without credentials or network, said in
+    tinylm's one line, with wandb's own ~30 lines off (one said "set WANDB_MODE=online" where a key was what lacked;
+    LightningCLI passes settings=None, so None is replaced). Fit's and validate's."""
+    mode = wandb_mode()
+    if mode == "offline":
+        for lg in users:
+            if lg._wandb_init.get("settings") is None:
+                lg._wandb_init["settings"] = _quiet_settings()
+        log.info("W&B logs offline to %s (%s; upload later with `wandb sync`)", wandb_dir(users[0]) / "wandb",
+                 _offline_reason())
+    return mode
 
 
 def wandb_dir(logger) -> Path:
