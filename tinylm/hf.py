@@ -204,6 +204,8 @@ def _export_into(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) and "(os error 28)" in str(e):  # safetensors' Rust writer: not an OSError
             raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and not e.filename:
+            raise OSError(e.errno, e.strerror, str(out)) from None  # (transformers' config.json: at close, unnamed)
         raise
     if tmp is not None:
         follow_umask(tmp)

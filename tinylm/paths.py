@@ -130,6 +130,22 @@ def swap_in(new: Path, target: Path, *, aside: Path, event: str | None = None) -
     remove_path(earlier)
 
 
+def replace_file(path: str | Path, write) -> None:
+    """Write the file ``path`` by ``write(tmp)`` into ``<path>.tmp`` renamed over it: a full disk leaves the earlier
+    file whole and no empty or half-written one (which the next run's `check_json_beside` took for another file);
+    its error names ``path``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if (named := naming(e, path)) is not e:
+            raise named from None
+        raise
+
+
 def naming(error: BaseException, path: str | Path) -> BaseException:
     """``error`` with ``path`` as its file name where it is an OSError of a write that named none (a file object's
     write or close on a full disk): the CLI's line then says which file."""

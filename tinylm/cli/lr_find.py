@@ -44,7 +44,9 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
                "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
     # the numbers first: a picture without its .json beside it is taken for another file (paths.check_json_beside)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    from tinylm.paths import replace_file
+
+    replace_file(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(summary, indent=1)))
     path = plot_lr_find(result, path,
                         title=f"{cli.run_dir.name}: {cli.model.model.num_params() / 1e6:.2f}M parameters",
                         config_lr=cli.model.hparams.lr)

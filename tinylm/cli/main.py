@@ -48,6 +48,8 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
+    if program:  # a library's log file on a full disk (W&B's debug.log in the run folder): no traceback per record
+        logging.raiseExceptions = False
     try:
         _main(argv, program)
     finally:

@@ -131,11 +131,12 @@ def _write_plot(result: Plan, out: str, title: str) -> Path:
     import json
 
     from tinylm.errors import TinyLMError
+    from tinylm.paths import replace_file
     from tinylm.studies.plan import memory_in_name, plot_plan
 
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)  # (the numbers first: paths.check_json_beside)
-        Path(out).with_suffix(".json").write_text(json.dumps(result.as_dict(), indent=2))
+        replace_file(Path(out).with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(result.as_dict(), indent=2)))
         return plot_plan(result, out, device_memory=memory_in_name(result.gpu), title=title)
     except OSError as e:  # a parent that is a file, a read-only folder, ...
         why = (f"{e.filename} is a file, not a folder" if isinstance(e, FileExistsError) else

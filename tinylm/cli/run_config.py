@@ -110,7 +110,7 @@ class RunConfig(SaveConfigCallback):
             path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
             # before (killed in between): that record is kept too
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(self._resume_record(), encoding="utf-8")
+            _written(path, lambda: path.write_text(self._resume_record(), encoding="utf-8"))
             return self._log_to_wandb(trainer)
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
                                         != self.parser.dump(self.config, skip_none=False)):
@@ -120,7 +120,8 @@ class RunConfig(SaveConfigCallback):
             path.rename(kept)
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+        _written(path, lambda: self.parser.save(self.config, path, skip_none=False, overwrite=True,
+                                                multifile=self.multifile))
         self._log_to_wandb(trainer)
 
     def _resume_record(self) -> str:
@@ -170,3 +171,15 @@ def _stopped_by(trainer, before: dict[int, str | None]) -> str:
         if isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0:
             return f"--trainer.max_time: {cb._duration:g} s"
     return "--trainer.max_time, or a callback such as EarlyStopping"
+
+
+def _written(path: Path, write) -> None:
+    """``write()`` of the file ``path``; on a full disk (which fails at close, with no file name) the error names
+    ``path``, and no empty or half-written record is left."""
+    try:
+        write()
+    except OSError as e:
+        from tinylm.paths import naming
+
+        path.unlink(missing_ok=True)
+        raise naming(e, path) from None

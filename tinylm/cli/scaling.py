@@ -281,7 +281,9 @@ def _fit_ladder(rungs: list, losses: list[float], budget: float, tokens_per_step
     }
     # the numbers first: a picture without its .json beside it is taken for another file (paths.check_json_beside)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.with_suffix(".json").write_text(jsonlib.dumps(result, indent=2))
+    from tinylm.paths import replace_file
+
+    replace_file(out_path.with_suffix(".json"), lambda tmp: tmp.write_text(jsonlib.dumps(result, indent=2)))
     plot_scaling(ladder, ladder_losses, law, predicted=(big, measured), budget=budget, out=out_path)
     return result
 

@@ -58,14 +58,38 @@ def _append(path: Path, row: dict) -> None:
             reader = csv.DictReader(f)
             old = list(reader.fieldnames or [])
             if old and set(row) <= set(old):
-                with open(path, "a", newline="", encoding="utf-8") as out:
-                    csv.DictWriter(out, fieldnames=old, extrasaction="ignore").writerow(row)
+                _append_whole(path, lambda out: csv.DictWriter(out, fieldnames=old,
+                                                            extrasaction="ignore").writerow(row))
                 return
             rows = list(reader)
             fields = old + [k for k in row if k not in old]
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows + [row])
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows + [row])
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no metrics.csv.tmp left beside the file
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _append_whole(path: Path, write) -> None:
+    """Append one row to ``path`` by ``write(f)``, whole or not at all: a full disk cut the row after some of its
+    bytes, and the next command's row was appended onto that half row (a row of shifted columns). A last line
+    without its newline (a command killed mid-append) is dropped first."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            if not tail.endswith(b"\n") and b"\n" in tail:
+                size -= len(tail) - tail.rfind(b"\n") - 1
+                f.truncate(size)
+    try:
+        with open(path, "a", newline="", encoding="utf-8") as out:
+            write(out)
+    except BaseException:
+        os.truncate(path, size)
+        raise

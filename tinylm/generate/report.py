@@ -30,6 +30,7 @@ from tinylm.generate.config import CONSTRAINTS, SamplingConfig
 from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
+from tinylm.paths import naming
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------
@@ -587,9 +588,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
         clean = json.loads(json.dumps(report), parse_constant=lambda c: None if c == "NaN" else float(c))
         (tmp / "metrics.json").write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(format_markdown(report, plot_name=plot if drawn else None), encoding="utf-8")
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise naming(e, out) from None  # a full disk: PIL's and close()'s errors name no file
     if not drawn:
         (out / plot).unlink(missing_ok=True)  # a plot left from an earlier report would not match these numbers
     for new in sorted(tmp.iterdir(), key=lambda p: p.name == "metrics.json"):  # metrics.json, which marks a

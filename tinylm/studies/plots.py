@@ -26,7 +26,9 @@ def save_png(canvas: Any, out: str | Path, option: str = "out") -> Path:
     if path.suffix.lower() != ".png":
         raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.print_png(str(path))
+    from tinylm.paths import replace_file
+
+    replace_file(path, lambda tmp: canvas.print_png(str(tmp)))
     return path
 
 

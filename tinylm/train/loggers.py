@@ -30,6 +30,14 @@ class _AppendingWriter(ExperimentWriter):
     """Lightning's CSV writer, minus deleting an existing ``metrics.csv``: it appends, keeping the header's columns,
     and widens the header by a rename."""
 
+    def save(self) -> None:
+        try:
+            super().save()
+        except OSError as e:  # a full disk fails at close, with no file name: the CLI's line names it
+            from tinylm.paths import naming
+
+            raise naming(e, self.metrics_file_path) from None
+
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
             with open(self.metrics_file_path, newline="") as f:

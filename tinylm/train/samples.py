@@ -210,8 +210,13 @@ class SampleText(L.Callback):
         log.info("\n%s", text)
         path = Path(trainer.default_root_dir) / "samples.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:  # a full disk fails at close, with no file name: the CLI's line names it
+            from tinylm.paths import naming
+
+            raise naming(e, path) from None
         from tinylm.train.loggers import wandb_loggers
 
         for logger in wandb_loggers(trainer.loggers):
