@@ -146,3 +146,25 @@ def test_a_ddp_fork_run_says_the_steps_its_training_processes_took(tmp_path, run
     assert done.returncode == 0, done.stderr[-3000:]
     assert "run tiny done: step 4: 4 steps, 256 tokens in " in done.stdout, done.stdout[-2000:]
     assert re.search(r"val/loss +final \d\.\d{4}", done.stdout), done.stdout[-2000:]
+
+
+def test_a_wandb_run_that_could_not_end_is_not_offered_to_wandb_sync(tmp_path, monkeypatch):
+    """Catches the summary of a run whose W&B run could not be ended (its run folder on a full disk: the .wandb file
+    cut short) offering `wandb sync` of it as of any offline run."""
+    import sys
+    from types import SimpleNamespace
+
+    from tinylm.train import loggers
+
+    (tmp_path / "wandb" / "offline-run-20261130_101010-abc123").mkdir(parents=True)
+
+    def full(exit_code):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(run=SimpleNamespace(offline=False), finish=full))
+    loggers.finish_wandb(exit_code=0)
+    said = fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=8, seconds=1.0, wandb=(tmp_path, "abc123"))
+    assert "offline, not ended (OSError: [Errno 28] No space left on device)" in said and "wandb sync" not in said
+    loggers.WANDB_UNFINISHED.clear()
+    said = fit_summary(tmp_path, steps=2, first_step=0, tokens_per_step=8, seconds=1.0, wandb=(tmp_path, "abc123"))
+    assert "offline; upload with `wandb sync" in said

@@ -427,6 +427,11 @@ def finish_forked_wandb(trainer) -> None:
     finish_wandb(exit_code=0 if trainer.state.status == TrainerStatus.FINISHED else 1)
 
 
+WANDB_UNFINISHED: list[str] = []
+"""Why this process's last W&B run could not be ended (finish_wandb): the run's summary offers no `wandb sync` of
+its files, which may be cut short (a full disk)."""
+
+
 def finish_wandb(exit_code: int) -> None:
     """End this process's W&B run. Lightning's WandbLogger leaves it open, and a WandbLogger made later in the same
     process (the next rung of `tinylm scaling`, a notebook's second fit) reuses an open run: every rung logged into
@@ -435,12 +440,14 @@ def finish_wandb(exit_code: int) -> None:
     run = getattr(wandb, "run", None) if wandb is not None else None
     if run is None:
         return
+    WANDB_UNFINISHED.clear()
     try:
         empty = _empty_part(run)
         wandb.finish(exit_code=exit_code)
     except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
         log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
                     type(e).__name__, e)
+        WANDB_UNFINISHED.append(f"{type(e).__name__}: {e}")
         return
     if empty is not None:
         _remove_offline_run(empty)
