@@ -31,7 +31,7 @@ import torch
 
 from tinylm.checkpoint import load_model
 from tinylm.model import GPT, GPTConfig
-from tinylm.paths import ASIDE, check_output_path, follow_umask, swap_in_folder
+from tinylm.paths import ASIDE, check_output_path, follow_umask, naming, swap_in_folder
 from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import STATE_FILE
 
@@ -204,8 +204,8 @@ def _export_into(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) and "(os error 28)" in str(e):  # safetensors' Rust writer: not an OSError
             raise OSError(errno.ENOSPC, "No space left on device", str(out)) from None
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and not e.filename:
-            raise OSError(e.errno, e.strerror, str(out)) from None  # (transformers' config.json: at close, unnamed)
+        if (named := naming(e, out)) is not e:  # (transformers' config.json on a full disk: at close, unnamed)
+            raise named from None
         raise
     if tmp is not None:
         follow_umask(tmp)

@@ -3,6 +3,7 @@ because its `--out` could never be written."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -11,6 +12,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -137,10 +139,31 @@ def replace_file(path: str | Path, write) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
+        with writing(path):
+            write(tmp)
+            os.replace(tmp, path)
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def utf8_text(path: Path, fix: str) -> str:
+    """The text of a file tinylm wrote and reads back (a run's CSV): one that another program saved otherwise is a
+    ValueError naming it, its first bad byte and ``fix`` (it was a UnicodeDecodeError traceback)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at {e.start:,}): it is "
+                         f"damaged, or another program saved it; {fix}") from None
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """A write of the file ``path``: an OSError of it that names no file (a full disk fails a small write at close)
+    names ``path`` (`naming`), so the CLI's line says which file."""
+    try:
+        yield
+    except OSError as e:
         if (named := naming(e, path)) is not e:
             raise named from None
         raise

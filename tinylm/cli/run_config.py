@@ -176,10 +176,11 @@ def _stopped_by(trainer, before: dict[int, str | None]) -> str:
 def _written(path: Path, write) -> None:
     """``write()`` of the file ``path``; on a full disk (which fails at close, with no file name) the error names
     ``path``, and no empty or half-written record is left."""
-    try:
-        write()
-    except OSError as e:
-        from tinylm.paths import naming
+    from tinylm.paths import writing
 
+    try:
+        with writing(path):
+            write()
+    except OSError:
         path.unlink(missing_ok=True)
-        raise naming(e, path) from None
+        raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import os
 from pathlib import Path
 
@@ -49,20 +50,15 @@ def _folder_locked(folder: Path):
 def _append(path: Path, row: dict) -> None:
     rows, fields = [], list(row)
     if path.is_file():
-        try:
-            path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at {e.start:,}): it is "
-                             "damaged, or another program saved it; move it aside (a new one is started)") from None
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            old = list(reader.fieldnames or [])
-            if old and set(row) <= set(old):
-                _append_whole(path, lambda out: csv.DictWriter(out, fieldnames=old,
-                                                            extrasaction="ignore").writerow(row))
-                return
-            rows = list(reader)
-            fields = old + [k for k in row if k not in old]
+        from tinylm.paths import utf8_text
+
+        reader = csv.DictReader(io.StringIO(utf8_text(path, "move it aside (a new one is started)"), newline=""))
+        old = list(reader.fieldnames or [])
+        if old and set(row) <= set(old):
+            _append_whole(path, lambda out: csv.DictWriter(out, fieldnames=old, extrasaction="ignore").writerow(row))
+            return
+        rows = list(reader)
+        fields = old + [k for k in row if k not in old]
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", newline="", encoding="utf-8") as f:

@@ -202,15 +202,13 @@ class Tokenizer:
         """Write `tinylm_tokenizer.json` (and, for HF backends, a standard `tokenizer.json`) into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        from tinylm.paths import naming
+        from tinylm.paths import writing
 
-        for name, text in ((STATE_FILE, lambda: json.dumps(self.state_dict(), ensure_ascii=False)),
-                           *((("tokenizer.json", lambda: self._b.tok.to_str(pretty=True)),) if self.kind == "hf"
-                             else ())):
-            try:
-                (directory / name).write_text(text(), encoding="utf-8")
-            except OSError as e:  # a full disk fails at close, with no file name: the CLI's line names it
-                raise naming(e, directory / name) from None
+        with writing(directory / STATE_FILE):  # (a full disk: the CLI's line names the file)
+            (directory / STATE_FILE).write_text(json.dumps(self.state_dict(), ensure_ascii=False), encoding="utf-8")
+        if self.kind == "hf":
+            with writing(directory / "tokenizer.json"):
+                (directory / "tokenizer.json").write_text(self._b.tok.to_str(pretty=True), encoding="utf-8")
         return directory
 
     @classmethod

@@ -31,12 +31,10 @@ class _AppendingWriter(ExperimentWriter):
     and widens the header by a rename."""
 
     def save(self) -> None:
-        try:
-            super().save()
-        except OSError as e:  # a full disk fails at close, with no file name: the CLI's line names it
-            from tinylm.paths import naming
+        from tinylm.paths import writing
 
-            raise naming(e, self.metrics_file_path) from None
+        with writing(self.metrics_file_path):  # (a full disk: the CLI's line names the file)
+            super().save()
 
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
@@ -150,12 +148,9 @@ def _truncate_after(path: Path, resume_step: int) -> None:
     A last line without its newline is an append cut short by a crash: it is dropped, as is any row with fewer or
     more fields than the header; a file without a whole header line is removed (the logger starts a new one).
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at {e.start:,}): it is "
-                         "damaged, or another program saved it; move it aside (this run starts a new one) and run "
-                         "again") from None
+    from tinylm.paths import utf8_text
+
+    text = utf8_text(path, "move it aside (this run starts a new one) and run again")
     if not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]  # for "a,b\n0,1\n0,2,3." this keeps "a,b\n0,1\n"
     reader = csv.DictReader(io.StringIO(text, newline=""))

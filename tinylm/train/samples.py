@@ -210,13 +210,10 @@ class SampleText(L.Callback):
         log.info("\n%s", text)
         path = Path(trainer.default_root_dir) / "samples.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(text + "\n")
-        except OSError as e:  # a full disk fails at close, with no file name: the CLI's line names it
-            from tinylm.paths import naming
+        from tinylm.paths import writing
 
-            raise naming(e, path) from None
+        with writing(path), open(path, "a", encoding="utf-8") as f:  # (a full disk: the CLI's line names the file)
+            f.write(text + "\n")
         from tinylm.train.loggers import wandb_loggers
 
         for logger in wandb_loggers(trainer.loggers):
