@@ -179,8 +179,21 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         raise CheckpointError(f"{str(path)!r} holds a {wrong!r} that is a {type(ckpt[wrong]).__name__}, not the "
                               f"{_SECTIONS[wrong].__name__} Lightning writes: the file was edited or written by "
                               "another tool; use another checkpoint of the run")
+    count = next((k for k in _COUNTS if not _whole(ckpt.get(k, 0))), None)
+    if count is not None:  # (an edited file: int(ckpt["global_step"]) was a bare ValueError line at every reader)
+        raise CheckpointError(f"{str(path)!r} holds {count} {ckpt[count]!r}, not the whole number >= 0 Lightning "
+                              "writes: the file was edited or written by another tool; use another checkpoint of "
+                              "the run")
     tinylm_section(ckpt, path)
     return ckpt
+
+
+_COUNTS = ("epoch", "global_step")
+"""The counters of a Lightning checkpoint that tinylm reads, whole numbers >= 0."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 _SECTIONS = {"state_dict": dict, "hyper_parameters": dict, "datamodule_hyper_parameters": dict, "loops": dict,

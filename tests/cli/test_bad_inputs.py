@@ -1,6 +1,7 @@
 """Every bad input a user can give the CLI ends as one clear line and a non-zero exit, and damages nothing."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -1235,6 +1236,19 @@ def test_checkpoint_section_of_another_type_is_refused_in_one_line(tmp_path, sec
     saved[section] = value
     torch.save(saved, ckpt)
     with pytest.raises(CheckpointError, match=rf"edited\.ckpt' holds a '{section}' that is a list"):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize("key, value", [("global_step", "ten"), ("global_step", -3), ("epoch", 2.5),
+                                        ("global_step", True)])
+def test_checkpoint_counter_that_is_no_whole_number_is_refused_in_one_line(tmp_path, key, value):
+    """Catches `global_step: "ten"` in an edited checkpoint ending every reader (eval, validate, resume) in a bare
+    `ValueError: invalid literal for int()` line."""
+    ckpt = _edited_ckpt(tmp_path / "edited.ckpt", _HPARAMS, None)
+    saved = torch.load(ckpt, weights_only=True)
+    saved[key] = value
+    torch.save(saved, ckpt)
+    with pytest.raises(CheckpointError, match=rf"edited\.ckpt' holds {key} {re.escape(repr(value))}, not the whole"):
         load_model(ckpt)
 
 
