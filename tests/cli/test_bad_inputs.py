@@ -1272,3 +1272,12 @@ def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path)
                                      "        train_time_interval: 00:00:30:00\n")
     with pytest.raises(TinyLMError, match=r"interval 00:00:30:00: this option is a timedelta.*write 00:30:00"):
         check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])
+
+
+def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):
+    """Catches an error line quoting a 5,000-character value whole (a value pasted by mistake filled the terminal):
+    its start and end are shown, with how much was left out."""
+    name = "x/" * 2500 + "END"
+    line = _one_line_error(capsys, ["fit", "--data.corpus", str(tmp_path / "c.txt"), "--run.name", name],
+                           "run.name", "'x/x/x/", "/x/END'", "(4705 more characters)", "--run.name my-run")
+    assert len(line) < 700, line

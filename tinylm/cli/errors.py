@@ -38,7 +38,17 @@ def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
     if globbed := _expanded_glob(line, args):
         line += (f"; {globbed} and the file before it: a glob the shell expanded into several files? Quote it "
                  "(--data.corpus 'data/*.txt') or list them (--data.corpus '[a.txt, b.txt]')")
+    line = re.sub(r"\S{%d,}" % _LONGEST, _shortened, line)
     return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
+
+
+_LONGEST = 400
+"""Characters of one word of an error line shown whole: a longer one (a value pasted by mistake, a path several
+thousand characters long) is shown by its start and end, so that the line still reads as one line."""
+
+
+def _shortened(word: re.Match) -> str:
+    return f"{word[0][:200]}...({len(word[0]) - 300} more characters)...{word[0][-100:]}"
 
 
 def _expanded_glob(line: str, args: list[str]) -> str | None:
