@@ -122,3 +122,26 @@ def test_the_python_guide_runs_as_written(tmp_path, monkeypatch, capsys):
     loss = float(re.search(r"^val/loss (\S+)$", out, re.M).group(1))
     assert loss < 3.4  # (ln 61 = 4.11 at the start: it learned; ~2.9-3.0 after its 60 steps)
     assert (tmp_path / "runs/python/lightning_logs/version_0/checkpoints/epoch=0-step=60.ckpt").is_file()
+
+
+def _headings(path: Path) -> list[str]:
+    return [line.lstrip("#").strip().lower() for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")]
+
+
+def test_a_named_section_of_another_doc_exists():
+    """Catches benchmarks.md sending readers to the README's \"Cleaning\" section after the README split moved it."""
+    said = re.compile(r"(README|[a-z]+\.md)'s \"([^\"]+)\" section")
+    for doc in DOCS:
+        for name, section in said.findall(doc.read_text(encoding="utf-8")):
+            target = ROOT / "README.md" if name == "README" else ROOT / "docs" / name
+            assert any(section.lower() in h for h in _headings(target)), f"{doc.name}: {name} has no {section!r}"
+
+
+def test_the_readme_plan_command_draws_the_picture_it_shows():
+    """Catches the README's `plan --gpu H100` under a picture drawn with the full device name (80 GiB line)."""
+    studies = (ROOT / "docs" / "studies.md").read_text(encoding="utf-8")
+    drawn_with = re.search(r'GPT-2 small with `(--gpu "[^"]+") --out plan\.png`', studies).group(1)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = next(line for line in readme.splitlines() if line.startswith("tinylm plan ") and "--out plan.png" in line)
+    assert drawn_with in command, (command, drawn_with)
