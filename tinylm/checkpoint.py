@@ -174,16 +174,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
-    wrong = next((k for k, kind in _SECTIONS.items() if k in ckpt and not isinstance(ckpt[k], kind)), None)
-    if wrong is not None:  # (an edited file: read as Lightning writes it, it was an AttributeError traceback)
-        raise CheckpointError(f"{str(path)!r} holds a {wrong!r} that is a {type(ckpt[wrong]).__name__}, not the "
-                              f"{_SECTIONS[wrong].__name__} Lightning writes: the file was edited or written by "
-                              "another tool; use another checkpoint of the run")
-    count = next((k for k in _COUNTS if not _whole(ckpt.get(k, 0))), None)
-    if count is not None:  # (an edited file: int(ckpt["global_step"]) was a bare ValueError line at every reader)
-        raise CheckpointError(f"{str(path)!r} holds {count} {ckpt[count]!r}, not the whole number >= 0 Lightning "
-                              "writes: the file was edited or written by another tool; use another checkpoint of "
-                              "the run")
+    _check_sections(ckpt, path)
     tinylm_section(ckpt, path)
     return ckpt
 
@@ -194,6 +185,21 @@ _COUNTS = ("epoch", "global_step")
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_sections(ckpt: dict[str, Any], path: Path) -> None:
+    """Each section and counter that tinylm reads of the type Lightning writes (an edited file is named in one line,
+    not an AttributeError traceback or a bare "invalid literal for int()" at every reader)."""
+    wrong = next((k for k, kind in _SECTIONS.items() if k in ckpt and not isinstance(ckpt[k], kind)), None)
+    if wrong is not None:
+        raise CheckpointError(f"{str(path)!r} holds a {wrong!r} that is a {type(ckpt[wrong]).__name__}, not the "
+                              f"{_SECTIONS[wrong].__name__} Lightning writes: the file was edited or written by "
+                              "another tool; use another checkpoint of the run")
+    count = next((k for k in _COUNTS if not _whole(ckpt.get(k, 0))), None)
+    if count is not None:
+        raise CheckpointError(f"{str(path)!r} holds {count} {ckpt[count]!r}, not the whole number >= 0 Lightning "
+                              "writes: the file was edited or written by another tool; use another checkpoint of "
+                              "the run")
 
 
 _SECTIONS = {"state_dict": dict, "hyper_parameters": dict, "datamodule_hyper_parameters": dict, "loops": dict,

@@ -8,6 +8,22 @@ from pathlib import Path
 
 from tinylm.cli.table import FIT_GROUPS
 
+RECIPES = Path(__file__).resolve().parents[1] / "configs"  # the recipes, installed with the package
+
+
+def recipe_example(name: str = "shakespeare-char-cpu") -> str:
+    """A recipe's path as a user can pass it here: configs/NAME.yaml in a clone of the repo, else the installed copy."""
+    local = Path("configs") / f"{name}.yaml"
+    return str(local) if local.is_file() or not (RECIPES / local.name).is_file() else str(RECIPES / local.name)
+
+
+def _installed_recipe(given: str) -> Path | None:
+    """The installed recipe a --config that is not there names (configs/NAME.yaml or NAME.yaml run from outside a
+    clone), if there is one."""
+    name = Path(given).name
+    found = RECIPES / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return found if found.is_file() else None
+
 
 class _DuplicateKey(Exception):
     def __init__(self, key: str, lines: tuple[int, int]) -> None:
@@ -51,8 +67,11 @@ def check_config_files(args: list[str]) -> None:
         if not path.is_file():
             what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else \
                 missing_path(path)
+            if not path.exists() and (recipe := _installed_recipe(p)) is not None:
+                raise FileNotFoundError(f"config file {p!r} {what}; the recipe {recipe.name} is installed with "
+                                        f"tinylm: --config {recipe} (copy it here to change it)")
             raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
-                                    "configs/shakespeare-char-cpu.yaml")
+                                    f"{recipe_example()}")
         try:
             data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a SafeLoader)
         except _DuplicateKey as e:
@@ -69,7 +88,7 @@ def check_config_files(args: list[str]) -> None:
             raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
         if data is None:  # jsonargparse said "Unexpected config:" and nothing more
             raise ValueError(f"config file {p!r} is empty (or only comments); pass a YAML file with sections "
-                             "(trainer:, model:, data:, ...) such as configs/shakespeare-char-cpu.yaml")
+                             f"(trainer:, model:, data:, ...) such as {recipe_example()}")
         if not isinstance(data, dict):
             raise ValueError(f"config file {p!r} must hold a mapping of KEY: VALUE lines (fit's sections trainer:, "
                              f"model:, data:, ...; a command's own options), got a {type(data).__name__}")

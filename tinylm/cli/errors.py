@@ -329,6 +329,7 @@ def one_line(e: BaseException) -> str:
     if isinstance(e, ModuleNotFoundError) and e.name and "; " not in text:
         package = e.name.split(".")[0]
         extra = _EXTRAS.get(package)
+        package = _DISTRIBUTIONS.get(package, package)  # `pip install yaml` installs no PyYAML
         how = f"pip install 'tinylm[{extra}]' (or pip install {package})" if extra else f"pip install {package}"
         return f"{type(e).__name__}: {text}; this command needs it: {how}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
@@ -339,6 +340,9 @@ def one_line(e: BaseException) -> str:
 # optional packages and the extra of pyproject.toml that installs each (`make train` installs only `plots`)
 _EXTRAS = {"matplotlib": "plots", "transformers": "export", "safetensors": "export", "datasketch": "clean",
            "xxhash": "clean", "llguidance": "grammar"}
+
+# modules whose distribution on PyPI has another name
+_DISTRIBUTIONS = {"yaml": "pyyaml"}
 
 _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
           "Expected a <class 'NoneType'>", "Expected a <class 'bool'>", "- Expected a", "Given value:")

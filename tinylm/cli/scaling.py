@@ -54,6 +54,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     from tinylm.cli.fit_config import fit_objects, trainer_options
     from tinylm.cli.ranks import rank_zero
     from tinylm.cli.trainer_checks import device_count
+    from tinylm.studies.plots import check_png_path
 
     sizes = [tuple(s) for s in (DEFAULT_SIZES if sizes is None else sizes)]  # [] is not "unset": refused
     target = tuple(DEFAULT_PREDICT if predict is None else predict)  # ([] too is refused)
@@ -69,6 +70,8 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     settings = ladder_settings(cli.config["fit"].as_dict())
     for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
         check_ladder_run(root / name, r, shape, settings)
+    out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
+    check_png_path(out_path)  # the default too, before the ladder trains (without matplotlib: trained, then failed)
     # a ladder run's text samples cost time and show nothing the table does; a user who asks for them gets them
     no_samples = [] if any(a.startswith("--samples.every_n_steps") for a in fit_args) else \
         ["--samples.every_n_steps", "0"]
@@ -77,7 +80,6 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     losses = _train_ladder(rungs, [root / name for name in names], [*fit_args, *data, *no_samples], accumulate)
     if not rank_zero():  # another rank of the ladder's runs (DDP's launcher re-ran this command): it trained them
         return {}
-    out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
     result = _fit_ladder(rungs, losses, budget, tokens_per_step, out_path)
     print(format_scaling(result))
     from tinylm.cli.summary import shown

@@ -136,8 +136,12 @@ def _check_fit_limits(trainer_cfg: dict[str, Any]) -> None:
     """What a fit runs for: steps (required), never epochs or a share of Lightning's batches."""
     max_steps = trainer_cfg.get("max_steps", -1)
     if max_steps in (None, -1):  # Lightning's default: no config given, or one without it
+        from tinylm.cli.config_files import RECIPES
+
+        # (outside a clone of the repo there is no configs/: a pip install has the recipes inside the package)
+        where = "" if Path("configs").is_dir() or not RECIPES.is_dir() else f"; installed with tinylm in {RECIPES}"
         raise ValueError("trainer.max_steps is not set (tinylm runs are driven by steps): pass --config "
-                         "configs/NAME.yaml (a recipe), or --trainer.max_steps N")
+                         f"configs/NAME.yaml (a recipe{where}), or --trainer.max_steps N")
     if max_steps <= 0:
         raise ValueError(f"trainer.max_steps must be > 0, got {max_steps}; tinylm runs are driven by steps")
     if trainer_cfg.get("overfit_batches") not in (None, 0, 0.0):

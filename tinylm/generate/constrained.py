@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tinylm.errors import UnavailableError
+
 _TOKENIZERS: dict[tuple[str, int], object] = {}  # (tokenizer fingerprint, ids) -> llguidance.LLTokenizer
 _EVERY_BYTE: dict[tuple[str, int], bool] = {}  # (tokenizer fingerprint, ids) -> whether each byte alone is an id
 _BYTES: list = []  # the byte-level LLTokenizer (`_byte_lltokenizer`), made once
@@ -34,7 +36,7 @@ def _llguidance():
     try:
         import llguidance
     except ImportError:
-        raise ImportError("--regex, --json_schema and --grammar need llguidance; pip install 'tinylm[grammar]'") \
+        raise UnavailableError("--regex, --json_schema and --grammar need llguidance: pip install 'tinylm[grammar]'") \
             from None
     return llguidance
 
