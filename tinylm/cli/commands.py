@@ -295,7 +295,7 @@ def generate(
 
     from tinylm.checkpoint import load_draft, load_model
     from tinylm.device import resolve_device
-    from tinylm.generate.report import encode_prompt
+    from tinylm.generate.prompts import encode_prompt
 
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
     prompt = _prompt_text(prompt, prompt_file)  # before loading, too

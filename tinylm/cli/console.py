@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -24,17 +25,22 @@ def setup() -> None:
     stop_state.terminal_fds.update(fd for fd in (0, 1, 2) if _fd_isatty(fd))
     for name in ("stdout", "stderr"):  # before Lightning's handler takes sys.stderr
         stream = getattr(sys, name)
+        if stream is None:  # the descriptor was closed (`tinylm fit >&-`): Python made it None; what is said is dropped
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (held for the process's life)
+            setattr(sys, name, stream)
         if not isinstance(stream, (_Terminal, _Output)):
             if _isatty(stream):
                 setattr(sys, name, _Terminal(stream))
             elif name == "stdout":
                 sys.stdout = _Output(stream)
+    _utf8_stdout()
     if not any(isinstance(h, _Stderr) for h in log.handlers):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
+    _drop_stray_ranks()
     # another rank of a run (from its environment; NODE_RANK: a node started by hand): rank 0 says the same
     if env_rank() != 0:
         log.setLevel(logging.ERROR)
@@ -49,6 +55,35 @@ def setup() -> None:
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def _utf8_stdout() -> None:
+    """Under LC_ALL=C (no UTF-8 mode) Python writes stdout as ASCII: a sample with a non-ASCII character ended
+    `tinylm generate` with "UnicodeEncodeError: 'ascii' codec ...". Written as UTF-8 instead (file names Python
+    decoded with surrogateescape come out as their own bytes), as Python's UTF-8 mode does in the C locale."""
+    import codecs
+
+    stream = getattr(sys.stdout, "_stream", sys.stdout)
+    try:
+        ascii_only = codecs.lookup(stream.encoding).name == "ascii"
+    except (AttributeError, LookupError, TypeError):
+        return
+    if ascii_only and hasattr(stream, "reconfigure"):
+        stream.reconfigure(encoding="utf-8", errors="surrogateescape")
+
+
+def _drop_stray_ranks() -> None:
+    """RANK / LOCAL_RANK left in the environment of a process that no launcher started (a shell that once ran
+    torchrun; WORLD_SIZE unset or 1): read as this process's rank, they made a lone `tinylm fit` a silent "rank 1"
+    that skipped the run folder's lock and its refusal to start over an existing run. Dropped, with a line."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if (world.isdigit() and int(world) > 1) or os.environ.get("TINYLM_RANK0_PID"):
+        return
+    names = [k for k in ("RANK", "LOCAL_RANK") if os.environ.get(k, "").strip() not in ("", "0")]
+    if names:
+        stray = " ".join(f"{k}={os.environ.pop(k)}" for k in names)
+        log.warning("ignoring %s: no launcher started this process (WORLD_SIZE is %s); it runs alone as rank 0 "
+                    "(unset %s to silence this)", stray, world or "unset", " ".join(names))
 
 
 def setup_lightning() -> None:
@@ -141,14 +176,31 @@ class _Output:
             return OSError(e.errno, e.strerror, STDOUT)
         return e
 
+    def _reader_gone(self) -> bool:
+        """`tinylm fit ... | head`: the reader went away mid-run. stdout goes to /dev/null and the run stops at a
+        whole step and saves, as on SIGTERM (it ended at once with 141, unsaved and without a word)."""
+        if stop_state.reader_gone is None or stop_state.over:
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        stop_state.reader_gone(signal.SIGPIPE)
+        return True
+
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except BrokenPipeError:
+            if not self._reader_gone():
+                raise
+            return len(text)
         except OSError as e:
             raise self._full(e) from None
 
     def flush(self) -> None:
         try:
+            self._stream.flush()
+        except BrokenPipeError:
+            if not self._reader_gone():
+                raise
             self._stream.flush()
         except OSError as e:
             raise self._full(e) from None

@@ -23,7 +23,7 @@ def example_prompt(tokenizer) -> str:
     """A prompt for the next `tinylm generate` that the run's tokenizer encodes: 'ROMEO:', else the empty prompt
     (the end-of-text token, or a newline), else the vocabulary's first character (a char tokenizer of a corpus
     without those: 'ROMEO:' ended the pasted command in an error)."""
-    from tinylm.generate.report import default_prompt
+    from tinylm.generate.prompts import default_prompt
 
     for prompt in ("ROMEO:", ""):
         try:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tinylm.generate.config import CONSTRAINTS, SamplingConfig
+from tinylm.generate.prompts import encode_prompt
 from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
@@ -219,32 +220,6 @@ def report_strategies(*, draft: bool = False, prompt_lookup: int = 0, num_draft_
     return STRATEGIES + tuple(extra)
 
 
-def default_prompt(tokenizer) -> tuple[str, list[int]]:
-    """(text shown, ids): the end-of-text token when the tokenizer has one (a fresh document), else a newline."""
-    if tokenizer.eos_id is not None:
-        return "", [tokenizer.eos_id]
-    try:
-        ids = tokenizer.encode("\n")
-    except ValueError:
-        ids = []
-    if not ids:
-        raise ValueError("this tokenizer has no end-of-text token and cannot encode '\\n' to start from; "
-                         "pass a prompt")
-    return "\n", ids
-
-
-def encode_prompt(tokenizer, text: str) -> tuple[str, list[int]]:
-    """(text shown, ids) of a user prompt; an empty one starts a fresh document as `default_prompt` does."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:  # bytes the shell could not decode (Python keeps them as lone surrogates)
-        bad = text[e.start].encode("utf-8", "surrogateescape")
-        raise ValueError(f"the prompt is not valid UTF-8 (byte {bad!r} at character {e.start}); pass text in "
-                         "UTF-8") from None
-    ids = tokenizer.encode(text) if text else []
-    return (text, ids) if ids else default_prompt(tokenizer)
-
-
 def sample_report(
     model: GPT,
     tokenizer,
@@ -259,7 +234,7 @@ def sample_report(
 ) -> dict[str, Any]:
     """Generate with every strategy and measure it; returns the metrics.json content.
 
-    prompts: texts to continue, or one text (None or "": a fresh document, see `default_prompt`).
+    prompts: texts to continue, or one text (None or "": a fresh document, see `prompts.default_prompt`).
     num_samples: samples per prompt for sampling strategies, generated as one batch. Deterministic ones run once
         per prompt and count as num_samples identical samples, so every strategy's distinct-n pools the same
         number of samples (what asking it num_samples times would give).

@@ -96,6 +96,7 @@ class InterruptStop(L.Callback):
                           and not (s in (signal.SIGINT, signal.SIGHUP) and h == signal.SIG_IGN)}
         for s in self._previous:
             signal.signal(s, self._on_signal)
+        stop_state.reader_gone = lambda signum: self._on_signal(signum, None)
 
     def _on_signal(self, signum: int, frame) -> None:
         if not self._armed:  # the run is over (Lightning's teardown can reinstall this handler): act as before it
@@ -225,7 +226,7 @@ class InterruptStop(L.Callback):
         self._disarm()
 
     def _disarm(self) -> None:
-        self._armed, stop_state.over = False, True
+        self._armed, stop_state.over, stop_state.reader_gone = False, True, None
         self._restore()
         handlers = dict(self._previous)
         if self._received in _REQUESTS and self._received in handlers:

@@ -15,6 +15,11 @@ line: str | None = None
 the teardown after the stop ends the command at once, which says it first."""
 
 
+reader_gone = None
+"""While a run trains: called with SIGPIPE when stdout's reader went away (`tinylm fit ... | head`), to stop the run at
+a whole step and save as on SIGTERM (tinylm.train.interrupt); None otherwise."""
+
+
 terminal_fds: set[int] = set()
 """The standard streams (0, 1, 2) found on a terminal as the command started (tinylm.cli.console): once the terminal
 hangs up, isatty says no more."""

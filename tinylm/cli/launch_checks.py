@@ -1,0 +1,78 @@
+"""Checks of how a run's processes were started (several nodes told by hand where node 0 is; torchrun, srun or
+sbatch starting another number of processes than the run's options ask for), before Lightning waits forever or
+raises its own traceback from every rank."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def check_nodes(nodes: int, subcommand: str) -> None:
+    """Several nodes: a cluster that starts them, or each told by hand where node 0 is and which node it is (each
+    node without MASTER_PORT picked a port of its own, and they never met; a NODE_RANK past the nodes waited too)."""
+    hand = ("run the same command on every node with MASTER_ADDR (node 0's address), MASTER_PORT and NODE_RANK "
+            "(0, 1, ...) set, or launch it with srun or torchrun")
+    if subcommand == "validate":  # (the run's own num_nodes, read from its settings: this machine validates alone)
+        hand += "; or validate on this machine alone: --trainer.num_nodes 1"
+    if _cluster_found():
+        return
+    env = os.environ
+    if "MASTER_ADDR" not in env:  # (Kubeflow's PyTorchJob sets it too: Lightning cannot detect Kubeflow)
+        raise ValueError(f"trainer.num_nodes {nodes} but no cluster was found (SLURM, torchrun, MPI, LSF) "
+                         f"and MASTER_ADDR is unset: this node would wait for the others forever; {hand}")
+    if not env.get("MASTER_PORT", "").strip().isdigit():
+        raise ValueError(f"trainer.num_nodes {nodes} with MASTER_ADDR set by hand needs MASTER_PORT too (a free port "
+                         f"of node 0, the same on every node), got {env.get('MASTER_PORT', 'none')!r}: each node "
+                         f"would pick a port of its own and wait for the others forever; {hand}")
+    rank = env.get("NODE_RANK", env.get("GROUP_RANK"))  # (Lightning's LightningEnvironment reads both)
+    if "RANK" in env and "WORLD_SIZE" in env:  # Kubeflow's PyTorchJob (--trainer.plugins KubeflowEnvironment)
+        return
+    if rank is None or not rank.strip().isdigit() or int(rank) >= nodes:
+        raise ValueError(f"trainer.num_nodes {nodes} with MASTER_ADDR set by hand needs NODE_RANK, this node's "
+                         f"number, 0 to {nodes - 1} (0 on MASTER_ADDR's node), got {rank!r}: the nodes would wait "
+                         f"for one that never comes; {hand}")
+
+
+def check_launched_processes(nodes: Any, devices: int | None) -> None:
+    """A launcher that started another number of processes than trainer.num_nodes x trainer.devices (`torchrun
+    --nproc_per_node 2` with devices left at auto, one process on a CPU): Lightning's check (its cluster environment's
+    validate_settings) raised from every rank, as a traceback, once the model and data were set up."""
+    env = os.environ
+    if devices is None or not isinstance(nodes, int):
+        return
+    if "TORCHELASTIC_RUN_ID" in env and env.get("WORLD_SIZE", "").isdigit():  # torchrun (Lightning's detection)
+        world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"])
+        if world != devices * nodes:
+            raise ValueError(f"torchrun started {world} processes ({world // per_node} node(s) x --nproc_per_node "
+                             f"{per_node}), but trainer.num_nodes {nodes} x trainer.devices {devices} is "
+                             f"{devices * nodes}; pass --trainer.num_nodes {world // per_node} --trainer.devices "
+                             f"{per_node} (torchrun's --nnodes and --nproc_per_node)")
+    elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # srun, as Lightning
+        ntasks = env["SLURM_NTASKS"].strip()
+        if ntasks.isdigit() and int(ntasks) > 1 and "SLURM_NTASKS_PER_NODE" not in env:  # Lightning's RuntimeError
+            raise ValueError(f"SLURM_NTASKS={ntasks} (sbatch/salloc --ntasks {ntasks}) but SLURM_NTASKS_PER_NODE is "
+                             "unset: Lightning runs one process per task and needs the tasks per node; submit with "
+                             f"--ntasks-per-node (= --trainer.devices) and start tinylm with srun, or unset "
+                             "SLURM_NTASKS to run this one process alone")
+        tasks, nnodes = env.get("SLURM_NTASKS_PER_NODE", ""), env.get("SLURM_NNODES", "")
+        wrong = [(f"--ntasks-per-node {tasks}", f"trainer.devices {devices}", f"--trainer.devices {tasks}")
+                 if tasks.isdigit() and int(tasks) != devices else None,
+                 (f"--nodes {nnodes}", f"trainer.num_nodes {nodes}", f"--trainer.num_nodes {nnodes}")
+                 if nnodes.isdigit() and int(nnodes) != nodes else None]
+        if wrong := [w for w in wrong if w]:
+            raise ValueError(f"SLURM runs this job with {' and '.join(w[0] for w in wrong)}, but "
+                             f"{' and '.join(w[1] for w in wrong)}; pass {' '.join(w[2] for w in wrong)}")
+
+
+def _cluster_found() -> bool:
+    """Whether this process was started by a cluster Lightning detects (else the nodes are told by hand where the
+    others are: MASTER_ADDR, MASTER_PORT, NODE_RANK)."""
+    from lightning.fabric.plugins.environments import (
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
