@@ -173,7 +173,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
             "use another one, e.g. an earlier step-*.ckpt from the same run"
         ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict')")
+        what = ("nanoGPT's ckpt.pt" if isinstance(ckpt, dict) and {"model", "model_args"} <= ckpt.keys()
+                else "a plain torch.save of weights, or another tool's file")
+        raise CheckpointError(f"{str(path)!r} is a torch file but not a Lightning checkpoint (no 'state_dict': "
+                              f"{what}); pass a .ckpt written by `tinylm fit`, or, to start a run from other "
+                              "weights, a GPT-2 folder transformers saved (save_pretrained) as --model.init_from DIR")
     _check_sections(ckpt, path)
     tinylm_section(ckpt, path)
     return ckpt
@@ -505,12 +509,20 @@ def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: st
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
 
 
+_STEP_NAME = re.compile(r"step-(\d+)\.ckpt")  # the periodic checkpoints' name (tinylm.train.run): its global_step
+
+
 def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
     """A checkpoints folder's readable checkpoints as (step, is last.ckpt, path), and the names of the unreadable
-    ones (only the metadata is read: mmap)."""
+    ones. A ``step-N.ckpt`` is at step N when it is a whole zip archive (torch.save's format, its index at the end:
+    a file cut short is not); the others' metadata is read (mmap). Reading every step-N.ckpt's too took a resume of
+    a run keeping all of them (run.keep_checkpoints -1) ~80 ms a file, twice: minutes for a long run's thousands."""
     found, broken = [], []
     for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
         try:
+            if (named := _STEP_NAME.fullmatch(path.name)) and zipfile.is_zipfile(path):
+                found.append((int(named[1]), False, path))
+                continue
             found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))
         except FileNotFoundError:  # removed since the listing: a running fit rotating its step-N.ckpt files
             continue

@@ -807,3 +807,21 @@ def test_two_exports_into_one_folder_take_turns(tmp_path, char_tokenizer):
     assert json.loads((out / "config.json").read_text()) == json.loads((want / "config.json").read_text())
     weights, wanted = (safetensors.torch.load_file(d / "model.safetensors") for d in (out, want))
     assert weights.keys() == wanted.keys() and all(torch.equal(weights[k], wanted[k]) for k in wanted)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_import_refuses_a_pickled_weights_file_in_one_line(tmp_path):
+    """Catches a downloaded GPT-2 folder whose pytorch_model.bin pickles code: transformers' weights-only load
+    refused it (nothing ran) but in an UnpicklingError traceback advising weights_only=False."""
+    from safetensors.torch import load_file
+
+    folder = _transformers_dir(tmp_path / "gpt2")
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({**state, "payload": _Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"refusing to load .*never executes code"):
+        import_hf(folder)

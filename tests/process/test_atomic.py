@@ -544,16 +544,34 @@ def test_a_checkpoint_removed_as_it_loads_is_said_so(tmp_path, monkeypatch):
 
     for step in (1, 2):
         torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / f"step-{step}.ckpt")
-    real = torch.UntypedStorage.from_file
+    real = zipfile.is_zipfile
 
-    def rotated_out(name, *args, **kwargs):
-        if Path(name).name == "step-1.ckpt":
+    def rotated_out(name, *args, **kwargs):  # (a step-N.ckpt is looked at, not read: tinylm.checkpoint)
+        if Path(name).name == "step-1.ckpt" and Path(name).exists():
             os.remove(name)
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(torch.UntypedStorage, "from_file", rotated_out)
+    monkeypatch.setattr(zipfile, "is_zipfile", rotated_out)
     found, broken = checkpoints_by_step(tmp_path)
     assert [(s, p.name) for s, _, p in found] == [(2, "step-2.ckpt")] and broken == []
+
+
+def test_a_folder_of_many_step_checkpoints_is_listed_without_reading_each(tmp_path, monkeypatch):
+    """Catches `--ckpt_path last` reading every step-N.ckpt of a run keeping all of them (run.keep_checkpoints -1),
+    twice per resume: ~80 ms a file, 100 s before a resume of 600 files started. A step-N.ckpt cut short is still
+    found unreadable, and last.ckpt is still read (its step is inside)."""
+    import tinylm.checkpoint as checkpoint
+
+    for step in range(1, 41):
+        torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / f"step-{step}.ckpt")
+    shutil.copy(tmp_path / "step-40.ckpt", tmp_path / "last.ckpt")
+    (tmp_path / "step-41.ckpt").write_bytes((tmp_path / "step-40.ckpt").read_bytes()[:100])  # cut short
+    reads = []
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path, *a, real=checkpoint.load_checkpoint, **k:
+                        reads.append(Path(path).name) or real(path, *a, **k))
+    found, broken = checkpoint.checkpoints_by_step(tmp_path)
+    assert max(found) == (40, True, tmp_path / "last.ckpt") and len(found) == 41 and broken == ["step-41.ckpt"]
+    assert sorted(reads) == ["last.ckpt", "step-41.ckpt"]
 
 
 def test_load_model_leaves_the_callers_random_state_alone_and_names_a_device_it_cannot_use(tmp_path):

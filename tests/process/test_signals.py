@@ -251,7 +251,8 @@ def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, t
 
 
 def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
-    """Catches tinylm's signal handling displacing Lightning's SLURM auto-requeue (SIGUSR1: save hpc_ckpt, requeue)."""
+    """Catches tinylm's signal handling displacing Lightning's SLURM auto-requeue (SIGUSR1: save hpc_ckpt, requeue),
+    and the requeued job (SLURM_RESTART_COUNT=1, the same command) refused as a fresh run over the run it started."""
     for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "tinylm", "SLURM_JOB_ID": "123", "SLURM_PROCID": "0",
                        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
         monkeypatch.setenv(key, value)
@@ -266,6 +267,12 @@ def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
     run = tmp_path / "runs" / "tiny"
     assert torch.load(run / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 1
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    # the requeued job runs the same script: it goes on from the run's newest checkpoint (it was refused as a fresh
+    # run over an existing one, and the requeue wasted)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    main(["fit", "--config", str(config)])
+    assert "SLURM requeued this job (SLURM_RESTART_COUNT=1): going on from" in capsys.readouterr().err
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
 
 
 def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):

@@ -500,3 +500,18 @@ def test_the_fits_rmse_is_its_residuals_root_mean_square():
     residuals = [law(n) - y for n, y in zip(ns, losses)]
     assert law.rmse == pytest.approx(math.sqrt(sum(r * r for r in residuals) / len(ns)), rel=1e-6)
     assert 0.005 < law.rmse < 0.02  # (not vacuous: the noise shows)
+
+
+def test_scaling_rerun_with_seed_everything_true_reuses_its_own_runs(run_config, monkeypatch, capsys):
+    """Catches a rerun of `tinylm scaling --seed_everything true` refusing the ladder's own finished runs ("holds a
+    run of another ladder: seed_everything A (this ladder: B)": each command drew a new seed), where the docs promise
+    that rerunning the command reuses finished runs and resumes interrupted ones."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    cfg = run_config()
+    args = ["scaling", "--config", str(cfg), "--budget", "1e6", "--sizes", "[[1,8],[1,16],[2,16]]", "--predict",
+            "[1,24]", "--seed_everything", "true", "--out", "fit.png"]
+    main(args)
+    first = json.loads((cfg.parent / "fit.json").read_text())
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # another process: seeding had set it
+    main(args)
+    assert json.loads((cfg.parent / "fit.json").read_text())["runs"] == first["runs"]

@@ -575,7 +575,17 @@ def test_alerts_that_fired_before_a_resume_do_not_fire_again():
     resumed = HealthMonitor(overfit_patience=3)
     resumed.load_state_dict(monitor.state_dict())
     assert _validate(resumed, 1.4, 1.5, 50) == set()
-    assert resumed._val[:4] == monitor._val  # its validation history came along too
+    assert resumed._val[:3] == monitor._val[1:]  # its validation history came along too (the part still judged)
+
+
+def test_validation_history_stays_bounded_over_a_long_run():
+    """Catches the overfit check's history growing by one entry per validation for the whole run, in memory and in
+    every checkpoint (a run validating every 100 steps for days kept every validation's losses)."""
+    monitor = HealthMonitor(overfit_patience=3)
+    for i in range(200):
+        _validate(monitor, 2.0 - i * 1e-3, 2.0 - i * 1e-3, 100 * (i + 1))
+    assert len(monitor._val) == 4
+    assert len(monitor.state_dict()["val"]) == 4
 
 
 def test_halt_on_nonfinite_false_reports_and_trains_on(chars):

@@ -577,3 +577,39 @@ def test_last_on_a_running_fit_is_not_called_a_stopped_one(tmp_path, caplog):
         with caplog.at_level("WARNING", logger="tinylm"):
             assert latest_checkpoint(tmp_path / "run") == str(folder / "step-6.ckpt")
     assert "stopped" not in caplog.text and "is at step 4, behind it (the run is running there, pid 4242" in caplog.text
+
+
+def test_a_copied_checkpoint_validates_on_the_file_the_run_read(run_config, tmp_path, monkeypatch, caplog):
+    """Catches `tinylm validate --ckpt_path COPY.ckpt` from another folder, for a run that named its corpus by a
+    relative path: it said "reading the file the run read, /abs/corpus.txt" and then failed with "corpus
+    'corpus.txt' not found" (data_from put the run's relative name back over the found file); and the run's own
+    file, found from another folder, was announced as "evaluating on the validation split of data.corpus /abs/..."
+    as if it were another corpus."""
+    import shutil
+
+    cfg = run_config()
+    main(["fit", "--config", str(cfg), "--data.corpus", "shakespeare_small.txt"])
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", tmp_path / "elsewhere" / "copy.ckpt")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["validate", "--ckpt_path", "copy.ckpt", "--data.cache_dir", str(tmp_path / "cache")])
+    assert f"reading the file the run read, {tmp_path / 'shakespeare_small.txt'}" in caplog.text
+    rows = list(csv.DictReader(open(tmp_path / "elsewhere" / "validate" / "metrics.csv")))
+    assert len(rows) == 1 and float(rows[0]["val/loss"]) > 0
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["validate", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")])
+    assert "evaluating on the validation split" not in caplog.text  # the run's own corpus, not another
+
+
+
+def test_a_nanogpt_checkpoint_is_named_with_the_way_on(tmp_path):
+    """Catches nanoGPT's ckpt.pt (or a plain state_dict) refused as "not a Lightning checkpoint (no 'state_dict')"
+    with no word of what to pass instead (the house rule: the bad value and the fix)."""
+    from tinylm.checkpoint import CheckpointError, load_checkpoint
+
+    torch.save({"model": {"transformer.wte.weight": torch.ones(2, 2)}, "model_args": {"n_layer": 1},
+                "iter_num": 0}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match=r"nanoGPT's ckpt.pt.*tinylm fit.*--model.init_from DIR"):
+        load_checkpoint(tmp_path / "ckpt.pt")

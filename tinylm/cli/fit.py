@@ -30,7 +30,7 @@ from tinylm.cli.callback_checks import (
     check_train_monitors,
 )
 from tinylm.cli.errors import with_section_hint
-from tinylm.cli.resume import apply_checkpoint, resolve_ckpt_path
+from tinylm.cli.resume import apply_checkpoint, requeued, resolve_ckpt_path
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
     RUNS_ROOT,
@@ -178,6 +178,7 @@ class TinyLMCLI(LightningCLI):
             # (the ranks a DDP launcher starts find the seed drawn here in PL_GLOBAL_SEED, which seeding sets)
             drawn = int(os.environ.get("PL_GLOBAL_SEED") or random.SystemRandom().randrange(2**32))
             self._section()["seed_everything"] = drawn
+            self.seed_drawn = True  # (tinylm scaling: a rerun of a ladder takes the seed its runs recorded)
             log.info("seed_everything true: drew seed %d (the run's config.yaml records it)", drawn)
 
     def _option_names(self) -> set[str]:
@@ -242,7 +243,7 @@ class TinyLMCLI(LightningCLI):
         self.resume_step: int | None = None
         self.wandb_id: str | None = None
         self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)
-        asked = cfg.get("ckpt_path")
+        asked = requeued(cfg.get("ckpt_path"), self.run_dir, sub)
         cfg.ckpt_path = ckpt_path = resolve_ckpt_path(asked, self.run_dir, sub)
         # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
         self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents

@@ -41,7 +41,8 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
         check_json_beside(path, "rule_of_thumb", "lr-find")
     result = _sweep(cli, trainer_options(cli), min_lr=min_lr, max_lr=max_lr, num_training=num_training)
     summary = {"suggestion": result.suggestion, "rule_of_thumb": result.rule_of_thumb,
-               "config_lr": cli.model.hparams.lr, "lrs": result.lrs, "losses": result.losses}
+               "config_lr": cli.model.hparams.lr, "seed_everything": cli.config["fit"].get("seed_everything"),
+               "lrs": result.lrs, "losses": result.losses}
     # the numbers first: a picture without its .json beside it is taken for another file (paths.check_json_beside)
     path.parent.mkdir(parents=True, exist_ok=True)
     from tinylm.paths import replace_file
@@ -106,7 +107,9 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     # the schedule's floor at the config's ratio to its peak: a suggestion below the config's min_lr made a fit
     # that was refused (min_lr must be in [0, lr]), and one just above it a cosine that barely decays
     floor = f" --model.min_lr {hp.min_lr / hp.lr * said:.2e}" if hp.min_lr > 0 else ""
-    return f"tinylm fit {shlex.join([*fit_args, *data, *name])} --model.lr {lr:.2e}{floor}{muon}"
+    # seed_everything true drew a seed for the sweep: the fit starts from the weights swept, not another draw
+    seed = ["--seed_everything", str(cli.config["fit"]["seed_everything"])] if getattr(cli, "seed_drawn", False) else []
+    return f"tinylm fit {shlex.join([*fit_args, *data, *name, *seed])} --model.lr {lr:.2e}{floor}{muon}"
 
 
 def _print_summary(result, hparams, path: Path) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
-from tinylm.cli.run_folder import running_holder
+from tinylm.cli.run_folder import holds_run, running_holder
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -60,6 +60,21 @@ def latest_checkpoint(run_dir: Path) -> str | None:
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
                     run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
     return str(path)
+
+
+def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
+    """``--ckpt_path`` of a SLURM job requeued (SLURM_RESTART_COUNT >= 1: Lightning's auto-requeue on SIGUSR1, or
+    ``sbatch --requeue`` after a node failed), which reruns the same script: without one, and with its run folder
+    holding the run it started, `last` (as Lightning resumes a requeued job from its hpc checkpoint). It was refused
+    as a fresh run over an existing one, and the requeue was wasted."""
+    import os
+
+    count = os.environ.get("SLURM_RESTART_COUNT", "").strip()
+    if sub != "fit" or asked is not None or not count.isdigit() or int(count) < 1 or not holds_run(run_dir):
+        return asked
+    log.info("SLURM requeued this job (SLURM_RESTART_COUNT=%s): going on from %s's newest checkpoint "
+             "(--ckpt_path last)", count, run_dir)
+    return "last"
 
 
 def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
@@ -404,11 +419,21 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
     target = trained.pop("target_vocab_size", None) or (ckpt.get("hyper_parameters") or {}).get("vocab_size")
     if target is not None:
         trained["vocab_size"] = target
+    state = ckpt.get("TinyLMDataModule") or {}
+    specs, paths = state.get("corpus_specs"), state.get("corpus_paths")
+    read_as = (paths[0] if len(paths) == 1 else paths) if paths and specs in (
+        [trained.get("corpus")], trained.get("corpus")) else None  # the run's corpus by the paths it read
+
+    def other_corpus(corpus: Any) -> bool:  # (the run's own, found by `_files_read` from another folder, is not)
+        return corpus != trained.get("corpus") and (read_as is None or corpus != read_as)
+
+    now = dict(now or cfg.data)
     data = {k: v for k, v in trained.items() if k in cfg.data and cfg.data[k] == defaults.data.get(k)
             and f"data.{k}" not in named and cfg.data[k] != v
-            and not any(n.startswith(f"data.{k}.") for n in named)}  # --data.clean.exact false
-    now = {**(now or cfg.data), **data}
-    if now.get("corpus") != trained.get("corpus"):
+            and not any(n.startswith(f"data.{k}.") for n in named)  # --data.clean.exact false
+            and not (k == "corpus" and not other_corpus(now.get("corpus")))}
+    now = {**now, **data}
+    if other_corpus(now.get("corpus")):
         data.pop("weights", None)  # the run's mixture weights go with its corpora, not with --data.corpus OTHER
     from tinylm.tokenize import TRAINED_SPECS
 
@@ -420,7 +445,7 @@ def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict 
 
         data["tokenizer"] = str(checkpoint_tokenizer_dir(meta["tokenizer"],
                                                          now.get("cache_dir") or default_cache_dir()))
-        if now.get("corpus") != trained.get("corpus"):
+        if other_corpus(now.get("corpus")):
             share = now.get("val_fraction")
             log.info("evaluating on the validation split of data.corpus %s (%s; --data.val_fraction sets it) with the "
                      "checkpoint's own %s tokenizer (trained on %s)", now.get("corpus"),

@@ -68,6 +68,7 @@ def scaling(fit_args: list[str], /, *, budget: float = DEFAULT_BUDGET, sizes: li
     tag = f"C{budget:.1e}".replace("+", "")
     names = [f"{base}-{tag}-{r.label}" for r in rungs]
     settings = ladder_settings(cli.config["fit"].as_dict())
+    _keep_recorded_seed(cli, [root / name for name in names], settings)  # (seed_everything true: a rerun)
     for r, name in zip(rungs, names):  # before training anything: a folder of another ladder is never mixed in
         check_ladder_run(root / name, r, shape, settings)
     out_path = Path(out) if out else root / f"{base}-scaling-{tag}-{'_'.join(r.label for r in rungs)}.png"
@@ -296,6 +297,26 @@ _PER_RUNG = ("warmup_steps", "decay_steps")  # set per rung, beside the model's 
 _DATA_AS_IS = ("cache_dir", "num_workers")
 _TRAINER = ("accumulate_grad_batches", "precision", "gradient_clip_val", "gradient_clip_algorithm", "devices",
             "num_nodes")
+
+
+def _keep_recorded_seed(cli, run_dirs: list[Path], settings: dict) -> None:
+    """`--seed_everything true` draws a new seed per command: where the ladder's runs recorded the one an earlier
+    run of the command drew, use it (each rung's fit reads it from PL_GLOBAL_SEED), so that rerunning the command
+    reuses and resumes them, as it does with a fixed seed, instead of refusing them as another ladder's."""
+    import os
+
+    import yaml
+
+    if not getattr(cli, "seed_drawn", False):
+        return
+    seeds = set()
+    for path in (d / "config.yaml" for d in run_dirs):
+        if path.is_file():
+            seeds.add((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("seed_everything"))
+    if len(seeds) == 1 and isinstance(seed := seeds.pop(), int) and not isinstance(seed, bool):
+        os.environ["PL_GLOBAL_SEED"] = str(seed)
+        settings["seed_everything"] = seed
+        log.info("seed_everything true: the ladder's runs drew seed %d; going on with it", seed)
 
 
 def ladder_settings(config: dict) -> dict[str, object]:

@@ -358,8 +358,10 @@ class HealthMonitor(L.Callback):
         if not self._losses:
             return
         train = sum(self._losses) / len(self._losses)
-        self._val.append((float(val), train))
         k = self.overfit_patience
+        # only the last k + 1 are judged: the whole history grew by one tuple per validation, in memory and in every
+        # checkpoint, for as long as the run went on
+        self._val = [*self._val, (float(val), train)][-(k + 1):]
         if len(self._val) <= k:
             return
         recent = self._val[-(k + 1) :]
