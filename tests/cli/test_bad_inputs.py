@@ -1276,3 +1276,14 @@ def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, cap
     line = _one_line_error(capsys, ["fit", "--data.corpus", str(tmp_path / "c.txt"), "--run.name", name],
                            "run.name", "'x/x/x/", "/x/END'", "(4705 more characters)", "--run.name my-run")
     assert len(line) < 700, line
+
+
+def test_a_long_path_in_the_resume_command_of_an_error_line_is_whole(tmp_path):
+    """Catches the resume command of an interrupted run's line (`tinylm fit --data.corpus LONG/PATH ... --ckpt_path
+    last`), there to be copied, cut to "...(147 more characters)..." for a corpus path over 400 characters."""
+    from tinylm.cli.errors import error_line
+
+    corpus = "/".join(["deep_folder_of_experiment_data"] * 15) + "/c.txt"
+    line = error_line("fit", "interrupted by SIGTERM at step 8; saved runs/x/checkpoints/last.ckpt; resume with "
+                      "`tinylm fit --config ... --ckpt_path last`", ["--data.corpus", corpus, "--run.name", "x"])
+    assert f"--data.corpus {corpus} " in line and "more characters" not in line, line

@@ -22,19 +22,21 @@ def _corpus(tmp_path: Path) -> Path:
     return corpus
 
 
-def test_a_stray_rank_does_not_skip_the_run_folder_refusal(tmp_path):
-    """Catches RANK=1 left in a shell (no launcher: WORLD_SIZE unset) making a lone `tinylm fit` a silent rank 1 that
-    skipped the run folder's checks and overwrote an earlier run's best.ckpt / last.ckpt."""
+@pytest.mark.parametrize("stray", ["RANK", "NODE_RANK"])
+def test_a_stray_rank_does_not_skip_the_run_folder_refusal(tmp_path, stray):
+    """Catches RANK=1 (or NODE_RANK=1, left from a node started by hand) in a shell (no launcher: WORLD_SIZE and
+    MASTER_ADDR unset) making a lone `tinylm fit` a silent rank 1 that skipped the run folder's checks and overwrote an
+    earlier run's best.ckpt / last.ckpt."""
     (tmp_path / "runs" / "x" / "checkpoints").mkdir(parents=True)
     (tmp_path / "runs" / "x" / "config.yaml").write_text("x: 1\n")
     old = tmp_path / "runs" / "x" / "checkpoints" / "last.ckpt"
     old.write_bytes(b"old run")
-    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | {"RANK": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MASTER_ADDR")} | {stray: "1"}
     done = forked.run(["fit", "--run.name", "x", "--data.corpus", str(_corpus(tmp_path)), *TINY,
                        "--trainer.max_steps", "2"], cwd=tmp_path, env=env, timeout=300)
     assert old.read_bytes() == b"old run"
     assert done.returncode == 1 and "refusing to start a fresh run over it" in done.stderr, done.stderr[-2000:]
-    assert "ignoring RANK=1: no launcher started this process" in done.stderr
+    assert f"ignoring {stray}=1: no launcher started this process" in done.stderr
 
 
 def test_a_fit_whose_stdout_reader_goes_away_stops_and_saves(tmp_path):

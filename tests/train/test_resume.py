@@ -613,3 +613,21 @@ def test_a_nanogpt_checkpoint_is_named_with_the_way_on(tmp_path):
                 "iter_num": 0}, tmp_path / "ckpt.pt")
     with pytest.raises(CheckpointError, match=r"nanoGPT's ckpt.pt.*tinylm fit.*--model.init_from DIR"):
         load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypatch):
+    """Catches a requeued SLURM job (SLURM_RESTART_COUNT=1) silently taking over an earlier job's run of the same
+    --run.name (its fit refused without the requeue), ignoring the job's own model options, and rewriting its
+    last.ckpt / best.ckpt."""
+    from tinylm.cli.resume import requeued
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"another job's run")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert requeued(None, run, "fit") is None  # refused as a fresh run over it, as without the requeue
+    (run / "slurm_job_id").write_text("76\n")
+    assert requeued(None, run, "fit") is None
+    (run / "slurm_job_id").write_text("77\n")  # the run this job trained (check_run_folder records it)
+    assert requeued(None, run, "fit") == "last"

@@ -80,6 +80,10 @@ def _drop_stray_ranks() -> None:
     if (world.isdigit() and int(world) > 1) or os.environ.get("TINYLM_RANK0_PID"):
         return
     names = [k for k in ("RANK", "LOCAL_RANK") if os.environ.get(k, "").strip() not in ("", "0")]
+    # NODE_RANK too, where no MASTER_ADDR says where node 0 is (a node started by hand always has it: launch_checks):
+    # left from such a run, it made a lone fit a silent "rank 1" just the same (env_rank)
+    if not os.environ.get("MASTER_ADDR", "").strip() and os.environ.get("NODE_RANK", "").strip() not in ("", "0"):
+        names.append("NODE_RANK")
     if names:
         stray = " ".join(f"{k}={os.environ.pop(k)}" for k in names)
         log.warning("ignoring %s: no launcher started this process (WORLD_SIZE is %s); it runs alone as rank 0 "

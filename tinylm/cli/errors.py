@@ -27,6 +27,9 @@ STDOUT = "the standard output"  # the file name of an OSError writing it (tinylm
 
 def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
     """The line that ends a command on a user's error, with its resume hint spelled out."""
+    # a word over _LONGEST characters is shortened, but not in the resume command spelled out below: its values (a
+    # corpus path 450 characters long) trained a run, and the command is there to be copied whole
+    line = re.sub(r"\S{%d,}" % _LONGEST, _shortened, line)
     hint = "`tinylm fit --config ... --ckpt_path last`"
     if hint in line:
         # the resume command with the user's own config and overrides (--run.name among them); a command that
@@ -38,7 +41,6 @@ def error_line(command: str, line: str, args: list[str], rank: int = 0) -> str:
     if globbed := _expanded_glob(line, args):
         line += (f"; {globbed} and the file before it: a glob the shell expanded into several files? Quote it "
                  "(--data.corpus 'data/*.txt') or list them (--data.corpus '[a.txt, b.txt]')")
-    line = re.sub(r"\S{%d,}" % _LONGEST, _shortened, line)
     return f"tinylm {command}: error: {f'(rank {rank}) ' if rank else ''}{line}\n"
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
-from tinylm.cli.run_folder import holds_run, running_holder
+from tinylm.cli.run_folder import holds_run, running_holder, slurm_job_of
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")
@@ -71,6 +71,10 @@ def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
 
     count = os.environ.get("SLURM_RESTART_COUNT", "").strip()
     if sub != "fit" or asked is not None or not count.isdigit() or int(count) < 1 or not holds_run(run_dir):
+        return asked
+    # only the run this job trained (check_run_folder records it): an earlier job's run of the same --run.name (the
+    # job preempted before its fit began, or a script's earlier fit) is refused as before, not silently taken over
+    if not (job := os.environ.get("SLURM_JOB_ID", "").strip()) or slurm_job_of(run_dir) != job:
         return asked
     log.info("SLURM requeued this job (SLURM_RESTART_COUNT=%s): going on from %s's newest checkpoint "
              "(--ckpt_path last)", count, run_dir)

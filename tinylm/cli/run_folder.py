@@ -111,6 +111,17 @@ def run_dir_of(root: str | Path | None, name: str) -> Path:
     return run_dir
 
 
+SLURM_JOB = "slurm_job_id"  # the SLURM job that last trained the run (tinylm.cli.resume.requeued)
+
+
+def slurm_job_of(run_dir: Path) -> str:
+    """The SLURM job id recorded in the run folder by the last fit there under SLURM; '' for none."""
+    try:
+        return (run_dir / SLURM_JOB).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def holds_run(run_dir: Path) -> bool:
     """Whether a folder holds another run's results (checkpoints or logged metrics)."""
     ckpts = run_dir / "checkpoints"
@@ -316,6 +327,8 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
                 f"here would discard steps {at}-{latest} of this run's logs and overwrite its last.ckpt. Branch "
                 f"from it into a new folder with --run.name NEW_NAME --ckpt_path {ckpt_path}, or continue the run "
                 f"with --ckpt_path last")
+    if job := os.environ.get("SLURM_JOB_ID", "").strip():  # the job this run is trained by: its requeue goes on
+        (run_dir / SLURM_JOB).write_text(job + "\n", encoding="utf-8")
     return lock
 
 
