@@ -622,10 +622,17 @@ def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypat
     from tinylm.cli.resume import requeued
 
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "last.ckpt").write_bytes(b"another job's run")
+    (run / "csv").mkdir(parents=True)
+    (run / "csv" / "metrics.csv").write_text("epoch,step,train/loss\n0,0,4.1\n")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
+    (run / "slurm_job_id").write_text("77\n")
+    # the job's own run that saved no checkpoint: refused by the run folder's check alone (it said "going on from the
+    # newest checkpoint" first)
+    assert requeued(None, run, "fit") is None
+    (run / "checkpoints").mkdir()
+    torch.save({"state_dict": {}, "global_step": 3, "tinylm": {"format": 1}}, run / "checkpoints" / "last.ckpt")
+    (run / "slurm_job_id").unlink()
     assert requeued(None, run, "fit") is None  # refused as a fresh run over it, as without the requeue
     (run / "slurm_job_id").write_text("76\n")
     assert requeued(None, run, "fit") is None

@@ -76,6 +76,8 @@ def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
     # job preempted before its fit began, or a script's earlier fit) is refused as before, not silently taken over
     if not (job := os.environ.get("SLURM_JOB_ID", "").strip()) or slurm_job_of(run_dir) != job:
         return asked
+    if not checkpoints_by_step(run_dir / "checkpoints")[0]:  # (it said "going on from the newest checkpoint", then
+        return asked  # was refused for having none: the refusal alone says it, and how to go on)
     log.info("SLURM requeued this job (SLURM_RESTART_COUNT=%s): going on from %s's newest checkpoint "
              "(--ckpt_path last)", count, run_dir)
     return "last"
