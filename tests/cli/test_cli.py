@@ -439,7 +439,8 @@ def test_a_node_started_by_hand_beyond_the_first_logs_errors_only():
                 tinylm_log.handlers.clear()
                 tinylm_log.setLevel(logging.NOTSET)
                 rank_zero_only.rank = 0
-                os.environ["NODE_RANK"] = node
+                # as each node started by hand has them (with no MASTER_ADDR, a NODE_RANK is a stray: ignored)
+                os.environ.update(NODE_RANK=node, MASTER_ADDR="10.0.0.1", MASTER_PORT="29500")
                 _setup_console()
                 os.write(said, str(tinylm_log.getEffectiveLevel()).encode())
             finally:
