@@ -227,17 +227,20 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     default = default or _TORCH_DEFAULT[0]
     if requested is not None:
         return requested, f"{requested} (--run.threads)"
+    ignored = ""
     for var in THREAD_ENV_VARS:
-        if os.environ.get(var):
-            return torch.get_num_threads(), f"{torch.get_num_threads()} (torch's, from {var}={os.environ[var]})"
+        if (value := os.environ.get(var, "").strip()).isdigit() and int(value) > 0:
+            return torch.get_num_threads(), f"{torch.get_num_threads()} (torch's, from {var}={value})"
+        if value:  # 0 or "abc": OpenMP warns and torch ignores it (the line said "from OMP_NUM_THREADS=0")
+            ignored += f"; {var}={value!r} is no thread count, ignored"
     if resumed:  # another count sums in another order: losses off the uninterrupted run's in the 4th-5th digit
         return resumed, (f"{resumed}, the run's own (from its checkpoint: a resume sums as the run did, exactly); "
-                         "--run.threads N sets it")
+                         f"--run.threads N sets it{ignored}")
     busy = busy_cpus() if busy is None else busy
     cpus = usable_cpus()
     n = max(1, min(default, round(cpus - busy)))
     why = f"{n} of {default}" + (f": other processes kept {busy:.1f} of {cpus} CPUs busy" if n < default else "")
-    return n, why + "; --run.threads N sets it"
+    return n, why + "; --run.threads N sets it" + ignored
 
 
 def free_memory(device: torch.device) -> int | None:

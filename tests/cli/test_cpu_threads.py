@@ -41,6 +41,17 @@ def test_run_threads_and_the_environment_override_the_choice(monkeypatch):
     assert n == torch.get_num_threads() and "OMP_NUM_THREADS=3" in why
 
 
+@pytest.mark.parametrize("value", ["0", "abc", "-2"])
+def test_an_environment_thread_count_that_is_none_is_not_said_to_decide(monkeypatch, value):
+    """Catches `OMP_NUM_THREADS=0` (or "abc"), which OpenMP warns about and torch ignores, said to have decided the
+    count ("2 (torch's, from OMP_NUM_THREADS=0)"): tinylm chooses, and says the value was ignored."""
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    n, why = choose_cpu_threads(None, default=2, busy=0.0)
+    assert "from OMP_NUM_THREADS" not in why and f"OMP_NUM_THREADS={value!r} is no thread count, ignored" in why
+    assert n == min(2, usable_cpus())
+
+
 def test_fit_sets_and_says_its_threads(run_config, threads, caplog):
     """Catches `--run.threads` parsed but not applied, or the choice not said at the start of a run."""
     config = run_config(trainer={"max_steps": 1, "val_check_interval": 1})
