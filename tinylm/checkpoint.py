@@ -162,10 +162,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"refusing to load {str(path)!r}: it holds objects other than tensors and plain values ({_unsafe(e)}); "
-            "tinylm never executes code from a checkpoint"
-        ) from None
+        raise code_refused(path, e) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError, KeyError, IndexError) as e:
         # garbled bytes inside the pickle surface as any of these (a UnicodeDecodeError for a damaged string)
         raise CheckpointError(
@@ -269,8 +266,7 @@ def load_sharded(path: str | os.PathLike, *, optimizer: bool = True) -> dict[str
             _DCPUnpickler(f).load()
         states = _read_dcp(path, ["state_dict"] + (["optimizer_0"] if optimizer else []))
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"refusing to load {str(path)!r}: it holds objects other than tensors and plain "
-                              f"values ({_unsafe(e)}); tinylm never executes code from a checkpoint") from None
+        raise code_refused(path, e) from None
     except PermissionError:
         raise  # not damage: the CLI names the path and the fix
     except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointException) as e:
@@ -356,11 +352,15 @@ def tinylm_section(ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint")
     return meta
 
 
-def _unsafe(e: pickle.UnpicklingError) -> str:
-    """What a weights-only load refused (torch's "Unsupported global: GLOBAL x.y" line), without torch's advice to
-    load with weights_only=False: the one thing tinylm never does."""
+def code_refused(path: str | os.PathLike, e: pickle.UnpicklingError, what: str = "it",
+                 fix: str = "") -> CheckpointError:
+    """The error of a weights-only load that refused a file (``what`` in it) pickling code: what it needed (torch's
+    "Unsupported global: GLOBAL x.y" line), without torch's advice to load with weights_only=False, the one thing
+    tinylm never does; ``fix``, what to pass instead."""
     found = re.search(r"GLOBAL ([\w.]+)", str(e))  # "Unsupported global: GLOBAL x" / "unsupported GLOBAL x whose"
-    return f"it needs {found[1]}" if found else "it needs code to load"
+    needs = f"it needs {found[1]}" if found else "it needs code to load"
+    return CheckpointError(f"refusing to load {str(path)!r}: {what} holds objects other than tensors and plain values "
+                           f"({needs}); tinylm never executes code from a checkpoint{fix}")
 
 
 def _first_line(e: BaseException) -> str:

@@ -381,16 +381,15 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
                                 "directory written by `tinylm export`")
     import pickle
 
-    from tinylm.checkpoint import CheckpointError, _unsafe
+    from tinylm.checkpoint import code_refused
 
     with quiet_transformers(), _weights_readable(path):  # its load report: the error below says what matters
         try:
             model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
         except pickle.UnpicklingError as e:  # a pytorch_model.bin pickling code: transformers' weights-only load
-            raise CheckpointError(  # refused it, in a traceback that advised weights_only=False
-                f"refusing to load {str(path)!r}: its weights file holds objects other than tensors and plain "
-                f"values ({_unsafe(e)}); tinylm never executes code from a checkpoint: pass a directory with "
-                "model.safetensors (e.g. written by `tinylm export`)") from None
+            # refused it, in a traceback that advised weights_only=False
+            raise code_refused(path, e, "its weights file", ": pass a directory with model.safetensors (e.g. "
+                               "written by `tinylm export`)") from None
     wrong = [f"{name} is {tuple(theirs)} in the weights but {tuple(ours)} by config.json"
              for name, theirs, ours in sorted(info.get("mismatched_keys") or [])]
     wrong += [f"{name} is missing from the weights" for name in sorted(info.get("missing_keys") or [])]

@@ -90,6 +90,13 @@ def _drop_stray_ranks() -> None:
                     "(unset %s to silence this)", stray, world or "unset", " ".join(names))
 
 
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and later writes and Python's exit flush must not fail again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+
+
 def setup_lightning() -> None:
     """Import Lightning (seconds), filter its console handler's advertising lines, and have it write above a drawn
     progress bar."""
@@ -185,7 +192,7 @@ class _Output:
         whole step and saves, as on SIGTERM (it ended at once with 141, unsaved and without a word)."""
         if stop_state.reader_gone is None or stop_state.over:
             return False
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        quiet_stdout()
         stop_state.reader_gone(signal.SIGPIPE)
         return True
 

@@ -8,7 +8,6 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -68,7 +67,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
         try:
             print(usage(), flush=True)
         except BrokenPipeError:  # `tinylm --help | head -3`: the reader went away, as for any command's output
-            _quiet_stdout()
+            console.quiet_stdout()
             sys.exit(141)
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
@@ -101,17 +100,12 @@ def _main(argv: list[str] | None, program: bool) -> None:
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
         if program:
             signals.end_at_once_on_ctrl_c()
-        _quiet_stdout()
+        console.quiet_stdout()
         sys.exit(141)  # 128 + SIGPIPE, as a shell reports a command whose reader went away
     except (Exception, errors.Stopped) as raised:  # (a signal's stop is no Exception)
         if program:
             signals.end_at_once_on_ctrl_c()
         _end_on_error(raised, command, rest, verbose)
-
-
-def _quiet_stdout() -> None:
-    """Point stdout at /dev/null: its reader is gone, and Python's exit flush must not fail again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _help(command: str, rest: list[str], program: bool) -> None:
