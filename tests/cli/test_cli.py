@@ -565,6 +565,22 @@ def test_seed_everything_true_draws_a_seed_and_records_it(run_config, monkeypatc
     assert all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) and seeds[0] != seeds[1], seeds
 
 
+
+def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeypatch, caplog):
+    """Catches `--seed_everything true` on a resume (a script's command with `--ckpt_path last` added) drawing a new
+    seed: warned about as having "no effect" on every resume, and recorded in the resume's config as if it had. The
+    run's own seed is kept, and said."""
+    config = run_config()
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    main(["fit", "--config", str(config), "--seed_everything", "true"])
+    seed = yaml.safe_load(open("runs/tiny/config.yaml"))["seed_everything"]
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--seed_everything", "true", "--ckpt_path", "last",
+              "--trainer.max_steps", "3"])
+    assert f"the run's seed {seed} is kept" in caplog.text and "has no effect" not in caplog.text, caplog.text
+    assert yaml.safe_load(open("runs/tiny/config.resume-step2.yaml"))["seed_everything"] == seed
+
 def test_generate_shows_progress_until_text_printed_at_the_end(run_config, tmp_path, capsys, monkeypatch):
     """Catches `tinylm generate --strategy beam` (and --num_samples N) sitting silent until all its tokens are
     decoded: a progress line of the tokens decoded goes to stderr (in a log, every LINE_INTERVAL seconds: 0 here),

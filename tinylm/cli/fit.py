@@ -31,6 +31,7 @@ from tinylm.cli.callback_checks import (
 )
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, requeued, resolve_ckpt_path
+from tinylm.cli.resume_changes import keep_run_seed
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import (
     RUNS_ROOT,
@@ -179,7 +180,6 @@ class TinyLMCLI(LightningCLI):
             drawn = int(os.environ.get("PL_GLOBAL_SEED") or random.SystemRandom().randrange(2**32))
             self._section()["seed_everything"] = drawn
             self.seed_drawn = True  # (tinylm scaling: a rerun of a ladder takes the seed its runs recorded)
-            log.info("seed_everything true: drew seed %d (the run's config.yaml records it)", drawn)
 
     def _option_names(self) -> set[str]:
         """Every option of fit's and validate's parsers, dotted (``model.lr``, ``data.clean.exact``,
@@ -247,6 +247,8 @@ class TinyLMCLI(LightningCLI):
         cfg.ckpt_path = ckpt_path = resolve_ckpt_path(asked, self.run_dir, sub)
         # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
         self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
+        if getattr(self, "seed_drawn", False):  # said now: a resume keeps the run's seed instead
+            keep_run_seed(cfg, ckpt_path if sub == "fit" else None, cfg["seed_everything"])
         printing = _ActionPrintConfig.is_print_config_requested(self.parser)  # (put off by parse_arguments)
         if sub == "fit" and ranks.rank_zero() and not printing:  # other ranks (launched by rank zero) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)

@@ -29,6 +29,28 @@ def _run_config(ckpt_path: str, ckpt: dict | None = None) -> dict:
     return kept_settings(ckpt or {})
 
 
+def _started_config(ckpt_path: str, newest: dict) -> dict:
+    """The settings the checkpoint's run started with: its folder's config.yaml; outside its folder (or without
+    one), ``newest`` (what the run trained with last)."""
+    folder = Path(ckpt_path).resolve().parent.parent
+    if folder / "checkpoints" == Path(ckpt_path).resolve().parent and (folder / "config.yaml").is_file():
+        return read_yaml(folder / "config.yaml")
+    return newest
+
+
+def keep_run_seed(section, ckpt_path: str | None, drawn: int) -> None:
+    """``seed_everything true`` (``drawn``: the seed drawn for it): on a resume, the seed the run started with is
+    kept instead. The checkpoint restores the run's random state, so a new seed had no effect, yet it was warned about
+    ("has no effect") on every resume of a script that passes `--seed_everything true`, and recorded as if it had."""
+    started = _started_config(ckpt_path, _run_config(ckpt_path)).get("seed_everything") if ckpt_path else None
+    if isinstance(started, int) and not isinstance(started, bool):
+        section["seed_everything"] = started
+        log.info("seed_everything true on a resume: the run's seed %d is kept (the checkpoint restores its random "
+                 "state)", started)
+    else:
+        log.info("seed_everything true: drew seed %d (the run's config.yaml records it)", drawn)
+
+
 def _windows_a_step(data: dict, trainer: dict) -> int | None:
     """The windows an optimizer step draws (data.batch_size x devices x accumulation) under a config's data and trainer
     sections (dicts, or jsonargparse's Namespaces); None when one of them is not a number."""
@@ -54,7 +76,6 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     state, `data_state`, where it has them: a branch from an older step-N.ckpt), and a seed_everything that has no
     effect: model options are taken from the checkpoint with a warning; these apply, and the run goes on as another
     run. A checkpoint outside its run folder (``ckpt``) is compared with the settings it keeps."""
-    folder = Path(ckpt_path).resolve().parent.parent
     newest = _run_config(ckpt_path, ckpt)
     if not newest:
         return
@@ -81,9 +102,7 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     if changed:
         log.warning("resuming from %s with %s: the resumed steps train with the new value%s, not as the run did",
                     ckpt_path, ", ".join(changed), "s" if len(changed) > 1 else "")
-    # the seed the run started from (a resume's own seed has no effect); outside its folder, the checkpoint's
-    started = read_yaml(folder / "config.yaml") if folder / "checkpoints" == Path(ckpt_path).resolve().parent \
-        and (folder / "config.yaml").is_file() else newest
+    started = _started_config(ckpt_path, newest)  # the seed the run started from (a resume's own has no effect)
     seed = cfg.get("seed_everything")
     if "seed_everything" in started and seed not in (None, True) and seed != started["seed_everything"]:
         log.warning("resuming from %s: seed_everything %r has no effect (the run started with %r); the checkpoint "
