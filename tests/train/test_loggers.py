@@ -33,6 +33,22 @@ def test_no_credentials_means_offline(no_wandb_account, tmp_path, caplog):
     assert "no W&B credentials: set WANDB_API_KEY or run `wandb login`" in offline_lines[0]
 
 
+
+def test_wandb_without_home_gets_the_users_cache_folder(no_wandb_account, monkeypatch):
+    """Catches a W&B run with HOME unset (a cron job, a service) flooding stderr with ~20 lines of wandb-core's own
+    log ("failed to get logger path", "Unable to find cache directory") and leaving a .wandb_cache folder where the
+    command ran: wandb's Go service finds its folder from XDG_CACHE_HOME or HOME only, so the first is set to the
+    user's ~/.cache (Python finds the home in the password database) before wandb starts."""
+    import os
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert wandb_mode() == "offline"
+    assert os.environ["XDG_CACHE_HOME"] == os.path.join(os.path.expanduser("~"), ".cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/elsewhere")  # one the user set is theirs
+    wandb_mode()
+    assert os.environ["XDG_CACHE_HOME"] == "/elsewhere"
+
 def test_offline_says_why(no_wandb_account, tmp_path, monkeypatch, caplog):
     """Catches "no credentials or network" for a user's own WANDB_MODE=offline (a logged-in user left wondering
     why the key was not found)."""

@@ -186,6 +186,11 @@ def wandb_mode() -> str:
     most) tells whether the server can be reached. Without credentials or network this sets ``WANDB_MODE=offline``
     for the process before wandb starts.
     """
+    if not os.environ.get("HOME") and not os.environ.get("XDG_CACHE_HOME") \
+            and os.path.isabs(home := os.path.expanduser("~")):  # (Python's: from the password database)
+        # wandb's service (Go) finds its cache and log folder from these two only: without either, it printed ~20
+        # lines of its own log to stderr and made a .wandb_cache folder wherever the command ran (a cron job's)
+        os.environ["XDG_CACHE_HOME"] = os.path.join(home, ".cache")
     given = os.environ.get("WANDB_MODE", "")
     mode = given.lower()
     if mode not in WANDB_MODES:  # (wandb.init failed with pydantic's traceback, with credentials; without, unsaid)
