@@ -620,6 +620,7 @@ def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypat
     --run.name (its fit refused without the requeue), ignoring the job's own model options, and rewriting its
     last.ckpt / best.ckpt."""
     from tinylm.cli.resume import requeued
+    from tinylm.cli.run_folder import holds_run
 
     run = tmp_path / "run"
     (run / "csv").mkdir(parents=True)
@@ -627,10 +628,16 @@ def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     (run / "slurm_job_id").write_text("77\n")
-    # the job's own run that saved no checkpoint: refused by the run folder's check alone (it said "going on from the
-    # newest checkpoint" first)
-    assert requeued(None, run, "fit") is None
     (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-2.ckpt").write_bytes(b"cut")
+    # the job's own run whose checkpoints are all damaged: refused by the run folder's check alone (it said "going on
+    # from the newest checkpoint" first)
+    assert requeued(None, run, "fit") is None and (run / "csv" / "metrics.csv").exists()
+    (run / "checkpoints" / "step-2.ckpt").unlink()
+    # one that saved none (stopped before its first save): trained again from step 0, its logged rows kept aside (it
+    # was refused, and the requeue lost with nobody there to start it again)
+    assert requeued(None, run, "fit") is None and not holds_run(run)
+    assert (run / "csv" / "metrics.before-requeue-1.csv").read_text() == "epoch,step,train/loss\n0,0,4.1\n"
     torch.save({"state_dict": {}, "global_step": 3, "tinylm": {"format": 1}}, run / "checkpoints" / "last.ckpt")
     (run / "slurm_job_id").unlink()
     assert requeued(None, run, "fit") is None  # refused as a fresh run over it, as without the requeue

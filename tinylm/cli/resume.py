@@ -66,7 +66,7 @@ def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
     """``--ckpt_path`` of a SLURM job requeued (SLURM_RESTART_COUNT >= 1: Lightning's auto-requeue on SIGUSR1, or
     ``sbatch --requeue`` after a node failed), which reruns the same script: without one, and with its run folder
     holding the run it started, `last` (as Lightning resumes a requeued job from its hpc checkpoint). It was refused
-    as a fresh run over an existing one, and the requeue was wasted."""
+    as a fresh run over an existing one, and the requeue was wasted. A run that saved no checkpoint starts again."""
     import os
 
     count = os.environ.get("SLURM_RESTART_COUNT", "").strip()
@@ -75,6 +75,15 @@ def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
     # only the run this job trained (check_run_folder records it): an earlier job's run of the same --run.name (the
     # job preempted before its fit began, or a script's earlier fit) is refused as before, not silently taken over
     if not (job := os.environ.get("SLURM_JOB_ID", "").strip()) or slurm_job_of(run_dir) != job:
+        return asked
+    if not any((run_dir / "checkpoints").glob("*.ckpt")):  # stopped before its first save: trained again from step
+        # 0, its logged rows kept aside (it was refused, and the requeue lost: nobody is there to start it again)
+        metrics = run_dir / "csv" / "metrics.csv"
+        aside = metrics.with_name(f"metrics.before-requeue-{count}.csv")
+        if metrics.exists():
+            metrics.rename(aside)
+        log.info("SLURM requeued this job (SLURM_RESTART_COUNT=%s): its run saved no checkpoint, so it starts again "
+                 "from step 0%s", count, f" (its logged rows kept in {aside})" if aside.exists() else "")
         return asked
     if not checkpoints_by_step(run_dir / "checkpoints")[0]:  # (it said "going on from the newest checkpoint", then
         return asked  # was refused for having none: the refusal alone says it, and how to go on)
