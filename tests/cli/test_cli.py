@@ -690,3 +690,30 @@ def test_a_commands_config_file_with_a_typo_names_the_file_and_the_nearest_optio
         with pytest.raises(SystemExit):
             main(["generate", "--ckpt_path", "x.ckpt", "--config", str(tmp_path / name)])
         assert said in capsys.readouterr().err, name
+
+
+def test_no_advice_against_the_loaders_chosen_num_workers(run_config, monkeypatch):
+    """Catches Lightning's PossibleUserWarning "The 'train_dataloader' does not have many workers which may be a
+    bottleneck. Consider increasing ... `num_workers=15`" (and the val_dataloader's) on every fit and validate of a
+    machine of 3 or more CPUs: tinylm reads in the main process on purpose (docs/data.md)."""
+    import warnings
+
+    import lightning.fabric.utilities.data as data
+
+    monkeypatch.setattr(data, "_num_cpus_available", lambda: 16)  # as on the 16-CPU host of a GPU
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(["fit", "--config", str(run_config())])
+    assert not [w for w in seen if "does not have many workers" in str(w.message)]
+
+
+def test_ema_weight_averaging_on_one_device_says_nothing_of_sharding(run_config):
+    """Catches Lightning's "You're using the WeightAveraging callback with a model that overrides the
+    configure_model callback. WeightAveraging doesn't support sharding model layers, so you may run out of memory"
+    at every run with the EMAWeightAveraging that docs/cli.md recommends: TinyLM shards only under FSDP2."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(["fit", "--config", str(run_config()), "--trainer.callbacks+=EMAWeightAveraging"])
+    assert not [w for w in seen if "doesn't support sharding model layers" in str(w.message)]

@@ -1101,3 +1101,23 @@ def test_other_text_under_the_same_name_says_where_the_run_read_it(tmp_path):
     saved = {"corpus_fingerprints": ["a"], "corpus_specs": ["corpus.txt"], "corpus_paths": ["/old/place/corpus.txt"]}
     said = str(_other_text(saved, ["b"], ["corpus.txt"]))
     assert "(the run read 'corpus.txt' at /old/place/corpus.txt)" in said, said
+
+
+def test_the_bars_of_a_whole_pass_over_a_corpus_end_at_100_percent(tmp_path, monkeypatch, capsys):
+    """Catches "training bpe on c.txt: 98% 3.72k/3.79k" ("cleaning", "tokenizing" too) left as the bars' last word
+    after a complete pass: their total is the files' size, but they counted the documents' bytes, without the
+    `<|endoftext|>` separators (and the whitespace around them) that the pass read too."""
+    import re
+
+    from tinylm.cli import main
+
+    monkeypatch.setattr("tinylm.progress.LINE_INTERVAL", 0.0)  # a line at every update, and the last one at close
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n<|endoftext|>\n".join(f"story {i}: " + "the cat sat on a mat. " * 20 for i in range(8)))
+    main(["prepare", "--data.corpus", str(corpus), "--data.tokenizer", "bpe", "--data.vocab_size", "270",
+          "--data.block_size", "8", "--data.clean.exact", "true", "--data.cache_dir", str(tmp_path / "cache")])
+    last = {}
+    for line in capsys.readouterr().err.splitlines():
+        if m := re.match(r"(cleaning c\.txt|training bpe on c\.txt|tokenizing c\.txt): +(\d+)%", line):
+            last[m[1]] = int(m[2])
+    assert last == {"cleaning c.txt": 100, "training bpe on c.txt": 100, "tokenizing c.txt": 100}

@@ -366,3 +366,21 @@ def test_lr_find_with_a_drawn_seed_records_it_and_its_next_fit_keeps_it(run_conf
     assert isinstance(seed, int) and not isinstance(seed, bool)
     command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])  # the next: fit
     assert command[command.index("--seed_everything", command.index("true")):][:2] == ["--seed_everything", str(seed)]
+
+
+def test_lr_find_says_nothing_of_its_temporary_checkpoint(run_config):
+    """Catches Lightning's "Restoring states from the checkpoint path at /tmp/.../.lr_find_<uuid>.ckpt", "Restored
+    all states ..." and "`Trainer.fit` stopped: `max_steps=12` reached." on stderr: a file the user never made, a fit
+    the user never ran (12 is --num_training)."""
+    import logging
+
+    said = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())
+    lightning = logging.getLogger("lightning.pytorch")
+    lightning.addHandler(handler)
+    try:
+        main(["lr-find", "--config", str(run_config()), "--num_training", "12", "--out", "lr.png"])
+    finally:
+        lightning.removeHandler(handler)
+    assert said and not [line for line in said if ".lr_find_" in line or "`Trainer.fit` stopped" in line], said

@@ -14,6 +14,15 @@ from tinylm.errors import TinyLMError
 _UNSERIALIZABLE = "Unable to serialize instance "  # what jsonargparse writes (with a warning) for such a value
 
 
+def keep_none() -> dict[str, bool]:
+    """The keyword of jsonargparse's ``dump``/``save`` that writes options set to None too: ``skip_unset=False``
+    since jsonargparse 4.49, where ``skip_none`` (the only one before) is deprecated, to go in 5.0."""
+    from jsonargparse import __version__
+
+    major, minor = (int(part) for part in __version__.split(".")[:2])
+    return {"skip_unset" if (major, minor) >= (4, 49) else "skip_none": False}
+
+
 def check_recordable(parser, cfg) -> None:
     """Refuse an option that the run's config.yaml (and each checkpoint's copy of it) cannot record: jsonargparse
     writes `Unable to serialize instance X` in its place (ModelPruning's `pruning_fn: l1_unstructured`,
@@ -23,7 +32,7 @@ def check_recordable(parser, cfg) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text = parser.dump(cfg, skip_none=False)
+        text = parser.dump(cfg, **keep_none())
     if _UNSERIALIZABLE not in text:
         return
 

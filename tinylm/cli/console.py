@@ -57,6 +57,27 @@ def setup() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+def ignore_lightning_advice() -> None:
+    """Lightning's warnings about what `fit` and `validate` do on purpose (each says why below)."""
+    # args are always passed explicitly (main() strips --verbose first), which Lightning warns about
+    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
+    # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    # a fresh run with a user's OnExceptionCheckpoint: Lightning looks for a "last" checkpoint to resume from (any
+    # it would find is refused first: check_exception_checkpoints)
+    warnings.filterwarnings("ignore", message=r"`\.fit\(ckpt_path=None\)` was called without a model")
+    warnings.filterwarnings("ignore", message=r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint')
+    # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
+    warnings.filterwarnings("ignore", message="The dirpath has changed from")
+    # tinylm's epochs are notional (a small corpus makes short ones) and logging counts steps across them
+    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
+    # tinylm's loaders read their windows in the main process unless data.num_workers says otherwise, on purpose
+    # (slicing a memmap is cheap; workers cost 30 % at GPT-2 124M on an H200: docs/data.md); Lightning's advice to
+    # raise it to the CPUs' count - 1 (on any machine of 3 or more CPUs) knows nothing of that
+    warnings.filterwarnings("ignore", message=r"The '(train|val)_dataloader' does not have many workers which may be")
+
+
 def _utf8_stdout() -> None:
     """Under LC_ALL=C (no UTF-8 mode) Python writes stdout as ASCII: a sample with a non-ASCII character ended
     `tinylm generate` with "UnicodeEncodeError: 'ascii' codec ...". Written as UTF-8 instead (file names Python
@@ -274,12 +295,16 @@ class _RankZero(logging.Filter):
 class _NoTips(logging.Filter):
     """Drops Lightning's advertising lines ("💡 Tip: ... try installing litlogger"), its note that tinylm's own
     model summary (tinylm.train.run.FlopsSummary) stands in for its default one, and its "attempting graceful
-    shutdown" on a run's stop that tinylm says in its own line (a second Ctrl+C's: nothing graceful follows)."""
+    shutdown" on a run's stop that tinylm says in its own line (a second Ctrl+C's: nothing graceful follows).
+    Also its "TPU available: False, using: 0 TPU cores" (tinylm trains on CPUs and GPUs: trainer_checks refuses
+    the XLA strategies) and "`Trainer.fit` stopped: `max_steps=N` reached." (the run's summary, "run NAME done:
+    step N", follows it; a run stopped before max_steps says why in its own line: RunConfig.on_fit_end)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
         said = stop_state.line is not None and "Detected KeyboardInterrupt" in msg
-        return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg and not said
+        banner = msg.startswith(("TPU available: ", "`Trainer.fit` stopped: `max_steps="))
+        return "Tip:" not in msg and "Skipping setting a default `ModelSummary`" not in msg and not said and not banner
 
 
 def format_validate(row: dict, path: Path | None) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from jsonargparse._actions import _ActionPrintConfig
 from lightning.pytorch.cli import LightningCLI
 
-from tinylm.cli import ranks, rendezvous
+from tinylm.cli import console, ranks, rendezvous
 from tinylm.cli.argv import home_expanded, options, use_reloadable_yaml
 from tinylm.cli.callback_checks import (
     check_callback_states,
@@ -401,6 +401,13 @@ class TinyLMCLI(LightningCLI):
         self.save_config_callback = None
         trainer = super()._instantiate_trainer(config, callbacks)
         self._set_cpu_threads(trainer)
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if not isinstance(trainer.strategy, ModelParallelStrategy):
+            # TinyLM.configure_model shards the model under FSDP2 (a ModelParallelStrategy) only: elsewhere
+            # EMAWeightAveraging's "doesn't support sharding model layers, so you may run out of memory" is untrue
+            warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that "
+                                                      "overrides the configure_model")
         if trainer.world_size > 1:  # a signal while the ranks connect ends it (torch's C++ waits 30 min)
             rendezvous.watch_waits(trainer.strategy)
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
@@ -544,19 +551,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     from tinylm.train.module import TinyLM
 
     ranks.COMMAND[:] = args
-    # args are always passed explicitly (main() strips --verbose first), which Lightning warns about
-    warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-    # a resumed run's checkpoint folder is not empty, and validate needs no training callbacks: both expected
-    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
-    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-    # a fresh run with a user's OnExceptionCheckpoint: Lightning looks for a "last" checkpoint to resume from (any
-    # it would find is refused first: check_exception_checkpoints)
-    warnings.filterwarnings("ignore", message=r"`\.fit\(ckpt_path=None\)` was called without a model")
-    warnings.filterwarnings("ignore", message=r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint')
-    # a branch (a new run from another run's checkpoint) tracks its own best.ckpt in its own folder, as it should
-    warnings.filterwarnings("ignore", message="The dirpath has changed from")
-    # tinylm's epochs are notional (a small corpus makes short ones) and logging counts steps across them
-    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
+    console.ignore_lightning_advice()
     failed = False
     try:
         cli = cli_class(

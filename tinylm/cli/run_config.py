@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import SaveConfigCallback
 
+from tinylm.cli.callback_checks import keep_none
 from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
 log = logging.getLogger("tinylm")
@@ -91,7 +92,7 @@ class RunConfig(SaveConfigCallback):
         if self._record is None:
             config = self.config.clone()
             config.ckpt_path = None
-            self._record = self.parser.dump(config, skip_none=False)
+            self._record = self.parser.dump(config, **keep_none())
         checkpoint.setdefault("tinylm", {})["config"] = self._record
 
     def on_fit_end(self, trainer, pl_module) -> None:
@@ -113,14 +114,14 @@ class RunConfig(SaveConfigCallback):
             _written(path, lambda: path.write_text(self._resume_record(), encoding="utf-8"))
             return self._log_to_wandb(trainer)
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
-                                        != self.parser.dump(self.config, skip_none=False)):
+                                        != self.parser.dump(self.config, **keep_none())):
             # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
             # outside the run folder; read, a folder crashed the run
             kept = _unused(self.run_dir / "config.previous.yaml")
             path.rename(kept)
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _written(path, lambda: self.parser.save(self.config, path, skip_none=False, overwrite=True,
+        _written(path, lambda: self.parser.save(self.config, path, **keep_none(), overwrite=True,
                                                 multifile=self.multifile))
         self._log_to_wandb(trainer)
 
@@ -131,7 +132,7 @@ class RunConfig(SaveConfigCallback):
         record given later as --config resumed from whatever last.ckpt was by then, not from step N."""
         config = self.config.clone()
         config.ckpt_path = None
-        lines = self.parser.dump(config, skip_none=False).splitlines(keepends=True)
+        lines = self.parser.dump(config, **keep_none()).splitlines(keepends=True)
         at = next((i for i, line in enumerate(lines) if line.startswith("ckpt_path:")), 0)
         started = os.path.abspath(self.config.ckpt_path)
         note = (f"# resumed at step {self.resume_step} from {started} as it was then (a run saves over or deletes\n"
@@ -144,7 +145,7 @@ class RunConfig(SaveConfigCallback):
         # (max_steps, accumulate_grad_batches, precision, seed, ...) only the config holds
         wandb = wandb_loggers(trainer.loggers)
         if wandb:
-            config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+            config = json.loads(self.parser.dump(self.config, **keep_none(), format="json"))
             for logger in wandb:
                 logger.log_hyperparams({k: v for k, v in config.items() if k not in ("model", "data")})
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.data.corpus import Corpus
-from tinylm.data.writer import progress
+from tinylm.data.writer import progress, read_whole
 from tinylm.errors import UnavailableError
 from tinylm.ranges import check_ranges
 
@@ -313,6 +313,7 @@ class Cleaner:
                     if rule is None:
                         lengths.append(len(doc))
                         yield doc
+                read_whole(bar)
             finished = True
         finally:
             if not finished:  # undo what this pass added to the shared state

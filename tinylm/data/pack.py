@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tinylm.data.corpus import Corpus
-from tinylm.data.writer import SplitWriter, progress
+from tinylm.data.writer import SplitWriter, progress, read_whole
 from tinylm.tokenize import Tokenizer
 from tinylm.tokenize.backends import MissingCharacter
 
@@ -105,6 +105,7 @@ def _write_shards(partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype
                 writers, chars = None, 0
         if writers is not None:
             done.append(_close_shard(partial, len(done), writers, index))
+        read_whole(bar)
     return done
 
 

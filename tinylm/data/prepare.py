@@ -36,7 +36,7 @@ from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
-from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate
+from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate, read_whole
 from tinylm.errors import TinyLMError
 from tinylm.progress import heartbeat
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
@@ -223,6 +223,7 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
                 read[0] += n
                 bar.update(n if sample is None else len(doc))
                 yield doc
+            read_whole(bar)
         read_at[0] = clock()
 
     def merging(_: float) -> str | None:  # (after the text is read, the trainer counts and merges, saying nothing)

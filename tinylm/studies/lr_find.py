@@ -64,6 +64,14 @@ class LRFind:
     why_none: str = ""  # why there is no suggestion, and the fix
 
 
+class _SweepLines(logging.Filter):
+    """Drops Lightning's info lines about the range test's own temporary checkpoint and its fit's end."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return ".lr_find_" not in msg and not msg.startswith("`Trainer.fit` stopped: `max_steps=")
+
+
 def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, *, params: int,
             min_lr: float, max_lr: float, num_training: int) -> LRFind:
     """Run the range test from ``min_lr`` to ``max_lr`` over ``num_training`` optimizer steps; the module's weights
@@ -85,6 +93,12 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     quiet = logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
+    # and its lines about that file ("Restoring states from the checkpoint path at /tmp/.../.lr_find_<uuid>.ckpt",
+    # "Restored all states ...") and about the sweep's end ("`Trainer.fit` stopped: `max_steps=<num_training>`"):
+    # no file or fit of the user's
+    said = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    sweep_lines = _SweepLines()
+    said.addFilter(sweep_lines)
     # Lightning's sweep draws its own tqdm bar on stderr whatever stderr is: in a log (`> lr.log 2>&1`, SLURM) every
     # redrawing stayed, carriage returns and all; tinylm's bar is plain lines there, as the run's own
     from lightning.pytorch.tuner import lr_finder
@@ -98,6 +112,7 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     finally:
         module.muon_lr_ratio, module.lr_range_test = None, False
         quiet.setLevel(level)
+        said.removeFilter(sweep_lines)
         lr_finder.tqdm = own_bar
     # each step's loss: the mean over its micro-batches (Lightning's curve reads the last one's: `smoothed` says why)
     raw, module.range_test_losses = module.range_test_losses, []
