@@ -429,6 +429,7 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} has hyperparameters that build no GPT ({e}); "
                               "pass a .ckpt written by `tinylm fit`") from None
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    check_size(config, state, ckpt_path)  # before the model is built: n_layer 10**6 took the machine's memory
     with torch.random.fork_rng(devices=[]):  # the random init, overwritten below, leaves the caller's seed alone
         model = GPT(config)
     check_weights(state, model.state_dict(), ckpt_path)
@@ -436,6 +437,30 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
     model.load_state_dict(state)
     tokenizer = checkpoint_tokenizer(ckpt, ckpt_path)
     return model.to(map_location).eval(), tokenizer, hparams
+
+
+def check_size(config: Any, state: dict[str, Any], ckpt_path: str | os.PathLike) -> None:
+    """Refuse hyperparameters (``config``, a GPTConfig) whose model is another size than the weights ``state`` (a GPT
+    state_dict) before that model is built: an edited n_layer, n_embd or vocab_size allocated the model it names
+    (10**6 layers, or 10**12 embedding rows) and ended in an allocation traceback, or took all the machine's memory."""
+    # a tensor larger than the bytes it holds (torch.zeros(32).expand(10**9, 32): a 145 KB file) stands for no weights
+    hollow = next((k for k, t in state.items() if isinstance(t, torch.Tensor)
+                   and t.numel() * t.element_size() > t.untyped_storage().nbytes()), None)
+    if hollow is not None:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r}: tensor {hollow!r} of shape {tuple(state[hollow].shape)} "
+                              f"holds {state[hollow].untyped_storage().nbytes():,} bytes, fewer than its shape needs "
+                              "(an expanded view: the file was edited or written by another tool); use another "
+                              "checkpoint of the run")
+    wte, want = state.get("transformer.wte.weight"), (config.padded_vocab_size, config.n_embd)
+    if isinstance(wte, torch.Tensor) and tuple(wte.shape) != want:  # (none, or no tensor: check_weights says it)
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r}: tensor 'transformer.wte.weight' has shape "
+                              f"{tuple(wte.shape)} but its hyperparameters make {want}; the weights and "
+                              "hyper_parameters come from different models (was the file edited or merged?)")
+    layers = len({k.split(".")[2] for k in state if k.startswith("transformer.h.")})
+    if layers != config.n_layer:
+        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: n_layer "
+                              f"{config.n_layer:,}, but its weights hold {layers} layers (was the file edited or "
+                              "merged?)")
 
 
 def check_finite(state: dict[str, Any], ckpt_path: str | os.PathLike) -> None:

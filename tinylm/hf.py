@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fnmatch
 import json
+import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -383,6 +384,7 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
 
     from tinylm.checkpoint import code_refused
 
+    _check_size(path, model_class.config_class.from_pretrained(path))
     with quiet_transformers(), _weights_readable(path):  # its load report: the error below says what matters
         try:
             model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
@@ -400,6 +402,48 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"cannot import {str(path)!r}: its weights do not fit its config.json: {wrong[0]}{more}; "
                          f"{_AGAIN}")
     return {k: v.float() for k, v in model.state_dict().items()}
+
+
+def _weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of the weights files in ``path``, read from their headers (safetensors) or mapped
+    (a weights-only torch file): nothing is allocated."""
+    import pickle
+
+    from safetensors import SafetensorError, safe_open
+
+    files = [n for n in ("model.safetensors", "pytorch_model.bin") if (path / n).is_file()]
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if not files and (path / index).is_file():
+            files = sorted(set((json.loads((path / index).read_text(encoding="utf-8")).get("weight_map") or {})
+                               .values()))
+    shapes = {}
+    for name in files:
+        try:
+            if name.endswith(".safetensors"):
+                with safe_open(path / name, "pt") as f:
+                    shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+            else:
+                state = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
+                shapes.update({k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)})
+        except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, AttributeError, SafetensorError):
+            return {}  # (a damaged or unsafe file: from_pretrained's load says so in its own words)
+    return shapes
+
+
+def _check_size(path: Path, hc: Any) -> None:
+    """config.json's vocabulary, width and layers against the weights' own shapes, before transformers builds the
+    model config.json names: vocab_size 10**12 ended in an allocation traceback, n_layer 10**6 ran for minutes
+    taking the machine's memory."""
+    shapes = _weight_shapes(path)
+    embedding = next((v for k, v in shapes.items() if k.endswith(("wte.weight", "embed_tokens.weight"))), None)
+    layers = {m[1] for k in shapes if (m := re.search(r"\.(?:h|layers)\.(\d+)\.", k))}
+    n_layer, width = hc.num_hidden_layers, hc.hidden_size
+    if embedding is None:
+        return
+    if embedding != (hc.vocab_size, width) or len(layers) != n_layer:
+        raise ValueError(f"cannot import {str(path)!r}: its config.json names vocab_size {hc.vocab_size:,}, width "
+                         f"{width:,} and {n_layer:,} layers, and its weights hold an embedding of {embedding} and "
+                         f"{len(layers)} layers; {_AGAIN}")
 
 
 def import_hf(path: str | Path) -> GPT:

@@ -244,9 +244,12 @@ def reloadable_yaml(data: Any) -> str:
 def use_reloadable_yaml() -> None:
     """jsonargparse's YAML dumper (its config files, --print_config, the run's config records) is
     `reloadable_yaml`."""
-    from jsonargparse import set_dumper
+    from jsonargparse import set_dumper, set_parsing_settings
 
     set_dumper("yaml", reloadable_yaml)
+    # a {class_path: ...} given where a signature says Any/object (RichProgressBar's console_kwargs, a DDPStrategy's
+    # ddp_comm_state) was instantiated, whatever class it named: subprocess.Popen ran a shared config's command
+    set_parsing_settings(instantiate_subclass_spec_in_any=False)
 
 
 _FIT_TOP = ("seed_everything", "ckpt_path", "weights_only", "optimizer", "lr_scheduler")  # besides the sections

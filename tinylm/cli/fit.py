@@ -497,6 +497,12 @@ class TinyLMCLI(LightningCLI):
                      int(self.trainer.fast_dev_run), path)
             self.validate_csv = None
             return
+        if path.parent.is_symlink() or path.is_symlink():  # a shared run folder's link: rows appended to a file
+            # outside the run folder
+            log.warning("not recording the result in %s: %s is a link out of the run folder; remove it to keep "
+                        "validation results there", path, path.parent if path.parent.is_symlink() else path)
+            self.validate_csv = None
+            return
         try:
             from tinylm.evals.results import append_row
 

@@ -379,6 +379,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
         log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
                     ckpt_path, ", ".join(unknown))
     _check_saved(saved, known, ckpt_path)
+    _check_saved_size(ckpt, saved, ckpt_path)
     # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)
     saved = {k: v for k, v in saved.items() if k in known and k not in RUNTIME_OPTIONS}
     linked = config_fields("data")  # come from the data; checked against it on load
@@ -423,6 +424,22 @@ def _check_saved(saved: dict, known: set[str], ckpt_path: str) -> None:
         raise CheckpointError(f"checkpoint {ckpt_path!r} holds a bad hyperparameter of its own ({e}): it is the "
                               "checkpoint's value, not an option of this command; the file was edited or written by "
                               "another tool: use another checkpoint of the run") from None
+
+
+def _check_saved_size(ckpt: dict, saved: dict, ckpt_path: str) -> None:
+    """The checkpoint's own n_layer, n_embd and vocab_size against its weights, before TinyLM builds the model they
+    name (an edited n_layer 10**6 took the machine's memory first)."""
+    from dataclasses import fields as dc_fields
+
+    from tinylm.checkpoint import check_size
+    from tinylm.model import GPTConfig
+
+    if "vocab_size" not in saved or not isinstance(ckpt.get("state_dict"), dict):
+        return
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    if state:  # (a sharded checkpoint's: read whole only later)
+        check_size(GPTConfig(**{f.name: saved[f.name] for f in dc_fields(GPTConfig) if f.name in saved}), state,
+                   ckpt_path)
 
 
 def data_from(ckpt: dict, meta: dict, cfg, defaults, named: set[str], now: dict | None = None) -> dict:

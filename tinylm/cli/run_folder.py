@@ -167,6 +167,8 @@ def lock_run_folder(run_dir: Path):
         # one_line names those)
         raise TinyLMError(f"cannot make the run folder {run_dir} ({e.strerror or e}); pick a writable "
                           "--trainer.default_root_dir DIR") from None
+    if (run_dir / ".lock").is_symlink():  # a shared folder's link: the pid written through it replaced the text of
+        (run_dir / ".lock").unlink()  # the file it points to, outside the run folder
     f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -389,6 +391,39 @@ def kept_settings(ckpt: dict) -> dict:
     return settings if isinstance(settings, dict) else {}
 
 
+_TRUSTED_CLASSES = ("lightning.", "pytorch_lightning.", "tinylm.", "torch.")
+"""What settings read without --config (a run folder's record, a checkpoint's kept config) may name as a class_path:
+a class there is imported and built with the file's arguments."""
+_CALLING_CLASSES = ("LambdaCallback",)
+"""Classes whose arguments are functions, named by import path, that the run calls."""
+
+
+def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path | None = None) -> None:
+    """Refuse settings that tinylm reads on its own (``source``: a run folder's config record, or the config text a
+    checkpoint keeps: files a user may have been sent) naming a class_path outside Lightning, tinylm and torch, or a
+    LambdaCallback: jsonargparse imports and instantiates those, and LambdaCallback calls the functions it names. A
+    trainer option naming a file (beside the record, ``folder``, or here) is refused too: jsonargparse reads such a
+    file as the option's settings, class_path and all."""
+    if isinstance(settings, str) and where.startswith("trainer.") and settings.strip() and any(
+            (base / settings).expanduser().is_file() for base in ([folder] if folder else []) + [Path.cwd()]):
+        raise TinyLMError(f"{source} sets {where} to the file {settings!r}: settings tinylm reads without --config may "
+                          "not take a trainer option's settings from another file (class_path and all); if you trust "
+                          "them, pass them yourself with --config FILE")
+    if isinstance(settings, dict):
+        path = settings.get("class_path")
+        if isinstance(path, str) and (("." in path and not path.startswith(_TRUSTED_CLASSES))
+                                      or path.rpartition(".")[2] in _CALLING_CLASSES):
+            raise TinyLMError(f"{source} names class_path {path!r} (at {where or 'the top'}): settings tinylm reads "
+                              "without --config may name only Lightning's, torch's and tinylm's classes, and no "
+                              "LambdaCallback, as building them runs code; if you trust the file, pass its settings "
+                              "yourself with --config FILE")
+        for key, value in settings.items():
+            check_kept_classes(value, source, f"{where}.{key}" if where else str(key), folder)
+    elif isinstance(settings, list):
+        for i, value in enumerate(settings):
+            check_kept_classes(value, source, f"{where}[{i}]", folder)
+
+
 def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool, run_dir: Path | None = None
                             ) -> list[str]:
     """``fit`` ``args`` from a checkpoint outside a run folder that holds a config (copied, downloaded), or in a run
@@ -407,6 +442,7 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     # first for what the settings it keeps would have given ("trainer.max_steps is not set")
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     settings = kept_settings(ckpt)
+    check_kept_classes(settings, f"the config that checkpoint {ckpt_path} keeps")
     if not settings:
         if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
             log.warning("%s keeps no settings of its run (a checkpoint of an older tinylm) and no config record of "
@@ -461,6 +497,7 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"{e} ({config} holds the run's own settings, read as no --config is given: fix it, or "
                           "pass --config FILE with the run's settings)") from None
+    check_kept_classes(settings, str(config), folder=config.parent)
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names

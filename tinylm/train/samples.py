@@ -98,6 +98,8 @@ class SampleText(L.Callback):
         # without accumulation never samples either): not again after the next step's first micro-batch
         self._last_step = trainer.global_step
         self._path = Path(trainer.default_root_dir) / "samples.txt"
+        if trainer.is_global_zero and self._path.is_symlink():  # a shared run folder's link: cutting it back and
+            self._path.unlink()  # appending to it cut and wrote the file it points to, outside the run folder
         if self.every_n_steps and shards_weights(trainer):
             # rank 0 samples alone, and FSDP2's weights are shards of every rank's (a forward gathers them from all):
             # its first sample step ended the run in "got mixed torch.Tensor and DTensor", before that step's save

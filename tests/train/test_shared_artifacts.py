@@ -1,0 +1,104 @@
+"""Artifacts from someone else: a shared checkpoint or run folder must not run code named in it."""
+
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from tinylm.cli import main
+
+POPEN = {"class_path": "subprocess.Popen", "init_args": {"args": "touch PWNED", "shell": True}}
+
+
+def _trained(run_config):
+    main(["fit", "--config", str(run_config())])
+    return "runs/tiny/checkpoints/last.ckpt"
+
+
+def test_a_shared_checkpoints_kept_config_runs_no_command(run_config, tmp_path, capsys):
+    """Catches `tinylm fit --ckpt_path shared.ckpt --run.name mine` building the classes that the config text inside
+    the checkpoint names: a {class_path: subprocess.Popen} under an Any-typed argument (RichProgressBar's
+    console_kwargs) ran the file's shell command."""
+    last = _trained(run_config)
+    ckpt = torch.load(last, weights_only=True)
+    cfg = yaml.safe_load(ckpt["tinylm"]["config"])
+    cfg["trainer"]["callbacks"] = [{"class_path": "lightning.pytorch.callbacks.RichProgressBar",
+                                    "init_args": {"console_kwargs": {"file": POPEN}}}]
+    ckpt["tinylm"]["config"] = yaml.safe_dump(cfg)
+    (tmp_path / "shared").mkdir()
+    torch.save(ckpt, tmp_path / "shared" / "x.ckpt")
+    with pytest.raises(SystemExit):
+        main(["fit", "--ckpt_path", "shared/x.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
+    assert not (tmp_path / "PWNED").exists()
+    assert "subprocess.Popen" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("callbacks", [
+    [{"class_path": "lightning.pytorch.callbacks.LambdaCallback", "init_args": {"on_fit_start": "builtins.print"}}],
+    ["cb.yaml"],  # the same, from a file beside the record (jsonargparse reads a path as the option's settings)
+])
+def test_a_shared_run_folders_record_calls_no_function(run_config, tmp_path, capsys, callbacks):
+    """Catches a shared run folder's config.yaml, read by `tinylm fit --ckpt_path RUN/checkpoints/last.ckpt` without
+    --config, naming a function the run calls (LambdaCallback's on_fit_start: builtins.print was called with the
+    Trainer and the model)."""
+    _trained(run_config)
+    shutil.copytree(tmp_path / "runs" / "tiny", tmp_path / "shared")
+    record = yaml.safe_load((tmp_path / "shared" / "config.yaml").read_text())
+    record["trainer"]["callbacks"] = callbacks
+    (tmp_path / "shared" / "config.yaml").write_text(yaml.safe_dump(record))
+    (tmp_path / "shared" / "cb.yaml").write_text(yaml.safe_dump(
+        {"class_path": "lightning.pytorch.callbacks.LambdaCallback", "init_args": {"on_fit_start": "builtins.print"}}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--ckpt_path", "shared/checkpoints/last.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
+    out, err = capsys.readouterr()
+    assert "Trainer object" not in out
+    assert "--config FILE" in err
+
+
+@pytest.mark.parametrize("edit", ["vocab_size", "expanded"])  # (n_layer 10**6: the same check, slow to fail)
+def test_a_checkpoint_naming_a_huge_model_is_refused_before_it_is_built(run_config, tmp_path, edit):
+    """Catches a checkpoint whose hyperparameters name a model far larger than its weights (vocab_size 10**12;
+    n_layer 10**6: minutes of building and tens of GB; or a 145 KB file whose embedding is an expanded view of
+    10**12 rows): load_model built that model first, and ended in an allocation traceback or took the memory."""
+    from tinylm.checkpoint import CheckpointError, load_model
+
+    ckpt = torch.load(_trained(run_config), weights_only=True)
+    if edit == "expanded":
+        rows = 10**12
+        ckpt["hyper_parameters"]["vocab_size"] = rows
+        ckpt["hyper_parameters"]["pad_vocab_multiple"] = 1
+        ckpt["state_dict"]["model.transformer.wte.weight"] = torch.zeros(32).expand(rows, 32)
+    else:
+        ckpt["hyper_parameters"][edit] = 10**12
+    torch.save(ckpt, tmp_path / "x.ckpt")
+    with pytest.raises(CheckpointError, match="x.ckpt"):
+        load_model(tmp_path / "x.ckpt")
+
+
+@pytest.mark.parametrize("name", [".lock", "samples.txt"])
+def test_a_shared_run_folders_links_are_not_written_through(run_config, tmp_path, name):
+    """Catches a resume in a shared run folder writing through its links: `.lock` (the pid written over the file it
+    points to) and `samples.txt` (cut back to the checkpoint's size, then appended to) changed a file outside the
+    run folder, e.g. `samples.txt -> ../../README.md`, the user's project file."""
+    main(["fit", "--config", str(run_config(samples={"every_n_steps": 1, "max_new_tokens": 3}))])
+    shutil.copytree(tmp_path / "runs" / "tiny", tmp_path / "shared")
+    (tmp_path / "shared" / ".lock").unlink(missing_ok=True)
+    (tmp_path / "shared" / name).unlink(missing_ok=True)
+    (tmp_path / "README.md").write_text("the user's own file\n")
+    (tmp_path / "shared" / name).symlink_to("../README.md")
+    main(["fit", "--ckpt_path", "shared/checkpoints/last.ckpt", "--trainer.max_steps", "4"])
+    assert (tmp_path / "README.md").read_text() == "the user's own file\n"
+
+
+def test_validate_does_not_append_through_a_shared_folders_link(run_config, tmp_path):
+    """Catches `tinylm validate` of a shared run folder whose `validate` is a link to a folder elsewhere: its row was
+    appended to the metrics.csv there, outside the run folder."""
+    _trained(run_config)
+    shutil.copytree(tmp_path / "runs" / "tiny", tmp_path / "shared")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "metrics.csv").write_text("the user's own file\n")
+    (tmp_path / "shared" / "validate").symlink_to("../elsewhere")
+    main(["validate", "--ckpt_path", "shared/checkpoints/last.ckpt"])
+    assert (tmp_path / "elsewhere" / "metrics.csv").read_text() == "the user's own file\n"
