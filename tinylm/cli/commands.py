@@ -56,12 +56,14 @@ def run(command: str, args: list[str]) -> Any:
     if command == "prepare":
         return prepare(args)
     from tinylm.cli.argv import check_fit_configs, home_expanded
-    from tinylm.cli.fit_config import split_args, takes_fit_config
 
     fn = COMMANDS[command].function()
     args = _texts_as_typed(fn, _bare_booleans(fn, _leading_positionals(fn, args)))
     fit_args = None
-    if takes_fit_config(fn):  # plan, lr-find, scaling: the fit config goes to LightningCLI, the rest to fn
+    # (tinylm.cli.fit_config imports Lightning: only for the commands that take a fit config, not plot's)
+    if "fit_args" in inspect.signature(fn).parameters:  # plan, lr-find, scaling: the fit config goes to LightningCLI
+        from tinylm.cli.fit_config import split_args
+
         args, fit_args = split_args(fn, args)
         _refuse_own_options_in_fit_configs(fn, command, fit_args)
         check_fit_configs(command, fit_args)  # (after: a file of the command's own options is said as that)
@@ -189,7 +191,8 @@ def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
                 i += 1
                 lead.append(args[i])
         i += 1
-    return ([f"--{name}={json.dumps(lead)}"] if lead else []) + rest
+    # (as typed: ASCII-escaped, an emoji's "\\ud83d\\ude80" pair is no YAML jsonargparse reads: "expected a list")
+    return ([f"--{name}={json.dumps(lead, ensure_ascii=False)}"] if lead else []) + rest
 
 
 # ---- prepare ----------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     """
     from tinylm.ranges import check_ranges
     from tinylm.studies.curves import check_drawable, choose_metric, metrics_csv, plot_runs, read_run
-    from tinylm.studies.plots import check_png_path
+    from tinylm.studies.plots import check_png_path, drawn_by
 
     check_ranges("--", {"reference": reference}, {"reference": "[0, inf)"})  # a cross-entropy
     if not runs:
@@ -36,6 +36,7 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
             c.name = str(run).rstrip("/")
     for run, c in zip(runs, curves, strict=True):
         check_drawable(c, str(metrics_csv(run)))
+    named = out is not None  # (else its run folder's plot.png: plot's own file there, replaced)
     if out is None:
         csv = metrics_csv(runs[0])
         out = str((csv.parent.parent if csv.parent.name == "csv" else csv.parent) / "plot.png")
@@ -47,6 +48,9 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     if Path(out).exists() and report.is_file() and Path(out).name in report.read_text(errors="replace"):
         raise ValueError(f"--out {out!r} is a picture of the sample report {report} (tinylm sample-report): plot "
                          "would replace it; pick another --out")
+    if named and Path(out).is_file() and drawn_by(out) != "plot":  # a user's own picture (plan's too: its .json)
+        raise ValueError(f"--out {out!r} already exists, and is no picture `tinylm plot` drew: it is another file; "
+                         "pick another --out, or move it away")
     metric, why = choose_metric(curves, metric)
     if why:
         print(why)
@@ -54,7 +58,9 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
     for c in curves:
         last = {k: c.series[k][-1] for k in (f"train/{metric}", f"val/{metric}") if c.series.get(k)}
         said = ", ".join(f"{k} {v:.4f} (step {s})" for k, (s, v) in last.items()) or f"no {metric} logged yet"
+        bad = "".join(f"; {k} NaN/inf at {len(v)} step(s) from {v[0]} (x, not drawn)" for k, v in c.nonfinite.items()
+                      if k in ("train/loss", "val/loss", f"train/{metric}", f"val/{metric}", "train/grad_norm"))
         alerts = f"; health alerts: {', '.join(f'{k} at {s}' for s, k in c.alerts)}" if c.alerts else ""
-        print(f"{c.name}: {said}{alerts}")
+        print(f"{c.name}: {said}{bad}{alerts}")
     print(f"wrote {path}")
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,9 @@ class RunCurves:
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     alerts: list[tuple[int, str]] = field(default_factory=list)
     tokenizer: str | None = None  # "char", "bpe (vocab 2048)", ...: from the run folder; None for a bare CSV
-    nonfinite: dict[str, int] = field(default_factory=dict)  # metric -> values logged as NaN or inf (not drawn)
+    nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metric -> steps logged NaN or inf (marked x)
     columns: tuple[str, ...] = ()  # the CSV's header
+    resumes: list[int] = field(default_factory=list)  # the steps it was resumed at (config.resume-step<N>.yaml)
 
 
 def check_drawable(curves: RunCurves, path: str) -> None:
@@ -47,7 +49,7 @@ def check_drawable(curves: RunCurves, path: str) -> None:
     losses = ("train/loss", "val/loss")
     if not any(curves.series.get(k) for k in losses) and (bad := {k: curves.nonfinite[k] for k in losses
                                                                    if curves.nonfinite.get(k)}):
-        said = ", ".join(f"{n} {k}" for k, n in bad.items())
+        said = ", ".join(f"{len(n)} {k}" for k, n in bad.items())
         raise ValueError(f"run {curves.name!r} logged no finite loss ({said} values, every one NaN or inf): it "
                          "diverged from its first logged step; lower --model.lr or check the data, and train again")
 
@@ -62,6 +64,11 @@ def metrics_csv(run: str | Path) -> Path:
         folder = next((p for p in path.resolve().parents if (p / "csv" / "metrics.csv").is_file()), None)
         fix = f"pass its run folder {folder}" if folder else "pass a run folder written by `tinylm fit` (runs/NAME)"
         raise ValueError(f"{str(run)!r} is a file, not a run or a metrics.csv: {fix}")
+    if found is None and path.is_dir() and any((path / p).exists() for p in ("config.yaml", "checkpoints", "wandb")):
+        wandb = f"; its W&B run is in {path / 'wandb'} (`wandb sync` it to see the curves there)" if (
+            path / "wandb").is_dir() else ""
+        raise FileNotFoundError(f"run {str(run)!r} has no {candidates[0]}, the file plot draws (removed, or not "
+                                f"copied with the folder){wandb}")
     if found is None:
         raise FileNotFoundError(f"no metrics for run {str(run)!r}: {candidates[0]} not found; pass a run folder "
                                 "written by `tinylm fit` (e.g. runs/NAME, holding csv/metrics.csv)")
@@ -75,6 +82,9 @@ def read_run(run: str | Path) -> RunCurves:
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name, tokenizer=run_tokenizer(path.parent.parent) if path.parent.name == "csv" else None)
     _read_rows(path, curves, shift=0 if path.parent.name in ("eval", "validate") else 1)  # theirs: steps done
+    if path.parent.name == "csv":  # a resume may change the batch, accumulation, logging: the seam is drawn
+        curves.resumes = sorted({int(m[1]) for p in path.parent.parent.glob("config.resume-step*.yaml")
+                                 if (m := re.fullmatch(r"config\.resume-step(\d+)(-\d+)?\.yaml", p.name))})
     evals = path.parent.parent / "eval" / "metrics.csv"  # `tinylm eval`'s rows of the run's checkpoints
     if path.parent.name == "csv" and evals.is_file():
         _read_rows(evals, curves, shift=0)
@@ -132,7 +142,7 @@ def _read_rows(path: Path, curves: RunCurves, shift: int) -> None:
         for key, text in row.items():
             value = _number(text)
             if value is None and key is not None and text and text.strip().lower().lstrip("+-") in ("nan", "inf"):
-                curves.nonfinite[key] = curves.nonfinite.get(key, 0) + 1
+                curves.nonfinite.setdefault(key, []).append(int(step) + shift)
             if key in (None, "step", "epoch") or value is None:
                 continue
             if key.startswith(HEALTH_PREFIX):
@@ -156,7 +166,7 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
     evals = any(k.startswith("eval/") for run in runs for k in run.series)
     fig, canvas = figure_canvas(figsize=(16, 7) if evals else (11, 7))
     draw_runs(fig, runs, reference=reference, metric=metric)
-    return save_png(canvas, out)
+    return save_png(canvas, out, drawn_by="plot")
 
 
 def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, metric: str = "loss") -> None:
@@ -181,17 +191,15 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
                             color=f"C{j % 10}" if len(runs) == 1 else colour)
                 elif key.startswith("val/"):
                     ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
-                else:
+                else:  # (a marker for a lone point: a line of one point is not drawn at all)
                     ax.plot(steps, values, color=colour, lw=1, alpha=0.8 if len(keys) == 1 else 0.5,
-                            ls="--" if key == MUON_LR else "-", label=f"{run.name} {key}")
-            for step, kind in run.alerts:  # red for one run; with several, each run's colour, named in the label
-                ax.axvline(step, color="red" if len(runs) == 1 else colour, ls="--", lw=0.8, alpha=0.7)
-                if i == 0:
-                    ax.annotate(kind if len(runs) == 1 else f"{run.name}: {kind}", (step, 1),
-                                xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7,
-                                color="red" if len(runs) == 1 else colour)
+                            ls="--" if key == MUON_LR else "-", label=f"{run.name} {key}",
+                            marker="o" if len(points) == 1 else None, ms=4)
+            _draw_marks(ax, run, keys, colour if len(runs) > 1 else None, named=i == 0)
         if reference is not None and i == 0:
             ax.axhline(reference, ls=":", c="gray", label=f"reference {reference}")
+        if i == 0:
+            _clip_outliers(ax, [v for run in runs for k in keys for _s, v in run.series.get(k, ())], reference)
         muon = MUON_LR in keys and any(run.series.get(MUON_LR) for run in runs)  # 20x AdamW's by default
         if (title.startswith("eval") or muon) and ax.lines:
             ax.legend(fontsize=6)
@@ -214,6 +222,47 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
 
 
 _MARKERS = "os^Dv<>PX*"
+
+
+def _draw_marks(ax, run: RunCurves, keys: tuple, colour: str | None, *, named: bool) -> None:
+    """A run's marks on a panel (``colour``: the run's, with several runs; else red and gray, unnamed): its NaN/inf
+    steps of ``keys`` (a guard's skips, a divergence) as x's at the top, not a gap; its health alerts as dashed
+    lines and its resumes (a resume may change the batch, the accumulation, the logging) as dotted ones, named in
+    the first panel (``named``)."""
+    for key in keys:
+        if bad := run.nonfinite.get(key):
+            ax.plot(bad, [0.97] * len(bad), "x", color=colour or "red", ms=6, transform=ax.get_xaxis_transform(),
+                    label=f"{run.name} {key} NaN/inf")
+    for marks, ls, default, top in ((run.alerts, "--", "red", True),
+                                    ([(s, "resumed") for s in run.resumes], ":", "gray", False)):
+        for step, kind in marks:
+            ax.axvline(step, color=colour or default, ls=ls, lw=0.8 if top else 1, alpha=0.7 if top else 1)
+            if named:
+                ax.annotate(f"{run.name}: {kind}" if colour else kind, (step, 1 if top else 0), rotation=90,
+                            xycoords=("data", "axes fraction"), va="top" if top else "bottom", ha="right",
+                            fontsize=7, color=colour or default)
+
+
+def _clip_outliers(ax, values: list[float], reference: float | None) -> None:
+    """A loss panel whose few points lie far above the rest (a spike, a guard-skipped bad batch: 60 nats among
+    2-4) ends at the rest's range, the points above marked as red triangles at its top and named in the legend:
+    else they squash the whole curve into a flat line at the bottom. The top: the 99th percentile plus twice the
+    1st-99th percentile range, so a run's first steps and a divergence (many points) stay drawn."""
+    import numpy as np
+
+    if len(values) < 20:
+        return
+    low, high = np.quantile(values, [0.01, 0.99])
+    top = high + 2 * (high - low) if reference is None else max(high + 2 * (high - low), reference)
+    above = [v for v in values if v > top]
+    if not above:
+        return
+    over = [x for line in ax.lines if line.get_transform() == ax.transData  # (not the NaN x's, in axes units)
+            for x, y in zip(*line.get_data(), strict=True) if y > top]
+    bottom = min(min(values), top if reference is None else reference)
+    ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
+    ax.plot(over, [top] * len(over), "^", color="red", ms=6, label=f"{len(above)} point(s) above, up to "
+            f"{max(above):.4g}")
 
 
 def _task(key: str) -> str:

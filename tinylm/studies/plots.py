@@ -19,17 +19,33 @@ def figure_canvas(**figure_kwargs: Any) -> tuple[Any, Any]:
     return fig, FigureCanvasAgg(fig)
 
 
-def save_png(canvas: Any, out: str | Path, option: str = "out") -> Path:
+def save_png(canvas: Any, out: str | Path, option: str = "out", *, drawn_by: str | None = None) -> Path:
     """Write ``canvas`` (from `figure_canvas`) as the PNG ``out``, making its folder; a name that is not a .png is a
-    ValueError (the bytes are PNG whatever the name says: x.jpg held a PNG)."""
+    ValueError (the bytes are PNG whatever the name says: x.jpg held a PNG). ``drawn_by``: the command, kept in the
+    PNG's text (`drawn_by`) so that a later run of it knows its own picture from a user's."""
     path = Path(out)
     if path.suffix.lower() != ".png":
         raise ValueError(f"{option} must name a .png file, got {str(out)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     from tinylm.paths import replace_file
 
-    replace_file(path, lambda tmp: canvas.print_png(str(tmp)))
+    metadata = {DRAWN_BY: drawn_by} if drawn_by else None
+    replace_file(path, lambda tmp: canvas.print_png(str(tmp), metadata=metadata))
     return path
+
+
+DRAWN_BY = "tinylm"  # the PNG text key `save_png` writes the command under
+
+
+def drawn_by(png: str | Path) -> str | None:
+    """The command whose `save_png` wrote ``png`` (its PNG text ``tinylm``), or None: another file, or none."""
+    from PIL import Image  # (matplotlib's own dependency)
+
+    try:
+        with Image.open(png) as image:
+            return getattr(image, "text", {}).get(DRAWN_BY)
+    except (OSError, ValueError):  # (PIL's UnidentifiedImageError is an OSError)
+        return None
 
 
 def check_png_path(out: str | Path, option: str = "--out") -> Path:

@@ -1,0 +1,109 @@
+"""`tinylm plot` draws what the run logged (a lone point, NaN steps, one outlier, a resume), names what it cannot draw,
+replaces no picture of the user's, and imports no torch to draw a CSV."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tinylm.cli import main
+from tinylm.studies.curves import read_run
+
+HEADER = "epoch,step,train/grad_norm,train/loss,train/lr,train/tokens_per_sec,val/loss\n"
+
+
+def _run(tmp_path, name: str, rows: str):
+    folder = tmp_path / "runs" / name
+    (folder / "csv").mkdir(parents=True)
+    (folder / "csv" / "metrics.csv").write_text(HEADER + rows, encoding="utf-8")
+    return folder
+
+
+def _drawn(folder):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tinylm.studies.curves import draw_runs
+
+    fig = Figure()
+    draw_runs(fig, [read_run(folder)])
+    return fig.axes
+
+
+def test_plot_imports_neither_torch_nor_lightning(tmp_path):
+    """Catches `tinylm plot` importing torch and Lightning (via tinylm.cli.fit_config) for a picture of a CSV:
+    ~6 s of CPU, 20 s on a loaded 2-core machine, against 3 s."""
+    csv = _run(tmp_path, "a", "0,0,1.0,4.0,1e-3,900,\n0,1,1.0,3.9,1e-3,900,3.8\n") / "csv" / "metrics.csv"
+    code = ("import json, sys; from tinylm.cli import main\ntry: main(sys.argv[1:])\nexcept SystemExit as e: "
+            "print('exit', e.code)\nprint(json.dumps(['torch' in sys.modules, 'lightning' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code, "plot", str(csv), "--out", str(tmp_path / "p.png")],
+                          capture_output=True, text=True, timeout=600)
+    assert (tmp_path / "p.png").is_file(), done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [False, False]
+
+
+def test_plot_of_a_run_named_with_an_emoji(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot runs/x🚀` ending in `--runs: expected a list, got ["runs/x\\ud83d\\ude80"]`."""
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path, "x🚀", "0,0,1.0,4.0,1e-3,900,\n")
+    main(["plot", "runs/x🚀", "--out", "p.png"])
+    assert "x🚀: train/loss 4.0000 (step 1)" in capsys.readouterr().out
+
+
+def test_plot_does_not_replace_a_users_own_png(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot RUN --out mine.png` silently replacing a picture of the user's (plan, lr-find and
+    scaling refuse it); plot's own earlier picture is still replaced."""
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path, "a", "0,0,1.0,4.0,1e-3,900,\n")
+    (tmp_path / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n the user's own picture")
+    with pytest.raises(SystemExit):
+        main(["plot", "a", "--out", "mine.png"])
+    assert "--out 'mine.png' already exists" in capsys.readouterr().err
+    assert (tmp_path / "mine.png").read_bytes().endswith(b"the user's own picture")
+    main(["plot", "a", "--out", "p.png"])
+    main(["plot", "a", "--out", "p.png"])  # its own: replaced
+    main(["plot", "a"])
+    main(["plot", "a"])  # the run folder's plot.png: replaced
+
+
+def test_a_lone_point_and_nan_steps_are_drawn(tmp_path):
+    """Catches a run of one logged row drawing four empty panels (a line of one point is invisible), and the NaN
+    steps of a guard-halted run not drawn nor said at all (the loss panel showed one invisible point)."""
+    axes = _drawn(_run(tmp_path, "one", "0,0,1.2,4.17,1e-3,900,\n"))
+    assert all(line.get_marker() not in ("None", "", None) for ax in axes for line in ax.lines)
+    axes = _drawn(_run(tmp_path, "nan", "0,0,0.7,4.08,1e-3,900,\n0,1,nan,nan,1e-3,900,\n0,2,nan,nan,1e-3,900,\n"))
+    marked = [line for line in axes[0].lines if line.get_marker() == "x"]
+    assert marked and list(marked[0].get_xdata()) == [2, 3]
+    assert "NaN" in marked[0].get_label()
+
+
+def test_one_outlier_does_not_flatten_the_loss_panel(tmp_path):
+    """Catches one spike (a guard-skipped bad batch at 60 nats among 2-4) setting the loss panel's y-range to 0-60,
+    which drew the whole descent as a flat line at the bottom."""
+    rows = "".join(f"0,{s},1.0,{60.0 if s == 50 else 4 - s / 50},1e-3,900,\n" for s in range(100))
+    ax = _drawn(_run(tmp_path, "spike", rows))[0]
+    assert ax.get_ylim()[1] < 10
+    assert any("above, up to 60" in line.get_label() for line in ax.lines)
+
+
+def test_a_run_folder_without_its_csv_is_named_as_one(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot runs/x` of a run folder (config.yaml, checkpoints, wandb/) whose csv/metrics.csv is
+    gone saying "pass a run folder written by `tinylm fit`": it is one; the line names what is missing and where
+    its W&B run is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x" / "wandb").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "config.yaml").write_text("run: {name: x}\n")
+    with pytest.raises(SystemExit):
+        main(["plot", "runs/x"])
+    err = capsys.readouterr().err
+    assert "has no runs/x/csv/metrics.csv" in err and "runs/x/wandb" in err and "pass a run folder" not in err
+
+
+def test_a_resume_is_drawn_as_a_seam(tmp_path):
+    """Catches a resumed run (here with its accumulation doubled, so each later step holds twice the tokens)
+    drawn as one seamless curve: the resume's record config.resume-step20.yaml marks step 20 in every panel."""
+    folder = _run(tmp_path, "a", "".join(f"0,{s},1.0,{4 - s / 50},1e-3,900,\n" for s in range(40)))
+    (folder / "config.resume-step20.yaml").write_text("trainer: {accumulate_grad_batches: 2}\n")
+    assert read_run(folder).resumes == [20]
+    for ax in _drawn(folder):
+        assert any(list(line.get_xdata()) == [20, 20] for line in ax.lines)
