@@ -358,6 +358,10 @@ def code_refused(path: str | os.PathLike, e: pickle.UnpicklingError, what: str =
     "Unsupported global: GLOBAL x.y" line), without torch's advice to load with weights_only=False, the one thing
     tinylm never does; ``fix``, what to pass instead."""
     found = re.search(r"GLOBAL ([\w.]+)", str(e))  # "Unsupported global: GLOBAL x" / "unsupported GLOBAL x whose"
+    damage = re.search(r"Unsupported operand (?!147\b)\d+|String is too long|invalid load key[^\n]*", str(e))
+    if not found and damage:  # bytes no pickle writer makes (147 is STACK_GLOBAL: a global of protocol 4): damage
+        return CheckpointError(f"{str(path)!r} is not a readable checkpoint ({what} is damaged: {damage[0]}); use "
+                               "another one, e.g. an earlier step-*.ckpt of the same run")
     needs = f"it needs {found[1]}" if found else "it needs code to load"
     return CheckpointError(f"refusing to load {str(path)!r}: {what} holds objects other than tensors and plain values "
                            f"({needs}); tinylm never executes code from a checkpoint{fix}")

@@ -89,6 +89,27 @@ def test_garbled_bytes_inside_a_checkpoint_are_reported_clearly(tmp_path):
         load_checkpoint(path)
 
 
+def test_garbled_pickle_opcodes_are_damage_not_code(tmp_path):
+    """Catches a checkpoint whose pickle bytes were garbled (a bad disk, a copy with a hole of NULs), or a sharded
+    folder's meta.pt / .metadata of NULs, being refused as "holds objects other than tensors ... (it needs code to
+    load)": it is a damaged file, and the fix is another checkpoint, not distrust of its writer."""
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "tinylm": {"format": 1}}, path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"\x80\x02")  # the pickle's PROTO 2, stored uncompressed in torch's zip
+    data[start + 2:start + 12] = b"\xff" * 10
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="not a readable checkpoint.*damaged") as e:
+        load_checkpoint(path)
+    assert "needs code" not in str(e.value)
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    (folder / "meta.pt").write_bytes(b"\x00" * 64)  # a hole a crash left
+    (folder / ".metadata").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="not a readable.*damaged"):
+        load_checkpoint(folder)
+
+
 def test_foreign_files_are_reported_clearly(tmp_path):
     """Catches a YAML, a plain state_dict or another tool's checkpoint being half-loaded."""
     text = tmp_path / "config.yaml"
