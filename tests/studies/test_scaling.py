@@ -425,6 +425,21 @@ def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses,
     assert f"{side} the ladder's range" in capsys.readouterr().out
 
 
+
+def test_scaling_rungs_print_no_model_summary(run_config, capfd):
+    """Catches each rung of a ladder printing Lightning's 9-line model summary (5 rungs: 45 lines of it), which says
+    again what its "scaling: rung" line says (a config that sets enable_model_summary still decides)."""
+    import yaml
+
+    cfg = run_config()
+    settings = yaml.safe_load(cfg.read_text())
+    del settings["trainer"]["enable_model_summary"]  # Lightning's default: a summary at every fit
+    cfg.write_text(yaml.safe_dump(settings))
+    main(["scaling", "--config", str(cfg), "--budget", "2e7", "--sizes", "[[1,8],[1,12],[1,16]]", "--predict",
+          "[1,20]", "--out", "k.png"])
+    said = capfd.readouterr()
+    assert "scaling: rung 3 of 4" in said.err and "| Name" not in said.out + said.err
+
 def test_scaling_says_rung_k_of_n_and_the_ladders_time_left(run_config, capsys, caplog):
     """Catches a ladder that trains for hours saying nothing of where it is: each rung says "rung k of n" (a reused
     one says so), and from the second trained rung on, the ladder's time left; the end names the plot command."""

@@ -212,8 +212,10 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
         _barrier()  # the other ranks start this run after rank 0 moved that folder aside
         values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
         per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
-        lightning_main(["fit", *fit_args, *per_run, "--run.name", run_dir.name,
-                        *(["--ckpt_path", "last"] if resume else [])])
+        # (each rung's 9-line model summary said again what its "scaling: rung" line says; a config's or a flag's
+        # enable_model_summary, given after this, still decides)
+        lightning_main(["fit", "--trainer.enable_model_summary", "false", *fit_args, *per_run,
+                        "--run.name", run_dir.name, *(["--ckpt_path", "last"] if resume else [])])
         if (signum := late_signal()) is not None:  # it came during the run's final validation: stop here
             raise RunInterrupted(f"interrupted by {signal.Signals(signum).name} as {run_dir} finished; the "
                                  "next runs of the ladder did not start; resume with "
