@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import pickletools
 import re
 import zipfile
 from collections.abc import Callable
@@ -352,12 +353,22 @@ def tinylm_section(ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint")
     return meta
 
 
+_OPCODE_PROTO = {ord(o.code): o.proto for o in pickletools.opcodes}  # opcode -> the protocol it is of
+
+
 def code_refused(path: str | os.PathLike, e: pickle.UnpicklingError, what: str = "it",
                  fix: str = "") -> CheckpointError:
     """The error of a weights-only load that refused a file (``what`` in it) pickling code: what it needed (torch's
     "Unsupported global: GLOBAL x.y" line), without torch's advice to load with weights_only=False, the one thing
     tinylm never does; ``fix``, what to pass instead."""
     found = re.search(r"GLOBAL ([\w.]+)", str(e))  # "Unsupported global: GLOBAL x" / "unsupported GLOBAL x whose"
+    op = re.search(r"Unsupported operand (\d+)", str(e))
+    if not found and op and op[1] != "147" and _OPCODE_PROTO.get(int(op[1]), 0) >= 3:  # a real opcode of pickle
+        # protocol 3-5 (FRAME: `torch.save(..., pickle_protocol=5)`), which torch's loader does not read
+        return CheckpointError(f"cannot read {str(path)!r}: {what} uses pickle protocol "
+                               f"{_OPCODE_PROTO[int(op[1])]}'s opcode {int(op[1])}, which torch's weights-only loader "
+                               "does not read; save it again with torch.save's default pickle_protocol (if tinylm "
+                               "wrote it, it is damaged: use an earlier step-*.ckpt of the same run)")
     damage = re.search(r"Unsupported operand (?!147\b)\d+|String is too long|invalid load key[^\n]*", str(e))
     if not found and damage:  # bytes no pickle writer makes (147 is STACK_GLOBAL: a global of protocol 4): damage
         return CheckpointError(f"{str(path)!r} is not a readable checkpoint ({what} is damaged: {damage[0]}); use "

@@ -436,7 +436,7 @@ def _check_size(path: Path, hc: Any) -> None:
     taking the machine's memory."""
     shapes = _weight_shapes(path)
     embedding = next((v for k, v in shapes.items() if k.endswith(("wte.weight", "embed_tokens.weight"))), None)
-    layers = {m[1] for k in shapes if (m := re.search(r"\.(?:h|layers)\.(\d+)\.", k))}
+    layers = {m[1] for k in shapes if (m := re.search(r"(?:^|\.)(?:h|layers)\.(\d+)\.", k))}
     n_layer, width = hc.num_hidden_layers, hc.hidden_size
     if embedding is None:
         return

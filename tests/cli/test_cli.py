@@ -581,6 +581,24 @@ def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeyp
     assert f"the run's seed {seed} is kept" in caplog.text and "has no effect" not in caplog.text, caplog.text
     assert yaml.safe_load(open("runs/tiny/config.resume-step2.yaml"))["seed_everything"] == seed
 
+def test_seed_everything_true_from_a_checkpoint_outside_its_folder_keeps_the_run_seed(run_config, monkeypatch,
+                                                                                       caplog, tmp_path):
+    """Catches `--seed_everything true` with a checkpoint copied out of its run folder (a branch from a shared
+    checkpoint) drawing a new seed, warned about as having "no effect" and recorded as if it had."""
+    import shutil
+
+    config = run_config()
+    main(["fit", "--config", str(config)])
+    (tmp_path / "shared").mkdir()
+    shutil.copy("runs/tiny/checkpoints/last.ckpt", tmp_path / "shared" / "x.ckpt")
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["fit", "--config", str(config), "--seed_everything", "true", "--ckpt_path", "shared/x.ckpt",
+              "--run.name", "mine", "--trainer.max_steps", "3"])
+    assert "the run's seed 7 is kept" in caplog.text and "has no effect" not in caplog.text, caplog.text
+    assert yaml.safe_load(open("runs/mine/config.yaml"))["seed_everything"] == 7
+
+
 def test_generate_shows_progress_until_text_printed_at_the_end(run_config, tmp_path, capsys, monkeypatch):
     """Catches `tinylm generate --strategy beam` (and --num_samples N) sitting silent until all its tokens are
     decoded: a progress line of the tokens decoded goes to stderr (in a log, every LINE_INTERVAL seconds: 0 here),

@@ -826,3 +826,18 @@ def test_import_refuses_a_pickled_weights_file_in_one_line(tmp_path):
     torch.save({**state, "payload": _Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match=r"refusing to load .*never executes code"):
         import_hf(folder)
+
+
+def test_a_gpt2_folder_with_the_bare_models_weight_names_imports(tmp_path):
+    """Catches the size check counting layers only under a prefix ("transformer.h.0."): a folder whose weights carry
+    the bare GPT2Model's names ("h.0.attn...", "wte.weight": OpenAI's gpt2 files have this layout), which
+    from_pretrained loads, was refused as holding 0 layers."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = transformers.GPT2Config(vocab_size=58, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                  activation_function="gelu")
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v.contiguous() for k, v in state.items() if k != "lm_head.weight"},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    assert len(import_hf(tmp_path).transformer.h) == 2

@@ -637,3 +637,14 @@ def test_a_checkpoint_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
     swapped = events.index(("swap", str(tmp_path / "a.ckpt.tmp")))
     assert ("fsync", str(tmp_path / "a.ckpt.tmp")) in events[:swapped], events  # the temp file, before its swap
     assert (tmp_path / "a.ckpt").read_bytes() == b"data"
+
+
+def test_a_checkpoint_pickled_with_protocol_5_is_not_called_damaged(tmp_path):
+    """Catches a sound checkpoint that another tool saved with `torch.save(..., pickle_protocol=5)` (its FRAME
+    opcode, which torch's weights-only loader does not read) being refused as "damaged: Unsupported operand 149;
+    use an earlier step-*.ckpt" (before: "holds objects ... needs code to load"): the fix is saving it again."""
+    path = tmp_path / "p5.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(3)}, "tinylm": {"format": 1}}, path, pickle_protocol=5)
+    with pytest.raises(CheckpointError, match="pickle protocol 4's opcode 149.*default pickle_protocol") as e:
+        load_checkpoint(path)
+    assert "needs code" not in str(e.value)

@@ -107,3 +107,14 @@ def test_a_resume_is_drawn_as_a_seam(tmp_path):
     assert read_run(folder).resumes == [20]
     for ax in _drawn(folder):
         assert any(list(line.get_xdata()) == [20, 20] for line in ax.lines)
+
+
+def test_a_runs_opening_descent_is_not_clipped_as_an_outlier(tmp_path):
+    """Catches the outlier clipping taking a run's first logged loss (10 nats, falling to ~1 within a few steps of
+    300) for a spike: the panel ended at 7 and the run's start was a red triangle "1 point(s) above"."""
+    import math
+
+    rows = "".join(f"0,{s},1.0,{1 + 9 * math.exp(-s / 2) + (s % 7) / 70},1e-3,900,\n" for s in range(300))
+    ax = _drawn(_run(tmp_path, "descent", rows))[0]
+    assert ax.get_ylim()[1] >= 10
+    assert not any("above, up to" in line.get_label() for line in ax.lines)

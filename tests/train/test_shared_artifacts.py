@@ -36,6 +36,8 @@ def test_a_shared_checkpoints_kept_config_runs_no_command(run_config, tmp_path, 
 
 @pytest.mark.parametrize("callbacks", [
     [{"class_path": "lightning.pytorch.callbacks.LambdaCallback", "init_args": {"on_fit_start": "builtins.print"}}],
+    # a Lightning callback of a Callable argument: ThroughputMonitor called builtins.print with every batch
+    [{"class_path": "lightning.pytorch.callbacks.ThroughputMonitor", "init_args": {"batch_size_fn": "builtins.print"}}],
     ["cb.yaml"],  # the same, from a file beside the record (jsonargparse reads a path as the option's settings)
 ])
 def test_a_shared_run_folders_record_calls_no_function(run_config, tmp_path, capsys, callbacks):
@@ -102,3 +104,16 @@ def test_validate_does_not_append_through_a_shared_folders_link(run_config, tmp_
     (tmp_path / "shared" / "validate").symlink_to("../elsewhere")
     main(["validate", "--ckpt_path", "shared/checkpoints/last.ckpt"])
     assert (tmp_path / "elsewhere" / "metrics.csv").read_text() == "the user's own file\n"
+
+
+def test_a_run_whose_logger_notes_are_long_text_resumes_without_config(run_config, tmp_path):
+    """Catches the kept-settings check taking every trainer.* text for a possible file name: a run's own config.yaml
+    with a logger's free text over 255 bytes (W&B notes) ended `tinylm fit --ckpt_path last` in "file name too long;
+    choose a shorter name"."""
+    _trained(run_config)
+    record = yaml.safe_load((tmp_path / "runs" / "tiny" / "config.yaml").read_text())
+    record["trainer"]["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                   "init_args": {"save_dir": "logs", "name": "n " * 150}}  # 300 bytes, no slash
+    from tinylm.cli.run_folder import check_kept_classes
+
+    check_kept_classes(record, "runs/tiny/config.yaml", folder=tmp_path / "runs" / "tiny")

@@ -42,7 +42,17 @@ def keep_run_seed(section, ckpt_path: str | None, drawn: int) -> None:
     """``seed_everything true`` (``drawn``: the seed drawn for it): on a resume, the seed the run started with is
     kept instead. The checkpoint restores the run's random state, so a new seed had no effect, yet it was warned about
     ("has no effect") on every resume of a script that passes `--seed_everything true`, and recorded as if it had."""
-    started = _started_config(ckpt_path, _run_config(ckpt_path)).get("seed_everything") if ckpt_path else None
+    started = None
+    if ckpt_path:
+        newest = _run_config(ckpt_path)
+        if not newest:  # outside its run folder (a branch from a shared checkpoint): the settings it keeps
+            from tinylm.checkpoint import CheckpointError, load_checkpoint
+
+            try:
+                newest = _run_config(ckpt_path, load_checkpoint(ckpt_path, mmap=True))
+            except (OSError, ValueError, CheckpointError):  # (refused later, in its own words)
+                newest = {}
+        started = _started_config(ckpt_path, newest).get("seed_everything")
     if isinstance(started, int) and not isinstance(started, bool):
         section["seed_everything"] = started
         log.info("seed_everything true on a resume: the run's seed %d is kept (the checkpoint restores its random "

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,6 +399,28 @@ _CALLING_CLASSES = ("LambdaCallback",)
 """Classes whose arguments are functions, named by import path, that the run calls."""
 
 
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # builtins.print: a Callable argument's value
+
+
+def _importable(module: str) -> bool:
+    """Whether a top-level module of this name is installed (found, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False for text that names none (a W&B logger's notes: a name over 255 bytes made
+    Path.is_file raise "file name too long", and the user's own run could not be resumed)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path | None = None) -> None:
     """Refuse settings that tinylm reads on its own (``source``: a run folder's config record, or the config text a
     checkpoint keeps: files a user may have been sent) naming a class_path outside Lightning, tinylm and torch, or a
@@ -405,10 +428,16 @@ def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path
     trainer option naming a file (beside the record, ``folder``, or here) is refused too: jsonargparse reads such a
     file as the option's settings, class_path and all."""
     if isinstance(settings, str) and where.startswith("trainer.") and settings.strip() and any(
-            (base / settings).expanduser().is_file() for base in ([folder] if folder else []) + [Path.cwd()]):
+            _is_file(base / settings) for base in ([folder] if folder else []) + [Path.cwd()]):
         raise TinyLMError(f"{source} sets {where} to the file {settings!r}: settings tinylm reads without --config may "
                           "not take a trainer option's settings from another file (class_path and all); if you trust "
                           "them, pass them yourself with --config FILE")
+    if isinstance(settings, str) and where.startswith("trainer.") and _IMPORT_PATH.fullmatch(settings) and \
+            not settings.startswith(_TRUSTED_CLASSES) and _importable(settings.partition(".")[0]):
+        raise TinyLMError(f"{source} sets {where} to {settings!r}, a function by import path: settings tinylm reads "
+                          "without --config may name no function outside Lightning's, torch's and tinylm's (the run "
+                          "calls it, e.g. ThroughputMonitor's batch_size_fn); if you trust the file, pass its settings "
+                          "yourself with --config FILE")
     if isinstance(settings, dict):
         path = settings.get("class_path")
         if isinstance(path, str) and (("." in path and not path.startswith(_TRUSTED_CLASSES))

@@ -257,8 +257,12 @@ def _clip_outliers(ax, values: list[float], reference: float | None) -> None:
     above = [v for v in values if v > top]
     if not above:
         return
-    over = [x for line in ax.lines if line.get_transform() == ax.transData  # (not the NaN x's, in axes units)
-            for x, y in zip(*line.get_data(), strict=True) if y > top]
+    lines = [line for line in ax.lines if line.get_transform() == ax.transData]  # (not the NaN x's, in axes units)
+    # a run's opening descent (10 -> 1 in its first steps: the first points above the rest's range) is the curve
+    if sum(next((k for k, y in enumerate(line.get_ydata()) if y <= top), len(line.get_ydata())) for line in lines) \
+            >= len(above):
+        return
+    over = [x for line in lines for x, y in zip(*line.get_data(), strict=True) if y > top]
     bottom = min(min(values), top if reference is None else reference)
     ax.set_ylim(bottom - 0.05 * (top - bottom), top + 0.05 * (top - bottom))
     ax.plot(over, [top] * len(over), "^", color="red", ms=6, label=f"{len(above)} point(s) above, up to "
