@@ -580,6 +580,10 @@ def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeyp
               "--trainer.max_steps", "3"])
     assert f"the run's seed {seed} is kept" in caplog.text and "has no effect" not in caplog.text, caplog.text
     assert yaml.safe_load(open("runs/tiny/config.resume-step2.yaml"))["seed_everything"] == seed
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):  # validate writes no config record: none is said to keep it
+        main(["validate", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", "--seed_everything", "true"])
+    assert "drew seed" in caplog.text and "records it" not in caplog.text, caplog.text
 
 def test_seed_everything_true_from_a_checkpoint_outside_its_folder_keeps_the_run_seed(run_config, monkeypatch,
                                                                                        caplog, tmp_path):

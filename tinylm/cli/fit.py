@@ -248,7 +248,7 @@ class TinyLMCLI(LightningCLI):
         # a resume in the checkpoint's own run folder (not a branch into another): it continues the run's records
         self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if getattr(self, "seed_drawn", False):  # said now: a resume keeps the run's seed instead
-            keep_run_seed(cfg, ckpt_path if sub == "fit" else None, cfg["seed_everything"])
+            keep_run_seed(cfg, ckpt_path if sub == "fit" else None, cfg["seed_everything"], recorded=sub == "fit")
         printing = _ActionPrintConfig.is_print_config_requested(self.parser)  # (put off by parse_arguments)
         if sub == "fit" and ranks.rank_zero() and not printing:  # other ranks (launched by rank zero) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)

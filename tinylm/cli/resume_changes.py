@@ -38,10 +38,11 @@ def _started_config(ckpt_path: str, newest: dict) -> dict:
     return newest
 
 
-def keep_run_seed(section, ckpt_path: str | None, drawn: int) -> None:
+def keep_run_seed(section, ckpt_path: str | None, drawn: int, *, recorded: bool = True) -> None:
     """``seed_everything true`` (``drawn``: the seed drawn for it): on a resume, the seed the run started with is
     kept instead. The checkpoint restores the run's random state, so a new seed had no effect, yet it was warned about
-    ("has no effect") on every resume of a script that passes `--seed_everything true`, and recorded as if it had."""
+    ("has no effect") on every resume of a script that passes `--seed_everything true`, and recorded as if it had.
+    ``recorded``: whether a config record keeps the seed (validate writes none)."""
     started = None
     if ckpt_path:
         newest = _run_config(ckpt_path)
@@ -58,7 +59,8 @@ def keep_run_seed(section, ckpt_path: str | None, drawn: int) -> None:
         log.info("seed_everything true on a resume: the run's seed %d is kept (the checkpoint restores its random "
                  "state)", started)
     else:
-        log.info("seed_everything true: drew seed %d (the run's config.yaml records it)", drawn)
+        log.info("seed_everything true: drew seed %d%s", drawn,
+                 " (the run's config.yaml records it)" if recorded else "")
 
 
 def _windows_a_step(data: dict, trainer: dict) -> int | None:
