@@ -49,8 +49,8 @@ def plot(runs: list[str], out: str | None = None, reference: float | None = None
         raise ValueError(f"--out {out!r} is a picture of the sample report {report} (tinylm sample-report): plot "
                          "would replace it; pick another --out")
     if named and Path(out).is_file() and drawn_by(out) != "plot":  # a user's own picture (plan's too: its .json)
-        raise ValueError(f"--out {out!r} already exists, and is no picture `tinylm plot` drew: it is another file; "
-                         "pick another --out, or move it away")
+        raise ValueError(f"--out {out!r} already exists, and is not marked as drawn by `tinylm plot` (a file of "
+                         "yours, or a picture drawn before plot marked its own); pick another --out, or move it away")
     metric, why = choose_metric(curves, metric)
     if why:
         print(why)
