@@ -3,7 +3,7 @@
 At a step where validation finds a new best and the periodic save falls, a run writes ``best.ckpt``,
 ``step-N.ckpt`` and ``last.ckpt`` one after the other: three files of the same state (371 MB for a 5-step run of
 the GPU recipe), which differ only in the checkpoint callbacks' bookkeeping (which files exist, the best score).
-Each file is still written whole and atomically (`tinylm.checkpoint.atomic_write_bytes`); when the one just written
+Each file is still written whole and atomically (`tinylm.checkpoint.atomic_write`); when the one just written
 holds the same state as the one before it at that step, the earlier names are then replaced (atomically, one by one)
 by a copy of it that shares its bytes:
 

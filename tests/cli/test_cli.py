@@ -739,3 +739,11 @@ def test_ema_weight_averaging_on_one_device_says_nothing_of_sharding(run_config)
         warnings.simplefilter("always")
         main(["fit", "--config", str(run_config()), "--trainer.callbacks+=EMAWeightAveraging"])
     assert not [w for w in seen if "doesn't support sharding model layers" in str(w.message)]
+def test_the_top_level_help_names_every_flag_of_its_own():
+    """Catches `tinylm --help` listing --verbose but not --version (docs/cli.md's table has it): a reader of the
+    help alone never learned it."""
+    from tinylm.cli.table import usage
+
+    assert "--verbose" in usage() and "--version" in usage()
+
+

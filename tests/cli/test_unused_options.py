@@ -139,3 +139,72 @@ def test_a_resume_names_only_the_options_typed_on_its_command_line(run_config, c
     main(["fit", "--ckpt_path", "last", "--run.name", "tiny", "--trainer.max_steps", "4", "--samples.top_k", "5"])
     said = [r.getMessage().split("=")[0] for r in caplog.records if "does nothing" in r.getMessage()]
     assert said == ["samples.top_k"], said
+
+
+def test_fsdp_reshard_is_not_called_idle_under_fsdp2_by_its_other_name():
+    """Catches `--trainer.strategy fsdp2 --model.fsdp_reshard_after_forward false` warned of as doing nothing ('used
+    only with --trainer.strategy fsdp') while FSDP2 ran with it: tinylm.train.parallel takes fsdp and fsdp2, any
+    case."""
+    from tinylm.cli.unused import unused_options
+
+    defaults = {"model": {"fsdp_reshard_after_forward": True}, "trainer": {"strategy": "auto"}}
+
+    def said(strategy: str) -> list[str]:
+        return unused_options({"model": {"fsdp_reshard_after_forward": False}, "trainer": {"strategy": strategy}},
+                              defaults)
+
+    assert said("fsdp") == said("fsdp2") == said("FSDP2") == []
+    assert len(said("ddp")) == 1
+
+
+def test_validate_names_the_training_sections_it_ignores(caplog):
+    """Catches `tinylm validate --eval.tasks piqa` (help: 'scores zero-shot tasks at validation time'), `--guard.*`,
+    `--samples.*`, `--run.checkpoint_every` or `--data.seed` accepted without a word while validate ran none of them."""
+    from tinylm.cli.unused import warn_training_flags
+
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    warn_training_flags({"eval.tasks", "eval.limit", "guard.loss_z", "samples.every_n_steps", "run.checkpoint_every",
+                         "data.seed", "data.val_batches", "model.lr"})
+    said = [r.getMessage() for r in caplog.records]
+    assert said[:2] == ["--data.seed does nothing in tinylm validate (it sets training); drop it",
+                        "--run.checkpoint_every does nothing in tinylm validate (it sets training); drop it"]
+    assert [line.split(" do")[0] for line in said[2:]] == ["--guard.loss_z", "--samples.every_n_steps",
+                                                          "--eval.limit, --eval.tasks"]
+
+
+def test_prepare_names_the_loader_options_it_ignores(tmp_path, caplog, capsys):
+    """Catches `tinylm prepare --data.batch_size 999 --data.seed 5` accepted without a word: the dataset written is
+    the same whatever the loader's options say (a config file's are fit's too: not named)."""
+    from tinylm.cli import main
+
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog " * 20)
+    main(["prepare", "--data.corpus", str(tmp_path / "c.txt"), "--data.block_size", "8", "--data.cache_dir",
+          str(tmp_path / "cache"), "--data.batch_size", "999", "--data.seed", "5"])
+    assert [r.getMessage() for r in caplog.records if "does nothing" in r.getMessage()] == [
+        f"--data.{k} does nothing in tinylm prepare (it sets the batches training draws); drop it"
+        for k in ("batch_size", "seed")]
+
+
+def test_weights_only_false_is_refused_not_ignored(run_config):
+    """Catches `--weights_only false` (Lightning's: load a checkpoint's pickled objects too) accepted and ignored:
+    tinylm loads every checkpoint weights-only. true and null (the default) are what it does anyway."""
+    with pytest.raises(ValueError, match="--weights_only false is not taken by tinylm"):
+        lightning_main(["fit", "--config", str(run_config()), "--weights_only", "false"], cli_class=_ParseOnly)
+    with pytest.raises(_Parsed):
+        lightning_main(["fit", "--config", str(run_config()), "--weights_only", "true"], cli_class=_ParseOnly)
+
+
+def test_clean_examples_without_a_clean_rule_is_named():
+    """Catches `--data.clean.examples 7` with no cleaning rule on accepted without a word: nothing is cleaned and no
+    clean.json (whose examples it counts) is written. Any rule gives it its effect, a threshold of 0 too."""
+    from tinylm.cli.unused import unused_options
+    from tinylm.data.clean import CleanOptions
+
+    defaults = {"data": {"clean": vars(CleanOptions())}}
+
+    def said(**clean) -> list[str]:
+        return unused_options({"data": {"clean": vars(CleanOptions(examples=7, **clean))}}, defaults)
+
+    assert [line.split("=")[0] for line in said()] == ["data.clean.examples"]
+    assert said(exact=True) == said(min_words=0) == said(decontaminate=True) == said(max_symbol_ratio=0.5) == []

@@ -183,3 +183,18 @@ def test_draft_tokens_without_a_drafter_are_named_in_a_warning(tmp_path):
                     "--draft_ckpt_path or --prompt_lookup N)" in said) == warned, (command, extra, said)
     with pytest.warns(UserWarning, match=r"^samples\.num_draft_tokens does nothing without a drafter"):
         SampleText(num_draft_tokens=9)
+
+
+def test_beam_options_no_beam_can_use_are_named():
+    """Catches `tinylm generate --strategy beam --length_penalty 3 --early_stopping true` on a char model printing
+    the same text as without them and no word: with no end-of-text token (nor stop string, nor constraint) every
+    beam runs to max_new_tokens, so none is ranked by its length or stops the search early."""
+    from tinylm.generate.config import idle_beam_options
+
+    beam = {"strategy": "beam", "num_beams": 2, "length_penalty": 3.0, "early_stopping": True}
+    assert idle_beam_options(beam, tokenizer="char").startswith("length_penalty and early_stopping do nothing here")
+    assert idle_beam_options({**beam, "eos_id": 0}) is None
+    assert idle_beam_options({**beam, "stop_strings": ["\n"]}) is None
+    assert idle_beam_options({**beam, "regex": "[a-z]+"}) is None
+    assert idle_beam_options({"strategy": "beam", "num_beams": 2}) is None
+    assert idle_beam_options({**beam, "strategy": "sample"}) is None

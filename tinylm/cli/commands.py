@@ -21,7 +21,7 @@ from tinylm.cli.argv import config_files, config_keys
 from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.errors import TinyLMError
-from tinylm.generate.config import check_speculative
+from tinylm.generate.config import check_speculative, idle_beam_options
 from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
 
@@ -218,10 +218,12 @@ def prepare(args: list[str]) -> dict[str, Any]:
         parser.add_argument(f"--{key}", type=Any, default=argparse.SUPPRESS, help="(a fit section; ignored by prepare)")
     cfg = parser.parse_args(args)
     from tinylm.cli.argv import home_expanded, options
-    from tinylm.cli.unused import warn_unused_options
+    from tinylm.cli.unused import warn_loader_flags, warn_unused_options
 
     # the data options of one table with fit's (`--data.vocab_size 100` with the char tokenizer was silently ignored)
-    warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data}, {key for key, _ in options(args)})
+    typed = {key for key, _ in options(args)}
+    warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data}, typed)
+    warn_loader_flags(typed)
 
     dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
     dm.prepare_data()
@@ -360,10 +362,14 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
 def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: int, config, draft) -> list[str]:
     """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one (a
     progress bar on stderr until then)."""
+    import warnings
+
     from tinylm.generate.rows import decode_after
     from tinylm.generate.strategies import batch_rows, check_memory, generate_with
     from tinylm.progress import bar
 
+    if idle := idle_beam_options(vars(config), generate.options.spell, tokenizer.kind):
+        warnings.warn(idle)
     stream = num_samples == 1 and config.strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode, ids, prompt) if stream else None
     check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output

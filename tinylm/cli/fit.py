@@ -95,7 +95,7 @@ _HELP = {
     "verbose": "Show full tracebacks on errors (tinylm's flag, as for every command; the metrics are always "
                "printed)",
     "weights_only": "Not used: tinylm always loads checkpoints with weights_only=True (tensors and plain values, "
-                    "never code)",
+                    "never code); false is refused",
     "trainer.default_root_dir": "The folder of all runs: a run lives in DIR/<run.name>/",
     "trainer.precision": "32-true, bf16-mixed, 16-mixed, bf16-true, 64-true, ... Unset: bf16-mixed on GPUs "
                          "(16-mixed where bf16 is missing); on CPUs bf16-mixed for models at least 256 wide where "
@@ -298,6 +298,9 @@ class TinyLMCLI(LightningCLI):
 
     def _check_parsed(self, sub: str) -> None:
         """The options that do nothing in the mode chosen, and the model's own checks, before anything is built."""
+        if self._section().get("weights_only") is False:  # (Lightning's: load the checkpoint's pickled code too)
+            raise ValueError("--weights_only false is not taken by tinylm: it always loads checkpoints with "
+                             "weights_only=True (tensors and plain values, never code); leave it out")
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 

@@ -32,10 +32,6 @@ FIT_ARGS = "fit_args"  # the positional-only first parameter of a command that t
 CHAR_VOCAB_ASSUMED = 256  # plan's vocabulary for a char tokenizer whose corpus is not here: one id per byte value
 
 
-def takes_fit_config(fn: Callable) -> bool:
-    return FIT_ARGS in inspect.signature(fn).parameters
-
-
 def split_args(fn: Callable, args: list[str]) -> tuple[list[str], list[str]]:
     """(the command's own options and ``--help``, the fit config's arguments: every other one), each option with the
     value jsonargparse would give it (tinylm.cli.argv); a bare boolean flag (``--json``) has its ``true`` already

@@ -38,7 +38,7 @@ COMMAND: list = ["fit"]  # the command this process runs and its arguments (no -
 
 def _go_on() -> str:
     """How to go on after a run stopped: resume a fit, run any other command (validate) again. The hint is spelled
-    out with this process's own command and arguments by `tinylm.cli.error_line`."""
+    out with this process's own command and arguments by `tinylm.cli.errors.error_line`."""
     hint = "`tinylm fit --config ... --ckpt_path last`"
     return f"resume with {hint}" if COMMAND[0] == "fit" else f"run the same {hint} again"
 

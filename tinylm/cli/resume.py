@@ -12,7 +12,7 @@ Exact resume is spread over the things that hold state; this module is the map:
   record first (there, without torch: the early "in use" check before the imports finds the same folder with it);
 - tinylm.cli.run_config.RunConfig: the resume's record, config.resume-step<N>.yaml;
 - tinylm.checkpoint: reading checkpoints safely (weights_only, mmap), atomic writes, the tokenizer inside;
-- tinylm.train.module.TinyLM.on_save/on_load_checkpoint: tinylm's own section (tokenizer, init_from, W&B
+- tinylm.train.module.TinyLM.on_save_checkpoint/on_load_checkpoint: tinylm's own section (tokenizer, init_from, W&B
   id and project);
 - tinylm.train.callbacks.RNGState (every random stream), tinylm.train.samples.SampleText (samples.txt cut back);
 - tinylm.data.datamodule / tinylm.data.loader: the loader's position in its stream of windows;

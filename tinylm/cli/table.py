@@ -55,4 +55,5 @@ def usage() -> str:
     width = max(map(len, COMMANDS)) + 2
     lines = [f"  {name:<{width}} {c.usage}" for name, c in COMMANDS.items()]
     return ("usage: tinylm COMMAND [options]   (tinylm COMMAND --help for each; --config FILE and --print_config "
-            "work everywhere)\n\n" + "\n".join(lines) + f"\n\n  {'--verbose':<{width}} show full tracebacks on errors")
+            "work everywhere)\n\n" + "\n".join(lines) + f"\n\n  {'--verbose':<{width}} show full tracebacks on errors"
+            f"\n  {'--version':<{width}} print tinylm's version (also -V)")

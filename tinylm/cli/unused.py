@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tinylm.data.clean import RULES as CLEAN_RULES
+
 log = logging.getLogger("tinylm")
 
 
@@ -48,6 +50,13 @@ def _reads_a_dataset(corpus: Any) -> bool:
                or any(c in s for c in "*?[") or Path(s).expanduser().is_dir() for s in specs)
 
 
+def _fsdp2(strategy: Any) -> bool:
+    """Whether `trainer.strategy` is FSDP2 as tinylm.train.parallel reads it (`fsdp`, `fsdp2`, any case)."""
+    from tinylm.train.parallel import FSDP2_NAMES  # (only for a run that sets the option: fit has Lightning already)
+
+    return isinstance(strategy, str) and strategy.lower() in FSDP2_NAMES
+
+
 _DATASET = Needs("data.corpus", _reads_a_dataset,
                  "a dataset corpus (hf:NAME, a .jsonl/.parquet/.csv file: text files have no splits or columns)")
 _CHECKPOINTS = Needs("trainer.enable_checkpointing", lambda v: v is not False,
@@ -58,7 +67,7 @@ UNUSED_UNLESS: dict[str, Needs] = {
     "model.min_lr": _DECAYS, "model.decay_steps": _DECAYS,
     "model.decay_fraction": Needs("model.lr_schedule", lambda v: v == "wsd", "--model.lr_schedule wsd"),
     "model.rope_theta": Needs("model.positions", lambda v: v == "rope", "--model.positions rope"),
-    "model.fsdp_reshard_after_forward": Needs("trainer.strategy", lambda v: v == "fsdp", "--trainer.strategy fsdp"),
+    "model.fsdp_reshard_after_forward": Needs("trainer.strategy", _fsdp2, "--trainer.strategy fsdp"),
     "data.max_documents": Needs("data.streaming", lambda v: bool(v),
                                 "--data.streaming true (a corpus read whole is read whole)"),
     "data.vocab_size": _TRAINED, "data.tokenizer_train_chars": _TRAINED,
@@ -66,6 +75,9 @@ UNUSED_UNLESS: dict[str, Needs] = {
     "data.weights": Needs("data.corpus", lambda v: isinstance(v, (list, tuple)) and len(v) > 1,
                           "a list of corpora to mix (--data.corpus '[a.txt, b.txt]')"),
     **{f"data.clean.{k}": _MINHASH for k in ("near_threshold", "shingle_words", "num_perm")},
+    "data.clean.examples": Needs("data.clean.exact", lambda v: v is not None and v is not False,  # (0: the strictest)
+                                 "a --data.clean.* rule (exact, near, min_words, ...): no rule, no clean.json report",
+                                 also=tuple(f"data.clean.{r}" for r in CLEAN_RULES if r != "exact")),
     **{f"guard.{k}": _GUARD for k in ("loss_z", "grad_norm_z", "window", "min_history", "rollback_skips",
                                       "rollback_loss_rise", "lr_factor", "max_rollbacks")},
     **{f"samples.{k}": _SAMPLES for k in ("prompts", "max_new_tokens", "strategy", "temperature", "top_k", "top_p",
@@ -123,8 +135,13 @@ TRAINING_ONLY = ("trainer.max_steps", "trainer.min_steps", "trainer.max_time", "
                  "trainer.min_epochs", "trainer.accumulate_grad_batches", "trainer.gradient_clip_val",
                  "trainer.gradient_clip_algorithm", "trainer.val_check_interval", "trainer.check_val_every_n_epoch",
                  "trainer.num_sanity_val_steps", "trainer.limit_train_batches", "trainer.log_every_n_steps",
-                 "trainer.enable_checkpointing", "trainer.reload_dataloaders_every_n_epochs")
-"""Trainer options of training alone: given to `tinylm validate`, they change nothing."""
+                 "trainer.enable_checkpointing", "trainer.reload_dataloaders_every_n_epochs",
+                 "run.checkpoint_every", "run.keep_checkpoints", "data.seed")
+"""Options of training alone: given to `tinylm validate`, they change nothing."""
+
+TRAINING_SECTIONS = {"guard": "it judges training steps", "samples": "it samples while training",
+                     "eval": "in-loop evals run in fit; tinylm eval --ckpt_path PATH scores a checkpoint"}
+"""Sections of training alone, and why each does nothing in `tinylm validate`."""
 
 
 def warn_training_flags(flags: set[str]) -> None:
@@ -132,3 +149,18 @@ def warn_training_flags(flags: set[str]) -> None:
     ignored. Only options typed on the command line: a config file is fit's and validate's alike."""
     for key in sorted(set(TRAINING_ONLY) & flags):
         log.warning("--%s does nothing in tinylm validate (it sets training); drop it", key)
+    for section, why in TRAINING_SECTIONS.items():
+        if keys := sorted(k for k in flags if k.startswith(f"{section}.")):
+            log.warning("--%s %s nothing in tinylm validate (%s); drop %s", ", --".join(keys),
+                        "does" if len(keys) == 1 else "do", why, "it" if len(keys) == 1 else "them")
+
+
+LOADER_ONLY = ("data.batch_size", "data.num_workers", "data.seed", "data.val_batches")
+"""Data options of the batches alone: the dataset `tinylm prepare` writes is the same whatever they say."""
+
+
+def warn_loader_flags(flags: set[str]) -> None:
+    """`tinylm prepare --data.batch_size 999`: said, not silently ignored. Only options typed on the command line: a
+    config file is fit's and prepare's alike."""
+    for key in sorted(set(LOADER_ONLY) & flags):
+        log.warning("--%s does nothing in tinylm prepare (it sets the batches training draws); drop it", key)

@@ -220,6 +220,21 @@ def idle_draft_tokens(values: Mapping[str, Any], spell: Spelling = LIBRARY, draf
             f"{spell('draft_ckpt_path')} or {spell('prompt_lookup')} N)")
 
 
+def idle_beam_options(values: Mapping[str, Any], spell: Spelling = LIBRARY, tokenizer: str = "this") -> str | None:
+    """A warning for length_penalty / early_stopping under beam search where no beam can end before max_new_tokens
+    (no eos_id, stop string or constraint: all then end at one length, together); None where they can act."""
+    values = {**DEFAULTS, **values}
+    if values["strategy"] != "beam" or values["eos_id"] is not None or any(values[k] for k in ("stop_strings",
+                                                                                             *CONSTRAINTS)):
+        return None
+    given = [spell(k) for k in ("length_penalty", "early_stopping") if values[k] != DEFAULTS[k]]
+    if not given:
+        return None
+    return (f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing here: the {tokenizer} tokenizer "
+            f"has no end-of-text token, so every beam runs to {spell('max_new_tokens')} and they end together; give "
+            f"a stop string for beams to end early")
+
+
 def unused_options(strategy: str, values: Mapping[str, Any], defaults: Mapping[str, Any],
                    spell: Spelling = LIBRARY) -> str | None:
     """A warning naming the options of ``values`` set away from their ``defaults`` that ``strategy`` ignores (None

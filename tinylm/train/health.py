@@ -151,7 +151,6 @@ class HealthMonitor(L.Callback):
         self.contended_windows = 0  # throughput windows not judged: other processes held the CPUs
         self._last_spike_step = -(10**9)
         self._last_good_step = -1
-        self.skipped_steps = 0  # steps the stability guard did not apply (not judged here)
         self._owner: tuple[L.Trainer, L.LightningModule] | None = None  # set at train start, for state_dict
 
     # ---- reporting ----------------------------------------------------------------------------------------------
@@ -210,8 +209,7 @@ class HealthMonitor(L.Callback):
         losses = [next(flat) for _ in pending]
         norms = [None if norm_t is None else next(flat) for _, _, norm_t, _ in pending]
         for (step, *_, skip_t), loss, norm in zip(pending, losses, norms, strict=True):
-            if skip_t is not None and next(flat):
-                self.skipped_steps += 1  # not applied: the weights are as before it (the guard logs and acts)
+            if skip_t is not None and next(flat):  # not applied: the weights are as before it (the guard logs and acts)
                 continue
             self._check(trainer, pl_module, step, loss, norm)
 

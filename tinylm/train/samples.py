@@ -24,7 +24,8 @@ class SampleText(L.Callback):
 
     Args:
         every_n_steps: Optimizer steps between samples; 0 turns sampling off.
-        prompts: Texts to continue (an empty prompt starts from the end-of-text token).
+        prompts: Texts to continue (an empty prompt starts from the end-of-text token); null: one prompt, a line
+            break (the end-of-text token, else the vocabulary's first character, where the tokenizer has no line break).
         top_k: sample: keep only the k most likely tokens (null keeps all); contrastive search takes its own
             default (4 candidates per step) unless this is set away from its default.
         seed: Seed of the sampling generator (the same samples for the same weights); prompt i samples with
