@@ -117,3 +117,50 @@ def test_a_run_whose_logger_notes_are_long_text_resumes_without_config(run_confi
     from tinylm.cli.run_folder import check_kept_classes
 
     check_kept_classes(record, "runs/tiny/config.yaml", folder=tmp_path / "runs" / "tiny")
+
+
+@pytest.mark.parametrize("name", ["test.run", "json.v2", "random.init"])
+def test_a_loggers_name_that_looks_like_an_import_path_is_text(name):
+    """Catches the kept-settings check taking a logger's name for a function by import path: a run's own
+    config.yaml with `--trainer.logger CSVLogger --trainer.logger.name test.run` (`test` is a module of the standard
+    library) ended `tinylm fit --ckpt_path runs/x/checkpoints/last.ckpt` and `tinylm validate` in "a function by
+    import path", though CSVLogger's name is a str that jsonargparse never imports (only Callable-typed arguments
+    such as ThroughputMonitor's batch_size_fn are, and those stay refused)."""
+    from tinylm.cli.run_folder import check_kept_classes
+    from tinylm.errors import TinyLMError
+
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs", "name": name}}
+    check_kept_classes({"trainer": {"logger": [logger]}}, "runs/x/config.yaml")
+    monitor = {"class_path": "lightning.pytorch.callbacks.ThroughputMonitor", "init_args": {"batch_size_fn": name}}
+    with pytest.raises(TinyLMError, match="function by import path"):
+        check_kept_classes({"trainer": {"callbacks": [monitor]}}, "runs/x/config.yaml")
+    typed_a_class = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"experiment": name}}
+    with pytest.raises(TinyLMError, match="function by import path"):  # (a class type: jsonargparse may import it)
+        check_kept_classes({"trainer": {"logger": [typed_a_class]}}, "runs/x/config.yaml")
+
+
+def test_a_checkpoint_naming_a_users_own_callback_says_how_to_pass_its_settings(run_config, tmp_path, capsys,
+                                                                               monkeypatch):
+    """Catches the refusal of a checkpoint alone (copied out of its run folder) whose kept config names the user's
+    own callback (`--trainer.callbacks+=mypkg.LossEMA`) saying "pass its settings yourself with --config FILE" with no
+    such file anywhere: the settings are inside the checkpoint, and `--print_config` is refused the same way."""
+    import subprocess
+    import sys
+
+    (tmp_path / "userpkg.py").write_text("import lightning.pytorch as pl\n\nclass Mine(pl.Callback):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = torch.load(_trained(run_config), weights_only=True)
+    cfg = yaml.safe_load(ckpt["tinylm"]["config"])
+    cfg["trainer"]["callbacks"] = [{"class_path": "userpkg.Mine"}]
+    ckpt["tinylm"]["config"] = yaml.safe_dump(cfg)
+    torch.save(ckpt, tmp_path / "x.ckpt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--ckpt_path", "x.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
+    err = capsys.readouterr().err
+    assert "userpkg.Mine" in err and "python -c" in err, err
+    command = err[err.index("python -c"):err.index(" > run.yaml")]
+    subprocess.run(command.replace("python", sys.executable, 1), shell=True, check=True,
+                   stdout=(tmp_path / "run.yaml").open("w"))
+    main(["fit", "--config", "run.yaml", "--ckpt_path", "x.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
+    assert (tmp_path / "runs" / "mine" / "checkpoints" / "last.ckpt").exists()

@@ -412,6 +412,36 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _plain_type(annotation: Any) -> bool:
+    """Whether an argument typed ``annotation`` takes plain values alone (text, numbers, paths, literals, Any, lists
+    and unions of these), which jsonargparse keeps as given; a Callable or a class type may import what a text names."""
+    import inspect
+    import types
+    import typing
+
+    if annotation in (Any, inspect.Parameter.empty, str, int, float, bool, type(None), Path, Ellipsis):
+        return True
+    origin = typing.get_origin(annotation)
+    return origin is typing.Literal or origin in (typing.Union, types.UnionType, list, tuple, dict, set) and all(
+        _plain_type(arg) for arg in typing.get_args(annotation))
+
+
+def _takes_no_function(class_path: str, key: str) -> bool:
+    """Whether init argument ``key`` of the trusted class ``class_path`` takes plain values alone: jsonargparse imports
+    a text by its import path only for a Callable or class type, so a logger's name 'test.run' is text (it was refused
+    as a function). False when the class or its signature cannot be read (refused, as before)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), name).__init__).parameters
+    except Exception:  # (any failure to read it: the check stays strict)
+        return False
+    param = params.get(key) or next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
+    return param is not None and _plain_type(param.annotation)
+
+
 def _is_file(path: Path) -> bool:
     """Whether ``path`` is a file; False for text that names none (a W&B logger's notes: a name over 255 bytes made
     Path.is_file raise "file name too long", and the user's own run could not be resumed)."""
@@ -421,7 +451,8 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path | None = None) -> None:
+def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path | None = None,
+                       may_call: bool = True) -> None:
     """Refuse settings that tinylm reads on its own (``source``: a run folder's config record, or the config text a
     checkpoint keeps: files a user may have been sent) naming a class_path outside Lightning, tinylm and torch, or a
     LambdaCallback: jsonargparse imports and instantiates those, and LambdaCallback calls the functions it names. A
@@ -432,8 +463,8 @@ def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path
         raise TinyLMError(f"{source} sets {where} to the file {settings!r}: settings tinylm reads without --config may "
                           "not take a trainer option's settings from another file (class_path and all); if you trust "
                           "them, pass them yourself with --config FILE")
-    if isinstance(settings, str) and where.startswith("trainer.") and _IMPORT_PATH.fullmatch(settings) and \
-            not settings.startswith(_TRUSTED_CLASSES) and _importable(settings.partition(".")[0]):
+    if isinstance(settings, str) and where.startswith("trainer.") and may_call and _IMPORT_PATH.fullmatch(settings) \
+            and not settings.startswith(_TRUSTED_CLASSES) and _importable(settings.partition(".")[0]):
         raise TinyLMError(f"{source} sets {where} to {settings!r}, a function by import path: settings tinylm reads "
                           "without --config may name no function outside Lightning's, torch's and tinylm's (the run "
                           "calls it, e.g. ThroughputMonitor's batch_size_fn); if you trust the file, pass its settings "
@@ -447,7 +478,13 @@ def check_kept_classes(settings: Any, source: str, where: str = "", folder: Path
                               "LambdaCallback, as building them runs code; if you trust the file, pass its settings "
                               "yourself with --config FILE")
         for key, value in settings.items():
-            check_kept_classes(value, source, f"{where}.{key}" if where else str(key), folder)
+            at = f"{where}.{key}" if where else str(key)
+            if key == "init_args" and isinstance(path, str) and isinstance(value, dict):  # the class's arguments:
+                for arg, given in value.items():  # text an argument typed to take no function reads as text
+                    check_kept_classes(given, source, f"{at}.{arg}", folder, not (
+                        isinstance(given, str) and _IMPORT_PATH.fullmatch(given) and _takes_no_function(path, arg)))
+            else:
+                check_kept_classes(value, source, at, folder)
     elif isinstance(settings, list):
         for i, value in enumerate(settings):
             check_kept_classes(value, source, f"{where}[{i}]", folder)
@@ -471,7 +508,12 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     # first for what the settings it keeps would have given ("trainer.max_steps is not set")
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     settings = kept_settings(ckpt)
-    check_kept_classes(settings, f"the config that checkpoint {ckpt_path} keeps")
+    try:
+        check_kept_classes(settings, f"the config that checkpoint {ckpt_path} keeps")
+    except TinyLMError as e:  # the settings are inside the checkpoint, no file of the user's: say how to write it
+        raise TinyLMError(f"{e} (write the checkpoint's settings into one: python -c \"import torch; print(torch.load("
+                          f"{str(ckpt_path)!r}, weights_only=True)['tinylm']['config'])\" > run.yaml, then add "
+                          "--config run.yaml)") from None
     if not settings:
         if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
             log.warning("%s keeps no settings of its run (a checkpoint of an older tinylm) and no config record of "
