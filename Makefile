@@ -6,6 +6,10 @@ CONFIG ?= configs/shakespeare-char-cpu.yaml
 ARGS   ?=
 # extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" for torch's CPU build
 PIP_ARGS ?=
+# the venv is made again when its Python is missing or older than 3.10 (macOS's own python3 is 3.9: a venv made
+# with it before stayed, and failed every later `make ... PYTHON=python3.12` the same way)
+VENV_OK  := $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null
+NEW_VENV := $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10) and "tinylm needs Python >= 3.10 and $(PYTHON) is " + sys.version.split()[0] + ": pass PYTHON=python3.12 (or another >= 3.10, e.g. from brew install python@3.12)")' && $(PYTHON) -m venv --clear $(VENV)
 
 .PHONY: setup setup-train test lint train prepare bench evals clean
 
@@ -14,14 +18,14 @@ setup: $(VENV)/.installed
 # Reinstall only when the project's dependencies change. `make test` installs the test tools (and every extra the
 # tests cover); `make train` only what training and its pictures need.
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV_OK) || { $(NEW_VENV); }
 	$(PY) -m pip install --quiet $(PIP_ARGS) -e ".[dev]"
 	touch $@ $(VENV)/.installed-train
 
 setup-train: $(VENV)/.installed-train
 
 $(VENV)/.installed-train: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV_OK) || { $(NEW_VENV); }
 	$(PY) -m pip install --quiet $(PIP_ARGS) -e ".[plots]"
 	touch $@
 

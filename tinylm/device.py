@@ -30,6 +30,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of sums that need float64 (validation's nats and bytes) on ``device``: float32 on Apple's MPS, which
+    has no float64 (moving a float64 tensor there is a TypeError: `tinylm fit` on an Apple-silicon Mac, where
+    Lightning's accelerator ``auto`` is MPS, failed as it moved the module there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def precision_dtypes(precision: str | int) -> tuple[torch.dtype, torch.dtype]:
     """(dtype of the weights, dtype of the matmuls) under a Lightning precision: "bf16-mixed" and "16-mixed" (and
     their old names "bf16", "16") keep fp32 weights and autocast matmuls to 16 bits; "bf16-true" and "16-true" hold

@@ -1364,3 +1364,29 @@ def test_fp16_weights_are_warned_of(run_config):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_fp16_weights({"precision": "16-mixed"})
+
+
+def test_windows_is_refused_in_one_line(monkeypatch, capsys):
+    """Native Windows has no SIGHUP, SIGALRM or fcntl, which every command uses: one line pointing to WSL, not an
+    AttributeError's traceback from tinylm.cli.signals."""
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # (no such module there)
+    assert "run it under WSL" in _error_line(capsys, ["generate", "--ckpt_path", "x.ckpt"])
+    assert "run it under WSL" in _error_line(capsys, ["fit", "--config", "configs/shakespeare-char-cpu.yaml"])
+
+
+def test_gpu_recipe_on_a_mac_gpu_is_not_said_to_run_on_the_cpu(monkeypatch):
+    """accelerator auto on an Apple-silicon Mac trains on MPS (Lightning's pick): no "very slow on this CPU"."""
+    import warnings
+
+    import yaml
+
+    from tinylm.cli.trainer_checks import warn_gpu_recipe_on_cpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "shakespeare-char.yaml").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_gpu_recipe_on_cpu({}, {**recipe["model"], "block_size": recipe["data"]["block_size"]},
+                               type("D", (), {"batch_size": 64, "num_workers": 0})())

@@ -418,3 +418,20 @@ def test_step_counts_must_be_whole_numbers(name, value):
     extra = {"attn_mask": "prefix"} if name == "prefix_len" else {}
     with pytest.raises(ValueError, match=rf"model.{name} must be a whole number in .*, got {value}"):
         TinyLM(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16, **{name: value}, **extra)
+
+
+def test_no_float64_state_moves_to_mps(monkeypatch):
+    """MPS has no float64: moving a float64 tensor there is a TypeError (pytorch#122602), and Lightning moves the
+    module to MPS whenever a Mac has it (accelerator auto). The validation sums go in float32 there; 'meta' stands in
+    for MPS (no MPS on the test machine)."""
+    import tinylm.train.module as module_mod
+    from tinylm.device import wide_dtype
+
+    assert wide_dtype(torch.device("mps")) == torch.float32 and wide_dtype(torch.device("cpu")) == torch.float64
+    monkeypatch.setattr(module_mod, "wide_dtype", lambda d: torch.float32 if d.type in ("mps", "meta")
+                        else torch.float64, raising=False)
+    moved = TinyLM(**TINY).to("meta")
+    states = [getattr(m, k) for m in (moved.val_loss, moved.val_text_nats, moved.val_text_bytes) for k in m._defaults]
+    assert states and all(t.device.type == "meta" and t.dtype != torch.float64 for t in states)
+    on_cpu = TinyLM(**TINY).to("cpu")  # where float64 exists the sums keep it
+    assert on_cpu.val_text_nats.dtype == on_cpu.val_text_bytes.dtype == torch.float64

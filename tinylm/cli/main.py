@@ -78,6 +78,9 @@ def _main(argv: list[str] | None, program: bool) -> None:
     # `--samples.prompts+ "[END]"`: that text, not the YAML list ["END"] jsonargparse made of it
     command, rest = argv[0], texts_as_typed(expand_home(numbers_attached(argv[1:])), {"samples.prompts"})
     try:
+        if sys.platform == "win32":  # SIGHUP, SIGALRM and flock (fcntl) throughout: every command ended in a traceback
+            raise TinyLMError("tinylm runs on Linux and macOS, not on Windows itself (it relies on POSIX signals and "
+                              "file locks); run it under WSL (wsl --install, then the same commands there)")
         if early.help_only(rest) and command in COMMANDS:
             _help(command, rest, program)
             return

@@ -475,10 +475,7 @@ def check_exception_checkpoints(callbacks: list, ckpt_path: str | None) -> None:
 def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
     """A GPU recipe (a wide model, with compile and many loader workers) run on a CPU takes minutes per step: say so
     once, with the fix, instead of leaving the user to wonder (shakespeare-char.yaml ran at ~75 s/step on 2 cores)."""
-    import torch
-
-    accelerator = str(trainer_cfg.get("accelerator") or "auto")
-    if accelerator not in ("cpu", "auto") or (accelerator == "auto" and torch.cuda.is_available()):
+    if not _on_cpu(trainer_cfg):  # (auto on a Mac is MPS, Lightning's pick there: no CPU to warn about)
         return
     slow = []
     flops = 6 * hparams["n_layer"] * 12 * hparams["n_embd"] ** 2 * getattr(dm, "batch_size", 1) * hparams["block_size"]

@@ -20,6 +20,7 @@ from torchmetrics.aggregation import MeanMetric, SumMetric
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.data.loader import IGNORE
+from tinylm.device import wide_dtype
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import CONFIG_RANGES, config_fields
 from tinylm.model.gpt import Block
@@ -250,12 +251,13 @@ class TinyLM(L.LightningModule):
 
     # ---- model --------------------------------------------------------------------------------------------------
     def _apply(self, fn, *args: Any, **kwargs: Any):
-        # Lightning's bf16-true (and 16-/64-true) converts the whole module with .to(dtype), torchmetrics' states
-        # too; the validation sums keep their own precision (a bf16 sum stops growing at ~256x its increment:
-        # val/loss, val/ppl and val/bpb came out quantised and biased)
+        # Lightning's bf16-true (and 16-/64-true) converts the module with .to(dtype), torchmetrics' states too; the
+        # validation sums keep theirs (a bf16 sum stops growing at ~256x its increment: val/loss and bpb were biased)
+        wide = wide_dtype(fn(torch.zeros(())).device)  # float64 sums, float32 where this moves them to MPS (no float64)
+        for metric in (self.val_text_nats, self.val_text_bytes) if wide != torch.float64 else ():
+            metric.set_dtype(wide)  # before the move
         out = super()._apply(fn, *args, **kwargs)
-        for metric, dtype in ((self.val_loss, torch.float32), (self.val_text_nats, torch.float64),
-                              (self.val_text_bytes, torch.float64)):
+        for metric, dtype in ((self.val_loss, torch.float32), (self.val_text_nats, wide), (self.val_text_bytes, wide)):
             if metric.dtype != dtype:
                 metric.set_dtype(dtype)
         return out
@@ -329,7 +331,7 @@ class TinyLM(L.LightningModule):
         part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
         part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
         if self.token_bytes is not None:
-            nbytes = self.token_bytes.to(y.device)[y.reshape(-1).clamp(min=0)] * counted  # (B*T,)
+            nbytes = self.token_bytes.to(y.device, wide_dtype(y.device))[y.reshape(-1).clamp(min=0)] * counted
             self.val_text_nats.update((nats * (nbytes > 0)).sum())
             self.val_text_bytes.update(nbytes.sum())
 
@@ -345,9 +347,8 @@ class TinyLM(L.LightningModule):
             self.val_bytes = int(nbytes)  # the text scored (all ranks'): what `tinylm validate` says it read
         names = getattr(getattr(self._trainer, "datamodule", None), "val_names", [])
         if len(names) > 1:  # each corpus's nats and targets summed over the ranks (each evaluated a share)
-            wide = torch.float32 if self.device.type == "mps" else torch.float64  # (MPS has no float64)
             parts = torch.tensor([[float(p) for p in self._val_parts.get(i, (0.0, 0))] for i in range(len(names))],
-                                 dtype=wide, device=self.device)  # (corpora, 2): nats, targets
+                                 dtype=wide_dtype(self.device), device=self.device)  # (corpora, 2): nats, targets
             if self._trainer.world_size > 1:
                 parts = self._trainer.strategy.reduce(parts, reduce_op="sum")
             for name, (nats, n) in zip(names, parts):

@@ -1,7 +1,7 @@
 """Start-up of the `tinylm` commands that should answer at once: two source trees side by side (e.g. main and a
 branch), each command run as a fresh process with the tree first on PYTHONPATH, trees interleaved round by round.
 
-    python benchmarks/bench_startup.py --baseline /work/main --candidate . --repeats 7
+    python benchmarks/ab_startup.py --baseline ../main --candidate . --repeats 7   (../main: a checkout of main)
 
 Each command is timed as a user runs it (wall time of the whole process, plus its CPU time and peak RSS from
 os.wait4); the table gives the medians and the ratio candidate / baseline, and the load average before and after
@@ -73,7 +73,7 @@ def main() -> None:
     trees = {"baseline": args.baseline.resolve(), "candidate": args.candidate.resolve()}
     rows: dict[tuple[str, str], list[dict]] = {}
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench_startup-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="ab_startup-") as tmp_name:
         tmp = Path(tmp_name)
         commands = _setup(tmp, trees["candidate"] / "tests" / "fixtures")
         if args.only:
