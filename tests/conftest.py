@@ -4,6 +4,7 @@ tiny sizes, and determinism."""
 import base64
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -15,10 +16,22 @@ from hypothesis import settings
 # Property tests draw the same examples on every run (a run of the suite is the same test everywhere: CI, a clone) and
 # keep no example database in the tree; `--hypothesis-seed` or another profile explores further by hand.
 settings.register_profile("tinylm", derandomize=True, database=None)
+# (and its cache of the constants in the tested modules' source, which it keeps whatever the profile, outside the tree:
+# it wrote .hypothesis/constants/ into the folder pytest ran in, a clone's or a user's)
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "tinylm-tests-hypothesis"))
 settings.load_profile("tinylm")
 
 if TYPE_CHECKING:
     from tinylm.tokenize.bpe import ByteLevelBPE
+
+# tqdm's own switch, set on some CI machines and shells, silenced the bars, lines and heartbeats that tests read
+# (tests/test_progress.py's heartbeat test waited for lines that never came, until pytest-timeout's 10 minutes). It is
+# dropped for every run the tests start, and from the defaults tqdm took from it at its import (pytest imports
+# Lightning, and so torch and tqdm, before this file, for pyproject's filterwarnings); tests of the switch set it.
+if os.environ.pop("TQDM_DISABLE", None) is not None:
+    import tqdm.std
+
+    getattr(tqdm.std.tqdm.__dict__["__init__"], "keywords", {}).pop("disable", None)  # (envwrap's partialmethod)
 
 # Two test workers share two cores (make test runs pytest -n 2): one thread each avoids oversubscription, which
 # made tiny-model tests 3-30x slower on a busy machine.

@@ -84,3 +84,16 @@ def test_a_long_step_with_no_progress_of_its_own_beats_in_a_log(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[:3] == ["merging, 2", "merging, 3", "merging, 4"] and len(told) == after
     assert told == sorted(told)
+
+
+def test_tqdm_disable_0_leaves_the_bar_on_a_terminal():
+    """Catches TQDM_DISABLE=0 (set as the process starts) turning the bar off: tqdm reads its variables once, at its
+    import, as bool("0"), which is True; tinylm's own reading (`disabled_by_env`) says the bar is on."""
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom tinylm import progress\nm, s = os.openpty()\nwith open(s, 'w') as term:\n"
+            "    print(progress.bar(total=3, file=term).disable)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TQDM_DISABLE": "0"}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr

@@ -17,6 +17,7 @@ import os
 import pickle
 import pickletools
 import re
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import fields
@@ -227,7 +228,10 @@ def _torch_load(path: Path, map_location: Any, mmap: bool, tries: int = 5) -> An
     for attempt in range(tries if mmap else 1):
         before = identity()
         try:
-            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            with warnings.catch_warnings():  # (a file of pickle protocol 3-5: torch's "please file an issue" line
+                # came before tinylm's own one, which says what to do when the load fails)
+                warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+                ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
         except Exception:
             if not mmap or identity() == before or attempt == tries - 1:
                 raise

@@ -61,7 +61,8 @@ def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: s
     if not enabled or disabled_by_env():
         return tqdm(iterable, total=total, disable=True)
     if draws_bars(file or sys.stderr):
-        return tqdm(iterable, total=total, desc=desc, file=file, **kwargs)
+        # disable=False as tinylm reads the switch: tqdm's own reading, bool("0"), turned TQDM_DISABLE=0 into "off"
+        return tqdm(iterable, total=total, desc=desc, file=file, disable=False, **kwargs)
     return Lines(iterable, total=total, desc=desc, file=file, interval=LINE_INTERVAL, **kwargs)
 
 

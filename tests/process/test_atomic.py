@@ -639,6 +639,7 @@ def test_a_checkpoint_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
     assert (tmp_path / "a.ckpt").read_bytes() == b"data"
 
 
+@pytest.mark.filterwarnings("error")  # torch's own warning about the protocol is not said beside tinylm's line
 def test_a_checkpoint_pickled_with_protocol_5_is_not_called_damaged(tmp_path):
     """Catches a sound checkpoint that another tool saved with `torch.save(..., pickle_protocol=5)` (its FRAME
     opcode, which torch's weights-only loader does not read) being refused as "damaged: Unsupported operand 149;

@@ -1264,7 +1264,7 @@ def test_a_read_only_folder_of_the_run_is_refused_before_training(config, tmp_pa
     where.chmod(0o555)
     try:
         _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path", "last"],
-                        f"permission denied: {where}")
+                        f"permission denied: runs/tiny/{folder}")  # (the path as the run's config has it)
     finally:
         where.chmod(0o755)
 

@@ -42,6 +42,7 @@ def test_plot_imports_neither_torch_nor_lightning(tmp_path):
     assert json.loads(done.stdout.splitlines()[-1]) == [False, False]
 
 
+@pytest.mark.filterwarnings(r"ignore:Glyph \d+ .* missing from font:UserWarning")  # (the machine's fonts decide)
 def test_plot_of_a_run_named_with_an_emoji(tmp_path, monkeypatch, capsys):
     """Catches `tinylm plot runs/x🚀` ending in `--runs: expected a list, got ["runs/x\\ud83d\\ude80"]`."""
     monkeypatch.chdir(tmp_path)

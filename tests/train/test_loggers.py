@@ -209,6 +209,7 @@ def test_a_resume_refused_as_it_starts_leaves_no_empty_wandb_run(no_wandb_accoun
     last = tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, weights_only=True)
     del ckpt["state_dict"]["model.lm_head.weight"]
+    last.unlink()  # (for a user who is not root: a read-only hard link, its step's files share it)
     torch.save(ckpt, last)
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"],
                     "lm_head.weight")

@@ -501,6 +501,7 @@ def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_th
     low = torch.tensor(-1.0)  # a best score no validation beats
     saved["callbacks"][ours.replace("BestCheckpoint", "ModelCheckpoint", 1)] = {
         **old, "best_model_score": low, "kth_value": low, "best_k_models": dict.fromkeys(old["best_k_models"], low)}
+    (ckpts / "last.ckpt").unlink()  # (for a user who is not root, a read-only hard link of step-4.ckpt and best.ckpt)
     torch.save(saved, ckpts / "last.ckpt")
     main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "6"])
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 6
