@@ -30,6 +30,22 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+COMPILE_TORCH = (2, 11)
+"""The oldest torch whose torch.compile trains tinylm's model on the gradients eager mode gives (measured on the CPU:
+2.3 failed to compile RMSNorm and RoPE; 2.6's inductor gave every model, the default too, wrong gradients; 2.11 and
+later agree with eager within 5e-6)."""
+
+
+def check_compile_torch(version: str = torch.__version__) -> None:
+    """Refuse model.compile_model on a torch older than COMPILE_TORCH, in one line with the ways out."""
+    from tinylm.errors import UnavailableError
+
+    if tuple(map(int, re.match(r"(\d+)\.(\d+)", version).groups())) < COMPILE_TORCH:
+        raise UnavailableError(f"model.compile_model=true needs torch >= {'.'.join(map(str, COMPILE_TORCH))} (older "
+                               "torch.compile gave tinylm's layers wrong gradients, silently, or failed on them); this "
+                               f"is torch {version}: upgrade torch, or set model.compile_model false")
+
+
 def wide_dtype(device: torch.device) -> torch.dtype:
     """The dtype of sums that need float64 (validation's nats and bytes) on ``device``: float32 on Apple's MPS, which
     has no float64 (moving a float64 tensor there is a TypeError: `tinylm fit` on an Apple-silicon Mac, where

@@ -1292,3 +1292,24 @@ def test_a_long_path_in_the_resume_command_of_an_error_line_is_whole(tmp_path):
     line = error_line("fit", "interrupted by SIGTERM at step 8; saved runs/x/checkpoints/last.ckpt; resume with "
                       "`tinylm fit --config ... --ckpt_path last`", ["--data.corpus", corpus, "--run.name", "x"])
     assert f"--data.corpus {corpus} " in line and "more characters" not in line, line
+
+
+def test_transformers_backend_check_is_one_line(tmp_path, monkeypatch):
+    """transformers 5 beside torch < 2.6 (`pip install 'tinylm[export]'` on an older torch): its placeholder model
+    raises ImportError("GPT2LMHeadModel requires PyTorch >= 2.6 ...") from transformers/utils/import_utils.py when
+    built; `tinylm export` printed that as a traceback."""
+    import sys
+    import types
+
+    from tinylm.cli.errors import is_user_error
+
+    fake = tmp_path / "import_utils.py"
+    fake.write_text("def requires_backends():\n    raise ImportError('GPT2LMHeadModel requires PyTorch >= 2.6')\n")
+    module = types.ModuleType("transformers.utils.import_utils")
+    module.__file__ = str(fake)
+    exec(compile(fake.read_text(), str(fake), "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "transformers.utils.import_utils", module)
+    try:
+        module.requires_backends()
+    except ImportError as e:
+        assert is_user_error(e)

@@ -1,6 +1,8 @@
 """The modern-GPT options (RoPE, RMSNorm, QK-norm, SwiGLU/ReLU², untied head, logit soft-cap, zero-init): the default
 stays nanoGPT bit for bit; every option keeps causality, the KV cache and generation past block_size exact."""
 
+import re
+
 import pytest
 import torch
 from helpers import assert_cached_logits_equal_uncached
@@ -288,3 +290,36 @@ def test_logit_softcap_keeps_a_float64_model_in_float64():
     with torch.no_grad():
         out = model(ids(1, 8))
     assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_weight", "rope"])
+def test_one_node_layers_compile_with_eager_gradients(op):
+    """The hand-written autograd.Functions under torch.compile: torch 2.11 gave one whose forward ended in a no-op
+    `.to(x.dtype)` a zero gradient (RMSNorm, RoPE: every modern model compiled trained on wrong gradients)."""
+    from tinylm.model.layers import apply_rope, rms_norm, rope_cos_sin
+
+    torch.manual_seed(0)
+    cos, sin = rope_cos_sin(torch.arange(8), 16, 10000.0)
+    fn = {"rms_norm": lambda x, w: rms_norm(x * 2), "rms_norm_weight": lambda x, w: rms_norm(x * 2, w),
+          "rope": lambda x, w: apply_rope(x * 2, cos, sin)}[op]
+    x, w = torch.randn(2, 2, 8, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+    g = torch.randn(2, 2, 8, 16)
+    want = torch.autograd.grad((fn(x, w) * g).sum(), (x, w), allow_unused=True)
+    got = torch.autograd.grad((torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w) * g).sum(), (x, w),
+                              allow_unused=True)
+    for a, b in zip(got, want):
+        if b is not None:
+            torch.testing.assert_close(a, b)
+
+
+def test_compile_is_refused_on_a_torch_that_compiles_wrong_gradients():
+    """torch.compile of torch 2.3 failed on RMSNorm and RoPE, and 2.6's inductor gave every tinylm model wrong
+    gradients, silently: model.compile_model is refused below 2.11 in one line (NVIDIA's 2.11.0a0 builds count)."""
+    from tinylm.device import check_compile_torch
+    from tinylm.errors import UnavailableError
+
+    for fine in ("2.11.0+cu130", "2.11.0a0+git1234", "2.13.0+cpu", "3.0.0"):
+        check_compile_torch(fine)
+    for old in ("2.6.0+cu124", "2.10.1", "2.3.1"):
+        with pytest.raises(UnavailableError, match=rf"needs torch >= 2.11 .* this is torch {re.escape(old)}: upgrade"):
+            check_compile_torch(old)

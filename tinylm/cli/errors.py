@@ -212,6 +212,11 @@ def is_user_error(e: BaseException) -> bool:
         # --trainer.check_val_every_n_epoch run's interval longer than tinylm's notional epoch was a traceback)
         return any(_raised_in(e, d) for d in (PACKAGE_DIR, _jsonargparse_dir(), _trainer_flags_file(),
                                               _module_file("lightning.pytorch.loops.fit_loop")) if d)
+    backends = _module_file("transformers.utils.import_utils")
+    if isinstance(e, ImportError) and backends is not None and _raised_in(e, backends):
+        # transformers' check of its backends: "GPT2LMHeadModel requires PyTorch >= 2.6" (transformers 5 beside an
+        # older torch, which the export extra cannot rule out): install a transformers this torch has, or a newer torch
+        return True
     if _port_in_use(e):
         return True
     if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):

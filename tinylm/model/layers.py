@@ -15,6 +15,12 @@ def _at_least_fp32(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
+def _as_dtype(y: Tensor, dtype: torch.dtype) -> Tensor:
+    """y in ``dtype``, without a no-op ``.to``: torch 2.11's torch.compile gives an autograd.Function whose forward
+    returns ``y.to(dtype)`` of y's own dtype a zero gradient (eager and torch >= 2.13 are right)."""
+    return y if y.dtype == dtype else y.to(dtype)
+
+
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = RMS_NORM_EPS) -> Tensor:
     """x / rms(x) over the last dimension (in fp32, as Llama does), times an optional gain.
 
@@ -34,7 +40,7 @@ class _RMSNormFn(torch.autograd.Function):
         r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
         y = xf * r  # fp32
         ctx.save_for_backward(y, r, weight)
-        return (y if weight is None else y * weight).to(x.dtype)
+        return _as_dtype(y if weight is None else y * weight, x.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
@@ -150,7 +156,7 @@ class _RoPEFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        return _rotate(x, cos, sin).to(x.dtype)
+        return _as_dtype(_rotate(x, cos, sin), x.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:

@@ -20,7 +20,7 @@ from torchmetrics.aggregation import MeanMetric, SumMetric
 
 from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.data.loader import IGNORE
-from tinylm.device import wide_dtype
+from tinylm.device import check_compile_torch, wide_dtype
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import CONFIG_RANGES, config_fields
 from tinylm.model.gpt import Block
@@ -267,13 +267,13 @@ class TinyLM(L.LightningModule):
         if sharding and not is_sharded(self.model):  # once: configure_model may run again
             self._shard(self._device_mesh)
         if self.hparams.compile_model and not hasattr(self, "_token_loss"):
+            check_compile_torch()
             if sharding:  # the blocks were compiled one by one before sharding: the loss runs eagerly around them
                 self._token_loss = token_loss
                 return
             self.model.compile()  # in place: state_dict keys keep their names (no `_orig_mod.`)
-            # the training loss as one graph with the model (dynamo inlines the module compiled above): the loss
-            # no longer runs eagerly on the compiled model's logits, which wrote them again in fp32 (B*T*V*4 bytes)
-            # and read them back twice: ~10 % of a GPT-2 124M step on an H100/H200 (docs/gpu/README.md)
+            # the training loss as one graph with the model (dynamo inlines the module compiled above): eagerly on the
+            # compiled model's logits it wrote them again in fp32 and read them twice: ~10 % of a 124M step on an H100
             self._token_loss = torch.compile(token_loss)
 
     def _shard(self, mesh: Any) -> None:
