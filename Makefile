@@ -10,6 +10,14 @@ PIP_ARGS ?=
 # with it before stayed, and failed every later `make ... PYTHON=python3.12` the same way)
 VENV_OK  := $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null
 NEW_VENV := $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10) and "tinylm needs Python >= 3.10 and $(PYTHON) is " + sys.version.split()[0] + ": pass PYTHON=python3.12 (or another >= 3.10, e.g. from brew install python@3.12)")' && $(PYTHON) -m venv --clear $(VENV)
+# ... and when its stamps are newer than pyproject.toml too: a Python gone under it (uninstalled or upgraded away: a
+# dangling link) left `make train` at "make: .venv/bin/tinylm: No such file or directory"; its stamps go, so it is
+# made and installed again
+ifneq ($(wildcard $(VENV)/.installed $(VENV)/.installed-train),)
+ifneq ($(shell $(VENV_OK) && echo ok),ok)
+$(shell rm -f $(VENV)/.installed $(VENV)/.installed-train)
+endif
+endif
 
 .PHONY: setup setup-train test lint train prepare bench evals clean
 

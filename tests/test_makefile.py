@@ -35,3 +35,23 @@ def test_make_refuses_an_old_python_in_one_line_and_replaces_a_venv_made_with_it
     version = subprocess.run([tmp_path / ".venv" / "bin" / "python", "-c", "import sys; print(sys.version_info[:2])"],
                              capture_output=True, text=True).stdout
     assert version.strip() == str(tuple(sys.version_info[:2]))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_remakes_a_venv_whose_python_is_gone_though_its_stamps_are_new(tmp_path):
+    """Catches a venv whose Python was uninstalled or upgraded away under it (its bin/python a dangling link) kept
+    because its install stamps are newer than pyproject.toml: `make train` ended in "make: .venv/bin/tinylm: No such
+    file or directory" though the Makefile says the venv is made again when its Python is missing."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").write_text("")
+    venv = tmp_path / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    (venv / "bin" / "python").unlink()
+    (venv / "bin" / "python").symlink_to(tmp_path / "gone" / "python3")  # (the link replaced, nothing written through)
+    (venv / ".installed").touch()
+    (venv / ".installed-train").touch()
+    subprocess.run(["make", "setup-train", f"PYTHON={sys.executable}", "PIP_ARGS=--no-index --dry-run"],
+                   cwd=tmp_path, capture_output=True, text=True)
+    version = subprocess.run([venv / "bin" / "python", "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout
+    assert version.strip() == str(tuple(sys.version_info[:2]))

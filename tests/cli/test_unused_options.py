@@ -208,3 +208,18 @@ def test_clean_examples_without_a_clean_rule_is_named():
 
     assert [line.split("=")[0] for line in said()] == ["data.clean.examples"]
     assert said(exact=True) == said(min_words=0) == said(decontaminate=True) == said(max_symbol_ratio=0.5) == []
+
+
+def test_a_runs_record_with_weights_only_false_still_resumes(run_config, caplog):
+    """Catches a run started with `--weights_only false` (accepted and ignored until it was refused) whose
+    config.yaml, its record, keeps `weights_only: false`: `tinylm fit --ckpt_path last` and `tinylm validate` of it
+    read that record and were refused with "leave it out", an option the user had not typed."""
+    import yaml
+
+    path = run_config()
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "weights_only": False}))
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    with pytest.raises(_Parsed):
+        lightning_main(["fit", "--config", str(path)], cli_class=_ParseOnly)
+    assert any("weights_only: false in the config does nothing" in r.getMessage() for r in caplog.records)

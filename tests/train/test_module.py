@@ -435,3 +435,17 @@ def test_no_float64_state_moves_to_mps(monkeypatch):
     assert states and all(t.device.type == "meta" and t.dtype != torch.float64 for t in states)
     on_cpu = TinyLM(**TINY).to("cpu")  # where float64 exists the sums keep it
     assert on_cpu.val_text_nats.dtype == on_cpu.val_text_bytes.dtype == torch.float64
+
+
+@pytest.mark.parametrize("convert", ["half", "bfloat16", "float", "double"])
+def test_a_dtype_change_on_mps_moves_no_float64_state_there(monkeypatch, convert):
+    """Catches TinyLM._apply learning the target device from a CPU probe: a dtype change of a module already on MPS
+    (`model.to("mps")` then `.half()` / `.to(torch.bfloat16)`, Lightning's bf16-true on a model placed first) gave
+    the validation sums back float64 there, a TypeError on MPS. 'meta' stands in for MPS, as above."""
+    import tinylm.train.module as module_mod
+
+    monkeypatch.setattr(module_mod, "wide_dtype", lambda d: torch.float32 if d.type in ("mps", "meta")
+                        else torch.float64, raising=False)
+    moved = getattr(TinyLM(**TINY).to("meta"), convert)()
+    states = [getattr(m, k) for m in (moved.val_text_nats, moved.val_text_bytes) for k in m._defaults]
+    assert states and all(t.device.type == "meta" and t.dtype != torch.float64 for t in states)

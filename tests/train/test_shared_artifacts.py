@@ -164,3 +164,42 @@ def test_a_checkpoint_naming_a_users_own_callback_says_how_to_pass_its_settings(
                    stdout=(tmp_path / "run.yaml").open("w"))
     main(["fit", "--config", "run.yaml", "--ckpt_path", "x.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
     assert (tmp_path / "runs" / "mine" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_function_passed_through_a_trusted_classs_kwargs_stays_refused():
+    """Catches a run's config.yaml naming `builtins.print` (any function) as WeightAveraging's multi_avg_fn accepted
+    as text because WeightAveraging takes it by `**kwargs: Any`: jsonargparse types it as AveragedModel's Callable,
+    imports it, and the run called it at every step."""
+    from tinylm.cli.run_folder import check_kept_classes
+    from tinylm.errors import TinyLMError
+
+    for key in ("multi_avg_fn", "avg_fn"):
+        averaging = {"class_path": "lightning.pytorch.callbacks.WeightAveraging", "init_args": {key: "builtins.print"}}
+        with pytest.raises(TinyLMError, match="function by import path"):
+            check_kept_classes({"trainer": {"callbacks": [averaging]}}, "runs/x/config.yaml")
+    # text that the kwargs take as text stays text (W&B's group and notes reach wandb.init's str parameters)
+    logger = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"group": "test.run"}}
+    check_kept_classes({"trainer": {"logger": [logger]}}, "runs/x/config.yaml")
+
+
+def test_the_command_that_writes_a_checkpoints_settings_runs_whatever_its_path(run_config, tmp_path, capsys):
+    """Catches the `python -c "..."` of that refusal with the path as Python's repr inside double quotes: a folder
+    named `bob's` made it `torch.load("bob's/x.ckpt")` and the shell stopped at the quote ("unexpected EOF"); `$` or
+    a backquote in it were expanded by the shell."""
+    import subprocess
+    import sys
+
+    ckpt = torch.load(_trained(run_config), weights_only=True)
+    cfg = yaml.safe_load(ckpt["tinylm"]["config"])
+    cfg["trainer"]["callbacks"] = [{"class_path": "userpkg.Mine"}]
+    ckpt["tinylm"]["config"] = yaml.safe_dump(cfg)
+    (tmp_path / "bob's $HOME `x`").mkdir()
+    torch.save(ckpt, tmp_path / "bob's $HOME `x`" / "x.ckpt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--ckpt_path", "bob's $HOME `x`/x.ckpt", "--run.name", "mine", "--trainer.max_steps", "4"])
+    err = capsys.readouterr().err
+    command = err[err.index("python -c"):err.index(" > run.yaml")]
+    done = subprocess.run(command.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True,
+                          cwd=tmp_path, executable="/bin/bash")
+    assert done.returncode == 0 and yaml.safe_load(done.stdout)["trainer"]["callbacks"], done.stderr

@@ -299,8 +299,13 @@ class TinyLMCLI(LightningCLI):
     def _check_parsed(self, sub: str) -> None:
         """The options that do nothing in the mode chosen, and the model's own checks, before anything is built."""
         if self._section().get("weights_only") is False:  # (Lightning's: load the checkpoint's pickled code too)
-            raise ValueError("--weights_only false is not taken by tinylm: it always loads checkpoints with "
-                             "weights_only=True (tensors and plain values, never code); leave it out")
+            if "weights_only" in self._flags:
+                raise ValueError("--weights_only false is not taken by tinylm: it always loads checkpoints with "
+                                 "weights_only=True (tensors and plain values, never code); leave it out")
+            # from a config: a run's own record (config.yaml, the checkpoint's kept settings) of a run started with
+            # it when it was accepted and ignored: it resumes and validates as before
+            log.warning("weights_only: false in the config does nothing: tinylm always loads checkpoints with "
+                        "weights_only=True (tensors and plain values, never code)")
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 

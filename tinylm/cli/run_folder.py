@@ -429,17 +429,19 @@ def _plain_type(annotation: Any) -> bool:
 def _takes_no_function(class_path: str, key: str) -> bool:
     """Whether init argument ``key`` of the trusted class ``class_path`` takes plain values alone: jsonargparse imports
     a text by its import path only for a Callable or class type, so a logger's name 'test.run' is text (it was refused
-    as a function). False when the class or its signature cannot be read (refused, as before)."""
+    as a function). The type is jsonargparse's own: an argument taken by ``**kwargs: Any`` has the type of the
+    parameter the kwargs reach (WeightAveraging's multi_avg_fn is AveragedModel's Callable). False when the class or
+    its parameters cannot be read (refused, as before)."""
     import importlib
-    import inspect
+
+    from jsonargparse._parameter_resolvers import get_signature_parameters  # (what the parse itself types them by)
 
     module, _, name = class_path.rpartition(".")
     try:
-        params = inspect.signature(getattr(importlib.import_module(module), name).__init__).parameters
+        params = {p.name: p for p in get_signature_parameters(getattr(importlib.import_module(module), name), None)}
     except Exception:  # (any failure to read it: the check stays strict)
         return False
-    param = params.get(key) or next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
-    return param is not None and _plain_type(param.annotation)
+    return key in params and _plain_type(params[key].annotation)
 
 
 def _is_file(path: Path) -> bool:
@@ -511,9 +513,12 @@ def _with_checkpoint_config(args: list[str], ckpt_path: str | None, quiet: bool,
     try:
         check_kept_classes(settings, f"the config that checkpoint {ckpt_path} keeps")
     except TinyLMError as e:  # the settings are inside the checkpoint, no file of the user's: say how to write it
-        raise TinyLMError(f"{e} (write the checkpoint's settings into one: python -c \"import torch; print(torch.load("
-                          f"{str(ckpt_path)!r}, weights_only=True)['tinylm']['config'])\" > run.yaml, then add "
-                          "--config run.yaml)") from None
+        import json
+        import shlex  # (quoted for the shell whatever the path holds: ' " $ ` spaces)
+
+        code = f'import torch; print(torch.load({json.dumps(str(ckpt_path))}, weights_only=True)["tinylm"]["config"])'
+        raise TinyLMError(f"{e} (write the checkpoint's settings into one: python -c {shlex.quote(code)} > run.yaml, "
+                          "then add --config run.yaml)") from None
     if not settings:
         if "tinylm" in ckpt:  # written before checkpoints kept their run's settings
             log.warning("%s keeps no settings of its run (a checkpoint of an older tinylm) and no config record of "

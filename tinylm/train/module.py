@@ -253,7 +253,8 @@ class TinyLM(L.LightningModule):
     def _apply(self, fn, *args: Any, **kwargs: Any):
         # Lightning's bf16-true (and 16-/64-true) converts the module with .to(dtype), torchmetrics' states too; the
         # validation sums keep theirs (a bf16 sum stops growing at ~256x its increment: val/loss and bpb were biased)
-        wide = wide_dtype(fn(torch.zeros(())).device)  # float64 sums, float32 where this moves them to MPS (no float64)
+        # float64 sums, float32 on MPS (none there), probed from where they are (a .half() on MPS stays on MPS)
+        wide = wide_dtype(fn(torch.zeros((), device=self.val_text_nats.device)).device)
         for metric in (self.val_text_nats, self.val_text_bytes) if wide != torch.float64 else ():
             metric.set_dtype(wide)  # before the move
         out = super()._apply(fn, *args, **kwargs)
@@ -377,9 +378,8 @@ class TinyLM(L.LightningModule):
             return self.hparams.decay_steps
         max_steps = self.trainer.max_steps if self._trainer is not None else -1
         if max_steps is None or max_steps < 1:
-            raise ValueError(
-                f"the LR schedule needs a length: set --trainer.max_steps N (got {max_steps}) or --model.decay_steps N"
-            )
+            raise ValueError(f"the LR schedule needs a length: set --trainer.max_steps N (got {max_steps}) or "
+                             "--model.decay_steps N")
         return max_steps
 
     def _lr_at(self, step: int) -> float:
