@@ -917,3 +917,13 @@ def test_a_signal_during_the_imports_waits_for_them_then_ends_the_command_in_its
     assert ended.returncode == 128 + signal.SIGTERM and ended.stdout == "", (ended.returncode, ended.stdout)
     assert ended.stderr == "tinylm fit: error: SIGTERM during the imports, after an earlier signal: ended at once\n", \
         ended.stderr
+
+
+def test_a_second_ctrl_c_names_last_ckpt_among_checkpoints_saved_as_one_file(tmp_path):
+    """Catches the second Ctrl+C's line naming step-1.ckpt, not last.ckpt, for a user who is not root: a step's
+    checkpoints are then hard links of one file (one inode, one mtime), and the tie went to the first name."""
+    from tinylm.train.interrupt import InterruptStop
+
+    (tmp_path / "step-1.ckpt").write_bytes(b"x")
+    os.link(tmp_path / "step-1.ckpt", tmp_path / "last.ckpt")
+    assert "the newest checkpoint is " + str(tmp_path / "last.ckpt") in InterruptStop(tmp_path)._unsaved_line()

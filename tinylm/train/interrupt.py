@@ -130,7 +130,8 @@ class InterruptStop(L.Callback):
         step = "" if self._trainer is None else f" at step {self._trainer.global_step}"
         try:  # files, or FSDP2's sharded folders
             saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if is_checkpoint(p)]
-            newest = max(saved, key=lambda p: p.stat().st_mtime_ns, default=None)
+            # (last.ckpt first of files saved together: a non-root user's step-N.ckpt and last.ckpt are one inode)
+            newest = max(saved, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
         except OSError:
             newest = None
         if newest is None:
