@@ -147,8 +147,7 @@ TRAINING_SECTIONS = {"guard": "it judges training steps", "samples": "it samples
 def warn_training_flags(flags: set[str]) -> None:
     """`tinylm validate --trainer.max_steps 5` (a fit command edited into a validate one): said, not silently
     ignored. Only options typed on the command line: a config file is fit's and validate's alike."""
-    for key in sorted(set(TRAINING_ONLY) & flags):
-        log.warning("--%s does nothing in tinylm validate (it sets training); drop it", key)
+    _say_idle(TRAINING_ONLY, flags, "validate", "it sets training")
     for section, why in TRAINING_SECTIONS.items():
         if keys := sorted(k for k in flags if k.startswith(f"{section}.")):
             log.warning("--%s %s nothing in tinylm validate (%s); drop %s", ", --".join(keys),
@@ -162,5 +161,10 @@ LOADER_ONLY = ("data.batch_size", "data.num_workers", "data.seed", "data.val_bat
 def warn_loader_flags(flags: set[str]) -> None:
     """`tinylm prepare --data.batch_size 999`: said, not silently ignored. Only options typed on the command line: a
     config file is fit's and prepare's alike."""
-    for key in sorted(set(LOADER_ONLY) & flags):
-        log.warning("--%s does nothing in tinylm prepare (it sets the batches training draws); drop it", key)
+    _say_idle(LOADER_ONLY, flags, "prepare", "it sets the batches training draws")
+
+
+def _say_idle(keys: tuple[str, ...], flags: set[str], command: str, why: str) -> None:
+    """One warning for each of ``keys`` typed on the command line (``flags``) that ``command`` does not use."""
+    for key in sorted(set(keys) & flags):
+        log.warning("--%s does nothing in tinylm %s (%s); drop it", key, command, why)

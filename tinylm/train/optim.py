@@ -207,10 +207,12 @@ def muon_step(muon: torch.optim.Optimizer, splits: dict[int, int] | None = None,
             bufs.append(state["momentum_buffer"])
         lr, momentum = float(group["lr"]), group["momentum"]
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
-        updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] and not _dtensors(grads) else bufs
+        updates = bufs
         if group["nesterov"] and _dtensors(grads):  # grad.lerp(buf, momentum) in place on copies: torch 2.11 has
             updates = [g.clone() for g in grads]  # no sharding rule (FSDP2) for the out-of-place _foreach_lerp
             torch._foreach_lerp_(updates, bufs, momentum)
+        elif group["nesterov"]:
+            updates = torch._foreach_lerp(grads, bufs, momentum)
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
         _orthogonalized_steps(group, params, updates, splits, ns_dtype, lr)
 
