@@ -552,6 +552,7 @@ def test_every_strategy_tells_each_step(options):
 @pytest.mark.parametrize("prompt, says", [
     ([[1.9, 2.9]], "got 1.9 among them"), ("ROMEO", "not text; encode the text first"),
     (torch.tensor([[1.0, 2.0]]), "got a torch.float32 tensor"), ([[True, 2]], "got True among them"),
+    ([[1, None]], "got None among them"), ([None, 2], "got None among them"), ([None], "got None among them"),
 ])
 def test_prompt_ids_that_are_no_integer_ids_are_refused(prompt, says):
     """Catches generate cutting float ids to integers without a word ([[1.9, 2.9]] decoded as [[1, 2]]), and text or

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,7 @@ def _get(cfg: Any, key: str) -> Any:
     return value
 
 
-def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset(), *,
+def unused_options(cfg: Any, defaults: Any, typed: AbstractSet[str] = frozenset(), *,
                    only: set[str] | None = None) -> list[str]:
     """One line for each option of UNUSED_UNLESS that ``cfg`` (a parsed fit config) sets away from ``defaults``
     while the option that gives it its effect is set so that it has none; not when that option was ``typed`` on
@@ -125,7 +126,7 @@ def unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset(), *,
     return lines
 
 
-def warn_unused_options(cfg: Any, defaults: Any, typed: set[str] = frozenset(), *,
+def warn_unused_options(cfg: Any, defaults: Any, typed: AbstractSet[str] = frozenset(), *,
                         only: set[str] | None = None) -> None:
     for line in unused_options(cfg, defaults, typed, only=only):
         log.warning("%s", line)

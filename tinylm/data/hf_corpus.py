@@ -33,7 +33,7 @@ def _text(value: Any, path: str, column: str) -> str:
     return value
 
 
-def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set,
+def _texts(values: Iterable[Any], spec: str, path: str, column: str, split: str, said: set | None,
            limit: int | None = None) -> Iterator[str]:
     """A split's documents from its `column` (its first `limit`; None: all): anything but text is refused; a row
     without it (None: a JSON line with other keys, or a null) is skipped and counted, and the count said once a pass

@@ -195,11 +195,11 @@ def _prompt_tensor(prompt_ids: Sequence[Sequence[int]] | Sequence[int] | Tensor,
             prompts = [prompts]  # one prompt given as a flat list of ids
         for p in prompts:  # each a list (or a 1-D numpy array) of integer ids: a float was cut to an int silently
             listed = (isinstance(p, Sequence) or hasattr(p, "__array__")) and not isinstance(p, (str, bytes, Tensor))
-            odd = next((t for t in p if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None) \
-                if listed else p
-            if odd is not None:
+            # (a list, not next(..., None): a None id, e.g. a tokenizer's eos_id where it has none, is one too)
+            odd = [t for t in p if not isinstance(t, numbers.Integral) or isinstance(t, bool)] if listed else [p]
+            if odd:
                 raise ValueError(f"prompt_ids must be lists of integer token ids (one flat list: one prompt), got "
-                                 f"{odd!r} among them; encode text with tokenizer.encode, and pass ids as ints")
+                                 f"{odd[0]!r} among them; encode text with tokenizer.encode, and pass ids as ints")
         lengths = sorted({len(p) for p in prompts})
         if len(lengths) > 1:
             raise ValueError(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,8 @@ def _skip_update(optimizer: Any, skip: torch.Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
-def last_good_checkpoint(trainer: L.Trainer, first_bad: int, abandoned: list[tuple[int, int]] = ()) -> Path | None:
+def last_good_checkpoint(trainer: L.Trainer, first_bad: int,
+                         abandoned: Iterable[tuple[int, int]] = ()) -> Path | None:
     """The newest checkpoint of the run's checkpoint folders whose weights have not seen step index ``first_bad``
     (a checkpoint of N steps has seen indices 0 .. N - 1: N <= first_bad) and were not abandoned by a rollback
     (``abandoned``: (lo, hi) spans of steps; the run never trains those steps again, so a checkpoint of one is of
