@@ -28,21 +28,30 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+WINDOWS_PER_MAP = 4096
+"""Windows read through one memmap before it is mapped anew: every page a mapping has touched (64 KiB a random
+window, with the kernel's fault-around) stays in the process's resident memory until it is unmapped, so a memmap
+kept open grew each rank and worker to the size of the file over a long run (8 GB after 256k windows)."""
+
+
 class _TokenWindows(Dataset):
     """Reads windows of T + 1 tokens from a .bin file, memory-mapped lazily in whichever process reads
-    (an open memmap is never pickled into DataLoader workers)."""
+    (an open memmap is never pickled into DataLoader workers), and mapped anew every WINDOWS_PER_MAP windows."""
 
     def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int) -> None:
         self.path, self.dtype, self.n_tokens = str(path), dtype, n_tokens
         self.block_size, self.batch_size = block_size, batch_size
         self._data: np.memmap | None = None
+        self._mapped = 0  # windows read through self._data
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_data": None}
 
     def windows(self, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._data is None:
+        if self._data is None or self._mapped >= WINDOWS_PER_MAP:
             self._data = np.memmap(self.path, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
+            self._mapped = 0
+        self._mapped += len(offsets)
         idx = offsets[:, None] + np.arange(self.block_size + 1)  # (B, T + 1): the target needs the next token too
         buf = torch.from_numpy(self._data[idx].astype(np.int64))  # (B, T + 1)
         return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()  # x, y: (B, T) each
