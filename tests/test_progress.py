@@ -39,9 +39,14 @@ def test_a_loop_in_a_log_writes_a_line_every_so_often_and_none_when_short(clock)
 def test_a_terminal_gets_tqdm_and_tqdm_disable_silences_both(monkeypatch):
     """Catches the bar on a terminal replaced by lines, and TQDM_DISABLE (tqdm's own switch) ignored: tinylm passed
     `disable=` to tqdm, which overrides the variable."""
+    import fcntl
+    import struct
+    import termios
+
     from tqdm.std import tqdm
 
     master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # (tqdm draws nothing on 0 x 0)
     with open(slave, "w") as term:
         on_terminal = progress.bar(total=3, desc="x", file=term)
         assert isinstance(on_terminal, tqdm) and not on_terminal.disable
@@ -97,3 +102,21 @@ def test_tqdm_disable_0_leaves_the_bar_on_a_terminal():
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TQDM_DISABLE": "0"}, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_terminal_of_no_size_gets_lines():
+    """Catches a run showing no progress at all on a pty nobody sized (`script -c` or `docker run -t` in CI: 0 columns,
+    0 rows): tqdm draws nothing there, so the bar must be lines, as in a log; a sized terminal keeps its bar."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as tty:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        assert not progress.draws_bars(tty)
+        assert isinstance(progress.bar(total=3, file=tty), progress.Lines)
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        assert progress.draws_bars(tty)
+    os.close(leader)

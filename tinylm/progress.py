@@ -37,12 +37,22 @@ def draws_bars(stream: Any) -> bool:
     """Whether a bar written to ``stream`` redraws in place: a terminal, or a Jupyter kernel's output, where
     ``tqdm.auto`` draws a widget (its stream is no terminal)."""
     if is_terminal(stream):
-        return True
+        # a terminal of 0 columns or 0 rows (`script -c` or `docker run -t` in CI: a pty nobody sized): tqdm draws
+        # nothing there, not even its numbers, and the run showed no progress at all: lines, as in a log
+        return 0 not in _size(stream)
     import tqdm.auto  # noqa: F401 (imports tqdm.autonotebook without the warning that its notebook mode gives)
     from tqdm.autonotebook import tqdm as auto  # (tqdm.auto's own class is a subclass of it, whatever the place)
     from tqdm.std import tqdm as std
 
     return auto is not std
+
+
+def _size(stream: Any) -> tuple[int, ...]:
+    """(columns, rows) of the terminal ``stream`` is, as tqdm reads them (from the terminal itself); () if unknown."""
+    try:
+        return tuple(os.get_terminal_size(stream.fileno()))
+    except (AttributeError, ValueError, OSError):
+        return ()
 
 
 def disabled_by_env() -> bool:

@@ -464,19 +464,36 @@ def test_tinylm_help_answers_without_importing_lightning():
     assert out.splitlines()[-1] == "False"
 
 
-def test_help_into_a_closed_pipe_ends_quietly():
-    """Catches `tinylm --help | head -3` ending in a BrokenPipeError traceback: the usage was printed outside the
-    handling every command's output has (exit 141, as a shell reports a reader gone, and nothing on stderr)."""
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_into_a_closed_pipe_ends_quietly(flag):
+    """Catches `tinylm --help | head -3` (or `tinylm --version | true`) ending in a BrokenPipeError traceback: the
+    usage (the version) was printed outside the handling every command's output has (exit 141, as a shell reports a
+    reader gone, and nothing on stderr)."""
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.close()\ntime.sleep(0.5)\n"
-                             "from tinylm.cli import main\nsys.argv = ['tinylm', '--help']\nmain()"],
+                             f"from tinylm.cli import main\nsys.argv = ['tinylm', '{flag}']\nmain()"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     proc.stdout.close()  # the reader goes away before anything is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err, err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (a disk that is always full)")
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_onto_a_full_disk_is_one_line(flag):
+    """Catches `tinylm --version > /dev/full` (a full disk) ending in an OSError traceback, where every command's
+    output says it in one line."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "tinylm", flag], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("tinylm: error: OSError: No space left"), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
 def _samples(run_dir: Path) -> list[tuple[str, str]]:

@@ -217,6 +217,17 @@ class _Output:
         stop_state.reader_gone(signal.SIGPIPE)
         return True
 
+    def _log_full(self, e: OSError) -> bool:
+        """`tinylm fit ... > /home/me/train.log` whose disk (or quota) filled mid-run: the next progress line ended
+        the run at once, unsaved (exit 1), though its checkpoints go elsewhere. The log is not the run's result (the
+        run folder is): stdout goes to /dev/null, one line says so, and the run goes on."""
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or stop_state.reader_gone is None or stop_state.over:
+            return False
+        quiet_stdout()
+        log.warning("the standard output's disk is full (%s): the run's progress lines are dropped from here; it "
+                    "goes on (csv/metrics.csv keeps every metric)", os.strerror(e.errno))
+        return True
+
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
@@ -225,7 +236,9 @@ class _Output:
                 raise
             return len(text)
         except OSError as e:
-            raise self._full(e) from None
+            if not self._log_full(e):
+                raise self._full(e) from None
+            return len(text)
 
     def flush(self) -> None:
         try:
@@ -235,7 +248,9 @@ class _Output:
                 raise
             self._stream.flush()
         except OSError as e:
-            raise self._full(e) from None
+            if not self._log_full(e):
+                raise self._full(e) from None
+            self._stream.flush()
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

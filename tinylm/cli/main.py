@@ -8,6 +8,7 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,20 @@ def _take_verbose(argv: list[str]) -> tuple[bool, list[str]]:
     return verbose, rest
 
 
+def _print_or_141(text: str) -> None:
+    """Print ``text`` (the usage, the version) before the console's setup; a reader gone (`tinylm --help | head -3`,
+    `tinylm --version | true`) ends the command quietly, as for any command's output."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        console.quiet_stdout()
+        sys.exit(141)
+    except OSError as e:  # `tinylm --version > /dev/full`, a full disk: one line, as every command's output says it
+        console.quiet_stdout()
+        sys.exit(f"tinylm: error: OSError: {e.strerror} writing the standard output (where the command's output was "
+                 "sent); free some space, or send it to a file on another disk")
+
+
 def main(argv: list[str] | None = None) -> None:
     program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
     if program:  # a library's log file on a full disk (W&B's debug.log in the run folder): no traceback per record
@@ -61,14 +76,10 @@ def _main(argv: list[str] | None, program: bool) -> None:
     if argv and argv[0] in ("-V", "--version"):
         from tinylm import __version__
 
-        print(f"tinylm {__version__}", flush=True)
+        _print_or_141(f"tinylm {__version__}")
         return
     if not argv or argv[0] in ("-h", "--help"):  # before the console's setup, which imports Lightning (seconds)
-        try:
-            print(usage(), flush=True)
-        except BrokenPipeError:  # `tinylm --help | head -3`: the reader went away, as for any command's output
-            console.quiet_stdout()
-            sys.exit(141)
+        _print_or_141(usage())
         return
     console.setup()  # (imports nothing heavy: the checks below come before any such import)
     signals.SAID[0] = False
@@ -97,7 +108,7 @@ def _main(argv: list[str] | None, program: bool) -> None:
         if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
             # a second Ctrl+C during a run: where it stopped and where it goes on from (tinylm.train.interrupt)
             said = stop_state.line if command in ("fit", "scaling") and stop_state.line is not None else None
-            sys.stderr.write(errors.error_line(command, said, rest) if said else "tinylm: interrupted\n")
+            _say(errors.error_line(command, said, rest) if said else "tinylm: interrupted\n")
         signals.SAID[0] = True
         sys.exit(130)
     except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
@@ -185,6 +196,19 @@ def _fit_summary(cli, seconds: float) -> str:
                        final=final, best_loss=best)
 
 
+def _say(line: str) -> None:
+    """Write the command's ending line on stderr. A stderr whose reader went away (`tinylm fit ... 2>&1 | tee log`,
+    tee ended by the same Ctrl+C or SIGTERM; `2>&1 | head`) drops it: its BrokenPipeError replaced the command's exit
+    status (130, 143, 141, ...) with 1, a traceback nobody could read."""
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)  # (Python's own flush of stderr at exit must not fail again)
+        os.dup2(null, sys.stderr.fileno())
+        os.close(null)
+
+
 def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose: bool) -> None:
     """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
     if ranks.RANKS:  # the watch of the ranks it started says why it ends, or this does: one line (never released)
@@ -204,7 +228,6 @@ def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose:
     if not (getattr(e, "every_rank", False) and rank or getattr(e, "said", False)):  # said: by a rank that ended first
         # another rank's line says which (a config or data error comes from each); one write, so that the ranks'
         # lines do not interleave (print's text and newline were two, and two lines came out as one)
-        sys.stderr.write(errors.error_line(command, errors.one_line(e), rest, rank))
-        sys.stderr.flush()
+        _say(errors.error_line(command, errors.one_line(e), rest, rank))
     signals.SAID[0] = True
     sys.exit(getattr(e, "exit_code", 1))  # an interrupted run: 128 + the signal, as a shell reports it

@@ -1,0 +1,44 @@
+import importlib
+import signal
+import sys
+
+import pytest
+
+from tinylm.cli.errors import Terminated
+
+cli_main = importlib.import_module("tinylm.cli.main")  # (tinylm.cli.main is also the function)
+
+
+class _ReaderGone:
+    """stderr a pipe whose reader went away (`tinylm fit ... 2>&1 | tee log`, tee ended by the same signal)."""
+
+    def __init__(self, path):
+        self._file = open(path, "w")  # noqa: SIM115
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    flush = write
+
+    def fileno(self):
+        return self._file.fileno()
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("stop, status", [
+    (Terminated("terminated by SIGTERM before it finished; run the same tinylm plot again", signal.SIGTERM), 143),
+    (KeyboardInterrupt(), 130),
+])
+def test_a_stop_into_a_closed_stderr_keeps_its_exit_status(tmp_path, monkeypatch, stop, status):
+    """Catches `tinylm fit ... 2>&1 | tee log` stopped by SIGTERM or Ctrl+C (which end tee too) exiting 1: writing
+    the stop's line into the closed pipe raised a BrokenPipeError in place of the exit 143/130 a script branches on."""
+    def stopped(*args):
+        raise stop
+
+    monkeypatch.setattr(cli_main, "_run", stopped)
+    monkeypatch.setattr(sys, "stderr", _ReaderGone(tmp_path / "stderr"))
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(["plot", str(tmp_path)])
+    assert e.value.code == status
