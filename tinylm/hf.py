@@ -18,6 +18,7 @@ The tokenizer is written as a Hugging Face fast tokenizer (tinylm.tokenize.hf), 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import fnmatch
 import json
@@ -327,7 +328,19 @@ def _write_export(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
         warnings.warn(f"checkpoint {str(ckpt_path)!r} holds no tokenizer; exported the model only")
     else:
         save_hf_tokenizer(tokenizer, out, model_max_length=c.block_size)
-        tokenizer.save(out / TINYLM_TOKENIZER_DIR)
+        shared = copy.copy(tokenizer)  # the checkpoint's own keeps its spec: a resume compares it
+        shared.spec = published_spec(tokenizer.spec)
+        shared.save(out / TINYLM_TOKENIZER_DIR)
+
+
+def published_spec(spec: str) -> str:
+    """A tokenizer spec as an export publishes it: a file or folder the run named by its path
+    (`--data.tokenizer /home/me/tok.json`, `tiktoken:/home/me/x.tiktoken`) by its name alone, so a folder pushed to
+    the hub does not carry the user's directories; `bpe`, `char`, `tiktoken:gpt2` as they are. Nothing reads the
+    spec of an export back but messages (`--data.tokenizer DIR/tinylm_tokenizer` names the folder itself)."""
+    prefix = "tiktoken:" if spec.startswith("tiktoken:") else ""
+    path = spec.removeprefix(prefix)
+    return prefix + re.split(r"[\\/]", path.rstrip("/\\"))[-1] if re.search(r"[\\/]", path) else spec
 
 
 # ---------------------------------------------------------------------------------------------------- import

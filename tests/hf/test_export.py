@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -841,3 +842,26 @@ def test_a_gpt2_folder_with_the_bare_models_weight_names_imports(tmp_path):
     save_file({k.removeprefix("transformer."): v.contiguous() for k, v in state.items() if k != "lm_head.weight"},
               tmp_path / "model.safetensors", metadata={"format": "pt"})
     assert len(import_hf(tmp_path).transformer.h) == 2
+
+
+@pytest.mark.parametrize("kind", ["json", "tiktoken"])
+def test_export_does_not_publish_the_tokenizer_files_path(tmp_path, char_tokenizer, small_bpe, kind):
+    """A run whose --data.tokenizer named a file by its path (/home/alice/tok.json): the checkpoint keeps the path (a
+    resume compares it), but the export, made to be pushed to the hub, carried it in tinylm_tokenizer.json's spec."""
+    home = tmp_path / "home" / "alice-SECRET"
+    home.mkdir(parents=True)
+    if kind == "json":
+        char_tokenizer.save(home / "mytok")
+        spec = str(home / "mytok" / "tinylm_tokenizer.json")
+    else:
+        spec = "tiktoken:" + str(Path(shutil.copy(small_bpe.tiktoken, home / "small.tiktoken")))
+    tok = build_tokenizer(spec)
+    assert tok.spec == spec
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", tok, bias=True, pad_vocab_multiple=64)
+    out = export_hf(ckpt, tmp_path / "hf")
+    leaked = [p.relative_to(out) for p in out.rglob("*") if p.is_file() and b"alice-SECRET" in p.read_bytes()]
+    assert leaked == []
+    again = Tokenizer.load(out / "tinylm_tokenizer")
+    named = "tiktoken:small.tiktoken" if kind == "tiktoken" else "tinylm_tokenizer.json"  # the file's name alone
+    assert again.fingerprint == tok.fingerprint and again.spec == named
+    assert load_model(ckpt)[1].spec == spec  # the checkpoint's own record is left as it was

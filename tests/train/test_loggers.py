@@ -592,3 +592,39 @@ def test_validate_with_a_users_wandb_logger_logs_offline_without_credentials(no_
     said = capfd.readouterr()
     assert "W&B logs offline to" in said.err + said.out and "Traceback" not in said.err
     assert list((tmp_path / "mine" / "wandb").glob("offline-run-*"))
+
+
+def test_no_secret_from_the_environment_is_written_into_a_run_or_an_export(no_wandb_account, tmp_path, run_config,
+                                                                             monkeypatch):
+    """Guards docs/training.md's "No credential is written anywhere": a run folder, its checkpoints, its offline
+    W&B run (the .wandb file, wandb's logs, requirements.txt) and an export are what users attach to issues and
+    push to the hub. A key or token read from the environment must be in none of them."""
+    secrets = {"WANDB_API_KEY": "dummy-key-123", "HF_TOKEN": "hf_dummy456", "MY_DB_PASSWORD": "pw-secret-789"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test"},
+               samples={"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 4})
+    main(["fit", "--config", "c.yaml"])
+    if __import__("importlib").util.find_spec("transformers"):
+        main(["export", "--ckpt_path", "runs/wb/checkpoints/last.ckpt", "--out", "exported"])
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.suffix == ".wandb" for p in files) and any(p.suffix == ".ckpt" for p in files)  # guard
+    leaked = {str(p.relative_to(tmp_path)): name for p in files for name, value in secrets.items()
+              if value.encode() in p.read_bytes()}
+    assert leaked == {}
+
+
+def test_two_runs_of_one_process_in_two_folders_keep_their_own_wandb_files(no_wandb_account, tmp_path, run_config,
+                                                                           monkeypatch):
+    """Catches the second of two `main(["fit", ...])` calls of one process (a notebook's, after os.chdir) having its
+    .wandb file written into the first one's folder: wandb's service, started by the first, kept that working folder
+    and resolved the run folder's relative path there."""
+    config = run_config(run={"name": "wb", "wandb_project": "tinylm-test"})
+    for where in ("one", "two"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        main(["fit", "--config", str(config)])
+    for where in ("one", "two"):
+        files = list((tmp_path / where / "runs" / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(files) == 1 and b"train/loss" in files[0].read_bytes(), where

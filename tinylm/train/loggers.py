@@ -282,8 +282,10 @@ def make_loggers(
     quiet = {"settings": _quiet_settings()} if mode == "offline" else {}
     wandb = WandbLogger(project=wandb_project, name=name, save_dir=str(run_dir), offline=mode == "offline",
                         id=wandb_id, resume="allow", **quiet)
-    wandb._wandb_init["dir"] = str(root)  # W&B's files alone: its save_dir (trainer.log_dir: profiler traces, a
-    # ModelCheckpoint without a dirpath) stays the run folder
+    # W&B's files alone: its save_dir (trainer.log_dir: profiler traces, a ModelCheckpoint without a dirpath) stays the
+    # run folder. Absolute: the wandb service a process started first keeps that one's working folder, and a second
+    # run after an os.chdir (a notebook's, a test's) had its .wandb file written into the first one's folder
+    wandb._wandb_init["dir"] = os.path.abspath(root)
     # Lightning always passes anonymous=None, which recent wandb answers with a deprecation warning on every run
     if getattr(wandb, "_wandb_init", {}).get("anonymous", False) is None:
         del wandb._wandb_init["anonymous"]
@@ -391,6 +393,8 @@ def adopt_users_loggers(theirs: list, wandb_project: str | None, *, wandb_id: st
             lg._wandb_init["id"] = lg._id = wandb_id
         if lg._wandb_init.get("dir") == "." and os.environ.get("WANDB_DIR"):  # Lightning's default save_dir: unset
             lg._wandb_init["dir"] = str(wandb_root(Path(".")))  # (it overrode WANDB_DIR; save_dir stays, as ours)
+        if lg._wandb_init.get("dir"):  # absolute, as tinylm's own (the wandb service's working folder is another's)
+            lg._wandb_init["dir"] = os.path.abspath(os.path.expanduser(lg._wandb_init["dir"]))
     return kept, None
 
 
