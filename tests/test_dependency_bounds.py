@@ -11,7 +11,7 @@ from packaging.version import Version
 # package: (oldest seen to work, what breaks below it)
 OLDEST = {
     "torch": ("2.3", "GPT.forward calls torch.compiler.is_compiling; 2.3.1 ran the smoke run eager (compile_model "
-              "needs 2.11: tinylm.device.COMPILE_TORCH; Muon 2.9; the tests 2.9)"),
+              "needs 2.7: tinylm.device.COMPILE_TORCH; Muon 2.9; the tests 2.9)"),
     "lightning": ("2.6", "2.5.x: FlopsSummary.summarize() missing 'total_flops'; <2.5.5: no _parse_ckpt_path"),
     "tokenizers": ("0.20", "0.19: byte-fallback tokens counted as 3 bytes each (val/bpb), decoder=None refused"),
     "tiktoken": ("0.6", "runtime only; the tests need 0.12 (dev extra)"),
