@@ -157,3 +157,19 @@ def test_a_shared_file_left_with_one_name_by_tinylm_is_writable_again(tmp_path, 
     remove_checkpoint(step)
     assert best.stat().st_nlink == 1 and best.stat().st_mode & 0o200
     assert load_checkpoint(best)["global_step"] == 4 and last.stat().st_mode & 0o200
+
+
+def test_a_sharded_checkpoints_metadata_pickled_by_python_313_reads_its_paths():
+    """Catches a sharded (FSDP2) checkpoint saved on Python 3.13, whose DCP .metadata pickles paths as
+    pathlib._local.PosixPath, refused as "holds objects other than tensors ... needs pathlib._local.PosixPath"
+    (every FSDP2 resume, generate and validate on 3.13), and one from 3.11 read on 3.13 or the reverse."""
+    import io
+    import pathlib
+    import pickle
+
+    from tinylm.checkpoint import _DCPUnpickler
+
+    data = pickle.dumps(pathlib.PurePosixPath("a/b"), protocol=2)
+    for module in (b"pathlib", b"pathlib._local"):
+        named = data.replace(b"cpathlib._local\n", b"cpathlib\n").replace(b"cpathlib\n", b"c" + module + b"\n")
+        assert _DCPUnpickler(io.BytesIO(named)).load() == pathlib.PurePosixPath("a/b")

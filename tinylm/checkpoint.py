@@ -319,10 +319,13 @@ class _DCPUnpickler(pickle.Unpickler):
     torch.Size, dtypes, layouts and paths; anything else is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if module in ("pathlib", "pathlib._local") and name in ("PosixPath", "WindowsPath", "PurePosixPath",
+                                                                 "PureWindowsPath"):
+            import pathlib  # Python 3.13 pickles paths as pathlib._local.*, a module 3.10-3.12 lack
+
+            return getattr(pathlib, name)
         allowed = (module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-                   or (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout"),
-                                         ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-                                         ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath")}
+                   or (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout")}
                    or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         if not allowed:
             raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")

@@ -43,9 +43,14 @@ class RunConfig(SaveConfigCallback):
         if multiprocessing.parent_process() is not None and "wandb" in sys.modules:  # a rank that ddp_fork started
             # it leaves by os._exit, past the atexit hook with which wandb ends its run: the run's file kept no
             # metric. Multiprocessing's own exit hooks do run (also after an error), and end it here.
+            import atexit
             from multiprocessing.util import Finalize
 
             Finalize(None, finish_forked_wandb, args=(trainer,), exitpriority=100)
+            # Python 3.13+ runs a forked child's atexit hooks too, before multiprocessing's: wandb's own (registered
+            # at wandb.init, before this) closed its service first, and the run never ended ("MailboxClosedError").
+            # The hook registered last runs first; the Finalize above then finds no run.
+            atexit.register(finish_forked_wandb, trainer)
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().setup(trainer, pl_module, "fit")  # once: Lightning's setup returns if already saved
