@@ -492,8 +492,24 @@ def test_help_onto_a_full_disk_is_one_line(flag):
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "tinylm", flag], stdout=full, stderr=subprocess.PIPE, text=True,
                               timeout=60)
-    assert done.returncode == 1 and done.stderr.startswith("tinylm: error: OSError: No space left"), done.stderr
+    assert done.returncode == 1 and done.stderr.startswith("tinylm: error: OSError: no space left on the disk "
+                                                           "writing the standard output"), done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_into_an_unwritable_stdout_gives_no_disk_advice(tmp_path, flag):
+    """Catches `tinylm --version 1</dev/null` (stdout open for reading: EBADF) told to "free some space": only a full
+    disk gets that fix; another error says what it is, as every command's output does."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in").write_text("")
+    with open(tmp_path / "in") as read_only:
+        done = subprocess.run([sys.executable, "-m", "tinylm", flag], stdout=read_only, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert done.returncode == 1 and "Bad file descriptor" in done.stderr, done.stderr
+    assert "space" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
 def _samples(run_dir: Path) -> list[tuple[str, str]]:

@@ -42,3 +42,29 @@ def test_a_stop_into_a_closed_stderr_keeps_its_exit_status(tmp_path, monkeypatch
     with pytest.raises(SystemExit) as e:
         cli_main.main(["plot", str(tmp_path)])
     assert e.value.code == status
+
+
+class _DiskFull(_ReaderGone):
+    """stderr a file on a full disk (`tinylm fit ... > train.log 2>&1`: the run went on past the full disk)."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    flush = write
+
+
+@pytest.mark.parametrize("stop, status", [
+    (Terminated("terminated by SIGTERM before it finished; run the same tinylm plot again", signal.SIGTERM), 143),
+    (KeyboardInterrupt(), 130),
+])
+def test_a_stop_into_a_full_stderr_keeps_its_exit_status(tmp_path, monkeypatch, stop, status):
+    """Catches `tinylm fit ... > train.log 2>&1` on a disk that filled mid-run (the run trains on, stdout dropped),
+    then stopped by SIGTERM (a scheduler's) exiting 1: the stop's line into the full file raised an OSError."""
+    def stopped(*args):
+        raise stop
+
+    monkeypatch.setattr(cli_main, "_run", stopped)
+    monkeypatch.setattr(sys, "stderr", _DiskFull(tmp_path / "stderr"))
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(["plot", str(tmp_path)])
+    assert e.value.code == status

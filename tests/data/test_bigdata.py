@@ -85,3 +85,24 @@ def test_val_loss_mean_does_not_drift_over_many_batches():
         module.val_loss.update(torch.tensor(3.0), weight=torch.tensor(1.0))
     exact = ((1 << 24) + 300) / ((1 << 24) + 100)
     assert abs(module.val_loss.compute().item() - exact) < 1e-9
+
+
+def test_a_remap_reads_the_file_the_run_opened(tmp_path, monkeypatch):
+    """Catches the re-map (every WINDOWS_PER_MAP windows) opening the dataset's path again: a run whose dataset
+    folder was deleted under it (a cache cleaned, `rm -rf` as a damaged-dataset message says) ended ~4096 windows
+    later in a FileNotFoundError traceback, where the memmap kept open read on. A worker's pickled copy opens its
+    own."""
+    import pickle
+
+    monkeypatch.setattr(loader, "WINDOWS_PER_MAP", 4, raising=False)
+    path = tmp_path / "train.bin"
+    np.arange(1000, dtype="<u2").tofile(path)
+    batches = TrainBatches(path, dtype="uint16", n_tokens=1000, block_size=8, batch_size=4, seed=0)
+    first = batches[0][0]
+    worker = pickle.loads(pickle.dumps(batches))  # (as DataLoader workers get it, after a map)
+    assert (worker[0][0] == first).all()
+    path.unlink()
+    for k in range(1, 6):  # a re-map before each
+        x, y = batches[k]
+        assert (y[:, :-1] == x[:, 1:]).all()
+    assert (batches[0][0] == first).all()

@@ -224,8 +224,9 @@ class _Output:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT) or stop_state.reader_gone is None or stop_state.over:
             return False
         quiet_stdout()
-        log.warning("the standard output's disk is full (%s): the run's progress lines are dropped from here; it "
-                    "goes on (csv/metrics.csv keeps every metric)", os.strerror(e.errno))
+        log.warning("the standard output's disk is full (%s): what the command prints is dropped from here (the "
+                    "run's progress lines; scaling's table: its .json keeps it); the run goes on (its csv/metrics.csv "
+                    "keeps every metric)", os.strerror(e.errno))
         return True
 
     def write(self, text: str) -> int:

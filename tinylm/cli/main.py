@@ -7,6 +7,7 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -56,8 +57,9 @@ def _print_or_141(text: str) -> None:
         sys.exit(141)
     except OSError as e:  # `tinylm --version > /dev/full`, a full disk: one line, as every command's output says it
         console.quiet_stdout()
-        sys.exit(f"tinylm: error: OSError: {e.strerror} writing the standard output (where the command's output was "
-                 "sent); free some space, or send it to a file on another disk")
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # (named as console._Output names it; another error as it is)
+            e = OSError(e.errno, e.strerror, errors.STDOUT)
+        sys.exit(f"tinylm: error: {errors.one_line(e)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,11 +201,11 @@ def _fit_summary(cli, seconds: float) -> str:
 def _say(line: str) -> None:
     """Write the command's ending line on stderr. A stderr whose reader went away (`tinylm fit ... 2>&1 | tee log`,
     tee ended by the same Ctrl+C or SIGTERM; `2>&1 | head`) drops it: its BrokenPipeError replaced the command's exit
-    status (130, 143, 141, ...) with 1, a traceback nobody could read."""
+    status (130, 143, 141, ...) with 1, a traceback nobody could read. A stderr on a full disk, the same."""
     try:
         sys.stderr.write(line)
         sys.stderr.flush()
-    except BrokenPipeError:
+    except OSError:  # its reader gone (EPIPE), or its disk full (`fit > log 2>&1` on a full disk: ENOSPC, EDQUOT)
         null = os.open(os.devnull, os.O_WRONLY)  # (Python's own flush of stderr at exit must not fail again)
         os.dup2(null, sys.stderr.fileno())
         os.close(null)

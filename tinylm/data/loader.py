@@ -43,13 +43,17 @@ class _TokenWindows(Dataset):
         self.block_size, self.batch_size = block_size, batch_size
         self._data: np.memmap | None = None
         self._mapped = 0  # windows read through self._data
+        self._file = None  # the file mapped, held open: a re-map reads the file the run opened (deleted or replaced
+        # since: a cache cleaned, a dataset prepared again) as one memmap kept open did
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_data": None}
+        return {**self.__dict__, "_data": None, "_file": None}
 
     def windows(self, offsets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         if self._data is None or self._mapped >= WINDOWS_PER_MAP:
-            self._data = np.memmap(self.path, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
+            if self._file is None:
+                self._file = open(self.path, "rb")  # noqa: SIM115 (held for the dataset's life, as a memmap was)
+            self._data = np.memmap(self._file, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
             self._mapped = 0
         self._mapped += len(offsets)
         idx = offsets[:, None] + np.arange(self.block_size + 1)  # (B, T + 1): the target needs the next token too
