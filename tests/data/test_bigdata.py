@@ -106,3 +106,29 @@ def test_a_remap_reads_the_file_the_run_opened(tmp_path, monkeypatch):
         x, y = batches[k]
         assert (y[:, :-1] == x[:, 1:]).all()
     assert (batches[0][0] == first).all()
+
+
+def test_reading_a_big_corpus_or_dataset_whole_at_the_start_is_said_first(tmp_path, monkeypatch, caplog):
+    """Catches a command sitting silent while it hashes a big text corpus (~100 s for 45 GB) and checks every token id
+    of its dataset (~20 s for 10 billion tokens) at each start: one line says what it reads, above LONG_READ bytes."""
+    import logging
+
+    import tinylm.data.corpus as corpus_mod
+    import tinylm.data.prepare as prepare_mod
+    from tinylm.data.corpus import open_corpus
+
+    text = tmp_path / "big.txt"
+    text.write_text("To be, or not to be.\n" * 100)
+    ids = tmp_path / "train.bin"
+    np.arange(50, dtype="<u2").tofile(ids)
+    with caplog.at_level(logging.INFO, logger="tinylm"):
+        assert open_corpus(str(text), cache_dir=tmp_path / "cache").fingerprint
+        prepare_mod._check_ids(ids, "uint16", 65)
+        assert not caplog.records  # below LONG_READ: nothing said
+        monkeypatch.setattr(corpus_mod, "LONG_READ", 1000)
+        monkeypatch.setattr(prepare_mod, "LONG_READ", 100)
+        assert open_corpus(str(text), cache_dir=tmp_path / "cache").fingerprint
+        prepare_mod._check_ids(ids, "uint16", 65)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[0].startswith(f"reading corpus {str(text)!r} (0.0 GB)") and \
+        said[1].startswith(f"checking the token ids of {ids} (0.0 GB)"), said

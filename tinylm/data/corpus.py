@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 20
 BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
 _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
+LONG_READ = 1 << 30  # bytes from which reading files whole at a command's start is said first (~2 s a GB)
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
 
 
@@ -91,6 +92,8 @@ class TextFiles(Corpus):
     def _fingerprint(self) -> str:
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
         self._stamps = {path: stamp(path) for path in self.files}  # taken before the bytes are read
+        if (size := sum(s[2] for s in self._stamps.values())) >= LONG_READ:  # (~2 s a GB: a 45 GB corpus, ~100 s)
+            log.info("reading corpus %r (%.1f GB) to find its tokenizer and dataset ...", self.spec, size / 1e9)
         for path in self.files:
             h.update(f"\0{self._stamps[path][2]}\0".encode())
             _sha256(path, h)

@@ -33,7 +33,7 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
     fcntl = None  # type: ignore[assignment]
 
 from tinylm.data.clean import CleanCorpus
-from tinylm.data.corpus import Corpus, CorpusChanged
+from tinylm.data.corpus import LONG_READ, Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate, read_whole
@@ -428,6 +428,8 @@ def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:
     error deep inside the embedding, or on GPU a device-side assert). Reads SCAN_TOKENS ids at a time."""
     # read, not memory-mapped: a memmap kept every page it had scanned resident, the size of the file (9 GB of RSS
     # opening a 5-billion-token dataset, in each rank)
+    if (size := path.stat().st_size) >= LONG_READ:  # (~20 s for 10 billion tokens from the page cache: said)
+        log.info("checking the token ids of %s (%.1f GB) ...", path, size / 1e9)
     start = 0
     with open(path, "rb") as f:
         while len(chunk := np.fromfile(f, dtype=np.dtype(dtype).newbyteorder("<"), count=SCAN_TOKENS)):
