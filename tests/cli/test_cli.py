@@ -599,6 +599,40 @@ def test_seed_everything_true_draws_a_seed_and_records_it(run_config, monkeypatc
 
 
 
+def test_a_callers_later_random_seed_is_not_the_last_runs_seed(run_config, monkeypatch):
+    """Catches PL_GLOBAL_SEED left in a notebook's or script's process by `main(["fit", ...])` (Lightning's
+    seed_everything sets it, and seed_everything(None) reads it back): every later `--seed_everything true` of the
+    process took the run before's seed (1337 each time, the same losses), where a fresh process draws one."""
+    import os
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
+    config = run_config()
+    main(["fit", "--config", str(config), "--seed_everything", "1337", "--run.name", "a"])
+    assert "PL_GLOBAL_SEED" not in os.environ and "PL_SEED_WORKERS" not in os.environ
+    seeds = []
+    for name in ("b", "c"):
+        main(["fit", "--config", str(config), "--seed_everything", "true", "--run.name", name])
+        seeds.append(yaml.safe_load(open(f"runs/{name}/config.yaml"))["seed_everything"])
+    assert 1337 not in seeds and seeds[0] != seeds[1], seeds
+
+
+def test_a_callers_later_run_is_not_deterministic_after_one_that_was(run_config, monkeypatch):
+    """Catches `--trainer.deterministic true` left on in a notebook's or script's process after `main(["fit", ...])`
+    (Lightning's torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG): every later run of the
+    process, and the caller's own torch code, ran deterministic algorithms (slower on a GPU, or refused an op that has
+    none) where a fresh process does not."""
+    import os
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        main(["fit", "--config", str(run_config()), "--trainer.deterministic", "true"])
+        assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeypatch, caplog):
     """Catches `--seed_everything true` on a resume (a script's command with `--ckpt_path last` added) drawing a new
     seed: warned about as having "no effect" on every resume, and recorded in the resume's config as if it had. The

@@ -632,3 +632,26 @@ def test_two_runs_of_one_process_in_two_folders_keep_their_own_wandb_files(no_wa
     for where in ("one", "two"):
         files = list((tmp_path / where / "runs" / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
         assert len(files) == 1 and b"train/loss" in files[0].read_bytes(), where
+
+
+def test_a_callers_process_gets_its_wandb_mode_and_warning_format_back(no_wandb_account, run_config, caplog,
+                                                                       monkeypatch):
+    """Catches WANDB_MODE left set in a notebook's or script's process by `main(["fit", ...])` with W&B offline
+    (tinylm's "offline", Lightning's "dryrun"): every later run of the process logged offline "WANDB_MODE=dryrun",
+    also after the user logged in, and so did the caller's own wandb.init; and tinylm's warning format left on the
+    caller's own warnings (their file and line gone)."""
+    import os
+    import warnings
+
+    import tinylm.train.loggers as loggers
+
+    formatwarning = warnings.formatwarning
+    config = run_config(run={"name": "w1", "wandb_project": "tinylm-test"})
+    main(["fit", "--config", str(config)])
+    assert os.environ.get("WANDB_MODE") is None and warnings.formatwarning is formatwarning
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # the user logs in
+    monkeypatch.setattr(loggers, "reachable", lambda url: False)  # (no network in tests)
+    with caplog.at_level(logging.INFO, logger="tinylm"):
+        main(["fit", "--config", str(config), "--run.name", "w2"])
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B logs offline to runs/w2")]
+    assert len(said) == 1 and "cannot be reached" in said[0], said  # (not "WANDB_MODE=dryrun")

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from tinylm.cli import console, early, errors, ranks, signals
@@ -66,11 +67,46 @@ def main(argv: list[str] | None = None) -> None:
     program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
     if program:  # a library's log file on a full disk (W&B's debug.log in the run folder): no traceback per record
         logging.raiseExceptions = False
+    # a caller's process (a notebook, a script) goes on after the command: what the command set for itself is put back
+    # (WANDB_MODE: tinylm's "offline" for a run without credentials, Lightning's "dryrun" for an offline WandbLogger:
+    # every later run of the process logged offline "WANDB_MODE=dryrun", also after `wandb login`, and so did the
+    # caller's own wandb.init; PL_GLOBAL_SEED: Lightning's seed_everything reads it back, and every later
+    # `--seed_everything true` of the process took the last run's seed, not a random one; warnings.formatwarning:
+    # the caller's own warnings lost their file and line; --trainer.deterministic true: Lightning's
+    # torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG, on for every later run of the process)
+    env, formatwarning = {name: os.environ.get(name) for name in _CALLERS_ENV}, warnings.formatwarning
+    torch = sys.modules.get("torch")  # (not imported here: torch's defaults, if not imported yet)
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+                     ) if torch is not None else (False, False)
     try:
         _main(argv, program)
     finally:
         if program:
             signals.end_at_once_on_ctrl_c()
+        else:
+            _put_back(env, formatwarning, deterministic)
+
+
+_CALLERS_ENV = ("WANDB_MODE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
+"""The environment variables a command sets for itself (or Lightning does for it): a caller's `main([...])` gets its
+own back (see main)."""
+
+
+def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bool, bool]) -> None:
+    """Put back the caller's environment variables (_CALLERS_ENV), warnings.formatwarning and torch's deterministic
+    algorithms setting after `main([...])`."""
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if (loggers := sys.modules.get("tinylm.train.loggers")) is not None:
+        loggers._went_offline = None  # (the reason it had for a WANDB_MODE no longer set)
+    warnings.formatwarning = formatwarning
+    if (torch := sys.modules.get("torch")) is not None and (torch.are_deterministic_algorithms_enabled(),
+                                                            torch.is_deterministic_algorithms_warn_only_enabled()) \
+            != deterministic:
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
 def _main(argv: list[str] | None, program: bool) -> None:
