@@ -95,13 +95,15 @@ own back (see main)."""
 def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bool, bool]) -> None:
     """Put back the caller's environment variables (_CALLERS_ENV), warnings.formatwarning and torch's deterministic
     algorithms setting after `main([...])`."""
+    if os.environ.get("WANDB_MODE") != env["WANDB_MODE"]:  # (set by a run: its loggers module is imported)
+        from tinylm.train import loggers
+
+        loggers._went_offline = None  # (the reason it had for a WANDB_MODE no longer set)
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    if (loggers := sys.modules.get("tinylm.train.loggers")) is not None:
-        loggers._went_offline = None  # (the reason it had for a WANDB_MODE no longer set)
     warnings.formatwarning = formatwarning
     if (torch := sys.modules.get("torch")) is not None and (torch.are_deterministic_algorithms_enabled(),
                                                             torch.is_deterministic_algorithms_warn_only_enabled()) \
