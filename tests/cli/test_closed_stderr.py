@@ -27,23 +27,6 @@ class _ReaderGone:
         return False
 
 
-@pytest.mark.parametrize("stop, status", [
-    (Terminated("terminated by SIGTERM before it finished; run the same tinylm plot again", signal.SIGTERM), 143),
-    (KeyboardInterrupt(), 130),
-])
-def test_a_stop_into_a_closed_stderr_keeps_its_exit_status(tmp_path, monkeypatch, stop, status):
-    """Catches `tinylm fit ... 2>&1 | tee log` stopped by SIGTERM or Ctrl+C (which end tee too) exiting 1: writing
-    the stop's line into the closed pipe raised a BrokenPipeError in place of the exit 143/130 a script branches on."""
-    def stopped(*args):
-        raise stop
-
-    monkeypatch.setattr(cli_main, "_run", stopped)
-    monkeypatch.setattr(sys, "stderr", _ReaderGone(tmp_path / "stderr"))
-    with pytest.raises(SystemExit) as e:
-        cli_main.main(["plot", str(tmp_path)])
-    assert e.value.code == status
-
-
 class _DiskFull(_ReaderGone):
     """stderr a file on a full disk (`tinylm fit ... > train.log 2>&1`: the run went on past the full disk)."""
 
@@ -53,18 +36,20 @@ class _DiskFull(_ReaderGone):
     flush = write
 
 
+@pytest.mark.parametrize("stderr", [_ReaderGone, _DiskFull])
 @pytest.mark.parametrize("stop, status", [
     (Terminated("terminated by SIGTERM before it finished; run the same tinylm plot again", signal.SIGTERM), 143),
     (KeyboardInterrupt(), 130),
 ])
-def test_a_stop_into_a_full_stderr_keeps_its_exit_status(tmp_path, monkeypatch, stop, status):
-    """Catches `tinylm fit ... > train.log 2>&1` on a disk that filled mid-run (the run trains on, stdout dropped),
-    then stopped by SIGTERM (a scheduler's) exiting 1: the stop's line into the full file raised an OSError."""
+def test_a_stop_into_a_closed_or_full_stderr_keeps_its_exit_status(tmp_path, monkeypatch, stderr, stop, status):
+    """Catches `tinylm fit ... 2>&1 | tee log` stopped by SIGTERM or Ctrl+C (which end tee too), or `fit > train.log
+    2>&1` on a disk that filled mid-run (the run trains on, stdout dropped) then stopped by a scheduler's SIGTERM,
+    exiting 1: writing the stop's line raised a BrokenPipeError (an OSError) in place of the 143/130 a script reads."""
     def stopped(*args):
         raise stop
 
     monkeypatch.setattr(cli_main, "_run", stopped)
-    monkeypatch.setattr(sys, "stderr", _DiskFull(tmp_path / "stderr"))
+    monkeypatch.setattr(sys, "stderr", stderr(tmp_path / "stderr"))
     with pytest.raises(SystemExit) as e:
         cli_main.main(["plot", str(tmp_path)])
     assert e.value.code == status
