@@ -152,13 +152,15 @@ class StabilityGuard(L.Callback):
         self._skipped += skip
         pl_module.step_skipped = skip
         _skip_update(optimizer, skip)
+        if logging_step(trainer):  # queued here, while the GPU is busy, not after the host's read of the step
+            self._refresh_limit()
 
     def _refresh_limit(self) -> None:
         """The outlier limits from the window's accepted steps: median + z x 1.4826 x MAD, once it holds
         min_history of them (else the limits stay: a run of skips is judged against the steps before it)."""
         history = self._history[:, :2]  # (window, 2)
-        median = history.nanmedian(dim=0).values  # (2,)
-        scale = MAD_TO_STD * (history - median).abs().nanmedian(dim=0).values  # (2,)
+        median = nanmedian_columns(history)  # (2,)
+        scale = MAD_TO_STD * nanmedian_columns((history - median).abs())  # (2,)
         enough = (~history[:, 0].isnan()).sum() >= self.min_history
         self._limit = torch.where(enough, median + self._z * scale.clamp(min=1e-6 * median.abs()), self._limit)
 
@@ -181,7 +183,6 @@ class StabilityGuard(L.Callback):
             order = range(step - self.window, step)  # the window's steps, by slot: the first worse than guessing
             worse = [s for s in order if s >= 0 and losses[s % self.window] > self._ceiling]
             self._rollback(trainer, pl_module, what, min([first, *worse]), worse=bool(worse) and worse[0] < first)
-        self._refresh_limit()
 
     def _tell_skips(self, trainer: L.Trainer, step: int, skipped: int, skips: list[float]) -> None:
         """A line for the steps skipped since the last logging step (train/skipped_steps alone told them: a rare
@@ -255,6 +256,7 @@ class StabilityGuard(L.Callback):
         for bad in range(max(first_bad, step - self.window), step):
             self._history[bad % self.window, :2] = math.nan
         self._history[:, 2] = 0.0
+        self._refresh_limit()  # from the window without the steps rolled back
         log.warning("tinylm guard: step %d: %s; rolled back to %s (step %s) with the LR x%g (rollback %d of %d)",
                     step, what, ckpt, state.get("global_step"), self.lr_factor, self.rollbacks, self.max_rollbacks)
 
@@ -274,6 +276,15 @@ class StabilityGuard(L.Callback):
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
             self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}
+
+
+def nanmedian_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x.nanmedian(dim=0).values`` for a (N, C) tensor: each column's lower middle value among its non-NaN
+    entries, NaN for a column of NaNs. By a sort (NaN sorts last), as torch's median with indices has no
+    deterministic CUDA kernel: ``--trainer.deterministic true`` on a GPU raised at the guard's first refresh."""
+    counted = (~x.isnan()).sum(dim=0)  # (C,)
+    middle = ((counted - 1).clamp(min=0) // 2).unsqueeze(0)  # (1, C)
+    return x.sort(dim=0).values.gather(0, middle).squeeze(0)  # (C,)
 
 
 def _skip_update(optimizer: Any, skip: torch.Tensor) -> None:
