@@ -658,3 +658,28 @@ def test_plan_of_16_mixed_on_the_cpu_plans_the_bf16_lightning_trains(run_config,
     cfg = run_config(trainer={"max_steps": 4, "accelerator": "cpu", "precision": "16-mixed"})
     main(["plan", "--config", str(cfg), "--json"])
     assert json.loads(capsys.readouterr().out)["precision"] == "bf16-mixed"
+
+
+def test_a_gpu_plan_counts_the_cublas_workspaces_in_every_peak():
+    """Catches plan's GPU peak without the two cuBLAS workspaces torch keeps (32 MiB each on Hopper: the forward's
+    handle and autograd's backward thread's): on an H200 plan missed 63-83 MiB of max_memory_allocated at every
+    size, 0.37x the laptop recipe's measured peak (benchmarks/gpu/plan_memory.py, docs/gpu run 5). A CPU plan has
+    none; the printed memory line names them."""
+    from types import SimpleNamespace
+
+    from tinylm.cli.plan import format_plan
+    from tinylm.studies.plan import CUDA_WORKSPACES
+
+    model = _gpt()
+    on = {gpu: plan(model, batch_size=2, accumulate=1, devices=2, max_steps=10, precision="32-true", gpu=gpu,
+                    mfu=0.4, peak_flops=1e15) for gpu in ("cpu", "H100")}
+    assert CUDA_WORKSPACES == 64 * 2**20
+    assert on["cpu"].memory.workspace == 0
+    for field in ("memory", "memory_checkpointed"):
+        gpu, cpu = getattr(on["H100"], field), getattr(on["cpu"], field)
+        assert gpu.peak - cpu.peak == CUDA_WORKSPACES and gpu.workspace == CUDA_WORKSPACES
+    assert {k: v - on["cpu"].strategies[k] for k, v in on["H100"].strategies.items()} == \
+        dict.fromkeys(on["cpu"].strategies, CUDA_WORKSPACES)
+    hp = SimpleNamespace(n_layer=2, n_embd=64, n_head=2, block_size=32, vocab_size=64)
+    assert "cuBLAS workspaces 64.0 MiB" in format_plan(on["H100"], hp)
+    assert "cuBLAS" not in format_plan(on["cpu"], hp)

@@ -187,8 +187,9 @@ def format_plan(p: Plan, hparams, on_gpu: Plan | None = None) -> str:
 
     def mem(m: Memory) -> str:
         gathered = f" of which {_size(m.gathered)} gathered by FSDP2" if m.gathered else ""
+        workspace = f", cuBLAS workspaces {_size(m.workspace)}" if m.workspace else ""
         return (f"{_size(m.peak)} peak  (weights {_size(m.weights)}{gathered}, gradients {_size(m.gradients)}, "
-                f"optimizer {_size(m.optimizer)}, activations {_size(m.activations)})")
+                f"optimizer {_size(m.optimizer)}, activations {_size(m.activations)}{workspace})")
 
     def wall(p: Plan) -> str:
         if p.measured_flops:

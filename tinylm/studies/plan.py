@@ -33,6 +33,11 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                forward passes: weights + optimizer + gradients + activations + that first gradient.
                Muon's step holds its updates and one shape's Newton–Schulz iterates beside weights, optimizer and
                gradients, which can be the peak when activations are small (AdamW is fused: no copies).
+    workspace  on a GPU, the cuBLAS workspaces torch keeps beside the tensors: 32 MiB per handle on Hopper (cuBLAS's
+               recommendation; 4-8 MiB before it: counted at 32), one handle for the forward pass's thread and one for
+               autograd's backward thread. Measured on an H200 from a memory snapshot (benchmarks/gpu/plan_memory.py,
+               docs/gpu/README.md run 5): 64 MiB of the 63-83 MiB plan missed at every size. Not counted: the CUDA
+               context (~0.5 GiB, outside torch.cuda.max_memory_allocated).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from tinylm.train.optim import split_params
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
 # (name, FSDP2, activation checkpointing), fastest first: DDP replicates everything, checkpointing costs about one
 # more forward pass, FSDP2 an all-gather and a reduce-scatter per block
+CUDA_WORKSPACES = 2 * 32 * 2**20  # two cuBLAS handles' workspaces (module docstring: workspace)
 STRATEGIES = (("DDP", False, False), ("DDP + activation ckpt", False, True), ("FSDP2", True, False),
               ("FSDP2 + activation ckpt", True, True))
 
@@ -62,6 +68,7 @@ class Memory:
     activations: int
     peak: int
     gathered: int = 0  # of the weights: the parameters FSDP2 gathers whole for a while (0 without FSDP2)
+    workspace: int = 0  # the CUDA libraries' workspaces, in the peak (0 on a CPU)
 
     @property
     def states(self) -> int:
@@ -121,7 +128,7 @@ def shape_of(model: GPT | GPTShape) -> GPTShape:
 
 
 def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpointing: bool, shards: int = 1,
-           optimizer: str = "adamw", accumulate: int = 1, fsdp: bool = False) -> Memory:
+           optimizer: str = "adamw", accumulate: int = 1, fsdp: bool = False, workspace: int = 0) -> Memory:
     """Bytes per device of one training step of ``model`` on micro-batches of ``batch_size`` x block_size tokens.
 
     shards: devices the weights, gradients and optimizer states are split over (FSDP2); 1 for DDP / one device.
@@ -129,6 +136,7 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     optimizer: ``adamw`` (two moments per parameter) or ``muon`` (one momentum buffer per hidden matrix element,
     AdamW's two moments for the rest).
     accumulate: micro-batches per optimizer step (``trainer.accumulate_grad_batches``).
+    workspace: bytes the device's libraries hold through the step (CUDA_WORKSPACES on a GPU), added to the peak.
     """
     shape = shape_of(model)
     c, one = shape.config, shape.one_block
@@ -176,7 +184,7 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
-    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step), gathered)
+    return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step) + workspace, gathered, workspace)
 
 
 def _muon_step_memory(shape: GPTShape, state: int) -> int:
@@ -217,12 +225,13 @@ def plan(model: GPT | GPTShape, *, batch_size: int, accumulate: int, devices: in
     # at long contexts) would call a run of 20 tokens/param "too small" and recommend a larger model
     n_opt, d_opt = compute_optimal(6.0 * n * tokens)
     shards = devices if fsdp else 1
+    workspace = 0 if gpu.lower() == "cpu" else CUDA_WORKSPACES
     mem = {ckpt: memory(shape, batch_size=batch_size, precision=precision, checkpointing=ckpt, shards=shards,
-                        optimizer=optimizer, accumulate=accumulate, fsdp=fsdp)
+                        optimizer=optimizer, accumulate=accumulate, fsdp=fsdp, workspace=workspace)
            for ckpt in (False, True)}
     strategies = {name: memory(shape, batch_size=batch_size, precision=precision, checkpointing=ckpt,
                                shards=devices if sharded else 1, optimizer=optimizer, accumulate=accumulate,
-                               fsdp=sharded).peak
+                               fsdp=sharded, workspace=workspace).peak
                   for name, sharded, ckpt in STRATEGIES if devices > 1 or not sharded}
     wall = (run_flops / measured_flops if measured_flops else
             run_flops / (devices * peak_flops * mfu) if peak_flops else None)
