@@ -653,3 +653,36 @@ def test_a_symlinked_folder_of_a_corpus_folder_is_read(tmp_path):
     want = ["own text", "wiki text"]
     assert list(open_corpus(str(d / "**" / "*.txt"), cache_dir=tmp_path / "c")) == want
     assert list(open_corpus(str(d), cache_dir=tmp_path / "c")) == want
+
+
+def test_a_text_corpus_is_hashed_once_while_its_files_keep_their_stamps(tmp_path, monkeypatch):
+    """Prevents every command (and every rank) from reading the whole text corpus again for its fingerprint (~100 s
+    for a 45 GB corpus at each start): the fingerprint is remembered in the cache folder by the files' stamps, is
+    the one a fresh hash gives, and is taken anew after an edit (a same-size one too) or when a file changed too
+    recently for its stamp to be trusted."""
+    import tinylm.data.corpus as corpus_mod
+    import tinylm.data.source as source_mod
+    from tinylm.data.corpus import TextFiles
+
+    hashed = []
+    real = corpus_mod._sha256
+    monkeypatch.setattr(corpus_mod, "_sha256", lambda path, h: (hashed.append(path), real(path, h))[1])
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one document\n")
+    b.write_text("another\n")
+    spec = str(tmp_path / "*.txt")
+    cache = tmp_path / "cache"
+    first = open_corpus(spec, cache_dir=cache).fingerprint
+    assert open_corpus(spec, cache_dir=cache).fingerprint == first and len(hashed) == 4  # just written: not trusted
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    hashed.clear()
+    assert open_corpus(spec, cache_dir=cache).fingerprint == first and len(hashed) == 2
+    assert open_corpus(spec, cache_dir=cache).fingerprint == first and len(hashed) == 2  # remembered
+    assert TextFiles(spec, [a, b]).fingerprint == first and len(hashed) == 4  # the same as hashing, no memo
+    b.write_text("ANOTHER\n")  # same size, other text
+    changed = open_corpus(spec, cache_dir=cache).fingerprint
+    assert changed != first and len(hashed) == 6
+    assert open_corpus(spec, cache_dir=cache).fingerprint == changed and len(hashed) == 6
+    (cache / corpus_mod.FINGERPRINTS).unlink()
+    (cache / corpus_mod.FINGERPRINTS).mkdir()  # a memo that cannot be read or written: hashed every time
+    assert open_corpus(spec, cache_dir=cache).fingerprint == changed and len(hashed) == 8

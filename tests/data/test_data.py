@@ -535,6 +535,44 @@ def test_ids_outside_the_vocabulary_are_refused_when_opened(shakespeare, tmp_pat
         load_meta(dm.dataset_dir, dm.tokenizer)
 
 
+def test_an_unchanged_dataset_has_its_ids_checked_once(shakespeare, tmp_path, monkeypatch):
+    """Prevents every command (and every rank) from reading the whole dataset again to check its ids (~20 s for 10
+    billion tokens from the page cache, minutes from a network disk): a file checked and unchanged since (by its
+    stamp, recorded beside meta.json) is not read again; a file changed since is, and its bad id is refused; a record
+    that cannot be written leaves the check on every open."""
+    import tinylm.data.prepare as prepare_mod
+    import tinylm.data.source as source_mod
+
+    checked = []
+    real = prepare_mod._check_ids
+    monkeypatch.setattr(prepare_mod, "_check_ids", lambda path, *a: (checked.append(path.name), real(path, *a)))
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    checked.clear()
+    load_meta(dm.dataset_dir, dm.tokenizer)
+    assert sorted(checked) == ["train.bin", "val.bin"]  # just written: its stamp is not trusted yet
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    load_meta(dm.dataset_dir, dm.tokenizer)
+    load_meta(dm.dataset_dir, dm.tokenizer)
+    assert len(checked) == 4  # checked once more, then remembered
+    train = dm.dataset_dir / "train.bin"
+    clean = train.read_bytes()
+    ids = np.memmap(train, dtype="<u2", mode="r+")
+    ids[7] = dm.tokenizer.vocab_size
+    ids.flush()
+    del ids
+    with pytest.raises(ValueError, match=r"train\.bin holds token id .* at position 7, outside the vocabulary"):
+        load_meta(dm.dataset_dir, dm.tokenizer)
+    train.write_bytes(clean)
+    record = dm.dataset_dir / prepare_mod.IDS_CHECKED
+    record.unlink()
+    record.mkdir()  # a record that cannot be read or written: checked on every open
+    checked.clear()
+    load_meta(dm.dataset_dir, dm.tokenizer)
+    load_meta(dm.dataset_dir, dm.tokenizer)
+    assert sorted(checked) == ["train.bin", "train.bin", "val.bin", "val.bin"]
+
+
 def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     """Prevents every killed `prepare` from leaving its <dataset>.tmp-<pid> folder (the size of a dataset) forever,
     without touching those of builds still running or of other hosts sharing the cache; a build killed and not yet

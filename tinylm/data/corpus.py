@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 import logging
 import os
 import stat
@@ -32,7 +33,7 @@ from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS, HFDataset, HFStream, c
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.data.named import NAMED, download_named
 from tinylm.data.named import sha256_of as _sha256
-from tinylm.data.source import Corpus, CorpusChanged, check_unchanged, gone, stamp
+from tinylm.data.source import Corpus, CorpusChanged, check_unchanged, gone, recalled, remember, stamp
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 20
 BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
 _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
+FINGERPRINTS = "fingerprints.json"  # in the cache folder: text corpora's fingerprints by their files' stamps
 LONG_READ = 1 << 30  # bytes from which reading files whole at a command's start is said first (~2 s a GB)
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
 
@@ -65,8 +67,9 @@ class TextFiles(Corpus):
     in which case it is split there and each piece is stripped of surrounding whitespace (empty pieces dropped).
     Bytes that are not UTF-8 become U+FFFD, with one warning per corpus."""
 
-    def __init__(self, spec: str, files: list[Path]) -> None:
+    def __init__(self, spec: str, files: list[Path], memo: Path | None = None) -> None:
         self.spec, self.files = spec, files
+        self.memo = memo  # where fingerprints are remembered by the files' stamps (None: hashed every time)
         self._warned: set[str] = set()
 
     def _docs(self, split: str) -> Iterator[str]:
@@ -90,13 +93,24 @@ class TextFiles(Corpus):
         return sum(stamp(path)[2] for path in self.files)
 
     def _fingerprint(self) -> str:
-        h = hashlib.sha256(b"tinylm.corpus.files.v1")
         self._stamps = {path: stamp(path) for path in self.files}  # taken before the bytes are read
+        # remembered by the files' stamps: hashing reads the whole text (~100 s for a 45 GB corpus) at every start
+        # of every command, on every rank
+        key = json.dumps([[str(path.resolve()), *self._stamps[path]] for path in self.files])
+        if self.memo is not None and isinstance(known := recalled(self.memo, key), str):
+            return known
+        h = hashlib.sha256(b"tinylm.corpus.files.v1")
         if (size := sum(s[2] for s in self._stamps.values())) >= LONG_READ:  # (~2 s a GB: a 45 GB corpus, ~100 s)
             log.info("reading corpus %r (%.1f GB) to find its tokenizer and dataset ...", self.spec, size / 1e9)
         for path in self.files:
             h.update(f"\0{self._stamps[path][2]}\0".encode())
             _sha256(path, h)
+        if self.memo is not None:  # (not a file written while it was hashed: its stamp names other text now)
+            try:
+                if all(stamp(path) == self._stamps[path] for path in self.files):
+                    remember(self.memo, key, h.hexdigest(), list(self._stamps.values()))
+            except CorpusChanged:  # removed meanwhile: a read says so
+                pass
         return h.hexdigest()
 
 
@@ -208,7 +222,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
                              f"not {spec!r} (text files are read as a stream already); drop --data.streaming")
         return HFStream(spec, path, **hf, max_documents=max_documents, val_fraction=val_fraction)
     if spec in NAMED:
-        return TextFiles(spec, [download_named(spec, cache_dir)])
+        return TextFiles(spec, [download_named(spec, cache_dir)], memo=Path(cache_dir) / FINGERPRINTS)
     if spec.startswith("hf:"):
         return HFDataset(spec, spec[3:], **hf, cache_dir=cache_dir)
     path = Path(spec).expanduser()
@@ -228,7 +242,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         builder = LOCAL_DATASET_BUILDERS.get(path.suffix.lower())
         if builder:
             return HFDataset(spec, builder, **{**hf, "data_files": str(path)}, cache_dir=cache_dir)
-        return TextFiles(spec, [path])
+        return TextFiles(spec, [path], memo=Path(cache_dir) / FINGERPRINTS)
     if any(c in spec for c in "*?["):
         files = _unique_files(glob_files(str(path), cache_dir=cache_dir))
         if not files:
@@ -244,7 +258,7 @@ def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path)
     """Text files as text; dataset files (.jsonl, .parquet, ...) of one kind as one dataset of all of them."""
     builders = {LOCAL_DATASET_BUILDERS.get(p.suffix.lower()) for p in files}
     if builders == {None}:
-        return TextFiles(spec, files)
+        return TextFiles(spec, files, memo=Path(cache_dir) / FINGERPRINTS)
     if len(builders) == 1:
         builder = builders.pop()
         return HFDataset(spec, builder, **{**hf, "data_files": [str(p) for p in files]}, cache_dir=cache_dir)

@@ -36,6 +36,7 @@ from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import LONG_READ, Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
+from tinylm.data.source import recalled, remember, stamp
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate, read_whole
 from tinylm.errors import TinyLMError
 from tinylm.progress import heartbeat
@@ -392,7 +393,7 @@ def load_meta(dataset_dir: str | Path, tokenizer: Tokenizer | None = None) -> di
         if size != stats["tokens"] * itemsize:
             raise ValueError(f"{bin_path} has {size} bytes, meta.json says "
                              f"{stats['tokens']} tokens x {itemsize}; the file is damaged: {redo}")
-        _check_ids(bin_path, meta["dtype"], vocab)
+        _check_ids_once(bin_path, meta["dtype"], vocab)
     return meta
 
 
@@ -421,6 +422,20 @@ def _check_meta_fields(meta: dict) -> None:
         if not keys or not all(type(split.get(k)) is int and split[k] >= 0 for k in keys):
             raise ValueError(f"splits.{name} must hold the counts {', '.join(_SPLIT_COUNTS)} (and chars, eos) as "
                              f"integers >= 0, got {split!r}")
+
+
+IDS_CHECKED = "ids_checked.json"
+"""Beside meta.json: the .bin files whose ids were checked, each by its stamp then (device, inode, size, times)."""
+
+
+def _check_ids_once(path: Path, dtype: str, vocab_size: int) -> None:
+    """`_check_ids`, skipped for a file checked before and unchanged since: the check reads the whole file (20 GB
+    for a 10-billion-token dataset) at every start of every command, on every rank."""
+    key = json.dumps([path.name, *stamp(path), vocab_size])
+    if recalled(path.with_name(IDS_CHECKED), key) is not None:
+        return
+    _check_ids(path, dtype, vocab_size)
+    remember(path.with_name(IDS_CHECKED), key, True, [stamp(path)])
 
 
 def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:

@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tinylm.errors import TinyLMError
+
+RACY_NS = 2_000_000_000  # a file changed this recently may change again within its timestamps' granularity
+MEMO_ENTRIES = 256  # a memo keeps this many newest entries
 
 
 class Corpus:
@@ -79,3 +86,36 @@ def gone(path: Path) -> CorpusChanged:
 
 
 __all__ = ["Corpus", "CorpusChanged", "check_unchanged", "gone", "stamp"]
+
+
+def recalled(memo: Path, key: str) -> Any:
+    """The value `remember` stored under ``key`` in the JSON file ``memo``, or None (no file, another key, a file
+    damaged or written by something else)."""
+    try:
+        entries = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return entries.get(key) if isinstance(entries, dict) else None
+
+
+def remember(memo: Path, key: str, value: Any, stamps: list[tuple]) -> None:
+    """Store ``value`` under ``key`` (which names the files by their ``stamps``) in ``memo``, unless a file changed
+    in the last RACY_NS (a change within its timestamps' granularity would keep its stamp: "racy git") or the folder
+    cannot be written (a read-only dataset or cache: the work is done again next time). Atomic; several processes
+    writing at once keep one of their versions."""
+    if any(time.time_ns() - max(s[-2], s[-1]) < RACY_NS for s in stamps):  # (mtime_ns, ctime_ns)
+        return
+    try:
+        entries = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    entries.pop(key, None)
+    entries = dict(list(entries.items())[-(MEMO_ENTRIES - 1):] + [(key, value)])  # newest last
+    tmp = memo.with_name(f"{memo.name}.tmp-{os.getpid()}")
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
+        os.replace(tmp, memo)
+    except OSError:
+        tmp.unlink(missing_ok=True)
