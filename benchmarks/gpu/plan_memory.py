@@ -99,7 +99,7 @@ def live_at_peak(snapshot: dict) -> tuple[int, list[tuple[str, int, int]]]:
 
 def measure(name: str) -> dict:
     """Three training steps of CONFIGS[name] on the GPU: the measured peak, plan's, and the blocks at the peak."""
-    from tinylm.studies.plan import memory
+    from tinylm.studies.plan import CUDA_WORKSPACES, memory
 
     kwargs, batch, precision = CONFIGS[name]
     dev = torch.device("cuda")
@@ -117,7 +117,7 @@ def measure(name: str) -> dict:
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     planned = memory(module.model, batch_size=batch, precision=precision, checkpointing=False,
-                     optimizer=module.hparams.optimizer).peak
+                     optimizer=module.hparams.optimizer, workspace=CUDA_WORKSPACES).peak  # as `tinylm plan` on a GPU
     peak, groups = live_at_peak(snapshot)
     return {"config": name, "measured_peak": measured, "plan_peak": planned, "plan_over_measured": planned / measured,
             "missing": measured - planned, "trace_peak": peak,

@@ -35,7 +35,8 @@ GAP_US = 50.0  # a gap between two device events shorter than this is launch lat
 
 
 class StepsProfiler(PyTorchProfiler):
-    """Records micro-batches ``wait + 1`` to ``wait + 1 + active`` (one warm-up step between) and analyses them."""
+    """Records micro-batches ``wait + 2`` to ``wait + 1 + active`` (1-based: after ``wait`` skipped and one warm-up)
+    and analyses them."""
 
     def __init__(self, out: str, wait: int = 95, active: int = 24) -> None:
         self.out = Path(out)

@@ -683,3 +683,23 @@ def test_a_gpu_plan_counts_the_cublas_workspaces_in_every_peak():
     hp = SimpleNamespace(n_layer=2, n_embd=64, n_head=2, block_size=32, vocab_size=64)
     assert "cuBLAS workspaces 64.0 MiB" in format_plan(on["H100"], hp)
     assert "cuBLAS" not in format_plan(on["cpu"], hp)
+
+
+@pytest.mark.parametrize("gpu", ["cpu", "H100"])
+def test_the_plot_stacks_the_cublas_workspaces_its_peak_counts(gpu):
+    """Catches a GPU plan's peak line lifted by the cuBLAS workspaces above bars that leave them out: a one
+    micro-batch step (accumulate 1) was labelled 'accumulated gradients stay beside the activations' (the
+    shakespeare-char recipe with --gpu, --out). The bars sum to what the peak counts, and the label follows the
+    accumulation, on a CPU plan and a GPU one."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    p = plan(_gpt(), batch_size=2, accumulate=1, devices=1, max_steps=10, precision="32-true", gpu=gpu, mfu=0.4,
+             peak_flops=1e15)
+    bars = memory_bars(p)
+    assert bars["no checkpointing"].get("workspace", 0) == p.memory.workspace
+    assert ("workspace" in bars["no checkpointing"]) == (gpu != "cpu")
+    fig = Figure()
+    draw_plan(fig, p)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any(label.startswith("peak (gradients and activations") for label in labels), labels

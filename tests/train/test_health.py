@@ -695,3 +695,36 @@ def test_waiting_for_cpus_most_of_the_time_says_so_with_the_fix(caplog):
         torch.set_num_threads(before)
     assert kinds == {"contention"} and len(monitor.alerts) == 1
     assert "60%" in monitor.alerts[0].message and "--run.threads 1" in monitor.alerts[0].message
+
+
+def test_a_gpu_marks_cpu_counters_are_read_before_the_wait_and_only_on_logging_steps(monkeypatch):
+    """Catches SpeedMonitor's CPU counters read after the GPU wait on a CUDA step (the GPU idled ~2.4 ms of every
+    logged 124M step on an H200 while one /proc file per thread was read), read on steps that log nothing, or a
+    mark left without them where the step's before-optimizer hook did not read them (the step turned into a logging
+    one in between: a stop)."""
+    from types import SimpleNamespace
+
+    import tinylm.train.callbacks as callbacks
+
+    reads: list[str] = []
+    phase = {"now": "?"}
+    monkeypatch.setattr(callbacks, "cpu_wait_seconds", lambda: reads.append(phase["now"]) or float(len(reads)))
+    monkeypatch.setattr(callbacks, "others_cpu_seconds", lambda: 0.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: phase.update(now="after the wait"))
+    speed = SpeedMonitor(window=4)
+    connector = SimpleNamespace(should_update_logs=False)
+    trainer = SimpleNamespace(global_step=0, world_size=1, _logger_connector=connector)
+    module = SimpleNamespace(device=torch.device("cuda"), log=lambda *a, **k: None)
+    batch = (torch.zeros(2, 8, dtype=torch.long),)
+    for step, logs in enumerate([False, True, False, True]):
+        connector.should_update_logs = logs
+        phase["now"] = "before the step"
+        speed.on_before_optimizer_step(trainer, module, None)
+        trainer.global_step = step + 1
+        speed.on_train_batch_end(trainer, module, None, batch, step)
+    assert reads == ["before the step"] * 2 and speed.marks_taken == 2
+    connector.should_update_logs = False  # the hook sees no logging step; the batch end does (should_stop)
+    speed.on_before_optimizer_step(trainer, module, None)
+    trainer.global_step, connector.should_update_logs = 5, True
+    speed.on_train_batch_end(trainer, module, None, batch, 4)
+    assert reads[-1] == "after the wait" and speed.marks_taken == 3

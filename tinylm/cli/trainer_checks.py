@@ -40,7 +40,7 @@ def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
     from tinylm.device import free_memory
-    from tinylm.studies.plan import memory
+    from tinylm.studies.plan import CUDA_WORKSPACES, memory
 
     if os.environ.get(NO_MEMORY_CHECK, "").strip() not in ("", "0") or not hasattr(module, "model") or \
             type(trainer.strategy) not in (SingleDeviceStrategy, DDPStrategy):
@@ -54,7 +54,8 @@ def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
     ranks = trainer.num_devices if device.type == "cpu" else 1  # CPU ranks share the machine's memory
     step = memory(module.model, batch_size=batch_size, precision=str(trainer.precision),
                   checkpointing=bool(hp.get("activation_checkpointing")), optimizer=hp.get("optimizer", "adamw"),
-                  accumulate=int(trainer.accumulate_grad_batches)).peak
+                  accumulate=int(trainer.accumulate_grad_batches),
+                  workspace=CUDA_WORKSPACES if device.type == "cuda" else 0).peak  # as `tinylm plan` counts it
     resident = sum(p.numel() * p.element_size() for p in module.parameters()) if device.type == "cpu" else 0
     need = ranks * step - resident  # (this process's weights are in memory already: not free, not needed again)
     if free is None or need <= MEMORY_MARGIN * free:

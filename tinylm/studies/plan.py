@@ -252,7 +252,7 @@ def fits_on(p: Plan, device_memory: int) -> str | None:
 
 
 # ---- the picture: `tinylm plan --out PNG` ------------------------------------------------------------------------
-MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")  # stacking order, bottom up
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "workspace")  # stacking order, bottom up
 
 
 def short_count(x: float) -> str:
@@ -275,9 +275,11 @@ def memory_in_name(gpu: str) -> int | None:
 
 def memory_bars(p: Plan) -> dict[str, dict[str, int]]:
     """{bar: {part: bytes per device}} of the memory panel, parts in MEMORY_PARTS order: the same Memory values
-    the table prints, without and with activation checkpointing."""
+    the table prints, without and with activation checkpointing (the cuBLAS workspaces only where the peak counts
+    them: a GPU plan)."""
     bars = {"no checkpointing": p.memory, "activation checkpointing": p.memory_checkpointed}
-    return {label: {part: getattr(m, part) for part in MEMORY_PARTS} for label, m in bars.items()}
+    parts = [part for part in MEMORY_PARTS if part != "workspace" or p.memory.workspace]
+    return {label: {part: getattr(m, part) for part in parts} for label, m in bars.items()}
 
 
 def frontier_points(p: Plan) -> dict[str, tuple[float, float]]:
@@ -298,7 +300,8 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
     unit, scale, digits = ("GiB", 2**30, 2) if top >= 2**30 else ("MiB", 2**20, 1)  # as the table prints them
     xs = np.arange(len(bars))
     bottom = np.zeros(len(bars))
-    for i, part in enumerate(MEMORY_PARTS):
+    parts = list(bars["no checkpointing"])
+    for i, part in enumerate(parts):
         values = np.array([b[part] for b in bars.values()]) / scale
         mem_ax.bar(xs, values, 0.55, bottom=bottom, color=f"C{i}", label=part)
         bottom += values
@@ -320,7 +323,7 @@ def draw_plan(fig, p: Plan, *, device_memory: int | None = None, title: str = ""
     mem_ax.set_title(f"memory per device, {p.precision}", fontsize=10)
     mem_ax.grid(alpha=0.3, axis="y")
     by_label = dict(zip(*reversed(mem_ax.get_legend_handles_labels())))
-    order = [*reversed(MEMORY_PARTS), *(k for k in by_label if k not in MEMORY_PARTS)]  # as stacked, top down
+    order = [*reversed(parts), *(k for k in by_label if k not in parts)]  # as stacked, top down
     mem_ax.legend([by_label[k] for k in order], order, fontsize=7, loc="upper center", ncols=2)
 
     points = frontier_points(p)
