@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu/session.sh OUT DATA NANOGPT
 #
 # DATA: tinyshakespeare.txt and gpt2.tiktoken; NANOGPT: nanoGPT's files (see vs_nanogpt.sh). Environment: STAGES
-# (default "b16 pytest profile b32 plan"; also "recipe": the shakespeare-char recipe side by side, ~4 minutes),
-# WORK (/tmp/tinylm-gpu-session: under /tmp, so nothing lands in the checkout). Stages:
+# (default "b16 b16log10 pytest profile b32", ~9 minutes; also "plan" and "recipe"), WORK (/tmp/tinylm-gpu-session:
+# under /tmp, so nothing lands in the checkout). Stages:
 #   b16      vs_nanogpt.sh CASES=gpt2-124m-b16: tinylm fit beside nanoGPT's train.py, micro-batch 16 (~2 min)
+#   b16log10 the same with both sides logging every 10 steps (LOG_EVERY=10, 140 steps; nanoGPT's own GPT-2 config
+#            logs every 10): what a step's wait for its logged values costs (~2.5 min)
 #   pytest   pytest -m gpu tests/gpu (~30 s)
 #   profile  tinylm fit of the b16 case with benchmarks/gpu/profile_fit.py recording steps 12-14 (~1 min)
 #   b32      vs_nanogpt.sh CASES=gpt2-124m-b32 (~2 min)
@@ -21,7 +23,7 @@ data=$(cd "${2:?$usage}" && pwd) || exit 2
 nanogpt=$(cd "${3:?$usage}" && pwd) || exit 2
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=${WORK:-/tmp/tinylm-gpu-session}
-stages=${STAGES:-b16 pytest profile b32 plan}
+stages=${STAGES:-b16 b16log10 pytest profile b32}
 mkdir -p "$out" "$work" && out=$(cd "$out" && pwd)
 cd "$repo" || exit 2
 
@@ -37,8 +39,10 @@ stage() {  # stage NAME SECONDS CMD...: run (a function of this script too), log
   echo "$name rc=$?" | tee -a "$work/stages.txt"
   pack
 }
-vs() {  # vs CASE: vs_nanogpt.sh for one case, its report and logs under WORK/CASE
-  WORK=$work/$1 CASES=$1 T_SIDE=${T_SIDE:-200} bash benchmarks/gpu/vs_nanogpt.sh "$work/$1/report" "$data" "$nanogpt"
+vs() {  # vs CASE [LOG_EVERY]: vs_nanogpt.sh for one case, its report and logs under WORK/CASE[-logN]
+  local dir=$work/$1${2:+-log$2}
+  WORK=$dir CASES=$1 LOG_EVERY=${2:-1} T_SIDE=${T_SIDE:-200} bash benchmarks/gpu/vs_nanogpt.sh "$dir/report" "$data" \
+    "$nanogpt"
 }
 profiled() {  # the b16 command with the profiler recording micro-batches 97-120 (optimizer steps 12-14)
   local runs=$work/profile-runs
@@ -58,12 +62,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
 for s in $stages; do
   case $s in
     b16) stage b16 300 vs gpt2-124m-b16 ;;
+    b16log10) stage b16log10 330 vs gpt2-124m-b16 10 ;;
     b32) stage b32 300 vs gpt2-124m-b32 ;;
     recipe) stage recipe 420 vs shakespeare-char ;;
     pytest) stage pytest 150 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider ;;
     profile) stage profile 150 profiled ;;
     plan) stage plan 150 python3 benchmarks/gpu/plan_memory.py --configs 0,1,4 --json "$work/plan_memory.json" ;;
-    *) echo "session.sh: unknown stage $s (b16, b32, recipe, pytest, profile, plan)" >&2 ;;
+    *) echo "session.sh: unknown stage $s (b16, b16log10, b32, recipe, pytest, profile, plan)" >&2 ;;
   esac
 done
 cat "$work/stages.txt"

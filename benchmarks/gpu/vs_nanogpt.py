@@ -1,7 +1,8 @@
 """The helper of benchmarks/gpu/vs_nanogpt.sh: gives nanoGPT tinylm's prepared tokens, then reads both sides' logs.
 
     python benchmarks/gpu/vs_nanogpt.py link DATASET DEST [--meta]   # DATASET: a `tinylm prepare` folder
-    python benchmarks/gpu/vs_nanogpt.py report WORK OUT [--skip N]
+    python benchmarks/gpu/vs_nanogpt.py report WORK OUT [--skip N] [--log-every N]
+    ... | python benchmarks/gpu/vs_nanogpt.py stamp        # each line of stdin with the time it arrived
 
 `link` puts DATASET's train.bin / val.bin under DEST (nanoGPT's `data/<dataset>/`), so both sides read the same
 token ids; `--meta` also writes the meta.pkl from which nanoGPT's train.py takes its vocabulary size (without it,
@@ -12,7 +13,10 @@ runs/CASE/csv/metrics.csv, plus each side's "rc seconds" (nanogpt.rc, tinylm.rc)
 and OUT/vs_nanogpt.md. Tokens/s: nanoGPT's tokens per iteration over the median of its printed iteration times,
 tinylm's median `train/tokens_per_sec` (its own SpeedMonitor: the rate over the last --window logging intervals),
 each over the optimizer steps from --skip on (compilation and warm-up left out): for tinylm, the logged rates whose
-whole window begins at --skip or later.
+whole window begins at --skip or later. When nanoGPT logs every N > 1 iterations (`--log_interval`), the time it
+prints is that of the logging iteration alone, which also waits for the iterations queued before it: its rate is
+then taken from the times its lines arrived (`stamp`), the tokens between two logged iterations over the seconds
+between them.
 """
 
 from __future__ import annotations
@@ -24,11 +28,21 @@ import os
 import pickle
 import re
 import statistics
+import sys
+import time
 from pathlib import Path
 
-ITER = re.compile(r"^iter (\d+): loss ([-\d.naif]+), time ([\d.]+)ms")
-EVAL = re.compile(r"^step (\d+): train loss ([-\d.naif]+), val loss ([-\d.naif]+)")
-TOKENS = re.compile(r"^tokens per iteration will be: ([\d,]+)")
+STAMP = r"^(?:(\d+\.\d+) )?"  # the time a line arrived, where `stamp` wrote one
+ITER = re.compile(STAMP + r"iter (\d+): loss ([-\d.naif]+), time ([\d.]+)ms")
+EVAL = re.compile(STAMP + r"step (\d+): train loss ([-\d.naif]+), val loss ([-\d.naif]+)")
+TOKENS = re.compile(STAMP + r"tokens per iteration will be: ([\d,]+)")
+
+
+def stamp() -> None:
+    """Copy stdin to stdout, each line prefixed with the time it arrived (seconds since the epoch)."""
+    for line in sys.stdin:
+        sys.stdout.write(f"{time.time():.6f} {line}")
+        sys.stdout.flush()
 
 
 def link(dataset: Path, dest: Path, meta: bool) -> None:
@@ -48,16 +62,31 @@ def link(dataset: Path, dest: Path, meta: bool) -> None:
 
 
 def parse_nanogpt(log: Path) -> dict:
-    """train.py's output: tokens per iteration, each `iter N: ... time Xms` line, each `step N: ... val loss` line."""
+    """train.py's output: tokens per iteration, each `iter N: ... time Xms` line (and the time it arrived, or None),
+    each `step N: ... val loss` line."""
     tokens, iters, evals = None, [], []
     for line in log.read_text(errors="replace").splitlines():
         if m := TOKENS.match(line):
-            tokens = int(m[1].replace(",", ""))
+            tokens = int(m[2].replace(",", ""))
         elif m := ITER.match(line):
-            iters.append((int(m[1]), float(m[2]), float(m[3]) / 1e3))
+            iters.append((int(m[2]), float(m[3]), float(m[4]) / 1e3, float(m[1]) if m[1] else None))
         elif m := EVAL.match(line):
-            evals.append((int(m[1]), float(m[2]), float(m[3])))
+            evals.append((int(m[2]), float(m[3]), float(m[4])))
     return {"tokens_per_iter": tokens, "iters": iters, "evals": evals}
+
+
+def nanogpt_rate(nano: dict, skip: int) -> float | None:
+    """nanoGPT's tokens/s over its iterations from ``skip`` on: from its printed iteration times when it logs every
+    iteration, else from the times its lines arrived (see the module docstring)."""
+    tokens, iters = nano["tokens_per_iter"], [i for i in nano["iters"] if i[0] >= skip]
+    if not tokens or not iters:
+        return None
+    spaced = len(iters) > 1 and iters[1][0] - iters[0][0] > 1
+    if spaced and all(i[3] is not None for i in iters):
+        rates = [tokens * (b[0] - a[0]) / (b[3] - a[3]) for a, b in zip(iters, iters[1:]) if b[3] > a[3]]
+        return median(rates)
+    dt = median([i[2] for i in iters])
+    return tokens / dt if dt else None
 
 
 def parse_tinylm(metrics: Path) -> dict:
@@ -94,25 +123,24 @@ def best(evals: list[tuple]) -> tuple[float | None, int | None]:
     return loss, step
 
 
-def case_result(folder: Path, gpu: str, skip: int, window: int) -> dict:
+def case_result(folder: Path, gpu: str, skip: int, window: int, log_every: int = 1) -> dict:
     case = folder.name
     recipe = case.startswith("shakespeare-char")
     # tinylm's rate at a logged step spans the last `window` logging intervals: count those that begin at `skip`
-    tiny_from = skip + window * (10 if recipe else 1)  # (the recipe logs every 10 steps, the 124M config every step)
+    tiny_from = skip + window * (10 if recipe else log_every)  # (the recipe logs every 10 steps; the 124M cases
+    # as LOG_EVERY says: the config's every step by default)
     nano = parse_nanogpt(folder / "nanogpt.log") if (folder / "nanogpt.log").exists() else None
     found = list(folder.glob(f"runs/{case}/csv/metrics.csv"))
     tiny = parse_tinylm(found[0]) if found else None
     out: dict = {"case": case, "gpu": gpu}
-    nano_dt = median([t for n, _, t in nano["iters"] if n >= skip]) if nano else None
-    out["nanogpt_tokens_per_s"] = (nano["tokens_per_iter"] / nano_dt if nano_dt and nano["tokens_per_iter"]
-                                   else None)
+    out["nanogpt_tokens_per_s"] = nanogpt_rate(nano, skip) if nano else None
     out["tinylm_tokens_per_s"] = median([r for s, r, _ in tiny["rates"] if s >= tiny_from]) if tiny else None
     out["ratio"] = (out["tinylm_tokens_per_s"] / out["nanogpt_tokens_per_s"]
                     if out["tinylm_tokens_per_s"] and out["nanogpt_tokens_per_s"] else None)
     out["tinylm_mfu"] = median([m for s, _, m in tiny["rates"] if s >= tiny_from]) if tiny else None
     # the same model and tokens, so nanoGPT's MFU as tinylm counts FLOPs (nanoGPT's own print assumes an A100)
     out["nanogpt_mfu"] = out["tinylm_mfu"] / out["ratio"] if out["tinylm_mfu"] and out["ratio"] else None
-    out["steps_timed"] = {"nanogpt": sum(n >= skip for n, _, _ in nano["iters"]) if nano else 0,
+    out["steps_timed"] = {"nanogpt": sum(i[0] >= skip for i in nano["iters"]) if nano else 0,
                           "tinylm": sum(s >= tiny_from for s, _, _ in tiny["rates"]) if tiny else 0}
     for side in ("nanogpt", "tinylm"):
         rc, seconds = side_status(folder / f"{side}.rc")
@@ -129,11 +157,11 @@ def fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def report(work: Path, out: Path, skip: int, window: int) -> dict:
+def report(work: Path, out: Path, skip: int, window: int, log_every: int = 1) -> dict:
     gpu = (work / "gpu.txt").read_text().strip() if (work / "gpu.txt").exists() else "unknown"
     order = (work / "cases.txt").read_text().split() if (work / "cases.txt").exists() else []
-    cases = [case_result(work / c, gpu, skip, window) for c in order if (work / c).is_dir()]
-    result = {"gpu": gpu, "skip_steps": skip, "tinylm_window": window, "cases": cases}
+    cases = [case_result(work / c, gpu, skip, window, log_every) for c in order if (work / c).is_dir()]
+    result = {"gpu": gpu, "skip_steps": skip, "tinylm_window": window, "log_every_124m": log_every, "cases": cases}
     (out / "vs_nanogpt.json").write_text(json.dumps(result, indent=1) + "\n")
     md = [f"# tinylm fit vs nanoGPT's train.py on {gpu}", "",
           (f"Tokens/s: medians over optimizer steps >= {skip} (tinylm: over its logged rates whose {window}-interval "
@@ -163,11 +191,15 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--skip", type=int, default=10, help="optimizer steps left out of the rates (warm-up)")
     p.add_argument("--window", type=int, default=10, help="logging intervals that tinylm's SpeedMonitor averages over")
+    p.add_argument("--log-every", type=int, default=1, help="steps between the 124M cases' logged steps (LOG_EVERY)")
+    sub.add_parser("stamp", help="copy stdin to stdout, each line prefixed with the time it arrived")
     args = parser.parse_args()
     if args.command == "link":
         link(args.dataset, args.dest, args.meta)
+    elif args.command == "stamp":
+        stamp()
     else:
-        report(args.work, args.out, args.skip, args.window)
+        report(args.work, args.out, args.skip, args.window, args.log_every)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@
 # Environment: PYTHON (python3); WORK (OUT/work); CASES (all three, in the order above); STEPS_124M (30 optimizer
 # steps); RECIPE_STEPS (2500 of the recipe's 5000, the learning rate still decaying to 5000 as in the recipe: the
 # best val/loss falls near step 2000, and the whole recipe on both sides would take ~5.5 of the 8 minutes; 5000 runs
-# it whole); SKIP (steps left out of the rates: 10); T_SIDE (seconds each side may run: 400).
+# it whole); SKIP (steps left out of the rates: 10); T_SIDE (seconds each side may run: 400); LOG_EVERY (steps
+# between logged steps in the 124M cases, on both sides: nanoGPT's --log_interval, tinylm's
+# --trainer.log_every_n_steps; 1, as gpt2-124m.yaml logs; nanoGPT's own config/train_gpt2.py logs every 10: with
+# LOG_EVERY > 1 the 124M cases run SKIP + 13 x LOG_EVERY steps unless STEPS_124M says, so that tinylm's rate window
+# of 10 logged intervals starts after SKIP, and nanoGPT's rate comes from the times its lines arrive).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -40,16 +44,17 @@ data=$(cd "$data" && pwd)
 work=${WORK:-$out/work}
 mkdir -p "$work" && work=$(cd "$work" && pwd)
 cases=${CASES:-gpt2-124m-b16 gpt2-124m-b32 shakespeare-char}
-steps=${STEPS_124M:-30}
-recipe_steps=${RECIPE_STEPS:-2500}
+log_every=${LOG_EVERY:-1}
 skip=${SKIP:-10}
+steps=${STEPS_124M:-$((log_every > 1 ? skip + 13 * log_every : 30))}
+recipe_steps=${RECIPE_STEPS:-2500}
 limit=${T_SIDE:-400}
 export WANDB_MODE=disabled TINYLM_CACHE_DIR=$work/cache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export TORCHINDUCTOR_CACHE_DIR=$work/inductor  # shared by both sides, as on a user's machine
 
 # the sides' arguments beyond the shape (nanoGPT's `--key=value`, tinylm's `--section.key value`)
 if [ "$smoke" = 1 ]; then
-  steps=4 recipe_steps=4 skip=${SKIP:-1} window=0
+  steps=$((log_every > 1 ? 1 + 3 * log_every : 4)) recipe_steps=4 skip=${SKIP:-1} window=0
   nano_dev=(--device=cpu --compile=False --dtype=float32 --n_layer=2 --n_head=2 --n_embd=64)
   tiny_dev=(--model.n_layer 2 --model.n_head 2 --model.n_embd 64 --model.compile_model false
             --trainer.precision 32-true --data.num_workers 0 --model.warmup_steps 1)
@@ -65,7 +70,8 @@ fi
 
 "$py" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")' >"$work/gpu.txt"
 echo "$cases" >"$work/cases.txt"
-echo "== $(cat "$work/gpu.txt"); cases: $cases; 124M steps $steps, recipe steps $recipe_steps, skip $skip"
+echo "== $(cat "$work/gpu.txt"); cases: $cases; 124M steps $steps (logged every $log_every), recipe steps" \
+  "$recipe_steps, skip $skip"
 
 # a copy of nanoGPT whose data/ holds tinylm's prepared ids
 rm -rf "$work/nanogpt" && mkdir -p "$work/nanogpt" && cp -r "$nanogpt"/. "$work/nanogpt/" && rm -rf "$work/nanogpt/data"
@@ -101,14 +107,16 @@ side() {
 }
 gpt2() {  # gpt2 CASE MICRO_BATCH ACCUMULATION
   local case=$1 mb=$2 acc=$3
-  side "$case" nanogpt bash -c 'cd "$0" && exec "$1" train.py "${@:2}"' "$work/nanogpt" "$py" \
+  # (each line of nanoGPT's output stamped with the time it arrived: its rate when it logs every N > 1 iterations)
+  side "$case" nanogpt bash -c 'cd "$0" && set -o pipefail && "$1" -u train.py "${@:3}" 2>&1 | "$1" "$2" stamp' \
+    "$work/nanogpt" "$py" "$here/vs_nanogpt.py" \
     --dataset=shakespeare_gpt2 --batch_size="$mb" --block_size="$block" --gradient_accumulation_steps="$acc" \
     --bias=True --compile=True --dtype=bfloat16 --max_iters="$steps" --eval_interval=100000 --eval_iters=1 \
-    --log_interval=1 --out_dir="$work/$case/nanogpt-out" "${nano_dev[@]}"
+    --log_interval="$log_every" --out_dir="$work/$case/nanogpt-out" "${nano_dev[@]}"
   side "$case" tinylm "$py" -m tinylm fit --config "$repo/configs/gpt2-124m.yaml" "${gpt2_data[@]}" \
     --data.block_size "$block" --data.batch_size "$mb" --trainer.accumulate_grad_batches "$acc" \
     --trainer.max_steps "$steps" --trainer.limit_val_batches 0 --run.wandb_project null --samples.every_n_steps 0 \
-    --run.name "$case" "${tiny_dev[@]}"
+    --trainer.log_every_n_steps "$log_every" --run.name "$case" "${tiny_dev[@]}"
 }
 recipe() {  # recipe CASE: nanoGPT's shakespeare-char recipe on each side, RECIPE_STEPS of its 5000
   local case=$1
@@ -129,6 +137,8 @@ for case in $cases; do
     shakespeare-char) recipe "$case" ;;
     *) echo "vs_nanogpt.sh: unknown case $case (gpt2-124m-b16, gpt2-124m-b32, shakespeare-char)" >&2; exit 2 ;;
   esac
-  "$py" "$here/vs_nanogpt.py" report "$work" "$out" --skip "$skip" --window "$window" >/dev/null  # the report so far
+  "$py" "$here/vs_nanogpt.py" report "$work" "$out" --skip "$skip" --window "$window" --log-every "$log_every" \
+    >/dev/null  # the report so far
 done
-cd "$repo" && "$py" "$here/vs_nanogpt.py" report "$work" "$out" --skip "$skip" --window "$window"
+cd "$repo" && "$py" "$here/vs_nanogpt.py" report "$work" "$out" --skip "$skip" --window "$window" \
+  --log-every "$log_every"
