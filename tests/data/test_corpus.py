@@ -667,6 +667,7 @@ def test_a_text_corpus_is_hashed_once_while_its_files_keep_their_stamps(tmp_path
     hashed = []
     real = corpus_mod._sha256
     monkeypatch.setattr(corpus_mod, "_sha256", lambda path, h: (hashed.append(path), real(path, h))[1])
+    monkeypatch.setattr(source_mod, "RACY_NS", 10**18)  # "just written" however slowly this machine got here
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("one document\n")
     b.write_text("another\n")
@@ -686,3 +687,41 @@ def test_a_text_corpus_is_hashed_once_while_its_files_keep_their_stamps(tmp_path
     (cache / corpus_mod.FINGERPRINTS).unlink()
     (cache / corpus_mod.FINGERPRINTS).mkdir()  # a memo that cannot be read or written: hashed every time
     assert open_corpus(spec, cache_dir=cache).fingerprint == changed and len(hashed) == 8
+
+
+def test_the_fingerprint_memo_stays_small_for_a_corpus_of_many_files(tmp_path, monkeypatch):
+    """Catches fingerprints.json growing with the number of files times the number of versions remembered: each
+    entry's key was the list of every file's path and stamp (~120 bytes a file), so a folder of 5,000 files made
+    a 0.6 MB entry per edit (23 MB after 40 edits, read and written whole at every start; 150 MB at the 256-entry
+    cap, and ~120 MB per entry for a million files)."""
+    import tinylm.data.corpus as corpus_mod
+    import tinylm.data.source as source_mod
+
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    for i in range(200):
+        (folder / f"article_{i:06d}.txt").write_text(f"text {i}\n")
+    cache = tmp_path / "cache"
+    for _ in range(5):  # five edits, five entries
+        with open(folder / "article_000000.txt", "a") as f:
+            f.write("x")
+        fingerprint = open_corpus(str(folder), cache_dir=cache).fingerprint
+        assert open_corpus(str(folder), cache_dir=cache).fingerprint == fingerprint  # remembered
+    assert (cache / corpus_mod.FINGERPRINTS).stat().st_size < 200 * 5  # 5 entries of a fixed size
+
+
+def test_a_fingerprint_memo_nested_too_deep_is_taken_for_damaged(tmp_path, monkeypatch):
+    """Catches a garbage fingerprints.json ending every command that names a text corpus in a RecursionError
+    traceback (json raises it, not a ValueError, for arrays nested ~100k deep): it is ignored and written anew."""
+    import tinylm.data.corpus as corpus_mod
+    import tinylm.data.source as source_mod
+
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    (tmp_path / "a.txt").write_text("one document\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / corpus_mod.FINGERPRINTS).write_text("[" * 200_000)
+    want = corpus_mod.TextFiles("a", [tmp_path / "a.txt"]).fingerprint
+    assert open_corpus(str(tmp_path / "a.txt"), cache_dir=cache).fingerprint == want
+    assert open_corpus(str(tmp_path / "a.txt"), cache_dir=cache).fingerprint == want  # from the memo written anew

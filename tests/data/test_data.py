@@ -3,6 +3,7 @@
 import json
 import logging
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -546,6 +547,7 @@ def test_an_unchanged_dataset_has_its_ids_checked_once(shakespeare, tmp_path, mo
     checked = []
     real = prepare_mod._check_ids
     monkeypatch.setattr(prepare_mod, "_check_ids", lambda path, *a: (checked.append(path.name), real(path, *a)))
+    monkeypatch.setattr(source_mod, "RACY_NS", 10**18)  # "just written" however slowly this machine got here
     dm = _dm(tmp_path, shakespeare)
     dm.prepare_data()
     checked.clear()
@@ -571,6 +573,68 @@ def test_an_unchanged_dataset_has_its_ids_checked_once(shakespeare, tmp_path, mo
     load_meta(dm.dataset_dir, dm.tokenizer)
     load_meta(dm.dataset_dir, dm.tokenizer)
     assert sorted(checked) == ["train.bin", "train.bin", "val.bin", "val.bin"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the open-for-writing check is Linux's read lease")
+def test_a_bin_held_open_by_a_writable_memmap_is_not_recorded_as_checked(shakespeare, tmp_path, monkeypatch):
+    """Catches a bad id written through a writable memory map kept open (a notebook's np.memmap(mode="r+")) passing
+    every later open: the kernel sets a file's times only at a page's first write after it was saved, so the
+    second write kept the stamp that the record of checked ids named, and its id was never read again."""
+    import tinylm.data.source as source_mod
+
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    ids = np.memmap(dm.dataset_dir / "train.bin", dtype="<u2", mode="r+")
+    ids[5] = ids[5]  # a first write, which sets the times
+    load_meta(dm.dataset_dir, dm.tokenizer)  # checked: fine so far
+    ids[7] = dm.tokenizer.vocab_size  # through the same mapping: no new times
+    with pytest.raises(ValueError, match=r"train\.bin holds token id .* at position 7, outside the vocabulary"):
+        load_meta(dm.dataset_dir, dm.tokenizer)
+    del ids
+
+
+def test_a_dtype_edited_in_meta_json_has_the_ids_checked_again(shakespeare, tmp_path, monkeypatch):
+    """Catches a record of checked ids outliving an edit of meta.json's dtype: the same bytes read as uint32 (half
+    the tokens, so the sizes agree) are ids in the millions, refused at the start before the record, let through
+    to the model after it (whose CPU guard is all that stopped them; on a GPU, a device-side assert)."""
+    import tinylm.data.source as source_mod
+
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    load_meta(dm.dataset_dir, dm.tokenizer)  # checked and recorded
+    path = dm.dataset_dir / "meta.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta["dtype"] = "uint32"
+    for split in meta["splits"].values():
+        split["tokens"] //= 2
+    path.write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train\.bin holds token id \d+ at position 0, outside the vocabulary"):
+        load_meta(dm.dataset_dir, dm.tokenizer)
+
+
+def test_a_dataset_on_a_read_only_mount_opens_without_a_record(shakespeare, tmp_path, monkeypatch):
+    """Catches every command refusing a dataset on a read-only mount (docker -v ...:ro, a read-only NFS export) with
+    "OSError: read-only file system: .../ids_checked.json.tmp-PID": the record's temp file could not be written,
+    and removing it then failed with EROFS too (not FileNotFoundError), out of `remember`."""
+    import errno
+    import pathlib
+
+    import tinylm.data.source as source_mod
+
+    dm = _dm(tmp_path, shakespeare)
+    dm.prepare_data()
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+
+    def read_only(path, *a, **k):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", read_only)
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    assert load_meta(dm.dataset_dir, dm.tokenizer)["vocab_size"] == dm.tokenizer.vocab_size
+    monkeypatch.undo()
+    assert not (dm.dataset_dir / "ids_checked.json").exists()
 
 
 def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):

@@ -96,7 +96,10 @@ class TextFiles(Corpus):
         self._stamps = {path: stamp(path) for path in self.files}  # taken before the bytes are read
         # remembered by the files' stamps: hashing reads the whole text (~100 s for a 45 GB corpus) at every start
         # of every command, on every rank
-        key = json.dumps([[str(path.resolve()), *self._stamps[path]] for path in self.files])
+        # (hashed: the list itself is ~120 bytes a file, and the memo keeps MEMO_ENTRIES of them: a folder of a
+        # million files made each entry ~120 MB, read and written whole at every start)
+        key = hashlib.sha256(json.dumps([[str(path.resolve()), *self._stamps[path]] for path in self.files])
+                             .encode()).hexdigest()
         if self.memo is not None and isinstance(known := recalled(self.memo, key), str):
             return known
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
@@ -108,7 +111,7 @@ class TextFiles(Corpus):
         if self.memo is not None:  # (not a file written while it was hashed: its stamp names other text now)
             try:
                 if all(stamp(path) == self._stamps[path] for path in self.files):
-                    remember(self.memo, key, h.hexdigest(), list(self._stamps.values()))
+                    remember(self.memo, key, h.hexdigest(), list(self._stamps.values()), self.files)
             except CorpusChanged:  # removed meanwhile: a read says so
                 pass
         return h.hexdigest()

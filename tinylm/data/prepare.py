@@ -431,11 +431,11 @@ IDS_CHECKED = "ids_checked.json"
 def _check_ids_once(path: Path, dtype: str, vocab_size: int) -> None:
     """`_check_ids`, skipped for a file checked before and unchanged since: the check reads the whole file (20 GB
     for a 10-billion-token dataset) at every start of every command, on every rank."""
-    key = json.dumps([path.name, *stamp(path), vocab_size])
+    key = json.dumps([path.name, *stamp(path), dtype, vocab_size])  # (the same bytes read as uint32: other ids)
     if recalled(path.with_name(IDS_CHECKED), key) is not None:
         return
     _check_ids(path, dtype, vocab_size)
-    remember(path.with_name(IDS_CHECKED), key, True, [stamp(path)])
+    remember(path.with_name(IDS_CHECKED), key, True, [stamp(path)], [path])
 
 
 def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:

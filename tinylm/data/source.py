@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tinylm.errors import TinyLMError
+
+try:
+    import fcntl
+except ImportError:  # (Windows)
+    fcntl = None
 
 RACY_NS = 2_000_000_000  # a file changed this recently may change again within its timestamps' granularity
 MEMO_ENTRIES = 256  # a memo keeps this many newest entries
@@ -93,21 +101,44 @@ def recalled(memo: Path, key: str) -> Any:
     damaged or written by something else)."""
     try:
         entries = json.loads(memo.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (RecursionError: JSON nested deeper than Python recurses)
         return None
     return entries.get(key) if isinstance(entries, dict) else None
 
 
-def remember(memo: Path, key: str, value: Any, stamps: list[tuple]) -> None:
+def held_for_writing(path: Path) -> bool:
+    """Whether a process holds ``path`` open for writing, on Linux (a read lease is refused then); False where that
+    cannot be told. A writable memory map kept open (np.memmap mode "r+" in a notebook) is such a holder, and its
+    writes after a page's first keep the file's stamp: what is read now may not be what the stamp names later."""
+    if not hasattr(fcntl, "F_SETLEASE") or not hasattr(fcntl, "F_SETSIG"):  # (Linux only)
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:  # (a writer opening it meanwhile breaks the lease with F_SETSIG's signal: SIGURG is ignored, SIGIO kills)
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError as e:  # EAGAIN: open for writing; EACCES (another user's file), EINVAL (NFS): cannot be told
+        return e.errno in (errno.EAGAIN, errno.EBUSY)
+    finally:
+        os.close(fd)
+    return False
+
+
+def remember(memo: Path, key: str, value: Any, stamps: list[tuple], paths: list[Path] = ()) -> None:
     """Store ``value`` under ``key`` (which names the files by their ``stamps``) in ``memo``, unless a file changed
     in the last RACY_NS (a change within its timestamps' granularity would keep its stamp: "racy git") or the folder
     cannot be written (a read-only dataset or cache: the work is done again next time). Atomic; several processes
     writing at once keep one of their versions."""
     if any(time.time_ns() - max(s[-2], s[-1]) < RACY_NS for s in stamps):  # (mtime_ns, ctime_ns)
         return
+    if any(held_for_writing(path) for path in paths):  # (``paths``: the files of ``stamps``)
+        return
     try:
         entries = json.loads(memo.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         entries = {}
     entries = entries if isinstance(entries, dict) else {}
     entries.pop(key, None)
@@ -118,4 +149,5 @@ def remember(memo: Path, key: str, value: Any, stamps: list[tuple]) -> None:
         tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
         os.replace(tmp, memo)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (on a read-only mount unlink says EROFS, not that there is no tmp)
+            tmp.unlink(missing_ok=True)
