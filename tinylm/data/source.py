@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,7 +144,7 @@ def remember(memo: Path, key: str, value: Any, stamps: list[tuple], paths: list[
     entries = entries if isinstance(entries, dict) else {}
     entries.pop(key, None)
     entries = dict(list(entries.items())[-(MEMO_ENTRIES - 1):] + [(key, value)])  # newest last
-    tmp = memo.with_name(f"{memo.name}.tmp-{os.getpid()}")
+    tmp = memo.with_name(f"{memo.name}.tmp-{socket.gethostname()}-{os.getpid()}")  # (hosts sharing a cache)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
