@@ -385,3 +385,61 @@ def test_the_guard_uses_no_op_that_has_no_deterministic_cuda_kernel():
     x = torch.tensor([[1.0, math.nan], [3.0, math.nan], [2.0, 5.0], [math.nan, math.nan], [4.0, math.nan]])
     assert torch.equal(nanmedian_columns(x), x.nanmedian(dim=0).values)
     assert nanmedian_columns(torch.full((3, 2), math.nan)).isnan().all()
+
+def test_a_rollback_that_leaves_too_few_steps_keeps_the_limit_from_before_the_trouble(tmp_path, monkeypatch):
+    """Catches the outlier limit taken from the steps a rollback throws away: refreshed with the logging step's
+    judgement (before the host's read), it counted the steps the rollback then forgot; with fewer than min_history
+    accepted steps left the limit "stays" (the docstring), and stayed the one from those steps, not the one from
+    before the trouble (as when the refresh came after the rollback)."""
+    from types import SimpleNamespace
+
+    import tinylm.train.guard as guard_module
+    from tinylm.train.guard import StabilityGuard
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    ckpt = tmp_path / "step-5.ckpt"
+    torch.save({"global_step": 5, "state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}, ckpt)
+    monkeypatch.setattr(guard_module, "last_good_checkpoint", lambda *args, **kwargs: ckpt)
+    monkeypatch.setattr(guard_module, "shards_weights", lambda trainer: False)
+    connector = SimpleNamespace(should_update_logs=False)
+    trainer = SimpleNamespace(global_step=0, world_size=1, _logger_connector=connector, optimizers=[optimizer],
+                              lr_scheduler_configs=[], is_global_zero=True)
+    module = SimpleNamespace(trainer=trainer, device=torch.device("cpu"), hparams=SimpleNamespace(vocab_size=65),
+                             load_state_dict=model.load_state_dict, log=lambda *args, **kwargs: None)
+    guard = StabilityGuard(window=5, min_history=4, loss_z=3.0, rollback_skips=1, rollback_loss_rise=None)
+    guard.on_train_start(trainer, module)
+    # logging every 5 steps: the limit from steps 1-5; step 7 an outlier (skipped), so at step 10 the guard rolls
+    # back over steps 7-10, which leaves step 6 alone in the window: fewer than min_history, the limit stays
+    losses = [3.74, 3.73, 3.77, 3.71, 3.42, 3.63, 9.0, 3.78, 3.64, 3.6]
+    for step, loss in enumerate(losses):
+        connector.should_update_logs = (step + 1) % 5 == 0
+        module.step_loss = torch.tensor(loss)
+        guard.judge(module, optimizer, torch.tensor(1.0))
+        trainer.global_step = step + 1
+        guard.on_train_batch_end(trainer, module, None, None, step)
+        if step == 4:
+            before = guard._limit.clone()
+    assert guard.rollbacks == 1 and int(guard._skipped) == 1
+    assert torch.equal(guard._limit, before), (guard._limit, before)  # (it was 3.674: steps 6, 8, 9, 10's)
+    module.step_loss = torch.tensor(3.70)  # below the limit of the steps before the trouble (3.819): applied
+    guard.judge(module, optimizer, torch.tensor(1.0))
+    assert not bool(module.step_skipped)
+
+
+def test_a_run_stopped_between_two_logging_steps_resumes_as_the_straight_run_judges(run_config, tmp_path):
+    """Catches the guard's limit (and level) refreshed at the step a run stops at (max_steps 6, logging every 5th
+    step: Lightning logs the stop step too), which the uninterrupted run does not refresh: extended to 12 steps, the
+    resumed run judged steps 7-10 against another limit and skipped steps 8 and 9 that the straight run applied."""
+    config = run_config(
+        chars=40_000, run={"name": "straight", "checkpoint_every": 4},
+        trainer={"max_steps": 12, "val_check_interval": 5, "log_every_n_steps": 5, "gradient_clip_val": 1.0},
+        model={"lr": 0.02, "min_lr": 0.02, "warmup_steps": 2},
+        data={"block_size": 32, "batch_size": 4},
+        guard={"window": 5, "min_history": 3, "rollback_skips": 3, "loss_z": 0.3, "grad_norm_z": 0.3})
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--trainer.max_steps", "6"])
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--ckpt_path", "last"])
+    for key in ("train/skipped_steps", "train/loss"):
+        straight, resumed = (_losses(tmp_path / "runs" / name, key) for name in ("straight", "resumed"))
+        assert {s: v for s, v in resumed.items() if s != 5} == straight, key  # (step 6 logs in the first leg)

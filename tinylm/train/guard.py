@@ -100,6 +100,7 @@ class StabilityGuard(L.Callback):
         # 1.0 where the step was skipped
         self._history: torch.Tensor | None = None
         self._limit: torch.Tensor | None = None  # (2,) loss, grad norm above which a step is an outlier
+        self._limit_before: torch.Tensor | None = None  # the limit before this logging step's refresh (_rollback)
         self._skipped = torch.zeros((), dtype=torch.int64)  # skipped steps so far
         self._told = (0, 0)  # the skipped steps said so far, and the step they were said at
         self._saved: dict | None = None  # a checkpoint's state, put on the device at train start
@@ -152,17 +153,20 @@ class StabilityGuard(L.Callback):
         self._skipped += skip
         pl_module.step_skipped = skip
         _skip_update(optimizer, skip)
-        if logging_step(trainer):  # queued here, while the GPU is busy, not after the host's read of the step
+        self._limit_before = self._limit  # what stays if a rollback at this step's end leaves too few steps
+        if scheduled_logging_step(trainer):  # queued here, while the GPU is busy, not after the host's read
             self._refresh_limit()
 
-    def _refresh_limit(self) -> None:
+    def _refresh_limit(self, kept: torch.Tensor | None = None) -> None:
         """The outlier limits from the window's accepted steps: median + z x 1.4826 x MAD, once it holds
-        min_history of them (else the limits stay: a run of skips is judged against the steps before it)."""
+        min_history of them (else the limits stay, or become ``kept``: a run of skips is judged against the steps
+        before it)."""
         history = self._history[:, :2]  # (window, 2)
         median = nanmedian_columns(history)  # (2,)
         scale = MAD_TO_STD * nanmedian_columns((history - median).abs())  # (2,)
         enough = (~history[:, 0].isnan()).sum() >= self.min_history
-        self._limit = torch.where(enough, median + self._z * scale.clamp(min=1e-6 * median.abs()), self._limit)
+        self._limit = torch.where(enough, median + self._z * scale.clamp(min=1e-6 * median.abs()),
+                                  self._limit if kept is None else kept)
 
     # ---- every log_every_n_steps: on the host --------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
@@ -177,7 +181,8 @@ class StabilityGuard(L.Callback):
         losses, skips, skipped = values[: self.window], values[self.window : 2 * self.window], int(values[-1])
         pl_module.log("train/skipped_steps", host_scalar(float(skipped)), rank_zero_only=True)
         self._tell_skips(trainer, step, skipped, skips)
-        trouble = self._trouble(step, losses, skips)
+        # (at the step a run stops at between two scheduled ones the level stays the uninterrupted run's)
+        trouble = self._trouble(step, losses, skips, update_level=scheduled_logging_step(trainer))
         if trouble is not None:
             what, first = trouble
             order = range(step - self.window, step)  # the window's steps, by slot: the first worse than guessing
@@ -197,7 +202,8 @@ class StabilityGuard(L.Callback):
                  "last %d steps, or not finite; train/skipped_steps counts them, --guard.enabled false keeps them)",
                  skipped - told, since, named, self.window)
 
-    def _trouble(self, step: int, losses: list[float], skips: list[float]) -> tuple[str, int] | None:
+    def _trouble(self, step: int, losses: list[float], skips: list[float],
+                 update_level: bool = True) -> tuple[str, int] | None:
         """What calls for a rollback, if anything: (what happened, the first step it concerns), from the window's
         losses and skip flags (by slot: step % window)."""
         order = [(step - self.window + i) for i in range(self.window)]  # the last `window` steps, oldest first
@@ -216,7 +222,7 @@ class StabilityGuard(L.Callback):
             first = next(int(s) for s, v in by_step if v > (1 + self.rollback_loss_rise) * self.level)
             return (f"loss {recent_median:.3f} over the last {len(recent)} steps, "
                     f"{recent_median / self.level - 1:.0%} above its level {self.level:.3f}"), first
-        if len(accepted) == self.window and (self.level is None or median < self.level):
+        if update_level and len(accepted) == self.window and (self.level is None or median < self.level):
             self.level = median
         return None
 
@@ -256,7 +262,9 @@ class StabilityGuard(L.Callback):
         for bad in range(max(first_bad, step - self.window), step):
             self._history[bad % self.window, :2] = math.nan
         self._history[:, 2] = 0.0
-        self._refresh_limit()  # from the window without the steps rolled back
+        # from the window without the steps rolled back; too few left: the limit from before this step's refresh
+        # (which counted the steps rolled back)
+        self._refresh_limit(kept=self._limit_before)
         log.warning("tinylm guard: step %d: %s; rolled back to %s (step %s) with the LR x%g (rollback %d of %d)",
                     step, what, ckpt, state.get("global_step"), self.lr_factor, self.rollbacks, self.max_rollbacks)
 
@@ -276,6 +284,19 @@ class StabilityGuard(L.Callback):
         history = state_dict.get("history")
         if history is not None and history.shape == (self.window, 3):  # (a changed guard.window starts afresh)
             self._saved = {"history": history, "limit": state_dict["limit"], "skipped": self._skipped}
+
+
+def scheduled_logging_step(trainer: L.Trainer) -> bool:
+    """`logging_step`, leaving out the one Lightning adds where a run stops between two scheduled ones (max_steps,
+    a callback's stop): the guard's limit and level follow the schedule, so that a run stopped there and resumed
+    (extended) judges its steps as the uninterrupted run does (a rollback there still happens)."""
+    if not logging_step(trainer):
+        return False
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if not getattr(trainer, "should_stop", False) or loop is None:
+        return True
+    every = trainer.log_every_n_steps
+    return bool(every) and (loop._batches_that_stepped + 1) % every == 0
 
 
 def nanmedian_columns(x: torch.Tensor) -> torch.Tensor:
