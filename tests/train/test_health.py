@@ -728,3 +728,24 @@ def test_a_gpu_marks_cpu_counters_are_read_before_the_wait_and_only_on_logging_s
     trainer.global_step, connector.should_update_logs = 5, True
     speed.on_train_batch_end(trainer, module, None, batch, 4)
     assert reads[-1] == "after the wait" and speed.marks_taken == 3
+
+
+def test_a_resume_keeps_the_training_losses_a_validation_is_judged_beside():
+    """Catches the monitor's recent training losses (and gradient norms) left out of its checkpoint state: a run
+    resumed a few steps after an LR blow-up judged its next validation beside those few steps alone, whose loss was
+    above ln(vocab), and ended "diverged" with exit 1 where the uninterrupted run, judging the same validation
+    beside its whole window, went on (found comparing guarded runs straight and resumed)."""
+    import types
+
+    straight = HealthMonitor(window=5)
+    straight._losses.extend([1.0] * 5)  # trained well below ln(65) = 4.17 ...
+    straight._norms.extend([0.5] * 5)
+    resumed = HealthMonitor(window=5)
+    resumed.load_state_dict(straight.state_dict())  # ... saved, then the run resumed
+    assert list(resumed._norms) == [0.5] * 5 and resumed._losses.maxlen == 5
+    trainer = types.SimpleNamespace(global_step=12, callbacks=[], is_global_zero=False, loggers=[])
+    module = types.SimpleNamespace(hparams=types.SimpleNamespace(vocab_size=65))
+    for monitor in (straight, resumed):
+        monitor._losses.extend([5.0, 5.0])  # two steps after the blow-up, on both sides
+        monitor._judge_val(trainer, module, 1140.0)  # val/loss far above ln(vocab)
+        assert monitor._diverged is None and monitor._sane_val_step == 12  # beside 1, 1, 1, 5, 5: not diverged

@@ -412,7 +412,8 @@ class HealthMonitor(L.Callback):
         if self._owner is not None:
             self._check_pending(*self._owner)
         return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate,
-                "sane_val_step": self._sane_val_step, "best_others": self._best_others}
+                "sane_val_step": self._sane_val_step, "best_others": self._best_others, "losses": list(self._losses),
+                "norms": list(self._norms)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
@@ -421,6 +422,11 @@ class HealthMonitor(L.Callback):
         self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))
         self._sane_val_step = int(state_dict.get("sane_val_step", -1))
         self._best_others = state_dict.get("best_others")
+        # the recent training losses that a validation is judged beside (`diverged`) and `stuck` reads, and the
+        # gradient norms: a resumed run judged its first validations on its own few steps and ended "diverged" where
+        # the straight run did not
+        self._losses = deque(state_dict.get("losses", []), maxlen=self.window)
+        self._norms = deque(state_dict.get("norms", []), maxlen=self._norms.maxlen)  # (`spike`'s running median)
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:
