@@ -94,7 +94,7 @@ def gone(path: Path) -> CorpusChanged:
                          "nothing is moving its files, or leave it out of --data.corpus")
 
 
-__all__ = ["Corpus", "CorpusChanged", "check_unchanged", "gone", "stamp"]
+__all__ = ["Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "recalled", "remember", "stamp"]
 
 
 def recalled(memo: Path, key: str) -> Any:
