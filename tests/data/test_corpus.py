@@ -725,3 +725,25 @@ def test_a_fingerprint_memo_nested_too_deep_is_taken_for_damaged(tmp_path, monke
     want = corpus_mod.TextFiles("a", [tmp_path / "a.txt"]).fingerprint
     assert open_corpus(str(tmp_path / "a.txt"), cache_dir=cache).fingerprint == want
     assert open_corpus(str(tmp_path / "a.txt"), cache_dir=cache).fingerprint == want  # from the memo written anew
+
+
+def test_local_dataset_files_are_hashed_once_while_they_keep_their_stamps(tmp_path, monkeypatch):
+    """Prevents every command (and rank) from reading a local dataset's files whole again for their hashes (a folder
+    of parquet shards: minutes at each start): remembered in the cache folder by the files' stamps, the same
+    fingerprint as hashing, hashed again after an edit."""
+    import tinylm.data.hf_corpus as hf_mod
+    import tinylm.data.source as source_mod
+
+    hashed = []
+    real = hf_mod._sha256
+    monkeypatch.setattr(hf_mod, "_sha256", lambda path: (hashed.append(path), real(path))[1])
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"text": "hello world"}) + "\n")
+    cache = tmp_path / "cache"
+    first = open_corpus(str(path), cache_dir=cache).fingerprint
+    assert open_corpus(str(path), cache_dir=cache).fingerprint == first and len(hashed) == 1  # remembered
+    assert open_corpus(str(path), cache_dir=tmp_path / "other").fingerprint == first and len(hashed) == 2
+    path.write_text(json.dumps({"text": "hello there"}) + "\n")  # same size, other text
+    edited = open_corpus(str(path), cache_dir=cache)
+    assert edited.fingerprint != first and list(edited) == ["hello there"] and len(hashed) == 3

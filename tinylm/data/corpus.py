@@ -33,7 +33,7 @@ from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS, HFDataset, HFStream, c
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.data.named import NAMED, download_named
 from tinylm.data.named import sha256_of as _sha256
-from tinylm.data.source import Corpus, CorpusChanged, check_unchanged, gone, recalled, remember, stamp
+from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, gone, recalled, remember, stamp
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 20
 BINARY_FRACTION = 0.1  # a file whose bad bytes (undecodable or NUL) pass this share of those read is refused
 _BINARY_MIN_BAD = 32  # ... once it has this many: a few odd bytes in a short file only warn
-FINGERPRINTS = "fingerprints.json"  # in the cache folder: text corpora's fingerprints by their files' stamps
 LONG_READ = 1 << 30  # bytes from which reading files whole at a command's start is said first (~2 s a GB)
 MAX_DOCUMENT_CHARS = 1 << 30  # one document must fit in memory several times over (text, pieces, token ids)
 

@@ -23,6 +23,7 @@ except ImportError:  # (Windows)
 
 RACY_NS = 2_000_000_000  # a file changed this recently may change again within its timestamps' granularity
 MEMO_ENTRIES = 256  # a memo keeps this many newest entries
+FINGERPRINTS = "fingerprints.json"  # in the cache folder: local corpora's hashes by their files' stamps
 
 
 class Corpus:
@@ -94,7 +95,8 @@ def gone(path: Path) -> CorpusChanged:
                          "nothing is moving its files, or leave it out of --data.corpus")
 
 
-__all__ = ["Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "recalled", "remember", "stamp"]
+__all__ = ["FINGERPRINTS", "Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "recalled",
+           "remember", "stamp"]
 
 
 def recalled(memo: Path, key: str) -> Any:
