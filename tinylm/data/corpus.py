@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import json
 import logging
 import os
 import stat
@@ -33,7 +32,7 @@ from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS, HFDataset, HFStream, c
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.data.named import NAMED, download_named
 from tinylm.data.named import sha256_of as _sha256
-from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, gone, recalled, remember, stamp
+from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, gone, memoized, stamp
 from tinylm.paths import missing_path
 from tinylm.tokenize.patterns import EOT
 
@@ -93,26 +92,16 @@ class TextFiles(Corpus):
 
     def _fingerprint(self) -> str:
         self._stamps = {path: stamp(path) for path in self.files}  # taken before the bytes are read
-        # remembered by the files' stamps: hashing reads the whole text (~100 s for a 45 GB corpus) at every start
-        # of every command, on every rank
-        # (hashed: the list itself is ~120 bytes a file, and the memo keeps MEMO_ENTRIES of them: a folder of a
-        # million files made each entry ~120 MB, read and written whole at every start)
-        key = hashlib.sha256(json.dumps([[str(path.resolve()), *self._stamps[path]] for path in self.files])
-                             .encode()).hexdigest()
-        if self.memo is not None and isinstance(known := recalled(self.memo, key), str):
-            return known
+        return memoized(self.memo, "text", self._stamps, self._hash)
+
+    def _hash(self) -> str:
+        """The sha256 of every file's size and bytes, in order (~2 s a GB: read once per file as it is, `memoized`)."""
         h = hashlib.sha256(b"tinylm.corpus.files.v1")
-        if (size := sum(s[2] for s in self._stamps.values())) >= LONG_READ:  # (~2 s a GB: a 45 GB corpus, ~100 s)
+        if (size := sum(s[2] for s in self._stamps.values())) >= LONG_READ:  # (a 45 GB corpus, ~100 s)
             log.info("reading corpus %r (%.1f GB) to find its tokenizer and dataset ...", self.spec, size / 1e9)
         for path in self.files:
             h.update(f"\0{self._stamps[path][2]}\0".encode())
             _sha256(path, h)
-        if self.memo is not None:  # (not a file written while it was hashed: its stamp names other text now)
-            try:
-                if all(stamp(path) == self._stamps[path] for path in self.files):
-                    remember(self.memo, key, h.hexdigest(), list(self._stamps.values()), self.files)
-            except CorpusChanged:  # removed meanwhile: a read says so
-                pass
         return h.hexdigest()
 
 

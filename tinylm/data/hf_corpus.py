@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.data.named import sha256_of as _sha256
-from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, recalled, remember, stamp
+from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, memoized, stamp
 from tinylm.errors import DISK_ERRNOS
 from tinylm.net import hub_offline, hub_unreachable
 from tinylm.progress import datasets_bars
@@ -112,17 +112,10 @@ class HFDataset(Corpus):
         """`sources` with each local file's sha256 (see `_hash_files`), computed once."""
         if self._files is None:
             self._stamps = {path: stamp(path) for path in local_files(self.sources)}  # before their bytes are read
-            # remembered by the files' stamps, as a text corpus's fingerprint (tinylm.data.corpus.TextFiles): the
-            # hashes read every byte (a folder of parquet shards: minutes) at every start of every rank
-            memo = Path(self.cache_dir) / FINGERPRINTS if self.cache_dir is not None and self._stamps else None
-            key = hashlib.sha256(json.dumps([self.sources, [[str(p.resolve()), *s] for p, s in self._stamps.items()]],
-                                            sort_keys=True, default=str).encode()).hexdigest()
-            if memo is not None and (known := recalled(memo, key)) is not None:
-                self._files = known
-            else:
-                self._files = _hash_files(self.sources)
-                if memo is not None and all(stamp(p) == s for p, s in self._stamps.items()):
-                    remember(memo, key, self._files, list(self._stamps.values()), list(self._stamps))
+            # the hashes read every byte (a folder of parquet shards: minutes): once per file as it is
+            memo = Path(self.cache_dir) / FINGERPRINTS if self.cache_dir is not None else None
+            self._files = memoized(memo, ["data_files", self.sources], self._stamps,
+                                   lambda: _hash_files(self.sources))
         return self._files
 
     def _load(self) -> Any:

@@ -36,7 +36,7 @@ from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import LONG_READ, Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
-from tinylm.data.source import recalled, remember, stamp
+from tinylm.data.source import memoized, stamp
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate, read_whole
 from tinylm.errors import TinyLMError
 from tinylm.progress import heartbeat
@@ -431,11 +431,9 @@ IDS_CHECKED = "ids_checked.json"
 def _check_ids_once(path: Path, dtype: str, vocab_size: int) -> None:
     """`_check_ids`, skipped for a file checked before and unchanged since: the check reads the whole file (20 GB
     for a 10-billion-token dataset) at every start of every command, on every rank."""
-    key = json.dumps([path.name, *stamp(path), dtype, vocab_size])  # (the same bytes read as uint32: other ids)
-    if recalled(path.with_name(IDS_CHECKED), key) is not None:
-        return
-    _check_ids(path, dtype, vocab_size)
-    remember(path.with_name(IDS_CHECKED), key, True, [stamp(path)], [path])
+    # (dtype in the key: the same bytes read as uint32 are other ids)
+    memoized(path.with_name(IDS_CHECKED), ["ids", dtype, vocab_size], {path: stamp(path)},
+             lambda: _check_ids(path, dtype, vocab_size) or True)
 
 
 def _check_ids(path: Path, dtype: str, vocab_size: int) -> None:

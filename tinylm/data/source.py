@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,28 @@ def gone(path: Path) -> CorpusChanged:
                          "nothing is moving its files, or leave it out of --data.corpus")
 
 
-__all__ = ["FINGERPRINTS", "Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "recalled",
-           "remember", "stamp"]
+__all__ = ["FINGERPRINTS", "Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "memoized",
+           "recalled", "remember", "stamp"]
+
+
+def memoized(memo: Path | None, what: Any, stamps: dict[Path, tuple], compute: Callable[[], Any]) -> Any:
+    """``compute()``: work that reads the files of ``stamps`` (their stamps taken before) whole, at every start of
+    every command on every rank (a corpus's hash, a dataset's id check), remembered in the JSON file ``memo`` by
+    ``what`` and those stamps, so that it is done once per file as it is (None: done every time). Not remembered for
+    a file whose stamp changed while it was read (what was read is not what the stamp names)."""
+    if memo is None or not stamps:
+        return compute()
+    # (hashed: the list itself is ~120 bytes a file, and a memo keeps MEMO_ENTRIES of them: a folder of a million
+    # files made each entry ~120 MB, read and written whole at every start)
+    key = hashlib.sha256(json.dumps([what, [[str(p.resolve()), *s] for p, s in stamps.items()]], sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    if (known := recalled(memo, key)) is not None:
+        return known
+    value = compute()
+    with contextlib.suppress(CorpusChanged):  # (a file removed meanwhile: a read says so)
+        if all(stamp(p) == s for p, s in stamps.items()):
+            remember(memo, key, value, list(stamps.values()), list(stamps))
+    return value
 
 
 def recalled(memo: Path, key: str) -> Any:
