@@ -6,9 +6,12 @@ tokens, AdamW) timed with 1 thread, with torch's default, and with tinylm's choi
 `quiet` (whatever the machine runs now), `half` (one busy-loop process per two usable CPUs) and `loaded` (one
 busy-loop process per usable CPU, so the load is about the cores), each plus what other jobs add. tinylm's choice
 is made at the start of each scene, as a run makes it at its start. The load average is printed beside each scene.
+`--work generate` times what `tinylm generate` does on that model instead of a training step: 100 new tokens
+sampled with the KV cache (`tinylm.generate.strategies.generate_with`), as `--steps` samples per block.
 
     python benchmarks/bench_cpu_threads.py                    # all scenes, 8 blocks of 5 steps each
     python benchmarks/bench_cpu_threads.py --blocks 4 --steps 3 --scenes loaded
+    python benchmarks/bench_cpu_threads.py --work generate --steps 2
 """
 
 from __future__ import annotations
@@ -32,9 +35,21 @@ def _spin() -> None:
         pass
 
 
-def _step_fn():
+def _model() -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, dropout=0.0, bias=False))
+    return GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, dropout=0.0, bias=False))
+
+
+def _generate_fn():
+    from tinylm.generate.config import SamplingConfig
+    from tinylm.generate.strategies import generate_with
+
+    model, config = _model().eval(), SamplingConfig(max_new_tokens=100, temperature=0.8, top_k=200, seed=1)
+    return lambda: generate_with(model, [[1, 2, 3]], config)
+
+
+def _step_fn():
+    model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 65, (12, 64))
     y = torch.randint(0, 65, (12, 64))
@@ -50,7 +65,7 @@ def _step_fn():
     return step
 
 
-def scene(name: str, blocks: int, steps: int, default: int) -> dict[str, float]:
+def scene(name: str, blocks: int, steps: int, default: int, work: str = "step") -> dict[str, float]:
     spinners = []
     if name in ("loaded", "half"):
         n = usable_cpus() if name == "loaded" else max(1, usable_cpus() // 2)
@@ -62,7 +77,7 @@ def scene(name: str, blocks: int, steps: int, default: int) -> dict[str, float]:
         busy = busy_cpus()
         torch.set_num_threads(default)
         choice, why = choose_cpu_threads(default=default, busy=busy)
-        step = _step_fn()
+        step = _generate_fn() if work == "generate" else _step_fn()
         for _ in range(3):
             step()  # warm-up
         times: dict[int, list[float]] = {}
@@ -95,12 +110,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--scenes", default="quiet,half,loaded")
+    ap.add_argument("--work", choices=("step", "generate"), default="step")
     args = ap.parse_args()
     default = torch.get_num_threads()
     print(f"{platform.machine()} {usable_cpus()} CPUs ({platform.processor() or 'cpu'}), torch {torch.__version__}, "
-          f"torch default {default} threads")
+          f"torch default {default} threads; timing: {args.work}")
     for name in args.scenes.split(","):
-        scene(name, args.blocks, args.steps, default)
+        scene(name, args.blocks, args.steps, default, args.work)
 
 
 if __name__ == "__main__":

@@ -236,7 +236,8 @@ def busy_cpus(sample_s: float = 0.3) -> float:
 
 
 def choose_cpu_threads(requested: int | None = None, *, default: int | None = None,
-                       busy: float | None = None, resumed: int | None = None) -> tuple[int, str]:
+                       busy: float | None = None, resumed: int | None = None,
+                       setter: str = "--run.threads N") -> tuple[int, str]:
     """Torch's CPU thread count for a run, and why, in words for the start line.
 
     ``requested`` (``--run.threads``) wins, then the environment (`THREAD_ENV_VARS`), then ``resumed`` (the count of
@@ -244,7 +245,8 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     processes leave free, rounded, at least 1 and at most torch's own default (``default``: the physical cores, what
     it runs with today). Why: torch's threads meet at a barrier after every operator, so with every CPU taken each
     step waits for its slowest, descheduled thread; a laptop-recipe step at load ~14 on 2 cores took 5.8 s with 2
-    threads and 0.64 s with 1 (benchmarks/bench_cpu_threads.py measures it at load ~= cores).
+    threads and 0.64 s with 1 (benchmarks/bench_cpu_threads.py measures it at load ~= cores). ``setter``: how the
+    user sets the count instead, for the words.
     """
     if not _TORCH_DEFAULT:  # torch's own count, before a run of this process changed it (scaling runs several)
         _TORCH_DEFAULT.append(torch.get_num_threads())
@@ -259,12 +261,26 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
             ignored += f"; {var}={value!r} is no thread count, ignored"
     if resumed:  # another count sums in another order: losses off the uninterrupted run's in the 4th-5th digit
         return resumed, (f"{resumed}, the run's own (from its checkpoint: a resume sums as the run did, exactly); "
-                         f"--run.threads N sets it{ignored}")
+                         f"{setter} sets it{ignored}")
     busy = busy_cpus() if busy is None else busy
     cpus = usable_cpus()
     n = max(1, min(default, round(cpus - busy)))
     why = f"{n} of {default}" + (f": other processes kept {busy:.1f} of {cpus} CPUs busy" if n < default else "")
-    return n, why + "; --run.threads N sets it" + ignored
+    return n, why + f"; {setter} sets it" + ignored
+
+
+def use_free_cpus(device: torch.device) -> None:
+    """Torch's threads for a command that runs a trained model (generate, eval, sample-report) on ``device``: on a
+    CPU, the CPUs other processes leave free (`choose_cpu_threads`; OMP_NUM_THREADS sets it), said in one line. A
+    sample of the laptop recipe's model beside a training run on 2 cores took 42-50 s with torch's 2 threads and 21 s
+    with 1 (its logits, and a 384-wide GPT-2-vocabulary model's, were bitwise the same with 1 and 2 threads)."""
+    if device.type != "cpu":
+        return
+    import logging
+
+    threads, why = choose_cpu_threads(busy=busy_cpus(0.1), setter="OMP_NUM_THREADS=N")
+    torch.set_num_threads(threads)
+    logging.getLogger("tinylm").info("CPU threads: %s", why)
 
 
 def free_memory(device: torch.device) -> int | None:

@@ -1,6 +1,8 @@
 """Torch's CPU threads on a shared machine: chosen from the CPUs other processes leave free, said in the start line,
 set by --run.threads or the environment."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import _one_line_error
@@ -82,3 +84,27 @@ def test_a_resume_takes_the_runs_own_thread_count(run_config, threads, caplog, m
     assert any(r.getMessage().startswith("CPU threads: 2, the run's own (from its checkpoint") for r in caplog.records)
     main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.threads", "1"])
     assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_commands_that_run_a_model_take_the_free_cpus(run_config, threads, caplog, monkeypatch, command):
+    """Catches generate (and eval, sample-report) keeping torch's every thread beside another job: a sample of the
+    laptop recipe's model beside a training run on 2 cores took 42-50 s with 2 threads and 21 s with 1."""
+    from tinylm import device
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    main(["fit", "--config", str(run_config())])
+    torch.set_num_threads(2)
+    device._TORCH_DEFAULT[:] = [2]
+    monkeypatch.setattr(device, "busy_cpus", lambda sample_s=0.3: float(usable_cpus()))  # every CPU taken
+    evals = Path(__file__).parents[1] / "fixtures" / "evals"
+    args = {"generate": ["--max_new_tokens", "2"],
+            "eval": ["--tasks", "hellaswag", "--limit", "1", "--data_dir", str(evals)]}[command]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"):
+        main([command, "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", *args])
+    assert torch.get_num_threads() == 1
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU threads: ")]
+    assert lines == [f"CPU threads: 1 of 2: other processes kept {usable_cpus():.1f} of {usable_cpus()} CPUs busy; "
+                     "OMP_NUM_THREADS=N sets it"], lines

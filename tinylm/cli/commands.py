@@ -299,20 +299,20 @@ def generate(
     import warnings
 
     from tinylm.checkpoint import load_draft, load_model
-    from tinylm.device import resolve_device
+    from tinylm.device import resolve_device, use_free_cpus
     from tinylm.generate.prompts import encode_prompt
 
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
     prompt = _prompt_text(prompt, prompt_file)  # before loading, too
-    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
+    model, tokenizer, _ = load_model(ckpt_path, map_location=(on := resolve_device(device)))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = replace(config, eos_id=tokenizer.eos_id)
-    draft = load_draft(draft_ckpt_path, tokenizer, resolve_device(device)) if draft_ckpt_path else None
+    draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
-    block = model.config.block_size
-    if len(ids) > block:
+    if len(ids) > (block := model.config.block_size):
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
+    use_free_cpus(on)  # (the last check passed: a refusal stays one line)
     return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
 
 
@@ -533,7 +533,7 @@ def sample_report(
             grammar: to this JSON Schema, Lark grammar or its file), and a column of the samples that match whole.
     """
     from tinylm.checkpoint import load_draft, load_model
-    from tinylm.device import resolve_device
+    from tinylm.device import resolve_device, use_free_cpus
     from tinylm.generate.report import check_report_folder, report_strategies, write_report
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
@@ -543,10 +543,11 @@ def sample_report(
     prompts = _report_prompts(prompts, seed, prompts_file)
     check_output_path(out, folder=True)  # before the sampling, not after
     check_report_folder(out)
-    model, tokenizer, _ = load_model(ckpt_path, map_location=resolve_device(device))
-    draft = load_draft(draft_ckpt_path, tokenizer, resolve_device(device)) if draft_ckpt_path else None
+    model, tokenizer, _ = load_model(ckpt_path, map_location=(on := resolve_device(device)))
+    draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     strategies = report_strategies(draft=draft is not None, prompt_lookup=prompt_lookup,
                                    num_draft_tokens=num_draft_tokens, constraint=constraint)
+    use_free_cpus(on)
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                          seed=seed, strategies=strategies, draft=draft, progress=True)
     report = {"checkpoint": str(ckpt_path), **report}

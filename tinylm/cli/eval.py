@@ -35,7 +35,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     import time
 
     from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
-    from tinylm.device import resolve_device
+    from tinylm.device import resolve_device, use_free_cpus
     from tinylm.evals import load
     from tinylm.evals.results import append_row, flat
     from tinylm.evals.score import check_batch_memory
@@ -57,6 +57,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
         if line := t.skip_line():
             log.warning(line)
     check_batch_memory(model, encoded, batch_size)  # before the first batch, not an OOM in the middle
+    use_free_cpus(next(model.parameters()).device)
     results = score(model, encoded, batch_size=batch_size, progress=True)
     path = _run_dir(ckpt_path) / "eval" / "metrics.csv"
     row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
