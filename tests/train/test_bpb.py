@@ -1,6 +1,7 @@
 """val/bpb: the nats of the tokens actually evaluated over the UTF-8 bytes those tokens stand for."""
 
 import math
+import string
 
 import lightning as L
 import pytest
@@ -100,3 +101,36 @@ def test_a_validation_batch_of_nan_makes_the_validation_nan(tmp_path, small_data
                         callbacks=[NaNOnce()])
     result = trainer.validate(module, datamodule=dm, verbose=False)[0]
     assert all(math.isnan(result[key]) for key in ("val/loss", "val/ppl", "val/bpb")), result
+
+
+def test_val_bpb_counts_no_byte_for_the_space_a_sentencepiece_tokenizer_prepends(tmp_path):
+    """Catches val/bpb dividing by one byte per document more than the text holds with a SentencePiece-style
+    tokenizer.json (Metaspace, prepend_scheme "first": Llama, T5, ...): a document's first word "▁Once" was counted
+    as " Once" (5 bytes) where the text has "Once" (4), as it is after another word."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    docs = [f"Once upon a time {w} lived in a house." for w in ("Mia", "Tom", "Sue", "Pip", "Olive")] * 12
+    hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    alphabet = list(string.ascii_letters + string.digits + string.punctuation + "\n")  # (no <unk>: it round-trips)
+    hf.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"],
+                                                     initial_alphabet=alphabet))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(EOT.join(docs), encoding="utf-8")
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=str(tmp_path / "tokenizer.json"), block_size=32,
+                          batch_size=4, val_batches=None, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("validate")
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=32, eos_id=dm.eos_id, n_layer=1, n_head=2, n_embd=32,
+                    decay_steps=10)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer.validate(module, datamodule=dm, verbose=False)
+
+    val = dm.meta["splits"]["val"]
+    assert val["documents"] > 5  # guard: many documents start after an EOS inside the split
+    first = int(next(iter(dm.val_dataloader()))[0][0, 0])  # the split's first token
+    # every target of the split is scored once: its text is the split's, less the first token's (never a target)
+    assert module.val_bytes == val["bytes"] - len(dm.tokenizer.decode([first]).encode("utf-8"))

@@ -317,7 +317,7 @@ class TinyLMCLI(LightningCLI):
             from tinylm.cli.unused import warn_training_flags
 
             warn_training_flags(self._flags)
-        from tinylm.train.module import RANGES
+        from tinylm.train.options import RANGES
 
         # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus
         # first, minutes on a large one, before TinyLM's own check named `--model.lr -1e-3`

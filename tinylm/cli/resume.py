@@ -415,7 +415,8 @@ def _check_saved(saved: dict, known: set[str], ckpt_path: str) -> None:
     """Refuse a checkpoint whose own model hyperparameters are bad (an edited file): TinyLM's check named the value
     as an option of the command (`model.lr must be in (0, inf), got -1.0`), which the user never passed."""
     from tinylm.checkpoint import CheckpointError
-    from tinylm.train.module import TinyLM, check_options
+    from tinylm.train.module import TinyLM
+    from tinylm.train.options import check_options
 
     defaults = {k: p.default for k, p in inspect.signature(TinyLM.__init__).parameters.items() if k != "self"}
     try:

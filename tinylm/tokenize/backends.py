@@ -62,7 +62,7 @@ class HFBackend:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
-    def token_bytes(self, i: int) -> bytes:
+    def token_bytes(self, i: int, *, first: bool = False) -> bytes:
         token = self.tok.id_to_token(i) or ""
         if self._byte_level:  # GPT-2's byte-to-unicode spelling
             from tinylm.tokenize.bpe import _from_unicode
@@ -73,8 +73,9 @@ class HFBackend:
         # Other decoders spell a token by its place: SentencePiece's "▁the" is " the" after a word but "the" at the
         # start of a text, WordPiece's "##ing" joins the word before it while "the" gets a space. Decoded alone, a
         # token lost that space (or kept "##"): bits-per-byte came out 14-20 % off. What it adds after an ordinary
-        # word is what it adds in running text.
-        if self._anchor is not None:
+        # word is what it adds in running text. As a document's first token (``first``) it is spelled alone: there
+        # the decoder strips the "▁" that the normalizer or pre-tokenizer prepended to the document, as in its text.
+        if self._anchor is not None and not first:
             anchor, before = self._anchor
             both = self.tok.decode([anchor, i], skip_special_tokens=False).encode("utf-8")
             if both.startswith(before):

@@ -135,12 +135,15 @@ class Tokenizer:
         token's own string)."""
         return self._b.token_bytes(int(i))
 
-    def token_byte_lengths(self) -> list[int]:
+    def token_byte_lengths(self, *, first: bool = False) -> list[int]:
         """UTF-8 bytes of raw text that each id stands for; 0 for special tokens (an EOS is not text) and for ids
         no token has (tiktoken's cl100k_base and o200k_base leave some unused). Summed over the targets of an
-        evaluation this is the byte count behind val/bpb. For "ab" + "c" + "é" -> [2, 1, 2]."""
+        evaluation this is the byte count behind val/bpb. For "ab" + "c" + "é" -> [2, 1, 2]. ``first``: as the
+        first token of a document, where a SentencePiece-style "▁the" stands for "the" (the space its normalizer
+        prepended is no text); the same as elsewhere for the other tokenizers."""
         specials = set(self.special_tokens.values())
-        return [0 if i in specials else len(self._b.token_bytes(i)) for i in range(self.vocab_size)]
+        spell = (lambda i: self._b.token_bytes(i, first=True)) if first and self.kind == "hf" else self._b.token_bytes
+        return [0 if i in specials else len(spell(i)) for i in range(self.vocab_size)]
 
     @property
     def kind(self) -> str:

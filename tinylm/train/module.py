@@ -22,23 +22,14 @@ from tinylm.checkpoint import CHECKPOINT_FORMAT, tinylm_section
 from tinylm.data.loader import IGNORE
 from tinylm.device import check_compile_torch, wide_dtype
 from tinylm.model import GPT, GPTConfig
-from tinylm.model.config import CONFIG_RANGES, config_fields
+from tinylm.model.config import config_fields
 from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
 from tinylm.train.init_from import load_pretrained
-from tinylm.train.optim import OPTIMIZERS, build_optimizer, fused_adamw
-from tinylm.train.options import call_options, config_options, save_hyperparameters
+from tinylm.train.optim import build_optimizer, fused_adamw
+from tinylm.train.options import RANGES, WHOLE, call_options, check_choices, config_options, save_hyperparameters
 from tinylm.train.parallel import broadcast_weights, clip_by_global_norm, is_sharded, shard_gpt
-from tinylm.train.schedules import SCHEDULES, lr_at
-
-RANGES = {
-    **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
-    "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
-    "beta1": "[0, 1)", "beta2": "[0, 1)", "muon_lr": "(0, inf)", "muon_momentum": "[0, 1)",
-    "muon_weight_decay": "[0, inf)",
-}
-"""Valid values of TinyLM's numeric options (interval notation, see tinylm.ranges)."""
-WHOLE = ("prefix_len", "warmup_steps", "decay_steps")  # (GPTConfig checks its own counts)
+from tinylm.train.schedules import lr_at
 
 
 def logging_step(trainer: L.Trainer | None) -> bool:
@@ -89,32 +80,6 @@ def token_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, prefix_len: int | N
     under bf16 autocast), over the targets that are not IGNORE."""
     logits = model(x, prefix_len=prefix_len)  # (B, T, V)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
-
-
-def _check_choices(options: dict[str, Any]) -> None:
-    """The options whose values are names (and the one that needs another), before anything is built."""
-    if options["vocab_size"] < 1:
-        raise ValueError(
-            f"vocab_size must be >= 1, got {options['vocab_size']}; it is linked from the data module's tokenizer "
-            "(use `tinylm fit`, or pass TinyLM(vocab_size=datamodule.vocab_size, ...))"
-        )
-    if options["lr_schedule"] not in SCHEDULES:
-        raise ValueError(f"unknown lr_schedule {options['lr_schedule']!r}; choose one of {', '.join(SCHEDULES)}")
-    if options["optimizer"] not in OPTIMIZERS:
-        raise ValueError(f"unknown model.optimizer {options['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
-    prefix_len, attn_mask = options["prefix_len"], options["attn_mask"]
-    if prefix_len and attn_mask != "prefix":
-        raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
-                         f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
-
-
-def check_options(options: dict[str, Any]) -> None:
-    """Raise ValueError naming the first bad option of ``options`` (every TinyLM option by name): a name that is no
-    choice, a value out of range, a GPT its fields cannot build. For options that come from elsewhere than the
-    command line (a checkpoint's), before TinyLM blames them on a flag."""
-    _check_choices(options)
-    check_ranges("model", options, RANGES, whole=WHOLE)
-    GPTConfig(**{f.name: options[f.name] for f in fields(GPTConfig)})
 
 
 def _build_gpt(gpt_config: GPTConfig, state: dict | None, activation_checkpointing: bool) -> GPT:
@@ -215,7 +180,7 @@ class TinyLM(L.LightningModule):
         super().__init__()
         options = call_options(TinyLM.__init__, inspect.currentframe())  # its own and GPTConfig's, by name
         vocab_size, block_size = options["vocab_size"], options["block_size"]
-        _check_choices(options)
+        check_choices(options)
         # the frame passed in: Lightning's own lookup keeps a reference cycle through it, which held the caller's
         # locals (data loaders and their worker processes among them) until a garbage collection
         save_hyperparameters(self, options, inspect.currentframe())
@@ -236,6 +201,7 @@ class TinyLM(L.LightningModule):
                                 activation_checkpointing)
         self.val_loss, self.val_text_nats, self.val_text_bytes = _validation_metrics()
         self.token_bytes: torch.Tensor | None = None  # (V,) UTF-8 bytes per id, 0 for specials; from the tokenizer
+        self.token_bytes_first: torch.Tensor | None = None  # (V,) the same after an EOS, where they differ (▁the)
         self.val_bytes: int | None = None  # the UTF-8 bytes of text the last validation scored
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
@@ -332,8 +298,13 @@ class TinyLM(L.LightningModule):
         part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
         part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
         if self.token_bytes is not None:
-            nbytes = self.token_bytes.to(y.device, wide_dtype(y.device))[y.reshape(-1).clamp(min=0)] * counted
-            self.val_text_nats.update((nats * (nbytes > 0)).sum())
+            ids, table = y.reshape(-1).clamp(min=0), self.token_bytes.to(y.device, wide_dtype(y.device))
+            nbytes = table[ids] * counted
+            self.val_text_nats.update((nats * (nbytes > 0)).sum())  # (a text token's nats count: not an EOS's)
+            if self.token_bytes_first is not None and self.hparams.get("eos_id") is not None:
+                # a document's first token: SentencePiece's "▁Once" stands for "Once" there, " Once" elsewhere
+                first = self.token_bytes_first.to(y.device, table.dtype)[ids] * counted
+                nbytes = torch.where(x.reshape(-1) == self.hparams.eos_id, first, nbytes)
             self.val_text_bytes.update(nbytes.sum())
 
     def on_validation_epoch_end(self) -> None:
@@ -520,6 +491,8 @@ class TinyLM(L.LightningModule):
             self.tokenizer_state = tok.state_dict()
         if tok is not None and self.token_bytes is None:
             self.token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.float64)
+            first = torch.tensor(tok.token_byte_lengths(first=True), dtype=torch.float64)
+            self.token_bytes_first = None if torch.equal(first, self.token_bytes) else first
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         from tinylm.train.loggers import wandb_loggers, wandb_project_of

@@ -1,5 +1,5 @@
 """TinyLM's options: GPTConfig's fields (the model's, declared and documented once, in tinylm/model/config.py) and
-TinyLM's own (loss, optimizer, schedule, ...), as one signature.
+TinyLM's own (loss, optimizer, schedule, ...), as one signature, and the checks of their values (`RANGES`, `check_options`).
 
 LightningCLI (jsonargparse) makes ``--model.*`` of the parameters that `inspect.signature` finds on
 ``TinyLM.__init__``, which is the function's ``__signature__`` when it has one, with the help text of each from the
@@ -20,6 +20,10 @@ from types import FrameType
 from typing import Any
 
 from tinylm.model import GPTConfig
+from tinylm.model.config import CONFIG_RANGES
+from tinylm.ranges import check_ranges
+from tinylm.train.optim import OPTIMIZERS
+from tinylm.train.schedules import SCHEDULES
 
 FOLLOWS = {"prefix_len": "attn_mask"}
 """TinyLM's own options that the signature (and so `--help`) lists right after the GPTConfig field they qualify;
@@ -99,3 +103,39 @@ def save_hyperparameters(module: Any, hparams: dict[str, Any], frame: FrameType)
     finally:
         if token is not None:
             _given_hyperparameters.reset(token)
+
+
+RANGES = {
+    **CONFIG_RANGES, "prefix_len": "[0, block_size)", "lr": "(0, inf)", "min_lr": "[0, lr]",
+    "warmup_steps": "[0, inf)", "decay_steps": "[1, inf)", "decay_fraction": "[0, 1]", "weight_decay": "[0, inf)",
+    "beta1": "[0, 1)", "beta2": "[0, 1)", "muon_lr": "(0, inf)", "muon_momentum": "[0, 1)",
+    "muon_weight_decay": "[0, inf)",
+}
+"""Valid values of TinyLM's numeric options (interval notation, see tinylm.ranges)."""
+WHOLE = ("prefix_len", "warmup_steps", "decay_steps")  # (GPTConfig checks its own counts)
+
+
+def check_choices(options: dict[str, Any]) -> None:
+    """The options whose values are names (and the one that needs another), before anything is built."""
+    if options["vocab_size"] < 1:
+        raise ValueError(
+            f"vocab_size must be >= 1, got {options['vocab_size']}; it is linked from the data module's tokenizer "
+            "(use `tinylm fit`, or pass TinyLM(vocab_size=datamodule.vocab_size, ...))"
+        )
+    if options["lr_schedule"] not in SCHEDULES:
+        raise ValueError(f"unknown lr_schedule {options['lr_schedule']!r}; choose one of {', '.join(SCHEDULES)}")
+    if options["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"unknown model.optimizer {options['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
+    prefix_len, attn_mask = options["prefix_len"], options["attn_mask"]
+    if prefix_len and attn_mask != "prefix":
+        raise ValueError(f"model.prefix_len={prefix_len} is used only with model.attn_mask: prefix (this run: "
+                         f"{attn_mask!r}); pass --model.attn_mask prefix, or leave prefix_len at 0")
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Raise ValueError naming the first bad option of ``options`` (every TinyLM option by name): a name that is no
+    choice, a value out of range, a GPT its fields cannot build. For options that come from elsewhere than the
+    command line (a checkpoint's), before TinyLM blames them on a flag."""
+    check_choices(options)
+    check_ranges("model", options, RANGES, whole=WHOLE)
+    GPTConfig(**{f.name: options[f.name] for f in fields(GPTConfig)})
