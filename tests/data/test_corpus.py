@@ -727,10 +727,11 @@ def test_a_fingerprint_memo_nested_too_deep_is_taken_for_damaged(tmp_path, monke
     assert open_corpus(str(tmp_path / "a.txt"), cache_dir=cache).fingerprint == want  # from the memo written anew
 
 
-def test_local_dataset_files_are_hashed_once_while_they_keep_their_stamps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("streaming", [False, True])
+def test_local_dataset_files_are_hashed_once_while_they_keep_their_stamps(tmp_path, monkeypatch, streaming):
     """Prevents every command (and rank) from reading a local dataset's files whole again for their hashes (a folder
     of parquet shards: minutes at each start): remembered in the cache folder by the files' stamps, the same
-    fingerprint as hashing, hashed again after an edit."""
+    fingerprint as hashing, hashed again after an edit; streamed (--data.streaming) too."""
     import tinylm.data.hf_corpus as hf_mod
     import tinylm.data.source as source_mod
 
@@ -741,9 +742,13 @@ def test_local_dataset_files_are_hashed_once_while_they_keep_their_stamps(tmp_pa
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"text": "hello world"}) + "\n")
     cache = tmp_path / "cache"
-    first = open_corpus(str(path), cache_dir=cache).fingerprint
-    assert open_corpus(str(path), cache_dir=cache).fingerprint == first and len(hashed) == 1  # remembered
-    assert open_corpus(str(path), cache_dir=tmp_path / "other").fingerprint == first and len(hashed) == 2
+    def corpus(cache_dir):
+        return open_corpus(str(path), cache_dir=cache_dir, streaming=streaming, max_documents=1 if streaming else None)
+
+    first = corpus(cache).fingerprint
+    assert corpus(cache).fingerprint == first and len(hashed) == 1  # remembered
+    assert corpus(tmp_path / "other").fingerprint == first and len(hashed) == 2
     path.write_text(json.dumps({"text": "hello there"}) + "\n")  # same size, other text
-    edited = open_corpus(str(path), cache_dir=cache)
-    assert edited.fingerprint != first and list(edited) == ["hello there"] and len(hashed) == 3
+    edited = corpus(cache)
+    assert edited.fingerprint != first and len(hashed) == 3
+    assert streaming or list(edited) == ["hello there"]  # (a stream of one document holds it out for validation)

@@ -231,8 +231,9 @@ class HFStream(Corpus):
 
     def __init__(self, spec: str, path: str, *, split: str, val_split: str, text_column: str, data_files: Any,
                  config: str | None, revision: str | None, max_documents: int | None,
-                 val_fraction: float) -> None:
+                 val_fraction: float, cache_dir: str | Path | None = None) -> None:
         self.spec, self.path, self.split, self.val_split = spec, path, split, val_split
+        self.cache_dir = cache_dir  # (its fingerprints.json: local files hashed once while they keep their stamps)
         self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
         self.max_documents = max_documents
         self.val_documents = None if max_documents is None else max(1, int(val_fraction * max_documents))
@@ -318,7 +319,8 @@ class HFStream(Corpus):
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
                "val_documents": self.val_documents, "val_source": self.val_source,
-               "files": _hash_files(sources)}
+               "files": memoized(Path(self.cache_dir) / FINGERPRINTS if self.cache_dir is not None else None,
+                                 ["data_files", sources], self._stamps, lambda: _hash_files(sources))}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -1,5 +1,6 @@
 """TinyLM's options: GPTConfig's fields (the model's, declared and documented once, in tinylm/model/config.py) and
-TinyLM's own (loss, optimizer, schedule, ...), as one signature, and the checks of their values (`RANGES`, `check_options`).
+TinyLM's own (loss, optimizer, schedule, ...), as one signature; and the checks of their values (`RANGES`,
+`check_options`).
 
 LightningCLI (jsonargparse) makes ``--model.*`` of the parameters that `inspect.signature` finds on
 ``TinyLM.__init__``, which is the function's ``__signature__`` when it has one, with the help text of each from the
