@@ -406,10 +406,10 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
     import os
     import time
 
-    from tinylm.cli import run_folder
+    from tinylm.cli import run_lock
 
     run = tmp_path / "runs" / "r"
-    run_folder.lock_run_folder(run)
+    run_lock.lock_run_folder(run)
     forked_, go = os.pipe()
     child = os.fork()
     if child == 0:  # the worker: lives on for a while (once os.fork returns here, the fork's hooks have run)
@@ -418,7 +418,7 @@ def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
         os._exit(0)
     try:
         assert os.read(forked_, 1) == b"1"
-        run_folder._LOCKS.pop(str(run.resolve())).close()  # the parent's file closed as at its death: no unlock
+        run_lock._LOCKS.pop(str(run.resolve())).close()  # the parent's file closed as at its death: no unlock
         assert _can_lock(run / ".lock"), "the forked child still holds the run folder's lock"
     finally:
         os.kill(child, 9)
@@ -438,7 +438,7 @@ def test_a_released_run_folder_is_free_while_a_child_still_holds_a_copy_of_its_l
     file (the test above, which released so, lost that race with its child once under a full run)."""
     import os
 
-    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
+    from tinylm.cli.run_lock import lock_run_folder, release_run_folder
 
     run = tmp_path / "runs" / "r"
     copy = os.dup(lock_run_folder(run).fileno())  # what the child holds until its hook closes it
@@ -1040,7 +1040,7 @@ def test_a_run_that_fails_after_logging_a_row_keeps_its_folder(config, tmp_path)
 def test_two_fits_in_one_folder_cannot_run_at_once(config, tmp_path, capsys):
     """Catches two concurrent `tinylm fit` in one run folder both exiting 0 with interleaved metrics and each other's
     checkpoints (the second must be refused while the first holds the folder)."""
-    from tinylm.cli.run_folder import lock_run_folder, release_run_folders
+    from tinylm.cli.run_lock import lock_run_folder, release_run_folders
 
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
     hold = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1'); "

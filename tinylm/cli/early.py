@@ -78,7 +78,8 @@ def check_run_folder_free(command: str, args: list[str]) -> None:
             a.startswith("--print_config") for a in args):
         return
     from tinylm.cli.argv import settings
-    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_not_in_use, run_dir_of, with_run_config
+    from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, run_dir_of, with_run_config
+    from tinylm.cli.run_lock import check_not_in_use
 
     found = settings(with_run_config([command, *args], quiet=True)[1:],
                      {"run.name": RunOptions.name, "trainer.default_root_dir": RUNS_ROOT})

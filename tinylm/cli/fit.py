@@ -33,14 +33,8 @@ from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, requeued, resolve_ckpt_path
 from tinylm.cli.resume_changes import keep_run_seed
 from tinylm.cli.run_config import RunConfig
-from tinylm.cli.run_folder import (
-    RUNS_ROOT,
-    RunOptions,
-    check_run_folder,
-    release_run_folders,
-    run_dir_of,
-    with_run_config,
-)
+from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_run_folder, run_dir_of, with_run_config
+from tinylm.cli.run_lock import release_run_folders
 from tinylm.cli.trainer_checks import (
     check_checkpoint_names,
     check_exception_checkpoints,
@@ -370,6 +364,7 @@ class TinyLMCLI(LightningCLI):
             warn_gpu_recipe_on_cpu(trainer_cfg, self.model.hparams, self.datamodule)
             warn_fp16_weights(trainer_cfg)
             self.model.wandb_id, self.model.wandb_project = self.wandb_id, self.wandb_project
+            self.model.read_step = getattr(self, "ckpt_step", None)  # the step its settings were checked at
         extra = [self.config_init[sub][c] for c in self._parser(sub).callback_keys]
         return self._instantiate_trainer({**trainer_cfg, **kwargs}, extra)
 

@@ -30,7 +30,8 @@ from typing import Any
 
 from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
-from tinylm.cli.run_folder import holds_run, running_holder, slurm_job_of
+from tinylm.cli.run_folder import holds_run, slurm_job_of
+from tinylm.cli.run_lock import running_holder
 from tinylm.errors import TinyLMError
 
 log = logging.getLogger("tinylm")

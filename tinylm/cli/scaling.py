@@ -237,7 +237,7 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
 def _set_aside(run_dir: Path, why: str) -> None:
     """Move a rung's folder that cannot be resumed to ``<name>.unfinished-<time>`` (its logs kept), so that the rung
     trains again from scratch."""
-    from tinylm.cli.run_folder import lock_run_folder, release_run_folder
+    from tinylm.cli.run_lock import lock_run_folder, release_run_folder
 
     aside = run_dir.with_name(f"{run_dir.name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
     lock_run_folder(run_dir)  # not a run another process is training

@@ -211,8 +211,7 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         else:
             raise ValueError(f"--data.streaming reads hf:NAME or a local .jsonl/.json/.parquet/.csv dataset file, "
                              f"not {spec!r} (text files are read as a stream already); drop --data.streaming")
-        return HFStream(spec, path, **hf, max_documents=max_documents, val_fraction=val_fraction,
-                        cache_dir=cache_dir)
+        return HFStream(spec, path, **hf, max_documents=max_documents, val_fraction=val_fraction, cache_dir=cache_dir)
     if spec in NAMED:
         return TextFiles(spec, [download_named(spec, cache_dir)], memo=Path(cache_dir) / FINGERPRINTS)
     if spec.startswith("hf:"):

@@ -206,13 +206,13 @@ class TinyLM(L.LightningModule):
         self.tokenizer_state: dict | None = None  # filled from the data module or the checkpoint
         self.wandb_id: str | None = None  # the run folder's W&B run, kept across resumes that log without W&B
         self.wandb_project: str | None = None  # the project of the run's W&B run, kept as wandb_id is
+        self.read_step: int | None = None  # fit: the step of the checkpoint the command read before Lightning loads it
         self.last_grad_norm: torch.Tensor | None = None
         self._step_losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses so far
         self.step_loss: torch.Tensor | None = None  # the last optimizer step's loss (read by the health monitor)
         # the stability guard's judge (tinylm.train.guard), called with the gradient norm before the update, and its
         # decision: whether the last optimizer step was skipped (a bool tensor; None without the guard)
-        self.step_guard: Any = None
-        self.step_skipped: torch.Tensor | None = None
+        self.step_guard, self.step_skipped = None, None
         self._val_parts: dict[int, list] = {}  # dataloader index -> [nats, targets] of this validation
 
     # ---- model --------------------------------------------------------------------------------------------------
@@ -545,6 +545,16 @@ class TinyLM(L.LightningModule):
         # the step of the file whose weights these are (a live run's last.ckpt may have been replaced since the
         # command read it for its settings: validate reports this one)
         self.loaded_step = int(checkpoint.get("global_step", 0))
+        read = getattr(self, "read_step", None)  # fit: the step of the file the command read for its settings
+        if fitting and read is not None and read != self.loaded_step:  # (a branch from a live run's last.ckpt)
+            from tinylm.errors import TinyLMError
+
+            raise TinyLMError(
+                f"{getattr(self._trainer, 'ckpt_path', None) or 'the checkpoint'} was replaced while this command "
+                f"read it (a running `tinylm fit` saving it?): its settings were checked at step {read}, the file "
+                f"loaded is step {self.loaded_step}; pass one no run is replacing (a step-N.ckpt of that run, or a "
+                "copy of last.ckpt)")
+        self.read_step = None  # (checked once: a rollback of the stability guard loads an earlier step on purpose)
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
 
     def _check_tokenizer(self, saved: dict | None) -> None:
