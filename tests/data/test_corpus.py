@@ -752,3 +752,30 @@ def test_local_dataset_files_are_hashed_once_while_they_keep_their_stamps(tmp_pa
     edited = corpus(cache)
     assert edited.fingerprint != first and len(hashed) == 3
     assert streaming or list(edited) == ["hello there"]  # (a stream of one document holds it out for validation)
+
+
+def test_a_memo_temp_file_left_by_a_killed_process_is_removed(tmp_path, monkeypatch):
+    """Catches `CACHE/fingerprints.json.tmp-<host>-<pid>` (and a dataset's `ids_checked.json.tmp-...`) left in the
+    cache for good by a process killed between writing it and renaming it into place: nothing removed it, and a
+    cache shared by many killed jobs gathered one per kill. A process that is gone is a dead pid here; the live
+    writer's own temp file is left alone."""
+    import socket
+
+    import tinylm.data.corpus as corpus_mod
+    import tinylm.data.source as source_mod
+
+    monkeypatch.setattr(source_mod, "RACY_NS", 0)
+    (tmp_path / "a.txt").write_text("one document\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process holds now
+    stale = cache / f"{corpus_mod.FINGERPRINTS}.tmp-{socket.gethostname()}-{dead.pid}"
+    stale.write_text('{"half": ')  # what `kill -9` between the write and the rename leaves
+    other_host = cache / f"{corpus_mod.FINGERPRINTS}.tmp-another-host-{dead.pid}"
+    other_host.write_text("{}")  # (another machine sharing the cache: its process cannot be asked)
+    memo = cache / corpus_mod.FINGERPRINTS
+    source_mod.remember(memo, "key", "value", stamps=[(0, 0)])  # (what open_corpus does after hashing a corpus)
+    assert source_mod.recalled(memo, "key") == "value"
+    assert not stale.exists()
+    assert other_host.exists()

@@ -655,3 +655,29 @@ def test_a_callers_process_gets_its_wandb_mode_and_warning_format_back(no_wandb_
         main(["fit", "--config", str(config), "--run.name", "w2"])
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B logs offline to runs/w2")]
     assert len(said) == 1 and "cannot be reached" in said[0], said  # (not "WANDB_MODE=dryrun")
+
+
+@pytest.mark.parametrize("rewrite", ["new column", "resume cut"])
+def test_a_ctrl_c_as_metrics_csv_is_rewritten_keeps_it_and_leaves_no_temp_file(tmp_path, monkeypatch, rewrite):
+    """Catches `csv/metrics.csv.tmp` left in the run folder by a Ctrl+C (or a full disk) as metrics.csv is rewritten
+    through it (a first val/loss widens the header; a resume cuts the rows after its step): found by a second Ctrl+C
+    at that rename in a `tinylm fit`, it stayed there for good when the run had no checkpoint to resume."""
+    import os
+
+    from tinylm.train.loggers import _AppendingWriter, _truncate_after
+
+    path = tmp_path / "metrics.csv"
+    before = "step,train/loss\n0,1.0\n1,0.9\n"
+    path.write_text(before)
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if rewrite == "new column":
+            _AppendingWriter(str(tmp_path))._rewrite_with_new_header(["step", "train/loss", "val/loss"])
+        else:
+            _truncate_after(path, 1)
+    assert path.read_text() == before
+    assert not (tmp_path / "metrics.csv.tmp").exists()

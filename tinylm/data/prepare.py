@@ -36,7 +36,7 @@ from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import LONG_READ, Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
 from tinylm.data.pack import write_splits
-from tinylm.data.source import memoized, stamp
+from tinylm.data.source import memoized, process_alive, stamp
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, progress, rate, read_whole
 from tinylm.errors import TinyLMError
 from tinylm.progress import heartbeat
@@ -82,28 +82,13 @@ def _check_not_empty(corpus: Corpus) -> None:
 _TMP = re.compile(r"\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # "<dir>.tmp-<host>-<pid>", or "<dir>.tmp-<pid>" (older)
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs: a zombie (killed, not yet reaped by its parent) does not, though
-    a signal to it still succeeds (its temp folder was left behind by the build that took over)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: alive, another user's
-        pass
-    try:  # Linux: the state after the command's closing parenthesis in /proc/PID/stat
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):  # no /proc (macOS): alive as far as can be told
-        return True
-
-
 def _remove_stale_temps(parent: Path) -> None:
     """Remove temp folders left in `parent` by builds on this host whose process is gone (a killed `prepare`);
     those of live processes, or of other hosts sharing the folder, are left alone."""
     host = socket.gethostname()
     for entry in parent.iterdir():
         m = _TMP.search(entry.name)
-        if m and entry.is_dir() and m["host"] in (None, host) and not _process_alive(int(m["pid"])):
+        if m and entry.is_dir() and m["host"] in (None, host) and not process_alive(int(m["pid"])):
             log.warning("removing %s: a temp folder of an interrupted build", entry)
             shutil.rmtree(entry, ignore_errors=True)
 

@@ -97,7 +97,7 @@ def gone(path: Path) -> CorpusChanged:
 
 
 __all__ = ["FINGERPRINTS", "Corpus", "CorpusChanged", "check_unchanged", "gone", "held_for_writing", "memoized",
-           "recalled", "remember", "stamp"]
+           "process_alive", "recalled", "remember", "stamp"]
 
 
 def memoized(memo: Path | None, what: Any, stamps: dict[Path, tuple], compute: Callable[[], Any]) -> Any:
@@ -151,6 +151,32 @@ def held_for_writing(path: Path) -> bool:
     return False
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs: a zombie (killed, not yet reaped by its parent) does not, though
+    a signal to it still succeeds (its temp folder was left behind by the build that took over)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's
+        pass
+    try:  # Linux: the state after the command's closing parenthesis in /proc/PID/stat
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): alive as far as can be told
+        return True
+
+
+def _remove_stale_memo_temps(memo: Path) -> None:
+    """Remove ``<memo>.tmp-<host>-<pid>`` files that a process of this host killed between writing and renaming
+    left behind (a `kill -9` there left one for good in the cache: nothing else removes a file of that name)."""
+    prefix = f"{memo.name}.tmp-{socket.gethostname()}-"
+    for stale in memo.parent.glob(f"{memo.name}.tmp-*"):
+        pid = stale.name[len(prefix):] if stale.name.startswith(prefix) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
 def remember(memo: Path, key: str, value: Any, stamps: list[tuple], paths: list[Path] = ()) -> None:
     """Store ``value`` under ``key`` (which names the files by their ``stamps``) in ``memo``, unless a file changed
     in the last RACY_NS (a change within its timestamps' granularity would keep its stamp: "racy git") or the folder
@@ -172,6 +198,7 @@ def remember(memo: Path, key: str, value: Any, stamps: list[tuple], paths: list[
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
         os.replace(tmp, memo)
+        _remove_stale_memo_temps(memo)
     except OSError:
         with contextlib.suppress(OSError):  # (on a read-only mount unlink says EROFS, not that there is no tmp)
             tmp.unlink(missing_ok=True)

@@ -47,12 +47,7 @@ class _AppendingWriter(ExperimentWriter):
         alone and lost every row logged so far."""
         with open(self.metrics_file_path, newline="") as f:
             rows = list(csv.DictReader(f))
-        tmp = f"{self.metrics_file_path}.tmp"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fieldnames)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.metrics_file_path)
+        _rewrite_csv(Path(self.metrics_file_path), fieldnames, rows)
 
 
 class KeptCSVLogger(CSVLogger):
@@ -164,12 +159,22 @@ def _truncate_after(path: Path, resume_step: int) -> None:
                          "another program saved it; fix that row, or move the file aside (this run starts a new "
                          "one), and run again")
     keep = [r for r in whole if r.get("step", "") == "" or int(r["step"]) < resume_step]
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(keep)
-    os.replace(tmp, path)
+    _rewrite_csv(path, fields, keep)
+
+
+def _rewrite_csv(path: Path, fieldnames: list[str], rows: list[dict]) -> None:
+    """Replace the CSV file ``path`` by ``rows`` under ``fieldnames``, atomically (`replace_file`: a Ctrl+C or a full
+    disk as it writes or renames leaves the old file whole and no ``.tmp`` behind, where one stayed in the run
+    folder for good)."""
+    from tinylm.paths import replace_file
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fieldnames)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    replace_file(path, write)
 
 
 WANDB_MODES = ("", "online", "offline", "disabled", "dryrun", "run", "shared")
