@@ -341,6 +341,16 @@ def test_lr_find_reads_the_data_of_the_run_the_config_names(run_config, tmp_path
     assert "gone.txt' not found" in capsys.readouterr().err
 
 
+def test_lr_find_next_fit_names_one_run(run_config, capsys):
+    """Catches the next: fit of a sweep given `--run.name NAME` of a run that exists saying both names
+    (`--run.name NAME --run.name NAME-lr2e-01`): the new name replaces the sweep's."""
+    cfg = run_config()
+    main(["fit", "--config", str(cfg), "--run.name", "mine"])
+    main(["lr-find", "--config", str(cfg), "--num_training", "4", "--run.name", "mine"])
+    command = shlex.split(re.split(r"next[^\n]*:\n", capsys.readouterr().out)[-1])
+    assert command.count("--run.name") == 1 and command[command.index("--run.name") + 1].startswith("mine-lr"), command
+
+
 def test_lr_find_and_scaling_need_no_max_steps(run_config, capsys):
     """Catches lr-find (and scaling) refusing a config without trainer.max_steps ("pass --trainer.max_steps N"),
     a count they then ignore: the sweep trains --num_training steps, the ladder its own per model."""

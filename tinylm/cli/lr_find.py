@@ -93,12 +93,14 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     """The fit that trains what was swept at the suggested ``lr``: the sweep's own arguments, the data it read from
     the run its config names (`run_data`: a new run folder has no record to take them from), and a new run name
     where that folder already holds a run (a fresh fit there is refused)."""
-    from tinylm.cli.argv import spelled
+    from tinylm.cli.argv import spans, spelled
     from tinylm.cli.run_folder import holds_run
 
     data = [arg for key, value in cli.run_data.items()
             for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
     name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
+    if name:  # the sweep's own --run.name L gives way (it read `--run.name L --run.name L-lr2e-01`)
+        fit_args = [a for key, _, span in spans(fit_args) for a in span if key != "run.name"]
     hp = cli.model.hparams
     # the sweep moved Muon's LR at muon_lr / lr times lr (tinylm.studies.lr_find): keep that ratio at the suggestion,
     # or --model.lr 6e-2 alone would leave muon_lr at 0.02, a third of lr where the sweep had it at 20x
