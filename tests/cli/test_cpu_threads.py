@@ -86,7 +86,7 @@ def test_a_resume_takes_the_runs_own_thread_count(run_config, threads, caplog, m
     assert torch.get_num_threads() == 1
 
 
-@pytest.mark.parametrize("command", ["generate", "eval"])
+@pytest.mark.parametrize("command", ["generate", "eval", "sample-report"])
 def test_commands_that_run_a_model_take_the_free_cpus(run_config, threads, caplog, monkeypatch, command):
     """Catches generate (and eval, sample-report) keeping torch's every thread beside another job: a sample of the
     laptop recipe's model beside a training run on 2 cores took 42-50 s with 2 threads and 21 s with 1."""
@@ -100,7 +100,8 @@ def test_commands_that_run_a_model_take_the_free_cpus(run_config, threads, caplo
     monkeypatch.setattr(device, "busy_cpus", lambda sample_s=0.3: float(usable_cpus()))  # every CPU taken
     evals = Path(__file__).parents[1] / "fixtures" / "evals"
     args = {"generate": ["--max_new_tokens", "2"],
-            "eval": ["--tasks", "hellaswag", "--limit", "1", "--data_dir", str(evals)]}[command]
+            "eval": ["--tasks", "hellaswag", "--limit", "1", "--data_dir", str(evals)],
+            "sample-report": ["--out", "report", "--num_samples", "1", "--max_new_tokens", "2"]}[command]
     caplog.clear()
     with caplog.at_level("INFO", logger="tinylm"):
         main([command, "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", *args])

@@ -124,3 +124,30 @@ def test_a_fit_that_opened_the_lock_as_its_holder_removed_it_does_not_share_the_
     finally:
         (flags / "stop").touch()
         proc.wait(timeout=30)
+
+
+def test_a_resume_is_not_refused_by_a_fit_that_holds_the_lock_only_to_be_refused(tmp_path):
+    """A fresh `fit` over an existing run takes the folder's lock, is refused, and lets go (~70 ms). A resume whose
+    early check (before the imports) fell in that moment was refused as "in use by another tinylm process (pid N)",
+    N the refused fit's, gone a moment later: its own lock would have waited for it (lock_run_folder's tries)."""
+    import subprocess
+    import sys
+    import time
+
+    from tinylm.cli.run_lock import check_not_in_use
+
+    run_dir, holding = tmp_path / "runs" / "x", tmp_path / "holding"
+    run_dir.mkdir(parents=True)
+    refused = ("import pathlib, sys, time\n"
+               "from tinylm.cli.run_lock import lock_run_folder, release_run_folders\n"
+               "lock_run_folder(pathlib.Path(sys.argv[1])); pathlib.Path(sys.argv[2]).touch()\n"
+               "time.sleep(0.1); release_run_folders(failed=True)\n")  # (what a refused fit holds it for)
+    proc = subprocess.Popen([sys.executable, "-c", refused, str(run_dir), str(holding)])
+    try:
+        deadline = time.monotonic() + 30
+        while not holding.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the refused fit never took the lock"
+            time.sleep(0.005)
+        check_not_in_use(run_dir)  # the resume's early check: waits for it, as its lock would
+    finally:
+        proc.wait(timeout=30)

@@ -312,7 +312,7 @@ def generate(
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     if len(ids) > (block := model.config.block_size):
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
-    use_free_cpus(on)  # (the last check passed: a refusal stays one line)
+    use_free_cpus(on)  # (after the checks of the prompt; the decoding options are checked as decoding starts)
     return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
 
 
