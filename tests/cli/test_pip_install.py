@@ -82,3 +82,16 @@ def test_scaling_without_matplotlib_is_refused_before_training(run_config, tmp_p
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("tinylm scaling: error:")]
     assert len(err) == 1 and "tinylm[plots]" in err[0], err
     assert not (tmp_path / "runs").exists()  # no rung trained
+
+
+@pytest.mark.parametrize("given", ["shakespeare-char-cpu", "shakespeare-char-cpu.yaml"])
+def test_a_recipe_named_without_its_folder_in_a_clone_names_the_clones_copy(given, tmp_path, monkeypatch, capsys):
+    """Catches `tinylm fit --config shakespeare-char-cpu` in a clone answering with the package's path
+    (tinylm/configs/..., a link into configs/) instead of the configs/NAME.yaml the README's commands use."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "shakespeare-char-cpu.yaml").write_text("seed_everything: 1\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", given])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("did you mean --config configs/shakespeare-char-cpu.yaml?"), err

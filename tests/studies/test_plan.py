@@ -703,3 +703,19 @@ def test_the_plot_stacks_the_cublas_workspaces_its_peak_counts(gpu):
     draw_plan(fig, p)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert any(label.startswith("peak (gradients and activations") for label in labels), labels
+
+
+def test_studies_doc_quotes_plans_strategies_row_for_the_1_5b_recipe(monkeypatch, capsys):
+    """docs/studies.md quotes `tinylm plan --config configs/gpt2-1.5b.yaml --gpu "RTX 4090 24GB" --trainer.devices 2`;
+    the quoted strategies row must be what plan prints (it went stale when cuBLAS workspaces joined the peak)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    _offline(monkeypatch)
+    main(["plan", "--config", str(repo / "configs" / "gpt2-1.5b.yaml"), "--gpu", "RTX 4090 24GB",
+          "--trainer.devices", "2"])
+    printed = " ".join(capsys.readouterr().out.split())
+    doc = " ".join((repo / "docs" / "studies.md").read_text().split())
+    quoted = re.search(r'--trainer\.devices 2` → `\.\.\. (DDP [^`]*)`', doc).group(1)
+    assert quoted in printed

@@ -68,6 +68,9 @@ def check_config_files(args: list[str]) -> None:
             what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else \
                 missing_path(path)
             if not path.exists() and (recipe := _installed_recipe(p)) is not None:
+                if (Path("configs") / recipe.name).is_file():  # a clone of the repo: its own copy, to edit
+                    raise FileNotFoundError(f"config file {p!r} {what}; did you mean --config "
+                                            f"configs/{recipe.name}?")
                 raise FileNotFoundError(f"config file {p!r} {what}; the recipe {recipe.name} is installed with "
                                         f"tinylm: --config {recipe} (copy it here to change it)")
             raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "

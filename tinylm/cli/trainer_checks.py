@@ -481,7 +481,7 @@ def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
     slow = []
     flops = 6 * hparams["n_layer"] * 12 * hparams["n_embd"] ** 2 * getattr(dm, "batch_size", 1) * hparams["block_size"]
     if flops > 5e11:  # ~6 N B T > 0.5 TFLOP per micro-batch: seconds per step on a laptop CPU
-        # (compile on its own is no GPU sign: the laptop's modern recipe compiles, ~45 s, and steps faster for it)
+        # (compile on its own is no GPU sign: the laptop recipe compiled: ~45 s, then faster steps)
         if hparams.get("compile_model"):
             slow.append("model.compile_model true (minutes of compilation)")
         slow.append(f"a {hparams['n_layer']}-layer, {hparams['n_embd']}-wide model on batches of "
