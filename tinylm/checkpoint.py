@@ -139,6 +139,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         tinylm_section(ckpt, path)
         return ckpt
     if not path.is_file():
+        if found := checkpoint_in_folder(path):
+            raise FileNotFoundError(f"checkpoint {str(path)!r} is a folder, a run's: pass one of its checkpoints, "
+                                    f"--ckpt_path {found}")
         what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")
@@ -249,6 +252,16 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a sharded checkpoint: the folder FSDP2 (tinylm.train.parallel) writes, one file per rank
     plus the loops', callbacks' and tinylm's state in ``meta.pt``."""
     return Path(path).is_dir() and (Path(path) / SHARDED_METADATA).is_file()
+
+
+def checkpoint_in_folder(folder: str | os.PathLike, names: tuple[str, ...] = ("best.ckpt", "last.ckpt")) -> str | None:
+    """A run folder's (or its checkpoints/ folder's) best.ckpt or last.ckpt, for a folder given where a checkpoint
+    goes (`--ckpt_path runs/NAME`); None for any other path."""
+    folder = Path(folder)
+    if not folder.is_dir() or is_sharded_checkpoint(folder):
+        return None
+    return next((str(p) for sub in (folder / "checkpoints", folder) for p in (sub / name for name in names)
+                 if p.is_file()), None)
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:

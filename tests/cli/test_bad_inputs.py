@@ -1317,3 +1317,59 @@ def test_transformers_backend_check_is_one_line(tmp_path, monkeypatch):
         module.requires_backends()
     except ImportError as e:
         assert is_user_error(e)
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_unexpanded_shell_variable_in_a_path_is_refused(run_config, tmp_path, capsys, monkeypatch, where):
+    """Catches `--trainer.default_root_dir '$HOME/runs'` (quoted) or `default_root_dir: $SCRATCH/runs` in a config
+    (YAML expands no variable) training into a folder literally named `$HOME` in the current one, without a word."""
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    config = run_config(trainer={"default_root_dir": "$SCRATCH/runs"} if where == "config" else {})
+    flag = ["--trainer.default_root_dir", "$SCRATCH/runs"] if where == "flag" else []
+    _one_line_error(capsys, ["fit", "--config", str(config), *flag],
+                    "'$SCRATCH/runs' holds $SCRATCH, which no shell expanded",
+                    f"--trainer.default_root_dir {tmp_path / 'scratch' / 'runs'}")
+    assert not (tmp_path / "$SCRATCH").exists()
+
+
+def test_a_run_folder_given_for_a_checkpoint_names_its_checkpoint(config, tmp_path, capsys):
+    """Catches `--ckpt_path runs/tiny` / `--model.init_from runs/tiny` (the run folder the summary names) answered with
+    a generic example, or for init_from "no config.json ...: pass a directory written by `tinylm export`"."""
+    main(["fit", "--config", str(config)])
+    capsys.readouterr()
+    ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
+    for argv, wanted in [(["generate", "--ckpt_path", "runs/tiny", "--prompt", "a"], "best.ckpt"),
+                         (["validate", "--ckpt_path", "runs/tiny/checkpoints"], "best.ckpt"),
+                         (["fit", "--config", str(config), "--ckpt_path", "runs/tiny", "--run.name", "b"], "last.ckpt"),
+                         (["fit", "--config", str(config), "--model.init_from", "runs/tiny", "--run.name", "c"],
+                          "best.ckpt")]:
+        option = "--model.init_from" if "--model.init_from" in argv else "--ckpt_path"
+        _one_line_error(capsys, argv, f"{option} {ckpts / wanted}".replace(str(tmp_path) + "/", ""))
+
+
+def test_a_relative_corpus_not_found_says_where_it_was_looked_for(run_config, tmp_path, capsys):
+    """Catches `tinylm fit --config exp/a.yaml` whose `corpus: data.txt` lies beside the config: "corpus 'data.txt'
+    not found" did not say it was looked for in the current folder (a config's paths are not its own folder's)."""
+    (tmp_path / "exp").mkdir()
+    config = run_config(data={"corpus": "data.txt"})
+    (tmp_path / "exp" / "data.txt").write_text("hello world\n" * 200)
+    _one_line_error(capsys, ["prepare", "--config", str(config)], "corpus 'data.txt' not found",
+                    f"in the current folder, {tmp_path}")
+
+
+def test_a_cache_dir_from_the_environment_that_is_a_file_names_the_variable(run_config, tmp_path, capsys, monkeypatch):
+    """Catches `TINYLM_CACHE_DIR=notes.txt` (a file) reported as "data.cache_dir 'notes.txt' ... (or set
+    $TINYLM_CACHE_DIR)": an option the user never passed, and as the fix the variable they had set."""
+    config = run_config(data={"cache_dir": None})
+    (tmp_path / "notes.txt").write_text("x")
+    monkeypatch.setenv("TINYLM_CACHE_DIR", "notes.txt")
+    _one_line_error(capsys, ["prepare", "--config", str(config)], "$TINYLM_CACHE_DIR 'notes.txt'",
+                    "set TINYLM_CACHE_DIR to a folder")
+
+
+@pytest.mark.parametrize("value, got", [("1e3", "1000"), ("10.0", "10")])
+def test_a_whole_number_written_as_a_float_says_how_to_write_it(config, capsys, value, got):
+    """Catches `--trainer.max_steps 1e3` answered "expected a whole number, got 1000.0": 1000.0 is whole, and the line
+    said neither what was wrong with it nor how to write it."""
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", value],
+                    "--trainer.max_steps: expected a whole number", f"write it as {got}")

@@ -182,11 +182,22 @@ literally, ``--trainer.default_root_dir=~/runs`` split a run between ./~/runs an
 logger expands it) and ended in a traceback; ``--data.cache_dir`` made a folder named ``~``."""
 
 
+_SHELL_VARIABLE = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
+
+
 def home_expanded(key: str, value: Any) -> Any:
-    """``value`` with a leading ``~`` expanded if ``key`` takes a path (`HOME_PATH_OPTIONS`); else as it is."""
-    if isinstance(value, str) and value.startswith("~") and key.rsplit(".", 1)[-1] in HOME_PATH_OPTIONS:
-        return os.path.expanduser(value)
-    return value
+    """``value`` with a leading ``~`` expanded if ``key`` takes a path (`HOME_PATH_OPTIONS`); else as it is. A
+    ``$NAME`` no shell expanded (quoted, or in a config file) in a path that is not there is refused: taken
+    literally, ``default_root_dir: $SCRATCH/runs`` made a folder named ``$SCRATCH`` in the current one."""
+    if not isinstance(value, str) or key.rsplit(".", 1)[-1] not in HOME_PATH_OPTIONS:
+        return value
+    if (var := _SHELL_VARIABLE.search(value)) and not os.path.lexists(os.path.expanduser(value)):
+        name = var[1] or var[2]
+        fix = (f"write the path out: --{key} {os.path.expanduser(os.path.expandvars(value))}"
+               if name in os.environ else f"${name} is not set here either: write the path out")
+        raise ValueError(f"--{key} {value!r} holds ${name}, which no shell expanded (in quotes or a config file "
+                         f"tinylm takes a path as written); {fix}")
+    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 def expand_home(args: list[str]) -> list[str]:

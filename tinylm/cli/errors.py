@@ -400,6 +400,10 @@ def _parse_error_line(text: str, chain: list[str]) -> str:
             reason = f"expected a finite number, got {got}"
         elif kind in ("int", "float") and _is_number(got, int if kind == "int" else float):  # '"10"': YAML's text
             reason = f"expected {what}, got the quoted text {got!r}; write it without quotes"
+        elif kind == "int" and _is_number(got, float) and float(got).is_integer() and abs(float(got)) < 2**63:
+            # `--trainer.max_steps 1e3` (or `10.0`): YAML reads it as a float, which jsonargparse shows as 1000.0
+            reason = (f"expected a whole number, got {got} (1e3 or 10.0 is read as a float); write it as "
+                      f"{int(float(got))}")
         if key == "seed_everything":  # int or bool: jsonargparse's last try was the bool
             reason = f"expected a whole number in [0, 2**32) or true (a random seed), got {got}"
     hint = ""

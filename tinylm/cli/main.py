@@ -127,8 +127,9 @@ def _main(argv: list[str] | None, program: bool) -> None:
     # `--trainer.default_root_dir=~/runs`: the home folder; `--model.lr -1e-3`: that value (Python 3.11's argparse
     # read an option with no value); once, here, before anything reads the line (tinylm.cli.argv)
     # `--samples.prompts+ "[END]"`: that text, not the YAML list ["END"] jsonargparse made of it
-    command, rest = argv[0], texts_as_typed(expand_home(numbers_attached(argv[1:])), {"samples.prompts"})
+    command, rest = argv[0], argv[1:]
     try:
+        rest = texts_as_typed(expand_home(numbers_attached(rest)), {"samples.prompts"})
         if sys.platform == "win32":  # SIGHUP, SIGALRM and flock (fcntl) throughout: every command ended in a traceback
             raise TinyLMError("tinylm runs on Linux and macOS, not on Windows itself (it relies on POSIX signals and "
                               "file locks); run it under WSL (wsl --install, then the same commands there)")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
+from tinylm.checkpoint import checkpoint_in_folder, checkpoints_by_step, is_checkpoint
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
 from tinylm.cli.run_folder import holds_run, slurm_job_of
 from tinylm.cli.run_lock import running_holder
@@ -120,6 +120,10 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
         raise ValueError("tinylm validate needs --ckpt_path PATH (a checkpoint written by `tinylm fit`, e.g. "
                          f"{run_dir / 'checkpoints' / 'best.ckpt'}); without one it would evaluate random "
                          "weights")
+    if ckpt_path and not is_checkpoint(ckpt_path) and (found := checkpoint_in_folder(
+            ckpt_path, ("last.ckpt", "best.ckpt") if sub == "fit" else ("best.ckpt", "last.ckpt"))):
+        raise FileNotFoundError(f"checkpoint {ckpt_path!r} is a folder, a run's: pass one of its checkpoints, "
+                                f"--ckpt_path {found}")
     if ckpt_path and not is_checkpoint(ckpt_path):
         what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "

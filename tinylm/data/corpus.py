@@ -239,10 +239,16 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         if not files:
             raise FileNotFoundError(f"corpus glob {spec!r} matches no files; pass --data.corpus PATH")
         return _files_corpus(spec, files, hf, cache_dir)
+    raise _not_found(spec, path)
+
+
+def _not_found(spec: str, path: Path) -> FileNotFoundError:
+    """The error for a corpus ``spec`` that names nothing here; a relative one says the folder it was looked for in."""
     if (why := missing_path(path)) != "not found":  # a link loop or a dangling link is not a missing file
-        raise FileNotFoundError(f"corpus {spec!r} {why}; pass --data.corpus PATH")
-    raise FileNotFoundError(f"corpus {spec!r} not found (no such file or directory, not a named corpus "
-                            f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
+        return FileNotFoundError(f"corpus {spec!r} {why}; pass --data.corpus PATH")
+    where = "" if path.is_absolute() else f" in the current folder, {os.getcwd()}, where a relative path is read from"
+    return FileNotFoundError(f"corpus {spec!r} not found (no such file or directory{where}; not a named corpus "
+                             f"{sorted(NAMED)}, not hf:NAME); pass --data.corpus PATH")
 
 
 def _files_corpus(spec: str, files: list[Path], hf: dict, cache_dir: str | Path) -> Corpus:

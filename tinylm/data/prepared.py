@@ -113,6 +113,11 @@ class PreparedData:
             raise ValueError("data.cache_dir is empty (an unset shell variable?); pass a folder, or leave it out for "
                              "$TINYLM_CACHE_DIR or ./data_cache")
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        if self.cache_dir.exists() and not self.cache_dir.is_dir() and not cache_dir and \
+                (env := os.environ.get("TINYLM_CACHE_DIR")):  # (the user set no data.cache_dir: name what they set)
+            raise NotADirectoryError(f"$TINYLM_CACHE_DIR {env!r} (the data cache, with no --data.cache_dir) is a "
+                                     "file, not a folder; set TINYLM_CACHE_DIR to a folder, or pass "
+                                     "--data.cache_dir DIR")
         if self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise NotADirectoryError(f"data.cache_dir {str(self.cache_dir)!r} is a file, not a folder; pass "
                                      "--data.cache_dir DIR (or set $TINYLM_CACHE_DIR) to a folder")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import is_checkpoint, is_sharded_checkpoint, load_model
+from tinylm.checkpoint import checkpoint_in_folder, is_checkpoint, is_sharded_checkpoint, load_model
 
 
 def architecture_fields() -> tuple[str, ...]:
@@ -36,6 +36,9 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
     if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name == "config.json"):
         raise ValueError(f"model.init_from {str(path)!r} is one file of a Hugging Face model; pass the folder that "
                          f"holds it: --model.init_from {path.parent}")
+    if path.is_dir() and not (path / "config.json").exists() and (found := checkpoint_in_folder(path)):
+        raise FileNotFoundError(f"model.init_from {str(path)!r} is a run's folder, not a Hugging Face model's: pass "
+                                f"one of its checkpoints, --model.init_from {found}")
     if path.is_dir() and not is_sharded_checkpoint(path):
         from tinylm.hf import TINYLM_TOKENIZER_DIR, import_hf
 
