@@ -669,6 +669,36 @@ def test_temp_folders_of_killed_builds_are_removed(shakespeare, tmp_path):
     assert left == {names["running"], names["other_host"]}
 
 
+def test_a_temp_folder_whose_build_holds_its_lock_is_kept(shakespeare, tmp_path):
+    """Catches a build in another container with the host's name (`docker run --network host`, a cache volume
+    shared) losing its temp folder mid-build to a `prepare` here: its pid is none of this pid namespace's, so it
+    looked dead. The build's lock (a file lock, seen across pid namespaces) says it runs."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("fcntl")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    cache = tmp_path / "cache"
+    building, killed = (cache / "datasets" / f"{n}.tmp-{socket.gethostname()}-{dead}" for n in ("x", "y"))
+    for folder in (building, killed):
+        folder.mkdir(parents=True)
+    (cache / ".locks").mkdir()
+    for name in ("x", "y"):
+        (cache / ".locks" / f"datasets-{name}.lock").touch()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+                               str(cache / ".locks" / "datasets-x.lock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _dm(tmp_path, shakespeare).prepare_data()
+    finally:
+        holder.communicate("")
+    assert building.is_dir() and not killed.exists()
+
+
 def test_bytes_per_token_counts_text_tokens_only(tmp_path):
     """Catches `tinylm prepare`'s bytes/token dividing by the end-of-text ids too: a char tokenizer on ASCII
     documents is exactly 1 byte per token however many documents there are (it said 0.98 for short ones)."""

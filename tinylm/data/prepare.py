@@ -82,22 +82,42 @@ def _check_not_empty(corpus: Corpus) -> None:
 _TMP = re.compile(r"\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # "<dir>.tmp-<host>-<pid>", or "<dir>.tmp-<pid>" (older)
 
 
-def _remove_stale_temps(parent: Path) -> None:
+def _remove_stale_temps(parent: Path, ours: str) -> None:
     """Remove temp folders left in `parent` by builds on this host whose process is gone (a killed `prepare`);
-    those of live processes, or of other hosts sharing the folder, are left alone."""
+    those of live processes, or of other hosts sharing the folder, are left alone, and so are those whose folder's
+    lock a build holds: a container with the host's name (`docker run --network host`) and its own pids had its
+    running build's folder removed by another's, its pid not being one of this pid namespace's. (`ours`: the folder
+    this process builds, holding its lock.)"""
     host = socket.gethostname()
     for entry in parent.iterdir():
         m = _TMP.search(entry.name)
         if m and entry.is_dir() and m["host"] in (None, host) and not process_alive(int(m["pid"])):
+            target = entry.name[:m.start()]
+            if target != ours and _lock_held(parent.parent / ".locks" / f"{parent.name}-{target}.lock"):
+                continue
             log.warning("removing %s: a temp folder of an interrupted build", entry)
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a process (of any pid namespace sharing this file system) holds the build lock at `path`."""
+    if fcntl is None:
+        return False
+    try:
+        with open(path) as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file: no build of that folder took one (an older tinylm's, or none)
+        return False
+    return False
 
 
 def _publish(final: Path, write: Callable[[Path], None], complete: str) -> None:
     """Build `final` through `write(tmp)` in a sibling temp folder, then rename it into place atomically.
     `complete` is the file whose presence marks a finished folder; a folder without it is rebuilt."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent)
+    _remove_stale_temps(final.parent, final.name)
     tmp = final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
