@@ -209,3 +209,10 @@ def _share(path: Path, name: Path, method: str) -> str:
             os.replace(tmp, name)
         return "link"
     return "copy"
+
+
+def share_copy(path: Path, name: Path) -> bool:
+    """Make ``name`` a copy of the checkpoint ``path`` that shares its bytes (`_share`: atomically, a reflink or a
+    read-only hard link) where that is safe; False, with nothing written, where it is not (a full copy is then
+    the caller's)."""
+    return _share(path, name, "reflink") != "copy"

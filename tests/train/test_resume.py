@@ -161,13 +161,13 @@ def test_a_timed_stop_at_an_epochs_last_batch_resumes_exactly(run_config, tmp_pa
     _assert_same_rows(_losses(tmp_path / "runs" / "timed"), _losses(tmp_path / "runs" / "straight"))
 
 
-def _snapshot_after_saving(monkeypatch, run: Path, copy: Path, *, step: int) -> None:
-    """Copy ``run`` to ``copy`` right after its last.ckpt of ``step`` is written: what a `kill -9` then leaves."""
+def _snapshot_after_saving(monkeypatch, run: Path, copy: Path, *, step: int, name: str = "last.ckpt") -> None:
+    """Copy ``run`` to ``copy`` right after its ``name`` of ``step`` is written: what a `kill -9` then leaves."""
     save = AtomicCheckpointIO.save_checkpoint
 
     def save_then_snapshot(self, checkpoint, path, storage_options=None):
         save(self, checkpoint, path, storage_options)
-        if Path(path).name == "last.ckpt" and checkpoint["global_step"] == step and not copy.exists():
+        if Path(path).name == name and checkpoint["global_step"] == step and not copy.exists():
             shutil.copytree(run, copy)
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_snapshot)
@@ -203,6 +203,42 @@ def test_kill_right_after_a_checkpoint_keeps_its_steps_row(run_config, tmp_path,
     main(["fit", "--config", str(config), "--run.name", "killed", "--ckpt_path", "last"])
     assert sorted(_losses(straight)) == [0, 1, 2, 3]
     _assert_same_rows(_losses(killed), _losses(straight))
+
+
+@pytest.mark.parametrize("name, step, keep", [("best.ckpt", 2, -1), ("step-4.ckpt", 4, 1)],
+                         ids=["after-best-mid-run", "after-step-n-at-the-end"])
+def test_a_kill_inside_a_save_leaves_no_checkpoint_of_its_step_missing(run_config, tmp_path, monkeypatch, name, step,
+                                                                       keep):
+    """Catches a save cut by a `kill -9` after best.ckpt (or step-N.ckpt) but before the step's other files:
+    `--ckpt_path last` went on from that file and never wrote step-N.ckpt (run.keep_checkpoints -1 kept every
+    step's checkpoint but that one); killed so in the final save, the run kept a last.ckpt steps behind (and the
+    step-N.ckpt beyond run.keep_checkpoints). The resume completes the save: the folder is the straight run's.
+    Mid-run, with one step's files sharing their bytes (read-only hard links, a user's who is not root)."""
+    if step == 2:
+        monkeypatch.setattr(checkpoint_share, "hard_links_are_safe", lambda: True)
+        monkeypatch.setattr(checkpoint_share, "clone_file", lambda src, dst: False)
+    config = run_config(run={"name": "straight", "checkpoint_every": 2, "keep_checkpoints": keep},
+                        trainer={"max_steps": 4, "val_check_interval": 2})
+    straight, killed = tmp_path / "runs" / "straight", tmp_path / "runs" / "killed"
+    _snapshot_after_saving(monkeypatch, straight, killed, step=step, name=name)
+    main(["fit", "--config", str(config)])
+    assert torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2 if step == 4 \
+        else not (killed / "checkpoints" / "last.ckpt").exists()  # (not vacuous: the save was cut)
+
+    resume = ["fit", "--config", str(config), "--run.name", "killed", "--ckpt_path", "last"]
+    if step == 4:  # the run's last step: nothing is left to train, but its files are completed first
+        with pytest.raises(SystemExit):
+            main(resume)
+    else:
+        main(resume)
+    names = sorted(p.name for p in (straight / "checkpoints").iterdir())
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == names
+    for file in names:
+        want, got = (torch.load(run / "checkpoints" / file, weights_only=True) for run in (straight, killed))
+        assert got["global_step"] == want["global_step"], file
+        assert all(torch.allclose(got["state_dict"][k], v, atol=1e-6) for k, v in want["state_dict"].items()), file
+    _assert_same_rows(_losses(killed), _losses(straight))
+    _assert_same_rows(_val_losses(killed), _val_losses(straight))
 
 
 @pytest.mark.parametrize("cut", ["0", "0,3,1.2"], ids=["before-step", "inside-row"])

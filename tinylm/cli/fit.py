@@ -30,7 +30,7 @@ from tinylm.cli.callback_checks import (
     check_train_monitors,
 )
 from tinylm.cli.errors import with_section_hint
-from tinylm.cli.resume import apply_checkpoint, requeued, resolve_ckpt_path
+from tinylm.cli.resume import apply_checkpoint, complete_cut_save, requeued, resolve_ckpt_path
 from tinylm.cli.resume_changes import keep_run_seed
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_run_folder, run_dir_of, with_run_config
@@ -246,6 +246,9 @@ class TinyLMCLI(LightningCLI):
         printing = _ActionPrintConfig.is_print_config_requested(self.parser)  # (put off by parse_arguments)
         if sub == "fit" and ranks.rank_zero() and not printing:  # other ranks (launched by rank zero) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)
+            if asked == "last" and ckpt_path and self.continues:  # (in the run's folder, which it now holds)
+                cfg.ckpt_path = ckpt_path = complete_cut_save(ckpt_path, self.run_dir, cfg.run,
+                                                              cfg.trainer.get("max_steps"))
         if sub == "fit" and asked == "last" and not ckpt_path:  # (after the check: a folder of logs is refused)
             # (runs/NAME is under the folder the command runs in: a run's config.yaml used from elsewhere, or a
             # mistyped --run.name, starts a new run, which the line says where)

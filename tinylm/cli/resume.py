@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,60 @@ def latest_checkpoint(run_dir: Path) -> str | None:
         log.warning("--ckpt_path last: %s %s; continuing from the newest readable checkpoint, %s (step %d)",
                     run_dir / "checkpoints" / "last.ckpt", why, path.name, step)
     return str(path)
+
+
+def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | None) -> str:
+    """What ``--ckpt_path last`` resumes from once the save that a kill cut short is completed. A periodic save
+    writes best.ckpt (a new best at a validation), step-N.ckpt, then last.ckpt, one after the other: a run killed in
+    between left ``ckpt_path``, the newest checkpoint, without the others of its step, and the resume went on from
+    it with step-N.ckpt never written (run.keep_checkpoints -1: every step's checkpoint but that one), or, at the
+    final step, refused with nothing to train and last.ckpt steps behind. Where ``ckpt_path`` is at a step the run
+    saved at (every run.checkpoint_every of the run that wrote it, or the end), step-N.ckpt and last.ckpt are
+    written now as copies of it (the files of one step hold one state; `tinylm.checkpoint_share`), the step-N.ckpt
+    files trimmed to run.keep_checkpoints, and last.ckpt returned; else ``ckpt_path``."""
+    from tinylm.checkpoint import checkpoints_by_step, load_checkpoint, remove_checkpoint
+
+    path, folder = Path(ckpt_path), run_dir / "checkpoints"
+    found, broken = checkpoints_by_step(folder)
+    newest = max(found, default=None)
+    if path.name == "last.ckpt" or "last.ckpt" in broken or newest is None or newest[2] != path or newest[0] <= 0 \
+            or path.is_dir():  # (a sharded checkpoint, FSDP2's folder, is not copied)
+        return ckpt_path  # (a damaged last.ckpt is left as it is, to look at: the warning named it)
+    step = newest[0]
+    keys = " ".join(load_checkpoint(path, mmap=True).get("callbacks") or {})
+    saved = re.search(r"PeriodicCheckpoint\{[^}]*'every_n_train_steps': (\d+)", keys)
+    every = int(saved[1]) if saved else run.checkpoint_every
+    if not (every > 0 and step % every == 0 or max_steps is not None and 0 < max_steps <= step):
+        return ckpt_path  # a validation's best.ckpt between two saves: nothing was cut
+    step_file = folder / f"step-{step}.ckpt"
+    written = [f for f in [step_file] if run.keep_checkpoints != 0 and not f.exists()] + [folder / "last.ckpt"]
+    if written[0] == step_file:
+        _copy_checkpoint(path, step_file)
+    steps = dict(sorted((s, p.name) for s, _, p in [*found, (step, False, step_file)] if _STEP_FILE.fullmatch(p.name)))
+    removed = list(steps.values())[: -run.keep_checkpoints] if run.keep_checkpoints > 0 else []
+    for name in removed:
+        remove_checkpoint(folder / name)
+    _copy_checkpoint(path, folder / "last.ckpt")  # last: a kill before it leaves this to do again
+    log.info("--ckpt_path last: the save at step %d was cut short after %s; wrote %s from it%s, as the "
+             "save would have", step, path.name, " and ".join(f.name for f in written),
+             f" and removed {', '.join(removed)} (run.keep_checkpoints {run.keep_checkpoints})" if removed else "")
+    return str(folder / "last.ckpt")
+
+
+_STEP_FILE = re.compile(r"step-\d+\.ckpt")
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    """Make ``dst`` a copy of the checkpoint ``src`` (one state under another name), atomically: sharing its bytes
+    where that is safe, else a full copy streamed into ``<dst>.tmp`` and renamed."""
+    import shutil
+
+    from tinylm.checkpoint import atomic_write
+    from tinylm.checkpoint_share import share_copy
+
+    if not share_copy(src, dst):
+        with open(src, "rb") as f:
+            atomic_write(dst, lambda out: shutil.copyfileobj(f, out, 1 << 20))
 
 
 def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
