@@ -216,6 +216,14 @@ def others_cpu_seconds() -> float | None:
     return (total - idle) / os.sysconf("SC_CLK_TCK") - time.process_time()
 
 
+def torch_default_threads() -> int:
+    """Torch's own CPU thread count, before a command of this process changed it (scaling runs several; a notebook's
+    `main([...])` puts it back after each)."""
+    if not _TORCH_DEFAULT:
+        _TORCH_DEFAULT.append(torch.get_num_threads())
+    return _TORCH_DEFAULT[0]
+
+
 def busy_cpus(sample_s: float = 0.3) -> float:
     """How many CPUs other processes keep busy now: the machine's busy CPU time over ``sample_s`` seconds less this
     process's own (its OpenMP threads spin for a while after torch's last operator), over the interval. Where
@@ -248,9 +256,7 @@ def choose_cpu_threads(requested: int | None = None, *, default: int | None = No
     threads and 0.64 s with 1 (benchmarks/bench_cpu_threads.py measures it at load ~= cores). ``setter``: how the
     user sets the count instead, for the words.
     """
-    if not _TORCH_DEFAULT:  # torch's own count, before a run of this process changed it (scaling runs several)
-        _TORCH_DEFAULT.append(torch.get_num_threads())
-    default = default or _TORCH_DEFAULT[0]
+    default = default or torch_default_threads()
     if requested is not None:
         return requested, f"{requested} (--run.threads)"
     ignored = ""

@@ -10,6 +10,7 @@ import forked
 import pytest
 import torch
 import yaml
+from helpers import _one_line_error
 
 from tinylm.cli import main
 from tinylm.cli.fit import lightning_main
@@ -631,6 +632,100 @@ def test_a_callers_later_run_is_not_deterministic_after_one_that_was(run_config,
         assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_callers_process_holds_nothing_of_a_finished_run(run_config, monkeypatch):
+    """Catches `main(["fit", ...])` leaving its run alive in a notebook's or sweep's process: jsonargparse's parser of
+    the command, kept in a ContextVar it never resets, held the run's Trainer, its model with the optimizer state and
+    its data memmaps (GPU memory, open files) until the process's next command, past gc.collect() and
+    torch.cuda.empty_cache()."""
+    import gc
+    import weakref
+
+    from tinylm.train.module import TinyLM
+
+    made, configure = weakref.WeakSet(), TinyLM.configure_optimizers
+
+    def configure_optimizers(self):
+        made.add(self)
+        return configure(self)
+
+    monkeypatch.setattr(TinyLM, "configure_optimizers", configure_optimizers)
+    main(["fit", "--config", str(run_config())])
+    assert Path("runs/tiny/checkpoints/last.ckpt").exists()  # (the run trained its model)
+    gc.collect()
+    assert len(made) == 0, "the run's model is still referenced after main() returned"
+
+
+def test_a_callers_torch_threads_are_its_own_after_a_run(run_config):
+    """Catches torch's CPU thread count left as a run chose it (--run.threads, or the CPUs free as it started) in a
+    notebook's or script's process after `main(["fit", ...])`: the caller's own torch code ran on that count from
+    then on (1 thread, after a run started at a busy moment)."""
+    caller = torch.get_num_threads()
+    torch.set_num_threads(caller + 1)
+    try:
+        main(["fit", "--config", str(run_config()), "--run.threads", str(caller)])
+        assert torch.get_num_threads() == caller + 1
+    finally:
+        torch.set_num_threads(caller)
+
+
+def test_a_callers_logging_config_prints_each_line_once(run_config, capsys):
+    """Catches every tinylm line printed twice in a script or notebook that configured logging (logging.basicConfig:
+    a handler on the root logger, writing to the console): once by tinylm's own handler, once by the root's, which the
+    "tinylm" logger propagates to. The caller's handler says it, once, in the caller's format."""
+    import logging
+    import sys
+
+    root = logging.StreamHandler(sys.stderr)  # (basicConfig's: stderr as it is now, capsys's)
+    root.setFormatter(logging.Formatter("ROOT %(name)s: %(message)s"))
+    logging.getLogger().addHandler(root)
+    try:
+        main(["fit", "--config", str(run_config()), "--run.threads", "1"])
+    finally:
+        logging.getLogger().removeHandler(root)
+    err = capsys.readouterr().err
+    assert err.count("CPU threads: 1 (--run.threads)") == 1, err
+    assert "ROOT tinylm: CPU threads: 1 (--run.threads)" in err
+
+
+def test_a_command_from_another_thread_while_one_runs_is_one_line(run_config, capsys, monkeypatch):
+    """Catches two commands at once in one process (a sweep's trials in threads: Optuna's n_jobs, a thread pool)
+    reading each other's working folder, random seed and torch threads: jsonargparse parses a config from the
+    config's folder, and the other trial's relative corpus was "not found" there. The second is refused in one line;
+    the first trains on, and the next command after it runs."""
+    import threading
+
+    from tinylm.train.module import TinyLM
+
+    config, started, proceed, ended = run_config(), threading.Event(), threading.Event(), []
+    configure = TinyLM.configure_optimizers
+
+    def configure_optimizers(self):  # the run in the other thread waits here, mid-fit, for the second command
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            proceed.wait(60)
+        return configure(self)
+
+    def first():
+        main(["fit", "--config", str(config), "--run.name", "first"])
+        ended.append(True)
+
+    monkeypatch.setattr(TinyLM, "configure_optimizers", configure_optimizers)
+    thread = threading.Thread(target=first, name="trial-1")
+    thread.start()
+    try:
+        assert started.wait(60)
+        capsys.readouterr()
+        line = _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", "second"],
+                               "another tinylm command (fit, in thread 'trial-1') is running in this process")
+        assert "its own process" in line
+    finally:
+        proceed.set()
+        thread.join(120)
+    assert ended and Path("runs/first/checkpoints/last.ckpt").exists() and not Path("runs/second").exists()
+    main(["fit", "--config", str(config), "--run.name", "third"])  # one at a time: as ever
+    assert Path("runs/third/checkpoints/last.ckpt").exists()
 
 
 def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeypatch, caplog):

@@ -12,10 +12,21 @@ from tinylm.device import choose_cpu_threads, usable_cpus
 
 
 @pytest.fixture
-def threads():
-    """Torch's thread count is process-wide: put it back for the tests that follow."""
+def threads(monkeypatch):
+    """Torch's thread count is process-wide: put it back for the tests that follow. Yields the counts the commands
+    of the test ran with, one per `main([...])`, in order (main puts the caller's own back as it returns)."""
+    import importlib
+
+    main_module = importlib.import_module("tinylm.cli.main")  # (the module: `tinylm.cli.main` is its function)
+    ran_with, put_back = [], main_module._put_back
+
+    def record(*args, **kwargs):
+        ran_with.append(torch.get_num_threads())
+        put_back(*args, **kwargs)
+
+    monkeypatch.setattr(main_module, "_put_back", record)
     before = torch.get_num_threads()
-    yield
+    yield ran_with
     torch.set_num_threads(before)
 
 
@@ -60,7 +71,7 @@ def test_fit_sets_and_says_its_threads(run_config, threads, caplog):
     torch.set_num_threads(2)
     with caplog.at_level("INFO", logger="tinylm"):
         main(["fit", "--config", str(config), "--run.threads", "1"])
-    assert torch.get_num_threads() == 1
+    assert threads == [1]
     assert "CPU threads: 1 (--run.threads)" in [r.getMessage() for r in caplog.records]
 
 
@@ -80,10 +91,10 @@ def test_a_resume_takes_the_runs_own_thread_count(run_config, threads, caplog, m
     torch.set_num_threads(1)
     with caplog.at_level("INFO", logger="tinylm"):
         main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last"])
-    assert torch.get_num_threads() == 2
+    assert threads[-1] == 2
     assert any(r.getMessage().startswith("CPU threads: 2, the run's own (from its checkpoint") for r in caplog.records)
     main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last", "--run.threads", "1"])
-    assert torch.get_num_threads() == 1
+    assert threads[-1] == 1
 
 
 @pytest.mark.parametrize("command", ["generate", "eval", "sample-report"])
@@ -105,7 +116,7 @@ def test_commands_that_run_a_model_take_the_free_cpus(run_config, threads, caplo
     caplog.clear()
     with caplog.at_level("INFO", logger="tinylm"):
         main([command, "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", *args])
-    assert torch.get_num_threads() == 1
+    assert threads[-1] == 1
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU threads: ")]
     assert lines == [f"CPU threads: 1 of 2: other processes kept {usable_cpus():.1f} of {usable_cpus()} CPUs busy; "
                      "OMP_NUM_THREADS=N sets it"], lines

@@ -283,7 +283,8 @@ class AboveBars(logging.StreamHandler):
 
 
 class _Stderr(AboveBars):
-    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with), unless a handler of the
+    root logger writes the line to the console too (`_root_says_it`)."""
 
     @property
     def stream(self):
@@ -292,6 +293,23 @@ class _Stderr(AboveBars):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _root_says_it(record):
+            super().emit(record)
+
+
+def _root_says_it(record: logging.LogRecord) -> bool:
+    """Whether a console handler of the root logger (a script's or notebook's `logging.basicConfig`, before or
+    after tinylm's setup) writes ``record`` as well: tinylm's lines reach it through the "tinylm" logger's
+    propagation, and every one of them ("CPU threads: ...", each warning and refusal) was printed twice. The root's
+    handler says it then, in the caller's own format, as Lightning leaves its lines to a configured root."""
+    if not log.propagate:
+        return False
+    console = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    console |= {id(getattr(stream, "_stream", None)) for stream in (sys.stdout, sys.stderr)} - {id(None)}
+    return any(isinstance(h, logging.StreamHandler) and id(getattr(h, "stream", None)) in console
+               and record.levelno >= h.level and h.filter(record) for h in logging.getLogger().handlers)
 
 
 def _drawn_bars() -> list:

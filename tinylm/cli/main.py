@@ -7,10 +7,12 @@ a bug keeps its traceback (and ``--verbose`` shows the traceback of any error): 
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -73,18 +75,53 @@ def main(argv: list[str] | None = None) -> None:
     # caller's own wandb.init; PL_GLOBAL_SEED: Lightning's seed_everything reads it back, and every later
     # `--seed_everything true` of the process took the last run's seed, not a random one; warnings.formatwarning:
     # the caller's own warnings lost their file and line; --trainer.deterministic true: Lightning's
-    # torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG, on for every later run of the process)
+    # torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG, on for every later run of the process;
+    # torch's CPU thread count, which fit and generate choose (--run.threads, or the CPUs free at the start): the
+    # caller's own torch code after it ran on that count, 1 thread after a run started at a busy moment);
+    # and the command runs in a copy of the caller's context: jsonargparse's parser of the last command, kept in a
+    # ContextVar it never resets, held that run's Trainer, model, optimizer state and data memmaps (GPU memory and
+    # file descriptors) until the next command of the process, past gc.collect() and torch.cuda.empty_cache()
     env, formatwarning = {name: os.environ.get(name) for name in _CALLERS_ENV}, warnings.formatwarning
     torch = sys.modules.get("torch")  # (not imported here: torch's defaults, if not imported yet)
     deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
                      ) if torch is not None else (False, False)
+    threads = torch.get_num_threads() if torch is not None else None
+    claimed, refused = _claim(argv)
     try:
-        _main(argv, program)
+        contextvars.copy_context().run(_main, argv, program, refused)
     finally:
         if program:
             signals.end_at_once_on_ctrl_c()
-        else:
-            _put_back(env, formatwarning, deterministic)
+        elif refused is None:  # (a refused call changed nothing; the running command's state is its own)
+            _put_back(env, formatwarning, deterministic, threads)
+        if claimed:
+            _RUNNING.clear()
+
+
+_RUNNING: list[tuple[int, str, str]] = []
+"""The command running in this process: (its thread's ident, the thread's name, the command); empty when none."""
+_CLAIMING = threading.Lock()
+
+
+def _claim(argv: list[str] | None) -> tuple[bool, str | None]:
+    """Take this process for the command of ``argv``: (whether this call took it, None) when it may run (this thread
+    may hold it already: a callback's command inside a run), else (False, why not): another thread's command runs
+    (a sweep's trials in threads: Optuna's n_jobs, a thread pool). The working folder (jsonargparse parses a config
+    from the config's folder), the random seed, torch's thread count and the environment are the process's: two
+    commands at once read each other's (a relative --data.corpus "not found", in the other config's folder)."""
+    command = (argv or sys.argv[1:] or ["tinylm"])[0]
+    with _CLAIMING:
+        if _RUNNING and _RUNNING[0][0] != threading.get_ident():
+            _, thread, running = _RUNNING[0]
+            return False, (f"another tinylm command ({running}, in thread {thread!r}) is running in this process: "
+                           "tinylm runs one command at a time in a process (the working folder, random seed and torch "
+                           "threads are the process's); wait for it, or run each in its own process "
+                           "(subprocess.run([sys.executable, '-m', 'tinylm', ...]), or a sweep tool's process-based "
+                           "executor)")
+        if _RUNNING:
+            return False, None
+        _RUNNING.append((threading.get_ident(), threading.current_thread().name, command))
+    return True, None
 
 
 _CALLERS_ENV = ("WANDB_MODE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
@@ -92,9 +129,11 @@ _CALLERS_ENV = ("WANDB_MODE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKS
 own back (see main)."""
 
 
-def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bool, bool]) -> None:
-    """Put back the caller's environment variables (_CALLERS_ENV), warnings.formatwarning and torch's deterministic
-    algorithms setting after `main([...])`."""
+def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bool, bool],
+              threads: int | None) -> None:
+    """Put back the caller's environment variables (_CALLERS_ENV), warnings.formatwarning, torch's deterministic
+    algorithms setting and its CPU thread count (``threads``; None: torch was not imported, its own default) after
+    `main([...])`."""
     if os.environ.get("WANDB_MODE") != env["WANDB_MODE"]:  # (set by a run: its loggers module is imported)
         from tinylm.train import loggers
 
@@ -109,9 +148,15 @@ def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bo
                                                             torch.is_deterministic_algorithms_warn_only_enabled()) \
             != deterministic:
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    if torch is not None:
+        from tinylm.device import torch_default_threads
+
+        threads = threads or torch_default_threads()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
-def _main(argv: list[str] | None, program: bool) -> None:
+def _main(argv: list[str] | None, program: bool, refused: str | None = None) -> None:
     verbose, argv = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     if argv and argv[0] in ("-V", "--version"):
         from tinylm import __version__
@@ -129,6 +174,8 @@ def _main(argv: list[str] | None, program: bool) -> None:
     # `--samples.prompts+ "[END]"`: that text, not the YAML list ["END"] jsonargparse made of it
     command, rest = argv[0], argv[1:]
     try:
+        if refused is not None:
+            raise TinyLMError(refused)
         rest = texts_as_typed(expand_home(numbers_attached(rest)), {"samples.prompts"})
         if sys.platform == "win32":  # SIGHUP, SIGALRM and flock (fcntl) throughout: every command ended in a traceback
             raise TinyLMError("tinylm runs on Linux and macOS, not on Windows itself (it relies on POSIX signals and "
