@@ -36,6 +36,19 @@ def test_a_loop_in_a_log_writes_a_line_every_so_often_and_none_when_short(clock)
     assert short.getvalue() == ""  # its caller says what it did
 
 
+def test_a_line_short_of_the_end_does_not_say_100_percent(clock):
+    """Catches a log's progress line "steps: 100% 590/592" (tqdm's share rounded: 99.66 %) written before the last
+    steps, read as the run's end: the share is rounded down, 100% only at the end."""
+    log = io.StringIO()
+    with progress.bar(total=592, desc="steps", file=log) as bar:
+        clock[0] = 31.0
+        bar.update(590)
+        clock[0] = 62.0
+        bar.update(2)
+    lines = log.getvalue().splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["steps:  99% 590/592", "steps: 100% 592/592"], lines
+
+
 def test_a_terminal_gets_tqdm_and_tqdm_disable_silences_both(monkeypatch):
     """Catches the bar on a terminal replaced by lines, and TQDM_DISABLE (tqdm's own switch) ignored: tinylm passed
     `disable=` to tqdm, which overrides the variable."""

@@ -162,11 +162,13 @@ class Lines:
         from tqdm.std import tqdm
 
         known = bool(self.total)  # (without a total, tqdm's own form: count, elapsed, rate)
-        form = (("{desc}: " if self.desc else "") + "{percentage:3.0f}% {n_fmt}/{total_fmt} "
+        # the share done rounded down: tqdm's rounding wrote "steps: 100% 590/592" into a log, 2 steps before the end
+        form = (("{desc}: " if self.desc else "") + "{done:3d}% {n_fmt}/{total_fmt} "
                 "[{elapsed}<{remaining}, {rate_fmt}{postfix}]") if known else None
         return tqdm.format_meter(self.n, self.total, time.monotonic() - self.start_t, prefix=self.desc,
                                  unit=self.unit, unit_scale=self.unit_scale, unit_divisor=self.unit_divisor,
-                                 initial=self.initial, postfix=self.postfix or None, bar_format=form)
+                                 initial=self.initial, postfix=self.postfix or None, bar_format=form,
+                                 done=int(100 * self.n // self.total) if known else 0)
 
     def _out(self, text: str, file: Any = None) -> None:
         stream = file or self.file or sys.stderr  # (what it is now, as tqdm: stderr may have been replaced)

@@ -120,3 +120,36 @@ def test_commands_that_run_a_model_take_the_free_cpus(run_config, threads, caplo
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU threads: ")]
     assert lines == [f"CPU threads: 1 of 2: other processes kept {usable_cpus():.1f} of {usable_cpus()} CPUs busy; "
                      "OMP_NUM_THREADS=N sets it"], lines
+
+
+@pytest.mark.parametrize("command, args", [
+    ("generate", ["--regex", "[0-9]+"]),
+    ("generate", ["--json_schema", '{"type": "integer"}', "--strategy", "greedy"]),
+    ("sample-report", ["--out", "report", "--regex", "[0-9]+"]),
+    ("sample-report", ["--out", "report", "--prompts", "€"]),
+])
+def test_a_refused_decoding_option_prints_no_line_of_threads(run_config, threads, caplog, capsys, monkeypatch,
+                                                            command, args):
+    """Catches generate and sample-report saying their `CPU threads:` line before refusing what the checkpoint's
+    tokenizer cannot do (a regex of digits for a char tokenizer that has none, a prompt of a character it lacks):
+    the refused command printed two lines, the first as if decoding were starting."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    main(["fit", "--config", str(run_config())])
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tinylm"), pytest.raises(SystemExit):
+        main([command, "--ckpt_path", "runs/tiny/checkpoints/last.ckpt", "--max_new_tokens", "2", *args])
+    assert not [r for r in caplog.records if r.getMessage().startswith("CPU threads: ")]
+    assert "CPU threads" not in capsys.readouterr().err
+
+
+def test_lr_find_sets_and_says_its_threads(run_config, threads, caplog, monkeypatch):
+    """Catches lr-find's own Trainer keeping torch's every thread: `--run.threads 1` did nothing, and no `CPU
+    threads:` line was said (fit and scaling choose and say theirs)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    torch.set_num_threads(2)
+    with caplog.at_level("INFO", logger="tinylm"):
+        main(["lr-find", "--config", str(run_config()), "--num_training", "4", "--run.threads", "1"])
+    assert threads == [1]
+    assert "CPU threads: 1 (--run.threads)" in [r.getMessage() for r in caplog.records]

@@ -101,3 +101,15 @@ def test_slurm_ntasks_without_per_node_is_one_line(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     with pytest.raises(ValueError, match="SLURM_NTASKS=2 .* SLURM_NTASKS_PER_NODE is unset"):
         check_trainer_options({"accelerator": "cpu", "max_steps": 10}, "fit")
+
+
+def test_a_callers_basicconfig_prints_each_line_once(tmp_path):
+    """Catches `logging.basicConfig()` in a script before `main(["fit", ...])` printing every line twice: tinylm's
+    ("CPU threads: 1 ..." and "INFO:tinylm:CPU threads: 1 ..."), and Lightning's ("INFO: GPU available: ..." by the
+    "lightning" package's handler and "INFO:lightning.pytorch...:GPU available: ..." by the root's)."""
+    args = ["fit", "--run.name", "x", "--data.corpus", str(_corpus(tmp_path)), *TINY, "--trainer.max_steps", "1"]
+    done = _python(f"import logging; logging.basicConfig(); from tinylm.cli import main; main({args!r})",
+                   {"OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err[-2000:]
+    assert err.count("CPU threads: ") == 1 and err.count("GPU available: ") == 1, err

@@ -103,6 +103,17 @@ def test_the_bar_counts_the_runs_steps_and_a_resume_starts_at_its_step(run_confi
     assert {"loss", "val", "tok/s", "lr"} <= set(postfix), postfix
 
 
+def test_a_rich_bar_names_no_epoch_total_under_max_steps(run_config, terminal, monkeypatch):
+    """Catches `--trainer.callbacks+=RichProgressBar` drawing "Epoch 0/-2": a run driven by max_steps has no epoch
+    limit (Lightning's max_epochs -1), which Lightning 2.6's rich bar wrote as the total less one."""
+    config = run_config(trainer={"max_steps": 3, "enable_progress_bar": True,
+                                 "callbacks": [{"class_path": "lightning.pytorch.callbacks.RichProgressBar"}]})
+    monkeypatch.setattr(sys, "stdout", terminal.file)
+    lightning_main(["fit", "--config", str(config)])
+    shown = terminal.shown()
+    assert "Epoch 0" in shown and "/-" not in shown, shown[-500:]
+
+
 class _StopAt2(L.Callback):
     """Asks the run to stop at optimizer step 2 (as EarlyStopping would), every batch after."""
 

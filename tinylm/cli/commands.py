@@ -21,7 +21,7 @@ from tinylm.cli.argv import config_files, config_keys
 from tinylm.cli.prompts import read_prompt_file, read_prompts_file, stdin_is_terminal, unescape
 from tinylm.cli.table import COMMANDS, FIT_GROUPS
 from tinylm.errors import TinyLMError
-from tinylm.generate.config import check_speculative, idle_beam_options
+from tinylm.generate.config import check_speculative
 from tinylm.generate.options import Option, sampling_options
 from tinylm.ranges import check_ranges
 
@@ -299,7 +299,7 @@ def generate(
     import warnings
 
     from tinylm.checkpoint import load_draft, load_model
-    from tinylm.device import resolve_device, use_free_cpus
+    from tinylm.device import resolve_device
     from tinylm.generate.prompts import encode_prompt
 
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
@@ -312,7 +312,6 @@ def generate(
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline
     if len(ids) > (block := model.config.block_size):
         warnings.warn(f"the prompt is {len(ids)} tokens but the model's context is {block}; using its last {block}")
-    use_free_cpus(on)  # (after the checks of the prompt; the decoding options are checked as decoding starts)
     return _print_samples(model, tokenizer, prompt, ids, num_samples, config, draft)
 
 
@@ -361,18 +360,17 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
 
 def _print_samples(model, tokenizer, prompt: str, ids: list[int], num_samples: int, config, draft) -> list[str]:
     """Generate and print: one sample streams as it comes, beam search's best at the end, several one by one (a
-    progress bar on stderr until then)."""
-    import warnings
-
+    progress bar on stderr until then). The options are checked against the model first (`check_decoding`), then
+    torch's CPU threads chosen and said: a refused command prints its one line alone."""
+    from tinylm.device import use_free_cpus
     from tinylm.generate.rows import decode_after
-    from tinylm.generate.strategies import batch_rows, check_memory, generate_with
+    from tinylm.generate.strategies import check_decoding, generate_with
     from tinylm.progress import bar
 
-    if idle := idle_beam_options(vars(config), generate.options.spell, tokenizer.kind):
-        warnings.warn(idle)
+    check_decoding(model, config, num_samples, tokenizer, generate.options.spell)
+    use_free_cpus(model.lm_head.weight.device)
     stream = num_samples == 1 and config.strategy != "beam"
     printer = _StreamPrinter(tokenizer.decode, ids, prompt) if stream else None
-    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)  # before output
     with bar(total=config.max_new_tokens, desc="generating", unit="tok", enabled=not stream, leave=False) as progress:
         out = generate_with(model, [ids] * num_samples, config, decode=tokenizer.decode, on_token=printer,
                             draft=draft, tokenizer=tokenizer, on_step=lambda n: progress.update(n - progress.n))
@@ -534,7 +532,7 @@ def sample_report(
     """
     from tinylm.checkpoint import load_draft, load_model
     from tinylm.device import resolve_device, use_free_cpus
-    from tinylm.generate.report import check_report_folder, report_strategies, write_report
+    from tinylm.generate.report import check_report_folder, check_report_inputs, report_strategies, write_report
     from tinylm.generate.report import sample_report as make_report
     from tinylm.paths import check_output_path
 
@@ -547,6 +545,7 @@ def sample_report(
     draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     strategies = report_strategies(draft=draft is not None, prompt_lookup=prompt_lookup,
                                    num_draft_tokens=num_draft_tokens, constraint=constraint)
+    check_report_inputs(model, tokenizer, prompts, strategies, draft)  # a refusal: its one line, no line of threads
     use_free_cpus(on)
     report = make_report(model, tokenizer, prompts=prompts, num_samples=num_samples, max_new_tokens=max_new_tokens,
                          seed=seed, strategies=strategies, draft=draft, progress=True)

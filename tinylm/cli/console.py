@@ -128,6 +128,11 @@ def setup_lightning() -> None:
             handler.addFilter(_NoTips())
         if type(handler) is logging.StreamHandler:  # (the same handler, its writing only: as a subclass's instance)
             handler.__class__ = AboveBars
+    # a root handler there at Lightning's import (a caller's basicConfig): Lightning leaves its modules' loggers
+    # without handlers, and their lines reach the "lightning" package's console handler and the root's both
+    for handler in logging.getLogger("lightning").handlers:
+        if not any(isinstance(f, _NotSaidByRoot) for f in handler.filters):
+            handler.addFilter(_NotSaidByRoot())
 
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's, in its order
@@ -299,12 +304,23 @@ class _Stderr(AboveBars):
             super().emit(record)
 
 
+class _NotSaidByRoot(logging.Filter):
+    """Drops a line that a console handler of the root logger prints too (`_root_says_it`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _root_says_it(record)
+
+
 def _root_says_it(record: logging.LogRecord) -> bool:
     """Whether a console handler of the root logger (a script's or notebook's `logging.basicConfig`, before or
     after tinylm's setup) writes ``record`` as well: tinylm's lines reach it through the "tinylm" logger's
-    propagation, and every one of them ("CPU threads: ...", each warning and refusal) was printed twice. The root's
-    handler says it then, in the caller's own format, as Lightning leaves its lines to a configured root."""
-    if not log.propagate:
+    propagation, and every one of them ("CPU threads: ...", each warning and refusal) was printed twice, and so was
+    each of Lightning's. The root's handler says it then, in the caller's own format, as Lightning leaves its lines
+    to a root handler it finds at its import."""
+    logger = logging.getLogger(record.name)
+    while logger.propagate and logger.parent is not None:  # (a logger that does not propagate ends the way)
+        logger = logger.parent
+    if logger is not logging.root:
         return False
     console = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
     console |= {id(getattr(stream, "_stream", None)) for stream in (sys.stdout, sys.stderr)} - {id(None)}

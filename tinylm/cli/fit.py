@@ -329,6 +329,7 @@ class TinyLMCLI(LightningCLI):
 
         from tinylm.device import resolve_precision
         from tinylm.train.parallel import resolve_strategy
+        from tinylm.train.progress_bar import without_epoch_total
         from tinylm.train.run import run_callbacks
 
         sub = self.subcommand
@@ -353,6 +354,7 @@ class TinyLMCLI(LightningCLI):
         if trainer_cfg.get("min_steps") is not None and trainer_cfg.get("min_epochs") is None:
             trainer_cfg["min_epochs"] = 0  # Lightning's default with min_steps is 1: a whole notional epoch more
         check_callback_states(user_callbacks)
+        without_epoch_total(user_callbacks)  # a RichProgressBar's "Epoch 0/-2"
         check_train_monitors(user_callbacks, trainer_cfg.get("log_every_n_steps"))
         trainer_cfg["callbacks"] = user_callbacks + callbacks
         trainer_cfg["default_root_dir"] = str(self.run_dir)

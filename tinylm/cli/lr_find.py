@@ -80,6 +80,7 @@ def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                             use_distributed_sampler=False, default_root_dir=tmp)
         check_fits_in_memory(trainer, cli.model, cli.datamodule.batch_size)  # as fit's: one line, not an OOM kill
+        _set_cpu_threads(trainer, cli.config_init["fit"]["run"].threads)
         try:
             return range_test(trainer, cli.model, cli.datamodule, params=cli.model.model.num_params(),
                               min_lr=min_lr, max_lr=max_lr, num_training=num_training)
@@ -87,6 +88,22 @@ def _sweep(cli, opts: dict, *, min_lr: float, max_lr: float, num_training: int):
             if isinstance(e.__context__, KeyboardInterrupt):  # Lightning ends a Ctrl+C in sys.exit(1), a failure:
                 raise e.__context__ from None  # main() reports it as every command's Ctrl+C ("interrupted", 130)
             raise
+
+
+def _set_cpu_threads(trainer, requested: int | None) -> None:
+    """The sweep's torch threads on a CPU, chosen and said as fit's (`tinylm.device.choose_cpu_threads`): its own
+    Trainer kept torch's every thread beside other jobs, and --run.threads did nothing, without a word."""
+    if trainer.strategy.root_device.type != "cpu":
+        return
+    import logging
+
+    import torch
+
+    from tinylm.device import choose_cpu_threads
+
+    threads, why = choose_cpu_threads(requested)
+    torch.set_num_threads(threads)
+    logging.getLogger("tinylm").info("CPU threads: %s", why)
 
 
 def _next_command(fit_args: list[str], cli, lr: float) -> str:

@@ -220,6 +220,25 @@ def report_strategies(*, draft: bool = False, prompt_lookup: int = 0, num_draft_
     return STRATEGIES + tuple(extra)
 
 
+def check_report_inputs(model: GPT, tokenizer, prompts: Sequence[str] | str | None,
+                        strategies: Sequence[ReportStrategy] = STRATEGIES, draft: GPT | None = None) -> list:
+    """`sample_report`'s checks of its prompts and strategies against the model and its tokenizer, before any
+    sampling (`tinylm sample-report` runs them before its line of CPU threads too): a draft the strategies need, a
+    grammar the tokenizer cannot write, a prompt it cannot encode. Returns the prompts encoded (`encode_prompt`)."""
+    if isinstance(prompts, str):  # one prompt (iterated, it was one prompt per character)
+        prompts = [prompts]
+    if any(s.draft for s in strategies) and draft is None:
+        raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
+    constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
+    if constraints:  # a grammar the tokenizer cannot write is refused now, before the other strategies run
+        from tinylm.generate.constrained import check_writable, constraint_name, grammar_text
+
+        for kind, value in sorted(constraints):
+            check_writable(grammar_text(**{**dict.fromkeys(CONSTRAINTS), kind: value}), tokenizer,
+                           model.config.vocab_size, constraint_name(kind, value))
+    return [encode_prompt(tokenizer, p) for p in (prompts or [""])]
+
+
 def sample_report(
     model: GPT,
     tokenizer,
@@ -247,18 +266,7 @@ def sample_report(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if isinstance(prompts, str):  # one prompt (iterated, it was one prompt per character)
-        prompts = [prompts]
-    if any(s.draft for s in strategies) and draft is None:
-        raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
-    constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
-    if constraints:  # a grammar the tokenizer cannot write is refused now, before the other strategies run
-        from tinylm.generate.constrained import check_writable, constraint_name, grammar_text
-
-        for kind, value in sorted(constraints):
-            check_writable(grammar_text(**{**dict.fromkeys(CONSTRAINTS), kind: value}), tokenizer,
-                           model.config.vocab_size, constraint_name(kind, value))
-    encoded = [encode_prompt(tokenizer, p) for p in (prompts or [""])]
+    encoded = check_report_inputs(model, tokenizer, prompts, strategies, draft)
     results = _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max_new_tokens, seed,
                             progress)
     report: dict[str, Any] = {
@@ -268,6 +276,7 @@ def sample_report(
         "seed": seed,
         "strategies": {},
     }
+    constrained = any(s.constraint for s in strategies)  # a column of matches for every row
     for strat in strategies:
         r = results[strat.name]
         outs = r["outputs"]
@@ -283,7 +292,7 @@ def sample_report(
             "entropy": mean_of(r["entropy"]),
             "nll": mean_of(r["nll"]),
             **_speculative_metrics(r["stats"] if strat.speculative else None),
-            **({"matches": sum(r["matches"]) / len(r["matches"])} if constraints else {}),
+            **({"matches": sum(r["matches"]) / len(r["matches"])} if constrained else {}),
             "example": r["example"],
         }
     return report

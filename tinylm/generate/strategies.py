@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,7 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tinylm.device import free_memory
-from tinylm.generate.config import CONSTRAINTS, CONTRASTIVE_DEFAULT_TOP_K, SamplingConfig
+from tinylm.generate.config import (
+    CONSTRAINTS,
+    CONTRASTIVE_DEFAULT_TOP_K,
+    LIBRARY,
+    SamplingConfig,
+    Spelling,
+    idle_beam_options,
+)
 from tinylm.generate.constrained import rescue, restrict
 from tinylm.generate.options import sampling_options
 from tinylm.generate.processors import constrained_logits, sampling_logits
@@ -239,6 +247,23 @@ def check_memory(model: GPT, rows: int, strategy: str = "sample") -> None:
         raise ValueError(f"generating {rows:,} sequences at once needs ~{need / 2**30:.1f} GiB (KV cache and logits) "
                          f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / "
                          f"{'--top_k' if strategy == 'contrastive' else '--num_beams'}")
+
+
+def check_decoding(model: GPT, config: SamplingConfig, num_samples: int = 1, tokenizer=None,
+                   spell: Spelling = LIBRARY) -> None:
+    """What `generate_with` refuses of ``config`` for ``num_samples`` samples of one prompt as it starts, checked
+    before any output (`tinylm generate` says its line of CPU threads after it): the batch's memory, and a regex,
+    JSON schema or grammar that ``tokenizer`` cannot write; and a warning for beam options that cannot act
+    (`idle_beam_options`; ``spell``: how the options are named)."""
+    if tokenizer is not None and (idle := idle_beam_options(vars(config), spell, tokenizer.kind)):
+        warnings.warn(idle, stacklevel=2)
+    check_memory(model, batch_rows(config, num_samples, model.config.vocab_size), config.strategy)
+    kind = next((k for k in CONSTRAINTS if getattr(config, k, None)), None)
+    if kind is not None and tokenizer is not None:
+        from tinylm.generate.constrained import check_writable, constraint_name, grammar_text
+
+        check_writable(grammar_text(config.regex, config.json_schema, config.grammar), tokenizer,
+                       model.config.vocab_size, constraint_name(kind, getattr(config, kind)))
 
 
 def generate_with(

@@ -8,7 +8,7 @@ import time
 from typing import ClassVar
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from tinylm.progress import Lines, disabled_by_env, draws_bars
@@ -172,6 +172,27 @@ class ProgressBar(TQDMProgressBar):
             else:
                 out[name] = value
         return out
+
+
+def without_epoch_total(callbacks: list) -> None:
+    """A user's RichProgressBar (`--trainer.callbacks+=RichProgressBar`) says "Epoch 0", as Lightning's tqdm bar
+    does: under max_steps Lightning's max_epochs is -1 (no limit), and Lightning 2.6's rich bar wrote it as a total
+    less one, "Epoch 0/-2" (Lightning-AI/pytorch-lightning#21925). (The bar, its drawing only, becomes a
+    `_RichBar`; a subclass of the user's own is left as it is.)"""
+    for bar in callbacks:
+        if type(bar) is RichProgressBar:
+            bar.__class__ = _RichBar
+
+
+class _RichBar(RichProgressBar):
+    """Lightning's RichProgressBar, whose training bar of no epoch limit names no total (`without_epoch_total`)."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        text, epochs = super()._get_train_description(current_epoch), self.trainer.max_epochs
+        if epochs is None or epochs >= 0:
+            return text
+        said = f"Epoch {current_epoch}/{epochs - 1}"  # (its padding kept: the validation bar's width)
+        return text.replace(said, f"Epoch {current_epoch}".ljust(len(said)))
 
 
 def _is_val(name: str) -> bool:
