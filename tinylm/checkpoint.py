@@ -455,8 +455,11 @@ def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,
     """`load_model` of a checkpoint already loaded (``ckpt``, read from ``ckpt_path``): its step and its weights
     from one reading of the file."""
     from tinylm.model import GPT, GPTConfig
+    from tinylm.train.options import check_known_options
 
     hparams = dict(ckpt.get("hyper_parameters") or {})
+    check_known_options(hparams, ckpt_path, (ckpt.get("tinylm") or {}).get("options"))  # (a newer tinylm's option:
+    # dropped, it built another model)
     names = {f.name for f in fields(GPTConfig)}
     try:
         config = GPTConfig(**{k: v for k, v in hparams.items() if k in names})

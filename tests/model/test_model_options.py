@@ -13,7 +13,7 @@ from tinylm.checkpoint import CHECKPOINT_FORMAT
 from tinylm.device import peak_flops_by_name, precision_dtypes
 from tinylm.model.config import KINDS, GPTConfig, config_fields, option
 from tinylm.train.module import TinyLM
-from tinylm.train.options import FOLLOWS, config_docs
+from tinylm.train.options import FOLLOWS, OWN_OPTIONS, config_docs
 
 TINY = {"vocab_size": 65, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}
 
@@ -67,6 +67,7 @@ def test_tinylm_signature_is_gptconfig_fields_and_its_own_options():
     params = inspect.signature(TinyLM.__init__).parameters
     own = [n for n in params if n != "self" and n not in {f.name for f in dataclasses.fields(GPTConfig)}]
     assert own[:3] == ["prefix_len", "optimizer", "muon_lr"] and own[-1] == "init_from"
+    assert own == list(OWN_OPTIONS)  # what a checkpoint may hold besides the fields (else: a newer tinylm's)
     names = [n for n in params if n != "self"]
     assert names[names.index("attn_mask") + 1] == "prefix_len" and FOLLOWS == {"prefix_len": "attn_mask"}
     assert [n for n in names if n not in own] == [f.name for f in dataclasses.fields(GPTConfig)]

@@ -174,6 +174,31 @@ def test_resumed_run_continues_the_same_wandb_run(no_wandb_account, tmp_path, ru
     assert len(runs) == 3 and _ids(runs) == {first["wandb_id"]}, [r.name for r in runs]
 
 
+def test_an_older_checkpoints_wandb_run_is_continued_under_a_config_without_a_project(no_wandb_account, tmp_path,
+                                                                                       run_config, capfd):
+    """Catches a run whose checkpoint an older tinylm wrote (the W&B run's id kept, its project not) resumed under a
+    config without a project (the laptop recipe's) logging nothing more to W&B, without a word: the project comes
+    from the run's own config record, and the resume continues the same W&B run."""
+    import torch
+
+    run_config(name="c.yaml", run={"name": "wb", "wandb_project": "tinylm-test"}, model={"n_layer": 1})
+    main(["fit", "--config", "c.yaml", "--trainer.max_steps", "2"])
+    last = tmp_path / "runs" / "wb" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    del ckpt["tinylm"]["wandb_project"]  # as a tinylm before the project was kept wrote it
+    last.unlink()  # a new file: last.ckpt may be step-2.ckpt's, read-only (tinylm.checkpoint_share)
+    torch.save(ckpt, last)
+    settings = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    (tmp_path / "null.yaml").write_text(yaml.safe_dump({**settings, "run": {**settings["run"], "wandb_project": None}}))
+    capfd.readouterr()
+    main(["fit", "--config", "null.yaml", "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    err = capfd.readouterr().err
+    assert "keeps the run's W&B run but not its project (an older tinylm's checkpoint): tinylm-test" in err, err
+    runs = sorted((tmp_path / "runs" / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and _ids(runs) == {ckpt["tinylm"]["wandb_id"]}, [r.name for r in runs]  # one W&B run
+    assert torch.load(last, weights_only=True)["tinylm"]["wandb_project"] == "tinylm-test"
+
+
 def test_samples_sit_at_the_wandb_step_of_their_steps_metrics(no_wandb_account, run_config, monkeypatch):
     """Catches the samples table logged at W&B's x axis value one past the metrics of the same optimizer step
     (its val/loss at Lightning's logging step, steps done - 1; the table at steps done): on W&B a sample and the

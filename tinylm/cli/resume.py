@@ -224,6 +224,8 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         # its project, which a resume without the WANDB_PROJECT that named it would not find (tinylm.train.loggers.
         # wandb_project_for: a --run.wandb_project flag overrides it); a branch's own W&B run goes beside it
         wandb_project = meta.get("wandb_project")
+        if "wandb_project" not in meta and wandb_id:  # an older tinylm's: the W&B run, not its project
+            wandb_project = _older_wandb_project(ckpt_path)
     update = {"model": model_from(ckpt, meta, cfg, sub, ckpt_path, defaults, named)}
     data = run_data(ckpt, cfg, flags, ckpt_path)
     if sub == "validate":
@@ -425,19 +427,32 @@ def _other_file(ckpt: dict, spec: str) -> tuple[int, int, str, str] | None:
         else None
 
 
+def _older_wandb_project(ckpt_path: str) -> str | None:
+    """The W&B project of the run that ``ckpt_path`` (in its own run folder) continues, where the checkpoint is of a
+    tinylm that kept the W&B run's id but not its project: the run's newest config record's. Resumed under a config
+    without a project (the laptop recipe's), such a run stopped logging to W&B without a word."""
+    from tinylm.cli.run_folder import run_record
+
+    record, settings = run_record(Path(ckpt_path).parent.parent)
+    project = (settings.get("run") or {}).get("wandb_project") if isinstance(settings.get("run"), dict) else None
+    if isinstance(project, str) and project:
+        log.info("%s keeps the run's W&B run but not its project (an older tinylm's checkpoint): %s, from %s",
+                 ckpt_path, project, record)
+        return project
+    return None
+
+
 def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, named: set[str]) -> dict:
     """The checkpoint's model hyperparameters that this command takes (warning about the user's it ignores)."""
     from tinylm.model.config import config_fields
     from tinylm.train.init_from import architecture_fields
     from tinylm.train.module import TinyLM
+    from tinylm.train.options import check_known_options
 
     saved = dict(ckpt.get("hyper_parameters") or {})
     saved.pop("_instantiator", None)
     known = set(inspect.signature(TinyLM.__init__).parameters) - {"self"}
-    unknown = sorted(set(saved) - known)
-    if unknown:  # version skew: a checkpoint from another tinylm version
-        log.warning("checkpoint %s has hyperparameters this tinylm does not know: %s (ignored)",
-                    ckpt_path, ", ".join(unknown))
+    check_known_options(saved, ckpt_path, meta.get("options"))  # a newer tinylm's option (ignored: another model)
     _check_saved(saved, known, ckpt_path)
     _check_saved_size(ckpt, saved, ckpt_path)
     # how the model runs, not what it computes: this run's own settings (turn recomputation on after an OOM)

@@ -27,7 +27,16 @@ from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
 from tinylm.train.init_from import load_pretrained
 from tinylm.train.optim import build_optimizer, fused_adamw
-from tinylm.train.options import RANGES, WHOLE, call_options, check_choices, config_options, save_hyperparameters
+from tinylm.train.options import (
+    RANGES,
+    WHOLE,
+    call_options,
+    check_choices,
+    check_known_options,
+    config_options,
+    model_option_names,
+    save_hyperparameters,
+)
 from tinylm.train.parallel import broadcast_weights, clip_by_global_norm, is_sharded, shard_gpt
 from tinylm.train.schedules import lr_at
 
@@ -503,6 +512,7 @@ class TinyLM(L.LightningModule):
         checkpoint["tinylm"] = {**(checkpoint.get("tinylm") or {}),  # (the run's config: tinylm.cli's RunConfig)
                                 "format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
                                 "wandb_project": wandb_project, "init_from": self.init_source,
+                                "options": model_option_names(),  # (an older tinylm refuses a newer's option)
                                 # one CPU process's torch threads: a resume with others sums in another order
                                 "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" and
                                 self.trainer.world_size == 1 else None}
@@ -510,6 +520,7 @@ class TinyLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = tinylm_section(checkpoint)
         saved = checkpoint.get("hyper_parameters", {})
+        check_known_options(saved, None, meta.get("options"))  # a newer tinylm's (load_from_checkpoint dropped it)
         shape = (*config_fields("data", "size", "arch"), "optimizer")  # what the weights and optimizer state are
         diffs = [f"{k}: checkpoint {saved[k]!r}, this run {self.hparams[k]!r}" for k in shape
                  if k in saved and saved[k] != self.hparams[k]]

@@ -13,6 +13,7 @@ annotation and default) and an ``Args:`` docstring made of the fields' attribute
 from __future__ import annotations
 
 import inspect
+import os
 import textwrap
 import typing
 from collections.abc import Callable
@@ -20,11 +21,18 @@ from dataclasses import fields
 from types import FrameType
 from typing import Any
 
+from tinylm.errors import TinyLMError
 from tinylm.model import GPTConfig
 from tinylm.model.config import CONFIG_RANGES
 from tinylm.ranges import check_ranges
 from tinylm.train.optim import OPTIMIZERS
 from tinylm.train.schedules import SCHEDULES
+
+OWN_OPTIONS = ("prefix_len", "optimizer", "muon_lr", "muon_momentum", "muon_weight_decay", "lr", "min_lr",
+               "lr_schedule", "warmup_steps", "decay_steps", "decay_fraction", "weight_decay", "beta1", "beta2",
+               "compile_model", "activation_checkpointing", "fsdp_reshard_after_forward", "init_from")
+"""TinyLM's own options, as its ``__init__`` declares them (tests/model/test_model_options.py checks): with
+GPTConfig's fields, every name a checkpoint's hyperparameters hold; known here without importing the module."""
 
 FOLLOWS = {"prefix_len": "attn_mask"}
 """TinyLM's own options that the signature (and so `--help`) lists right after the GPTConfig field they qualify;
@@ -140,3 +148,28 @@ def check_options(options: dict[str, Any]) -> None:
     check_choices(options)
     check_ranges("model", options, RANGES, whole=WHOLE)
     GPTConfig(**{f.name: options[f.name] for f in fields(GPTConfig)})
+
+
+def model_option_names() -> list[str]:
+    """Every name a checkpoint's hyperparameters hold as a model option of this tinylm (GPTConfig's fields and
+    `OWN_OPTIONS`): the checkpoint keeps the list (its ``tinylm`` section's ``options``), so that an older tinylm
+    tells a newer one's option from a script's subclass's own argument."""
+    return sorted({f.name for f in fields(GPTConfig)} | set(OWN_OPTIONS))
+
+
+def check_known_options(saved: dict[str, Any], ckpt_path: str | os.PathLike | None, written: Any) -> None:
+    """Refuse a checkpoint whose hyperparameters (``saved``) hold a model option of the tinylm that wrote it
+    (``written``: the names its ``tinylm`` section lists) that this tinylm does not know: a newer tinylm's, which
+    read without it builds another model than the one trained (a new architecture option changes what the same
+    weights compute). generate and export dropped such an option without a word, a resume with a warning,
+    `TinyLM.load_from_checkpoint` without one (``ckpt_path`` None). Other names (a subclass's own arguments,
+    Lightning's ``_instantiator``) are not tinylm's to judge; a checkpoint without the list is of a tinylm whose
+    options are all options still."""
+    known = set(model_option_names())
+    unknown = [f"{k}={v!r}" for k, v in sorted(saved.items())
+               if isinstance(written, (list, tuple)) and k in written and k not in known]
+    if unknown:
+        what = "the checkpoint" if ckpt_path is None else f"checkpoint {str(ckpt_path)!r}"
+        raise TinyLMError(f"{what} has model options this tinylm does not know: "
+                          f"{', '.join(unknown)} (a newer tinylm wrote it, and without them it is another model); "
+                          "upgrade tinylm (git pull, or pip install -U tinylm) to read it")
