@@ -1373,3 +1373,12 @@ def test_a_whole_number_written_as_a_float_says_how_to_write_it(config, capsys, 
     said neither what was wrong with it nor how to write it."""
     _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.max_steps", value],
                     "--trainer.max_steps: expected a whole number", f"write it as {got}")
+
+
+def test_a_validation_interval_written_as_a_whole_float_says_how_to_write_it(config, capsys):
+    """Catches `--trainer.val_check_interval 1e3` (batches, an int or a float option) answered "1000.0 is a fraction
+    of an epoch": 1e3 is read as a float, which Lightning takes as a share of an epoch, and the line called 1000 a
+    fraction without saying how to write the number of batches meant."""
+    line = _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", "1e3"],
+                           "write it as 1000")
+    assert "1000.0 is a fraction" not in line

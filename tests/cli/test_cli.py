@@ -728,6 +728,47 @@ def test_a_command_from_another_thread_while_one_runs_is_one_line(run_config, ca
     assert Path("runs/third/checkpoints/last.ckpt").exists()
 
 
+def test_a_forked_child_is_not_refused_for_a_command_of_another_thread(run_config, monkeypatch):
+    """Catches a process forked while a command ran in a thread (a sweep's multiprocessing or ProcessPoolExecutor
+    workers, fork on Linux: the process-based executor the one-command refusal advises) refusing every command: the
+    child kept the parent's record of the running command, though only the forking thread runs in a child."""
+    import contextlib
+    import io
+    import multiprocessing
+    import threading
+
+    from tinylm.train.module import TinyLM
+
+    config, started, proceed = run_config(), threading.Event(), threading.Event()
+    configure = TinyLM.configure_optimizers
+
+    def configure_optimizers(self):  # the run in the other thread waits here, mid-fit, while the child is forked
+        started.set()
+        proceed.wait(60)
+        return configure(self)
+
+    def child(conn):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+            main(["generate", "--ckpt_path", "missing.ckpt", "--prompt", "a"])
+        conn.send(err.getvalue())
+
+    monkeypatch.setattr(TinyLM, "configure_optimizers", configure_optimizers)
+    thread = threading.Thread(target=main, args=(["fit", "--config", str(config)],), name="trial-1")
+    thread.start()
+    try:
+        assert started.wait(60)
+        ours, theirs = multiprocessing.get_context("fork").Pipe()
+        proc = multiprocessing.get_context("fork").Process(target=child, args=(theirs,))
+        proc.start()
+        said = ours.recv() if ours.poll(60) else "(nothing)"
+        proc.join(60)
+    finally:
+        proceed.set()
+        thread.join(120)
+    assert "another tinylm command" not in said and "missing.ckpt" in said, said
+
+
 def test_seed_everything_true_on_a_resume_keeps_the_run_seed(run_config, monkeypatch, caplog):
     """Catches `--seed_everything true` on a resume (a script's command with `--ckpt_path last` added) drawing a new
     seed: warned about as having "no effect" on every resume, and recorded in the resume's config as if it had. The

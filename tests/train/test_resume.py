@@ -241,6 +241,26 @@ def test_a_kill_inside_a_save_leaves_no_checkpoint_of_its_step_missing(run_confi
     _assert_same_rows(_val_losses(killed), _val_losses(straight))
 
 
+def test_a_resume_refused_for_a_lower_max_steps_leaves_the_cut_save_alone(run_config, tmp_path, monkeypatch):
+    """Catches `--ckpt_path last` with a --trainer.max_steps below the newest checkpoint's step taking that
+    checkpoint for a cut final save: the refused command ("nothing to train") first wrote step-N.ckpt and last.ckpt
+    and removed the older step-N.ckpt beyond run.keep_checkpoints, the one a resume to the lower max_steps needs."""
+    config = run_config(run={"name": "killed", "checkpoint_every": 3, "keep_checkpoints": 1},
+                        trainer={"max_steps": 4, "val_check_interval": 2})
+    run, killed = tmp_path / "runs" / "run", tmp_path / "runs" / "killed"
+    _snapshot_after_saving(monkeypatch, killed, run, step=4, name="best.ckpt")  # a kill in the final save
+    main(["fit", "--config", str(config)])
+    shutil.rmtree(killed)
+    run.rename(killed)
+    before = sorted(p.name for p in (killed / "checkpoints").iterdir())
+    assert before == ["best.ckpt", "last.ckpt", "step-3.ckpt"], before  # (not vacuous: the save was cut)
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == before
+    assert torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
 @pytest.mark.parametrize("cut", ["0", "0,3,1.2"], ids=["before-step", "inside-row"])
 def test_resume_past_a_cut_csv_row(run_config, tmp_path, cut):
     """Catches `--ckpt_path last` failing (TypeError) or keeping a half row when a crash cut metrics.csv's last

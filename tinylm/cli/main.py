@@ -103,6 +103,19 @@ _RUNNING: list[tuple[int, str, str]] = []
 _CLAIMING = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (multiprocessing's or a ProcessPoolExecutor's workers, fork on Linux) runs only the thread that
+    forked: another thread's command is not running there, and was refused in every worker a sweep forked while a
+    command ran in a thread (the process-based executor the refusal advises); the lock starts free."""
+    global _CLAIMING
+    _CLAIMING = threading.Lock()
+    _RUNNING[:] = [entry for entry in _RUNNING if entry[0] == threading.get_ident()]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _claim(argv: list[str] | None) -> tuple[bool, str | None]:
     """Take this process for the command of ``argv``: (whether this call took it, None) when it may run (this thread
     may hold it already: a callback's command inside a run), else (False, why not): another thread's command runs

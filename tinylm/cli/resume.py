@@ -85,7 +85,8 @@ def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | 
     keys = " ".join(load_checkpoint(path, mmap=True).get("callbacks") or {})
     saved = re.search(r"PeriodicCheckpoint\{[^}]*'every_n_train_steps': (\d+)", keys)
     every = int(saved[1]) if saved else run.checkpoint_every
-    if not (every > 0 and step % every == 0 or max_steps is not None and 0 < max_steps <= step):
+    # (the end: max_steps at that step; one below it is refused, "nothing to train", with the folder left as it is)
+    if not (every > 0 and step % every == 0 or max_steps == step):
         return ckpt_path  # a validation's best.ckpt between two saves: nothing was cut
     step_file = folder / f"step-{step}.ckpt"
     written = [f for f in [step_file] if run.keep_checkpoints != 0 and not f.exists()] + [folder / "last.ckpt"]

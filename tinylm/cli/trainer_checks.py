@@ -280,6 +280,10 @@ def _check_processes(trainer_cfg: dict[str, Any], subcommand: str) -> None:
 def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
     """A validation interval that a run of these options can keep: whole batches, at optimizer-step boundaries."""
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+    if isinstance(every, float) and every > 1 and every.is_integer():  # 1e3: read as a float, a share to Lightning
+        raise ValueError(f"trainer.val_check_interval={every} is a float (1e3 or 500.0 is read as one), which "
+                         f"Lightning takes as a fraction of an epoch; write it as {int(every)} (batches): "
+                         f"--trainer.val_check_interval {int(every)}")
     if isinstance(every, float) and trainer_cfg.get("check_val_every_n_epoch") is None:  # Lightning needs it then
         raise ValueError(f"trainer.val_check_interval={every} is a fraction of an epoch, and tinylm's epochs are "
                          "notional (random windows, driven by max_steps); give a number of batches (e.g. "
