@@ -261,7 +261,7 @@ def checkpoint_in_folder(folder: str | os.PathLike, names: tuple[str, ...] = ("b
     if not folder.is_dir() or is_sharded_checkpoint(folder):
         return None
     return next((str(p) for sub in (folder / "checkpoints", folder) for p in (sub / name for name in names)
-                 if p.is_file()), None)
+                 if is_checkpoint(p)), None)  # (FSDP2's are folders)
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:

@@ -1382,3 +1382,15 @@ def test_a_validation_interval_written_as_a_whole_float_says_how_to_write_it(con
     line = _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.val_check_interval", "1e3"],
                            "write it as 1000")
     assert "1000.0 is a fraction" not in line
+
+
+def test_a_run_folder_of_sharded_checkpoints_names_its_checkpoint(tmp_path):
+    """Catches an FSDP2 run's folder (best.ckpt and last.ckpt are folders there: sharded checkpoints) given as a
+    checkpoint answered with the generic "is a folder" line, not with its checkpoint."""
+    from tinylm.checkpoint import SHARDED_METADATA, checkpoint_in_folder
+
+    last = tmp_path / "runs" / "big" / "checkpoints" / "last.ckpt"
+    last.mkdir(parents=True)
+    (last / SHARDED_METADATA).write_bytes(b"")
+    assert checkpoint_in_folder(tmp_path / "runs" / "big") == str(last)
+    assert checkpoint_in_folder(last) is None  # (a sharded checkpoint itself is one)
