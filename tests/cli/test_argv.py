@@ -187,6 +187,26 @@ def test_a_tilde_is_expanded_only_in_options_that_take_a_path(monkeypatch):
     assert str(default_cache_dir()) == "/h/cache"
 
 
+def test_a_tilde_is_expanded_in_every_spelling_of_an_option(monkeypatch):
+    """Catches `-c~/c.yaml` (argparse's attached short option) and `--config="~/my c.yaml"` (a path with a space)
+    left unexpanded: "config file '~/c.yaml' not found", while `-c ~/c.yaml` and `-c=~/c.yaml` were found."""
+    monkeypatch.setenv("HOME", "/h")
+    args = ["-c~/c.yaml", "--config=~/my c.yaml", "--trainer.default_root_dir=~/my runs", "-c=~/d.yaml", "-cx.yaml"]
+    assert expand_home(args) == ["-c/h/c.yaml", "--config=/h/my c.yaml", "--trainer.default_root_dir=/h/my runs",
+                                 "-c=/h/d.yaml", "-cx.yaml"]
+
+
+def test_a_bare_flag_before_an_option_with_an_attached_text_with_a_space_is_true():
+    """Catches `tinylm generate --no_cache "--prompt=hello there"` refused with "argument --no_cache: expected one
+    argument": the text's space made `--prompt=hello there` look like a value (tinylm.cli.argv.is_value), so no
+    `true` was added after the bare flag, while argparse reads an option of the command there."""
+    from tinylm.cli.commands import _bare_booleans, generate
+
+    assert _bare_booleans(generate, ["--no_cache", "--prompt=hello there"]) == ["--no_cache", "true",
+                                                                                "--prompt=hello there"]
+    assert _bare_booleans(generate, ["--no_cache", "a b"]) == ["--no_cache", "a b"]  # a value as before
+
+
 def test_samples_prompts_on_the_command_line_are_the_texts_typed(run_config, capsys):
     """Catches fit's --samples.prompts read as YAML (jsonargparse's way): `--samples.prompts+ "[END]"` sampled from
     "END", `"- a"` from "a", "Q: x" replaced the config's list with a mapping; `--samples.prompts ROMEO` was refused

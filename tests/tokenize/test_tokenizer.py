@@ -77,6 +77,14 @@ def test_tiktoken_path_round_trips_any_text(small_tiktoken, text):
     assert small_tiktoken.decode(small_tiktoken.encode(text)) == text
 
 
+def test_a_lone_surrogate_reads_as_u_fffd_in_every_byte_level_backend(bpe, small_tiktoken):
+    """Catches the bpe (Hugging Face) backend's TypeError "TextInputSequence must be str" for a str with a lone
+    surrogate (Python's surrogateescape, a JSON "\\udc80"), where tiktoken and scratch-bpe read it as U+FFFD."""
+    for tok in (bpe, small_tiktoken):
+        assert tok.encode("a\udc80b") == tok.encode("a\ufffdb")
+        assert tok.encode_batch(["x", "a\udc80b"]) == [tok.encode("x"), tok.encode("a\ufffdb")]
+
+
 def test_bpe_trained_shape(bpe):
     """Prevents a trained BPE without the 256-byte alphabet, without EOS, or over the requested size."""
     assert 257 <= bpe.vocab_size <= 400

@@ -201,28 +201,16 @@ def home_expanded(key: str, value: Any) -> Any:
 
 
 def expand_home(args: list[str]) -> list[str]:
-    """``args`` with `home_expanded` applied to the value of each option that takes a path (``--key VALUE`` and
-    ``--key=VALUE``, read as `options` reads them)."""
+    """``args`` with `home_expanded` applied to the value of each option that takes a path (``--key VALUE``,
+    ``--key=VALUE``, ``-cFILE``, read as `spans` reads them: ``-c~/a.yaml`` and ``--config=~/my runs.yaml`` too)."""
     out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if arg == "--":
-            out += args[i - 1:]
-            break
-        if is_value(arg):
-            out.append(arg)
-            continue
-        flag, eq, value = arg.partition("=")
-        key = "config" if flag == "-c" else flag.lstrip("-")
-        if eq:
-            out.append(f"{flag}={home_expanded(key, value)}")
-            continue
-        out.append(arg)
-        if arg not in NO_VALUE and i < len(args) and is_value(args[i]):
-            out.append(home_expanded(key, args[i]))
-            i += 1
+    for key, value, span in spans(args):
+        if key is None or value is None:
+            out += span
+        elif len(span) == 2:  # --key VALUE
+            out += [span[0], home_expanded(key, value)]
+        else:  # --key=VALUE, -c=FILE, -cFILE: the value ends the argument
+            out.append(span[0][: len(span[0]) - len(value)] + home_expanded(key, value))
     return out
 
 

@@ -106,14 +106,17 @@ def _refuse_nulls(fn: Callable, kwargs: dict) -> None:
 def _bare_booleans(fn: Callable, args: list[str]) -> list[str]:
     """``args`` with ``true`` after each bare boolean flag of ``fn`` (``--json``, ``--no_cache``): jsonargparse's
     booleans take a value ("argument --no_cache: expected one argument"). Bare: followed by nothing, or by what
-    jsonargparse would read as the next option (tinylm.cli.argv.is_value)."""
+    jsonargparse would read as the next option (tinylm.cli.argv.is_value; ``--prompt="a b"`` too: one of ``fn``'s
+    options with its value attached, which argparse reads as an option whatever the value holds)."""
     from tinylm.cli.argv import is_value
 
-    flags = {f"--{name}" for name, p in inspect.signature(fn).parameters.items() if p.annotation in (bool, "bool")}
+    params = inspect.signature(fn).parameters
+    flags = {f"--{name}" for name, p in params.items() if p.annotation in (bool, "bool")}
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
-        if arg in flags and (i + 1 == len(args) or not is_value(args[i + 1])):
+        nxt = args[i + 1] if i + 1 < len(args) else "--"
+        if arg in flags and (not is_value(nxt) or nxt.partition("=")[0].removeprefix("--") in params):
             out.append("true")
     return out
 

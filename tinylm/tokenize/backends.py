@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from tinylm.tokenize.bpe import _valid_utf8
+
 _SHOWN = ("max_length", "pad_token", "length")  # the settings of truncation / padding that a note names
 
 
@@ -37,6 +39,10 @@ class HFBackend:
     def encode(self, text: str) -> list[int]:
         try:
             return self.tok.encode(text, add_special_tokens=False).ids
+        except TypeError:  # "TextInputSequence must be str": a lone surrogate (no UTF-8 has it), which tiktoken and
+            if (fixed := _valid_utf8(text)) is text:  # scratch-bpe read as U+FFFD
+                raise
+            return self.encode(fixed)
         except Exception as e:
             if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
                 raise
@@ -47,6 +53,10 @@ class HFBackend:
         fn = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
         try:
             return [e.ids for e in fn(texts, add_special_tokens=False)]
+        except TypeError:  # a lone surrogate (see encode)
+            if (fixed := [_valid_utf8(t) for t in texts]) == texts:
+                raise
+            return self.encode_batch(fixed)
         except Exception as e:
             if type(e) is not Exception:  # the tokenizers library raises a bare Exception for text it cannot encode
                 raise
