@@ -441,7 +441,10 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu", *,
     Raises FileNotFoundError / CheckpointError naming what is wrong: a missing or broken file, a tensor of another
     shape than the hyperparameters say (the message names the tensor and both shapes), missing or extra weights.
     """
-    device = resolve_device(str(map_location or "cpu"))  # (one line for "gpu", or cuda on a machine without one)
+    try:  # one line for "gpu", or cuda on a machine without one; the commands resolve --device before this
+        device = resolve_device(str(map_location or "cpu"))
+    except ValueError as e:  # so a script's map_location is named, not a flag it has none of
+        raise ValueError(re.sub(r"--device (\w+)", r"map_location='\1'", str(e))) from None
     try:  # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
         return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, device)
     except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file

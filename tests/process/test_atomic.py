@@ -615,6 +615,17 @@ def test_load_model_leaves_the_callers_random_state_alone_and_names_a_device_it_
     assert load_model(path, map_location=torch.device("cpu"))[0].lm_head.weight.device.type == "cpu"
 
 
+def test_load_model_names_map_location_not_the_commands_device_flag(tmp_path, monkeypatch):
+    """Catches load_model(path, map_location="cuda") on a machine without CUDA telling a script to "use --device
+    cpu", a flag of the commands that a Python caller has none of (docs/python.md): it names map_location."""
+    from tinylm.checkpoint import load_model
+
+    path = _model_checkpoint(tmp_path / "ok.ckpt")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device 'cuda' asked for, but this machine has no CUDA device; "
+                                         r"use map_location='cpu'$"):
+        load_model(path, map_location="cuda")
+
 def test_a_checkpoint_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
     """Catches atomic_write swapping the new file in before it is fsynced (a crash right after could leave the name
     pointing at a file whose data never reached the disk: the point of writing it beside and renaming)."""
