@@ -575,7 +575,7 @@ def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: st
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
 
 
-_STEP_NAME = re.compile(r"step-(\d+)\.ckpt")  # the periodic checkpoints' name (tinylm.train.run): its global_step
+STEP_NAME = re.compile(r"step-(\d+)\.ckpt")  # the periodic checkpoints' name (tinylm.train.run): its global_step
 
 
 def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
@@ -586,7 +586,7 @@ def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], lis
     found, broken = [], []
     for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
         try:
-            if (named := _STEP_NAME.fullmatch(path.name)) and zipfile.is_zipfile(path):
+            if (named := STEP_NAME.fullmatch(path.name)) and zipfile.is_zipfile(path):
                 found.append((int(named[1]), False, path))
                 continue
             found.append((int(load_checkpoint(path, mmap=True).get("global_step", 0)), path.name == "last.ckpt", path))

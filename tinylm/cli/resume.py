@@ -73,7 +73,7 @@ def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | 
     saved at (every run.checkpoint_every of the run that wrote it, or the end), step-N.ckpt and last.ckpt are
     written now as copies of it (the files of one step hold one state; `tinylm.checkpoint_share`), the step-N.ckpt
     files trimmed to run.keep_checkpoints, and last.ckpt returned; else ``ckpt_path``."""
-    from tinylm.checkpoint import checkpoints_by_step, load_checkpoint, remove_checkpoint
+    from tinylm.checkpoint import STEP_NAME, load_checkpoint, remove_checkpoint
 
     path, folder = Path(ckpt_path), run_dir / "checkpoints"
     found, broken = checkpoints_by_step(folder)
@@ -92,7 +92,7 @@ def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | 
     written = [f for f in [step_file] if run.keep_checkpoints != 0 and not f.exists()] + [folder / "last.ckpt"]
     if written[0] == step_file:
         _copy_checkpoint(path, step_file)
-    steps = dict(sorted((s, p.name) for s, _, p in [*found, (step, False, step_file)] if _STEP_FILE.fullmatch(p.name)))
+    steps = dict(sorted((s, p.name) for s, _, p in [*found, (step, False, step_file)] if STEP_NAME.fullmatch(p.name)))
     removed = list(steps.values())[: -run.keep_checkpoints] if run.keep_checkpoints > 0 else []
     for name in removed:
         remove_checkpoint(folder / name)
@@ -101,9 +101,6 @@ def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | 
              "save would have", step, path.name, " and ".join(f.name for f in written),
              f" and removed {', '.join(removed)} (run.keep_checkpoints {run.keep_checkpoints})" if removed else "")
     return str(folder / "last.ckpt")
-
-
-_STEP_FILE = re.compile(r"step-\d+\.ckpt")
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
