@@ -47,10 +47,12 @@ def setup() -> None:
         warnings.simplefilter("ignore")
     elif log.level == logging.ERROR:  # (a command of the same process as another rank's, a notebook's or a test's)
         log.setLevel(logging.INFO)
-    # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line
+    # a rank that ddp_fork starts from this process learns its rank later: its handler asks at each line; a line
+    # that a caller's root handler prints too is left to it
     for handler in log.handlers:
         if isinstance(handler, _Stderr) and not any(isinstance(f, _RankZero) for f in handler.filters):
             handler.addFilter(_RankZero())
+            handler.addFilter(_NotSaidByRoot())
     # torch's line as ddp_fork ends the other training processes after one failed: the failure's line says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     # Lightning's own deprecation noise about torch internals: nothing a tinylm user can act on
@@ -288,8 +290,7 @@ class AboveBars(logging.StreamHandler):
 
 
 class _Stderr(AboveBars):
-    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with), unless a handler of the
-    root logger writes the line to the console too (`_root_says_it`)."""
+    """A handler writing to whatever ``sys.stderr`` is now (not the one it was created with)."""
 
     @property
     def stream(self):
@@ -298,10 +299,6 @@ class _Stderr(AboveBars):
     @stream.setter
     def stream(self, value) -> None:
         pass
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not _root_says_it(record):
-            super().emit(record)
 
 
 class _NotSaidByRoot(logging.Filter):
