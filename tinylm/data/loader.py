@@ -128,10 +128,11 @@ class ValBatches(_TokenWindows):
     keeps the first batches only. The same on every call.
 
     Under several ranks each takes every `world_size`-th batch from its `rank` on (their sums add up to the
-    split's); when there are fewer batches than ranks, every rank takes all of them (the ratios of the sums, which
-    validation reports, come out the same). Every rank runs as many batches: a rank whose share is one short ends
-    on a batch whose targets are all IGNORE (it counts nothing). Under FSDP each forward gathers the weights from
-    every rank, and a rank with a batch fewer left the others waiting for it forever (3 batches on 2 ranks)."""
+    split's, also with fewer batches than ranks). Every rank runs as many batches: a rank whose share is one short
+    ends on a batch whose targets are all IGNORE (it counts nothing). Under FSDP each forward gathers the weights
+    from every rank, and a rank with a batch fewer left the others waiting for it forever (3 batches on 2 ranks).
+    (With fewer batches than ranks every rank once took all of them: val/loss and val/bpb, ratios, came out the
+    same, but the bytes of text `tinylm validate` says it scored were counted once per rank.)"""
 
     def __init__(self, path: str | Path, *, dtype: str, n_tokens: int, block_size: int, batch_size: int,
                  limit: int | None = None, rank: int = 0, world_size: int = 1) -> None:
@@ -141,7 +142,7 @@ class ValBatches(_TokenWindows):
         self.n_windows = whole + (self.tail > 0)
         n = -(-self.n_windows // batch_size)
         self.n_batches = n if limit is None else min(n, limit)  # in all, over every rank
-        self.rank, self.world_size = (rank, world_size) if self.n_batches >= world_size else (0, 1)
+        self.rank, self.world_size = rank, world_size
 
     def __len__(self) -> int:
         return -(-self.n_batches // self.world_size)  # the same on every rank
@@ -151,8 +152,12 @@ class ValBatches(_TokenWindows):
             raise IndexError(i)
         j = self.rank + i * self.world_size  # the batch of the split
         if j >= self.n_batches:  # this rank's share is one short: a batch that counts nothing
-            x, y = self[0]  # (its first batch: rank < n_batches)
+            x, y = self._batch(0)  # (the split's first batch: any one, as its targets are all ignored)
             return x, torch.full_like(y, IGNORE)
+        return self._batch(j)
+
+    def _batch(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``j`` of the split (0 <= j < n_batches): x, y (B, T), y's targets scored already IGNORE."""
         T = self.block_size
         w = np.arange(j * self.batch_size, min((j + 1) * self.batch_size, self.n_windows), dtype=np.int64)
         x, y = self.windows(np.minimum(w * T, self.n_tokens - 1 - T))  # the last window ends at the split's end
