@@ -346,6 +346,9 @@ def test_config_type_errors_and_typos_are_jsonargparse_messages(config, capsys, 
     ("fit", ["--model.n_layers", "3"], {}, "--model.n_layers 3; the nearest option is --model.n_layer 3"),
     ("fit", ["--trainer.block_size", "8"], {}, "block_size is an option of data: --data.block_size 8"),  # not model's
     ("fit", ["--nosuch.option", "3"], {}, "tinylm fit: error: unrecognized arguments: --nosuch.option 3"),
+    # a config's option no section has, nor a near name: a typo, or a config of a newer tinylm (said without a word)
+    ("fit", [], {"model": {"brand_new_option": 3}}, "'model.brand_new_option'; no tinylm option has that name: drop "
+     "it from the config, or, if a newer tinylm wrote the config, upgrade tinylm (git pull, or pip install -U tinylm)"),
 ])
 def test_an_option_in_the_wrong_section_names_where_it_lives(config, tmp_path, capsys, command, given, files, hint):
     """Catches jsonargparse's bare "unrecognized arguments: --trainer.lr 0.01" (or, from a config file, "does not
@@ -420,7 +423,8 @@ def test_a_resume_on_another_corpus_is_refused_before_its_data_is_prepared(confi
 @pytest.mark.parametrize("flags, says", [
     (["--model.n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--model.positions", "rope", "--model.n_embd", "18", "--model.n_head", "2"], "head size n_embd/n_head = 9"),
-    (["--run.checkpoint_every", "0"], "run.checkpoint_every must be >= 1"),
+    (["--run.checkpoint_every", "0"], "got 0; pass --run.checkpoint_every N (steps between saves), or "
+                                      "--trainer.enable_checkpointing false to save none"),
 ])
 def test_model_and_run_options_are_refused_before_the_data_is_prepared(config, tmp_path, capsys, flags, says):
     """Catches a model shape the GPT cannot build, or a bad run option, refused only after the data module had

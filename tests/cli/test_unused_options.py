@@ -223,3 +223,23 @@ def test_a_runs_record_with_weights_only_false_still_resumes(run_config, caplog)
     with pytest.raises(_Parsed):
         lightning_main(["fit", "--config", str(path)], cli_class=_ParseOnly)
     assert any("weights_only: false in the config does nothing" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unused_option_out_of_its_range_is_refused_alone(run_config, tmp_path, caplog, capsys):
+    """Catches `--data.clean.near_threshold 1.5` without near (fit and prepare) and `--model.muon_lr -1` with AdamW
+    printing "does nothing ... drop it, or turn that on" and then the refusal of the same value: the range is
+    checked first, and its one line is all the user reads."""
+    from tinylm.cli import main
+
+    caplog.set_level(logging.WARNING, logger="tinylm")
+    for args, said in ((["--data.clean.near_threshold", "1.5"], r"data\.clean\.near_threshold must be in \(0, 1\]"),
+                       (["--model.muon_lr", "-1"], r"model\.muon_lr must be in \(0, inf\)")):
+        with pytest.raises(ValueError, match=said):
+            _warnings(run_config, caplog, *args)
+        assert not [r for r in caplog.records if "does nothing" in r.getMessage()], args
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog " * 20)
+    with pytest.raises(SystemExit):
+        main(["prepare", "--data.corpus", str(tmp_path / "c.txt"), "--data.cache_dir", str(tmp_path / "cache"),
+              "--data.clean.near_threshold", "1.5"])
+    assert "near_threshold must be in (0, 1], got 1.5" in capsys.readouterr().err
+    assert not [r for r in caplog.records if "does nothing" in r.getMessage()]

@@ -225,10 +225,10 @@ def prepare(args: list[str]) -> dict[str, Any]:
 
     # the data options of one table with fit's (`--data.vocab_size 100` with the char tokenizer was silently ignored)
     typed = {key for key, _ in options(args)}
+    # (built first: an option out of its range is refused alone, not after a warning that it does nothing)
+    dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
     warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data}, typed)
     warn_loader_flags(typed)
-
-    dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
     dm.prepare_data()
     dm.setup("fit")  # a split too short for one window is refused here, as fit would
     summary = dm.summary()

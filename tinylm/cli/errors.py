@@ -148,7 +148,8 @@ def with_section_hint(message: str, options: set[str]) -> str:
     if said := re.fullmatch(r"Subcommand '[\w-]+' does not accept option '([^']+)'|Option '([^']+)' is not accepted",
                             message):  # (the second: a command's --config file)
         said = [None, said[1] or said[2]]
-        hints = [_section_hint(said[1], None, options, flag=False)]
+        # no home and no near name: a typo reads the same, but so does a config of a newer tinylm
+        hints = [_section_hint(said[1], None, options, flag=False) or NEWER_HINT]
     elif said := re.fullmatch(r"unrecognized arguments: (.*)", message, re.S):
         words = said[1].split()
         given = [(w[2:].partition("=")[0], w.partition("=")[2] if "=" in w else
@@ -159,6 +160,10 @@ def with_section_hint(message: str, options: set[str]) -> str:
         return message
     return "; ".join([message, *filter(None, hints)])
 
+
+NEWER_HINT = ("no tinylm option has that name: drop it from the config, or, if a newer tinylm wrote the config, "
+              "upgrade tinylm (git pull, or pip install -U tinylm)")
+"""For a config file's option that names nothing this tinylm has, nor anything near it."""
 
 OPTIMIZER_HINT = ("tinylm's optimizer and LR schedule are set with --model.* (optimizer adamw or muon, lr, min_lr, "
                   "lr_schedule, weight_decay, beta1, beta2): see tinylm fit --help")

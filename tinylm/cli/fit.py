@@ -227,7 +227,7 @@ class TinyLMCLI(LightningCLI):
         sub = self.config.get("subcommand")
         cfg = self._home_expanded()
         self._check_nulls(cfg)
-        check_data_ranges(dict(cfg.data))  # (before the model, given data.block_size, names it model.block_size)
+        check_data_ranges(_options(cfg.data))  # (before the model, given data.block_size, names it model.block_size)
         check_trainer_options(trainer_section(cfg.trainer), sub)
         self.run_dir = run_dir_of(cfg.trainer.get("default_root_dir"), cfg.run.name)
         if sub == "fit":
@@ -303,6 +303,13 @@ class TinyLMCLI(LightningCLI):
             # it when it was accepted and ignored: it resumes and validates as before
             log.warning("weights_only: false in the config does nothing: tinylm always loads checkpoints with "
                         "weights_only=True (tensors and plain values, never code)")
+        from tinylm.train.options import RANGES
+
+        # the model's numbers before the data is built (a tokenizer trained, a corpus tokenized: minutes, for a
+        # typo) and before the warnings: a value out of its range is refused alone, not after "does nothing"
+        model = dict(self._section().get("model") or {})
+        check_ranges("model", model, RANGES)
+        _check_shape(model)
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
 
@@ -314,13 +321,6 @@ class TinyLMCLI(LightningCLI):
             from tinylm.cli.unused import warn_training_flags
 
             warn_training_flags(self._flags)
-        from tinylm.train.options import RANGES
-
-        # the model's numbers before the data module is built: that trains a tokenizer and tokenizes the corpus
-        # first, minutes on a large one, before TinyLM's own check named `--model.lr -1e-3`
-        model = dict(self._section().get("model") or {})
-        check_ranges("model", model, RANGES)
-        _check_shape(model)
 
     # ---- the trainer -------------------------------------------------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any):

@@ -55,7 +55,9 @@ class RunOptions:
         if self.wandb_project is not None and os.environ.get("WANDB_PROJECT"):  # wandb.init reads it, flag or not
             check_wandb_project(os.environ["WANDB_PROJECT"], "WANDB_PROJECT=")
         if self.checkpoint_every < 1:
-            raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}")
+            raise ValueError(f"run.checkpoint_every must be >= 1 optimizer steps, got {self.checkpoint_every}; pass "
+                             "--run.checkpoint_every N (steps between saves), or --trainer.enable_checkpointing "
+                             "false to save none")
         if self.keep_checkpoints < -1:
             raise ValueError(f"run.keep_checkpoints must be -1 (keep all) or >= 0, got {self.keep_checkpoints}")
         if self.threads is not None and self.threads < 1:

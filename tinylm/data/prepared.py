@@ -315,8 +315,12 @@ class PreparedData:
 
 
 def check_data_ranges(options: dict[str, Any]) -> None:
-    """ValueError naming the first numeric data option of ``options`` out of its range (RANGES; counts whole)."""
+    """ValueError naming the first numeric data option of ``options`` out of its range (RANGES; counts whole), and
+    of ``clean`` given as a dict (a config's, checked before the unused-option warnings: its refusal is said
+    alone)."""
     check_ranges("data", options, RANGES, whole=set(RANGES) - {"val_fraction"})
+    if isinstance(clean := options.get("clean"), dict):
+        options_from(clean)
 
 
 def _corpus_specs(corpus: Any) -> str | list[str]:
