@@ -950,3 +950,31 @@ def test_the_top_level_help_names_every_flag_of_its_own():
     assert "--verbose" in usage() and "--version" in usage()
 
 
+
+
+def test_a_config_record_cut_by_a_kill_is_never_left_half_written(run_config, monkeypatch):
+    """Catches config.yaml and config.resume-step<N>.yaml written in place: a kill mid-write left a cut record in
+    the run folder (the next resume took its own config.yaml for another run's and moved it aside). A record is
+    written to a temp file renamed into place: a write cut short leaves the earlier record whole, or none."""
+    from pathlib import Path
+
+    config = run_config()
+    main(["fit", "--config", str(config)])
+    record = Path("runs/tiny/config.yaml").read_text()
+    real_write_text = Path.write_text
+
+    class Killed(BaseException):  # as SIGKILL: nothing of tinylm's own runs after it
+        pass
+
+    def cut(self, text, *args, **kwargs):  # half the record written, then the process is gone
+        if not self.name.startswith("config."):
+            return real_write_text(self, text, *args, **kwargs)
+        real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise Killed
+
+    monkeypatch.setattr(Path, "write_text", cut)
+    with pytest.raises(Killed):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    monkeypatch.setattr(Path, "write_text", real_write_text)
+    assert Path("runs/tiny/config.yaml").read_text() == record
+    assert sorted(p.name for p in Path("runs/tiny").glob("config*")) == ["config.yaml"]

@@ -14,6 +14,7 @@ from typing import Any
 from lightning.pytorch.cli import SaveConfigCallback
 
 from tinylm.cli.callback_checks import keep_none
+from tinylm.paths import replace_file
 from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
 log = logging.getLogger("tinylm")
@@ -116,7 +117,7 @@ class RunConfig(SaveConfigCallback):
             path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
             # before (killed in between): that record is kept too
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            _written(path, lambda: path.write_text(self._resume_record(), encoding="utf-8"))
+            replace_file(path, lambda tmp: tmp.write_text(self._resume_record(), encoding="utf-8"))
             return self._log_to_wandb(trainer)
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
                                         != self.parser.dump(self.config, **keep_none())):
@@ -126,8 +127,9 @@ class RunConfig(SaveConfigCallback):
             path.rename(kept)
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _written(path, lambda: self.parser.save(self.config, path, **keep_none(), overwrite=True,
-                                                multifile=self.multifile))
+        # (a file renamed into place: a kill or a full disk mid-write leaves no half-written record)
+        replace_file(path, lambda tmp: self.parser.save(self.config, tmp, **keep_none(), overwrite=True,
+                                                        multifile=self.multifile))
         self._log_to_wandb(trainer)
 
     def _resume_record(self) -> str:
@@ -177,16 +179,3 @@ def _stopped_by(trainer, before: dict[int, str | None]) -> str:
         if isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0:
             return f"--trainer.max_time: {cb._duration:g} s"
     return "--trainer.max_time, or a callback such as EarlyStopping"
-
-
-def _written(path: Path, write) -> None:
-    """``write()`` of the file ``path``; on a full disk (which fails at close, with no file name) the error names
-    ``path``, and no empty or half-written record is left."""
-    from tinylm.paths import writing
-
-    try:
-        with writing(path):
-            write()
-    except OSError:
-        path.unlink(missing_ok=True)
-        raise
