@@ -30,7 +30,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tinylm.checkpoint_share import StepFiles, one_name_left_writable
 from tinylm.device import resolve_device
 from tinylm.errors import TinyLMError
-from tinylm.paths import fsync_folder, naming, remove_path, swap_in
+from tinylm.paths import fsync_folder, naming, refuse_model_folder, remove_path, swap_in
 
 
 class CheckpointError(TinyLMError, ValueError):
@@ -127,8 +127,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     """Load a checkpoint safely, turning every way it can be broken into one clear :class:`CheckpointError`.
 
     ``mmap=True`` maps tensors lazily from the file: cheap when only metadata (step, hyperparameters) is needed.
-    A sharded checkpoint (a DCP folder that FSDP2 writes) is read as one: see `load_sharded` (with ``mmap``,
-    without its optimizer state).
+    A sharded checkpoint (FSDP2's DCP folder) is read as one: `load_sharded` (with ``mmap``, without optimizer state).
     """
     if not str(path).strip():  # Path("") is ".", a folder: name what was really given
         raise FileNotFoundError("--ckpt_path is empty (an unset shell variable?); pass the path of a .ckpt written by "
@@ -142,6 +141,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
         if found := checkpoint_in_folder(path):
             raise FileNotFoundError(f"checkpoint {str(path)!r} is a folder, a run's: pass one of its checkpoints, "
                                     f"--ckpt_path {found}")
+        refuse_model_folder(path)  # an export's: read with transformers, or by --model.init_from
         what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt)")

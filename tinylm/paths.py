@@ -216,3 +216,13 @@ def exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(b))
+
+
+def refuse_model_folder(path: Path) -> None:
+    """A Hugging Face model's folder (an export) where a tinylm checkpoint is read (`generate`, `validate`, `eval`,
+    `fit --ckpt_path`): one line saying what reads it. It said "is a folder; pass a .ckpt written by `tinylm fit`",
+    which the user of an export may not have."""
+    if path.is_dir() and (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} is a Hugging Face model's folder (such as `tinylm export` "
+                                "writes), not a tinylm checkpoint; load it with transformers' AutoModelForCausalLM, "
+                                f"or start a new run from its weights: tinylm fit --model.init_from {path}")

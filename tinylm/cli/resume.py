@@ -34,6 +34,7 @@ from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_
 from tinylm.cli.run_folder import holds_run, slurm_job_of
 from tinylm.cli.run_lock import running_holder
 from tinylm.errors import TinyLMError
+from tinylm.paths import refuse_model_folder
 
 log = logging.getLogger("tinylm")
 
@@ -178,6 +179,7 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} is a folder, a run's: pass one of its checkpoints, "
                                 f"--ckpt_path {found}")
     if ckpt_path and not is_checkpoint(ckpt_path):
+        refuse_model_folder(Path(ckpt_path))  # an export's: a fit starts from it with --model.init_from
         what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
