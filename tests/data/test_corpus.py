@@ -282,6 +282,19 @@ def test_empty_spec_is_refused_and_a_folder_corpus_skips_the_cache(tmp_path, mon
     assert list(open_corpus("**/*.txt", cache_dir="data_cache")) == ["my notes"]
 
 
+def test_a_folder_corpus_skips_the_caches_fingerprints_file(tmp_path, monkeypatch):
+    """Catches `--data.corpus .` (or `'**/*'`) reading the cache's fingerprints.json, which the run that hashed the
+    corpus writes there: the next `tinylm prepare --data.corpus .` refused the folder as "mixes files of different
+    kinds (.json, .txt)" (and a folder of .json files would have trained on it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "data_cache").mkdir()
+    (tmp_path / "data_cache" / "fingerprints.json").write_text("{}\n")
+    (tmp_path / "data_cache" / "fingerprints.json.tmp-host-1").write_text("{}\n")  # (one being written)
+    assert list(open_corpus(".", cache_dir="data_cache")) == ["my notes"]
+    assert list(open_corpus("**/*", cache_dir="data_cache")) == ["my notes"]
+
+
 def test_a_folder_that_cannot_be_read_is_an_error_not_a_gap(tmp_path):
     """Catches an unreadable subfolder being left out of a directory corpus without a word (2 of 3 documents
     trained on, exit 0)."""
@@ -354,6 +367,30 @@ def test_dataset_file_fingerprint_follows_content_not_mtime(tmp_path):
     assert list(after.documents("validation")) == ["validation rows"]
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_dataset_folders_data_files_are_keyed_by_their_contents(tmp_path, streaming):
+    """Catches `hf:DIR --data.data_files train.jsonl` (a path in the folder, as `datasets` reads it) looked for in the
+    current folder, found nowhere and so keyed by `datasets`' fingerprint of paths and mtimes: the file edited with
+    its mtime kept (cp -p, rsync -a) gave the old key, and `tinylm prepare` reused the dataset of the old rows; and
+    `{train: train.jsonl, validation: train.jsonl}` in the folder accepted (val/loss scored training text)."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(4)))
+    options = {"data_files": "train.jsonl", "streaming": streaming, "max_documents": 2 if streaming else None}
+    before = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c", **options)
+    assert before.fingerprint and list(before) == (["row 1", "row 2"] if streaming else ["row 0", "row 1", "row 2",
+                                                                                         "row 3"])
+    was = (folder / "train.jsonl").stat()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": f"new {i}"}) + "\n" for i in range(4)))
+    os.utime(folder / "train.jsonl", ns=(was.st_atime_ns, was.st_mtime_ns))
+    after = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c", **options)
+    assert after.fingerprint != before.fingerprint and list(after)[-1] == ("new 2" if streaming else "new 3")
+    # and one file given to both splits is refused there as for hf:json (validation scored training text)
+    with pytest.raises(ValueError, match=rf"gives the 'train' and 'validation' splits the same file {folder}"):
+        open_corpus(f"hf:{folder}", cache_dir=tmp_path / "c", **{**options, "data_files": {
+            "train": "train.jsonl", "validation": "train.jsonl"}})
+
+
 def test_a_folder_datasets_saved_is_read_as_a_dataset(tmp_path):
     """Catches a `save_to_disk` folder named as a corpus read as text (its Arrow bytes, or its JSON files as rows
     after the hint to glob them), and `hf:FOLDER` of a single saved Dataset ending in `datasets`' traceback ("use
@@ -420,6 +457,23 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     for other in ("hard.txt", "copy.txt"):
         with pytest.raises(ValueError, match=rf"lists 'd/a.txt' and '{other}', which hold the same text"):
             open_corpora(["d/a.txt", other], cache_dir=tmp_path / "cache")
+
+
+def test_a_dataset_folder_listed_twice_is_refused(tmp_path, monkeypatch):
+    """Catches `[hf:ds, hf:./ds]` or `[hf:ds, ds/train.jsonl]` (an `hf:DIR` folder and a path to it, or a file in
+    it) accepted as two corpora: their fingerprints differ by the path named, and the folder's files were not
+    compared, so its rows counted twice, in both splits, where `[ds, ds/train.jsonl]` was refused."""
+    from tinylm.data.mixture import open_corpora
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds").mkdir()
+    for split in ("train", "validation"):
+        (tmp_path / "ds" / f"{split}.jsonl").write_text(json.dumps({"text": f"{split} row"}) + "\n")
+    streamed = {"streaming": True, "max_documents": 1}  # (a glob is no stream)
+    for specs, options in ((["hf:ds", "hf:./ds"], {}), (["hf:ds", "ds/train.jsonl"], {}), (["hf:ds", "ds/*"], {}),
+                           (["hf:ds", "hf:./ds"], streamed), (["hf:ds", "ds/train.jsonl"], streamed)):
+        with pytest.raises(ValueError, match="which both read the file .*: its text would count twice"):
+            open_corpora(specs, cache_dir=tmp_path / "cache", **options)
 
 
 def test_an_unwritable_dataset_cache_is_named_not_blamed_on_the_network(tmp_path):
@@ -582,6 +636,32 @@ def test_rows_without_text_are_counted_over_the_whole_split_when_prepared(tmp_pa
                      "--data.text_column NAME"], lines
 
 
+def test_a_dataset_folder_is_read_from_inside_it_and_keeps_its_key_beside_runs(tmp_path, monkeypatch):
+    """Catches `--data.corpus hf:.` (the current folder's train.jsonl and validation.jsonl) ending in `datasets`'
+    traceback "dataset_name should be specified but got None"; the data cache inside an `hf:DIR` read as its files
+    (the next run refused: "corpus file .../fingerprints.json changed while it was read"); and a run folder inside it
+    (runs/NAME, written by each fit) changing its fingerprint: the resume refused as trained "on other text"."""
+    folder = tmp_path / "stories"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"{split} {i}"}) + "\n" for i in range(3)))
+    monkeypatch.chdir(folder)
+    for options in ({}, {"streaming": True}):
+        corpus = open_corpus("hf:.", cache_dir=tmp_path / "cache", **options)
+        assert list(corpus) == ["train 0", "train 1", "train 2"], options
+        assert list(corpus.documents("validation")) == ["validation 0", "validation 1", "validation 2"], options
+    with pytest.raises(ValueError, match=r"^corpus 'hf:\.' is a folder that holds the data cache data_cache .*; pass "
+                                         rf"--data.cache_dir PATH outside {folder}$"):
+        open_corpus("hf:.", cache_dir="data_cache")
+    before = open_corpus(f"hf:{folder}", cache_dir=tmp_path / "cache").fingerprint
+    run = folder / "runs" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\3\4" + bytes(100))
+    for name in (".lock", "config.yaml", "samples.txt"):
+        (run / name).write_text("pid 1" if name == ".lock" else "text")
+    assert open_corpus(f"hf:{folder}", cache_dir=tmp_path / "cache").fingerprint == before
+
+
 def test_an_empty_split_file_of_a_dataset_folder_is_named(tmp_path):
     """Catches `--data.corpus hf:DIR` with an empty validation.jsonl beside a train.jsonl of rows saying "corpus
     has no rows (a header or blank lines only)", and an empty train.jsonl beside a validation.jsonl of rows saying
@@ -638,6 +718,30 @@ def test_a_small_compressed_file_is_named_not_trained_on(tmp_path):
             list(open_corpus(str(tmp_path / name), cache_dir=tmp_path))
     (tmp_path / "bzh.txt").write_text("BZh is how this text starts.\n")  # bzip2's first 3 bytes alone: text
     assert list(open_corpus(str(tmp_path / "bzh.txt"), cache_dir=tmp_path)) == ["BZh is how this text starts.\n"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_compressed_dataset_files_are_named_with_what_reads_them(tmp_path, monkeypatch, streaming):
+    """Catches a .jsonl.zst (SlimPajama's, Dolma's shards) without the zstandard package refused as "could not read
+    ... (ValueError: Compression type zstd not supported); fix the file" (the file is fine: a package is missing),
+    and a .jsonl.gz named as the corpus told only to decompress it, when hf:json reads its rows as they are."""
+    import gzip
+
+    import fsspec.compression
+
+    rows = "".join(json.dumps({"text": f"story {i}"}) + "\n" for i in range(10)).encode()
+    (tmp_path / "rows.jsonl.gz").write_bytes(gzip.compress(rows))
+    options = {"streaming": True, "max_documents": 8} if streaming else {}
+    with pytest.raises(ValueError, match=r"rows\.jsonl\.gz is gzip-compressed, not text: .* or read its rows as they "
+                                         r"are: --data.corpus hf:json --data.data_files .*rows\.jsonl\.gz$"):
+        list(open_corpus(str(tmp_path / "rows.jsonl.gz"), cache_dir=tmp_path / "c"))
+    read = open_corpus("hf:json", data_files=str(tmp_path / "rows.jsonl.gz"), cache_dir=tmp_path / "c", **options)
+    assert list(read)[:2] == (["story 1", "story 2"] if streaming else ["story 0", "story 1"])
+    monkeypatch.delitem(fsspec.compression.compr, "zstd", raising=False)  # (as where zstandard is not installed)
+    (tmp_path / "rows.jsonl.zst").write_bytes(bytes.fromhex("28b52ffd2000690000") + rows)
+    with pytest.raises(ValueError, match=r"^could not read '.*rows\.jsonl\.zst': it is zstd-compressed, and `datasets` "
+                                         r"reads that with the zstandard package, .*; pip install zstandard, or "):
+        list(open_corpus("hf:json", data_files=str(tmp_path / "rows.jsonl.zst"), cache_dir=tmp_path / "c", **options))
 
 
 def test_a_symlinked_folder_of_a_corpus_folder_is_read(tmp_path):

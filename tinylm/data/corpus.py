@@ -28,7 +28,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS, HFDataset, HFStream, check_splits_apart
+from tinylm.data.hf_corpus import LOCAL_DATASET_BUILDERS, HFDataset, HFStream, check_cache_outside, check_splits_apart
 from tinylm.data.local_files import files_below, glob_files
 from tinylm.data.named import NAMED, download_named
 from tinylm.data.named import sha256_of as _sha256
@@ -135,9 +135,11 @@ def _binary(path: Path, why: str) -> str:
                 f"reads UTF-8; re-encode it (e.g. iconv -f UTF-16 -t UTF-8 {path} > {path}.utf8) and pass "
                 "--data.corpus PATH to that")
     kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+    builder = LOCAL_DATASET_BUILDERS.get(Path(path.stem).suffix.lower())  # (data.jsonl.gz: rows, compressed)
+    rows = f", or read its rows as they are: --data.corpus hf:{builder} --data.data_files {path}" if builder else ""
     return f"corpus file {path} {why}" if kind is None else (
         f"corpus file {path} is {kind}-compressed, not text: tinylm reads plain text; decompress it first (e.g. "
-        f"{kind} -dk {path}) and pass --data.corpus PATH to the text")
+        f"{kind} -dk {path}) and pass --data.corpus PATH to the text{rows}")
 
 
 def _read_documents(path: Path) -> Generator[str, None, int]:
@@ -201,7 +203,9 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
         raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
                          "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "
                          "current folder. Or pass --data.corpus FILE (.jsonl, .parquet, .csv, .txt)")
-    check_splits_apart(data_files, split, val_split)
+    check_splits_apart(data_files, split, val_split, spec[3:] if spec.startswith("hf:") else "")
+    if spec.startswith("hf:"):
+        check_cache_outside(spec, spec[3:], data_files, cache_dir)
     if streaming:
         builder = LOCAL_DATASET_BUILDERS.get(Path(spec).suffix.lower())
         if spec.startswith("hf:"):

@@ -6,18 +6,21 @@ hub's revision."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tinylm.data.local_files import below_run_folder, is_run_folder
 from tinylm.data.named import sha256_of as _sha256
 from tinylm.data.source import FINGERPRINTS, Corpus, CorpusChanged, check_unchanged, memoized, stamp
 from tinylm.errors import DISK_ERRNOS
@@ -135,8 +138,9 @@ class HFDataset(Corpus):
                         # one Dataset that `save_to_disk` wrote (load_dataset refuses it; a DatasetDict's it reads)
                         self._dd = datasets.DatasetDict({self.split: datasets.load_from_disk(self.path)})
                     else:
-                        self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                         revision=self.revision, cache_dir=local)
+                        self._dd = datasets.load_dataset(_load_path(self.path), name=self.config,
+                                                         data_files=self.data_files, revision=self.revision,
+                                                         cache_dir=local)
             except (FileNotFoundError, ConnectionError, OSError) as e:
                 if e.errno in DISK_ERRNOS:  # a read-only or full CACHE/hf-local: the CLI names it and the fix
                     raise
@@ -247,8 +251,8 @@ class HFStream(Corpus):
             offline = _hub_unreachable(self.path)
             try:
                 with hub_offline(offline is not None), datasets_bars(), _parse_errors_unlogged(self.path):
-                    self._dd = datasets.load_dataset(self.path, name=self.config, data_files=self.data_files,
-                                                     revision=self.revision, streaming=True)
+                    self._dd = datasets.load_dataset(_load_path(self.path), name=self.config,
+                                                     data_files=self.data_files, revision=self.revision, streaming=True)
             except ValueError as e:  # pyarrow's ArrowInvalid: a .parquet cut short, or not parquet at all
                 if self.path in LOCAL_DATASET_BUILDERS.values() and local_files(self.data_files):
                     raise _unreadable(self.data_files, self.path, e) from e
@@ -277,6 +281,10 @@ class HFStream(Corpus):
     @property
     def shown(self) -> str:
         return _dataset_name(self.spec, self.path, self.data_files)
+
+    @property
+    def sources(self) -> Any:
+        return _sources(self.path, self.data_files)
 
     @property
     def val_source(self) -> str:
@@ -314,7 +322,7 @@ class HFStream(Corpus):
     def _fingerprint(self) -> str:
         # a stream cannot be hashed without reading it: local files are hashed, hub data is named by its revision
         # (pin --data.hf_revision to make it reproducible)
-        sources = _sources(self.path, self.data_files)  # (hf:DIR streamed: its files, as read whole)
+        sources = self.sources  # (hf:DIR streamed: its files, as read whole)
         self._stamps = {path: stamp(path) for path in local_files(sources)}  # before their bytes are read
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split, "column": self.text_column, "max_documents": self.max_documents,
@@ -324,12 +332,53 @@ class HFStream(Corpus):
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _local_folder(path: str) -> Path | None:
+    """The local folder `hf:PATH` names (read as `datasets` reads a hub dataset's files), or None: a hub name, or a
+    builder (`hf:json`), which `datasets` takes for its own even beside a folder ./json."""
+    folder = Path(path).expanduser()
+    return folder if path not in {*LOCAL_DATASET_BUILDERS.values(), "text", "arrow"} and folder.is_dir() else None
+
+
+def _load_path(path: str) -> str:
+    """``path`` as `datasets.load_dataset` is given it: a local folder by its absolute path (`datasets` names the
+    dataset after the folder's last part, and `hf:.` or `hf:./` has none: "dataset_name should be specified but got
+    None", a traceback), anything else (a hub name, a builder) as it is."""
+    folder = _local_folder(path)
+    return path if folder is None else str(folder.resolve())
+
+
+def check_cache_outside(spec: str, path: str, data_files: Any, cache_dir: str | Path) -> None:
+    """Refuse `hf:DIR` (its files found by `datasets`) around tinylm's data cache: `datasets` would read the
+    cache's train.bin, Arrow caches and JSON files as the dataset's rows, and the cache's fingerprints.json, rewritten
+    by each run, changed the folder's fingerprint ("corpus file .../fingerprints.json changed while it was read")."""
+    folder = _local_folder(path)
+    if data_files or folder is None:
+        return
+    cache, root = os.path.realpath(cache_dir), os.path.realpath(folder)
+    if cache == root or cache.startswith(root.rstrip(os.sep) + os.sep):
+        raise ValueError(f"corpus {spec!r} is a folder that holds the data cache {cache_dir} (--data.cache_dir, "
+                         "else $TINYLM_CACHE_DIR or ./data_cache): `datasets` would read tinylm's own files there as "
+                         f"the dataset's rows; pass --data.cache_dir PATH outside {root}")
+
+
 def _sources(path: str, data_files: Any) -> Any:
     """The local files a dataset is read from: `data_files`, or every file below a local folder named as the
-    dataset (`hf:DIR`: its train.jsonl and validation.jsonl, a `save_to_disk` folder), or None (the hub's)."""
-    if data_files or not Path(path).expanduser().is_dir():
+    dataset (`hf:DIR`: its train.jsonl and validation.jsonl, a `save_to_disk` folder), or None (the hub's). An
+    `hf:DIR`'s `data_files` are paths in it, as `datasets` reads them (they were looked for in the current folder,
+    found nowhere, and the dataset keyed by `datasets`' own fingerprint: their paths and mtimes)."""
+    if (folder := _local_folder(path)) is None:
         return data_files
-    return os.path.join(glob.escape(str(Path(path).expanduser())), "**", "*")
+    return _in_folder(glob.escape(str(folder)), data_files) if data_files else os.path.join(
+        glob.escape(str(folder)), "**", "*")
+
+
+def _in_folder(folder: str, data_files: Any) -> Any:
+    """`data_files` (a path or glob, a list, or {split: path(s)}) with each relative path taken in ``folder``."""
+    if isinstance(data_files, dict):
+        return {k: _in_folder(folder, v) for k, v in data_files.items()}
+    if isinstance(data_files, (list, tuple)):
+        return [_in_folder(folder, v) for v in data_files]
+    return os.path.join(folder, data_files) if isinstance(data_files, str) else data_files
 
 
 def _hash_files(data_files: Any) -> Any:
@@ -341,13 +390,16 @@ def _hash_files(data_files: Any) -> Any:
     if isinstance(data_files, (list, tuple)):
         return [_hash_files(v) for v in data_files]
     if isinstance(data_files, str):
+        run_folder = functools.cache(is_run_folder)  # (one look per folder)
         return [f"sha256:{_sha256(Path(p))}" for p in sorted(glob.glob(data_files, recursive=True))
-                if Path(p).is_file()] or data_files
+                if Path(p).is_file() and not below_run_folder(p, run_folder)] or data_files
     return data_files
 
 
-def check_splits_apart(data_files: Any, split: str, val_split: str) -> None:
-    """Refuse `data_files` giving train and validation one file (val/loss scored training text) or a split unread."""
+def check_splits_apart(data_files: Any, split: str, val_split: str, path: str = "") -> None:
+    """Refuse `data_files` giving train and validation one file (val/loss scored training text) or a split unread
+    (``path``: the dataset `hf:PATH` names, whose folder an `hf:DIR`'s data_files are paths in)."""
+    data_files = _sources(path, data_files) if data_files and path else data_files
     if not isinstance(data_files, dict) or split == val_split:  # (the same: validation is cut from split's tail)
         return
     if val_split not in data_files and (unread := [str(k) for k in data_files if k != split]):
@@ -367,8 +419,10 @@ def local_files(data_files: Any) -> list[Path]:
         return [p for v in data_files.values() for p in local_files(v)]
     if isinstance(data_files, (list, tuple)):
         return [p for v in data_files for p in local_files(v)]
-    if isinstance(data_files, str):
-        return [Path(p) for p in glob.glob(data_files, recursive=True) if Path(p).is_file()]
+    if isinstance(data_files, str):  # (not what a run wrote: `hf:DIR` around runs/ changed with each checkpoint)
+        run_folder = functools.cache(is_run_folder)  # (one look per folder)
+        return [Path(p) for p in glob.glob(data_files, recursive=True)
+                if Path(p).is_file() and not below_run_folder(p, run_folder)]
     return []
 
 
@@ -385,8 +439,18 @@ def _parse_errors_unlogged(builder: str) -> Iterator[None]:
         logger.disabled = was
 
 
+_COMPRESSION_PACKAGES = {"zstd": "zstandard", "lz4": "lz4", "snappy": "python-snappy"}
+"""What fsspec (under `datasets`) needs to read files compressed so (.jsonl.zst: SlimPajama's, Dolma's shards)."""
+
+
 def _unreadable(files: Any, builder: str, cause: BaseException) -> ValueError:
     """A local dataset file that `datasets` (or pyarrow under it) could not parse: named, with the fix."""
+    m = re.fullmatch(r"Compression type (\w+) not supported", str(cause).strip())
+    if m and isinstance(cause, ValueError):
+        package = _COMPRESSION_PACKAGES.get(m[1], m[1])  # (fsspec's words: the file is fine, a package is missing)
+        return ValueError(f"could not read {files!r}: it is {m[1]}-compressed, and `datasets` reads that with the "
+                          f"{package} package, which is not installed; pip install {package}, or decompress the "
+                          "files first")
     return ValueError(f"could not read {files!r} as a {builder} dataset ({type(cause).__name__}: "
                       f"{str(cause).strip()[:300]}); fix the file, or pass --data.corpus PATH to plain text files")
 

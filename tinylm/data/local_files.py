@@ -8,12 +8,18 @@ from __future__ import annotations
 import functools
 import glob
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+from tinylm.data.source import FINGERPRINTS
 
 
 def made_by_tinylm(cache_dir: str | Path) -> list[str]:
-    """The cache's own folders (real paths): never part of a corpus such as `--data.corpus .`."""
-    return [os.path.realpath(Path(cache_dir, name)) for name in ("datasets", "tokenizers", "hf-local", "corpora")]
+    """The cache's own folders and files (real paths): never part of a corpus such as `--data.corpus .` (its
+    fingerprints.json, rewritten by the run that read it, made the next `--data.corpus .` a corpus of .txt and .json
+    files, refused as mixing kinds)."""
+    names = ("datasets", "tokenizers", "hf-local", "corpora", FINGERPRINTS)
+    return [os.path.realpath(Path(cache_dir, name)) for name in names]
 
 
 def is_run_folder(folder: str | Path) -> bool:
@@ -41,7 +47,8 @@ def files_below(root: Path, *, cache_dir: str | Path) -> list[Path]:
             continue
         walked.add(os.path.realpath(folder))
         dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(folder, d)) not in skip]
-        found += [Path(folder, name) for name in names if not name.startswith(".")]
+        found += [Path(folder, name) for name in names if not name.startswith(".")
+                  and not any(_is_below(os.path.realpath(os.path.join(folder, name)), m) for m in skip)]
     return sorted(p for p in found if p.is_file())
 
 
@@ -51,9 +58,15 @@ def glob_files(pattern: str, *, cache_dir: str | Path) -> list[Path]:
     made = made_by_tinylm(cache_dir)
     run_folder = functools.cache(is_run_folder)  # one look per folder, not one per file below it
     return sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()
-                  and not any(_is_below(os.path.realpath(p), m) for m in made)
-                  and not any(run_folder(a) for a in Path(p).parents))
+                  and not any(_is_below(os.path.realpath(p), m) for m in made) and not below_run_folder(p, run_folder))
+
+
+def below_run_folder(path: str | Path, run_folder: Callable[[Path], bool] = is_run_folder) -> bool:
+    """Whether ``path`` lies below a tinylm run folder (its checkpoints, logs, samples: written by each run);
+    ``run_folder``: `is_run_folder`, or a cache of it for many files of one folder."""
+    return any(run_folder(a) for a in Path(path).parents)
 
 
 def _is_below(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+    """Whether ``path`` is ``folder`` (or a temp copy of it that is written, `NAME.tmp-<host>-<pid>`) or lies below."""
+    return path == folder or path.startswith((folder.rstrip(os.sep) + os.sep, f"{folder}.tmp-"))

@@ -67,7 +67,8 @@ def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
 def _sources(corpus: Corpus) -> set[Any]:
     """What ``corpus`` reads, comparable across corpora: each local file by its real path, a hub dataset by its
     name, configuration, revision and split."""
-    files = corpus.files if isinstance(corpus, TextFiles) else local_files(getattr(corpus, "data_files", None))
+    # (a dataset's: its data_files, or an hf:DIR folder's files: `hf:d` and `hf:./d`, or `hf:d` and `d/train.jsonl`)
+    files = corpus.files if isinstance(corpus, TextFiles) else local_files(getattr(corpus, "sources", None))
     if files:
         return {os.path.realpath(f) for f in files}
     return {("hf", corpus.path, corpus.config, corpus.revision, corpus.split)} if hasattr(corpus, "path") else set()
