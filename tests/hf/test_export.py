@@ -633,6 +633,25 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
             bias=False, pad_vocab_multiple=1)))
 
 
+@pytest.mark.parametrize("source", ["checkpoint", "export"])
+def test_init_from_of_another_vocabulary_size_names_the_weights_tokenizer(tmp_path, char_tokenizer, source):
+    """Catches the refusal of a tokenizer of another size (a char tokenizer built from a new corpus, whose characters
+    are nearly always others) saying "fine-tune with the tokenizer the weights were trained with (data.tokenizer)":
+    a checkpoint is no tokenizer file (--data.tokenizer X.ckpt fails), so it named no fix a user could follow. It
+    names the way out as the same-size refusal does: a checkpoint's tokenizer written out by export, an export's
+    folder."""
+    ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
+    path = ckpt if source == "checkpoint" else export_hf(ckpt, tmp_path / "hf")
+    with pytest.raises(ValueError, match="token ids but this run's tokenizer has 2") as err:
+        TinyLM(vocab_size=2, block_size=16, init_from=str(path))
+    want = (f"`tinylm export --ckpt_path {ckpt} --out DIR` and pass --data.tokenizer DIR/tinylm_tokenizer"
+            if source == "checkpoint" else f"--data.tokenizer {path / 'tinylm_tokenizer'}")
+    assert want in str(err.value) and "\n" not in str(err.value)
+    assert Tokenizer.load(path / "tinylm_tokenizer" if source == "export" else
+                          export_hf(ckpt, tmp_path / "out") / "tinylm_tokenizer").fingerprint == \
+        char_tokenizer.fingerprint  # the fix named gives the weights' own tokenizer
+
+
 def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_config, tmp_path, caplog):
     """Catches a resume (or `tinylm validate`) of a fine-tuning run reading model.init_from again: with the source
     moved it failed ('not found'); with another model written there it silently trained a different architecture
@@ -678,6 +697,60 @@ def test_a_run_from_init_from_resumes_and_validates_without_its_source(run_confi
     main(["validate", "--config", str(config), "--ckpt_path", str(last)])
     hp = load_checkpoint(last)["hyper_parameters"]
     assert (hp["positions"], hp["rope_theta"]) == ("rope", 10000.0) and load_checkpoint(last)["global_step"] == 6
+
+
+def test_a_run_from_init_from_records_which_weights_it_started_from(run_config, tmp_path, caplog):
+    """Catches a fine-tuning run's record naming its source only as typed: config.yaml and every checkpoint said
+    `init_from: runs/source/checkpoints/last.ckpt`, relative to a folder nobody recorded and with no step, and once
+    the source run went on (it saves over its last.ckpt) the record named other weights: nobody could tell later
+    where the run came from. The record names the absolute path and the step, as they were then."""
+    from tinylm.checkpoint import load_checkpoint
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(source := run_config(run={"name": "source"}))])
+    config = run_config(run={"name": "finetune"}, model={"init_from": "runs/source/checkpoints/last.ckpt"},
+                        name="finetune.yaml")
+    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(source), "--trainer.max_steps", "4", "--ckpt_path", "last"])  # the source goes on
+    where = str(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt")
+    record = (tmp_path / "runs" / "finetune" / "config.yaml").read_text()
+    assert f"# first weights (model.init_from): {where} at step 2, as they were then\n" in record
+    assert yaml.safe_load(record)["model"]["init_from"] == "runs/source/checkpoints/last.ckpt"  # the setting kept
+    last = tmp_path / "runs" / "finetune" / "checkpoints" / "last.ckpt"
+    meta = load_checkpoint(last)["tinylm"]
+    assert (meta["init_from"], meta["init_from_step"]) == (where, 2)
+    with caplog.at_level("INFO", logger="tinylm"):  # a resume names them too, and keeps them in its checkpoints
+        main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    assert f"its weights came from model.init_from {where} at step 2;" in caplog.text
+    assert load_checkpoint(last)["tinylm"]["init_from_step"] == 2 and load_checkpoint(last)["global_step"] == 4
+    main(["fit", "--config", str(tmp_path / "runs" / "finetune" / "config.yaml"), "--run.name", "again"])
+    assert "at step 4, as they were then" in (tmp_path / "runs" / "again" / "config.yaml").read_text()
+
+
+def test_a_run_from_init_from_on_the_same_data_says_it_draws_the_same_batches(run_config, tmp_path, caplog):
+    """Catches a new run from a checkpoint's weights on that run's own corpus (the guard's and the health monitor's
+    advice: --model.init_from step-N.ckpt --model.lr ... --run.name NEW) reading the very batches the weights were
+    trained on again from batch 0 (batch k is a pure function of data.seed and k), without a word. Another data.seed,
+    another corpus or a resume of the new run is not told."""
+    from tinylm.cli import main
+    from tinylm.data import TinyLMDataModule
+
+    main(["fit", "--config", str(run_config(run={"name": "source"}))])
+    source = str(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt")
+    config = run_config(run={"name": "again"}, model={"init_from": source}, name="again.yaml")
+    said = "was trained on this corpus with data.seed 1337 (2 batches): this run draws the same windows again"
+    for argv, told in ((["--data.seed", "8", "--run.name", "other"], False), ([], True),
+                       (["--trainer.max_steps", "4", "--ckpt_path", "last"], False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinylm"):
+            main(["fit", "--config", str(config), *argv])
+        assert (said in caplog.text) is told, (argv, caplog.text)
+    dms = [TinyLMDataModule(corpus=str(tmp_path / "shakespeare_small.txt"), tokenizer="char", block_size=16,
+                            batch_size=2, cache_dir=str(tmp_path / "cache")) for _ in range(2)]
+    for dm in dms:
+        dm.setup("fit")
+    first = [next(iter(dm.train_dataloader()))[0] for dm in dms]  # what the warning says: the same windows
+    assert torch.equal(*first)
 
 
 def test_export_replaces_an_earlier_export_whole_and_refuses_other_folders(tmp_path, small_data, char_tokenizer):

@@ -197,7 +197,7 @@ def _every_command_reads_a_sharded_checkpoint(config: Path, folder: Path, tmp_pa
     main(["export", "--ckpt_path", str(folder), "--out", str(tmp_path / "hf")])
     exported = import_hf(tmp_path / "hf").state_dict()
     assert all(torch.equal(exported[k], v) for k, v in weights.items())
-    _, state, _ = load_pretrained(folder, vocab_size=model.config.vocab_size, block_size=model.config.block_size)
+    _, state, _, _ = load_pretrained(folder, vocab_size=model.config.vocab_size, block_size=model.config.block_size)
     assert all(torch.equal(state[k], v) for k, v in weights.items())
 
 

@@ -455,7 +455,7 @@ class TinyLMCLI(LightningCLI):
     def before_fit(self) -> None:
         check_fits_in_memory(self.trainer, self.model, self.datamodule.batch_size)  # before a step can be killed
         warn_small_vocab(self.datamodule, resumed=bool(self._section().ckpt_path))
-        self.model.check_init_tokenizer(getattr(self.datamodule, "tokenizer", None))  # before the run writes
+        self.model.check_init_data(self.datamodule)  # before the run writes
         self._record_architecture_from_weights()
 
     def _record_architecture_from_weights(self) -> None:

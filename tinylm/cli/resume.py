@@ -480,8 +480,9 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
     for key in linked:
         saved.pop(key, None)
     if source is not None:  # the checkpoint holds the weights, and the shape they gave
-        log.info("resuming from %s: its weights came from model.init_from %s; that source is not read again",
-                 ckpt_path, source)
+        step = meta.get("init_from_step")  # (where the run started, as the checkpoint records it)
+        log.info("resuming from %s: its weights came from model.init_from %s%s; that source is not read again",
+                 ckpt_path, meta.get("init_from") or source, "" if step is None else f" at step {step}")
         saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
     return saved
 

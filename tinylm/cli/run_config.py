@@ -119,8 +119,9 @@ class RunConfig(SaveConfigCallback):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             replace_file(path, lambda tmp: tmp.write_text(self._resume_record(), encoding="utf-8"))
             return self._log_to_wandb(trainer)
+        record = self._fresh_record(pl_module)
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
-                                        != self.parser.dump(self.config, **keep_none())):
+                                        != (record or self.parser.dump(self.config, **keep_none()))):
             # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
             # outside the run folder; read, a folder crashed the run
             kept = _unused(self.run_dir / "config.previous.yaml")
@@ -128,9 +129,31 @@ class RunConfig(SaveConfigCallback):
             log.warning("%s was not this run's config: kept as %s", path, kept.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # (a file renamed into place: a kill or a full disk mid-write leaves no half-written record)
-        replace_file(path, lambda tmp: self.parser.save(self.config, tmp, **keep_none(), overwrite=True,
-                                                        multifile=self.multifile))
+        if record is not None:
+            replace_file(path, lambda tmp: tmp.write_text(record, encoding="utf-8"))
+        else:
+            replace_file(path, lambda tmp: self.parser.save(self.config, tmp, **keep_none(), overwrite=True,
+                                                            multifile=self.multifile))
         self._log_to_wandb(trainer)
+
+    def _fresh_record(self, pl_module) -> str | None:
+        """A run from model.init_from's config.yaml: with a comment above ``init_from:`` naming the weights it
+        started from (the absolute path, and a checkpoint's step) as they were then, since a source run saves over
+        its last.ckpt and best.ckpt (the record said only ``init_from: runs/src/checkpoints/last.ckpt``: from which
+        step, and relative to which folder, nobody could tell later). None: the config as the parser saves it."""
+        source = getattr(pl_module, "init_source", None)
+        if source is None or self.multifile:
+            return None
+        lines = self.parser.dump(self.config, **keep_none()).splitlines(keepends=True)
+        at = next((i for i, line in enumerate(lines) if line.lstrip().startswith("init_from:")), None)
+        if at is None:
+            return None
+        step = getattr(pl_module, "init_step", None)
+        indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+        note = (f"{indent}# first weights (model.init_from): {source}{'' if step is None else f' at step {step}'}, "
+                "as they were then\n"
+                f"{indent}# (a run saves over its last.ckpt and best.ckpt as it goes on)\n")
+        return "".join([*lines[:at], note, *lines[at:]])
 
     def _resume_record(self) -> str:
         """The resume's config as config.resume-step<N>.yaml holds it: with ``ckpt_path: null`` and a comment above

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -25,7 +25,7 @@ from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import config_fields
 from tinylm.model.gpt import Block
 from tinylm.ranges import check_ranges
-from tinylm.train.init_from import load_pretrained
+from tinylm.train.init_from import load_pretrained, own_tokenizer, warn_same_batches
 from tinylm.train.optim import build_optimizer, fused_adamw
 from tinylm.train.options import (
     RANGES,
@@ -198,12 +198,12 @@ class TinyLM(L.LightningModule):
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
         self.range_test_losses: list[float] = []  # each step's loss during it (step_loss)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
-        # where the run's first weights came from: kept in every checkpoint of the run, its resumes' too (a resume
-        # passes init_from=None, so that the source is not read again, and takes this from the checkpoint)
-        self.init_source = init_from
+        # where the run's first weights came from, absolute, and a checkpoint's step (a run saves over last.ckpt):
+        # kept in every checkpoint of the run (a resume passes init_from=None and takes them from the checkpoint)
+        self.init_source, self.init_step = (None if init_from is None else os.path.abspath(init_from)), None
         if init_from is not None:
-            architecture, state, self._init_fingerprint = load_pretrained(init_from, vocab_size=vocab_size,
-                                                                          block_size=block_size)
+            architecture, state, self._init_fingerprint, (self.init_step, self._init_data) = load_pretrained(
+                init_from, vocab_size=vocab_size, block_size=block_size)
             self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
         # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
         self.model = _build_gpt(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}), state,
@@ -475,18 +475,20 @@ class TinyLM(L.LightningModule):
     def on_validation_start(self) -> None:
         self._grab_tokenizer()
 
+    def check_init_data(self, dm: Any) -> None:
+        """The CLI's checks of init_from's weights against the run's data module ``dm`` before the run writes."""
+        self.check_init_tokenizer(getattr(dm, "tokenizer", None))
+        if self.init_source is not None:
+            warn_same_batches(self.hparams.init_from, getattr(self, "_init_data", None), dm)
+
     def check_init_tokenizer(self, tok: Any) -> None:
         """Refuse to fine-tune model.init_from's weights with another tokenizer than theirs (the ids would mean
         other text). The CLI calls it before the run writes anything; fit start checks again for library users."""
         if tok is not None and self._init_fingerprint not in (None, tok.fingerprint):
-            source = Path(self.hparams.init_from)
-            own = source / "tinylm_tokenizer"  # (an export's; any Hugging Face folder holds its tokenizer.json)
-            how = (f"--data.tokenizer {own if own.is_dir() else source}" if source.is_dir() else
-                   f"write it out with `tinylm export --ckpt_path {source} --out DIR` and pass --data.tokenizer "
-                   "DIR/tinylm_tokenizer")
             raise ValueError(f"model.init_from {self.hparams.init_from!r} was trained with another tokenizer "
                              f"(fingerprint {self._init_fingerprint[:12]}) than this run's {tok.spec!r} (fingerprint "
-                             f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer: {how}")
+                             f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer: "
+                             f"{own_tokenizer(self.hparams.init_from)}")
 
     def _grab_tokenizer(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
@@ -512,6 +514,7 @@ class TinyLM(L.LightningModule):
         checkpoint["tinylm"] = {**(checkpoint.get("tinylm") or {}),  # (the run's config: tinylm.cli's RunConfig)
                                 "format": CHECKPOINT_FORMAT, "tokenizer": self.tokenizer_state, "wandb_id": wandb_id,
                                 "wandb_project": wandb_project, "init_from": self.init_source,
+                                "init_from_step": self.init_step,
                                 "options": model_option_names(),  # (an older tinylm refuses a newer's option)
                                 # one CPU process's torch threads: a resume with others sums in another order
                                 "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" and
@@ -567,6 +570,7 @@ class TinyLM(L.LightningModule):
                 "copy of last.ckpt)")
         self.read_step = None  # (checked once: a rollback of the stability guard loads an earlier step on purpose)
         self.init_source = meta.get("init_from") or saved.get("init_from")  # the latter: checkpoints before it
+        self.init_step = meta.get("init_from_step")
 
     def _check_tokenizer(self, saved: dict | None) -> None:
         """Refuse a resume (or validation) whose data module has another tokenizer than the checkpoint's, even of the
