@@ -1236,6 +1236,19 @@ def test_other_text_under_the_same_name_says_where_the_run_read_it(tmp_path):
     assert "(the run read 'corpus.txt' at /old/place/corpus.txt)" in said, said
 
 
+def test_a_mixture_listed_in_another_order_is_named_as_such():
+    """Catches a resume whose data.corpus lists the run's corpora in another order being told "other text than
+    data.corpus 'b.txt' holds now (the run read 'a.txt')" and to resume "with the text it was trained on": every
+    file holds the run's text; their order (which picks each window's corpus) is what changed."""
+    from tinylm.data.datamodule import _other_text
+
+    saved = {"corpus_fingerprints": ["fa", "fb"], "corpus_specs": ["a.txt", "b.txt"], "corpus_paths": ["/a", "/b"]}
+    said = str(_other_text(saved, ["fb", "fa"], ["b.txt", "a.txt"]))
+    assert "listed its corpora in another order (a.txt, b.txt; this run b.txt, a.txt)" in said, said
+    assert "resume with --data.corpus [a.txt,b.txt] and its data.weights in that order" in said, said
+    assert "\n" not in said
+
+
 def test_the_bars_of_a_whole_pass_over_a_corpus_end_at_100_percent(tmp_path, monkeypatch, capsys):
     """Catches "training bpe on c.txt: 98% 3.72k/3.79k" ("cleaning", "tokenizing" too) left as the bars' last word
     after a complete pass: their total is the files' size, but they counted the documents' bytes, without the

@@ -151,6 +151,25 @@ def test_a_resume_may_trade_devices_or_batch_for_accumulation(config, tmp_path, 
         assert [got[s] for s in steps] == pytest.approx([want[s] for s in steps], abs=1e-4), key
 
 
+def test_an_elastic_resume_past_the_new_epochs_end_steps_on_whole_accumulations(run_config, tmp_path):
+    """Catches an elastic resume whose notional epoch is shorter than the run's (a rank's epoch counts its own
+    micro-batches: 14 on 2 ranks x batch 2, 6 on 1 device x batch 4) going on from Lightning's count of the run's
+    epoch (8, in a checkpoint saved after a validation) past the new epoch's end: Lightning ended the epoch after one
+    micro-batch, the first resumed step summed one of two (its gradient halved), and the steps after it took other
+    windows. The losses must follow a straight single-device run's, step by step."""
+    config = run_config(chars=500, seed_everything=5, run={"name": "straight", "checkpoint_every": 4},
+                        trainer={"max_steps": 10, "accumulate_grad_batches": 2, "val_check_interval": 8},
+                        model={"lr": 3e-3, "warmup_steps": 1, "decay_steps": 10},
+                        data={"batch_size": 4, "val_batches": None})
+    _fit(config, devices=1)
+    _fit(config, "--run.name", "elastic", "--trainer.max_steps", "4", "--data.batch_size", "2", devices=2)
+    _fit(config, "--run.name", "elastic", "--ckpt_path", "last", devices=1)
+    want, got = _metric(tmp_path / "runs" / "straight", "train/loss"), _metric(tmp_path / "runs" / "elastic",
+                                                                                "train/loss")
+    assert sorted(got) == sorted(want) == list(range(10))
+    assert [got[s] for s in range(10)] == pytest.approx([want[s] for s in range(10)], abs=1e-4)
+
+
 def test_changed_global_batch_is_refused_in_one_line(config, tmp_path, capsys):
     """Catches a resume with another global batch silently drawing other data (or a refusal that does not say
     which --data.batch_size, or accumulation, restores the run's global batch)."""

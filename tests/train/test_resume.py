@@ -5,6 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -138,6 +139,35 @@ def test_an_epoch_of_an_odd_number_of_batches_ends_on_a_whole_step(run_config, t
     # and the periodic save at the epoch's last batch (step 25) is not put off to the next validation (Lightning's)
     steps = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "runs" / "tiny" / "checkpoints").glob("step-*.ckpt"))
     assert steps == [5, 10, 15, 20, 25, 30]
+
+
+class MicroBatches(L.Callback):
+    """Records each training micro-batch in `seen`: (the optimizer step it goes into, its windows' tokens)."""
+
+    seen: list = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        MicroBatches.seen.append((trainer.global_step, batch[0].tolist()))
+
+
+def test_a_resume_with_another_accumulation_steps_on_whole_accumulations_across_epochs(run_config, tmp_path):
+    """Catches a resume whose notional epoch has another length than the run's (another accumulation here; another
+    device count, tests/process/test_elastic.py) ending Lightning's epoch where the loader's does not: Lightning
+    counted the epoch's micro-batches on from the run's (20, in an epoch of 14) and took the first resumed step on
+    one micro-batch of two (its gradient halved), then the loader's epoch ended after one micro-batch more, whose
+    gradient the next epoch's first step dropped. Epochs of 14 micro-batches of 2 x 16 here, resumed at step 10."""
+    config = run_config(chars=500, run={"checkpoint_every": 5}, trainer={"max_steps": 22, "val_check_interval": 5},
+                        model={"decay_steps": 22})  # (a validation at step 10: the checkpoint is saved after it)
+    record = ["--trainer.callbacks+=test_resume.MicroBatches"]
+    MicroBatches.seen = []
+    main(["fit", "--config", str(config), "--run.name", "straight", *record])
+    straight = [x for _, x in MicroBatches.seen]
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--trainer.max_steps", "10"])
+    MicroBatches.seen = []
+    main(["fit", "--config", str(config), "--run.name", "resumed", "--ckpt_path", "last", "--trainer.max_steps", "16",
+          "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "10", *record])
+    assert [x for _, x in MicroBatches.seen] == straight[10:22]  # the run's next micro-batches, each once
+    assert [s for s, _ in MicroBatches.seen] == [s for s in range(10, 16) for _ in range(2)]  # two a step
 
 
 def test_a_timed_stop_at_an_epochs_last_batch_resumes_exactly(run_config, tmp_path, monkeypatch):

@@ -99,6 +99,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     _train_loader: ResumableLoader | None = None
     _resume_batches = 0
     _resplit: tuple[int, int] | None = None  # (windows a micro-batch drew, draws now) of a resume that re-splits
+    _epoch_offset = 0  # where the loader's notional epochs end (`_align_epoch`)
 
     def record_hyperparameters(self, frame) -> None:
         # `vocab_size` here is the *target* for trained tokenizers; the model logs the real one under the same name
@@ -123,7 +124,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         super().setup(stage)
         if stage == "fit":  # a fit starts at the first batch (a resume's load_state_dict, after setup, moves it): a
             # batch peeked at before, or an earlier fit of this data module, had the next fit start where they left off
-            self._train_loader, self._resume_batches = None, 0
+            self._train_loader, self._resume_batches, self._epoch_offset = None, 0, 0
 
     def train_dataloader(self) -> ResumableLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
@@ -131,19 +132,22 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                  for i in range(len(self.corpora))]
         dataset = parts[0] if len(parts) == 1 else MixedTrainBatches(parts, self.weights or
                                                                       [p.n_tokens for p in parts])
-        # a notional epoch of whole optimizer steps: Lightning ends an epoch with an optimizer step, so an epoch of
-        # batches not a multiple of accumulate_grad_batches stepped on a partial accumulation, and validations
-        # every N batches (counted over epochs) fell inside steps after it
-        accumulate = self._accumulation()
-        epoch_length = max(1, dataset.n_tokens // (self.batch_size * self.block_size))
-        epoch_length = max(accumulate, epoch_length - epoch_length % accumulate)
         # a loader made again (--trainer.reload_dataloaders_every_n_epochs) goes on from the last one's position: from
         # the first window again, each epoch would train on the first epoch's windows once more
         start = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
-        self._train_loader = ResumableLoader(dataset, epoch_length=epoch_length, start=start,
+        self._train_loader = ResumableLoader(dataset, epoch_length=self._epoch_length(), start=start,
                                              num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                                             seed=self.seed)
+                                             seed=self.seed, epoch_offset=self._epoch_offset)
         return self._train_loader
+
+    def _epoch_length(self) -> int:
+        """The micro-batches of a rank's notional epoch: a whole number of optimizer steps. Lightning ends an epoch
+        with an optimizer step, so an epoch of batches not a multiple of accumulate_grad_batches stepped on a partial
+        accumulation, and validations every N batches (counted over epochs) fell inside steps after it."""
+        accumulate = self._accumulation()
+        length = max(1, sum(meta["splits"]["train"]["tokens"] for meta in self.metas) //
+                     (self.batch_size * self.block_size))
+        return max(accumulate, length - length % accumulate)
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         """One loader, or for a mixture one per corpus (the module logs val/loss/NAME for each); under several ranks
@@ -281,7 +285,37 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         validation runs, whenever a step takes another number of micro-batches (a changed accumulate_grad_batches
         too: counted as if the run had always stepped so, a validation interval keeps to whole steps). The module
         calls this from its `on_load_checkpoint` when fitting: `load_state_dict` is handed only this module's part of
-        the checkpoint, and Lightning restores its loops from the rest after both."""
+        the checkpoint, and Lightning restores its loops from the rest after both. Then `_align_epoch`."""
+        self._count_again(checkpoint)
+        self._align_epoch(checkpoint)
+
+    def _align_epoch(self, checkpoint: dict) -> None:
+        """Have the loader's notional epoch end where Lightning's restored loop counts its epoch to end. Lightning ends
+        an epoch where its count of the epoch's micro-batches reaches len(loader), and steps there on what the
+        accumulation holds; the loader ends one at a multiple of its length from the run's first micro-batch. That
+        length is a rank's micro-batches (another device count or accumulation: another length), so a resume that
+        changed it had the two disagree: 2 ranks x batch 4 resumed past half an epoch on 1 x 4 x accumulation 2 took
+        its first step on one micro-batch (divided by 2), and micro-batches drawn at the loader's epoch end had their
+        gradient dropped by the next epoch's first step. The loop's count is taken within the new epoch, and the
+        loader's epochs end where that count does."""
+        saved = checkpoint.get(type(self).__qualname__) or {}
+        progress = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_loop.batch_progress") or {}
+        counts = progress.get("current") or {}
+        if "train_batches_yielded" not in saved or "processed" not in counts:
+            return  # (not a Lightning training checkpoint of this data module: restoring it says so)
+        length, position = self._epoch_length(), int(saved["train_batches_yielded"])
+        if progress.get("is_last_batch"):  # the loop starts the next epoch, counting from 0
+            self._epoch_offset = position % length
+            return
+        # whole epochs of this run's length off every count (`completed` may be one less: the loop adds it, and at
+        # the epoch's length starts the next one); the loop goes on from `processed`
+        cut = min(int(v) for v in counts.values()) // length * length
+        for key, value in counts.items():
+            counts[key] = int(value) - cut
+        self._epoch_offset = (position - counts["processed"]) % length
+
+    def _count_again(self, checkpoint: dict) -> None:
+        """`resume_split`'s count of the position and of Lightning's counters in this run's micro-batches."""
         from tinylm.checkpoint import CheckpointError
 
         saved = checkpoint.get(type(self).__qualname__) or {}
@@ -355,9 +389,15 @@ def _other_text(saved: dict, now_fps: list, now_specs: list[str]) -> Exception:
     from tinylm.checkpoint import CheckpointError
 
     was_fps = saved["corpus_fingerprints"]
+    specs = saved.get("corpus_specs") or []
+    if len(was_fps) == len(now_fps) == len(specs) and sorted(was_fps) == sorted(now_fps):  # (each text the run's own)
+        return CheckpointError(f"the checkpoint's run listed its corpora in another order ({', '.join(specs)}; this "
+                               f"run {', '.join(now_specs)}), so the resumed run would draw different data (a window's "
+                               f"corpus is picked by its place in the list); resume with --data.corpus "
+                               f"[{','.join(specs)}] and its data.weights in that order, or start a new run")
     at = next((i for i, (a, b) in enumerate(zip(was_fps, now_fps)) if a != b), min(len(was_fps), len(now_fps)))
     changed = now_specs[at] if at < len(now_specs) else " + ".join(now_specs)
-    specs, paths = saved.get("corpus_specs") or [], saved.get("corpus_paths") or []
+    paths = saved.get("corpus_paths") or []
     was_spec = specs[at] if at < len(specs) else None
     was_path = paths[at] if at < len(paths) else None
     if len(was_fps) != len(now_fps):

@@ -168,16 +168,18 @@ class ValBatches(_TokenWindows):
 
 
 class _EpochSampler(Sampler[int]):
-    """This rank's batch ids from `start` to the end of its notional epoch (ids keep counting across epochs)."""
+    """This rank's batch ids from `start` to the end of its notional epoch (ids keep counting across epochs). Epochs
+    end at the ids `offset` + a multiple of `epoch_length` (a resume shifts them to where Lightning's restored loop
+    counts its epoch to end: `TinyLMDataModule.resume_split`)."""
 
-    def __init__(self, epoch_length: int) -> None:
-        self.epoch_length, self.start = epoch_length, 0
+    def __init__(self, epoch_length: int, offset: int = 0) -> None:
+        self.epoch_length, self.offset, self.start = epoch_length, offset, 0
 
     def __len__(self) -> int:
         return self.epoch_length
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, (self.start // self.epoch_length + 1) * self.epoch_length))
+        return iter(range(self.start, self.start + self.epoch_length - (self.start - self.offset) % self.epoch_length))
 
 
 WORKER_GRACE_S = 60
@@ -258,9 +260,9 @@ class ResumableLoader(StoppingLoader):
     `generator` keeps iteration from drawing on the global RNG (resumed dropout stays exact)."""
 
     def __init__(self, dataset: TrainBatches, *, epoch_length: int, start: int = 0, num_workers: int = 0,
-                 pin_memory: bool = False, seed: int = 0) -> None:
+                 pin_memory: bool = False, seed: int = 0, epoch_offset: int = 0) -> None:
         self.epoch_length, self.batches_yielded = epoch_length, start
-        self._positions = _EpochSampler(epoch_length)
+        self._positions = _EpochSampler(epoch_length, epoch_offset)
         super().__init__(dataset, batch_size=None, sampler=self._positions, num_workers=num_workers,
                          pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed),
                          worker_init_fn=worker_signals if num_workers else None)
