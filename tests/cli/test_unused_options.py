@@ -243,3 +243,14 @@ def test_an_unused_option_out_of_its_range_is_refused_alone(run_config, tmp_path
               "--data.clean.near_threshold", "1.5"])
     assert "near_threshold must be in (0, 1], got 1.5" in capsys.readouterr().err
     assert not [r for r in caplog.records if "does nothing" in r.getMessage()]
+
+
+def test_eval_tasks_with_validation_off_is_named(run_config, caplog):
+    """Catches `--eval.tasks piqa --trainer.limit_val_batches 0` training to its end without one score and without
+    a word: in-loop evals are scored at validation time, and that run never validates."""
+    lines = _warnings(run_config, caplog, "--eval.tasks", "piqa", "--trainer.limit_val_batches", "0")
+    assert lines == ["eval.tasks='piqa' does nothing with trainer.limit_val_batches=0: it is used only with "
+                     "validation on (trainer.limit_val_batches unset or above 0: the tasks are scored at validation "
+                     "time); drop it, or turn that on"]
+    caplog.clear()
+    assert _warnings(run_config, caplog, "--eval.tasks", "piqa", "--trainer.limit_val_batches", "0.5") == []

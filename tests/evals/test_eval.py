@@ -384,6 +384,23 @@ def test_in_loop_eval_every_n_steps_and_its_bad_options(run_config, tmp_path, ca
     assert not (tmp_path / "runs" / "nodata" / "checkpoints").exists()
 
 
+def test_in_loop_scores_are_those_tinylm_eval_gives_the_same_checkpoint(run_config, tmp_path, capsys):
+    """Catches the in-loop scores logged as float32 (eval/piqa_acc_norm 0.30000001192092896 in csv/metrics.csv, where
+    `tinylm eval` of the checkpoint written at that step wrote 0.3): the run's other metrics, and eval/metrics.csv,
+    are float64."""
+    config = run_config(chars=100_000, trainer={"max_steps": 2, "val_check_interval": 2})
+    scores = ["--limit", "10", "--data_dir", str(EVALS)]
+    main(["fit", "--config", str(config), "--eval.tasks", "piqa,winogrande",
+          *(f"--eval.{s.removeprefix('--')}" if s.startswith("--") else s for s in scores)])
+    capsys.readouterr()
+    main(["eval", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"), "--tasks",
+          "piqa,winogrande", *scores, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    in_loop = {k: v for r in _csv(tmp_path / "runs" / "tiny") for k, v in r.items() if k.startswith("eval/") and v}
+    assert in_loop == {f"eval/{task}_{name}": repr(value) for task, got in report["tasks"].items()
+                       for name, value in got.items() if name not in ("items", "random", "skipped", "source")}
+
+
 def test_plot_draws_eval_panels_from_both_csvs(tmp_path):
     """`tinylm plot` reads eval scores from the run's csv/metrics.csv (in-loop) and eval/metrics.csv (`tinylm
     eval`), and draws them in two more panels; a run without any keeps its four."""

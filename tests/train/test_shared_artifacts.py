@@ -1,6 +1,7 @@
 """Artifacts from someone else: a shared checkpoint or run folder must not run code named in it."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +204,19 @@ def test_the_command_that_writes_a_checkpoints_settings_runs_whatever_its_path(r
     done = subprocess.run(command.replace("python", sys.executable, 1), shell=True, capture_output=True, text=True,
                           cwd=tmp_path, executable="/bin/bash")
     assert done.returncode == 0 and yaml.safe_load(done.stdout)["trainer"]["callbacks"], done.stderr
+
+
+def test_eval_does_not_append_through_a_shared_folders_link(run_config, tmp_path, caplog):
+    """Catches `tinylm eval` of a shared run folder whose `eval` is a link to a folder elsewhere: the metrics.csv
+    there was rewritten with the scores (its text became the header's first column), as `tinylm validate` no longer
+    did."""
+    _trained(run_config)
+    shutil.copytree(tmp_path / "runs" / "tiny", tmp_path / "shared")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "metrics.csv").write_text("the user's own file\n")
+    (tmp_path / "shared" / "eval").symlink_to("../elsewhere")
+    evals = Path(__file__).resolve().parents[1] / "fixtures" / "evals"
+    main(["eval", "--ckpt_path", "shared/checkpoints/last.ckpt", "--tasks", "winogrande", "--limit", "2",
+          "--data_dir", str(evals)])
+    assert (tmp_path / "elsewhere" / "metrics.csv").read_text() == "the user's own file\n"
+    assert "is a link out of the run folder" in caplog.text

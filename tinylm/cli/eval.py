@@ -37,7 +37,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
     from tinylm.device import resolve_device, use_free_cpus
     from tinylm.evals import load
-    from tinylm.evals.results import append_row, flat
+    from tinylm.evals.results import flat
     from tinylm.evals.score import check_batch_memory
     from tinylm.evals.score import evaluate as score
     from tinylm.evals.tasks import parse_tasks
@@ -59,19 +59,31 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     check_batch_memory(model, encoded, batch_size)  # before the first batch, not an OOM in the middle
     use_free_cpus(next(model.parameters()).device)
     results = score(model, encoded, batch_size=batch_size, progress=True)
-    path = _run_dir(ckpt_path) / "eval" / "metrics.csv"
-    row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
-           **flat(results, leave_out=("random",))}
-    try:
-        append_row(path, row)
-    except (OSError, ValueError) as e:  # a read-only or full disk, a damaged file: printed all the same
-        log.warning("could not append the scores to %s (%s)", path, getattr(e, "strerror", None) or e)
-        path = None
+    path = _record(_run_dir(ckpt_path) / "eval" / "metrics.csv", {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
+        **flat(results, leave_out=("random",))})
     report = {"checkpoint": str(ckpt_path), "step": step, "tokenizer": tokenizer.kind, "csv": str(path) if path
               else None, "tasks": {t.task.name: {**results[t.task.name], "skipped": t.skipped, "source": t.source}
                                    for t in encoded}}
     print(jsonlib.dumps(report, indent=2) if json else format_table(report))
     return report
+
+
+def _record(path: Path, row: dict[str, Any]) -> Path | None:
+    """Append ``row`` to ``path`` (the run's eval/metrics.csv); the path, or None where it was not recorded."""
+    from tinylm.evals.results import append_row
+
+    if path.parent.is_symlink() or path.is_symlink():  # a shared run folder's link: the row was appended to (or
+        # the file rewritten over) a file outside the run folder, as `tinylm validate` refuses to
+        log.warning("not recording the scores in %s: %s is a link out of the run folder; remove it to keep eval "
+                    "results there", path, path.parent if path.parent.is_symlink() else path)
+        return None
+    try:
+        append_row(path, row)
+    except (OSError, ValueError) as e:  # a read-only or full disk, a damaged file: printed all the same
+        log.warning("could not append the scores to %s (%s)", path, getattr(e, "strerror", None) or e)
+        return None
+    return path
 
 
 def _run_dir(ckpt_path: str) -> Path:

@@ -60,6 +60,9 @@ def _fsdp2(strategy: Any) -> bool:
 
 _DATASET = Needs("data.corpus", _reads_a_dataset,
                  "a dataset corpus (hf:NAME, a .jsonl/.parquet/.csv file: text files have no splits or columns)")
+_VALIDATES = Needs("trainer.limit_val_batches", lambda v: v is None or isinstance(v, bool) or float(v) > 0,
+                   "validation on (trainer.limit_val_batches unset or above 0: the tasks are scored at validation "
+                   "time)")
 _CHECKPOINTS = Needs("trainer.enable_checkpointing", lambda v: v is not False,
                      "trainer.enable_checkpointing left on")
 
@@ -85,6 +88,7 @@ UNUSED_UNLESS: dict[str, Needs] = {
                                           "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size",
                                           "num_beams", "seed", "draft_ckpt_path", "prompt_lookup",
                                           "num_draft_tokens", "regex", "json_schema", "grammar")},
+    "eval.tasks": _VALIDATES,
     **{f"eval.{k}": _EVAL for k in ("every_n_steps", "limit", "batch_size", "data_dir")},
     "run.checkpoint_every": _CHECKPOINTS, "run.keep_checkpoints": _CHECKPOINTS,
 }

@@ -77,14 +77,15 @@ class EvalTasks(L.Callback):
             return
         from tinylm.evals.results import flat
         from tinylm.evals.score import evaluate
+        from tinylm.train.module import host_scalar
 
         self._last_step = trainer.global_step
         started = time.perf_counter()
         with trainer.precision_plugin.forward_context():
             results = evaluate(pl_module.model, self._encoded, batch_size=self.batch_size,
                                ranks=_ranks(trainer, pl_module))
-        for key, value in flat(results).items():  # the same on every rank: no sync needed
-            pl_module.log(key, value)
+        for key, value in flat(results).items():  # the same on every rank: no sync needed; float64, as `tinylm
+            pl_module.log(key, host_scalar(value))  # eval` writes them (a float became float32: 0.30000001192092896)
         if trainer.is_global_zero:  # on the console too (they were only in the CSV and W&B): acc_norm, else acc
             said = []
             for task, scores in results.items():
