@@ -351,6 +351,25 @@ def test_lr_find_next_fit_names_one_run(run_config, capsys):
     assert command.count("--run.name") == 1 and command[command.index("--run.name") + 1].startswith("mine-lr"), command
 
 
+def test_a_second_sweeps_next_fit_names_a_run_not_yet_trained(run_config, capsys, monkeypatch):
+    """Catches a second lr-find of a config (after its first next: fit was run) printing that fit's --run.name again
+    (`tiny-lr5e-05`, which now holds a run: fit refused it, "already holds a run"): the name is numbered past it."""
+    import tinylm.studies.lr_find
+    from tinylm.studies.lr_find import LRFind
+
+    cfg = run_config()
+    monkeypatch.setattr(tinylm.studies.lr_find, "lr_find", lambda *a, **k: LRFind([1e-6, 1e-5], [3.0, 2.0], 5e-5, 1e-3))
+    main(["fit", "--config", str(cfg)])
+    names = []
+    for _ in range(2):
+        main(["lr-find", "--config", str(cfg)])
+        command = shlex.split(re.split(r"next[^\n]*:\n", capsys.readouterr().out)[-1])
+        names.append(command[command.index("--run.name") + 1])
+        main(command[1:])  # the fit as printed trains (a name that held a run was refused)
+    assert names == ["tiny-lr5e-05", "tiny-lr5e-05-2"], names
+    assert all((cfg.parent / "runs" / n / "checkpoints" / "last.ckpt").is_file() for n in names)
+
+
 def test_lr_find_and_scaling_need_no_max_steps(run_config, capsys):
     """Catches lr-find (and scaling) refusing a config without trainer.max_steps ("pass --trainer.max_steps N"),
     a count they then ignore: the sweep trains --num_training steps, the ladder its own per model."""

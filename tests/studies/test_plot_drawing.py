@@ -119,3 +119,15 @@ def test_a_runs_opening_descent_is_not_clipped_as_an_outlier(tmp_path):
     ax = _drawn(_run(tmp_path, "descent", rows))[0]
     assert ax.get_ylim()[1] >= 10
     assert not any("above, up to" in line.get_label() for line in ax.lines)
+
+
+def test_a_mixtures_per_corpus_val_losses_are_drawn(tmp_path):
+    """Catches a run on a mixture of corpora plotted with val/loss over all only: the val/loss/NAME each corpus
+    logged (docs/data.md) were read and never drawn; they are drawn in the loss panel, named in its legend."""
+    folder = tmp_path / "runs" / "mix"
+    (folder / "csv").mkdir(parents=True)
+    (folder / "csv" / "metrics.csv").write_text(
+        "epoch,step,train/loss,train/lr,val/loss,val/loss/a.txt,val/loss/b.txt\n"
+        "0,9,4.1,1e-3,,,\n0,9,,,4.0,3.9,4.1\n0,19,3.8,1e-3,,,\n0,19,,,3.7,3.6,3.8\n", encoding="utf-8")
+    labels = [line.get_label() for line in _drawn(folder)[0].lines]
+    assert "mix val/loss/a.txt" in labels and "mix val/loss/b.txt" in labels, labels

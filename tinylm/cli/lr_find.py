@@ -115,7 +115,7 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
 
     data = [arg for key, value in cli.run_data.items()
             for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
-    name = ["--run.name", f"{cli.run_dir.name}-lr{lr:.0e}"] if holds_run(cli.run_dir) else []
+    name = ["--run.name", _new_run_name(cli.run_dir, lr)] if holds_run(cli.run_dir) else []
     if name:  # the sweep's own --run.name L gives way (it read `--run.name L --run.name L-lr2e-01`)
         fit_args = [a for key, _, span in spans(fit_args) for a in span if key != "run.name"]
     hp = cli.model.hparams
@@ -129,6 +129,16 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     # seed_everything true drew a seed for the sweep: the fit starts from the weights swept, not another draw
     seed = ["--seed_everything", str(cli.config["fit"]["seed_everything"])] if getattr(cli, "seed_drawn", False) else []
     return f"tinylm fit {shlex.join([*fit_args, *data, *name, *seed])} --model.lr {lr:.2e}{floor}{muon}"
+
+
+def _new_run_name(run_dir: Path, lr: float) -> str:
+    """``<run>-lr<LR>`` beside ``run_dir``, numbered (``-2``, ``-3``, ...) past a folder that holds a run: a second
+    sweep of the same config suggested the name its first next: fit had trained, and fit refused it."""
+    from tinylm.cli.run_folder import holds_run
+
+    base = f"{run_dir.name}-lr{lr:.0e}"
+    taken = (run_dir.with_name(name) for name in (base, *(f"{base}-{k}" for k in range(2, 10_000))))
+    return next(folder.name for folder in taken if not holds_run(folder))
 
 
 def _print_summary(result, hparams, path: Path) -> None:

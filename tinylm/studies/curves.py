@@ -22,6 +22,7 @@ METRICS = {  # --metric: the first panel, what it draws
     "bpb": ("bits per byte of raw text (comparable across tokenizers)", ("train/bpb", "val/bpb")),
 }
 HEALTH_PREFIX = "health/"
+CORPUS_LOSS = "val/loss/"  # a mixture's val/loss/NAME per corpus, drawn beside val/loss
 EVAL_PANELS = (("eval: acc_norm (acc where a task has none)", ("_acc_norm", "_acc")), ("eval: bits per byte of the "
                "right answers", ("_bpb",)))
 """Drawn when a run has eval scores: the in-loop EvalTasks' (csv/metrics.csv) and `tinylm eval`'s (eval/metrics.csv)."""
@@ -180,7 +181,8 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
     panels = ((*METRICS[metric], False), *PANELS[1:], *evals)
     for i, (ax, (title, keys, log_y)) in enumerate(zip(axes, panels)):
         for run, colour in zip(runs, colours):
-            for key in keys:
+            corpora = sorted(k for k in run.series if k.startswith(CORPUS_LOSS)) if i == 0 and metric == "loss" else []
+            for key in (*keys, *corpora):
                 points = run.series.get(key)
                 if not points:
                     continue
@@ -189,6 +191,9 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
                     j = tasks.index(_task(key))
                     ax.plot(steps, values, f"{_MARKERS[j % len(_MARKERS)]}-", lw=2, ms=4, label=f"{run.name} {key}",
                             color=f"C{j % 10}" if len(runs) == 1 else colour)
+                elif key in corpora:  # a mixture's corpora: dashed, a marker each, in the run's colour
+                    ax.plot(steps, values, f"{_MARKERS[(corpora.index(key) + 1) % len(_MARKERS)]}--", color=colour,
+                            lw=1, ms=3, alpha=0.8, label=f"{run.name} {key}")
                 elif key.startswith("val/"):
                     ax.plot(steps, values, "o-", color=colour, lw=2, ms=4, label=f"{run.name} {key}")
                 else:  # (a marker for a lone point: a line of one point is not drawn at all)
