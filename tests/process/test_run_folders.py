@@ -591,7 +591,8 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
 
 def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
     """Catches a resume with another gradient_clip_val (or precision, accumulation) training on silently as another
-    run, and a seed_everything that the checkpoint's random state overrides being taken without a word."""
+    run, and a seed_everything that the checkpoint's random state overrides being taken without a word; and a
+    precision by Lightning's short name (bf16 for bf16-mixed, 32 for 32-true) warned of as another precision."""
     main(["fit", "--config", str(config)])
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5"])
@@ -617,13 +618,18 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed"])
     assert "trainer.precision 'bf16-mixed' (the run had '32-true')" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="tinylm"):
+    with caplog.at_level("WARNING", logger="tinylm"):  # Lightning's short name of the run's precision: the same
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "10",
+              "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16"])
+    assert "the run had" not in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tinylm"):
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "11",
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2"])
     assert "with data.val_batches 2 (the run had 1): val/loss is measured on other windows" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="tinylm"):  # Lightning's cut of the validation batches: the same
-        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "11",
+        main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "12",
               "--trainer.gradient_clip_val", "0.5", "--trainer.precision", "bf16-mixed", "--data.val_batches", "2",
               "--trainer.limit_val_batches", "1"])
     assert "with trainer.limit_val_batches 1 (the run had None): val/loss is measured on other windows" \
@@ -1384,6 +1390,20 @@ def test_fp16_weights_are_warned_of(run_config):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_fp16_weights({"precision": "16-mixed"})
+        warn_fp16_weights({"precision": "bf16-mixed"})
+
+
+def test_bf16_weights_are_warned_of(run_config, tmp_path):
+    """Catches `--trainer.precision bf16-true` training with updates rounded away, silently (bf16 weights: 8
+    significant bits): at lr 1e-3 every norm gain ended exactly 1.0; fit says so in one warning naming bf16-mixed."""
+    import torch
+
+    cfg = run_config(trainer={"max_steps": 4, "precision": "bf16-true"}, model={"lr": 1e-3, "warmup_steps": 1})
+    with pytest.warns(UserWarning, match="bf16-true keeps the weights in bf16, where an update .* use bf16-mixed"):
+        main(["fit", "--config", str(cfg)])
+    state = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    gains = [t for k, t in state.items() if ".ln_" in k and k.endswith("weight")]  # what the warning is about
+    assert gains and all(t.dtype == torch.bfloat16 and bool((t == 1).all()) for t in gains)
 
 
 def test_windows_is_refused_in_one_line(monkeypatch, capsys):

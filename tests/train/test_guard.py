@@ -140,6 +140,23 @@ def test_without_the_guard_a_nan_gradient_stops_the_run(run_config, capsys):
     assert "non-finite gradient norm" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("guard", [True, False])
+def test_grad_scaler_overflows_are_neither_skips_nor_a_divergence(run_config, tmp_path, guard):
+    """Catches 16-mixed runs stopped by GradScaler's own calibration: its first steps overflow fp16 (inf gradients
+    of a finite loss) until the scale is low enough, which it skips itself; the guard counted them as skipped steps
+    and stopped the run at step 5 ("training diverged ... start again with a lower --model.lr"), and without the
+    guard the health monitor halted on the first one ("non-finite gradient norm")."""
+    scaler = {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu", "init_scale": 1e9}}
+    plugin = {"class_path": "lightning.pytorch.plugins.precision.MixedPrecision",
+              "init_args": {"precision": "16-mixed", "device": "cpu", "scaler": scaler}}
+    config = _config(run_config, "_Nothing", max_steps=12, plugins=[plugin], guard={"enabled": guard})
+    main(["fit", "--config", str(config)])
+    norms = _losses(tmp_path / "runs" / "tiny", "train/grad_norm")
+    assert not math.isfinite(norms[0][-1]) and math.isfinite(_final(tmp_path))  # not vacuous: step 1 overflowed
+    if guard:
+        assert _losses(tmp_path / "runs" / "tiny", "train/skipped_steps")[11] == [0.0]
+
+
 def test_rollbacks_are_bounded_then_the_run_stops_naming_the_checkpoint(run_config, tmp_path, capsys):
     """Catches a guard that rolls back forever (or gives up with a traceback): an LR that stays exploded defeats
     every rollback; after guard.max_rollbacks the run stops with one line naming the checkpoint to go back to."""

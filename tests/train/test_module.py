@@ -56,6 +56,19 @@ def test_padded_vocab_does_not_change_initial_loss():
     assert abs(loss.item() - math.log(50)) < 0.1
 
 
+def test_the_loss_is_in_fp64_under_64_true():
+    """Catches the training and validation losses downcast to fp32 under --trainer.precision 64-true (the logits'
+    ``.float()``): a run in double precision got a loss, and gradients, only fp32 can hold (off by ~3e-7)."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY).double()
+    x, y = next(iter(_batches(1, B=8)))
+    loss, logits = module._loss((x, y)), module(x)
+    exact = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))  # fp64 throughout
+    assert loss.dtype == torch.float64 and abs(loss.item() - exact.item()) < 1e-12
+    module.validation_step((x, y), 0)
+    assert abs(module.val_loss.compute().item() - exact.item()) < 1e-12
+
+
 def test_weight_decay_groups():
     """Catches weight decay applied to biases/LayerNorm, or missing from matrices and embeddings."""
     module = TinyLM(**{**TINY, "bias": True})

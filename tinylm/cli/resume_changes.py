@@ -77,6 +77,12 @@ def _windows_a_step(data: dict, trainer: dict) -> int | None:
         return None
 
 
+def _long_precision(precision: Any) -> Any:
+    """A Lightning precision by its full name (16 and "16": "16-mixed", "bf16": "bf16-mixed", 32: "32-true", 64:
+    "64-true"), anything else as it is."""
+    return {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(str(precision), precision)
+
+
 def _steps(n: float) -> str:
     return "every optimizer step" if n == 1 else f"every {n:g} optimizer steps"
 
@@ -103,6 +109,9 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
 
         trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
         now["precision"] = resolve_precision(now["precision"], n_embd)
+    if "precision" in trainer:  # Lightning's short names are the same precisions: 32 is 32-true, bf16 bf16-mixed
+        trainer["precision"], now["precision"] = (_long_precision(trainer["precision"]),
+                                                  _long_precision(now["precision"]))
     if "accumulate_grad_batches" in trainer:  # unset is 1 (a checkpoint's state says 1)
         trainer["accumulate_grad_batches"], now["accumulate_grad_batches"] = \
             trainer["accumulate_grad_batches"] or 1, now["accumulate_grad_batches"] or 1

@@ -500,11 +500,19 @@ def warn_gpu_recipe_on_cpu(trainer_cfg: dict[str, Any], hparams, dm) -> None:
 def warn_fp16_weights(trainer_cfg: dict[str, Any]) -> None:
     """16-true holds the weights and the optimizer's states in fp16: AdamW's second moments of small gradients
     underflow (below ~6e-8) and the updates blow up. A 2-layer model that trains under 32-true and bf16-true diverged
-    in 5 steps (loss 5.6 -> 20, grad norm 1 -> 370), and the health monitor then blames the LR, clipping or data."""
-    if str(trainer_cfg.get("precision")) == "16-true":
+    in 5 steps (loss 5.6 -> 20, grad norm 1 -> 370), and the health monitor then blames the LR, clipping or data.
+    bf16-true holds the weights in bf16 (8 significant bits): an update below ~1/256 of a weight rounds away, so at the
+    shipped LRs (1e-3 and below) the norm gains (1.0) never move and the rest learns less as the LR decays (a 20-step
+    run at lr 1e-3: every gain still exactly 1.0, each moved by ~0.01 under 32-true), with nothing said."""
+    precision = str(trainer_cfg.get("precision"))
+    if precision == "16-true":
         warnings.warn("trainer.precision 16-true keeps the weights and the AdamW/Muon states in fp16, where small "
                       "second moments underflow and the updates blow up (runs diverge within a few steps); use "
-                      "16-mixed (fp32 weights, fp16 matmuls) or bf16-true")
+                      "16-mixed (fp32 weights, fp16 matmuls) or bf16-mixed")
+    elif precision == "bf16-true":
+        warnings.warn("trainer.precision bf16-true keeps the weights in bf16, where an update below ~1/256 of a "
+                      "weight rounds away: at an LR under ~2e-3 the norm gains (1.0) never move and the other "
+                      "weights lose their small updates; use bf16-mixed (fp32 weights, bf16 matmuls)")
 
 
 def warn_small_vocab(dm, resumed: bool = False) -> None:

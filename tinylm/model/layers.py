@@ -10,7 +10,7 @@ from torch import Tensor, nn
 RMS_NORM_EPS = 1e-6  # Llama's rms_norm_eps; written into the exported config, so both compute the same
 
 
-def _at_least_fp32(x: Tensor) -> Tensor:
+def at_least_fp32(x: Tensor) -> Tensor:
     """x in fp32 when it is in a 16-bit float type (autocast's bf16 activations), else x itself (fp32, fp64)."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
@@ -36,7 +36,7 @@ class _RMSNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-        xf = _at_least_fp32(x)
+        xf = at_least_fp32(x)
         r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
         y = xf * r  # fp32
         ctx.save_for_backward(y, r, weight)
@@ -45,7 +45,7 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
         y, r, weight = ctx.saved_tensors
-        g = _at_least_fp32(grad)
+        g = at_least_fp32(grad)
         gy = g if weight is None else g * weight
         dx = torch.addcmul(gy, y, (gy * y).mean(-1, keepdim=True), value=-1).mul_(r)
         dw = None
@@ -145,7 +145,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     (a cos θ - b sin θ, b cos θ + a sin θ). cos and sin hold the same angles in both halves. Functional (no
     in-place writes into views), so torch.compile traces it."""
     h = x.size(-1) // 2
-    x = _at_least_fp32(x)
+    x = at_least_fp32(x)
     x1, x2, c, s = x[..., :h], x[..., h:], cos[..., :h], sin[..., :h]
     return torch.cat([torch.addcmul(x1 * c, x2, s, value=-1), torch.addcmul(x2 * c, x1, s)], dim=-1)
 

@@ -11,6 +11,8 @@ is not applied: AdamW's fused kernel is handed the decision as its ``found_inf``
 parameters, moments and AdamW's step count stay as they were without the host reading the flag; other optimizers
 (Muon) have their gradients dropped, which needs the flag on the host (free on a CPU, one sync per step on a GPU).
 The step still counts: global_step, the LR schedule and the data move on, so the skipped batch is left out.
+Under ``16-mixed`` a finite loss with non-finite gradients is GradScaler's overflow, which it skips itself (lowering
+its scale): not counted as a skip nor judged (its calibration overflows the first steps of a run in a row).
 
 Every ``trainer.log_every_n_steps`` steps the guard reads its state from the device (one sync, on a step that logs
 anyway), logs ``train/skipped_steps`` (skipped so far) and *rolls back* when ``rollback_skips`` of the window's
@@ -148,6 +150,9 @@ class StabilityGuard(L.Callback):
             torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.SUM)
             x = x / trainer.world_size
         skip = ~x.isfinite().all() | (x > self._limit).any()
+        if grad_scaler(trainer) is not None:  # 16-mixed: GradScaler skips an fp16 overflow itself, lowering its
+            scaled = x[0].isfinite() & ~x[1].isfinite()  # scale (its calibration overflows a run's first steps)
+            skip, x = skip & ~scaled, torch.where(scaled, math.nan, x)
         self._history[trainer.global_step % self.window] = torch.cat([torch.where(skip, math.nan, x),
                                                                       skip.float()[None]])
         self._skipped += skip
@@ -330,3 +335,8 @@ def last_good_checkpoint(trainer: L.Trainer, first_bad: int,
     saved = sorted((step, not last, str(path)) for d in dirs for step, last, path in checkpoints_by_step(d)[0]
                    if step <= first_bad and not any(lo < step < hi for lo, hi in abandoned))
     return Path(saved[-1][2]) if saved else None
+
+
+def grad_scaler(trainer: Any) -> Any:
+    """The GradScaler of ``trainer``'s precision (16-mixed), else None."""
+    return getattr(getattr(trainer, "precision_plugin", None), "scaler", None)

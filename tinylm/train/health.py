@@ -7,7 +7,8 @@ Detectors, with what they usually mean:
 - ``stuck``: loss still near ln(vocab) after warmup: LR zero, frozen parameters, or uniformly random data (targets
   unrelated to their inputs still teach the token frequencies: a loss near the unigram entropy, not caught here).
 - ``leak``: loss far below what text allows, very early: targets leaking into inputs (y not shifted by one).
-- ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data.
+- ``nonfinite``: NaN/Inf loss or gradient norm: LR too high, fp16 overflow (use bf16-mixed), bad data. (Under
+  ``16-mixed`` non-finite gradients of a finite loss are GradScaler's to skip: not judged.)
 - ``spike``: gradient norm far above its running median: a bad batch or an LR on the edge of stability.
 - ``diverged``: validation loss far above ln(vocab) (worse than guessing uniformly): the run blew up. A run whose
   last validation diverged ends with a TrainingHealthError (exit 1), after its checkpoints are saved.
@@ -42,7 +43,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from tinylm.device import precision_dtypes, usable_cpus
 from tinylm.errors import TinyLMError
-from tinylm.train.guard import DIVERGED_FACTOR
+from tinylm.train.guard import DIVERGED_FACTOR, grad_scaler
 
 log = logging.getLogger("tinylm")
 
@@ -222,6 +223,9 @@ class HealthMonitor(L.Callback):
 
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, loss: float,
                norm: float | None) -> None:
+        if norm is not None and math.isfinite(loss) and not math.isfinite(norm) \
+                and grad_scaler(trainer) is not None:
+            return  # 16-mixed's GradScaler skipped this fp16 overflow itself and lowered its scale: no divergence
         if not math.isfinite(loss) or (norm is not None and not math.isfinite(norm)):
             self._nonfinite(trainer, loss, norm, step)
             return

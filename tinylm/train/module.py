@@ -24,6 +24,7 @@ from tinylm.device import check_compile_torch, wide_dtype
 from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import config_fields
 from tinylm.model.gpt import Block
+from tinylm.model.layers import at_least_fp32
 from tinylm.ranges import check_ranges
 from tinylm.train.init_from import load_pretrained, own_tokenizer, warn_same_batches
 from tinylm.train.optim import build_optimizer, fused_adamw
@@ -86,9 +87,9 @@ class RecomputedBlock(Block):
 
 def token_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, prefix_len: int | None = None) -> torch.Tensor:
     """The mean cross-entropy of ``model`` on inputs ``x`` (B, T) and targets ``y`` (B, T), computed in fp32 (also
-    under bf16 autocast), over the targets that are not IGNORE."""
+    under bf16 autocast; in fp64 under 64-true), over the targets that are not IGNORE."""
     logits = model(x, prefix_len=prefix_len)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
+    return F.cross_entropy(at_least_fp32(logits.reshape(-1, logits.size(-1))), y.reshape(-1), ignore_index=IGNORE)
 
 
 def _build_gpt(gpt_config: GPTConfig, state: dict | None, activation_checkpointing: bool) -> GPT:
@@ -299,7 +300,7 @@ class TinyLM(L.LightningModule):
                         dataloader_idx: int = 0) -> None:
         x, y = batch[0], self._targets(batch[1])  # the targets the loss counts, so val/ppl = exp(val/loss)
         logits = self(x)  # (B, T, V)
-        nats = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
+        nats = F.cross_entropy(at_least_fp32(logits.reshape(-1, logits.size(-1))), y.reshape(-1), ignore_index=IGNORE,
                                reduction="none")  # (B*T,), 0 where ignored
         counted = y.reshape(-1) != IGNORE
         # (a rank's padding batch counts no target: weight 0, and a mean of 0 rather than 0/0)
