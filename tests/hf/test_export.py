@@ -727,11 +727,29 @@ def test_a_run_from_init_from_records_which_weights_it_started_from(run_config, 
     assert "at step 4, as they were then" in (tmp_path / "runs" / "again" / "config.yaml").read_text()
 
 
+def test_a_later_resume_with_the_runs_own_init_from_ignores_nothing(run_config, tmp_path, caplog):
+    """Catches a fine-tuning run resumed with its own config (model.init_from: runs/source/checkpoints/last.ckpt)
+    from a checkpoint that a resume wrote warning "ignoring model.init_from='runs/source/checkpoints/last.ckpt'
+    (checkpoint: '/abs/runs/source/checkpoints/last.ckpt') (to change them, start a new run)": the checkpoints
+    record the source's absolute path, and the config's relative one, the same file, was taken for another."""
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"name": "source"}))])
+    config = run_config(run={"name": "finetune"}, model={"init_from": "runs/source/checkpoints/last.ckpt"},
+                        name="finetune.yaml")
+    main(["fit", "--config", str(config)])
+    with caplog.at_level("WARNING", logger="tinylm"):
+        for steps in ("4", "6"):  # (the second from the checkpoint the first resume wrote)
+            main(["fit", "--config", str(config), "--trainer.max_steps", steps, "--ckpt_path", "last"])
+    assert "ignoring model.init_from" not in caplog.text
+
+
 def test_a_run_from_init_from_on_the_same_data_says_it_draws_the_same_batches(run_config, tmp_path, caplog):
     """Catches a new run from a checkpoint's weights on that run's own corpus (the guard's and the health monitor's
     advice: --model.init_from step-N.ckpt --model.lr ... --run.name NEW) reading the very batches the weights were
     trained on again from batch 0 (batch k is a pure function of data.seed and k), without a word. Another data.seed,
-    another corpus or a resume of the new run is not told."""
+    another corpus or a resume of the new run is not told, nor another block_size or val_fraction (their windows are
+    others: an offset is drawn over the train split's tokens less a window; these were told they were the same)."""
     from tinylm.cli import main
     from tinylm.data import TinyLMDataModule
 
@@ -739,8 +757,10 @@ def test_a_run_from_init_from_on_the_same_data_says_it_draws_the_same_batches(ru
     source = str(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt")
     config = run_config(run={"name": "again"}, model={"init_from": source}, name="again.yaml")
     said = "was trained on this corpus with data.seed 1337 (2 batches): this run draws the same windows again"
-    for argv, told in ((["--data.seed", "8", "--run.name", "other"], False), ([], True),
-                       (["--trainer.max_steps", "4", "--ckpt_path", "last"], False)):
+    for argv, told in ((["--data.seed", "8", "--run.name", "other"], False),
+                       (["--data.block_size", "8", "--run.name", "shorter"], False),  # (offsets over n - T tokens)
+                       (["--data.val_fraction", "0.2", "--run.name", "split"], False),  # (a shorter train split)
+                       ([], True), (["--trainer.max_steps", "4", "--ckpt_path", "last"], False)):
         caplog.clear()
         with caplog.at_level("WARNING", logger="tinylm"):
             main(["fit", "--config", str(config), *argv])

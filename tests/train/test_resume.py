@@ -732,3 +732,34 @@ def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypat
     assert requeued(None, run, "fit") is None
     (run / "slurm_job_id").write_text("77\n")  # the run this job trained (check_run_folder records it)
     assert requeued(None, run, "fit") == "last"
+
+
+def test_a_run_on_a_dataset_folders_data_files_keyed_by_an_older_tinylm_resumes(run_config, tmp_path):
+    """Catches a run trained on `hf:DIR --data.data_files ...` before such data files were keyed by their contents
+    (its checkpoints hold `datasets`' fingerprint of the files' paths and mtimes, as tinylm then keyed them) refused
+    on its resume after the upgrade: "trained on other text than data.corpus 'hf:ds' holds now (its fingerprint
+    changed: the files were edited or replaced)", of the very files it trained on."""
+    import hashlib
+    import json
+
+    from tinylm.data.corpus import open_corpus
+
+    text = (Path(__file__).parents[1] / "fixtures" / "tinyshakespeare_100k.txt").read_text()[:4000].split("\n\n")
+    (folder := tmp_path / "ds").mkdir()
+    for name, part in (("train", text[:-3]), ("validation", text[-3:])):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    files = {"train": "train.jsonl", "validation": "validation.jsonl"}
+    config = run_config(data={"corpus": "hf:ds", "data_files": files})
+    main(["fit", "--config", str(config)])
+    corpus = open_corpus("hf:ds", cache_dir=tmp_path / "cache", data_files=files)
+    dd = corpus._load()
+    key = {"path": corpus.path, "config": corpus.config, "revision": corpus.revision, "split": corpus.split,
+           "val_split": corpus.val_split if corpus.has_validation else None, "column": corpus.text_column,
+           "data": {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}}  # (the key before the upgrade)
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["TinyLMDataModule"]["corpus_fingerprints"] = [hashlib.sha256(json.dumps(
+        key, sort_keys=True, default=str).encode()).hexdigest()]
+    torch.save(ckpt, last)
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    assert torch.load(last, weights_only=True)["global_step"] == 4

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -465,7 +466,7 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
     # a value at its default that the command does not name was not set by the user (validate without
     # --config): nothing to ignore; `--model.dropout 0.0` (the default) is named, and ignored
     ignored = [f"model.{k}={cfg.model[k]!r} (checkpoint: {v!r})" for k, v in saved.items()
-               if k not in linked and k not in from_weights and k in cfg.model and cfg.model[k] != v
+               if k not in linked and k not in from_weights and k in cfg.model and not _same_value(k, cfg.model[k], v)
                and (cfg.model[k] != defaults.model.get(k) or f"model.{k}" in named)]
     if ignored:
         log.warning("%s %s: model hyperparameters come from the checkpoint; ignoring %s%s",
@@ -485,6 +486,14 @@ def model_from(ckpt: dict, meta: dict, cfg, sub: str, ckpt_path: str, defaults, 
                  ckpt_path, meta.get("init_from") or source, "" if step is None else f" at step {step}")
         saved["init_from"] = None  # or a moved or rewritten source would break or silently change the run
     return saved
+
+
+def _same_value(key: str, given: Any, saved: Any) -> bool:
+    """Whether the command's model.``key`` is the checkpoint's: init_from as the same file (the checkpoints record
+    its absolute path, a config the path as typed: a resume with the run's own config was told it was ignored)."""
+    if key == "init_from" and isinstance(given, str) and isinstance(saved, str):
+        return os.path.abspath(os.path.expanduser(given)) == os.path.abspath(os.path.expanduser(saved))
+    return given == saved
 
 
 def _check_saved(saved: dict, known: set[str], ckpt_path: str) -> None:

@@ -240,8 +240,16 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         """Refuse a resume whose corpus holds other text than the checkpoint's run read (``saved``: the data module's
         state in the checkpoint)."""
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
-        if was_fps is not None and was_fps != now_fps:
+        if was_fps is not None and was_fps != now_fps and not self._older_keys(was_fps, now_fps):
             raise _other_text(saved, now_fps, self.corpus_specs)
+
+    def _older_keys(self, was_fps: list, now_fps: list) -> bool:
+        """Whether each of ``was_fps`` that is not this run's is its corpus's key by an older tinylm (the same
+        files: `HFDataset.older_fingerprint`)."""
+        if len(was_fps) != len(now_fps) or len(self.corpora) != len(now_fps):
+            return False
+        return all(was == now or was == getattr(corpus, "older_fingerprint", None)
+                   for was, now, corpus in zip(was_fps, now_fps, self.corpora))
 
     @staticmethod
     def check_text_before_preparing(saved: dict, options: dict) -> None:
@@ -358,7 +366,8 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
         if was_fps is None:
             return
-        if was_fps != now_fps:  # another corpus, evaluated as such; or the run's own, edited since
+        if was_fps != now_fps and not self._older_keys(was_fps, now_fps):  # another corpus, evaluated as such; or
+            # the run's own, edited since
             if saved.get("corpus_specs") == list(self.corpus_specs):
                 log.warning("data.corpus %s holds other text than when the checkpoint trained on it (its fingerprint "
                             "changed: the files were edited or replaced): the validation split may hold text the "

@@ -214,15 +214,22 @@ class HFDataset(Corpus):
         values = (v for batch in self._load()[name].iter(batch_size=1000) for v in batch[self.text_column])
         yield from _texts(values, self.spec, self.shown, self.text_column, name, self._said)
 
-    def _fingerprint(self) -> str:
+    def _fingerprint(self, *, by_datasets: bool = False) -> str:
         dd = self._load()
         key = {"path": self.path, "config": self.config, "revision": self.revision, "split": self.split,
                "val_split": self.val_split if self.has_validation else None, "column": self.text_column}
-        if local_files(self.sources):  # local files: their contents, wherever they lie and whatever their mtime
-            key["contents"] = self.files
+        if local_files(self.sources) and not by_datasets:  # local files: their contents, wherever they lie and
+            key["contents"] = self.files  # whatever their mtime
         else:  # hub data: datasets' own fingerprint follows the resolved revision
             key["data"] = {k: getattr(dd[k], "_fingerprint", None) for k in sorted(dd)}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+    @property
+    def older_fingerprint(self) -> str | None:
+        """The fingerprint an older tinylm gave `hf:DIR --data.data_files ...` (datasets' own, of the files' paths
+        and mtimes: it looked for the data files in the current folder and found none), or None for any other
+        dataset. A run trained on one then resumes on the same files (it was refused as other text)."""
+        return self._fingerprint(by_datasets=True) if self.data_files and _local_folder(self.path) else None
 
 
 class HFStream(Corpus):

@@ -104,6 +104,8 @@ def warn_same_batches(source: str, data: dict | None, dm: Any) -> None:
     seed, metas = getattr(dm, "seed", None), getattr(dm, "metas", None)
     if seed != data.get("seed") or [m["corpus_fingerprint"] for m in metas or []] != data["corpus_fingerprints"]:
         return
+    if any(data.get(k, getattr(dm, k, None)) != getattr(dm, k, None) for k in ("block_size", "val_fraction")):
+        return  # other windows: an offset is drawn over the train split's tokens less a window
     log.warning("model.init_from %s was trained on this corpus with data.seed %s (%s batches): this run draws the "
                 "same windows again from its first batch; pass another --data.seed for other windows", source, seed,
                 f"{data['train_batches_yielded']:,}")
