@@ -589,6 +589,7 @@ def test_a_run_stopped_early_saves_where_it_stopped(config, tmp_path, caplog, st
     assert [row[3] for row in rows["tiny"]] == pytest.approx([row[3] for row in rows["straight"]], abs=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:`precision=bf16` is supported for historical reasons")  # (Lightning's, rightly)
 def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
     """Catches a resume with another gradient_clip_val (or precision, accumulation) training on silently as another
     run, and a seed_everything that the checkpoint's random state overrides being taken without a word; and a
