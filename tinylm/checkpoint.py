@@ -29,7 +29,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tinylm.checkpoint_share import StepFiles, one_name_left_writable
 from tinylm.device import resolve_device
-from tinylm.errors import TinyLMError
+from tinylm.errors import TinyLMError, named_option
 from tinylm.paths import fsync_folder, naming, refuse_model_folder, remove_path, swap_in
 
 
@@ -445,12 +445,8 @@ def load_model(ckpt_path: str | os.PathLike, map_location: Any = "cpu", *,
         device = resolve_device(str(map_location or "cpu"))
     except ValueError as e:  # so a script's map_location is named, not a flag it has none of
         raise ValueError(re.sub(r"--device (\w+)", r"map_location='\1'", str(e))) from None
-    try:  # mmap: tensors are read lazily, so the optimizer state (2x the weights) is never pulled into memory
+    with named_option(option):  # mmap: tensors read lazily, the optimizer state (2x the weights) never pulled in
         return gpt_from_checkpoint(load_checkpoint(ckpt_path, map_location="cpu", mmap=True), ckpt_path, device)
-    except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file
-        if option == "--ckpt_path":
-            raise
-        raise type(e)(str(e).replace("--ckpt_path", option)) from None
 
 
 def gpt_from_checkpoint(ckpt: dict[str, Any], ckpt_path: str | os.PathLike,

@@ -9,7 +9,9 @@ numpy do not, because there they usually mean tinylm forgot to validate somethin
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)
 """OSErrors of the local disk: full, not writable, or a file (a broken link) where a folder must be made. The CLI
@@ -32,3 +34,15 @@ class TinyLMError(Exception):
 class UnavailableError(TinyLMError, RuntimeError):
     """Something a run needs cannot be had here (no network and no cached copy, a download that does not verify,
     a torch too old for an option); the message says what to provide instead."""
+
+
+@contextlib.contextmanager
+def named_option(option: str) -> Iterator[None]:
+    """Refusals of a checkpoint (FileNotFoundError, TinyLMError) naming ``option``, the flag that gave the file,
+    where they say ``--ckpt_path`` (the commands' flag): ``--model.init_from``, ``samples.draft_ckpt_path``..."""
+    try:
+        yield
+    except (FileNotFoundError, TinyLMError) as e:
+        if option == "--ckpt_path" or "--ckpt_path" not in str(e):
+            raise
+        raise type(e)(str(e).replace("--ckpt_path", option)) from None

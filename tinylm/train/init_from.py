@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from tinylm.checkpoint import (
-    CheckpointError,
     checkpoint_in_folder,
     gpt_from_checkpoint,
     is_checkpoint,
     is_sharded_checkpoint,
     load_checkpoint,
 )
+from tinylm.errors import named_option
 
 log = logging.getLogger("tinylm")
 
@@ -70,11 +70,9 @@ def load_pretrained(path: str | os.PathLike, *, vocab_size: int, block_size: int
         tok_dir = path / TINYLM_TOKENIZER_DIR
         tokenizer = Tokenizer.load(tok_dir) if tok_dir.is_dir() else None
     elif is_checkpoint(path):  # a .ckpt file, or the folder of a sharded (FSDP2) one
-        try:  # (one reading: the step of the weights taken, also of a live run's last.ckpt replaced meanwhile)
-            ckpt = load_checkpoint(path, map_location="cpu", mmap=True)
+        with named_option("--model.init_from"):  # (one reading: the step of the weights taken, also of a live
+            ckpt = load_checkpoint(path, map_location="cpu", mmap=True)  # run's last.ckpt replaced meanwhile)
             model, tokenizer, _ = gpt_from_checkpoint(ckpt, path)
-        except (FileNotFoundError, CheckpointError) as e:  # its refusal names the option that gave the file
-            raise type(e)(str(e).replace("--ckpt_path", "--model.init_from")) from None
         origin = (int(ckpt.get("global_step", 0)), ckpt.get("TinyLMDataModule"))
     else:
         raise FileNotFoundError(f"model.init_from {str(path)!r} not found; pass a tinylm .ckpt or a Hugging Face "
