@@ -387,14 +387,16 @@ def test_lr_find_and_scaling_need_no_max_steps(run_config, capsys):
 def test_lr_find_with_a_drawn_seed_records_it_and_its_next_fit_keeps_it(run_config, capsys, monkeypatch):
     """Catches `--seed_everything true` sweeps whose drawn seed is kept nowhere (lr-find writes no config.yaml, and
     its .json had no seed) and whose `next:` fit said `--seed_everything true` again: a fit from other weights than
-    the ones swept, and a sweep no one can repeat."""
+    the ones swept, and a sweep no one can repeat; and a next: fit saying both, `--seed_everything true ...
+    --seed_everything 1234` (the later one wins, but the command reads as two seeds)."""
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
     cfg = run_config()
     main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", "lr.png", "--seed_everything", "true"])
     seed = json.loads((cfg.parent / "lr.json").read_text()).get("seed_everything")
     assert isinstance(seed, int) and not isinstance(seed, bool)
     command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])  # the next: fit
-    assert command[command.index("--seed_everything", command.index("true")):][:2] == ["--seed_everything", str(seed)]
+    assert command[command.index("--seed_everything"):][:2] == ["--seed_everything", str(seed)]
+    assert command.count("--seed_everything") == 1
 
 
 def test_lr_find_says_nothing_of_its_temporary_checkpoint(run_config):

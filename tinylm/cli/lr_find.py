@@ -116,8 +116,12 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     data = [arg for key, value in cli.run_data.items()
             for arg in spelled(f"data.{key}", value if isinstance(value, str) else json.dumps(value))]
     name = ["--run.name", _new_run_name(cli.run_dir, lr)] if holds_run(cli.run_dir) else []
-    if name:  # the sweep's own --run.name L gives way (it read `--run.name L --run.name L-lr2e-01`)
-        fit_args = [a for key, _, span in spans(fit_args) for a in span if key != "run.name"]
+    # seed_everything true drew a seed for the sweep: the fit starts from the weights swept, not another draw
+    seed = ["--seed_everything", str(cli.config["fit"]["seed_everything"])] if getattr(cli, "seed_drawn", False) else []
+    # the sweep's own --run.name L and --seed_everything true give way (it read `--run.name L --run.name L-lr2e-01`)
+    replaced = {"run.name"} if name else set()
+    replaced |= {"seed_everything"} if seed else set()
+    fit_args = [a for key, _, span in spans(fit_args) for a in span if key not in replaced]
     hp = cli.model.hparams
     # the sweep moved Muon's LR at muon_lr / lr times lr (tinylm.studies.lr_find): keep that ratio at the suggestion,
     # or --model.lr 6e-2 alone would leave muon_lr at 0.02, a third of lr where the sweep had it at 20x
@@ -126,8 +130,6 @@ def _next_command(fit_args: list[str], cli, lr: float) -> str:
     # the schedule's floor at the config's ratio to its peak: a suggestion below the config's min_lr made a fit
     # that was refused (min_lr must be in [0, lr]), and one just above it a cosine that barely decays
     floor = f" --model.min_lr {hp.min_lr / hp.lr * said:.2e}" if hp.min_lr > 0 else ""
-    # seed_everything true drew a seed for the sweep: the fit starts from the weights swept, not another draw
-    seed = ["--seed_everything", str(cli.config["fit"]["seed_everything"])] if getattr(cli, "seed_drawn", False) else []
     return f"tinylm fit {shlex.join([*fit_args, *data, *name, *seed])} --model.lr {lr:.2e}{floor}{muon}"
 
 
