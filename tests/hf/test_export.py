@@ -974,3 +974,32 @@ def test_export_does_not_publish_the_tokenizer_files_path(tmp_path, char_tokeniz
     named = "tiktoken:small.tiktoken" if kind == "tiktoken" else "tinylm_tokenizer.json"  # the file's name alone
     assert again.fingerprint == tok.fingerprint and again.spec == named
     assert load_model(ckpt)[1].spec == spec  # the checkpoint's own record is left as it was
+
+
+def test_init_from_a_hub_models_name_reads_it_from_the_hugging_face_cache(run_config, tmp_path, monkeypatch, capsys):
+    """Catches `--model.init_from gpt2` (nanoGPT's init_from='gpt2', which docs/export.md compares it to) refused as
+    "'gpt2' not found" though transformers had the model in its cache: a Hub model's name is read from the Hugging
+    Face cache (here laid out as huggingface_hub writes it, offline), recorded by the folder it was read from; a name
+    in no cache, offline, is one line that says why."""
+    import huggingface_hub.constants
+
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"name": "source"}))])
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--tinylm-test--tiny"
+    export_hf(tmp_path / "runs" / "source" / "checkpoints" / "last.ckpt", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # (HF_HUB_CACHE=...)
+    snapshot = repo / "snapshots" / commit
+    main(["fit", "--config", str(run_config(run={"name": "tuned"}, model={"init_from": "tinylm-test/tiny"})),
+          "--data.tokenizer", str(snapshot / "tinylm_tokenizer")])
+    assert (tmp_path / "runs" / "tuned" / "checkpoints" / "last.ckpt").is_file()
+    record = (tmp_path / "runs" / "tuned" / "config.yaml").read_text()
+    assert f"# first weights (model.init_from): {snapshot}, as they were then\n" in record
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(run_config(run={"name": "none"}, model={"init_from": "tinylm-test/absent"}))])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "model.init_from 'tinylm-test/absent' is no file or folder here, and no Hugging Face Hub model" in err
+    assert not (tmp_path / "runs" / "none").exists()

@@ -26,7 +26,7 @@ from tinylm.model.config import config_fields
 from tinylm.model.gpt import Block
 from tinylm.model.layers import at_least_fp32
 from tinylm.ranges import check_ranges
-from tinylm.train.init_from import load_pretrained, own_tokenizer, warn_same_batches
+from tinylm.train.init_from import load_pretrained, local_source, own_tokenizer, warn_same_batches
 from tinylm.train.optim import build_optimizer, fused_adamw
 from tinylm.train.options import (
     RANGES,
@@ -201,10 +201,11 @@ class TinyLM(L.LightningModule):
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         # where the run's first weights came from, absolute, and a checkpoint's step (a run saves over last.ckpt):
         # kept in every checkpoint of the run (a resume passes init_from=None and takes them from the checkpoint)
-        self.init_source, self.init_step = (None if init_from is None else os.path.abspath(init_from)), None
-        if init_from is not None:
+        local = None if init_from is None else local_source(init_from)  # (a Hub model's name: its cached folder)
+        self.init_source, self.init_step = local and os.path.abspath(local), None
+        if local is not None:
             architecture, state, self._init_fingerprint, (self.init_step, self._init_data) = load_pretrained(
-                init_from, vocab_size=vocab_size, block_size=block_size)
+                local, vocab_size=vocab_size, block_size=block_size)
             self.hparams.update(architecture)  # the checkpoint's hyperparameters describe the model it holds
         # every GPTConfig field is a TinyLM option of the same name (checkpoint.load_model relies on it too)
         self.model = _build_gpt(GPTConfig(**{f.name: self.hparams[f.name] for f in fields(GPTConfig)}), state,
@@ -480,7 +481,7 @@ class TinyLM(L.LightningModule):
         """The CLI's checks of init_from's weights against the run's data module ``dm`` before the run writes."""
         self.check_init_tokenizer(getattr(dm, "tokenizer", None))
         if self.init_source is not None:
-            warn_same_batches(self.hparams.init_from, getattr(self, "_init_data", None), dm)
+            warn_same_batches(self.init_source, getattr(self, "_init_data", None), dm)
 
     def check_init_tokenizer(self, tok: Any) -> None:
         """Refuse to fine-tune model.init_from's weights with another tokenizer than theirs (the ids would mean
@@ -489,7 +490,7 @@ class TinyLM(L.LightningModule):
             raise ValueError(f"model.init_from {self.hparams.init_from!r} was trained with another tokenizer "
                              f"(fingerprint {self._init_fingerprint[:12]}) than this run's {tok.spec!r} (fingerprint "
                              f"{tok.fingerprint[:12]}); fine-tune with the weights' own tokenizer: "
-                             f"{own_tokenizer(self.hparams.init_from)}")
+                             f"{own_tokenizer(self.init_source or self.hparams.init_from)}")
 
     def _grab_tokenizer(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
