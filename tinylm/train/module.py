@@ -199,8 +199,7 @@ class TinyLM(L.LightningModule):
         self.lr_range_test = False  # True while the LR range test replaces the schedule (tinylm.studies.lr_find)
         self.range_test_losses: list[float] = []  # each step's loss during it (step_loss)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
-        # where the run's first weights came from, absolute, and a checkpoint's step (a run saves over last.ckpt):
-        # kept in every checkpoint of the run (a resume passes init_from=None and takes them from the checkpoint)
+        # the first weights' absolute source and step (a run saves over last.ckpt), in every checkpoint of the run
         local = None if init_from is None else local_source(init_from)  # (a Hub model's name: its cached folder)
         self.init_source, self.init_step = local and os.path.abspath(local), None
         if local is not None:
