@@ -9,8 +9,8 @@ tinylm's GPT is GPT-2's architecture, so a checkpoint maps onto `GPT2LMHeadModel
 - tinylm pads the embedding rows up to a multiple of `pad_vocab_multiple`; the export keeps the first vocab_size rows
   (the padded rows are never inputs nor targets).
 - `bias=False` models get zero biases (GPT-2 always has them), which computes the same function.
-- tinylm's MLP uses exact GELU, so the config says `activation_function="gelu"` (GPT-2 itself uses "gelu_new", the
-  tanh approximation).
+- tinylm's `gelu` MLP is exact GELU, so the config says `activation_function="gelu"`; OpenAI's GPT-2 uses "gelu_new",
+  the tanh approximation, which is tinylm's `mlp: gelu_tanh` (how `--model.init_from gpt2` imports it).
 The tokenizer is written as a Hugging Face fast tokenizer (tinylm.tokenize.hf), plus tinylm's own copy in
 `tinylm_tokenizer/`.
 """
@@ -51,7 +51,10 @@ PARTIAL = ".tinylm-export.partial"  # the export being written, beside --out (.N
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # GPTConfig fields that GPT-2's config cannot express; kept under "tinylm" in config.json for an exact import
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
-ACTIVATION = "gelu"  # tinylm's nn.GELU() is exact; GPT-2's "gelu_new" is the tanh approximation
+# model.mlp -> GPT-2's activation_function: tinylm's "gelu" is exact erf GELU (transformers' "gelu"); OpenAI's GPT-2
+# uses the tanh approximation ("gelu_new"; "gelu_pytorch_tanh" is the same function, torch's kernel), tinylm's gelu_tanh
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+_MLP_OF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which tinylm uses
 
 
@@ -91,19 +94,19 @@ def hf_family(config: GPTConfig) -> str:
     neither can represent (one at a time took a retraining each to find the next)."""
     from tinylm.hf_llama import LLAMA_OPTIONS
 
-    family, wanted = ("gpt2", {"norm": "layernorm", "mlp": "gelu"}) \
-        if config.positions == "learned" else ("llama", {k: v for k, v in LLAMA_OPTIONS.items() if k != "positions"})
+    family, wanted = ("gpt2", {"norm": ("layernorm",), "mlp": tuple(ACTIVATIONS)}) if config.positions == "learned" \
+        else ("llama", {k: (v,) for k, v in LLAMA_OPTIONS.items() if k != "positions"})
     blocks = (["model.qk_norm=true (neither GPT-2 nor Llama in transformers normalises queries and keys; train with "
                "qk_norm false)"] if config.qk_norm else [])
     if config.logit_softcap is not None:
         blocks.append(f"model.logit_softcap={config.logit_softcap} (GPT-2 and Llama in transformers do not soft-cap "
                       "logits; train with logit_softcap null)")
     blocks += [f"model.{name}={getattr(config, name)!r} with positions={config.positions!r} (transformers' "
-               f"{'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}={value!r})"
-               for name, value in wanted.items() if getattr(config, name) != value]
+               f"{'GPT-2' if family == 'gpt2' else 'Llama'} needs {name}={' or '.join(map(repr, values))})"
+               for name, values in wanted.items() if getattr(config, name) not in values]
     if blocks:
-        raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu; "
-                         "Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
+        raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu "
+                         "(or gelu_tanh); Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
     return family
 
 
@@ -129,7 +132,8 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
-    """A transformers `GPT2Config` with tinylm's shape, exact GELU and LayerNorm eps 1e-5."""
+    """A transformers `GPT2Config` with tinylm's shape, its GELU (exact, or the tanh approximation) and LayerNorm eps
+    1e-5."""
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -139,7 +143,7 @@ def hf_config(config: GPTConfig, *, eos_id: int | None) -> Any:
         n_layer=config.n_layer,
         n_head=config.n_head,
         n_inner=4 * config.n_embd,
-        activation_function=ACTIVATION,
+        activation_function=ACTIVATIONS[config.mlp],
         resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
         attn_pdrop=config.dropout,
@@ -348,8 +352,8 @@ def published_spec(spec: str) -> str:
 # (field, accepts(value, config), what tinylm supports). Dropout does not matter at inference;
 # reorder_and_upcast_attn only reorders the same fp32 arithmetic (and sdpa attention ignores it), so it imports.
 _IMPORTABLE = (
-    ("activation_function", lambda v, hc: v == ACTIVATION,
-     f"{ACTIVATION!r}: its MLP is exact erf GELU, not the tanh approximation 'gelu_new' of OpenAI's GPT-2"),
+    ("activation_function", lambda v, hc: v in _MLP_OF,
+     f"{', '.join(map(repr, _MLP_OF))}: exact erf GELU, and the tanh approximation of OpenAI's GPT-2"),
     ("layer_norm_epsilon", lambda v, hc: v == LAYER_NORM_EPS, f"{LAYER_NORM_EPS}, nn.LayerNorm's default"),
     ("n_inner", lambda v, hc: v in (None, 4 * hc.n_embd), "null or 4 * n_embd"),
     ("scale_attn_weights", lambda v, hc: v is True, "true: attention scores divided by sqrt(head size)"),
@@ -464,7 +468,7 @@ def import_hf(path: str | Path) -> GPT:
 
     Directories from elsewhere load too when their config describes the function tinylm's GPT computes (exact GELU,
     LayerNorm eps 1e-5, ...; see `_IMPORTABLE`); any other config raises ValueError naming the field. OpenAI's
-    GPT-2 itself uses "gelu_new" (the tanh approximation) and so does not import.
+    GPT-2 itself ("gelu_new", the tanh approximation) imports as ``mlp: gelu_tanh``.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -503,7 +507,8 @@ def import_hf(path: str | Path) -> GPT:
     carried = {k: extra[k] for k in _EXTRA_FIELDS if k in extra} | {"bias": bias}
     tied = bool(getattr(hc, "tie_word_embeddings", True))
     config = GPTConfig(vocab_size=hc.vocab_size, block_size=hc.n_positions, n_layer=hc.n_layer, n_head=hc.n_head,
-                       n_embd=hc.n_embd, dropout=0.0, tie_embeddings=tied, **carried)
+                       n_embd=hc.n_embd, dropout=0.0, tie_embeddings=tied, mlp=_MLP_OF[hc.activation_function],
+                       **carried)
     model = GPT(config)
     target = model.state_dict()
     for name in target:

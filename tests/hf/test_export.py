@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -18,6 +19,7 @@ from tinylm.checkpoint import CheckpointError, load_model
 from tinylm.cli.commands import run as run_command
 from tinylm.generate import generate
 from tinylm.hf import export_hf, import_hf
+from tinylm.model import GPT
 from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import EOT, Tokenizer, build_tokenizer
 from tinylm.train.module import TinyLM
@@ -57,21 +59,25 @@ def char_tokenizer() -> Tokenizer:
     return build_tokenizer("char", documents=lambda: docs)  # 2 documents, so it has <|endoftext|>
 
 
-@pytest.mark.parametrize("bias, pad, tie", [(True, 64, True), (False, 64, True), (True, 1, True), (False, 64, False)],
-                         ids=["bias-padded", "nobias-padded", "bias-unpadded", "untied"])
-def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, tie):
+@pytest.mark.parametrize("bias, pad, tie, mlp", [(True, 64, True, "gelu"), (False, 64, True, "gelu"),
+                                                (True, 1, True, "gelu"), (False, 64, False, "gelu"),
+                                                (True, 64, True, "gelu_tanh")],
+                         ids=["bias-padded", "nobias-padded", "bias-unpadded", "untied", "gelu_tanh"])
+def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, tie, mlp):
     """Catches untransposed Conv1D weights, dropped biases, padded vocab rows leaking into the export, tanh GELU
     (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5. An untied
-    LM head (refused: "transformers' GPT-2 needs tie_embeddings=True", which it does not) is its lm_head.weight."""
+    LM head (refused: "transformers' GPT-2 needs tie_embeddings=True", which it does not) is its lm_head.weight;
+    mlp gelu_tanh (OpenAI's GPT-2's) is transformers' gelu_new, and imports back as itself."""
     ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad,
-                             tie_embeddings=tie)
+                             tie_embeddings=tie, mlp=mlp)
     model, tokenizer, _hparams = load_model(ckpt)
     V = tokenizer.vocab_size
     assert (model.config.padded_vocab_size != V) == (pad == 64)  # the padded case really pads
     out = export_hf(ckpt, tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     config = json.loads((out / "config.json").read_text())
-    assert (config["vocab_size"], config["n_positions"], config["activation_function"]) == (V, 32, "gelu")
+    assert (config["vocab_size"], config["n_positions"], config["activation_function"]) == \
+        (V, 32, {"gelu": "gelu", "gelu_tanh": "gelu_new"}[mlp])
     assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eos_id
 
     idx = torch.tensor([tokenizer.encode("First Citizen:\nBefore we proceed, hear me."[:32]),
@@ -83,7 +89,8 @@ def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, t
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
 
     back = import_hf(out)  # and back into tinylm, same architecture options
-    assert (back.config.bias, back.config.pad_vocab_multiple, back.config.tie_embeddings) == (bias, pad, tie)
+    assert (back.config.bias, back.config.pad_vocab_multiple, back.config.tie_embeddings, back.config.mlp) == \
+        (bias, pad, tie, mlp)
     assert config["tie_word_embeddings"] is tie
     with torch.no_grad():
         torch.testing.assert_close(back(idx), ours, atol=1e-5, rtol=0)
@@ -253,7 +260,6 @@ def _transformers_dir(path: Path, **overrides) -> Path:
 
 
 @pytest.mark.parametrize("field, value", [
-    ("activation_function", "gelu_new"),  # OpenAI's GPT-2: the tanh approximation
     ("activation_function", "relu"),
     ("layer_norm_epsilon", 1e-6),
     ("n_inner", 64),
@@ -273,18 +279,26 @@ def test_import_refuses_gpt2_variants_tinylm_does_not_compute(tmp_path, field, v
     assert "\n" not in message and f"{field}={value!r} (tinylm supports " in message and str(path) in message
 
 
-@pytest.mark.parametrize("overrides", [{}, {"reorder_and_upcast_attn": True, "n_inner": 128}],
-                         ids=["plain", "reorder_and_upcast_attn"])
+@pytest.mark.parametrize("overrides", [{}, {"reorder_and_upcast_attn": True, "n_inner": 128},
+                                       {"activation_function": "gelu_new"},
+                                       {"activation_function": "gelu_pytorch_tanh"}],
+                         ids=["plain", "reorder_and_upcast_attn", "gelu_new", "gelu_pytorch_tanh"])
 def test_import_of_a_transformers_gpt2_matches_its_logits(tmp_path, overrides):
     """Catches import_hf refusing a config tinylm does compute, or mis-mapping a model tinylm did not write (biases
     present, unpadded vocab, no `tinylm` entry): logits must agree with transformers' to 1e-5. Eager attention runs
-    reorder_and_upcast_attn's own code path, which only reorders the same fp32 arithmetic."""
+    reorder_and_upcast_attn's own code path, which only reorders the same fp32 arithmetic. OpenAI's GPT-2's tanh GELU
+    ("gelu_new") imports as mlp gelu_tanh (it was refused: `--model.init_from gpt2` could not start)."""
     path = _transformers_dir(tmp_path / "hf", **overrides)
     hf = transformers.GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval()
     model = import_hf(path)
+    assert model.config.mlp == ("gelu" if overrides.get("activation_function", "gelu") == "gelu" else "gelu_tanh")
     idx = torch.randint(0, 48, (2, 32), generator=torch.Generator().manual_seed(0))  # (B, T)
     with torch.no_grad():
         ours, theirs = model(idx), hf(idx).logits  # (B, T, V)
+        for mlp in {"gelu", "gelu_tanh"} - {model.config.mlp}:  # the other GELU is seen at this tolerance
+            other = GPT(replace(model.config, mlp=mlp))
+            other.load_state_dict(model.state_dict())
+            assert (other.eval()(idx) - theirs).abs().max() > 1e-4
     assert ours.std() > 0.1
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 

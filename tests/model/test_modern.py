@@ -183,7 +183,7 @@ def test_logit_softcap_runs_in_fp32_under_bf16_autocast():
     [
         ({"positions": "alibi"}, "unknown positions 'alibi'; choose one of learned, rope"),
         ({"norm": "batchnorm"}, "unknown norm 'batchnorm'"),
-        ({"mlp": "geglu"}, "unknown mlp 'geglu'; choose one of gelu, swiglu, relu2"),
+        ({"mlp": "geglu"}, "unknown mlp 'geglu'; choose one of gelu, gelu_tanh, swiglu, relu2"),
         ({"positions": "rope", "n_head": 32}, "head size n_embd/n_head = 1 must be even"),
         ({"logit_softcap": 0.0}, r"logit_softcap must be in \[1, 10000\]"),
         ({"logit_softcap": 1e-300}, r"logit_softcap must be in \[1, 10000\]"),  # 0 in float32: NaN losses

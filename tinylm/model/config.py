@@ -12,7 +12,7 @@ from tinylm.ranges import check_ranges
 
 POSITIONS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "relu2")
+MLPS = ("gelu", "gelu_tanh", "swiglu", "relu2")
 CONFIG_RANGES = {
     "vocab_size": "[1, inf)", "block_size": "[1, inf)", "n_layer": "[1, inf)", "n_head": "[1, inf)",
     "n_embd": "[1, inf)", "pad_vocab_multiple": "[1, inf)", "dropout": "[0, 1)", "eos_id": "[0, vocab_size)",
@@ -70,7 +70,8 @@ class GPTConfig:
     qk_norm: bool = option("arch", False)  # RMS without a gain: no parameters
     """RMS-normalise each head's queries and keys before attention (bounded attention logits)."""
     mlp: str = option("arch", "gelu")
-    """``gelu`` (nanoGPT, 4·n_embd wide), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
+    """``gelu`` (nanoGPT, 4·n_embd wide), ``gelu_tanh`` (the same with GELU's tanh approximation: OpenAI's GPT-2,
+    transformers' ``gelu_new``), ``swiglu`` (Llama; ~8/3·n_embd wide, a multiple of 64, so about the
     same parameters from n_embd ~128 up; the rounding swings small widths either way) or ``relu2`` (relu(x)²,
     4·n_embd wide; modded-nanogpt)."""
     tie_embeddings: bool = option("arch", True)

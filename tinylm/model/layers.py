@@ -78,7 +78,8 @@ def swiglu_hidden(n_embd: int) -> int:
 
 
 class MLP(nn.Module):
-    """The feed-forward branch: `gelu` (nanoGPT: c_proj(gelu(c_fc x)), H = 4C), `relu2` (modded-nanogpt's
+    """The feed-forward branch: `gelu` (nanoGPT: c_proj(gelu(c_fc x)), H = 4C; `gelu_tanh`: GELU's tanh
+    approximation, OpenAI's GPT-2's), `relu2` (modded-nanogpt's
     c_proj(relu(c_fc x)²), H = 4C) or `swiglu` (Llama's c_proj(silu(c_gate x) * c_fc x), H = swiglu_hidden(C))."""
 
     def __init__(self, n_embd: int, *, kind: str = "gelu", bias: bool = True, dropout: float = 0.0) -> None:
@@ -86,8 +87,8 @@ class MLP(nn.Module):
         self.kind = kind
         hidden = swiglu_hidden(n_embd) if kind == "swiglu" else 4 * n_embd
         self.c_fc = nn.Linear(n_embd, hidden, bias=bias)
-        if kind == "gelu":
-            self.gelu = nn.GELU()  # a module, as in nanoGPT (and the default path's module order stays as it was)
+        if kind in ("gelu", "gelu_tanh"):  # a module, as in nanoGPT (the default path's module order as it was)
+            self.gelu = nn.GELU(approximate="tanh" if kind == "gelu_tanh" else "none")
         if kind == "swiglu":
             self.c_gate = nn.Linear(n_embd, hidden, bias=bias)
         self.c_proj = nn.Linear(hidden, n_embd, bias=bias)
@@ -95,7 +96,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)  # (B, T, H)
-        if self.kind == "gelu":
+        if self.kind in ("gelu", "gelu_tanh"):
             h = self.gelu(h)
         elif self.kind == "relu2":
             h = relu_squared(h)
