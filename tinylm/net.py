@@ -1,10 +1,11 @@
-"""Whether a server can be reached, asked once and quickly before a library that would retry it for a minute; and
-the Hugging Face hub's offline mode for one call when it cannot be."""
+"""Whether a server can be reached, asked once and quickly before a library that would retry it for a minute; the
+Hugging Face hub's offline mode for one call when it cannot be; and a Hub model's name as its folder in the cache."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -98,3 +99,41 @@ def hub_offline(on: bool) -> Iterator[None]:
     finally:
         for m, v in held:
             m.HF_HUB_OFFLINE = v
+
+
+# what a Hub model's folder needs here (import_hf's files): not the repository's other formats (GPT-2's holds TF,
+# Flax, ONNX and Rust copies of its weights, ~3 GB)
+HUB_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+             "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+_FILE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".json", ".txt", ".yaml", ".yml", ".py"}
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def model_source(source: str | os.PathLike, option: str) -> str:
+    """Weights given as ``option`` (``model.init_from``, ``--ckpt_path``) as a local path: a file or folder here as
+    given; else a Hugging Face Hub model's name (``gpt2``, ``openai-community/gpt2``, ``org/name``) is its snapshot
+    folder in the Hugging Face cache, downloaded there once (its config, safetensors weights and tokenizer files), as
+    nanoGPT's ``init_from='gpt2'`` takes it through transformers' from_pretrained. HF_HUB_OFFLINE=1 and HF_HUB_CACHE /
+    HF_HOME work as for transformers."""
+    import logging
+    from pathlib import Path
+
+    given = str(source)
+    path = os.path.expanduser(given)
+    if os.path.exists(path) or not _HUB_NAME.fullmatch(given) or Path(given).suffix in _FILE_SUFFIXES:
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    logging.getLogger("tinylm").info("%s %r is no file here: reading the Hugging Face Hub model of that name (its "
+                                     "cached copy, or downloaded once into the Hugging Face cache)", option, given)
+    unreachable = hub_unreachable()  # (asked in 3 s: huggingface_hub retries a dead network for longer)
+    try:
+        with hub_offline(hub_offline_asked() or unreachable is not None):
+            return snapshot_download(given, allow_patterns=list(HUB_FILES))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
+        why = unreachable or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise FileNotFoundError(
+            f"{option} {given!r} is no file or folder here, and no Hugging Face Hub model of that name could be read "
+            f"({why}); pass a tinylm .ckpt, a Hugging Face GPT-2/Llama directory (e.g. one written by `tinylm "
+            "export`), or a Hub model's name with the network up (or one in the Hugging Face cache)") from None

@@ -844,7 +844,7 @@ def test_init_from_one_file_of_an_export_names_its_folder(tmp_path, char_tokeniz
         TinyLM(vocab_size=char_tokenizer.vocab_size, block_size=16, init_from=str(folder / "model.safetensors"))
 
 
-@pytest.mark.parametrize("command", ["generate", "validate", "eval", "fit"])
+@pytest.mark.parametrize("command", ["validate", "eval", "fit"])
 def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, char_tokenizer, command, capsys):
     """Catches `--ckpt_path EXPORT_DIR` answered "is a folder; pass --ckpt_path PATH to a .ckpt written by `tinylm
     fit`", which the user of an export may not have: the line says it is a Hugging Face model's folder and names
@@ -853,7 +853,7 @@ def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, 
 
     folder = export_hf(_write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64),
                        tmp_path / "hf")
-    args = {"fit": ["--config", str(run_config())], "generate": ["--prompt", "A"], "eval": ["--tasks", "piqa"]}
+    args = {"fit": ["--config", str(run_config())], "eval": ["--tasks", "piqa"]}
     with pytest.raises(SystemExit):
         main([command, "--ckpt_path", str(folder), *args.get(command, [])])
     line = capsys.readouterr().err.strip().splitlines()[-1]
@@ -1017,3 +1017,32 @@ def test_init_from_a_hub_models_name_reads_it_from_the_hugging_face_cache(run_co
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "model.init_from 'tinylm-test/absent' is no file or folder here, and no Hugging Face Hub model" in err
     assert not (tmp_path / "runs" / "none").exists()
+
+
+def test_generate_and_sample_report_read_an_export_folder_and_a_hub_models_name(run_config, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Catches `tinylm generate --ckpt_path EXPORT_DIR` (or a Hub model's name: `--ckpt_path gpt2`) refused as "a
+    Hugging Face model's folder, not a tinylm checkpoint": generate and sample-report read the folder with its own
+    tokenizer (tinylm's copy, else its tokenizer.json), and write what the checkpoint it came from writes."""
+    import huggingface_hub.constants
+
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"name": "src"}))])
+    ckpt = tmp_path / "runs" / "src" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    greedy = ["--prompt", "Fir", "--strategy", "greedy", "--max_new_tokens", "12"]
+    want = run_command("generate", ["--ckpt_path", str(ckpt), *greedy])
+    export = run_command("export", ["--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf")])
+    assert run_command("generate", ["--ckpt_path", str(export), *greedy]) == want
+    shutil.rmtree(export / "tinylm_tokenizer")  # a folder from transformers: its tokenizer.json
+    assert run_command("generate", ["--ckpt_path", str(export), *greedy]) == want
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(export, repo / "snapshots" / ("1" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert run_command("generate", ["--ckpt_path", "org/tiny", *greedy]) == want
+    run_command("sample-report", ["--ckpt_path", "org/tiny", "--out", str(tmp_path / "report"), "--num_samples", "2",
+                                  "--max_new_tokens", "4"])
+    assert (tmp_path / "report").is_dir()

@@ -290,7 +290,7 @@ def generate(
     inside it.
 
     Args:
-        ckpt_path: A .ckpt written by `tinylm fit` (e.g. runs/NAME/checkpoints/best.ckpt).
+        ckpt_path: A .ckpt written by `tinylm fit` (runs/NAME/checkpoints/best.ckpt), a Hugging Face model's dir, gpt2
         prompt: Text to continue (escapes such as \n are understood); empty starts from the end-of-text token
             (a newline where the tokenizer has none).
         prompt_file: Read the prompt from this UTF-8 file (`-`: piped stdin), as written less one final newline.
@@ -301,13 +301,14 @@ def generate(
     """
     import warnings
 
-    from tinylm.checkpoint import load_draft, load_model
+    from tinylm.checkpoint import load_draft
     from tinylm.device import resolve_device
     from tinylm.generate.prompts import encode_prompt
+    from tinylm.hf import load_any
 
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
     prompt = _prompt_text(prompt, prompt_file)  # before loading, too
-    model, tokenizer, _ = load_model(ckpt_path, map_location=(on := resolve_device(device)))
+    model, tokenizer = load_any(ckpt_path, map_location=(on := resolve_device(device)))
     if tokenizer is None:
         raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = replace(config, eos_id=tokenizer.eos_id)
@@ -519,7 +520,7 @@ def sample_report(
     repetition, entropy and likelihood in DIR/report.md, DIR/metrics.json and DIR/diversity_vs_likelihood.png.
 
     Args:
-        ckpt_path: A .ckpt written by `tinylm fit`.
+        ckpt_path: A .ckpt written by `tinylm fit`, a Hugging Face GPT-2/Llama folder, or a Hub model's name (gpt2).
         out: Folder to write the report into (created).
         prompts: Text to continue (escapes such as \n are understood); `--prompts+ TEXT` adds more (default: a
             fresh document from the end-of-text token, else a newline).
@@ -533,18 +534,17 @@ def sample_report(
         regex: Adds greedy, sampling (T = 1) and beam search constrained to this regular expression (json_schema,
             grammar: to this JSON Schema, Lark grammar or its file), and a column of the samples that match whole.
     """
-    from tinylm.checkpoint import load_draft, load_model
+    from tinylm.checkpoint import load_draft
     from tinylm.device import resolve_device, use_free_cpus
     from tinylm.generate.report import check_report_folder, check_report_inputs, report_strategies, write_report
     from tinylm.generate.report import sample_report as make_report
-    from tinylm.paths import check_output_path
+    from tinylm.hf import load_any
 
     check_ranges("--", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     constraint = _check_report_options(sample_report.options.values(locals()), draft_ckpt_path)  # before loading
     prompts = _report_prompts(prompts, seed, prompts_file)
-    check_output_path(out, folder=True)  # before the sampling, not after
-    check_report_folder(out)
-    model, tokenizer, _ = load_model(ckpt_path, map_location=(on := resolve_device(device)))
+    check_report_folder(out)  # before the sampling, not after
+    model, tokenizer = load_any(ckpt_path, map_location=(on := resolve_device(device)))
     draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     strategies = report_strategies(draft=draft is not None, prompt_lookup=prompt_lookup,
                                    num_draft_tokens=num_draft_tokens, constraint=constraint)

@@ -31,7 +31,7 @@ from tinylm.generate.prompts import encode_prompt
 from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
-from tinylm.paths import naming
+from tinylm.paths import check_output_path, naming
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------
@@ -528,8 +528,9 @@ PARTIAL = ".tinylm-report.partial"  # the report being written, inside the folde
 
 
 def check_report_folder(out_dir: str | Path) -> None:
-    """Refuse a folder holding anything but an earlier report (whose metrics.json names its checkpoint): a user's
-    report.md or notes there are not ours to replace."""
+    """Refuse a path that is no folder to write (`check_output_path`), and a folder holding anything but an earlier
+    report (whose metrics.json names its checkpoint): a user's report.md or notes there are not ours to replace."""
+    check_output_path(out_dir, folder=True)
     out = Path(out_dir)
     if not out.is_dir():
         return

@@ -25,8 +25,9 @@ from tinylm.model import GPT, GPTConfig
 from tinylm.model.config import config_fields
 from tinylm.model.gpt import Block
 from tinylm.model.layers import at_least_fp32
+from tinylm.net import model_source
 from tinylm.ranges import check_ranges
-from tinylm.train.init_from import load_pretrained, local_source, own_tokenizer, warn_same_batches
+from tinylm.train.init_from import load_pretrained, own_tokenizer, warn_same_batches
 from tinylm.train.optim import build_optimizer, fused_adamw
 from tinylm.train.options import (
     RANGES,
@@ -200,7 +201,7 @@ class TinyLM(L.LightningModule):
         self.range_test_losses: list[float] = []  # each step's loss during it (step_loss)
         self._init_fingerprint = state = None  # the tokenizer the init_from weights were trained with
         # the first weights' absolute source and step (a run saves over last.ckpt), in every checkpoint of the run
-        local = None if init_from is None else local_source(init_from)  # (a Hub model's name: its cached folder)
+        local = None if init_from is None else model_source(init_from, "model.init_from")  # (a Hub name: its folder)
         self.init_source, self.init_step = local and os.path.abspath(local), None
         if local is not None:
             architecture, state, self._init_fingerprint, (self.init_step, self._init_data) = load_pretrained(
