@@ -279,6 +279,19 @@ def test_config_yaml_sits_in_the_run_folder_and_a_resume_keeps_it(config, tmp_pa
     assert f"# resumed at step 2 from {last} as it was then" in record.read_text()
 
 
+def test_a_branchs_config_yaml_names_its_checkpoint_as_it_was_then(config, tmp_path):
+    """Catches a branch's config.yaml naming the checkpoint it started from as ckpt_path, as typed: given later as
+    --config (with --run.name NEW, as a record is), it branched from whatever that file was by then (the source
+    run's last.ckpt, saved over since: another step), or found nothing from another folder (a relative path). It
+    says the step and the absolute file in a comment above ``ckpt_path: null``, as a resume's record does."""
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    main(["fit", "--config", str(config), "--run.name", "br", "--ckpt_path", "runs/tiny/checkpoints/last.ckpt"])
+    record = (tmp_path / "runs" / "br" / "config.yaml").read_text()
+    assert yaml.safe_load(record)["ckpt_path"] is None
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    assert f"# branched at step 2 from {last} as it was then" in record, record
+
+
 def test_a_config_yaml_found_in_a_new_runs_folder_is_kept(config, tmp_path, caplog):
     """Catches a new run (or a branch) into a folder holding no run but a config.yaml (the user's own, with their
     comments; an attempt that stopped before it logged) writing its config over that file. The same config

@@ -570,6 +570,36 @@ def test_a_resume_to_another_tokenizer_is_refused_before_the_data_is_prepared(ru
     assert max(_losses(tmp_path / "runs" / "tiny")) == 2
 
 
+class _ValLossBetween(L.Callback):
+    """Scores every validation ``value`` (in place of the model's mean, before the module logs it): a later model worse
+    than the best so far and better than the one before it, whatever the tiny model learns."""
+
+    value = 0.0
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        pl_module.val_loss.reset()
+        pl_module.val_loss.update(torch.tensor(self.value))
+
+
+def test_an_extended_run_keeps_the_best_of_its_final_validation(run_config, tmp_path):
+    """Catches best.ckpt replaced by a worse model after a run is extended (`--ckpt_path last --trainer.max_steps`
+    larger): its last step saved last.ckpt before the validation that ends the run between two scheduled ones, so the
+    resume compared its validations with the score before that one, not with the one best.ckpt held."""
+    cfg = run_config(trainer={"max_steps": 3, "val_check_interval": 2}, run={"checkpoint_every": 2},
+                     model={"lr": 3e-3})
+    main(["fit", "--config", str(cfg)])
+    run = tmp_path / "runs" / "tiny"
+    vals = {step: v[-1] for step, v in _val_losses(run).items()}
+    best = run / "checkpoints" / "best.ckpt"
+    assert sorted(vals) == [1, 2] and vals[2] < vals[1]  # not vacuous: the final validation (step 3) is the best
+    assert torch.load(best, weights_only=True)["global_step"] == 3
+    _ValLossBetween.value = (vals[1] + vals[2]) / 2
+    main(["fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_steps", "4",
+          "--trainer.callbacks+=test_resume._ValLossBetween"])
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert torch.load(best, weights_only=True)["global_step"] == 3
+
+
 def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):
     """Catches `--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss` (top-k by val/loss, as
     Lightning's docs show) ending in a traceback: tinylm's best.ckpt keyed its state as the same ModelCheckpoint

@@ -137,23 +137,33 @@ class RunConfig(SaveConfigCallback):
         self._log_to_wandb(trainer)
 
     def _fresh_record(self, pl_module) -> str | None:
-        """A run from model.init_from's config.yaml: with a comment above ``init_from:`` naming the weights it
-        started from (the absolute path, and a checkpoint's step) as they were then, since a source run saves over
-        its last.ckpt and best.ckpt (the record said only ``init_from: runs/src/checkpoints/last.ckpt``: from which
-        step, and relative to which folder, nobody could tell later). None: the config as the parser saves it."""
+        """A new run's config.yaml, with a comment naming what it started from as it was then (the absolute path, and
+        the step), since a source run saves over its last.ckpt and best.ckpt and drops old step-N.ckpt files: above
+        ``init_from:`` for a run from model.init_from's weights (the record said only ``init_from:
+        runs/src/checkpoints/last.ckpt``: from which step, and relative to which folder, nobody could tell later),
+        and above ``ckpt_path: null`` for a branch from another run's checkpoint, as a resume's record (given later
+        as --config, a record that named it branched from whatever that file was by then, or from the folder the
+        command ran in). None: the config as the parser saves it."""
         source = getattr(pl_module, "init_source", None)
-        if source is None or self.multifile:
+        branch = self.config.ckpt_path
+        if (source is None and not branch) or self.multifile:
             return None
-        lines = self.parser.dump(self.config, **keep_none()).splitlines(keepends=True)
+        config = self.config.clone()
+        config.ckpt_path = None
+        lines = self.parser.dump(config, **keep_none()).splitlines(keepends=True)
+        if branch:
+            at = next((i for i, line in enumerate(lines) if line.startswith("ckpt_path:")), 0)
+            lines[at:at] = [f"# branched at step {self.resume_step} from {os.path.abspath(branch)} as it was then "
+                            "(a run\n# saves over or deletes its checkpoints as it goes on, so ckpt_path names none): "
+                            "with --config THIS_FILE, --ckpt_path last continues this run\n"]
         at = next((i for i, line in enumerate(lines) if line.lstrip().startswith("init_from:")), None)
-        if at is None:
-            return None
-        step = getattr(pl_module, "init_step", None)
-        indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
-        note = (f"{indent}# first weights (model.init_from): {source}{'' if step is None else f' at step {step}'}, "
-                "as they were then\n"
-                f"{indent}# (a run saves over its last.ckpt and best.ckpt as it goes on)\n")
-        return "".join([*lines[:at], note, *lines[at:]])
+        if at is not None and source is not None:
+            step = getattr(pl_module, "init_step", None)
+            indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+            lines[at:at] = [f"{indent}# first weights (model.init_from): {source}"
+                            f"{'' if step is None else f' at step {step}'}, as they were then\n",
+                            f"{indent}# (a run saves over its last.ckpt and best.ckpt as it goes on)\n"]
+        return "".join(lines)
 
     def _resume_record(self) -> str:
         """The resume's config as config.resume-step<N>.yaml holds it: with ``ckpt_path: null`` and a comment above

@@ -315,6 +315,37 @@ class BestCheckpoint(_RunFolderCheckpoint):
     def _legacy_state_key(self) -> str:  # type: ignore[override]
         return self.state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.continues and self.dirpath:
+            self._adopt_saved_best(trainer.global_step)
+
+    def _adopt_saved_best(self, step: int) -> None:
+        """Take the score of the run's own best.ckpt where it beats the resumed state's. A run's last step saves
+        step-N.ckpt and last.ckpt before the validation Lightning adds where a run stops between two scheduled ones
+        (`PeriodicCheckpoint`), so their state lacks that validation's score, which best.ckpt (saved after it) has: a
+        resume with a larger max_steps replaced best.ckpt by the first later model better than the one before it,
+        worse than the one it held. A best.ckpt from past ``step`` (a resume that fell back to an older file) is not
+        taken."""
+        from tinylm.checkpoint import load_checkpoint
+
+        path = os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+        if not os.path.isfile(path):  # (none yet; FSDP2's folder of shards keeps the resumed state's score)
+            return
+        try:
+            saved = load_checkpoint(path, mmap=True)
+        except (OSError, ValueError):  # a damaged best.ckpt: the resumed state's score stands
+            return
+        states = saved.get("callbacks") or {}
+        score = (states.get(self.state_key) or states.get(self._legacy_state_key) or {}).get("best_model_score")
+        if score is None or int(saved.get("global_step", step + 1)) > step:
+            return
+        score = torch.as_tensor(score)
+        if self.best_model_score is None or {"min": torch.lt, "max": torch.gt}[self.mode](score, self.best_model_score):
+            self.best_model_path = self.kth_best_model_path = path
+            self.best_model_score = self.kth_value = score
+            self.best_k_models = {path: score}
+
 
 def log_step_row_now(trainer: L.Trainer) -> None:
     """Write this step's CSV row now, from a hook that runs before Lightning logs it (after on_train_batch_end): a
