@@ -219,9 +219,9 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 def refuse_model_folder(path: Path) -> None:
-    """A Hugging Face model's folder (an export) where a tinylm checkpoint is read (`validate`, `eval`, `fit
-    --ckpt_path`; `generate` reads one): one line saying what reads it. It said "is a folder; pass a .ckpt written
-    by `tinylm fit`", which the user of an export may not have."""
+    """A Hugging Face model's folder (an export) where a tinylm checkpoint is read (`validate`, `fit --ckpt_path`;
+    `generate` and `eval` read one): one line saying what reads it. It said "is a folder; pass a .ckpt written by
+    `tinylm fit`", which the user of an export may not have."""
     if path.is_dir() and (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} is a Hugging Face model's folder (such as `tinylm export` "
                                 "writes), not a tinylm checkpoint; load it with transformers' AutoModelForCausalLM, "

@@ -288,6 +288,26 @@ def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe
     assert sorted(p for p in run.rglob("*") if "eval" not in p.parts) == before
 
 
+def test_eval_of_a_hugging_face_folder_scores_what_its_checkpoint_scores(bpe_ckpt, tmp_path, capsys):
+    """Catches `tinylm eval --ckpt_path EXPORT_DIR` (or a Hub model's name: `--ckpt_path gpt2`, to set tinylm's scores
+    beside published ones) refused as "a Hugging Face model's folder": it scores the folder's model with its own
+    tokenizer, the same numbers as the checkpoint it was exported from, and records them nowhere (no run, no step:
+    nothing was appended to a folder inside the export or the Hugging Face cache)."""
+    pytest.importorskip("transformers")
+    from tinylm.hf import export_hf
+
+    args = ["--tasks", "hellaswag,lambada", "--limit", "4", "--data_dir", str(EVALS), "--json"]
+    main(["eval", "--ckpt_path", str(bpe_ckpt), *args])
+    want = json.loads(capsys.readouterr().out)["tasks"]
+    folder = export_hf(bpe_ckpt, tmp_path / "hf")
+    main(["eval", "--ckpt_path", str(folder), *args])
+    report = json.loads(capsys.readouterr().out)
+    assert report["tasks"] == want and report["step"] is None and report["csv"] is None
+    assert not (tmp_path / "eval").exists() and not (folder / "eval").exists()
+    main(["eval", "--ckpt_path", str(folder), *args[:-1]])
+    assert capsys.readouterr().out.startswith(f"{folder} (")  # the table's heading: no step
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--tasks", "hellaswag,mmlu"], "--tasks: unknown task 'mmlu'; choose from hellaswag"),
     (["--limit", "0"], "--limit must be a whole number in [1, inf), got 0"),

