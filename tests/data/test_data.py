@@ -415,6 +415,35 @@ def test_a_resume_may_split_the_global_batch_another_way_and_counts_its_position
         dm.load_state_dict(dict(old))
 
 
+def test_a_resume_from_a_save_before_a_batch_trained_trains_that_batch(shakespeare, tmp_path):
+    """Catches a resume from Lightning's OnExceptionCheckpoint of a failure in on_train_batch_start or training_step
+    (its batch drawn, not trained) skipping that batch's windows and validating one batch early from there on: the
+    loader's position and Lightning's ready/started counts go back to the batches that trained."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    dm = _dm(tmp_path, shakespeare)
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, state=SimpleNamespace(fn=TrainerFn.FITTING))
+    saved = dm.state_dict() | {"train_batches_yielded": 8}
+    failed = {"ready": 8, "started": 7, "processed": 7, "completed": 7}  # as OnExceptionCheckpoint saves it
+    progress = {"total": dict(failed), "current": dict(failed), "is_last_batch": True}
+    loader = {"batches_yielded": 8}
+    ckpt = {"TinyLMDataModule": saved, "loops": {"fit_loop": {"state_dict": {"combined_loader": [loader]},
+                                                              "epoch_loop.batch_progress": progress}}}
+    dm.resume_split(ckpt)
+    dm.load_state_dict(saved)
+    assert dm._resume_batches == loader["batches_yielded"] == 7
+    assert progress["total"] == progress["current"] == dict.fromkeys(failed, 7)
+    assert progress["is_last_batch"] is False
+    at_end = {"ready": 5, "started": 5, "processed": 5, "completed": 4}  # a batch's end (ModelCheckpoint): as it is
+    progress = {"total": dict(at_end), "current": dict(at_end), "is_last_batch": False}
+    saved = dm.state_dict() | {"train_batches_yielded": 5}
+    dm.resume_split({"TinyLMDataModule": saved, "loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}})
+    assert saved["train_batches_yielded"] == 5 and progress["total"] == progress["current"] == at_end
+
+
 def test_val_batches_tile_the_split(shakespeare, tmp_path):
     """Prevents validation windows that overlap, skip data, vary between calls, or ignore val_batches."""
     dm = _dm(tmp_path, shakespeare, block_size=16, batch_size=64)

@@ -413,6 +413,22 @@ def test_a_resume_from_an_epochs_last_batch_may_change_the_accumulation():
         check_accumulation(ckpt, 2, "runs/x/checkpoints/last.ckpt")
 
 
+def test_a_resume_from_a_save_inside_an_accumulation_is_refused():
+    """Catches a resume from Lightning's OnExceptionCheckpoint of a failure before a step's second micro-batch (its
+    first one's gradients not in the file) going on without a word, that step summing one micro-batch divided by 2;
+    a failure before a step's first micro-batch resumes (that batch is trained again: nothing was accumulated)."""
+    from tinylm.cli.resume_changes import check_accumulation
+    from tinylm.errors import TinyLMError
+
+    counts = {"ready": 16, "started": 15, "processed": 15, "completed": 15}  # micro-batch 16 drawn, not trained
+    ckpt = {"loops": {"fit_loop": {"epoch_loop.batch_progress": {"current": counts, "is_last_batch": False}}}}
+    with pytest.raises(TinyLMError, match=r"on_exception.ckpt was saved inside an optimizer step, after 1 of its 2 "
+                                          r"micro-batches .* move it away and resume from the run's last.ckpt"):
+        check_accumulation(ckpt, 2, "runs/x/checkpoints/on_exception.ckpt", had=2)
+    counts.update(ready=15, started=14, processed=14, completed=14)
+    check_accumulation(ckpt, 2, "runs/x/checkpoints/on_exception.ckpt", had=2)
+
+
 def test_a_forked_child_does_not_keep_the_run_folder_locked(tmp_path):
     """Catches a DataLoader worker (a forked child) keeping the run folder's lock after the run released it: a
     worker outlives its parent by seconds, and the resume that followed was refused as "in use"."""
@@ -1355,6 +1371,22 @@ def test_a_resume_stopped_by_max_time_does_not_blame_the_early_stop_of_the_comma
               "last", "--trainer.max_time", "{microseconds: 1}"])  # (min_delta 0: it stops no more)
     *_, line = (r.getMessage() for r in caplog.records if "the run stopped at step" in r.getMessage())
     assert "(--trainer.max_time: 1e-06 s)" in line, line
+
+
+def test_a_resume_with_a_larger_early_stopping_patience_goes_on(config, caplog):
+    """Catches the patience a resume gives EarlyStopping replaced by its checkpoint's (Lightning restores it): a run
+    it stopped, resumed with a larger patience to go on, stopped again at its next validation without improvement,
+    its config.resume-step<N>.yaml saying the new patience. Its count without improvement goes on (1, then 2, 3)."""
+    early = ["--trainer.callbacks+", "EarlyStopping", "--trainer.callbacks.monitor", "val/loss",
+             "--trainer.callbacks.min_delta", "10", "--trainer.callbacks.patience", "1", "--model.decay_steps", "20"]
+    main(["fit", "--config", str(config), "--trainer.max_steps", "20", *early])  # stopped at step 4 (validations: 2,
+    with caplog.at_level("INFO", logger="tinylm"):  # 4, 6, 8: none improves by 10)
+        main(["fit", "--config", str(config), "--trainer.max_steps", "20", *early[:7], "3", *early[8:], "--ckpt_path",
+              "last"])
+    assert "EarlyStopping(monitor=val/loss): patience 3 as given (the checkpoint's: 1), counting on from its 1 " \
+           "validation(s) without improvement" in caplog.text, caplog.text
+    *_, line = (r.getMessage() for r in caplog.records if "the run stopped at step" in r.getMessage())
+    assert line.startswith("the run stopped at step 8 of trainer.max_steps 20 (EarlyStopping"), line
 
 
 def test_the_branch_a_refusal_advises_runs(config, tmp_path, capsys):

@@ -107,6 +107,20 @@ def test_validate_does_not_append_through_a_shared_folders_link(run_config, tmp_
     assert (tmp_path / "elsewhere" / "metrics.csv").read_text() == "the user's own file\n"
 
 
+def test_a_run_trained_with_a_callback_of_the_users_own_validates_without_config(run_config, tmp_path):
+    """Catches `tinylm validate --ckpt_path runs/NAME/checkpoints/best.ckpt` (the run's summary advises it) refused for
+    a run trained with `--trainer.callbacks mymod.MyCallback`: "may name only Lightning's, torch's and tinylm's
+    classes", though validate leaves the run's callbacks and loggers out and builds none of them."""
+    _trained(run_config)
+    record_path = tmp_path / "runs" / "tiny" / "config.yaml"
+    record = yaml.safe_load(record_path.read_text())
+    record["trainer"]["callbacks"] = [{"class_path": "mymod.MyCallback", "init_args": {"out": "mine.txt"}}]
+    record["trainer"]["logger"] = [{"class_path": "mymod.MyLogger"}]
+    record_path.write_text(yaml.safe_dump(record))
+    main(["validate", "--ckpt_path", "runs/tiny/checkpoints/best.ckpt"])
+    assert (tmp_path / "runs" / "tiny" / "validate" / "metrics.csv").is_file()
+
+
 def test_a_run_whose_logger_notes_are_long_text_resumes_without_config(run_config, tmp_path):
     """Catches the kept-settings check taking every trainer.* text for a possible file name: a run's own config.yaml
     with a logger's free text over 255 bytes (W&B notes) ended `tinylm fit --ckpt_path last` in "file name too long;

@@ -4,6 +4,8 @@ written as --trainer.max_time's DD:HH:MM:SS. (Callbacks refused by class: traine
 
 from __future__ import annotations
 
+import functools
+import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 from tinylm.cli.argv import options
 from tinylm.errors import TinyLMError
 
+log = logging.getLogger("tinylm")
 _UNSERIALIZABLE = "Unable to serialize instance "  # what jsonargparse writes (with a warning) for such a value
 
 
@@ -62,6 +65,27 @@ def check_callback_states(callbacks: list) -> None:
                               "by these settings, so it could not tell them apart; drop one of them, or give it "
                               "other settings (e.g. another monitor or mode)")
         seen.add(cb.state_key)
+
+
+def keep_own_patience(callbacks: list) -> None:
+    """A user's EarlyStopping keeps the patience its command gives it on a resume: Lightning's load_state_dict put
+    the checkpoint's in its place, so a run that EarlyStopping stopped, resumed with a larger patience to go on,
+    stopped again at its next validation without improvement (its config.resume-step<N>.yaml recording the new
+    patience). Its count of validations without improvement and its best score go on from the checkpoint."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    for cb in callbacks:
+        if isinstance(cb, EarlyStopping) and "load_state_dict" not in vars(cb):
+            cb.load_state_dict = functools.partial(_load_keeping_patience, cb, cb.load_state_dict)
+
+
+def _load_keeping_patience(cb, load, state: dict) -> None:
+    if "patience" in state and state["patience"] != cb.patience:
+        log.info("EarlyStopping(monitor=%s): patience %s as given (the checkpoint's: %s), counting on from its %s "
+                 "validation(s) without improvement", cb.monitor, cb.patience, state["patience"],
+                 state.get("wait_count", 0))
+        state = {**state, "patience": cb.patience}
+    load(state)
 
 
 def check_time_intervals(argv: list) -> None:

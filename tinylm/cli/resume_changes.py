@@ -225,8 +225,17 @@ def check_accumulation(ckpt: dict, accumulate: Any, ckpt_path: str, val_check_in
     try:
         progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         done, epoch_ended = int(progress["current"]["ready"]), bool(progress["is_last_batch"])
-    except (KeyError, TypeError, ValueError):  # not a Lightning training checkpoint: restoring it will say so
-        return
+        trained = int(progress["current"].get("processed", done))  # fewer: a batch drawn, not trained
+    except (KeyError, TypeError, ValueError, AttributeError):  # not a Lightning training checkpoint: restoring it
+        return  # will say so
+    if trained < done:  # (the resume trains that batch: TinyLMDataModule._drop_unrun_batch)
+        done, epoch_ended = trained, False
+        step = had if isinstance(had, int) and had > 0 else accumulate if isinstance(accumulate, int) else 1
+        if step > 1 and done % step:
+            raise TinyLMError(f"{ckpt_path} was saved inside an optimizer step, after {done % step} of its {step} "
+                              "micro-batches (Lightning's OnExceptionCheckpoint, at a failure mid-accumulation): "
+                              "the gradients accumulated so far are not in it, so no resume goes on exactly from it; "
+                              "move it away and resume from the run's last.ckpt or a step-N.ckpt")
     if isinstance(had, int) and had > 0 and isinstance(accumulate, int) and done * accumulate % had == 0:
         done = done * accumulate // had  # as resume_split counts it
     if not isinstance(accumulate, int) or accumulate <= 1 or epoch_ended or done % accumulate == 0:

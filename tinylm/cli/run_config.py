@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import SaveConfigCallback
 
-from tinylm.cli.callback_checks import keep_none
+from tinylm.cli.callback_checks import keep_none, keep_own_patience
 from tinylm.paths import replace_file
 from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
@@ -41,6 +41,8 @@ class RunConfig(SaveConfigCallback):
         # rank zero wrote config.yaml skipped a broadcast), and a branch refused on restoring leaves no config.yaml
         if self.resume_step is None:
             super().setup(trainer, pl_module, stage)
+        else:  # (before Lightning restores the callbacks: what the resume's record says is what runs)
+            keep_own_patience(trainer.callbacks)
         if multiprocessing.parent_process() is not None and "wandb" in sys.modules:  # a rank that ddp_fork started
             # it leaves by os._exit, past the atexit hook with which wandb ends its run: the run's file kept no
             # metric. Multiprocessing's own exit hooks do run (also after an error), and end it here.

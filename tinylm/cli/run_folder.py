@@ -395,7 +395,7 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     ``--trainer.default_root_dir`` and ``--run.name``; a checkpoint outside a run folder (or a folder without a
     config) leaves ``args`` as they are. Said in a line unless ``quiet`` (the early check before the imports,
     tinylm.cli.early, reads the run folder from these args too: the same folder as the run's own check)."""
-    from tinylm.cli.argv import values
+    from tinylm.cli.argv import reloadable_yaml, values
 
     if not args or args[0] not in ("fit", "validate"):
         return args
@@ -420,6 +420,9 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"{e} ({config} holds the run's own settings, read as no --config is given: fix it, or "
                           "pass --config FILE with the run's settings)") from None
+    text = None  # validate of a run trained with a callback or logger of the user's own: the run's settings without
+    if args[0] == "validate" and (dropped := _validate_leaves(settings, flags)) is not settings:  # them, as text
+        settings, text = dropped, reloadable_yaml(dropped)
     check_kept_classes(settings, str(config), folder=config.parent)
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
@@ -436,4 +439,19 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     if not quiet:
         log.info("%s: the run's own settings, from %s (no --config given; flags override them)",
                  f"--ckpt_path {asked}" if asked in ("last", "best") else asked, config)
-    return [args[0], "--config", str(config), *where, *args[1:]]
+    return [args[0], "--config", text or str(config), *where, *args[1:]]
+
+
+def _validate_leaves(settings: dict, flags: dict) -> dict:
+    """A run's ``settings`` without the trainer options naming a class outside Lightning's, torch's and tinylm's that
+    `tinylm validate` leaves out (VALIDATE_LEAVES, not set by a flag): a run trained with `--trainer.callbacks
+    mymod.MyCallback` was refused the validate its summary advises, though validate builds none of them."""
+    trainer = settings.get("trainer") if isinstance(settings.get("trainer"), dict) else {}
+    untrusted = set()
+    for key in VALIDATE_LEAVES:
+        try:
+            check_kept_classes(trainer.get(key), "", f"trainer.{key}")
+        except TinyLMError:
+            untrusted.add(key)
+    untrusted = {key for key in untrusted if f"trainer.{key}" not in flags}
+    return {**settings, "trainer": {k: v for k, v in trainer.items() if k not in untrusted}} if untrusted else settings

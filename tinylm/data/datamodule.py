@@ -294,8 +294,31 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         too: counted as if the run had always stepped so, a validation interval keeps to whole steps). The module
         calls this from its `on_load_checkpoint` when fitting: `load_state_dict` is handed only this module's part of
         the checkpoint, and Lightning restores its loops from the rest after both. Then `_align_epoch`."""
+        self._drop_unrun_batch(checkpoint)
         self._count_again(checkpoint)
         self._align_epoch(checkpoint)
+
+    def _drop_unrun_batch(self, checkpoint: dict) -> None:
+        """A checkpoint saved after a batch was drawn and before it trained (Lightning's OnExceptionCheckpoint, at a
+        failure in on_train_batch_start or training_step) counts that batch as drawn and ready: the resume skipped its
+        windows and, its schedule counting ready batches, validated one batch early from there on. Both are set back
+        to the batches that trained, so the resume trains that batch (as the uninterrupted run did)."""
+        saved = checkpoint.get(type(self).__qualname__) or {}
+        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        progress = fit_loop.get("epoch_loop.batch_progress") or {}
+        total = progress.get("total") or {}
+        unrun = int(total["ready"]) - int(total["processed"]) if {"ready", "processed"} <= set(total) else 0
+        if unrun <= 0:
+            return
+        for counts in (progress.get("total"), progress.get("current")):
+            if counts and "processed" in counts:
+                counts["ready"] = counts["started"] = counts["processed"]
+        progress["is_last_batch"] = False  # (the batch drawn may have been its epoch's last: it is to come)
+        if "train_batches_yielded" in saved:
+            saved["train_batches_yielded"] = int(saved["train_batches_yielded"]) - unrun
+        for state in (fit_loop.get("state_dict") or {}).get("combined_loader") or []:
+            if isinstance(state, dict) and "batches_yielded" in state:  # the loader's own count (ResumableLoader)
+                state["batches_yielded"] = int(state["batches_yielded"]) - unrun
 
     def _align_epoch(self, checkpoint: dict) -> None:
         """Have the loader's notional epoch end where Lightning's restored loop counts its epoch to end. Lightning ends
