@@ -5,6 +5,7 @@ The runs signalled here are `python -m tinylm ...` processes forked from one tha
 Lightning starts it, a fresh interpreter)."""
 
 import contextlib
+import csv
 import errno
 import os
 import pickle
@@ -250,29 +251,80 @@ def test_a_second_ctrl_c_stops_at_once_with_the_shells_exit_status(run_config, t
     assert "Traceback" not in done.stderr and "graceful" not in done.stderr, done.stderr[-3000:]
 
 
-def test_slurm_requeue_still_works(run_config, tmp_path, monkeypatch, capsys):
-    """Catches tinylm's signal handling displacing Lightning's SLURM auto-requeue (SIGUSR1: save hpc_ckpt, requeue),
-    and the requeued job (SLURM_RESTART_COUNT=1, the same command) refused as a fresh run over the run it started."""
+def _slurm_job(monkeypatch, tmp_path, scontrol: str | None = "exit 0") -> Path:
+    """The variables of a one-task SLURM job (sbatch, srun) with `scontrol` a script that records its arguments in
+    the file returned and runs ``scontrol`` (None: no scontrol on PATH)."""
     for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "tinylm", "SLURM_JOB_ID": "123", "SLURM_PROCID": "0",
                        "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PATH", str(tmp_path / "no-scontrol"))  # requeueing fails (logged); the hpc save is what counts
+    (bin_ := tmp_path / "bin").mkdir()
+    if scontrol is not None:
+        (bin_ / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.txt"}\n{scontrol}\n')
+        (bin_ / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_))
+    return tmp_path / "scontrol.txt"
+
+
+def test_slurm_requeue_saves_at_a_whole_step_and_requeues(run_config, tmp_path, monkeypatch, capsys):
+    """Catches SLURM's auto-requeue signal (SIGUSR1, `#SBATCH --signal=USR1@90`) left to Lightning's handler, which
+    saved hpc_ckpt_N.ckpt from inside the signal handler, mid-step (under DDP its save's collectives met the other
+    ranks' gradient all-reduce: the run hung for good, neither saved nor requeued); and the requeued job
+    (SLURM_RESTART_COUNT=1, the same command) refused as a fresh run over the run it started. The run stops at a
+    whole step, saves last.ckpt, requeues the job (`scontrol requeue JOB`) and the requeued job goes on from there."""
+    calls = _slurm_job(monkeypatch, tmp_path)
     config = run_config(trainer={"max_steps": 6, "callbacks": [{"class_path": "test_signals.SendSignals"}]})
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     with pytest.raises(SystemExit) as exit_:
         main(["fit", "--config", str(config)])
     assert {s: signal.getsignal(s) for s in before} == before  # an interrupted run leaves no handler behind
-    assert exit_.value.code != 0
-    assert "interrupted by SIGTERM at step 3" in capsys.readouterr().err
+    assert exit_.value.code == 128 + signal.SIGUSR1
+    assert "interrupted by SIGUSR1 at step 1; saved runs/tiny/checkpoints/last.ckpt; SLURM job 123 requeued" in \
+        capsys.readouterr().err
+    assert calls.read_text() == "requeue 123\n"
     run = tmp_path / "runs" / "tiny"
-    assert torch.load(run / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 1
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert not list(run.glob("hpc_ckpt_*.ckpt"))
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
     # the requeued job runs the same script: it goes on from the run's newest checkpoint (it was refused as a fresh
     # run over an existing one, and the requeue wasted)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    main(["fit", "--config", str(config)])
+    main(["fit", "--config", str(run_config(trainer={"max_steps": 6}))])  # (without the scheduler inside)
     assert "SLURM requeued this job (SLURM_RESTART_COUNT=1): going on from" in capsys.readouterr().err
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_a_failed_slurm_requeue_says_how_to_resume(run_config, tmp_path, monkeypatch, capsys):
+    """Catches a run stopped by SLURM's requeue signal whose `scontrol requeue` failed (a job submitted with
+    --no-requeue) ending without a word of it: the job is over, and nothing will go on from the checkpoint."""
+    _slurm_job(monkeypatch, tmp_path, "echo 'Requested operation is presently disabled for job 123' >&2; exit 1")
+    config = run_config(trainer={"max_steps": 6, "callbacks": [{"class_path": "test_signals.SendSignals"}]})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    assert "saved runs/tiny/checkpoints/last.ckpt; requeueing SLURM job 123 failed (scontrol: Requested operation " \
+           "is presently disabled for job 123); resume with `tinylm fit --config" in capsys.readouterr().err
+
+
+def test_a_requeued_job_that_saved_only_lightnings_hpc_checkpoint_goes_on_from_it(run_config, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """Catches a requeued SLURM job whose run saved no checkpoint of its own (checkpointing off; or killed before its
+    step ended), only Lightning's hpc_ckpt_1.ckpt on SIGUSR1, said to start again from step 0 with its logged rows
+    set aside, then resumed by Lightning from that file unsaid (it takes one when --ckpt_path is unset): its
+    metrics.csv began mid-run, the rows before in metrics.before-requeue-1.csv."""
+    _slurm_job(monkeypatch, tmp_path, None)  # (requeueing fails, logged: the hpc save is what counts)
+    trainer = {"max_steps": 6, "enable_checkpointing": False}
+    config = run_config(trainer={**trainer, "callbacks": [{"class_path": "test_signals.SendSignals"}]})
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    run = tmp_path / "runs" / "tiny"
+    assert torch.load(run / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 1
+    capsys.readouterr()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    main(["fit", "--config", str(run_config(trainer=trainer))])  # (the same run, without the scheduler inside)
+    err = capsys.readouterr().err
+    assert "starts again from step 0" not in err, err
+    assert f"going on from {Path('runs/tiny/hpc_ckpt_1.ckpt')} (step 1)" in err, err
+    assert not (run / "csv" / "metrics.before-requeue-1.csv").exists()
+    steps = [int(row["step"]) for row in csv.DictReader(open(run / "csv" / "metrics.csv")) if row["train/loss"]]
+    assert steps == [0, 1, 2, 3, 4, 5]
 
 
 def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
@@ -384,6 +436,49 @@ def ddp_config(run_config):
     """Long enough to be signalled at any point; a periodic save at step 2 says when training is under way."""
     return run_config(chars=40_000, run={"name": "run", "checkpoint_every": 2},
                       trainer={"max_steps": 100_000, "val_check_interval": 1000})
+
+
+@pytest.mark.slow
+def test_slurm_requeue_under_ddp_saves_and_requeues(ddp_config, tmp_path):
+    """Catches a DDP run of two SLURM tasks (as srun starts them) hanging for good on the auto-requeue signal: each
+    rank's Lightning handler saved hpc_ckpt_N.ckpt from inside the handler, and the rank that got it first waited in
+    the save's collectives while the other ran its step's gradient all-reduce (SIGTERM was never handled either):
+    neither saved nor requeued, SLURM's time limit killed it. Both ranks stop at one whole step, save last.ckpt,
+    and rank 0 requeues the job once."""
+    (bin_ := tmp_path / "bin").mkdir()
+    (bin_ / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.txt"}\n')
+    (bin_ / "scontrol").chmod(0o755)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}",
+               "MASTER_PORT": str(port), "SLURM_JOB_ID": "4321", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2",
+               "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": str(rank),
+               "SLURM_LOCALID": str(rank), "SLURM_NODELIST": "127.0.0.1"}
+        with open(tmp_path / f"rank{rank}.txt", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(ddp_config),
+                                           "--trainer.accelerator", "cpu", "--trainer.devices", "2"], cwd=tmp_path,
+                                          env=env, stdout=subprocess.DEVNULL, stderr=err))
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file() and \
+                time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        procs[0].send_signal(signal.SIGUSR1)
+        time.sleep(0.3)  # (the signal's delivery to srun's tasks, and its handling in each, are that far apart)
+        procs[1].send_signal(signal.SIGUSR1)
+        codes = [p.wait(timeout=90) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run hung on the requeue signal:\n" + (tmp_path / "rank0.txt").read_text()[-2000:])
+    finally:
+        for p in procs:
+            p.kill()
+    said = (tmp_path / "rank0.txt").read_text()
+    assert codes == [138, 138], said[-3000:]
+    assert "saved runs/run/checkpoints/last.ckpt; SLURM job 4321 requeued" in said, said[-3000:]
+    assert (tmp_path / "scontrol.txt").read_text() == "requeue 4321\n"
 
 
 @pytest.mark.slow

@@ -764,6 +764,26 @@ def test_a_requeued_job_goes_on_only_from_the_run_it_trained(tmp_path, monkeypat
     assert requeued(None, run, "fit") == "last"
 
 
+def test_a_requeued_job_goes_on_from_the_newer_of_its_checkpoints_and_lightnings_hpc_save(tmp_path, monkeypatch):
+    """Catches a requeued SLURM job going on from its run's last.ckpt when Lightning's save on SIGUSR1
+    (hpc_ckpt_N.ckpt, in the run folder) is steps ahead of it (the run killed before the step it stopped at ended):
+    the steps between, saved, trained again; and going on from the hpc save, inexact, when last.ckpt is newer."""
+    from tinylm.cli.resume import requeued
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    (run / "slurm_job_id").write_text("77\n")
+    torch.save({"state_dict": {}, "global_step": 250, "tinylm": {"format": 1}}, run / "checkpoints" / "best.ckpt")
+    torch.save({"state_dict": {}, "global_step": 480, "tinylm": {"format": 1}}, run / "hpc_ckpt_1.ckpt")
+    assert requeued(None, run, "fit") == str(run / "hpc_ckpt_1.ckpt")
+    torch.save({"state_dict": {}, "global_step": 480, "tinylm": {"format": 1}}, run / "checkpoints" / "last.ckpt")
+    assert requeued(None, run, "fit") == "last"  # the run's own save at that step: exact
+    torch.save({"state_dict": {}, "global_step": 90, "tinylm": {"format": 1}}, run / "hpc_ckpt_2.ckpt")
+    assert requeued(None, run, "fit") == "last"  # (hpc_ckpt_2 is an older step: its number is no step)
+
+
 def test_a_run_on_a_dataset_folders_data_files_keyed_by_an_older_tinylm_resumes(run_config, tmp_path):
     """Catches a run trained on `hf:DIR --data.data_files ...` before such data files were keyed by their contents
     (its checkpoints hold `datasets`' fingerprint of the files' paths and mtimes, as tinylm then keyed them) refused

@@ -251,7 +251,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     # (Lightning's import, seconds, inside the handlers: a SIGTERM there ended the command without a word)
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-        with signals.terminate_cleanly(command, program):
+        with signals.terminate_cleanly(command, program), signals.usr_signals_kept(program):
             with signals.held(command, program):
                 console.setup_lightning()
             started = time.perf_counter()
@@ -267,7 +267,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     else:
         from tinylm.cli import commands
 
-        with signals.terminate_cleanly(command):
+        with signals.terminate_cleanly(command), signals.usr_signals_kept(program):
             if command not in ("prepare", "plot"):  # the commands that never import Lightning
                 with signals.held(command, program):
                     console.setup_lightning()

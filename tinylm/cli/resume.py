@@ -122,16 +122,26 @@ def requeued(asked: str | None, run_dir: Path, sub: str) -> str | None:
     """``--ckpt_path`` of a SLURM job requeued (SLURM_RESTART_COUNT >= 1: Lightning's auto-requeue on SIGUSR1, or
     ``sbatch --requeue`` after a node failed), which reruns the same script: without one, and with its run folder
     holding the run it started, `last` (as Lightning resumes a requeued job from its hpc checkpoint). It was refused
-    as a fresh run over an existing one, and the requeue was wasted. A run that saved no checkpoint starts again."""
+    as a fresh run over an existing one, and the requeue was wasted. A run whose newest save is Lightning's own on
+    SIGUSR1 (``hpc_ckpt_N.ckpt`` in the run folder; none of the run's since: checkpointing off, or killed before its
+    step ended) goes on from that one: left to Lightning, which takes it when --ckpt_path is unset, it was resumed
+    unsaid after this said "starts again from step 0" and set the logged rows aside. One that saved none starts
+    again."""
     import os
 
     count = os.environ.get("SLURM_RESTART_COUNT", "").strip()
-    if sub != "fit" or asked is not None or not count.isdigit() or int(count) < 1 or not holds_run(run_dir):
+    hpc = [(step, path) for step, _, path in checkpoints_by_step(run_dir)[0] if path.name.startswith("hpc_ckpt_")]
+    if sub != "fit" or asked is not None or not count.isdigit() or int(count) < 1 or not (holds_run(run_dir) or hpc):
         return asked
     # only the run this job trained (check_run_folder records it): an earlier job's run of the same --run.name (the
     # job preempted before its fit began, or a script's earlier fit) is refused as before, not silently taken over
     if not (job := os.environ.get("SLURM_JOB_ID", "").strip()) or slurm_job_of(run_dir) != job:
         return asked
+    if hpc and (saved := max(hpc))[0] > max((s for s, _, _ in checkpoints_by_step(run_dir / "checkpoints")[0]),
+                                            default=-1):
+        log.info("SLURM requeued this job (SLURM_RESTART_COUNT=%s): going on from %s (step %d), Lightning's save on "
+                 "SIGUSR1, the run's newest (saved mid-step: not an exact resume)", count, saved[1], saved[0])
+        return str(saved[1])
     if not any((run_dir / "checkpoints").glob("*.ckpt")):  # stopped before its first save: trained again from step
         # 0, its logged rows kept aside (it was refused, and the requeue lost: nobody is there to start it again)
         metrics = run_dir / "csv" / "metrics.csv"

@@ -130,6 +130,20 @@ def _holding(signum: int) -> bool:
 
 
 @contextlib.contextmanager
+def usr_signals_kept(program: bool) -> Iterator[None]:
+    """SIGUSR1 and SIGUSR2 as they were after the command, unless this process is the command (``program``): a run
+    stopped on SLURM's requeue signal leaves it ignored (tinylm.train.interrupt), so that the signal reaching a rank
+    late, after the rank stopped on another's, does not kill it as it exits (status -10 for a saved run)."""
+    main = threading.current_thread() is threading.main_thread() and not program  # (elsewhere: a ValueError)
+    previous = {s: h for s in (signal.SIGUSR1, signal.SIGUSR2) if main and (h := signal.getsignal(s)) is not None}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
 def terminate_cleanly(command: str, program: bool = False) -> Iterator[None]:
     def on_sigterm(signum: int, frame: object) -> None:
         if _holding(signum):

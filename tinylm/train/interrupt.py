@@ -8,21 +8,27 @@ an optimizer step, and after that step's validation when one is due (under sever
 raises :class:`RunInterrupted` (exit 128 + the signal: 143, 129, 130). A second Ctrl+C stops at once, without
 saving. A SIGHUP or Ctrl+C the run was started to ignore (nohup, a script's `&` job) stays ignored.
 
-Under SLURM, Lightning's SIGUSR1 requeue handler is untouched. Its SIGTERM handler (composed with the one found
-installed, this one) runs until training starts; from then on this one alone handles SIGTERM (see on_train_start:
-under DDP, Lightning's hung the run).
+Under SLURM's auto-requeue (`#SBATCH --signal=USR1@90`), the requeue signal is this one's too, where the run saves
+checkpoints: it stops the run as SIGTERM does, saves ``last.ckpt`` and requeues the job (`scontrol requeue`, as
+Lightning does), exit 138. Lightning's own handler saved ``hpc_ckpt_N.ckpt`` from inside the signal handler,
+mid-step, and under DDP its save's collectives met the other ranks' gradient all-reduce: the run hung for good,
+neither saved nor requeued (see setup). Lightning's SIGTERM handler (composed with the one found installed, this
+one) runs until training starts; from then on this one alone handles SIGTERM (see on_train_start: under DDP,
+Lightning's hung the run).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinylm.errors import TinyLMError
@@ -73,6 +79,10 @@ class InterruptStop(L.Callback):
         self._votes: dist.ProcessGroup | None = None  # the ranks' CPU group for their stop votes (None: one rank)
         self._pending: tuple[torch.Tensor, dist.Work] | None = None  # the vote under way, read at the next step
         self._trainer: L.Trainer | None = None
+        self._requeue_signal: int | None = None  # SLURM's auto-requeue signal, when this callback handles it
+        self._requeue = False  # the requeue signal came: the run requeues its job as it stops (rank 0)
+        self._requeued = False  # the job was requeued as the run stopped: SLURM's SIGTERM that ends it is expected
+        self._stopped_on = 0  # the signal the run stopped on (the ranks' agreed one)
 
     # Installed at setup, before Lightning registers its own handlers (which then compose with these) and before
     # the DataLoader workers fork: forked workers inherit this handler, so a terminal's Ctrl+C, which reaches the
@@ -94,6 +104,14 @@ class InterruptStop(L.Callback):
         # mid-step, unsaved.)
         self._previous = {s: h for s in _SIGNALS if (h := _outer_handler(s)) is not None
                           and not (s in (signal.SIGINT, signal.SIGHUP) and h == signal.SIG_IGN)}
+        # SLURM's auto-requeue signal, where Lightning would install its handler (none found; it installs none over
+        # one) and this run saves checkpoints: Lightning's saved hpc_ckpt_N.ckpt inside the handler, mid-step, and
+        # under DDP its save's collectives met the other ranks' gradient all-reduce: hung, neither saved nor requeued
+        env = trainer._accelerator_connector.cluster_environment
+        requeue = env.requeue_signal if isinstance(env, SLURMEnvironment) and env.auto_requeue else None
+        self._requeue_signal, self._requeue, self._requeued, self._stopped_on = None, False, False, 0
+        if requeue and self.dirpath is not None and _outer_handler(requeue) == signal.SIG_DFL:
+            self._requeue_signal, self._previous[requeue] = requeue, signal.SIG_DFL
         for s in self._previous:
             signal.signal(s, self._on_signal)
         stop_state.reader_gone = lambda signum: self._on_signal(signum, None)
@@ -115,6 +133,10 @@ class InterruptStop(L.Callback):
             raise KeyboardInterrupt
         if signum == signal.SIGHUP:
             stop_state.leave_terminal()
+        if signum == self._requeue_signal:
+            self._requeue = True  # (after a SIGTERM too, as Lightning's handler requeued on it whenever it came)
+            if self._received in _REQUESTS:
+                return  # the stop asked already, named in its line
         self._received = signum
         # Lightning's loops raise SIGTERMException mid-accumulation or mid-validation once its `received_sigterm` is
         # set (by its notifier, a no-op here: see setup); the run stops at a whole step instead.
@@ -196,6 +218,7 @@ class InterruptStop(L.Callback):
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
         self._collect()  # the vote just cast, by every rank: not left under way
+        self._stopped_on = signum
         name = signal.Signals(signum).name
         if self._received != signum:
             name += " (to another rank)"
@@ -206,13 +229,33 @@ class InterruptStop(L.Callback):
         else:
             path = self.dirpath / "last.ckpt"
             trainer.save_checkpoint(path, weights_only=False)  # the full state: optimizer, loops, callbacks
-            stop_state.line = (f"interrupted by {name} at step {trainer.global_step}; saved {path}; "
-                          "resume with `tinylm fit --config ... --ckpt_path last`")
+            after = "resume with `tinylm fit --config ... --ckpt_path last`"
+            if (self._requeue or signum == self._requeue_signal) and trainer.is_global_zero:
+                said = self._requeue_job()
+                after = said if self._requeued else f"{said}; {after}"
+            stop_state.line = f"interrupted by {name} at step {trainer.global_step}; saved {path}; {after}"
         raise RunInterrupted(stop_state.line, signum=signum, step=trainer.global_step, ckpt_path=str(path or ""))
+
+    def _requeue_job(self) -> str:
+        """Requeue this SLURM job as Lightning's auto-requeue does (`scontrol requeue`; a job array's task by its
+        array's id and its own); what became of it, for the stop's line."""
+        array = os.environ.get("SLURM_ARRAY_JOB_ID", "").strip()
+        job = f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID', '').strip()}" if array else \
+            os.environ.get("SLURM_JOB_ID", "").strip()
+        try:
+            done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        except OSError as e:  # no scontrol on PATH
+            return f"requeueing SLURM job {job} failed (scontrol: {e.strerror})"
+        if done.returncode:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return f"requeueing SLURM job {job} failed (scontrol: {said[-1] if said else f'exit {done.returncode}'})"
+        self._requeued = True  # SLURM ends the job now, with a SIGTERM: not a stop of its own
+        return f"SLURM job {job} requeued: it runs the same command again, which goes on from there"
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         global _late
-        signum = self._received or 0  # the run completed first; what it leaves behind is whole
+        # the run completed first; what it leaves behind is whole (and a complete run is not requeued)
+        signum = (self._received or 0) if self._received != self._requeue_signal else 0
         if trainer.world_size > 1:  # the ranks agree (one may have missed it), or one stops a ladder the others go on
             self._collect()
             vote = torch.tensor([signum], device=trainer.strategy.root_device)
@@ -237,6 +280,14 @@ class InterruptStop(L.Callback):
             handlers[self._received] = signal.SIG_IGN
             if threading.current_thread() is threading.main_thread():
                 signal.signal(self._received, signal.SIG_IGN)
+        # SLURM's SIGTERM ending the job it requeued; and the requeue signal reaching a rank that stopped on another
+        # rank's (it was killed by it, exit -10): the run is saved (the command restores them as it ends)
+        ignored = [signal.SIGTERM] if self._requeued else []
+        ignored += [self._requeue_signal] if self._requeue_signal and self._stopped_on == self._requeue_signal else []
+        for s in (s for s in ignored if s in handlers):
+            handlers[s] = signal.SIG_IGN
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(s, signal.SIG_IGN)
         if self._trainer is not None:  # Lightning's teardown reinstalls the handlers it found (this one): not these
             self._trainer._signal_connector._original_handlers.update(handlers)
             self._trainer = None
