@@ -290,6 +290,12 @@ def test_slurm_requeue_saves_at_a_whole_step_and_requeues(run_config, tmp_path, 
     main(["fit", "--config", str(run_config(trainer={"max_steps": 6}))])  # (without the scheduler inside)
     assert "SLURM requeued this job (SLURM_RESTART_COUNT=1): going on from" in capsys.readouterr().err
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    # requeued again once the run was complete (a node failed after it ended, `sbatch --requeue`): exit 0, not a
+    # FAILED job whose line advises a larger max_steps
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(run_config(trainer={"max_steps": 6}))])
+    assert exit_.value.code == 0 and "is already at step 6 >= --trainer.max_steps 6" in capsys.readouterr().err
 
 
 def test_a_failed_slurm_requeue_says_how_to_resume(run_config, tmp_path, monkeypatch, capsys):

@@ -355,8 +355,11 @@ def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
     step = int(ckpt.get("global_step", 0))
     max_steps = cfg.trainer.get("max_steps")
     if max_steps is not None and step >= max_steps:
-        raise TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
-                          f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
+        error = TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
+                            f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
+        if os.environ.get("SLURM_RESTART_COUNT", "").strip() not in ("", "0"):  # a requeued job of a finished run
+            error.exit_code = 0  # (a node failed after it ended, `sbatch --requeue`): done, not FAILED in sacct
+        raise error
     check_time_left(ckpt, cfg.trainer.get("max_time"), ckpt_path)
     check_weight_averaging(ckpt, cfg.trainer.get("callbacks"), ckpt_path)
     from tinylm.cli.trainer_checks import device_count
