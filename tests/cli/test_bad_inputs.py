@@ -1398,3 +1398,44 @@ def test_a_run_folder_of_sharded_checkpoints_names_its_checkpoint(tmp_path):
     (last / SHARDED_METADATA).write_bytes(b"")
     assert checkpoint_in_folder(tmp_path / "runs" / "big") == str(last)
     assert checkpoint_in_folder(last) is None  # (a sharded checkpoint itself is one)
+
+
+def test_ranks_starting_from_different_checkpoints_are_refused(monkeypatch):
+    """Catches the ranks of a run on several nodes starting from different checkpoints (each node reads `--ckpt_path
+    last` on its own disk: node 1 without a shared run folder found none) waiting for each other for good in their
+    first collective, without a word: every rank refuses in one line once connected; the same step goes on."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from tinylm.cli.launch_checks import check_same_start
+    from tinylm.errors import TinyLMError
+
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), local_rank=0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    refused = "rank 0: step 8; ranks 1, 2: none, a new run; this node found no checkpoint in runs/x"
+    for others, ours, error in ([8, 8, 8], 8, None), ([8, -1, -1], None, refused):
+        monkeypatch.setattr(dist, "all_gather", lambda out, mine, o=others: [t.fill_(v) for t, v in zip(out, o)])
+        if error is None:
+            check_same_start(strategy, ours, "runs/x", "fit")
+            continue
+        with pytest.raises(TinyLMError, match=re.escape(f"start from different checkpoints ({error})")) as e:
+            check_same_start(strategy, ours, "runs/x", "fit")
+        assert "--trainer.default_root_dir DIR on a filesystem the nodes share" in str(e.value)
+
+
+def test_a_node_whose_node_0_ended_while_connecting_says_so_in_one_line(monkeypatch):
+    """Catches node 1 of a torchrun run whose node 0 ended before the ranks met (node 0 refused a run folder holding a
+    run, in one line) ending in torch's DistNetworkError traceback ("Failed to recv, got 0 bytes. Connection was likely
+    closed"), which named neither node 0 nor what to do."""
+    import torch.distributed as dist
+
+    from tinylm.cli.errors import is_user_error, one_line
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    e = dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+                              "shutdown or crash?")
+    assert is_user_error(e) and one_line(e).startswith("lost the connection to the ranks' meeting point at "
+                                                       "10.0.0.1:29500 (node 0's launcher): node 0 ended")
+    assert not is_user_error(dist.DistNetworkError("some other network failure"))

@@ -532,3 +532,17 @@ def test_metrics_of_a_model_far_from_the_answers():
     choice = metrics(TASKS["piqa"], [sums[k] for k in SUMS])
     assert choice["acc"] == 0.2 and choice["bpb"] == pytest.approx(7500 / math.log(2) / 900)
     assert metrics(TASKS["lambada"], [sums[k] for k in SUMS])["ppl"] == math.inf
+
+
+def test_eval_started_by_a_launcher_on_several_ranks_is_refused(bpe_ckpt, capsys, monkeypatch):
+    """Catches `torchrun --nnodes 2 ... -m tinylm eval` (or --nproc_per_node 2) running the whole eval once per rank:
+    each scored every item and appended its own row, the same result twice in eval/metrics.csv."""
+    csv_file = bpe_ckpt.parent / "eval" / "metrics.csv"
+    before = csv_file.read_text() if csv_file.exists() else None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "piqa", "--limit", "2", "--data_dir", str(EVALS)])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "tinylm eval scores in one process, but a launcher started 2 (WORLD_SIZE=2)" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (csv_file.read_text() if csv_file.exists() else None) == before  # no row written

@@ -1476,3 +1476,44 @@ def test_gpu_recipe_on_a_mac_gpu_is_not_said_to_run_on_the_cpu(monkeypatch):
         warnings.simplefilter("error")
         warn_gpu_recipe_on_cpu({}, {**recipe["model"], "block_size": recipe["data"]["block_size"]},
                                type("D", (), {"batch_size": 64, "num_workers": 0})())
+
+
+@pytest.mark.slow
+def test_nodes_that_find_different_checkpoints_are_refused_not_left_waiting(config, tmp_path):
+    """Catches a run on two nodes started by hand, each with a run folder of its own (runs/ on a local disk; docs/
+    distributed.md asks for one they share), resumed with --ckpt_path last: node 0 found its checkpoint and resumed,
+    node 1 found none and started a new run, their first collectives differed, and both waited for each other for
+    good (torch's 30 minutes), without a word and deaf to SIGTERM. Each node now ends in one line naming the steps."""
+    import contextlib
+    import socket
+
+    from tinylm.cli.run_lock import release_run_folders
+
+    main(["fit", "--config", str(config)])  # node 0's folder holds the run, at step 4; node 1's holds nothing
+    release_run_folders()  # (this process's lock on it: node 0 is another process)
+    (node1 := tmp_path / "node1").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path",
+           "last", "--data.batch_size", "1", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
+           "--trainer.num_nodes", "2", "--trainer.devices", "1"]  # (batch 1 x 2 ranks: the run's global batch)
+    nodes = [subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "NODE_RANK": str(n), "OMP_NUM_THREADS": "1"})
+             for n, cwd in enumerate((tmp_path, node1))]
+    try:
+        errs = [p.communicate(timeout=180)[1] for p in nodes]
+    except subprocess.TimeoutExpired:
+        for p in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 9)
+        pytest.fail("the nodes waited for each other: " + " | ".join(p.communicate()[1][-1500:] for p in nodes))
+    for n, (p, err) in enumerate(zip(nodes, errs)):
+        said = [line for line in err.splitlines() if ": error:" in line]
+        found = "step 4 in runs/tiny" if n == 0 else "no checkpoint in runs/tiny"
+        want = (f"tinylm fit: error: {'(rank 1) ' if n else ''}the nodes start from different checkpoints (rank 0: "
+                f"step 4; rank 1: none, a new run; this node found {found}): each node reads the run folder")
+        assert p.returncode == 1 and len(said) == 1 and said[0].startswith(want), err[-3000:]
+        assert "copy runs/tiny to every node" in said[0] and "Traceback" not in err, err[-3000:]
+    assert not (node1 / "runs").exists()  # node 1 wrote no run of its own

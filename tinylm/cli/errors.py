@@ -222,7 +222,7 @@ def is_user_error(e: BaseException) -> bool:
         # transformers' check of its backends: "GPT2LMHeadModel requires PyTorch >= 2.6" (transformers 5 beside an
         # older torch, which the export extra cannot rule out): install a transformers this torch has, or a newer torch
         return True
-    if _port_in_use(e):
+    if _port_in_use(e) or _store_gone(e):
         return True
     if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):
         # "Early stopping conditioned on metric `x` which is not available. Pass in or modify your `EarlyStopping`
@@ -290,6 +290,15 @@ def _port_in_use(e: BaseException) -> bool:
     return network is not None and isinstance(e, network) and ("EADDRINUSE" in str(e) or "in use" in str(e))
 
 
+def _store_gone(e: BaseException) -> bool:
+    """torch's rendezvous store (node 0's: torchrun's agent, or rank 0) gone while this rank talked to it: node 0
+    ended (refused its run, killed) and this node's rank ended in torch's traceback and ~20 lines of C++ frames."""
+    dist = sys.modules.get("torch.distributed")
+    network = getattr(dist, "DistNetworkError", None) if dist is not None else None
+    return network is not None and isinstance(e, network) and any(
+        words in str(e) for words in ("Connection was likely closed", "Connection reset by peer"))
+
+
 def _module_file(name: str) -> Path | None:
     """The file of module ``name`` when it was imported (else an error cannot come from it)."""
     module = sys.modules.get(name)
@@ -315,6 +324,11 @@ def one_line(e: BaseException) -> str:
         port = os.environ.get("MASTER_PORT", "?")
         return (f"MASTER_PORT {port} is in use by another process (address already in use): the ranks cannot meet "
                 "there; pass another MASTER_PORT, or leave it unset on one machine (Lightning then picks a free one)")
+    if _store_gone(e):
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        return (f"lost the connection to the ranks' meeting point at {where} (node 0's launcher): node 0 ended, and "
+                "this rank cannot go on without it; its own output says why: fix that, then run the same command "
+                "again on every node")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename == STDOUT:
         return (f"{type(e).__name__}: no space left on the disk writing {STDOUT} (where the command's output was "
                 "sent); free some space, or send it to a file on another disk")

@@ -416,8 +416,8 @@ class TinyLMCLI(LightningCLI):
             # EMAWeightAveraging's "doesn't support sharding model layers, so you may run out of memory" is untrue
             warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that "
                                                       "overrides the configure_model")
-        if trainer.world_size > 1:  # a signal while the ranks connect ends it (torch's C++ waits 30 min)
-            rendezvous.watch_waits(trainer.strategy)
+        if trainer.world_size > 1:  # a signal while the ranks connect ends it; they start from one checkpoint
+            rendezvous.watch_waits(trainer.strategy, (getattr(self, "ckpt_step", None), self.run_dir, self.subcommand))
         if isinstance(trainer.strategy.launcher, subprocess_script._SubprocessScriptLauncher):
             # ddp's launcher starts it with the ranks it ran (a weak reference: the module outlives the trainer)
             subprocess_script._launch_process_observer = functools.partial(ranks.watch_ranks,

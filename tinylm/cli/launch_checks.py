@@ -76,3 +76,36 @@ def _cluster_found() -> bool:
     )
 
     return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment, MPIEnvironment))
+
+
+def check_same_start(strategy: Any, step: int | None, run_dir: Any, subcommand: str) -> None:
+    """Once the ranks are connected (before their first collective of the run): refuse, on every rank together, ranks
+    that start from different checkpoints. Each node reads ``--ckpt_path last`` (or a path) on its own disk: nodes
+    with a run folder each (``runs/`` on a local disk) found node 0's checkpoint on node 0 alone, node 1 started a new
+    run while node 0 resumed, and their first collectives differed: every rank waited for good, without a word and
+    deaf to SIGTERM (torch's 30 minutes); a stale copy at another step on one node waited the same way. ``step``:
+    the checkpoint step this rank starts from, None for none (a new run)."""
+    import torch
+    import torch.distributed as dist
+
+    from tinylm.errors import TinyLMError
+
+    mine = torch.tensor([-1 if step is None else int(step)], device=strategy.root_device)
+    found = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(found, mine)  # (Lightning's all_gather warns of torch's deprecated one)
+    steps = [int(s.item()) for s in found]
+    if len(set(steps)) == 1:
+        return
+    by_step: dict[int, list[int]] = {}
+    for rank, at in enumerate(steps):
+        by_step.setdefault(at, []).append(rank)
+    new = "none, a new run" if subcommand == "fit" else "none"
+    said = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: "
+                     f"{new if at < 0 else f'step {at}'}" for at, rs in sorted(by_step.items(), reverse=True))
+    here = f"no checkpoint in {run_dir}" if step is None else f"step {step} in {run_dir}"
+    error = TinyLMError(f"the nodes start from different checkpoints ({said}; this node found {here}): each node "
+                        "reads the run folder on its own disk, and they would wait for each other for good; every "
+                        "node must see the same run folder (docs/distributed.md): pass --trainer.default_root_dir "
+                        f"DIR on a filesystem the nodes share, or copy {run_dir} to every node")
+    error.said = strategy.local_rank != 0  # (each node's first rank says it, on that node's console)
+    raise error

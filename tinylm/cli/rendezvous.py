@@ -26,15 +26,21 @@ _SIGNALS = {signal.SIGTERM: "terminated by SIGTERM", signal.SIGHUP: "terminated 
             signal.SIGINT: "interrupted by Ctrl+C"}
 
 
-def watch_waits(strategy: Any) -> None:
+def watch_waits(strategy: Any, start: tuple | None = None) -> None:
     """Watch ``strategy``'s rendezvous (setup_environment) and its "pre_setup" barrier, in this process and in the
-    ones it starts (ddp_fork's copies of the strategy)."""
+    ones it starts (ddp_fork's copies of the strategy). ``start``: (the checkpoint step this rank starts from or None,
+    its run folder, the command), which the connected ranks check is the same on every rank (launch_checks)."""
     setup, barrier = strategy.setup_environment, strategy.barrier
 
     @functools.wraps(setup)
     def setup_environment(*args: Any, **kwargs: Any) -> Any:
         with waiting(f"connecting to the other ranks at {_address(strategy)}"):
-            return setup(*args, **kwargs)
+            done = setup(*args, **kwargs)
+        if start is not None:
+            from tinylm.cli.launch_checks import check_same_start
+
+            check_same_start(strategy, *start)
+        return done
 
     @functools.wraps(barrier)
     def barrier_before_setup(name: str | None = None, *args: Any, **kwargs: Any) -> Any:
