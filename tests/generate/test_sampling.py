@@ -342,6 +342,35 @@ def test_beam_repetition_penalty_scales_log_probs_without_renormalising():
     assert generate(TableLM(table), [[C]], **beam) == [[A, C]]  # guard: unpenalised, [A, C] (0.45) wins
 
 
+def test_training_samples_keep_their_ids_past_block_size():
+    """Catches a change to how samples are decoded (the cache, the processors SampleText's defaults leave idle,
+    the grad mode) changing the text a seed gives: SampleText's sample of each prompt (seed + index, temperature
+    0.8, top_k above the vocabulary), three block_size long, equals a plain loop of whole-window forwards with its
+    own generator, and the ids pinned here."""
+    from tinylm.tokenize import build_tokenizer
+    from tinylm.train.samples import SampleText
+
+    tok = build_tokenizer("char", documents=lambda: ["ROMEO: the quick brown fox jumps over a lazy dog\n"])
+    model = tiny(seed=3, vocab_size=tok.vocab_size, eos_id=None)
+    samples = SampleText(prompts=["ROMEO:", "\n"], max_new_tokens=40)
+    got = [tok.encode(samples._sample(model, tok, prompt, i)) for i, prompt in enumerate(samples.prompts)]
+    for i, prompt in enumerate(samples.prompts):
+        gen = torch.Generator().manual_seed(1234 + i)
+        with torch.no_grad():
+            plain = manual_loop(model, [tok.encode(prompt)], 40,
+                                lambda lg, gen=gen: torch.multinomial((lg / 0.8).softmax(-1), 1, generator=gen)[:, 0])
+        assert got[i] == plain[0], prompt
+    assert got == PINNED_SAMPLE_IDS
+
+
+PINNED_SAMPLE_IDS = [  # tinylm's samples of the test above (torch 2.13 CPU)
+    [25, 22, 25, 5, 27, 30, 2, 13, 0, 10, 8, 11, 18, 18, 23, 15, 5, 18, 1, 3, 6, 9, 1, 15, 5, 4, 22, 20, 6, 9, 13, 16,
+     2, 0, 4, 4, 30, 2, 23, 24],
+    [12, 26, 24, 18, 4, 4, 0, 26, 26, 31, 21, 21, 26, 1, 10, 22, 11, 24, 8, 24, 22, 11, 17, 22, 28, 20, 25, 29, 11, 16,
+     6, 10, 28, 11, 4, 15, 12, 30, 2, 10],
+]
+
+
 @pytest.mark.parametrize("strategy", ["greedy", "sample", "beam", "contrastive"])
 def test_cache_gives_the_same_tokens_across_the_crop_boundary(strategy):
     """The cache (with its re-prefill past block_size) must not change what any strategy generates."""
@@ -614,6 +643,39 @@ def test_prefix_lm_window_past_block_size_keeps_only_the_prompt_as_its_prefix():
                 start = max(0, L - B)
                 want = model(ids[:, start:L], prefix_len=max(0, P - start))[:, -1]
                 torch.testing.assert_close(run(ids[:, :L])[0], want, atol=1e-5, rtol=0, msg=f"{cache=} {L=}")
+
+
+def test_past_block_size_the_runner_drops_the_cache_no_step_can_use():
+    """Catches the KV cache refilled with the whole window at every token past block_size (every layer's keys and
+    values copied, and reordered for each beam, for a cache no later step reads: learned positions shift with the
+    window). A speculative draft, which rolls its cache back, keeps it. The logits stay the uncached window's."""
+    from tinylm.generate.rows import _Runner
+
+    model = tiny()
+    B = model.config.block_size
+    ids = torch.randint(1, VOCAB, (2, B + 3), generator=torch.Generator().manual_seed(0))
+    run, draft, plain = (_Runner(model, use_cache=cache, prompt_len=4, rollback=rollback)
+                         for cache, rollback in ((True, False), (True, True), (False, False)))
+    with torch.no_grad():
+        for L in range(4, ids.size(1) + 1):
+            want = plain(ids[:, :L])[0]
+            torch.testing.assert_close(run(ids[:, :L])[0], want, atol=1e-5, rtol=0, msg=f"{L=}")
+            torch.testing.assert_close(draft(ids[:, :L])[0], want, atol=1e-5, rtol=0, msg=f"{L=}")
+            assert (run.cache is None) == (L > B) and draft.cache is not None, L
+    run.reorder(torch.tensor([1, 0]))  # (beam search's, past block_size: nothing to follow)
+
+
+def test_generate_runs_the_model_in_inference_mode():
+    """Catches generation under no_grad alone, where autograd's per-op bookkeeping (version counters, view
+    tracking) cost ~15 % of a training sample of the laptop recipe's model on a CPU; the model trains after."""
+    model = tiny()
+    modes = []
+    model.transformer.h[0].register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    generate(model, PROMPTS, max_new_tokens=20, seed=0)
+    assert modes and all(modes) and not torch.is_inference_mode_enabled()
+    model.train()
+    model(torch.tensor(PROMPTS)).sum().backward()  # nothing generate made is kept in the model
+    assert model.lm_head.weight.grad is not None
 
 
 def test_the_default_sample_prompt_fits_a_char_corpus_without_line_breaks():

@@ -18,19 +18,22 @@ class _Runner:
     tokens' hidden states).
 
     Without the cache every call runs the last block_size tokens (nanoGPT's sliding window). With it only the
-    tokens not fed yet run; when they would overflow the cache it is refilled from the last block_size tokens,
-    which is exactly what the uncached path sees, so both give the same logits (past block_size each step then
-    costs a full forward, as without the cache: learned absolute positions shift with the window).
+    tokens not fed yet run until the text passes block_size; from then on each call runs the whole window, as
+    without the cache (learned absolute positions shift with the window, so no cached key stays valid), and the
+    cache is dropped rather than rewritten at every token. ``rollback``: the caller may roll the cache back
+    (speculative decoding's draft, `speculative.DraftModel.keep`): past block_size the window is then still written
+    to the cache, which a rollback continues from.
     """
 
-    def __init__(self, model: GPT, *, use_cache: bool, prompt_len: int) -> None:
-        self.model, self.use_cache = model, use_cache
+    def __init__(self, model: GPT, *, use_cache: bool, prompt_len: int, rollback: bool = False) -> None:
+        self.model, self.use_cache, self.rollback = model, use_cache, rollback
         self.block_size = model.config.block_size
         # a prefix-LM sees its prompt bidirectionally: the prefix is the prompt, wherever the window starts
         self.prefix_abs = prompt_len if model.config.attn_mask == "prefix" else None
         self.cache = None
         self.cache_start = 0  # absolute position of the cache's first token
         self.fed = 0  # tokens of each sequence the model has seen
+        self.sliding = False  # past block_size without rollback: whole windows, no cache
 
     def reorder(self, index: Tensor) -> None:
         """Rows of the batch were selected/reordered (beams, contrastive candidates): follow in the cache."""
@@ -41,9 +44,11 @@ class _Runner:
         L = ids.size(1)
         n_new = L - self.fed
         assert n_new >= 1, "every call must bring at least one new token"
-        if self.use_cache:
-            if self.cache is None:
-                self.cache = self.model.new_kv_cache(ids.size(0))
+        if self.use_cache and not self.sliding and self.cache is None:
+            self.cache = self.model.new_kv_cache(ids.size(0))
+        if self.cache is not None and self.cache.pos + n_new > self.block_size and not self.rollback:
+            self.sliding, self.cache = True, None  # ids only grow: every later call is past block_size too
+        if self.cache is not None:
             first = L - n_new  # the first token the cache has not seen
             if self.cache.pos + n_new > self.block_size:
                 self.cache.reset()

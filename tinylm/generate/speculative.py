@@ -81,7 +81,7 @@ class DraftModel:
     greedy decoding)."""
 
     def __init__(self, model: GPT, prompt_len: int, use_cache: bool) -> None:
-        self.run = _Runner(model, use_cache=use_cache, prompt_len=prompt_len)
+        self.run = _Runner(model, use_cache=use_cache, prompt_len=prompt_len, rollback=True)
 
     def propose(self, ids: Tensor, k: int, config: SamplingConfig, generator) -> tuple[Tensor, Tensor, Tensor | None]:
         """(drafts (B, k), valid (B, k), q (B, k, V) or None for greedy)."""
