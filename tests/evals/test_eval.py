@@ -543,6 +543,6 @@ def test_eval_started_by_a_launcher_on_several_ranks_is_refused(bpe_ckpt, capsys
     with pytest.raises(SystemExit) as e:
         main(["eval", "--ckpt_path", str(bpe_ckpt), "--tasks", "piqa", "--limit", "2", "--data_dir", str(EVALS)])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "tinylm eval scores in one process, but a launcher started 2 (WORLD_SIZE=2)" in err
+    assert e.value.code == 1 and "tinylm eval runs in one process, but a launcher started 2 (WORLD_SIZE=2)" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert (csv_file.read_text() if csv_file.exists() else None) == before  # no row written

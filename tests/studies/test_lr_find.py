@@ -415,3 +415,15 @@ def test_lr_find_says_nothing_of_its_temporary_checkpoint(run_config):
     finally:
         lightning.removeHandler(handler)
     assert said and not [line for line in said if ".lr_find_" in line or "`Trainer.fit` stopped" in line], said
+
+
+def test_lr_find_started_by_a_launcher_on_several_ranks_is_refused(run_config, monkeypatch, capsys):
+    """Catches `torchrun --nproc_per_node 2 -m tinylm lr-find ...` running the whole sweep once per rank (it runs on
+    one device), each writing the same lr_find.png: refused in one line before anything runs."""
+    cfg = run_config()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", "lr.png"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and "tinylm lr-find runs in one process, but a launcher started 2" in err[-1]
+    assert not (cfg.parent / "lr.png").exists() and not (cfg.parent / "lr.json").exists()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     import json as jsonlib
     import time
 
+    from tinylm.cli.launch_checks import refuse_launched
     from tinylm.device import use_free_cpus
     from tinylm.evals import load
     from tinylm.evals.results import flat
@@ -46,10 +46,8 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
 
     check_ranges("--", {"limit": limit, "batch_size": batch_size}, {"limit": "[1, inf)", "batch_size": "[1, inf)"},
                  whole=("limit", "batch_size"))
-    if (world := os.environ.get("WORLD_SIZE", "").strip()).isdigit() and int(world) > 1:  # (torchrun, by hand)
-        raise ValueError(f"tinylm eval scores in one process, but a launcher started {world} (WORLD_SIZE={world}): "
-                         "each would score every item and append its own row to eval/metrics.csv; run it alone, "
-                         "without torchrun (during training, --eval.tasks splits the items over the ranks)")
+    refuse_launched("eval", "each would score every item and append its own row to eval/metrics.csv",
+                    " (during training, --eval.tasks splits the items over the ranks)")
     chosen = parse_tasks(tasks)
     model, tokenizer, step = _model(ckpt_path, device)
     encoded = load(chosen, tokenizer, data_dir=data_dir, limit=limit)

@@ -8,6 +8,16 @@ import os
 from typing import Any
 
 
+def refuse_launched(command: str, what: str, instead: str = "") -> None:
+    """Refuse a one-process command (eval, lr-find) that a launcher started several times (torchrun, srun, by hand:
+    WORLD_SIZE > 1): every rank ran all of it, ``what`` says with which result; ``instead``: where the work is split
+    over ranks."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if world.isdigit() and int(world) > 1:
+        raise ValueError(f"tinylm {command} runs in one process, but a launcher started {world} (WORLD_SIZE={world}): "
+                         f"{what}; run it alone, without torchrun{instead}")
+
+
 def check_nodes(nodes: int, subcommand: str) -> None:
     """Several nodes: a cluster that starts them, or each told by hand where node 0 is and which node it is (each
     node without MASTER_PORT picked a port of its own, and they never met; a NODE_RANK past the nodes waited too)."""

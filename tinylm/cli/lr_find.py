@@ -23,6 +23,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
             folder, <trainer.default_root_dir>/<run.name>/).
     """
     from tinylm.cli.fit_config import fit_objects, trainer_options
+    from tinylm.cli.launch_checks import refuse_launched
     from tinylm.paths import check_json_beside
     from tinylm.ranges import check_ranges
     from tinylm.studies.lr_find import plot_lr_find
@@ -34,6 +35,7 @@ def lr_find(fit_args: list[str], /, *, min_lr: float = 1e-6, max_lr: float = 1.0
     if out:
         check_png_path(out)  # before the sweep, not after
         check_json_beside(out, "rule_of_thumb", "lr-find")
+    refuse_launched("lr-find", "each would run the whole sweep and write the same lr_find.png")
     cli = fit_objects(fit_args, trains_here=True)
     path = Path(out) if out else cli.run_dir / "lr_find.png"
     if not out:  # the default too, before the sweep (a read-only run folder failed only once it was done)
