@@ -523,10 +523,11 @@ def import_hf(path: str | Path) -> GPT:
 
 
 def load_any(ckpt_path: str | Path, map_location: Any = "cpu", *, option: str = "--ckpt_path") -> tuple[GPT, Any]:
-    """(GPT in eval mode on ``map_location``, its Tokenizer or None) of ``ckpt_path``: a tinylm checkpoint
-    (`load_model`), or a Hugging Face GPT-2/Llama folder (an export, or transformers' save_pretrained) or a Hub model's
-    name (its folder in the Hugging Face cache, downloaded there once), read with the folder's own tokenizer: tinylm's
-    copy in an export, else its tokenizer.json (or vocab.json + merges.txt). `tinylm generate --ckpt_path gpt2`."""
+    """(GPT in eval mode on ``map_location``, its Tokenizer) of ``ckpt_path``: a tinylm checkpoint (`load_model`), or a
+    Hugging Face GPT-2/Llama folder (an export, or transformers' save_pretrained) or a Hub model's name (its folder in
+    the Hugging Face cache, downloaded there once), read with the folder's own tokenizer: tinylm's copy in an export,
+    else its tokenizer.json (or vocab.json + merges.txt). One without a tokenizer is refused (generate and
+    sample-report need it). `tinylm generate --ckpt_path gpt2`."""
     from tinylm.device import resolve_device
     from tinylm.net import model_source
     from tinylm.tokenize.tokenizer import Tokenizer
@@ -534,8 +535,14 @@ def load_any(ckpt_path: str | Path, map_location: Any = "cpu", *, option: str = 
     folder = Path(model_source(ckpt_path, option))
     if not (folder.is_dir() and (folder / "config.json").is_file()):
         model, tokenizer, _ = load_model(ckpt_path, map_location=map_location, option=option)
+        if tokenizer is None:  # (sample-report's prompts ended in an AttributeError traceback)
+            raise ValueError(f"checkpoint {str(ckpt_path)!r} carries no tokenizer; use a checkpoint written by "
+                             "`tinylm fit`")
         return model, tokenizer
     model = import_hf(folder).to(resolve_device(str(map_location or "cpu")))
     own = folder / TINYLM_TOKENIZER_DIR
-    has_one = own.is_dir() or (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
-    return model, Tokenizer.load(own if own.is_dir() else folder) if has_one else None
+    if not (own.is_dir() or (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()):
+        raise FileNotFoundError(f"{option} {str(ckpt_path)!r}: the Hugging Face model's folder {str(folder)!r} holds "
+                                "no tokenizer (tokenizer.json, vocab.json + merges.txt, or tinylm_tokenizer/); save "
+                                "its tokenizer there (transformers' tokenizer.save_pretrained(folder))")
+    return model, Tokenizer.load(own if own.is_dir() else folder)

@@ -105,34 +105,46 @@ def hub_offline(on: bool) -> Iterator[None]:
 # Flax, ONNX and Rust copies of its weights, ~3 GB)
 HUB_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
              "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+HUB_BIN_FILES = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")  # (no safetensors)
 _FILE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".json", ".txt", ".yaml", ".yml", ".py"}
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def model_source(source: str | os.PathLike, option: str) -> str:
     """Weights given as ``option`` (``model.init_from``, ``--ckpt_path``) as a local path: a file or folder here as
-    given; else a Hugging Face Hub model's name (``gpt2``, ``openai-community/gpt2``, ``org/name``) is its snapshot
-    folder in the Hugging Face cache, downloaded there once (its config, safetensors weights and tokenizer files), as
-    nanoGPT's ``init_from='gpt2'`` takes it through transformers' from_pretrained. HF_HUB_OFFLINE=1 and HF_HUB_CACHE /
-    HF_HOME work as for transformers."""
+    given (or a missing one under a folder here: ``runs/x``); else a Hugging Face Hub model's name (``gpt2``,
+    ``openai-community/gpt2``, ``org/name``) is its snapshot folder in the Hugging Face cache, downloaded there once
+    (its config, safetensors weights, else pytorch_model.bin, and tokenizer files), as nanoGPT's ``init_from='gpt2'``
+    takes it through transformers' from_pretrained. HF_HUB_OFFLINE=1 and HF_HUB_CACHE / HF_HOME work as for
+    transformers."""
     import logging
     from pathlib import Path
 
     given = str(source)
     path = os.path.expanduser(given)
-    if os.path.exists(path) or not _HUB_NAME.fullmatch(given) or Path(given).suffix in _FILE_SUFFIXES:
+    # a name under a folder here (runs/NAME, a run's name mistyped), and fit's and validate's `last` and `best`, are
+    # paths that are missing, said so by the reader: not asked of the Hub (3 s offline; a message about the Hub and
+    # its cache; the local path sent to huggingface.co)
+    under_here = given in ("last", "best") or "/" in given and os.path.isdir(given.split("/", 1)[0])
+    if os.path.exists(path) or not _HUB_NAME.fullmatch(given) or Path(given).suffix in _FILE_SUFFIXES or under_here:
         return path
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     logging.getLogger("tinylm").info("%s %r is no file here: reading the Hugging Face Hub model of that name (its "
                                      "cached copy, or downloaded once into the Hugging Face cache)", option, given)
     unreachable = hub_unreachable()  # (asked in 3 s: huggingface_hub retries a dead network for longer)
     try:
         with hub_offline(hub_offline_asked() or unreachable is not None):
-            return snapshot_download(given, allow_patterns=list(HUB_FILES))
+            folder = snapshot_download(given, allow_patterns=list(HUB_FILES))
+            if not any(Path(folder).glob("*.safetensors")):  # a repository from before safetensors: its PyTorch
+                # weights (it read "no weights in <the cache's folder>; pass a directory written by `tinylm export`")
+                folder = snapshot_download(given, allow_patterns=list(HUB_BIN_FILES))
+            return folder
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        why = unreachable or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = unreachable or ("the Hub has no model of that name, or a private or gated one: `hf auth login` for "
+                              "those" if isinstance(e, RepositoryNotFoundError)  # (its line: "401 Client Error.")
+                              else (str(e).strip().splitlines() or [type(e).__name__])[0])
         raise FileNotFoundError(
             f"{option} {given!r} is no file or folder here, and no Hugging Face Hub model of that name could be read "
             f"({why}); pass a tinylm .ckpt, a Hugging Face GPT-2/Llama directory (e.g. one written by `tinylm "

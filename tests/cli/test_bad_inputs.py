@@ -1439,3 +1439,23 @@ def test_a_node_whose_node_0_ended_while_connecting_says_so_in_one_line(monkeypa
     assert is_user_error(e) and one_line(e).startswith("lost the connection to the ranks' meeting point at "
                                                        "10.0.0.1:29500 (node 0's launcher): node 0 ended")
     assert not is_user_error(dist.DistNetworkError("some other network failure"))
+
+
+def test_a_missing_checkpoint_under_a_folder_here_is_not_looked_up_on_the_hub(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm generate --ckpt_path runs/typo` (a run's name mistyped, with runs/ here) or `--ckpt_path last`
+    read as a Hugging Face Hub model's name: the local path sent to huggingface.co (3 s when it cannot be reached)
+    and a message about the Hub and its cache ("no Hugging Face Hub model of that name could be read") instead of
+    "not found"."""
+    import huggingface_hub
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "real").mkdir(parents=True)
+
+    def asked(*args, **kwargs):
+        raise AssertionError(f"the Hub was asked for {args}")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", asked)
+    for given in "runs/typo", "last":  # (`last`: fit's and validate's word, which generate does not take)
+        line = _one_line_error(capsys, ["generate", "--ckpt_path", given, "--prompt", "a"],
+                               f"checkpoint {given!r} not found")
+        assert "Hugging Face Hub" not in line

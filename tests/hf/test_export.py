@@ -1,5 +1,6 @@
 """Export to / import from Hugging Face transformers GPT-2: same logits, same tokens, clear errors."""
 
+import fnmatch
 import itertools
 import json
 import os
@@ -1046,3 +1047,46 @@ def test_generate_and_sample_report_read_an_export_folder_and_a_hub_models_name(
     run_command("sample-report", ["--ckpt_path", "org/tiny", "--out", str(tmp_path / "report"), "--num_samples", "2",
                                   "--max_new_tokens", "4"])
     assert (tmp_path / "report").is_dir()
+
+
+def test_a_hub_model_without_safetensors_is_read_with_its_pytorch_weights(tmp_path, monkeypatch):
+    """Catches a Hub model published before safetensors (pytorch_model.bin alone, as many GPT-2 fine-tunes) read
+    without its weights, which were left out of the download: `--model.init_from org/old` said "no weights in
+    <the Hugging Face cache's folder>; pass a directory written by `tinylm export`"."""
+    import huggingface_hub
+
+    from tinylm.net import model_source
+
+    published = {"config.json": "{}", "vocab.json": "{}", "pytorch_model.bin": "weights"}
+    snapshot = tmp_path / "snapshot"
+
+    def download(repo_id, allow_patterns):  # (huggingface_hub's: the repository's files that match, into the cache)
+        snapshot.mkdir(exist_ok=True)
+        for name, text in published.items():
+            if any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                (snapshot / name).write_text(text)
+        return str(snapshot)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    monkeypatch.chdir(tmp_path)
+    assert (Path(model_source("org/old", "model.init_from")) / "pytorch_model.bin").is_file()
+
+
+def test_a_hugging_face_folder_without_a_tokenizer_is_refused_in_one_line(run_config, tmp_path, capsys):
+    """Catches `tinylm sample-report --ckpt_path DIR` of a Hugging Face model's folder without tokenizer files ending
+    in an AttributeError traceback ('NoneType' object has no attribute 'eos_id'), and `tinylm generate` telling the
+    user of such a folder to "use a checkpoint written by `tinylm fit`": both name the folder and the files missing."""
+    from helpers import _one_line_error
+
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(run={"name": "src"}))])
+    out = tmp_path / "hf"
+    main(["export", "--ckpt_path", str(tmp_path / "runs" / "src" / "checkpoints" / "last.ckpt"), "--out", str(out)])
+    shutil.rmtree(out / "tinylm_tokenizer")
+    (out / "tokenizer.json").unlink()
+    capsys.readouterr()
+    said = "holds no tokenizer (tokenizer.json, vocab.json + merges.txt, or tinylm_tokenizer/)"
+    _one_line_error(capsys, ["generate", "--ckpt_path", str(out), "--prompt", "a"], said)
+    _one_line_error(capsys, ["sample-report", "--ckpt_path", str(out), "--out", str(tmp_path / "report")], said)

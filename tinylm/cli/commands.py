@@ -309,8 +309,6 @@ def generate(
     config = _generate_config(generate.options.values(locals()), num_samples, stop, no_cache, draft_ckpt_path)
     prompt = _prompt_text(prompt, prompt_file)  # before loading, too
     model, tokenizer = load_any(ckpt_path, map_location=(on := resolve_device(device)))
-    if tokenizer is None:
-        raise ValueError(f"checkpoint {ckpt_path!r} carries no tokenizer; use a checkpoint written by `tinylm fit`")
     config = replace(config, eos_id=tokenizer.eos_id)
     draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     prompt, ids = encode_prompt(tokenizer, prompt)  # empty: the end-of-text token, else a newline

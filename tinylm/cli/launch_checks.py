@@ -9,9 +9,9 @@ from typing import Any
 
 
 def refuse_launched(command: str, what: str, instead: str = "") -> None:
-    """Refuse a one-process command (eval, lr-find) that a launcher started several times (torchrun, srun, by hand:
-    WORLD_SIZE > 1): every rank ran all of it, ``what`` says with which result; ``instead``: where the work is split
-    over ranks."""
+    """Refuse a one-process command (eval, lr-find) that a launcher started several times (torchrun, or by hand:
+    WORLD_SIZE > 1; srun sets no WORLD_SIZE): every rank ran all of it, ``what`` says with which result;
+    ``instead``: where the work is split over ranks."""
     world = os.environ.get("WORLD_SIZE", "").strip()
     if world.isdigit() and int(world) > 1:
         raise ValueError(f"tinylm {command} runs in one process, but a launcher started {world} (WORLD_SIZE={world}): "
