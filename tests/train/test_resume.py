@@ -600,6 +600,40 @@ def test_an_extended_run_keeps_the_best_of_its_final_validation(run_config, tmp_
     assert torch.load(best, weights_only=True)["global_step"] == 3
 
 
+def test_a_run_killed_in_its_final_validation_runs_it_on_resume(run_config, tmp_path, monkeypatch, capsys):
+    """Catches the resume of a run killed during the validation that ends it between two scheduled ones (GPT-2's
+    19,073 steps at val_check_interval 250): its last step's checkpoints are saved before that validation, and
+    `--ckpt_path last` was refused as "nothing to train" (exit 1), the final val/loss row, best.ckpt's look at the
+    final model and the end summary lost for good. The resume runs that validation alone (the straight run's rows
+    and best.ckpt, exit 0); a run whose final validation ran still has nothing to train."""
+    from tinylm.train.callbacks import PeriodicCheckpoint
+
+    cfg = run_config(trainer={"max_steps": 3, "val_check_interval": 2}, run={"checkpoint_every": 2},
+                     model={"lr": 3e-3})
+    straight, killed = tmp_path / "runs" / "tiny", tmp_path / "runs" / "killed"
+
+    def snapshot(self, trainer, pl_module):  # what a `kill -9` as the final validation starts leaves
+        if trainer.global_step == 3 and not killed.exists():
+            shutil.copytree(straight, killed)
+
+    monkeypatch.setattr(PeriodicCheckpoint, "on_validation_start", snapshot, raising=False)
+    main(["fit", "--config", str(cfg)])
+    assert sorted(_val_losses(straight)) == [1, 2] and sorted(_val_losses(killed)) == [1]  # (not vacuous)
+    assert torch.load(killed / "checkpoints" / "best.ckpt", weights_only=True)["global_step"] == 2
+    capsys.readouterr()
+
+    main(["fit", "--config", str(cfg), "--run.name", "killed", "--ckpt_path", "last"])
+    assert "run killed done: step 3: its final validation, no step" in capsys.readouterr().out
+    _assert_same_rows(_val_losses(killed), _val_losses(straight))
+    _assert_same_rows(_losses(killed), _losses(straight))
+    want, got = (torch.load(run / "checkpoints" / "best.ckpt", weights_only=True) for run in (straight, killed))
+    assert got["global_step"] == want["global_step"] == 3  # the final model, the best here
+    assert all(torch.equal(got["state_dict"][k], v) for k, v in want["state_dict"].items())
+    with pytest.raises(SystemExit) as e:  # validated now: nothing is left to do
+        main(["fit", "--config", str(cfg), "--run.name", "killed", "--ckpt_path", "last"])
+    assert e.value.code == 1 and "nothing to train" in capsys.readouterr().err
+
+
 def test_a_users_val_loss_checkpoint_joins_best_ckpt_and_old_checkpoints_keep_their_best(run_config, tmp_path):
     """Catches `--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.monitor val/loss` (top-k by val/loss, as
     Lightning's docs show) ending in a traceback: tinylm's best.ckpt keyed its state as the same ModelCheckpoint

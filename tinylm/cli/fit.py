@@ -234,7 +234,7 @@ class TinyLMCLI(LightningCLI):
             check_checkpoint_names(cfg.trainer.get("callbacks"), self.run_dir / "checkpoints",
                                    logger=cfg.trainer.get("logger"))
         RunOptions(**_options(cfg.run))  # its checks, before the data is built (a tokenizer trained, a corpus packed)
-        self.resume_step: int | None = None
+        self.resume_step, self.finish_at = None, None  # (int | None: _take_checkpoint's, from resume.Start)
         self.wandb_id: str | None = None
         self.wandb_project: str | None = None  # the W&B project of the run it resumes (its checkpoint's)
         asked = requeued(cfg.get("ckpt_path"), self.run_dir, sub)
@@ -284,7 +284,7 @@ class TinyLMCLI(LightningCLI):
         start = apply_checkpoint(ckpt_path, cfg, sub, defaults=self._parser(sub).get_defaults(), named=self._named,
                                  flags=self._flags, continues=self.continues, check=not printing)
         self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
-        self.wandb_project, self.ckpt_threads = start.wandb_project, start.cpu_threads
+        self.wandb_project, self.ckpt_threads, self.finish_at = start.wandb_project, start.cpu_threads, start.finish_at
         with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
             self.config = self.parser.parse_object({sub: start.update}, self.config)
         text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
@@ -344,7 +344,7 @@ class TinyLMCLI(LightningCLI):
         if sub == "fit":
             callbacks = run_callbacks(self.run_dir / "checkpoints" if checkpointing else None,
                                       every_n_steps=run.checkpoint_every, keep=run.keep_checkpoints,
-                                      progress_bar=bar, continues=self.continues,
+                                      progress_bar=bar, continues=self.continues, finish_at=self.finish_at,
                                       model_summary=trainer_cfg.get("enable_model_summary") is not False and
                                       not any(isinstance(cb, ModelSummary) for cb in user_callbacks))
         else:

@@ -209,6 +209,7 @@ class Start:
     update: dict  # the config sections it sets: model (and for validate, data)
     cpu_threads: int | None = None  # fit: the torch threads of the run's one CPU process (exact resume on a CPU)
     data_state: dict | None = None  # fit: the data module's state in the checkpoint (what the run read)
+    finish_at: int | None = None  # fit: the step of a run at its end whose final validation never ran (it runs it)
 
 
 def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str], continues: bool,
@@ -218,15 +219,17 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
     settings that would not continue the run. ``named``: the options the command sets (flags and --config files);
     ``flags``: those set by flags, which alone override the run's data."""
     from tinylm.checkpoint import checkpoint_tokenizer, load_checkpoint, tinylm_section
+    from tinylm.train.final_validation import final_validation_pending
 
     ckpt = load_checkpoint(ckpt_path, mmap=True)  # mmap: only the metadata is read here
     meta = tinylm_section(ckpt, ckpt_path)
     checkpoint_tokenizer(ckpt, ckpt_path)  # one that does not fit its model: refused before the data is prepared
     step = int(ckpt.get("global_step", 0))
-    resume_step = wandb_id = wandb_project = None
+    resume_step = wandb_id = wandb_project = finish_at = None
     if sub == "fit":
         if check:  # (not for --print_config: what a refused resume would run, to change it, is printed)
-            check_resume(ckpt, cfg, ckpt_path)
+            finish_at = step if continues and final_validation_pending(ckpt_path, step, cfg) else None
+            check_resume(ckpt, cfg, ckpt_path, finishing=finish_at is not None)
             check_same_tokenizer(ckpt, cfg, flags, ckpt_path)
         resume_step = step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
@@ -246,7 +249,7 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         update["data"] = data
     threads = meta.get("cpu_threads") if sub == "fit" else None
     return Start(step, resume_step, wandb_id, wandb_project, update, threads if isinstance(threads, int) else None,
-                 ckpt.get("TinyLMDataModule") if sub == "fit" else None)
+                 ckpt.get("TinyLMDataModule") if sub == "fit" else None, finish_at)
 
 
 RUN_DATA = ("corpus", "weights", "tokenizer", "vocab_size", "tokenizer_train_chars", "split", "val_split",
@@ -349,12 +352,13 @@ def check_training_state(ckpt: dict, ckpt_path: str) -> None:
                           "full checkpoint of the run (last.ckpt, step-N.ckpt)")
 
 
-def check_resume(ckpt: dict, cfg, ckpt_path: str) -> None:
-    """Refuse a resume that has nothing to train, or whose settings would not continue the run."""
+def check_resume(ckpt: dict, cfg, ckpt_path: str, finishing: bool = False) -> None:
+    """Refuse a resume that has nothing to train (unless ``finishing``: the run's final validation is left to run,
+    `tinylm.train.final_validation`), or whose settings would not continue the run."""
     check_training_state(ckpt, ckpt_path)
     step = int(ckpt.get("global_step", 0))
     max_steps = cfg.trainer.get("max_steps")
-    if max_steps is not None and step >= max_steps:
+    if max_steps is not None and step >= max_steps and not finishing:
         error = TinyLMError(f"{ckpt_path} is already at step {step} >= --trainer.max_steps "
                             f"{max_steps}: nothing to train; pass a larger --trainer.max_steps to go on")
         if os.environ.get("SLURM_RESTART_COUNT", "").strip() not in ("", "0"):  # a requeued job of a finished run

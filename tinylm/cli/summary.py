@@ -77,7 +77,8 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     done = steps - first_step
     tokens = f", {tokens_per_step * done:,} tokens" if tokens_per_step else ""
     since = f" (from step {first_step:,})" if first_step else ""
-    lines = [f"run {run_dir.name} done: step {steps:,}: {count(done, 'step')}{since}{tokens} in {duration(seconds)}"]
+    what = f"{count(done, 'step')}{since}{tokens}" if done or not first_step else "its final validation, no step"
+    lines = [f"run {run_dir.name} done: step {steps:,}: {what} in {duration(seconds)}"]
     metrics = run_dir / "csv" / "metrics.csv"
     rows = _val_rows(metrics)
     if rows:
@@ -98,7 +99,8 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
     saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.exists()]  # (FSDP2: a folder of shards)
     # a resume with --trainer.enable_checkpointing false: the files are the run's from before this command
-    older = steps > 0 and last_ckpt.exists() and last_ckpt.stat().st_mtime < time.time() - seconds - 1
+    # (none due: a resume at the run's end that ran only its final validation, tinylm.train.final_validation)
+    older = steps > first_step and last_ckpt.exists() and last_ckpt.stat().st_mtime < time.time() - seconds - 1
     if saved:
         lines.append(f"  checkpoints: {', '.join(saved)}" + (" (saved before this command, which saved none: "
                                                              "checkpointing was off)" if older else ""))

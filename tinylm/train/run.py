@@ -21,6 +21,7 @@ from tinylm.train.callbacks import (
     RNGState,
     SpeedMonitor,
 )
+from tinylm.train.final_validation import ResumedFinalValidation
 from tinylm.train.health import HealthMonitor
 from tinylm.train.interrupt import InterruptCheckpoint, InterruptStop
 from tinylm.train.progress_bar import ProgressBar
@@ -100,10 +101,14 @@ def monitor_callbacks(*, progress_bar: bool, model_summary: bool = True) -> list
 
 
 def run_callbacks(ckpt_dir: str | Path | None, *, every_n_steps: int, keep: int,
-                  progress_bar: bool, model_summary: bool = True, continues: bool = False) -> list[L.Callback]:
+                  progress_bar: bool, model_summary: bool = True, continues: bool = False,
+                  finish_at: int | None = None) -> list[L.Callback]:
     """All of a run's callbacks (the last step's log row and validation among them); ``ckpt_dir=None`` leaves out the
-    checkpoint callbacks (checkpointing off)."""
+    checkpoint callbacks (checkpointing off); ``finish_at``: a resume at the run's end, at that step, runs the final
+    validation it never ran (tinylm.train.final_validation)."""
     # without checkpoints a signal still stops the run at a whole step, with a line and a non-zero exit
     ckpts = [InterruptStop(None)] if ckpt_dir is None else checkpoint_callbacks(ckpt_dir, every_n_steps=every_n_steps,
                                                                                keep=keep, continues=continues)
-    return [*ckpts, FinalValidation(), *monitor_callbacks(progress_bar=progress_bar, model_summary=model_summary)]
+    finish = [ResumedFinalValidation(finish_at)] if finish_at is not None else []
+    return [*ckpts, FinalValidation(), *finish, *monitor_callbacks(progress_bar=progress_bar,
+                                                                   model_summary=model_summary)]
