@@ -187,10 +187,10 @@ def test_one_long_document_is_encoded_in_bounded_batches(small_data, tmp_path, m
     tok = build_tokenizer("char", documents=lambda: iter([text]))
     batches = []
 
-    class Recording(Tokenizer):  # the real tokenizer, with each encode_batch call's size written down
-        def encode_batch(self, texts):
+    class Recording(Tokenizer):  # the real tokenizer, with each batch's size written down
+        def encode_arrays(self, texts):
             batches.append(sum(map(len, texts)))
-            return super().encode_batch(texts)
+            return super().encode_arrays(texts)
 
     spy = Recording(tok._b, tok.spec)
     with ThreadPoolExecutor(1) as pool:
@@ -200,6 +200,34 @@ def test_one_long_document_is_encoded_in_bounded_batches(small_data, tmp_path, m
     assert max(batches) <= 4000 + 1000 and len(batches) >= 8  # a batch is cut as soon as it passes BATCH_CHARS
     assert np.fromfile(tmp_path / "t.bin", dtype="uint16").tolist() == tok.encode(text)
     assert stats["tokens"] == len(text) and stats["documents"] == 1
+
+
+def test_char_dataset_build_encodes_by_table_lookup(tmp_path, monkeypatch):
+    """Catches a char dataset build encoding its text in Python a character at a time (`[stoi[c] for c in text]`,
+    holding the GIL: 100 MB took ~10 s of CPU, 8x a table lookup), and the lookup giving other ids than `encode` or
+    passing a character the vocabulary lacks (below or above its highest code point) without naming it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tinylm.tokenize.backends import CharBackend, MissingCharacter
+
+    text = "naïve café, 42 days!\n\tÀ 𝔘 🙂 end" * 30
+    tok = build_tokenizer("char", documents=lambda: iter([text]))
+    expected = tok.encode(text)
+
+    def per_character(self, text):
+        raise AssertionError("a dataset build encoded a character at a time")
+
+    monkeypatch.setattr(CharBackend, "encode", per_character)
+    with ThreadPoolExecutor(1) as pool:
+        w = SplitWriter(tmp_path / "t.bin", tok, np.dtype("uint16"), 100, pool)
+        w.add(text, ends_document=True)
+        w.close()
+    assert np.fromfile(tmp_path / "t.bin", dtype="uint16").tolist() == expected
+    monkeypatch.undo()
+    for lacking in ("z", "\U0001F600", "\x00"):  # inside the table's range, above its highest point, the first
+        with pytest.raises(MissingCharacter) as e:
+            tok.encode_arrays([text, "na" + lacking])
+        assert e.value.char == lacking
 
 
 def test_second_run_reuses_and_changes_rebuild(shakespeare, tmp_path):
@@ -834,6 +862,28 @@ def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog
     trained = [r for r in caplog.records if r.getMessage().startswith("training a scratch-bpe")]
     assert len(trained) == 1 and len(got) == 3 and len({t.fingerprint for t in got}) == 1
     # (how many logged "waiting" depends on scheduling: a thread that starts late finds the folder complete)
+
+
+def test_tokenizer_training_gets_long_documents_in_pieces(shakespeare, tmp_path, monkeypatch):
+    """Catches a BPE tokenizer being trained on each document whole: `tokenizers` held ~95 bytes a character of the
+    longest one (a 50 MB file of one line peaked at 4.9 GB, 0.7 GB as documents). Pieces cut where no pre-token
+    spans them train the same tokenizer."""
+    from tinylm.data import prepare
+
+    text = shakespeare.read_text(encoding="utf-8")[:20_000].replace("\n", " ")  # one long line
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text(text, encoding="utf-8")
+    given, real = [], prepare.build_tokenizer
+
+    def recording(spec, *, vocab_size, documents):
+        return real(spec, vocab_size=vocab_size, documents=lambda: (given.append(len(d)) or d for d in documents()))
+
+    monkeypatch.setattr(prepare, "PIECE_CHARS", 1000)
+    monkeypatch.setattr(prepare, "build_tokenizer", recording)
+    tok = prepare.prepare_tokenizer(open_corpus(str(one_line), cache_dir=tmp_path), "bpe", vocab_size=300,
+                                    cache_dir=tmp_path / "cache")
+    assert max(given) <= 1000 and sum(given) == len(text)
+    assert tok.fingerprint == real("bpe", vocab_size=300, documents=lambda: [text]).fingerprint
 
 
 def test_cut_on_a_document_boundary_leaves_whole_documents_on_both_sides(tmp_path):

@@ -94,7 +94,7 @@ class SplitWriter:
 
     def _encode(self, texts: list[str], ends: list[bool]) -> np.ndarray:
         parts = []
-        for ids, end in zip(self.tok.encode_batch(texts), ends):
+        for ids, end in zip(self.tok.encode_arrays(texts), ends):
             parts.append(np.asarray(ids, dtype=self.dtype))
             if end and self.eos is not None:
                 parts.append(self.eos)

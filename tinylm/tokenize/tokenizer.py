@@ -120,6 +120,13 @@ class Tokenizer:
             raise TypeError(f"Tokenizer.encode_batch takes a list of str; one is {type(bad).__name__} {bad!r:.60}")
         return self._b.encode_batch(texts)
 
+    def encode_arrays(self, texts: list[str]) -> list:
+        """`encode_batch` for a dataset build: each text's ids as a list or a numpy array (the char kind's table
+        lookup, vectorized), whichever its backend makes fastest."""
+        if (encode_array := getattr(self._b, "encode_array", None)) is not None:
+            return [encode_array(t) for t in texts]
+        return self.encode_batch(texts)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; specials decode to their string, invalid UTF-8 to U+FFFD. An id outside the vocabulary is a
         ValueError naming it, whatever the backend."""
