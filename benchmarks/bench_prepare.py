@@ -28,13 +28,9 @@ from pathlib import Path
 EOT = "<|endoftext|>"
 SOURCES = ("tinystories_sample.txt", "tinyshakespeare.txt", "corpus.en", "german.txt")
 
-# The bare library's side: the code a user of `tokenizers` would write for the same job.
-BARE = r'''
-import sys, numpy as np
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-path, out, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3])
-EOT = "<|endoftext|>"
-
+# The documents of a corpus file separated by <|endoftext|>, read in 1 MB chunks (the baselines' own reader; they
+# define `path` and `EOT` before it).
+DOCS = r'''
 def docs():
     rest = ""
     with open(path, encoding="utf-8") as f:
@@ -44,6 +40,15 @@ def docs():
             yield from (p.strip() for p in parts if p.strip())
     if rest.strip():
         yield rest.strip()
+'''
+
+# The bare library's side: the code a user of `tokenizers` would write for the same job.
+BARE = r'''
+import sys, numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+path, out, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3])
+EOT = "<|endoftext|>"
+''' + DOCS + r'''
 
 tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

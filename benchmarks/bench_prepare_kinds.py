@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prepare import _measure  # noqa: E402
+from bench_prepare import DOCS, _measure  # noqa: E402
 
 NANOGPT_CHAR = r'''
 import sys, numpy as np
@@ -47,17 +47,7 @@ EOT = "<|endoftext|>"
 pat = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ranks = load_tiktoken_bpe(ranks)
 enc = tiktoken.Encoding("gpt2", pat_str=pat, mergeable_ranks=ranks, special_tokens={EOT: len(ranks)})
-
-def docs():
-    rest = ""
-    with open(path, encoding="utf-8") as f:
-        while chunk := f.read(1 << 20):
-            parts = (rest + chunk).split(EOT)
-            rest = parts.pop()
-            yield from (p.strip() for p in parts if p.strip())
-    if rest.strip():
-        yield rest.strip()
-
+''' + DOCS + r'''
 with open(out + "/all.bin", "wb") as f:
     for d in docs():
         ids = enc.encode_ordinary(d)
