@@ -886,6 +886,21 @@ def test_tokenizer_training_gets_long_documents_in_pieces(shakespeare, tmp_path,
     assert tok.fingerprint == real("bpe", vocab_size=300, documents=lambda: [text]).fingerprint
 
 
+def test_a_char_tokenizer_of_one_long_document_has_no_end_of_text_id(shakespeare, tmp_path, monkeypatch):
+    """Catches the char tokenizer of a one-document corpus longer than the pieces the BPE trainer gets (tinyshakespeare,
+    `make train`'s, is 1.1 M characters) being given those pieces: it counted them as documents and gained an
+    end-of-text id (66 ids, not nanoGPT's 65), another val.bin and another val/loss for the laptop recipe."""
+    from tinylm.data import prepare
+
+    text = shakespeare.read_text(encoding="utf-8")[:20_000]
+    one = tmp_path / "one.txt"
+    one.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(prepare, "PIECE_CHARS", 1000)
+    tok = prepare.prepare_tokenizer(open_corpus(str(one), cache_dir=tmp_path), "char", vocab_size=0,
+                                    cache_dir=tmp_path / "cache")
+    assert tok.eos_id is None and tok.vocab_size == len(set(text))
+
+
 def test_cut_on_a_document_boundary_leaves_whole_documents_on_both_sides(tmp_path):
     """Catches a document that ends exactly at the train/val cut being treated as straddling it: its train part
     lost its EOS and val began with an empty document (a stray EOS), counted as one more document. Four documents

@@ -228,9 +228,11 @@ def _train_tokenizer(out: Path, corpus: Corpus, spec: str, vocab_size: int, samp
                 n = len(doc.encode("utf-8"))
                 read[0] += n
                 bar.update(n if sample is None else len(doc))
-                # in pieces, cut where no pre-token spans them (the same counts, the same tokenizer): the trainer
-                # held ~95 bytes a character of the text it was given whole (a 50 MB one-line file peaked at 4.9 GB)
-                yield from pieces(doc, PIECE_CHARS)
+                # bpe: in pieces, cut where no pre-token spans them (the same counts, the same tokenizer): `tokenizers`
+                # held ~95 bytes a character of the text it was given whole (a 50 MB one-line file peaked at 4.9 GB).
+                # Not char, which counts documents (more than one: an end-of-text id; `make train`'s one-document
+                # tinyshakespeare, cut in two, got a 66th id and another val.bin)
+                yield from pieces(doc, PIECE_CHARS) if spec == "bpe" else (doc,)
             read_whole(bar)
         read_at[0] = clock()
 
