@@ -522,6 +522,15 @@ def import_hf(path: str | Path) -> GPT:
     return model.eval()
 
 
+def hf_folder(ckpt_path: str | Path, option: str = "--ckpt_path") -> Path | None:
+    """The Hugging Face model folder ``ckpt_path`` names (a folder with a config.json, or a Hub name's folder in the
+    Hugging Face cache), else None: a tinylm checkpoint."""
+    from tinylm.net import model_source
+
+    folder = Path(model_source(ckpt_path, option))
+    return folder if folder.is_dir() and (folder / "config.json").is_file() else None
+
+
 def load_any(ckpt_path: str | Path, map_location: Any = "cpu", *, option: str = "--ckpt_path") -> tuple[GPT, Any]:
     """(GPT in eval mode on ``map_location``, its Tokenizer) of ``ckpt_path``: a tinylm checkpoint (`load_model`), or a
     Hugging Face GPT-2/Llama folder (an export, or transformers' save_pretrained) or a Hub model's name (its folder in
@@ -529,11 +538,10 @@ def load_any(ckpt_path: str | Path, map_location: Any = "cpu", *, option: str = 
     else its tokenizer.json (or vocab.json + merges.txt). One without a tokenizer is refused (generate and
     sample-report need it). `tinylm generate --ckpt_path gpt2`."""
     from tinylm.device import resolve_device
-    from tinylm.net import model_source
     from tinylm.tokenize.tokenizer import Tokenizer
 
-    folder = Path(model_source(ckpt_path, option))
-    if not (folder.is_dir() and (folder / "config.json").is_file()):
+    folder = hf_folder(ckpt_path, option)
+    if folder is None:
         model, tokenizer, _ = load_model(ckpt_path, map_location=map_location, option=option)
         if tokenizer is None:  # (sample-report's prompts ended in an AttributeError traceback)
             raise ValueError(f"checkpoint {str(ckpt_path)!r} carries no tokenizer; use a checkpoint written by "

@@ -73,12 +73,10 @@ def _model(ckpt_path: str, device: str) -> tuple[Any, Any, int | None]:
     folder or Hub name (`tinylm.hf.load_any`) has no step, and no run to record its scores in."""
     from tinylm.checkpoint import gpt_from_checkpoint, load_checkpoint
     from tinylm.device import resolve_device
-    from tinylm.net import model_source
+    from tinylm.hf import hf_folder, load_any
 
-    folder, step = Path(model_source(ckpt_path, "--ckpt_path")), None
-    if folder.is_dir() and (folder / "config.json").is_file():
-        from tinylm.hf import load_any
-
+    folder, step = hf_folder(ckpt_path), None
+    if folder is not None:
         model, tokenizer = load_any(folder, map_location=resolve_device(device))
     else:
         ckpt = load_checkpoint(ckpt_path, mmap=True)
