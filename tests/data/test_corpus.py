@@ -448,6 +448,8 @@ def test_the_same_text_listed_twice_is_refused(tmp_path, capsys, monkeypatch):
     for specs in (["d/a.txt", "./d/a.txt"], ["d", "d/b.txt"], ["link.txt", "d/a.txt"]):
         with pytest.raises(ValueError, match="which both read the file .*: its text would count twice"):
             open_corpora(specs, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"lists 'd/a.txt' twice \(the file .*a\.txt\): its text would count"):
+        open_corpora(["d/a.txt", "d/a.txt"], cache_dir=tmp_path / "cache")  # (it read "'d/a.txt' twice the file")
     _one_line_error(capsys, ["prepare", "--data.corpus", "[d, d/b.txt]", "--data.cache_dir", str(tmp_path / "cache")],
                     "data.corpus lists 'd' and 'd/b.txt'", "list each file once")
     assert len(open_corpora(["d/a.txt", "d/b.txt"], cache_dir=tmp_path / "cache")) == 2  # distinct files: fine

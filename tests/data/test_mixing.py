@@ -174,3 +174,28 @@ def test_an_empty_corpus_of_a_mixture_is_refused_before_the_tokenizer_trains(two
     with pytest.raises(ValueError, match=r"corpus '.*empty\.txt' is empty \(no text in it\)"):
         _ = dm.tokenizer
     assert not (tmp_path / "cache" / "tokenizers").exists()  # nothing was trained
+
+
+def test_val_names_are_unique_when_a_numbered_name_is_another_corpus_name(tmp_path):
+    """Catches a/x.txt, b/x.txt and a file x.txt_1 logged under two names: b/x.txt, numbered x.txt_1, shared its
+    val/loss/NAME with the file x.txt_1, and the run logged the mean of their two losses (one corpus's loss lost)."""
+    paths = []
+    for rel in ("a/x.txt", "b/x.txt", "x.txt_1"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(f"text of {rel} " * 50, encoding="utf-8")
+        paths.append(str(tmp_path / rel))
+    names = _dm(tmp_path, paths).val_names
+    assert len(set(names)) == 3, names
+    assert names[2] == "x.txt_1" and names[0] == "x.txt_0"  # a name that is not repeated keeps its own
+
+
+def test_a_glob_of_a_mixture_is_named_by_its_folder(tmp_path):
+    """Catches `[en/*.txt, de/*.txt]` logged as val/loss/.txt_0 and val/loss/.txt_1 (a glob's name is its pattern,
+    whose `*` the metric name drops): each is named by its folder, as a folder corpus is."""
+    for lang in ("en", "de"):
+        (tmp_path / lang / "deep").mkdir(parents=True)
+        (tmp_path / lang / "deep" / "p.txt").write_text(f"{lang} text " * 50, encoding="utf-8")
+    dm = _dm(tmp_path, [str(tmp_path / "en" / "*" / "*.txt"), str(tmp_path / "de" / "deep" / "*.txt")])
+    assert dm.val_names == ["en", "deep"]
+    (tmp_path / "notes[1].txt").write_text("a file, not a pattern " * 20, encoding="utf-8")
+    assert _dm(tmp_path, [str(tmp_path / "notes[1].txt"), str(tmp_path / "en")]).val_names == ["notes_1_.txt", "en"]

@@ -274,3 +274,19 @@ def test_streamed_files_of_other_columns_are_one_line(tmp_path):
                          data_files={"train": str(train), "validation": str(val)})
     with pytest.raises(ValueError, match=r"could not read the validation rows of .* as a json dataset \(CastError"):
         list(corpus.documents("validation"))
+
+
+def test_a_tokenizer_sample_of_streamed_corpora_reads_each_of_them(tmp_path):
+    """Catches the tokenizer of a mixture of streamed corpora (their size unknown) learning from the head of the
+    mixture: tokenizer_train_chars of the first corpus only, none of the second corpus's text."""
+    from tinylm.data.prepare import _sample
+
+    first = _jsonl(tmp_path / "first.jsonl", ["aaaa " * 20] * 100)  # 10,000 characters, more than the sample
+    second = _jsonl(tmp_path / "second.jsonl", ["zzzz " * 20] * 100)
+    dm = TinyLMDataModule(corpus=[str(first), str(second)], streaming=True, max_documents=90, tokenizer="bpe",
+                          tokenizer_train_chars=2000, cache_dir=str(tmp_path / "cache"))
+    assert dm.corpus.size_bytes is None  # (a stream's size is not known before it is read)
+    sample = "".join(_sample(dm.corpus, 2000))
+    assert len(sample) == 2000 and sample.count("a") == sample.count("z") == 800  # half of it each
+    assert "zz" in dm.tokenizer.decode(dm.tokenizer.encode("zzzz zzzz")) and \
+        len(dm.tokenizer.encode(" zzzz")) == 1  # a piece of the second corpus was learnt

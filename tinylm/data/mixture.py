@@ -49,9 +49,9 @@ def open_corpora(specs: list[str], **options: Any) -> list[Corpus]:
         for source in _sources(corpus):
             if source in owner:
                 what = f"the file {source}" if isinstance(source, str) else f"the dataset {source[1]}"
-                both = f"{owner[source]!r} twice" if owner[source] == corpus.spec else \
-                    f"{owner[source]!r} and {corpus.spec!r}, which both read"
-                raise ValueError(f"data.corpus lists {both} {what}: its text would count twice (in both splits, "
+                both = f"{owner[source]!r} twice ({what})" if owner[source] == corpus.spec else \
+                    f"{owner[source]!r} and {corpus.spec!r}, which both read {what}"  # (it read "'a' twice the file a")
+                raise ValueError(f"data.corpus lists {both}: its text would count twice (in both splits, "
                                  "with twice its share of the training windows); list each file once (for more "
                                  "of one corpus, use data.weights)")
             owner[source] = corpus.spec

@@ -258,12 +258,16 @@ def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
     """About `max_chars` characters of the train documents, spread evenly over the corpus: a document is kept
     while the characters kept are below max_chars / size times the bytes read so far (size: `corpus.size_bytes`,
     so bytes on both sides of the ratio: a corpus of 2-byte characters gets max_chars too, not half); e.g.
-    max_chars = size / 4 keeps one document in four. Without a known size it is the head of the corpus."""
+    max_chars = size / 4 keeps one document in four. Without a known size it is the head of the corpus (of a
+    mixture: of each of its corpora, `_sample_parts`)."""
     docs = corpus.documents("train")
     if max_chars is None:
         yield from docs
         return
     size = corpus.size_bytes
+    if size is None and isinstance(corpus, Mixture):  # (streamed corpora): its head was its first corpus only
+        yield from _sample_parts(corpus.parts, max_chars)
+        return
     share = 1.0 if size is None else min(1.0, max_chars / max(size, 1))
     kept = seen = 0
     for doc in docs:
@@ -274,6 +278,18 @@ def _sample(corpus: Corpus, max_chars: int | None) -> Iterator[str]:
             yield doc
         if kept >= max_chars:
             return
+
+
+def _sample_parts(parts: list[Corpus], max_chars: int) -> Iterator[str]:
+    """`_sample` of a mixture of unknown size (streamed corpora): each corpus an equal share of the characters the
+    ones before it left (a corpus with fewer passes the rest on), sampled as `_sample` samples it alone. The head of
+    the mixture was the head of its first corpus: a tokenizer that never saw the others' text."""
+    left = max_chars
+    for i, part in enumerate(parts):
+        quota = left // (len(parts) - i)
+        for doc in _sample(part, quota) if quota else ():
+            left -= len(doc)
+            yield doc
 
 
 def dataset_dir_for(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float, cache_dir: Path) -> Path:

@@ -214,9 +214,17 @@ class PreparedData:
 
     @property
     def val_names(self) -> list[str]:
-        """One name per corpus, as in val/loss/NAME: the corpus's file or dataset name, numbered when repeated."""
-        names = [_metric_name(c.name) for c in self.corpora]
-        return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+        """One name per corpus, as in val/loss/NAME: the corpus's file or dataset name, numbered when repeated. Each
+        is unique: `a/x.txt`, `b/x.txt` and a file `x.txt_1` logged two corpora under one key (which Lightning
+        averaged: neither corpus's loss), had the number not grown until it named no other corpus."""
+        names = [_metric_name(_readable_name(c)) for c in self.corpora]
+        unique: list[str] = []
+        for i, n in enumerate(names):
+            name = f"{n}_{i}" if names.count(n) > 1 else n
+            while name in unique or (name != n and name in names):
+                name += f"_{i}"
+            unique.append(name)
+        return unique
 
     # ---- Lightning's hooks (their names), which `tinylm prepare` runs without Lightning
     def prepare_data(self) -> None:
@@ -349,6 +357,15 @@ def _check_mixture(specs: list[str], weights: list[float] | None) -> None:
     if not math.isfinite(sum(weights)):  # each share is a weight over the sum: inf made every share 0 or NaN
         raise ValueError(f"data.weights sum to more than the largest float ({weights}); they are only shares, so "
                          "give them on a smaller scale (e.g. [1, 3])")
+
+
+def _readable_name(corpus: Corpus) -> str:
+    """The corpus's name, or for a glob (named by its pattern: `data/en/*.txt` and `data/de/*.txt` logged
+    val/loss/.txt_0 and val/loss/.txt_1) the name of the nearest folder of the spec that is no pattern (`en`)."""
+    if not any(c in corpus.name for c in "*?[") or Path(corpus.spec).expanduser().exists():  # (`notes[1].txt`)
+        return corpus.name
+    folders = [p for p in Path(corpus.spec).parent.parts if not any(c in p for c in "*?[") and p not in ("/", ".")]
+    return folders[-1] if folders else corpus.name
 
 
 def _metric_name(name: str) -> str:
