@@ -64,10 +64,10 @@ def _interrupt(config, tmp_path, signum: int, group: bool) -> tuple[subprocess.C
     proc = forked.popen(["fit", "--config", str(config)], cwd=tmp_path, env=env, stderr=err.name,
                         start_new_session=True)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300  # (bounds a hang: signalled before step 2, the test would prove nothing)
+    while not (reached := (ckpts / "step-2.ckpt").is_file()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert reached and proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
     if group:
         os.killpg(proc.pid, signum)
         if signum == signal.SIGTERM:  # and once more: the main process takes it as the same request
@@ -394,10 +394,10 @@ def _signal_two_ranks(tmp_path, config, strategy: str, signum: int, *, when: str
     proc = forked.popen([*cmd, *args], cwd=tmp_path, env=env, stderr=err.name, start_new_session=True)
     ready = {"connecting": lambda: "Initializing distributed: GLOBAL_RANK: 0" in (tmp_path / "stderr.txt").read_text(),
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
-    deadline = time.monotonic() + 120
-    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300  # (bounds a hang: these whole tests took ~55 s on a loaded 2-core machine)
+    while not (reached := ready()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert reached and proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
     if to == "group":
         os.killpg(proc.pid, signum)
     elif to == "rank 1":
@@ -423,10 +423,10 @@ def test_a_run_started_to_ignore_ctrl_c_trains_on(run_config, tmp_path, strategy
     # started as a script's `&` job is (`sh -c 'trap "" INT; exec ...'`): with Ctrl+C ignored
     proc = forked.popen(cmd, cwd=tmp_path, env=env, stderr=err.name, start_new_session=True, ignore_sigint=True)
     ckpts = tmp_path / "runs" / "run" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (ckpts / "step-2.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300  # (bounds a hang: signalled before step 2, the test would prove nothing)
+    while not (reached := (ckpts / "step-2.ckpt").is_file()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert reached and proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
     for _ in range(2):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.3)
@@ -468,10 +468,13 @@ def test_slurm_requeue_under_ddp_saves_and_requeues(ddp_config, tmp_path):
                                            "--trainer.accelerator", "cpu", "--trainer.devices", "2"], cwd=tmp_path,
                                           env=env, stdout=subprocess.DEVNULL, stderr=err))
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file() and \
-                time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        # two fresh interpreters import Lightning, connect and train 2 steps: 84 s on a loaded 2-core machine. A
+        # deadline only bounds a hang: sent before the ranks' handlers, SIGUSR1 killed them ([-10, -10], no word)
+        step2, deadline = tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt", time.monotonic() + 300
+        while not (reached := step2.is_file()) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
             time.sleep(0.02)
+        assert reached and all(p.poll() is None for p in procs), \
+            "the run did not reach step 2:\n" + (tmp_path / "rank0.txt").read_text()[-2000:]
         procs[0].send_signal(signal.SIGUSR1)
         time.sleep(0.3)  # (the signal's delivery to srun's tasks, and its handling in each, are that far apart)
         procs[1].send_signal(signal.SIGUSR1)
@@ -639,7 +642,7 @@ def test_an_error_on_one_rank_is_its_line_alone(ddp_config, tmp_path, rank):
     its line, failing after the command had ended. stderr is read to its end: every process that held it ended."""
     cmd, env = _two_ranks(ddp_config)
     done = forked.run([*cmd, "--trainer.callbacks+=test_signals.DiskFullOnOneRank", "--trainer.callbacks.rank",
-                       str(rank)], cwd=tmp_path, env=env, timeout=120)
+                       str(rank)], cwd=tmp_path, env=env, timeout=300)
     said = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = f"tinylm fit: error: {'(rank 1) ' if rank else ''}OSError: no space left on the disk writing rank.log; "
@@ -800,10 +803,10 @@ def test_rank_0_killed_by_sigkill_ends_the_other_ranks_in_one_line(ddp_config, t
     proc = forked.popen(cmd, cwd=tmp_path, env=env, stderr=err.name, start_new_session=True)
     ready = {"connecting": lambda: _rank1(proc.pid) is not None,  # rank 1 started, the ranks not yet connected
              "step 2": (tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt").is_file}[when]
-    deadline = time.monotonic() + 120
-    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300  # (bounds a hang)
+    while not (reached := ready()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert reached and proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
     rank1 = _rank1(proc.pid)
     proc.kill()
     assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -856,7 +859,7 @@ def test_a_second_ctrl_c_under_ddp_is_said_once(ddp_config, tmp_path):
     it ended before rank 0 ended it)."""
     cmd, env = _two_ranks(ddp_config)
     done = forked.run([*cmd, "--trainer.callbacks+=test_signals.CtrlCTwiceToTheGroup"], cwd=tmp_path, env=env,
-                      timeout=120, start_new_session=True)
+                      timeout=300, start_new_session=True)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.count("stopped at once by a second Ctrl+C") == 1, done.stderr[-3000:]
 
