@@ -488,11 +488,13 @@ def check_size(config: Any, state: dict[str, Any], ckpt_path: str | os.PathLike)
                               f"holds {state[hollow].untyped_storage().nbytes():,} bytes, fewer than its shape needs "
                               "(an expanded view: the file was edited or written by another tool); use another "
                               "checkpoint of the run")
-    wte, want = state.get("transformer.wte.weight"), (config.padded_vocab_size, config.n_embd)
-    if isinstance(wte, torch.Tensor) and tuple(wte.shape) != want:  # (none, or no tensor: check_weights says it)
-        raise CheckpointError(f"checkpoint {str(ckpt_path)!r}: tensor 'transformer.wte.weight' has shape "
-                              f"{tuple(wte.shape)} but its hyperparameters make {want}; the weights and "
-                              "hyper_parameters come from different models (was the file edited or merged?)")
+    # the tables sized by the hyperparameters: vocab_size, and block_size (learned positions: 10**9 allocated 128 GB)
+    for name, want in (("wte", (config.padded_vocab_size, config.n_embd)), ("wpe", (config.block_size, config.n_embd))):
+        table = state.get(f"transformer.{name}.weight")
+        if isinstance(table, torch.Tensor) and tuple(table.shape) != want:  # (none, or no tensor: check_weights)
+            raise CheckpointError(f"checkpoint {str(ckpt_path)!r}: tensor 'transformer.{name}.weight' has shape "
+                                  f"{tuple(table.shape)} but its hyperparameters make {want}; the weights and "
+                                  "hyper_parameters come from different models (was the file edited or merged?)")
     layers = len({k.split(".")[2] for k in state if k.startswith("transformer.h.")})
     if layers != config.n_layer:
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: n_layer "

@@ -401,6 +401,7 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
 
     from tinylm.checkpoint import code_refused
 
+    _check_shards(path)
     _check_size(path, model_class.config_class.from_pretrained(path))
     with quiet_transformers(), _weights_readable(path):  # its load report: the error below says what matters
         try:
@@ -419,6 +420,21 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"cannot import {str(path)!r}: its weights do not fit its config.json: {wrong[0]}{more}; "
                          f"{_AGAIN}")
     return {k: v.float() for k, v in model.state_dict().items()}
+
+
+def _check_shards(path: Path) -> None:
+    """The files a sharded model's index names are files of its folder: transformers reads each name as a path from
+    the folder, so an index naming ``../../../dev/zero`` read that device until memory ran out (a MemoryError
+    traceback), and ``/dev/stdin`` waited on the terminal."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            names = (json.loads((path / index).read_text(encoding="utf-8")).get("weight_map") or {}).values()
+        except (OSError, ValueError, AttributeError):  # (none, or damaged: transformers says so in its own words)
+            continue
+        bad = next((n for n in map(str, names) if Path(n).name != n or not (path / n).is_file()), None)
+        if bad is not None:
+            raise ValueError(f"cannot import {str(path)!r}: its {index} names the weights file {bad!r}, which is no "
+                             f"file of the folder; {_AGAIN}")
 
 
 def _weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -461,6 +477,11 @@ def _check_size(path: Path, hc: Any) -> None:
         raise ValueError(f"cannot import {str(path)!r}: its config.json names vocab_size {hc.vocab_size:,}, width "
                          f"{width:,} and {n_layer:,} layers, and its weights hold an embedding of {embedding} and "
                          f"{len(layers)} layers; {_AGAIN}")
+    table = next((v for k, v in shapes.items() if k.endswith("wpe.weight")), None)  # GPT-2's learned positions
+    if table is not None and table != (hc.max_position_embeddings, width):  # (n_positions 10**9: 128 GB allocated)
+        raise ValueError(f"cannot import {str(path)!r}: its config.json names n_positions "
+                         f"{hc.max_position_embeddings:,} (width {width:,}), and its weights hold a position table of "
+                         f"{table}; {_AGAIN}")
 
 
 def import_hf(path: str | Path) -> GPT:

@@ -110,6 +110,17 @@ _FILE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".json", ".txt
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
+def hub_name(given: str) -> bool:
+    """Whether ``given``, naming no file here, reads as a Hugging Face Hub model's name (``gpt2``, ``org/name``).
+    A name under a folder here (runs/NAME, a run's name mistyped), and fit's and validate's `last` and `best`, are
+    paths that are missing, said so by the reader: not asked of the Hub (3 s offline; a message about the Hub and
+    its cache; the local path sent to huggingface.co)."""
+    from pathlib import Path
+
+    under_here = given in ("last", "best") or "/" in given and os.path.isdir(given.split("/", 1)[0])
+    return bool(_HUB_NAME.fullmatch(given)) and Path(given).suffix not in _FILE_SUFFIXES and not under_here
+
+
 def model_source(source: str | os.PathLike, option: str) -> str:
     """Weights given as ``option`` (``model.init_from``, ``--ckpt_path``) as a local path: a file or folder here as
     given (or a missing one under a folder here: ``runs/x``); else a Hugging Face Hub model's name (``gpt2``,
@@ -122,11 +133,7 @@ def model_source(source: str | os.PathLike, option: str) -> str:
 
     given = str(source)
     path = os.path.expanduser(given)
-    # a name under a folder here (runs/NAME, a run's name mistyped), and fit's and validate's `last` and `best`, are
-    # paths that are missing, said so by the reader: not asked of the Hub (3 s offline; a message about the Hub and
-    # its cache; the local path sent to huggingface.co)
-    under_here = given in ("last", "best") or "/" in given and os.path.isdir(given.split("/", 1)[0])
-    if os.path.exists(path) or not _HUB_NAME.fullmatch(given) or Path(given).suffix in _FILE_SUFFIXES or under_here:
+    if os.path.exists(path) or not hub_name(given):
         return path
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError

@@ -528,6 +528,19 @@ def test_generation_that_cannot_fit_in_memory_is_refused():
         check_memory(model, 100_000)  # ~3 TiB
 
 
+def test_one_sequence_that_cannot_fit_in_memory_names_the_context_not_num_samples():
+    """Catches a model whose context alone does not fit (a checkpoint or config.json of a rope model saying
+    block_size 10**12: the KV cache is sized by it) told to "use fewer --num_samples / --num_beams" when it
+    generates one sequence with neither."""
+    from tinylm.generate.strategies import check_memory
+    from tinylm.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=64, block_size=10**12, n_layer=2, n_head=2, n_embd=32, positions="rope"))
+    with pytest.raises(ValueError, match=r"1 sequence at once .*block_size 1,000,000,000,000 tokens") as e:
+        check_memory(model, 1)
+    assert "num_samples" not in str(e.value)
+
+
 @pytest.mark.parametrize("strategy", ["ddp_spawn", ("{class_path: lightning.pytorch.strategies.DDPStrategy, "
                                                     "init_args: {start_method: spawn}}"),
                                       "{class_path: lightning.pytorch.strategies.DDPStrategy, init_args: "

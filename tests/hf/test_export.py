@@ -562,7 +562,8 @@ def _edit_config(path: Path, **changes) -> Path:
 @pytest.mark.parametrize("family, changes, message", [
     ("gpt2", {"n_layer": 3}, r"config.json names .* 3 layers, and its weights hold .* 2 layers"),
     ("gpt2", {"n_layer": 1}, r"config.json names .* 1 layers, and its weights hold .* 2 layers"),
-    ("gpt2", {"n_positions": 16}, r"transformer.wpe.weight is \(32, 32\) in the weights but \(16, 32\) by config"),
+    ("gpt2", {"n_positions": 16}, r"config.json names n_positions 16 \(width 32\), .* position table of \(32, 32\)"),
+    ("gpt2", {"n_positions": 10**12}, r"config.json names n_positions 1,000,000,000,000 .* table of \(32, 32\)"),
     ("gpt2", {"n_head": 3}, r"n_embd=32, which n_head=3 does not divide into heads"),
     ("gpt2", {"n_layer": "two"}, r"n_layer='two', not a whole number >= 1"),
     ("gpt2", {"tinylm": [1]}, r"tinylm=\[1\], not a mapping of tinylm's options"),
@@ -570,15 +571,15 @@ def _edit_config(path: Path, **changes) -> Path:
     ("gpt2", {"vocab_size": 10**12}, r"config.json names vocab_size 1,000,000,000,000"),
     ("llama", {"num_attention_heads": 0}, r"num_attention_heads=0, not a whole number >= 1"),
     ("gpt2", {}, r"no weights in .*model.safetensors"),
-], ids=["more-layers", "fewer-layers", "positions", "heads", "not-a-number", "tinylm-entry", "llama-layers",
-        "huge-vocab", "llama-heads", "no-weights"])
+], ids=["more-layers", "fewer-layers", "positions", "huge-positions", "heads", "not-a-number", "tinylm-entry",
+        "llama-layers", "huge-vocab", "llama-heads", "no-weights"])
 def test_import_refuses_weights_that_do_not_fit_the_config(tmp_path, family, changes, message):
     """Catches import_hf building what config.json says over weights of another shape: a config.json saying 3
     layers over a 2-layer model's weights imported a model whose third layer was random (transformers only logged
     a report), one saying 1 layer dropped the second, and another position count, a head count that does not divide
     the width, a size that is not a number or a folder without weights ended in a traceback from transformers (a
-    RuntimeError, a ZeroDivisionError, its own validation error). Each is one line naming the field or weight and the
-    fix, a user's error for the CLI."""
+    RuntimeError, a ZeroDivisionError, its own validation error); n_positions 10**12 allocated its position table
+    first. Each is one line naming the field or weight and the fix, a user's error for the CLI."""
     from tinylm.cli.errors import is_user_error
     from tinylm.hf_llama import llama_config
     from tinylm.model import GPTConfig
@@ -594,6 +595,28 @@ def test_import_refuses_weights_that_do_not_fit_the_config(tmp_path, family, cha
     with pytest.raises((ValueError, OSError), match=message) as err:
         import_hf(_edit_config(path, **changes))
     assert "\n" not in str(err.value) and is_user_error(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "missing.safetensors"])
+def test_import_refuses_a_shard_index_naming_files_outside_the_folder(tmp_path, shard):
+    """Catches a sharded model's index (a downloaded or Hub folder) naming a file outside its folder: transformers
+    read ``../outside.safetensors`` as the model's weights, and ``../../dev/zero`` until memory ran out (a
+    MemoryError traceback; not tried here). One line names the file."""
+    from tinylm.cli.errors import is_user_error
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=48, n_positions=32, n_embd=32, n_layer=2,
+                                                                 n_head=2, activation_function="gelu"))
+    model.save_pretrained(path := tmp_path / "hf", max_shard_size="40KB")
+    index = path / "model.safetensors.index.json"
+    import_hf(path)  # guard: the folder as written imports, sharded
+    fields = json.loads(index.read_text())
+    first = next(iter(fields["weight_map"]))
+    (tmp_path / "outside.safetensors").write_bytes((path / fields["weight_map"][first]).read_bytes())
+    fields["weight_map"][first] = shard
+    index.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match="model.safetensors.index.json names the weights file") as err:
+        import_hf(path)
+    assert "\n" not in str(err.value) and is_user_error(err.value)
 
 
 # ---- init_from: a new run from pretrained weights --------------------------------------------------------------
@@ -859,6 +882,24 @@ def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, 
         main([command, "--ckpt_path", str(folder), *args.get(command, [])])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "is a Hugging Face model's folder" in line and f"--model.init_from {folder}" in line, line
+
+
+@pytest.mark.parametrize("command", ["validate", "fit"])
+def test_a_hub_name_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, command, capsys, monkeypatch):
+    """Catches `fit --ckpt_path gpt2` (as `generate --ckpt_path gpt2` reads it) answered only "checkpoint 'gpt2'
+    not found; pass --ckpt_path PATH to a .ckpt": the line names --model.init_from NAME, which starts a run from a
+    Hub model. A missing local path (runs/x, a.ckpt) is not called a Hub name."""
+    from tinylm.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (nothing asked of the Hub either way)
+    config = run_config()  # (and the working folder: tmp_path, where runs/ is a folder)
+    args = ["--config", str(config)] if command == "fit" else []
+    (tmp_path / "runs").mkdir()
+    for given, hub in (("org/tiny", True), ("gpt2", True), ("runs/x", False), ("a.ckpt", False)):
+        with pytest.raises(SystemExit):
+            main([command, "--ckpt_path", given, *args])
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"checkpoint {given!r} not found" in line and (f"--model.init_from {given} " in line) == hub, line
 
 
 def test_export_on_a_full_disk_is_one_line(tmp_path, char_tokenizer, monkeypatch, capsys):

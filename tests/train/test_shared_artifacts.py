@@ -60,11 +60,12 @@ def test_a_shared_run_folders_record_calls_no_function(run_config, tmp_path, cap
     assert "--config FILE" in err
 
 
-@pytest.mark.parametrize("edit", ["vocab_size", "expanded"])  # (n_layer 10**6: the same check, slow to fail)
+@pytest.mark.parametrize("edit", ["vocab_size", "block_size", "expanded"])  # (n_layer 10**6: the same check, slow)
 def test_a_checkpoint_naming_a_huge_model_is_refused_before_it_is_built(run_config, tmp_path, edit):
     """Catches a checkpoint whose hyperparameters name a model far larger than its weights (vocab_size 10**12;
-    n_layer 10**6: minutes of building and tens of GB; or a 145 KB file whose embedding is an expanded view of
-    10**12 rows): load_model built that model first, and ended in an allocation traceback or took the memory."""
+    block_size 10**12, a learned position table of that many rows; n_layer 10**6: minutes of building and tens of
+    GB; or a 145 KB file whose embedding is an expanded view of 10**12 rows): load_model built that model first, and
+    ended in an allocation traceback or took the memory."""
     from tinylm.checkpoint import CheckpointError, load_model
 
     ckpt = torch.load(_trained(run_config), weights_only=True)
@@ -78,6 +79,36 @@ def test_a_checkpoint_naming_a_huge_model_is_refused_before_it_is_built(run_conf
     torch.save(ckpt, tmp_path / "x.ckpt")
     with pytest.raises(CheckpointError, match="x.ckpt"):
         load_model(tmp_path / "x.ckpt")
+
+
+def test_a_shared_run_folder_resumed_removes_no_file_outside_its_checkpoints(run_config, tmp_path):
+    """Catches a resume of a shared run folder deleting the files and folders its checkpoint's state names: the kept
+    step-N list (run.keep_checkpoints trimmed it with no check), best.ckpt's and last.ckpt's (Lightning's check, on
+    the path as written, took ``<checkpoints>/../../x`` for a file of the folder)."""
+    main(["fit", "--config", str(run_config(run={"checkpoint_every": 2, "keep_checkpoints": 2},
+                                            trainer={"max_steps": 4}))])
+    shutil.copytree(tmp_path / "runs" / "tiny", tmp_path / "shared")
+    ckpts, mine = (tmp_path / "shared" / "checkpoints").resolve(), tmp_path / "mine"
+    (mine / "folder").mkdir(parents=True)
+    for name in ("thesis.txt", "folder/a.txt", "lexical.txt", "best.txt", "last.txt"):
+        (mine / name).write_text(name)
+    ckpt = torch.load(ckpts / "last.ckpt", weights_only=True)
+    up = str(tmp_path / "runs" / "tiny" / "checkpoints") + "/../../mine/"  # (in the folder as written; moved)
+    for key, state in ckpt["callbacks"].items():
+        if key.startswith("PeriodicCheckpoint"):
+            state["best_k_models"].update({str(mine / "thesis.txt"): torch.tensor(-3), str(mine / "folder"):
+                                           torch.tensor(-2), up + "lexical.txt": torch.tensor(-1)})
+            state["last_model_path"] = up + "last.txt"
+        elif key.startswith("BestCheckpoint"):
+            state["best_k_models"] = {up + "best.txt": torch.tensor(99.0)}
+            state["kth_best_model_path"], state["best_model_score"] = up + "best.txt", torch.tensor(99.0)
+    torch.save(ckpt, ckpts / "last.ckpt")
+    (ckpts / "best.ckpt").unlink()  # (else the resume takes that file's score, and its path, instead of the state's)
+    main(["fit", "--ckpt_path", "shared/checkpoints/last.ckpt", "--trainer.max_steps", "6"])
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*.txt")) == [
+        "best.txt", "folder/a.txt", "last.txt", "lexical.txt", "thesis.txt"]
+    assert sorted(p.name for p in ckpts.glob("step-*.ckpt")) == ["step-4.ckpt", "step-6.ckpt"]  # its own, trimmed
+    assert (ckpts / "best.ckpt").is_file() and (ckpts / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("name", [".lock", "samples.txt"])

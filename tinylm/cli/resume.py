@@ -35,6 +35,7 @@ from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_
 from tinylm.cli.run_folder import holds_run, slurm_job_of
 from tinylm.cli.run_lock import running_holder
 from tinylm.errors import TinyLMError
+from tinylm.net import hub_name
 from tinylm.paths import refuse_model_folder
 
 log = logging.getLogger("tinylm")
@@ -192,9 +193,12 @@ def resolve_ckpt_path(asked: str | None, run_dir: Path, sub: str) -> str | None:
     if ckpt_path and not is_checkpoint(ckpt_path):
         refuse_model_folder(Path(ckpt_path))  # an export's: a fit starts from it with --model.init_from
         what = "is a folder" if Path(ckpt_path).is_dir() else "not found"
+        hub = not Path(ckpt_path).exists() and hub_name(ckpt_path)  # (`generate --ckpt_path gpt2` reads one)
         raise FileNotFoundError(f"checkpoint {ckpt_path!r} {what}; pass --ckpt_path PATH to a .ckpt written by "
                                 "`tinylm fit` (e.g. runs/NAME/checkpoints/last.ckpt), or `last` for this run's "
-                                "latest")
+                                "latest" + (f"; to start a new run from the Hugging Face Hub model of that name: "
+                                            f"--model.init_from {ckpt_path} (generate, eval and sample-report take "
+                                            "it as --ckpt_path)" if hub else ""))
     return ckpt_path
 
 

@@ -244,9 +244,11 @@ def check_memory(model: GPT, rows: int, strategy: str = "sample") -> None:
     need = rows * per_row
     free = free_memory(p.device)
     if free is not None and need > 0.8 * free:
-        raise ValueError(f"generating {rows:,} sequences at once needs ~{need / 2**30:.1f} GiB (KV cache and logits) "
-                         f"but {p.device} has {free / 2**30:.1f} GiB free; use fewer --num_samples / "
-                         f"{'--top_k' if strategy == 'contrastive' else '--num_beams'}")
+        fix = (f"use fewer --num_samples / {'--top_k' if strategy == 'contrastive' else '--num_beams'}" if rows > 1
+               else f"the model's context, block_size {c.block_size:,} tokens, is too long for this device (a "
+                    "checkpoint or config.json that was edited?): use another device (--device) or model")
+        raise ValueError(f"generating {rows:,} sequence{'s' * (rows > 1)} at once needs ~{need / 2**30:.1f} GiB (KV "
+                         f"cache and logits) but {p.device} has {free / 2**30:.1f} GiB free; {fix}")
 
 
 def check_decoding(model: GPT, config: SamplingConfig, num_samples: int = 1, tokenizer=None,

@@ -287,6 +287,26 @@ class _RunFolderCheckpoint(ModelCheckpoint):
         if self.continues and was and now and was != now:
             state_dict = moved_state(state_dict, str(was), str(now))
         super().load_state_dict(state_dict)
+        self._keep_own_files()
+
+    def _keep_own_files(self) -> None:
+        """Only checkpoints of this folder in the lists of files the callback removes as newer ones come
+        (run.keep_checkpoints, a better best.ckpt, the previous last.ckpt): a checkpoint from someone else is their
+        file, and one whose state listed ``/home/me/thesis`` or ``<folder>/../../data`` (which Lightning's own
+        check, on the path as written, takes for a file of the folder) had a resume delete that file or folder."""
+        folder = os.path.abspath(self.dirpath or "")
+
+        def own(path: Any) -> bool:
+            return isinstance(path, str) and path.endswith(self.FILE_EXTENSION) and \
+                os.path.dirname(os.path.abspath(path)) == folder
+
+        self.best_k_models = {k: v for k, v in self.best_k_models.items() if own(k)}
+        if self.last_model_path and not own(self.last_model_path):
+            self.last_model_path = ""
+        if self.kth_best_model_path and not own(self.kth_best_model_path):  # the next one removed: Lightning's pick
+            self.kth_best_model_path = (max if self.mode == "min" else min)(
+                self.best_k_models, key=self.best_k_models.get, default="")
+            self.kth_value = self.best_k_models.get(self.kth_best_model_path, self.kth_value)
 
 
 def moved_state(state: dict[str, Any], was: str, now: str) -> dict[str, Any]:
