@@ -28,7 +28,7 @@ from tinylm.model.layers import at_least_fp32
 from tinylm.net import model_source
 from tinylm.ranges import check_ranges
 from tinylm.train.init_from import load_pretrained, own_tokenizer, warn_same_batches
-from tinylm.train.optim import build_optimizer, fused_adamw
+from tinylm.train.optim import SkipFreedZeroGrad, build_optimizer, fused_adamw
 from tinylm.train.options import (
     RANGES,
     WHOLE,
@@ -113,7 +113,7 @@ def _build_gpt(gpt_config: GPTConfig, state: dict | None, activation_checkpointi
     return model
 
 
-class TinyLM(L.LightningModule):
+class TinyLM(SkipFreedZeroGrad, L.LightningModule):
     """A GPT language model (nanoGPT by default; modern options below) trained with AdamW (or Muon + AdamW) and a
     warmup + decay learning-rate schedule.
 

@@ -263,6 +263,18 @@ def _orthogonalized_steps(group: dict, params: list[Tensor], updates: list[Tenso
         p.add_(distribute_tensor(targets[i], p.device_mesh, p.placements, src_data_rank=None), alpha=alpha)
 
 
+class SkipFreedZeroGrad:
+    """A LightningModule mixin for modules that free the gradients right after each optimizer step (TinyLM's
+    ``optimizer_step``, as nanoGPT does): Lightning's own ``optimizer.zero_grad()``, which it calls after the next
+    step's forward, then finds none to free, yet cost a profiler record and a pass over the parameters every step
+    (0.2-0.3 ms of a 2-core CPU's step: docs/benchmarks.md). It runs only where a gradient is left (a step
+    interrupted before its optimizer step)."""
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+
 def fused_adamw(device: torch.device) -> bool:
     """Whether AdamW runs its fused kernel on `device`: one pass over each parameter instead of the foreach
     implementation's dozen, and no parameter-sized temporaries. CUDA, and CPU from torch 2.4 (there the step takes
