@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_checkpoint_share import SIZES, make_checkpoint  # noqa: E402 (the benchmarks folder is no package)
 from bench_train_step import machine_line  # noqa: E402
 
-from tinylm.checkpoint import AtomicCheckpointIO, atomic_write_bytes  # noqa: E402
+from tinylm.checkpoint import atomic_write_bytes  # noqa: E402
+from tinylm.train.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 
 WAYS = ("buffered", "streamed")
 

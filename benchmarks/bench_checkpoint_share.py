@@ -30,9 +30,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train_step import machine_line  # noqa: E402 (the benchmarks folder is no package)
 
-from tinylm.checkpoint import CHECKPOINT_FORMAT, AtomicCheckpointIO, load_checkpoint  # noqa: E402
+from tinylm.checkpoint import CHECKPOINT_FORMAT, load_checkpoint  # noqa: E402
 from tinylm.checkpoint_share import same_state  # noqa: E402
 from tinylm.model import GPT, GPTConfig  # noqa: E402
+from tinylm.train.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 from tinylm.train.optim import build_optimizer  # noqa: E402
 
 SIZES = {  # name: GPTConfig kwargs

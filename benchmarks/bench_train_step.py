@@ -322,7 +322,7 @@ def run_pass(kind: str, recipe: dict[str, Any], data_dir: Path, tmp: Path, *, st
     if kind == "full":
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        from tinylm.checkpoint import AtomicCheckpointIO
+        from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
         ckpt_dir = tmp / f"run-{kind}" / "checkpoints"
         tinylm_callbacks = [

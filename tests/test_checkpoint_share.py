@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tinylm.checkpoint_share as share
-from tinylm.checkpoint import CHECKPOINT_FORMAT, AtomicCheckpointIO, load_checkpoint
+from tinylm.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
+from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
 
 def _ckpt(step: int, weight: float, saved: list[str]) -> dict:

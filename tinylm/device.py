@@ -292,8 +292,8 @@ def use_free_cpus(device: torch.device) -> None:
 def free_memory(device: torch.device) -> int | None:
     """Bytes free on ``device`` now: CUDA's own count, else the machine's available physical memory (Linux's
     MemAvailable: free pages and the file cache the kernel gives back; the free pages alone, sysconf's count, are a
-    few GB on a machine that has read its corpus, and refused what fits); None where there is no cheap reading (then
-    no check refuses anything)."""
+    few GB on a machine that has read its corpus, and refused what fits), or less where a cgroup's limit or the
+    process's own (`ulimit -v`) leaves less; None where there is no cheap reading (then no check refuses anything)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
@@ -304,15 +304,39 @@ def free_memory(device: torch.device) -> int | None:
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):  # not Linux
             return None
-    return min(available, _cgroup_free() or available)
+    return min([available, *(f for f in (_cgroup_free(), address_space_free()) if f is not None)])
 
 
-def _cgroup_free() -> int | None:
-    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) lets it allocate still, or None
-    without a limit: the machine's MemAvailable counts memory the kernel would kill the container for using."""
+def address_space_free() -> int | None:
+    """What this process's address-space limit (`ulimit -v`, RLIMIT_AS: a login node's, a batch system's) lets it
+    map still, or None without one: past it every allocation fails (a fit's step ended in a 140-line allocator
+    traceback) whatever the machine has free."""
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", encoding="ascii") as f:
+            mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (ImportError, OSError, ValueError, IndexError, StopIteration):  # not Linux
+        return None
+    return max(0, limit - mapped)
+
+
+def _cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) lets it allocate still, or None
+    without a limit: the machine's MemAvailable counts memory the kernel would kill the container for using. The
+    cgroup's use less its inactive file cache (the working set, as `docker stats` and the kubelet count it): a
+    container that had read its corpus was charged the pages the kernel gives back, and had 0 bytes free."""
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        used = int((root / "memory.current").read_text())
     except (OSError, ValueError):
         return None
+    try:
+        stat = dict(line.split() for line in (root / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
+        used -= min(used, int(stat.get("inactive_file", 0)))
+    except (OSError, ValueError):
+        pass
     return None if limit == "max" else max(0, int(limit) - used)

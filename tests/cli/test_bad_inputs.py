@@ -205,10 +205,11 @@ def test_sigterm_during_prepare_ends_with_a_line_and_cleans_up(config, tmp_path,
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no half-made run folder
 
 
-@pytest.mark.parametrize("command", [["fit"], ["generate", "--ckpt_path", "x.ckpt"]])
+@pytest.mark.parametrize("command", [["fit"], ["plan"]])
 def test_sigterm_while_lightning_is_imported_ends_with_the_line(config, capsys, monkeypatch, command):
     """Catches a SIGTERM in a command's first seconds (Lightning's import) ending it without a word: the command's
-    handler came after the import. The signal is sent from inside the import."""
+    handler came after the import. The signal is sent from inside the import. (generate, which read checkpoints,
+    imports no Lightning: tests/process/test_startup.py)"""
     import os
     import signal
 
@@ -223,7 +224,7 @@ def test_sigterm_while_lightning_is_imported_ends_with_the_line(config, capsys, 
     monkeypatch.setattr(console, "setup_lightning", lambda: os.kill(os.getpid(), signal.SIGTERM))
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
-        argv = command + (["--config", str(config)] if command == ["fit"] else [])
+        argv = command + ["--config", str(config)]
         _one_line_error(capsys, argv, f"terminated by SIGTERM before it finished; run the same `tinylm {command[0]}`")
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -1167,6 +1168,69 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_its_first_step(config
     monkeypatch.setenv("TINYLM_NO_MEMORY_CHECK", "1")  # an estimate the user knows better than
     main(["fit", "--config", str(config)])
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_the_address_space_limit_counts_as_the_memory_left(config, tmp_path, capsys, monkeypatch):
+    """Catches a process under `ulimit -v` (RLIMIT_AS: login nodes, batch systems) checked against the machine's
+    free memory only: a step that could never fit under the limit went on to a 140-line allocator traceback
+    mid-step. Under a real limit the free memory is what the limit leaves the process, and fit's refusal says so."""
+    import resource
+
+    import torch
+
+    import tinylm.device
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status", encoding="ascii") as f:
+        mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**28, hard))  # 256 MiB left to map
+    try:
+        free = tinylm.device.free_memory(torch.device("cpu"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert 0 < free <= 2**28
+    monkeypatch.setattr(tinylm.device, "address_space_free", lambda: 2**10)
+    line = _one_line_error(capsys, ["fit", "--config", str(config)], "this run needs ~")
+    assert "cpu has 1 KiB free under this process's address-space limit (ulimit -v); lower" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_cgroups_file_cache_counts_as_free(tmp_path):
+    """Catches a container's memory check that charged it the file cache the kernel gives back (memory.current
+    counts the pages of a corpus it read): a job under a memory limit that had read its data was told it had nothing
+    free. The working set (use less inactive file pages) is what the limit is measured against, as `docker stats`
+    counts it."""
+    from tinylm.device import _cgroup_free
+
+    (tmp_path / "memory.max").write_text(f"{4 * 2**30}\n")
+    (tmp_path / "memory.current").write_text(f"{4 * 2**30}\n")
+    (tmp_path / "memory.stat").write_text(f"anon {2**30}\nactive_file {2**29}\ninactive_file {3 * 2**30 - 2**29}\n")
+    assert _cgroup_free(tmp_path) == 3 * 2**30 - 2**29
+    (tmp_path / "memory.stat").unlink()  # (no stat file: the use as charged)
+    assert _cgroup_free(tmp_path) == 0
+    (tmp_path / "memory.max").write_text("max\n")
+    assert _cgroup_free(tmp_path) is None
+
+
+@pytest.mark.parametrize("command, target, raised, fix", [
+    ("prepare", "tinylm.data.corpus._read_documents", MemoryError(), "--data.tokenizer_train_chars"),
+    ("fit", "tinylm.train.module.token_loss", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
+     "DefaultCPUAllocator: can't allocate memory: you tried to allocate 25165824 bytes. Error code 12 (Cannot "
+     "allocate memory)"), "--data.batch_size")])
+def test_memory_running_out_is_one_line(config, capsys, monkeypatch, command, target, raised, fix):
+    """Catches the memory running out where no check foresaw it (`ulimit -v`, other processes taking the machine's
+    memory): prepare ended in a 50-line traceback of a MemoryError, fit in a 140-line one of torch's allocator; one
+    line now says it ran out of memory, where, and what to lower."""
+    import importlib
+
+    module, _, name = target.rpartition(".")
+
+    def runs_out(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(importlib.import_module(module), name, runs_out)
+    line = _one_line_error(capsys, [command, "--config", str(config)], "out of memory in ", fix)
+    assert "the memory the machine had free; free some (other processes) or use" in line
 
 
 def test_cpu_ranks_are_counted_together_against_the_machines_memory(config, tmp_path, capsys, monkeypatch):

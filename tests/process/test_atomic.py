@@ -17,7 +17,8 @@ import forked
 import pytest
 import torch
 
-from tinylm.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint
+from tinylm.checkpoint import CheckpointError, load_checkpoint
+from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
 pytestmark = pytest.mark.process  # runs whole `tinylm` processes (tests/process)
 

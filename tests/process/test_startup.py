@@ -3,6 +3,7 @@
 a process of its own, which reports the modules it imported (a process already holding torch proves nothing)."""
 
 import fcntl
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,6 +46,45 @@ def test_prepare_imports_neither_torch_nor_lightning(run_config, tmp_path):
         assert "train_tokens" in out and "bytes_per_token" in out
     datasets = list((tmp_path / "cache" / "datasets").iterdir())
     assert len(datasets) == 1 and (datasets[0] / "meta.json").is_file()
+
+
+# `tinylm ARGS1`, `tinylm ARGS2`, ... (each a JSON list) in one fresh interpreter: their exit statuses, and whether
+# Lightning came in
+COMMANDS = """
+import json, sys
+from tinylm.cli import main
+codes = []
+for args in map(json.loads, sys.argv[1:]):
+    try:
+        main(args)
+        codes.append(0)
+    except SystemExit as e:
+        codes.append(e.code)
+print(json.dumps({"codes": codes, "lightning": "lightning" in sys.modules}))
+"""
+
+
+def test_the_commands_that_read_a_checkpoint_import_no_lightning(run_config, tmp_path):
+    """Catches generate, sample-report, eval and export importing Lightning (its import pulls in torchmetrics and
+    torch._dynamo: generate of a small model peaked at 1.8x the memory, 457 MB for 251, and spent 3x the CPU time),
+    which they never use: it came from tinylm.checkpoint importing Lightning's checkpoint writer."""
+    from tinylm.cli import main
+
+    main(["fit", "--config", str(run_config(chars=100_000))])  # (characters enough for some of piqa's items)
+    ckpt = str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt")
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "evals"
+    runs = [["generate", "--ckpt_path", ckpt, "--max_new_tokens", "8", "--seed", "1"],
+            ["eval", "--ckpt_path", ckpt, "--tasks", "piqa", "--data_dir", str(fixtures)]]
+    if importlib.util.find_spec("matplotlib"):
+        runs.append(["sample-report", "--ckpt_path", ckpt, "--out", str(tmp_path / "report"), "--num_samples", "1",
+                     "--max_new_tokens", "4"])
+    if importlib.util.find_spec("transformers"):
+        runs.append(["export", "--ckpt_path", ckpt, "--out", str(tmp_path / "hf")])
+    done = subprocess.run([sys.executable, "-c", COMMANDS, *map(json.dumps, runs)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.rstrip("\n").split("\n")[-1])
+    assert report == {"codes": [0] * len(runs), "lightning": False}, done.stderr[-3000:]
 
 
 def test_refusals_come_before_the_imports(run_config, tmp_path):

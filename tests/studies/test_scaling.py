@@ -232,6 +232,35 @@ def test_scaling_counts_the_tokens_of_every_device(run_config, monkeypatch):
     assert json.loads((cfg.parent / "fit.json").read_text())["tokens_per_step"] == 64
 
 
+def test_scaling_holds_no_weights_of_the_configs_model(run_config, monkeypatch):
+    """Catches the ladder building the config's own model for real (to read its hyperparameters) and holding it
+    through every rung: gpt2-124m.yaml's 0.5 GB, gpt2-1.5b.yaml's 6 GB of weights that no rung trains. Its shapes
+    are read on the meta device, as plan's are, and the ladder's numbers are those of the config's n_layer."""
+    import tinylm.cli.fit
+    import tinylm.cli.fit_config
+
+    cfg = run_config()
+    sizes = [[1, 8], [1, 16], [2, 16], [1, 24]]
+    _finished_runs(cfg, sizes, lambda r, _: 1.5 + 30 * r.params**-0.5)
+    built = []
+
+    def kept(fit_args, **kwargs):
+        built.append(cli := objects(fit_args, **kwargs))
+        return cli
+
+    def trains(argv, **kwargs):  # every rung is finished: nothing may train
+        raise AssertionError(f"trained {argv}")
+
+    objects = tinylm.cli.fit_config.fit_objects
+    monkeypatch.setattr(tinylm.cli.fit_config, "fit_objects", kept)
+    monkeypatch.setattr(tinylm.cli.fit, "lightning_main", trains)
+    main(["scaling", "--config", str(cfg), "--model.n_layer", "3", "--budget", "1e8", "--sizes",
+          json.dumps(sizes[:3]), "--predict", "[1,24]", "--out", "fit.png"])
+    (cli,) = built
+    assert all(p.is_meta for p in cli.model.parameters()) and cli.model.hparams.n_layer == 3
+    assert json.loads((cfg.parent / "fit.json").read_text())["prediction"]["measured"] > 0
+
+
 def test_scaling_restarts_a_run_stopped_before_its_first_checkpoint(run_config, capsys):
     """Catches a rung killed (kill -9, out of memory) before its first checkpoint blocking every rerun of the
     ladder: fit refused its folder of logs as another run's. Its logs are kept aside, and it trains again; a run

@@ -180,6 +180,8 @@ class _TrainingConfigCLI(_ConfigOnlyCLI):
 
 class _LadderConfigCLI(_TrainingConfigCLI):
     ladder = True
+    meta_model = True  # the ladder reads the config's hyperparameters, and every rung builds its own model: the
+    # config's, built for real, was held through the whole ladder (gpt2-124m.yaml's: 0.5 GB; gpt2-1.5b.yaml's: 6 GB)
 
 
 def check_ladder_options(cfg: Any) -> None:
@@ -206,7 +208,8 @@ def fit_objects(fit_args: list[str], *, trains_here: bool = False, meta: bool = 
     options; ``.trainer`` is a dict of Trainer options), ``.config_init["fit"]`` and ``.run_dir`` are set.
     ``trains_here``: the caller trains on the configured accelerator, which must then be there. ``meta``: the model
     is built on the meta device (shapes without weights, at any size; not with init_from, whose weights are read).
-    ``ladder``: for `tinylm scaling`, which trains here too (`check_ladder_options`)."""
+    ``ladder``: for `tinylm scaling`, which trains here too (`check_ladder_options`); its model is built on the meta
+    device, as ``meta``'s (each rung builds its own)."""
     cli_class = (_LadderConfigCLI if ladder else _TrainingConfigCLI if trains_here else _MetaConfigCLI if meta
                  else _ConfigOnlyCLI)
     return lightning_main(["fit", *fit_args], cli_class=cli_class)

@@ -245,6 +245,12 @@ def _help(command: str, rest: list[str], program: bool) -> None:
     sys.exit(0)  # as argparse ends after its help
 
 
+NO_LIGHTNING = ("prepare", "plot", "generate", "sample-report", "eval", "export")
+"""The commands that never import Lightning: those that read a checkpoint need torch and the model alone, and
+Lightning's import (torchmetrics, torch._dynamo: ~200 MB, 2x generate's peak memory, and 3x its CPU time) came only
+from tinylm.checkpoint's import of Lightning's checkpoint writer (now in tinylm.train.checkpoint_io)."""
+
+
 def _run(command: str, rest: list[str], program: bool) -> None:
     if command not in COMMANDS:
         raise TinyLMError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)} (tinylm --help)")
@@ -268,7 +274,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
         from tinylm.cli import commands
 
         with signals.terminate_cleanly(command), signals.usr_signals_kept(program):
-            if command not in ("prepare", "plot"):  # the commands that never import Lightning
+            if command not in NO_LIGHTNING:
                 with signals.held(command, program):
                     console.setup_lightning()
             commands.run(command, rest)
@@ -314,7 +320,7 @@ def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose:
     """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
     if ranks.RANKS:  # the watch of the ranks it started says why it ends, or this does: one line (never released)
         ranks.REPORTING.acquire()  # the watch, saying a rank lost, ends this process before this goes on
-    e = errors.from_training_process(raised)
+    e = errors.out_of_memory(errors.from_training_process(raised), command)
     if not verbose and not errors.is_user_error(e) and (lost := ranks.lost_rank(raised=e)) is not None:
         e = lost  # a rank ended first: this process's collective with it failed, which says nothing
     ranks.end_ranks()  # the ranks it started end with it, not after it

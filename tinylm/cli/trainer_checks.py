@@ -39,7 +39,7 @@ def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
     shards are not checked. ``TINYLM_NO_MEMORY_CHECK=1`` turns it off."""
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
-    from tinylm.device import free_memory
+    from tinylm.device import address_space_free, free_memory
     from tinylm.studies.plan import CUDA_WORKSPACES, memory
 
     if os.environ.get(NO_MEMORY_CHECK, "").strip() not in ("", "0") or not hasattr(module, "model") or \
@@ -61,10 +61,12 @@ def check_fits_in_memory(trainer: Any, module: Any, batch_size: int) -> None:
     if free is None or need <= MEMORY_MARGIN * free:
         return
     each = f" ({ranks} processes)" if ranks > 1 else ""
+    limited = address_space_free() if device.type == "cpu" else None
+    where = " under this process's address-space limit (ulimit -v)" if limited is not None and limited <= free else ""
     ckpt = "" if hp.get("activation_checkpointing") else ", or --model.activation_checkpointing true"
     raise TinyLMError(f"this run needs ~{_size(need)} more on {device.type}{each} (gradients, optimizer state and the "
                       f"activations of {batch_size} x {module.model.config.block_size} tokens: `tinylm plan` "
-                      f"itemizes them) but {device.type} has {_size(free)} free; lower --data.batch_size (raise "
+                      f"itemizes them) but {device.type} has {_size(free)} free{where}; lower --data.batch_size (raise "
                       f"--trainer.accumulate_grad_batches to keep the global batch) or --data.block_size{ckpt} "
                       f"({NO_MEMORY_CHECK}=1 skips this check)")
 
@@ -326,7 +328,7 @@ def with_atomic_checkpoints(plugins: Any) -> list:
     """The user's plugins plus tinylm's atomic CheckpointIO, unless they bring a CheckpointIO of their own."""
     from lightning.pytorch.plugins.io import CheckpointIO
 
-    from tinylm.checkpoint import AtomicCheckpointIO
+    from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if any(isinstance(p, CheckpointIO) for p in plugins):
