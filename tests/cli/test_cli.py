@@ -600,6 +600,19 @@ def test_seed_everything_true_draws_a_seed_and_records_it(run_config, monkeypatc
 
 
 
+def test_a_ddp_fork_run_in_process_leaves_no_master_port(run_config, monkeypatch):
+    """Catches MASTER_PORT left in a notebook's process by `main(["fit", ..., "--trainer.strategy", "ddp_fork"])`
+    (Lightning's launcher sets the port it chose): every later DDP run of the process took that port as given
+    instead of finding a free one, and failed where another program held it by then."""
+    import os
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    main(["fit", "--config", str(run_config()), "--trainer.strategy", "ddp_fork", "--trainer.devices", "2",
+          "--trainer.max_steps", "2", "--run.name", "a"])
+    assert (Path("runs") / "a" / "checkpoints" / "last.ckpt").is_file()
+    assert "MASTER_PORT" not in os.environ
+
+
 def test_a_callers_later_random_seed_is_not_the_last_runs_seed(run_config, monkeypatch):
     """Catches PL_GLOBAL_SEED left in a notebook's or script's process by `main(["fit", ...])` (Lightning's
     seed_everything sets it, and seed_everything(None) reads it back): every later `--seed_everything true` of the

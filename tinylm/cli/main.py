@@ -137,9 +137,10 @@ def _claim(argv: list[str] | None) -> tuple[bool, str | None]:
     return True, None
 
 
-_CALLERS_ENV = ("WANDB_MODE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
+_CALLERS_ENV = ("WANDB_MODE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG", "MASTER_PORT")
 """The environment variables a command sets for itself (or Lightning does for it): a caller's `main([...])` gets its
-own back (see main)."""
+own back (see main). MASTER_PORT: Lightning's ddp_fork launcher sets the port its run chose, which every later DDP
+run of the process then took as given (a port another program may hold by then) instead of finding a free one."""
 
 
 def _put_back(env: dict[str, str | None], formatwarning, deterministic: tuple[bool, bool],
