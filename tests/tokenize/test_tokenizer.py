@@ -660,3 +660,40 @@ def test_gpt2s_tokenizer_json_gets_a_twin_and_other_kinds_none(shared_data, bpe)
             spec["model"]["merges"][:2] = spec["model"]["merges"][1::-1]
             tok = HFTokenizer.from_str(json.dumps(spec))
         assert tiktoken_twin(tok) is None, change
+
+
+def test_a_token_its_own_bytes_do_not_merge_into_gets_no_tiktoken_twin():
+    """Catches a tokenizer.json whose merges are in id order but where tiktoken joins a pair that is not a merge:
+    merges "b c", "a b", "ab c" leave "abc" as a + bc in the library, while tiktoken joined a + bc into "abc" by its
+    rank (prepare wrote a token the library never gives, ~1 in 6 of the ids of such a corpus)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    from tinylm.tokenize.backends import HFBackend, tiktoken_twin
+    from tinylm.tokenize.bpe import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())} | {"bc": 256, "ab": 257, "abc": 258}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[("b", "c"), ("a", "b"), ("ab", "c")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    texts = ["abc", "x abc abcabc"]
+    assert tiktoken_twin(tok) is None
+    a, space, x, bc = 64, 220, 87, 256
+    expected = [[a, bc], [x, space, a, bc, space, a, bc, a, bc]]  # the library's: "abc" is never one token
+    assert HFBackend(tok).encode_batch(texts) == _library_ids(tok, texts) == expected
+
+
+def test_gpt2_files_whose_token_its_own_bytes_do_not_merge_into_are_refused(tmp_path):
+    """Catches a folder of vocab.json + merges.txt encoded by tiktoken's ranks where GPT-2's BPE (the pair listed
+    first) gives other ids: merges "b c", "a b", "ab c" leave "abc" as a + bc, tiktoken made it one token."""
+    from tinylm.tokenize.bpe import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())} | {"bc": 256, "ab": 257, "abc": 258}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nb c\na b\nab c\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its merges make 'abc', but in their order 'abc' itself is encoded as "
+                                         r"other tokens.*save the files as one tokenizer.json"):
+        build_tokenizer(str(tmp_path))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\nb c\nab c\n", encoding="utf-8")  # as training makes
+    vocab |= {"ab": 256, "bc": 257}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    assert build_tokenizer(str(tmp_path)).encode("abc bc") == [258, 220, 257]

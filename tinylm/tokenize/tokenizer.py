@@ -267,13 +267,34 @@ class Tokenizer:
         with _naming(folder / "vocab.json", "a GPT-2 vocab.json (with merges.txt beside it)"):
             config = folder / "config.json"  # ByteLevelBPE.save's (pattern, specials); a model's config.json is not
             header = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
-            bpe = (ByteLevelBPE.load(folder) if isinstance(header, dict) and header.get("format") == FORMAT
-                   else ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt"))
+            if isinstance(header, dict) and header.get("format") == FORMAT:
+                bpe = ByteLevelBPE.load(folder)
+            else:
+                bpe = ByteLevelBPE.from_vocab_merges(folder / "vocab.json", folder / "merges.txt")
+                _merged_as_gpt2s(bpe)
             return cls(TiktokenBackend("vocab-merges", bpe.pattern, ranks_to_text(bpe.ranks), dict(bpe.special_tokens)),
                        str(folder))
 
     def __repr__(self) -> str:
         return f"Tokenizer(spec={self.spec!r}, kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+def _merged_as_gpt2s(bpe: Any) -> None:
+    """Refuse GPT-2 files that tiktoken's ranks would encode otherwise than GPT-2's BPE (the pair listed first):
+    a token whose own bytes the merges do not make into it (see `unmerged_token`)."""
+    from tokenizers import models
+
+    from tinylm.tokenize.backends import FormatError, unmerged_token
+    from tinylm.tokenize.bpe import _to_unicode
+
+    vocab = {_to_unicode(t): i for t, i in bpe.ranks.items()}
+    merges = [(_to_unicode(a), _to_unicode(b)) for a, b in bpe.merges]
+    tokens = [a + b for a, b in merges]
+    if (token := unmerged_token(tokens, [vocab[t] for t in tokens], models.BPE(vocab, merges))) is not None:
+        raise FormatError(f"its merges make {token!r}, but in their order {token!r} itself is encoded as other "
+                          "tokens, which tiktoken's ranks would not copy; save the files as one tokenizer.json "
+                          "(tokenizers: Tokenizer(models.BPE.from_file(...)) with a ByteLevel pre-tokenizer) and "
+                          "pass that")
 
 
 @contextlib.contextmanager
