@@ -28,7 +28,7 @@ import torch
 
 from tinylm.checkpoint_share import one_name_left_writable
 from tinylm.device import resolve_device
-from tinylm.errors import TinyLMError, named_option
+from tinylm.errors import TinyLMError, is_out_of_memory, named_option
 from tinylm.paths import fsync_folder, naming, refuse_model_folder, remove_path, swap_in
 
 
@@ -168,11 +168,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap:
     except pickle.UnpicklingError as e:
         raise code_refused(path, e) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError, KeyError, IndexError) as e:
-        # garbled bytes inside the pickle surface as any of these (a UnicodeDecodeError for a damaged string)
-        raise CheckpointError(
+        if is_out_of_memory(e):  # its mapping refused (`ulimit -v`): no damage, the CLI says the memory ran out
+            raise
+        raise CheckpointError(  # garbled bytes inside the pickle surface as any of these (UnicodeDecodeError...)
             f"{str(path)!r} is not a readable checkpoint (truncated or not a torch file: {_first_line(e)}); "
-            "use another one, e.g. an earlier step-*.ckpt from the same run"
-        ) from None
+            "use another one, e.g. an earlier step-*.ckpt from the same run") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         what = ("nanoGPT's ckpt.pt" if isinstance(ckpt, dict) and {"model", "model_args"} <= ckpt.keys()
                 else "a plain torch.save of weights, or another tool's file")

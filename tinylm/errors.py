@@ -19,6 +19,17 @@ names their path and the fix (tinylm.cli.errors), so one raised inside a library
 wrapped in a reason of the library's (a read-only data cache is no "check the network")."""
 
 
+OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory", "MPS backend out of memory", "Cannot allocate memory")
+"""The texts of torch's RuntimeErrors for memory running out: its CPU allocator, CUDA's and MPS's, and a mapping
+refused (errno 12: torch.load's mmap of a checkpoint under `ulimit -v`)."""
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is the memory running out (Python's MemoryError, torch's `OUT_OF_MEMORY` errors): nothing wrong
+    with the file or the input being read."""
+    return isinstance(e, MemoryError) or isinstance(e, RuntimeError) and any(m in str(e) for m in OUT_OF_MEMORY)
+
+
 class TinyLMError(Exception):
     """An error the user can fix; its message names the bad value or file and the fix.
 

@@ -1216,11 +1216,12 @@ def test_a_cgroups_file_cache_counts_as_free(tmp_path):
     ("prepare", "tinylm.data.corpus._read_documents", MemoryError(), "--data.tokenizer_train_chars"),
     ("fit", "tinylm.train.module.token_loss", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
      "DefaultCPUAllocator: can't allocate memory: you tried to allocate 25165824 bytes. Error code 12 (Cannot "
-     "allocate memory)"), "--data.batch_size")])
+     "allocate memory)"), "out of memory in TinyLM._loss: ")])
 def test_memory_running_out_is_one_line(config, capsys, monkeypatch, command, target, raised, fix):
     """Catches the memory running out where no check foresaw it (`ulimit -v`, other processes taking the machine's
     memory): prepare ended in a 50-line traceback of a MemoryError, fit in a 140-line one of torch's allocator; one
-    line now says it ran out of memory, where, and what to lower."""
+    line now says it ran out of memory, where (a method by its class: "in __init__" named none), and what to
+    lower."""
     import importlib
 
     module, _, name = target.rpartition(".")
@@ -1231,6 +1232,27 @@ def test_memory_running_out_is_one_line(config, capsys, monkeypatch, command, ta
     monkeypatch.setattr(importlib.import_module(module), name, runs_out)
     line = _one_line_error(capsys, [command, "--config", str(config)], "out of memory in ", fix)
     assert "the memory the machine had free; free some (other processes) or use" in line
+
+
+def test_a_checkpoint_mapped_past_the_memory_left_is_not_called_damaged(tmp_path, capsys, monkeypatch):
+    """Catches a checkpoint whose mapping the memory limit refused (`ulimit -v`: torch's "unable to mmap N bytes
+    from file <...>: Cannot allocate memory (12)") said to be damaged ("not a readable checkpoint (truncated or not
+    a torch file ...); use another one": a good file given up), its out-of-memory line telling to lower options
+    of the command that do not matter there (export's --data.batch_size, which export has not; generate's
+    --num_samples)."""
+    import tinylm.checkpoint
+
+    ckpt = tmp_path / "good.ckpt"
+    torch.save({"state_dict": {}}, ckpt)
+
+    def refused(path, *args, **kwargs):
+        raise RuntimeError(f"unable to mmap 907778617 bytes from file <{path}>: Cannot allocate memory (12)")
+
+    monkeypatch.setattr(tinylm.checkpoint, "_torch_load", refused)
+    for command in (["export", "--out", str(tmp_path / "hf")], ["generate", "--prompt", "a"]):
+        line = _one_line_error(capsys, [*command, "--ckpt_path", str(ckpt)], "out of memory in load_checkpoint: ",
+                               "use a machine with more memory (the checkpoint is mapped whole)")
+        assert "readable" not in line and "--data." not in line and "--num_samples" not in line
 
 
 def test_cpu_ranks_are_counted_together_against_the_machines_memory(config, tmp_path, capsys, monkeypatch):

@@ -697,3 +697,23 @@ def test_gpt2_files_whose_token_its_own_bytes_do_not_merge_into_are_refused(tmp_
     vocab |= {"ab": 256, "bc": 257}
     (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     assert build_tokenizer(str(tmp_path)).encode("abc bc") == [258, 220, 257]
+
+
+def test_tiktoken_batches_start_no_threads_beyond_the_cores_the_process_may_use(monkeypatch):
+    """Catches `encode_in_threads` counting the machine's cores, not the process's (os.cpu_count: a SLURM job or
+    `taskset` given 2 of a node's 64 cores encoded in 63 threads on those 2); with one core allowed, a plain loop."""
+    import concurrent.futures
+
+    import tiktoken
+
+    from tinylm.tokenize.backends import encode_in_threads
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("threads started on a process allowed one core")
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", no_pool)
+    enc = tiktoken.Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks={bytes([b]): b for b in range(256)},
+                            special_tokens={})
+    assert encode_in_threads(enc, ["ab", "c", "de f"]) == [[97, 98], [99], [100, 101, 32, 102]]

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tinylm.errors import DISK_ERRNOS, TinyLMError
+from tinylm.errors import DISK_ERRNOS, TinyLMError, is_out_of_memory
 
 log = logging.getLogger("tinylm")
 
@@ -236,26 +236,27 @@ class TrainingProcessError(TinyLMError):
     processes: it reaches this process only as the text of its traceback (torch's ProcessRaisedException)."""
 
 
-_OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory", "Cannot allocate memory")
 _OOM_FIX = {"prepare": "a smaller --data.tokenizer_train_chars (the text the tokenizer trains on)",
             "generate": "fewer --num_samples or --max_new_tokens", "sample-report": "fewer --num_samples",
-            "eval": "a smaller --batch_size"}
+            "eval": "a smaller --batch_size", "export": "a machine with more memory (export holds the whole model)",
+            "plot": "fewer runs at once"}
 
 
 def out_of_memory(e: BaseException, command: str) -> BaseException:
     """``e``, or where it is the machine's memory running out (Python's MemoryError, torch's allocator failing on
     the CPU or CUDA) the one line saying so and what to lower: under `ulimit -v` or a full machine, `tinylm prepare`
     and fit ended in a 50-150 line traceback of wherever the allocation happened to fail."""
-    if not isinstance(e, MemoryError) and not (isinstance(e, RuntimeError) and any(m in str(e) for m in
-                                                                                   _OUT_OF_MEMORY)):
+    if not is_out_of_memory(e):
         return e
     tb, ours = e.__traceback__, None  # the innermost of tinylm's own frames: what was being done
-    while tb is not None:
-        ours = tb.tb_frame.f_code.co_name if _inside(Path(tb.tb_frame.f_code.co_filename), PACKAGE_DIR) else ours
+    while tb is not None:  # (by its qualified name: "in __init__" named no class, "in GPT.__init__" does)
+        ours = tb.tb_frame.f_code if _inside(Path(tb.tb_frame.f_code.co_filename), PACKAGE_DIR) else ours
         tb = tb.tb_next
-    where = f" in {ours}" if ours else ""
+    where = f" in {getattr(ours, 'co_qualname', ours.co_name)}" if ours else ""
     fix = _OOM_FIX.get(command, "a smaller --data.batch_size or --data.block_size, or a smaller model "
                                 "(`tinylm plan` itemizes a run's memory)")
+    if ours and Path(ours.co_filename).resolve() == PACKAGE_DIR / "checkpoint.py":  # (reading one)
+        fix = "a machine with more memory (the checkpoint is mapped whole)"
     limit = "its `ulimit -v` or " if _address_space_limited() else ""
     return TinyLMError(f"out of memory{where}: the process reached {limit}the memory the machine had free; free some "
                        f"(other processes) or use {fix} (--verbose shows the traceback)")

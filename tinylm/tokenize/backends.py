@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import functools
 import logging
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -365,8 +364,11 @@ def unmerged_token(tokens: list[str], ids: list[int], model: Any) -> str | None:
 def encode_in_threads(enc: Any, texts: list[str]) -> list[list[int]]:
     """`enc.encode_ordinary` of each text, in a run of texts per core but one (left to the thread that reads the
     next batch: on 2 cores two runs cost 20 % more CPU for no less time). tiktoken's own encode_ordinary_batch
-    hands each text to its pool, which for documents of a few hundred bytes doubled the CPU of a plain loop."""
-    threads = min((os.cpu_count() or 1) - 1, len(texts))
+    hands each text to its pool, which for documents of a few hundred bytes doubled the CPU of a plain loop. The
+    cores are those the process may run on (a job given 2 of a node's 64 started 63 threads on its 2)."""
+    from tinylm.device import usable_cpus
+
+    threads = min(usable_cpus() - 1, len(texts))
     if threads <= 1:
         return [enc.encode_ordinary(t) for t in texts]
     from concurrent.futures import ThreadPoolExecutor
