@@ -842,7 +842,7 @@ def test_validate_records_the_step_of_the_weights_it_validated(config, tmp_path,
     after the fit had saved step 6 over it. The step now comes from the file whose weights were validated."""
     import shutil
 
-    from tinylm.checkpoint import AtomicCheckpointIO
+    from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
     main(["fit", "--config", str(config)])
     folder = tmp_path / "runs" / "tiny" / "checkpoints"

@@ -284,7 +284,7 @@ def test_a_tokenizer_sample_of_streamed_corpora_reads_each_of_them(tmp_path):
     first = _jsonl(tmp_path / "first.jsonl", ["aaaa " * 20] * 100)  # 10,000 characters, more than the sample
     second = _jsonl(tmp_path / "second.jsonl", ["zzzz " * 20] * 100)
     dm = TinyLMDataModule(corpus=[str(first), str(second)], streaming=True, max_documents=90, tokenizer="bpe",
-                          tokenizer_train_chars=2000, cache_dir=str(tmp_path / "cache"))
+                          vocab_size=263, tokenizer_train_chars=2000, cache_dir=str(tmp_path / "cache"))
     assert dm.corpus.size_bytes is None  # (a stream's size is not known before it is read)
     sample = "".join(_sample(dm.corpus, 2000))
     assert len(sample) == 2000 and sample.count("a") == sample.count("z") == 800  # half of it each

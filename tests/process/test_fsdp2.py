@@ -308,7 +308,7 @@ def _version_saved(strategy, folder: Path, version: int, *, form: str = "folder"
     """What a run's save at step ``version`` does (PeriodicCheckpoint._save_now, keep_checkpoints 2): the oldest
     step-N removed, step-<version>.ckpt written, then last.ckpt; by FSDP2 (DCP folders) or (``form`` "file") one
     device or DDP."""
-    from tinylm.checkpoint import AtomicCheckpointIO
+    from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
     for old in sorted(folder.glob("step-*.ckpt"), key=lambda p: int(p.stem[5:]))[:-1]:
         strategy.remove_checkpoint(old)

@@ -537,7 +537,7 @@ def test_default_root_dir_is_where_runs_go(config, tmp_path):
 
 def test_user_logger_joins_tinylms_and_plugins_keep_atomic_writes(config, tmp_path):
     """Catches --trainer.logger and --trainer.plugins being replaced by tinylm's own (they were ignored)."""
-    from tinylm.checkpoint import AtomicCheckpointIO
+    from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
     cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "2",
                           "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",

@@ -12,8 +12,8 @@ import yaml
 from helpers import _assert_same_rows, _losses, _val_losses
 
 from tinylm import checkpoint_share
-from tinylm.checkpoint import AtomicCheckpointIO
 from tinylm.cli import main
+from tinylm.train.checkpoint_io import AtomicCheckpointIO
 
 pytestmark = pytest.mark.slow  # end-to-end runs, a resume each (run early: tests/conftest.py)
 STEPS = 8
