@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from tinylm.machine import usable_cpus
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto`` is the first CUDA device when there is one, else the CPU; anything else is passed to torch."""
@@ -185,14 +187,6 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # set: the user chose 
 
 
 _TORCH_DEFAULT: list[int] = []
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _cpu_times() -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tinylm.cli.launch_checks import check_launched_processes, check_nodes
 from tinylm.errors import TinyLMError
+from tinylm.machine import usable_cpus
 from tinylm.train.parallel import check_strategy, check_strategy_name
 
 log = logging.getLogger("tinylm")
@@ -251,7 +252,7 @@ def _warn_more_ranks_than_cores(trainer_cfg: dict[str, Any]) -> None:
         devices = int(devices)
     if not isinstance(devices, int) or isinstance(devices, bool) or not _on_cpu(trainer_cfg):
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cpus()
     if devices > cores:
         warnings.warn(f"--trainer.devices {devices} starts {devices} training processes on a CPU with {cores} "
                       f"cores: they take turns on the cores, so a step is no faster than on {cores} (each waits for "

@@ -7,11 +7,11 @@ from __future__ import annotations
 import base64
 import functools
 import logging
-import os
 import re
 from collections.abc import Callable
 from typing import Any
 
+from tinylm.machine import usable_cpus
 from tinylm.tokenize.bpe import _valid_utf8
 
 _SHOWN = ("max_length", "pad_token", "length")  # the settings of truncation / padding that a note names
@@ -367,9 +367,7 @@ def encode_in_threads(enc: Any, texts: list[str]) -> list[list[int]]:
     next batch: on 2 cores two runs cost 20 % more CPU for no less time). tiktoken's own encode_ordinary_batch
     hands each text to its pool, which for documents of a few hundred bytes doubled the CPU of a plain loop. The
     cores are those the process may run on (a job given 2 of a node's 64 started 63 threads on its 2)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # (not
-    # tinylm.device's usable_cpus: it imports torch, which prepare never needs)
-    threads = min(cpus - 1, len(texts))
+    threads = min(usable_cpus() - 1, len(texts))
     if threads <= 1:
         return [enc.encode_ordinary(t) for t in texts]
     from concurrent.futures import ThreadPoolExecutor
