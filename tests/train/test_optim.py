@@ -309,3 +309,48 @@ def test_a_sharded_runs_muon_state_loads_where_one_device_resumes():
         resumed.step()
         steps.append([p.detach().clone() for p in module.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*steps))
+
+
+def _reference_muon_update(momentum_update: torch.Tensor) -> torch.Tensor:
+    """Muon's orthogonalised update of one matrix, written from Keller Jordan's Muon as nanochat's first
+    nanochat/muon.py has it (zeropower_via_newtonschulz5; fp32 here), times its lr scale sqrt(max(1, rows/cols))."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    x = momentum_update.mT if momentum_update.size(0) > momentum_update.size(1) else momentum_update
+    x = x / (x.norm() + 1e-7)
+    for _ in range(5):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    x = x.mT if momentum_update.size(0) > momentum_update.size(1) else x
+    return x * max(1, momentum_update.size(0) / momentum_update.size(1)) ** 0.5
+
+
+def test_the_muon_recipe_steps_as_the_speedruns_reference():
+    """Catches build_optimizer's Muon drifting from the speedruns' recipe that docs/modern.md states: other
+    Newton–Schulz coefficients or iterations, Moonshot's lr scale 0.2·sqrt(max(rows, cols)) instead of Keller
+    Jordan's sqrt(max(1, rows/cols)), plain momentum, or c_attn's q, k and v orthogonalised as one matrix. Three
+    steps of a GPT's block matrices against Muon written from nanochat's muon.py (both in fp32)."""
+    from tinylm.model.gpt import GPT, GPTConfig
+    from tinylm.train.optim import build_optimizer, split_params
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False, mlp="relu2"))
+    opt = build_optimizer(model, optimizer="muon", lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95), muon_lr=0.02,
+                          muon_momentum=0.95, muon_weight_decay=0.0, fused=False)
+    opt.ns_dtype = torch.float32
+    names = {id(p): n for n, p in model.named_parameters()}
+    hidden = split_params(model)[0]
+    assert sorted(names[id(p)].split(".", 3)[-1] for p in hidden) == ["attn.c_attn.weight", "attn.c_proj.weight",
+                                                                       "mlp.c_fc.weight", "mlp.c_proj.weight"]
+    expected = {id(p): p.detach().clone() for p in hidden}
+    buffers = {id(p): torch.zeros_like(p) for p in hidden}
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        for p in hidden:
+            buffers[id(p)].lerp_(p.grad, 1 - 0.95)
+            nesterov = p.grad.lerp(buffers[id(p)], 0.95)
+            parts = nesterov.chunk(3) if names[id(p)].endswith("c_attn.weight") else [nesterov]
+            expected[id(p)] -= 0.02 * torch.cat([_reference_muon_update(u) for u in parts])
+        opt.step()
+    for p in hidden:
+        torch.testing.assert_close(p.detach(), expected[id(p)], rtol=0, atol=1e-5, msg=names[id(p)])

@@ -66,7 +66,8 @@ class GPTConfig:
     rope_theta: float = option("arch", 10000.0)  # 10,000 as in RoFormer and Llama
     """RoPE base: channel pair i turns by rope_theta^(-2i/head_size) radians per position."""
     norm: str = option("arch", "layernorm")
-    """``layernorm`` (nanoGPT) or ``rmsnorm`` (no mean subtraction and no bias; Llama, modded-nanogpt)."""
+    """``layernorm`` (nanoGPT) or ``rmsnorm`` (no mean subtraction, no bias, a learned gain: Llama's; the
+    speedruns' RMSNorm has no gain, docs/modern.md "What differs from the speedruns")."""
     qk_norm: bool = option("arch", False)  # RMS without a gain: no parameters
     """RMS-normalise each head's queries and keys before attention (bounded attention logits)."""
     mlp: str = option("arch", "gelu")

@@ -131,9 +131,9 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
             warmup/decay factor times their own peak).
         muon_lr: Muon's peak learning rate. 0.02 as Keller Jordan's Muon reference and nanochat's ``matrix_lr``
             (modded-nanogpt's record runs use 0.05 at a much larger batch).
-        muon_momentum: Muon's (Nesterov) momentum; 0.95 in modded-nanogpt and nanochat.
-        muon_weight_decay: Muon's decoupled weight decay (applied as lr·wd·W); 0 as in modded-nanogpt's and
-            nanochat's speedruns.
+        muon_momentum: Muon's (Nesterov) momentum, constant; the speedruns warm 0.85 up to 0.95 over 300 steps.
+        muon_weight_decay: Muon's decoupled weight decay (applied as lr·wd·W); 0 as in the speedruns' early records
+            (now cautious decay: docs/modern.md "What differs from the speedruns").
         lr: Peak learning rate, reached at the end of warmup (with ``optimizer: muon``: the AdamW part's).
         min_lr: Learning rate at the end of the decay (typically lr / 10).
         lr_schedule: ``cosine`` (warmup + cosine decay), ``wsd`` (warmup-stable-decay) or ``constant``.

@@ -228,7 +228,8 @@ def _orthogonalized_steps(group: dict, params: list[Tensor], updates: list[Tenso
 
     FSDP2's parameters are DTensors, each rank holding a shard of rows: their updates are gathered whole (Muon
     orthogonalises whole matrices, never shards), orthogonalised on every rank alike, and each rank adds its own
-    shard of the result: the very numbers one process computes (nanochat's and torchtitan's gather approach)."""
+    shard of the result: the very numbers one process computes (torchtitan's gather approach; nanochat's DistMuon
+    instead orthogonalises each matrix on one owner rank and all-gathers the weights)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     whole = [u.full_tensor() if isinstance(u, DTensor) else u for u in updates]  # (rows, cols) each
