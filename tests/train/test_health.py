@@ -529,6 +529,52 @@ def test_tokens_per_sec_leaves_out_sampling_time(chars, small_data, tmp_path, mo
 
 
 
+@pytest.mark.parametrize("work", ["validation", "samples"])
+def test_cpu_wait_and_other_jobs_leave_out_the_time_left_out_of_the_rate(work, monkeypatch):
+    """Catches SpeedMonitor leaving a validation's (or a text sample step's) wall time out of its window but not the
+    CPU counters of that time: the run's CPU wait and other jobs' CPU seconds while it validated were divided by the
+    training time alone, so for a window after each validation the run seemed to wait for CPUs all the time and
+    other jobs to keep more CPUs busy than the machine has (a real 40-step run on 2 CPUs: "tinylm health
+    [contention] step 21: ... waited for CPUs ... 99% of the time (other processes kept 2.7 CPUs busy) on 2 CPUs")."""
+    from types import SimpleNamespace
+
+    import tinylm.train.callbacks as callbacks
+    from tinylm.train import samples
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(callbacks, "cpu_wait_seconds", lambda: 0.2 * clock["t"])  # the run waits 20 % of the time
+    monkeypatch.setattr(callbacks, "others_cpu_seconds", lambda: 1.0 * clock["t"])  # other jobs keep 1 CPU busy
+    speed = SpeedMonitor(window=4)
+    trainer = SimpleNamespace(global_step=0, world_size=1, sanity_checking=False, state=SimpleNamespace(fn="fit"),
+                              is_global_zero=True, callbacks=[speed], _logger_connector=None)
+    module = SimpleNamespace(device=torch.device("cpu"), log=lambda *a, **k: None)
+    batch = (torch.zeros(2, 8, dtype=torch.long),)
+
+    def step() -> None:
+        clock["t"] += 0.1
+        trainer.global_step += 1
+        speed.on_train_batch_end(trainer, module, None, batch, trainer.global_step)
+
+    for _ in range(5):
+        step()
+    if work == "validation":
+        speed.on_validation_start(trainer, module)
+        clock["t"] += 10.0  # a validation 100 steps long
+        speed.on_validation_end(trainer, module)
+    else:
+        sampler = samples.SampleText(every_n_steps=5)
+        monkeypatch.setattr(samples, "run_tokenizer", lambda trainer, pl_module: object())
+        monkeypatch.setattr(sampler, "_publish", lambda *a: None)
+        monkeypatch.setattr(sampler, "_sample", lambda *a: clock.update(t=clock["t"] + 10.0) or "")
+        sampler.on_train_batch_end(trainer, SimpleNamespace(model=None), None, batch, 5)
+        assert clock["t"] == pytest.approx(10.5)  # (the sample step ran)
+    step()
+    assert speed.tokens_per_sec == pytest.approx(4 * 16 / 0.4)  # guard: the window's rate leaves the work out
+    assert speed.cpu_wait_fraction == pytest.approx(0.2 / torch.get_num_threads())
+    assert speed.others_busy == pytest.approx(1.0)
+
+
 def test_slow_windows_on_both_sides_of_a_contended_stretch_are_not_one_slowdown():
     """Catches the slow windows before other jobs took the CPUs and those after adding up to one "sustained"
     slowdown: a stretch the run did not have the CPUs is no evidence either way, and the count starts again."""

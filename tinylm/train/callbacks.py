@@ -55,6 +55,16 @@ def cpu_wait_seconds() -> float | None:
     return total / 1e9
 
 
+def work_mark() -> tuple[float, float | None, float | None]:
+    """(wall time, this process's CPU wait, other processes' CPU seconds) now: where work that is no training
+    (validating, sampling text) begins, for `SpeedMonitor.exclude` to leave it out."""
+    return time.perf_counter(), cpu_wait_seconds(), others_cpu_seconds()
+
+
+def _plus(value: float | None, delta: float | None) -> float | None:
+    return value if value is None or delta is None else value + delta
+
+
 class SpeedMonitor(L.Callback):
     """Logs ``train/tokens_per_sec`` (all ranks together) and ``train/mfu`` (per device, when its peak is known).
 
@@ -83,7 +93,7 @@ class SpeedMonitor(L.Callback):
         self._step_seen = -1
         self._flops_per_token = 0.0
         self._peak: float | None = None
-        self._validating_since: float | None = None
+        self._validating_since: tuple[float, float | None, float | None] | None = None  # work_mark()
         self.tokens_per_sec: float | None = None  # latest rate, all ranks together (read by the health monitor)
         self.marks_taken = 0  # how many rates were taken: the health monitor reads each new one once
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
@@ -101,16 +111,21 @@ class SpeedMonitor(L.Callback):
     # the 10 steps after each validation, and the health monitor took that for a slowdown)
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            self._validating_since = time.perf_counter()
+            self._validating_since = work_mark()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._validating_since is not None:
-            self.exclude(time.perf_counter() - self._validating_since)
+            self.exclude(self._validating_since)
             self._validating_since = None
 
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` of wall time just spent on other work (validating, sampling text) out of the rates."""
-        self._marks = deque(((t + seconds, *rest) for t, *rest in self._marks), maxlen=self._marks.maxlen)
+    def exclude(self, since: tuple[float, float | None, float | None]) -> None:
+        """Leave the work done since ``since`` (`work_mark()` as it began: validating, sampling text) out of the rates:
+        its wall time, and its CPU wait and other processes' CPU seconds (left in, divided by the training time alone,
+        they made the window after each validation wait for CPUs ~all the time, other jobs busy on more CPUs than
+        the machine has)."""
+        seconds, wait, others = (None if a is None or b is None else b - a for a, b in zip(since, work_mark()))
+        self._marks = deque(((t + seconds, n, _plus(w, wait), _plus(o, others)) for t, n, w, o in self._marks),
+                            maxlen=self._marks.maxlen)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         # The CPU counters of a GPU step's mark are read here, while the GPU still runs the step's backward: read

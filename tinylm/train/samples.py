@@ -4,7 +4,6 @@ in tinylm/generate/config.py)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import lightning as L
 import torch
 
 from tinylm.generate.options import Option, sampling_options
-from tinylm.train.callbacks import SpeedMonitor, run_tokenizer
+from tinylm.train.callbacks import SpeedMonitor, run_tokenizer, work_mark
 from tinylm.train.parallel import shards_weights
 
 
@@ -176,13 +175,14 @@ class SampleText(L.Callback):
         tokenizer = run_tokenizer(trainer, pl_module)
         if tokenizer is None:
             return
-        started = time.perf_counter()
+        speeds = [cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)]
+        started = work_mark() if speeds else None
         stats: dict[str, int] = {}  # speculative decoding's counts, over the prompts
         rows = [(step, prompt, self._sample(pl_module.model, tokenizer, prompt, i, stats))
                 for i, prompt in enumerate(self.prompts)]
         self._publish(trainer, rows, stats)
-        for speed in (cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)):
-            speed.exclude(time.perf_counter() - started)  # sampling is no training: tokens/sec and MFU leave it out
+        for speed in speeds:
+            speed.exclude(started)  # sampling is no training: tokens/sec, MFU and the CPU wait leave it out
 
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str, index: int = 0,
                 stats: dict[str, int] | None = None) -> str:
