@@ -131,3 +131,102 @@ def test_a_mixtures_per_corpus_val_losses_are_drawn(tmp_path):
         "0,9,4.1,1e-3,,,\n0,9,,,4.0,3.9,4.1\n0,19,3.8,1e-3,,,\n0,19,,,3.7,3.6,3.8\n", encoding="utf-8")
     labels = [line.get_label() for line in _drawn(folder)[0].lines]
     assert "mix val/loss/a.txt" in labels and "mix val/loss/b.txt" in labels, labels
+
+
+def test_a_long_runs_csv_keeps_only_the_columns_drawn(tmp_path):
+    """Catches `tinylm plot` reading metrics.csv whole into memory and keeping a series of every column, a tuple a
+    point: a 200,000-step run's train/skipped_steps and a callback's own per-step metric (train/mfu) cost time and
+    memory for curves never drawn (356 MB, 9.5 s of CPU; now 197 MB, 5.1 s). A series is two arrays (16 bytes a
+    point, not ~110); the drawn columns, alerts and NaN steps read as before."""
+    folder = tmp_path / "runs" / "long"
+    (folder / "csv").mkdir(parents=True)
+    (folder / "csv" / "metrics.csv").write_text(
+        "epoch,health/spike,step,train/loss,train/mfu,train/skipped_steps,val/loss,val/loss/web.txt,val/ppl\n"
+        "0,,0,4.2,0.3,0.0,,,\n0,1.0,1,nan,0.3,1.0,,,\n0,,1,,,,3.9,3.8,49.4\n0,,2,4.0,0.3,0.0,,,\n0,,3,3.",
+        encoding="utf-8")
+    curves = read_run(folder)
+    assert sorted(curves.series) == ["train/loss", "val/loss", "val/loss/web.txt"], sorted(curves.series)
+    assert curves.series["train/loss"] == [(1, 4.2), (3, 4.0)] and curves.series["val/loss/web.txt"] == [(2, 3.8)]
+    assert curves.alerts == [(2, "spike")] and curves.nonfinite == {"train/loss": [2]}
+    assert [points.values.itemsize for points in curves.series.values()] == [8, 8, 8]  # (array("d"), not tuples)
+
+
+def test_twenty_runs_are_told_apart(tmp_path):
+    """Catches 20 runs overlaid (a sweep) drawn in 10 colours, the 11th in the 1st's, under a legend of 40 entries
+    that squashed every panel to a sliver (7 runs' ran over the panel below): each run has its own colour, and a
+    legend of many entries stands beside the panels, a run per entry, and its kinds of curve once each."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_hex
+    from matplotlib.figure import Figure
+
+    from tinylm.studies.curves import draw_runs
+
+    runs = [read_run(_run(tmp_path, f"sweep-{r:02d}", f"0,0,1.0,{4 + r / 10},1e-3,900,\n0,9,,,,,{3.9 + r / 10}\n"))
+            for r in range(20)]
+    fig = Figure(figsize=(11, 7))
+    draw_runs(fig, runs)
+    loss = fig.axes[0]
+    assert len({to_hex(line.get_color()) for line in loss.lines if line.get_label().endswith(" val/loss")}) == 20
+    assert loss.get_legend() is None and len(fig.legends) == 1
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [run.name for run in runs] + ["train/loss", "val/loss"], labels
+    assert all(ax.get_position().height > 0.2 for ax in fig.axes), [ax.get_position().height for ax in fig.axes]
+    fig = Figure(figsize=(11, 7))  # two runs' four entries: in the panel, as before
+    draw_runs(fig, runs[:2])
+    assert fig.axes[0].get_legend() is not None and not fig.legends
+
+
+def test_the_headline_breaks_no_run_name_at_a_hyphen(tmp_path):
+    """Catches the figure's title of many runs wrapped inside a run's name at its hyphen: "lr-" ended one line and
+    "sweep-03: val/loss 1.730 ..." began the next."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tinylm.studies.curves import _headline, draw_runs
+
+    runs = [read_run(_run(tmp_path, f"lr-sweep-{r:02d}", "0,0,1.0,4.2,1e-3,900,\n0,9,,,,,3.9\n")) for r in range(10)]
+    fig = Figure(figsize=(11, 7))
+    draw_runs(fig, runs)
+    lines = fig._suptitle.get_text().split("\n")
+    assert len(lines) > 1 and all(any(_headline(run) in line for line in lines) for run in runs), lines
+
+
+def test_a_slow_legend_placement_prints_no_warning(tmp_path, monkeypatch):
+    """Catches `tinylm plot` of a 2,000,000-step run printing matplotlib's "UserWarning: Creating legend with
+    loc="best" can be slow with large amounts of data." twice: nothing its user can act on (the legend is drawn)."""
+    pytest.importorskip("matplotlib")
+    import itertools
+    import warnings
+
+    import matplotlib.legend
+
+    from tinylm.studies.curves import plot_runs
+
+    clock = itertools.count(0, 2.0)  # every placement "takes" 2 s, as one among 2M points does
+    monkeypatch.setattr(matplotlib.legend.time, "perf_counter", lambda: next(clock))
+    folder = _run(tmp_path, "long", "0,0,1.0,4.2,1e-3,900,\n0,9,,,,,3.9\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_runs([read_run(folder)], tmp_path / "p.png")
+    assert not [str(w.message) for w in caught if "legend" in str(w.message)], [str(w.message) for w in caught]
+    assert (tmp_path / "p.png").is_file()
+
+
+def test_the_steps_of_a_long_run_are_readable(tmp_path):
+    """Catches the x axis of a 200,000-step run labelled 0, 25000, ... 200000, the labels running together into
+    "100000125000150000175000200000" (0 px apart): from 100,000 steps they read 25k, 50k, ... (a short run's as
+    before), a space at least between two."""
+    pytest.importorskip("matplotlib")
+    from tinylm.studies.curves import draw_runs
+    from tinylm.studies.plots import figure_canvas
+
+    for last, expected in ((199_999, "200k"), (299, "300")):
+        fig, canvas = figure_canvas(figsize=(11, 7))
+        draw_runs(fig, [read_run(_run(tmp_path / str(last), "long", f"0,0,1.0,4.2,1e-3,900,\n0,{last},1.0,2.1,1e-3,"
+                                                                     "900,\n"))])
+        canvas.draw()
+        for ax in fig.axes:
+            labels = [t for t in ax.get_xticklabels() if t.get_text() and 0 <= t.get_position()[0] <= last + 1]
+            boxes = [t.get_window_extent() for t in labels]
+            assert labels[-1].get_text() == expected and all(b.x0 - a.x1 >= 5 for a, b in zip(boxes, boxes[1:])), \
+                [t.get_text() for t in labels]

@@ -7,6 +7,8 @@ import csv
 import math
 import re
 import textwrap
+import warnings
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,42 @@ CORPUS_LOSS = "val/loss/"  # a mixture's val/loss/NAME per corpus, drawn beside 
 EVAL_PANELS = (("eval: acc_norm (acc where a task has none)", ("_acc_norm", "_acc")), ("eval: bits per byte of the "
                "right answers", ("_bpb",)))
 """Drawn when a run has eval scores: the in-loop EvalTasks' (csv/metrics.csv) and `tinylm eval`'s (eval/metrics.csv)."""
+_DRAWN = frozenset(k for _title, keys, *_log in (*PANELS, *METRICS.values()) for k in keys)
+
+
+class Points:
+    """One metric's [(step, value), ...], kept as two arrays: 16 bytes a point, where a list of tuples took ~110 (a
+    200,000-step run's 800,000 points: 87 MB). Reads as that list: index, iterate, len, ==, append, sort."""
+
+    __slots__ = ("steps", "values")
+
+    def __init__(self, points=()) -> None:
+        self.steps, self.values = array("q"), array("d")
+        for point in points:
+            self.append(point)
+
+    def append(self, point: tuple[int, float]) -> None:
+        self.steps.append(point[0])
+        self.values.append(point[1])
+
+    def sort(self) -> None:
+        ordered = sorted(self)
+        self.steps, self.values = array("q", [s for s, _ in ordered]), array("d", [v for _, v in ordered])
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        return self.steps[i], self.values[i]
+
+    def __iter__(self):
+        return zip(self.steps, self.values)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (Points, list, tuple)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
 
 
 @dataclass
@@ -33,7 +71,7 @@ class RunCurves:
     """One run's logged series: metric -> [(step, value)], and its health alerts [(step, kind)]."""
 
     name: str
-    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    series: dict[str, Points | list[tuple[int, float]]] = field(default_factory=dict)  # (read_run's: Points)
     alerts: list[tuple[int, str]] = field(default_factory=list)
     tokenizer: str | None = None  # "char", "bpe (vocab 2048)", ...: from the run folder; None for a bare CSV
     nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metric -> steps logged NaN or inf (marked x)
@@ -77,8 +115,9 @@ def metrics_csv(run: str | Path) -> Path:
 
 
 def read_run(run: str | Path) -> RunCurves:
-    """Every numeric column of the run's metrics.csv. A last line without its newline is being written (a run in
-    progress) or was cut by a crash: it is left out, as a resume drops it ("2." may be the start of "2.5")."""
+    """The numbers of the run's metrics.csv that the plot draws (`drawn`), with its health alerts and NaN/inf steps.
+    A last line without its newline is being written (a run in progress) or was cut by a crash: it is left out, as a
+    resume drops it ("2." may be the start of "2.5")."""
     path = metrics_csv(run)
     name = path.parent.parent.name if path.parent.name == "csv" else path.stem
     curves = RunCurves(name, tokenizer=run_tokenizer(path.parent.parent) if path.parent.name == "csv" else None)
@@ -129,27 +168,49 @@ def _read_rows(path: Path, curves: RunCurves, shift: int) -> None:
     """The rows of ``path`` into ``curves``, their steps plus ``shift``: Lightning's CSV numbers a row by the step
     being taken, from 0 (the first step's loss is at 0, the validation after 30 steps at 29); tinylm counts the steps
     done (`validation at step 30`, step-30.ckpt, a health line's step, `tinylm eval`'s rows), so Lightning's rows
-    take 1 more and every step the plot names is the one the run said."""
+    take 1 more and every step the plot names is the one the run said. Read a line at a time, keeping the columns
+    the plot draws (`drawn`) and the health alerts, into arrays (`Points`): a 200,000-step run's CSV read whole, a
+    dict a row and a list of tuples for every column (train/skipped_steps, a callback's own) took 2.4x the CPU and
+    6x the memory."""
     with open(path, newline="", encoding="utf-8", errors="replace") as f:  # damaged bytes: that cell is no number
-        lines = f.read().splitlines(keepends=True)
-    if lines and not lines[-1].endswith(("\n", "\r")):
-        lines.pop()
-    reader = csv.DictReader(lines)
-    curves.columns = curves.columns or tuple(reader.fieldnames or ())
-    for row in reader:
-        step = _number(row.get("step"))
-        if step is None:
-            continue
-        for key, text in row.items():
-            value = _number(text)
-            if value is None and key is not None and text and text.strip().lower().lstrip("+-") in ("nan", "inf"):
-                curves.nonfinite.setdefault(key, []).append(int(step) + shift)
-            if key in (None, "step", "epoch") or value is None:
+        reader = csv.reader(_whole_lines(f))
+        header = next(reader, [])
+        curves.columns = curves.columns or tuple(header)
+        index = {key: i for i, key in enumerate(header)}  # (a name twice: its last column, as csv.DictReader's)
+        if (at := index.get("step")) is None:  # (not a metrics.csv: check_drawable says so)
+            return
+        kept = [(key, i, key.startswith(HEALTH_PREFIX)) for key, i in index.items()
+                if key not in ("step", "epoch") and (key.startswith(HEALTH_PREFIX) or drawn(key))]
+        for row in reader:
+            if at >= len(row) or (step := _number(row[at])) is None:
                 continue
-            if key.startswith(HEALTH_PREFIX):
-                curves.alerts.append((int(step) + shift, key[len(HEALTH_PREFIX):]))
-            else:
-                curves.series.setdefault(key, []).append((int(step) + shift, value))
+            step = int(step) + shift  # (one int for the row's points)
+            for key, i, health in kept:
+                if i >= len(row) or not (text := row[i]):
+                    continue
+                value = _number(text)
+                if value is None:
+                    if text.strip().lower().lstrip("+-") in ("nan", "inf"):
+                        curves.nonfinite.setdefault(key, []).append(step)
+                elif health:
+                    curves.alerts.append((step, key[len(HEALTH_PREFIX):]))
+                else:  # (the arrays' own appends: a call of Points.append a point took 40 % longer)
+                    points = curves.series.get(key) or curves.series.setdefault(key, Points())
+                    points.steps.append(step)
+                    points.values.append(value)
+
+
+def _whole_lines(f):
+    """The lines of ``f`` but a last one without its newline: being written (a run in progress) or cut by a crash."""
+    for line in f:
+        if not line.endswith(("\n", "\r")):
+            return
+        yield line
+
+
+def drawn(key: str) -> bool:
+    """Whether the plot draws the metric ``key`` (in a panel, the first panel of either --metric, an eval panel)."""
+    return key in _DRAWN or key.startswith((CORPUS_LOSS, "eval/"))
 
 
 def _number(text: str | None) -> float | None:
@@ -166,8 +227,10 @@ def plot_runs(runs: list[RunCurves], out: str | Path, *, reference: float | None
 
     evals = any(k.startswith("eval/") for run in runs for k in run.series)
     fig, canvas = figure_canvas(figsize=(16, 7) if evals else (11, 7))
-    draw_runs(fig, runs, reference=reference, metric=metric)
-    return save_png(canvas, out, drawn_by="plot")
+    with warnings.catch_warnings():  # matplotlib's, when placing a legend took 1 s (a long run's): nothing to act on
+        warnings.filterwarnings("ignore", message='Creating legend with loc="best" can be slow')
+        draw_runs(fig, runs, reference=reference, metric=metric)
+        return save_png(canvas, out, drawn_by="plot")
 
 
 def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, metric: str = "loss") -> None:
@@ -177,7 +240,7 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
     evals = _eval_panels(runs)
     tasks = sorted({_task(k) for _title, keys, _log in evals for k in keys})  # a task's marker in every panel
     axes = fig.subplots(2, 3 if evals else 2).ravel()
-    colours = [f"C{i % 10}" for i in range(len(runs))]
+    colours = _colours(len(runs))
     panels = ((*METRICS[metric], False), *PANELS[1:], *evals)
     for i, (ax, (title, keys, log_y)) in enumerate(zip(axes, panels)):
         for run, colour in zip(runs, colours):
@@ -186,7 +249,7 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
                 points = run.series.get(key)
                 if not points:
                     continue
-                steps, values = zip(*points)
+                steps, values = _arrays(points)
                 if key.startswith("eval/"):  # the tasks of a panel told apart: a marker each (and a colour, one run)
                     j = tasks.index(_task(key))
                     ax.plot(steps, values, f"{_MARKERS[j % len(_MARKERS)]}-", lw=2, ms=4, label=f"{run.name} {key}",
@@ -213,20 +276,89 @@ def draw_runs(fig, runs: list[RunCurves], *, reference: float | None = None, met
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", color="gray")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
+        _x_steps(ax)
         ax.grid(alpha=0.3)
-    handles, _labels = axes[0].get_legend_handles_labels()
-    if handles:
-        axes[0].legend(fontsize=7)
+    beside = _legend(fig, axes[0], runs, colours)
     # wrapped between runs to the figure's width (about 12 characters an inch at this size): 3 runs' or more ran off
-    # both sides (each run's headline kept whole: "\0" holds its spaces while textwrap breaks)
+    # both sides (each run's headline kept whole: "\0" holds its spaces while textwrap breaks, at no hyphen either:
+    # "lr-" ended a line and "sweep-3" began the next)
     headline = ", ".join(_headline(run, metric).replace(" ", "\0") for run in runs)
-    fig.suptitle(textwrap.fill(headline, width=int(fig.get_figwidth() * 12), break_long_words=False)
-                 .replace("\0", " "), fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(textwrap.fill(headline, width=int(fig.get_figwidth() * 12), break_long_words=False,
+                               break_on_hyphens=False).replace("\0", " "), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - beside, 1))
 
 
 _MARKERS = "os^Dv<>PX*"
+
+
+def _x_steps(ax) -> None:
+    """The x axis's label, and from 100,000 steps its ticks as 25k, 1.5M: "100000125000150000" ran together."""
+    ax.set_xlabel("step")
+    if ax.get_xlim()[1] >= 1e5:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
+
+
+def _thousands(x: float, _pos: int | None = None) -> str:
+    """A step as the x axis names it from 100,000 steps on: 0, 25k, 1.25M."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:g}{unit}"
+    return f"{x:g}"
+
+
+LEGEND_ENTRIES = 12
+"""The most entries the loss panel's legend holds in the panel: 7 runs' train and val loss ran over the panel below."""
+
+
+def _colours(n: int) -> list:
+    """One colour per run: matplotlib's ten (C0-C9), then from 11 runs tab20's lighter ten for runs 11-20 (the 11th run
+    was drawn in the first's colour, the 20th in the 10th's)."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    from matplotlib import colormaps
+
+    tab20 = colormaps["tab20"].colors  # (its even ten are C0-C9)
+    return [tab20[2 * (i % 10) + (i // 10) % 2] for i in range(n)]
+
+
+def _legend(fig, ax, runs: list[RunCurves], colours: list) -> float:
+    """The loss panel's legend: in the panel (matplotlib's best place) up to LEGEND_ENTRIES entries; else beside the
+    panels, one entry per run (its name in its colour) and one per kind of curve (its style, gray), as 20 runs' 40
+    entries squashed every panel to a sliver. Returns the figure's width it takes (0: in the panel)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) <= LEGEND_ENTRIES:
+        if handles:
+            ax.legend(fontsize=7)
+        return 0.0
+    from matplotlib.lines import Line2D
+
+    names, kinds, others = {run.name for run in runs}, {}, []
+    for handle, label in zip(handles, labels, strict=True):
+        name, _, key = label.rpartition(" ")
+        if name in names and "/" in key:  # "RUN train/loss": a run's curve, its kind's style once
+            kinds.setdefault(key, Line2D([], [], color="gray", ls=handle.get_linestyle(), lw=handle.get_linewidth(),
+                                         marker=handle.get_marker(), ms=handle.get_markersize(), label=key))
+        else:  # the reference, points above the panel, a run's NaN/inf steps: as they are
+            others.append(handle)
+    entries = [Line2D([], [], color=c, lw=2, label=run.name) for run, c in zip(runs, colours)] + [*kinds.values(),
+                                                                                                    *others]
+    legend = fig.legend(handles=entries, loc="center right", fontsize=7, ncol=math.ceil(len(entries) / 40))
+    return legend.get_window_extent().width / (fig.get_figwidth() * fig.dpi) + 0.01
+
+
+def _arrays(points: Points | list[tuple[int, float]]):
+    """The steps and values of ``points`` as two float arrays, the numbers matplotlib draws: zip(*points) took 1 s a
+    200,000-point series, most of it the garbage collector's, 5-10x this."""
+    import itertools
+
+    import numpy as np
+
+    if isinstance(points, Points):
+        return np.asarray(points.steps, dtype=float), np.asarray(points.values, dtype=float)
+    xy = np.fromiter(itertools.chain.from_iterable(points), float, 2 * len(points)).reshape(-1, 2)
+    return xy[:, 0], xy[:, 1]
 
 
 def _draw_marks(ax, run: RunCurves, keys: tuple, colour: str | None, *, named: bool) -> None:
