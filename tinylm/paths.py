@@ -147,6 +147,27 @@ def replace_file(path: str | Path, write) -> None:
         raise
 
 
+def not_utf8(text: str, fix: str) -> str | None:
+    """Why ``text`` (a name from the command line) is no UTF-8 text, and the fix (``fix`` where its bytes are in
+    another encoding), or None when it is text: Python keeps the bytes of a name it could not decode as lone
+    surrogates, which open the file but fail in every YAML and JSON record of a run (meta.json's write was a
+    UnicodeEncodeError traceback)."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = os.fsencode(text)
+        raw.decode("utf-8")
+    except UnicodeEncodeError:  # (a surrogate no decoding made: a config's "\\ud800")
+        return "holds a lone surrogate, which is no text; write the name itself"
+    except UnicodeDecodeError:
+        return f"its bytes {raw!r} are not UTF-8 (a name in another encoding, such as Latin-1); {fix}"
+    return (f"Python read its UTF-8 bytes as {sys.getfilesystemencoding()} (the C or POSIX locale without UTF-8 "
+            "mode); run tinylm with PYTHONUTF8=1 (or LC_ALL=C.UTF-8)")
+
+
 def utf8_text(path: Path, fix: str) -> str:
     """The text of a file tinylm wrote and reads back (a run's CSV): one that another program saved otherwise is a
     ValueError naming it, its first bad byte and ``fix`` (it was a UnicodeDecodeError traceback)."""

@@ -1,6 +1,7 @@
 """Every bad input a user can give the CLI ends as one clear line and a non-zero exit, and damages nothing."""
 
 import json
+import os
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from tinylm.cli import main
 from tinylm.cli.resume import resolve_ckpt_path
 from tinylm.cli.run_folder import with_run_config
 from tinylm.model import GPT, GPTConfig
+from tinylm.tokenize.tokenizer import _train_char
 
 
 @pytest.fixture
@@ -628,6 +630,44 @@ def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, caps
     _one_line_error(capsys, ["fit", "--config", str(config), "--run.name", name], "run.name must be a plain folder "
                     f"name (runs/NAME), got {name!r} ({why})")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("flag", ["--data.corpus", "--data.tokenizer", "--trainer.default_root_dir", "--run.name"])
+def test_a_name_whose_bytes_are_not_utf8_is_refused_before_anything_is_made(config, capsys, tmp_path, flag):
+    """Catches a corpus file named in bytes that are not UTF-8 (`caf\\xe9.txt`, from a Latin-1 archive) ending the
+    first fit in a UnicodeEncodeError traceback as meta.json was written (a tokenizer file's: as its copy was saved),
+    a --trainer.default_root_dir of such bytes training a run whose config.yaml `tinylm validate` then could not
+    read ("while parsing a quoted scalar"), and such a --run.name refused as "a control character"."""
+    name = os.fsdecode(b"caf\xe9")  # (how Python hands such an argument over: \udce9 for the byte \xe9)
+    said = flag.removeprefix("--") if flag.startswith("--data") or flag == "--run.name" else flag
+    text = (tmp_path / "shakespeare_small.txt").read_text(encoding="utf-8")
+    if flag == "--data.corpus":
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    elif flag == "--data.tokenizer":  # a saved char tokenizer of the corpus
+        _train_char([text]).save(tmp_path / name)
+    _one_line_error(capsys, ["fit", "--config", str(config), flag, name], f"{said} {name!r} is no UTF-8 text: its "
+                    "bytes b'caf\\xe9' are not UTF-8 (a name in another encoding, such as Latin-1)")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
+    assert flag == "--data.tokenizer" or not (tmp_path / name).is_dir()
+
+
+def test_a_config_that_is_not_ascii_is_one_line_where_python_reads_files_as_ascii(config, capsys, tmp_path,
+                                                                                   monkeypatch):
+    """Catches a config holding any letter outside ASCII (the shipped *-modern.yaml recipes: a dash in their first
+    comment), and `tinylm validate` of a run whose config.yaml holds one (its name), ending in jsonargparse's
+    UnicodeDecodeError traceback under LC_ALL=C with PYTHONUTF8=0, where Python reads files as ASCII."""
+    import locale
+
+    main(["fit", "--config", str(config), "--run.name", "théâtre", "--trainer.max_steps", "1"])
+    capsys.readouterr()
+    config.write_text("# Théâtre\n" + config.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "ANSI_X3.4-1968")
+    for argv, path, line in ((["fit", "--config", str(config)], str(config), 1),
+                             (["validate", "--ckpt_path", "runs/théâtre/checkpoints/last.ckpt"],
+                              "runs/théâtre/config.yaml", None)):
+        _one_line_error(capsys, argv, f"config file {path!r} holds text that is not ASCII (line {line or ''}",
+                        "Python reads files here as ANSI_X3.4-1968, not UTF-8", "run tinylm with PYTHONUTF8=1")
+    assert not (tmp_path / "runs" / "tiny").exists()
 
 
 @pytest.mark.parametrize(("project", "said"), [

@@ -2,6 +2,7 @@
 val."""
 
 import csv
+import unicodedata
 
 import numpy as np
 import pytest
@@ -187,6 +188,17 @@ def test_val_names_are_unique_when_a_numbered_name_is_another_corpus_name(tmp_pa
     names = _dm(tmp_path, paths).val_names
     assert len(set(names)) == 3, names
     assert names[2] == "x.txt_1" and names[0] == "x.txt_0"  # a name that is not repeated keeps its own
+
+
+def test_corpora_named_in_other_scripts_keep_their_names(tmp_path):
+    """Catches théâtre.txt, 日本語.txt and 中文.txt logged as val/loss/th_tre.txt, val/loss/.txt_1 and val/loss/.txt_2
+    (every letter outside ASCII dropped: two corpora told apart only by their place in the list), and a name saved
+    decomposed (NFD, as macOS writes é) logged as another name than the same name composed."""
+    names = ["théâtre.txt", "日本語.txt", "中文.txt", unicodedata.normalize("NFD", "café.txt")]
+    for name in names:
+        (tmp_path / name).write_text(f"text of {name} " * 50, encoding="utf-8")
+    dm = _dm(tmp_path, [str(tmp_path / name) for name in names])
+    assert dm.val_names == ["théâtre.txt", "日本語.txt", "中文.txt", "café.txt"]
 
 
 def test_a_glob_of_a_mixture_is_named_by_its_folder(tmp_path):

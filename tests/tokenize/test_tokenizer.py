@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,18 @@ def test_char_tokenizer(small_data):
         tok.encode("café")
     multi = build_tokenizer("char", documents=lambda: ["ab", "ba"])
     assert multi.special_tokens == {EOT: 2} and multi.vocab_size == 3
+
+
+def test_a_combining_mark_the_char_vocabulary_lacks_is_named():
+    """Catches a prompt typed in decomposed form (NFD: e + U+0301, as macOS file names and some PDFs hold é) refused
+    as "character '́' is not in the char tokenizer's vocabulary": the mark alone, drawn on the quote, for a letter
+    the vocabulary has; it is named by its code point, with the fix."""
+    tok = build_tokenizer("char", documents=lambda: ["a café, then tea"])
+    assert tok.decode(tok.encode("café")) == "café"
+    with pytest.raises(ValueError, match=r"character '\u0301' \(U\+0301") as e:
+        tok.encode(unicodedata.normalize("NFD", "café"))
+    assert "(U+0301 COMBINING ACUTE ACCENT, which follows its letter in text in decomposed form, NFD)" in str(e.value)
+    assert "compose the text (NFC: unicodedata.normalize('NFC', text))" in str(e.value)
 
 
 def test_scratch_bpe_backend(shakespeare_100k):

@@ -53,6 +53,22 @@ def _unique_key_loader():
     return Loader
 
 
+def check_read_here(path: str | Path, text: str) -> None:
+    """ValueError where jsonargparse, which reads a config file in the locale's encoding, cannot read ``text`` (the
+    file's, UTF-8) as it is: text that is not ASCII under LC_ALL=C without UTF-8 mode (PYTHONUTF8=0) ended every
+    command in a UnicodeDecodeError traceback, the shipped *-modern.yaml recipes' too (another encoding, e.g.
+    Latin-1, would misread it silently)."""
+    import codecs
+    import locale
+
+    if text.isascii() or codecs.lookup(encoding := locale.getpreferredencoding(False)).name == "utf-8":
+        return
+    line = next(n for n, words in enumerate(text.splitlines(), 1) if not words.isascii())
+    raise ValueError(f"config file {str(path)!r} holds text that is not ASCII (line {line}), and Python reads files "
+                     f"here as {encoding}, not UTF-8 (the C or POSIX locale without UTF-8 mode); run tinylm with "
+                     "PYTHONUTF8=1 (or LC_ALL=C.UTF-8)")
+
+
 def check_config_files(args: list[str]) -> None:
     """Every ``--config FILE`` exists, is a regular file and is valid YAML with a mapping at the top; errors name
     the file and the line (jsonargparse would name ``<unicode string>`` instead of the file)."""
@@ -76,7 +92,8 @@ def check_config_files(args: list[str]) -> None:
             raise FileNotFoundError(f"config file {p!r} {what}; pass --config PATH to a YAML file such as "
                                     f"{recipe_example()}")
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a SafeLoader)
+            check_read_here(p, text := path.read_text(encoding="utf-8"))
+            data = yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader)
         except _DuplicateKey as e:
             raise ValueError(f"config file {p!r} sets {e.key!r} twice in one mapping (lines {e.lines[0]} and "
                              f"{e.lines[1]}); YAML would keep only the last and silently drop what the first sets: "
@@ -87,7 +104,7 @@ def check_config_files(args: list[str]) -> None:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in path.read_text() else ""
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in text else ""
             raise ValueError(f"config file {p!r} is not valid YAML{where}: {problem}{tab}") from None
         if data is None:  # jsonargparse said "Unexpected config:" and nothing more
             raise ValueError(f"config file {p!r} is empty (or only comments); pass a YAML file with sections "

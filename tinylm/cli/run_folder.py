@@ -24,6 +24,7 @@ from typing import Any
 
 from tinylm.cli.run_lock import lock_run_folder
 from tinylm.errors import TinyLMError
+from tinylm.paths import not_utf8
 
 log = logging.getLogger("tinylm")
 
@@ -68,6 +69,8 @@ RUNS_ROOT = "runs"  # trainer.default_root_dir's default: the folder holding all
 
 
 def _check_run_name(name: str) -> None:
+    if why := not_utf8(name, "pick another, e.g. --run.name my-run"):  # (not "a control character")
+        raise ValueError(f"run.name {name!r} is no UTF-8 text: {why}")
     why = ("empty" if not name.strip() else "not a folder of its own" if name in (".", "..") else "has a '/'"
            if Path(name).name != name else "holds a control character (a line break, a tab, ...)"
            if any(not c.isprintable() for c in name) else f"{len(name.encode())} bytes, over the 255 a folder name "
@@ -107,6 +110,8 @@ def run_dir_of(root: str | Path | None, name: str) -> Path:
     if root is not None and not str(root).strip():  # (Path("") is the working folder: the run landed in ./NAME)
         raise ValueError("--trainer.default_root_dir is empty (an unset shell variable?); pass the folder that holds "
                          f"the run folders, or leave it out for {RUNS_ROOT}/")
+    if root is not None and (why := not_utf8(str(root), "rename it in UTF-8 (mv) or pass another")):  # (the run's
+        raise ValueError(f"--trainer.default_root_dir {str(root)!r} is no UTF-8 text: {why}")  # config.yaml's)
     run_dir = Path(root if root is not None else RUNS_ROOT).expanduser() / name  # (a config file's ~/runs too)
     if (why := missing_path(run_dir)).startswith("is a loop"):  # (Path.resolve's RuntimeError traceback)
         raise TinyLMError(f"{run_dir} {why} where the run folder should be; or choose another --run.name or "
@@ -424,6 +429,10 @@ def with_run_config(args: list[str], *, quiet: bool = False) -> list[str]:
     if args[0] == "validate" and (dropped := _validate_leaves(settings, flags)) is not settings:  # them, as text
         settings, text = dropped, reloadable_yaml(dropped)
     check_kept_classes(settings, str(config), folder=config.parent)
+    if text is None:  # (read by jsonargparse, in the locale's encoding)
+        from tinylm.cli.config_files import check_read_here
+
+        check_read_here(config, config.read_text(encoding="utf-8", errors="replace"))
     named = Path((settings.get("trainer") or {}).get("default_root_dir") or RUNS_ROOT,
                  (settings.get("run") or {}).get("name") or RunOptions.name)
     # a run folder moved (or read from another folder) since: the checkpoint's folder, not the one the file names

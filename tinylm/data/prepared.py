@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tinylm.data.prepare import (
     resumed_note,
     tokenizer_dir_for,
 )
+from tinylm.paths import not_utf8
 from tinylm.ranges import check_ranges
 from tinylm.tokenize import TRAINED_SPECS, Tokenizer
 from tinylm.tokenize.tokenizer import EOS_NAMES, build_tokenizer
@@ -100,6 +102,8 @@ class PreparedData:
         self.clean = options_from(clean)
         if not tokenizer.strip():
             build_tokenizer(tokenizer)  # its one line, before anything is read
+        if why := not_utf8(tokenizer, "rename it in UTF-8 (mv) and pass --data.tokenizer NEW_NAME"):  # (as data.corpus)
+            raise ValueError(f"data.tokenizer {tokenizer!r} is no UTF-8 text: {why}")
         corpus = _corpus_specs(corpus)  # (rebound: the hyperparameters record strings, never a Path)
         self.corpus_specs = [corpus] if isinstance(corpus, str) else list(corpus)
         _check_mixture(self.corpus_specs, weights)
@@ -340,6 +344,9 @@ def _corpus_specs(corpus: Any) -> str | list[str]:
         if not isinstance(spec, str):
             raise TypeError(f"data.corpus takes a path, a dataset name or a list of them; got {type(spec).__name__} "
                             f"{spec!r:.60}")
+        if why := not_utf8(spec, "rename the file or folder in UTF-8 (convmv -f latin1 -t utf8 --notest NAME, or mv) "
+                                 "and pass --data.corpus NEW_NAME"):  # (meta.json and config.yaml cannot hold it)
+            raise ValueError(f"data.corpus {spec!r} is no UTF-8 text: {why}")
         return spec
     return [one(c) for c in corpus] if isinstance(corpus, (list, tuple)) else one(corpus)
 
@@ -369,4 +376,6 @@ def _readable_name(corpus: Corpus) -> str:
 
 
 def _metric_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "corpus"
+    """``name`` with letters and digits of any script kept (NFC: a macOS name's é is one letter): `théâtre.txt`
+    and `日本語.txt` were logged as val/loss/th_tre.txt and val/loss/.txt, two such names told apart by number."""
+    return re.sub(r"[^\w.-]+", "_", unicodedata.normalize("NFC", name)).strip("_") or "corpus"

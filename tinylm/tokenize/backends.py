@@ -8,6 +8,7 @@ import base64
 import functools
 import logging
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -389,9 +390,15 @@ class MissingCharacter(ValueError):
 
     def __init__(self, char: str, size: int) -> None:
         self.char, self.size = char, size
-        super().__init__(f"character {char!r} is not in the char tokenizer's vocabulary of {size} characters (built "
-                         "from the training corpus); remove it from the text (a prompt), or train on a corpus that "
-                         "contains it or with a byte-level tokenizer (--data.tokenizer bpe)")
+        what, fix = repr(char), "remove it from the text (a prompt)"
+        if unicodedata.category(char).startswith("M"):  # drawn on the quote before it: an é typed decomposed (NFD,
+            # as macOS file names and some PDFs hold it) was "character '́' is not in ...", though é was known
+            what += f" (U+{ord(char):04X} {unicodedata.name(char, 'a combining mark')}, which follows its letter " \
+                "in text in decomposed form, NFD)"
+            fix = "compose the text (NFC: unicodedata.normalize('NFC', text))"
+        super().__init__(f"character {what} is not in the char tokenizer's vocabulary of {size} characters (built "
+                         f"from the training corpus); {fix}, or train on a corpus that contains it or with a "
+                         "byte-level tokenizer (--data.tokenizer bpe)")
 
 
 class FormatError(ValueError):
