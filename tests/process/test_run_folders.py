@@ -1495,20 +1495,24 @@ def test_nodes_that_find_different_checkpoints_are_refused_not_left_waiting(conf
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "tinylm", "fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path",
-           "last", "--data.batch_size", "1", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
-           "--trainer.num_nodes", "2", "--trainer.devices", "1"]  # (batch 1 x 2 ranks: the run's global batch)
-    nodes = [subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "NODE_RANK": str(n), "OMP_NUM_THREADS": "1"})
-             for n, cwd in enumerate((tmp_path, node1))]
+    args = ["fit", "--config", str(config), "--trainer.max_steps", "6", "--ckpt_path", "last", "--data.batch_size",
+            "1", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.num_nodes", "2",
+            "--trainer.devices", "1"]  # (batch 1 x 2 ranks: the run's global batch)
+    env = [{**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(n),
+            "OMP_NUM_THREADS": "1"} for n in (0, 1)]
+    # node 0 forked from the test worker's warm server (tests/forked.py: one interpreter's imports fewer), node 1 a
+    # fresh `python -m tinylm` (the server serves one child at a time)
+    nodes = [forked.popen(args, cwd=tmp_path, env=env[0], stderr=forked.PIPE, start_new_session=True),
+             subprocess.Popen([sys.executable, "-m", "tinylm", *args], cwd=node1, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, env=env[1])]
     try:
         errs = [p.communicate(timeout=180)[1] for p in nodes]
     except subprocess.TimeoutExpired:
         for p in nodes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 9)
-        pytest.fail("the nodes waited for each other: " + " | ".join(p.communicate()[1][-1500:] for p in nodes))
+        nodes[0].end()
+        pytest.fail("the nodes waited for each other: " + nodes[1].communicate()[1][-1500:])
     for n, (p, err) in enumerate(zip(nodes, errs)):
         said = [line for line in err.splitlines() if ": error:" in line]
         found = "step 4 in runs/tiny" if n == 0 else "no checkpoint in runs/tiny"

@@ -463,13 +463,18 @@ def test_slurm_requeue_under_ddp_saves_and_requeues(ddp_config, tmp_path):
                "MASTER_PORT": str(port), "SLURM_JOB_ID": "4321", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2",
                "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": str(rank),
                "SLURM_LOCALID": str(rank), "SLURM_NODELIST": "127.0.0.1"}
-        with open(tmp_path / f"rank{rank}.txt", "w") as err:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tinylm", "fit", "--config", str(ddp_config),
-                                           "--trainer.accelerator", "cpu", "--trainer.devices", "2"], cwd=tmp_path,
-                                          env=env, stdout=subprocess.DEVNULL, stderr=err))
+        args = ["fit", "--config", str(ddp_config), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+        (tmp_path / f"rank{rank}.txt").write_text("")
+        if rank == 0:  # forked from the test worker's warm server (tests/forked.py: one interpreter's imports fewer)
+            procs.append(forked.popen(args, cwd=tmp_path, env=env, stderr=tmp_path / "rank0.txt"))
+        else:  # a fresh interpreter (the server serves one child at a time)
+            with open(tmp_path / f"rank{rank}.txt", "w") as err:
+                procs.append(subprocess.Popen([sys.executable, "-m", "tinylm", *args], cwd=tmp_path, env=env,
+                                              stdout=subprocess.DEVNULL, stderr=err))
     try:
-        # two fresh interpreters import Lightning, connect and train 2 steps: 84 s on a loaded 2-core machine. A
-        # deadline only bounds a hang: sent before the ranks' handlers, SIGUSR1 killed them ([-10, -10], no word)
+        # a fresh interpreter imports Lightning, the ranks connect and train 2 steps: 84 s on a loaded 2-core machine
+        # (both fresh). A deadline only bounds a hang: sent before the ranks' handlers, SIGUSR1 killed them ([-10, -10],
+        # no word)
         step2, deadline = tmp_path / "runs" / "run" / "checkpoints" / "step-2.ckpt", time.monotonic() + 300
         while not (reached := step2.is_file()) and time.monotonic() < deadline and all(p.poll() is None for p in procs):
             time.sleep(0.02)
