@@ -3,6 +3,8 @@
 a process of its own, which reports the modules it imported (a process already holding torch proves nothing)."""
 
 import fcntl
+import gc
+import importlib
 import importlib.util
 import json
 import os
@@ -139,3 +141,46 @@ def test_help_is_kept_and_made_again_when_what_shapes_it_changes(tmp_path):
     assert again == {"code": 0, "torch": False, "lightning": False} and same == text
     other = made({**env, "COLUMNS": "160"})
     assert other != text and "--data.corpus" in other and len(list(kept.glob("fit-*.txt"))) == 2  # made again
+
+
+# `tinylm ARGS` as the process's own command (main() reads sys.argv), then one JSON line: the full passes of the
+# garbage collector during it, the objects frozen out of its view, whether it is on
+COLLECTOR = """
+import gc, json, sys
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+from tinylm.cli import main
+sys.argv = ["tinylm", *sys.argv[1:]]
+code = 0
+try:
+    main()
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+print(json.dumps({"code": code, "full_passes": len(full), "frozen": gc.get_freeze_count(), "on": gc.isenabled()}))
+"""
+
+
+def test_the_garbage_collector_walks_the_imports_once(run_config, tmp_path):
+    """Catches `tinylm fit` walking Lightning's ~450,000 imported objects again and again with the garbage
+    collector (7 full passes during the import, and those of the interpreter's exit: ~2-3 s of the laptop recipe's
+    ~14 s of CPU at 1 step, docs/benchmarks.md), and `tinylm generate`'s exit walking torch's (~0.5 s of ~3.5 s).
+    Lightning's import runs with the collector paused, then one pass and gc.freeze; each command collects its own
+    garbage as it ends and freezes what is left; a caller's own main([...]) leaves its process's collector as it
+    was."""
+    cli_main = importlib.import_module("tinylm.cli.main")  # (the module: `tinylm.cli.main` is also its function)
+
+    def collector(*args: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", COLLECTOR, *args], capture_output=True, text=True, timeout=600)
+        report = json.loads(done.stdout.rstrip("\n").split("\n")[-1])
+        assert report["code"] == 0 and report["on"], done.stderr[-3000:]
+        return report
+
+    report = collector("fit", "--config", str(run_config()))
+    assert report["full_passes"] <= 2 and report["frozen"] > 100_000, report  # (the import's pass, the end's)
+    report = collector("generate", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"),
+                       "--max_new_tokens", "4")
+    assert report["frozen"] > 50_000, report
+    frozen = gc.get_freeze_count()
+    with cli_main._collector_paused(program=False):
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
