@@ -632,12 +632,14 @@ def test_a_run_name_with_a_slash_is_refused_before_anything_is_made(config, caps
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("flag", ["--data.corpus", "--data.tokenizer", "--trainer.default_root_dir", "--run.name"])
+@pytest.mark.parametrize("flag", ["--data.corpus", "--data.tokenizer", "--trainer.default_root_dir", "--run.name",
+                                  "--data.cache_dir"])
 def test_a_name_whose_bytes_are_not_utf8_is_refused_before_anything_is_made(config, capsys, tmp_path, flag):
     """Catches a corpus file named in bytes that are not UTF-8 (`caf\\xe9.txt`, from a Latin-1 archive) ending the
     first fit in a UnicodeEncodeError traceback as meta.json was written (a tokenizer file's: as its copy was saved),
-    a --trainer.default_root_dir of such bytes training a run whose config.yaml `tinylm validate` then could not
-    read ("while parsing a quoted scalar"), and such a --run.name refused as "a control character"."""
+    a --trainer.default_root_dir (or --data.cache_dir) of such bytes training a run whose config.yaml `tinylm
+    validate` and every resume then could not read ("while parsing a quoted scalar"), and such a --run.name refused
+    as "a control character"."""
     name = os.fsdecode(b"caf\xe9")  # (how Python hands such an argument over: \udce9 for the byte \xe9)
     said = flag.removeprefix("--") if flag.startswith("--data") or flag == "--run.name" else flag
     text = (tmp_path / "shakespeare_small.txt").read_text(encoding="utf-8")
@@ -668,6 +670,22 @@ def test_a_config_that_is_not_ascii_is_one_line_where_python_reads_files_as_asci
         _one_line_error(capsys, argv, f"config file {path!r} holds text that is not ASCII (line {line or ''}",
                         "Python reads files here as ANSI_X3.4-1968, not UTF-8", "run tinylm with PYTHONUTF8=1")
     assert not (tmp_path / "runs" / "tiny").exists()
+
+
+def test_a_config_read_in_a_latin1_locale_is_not_said_to_be_read_in_the_c_locale(tmp_path, monkeypatch):
+    """Catches the refusal of a non-ASCII config under a Latin-1 locale (de_DE.ISO-8859-1, where jsonargparse would
+    read "é" as "Ã©") saying "(the C or POSIX locale without UTF-8 mode)": that is the ASCII case alone."""
+    import locale
+
+    from tinylm.cli.config_files import check_read_here
+
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "ISO-8859-1")
+    with pytest.raises(ValueError, match="reads files here as ISO-8859-1, not UTF-8") as e:
+        check_read_here(tmp_path / "c.yaml", "# Théâtre\n")
+    assert "C or POSIX" not in str(e.value) and "PYTHONUTF8=1" in str(e.value)
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "ANSI_X3.4-1968")
+    with pytest.raises(ValueError, match=r"not UTF-8 \(the C or POSIX locale without UTF-8 mode\)"):
+        check_read_here(tmp_path / "c.yaml", "# Théâtre\n")
 
 
 @pytest.mark.parametrize(("project", "said"), [

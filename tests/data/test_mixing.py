@@ -201,6 +201,16 @@ def test_corpora_named_in_other_scripts_keep_their_names(tmp_path):
     assert dm.val_names == ["théâtre.txt", "日本語.txt", "中文.txt", "café.txt"]
 
 
+def test_corpora_named_in_scripts_with_vowel_signs_keep_their_names(tmp_path):
+    """Catches हिन्दी.txt, தமிழ்.txt and น้ำ.txt logged as val/loss/ह_न_द_.txt, val/loss/தம_ழ_.txt and val/loss/น_ำ.txt:
+    their vowel signs and tone marks (Unicode marks, not letters to `\\w`) became `_`, though the docs say letters of
+    any script are kept."""
+    names = ["हिन्दी.txt", "தமிழ்.txt", "น้ำ.txt", "a__b.txt"]
+    for name in names:
+        (tmp_path / name).write_text(f"text of {name} " * 50, encoding="utf-8")
+    assert _dm(tmp_path, [str(tmp_path / name) for name in names]).val_names == names
+
+
 def test_a_glob_of_a_mixture_is_named_by_its_folder(tmp_path):
     """Catches `[en/*.txt, de/*.txt]` logged as val/loss/.txt_0 and val/loss/.txt_1 (a glob's name is its pattern,
     whose `*` the metric name drops): each is named by its folder, as a folder corpus is."""

@@ -30,9 +30,18 @@ def check_recordable(parser, cfg) -> None:
     """Refuse an option that the run's config.yaml (and each checkpoint's copy of it) cannot record: jsonargparse
     writes `Unable to serialize instance X` in its place (ModelPruning's `pruning_fn: l1_unstructured`,
     StochasticWeightAveraging's default `device`), and every resume, which reads those settings back, failed on it
-    ("The provided `pruning_fn` unable to serialize instance l1_unstructured isn't available") or ran with it."""
+    ("The provided `pruning_fn` unable to serialize instance l1_unstructured isn't available") or ran with it. So is
+    text that is not UTF-8 (a --data.cache_dir named in Latin-1 bytes): config.yaml held "cach\\uDCE9", which no
+    resume or validate could read ("while parsing a quoted scalar")."""
     import yaml
 
+    from tinylm.paths import not_utf8
+
+    for key, value in _leaves(cfg.as_dict() if hasattr(cfg, "as_dict") else cfg):
+        if isinstance(value, str) and (why := not_utf8(value, "rename the file or folder in UTF-8 (convmv -f latin1 -t "
+                                                       f"utf8 --notest NAME, or mv) and pass --{key.split('[')[0]} "
+                                                       "NEW_NAME")):
+            raise TinyLMError(f"{key} {value!r} is no UTF-8 text: {why}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         text = parser.dump(cfg, **keep_none())

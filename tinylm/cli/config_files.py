@@ -61,12 +61,12 @@ def check_read_here(path: str | Path, text: str) -> None:
     import codecs
     import locale
 
-    if text.isascii() or codecs.lookup(encoding := locale.getpreferredencoding(False)).name == "utf-8":
+    if text.isascii() or (name := codecs.lookup(encoding := locale.getpreferredencoding(False)).name) == "utf-8":
         return
     line = next(n for n, words in enumerate(text.splitlines(), 1) if not words.isascii())
+    why = "the C or POSIX locale without UTF-8 mode" if name == "ascii" else "the locale's encoding"  # (Latin-1's)
     raise ValueError(f"config file {str(path)!r} holds text that is not ASCII (line {line}), and Python reads files "
-                     f"here as {encoding}, not UTF-8 (the C or POSIX locale without UTF-8 mode); run tinylm with "
-                     "PYTHONUTF8=1 (or LC_ALL=C.UTF-8)")
+                     f"here as {encoding}, not UTF-8 ({why}); run tinylm with PYTHONUTF8=1 (or LC_ALL=C.UTF-8)")
 
 
 def check_config_files(args: list[str]) -> None:

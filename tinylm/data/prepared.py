@@ -378,4 +378,6 @@ def _readable_name(corpus: Corpus) -> str:
 def _metric_name(name: str) -> str:
     """``name`` with letters and digits of any script kept (NFC: a macOS name's é is one letter): `théâtre.txt`
     and `日本語.txt` were logged as val/loss/th_tre.txt and val/loss/.txt, two such names told apart by number."""
-    return re.sub(r"[^\w.-]+", "_", unicodedata.normalize("NFC", name)).strip("_") or "corpus"
+    kept = "".join(c if c.isalnum() or c in "_.-" or unicodedata.category(c).startswith("M") else "\0"
+                   for c in unicodedata.normalize("NFC", name))  # (marks too: हिन्दी's vowel signs, น้ำ's tone mark)
+    return re.sub("\0+", "_", kept).strip("_") or "corpus"
