@@ -5,8 +5,10 @@ that a test is about starts. Tests of a run's behaviour (its signals, its exit s
 it here instead: a child forked from the server runs the command as `python -m tinylm` does (runpy, with sys.argv,
 the working directory, the environment, stdin/stdout/stderr and the session of a fresh process), ends through the
 interpreter's own exit (atexit hooks, an uncaught KeyboardInterrupt re-sent as SIGINT) and is handled like a
-subprocess.Popen. Processes the run starts itself (DDP's rank 1, loader workers) are as they would be: DDP's rank 1
-is a fresh `python -m tinylm.__main__ ...`, ddp_fork's ranks are forked from the run.
+subprocess.Popen. Processes the run starts itself are as they would be (loader workers, ddp_fork's ranks forked from
+the run, DDP's ranks 2.. fresh `python -m tinylm.__main__ ...` processes), but for DDP's rank 1: forked from the run
+before the run starts, it runs the command DDP's launcher gives it as a fresh one would (see _RANKS); a test of how a
+rank's interpreter starts (its imports, its warnings at import) starts its command with subprocess.
 
 The server imports modules only (no thread, no run: each child starts from the same untouched state), then freezes
 the garbage collector's view of them (gc.freeze, as Python's docs advise before fork). One server per test process
@@ -35,7 +37,28 @@ os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 import torch, torch.distributed, lightning.pytorch, lightning.pytorch.cli, jsonargparse  # what every run imports
 import tinylm.cli, tinylm.cli.fit, tinylm.cli.commands, tinylm.cli.scaling, tinylm.data, tinylm.model, tinylm.train
 import runpy
+from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+
+def as_started(env):
+    # What torch reads from the environment as it is imported, read again from ``env``: the level of its C++ log
+    # (TORCH_CPP_LOG_LEVEL: rank 0 sets ERROR for the ranks it starts; each said a gloo warning with its C++ stack
+    # otherwise) and its threads (OMP_NUM_THREADS). (Lightning's rank, read from RANK/LOCAL_RANK as Lightning is
+    # imported, is the server's 0 for a command, as a fresh one's is after tinylm dropped a stray RANK before that
+    # import; a test of that drop starts a fresh process.)
+    import ctypes
+
+    level = env.get("TORCH_CPP_LOG_LEVEL", "").upper()
+    levels = {"0": 0, "INFO": 0, "1": 1, "WARNING": 1, "2": 2, "ERROR": 2, "3": 3, "FATAL": 3}
+    if level in levels:
+        c10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        ctypes.c_int.in_dll(c10, "FLAGS_caffe2_log_level").value = levels[level]
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+
+
 gc.freeze()
+module = "tinylm"
 print("ready", file=said, flush=True)
 for line in sys.stdin:
     request = json.loads(line)
@@ -62,21 +85,82 @@ for fd, path in ((0, request["stdin"]), (1, request["stdout"]), (2, request["std
     os.dup2(opened, fd)
     os.close(opened)
 sys.path[1:1] = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-if request["env"].get("OMP_NUM_THREADS", "").isdigit():  # what a fresh torch reads as it starts
-    torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
 if request["ignore_sigint"]:  # started with Ctrl+C ignored (a script's `&` job): Python then installs no handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+# the ranks DDP's launcher starts as fresh `python -m tinylm.__main__ ...` processes: the first forked now, from this
+# untouched state
+exec(compile(RANKS, "tests/forked.py:_RANKS", "exec"))
+as_started(request["env"])
 sys.argv = ["tinylm", *request["args"]]
 del said, request, line, child, fd, path, opened
-runpy.run_module("tinylm", run_name="__main__", alter_sys=True)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+# DDP's launcher (Lightning's _SubprocessScriptLauncher, in the run) starts ranks 1.. with subprocess.Popen as fresh
+# `python -m tinylm.__main__ ARGS` processes, each importing Lightning again (~8-10 s of CPU on this machine). Rank 1
+# is forked here instead, from the run's process before the run starts (the state a fresh interpreter has after its
+# imports): it waits, its signals ignored, for the command and environment the launcher gives subprocess.Popen, then
+# runs it as `python -m` would, a child of the run as the launcher's would be (its watch of rank 0 reads its parent).
+# Ranks 2.. and any other process the run starts are subprocess.Popen's own. /proc/PID/comm names it "tinylm-rank1"
+# (its /proc/PID/environ is the server's, without LOCAL_RANK).
+_RANKS = r"""
+import subprocess
+wait_r, wait_w = os.pipe()
+started_r, started_w = os.pipe()
+rank = os.fork()
+if rank == 0:
+    os.close(wait_w)
+    os.close(started_r)
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
+    for s in kept:  # a signal to the run's group before the launcher asked for it: a fresh rank 1 did not exist yet
+        signal.signal(s, signal.SIG_IGN)
+    asked = b""
+    while not asked.endswith(b"\n"):
+        if not (got := os.read(wait_r, 65536)):  # the run ended without asking for it (one device, an error)
+            os._exit(0)
+        asked += got
+    os.close(wait_r)
+    asked = json.loads(asked)
+    for s, handler in kept.items():
+        signal.signal(s, handler)
+    with open("/proc/self/comm", "w") as comm:
+        comm.write("tinylm-rank1")
+    os.write(started_w, b"x")  # named: the launcher's subprocess.Popen returns (a fresh one's exec had happened)
+    os.close(started_w)
+    if asked["cwd"] is not None:
+        os.chdir(asked["cwd"])
+    os.environ.clear()
+    os.environ.update(asked["env"])
+    request["args"], request["env"], module = asked["args"], asked["env"], asked["module"]  # (as_started reads env)
+    rank_zero_only.rank = _get_rank() or 0  # Lightning's import in a fresh rank reads LOCAL_RANK=1
+    del kept, s, handler, got, asked, comm
+else:
+    os.close(wait_r)
+    os.close(started_w)
+
+    class _Launch(subprocess.Popen):
+        def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
+            global rank
+            redirected = rest[3:9] != (-1,) * 6  # p2cread .. errwrite: the launcher redirects none
+            if rank is None or redirected or executable is not None or not isinstance(args, list) or \
+                    args[:2] != [sys.executable, "-m"] or env is None or env.get("LOCAL_RANK") != "1":
+                return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+            os.write(wait_w, (json.dumps({"module": args[2], "args": args[3:], "env": dict(env),
+                                          "cwd": None if cwd is None else os.fspath(cwd)}) + "\n").encode())
+            os.close(wait_w)
+            os.read(started_r, 1)
+            os.close(started_r)
+            self.pid, self._child_created, rank = rank, True, None
+
+    subprocess.Popen = _Launch
 """
 
 
 class _Server:
     def __init__(self) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="tinylm-fork-server-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log,
+        self.proc = subprocess.Popen([sys.executable, "-c", f"RANKS = {_RANKS!r}\n{_SERVER}"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log,
                                      start_new_session=True)  # a test's Ctrl+C to its own group does not reach it
         self.buffer = b""
         self.current: Forked | None = None

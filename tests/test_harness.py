@@ -1,14 +1,18 @@
 """The suite's own guards against a hang: a child a test forks is reaped within a time limit, and a test worker is
-back on one torch thread after every test (a child forked after a multi-thread operator hung in its own)."""
+back on one torch thread after every test (a child forked after a multi-thread operator hung in its own); and the
+fork server's DDP rank 1 (tests/forked.py) starts as a fresh one would."""
 
 import ast
+import json
 import os
 import time
 from pathlib import Path
 
 import forked
+import lightning.pytorch as L
 import pytest
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 
 def test_a_forked_child_that_never_ends_is_killed_and_fails_the_test():
@@ -63,3 +67,39 @@ def test_no_test_waits_for_its_own_forked_child_without_a_limit():
                     and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0:
                 unbounded.append(f"{path.relative_to(tests)}:{node.lineno}")
     assert not unbounded, f"wait with forked.reap(pid, timeout): {unbounded}"
+
+
+class SayHowThisRankStarted(L.Callback):
+    """Each rank writes, at its setup: its pid, its parent's, Lightning's rank for it, torch's C++ log level and
+    threads, and its name in /proc (rank<N>.json)."""
+
+    def setup(self, trainer, pl_module, stage):
+        import ctypes
+        import json
+
+        c10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        Path(f"rank{trainer.global_rank}.json").write_text(json.dumps({
+            "pid": os.getpid(), "parent": os.getppid(), "rank_zero_only": rank_zero_only.rank,
+            "cpp_log_level": ctypes.c_int.in_dll(c10, "FLAGS_caffe2_log_level").value,
+            "threads": torch.get_num_threads(), "comm": Path("/proc/self/comm").read_text().strip()}))
+
+
+@pytest.mark.process
+def test_a_forked_ddp_runs_rank_1_is_forked_from_it_and_starts_as_a_fresh_one_would(run_config, tmp_path):
+    """Catches tests/forked.py's rank 1 (forked from the run, to spare a fresh interpreter's imports) starting
+    otherwise than the fresh `python -m tinylm.__main__` that DDP's launcher starts: another process's child (its
+    watch of rank 0 reads its parent), Lightning's rank 0 (it took the run folder's lock: "in use by another tinylm
+    process"), torch's C++ log at the import's level (rank 0 sets ERROR for the ranks it starts: a gloo warning with
+    its C++ stack), or a fresh interpreter after all (the saving gone)."""
+    config = run_config(run={"name": "run"}, trainer={"max_steps": 1})
+    env = {**{k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    done = forked.run(["fit", "--config", str(config), "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp", "--trainer.callbacks+=test_harness.SayHowThisRankStarted"],
+                      cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank1["parent"] == rank0["pid"], (rank0, rank1)
+    assert (rank0["rank_zero_only"], rank1["rank_zero_only"]) == (0, 1)
+    assert rank1["cpp_log_level"] == 2 and rank1["threads"] == 1, rank1  # ERROR, as rank 0 set it for its ranks
+    assert rank1["comm"] == "tinylm-rank1", rank1

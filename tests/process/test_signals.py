@@ -781,10 +781,12 @@ def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
 
 def _rank1(pid: int) -> int | None:
     """The pid of rank 1 among the children of rank 0 (``pid``), once it runs: the one Lightning started with
-    LOCAL_RANK=1 in its environment (rank 0 forks others too, loader and tokenizer workers, that are no rank)."""
+    LOCAL_RANK=1 in its environment (rank 0 forks others too, loader and tokenizer workers, that are no rank), or
+    the one tests/forked.py forked for it, named so once the launcher started it."""
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         with contextlib.suppress(OSError):
-            if b"\0LOCAL_RANK=1\0" in b"\0" + Path(f"/proc/{child}/environ").read_bytes():
+            if b"\0LOCAL_RANK=1\0" in b"\0" + Path(f"/proc/{child}/environ").read_bytes() or \
+                    Path(f"/proc/{child}/comm").read_text() == "tinylm-rank1\n":
                 return int(child)
     return None
 
