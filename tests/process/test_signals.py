@@ -725,6 +725,34 @@ def test_a_training_process_writing_down_its_error_ends_with_it_on_the_launchers
     assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes())
 
 
+def test_a_training_process_exiting_on_its_error_ends_with_it_on_the_launchers_sigterm(tmp_path):
+    """Catches the launcher's SIGTERM (ddp_fork's, ending the other training processes as one failed) reaching a
+    rank a moment later than the one above: its error written down, torch's wrapper had ended it (sys.exit(1)) and
+    multiprocessing ran its exit function; the signal, raised as an error there, printed its traceback ("During
+    handling of the above exception ... SystemExit: 1") after the failure's one line (seen on a loaded machine). The
+    SIGTERM is sent from a finalizer that exit function runs; the rank ends with its own error, 1, quietly."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import multiprocessing, os, signal, sys\n"
+        "from multiprocessing import util\n"
+        "from torch.multiprocessing.spawn import _wrap\n"
+        "from tinylm.cli.signals import terminate_cleanly\n"
+        "def _wrapping_function(i):\n"
+        "    util.Finalize(None, os.kill, args=(os.getpid(), signal.SIGTERM), exitpriority=100)\n"
+        "    raise RuntimeError('Connection closed by peer [127.0.0.1]:24989')\n"
+        "with terminate_cleanly('validate'):\n"
+        "    rank = multiprocessing.get_context('fork').Process(target=_wrap,\n"
+        "                                                       args=(_wrapping_function, 1, (), sys.argv[1]))\n"
+        "    rank.start()\n"
+        "    rank.join(60)\n"
+        "print(rank.exitcode)\n")
+    error_file = tmp_path / "error"
+    done = subprocess.run([sys.executable, str(script), str(error_file)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout == "1\n" and done.stderr == "", done.stdout + done.stderr
+    assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes())
+
+
 def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():
     """Catches the watch of the ranks, its line's write failing (a closed terminal's EIO), leaving the lock it holds
     taken: the command, ending on its own error meanwhile (the lost rank's failed collective), waited for it for

@@ -82,10 +82,28 @@ def _writing_down_its_error(frame: object) -> bool:
     for the launching process, which ends the other training processes with a SIGTERM as soon as one has failed (a
     rank that failed in a collective with the first, gone). The signal, raised as an error there, added that
     rank's traceback (two, chained) to the first failure's line."""
-    if sys.exc_info()[1] is None or (found := _torch_spawn_wrapper(frame)) is None:
+    if sys.exc_info()[1] is None:
         return False
+    if (found := _torch_spawn_wrapper(frame)) is None:
+        return isinstance(sys.exc_info()[1], SystemExit) and _exiting_from_torch_spawn(frame)
     inner = found[1]  # outside the training function it calls (Lightning's), in its `except`
     return inner is None or inner.f_code.co_name != "_wrapping_function"
+
+
+def _exiting_from_torch_spawn(frame: object) -> bool:
+    """Whether ``frame`` runs in multiprocessing's exit function (its finalizers) of a process that torch's wrapper
+    ended (sys.exit(1), its error written down): the launching process's SIGTERM came a moment later there, and
+    added a traceback ("During handling of ... SystemExit: 1") to the first failure's line."""
+    exiting = False
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_exit_function" and code.co_filename.endswith(os.path.join("multiprocessing", "util.py")):
+            exiting = True
+        elif code.co_name == "_bootstrap" and code.co_filename.endswith(os.path.join("multiprocessing", "process.py")):
+            target = getattr(frame.f_locals.get("self"), "_target", None)
+            return exiting and getattr(target, "__module__", None) == "torch.multiprocessing.spawn"
+        frame = frame.f_back
+    return False
 
 
 _HELD: list[int] | None = None
