@@ -455,37 +455,30 @@ def test_scaling_says_on_which_side_the_optimum_lies(run_config, capsys, losses,
 
 
 
-def test_scaling_rungs_print_no_model_summary(run_config, capfd):
-    """Catches each rung of a ladder printing Lightning's 9-line model summary (5 rungs: 45 lines of it), which says
-    again what its "scaling: rung" line says (a config that sets enable_model_summary still decides)."""
-    import yaml
+def test_scaling_says_rung_k_of_n_and_the_ladders_time_left(run_config, capfd, caplog):
+    """Catches a ladder that trains for hours saying nothing of where it is: each rung says "rung k of n" (a reused
+    one says so), and from the second trained rung on, the ladder's time left; the end names the plot command. And
+    each rung printing Lightning's 9-line model summary (5 rungs: 45 lines of it), which says again what its
+    "scaling: rung" line says (a config that sets enable_model_summary still decides)."""
+    import shlex
 
     cfg = run_config()
     settings = yaml.safe_load(cfg.read_text())
     del settings["trainer"]["enable_model_summary"]  # Lightning's default: a summary at every fit
     cfg.write_text(yaml.safe_dump(settings))
-    main(["scaling", "--config", str(cfg), "--budget", "2e7", "--sizes", "[[1,8],[1,12],[1,16]]", "--predict",
-          "[1,20]", "--out", "k.png"])
-    said = capfd.readouterr()
-    assert "scaling: rung 3 of 4" in said.err and "| Name" not in said.out + said.err
-
-def test_scaling_says_rung_k_of_n_and_the_ladders_time_left(run_config, capsys, caplog):
-    """Catches a ladder that trains for hours saying nothing of where it is: each rung says "rung k of n" (a reused
-    one says so), and from the second trained rung on, the ladder's time left; the end names the plot command."""
-    import shlex
-
-    cfg = run_config()
     sizes = [[1, 8], [1, 12], [1, 16]]
-    _finished_runs(cfg, sizes[:1], lambda r, _: 1.5 + 30 * r.params**-0.5, budget=2e7)
+    _finished_runs(cfg, sizes[:1], lambda r, _: 1.5 + 30 * r.params**-0.5, budget=1e6)  # (rungs of 1-3 steps)
     with caplog.at_level("INFO", logger="tinylm"):
-        main(["scaling", "--config", str(cfg), "--budget", "2e7", "--sizes", json.dumps(sizes), "--predict", "[1,20]",
+        main(["scaling", "--config", str(cfg), "--budget", "1e6", "--sizes", json.dumps(sizes), "--predict", "[1,20]",
               "--out", "k.png"])
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scaling: rung")]
     assert [s.split(":")[1].strip() for s in said] == [f"rung {k} of 4" for k in (1, 2, 3, 4)], said
     assert "(finished before: reused)" in said[0] and "left" not in said[1]
     assert re.search(r"about \S+ left for the ladder \(2 runs to train\)", said[2]), said[2]
     assert re.search(r"about \S+ left for the ladder \(1 run to train\)", said[3]), said[3]
-    plot = capsys.readouterr().out.split("next:\n", 1)[1].strip()
+    said = capfd.readouterr()
+    assert "| Name" not in said.out + said.err  # (rungs 2-4 trained: none printed a model summary)
+    plot = said.out.split("next:\n", 1)[1].strip()
     assert plot.startswith("tinylm plot ") and all(Path(p).is_dir() for p in shlex.split(plot)[2:])
 
 

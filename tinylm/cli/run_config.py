@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import SaveConfigCallback
 
-from tinylm.cli.callback_checks import keep_none, keep_own_patience
+from tinylm.cli.callback_checks import dumped, keep_none, keep_own_patience
 from tinylm.paths import replace_file
 from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
@@ -100,7 +100,7 @@ class RunConfig(SaveConfigCallback):
         if self._record is None:
             config = self.config.clone()
             config.ckpt_path = None
-            self._record = self.parser.dump(config, **keep_none())
+            self._record = dumped(self.parser, config)
         checkpoint.setdefault("tinylm", {})["config"] = self._record
 
     def on_fit_end(self, trainer, pl_module) -> None:
@@ -123,7 +123,7 @@ class RunConfig(SaveConfigCallback):
             return self._log_to_wandb(trainer)
         record = self._fresh_record(pl_module)
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or path.read_text(errors="replace")
-                                        != (record or self.parser.dump(self.config, **keep_none()))):
+                                        != (record or dumped(self.parser, self.config))):
             # a link (dangling too) or a folder is moved aside like a file: written through, a link put the config
             # outside the run folder; read, a folder crashed the run
             kept = _unused(self.run_dir / "config.previous.yaml")
@@ -133,6 +133,8 @@ class RunConfig(SaveConfigCallback):
         # (a file renamed into place: a kill or a full disk mid-write leaves no half-written record)
         if record is not None:
             replace_file(path, lambda tmp: tmp.write_text(record, encoding="utf-8"))
+        elif not self.multifile:  # (what parser.save writes then: the dump, in the locale's encoding as open() does)
+            replace_file(path, lambda tmp: tmp.write_text(dumped(self.parser, self.config)))
         else:
             replace_file(path, lambda tmp: self.parser.save(self.config, tmp, **keep_none(), overwrite=True,
                                                             multifile=self.multifile))
@@ -152,7 +154,7 @@ class RunConfig(SaveConfigCallback):
             return None
         config = self.config.clone()
         config.ckpt_path = None
-        lines = self.parser.dump(config, **keep_none()).splitlines(keepends=True)
+        lines = dumped(self.parser, config).splitlines(keepends=True)
         if branch:
             at = next((i for i, line in enumerate(lines) if line.startswith("ckpt_path:")), 0)
             lines[at:at] = [f"# branched at step {self.resume_step} from {os.path.abspath(branch)} as it was then "
@@ -174,7 +176,7 @@ class RunConfig(SaveConfigCallback):
         record given later as --config resumed from whatever last.ckpt was by then, not from step N."""
         config = self.config.clone()
         config.ckpt_path = None
-        lines = self.parser.dump(config, **keep_none()).splitlines(keepends=True)
+        lines = dumped(self.parser, config).splitlines(keepends=True)
         at = next((i for i, line in enumerate(lines) if line.startswith("ckpt_path:")), 0)
         started = os.path.abspath(self.config.ckpt_path)
         note = (f"# resumed at step {self.resume_step} from {started} as it was then (a run saves over or deletes\n"
