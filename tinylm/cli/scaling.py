@@ -206,9 +206,12 @@ def _train_rung(run_dir: Path, r, fit_args: list[str], accumulate: int) -> float
         # validated): a resume has no step left to train, and fit refuses it
         done = ckpt is not None and int(load_checkpoint(ckpt, mmap=True).get("global_step", 0)) >= r.max_steps
         resume = ckpt is not None and not done
-        if not resume and holds_run(run_dir) and rank_zero():  # nothing to resume
-            _set_aside(run_dir, "ended without a final val/loss in its csv/metrics.csv" if done else
-                       "stopped before its first checkpoint")
+        if not resume and holds_run(run_dir):  # nothing to resume
+            _barrier()  # every rank has read the folder (its metrics, its checkpoint) before rank 0 moves it: rank 1
+            # read it as it went (FileNotFoundError: 'runs/NAME/csv/metrics.csv'), and the ladder ended
+            if rank_zero():
+                _set_aside(run_dir, "ended without a final val/loss in its csv/metrics.csv" if done else
+                           "stopped before its first checkpoint")
         _barrier()  # the other ranks start this run after rank 0 moved that folder aside
         values = (r.n_layer, r.n_embd, r.n_head, r.max_steps, r.warmup_steps, "null", r.max_steps * accumulate)
         per_run = [a for flag, value in zip(_SET_PER_RUN, values, strict=True) for a in (flag, str(value))]
