@@ -233,7 +233,7 @@ def _torch_load(path: Path, map_location: Any, mmap: bool, tries: int = 5) -> An
             with warnings.catch_warnings():  # (a file of pickle protocol 3-5: torch's "please file an issue" line
                 # came before tinylm's own one, which says what to do when the load fails)
                 warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-                ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+                ckpt = _load_named(path, map_location, mmap)
         except Exception:
             if not mmap or identity() == before or attempt == tries - 1:
                 raise
@@ -242,6 +242,19 @@ def _torch_load(path: Path, map_location: Any, mmap: bool, tries: int = 5) -> An
             return ckpt
     raise CheckpointError(f"{str(path)!r} was replaced {tries} times while it loaded (a running `tinylm fit` saving "
                           "it every step?); copy it elsewhere first, or pass a step-*.ckpt of the run")
+
+
+def _load_named(path: Path, map_location: Any, mmap: bool) -> Any:
+    """torch.load of ``path``; a name that is no UTF-8 text (Latin-1 bytes, or UTF-8 read under the C locale: Python
+    keeps such bytes as lone surrogates) read through a file Python opened: torch's reader takes only UTF-8 names,
+    and such a checkpoint was refused as "truncated or not a torch file" ('utf-8' codec can't encode ...). Without
+    its mapping then (torch maps only a name): loaded whole."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 SHARDED_METADATA = "meta.pt"  # Lightning's name for the non-tensor part of a DCP checkpoint folder

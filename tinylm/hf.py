@@ -33,7 +33,7 @@ import torch
 
 from tinylm.checkpoint import load_model
 from tinylm.model import GPT, GPTConfig
-from tinylm.paths import ASIDE, check_output_path, follow_umask, naming, swap_in_folder
+from tinylm.paths import ASIDE, check_output_path, follow_umask, naming, not_utf8, swap_in_folder
 from tinylm.tokenize.hf import save_hf_tokenizer
 from tinylm.tokenize.tokenizer import STATE_FILE
 
@@ -177,6 +177,9 @@ def export_hf(ckpt_path: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     if out.is_symlink() and not out.exists():
         raise NotADirectoryError(f"--out {str(out)!r} is a link to nothing; pass a directory path")
     check_output_path(out, folder=True)  # a folder that cannot be made (under /proc, read-only): one line, now
+    if why := not_utf8(str(out.absolute()), "rename it in UTF-8 (convmv -f latin1 -t utf8 --notest NAME, or mv), or "
+                       "pass another --out"):  # (the tokenizer's writer takes UTF-8 paths alone: a traceback)
+        raise ValueError(f"--out {str(out.absolute())!r} is no UTF-8 text: {why}")
     with _one_export_at_a_time(next((p for p in out.absolute().parents if p.is_dir()), out.absolute())):
         return _export_into(ckpt_path, out, dtype)
 

@@ -107,18 +107,20 @@ HUB_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.sa
              "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
 HUB_BIN_FILES = ("pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json")  # (no safetensors)
 _FILE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".json", ".txt", ".yaml", ".yml", ".py"}
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?(@[\w.-]+(/[\w.-]+)*)?")  # (@ a revision)
 
 
 def hub_name(given: str) -> bool:
-    """Whether ``given``, naming no file here, reads as a Hugging Face Hub model's name (``gpt2``, ``org/name``).
+    """Whether ``given``, naming no file here, reads as a Hugging Face Hub model's name (``gpt2``, ``org/name``), or
+    one at a revision (``gpt2@main``, ``org/name@v1.0``, ``org/name@COMMIT``).
     A name under a folder here (runs/NAME, a run's name mistyped), and fit's and validate's `last` and `best`, are
     paths that are missing, said so by the reader: not asked of the Hub (3 s offline; a message about the Hub and
     its cache; the local path sent to huggingface.co)."""
     from pathlib import Path
 
     under_here = given in ("last", "best") or "/" in given and os.path.isdir(given.split("/", 1)[0])
-    return bool(_HUB_NAME.fullmatch(given)) and Path(given).suffix not in _FILE_SUFFIXES and not under_here
+    file_like = {Path(given).suffix, Path(given.split("@")[0]).suffix} & _FILE_SUFFIXES  # (run@2.ckpt: a file)
+    return bool(_HUB_NAME.fullmatch(given)) and not file_like and not under_here
 
 
 def model_source(source: str | os.PathLike, option: str) -> str:
@@ -126,7 +128,8 @@ def model_source(source: str | os.PathLike, option: str) -> str:
     given (or a missing one under a folder here: ``runs/x``); else a Hugging Face Hub model's name (``gpt2``,
     ``openai-community/gpt2``, ``org/name``) is its snapshot folder in the Hugging Face cache, downloaded there once
     (its config, safetensors weights, else pytorch_model.bin, and tokenizer files), as nanoGPT's ``init_from='gpt2'``
-    takes it through transformers' from_pretrained. HF_HUB_OFFLINE=1 and HF_HUB_CACHE / HF_HOME work as for
+    takes it through transformers' from_pretrained; ``NAME@REVISION`` (a branch, tag or commit) is that revision's
+    (it was "not found": the whole text taken for a path). HF_HUB_OFFLINE=1 and HF_HUB_CACHE / HF_HOME work as for
     transformers."""
     import logging
     from pathlib import Path
@@ -143,10 +146,12 @@ def model_source(source: str | os.PathLike, option: str) -> str:
     unreachable = hub_unreachable()  # (asked in 3 s: huggingface_hub retries a dead network for longer)
     try:
         with hub_offline(hub_offline_asked() or unreachable is not None):
-            folder = snapshot_download(given, allow_patterns=list(HUB_FILES))
+            repo, _, revision = given.partition("@")
+            at = {"revision": revision} if revision else {}
+            folder = snapshot_download(repo, allow_patterns=list(HUB_FILES), **at)
             if not any(Path(folder).glob("*.safetensors")):  # a repository from before safetensors: its PyTorch
                 # weights (it read "no weights in <the cache's folder>; pass a directory written by `tinylm export`")
-                folder = snapshot_download(given, allow_patterns=list(HUB_BIN_FILES))
+                folder = snapshot_download(repo, allow_patterns=list(HUB_BIN_FILES), **at)
             return folder
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         why = unreachable or ("the Hub has no model of that name, or a private or gated one: `hf auth login` for "

@@ -653,6 +653,34 @@ def test_a_name_whose_bytes_are_not_utf8_is_refused_before_anything_is_made(conf
     assert flag == "--data.tokenizer" or not (tmp_path / name).is_dir()
 
 
+def test_a_checkpoint_named_in_bytes_not_utf8_is_read_and_an_export_there_is_one_line(config, capsys, tmp_path):
+    """Catches a checkpoint named in bytes that are not UTF-8 (`caf\\xe9.ckpt`, copied from a Latin-1 archive) refused
+    by generate, validate, eval and export as "not a readable checkpoint (truncated or not a torch file: 'utf-8'
+    codec can't encode ...)": a whole file, which torch's reader could not open by that name; and `tinylm export
+    --out` of such a name ending in the tokenizer writer's UnicodeEncodeError traceback; and `tinylm sample-report`
+    of such a checkpoint, once loadable, ending in one after the sampling."""
+    import shutil
+
+    main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
+    name = tmp_path / os.fsdecode(b"caf\xe9.ckpt")  # (how Python hands such an argument over: \udce9)
+    shutil.copy(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", name)
+    capsys.readouterr()
+    greedy = ["--prompt", "RO", "--strategy", "greedy", "--max_new_tokens", "5"]
+    main(["generate", "--ckpt_path", str(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"), *greedy])
+    want = capsys.readouterr().out
+    main(["generate", "--ckpt_path", str(name), *greedy])
+    assert capsys.readouterr().out == want
+    out = tmp_path / os.fsdecode(b"hf\xe9")
+    _one_line_error(capsys, ["export", "--ckpt_path", str(name), "--out", str(out)], f"--out {str(out)!r} is no "
+                    "UTF-8 text: its bytes", "rename it in UTF-8 (convmv -f latin1 -t utf8 --notest NAME, or mv)")
+    assert not out.exists() and not any(p.name.startswith(".hf") for p in tmp_path.iterdir())
+    # sample-report records its checkpoint's name in metrics.json: refused before the sampling (it was a
+    # UnicodeEncodeError traceback once the report was written, the sampling lost)
+    _one_line_error(capsys, ["sample-report", "--ckpt_path", str(name), "--out", str(tmp_path / "report")],
+                    f"--ckpt_path {str(name)!r} is no UTF-8 text, which the report records: its bytes")
+    assert not (tmp_path / "report").exists()
+
+
 def test_a_config_that_is_not_ascii_is_one_line_where_python_reads_files_as_ascii(config, capsys, tmp_path,
                                                                                    monkeypatch):
     """Catches a config holding any letter outside ASCII (the shipped *-modern.yaml recipes: a dash in their first

@@ -1004,3 +1004,20 @@ def test_a_config_record_cut_by_a_kill_is_never_left_half_written(run_config, mo
     monkeypatch.setattr(Path, "write_text", real_write_text)
     assert Path("runs/tiny/config.yaml").read_text() == record
     assert sorted(p.name for p in Path("runs/tiny").glob("config*")) == ["config.yaml"]
+
+
+def test_a_next_command_naming_a_file_in_bytes_not_utf8_pastes_back_to_that_file(tmp_path, monkeypatch):
+    """Catches the next commands after `tinylm validate` of a checkpoint named in bytes that are not UTF-8
+    (`caf\\xe9.ckpt`, Latin-1) printing it as 'caf\ufffd.ckpt' (the byte replaced): pasted, the command found no such
+    file. It is written as bash's $'...' of its bytes, which a shell gives back as the file's own name."""
+    import os
+    import subprocess
+
+    from tinylm.cli.summary import shown
+
+    monkeypatch.chdir(tmp_path)
+    for raw in (b"runs/caf\xe9.ckpt", b"it's \xe9\\.ckpt"):
+        said = shown(os.fsdecode(raw))
+        assert said.startswith("$'") and "\ufffd" not in said
+        assert subprocess.run(["bash", "-c", f"printf %s {said}"], capture_output=True).stdout == raw
+    assert shown("runs/café.ckpt") == "'runs/café.ckpt'"  # (UTF-8 text: as before)

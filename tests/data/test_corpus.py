@@ -584,6 +584,16 @@ def test_a_dataset_spec_without_a_name_is_refused(tmp_path, spec):
         open_corpus(spec, cache_dir=tmp_path)
 
 
+def test_a_dataset_named_at_a_revision_names_hf_revision(tmp_path):
+    """Catches `--data.corpus hf:roneneldan/TinyStories@main` (a Hub name pinned as `--ckpt_path gpt2@main` is)
+    sent to `datasets` whole: "Couldn't reach 'roneneldan/TinyStories@main' on the Hub ...; check the name and the
+    network", which named neither the revision nor the option that takes it."""
+    with pytest.raises(ValueError, match=r"^--data.corpus 'hf:org/ds@v1.0' names a revision in the dataset's name, "
+                                         r"which `datasets` takes apart: pass --data.corpus hf:org/ds "
+                                         r"--data.hf_revision v1.0$"):
+        open_corpus("hf:org/ds@v1.0", cache_dir=tmp_path)
+
+
 def test_datasets_own_bars_stay_out_of_a_log(tmp_path, capfd):
     """Catches `datasets`' "Generating train split" bar writing its carriage-return redraws into a log file
     (standard error no terminal), where tinylm's own progress writes lines."""

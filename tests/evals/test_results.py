@@ -39,3 +39,16 @@ def test_two_commands_appending_at_once_keep_every_row_and_one_header(tmp_path):
     rows = _rows(path)
     assert sorted((row["who"], int(row["i"])) for row in rows) == sorted((n, i) for n in "ab" for i in range(60))
     assert path.read_text().count("who,i") == 1
+
+
+def test_a_checkpoint_named_in_bytes_not_utf8_is_recorded_by_its_bytes(tmp_path):
+    """Catches `tinylm validate` (or `tinylm eval`) of a checkpoint named in bytes that are not UTF-8 (`caf\\xe9.ckpt`,
+    Latin-1) recording nothing: "could not append the result to .../validate/metrics.csv ('utf-8' codec can't encode
+    character '\\udce9' ...)". The name is recorded by its bytes (`caf\\xe9.ckpt`), and a UTF-8 name Python read
+    under the C locale (`caf\\udcc3\\udca9.ckpt`) as itself."""
+    path = tmp_path / "validate" / "metrics.csv"
+    append_row(path, {"checkpoint": os.fsdecode(b"caf\xe9.ckpt"), "step": 2})
+    append_row(path, {"checkpoint": b"caf\xc3\xa9.ckpt".decode("ascii", "surrogateescape"), "step": 3})
+    append_row(path, {"checkpoint": "\ud800", "step": 4})
+    assert [(row["checkpoint"], row["step"]) for row in _rows(path)] == \
+        [("caf\\xe9.ckpt", "2"), ("caf\u00e9.ckpt", "3"), ("\\ud800", "4")]

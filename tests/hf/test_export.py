@@ -671,15 +671,25 @@ def test_init_from_refuses_another_tokenizer(run_config, tmp_path, capsys):
             bias=False, pad_vocab_multiple=1)))
 
 
-@pytest.mark.parametrize("source", ["checkpoint", "export"])
+@pytest.mark.parametrize("source", ["checkpoint", "export", "model-alone"])
 def test_init_from_of_another_vocabulary_size_names_the_weights_tokenizer(tmp_path, char_tokenizer, source):
     """Catches the refusal of a tokenizer of another size (a char tokenizer built from a new corpus, whose characters
     are nearly always others) saying "fine-tune with the tokenizer the weights were trained with (data.tokenizer)":
     a checkpoint is no tokenizer file (--data.tokenizer X.ckpt fails), so it named no fix a user could follow. It
     names the way out as the same-size refusal does: a checkpoint's tokenizer written out by export, an export's
-    folder."""
+    folder; and of a folder holding the model alone (transformers' model.save_pretrained, no tokenizer files), it
+    says the folder holds none (it said "--data.tokenizer FOLDER", which failed: "no tokenizer in directory")."""
     ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64)
     path = ckpt if source == "checkpoint" else export_hf(ckpt, tmp_path / "hf")
+    if source == "model-alone":
+        for name in os.listdir(path):
+            if name not in ("config.json", "generation_config.json", "model.safetensors"):
+                shutil.rmtree(path / name) if (path / name).is_dir() else os.remove(path / name)
+        with pytest.raises(ValueError, match="token ids but this run's tokenizer has 2") as err:
+            TinyLM(vocab_size=2, block_size=16, init_from=str(path))
+        assert f"own tokenizer: {str(path)!r} holds none (no tokenizer.json, nor vocab.json + merges.txt): save it " \
+               "into that folder" in str(err.value) and "\n" not in str(err.value)
+        return
     with pytest.raises(ValueError, match="token ids but this run's tokenizer has 2") as err:
         TinyLM(vocab_size=2, block_size=16, init_from=str(path))
     want = (f"`tinylm export --ckpt_path {ckpt} --out DIR` and pass --data.tokenizer DIR/tinylm_tokenizer"
@@ -1112,6 +1122,34 @@ def test_a_hub_model_without_safetensors_is_read_with_its_pytorch_weights(tmp_pa
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     monkeypatch.chdir(tmp_path)
     assert (Path(model_source("org/old", "model.init_from")) / "pytorch_model.bin").is_file()
+
+
+def test_a_hub_models_name_at_a_revision_reads_that_revision(tmp_path, monkeypatch):
+    """Catches `--ckpt_path gpt2@main` or `--model.init_from org/name@v1.0` (a Hub model pinned to a branch, tag or
+    commit) refused as "checkpoint 'gpt2@main' not found": the whole text was taken for a path. NAME@REVISION is that
+    revision's folder in the Hugging Face cache (here laid out as huggingface_hub writes it, offline); a revision in
+    no cache is one line naming what was given."""
+    import huggingface_hub.constants
+
+    from tinylm.net import hub_name, model_source
+
+    assert hub_name("org/tiny@refs/pr/1") and not hub_name("run@2.ckpt")  # (a missing file: "not found", no Hub)
+    repo = tmp_path / "hub" / "models--org--tiny"
+    for commit, ref in (("1" * 40, "main"), ("2" * 40, "v1.0")):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        (repo / "snapshots" / commit / "model.safetensors").write_text("")
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    for given, commit in (("org/tiny", "1"), ("org/tiny@main", "1"), ("org/tiny@v1.0", "2"),
+                          ("org/tiny@" + "2" * 40, "2")):
+        assert Path(model_source(given, "--ckpt_path")) == repo / "snapshots" / (commit * 40), given
+    with pytest.raises(FileNotFoundError, match=r"--ckpt_path 'org/tiny@v2' is no file or folder here, and no "
+                                                r"Hugging Face Hub model of that name could be read"):
+        model_source("org/tiny@v2", "--ckpt_path")
 
 
 def test_a_hugging_face_folder_without_a_tokenizer_is_refused_in_one_line(run_config, tmp_path, capsys):

@@ -333,6 +333,37 @@ def test_a_requeued_job_that_saved_only_lightnings_hpc_checkpoint_goes_on_from_i
     assert steps == [0, 1, 2, 3, 4, 5]
 
 
+class SendWarning(L.Callback):
+    """A scheduler other than SLURM warning of its pre-emption (LSF's `bsub -wa USR2`, `timeout -s USR1`): ``signum``
+    after step 1."""
+
+    def __init__(self, signum: str = "SIGUSR1") -> None:
+        self.signum = signal.Signals[signum]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 1:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2], ids=["SIGUSR1", "SIGUSR2"])
+def test_a_pre_emption_warning_outside_slurm_saves_at_a_whole_step(run_config, tmp_path, signum):
+    """Catches SIGUSR1 or SIGUSR2 outside SLURM's auto-requeue (a user's `kill -USR1`, `timeout -s USR1`, another
+    scheduler's warning before it pre-empts the job) killing `tinylm fit` at once by Python's default, with no save
+    and no word (the shell's "User defined signal 1"), the steps since the last periodic save lost: it stops the run
+    as SIGTERM does, at a whole step, saves last.ckpt and says so (exit 128 + the signal)."""
+    callback = {"class_path": "test_signals.SendWarning", "init_args": {"signum": signum.name}}
+    config = run_config(trainer={"max_steps": 6, "callbacks": [callback]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)),
+                                         os.environ.get("PYTHONPATH", "")])
+    done = forked.run(["fit", "--config", config.name], cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 128 + signum, done.stderr[-3000:]
+    assert f"interrupted by {signum.name} at step 1; saved runs/tiny/checkpoints/last.ckpt; resume with `tinylm fit " \
+           "--config" in done.stderr, done.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
+
+
 def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     """Catches SIGTERM ending a run with checkpointing off with exit 0 halfway (a scheduler would record success)."""
     proc = forked.popen(["fit", "--config", str(config), "--trainer.enable_checkpointing", "false",

@@ -1,6 +1,9 @@
 """`tinylm plot`: the four charts from metrics.csv, health alerts marked, several runs, runs without validation."""
 
+import os
+
 import pytest
+from helpers import _one_line_error
 
 from tinylm.checkpoint import load_checkpoint
 from tinylm.cli import main
@@ -58,6 +61,18 @@ def test_a_csv_of_tinylm_validate_or_eval_is_read_at_its_own_steps(tmp_path):
         path.parent.mkdir()
         path.write_text("time,checkpoint,step,val/loss\nt,c,20,3.5\n")
         assert read_run(path).series["val/loss"] == [(20, 3.5)]
+
+
+def test_a_run_folder_named_in_bytes_not_utf8_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot RUN` of a run folder named in bytes that are not UTF-8 (Latin-1 `b\\xe9`, or UTF-8
+    under LC_ALL=C with PYTHONUTF8=0) refused as "--runs: 'utf-8' codec can't encode character '\\udce9' in position
+    6: surrogates not allowed", which named neither the folder nor the fix."""
+    monkeypatch.chdir(tmp_path)
+    name = "runs/" + os.fsdecode(b"b\xe9")  # (how Python hands such an argument over: \udce9 for the byte \xe9)
+    _run(tmp_path, os.fsdecode(b"b\xe9"), "0,,0,1.5,4.2,1e-4,900,\n")
+    for argv in (["plot", name], ["plot", f"--runs={name}"]):
+        _one_line_error(capsys, argv, f"--runs {name!r} is no UTF-8 text: its bytes b'runs/b\\xe9' are not UTF-8",
+                        "rename it in UTF-8 (convmv -f latin1 -t utf8 --notest NAME, or mv)")
 
 
 def test_runs_of_one_name_in_two_folders_are_told_apart(tmp_path, monkeypatch, capsys):

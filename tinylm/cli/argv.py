@@ -280,3 +280,18 @@ def config_keys(args: list[str]) -> Iterator[tuple[Path, set[str]]]:
             yield path, set(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
         except (OSError, yaml.YAMLError, TypeError, ValueError):
             continue
+
+
+def not_utf8_argument(message: str, args: list[str]) -> str | None:
+    """The line for jsonargparse's parse error ``message`` that a value of ``args`` in bytes that are not UTF-8 caused
+    (`tinylm plot` of a run folder named in Latin-1: "--runs: 'utf-8' codec can't encode character '\\udce9'...",
+    naming neither the value nor the fix); None for another error."""
+    from tinylm.paths import not_utf8
+
+    key = re.match(r'Parser key "([^"]+)"', message)
+    if "codec can't encode" not in message or key is None:
+        return None
+    fix = "rename it in UTF-8 (convmv -f latin1 -t utf8 --notest NAME, or mv) and pass the new name"
+    texts = [arg.split("=", 1)[-1] if arg.startswith("--") else arg for arg in args]  # (--runs=VALUE: the value)
+    bad = next(((text, why) for text in texts if (why := not_utf8(text, fix))), None)
+    return None if bad is None else f"--{key[1]} {bad[0]!r} is no UTF-8 text: {bad[1]}"

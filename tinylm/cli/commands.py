@@ -55,9 +55,9 @@ def run(command: str, args: list[str]) -> Any:
     """Parse ``args`` for ``command`` and run it."""
     if command == "prepare":
         return prepare(args)
-    from tinylm.cli.argv import check_fit_configs, home_expanded
+    from tinylm.cli.argv import check_fit_configs, home_expanded, not_utf8_argument
 
-    fn = COMMANDS[command].function()
+    fn, given = COMMANDS[command].function(), args
     args = _texts_as_typed(fn, _bare_booleans(fn, _leading_positionals(fn, args)))
     fit_args = None
     # (tinylm.cli.fit_config imports Lightning: only for the commands that take a fit config, not plot's)
@@ -75,7 +75,8 @@ def run(command: str, args: list[str]) -> Any:
     except argparse.ArgumentError as e:  # an option it does not know: the nearest it has; a required one: its flag
         from tinylm.cli.errors import with_section_hint
 
-        message = with_section_hint(str(e), {a.dest for a in parser._actions if a.option_strings})
+        message = not_utf8_argument(str(e), given) or \
+            with_section_hint(str(e), {a.dest for a in parser._actions if a.option_strings})
         if str(e).startswith("Option '") and (files := config_files(args)):  # an option of a --config file
             message = f"--config {', '.join(files)}: {message}"
         if required := re.fullmatch(r"the following arguments are required: (.*)", message):
@@ -541,7 +542,7 @@ def sample_report(
     check_ranges("--", {"num_samples": num_samples}, {"num_samples": f"[1, {MAX_SAMPLES}]"}, whole=("num_samples",))
     constraint = _check_report_options(sample_report.options.values(locals()), draft_ckpt_path)  # before loading
     prompts = _report_prompts(prompts, seed, prompts_file)
-    check_report_folder(out)  # before the sampling, not after
+    check_report_folder(out, ckpt_path)  # before the sampling, not after
     model, tokenizer = load_any(ckpt_path, map_location=(on := resolve_device(device)))
     draft = load_draft(draft_ckpt_path, tokenizer, on) if draft_ckpt_path else None
     strategies = report_strategies(draft=draft is not None, prompt_lookup=prompt_lookup,

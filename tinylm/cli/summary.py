@@ -3,7 +3,9 @@ files are) and the next commands, with this run's own paths, ready to paste."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
 import shlex
 import time
 from pathlib import Path
@@ -16,6 +18,13 @@ def shown(path: Path | str) -> str:
         path = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:
         pass
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # a name in bytes that are not UTF-8 (`caf\xe9.ckpt`): bash's $'...' of its bytes
+        # (it printed caf\ufffd.ckpt, a name that a pasted command did not find)
+        with contextlib.suppress(UnicodeEncodeError):  # (a lone surrogate, which no bytes gave: as it is)
+            return "$'" + "".join(chr(b) if 32 <= b < 127 and b not in b"\\'" else f"\\x{b:02x}"
+                                  for b in os.fsencode(path)) + "'"
     return shlex.quote(str(path))
 
 

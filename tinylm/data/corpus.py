@@ -185,6 +185,19 @@ def _read_documents(path: Path) -> Generator[str, None, int]:
     return n_read
 
 
+def _check_dataset_name(spec: str) -> None:
+    """Refuse a `hf:` corpus that names no dataset (`hf:$DS`, DS unset: `datasets`' IndexError traceback), or one
+    with a revision in its name (`hf:org/ds@main`, as `--ckpt_path gpt2@main` takes one: `datasets` said "Couldn't
+    reach 'org/ds@main' on the Hub ...; check the name and the network")."""
+    if not spec[3:].strip(" /"):
+        raise ValueError(f"--data.corpus {spec!r} names no dataset (an unset shell variable?); pass hf:NAME, e.g. "
+                         "hf:roneneldan/TinyStories")
+    if "@" in spec[3:] and not os.path.exists(spec[3:]):
+        name, _, revision = spec[3:].partition("@")
+        raise ValueError(f"--data.corpus {spec!r} names a revision in the dataset's name, which `datasets` takes "
+                         f"apart: pass --data.corpus hf:{name} --data.hf_revision {revision or 'REVISION'}")
+
+
 def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_split: str = "validation",
                 text_column: str = "text", data_files: Any = None, hf_config: str | None = None,
                 hf_revision: str | None = None, streaming: bool = False, max_documents: int | None = None,
@@ -196,9 +209,8 @@ def open_corpus(spec: str, *, cache_dir: str | Path, split: str = "train", val_s
     if not spec.strip():
         raise ValueError(f"--data.corpus is empty ({spec!r}: an unset shell variable?); pass --data.corpus PATH, "
                          "a named corpus or hf:NAME")
-    if spec.startswith("hf:") and not spec[3:].strip(" /"):
-        raise ValueError(f"--data.corpus {spec!r} names no dataset (an unset shell variable?); pass hf:NAME, e.g. "
-                         "hf:roneneldan/TinyStories")
+    if spec.startswith("hf:"):
+        _check_dataset_name(spec)
     if spec[3:] in {*LOCAL_DATASET_BUILDERS.values(), "text"} and spec.startswith("hf:") and not data_files:
         raise ValueError(f"--data.corpus {spec} reads local files and needs --data.data_files PATH (a path or glob, a "
                          "list, or {train: ..., validation: ...}); without it `datasets` reads every data file of the "

@@ -25,9 +25,29 @@ def append_row(path: Path, row: dict) -> None:
     into a temporary file renamed over it, so a crash leaves the old file whole). Two commands appending at once
     (two `tinylm validate` of one run's checkpoints) take turns: neither writes a second header or loses the
     other's row to its rewrite."""
+    row = {key: _text(value) for key, value in row.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     with _folder_locked(path.parent):
         _append(path, row)
+
+
+def _text(value: object) -> object:
+    """``value`` as UTF-8 text where it is a name Python read in bytes that are not (a checkpoint named
+    `caf\\xe9.ckpt`, kept as `caf\\udce9.ckpt`): its bytes, those that are no UTF-8 written `\\xe9`; a UTF-8 name
+    read under the C locale is itself again. Such a name made the row a UnicodeEncodeError ("could not append the
+    result"): `tinylm validate` and `tinylm eval` recorded nothing."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # (a lone surrogate no decoding made)
+        raw = value.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 @contextlib.contextmanager

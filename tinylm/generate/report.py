@@ -31,7 +31,7 @@ from tinylm.generate.prompts import encode_prompt
 from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
-from tinylm.paths import check_output_path, naming
+from tinylm.paths import check_output_path, naming, not_utf8
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------
@@ -527,10 +527,15 @@ REPORT_FILES = ("report.md", "metrics.json", "diversity_vs_likelihood.png")
 PARTIAL = ".tinylm-report.partial"  # the report being written, inside the folder; left only by a killed report
 
 
-def check_report_folder(out_dir: str | Path) -> None:
+def check_report_folder(out_dir: str | Path, checkpoint: str | Path | None = None) -> None:
     """Refuse a path that is no folder to write (`check_output_path`), and a folder holding anything but an earlier
-    report (whose metrics.json names its checkpoint): a user's report.md or notes there are not ours to replace."""
+    report (whose metrics.json names its checkpoint): a user's report.md or notes there are not ours to replace. And
+    a ``checkpoint`` name metrics.json cannot record (bytes that are not UTF-8: a UnicodeEncodeError traceback after
+    all the sampling)."""
     check_output_path(out_dir, folder=True)
+    if checkpoint is not None and (why := not_utf8(str(checkpoint), "rename it in UTF-8 (convmv -f latin1 -t utf8 "
+                                                   "--notest NAME, or mv) and pass --ckpt_path NEW_NAME")):
+        raise ValueError(f"--ckpt_path {str(checkpoint)!r} is no UTF-8 text, which the report records: {why}")
     out = Path(out_dir)
     if not out.is_dir():
         return

@@ -34,9 +34,14 @@ def own_tokenizer(source: str | os.PathLike) -> str:
     folder holds it (tinylm's own in an export's tinylm_tokenizer/), a checkpoint's is written out by `tinylm export`
     (a checkpoint is no tokenizer file: it said "(data.tokenizer)", which a user could not follow)."""
     source = Path(source)
-    own = source / "tinylm_tokenizer"  # (an export's; any Hugging Face folder holds its tokenizer.json)
-    if source.is_dir():
+    own = source / "tinylm_tokenizer"  # (an export's; a Hugging Face folder its tokenizer.json, or vocab.json)
+    if source.is_dir() and (own.is_dir() or (source / "tokenizer.json").is_file() or (source / "vocab.json").is_file()):
         return f"--data.tokenizer {own if own.is_dir() else source}"
+    if source.is_dir():  # a model saved alone (save_pretrained of the model, not its tokenizer): that advice failed,
+        # "no tokenizer in directory ..."
+        return (f"{str(source)!r} holds none (no tokenizer.json, nor vocab.json + merges.txt): save it into that "
+                f"folder (transformers' tokenizer.save_pretrained) and pass --data.tokenizer {source}, or pass its "
+                "tokenizer.json as --data.tokenizer PATH")
     return (f"write it out with `tinylm export --ckpt_path {source} --out DIR` and pass --data.tokenizer "
             "DIR/tinylm_tokenizer")
 

@@ -1,4 +1,5 @@
-"""Stopping a run on SIGTERM (schedulers, `kill`), SIGHUP (the terminal closed) or Ctrl+C (SIGINT) without losing it.
+"""Stopping a run on SIGTERM (schedulers, `kill`), SIGHUP (the terminal closed), Ctrl+C (SIGINT) or a scheduler's
+pre-emption warning (SIGUSR1, SIGUSR2, where nothing else handles them) without losing it.
 
 Lightning alone exits 0 on SIGTERM without a checkpoint (its loops raise ``SIGTERMException``, a ``SystemExit``,
 even mid-accumulation or mid-validation), 1 on Ctrl+C (``KeyboardInterrupt``, wherever it lands), and dies on SIGHUP
@@ -36,7 +37,10 @@ from tinylm.train import stop_state
 from tinylm.train.callbacks import validation_follows
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_REQUESTS = (signal.SIGTERM, signal.SIGHUP)  # a stop asked once; the same signal again is the same request
+# a scheduler's warning before it pre-empts the job (LSF's `bsub -wa USR2`, `timeout -s USR1`, a user's `kill -USR1`):
+# a stop request as SIGTERM is, where nothing else handles it (by default it killed the run at once, unsaved, unsaid)
+_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
+_REQUESTS = (signal.SIGTERM, signal.SIGHUP, *_WARNINGS)  # a stop asked once; the same signal again is the same one
 _late: int | None = None  # see late_signal
 
 
@@ -112,6 +116,10 @@ class InterruptStop(L.Callback):
         self._requeue_signal, self._requeue, self._requeued, self._stopped_on = None, False, False, 0
         if requeue and self.dirpath is not None and _outer_handler(requeue) == signal.SIG_DFL:
             self._requeue_signal, self._previous[requeue] = requeue, signal.SIG_DFL
+        # SIGUSR1 / SIGUSR2 outside SLURM's auto-requeue, left at their default (a handler of a script's own, or
+        # an ignored one, is left alone): a stop at a whole step that saves last.ckpt, as SIGTERM
+        self._previous.update({s: signal.SIG_DFL for s in _WARNINGS if s != requeue and _outer_handler(s) ==
+                               signal.SIG_DFL})
         for s in self._previous:
             signal.signal(s, self._on_signal)
         stop_state.reader_gone = lambda signum: self._on_signal(signum, None)
