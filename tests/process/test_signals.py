@@ -749,11 +749,18 @@ def test_a_training_process_writing_down_its_error_ends_with_it_on_the_launchers
         "    raise RuntimeError('Connection closed by peer [127.0.0.1]:24989')\n"
         "with terminate_cleanly('validate'):\n"
         "    _wrap(_wrapping_function, 0, (), sys.argv[1])\n")
-    error_file = tmp_path / "error"
+    done = _rank_writing_down_its_error(script)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+
+
+def _rank_writing_down_its_error(script: Path) -> subprocess.CompletedProcess:
+    """``script`` run with the path of the error file torch's wrapper writes (its one argument); its output, once
+    that file is checked to hold the rank's own error."""
+    error_file = script.with_name("error")
     done = subprocess.run([sys.executable, str(script), str(error_file)], capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 1 and done.stderr == "", done.stderr
-    assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes())
+    assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes()), done.stderr
+    return done
 
 
 def test_a_training_process_exiting_on_its_error_ends_with_it_on_the_launchers_sigterm(tmp_path):
@@ -777,11 +784,8 @@ def test_a_training_process_exiting_on_its_error_ends_with_it_on_the_launchers_s
         "    rank.start()\n"
         "    rank.join(60)\n"
         "print(rank.exitcode)\n")
-    error_file = tmp_path / "error"
-    done = subprocess.run([sys.executable, str(script), str(error_file)], capture_output=True, text=True,
-                          timeout=120)
+    done = _rank_writing_down_its_error(script)
     assert done.stdout == "1\n" and done.stderr == "", done.stdout + done.stderr
-    assert "RuntimeError: Connection closed by peer" in pickle.loads(error_file.read_bytes())
 
 
 def test_a_lost_rank_whose_line_cannot_be_written_still_ends_the_command():
