@@ -1070,6 +1070,33 @@ def test_a_workers_grace_ends_it_whatever_sigalrm_handler_the_main_process_had()
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM, status
 
 
+def test_a_sigterm_as_a_worker_reads_the_loaders_stop_event_does_not_hang_it():
+    """Catches a worker's SIGTERM handler hanging for good (and with it every worker and the loader: CI's 10-minute
+    timeout) when the SIGTERM came as the worker's loop read the loader's stop event (multiprocessing's Event, which
+    the loader's workers share: Event.is_set holds its condition's lock, and the handler's own is_set waited for
+    it). The signal comes with that lock held; the worker goes on."""
+    import multiprocessing
+    import os
+    import signal
+
+    import forked
+
+    from tinylm.data.loader import worker_signals
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover (a child: leaves at once, or hangs until reap kills it)
+        code = 1
+        try:
+            done_event = multiprocessing.get_context("fork").Event()  # (read by worker_signals from this frame)
+            worker_signals(0)
+            with done_event._cond:  # as the worker's loop holds it in done_event.is_set()
+                os.kill(os.getpid(), signal.SIGTERM)
+                code = 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(forked.reap(child, 30)) == 0
+
+
 OPEN_LOADER = (
     "import numpy as np\n"
     "from tinylm.data.loader import ResumableLoader, TrainBatches\n"

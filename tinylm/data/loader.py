@@ -203,7 +203,7 @@ def worker_signals(worker_id: int) -> None:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         nonlocal grace
-        if stopping is not None and stopping.is_set():
+        if stopping is not None and _set_now(stopping):
             os._exit(0)  # the loader is stopping this worker: nothing of its work is waited for
         if not grace:  # a second SIGTERM to the group does not extend (or end) the grace
             grace = True
@@ -218,6 +218,21 @@ def worker_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # a closed terminal's SIGHUP reaches the job's whole group (the shell passes it on): likewise the main process's
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _set_now(event: Any) -> bool:
+    """Whether the loader's stop event (multiprocessing's Event) is set, read from a signal handler: without the
+    lock of its condition, which Event.is_set takes and which the signal may have found held, by this worker (in its
+    loop's own is_set) or by another worker of the loader (it shares the event): the handler waited for it for good,
+    and with it every worker and the loader (a SIGTERM to the job hung the run). Taken by another process at that
+    very moment, a set event reads as not set: the worker then lives on its grace, and its loop sees the stop."""
+    flag = getattr(event, "_flag", None)  # (the semaphore that is_set tries under the condition's lock)
+    if flag is None:
+        return event.is_set()
+    if flag.acquire(False):
+        flag.release()
+        return True
+    return False
 
 
 _iterators: weakref.WeakSet = weakref.WeakSet()  # the iterators of this process's StoppingLoaders with workers
