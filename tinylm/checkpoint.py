@@ -29,7 +29,7 @@ import torch
 from tinylm.checkpoint_share import one_name_left_writable
 from tinylm.device import resolve_device
 from tinylm.errors import TinyLMError, is_out_of_memory, named_option
-from tinylm.paths import fsync_folder, naming, refuse_model_folder, remove_path, swap_in
+from tinylm.paths import fsync_folder, is_utf8, naming, refuse_model_folder, remove_path, swap_in
 
 
 class CheckpointError(TinyLMError, ValueError):
@@ -249,9 +249,7 @@ def _load_named(path: Path, map_location: Any, mmap: bool) -> Any:
     keeps such bytes as lone surrogates) read through a file Python opened: torch's reader takes only UTF-8 names,
     and such a checkpoint was refused as "truncated or not a torch file" ('utf-8' codec can't encode ...). Without
     its mapping then (torch maps only a name): loaded whole."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_utf8(path):
         with open(path, "rb") as f:
             return torch.load(f, map_location=map_location, weights_only=True)
     return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

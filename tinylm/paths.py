@@ -147,16 +147,24 @@ def replace_file(path: str | Path, write) -> None:
         raise
 
 
+def is_utf8(text: str | os.PathLike) -> bool:
+    """Whether ``text`` (a name, a path) is UTF-8 text: Python keeps the bytes of a name it could not decode (Latin-1
+    bytes, or UTF-8 read under the C locale) as lone surrogates, which no UTF-8 writer, YAML, JSON or torch's
+    reader takes."""
+    try:
+        str(text).encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def not_utf8(text: str, fix: str) -> str | None:
     """Why ``text`` (a name from the command line) is no UTF-8 text, and the fix (``fix`` where its bytes are in
     another encoding), or None when it is text: Python keeps the bytes of a name it could not decode as lone
     surrogates, which open the file but fail in every YAML and JSON record of a run (meta.json's write was a
     UnicodeEncodeError traceback)."""
-    try:
-        text.encode("utf-8")
+    if is_utf8(text):
         return None
-    except UnicodeEncodeError:
-        pass
     try:
         raw = os.fsencode(text)
         raw.decode("utf-8")
@@ -247,3 +255,12 @@ def refuse_model_folder(path: Path) -> None:
         raise FileNotFoundError(f"checkpoint {str(path)!r} is a Hugging Face model's folder (such as `tinylm export` "
                                 "writes), not a tinylm checkpoint; load it with transformers' AutoModelForCausalLM, "
                                 f"or start a new run from its weights: tinylm fit --model.init_from {path}")
+    weights = [name for name in _WEIGHT_FILES if (path / name).is_file()]
+    if weights:  # (it said "is a folder; pass a .ckpt", silent on what the folder lacked)
+        raise FileNotFoundError(f"checkpoint {str(path)!r} holds a model's weights ({weights[0]}) but no config.json, "
+                                "which a Hugging Face model's folder needs beside them: copy it from where the weights "
+                                "came from, or pass --ckpt_path PATH to a .ckpt written by `tinylm fit`")
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")

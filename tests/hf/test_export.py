@@ -894,6 +894,21 @@ def test_an_export_folder_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, 
     assert "is a Hugging Face model's folder" in line and f"--model.init_from {folder}" in line, line
 
 
+@pytest.mark.parametrize("command", ["generate", "validate"])
+def test_a_model_folder_without_its_config_json_says_so(tmp_path, char_tokenizer, command, capsys):
+    """Catches `--ckpt_path DIR` of a Hugging Face model's folder that lost its config.json (weights copied alone)
+    answered "is a folder; pass --ckpt_path PATH to a .ckpt", silent on what the folder lacked."""
+    from tinylm.cli import main
+
+    folder = export_hf(_write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64),
+                       tmp_path / "hf")
+    (folder / "config.json").unlink()
+    with pytest.raises(SystemExit):
+        main([command, "--ckpt_path", str(folder)])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds a model's weights (model.safetensors) but no config.json" in line, line
+
+
 @pytest.mark.parametrize("command", ["validate", "fit"])
 def test_a_hub_name_as_ckpt_path_says_how_to_use_it(run_config, tmp_path, command, capsys, monkeypatch):
     """Catches `fit --ckpt_path gpt2` (as `generate --ckpt_path gpt2` reads it) answered only "checkpoint 'gpt2'

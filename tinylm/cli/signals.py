@@ -61,12 +61,24 @@ def _torch_spawn_wrapper(frame: object) -> tuple[object, object] | None:
     """(torch's wrapper of a training process that ddp_fork or ddp_spawn started, the frame it called) on the stack
     of ``frame``; None outside such a process."""
     inner = None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
-            return frame, inner
-        inner, frame = frame, frame.f_back
+    for outer in _stack(frame):
+        if _runs(outer, "_wrap", "spawn.py"):
+            return outer, inner
+        inner = outer
     return None
+
+
+def _stack(frame: object) -> Iterator[object]:
+    """``frame`` and its callers, innermost first."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _runs(frame: object, function: str, module: str) -> bool:
+    """Whether ``frame`` runs ``function`` of multiprocessing's ``module`` file."""
+    code = frame.f_code
+    return code.co_name == function and code.co_filename.endswith(os.path.join("multiprocessing", module))
 
 
 def _in_torch_spawn(frame: object) -> bool:
@@ -95,14 +107,12 @@ def _exiting_from_torch_spawn(frame: object) -> bool:
     ended (sys.exit(1), its error written down): the launching process's SIGTERM came a moment later there, and
     added a traceback ("During handling of ... SystemExit: 1") to the first failure's line."""
     exiting = False
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_exit_function" and code.co_filename.endswith(os.path.join("multiprocessing", "util.py")):
+    for outer in _stack(frame):
+        if _runs(outer, "_exit_function", "util.py"):
             exiting = True
-        elif code.co_name == "_bootstrap" and code.co_filename.endswith(os.path.join("multiprocessing", "process.py")):
-            target = getattr(frame.f_locals.get("self"), "_target", None)
+        elif _runs(outer, "_bootstrap", "process.py"):
+            target = getattr(outer.f_locals.get("self"), "_target", None)
             return exiting and getattr(target, "__module__", None) == "torch.multiprocessing.spawn"
-        frame = frame.f_back
     return False
 
 

@@ -10,6 +10,8 @@ import shlex
 import time
 from pathlib import Path
 
+from tinylm.paths import is_utf8
+
 
 def shown(path: Path | str) -> str:
     """A path as a user types it: relative to the working directory when it is below it, quoted for a shell."""
@@ -18,9 +20,7 @@ def shown(path: Path | str) -> str:
         path = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:
         pass
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:  # a name in bytes that are not UTF-8 (`caf\xe9.ckpt`): bash's $'...' of its bytes
+    if not is_utf8(path):  # a name in bytes that are not UTF-8 (`caf\xe9.ckpt`): bash's $'...' of its bytes
         # (it printed caf\ufffd.ckpt, a name that a pasted command did not find)
         with contextlib.suppress(UnicodeEncodeError):  # (a lone surrogate, which no bytes gave: as it is)
             return "$'" + "".join(chr(b) if 32 <= b < 127 and b not in b"\\'" else f"\\x{b:02x}"

@@ -10,6 +10,8 @@ import io
 import os
 from pathlib import Path
 
+from tinylm.paths import is_utf8
+
 PREFIX = "eval/"
 
 
@@ -36,13 +38,8 @@ def _text(value: object) -> object:
     `caf\\xe9.ckpt`, kept as `caf\\udce9.ckpt`): its bytes, those that are no UTF-8 written `\\xe9`; a UTF-8 name
     read under the C locale is itself again. Such a name made the row a UnicodeEncodeError ("could not append the
     result"): `tinylm validate` and `tinylm eval` recorded nothing."""
-    if not isinstance(value, str):
+    if not isinstance(value, str) or is_utf8(value):
         return value
-    try:
-        value.encode("utf-8")
-        return value
-    except UnicodeEncodeError:
-        pass
     try:
         raw = value.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # (a lone surrogate no decoding made)
