@@ -864,6 +864,32 @@ def test_disk_errors_name_the_path_and_a_fix_that_can_work():
             == "FileExistsError: [Errno 17] File exists: '/tmp'")
 
 
+def test_a_full_disk_under_a_copy_names_the_file_written(tmp_path, monkeypatch):
+    """Catches a full disk met by a copy or a move (shutil's; W&B's samples table, moved from the system's temporary
+    folder into a full WANDB_DIR) named by the file it read: `no space left on the disk writing /tmp/tmpXwandb-media/
+    ...table.json`, a disk with room, not the one to free."""
+    import errno
+    import os
+    import shutil
+
+    from tinylm.cli.errors import one_line
+
+    src, dst = tmp_path / "tmp" / "t.table.json", tmp_path / "full" / "t.table.json"
+    src.parent.mkdir()
+    dst.parent.mkdir()
+    src.write_text("{}")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "sendfile", full)  # (shutil's copy on Linux; elsewhere a read and write loop)
+    monkeypatch.setattr(shutil, "_USE_CP_SENDFILE", True)
+    with pytest.raises(OSError) as raised:
+        shutil.copyfile(src, dst)
+    line = one_line(raised.value)
+    assert f"no space left on the disk writing {dst};" in line and str(src) not in line, line
+
+
 def test_a_full_disk_under_redirected_output_names_the_output(tmp_path, capsys, monkeypatch):
     """Catches `tinylm generate ... > samples.txt` (any command's output sent to a file) on a full disk said as
     "no space left on the disk" with the fixes of runs and datasets (--trainer.default_root_dir, --data.cache_dir,

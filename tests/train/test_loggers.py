@@ -256,6 +256,26 @@ def test_a_runs_only_offline_part_is_kept_empty(no_wandb_account, tmp_path):
     assert (only / "logs" / "debug.log").is_file()
 
 
+def test_a_run_stopped_by_a_signal_is_recorded_in_w_and_b_with_its_exit_status(no_wandb_account, tmp_path):
+    """Catches a run stopped by SIGTERM (or SIGHUP, Ctrl+C) after saving, the command's exit 143 (129, 130),
+    recorded in its W&B run as exit code 1, as a crash."""
+    import wandb
+
+    from tinylm.train.interrupt import RunInterrupted
+
+    class Stopped:  # a fit stopped as tinylm.train.interrupt stops it
+        def __init__(self, *args, **kwargs):
+            raise RunInterrupted("interrupted by SIGTERM at step 3; saved last.ckpt", signum=15, step=3,
+                                 ckpt_path="last.ckpt")
+
+    wandb.init(project="p", dir=str(tmp_path), mode="offline", id="stopped", settings=wandb.Settings(silent=True))
+    with pytest.raises(RunInterrupted):
+        lightning_main(["fit"], cli_class=Stopped)
+    (part,) = (tmp_path / "wandb").glob("offline-run-*-stopped")
+    debug = (part / "logs" / "debug.log").read_text()
+    assert "exitcode: 143" in debug, debug[-2000:]
+
+
 def _ids(folders) -> set[str]:
     """The W&B run ids of offline-run folders: offline-run-DATE_TIME-ID, with "-1", "-2" added by wandb to a folder
     of an id started in the same second as the one before (two quick resumes of a tiny run)."""
@@ -285,6 +305,64 @@ def test_wandb_dir_places_wandb_files_unless_a_logger_names_its_own(tmp_path, mo
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "a-file" / "wd"))  # a folder that cannot be made: one line
     with pytest.raises(TinyLMError, match=r"WANDB_DIR=.*a-file/wd: cannot make that folder .* set WANDB_DIR to a "):
         make_loggers(tmp_path / "run", "r", "p")
+
+
+def test_a_wandb_dir_that_cannot_be_written_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Catches a WANDB_DIR that exists but cannot be written (no permission, a read-only disk) let through: wandb
+    warned "wasn't read/writable" and logged the run into /tmp/wandb, while tinylm's line said the run's W&B files were
+    in $WANDB_DIR/wandb and the run's end offered no `wandb sync` (docs/training.md: "no permission" stops the run
+    in one line)."""
+    import os
+
+    from tinylm.errors import TinyLMError
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    # (chmod 0o500 alone: root may write anyway, and os.access says so)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path) == str(locked) and mode & os.W_OK
+                        else access(path, mode, **kw))
+    monkeypatch.setenv("WANDB_DIR", str(locked))
+    with pytest.raises(TinyLMError, match=r"^WANDB_DIR=.*locked: that folder cannot be written .*; set WANDB_DIR "):
+        make_loggers(tmp_path / "run", "r", "p")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "open"))  # a writable one (made): taken
+    assert make_loggers(tmp_path / "run", "r", "p")[0]._wandb_init["dir"] == str(tmp_path / "open")
+
+
+def test_a_full_wandb_dir_leaves_the_run_going_and_its_end_says_w_and_b_is_cut_short(no_wandb_account, run_config,
+                                                                                     capfd, monkeypatch):
+    """Catches a full disk under W&B's files alone (WANDB_DIR on another disk, the run folder with room) ending the
+    run at its next samples, its steps since the last checkpoint lost: wandb moves the samples table into its media
+    folder in this process, and the OSError (naming the table's temporary copy in /tmp) was the run's error; then
+    the run's end offering `wandb sync` of W&B's cut files as whole."""
+    import errno
+    import shutil
+
+    from tinylm.train import loggers
+
+    move = shutil.move
+
+    def full(src, dst, *args, **kwargs):  # as wandb's copy of a table into a full WANDB_DIR (another disk)
+        if "media" in str(dst):
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        return move(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "move", full)
+    config = run_config(run={"name": "wb", "wandb_project": "tinylm-test"}, trainer={"max_steps": 4},
+                        samples={"every_n_steps": 2, "prompts": ["A"], "max_new_tokens": 2})
+    main(["fit", "--config", str(config)])
+    said = capfd.readouterr()
+    assert said.err.count("W&B: No space left on device writing ") == 1, said.err  # said once, not at each samples
+    assert "media" in said.err and "the run goes on" in said.err, said.err
+    assert "run wb done: step 4" in said.out and "upload with `wandb sync" not in said.out, said.out
+    assert re.search(r"W&B: +offline, a write failed \(OSError: No space left on device\): runs/wb/wandb/offline-run-"
+                     r"\S+ may be cut short", said.out), said.out
+    assert (config.parent / "runs" / "wb" / "checkpoints" / "last.ckpt").is_file()
+    monkeypatch.setattr(shutil, "move", move)  # the next run of the process, with room: offered whole
+    main(["fit", "--config", str(config), "--run.name", "wb2"])
+    assert "W&B:         offline; upload with `wandb sync runs/wb2/" in capfd.readouterr().out
+    assert loggers.WANDB_UNFINISHED == []
 
 
 def test_a_resume_logs_to_the_runs_wandb_project_unless_a_flag_names_another(monkeypatch, caplog):

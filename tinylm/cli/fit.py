@@ -48,7 +48,7 @@ from tinylm.cli.trainer_checks import (
 )
 from tinylm.errors import TinyLMError
 from tinylm.ranges import SEED_RANGE, check_ranges
-from tinylm.train.loggers import finish_wandb
+from tinylm.train.loggers import exit_status, finish_wandb
 
 log = logging.getLogger("tinylm")
 use_reloadable_yaml()  # every config written or printed reads back as the same values (a run named 3e-4)
@@ -586,7 +586,7 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
                                                        "--config configs/NAME.yaml --ckpt_path PATH|last|best"}},
         )
     except BaseException as e:
-        finish_wandb(exit_code=1)
+        finish_wandb(exit_code=exit_status(e))  # (143: stopped by SIGTERM and saved, as the command's own status)
         failed = True
         if isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt):
             # Lightning ends its handling of a Ctrl+C (one before training, or a second one) in sys.exit(1), as a

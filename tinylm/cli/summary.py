@@ -121,7 +121,7 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
         # (the parts of a resumed run: a pattern the shell expands, oldest first)
         where = f"{shown(offline.parent)}/{offline.name}" if "*" in offline.name else shown(offline)
         lines.append(f"  W&B:         offline; upload with `wandb sync {where}`" if not WANDB_UNFINISHED else
-                     f"  W&B:         offline, not ended ({WANDB_UNFINISHED[0]}): {where} may be cut short")
+                     f"  W&B:         offline, {WANDB_UNFINISHED[0]}: {where} may be cut short")
     ckpt = best_ckpt if best_ckpt.exists() else last_ckpt if last_ckpt.exists() else None
     if ckpt is not None:
         lines.append("next:")

@@ -323,8 +323,8 @@ def offline_wandb_run(wandb_dir: Path, wandb_id: str | None) -> Path | None:
 
 def wandb_root(run_dir: Path) -> Path:
     """The folder wandb makes its ``wandb/`` folder in, made: ``WANDB_DIR`` when set (as wandb documents it: its runs'
-    files go to ``$WANDB_DIR/wandb``), else the run folder. Lightning's WandbLogger passes its ``save_dir`` to
-    wandb.init as ``dir``, which overrides WANDB_DIR, so the variable is read here."""
+    files go to ``$WANDB_DIR/wandb``; one it cannot write is refused), else the run folder. Lightning's WandbLogger
+    passes its ``save_dir`` to wandb.init as ``dir``, which overrides WANDB_DIR, so the variable is read here."""
     where = os.environ.get("WANDB_DIR")
     root = Path(os.path.abspath(os.path.expanduser(where))) if where else run_dir  # (abspath: wandb's, cwd now)
     try:
@@ -334,6 +334,10 @@ def wandb_root(run_dir: Path) -> Path:
             raise
         raise TinyLMError(f"WANDB_DIR={where}: cannot make that folder for W&B's files ({e.strerror or e}); set "
                           "WANDB_DIR to a writable folder, or unset it to keep them in the run folder") from None
+    if where and not os.access(root, os.W_OK | os.R_OK | os.X_OK):  # wandb's own check (read and write): it logged
+        # the run into the system's temporary folder, its warning among the run's, the end offering no `wandb sync`
+        raise TinyLMError(f"WANDB_DIR={where}: that folder cannot be written (no permission, or a read-only disk); "
+                          "set WANDB_DIR to a writable folder, or unset it to keep W&B's files in the run folder")
     return root
 
 
@@ -430,6 +434,16 @@ def wandb_loggers(loggers) -> list:
     return [lg for lg in loggers if isinstance(lg, WandbLogger)]
 
 
+def exit_status(e: BaseException) -> int:
+    """The exit status of the command that ``e`` ends (tinylm.cli.main's): 128 + N for a run stopped by signal N (its
+    ``exit_code``: SIGTERM's 143, a Ctrl+C's 130), else 1. W&B records it as the run's: a run stopped by SIGTERM, saved,
+    was recorded as exit code 1, as a crash."""
+    if isinstance(e, KeyboardInterrupt) or isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt):
+        return 130
+    code = getattr(e, "exit_code", 1)
+    return code if isinstance(code, int) and not isinstance(code, bool) else 1
+
+
 def finish_forked_wandb(trainer) -> None:
     from lightning.pytorch.trainer.states import TrainerStatus
 
@@ -437,8 +451,22 @@ def finish_forked_wandb(trainer) -> None:
 
 
 WANDB_UNFINISHED: list[str] = []
-"""Why this process's last W&B run could not be ended (finish_wandb): the run's summary offers no `wandb sync` of
-its files, which may be cut short (a full disk)."""
+"""Why this process's last W&B run's files may be cut short: it could not be ended (finish_wandb), or a write of its
+files failed (`wandb_write_failed`); the run's summary offers no `wandb sync` of them as whole."""
+_WANDB_WRITES_FAILED: list[str] = []  # this run's failed writes of W&B's files (wandb_write_failed), till its end
+
+
+def wandb_write_failed(e: OSError) -> None:
+    """A write of W&B's own files in this process failed (the samples table it copies into its media folder, on a
+    full WANDB_DIR): said once, and the run goes on. W&B is the dashboard: the run raised it as its error, at the
+    first samples after the disk filled, and lost its steps since the last checkpoint, although the run folder (another
+    disk) had room; metrics.csv and samples.txt hold what W&B lacks."""
+    if not _WANDB_WRITES_FAILED:
+        where = f" writing {e.filename2 or e.filename}" if e.filename2 or e.filename else ""
+        log.warning("W&B: %s%s; the run goes on, and W&B's record of it may be cut short (csv/metrics.csv and "
+                    "samples.txt have it all): free some space, or set WANDB_DIR to another disk for the next run",
+                    e.strerror or e, where)
+    _WANDB_WRITES_FAILED.append(f"a write failed ({type(e).__name__}: {e.strerror or e})")
 
 
 def finish_wandb(exit_code: int) -> None:
@@ -449,14 +477,15 @@ def finish_wandb(exit_code: int) -> None:
     run = getattr(wandb, "run", None) if wandb is not None else None
     if run is None:
         return
-    WANDB_UNFINISHED.clear()
+    WANDB_UNFINISHED[:] = _WANDB_WRITES_FAILED[:1]
+    _WANDB_WRITES_FAILED.clear()
     try:
         empty = _empty_part(run)
         wandb.finish(exit_code=exit_code)
     except Exception as e:  # noqa: BLE001 (the run's own result or error is what the user needs to see)
         log.warning("W&B: could not end the run cleanly (%s: %s); its local files are in the run folder",
                     type(e).__name__, e)
-        WANDB_UNFINISHED.append(f"{type(e).__name__}: {e}")
+        WANDB_UNFINISHED.insert(0, f"not ended ({type(e).__name__}: {e})")
         return
     if empty is not None:
         _remove_offline_run(empty)

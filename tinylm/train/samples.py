@@ -217,13 +217,16 @@ class SampleText(L.Callback):
 
         with writing(path), open(path, "a", encoding="utf-8") as f:  # (a full disk: the CLI's line names the file)
             f.write(text + "\n")
-        from tinylm.train.loggers import wandb_loggers
+        from tinylm.train.loggers import wandb_loggers, wandb_write_failed
 
         for logger in wandb_loggers(trainer.loggers):
             # at Lightning's logging step, where this step's metrics are (its val/loss: steps done - 1, as the CSV's
             # step column); the table's own column says the steps done, as samples.txt does
-            logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows],
-                            step=rows[0][0] - 1)
+            try:
+                logger.log_text(key="samples", columns=["step", "prompt", "text"], data=[list(r) for r in rows],
+                                step=rows[0][0] - 1)
+            except OSError as e:  # W&B's copy of the table into its files (a full WANDB_DIR): the run goes on
+                wandb_write_failed(e)
 
 
 def _cut_after(path: Path, size: int) -> None:
