@@ -133,3 +133,30 @@ def test_a_terminal_of_no_size_gets_lines():
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         assert progress.draws_bars(tty)
     os.close(leader)
+
+
+def test_a_stop_and_continue_is_left_out_of_a_lines_rate_and_time_left(clock):
+    """Catches a log's progress lines counting the time a run was stopped (Ctrl+Z then fg, kill -STOP/-CONT, SLURM's
+    suspend) as work: a 20 s stop of a 500-step run at step 200 (8 s to go) said 37 s left, and the overstatement
+    shrank only as the average since the start caught up."""
+    import signal
+
+    log = io.StringIO()
+    bar = progress.Lines(total=500, desc="steps", file=log, interval=None)
+    try:
+        for step in (100, 200):
+            clock[0] += 2.0  # 50 steps a second
+            bar.n = step
+            bar.emit()
+        clock[0] += 60.0  # stopped for a minute in the next interval, continued (SIGCONT)
+        os.kill(os.getpid(), signal.SIGCONT)
+        clock[0] += 1.0
+        bar.n = 250
+        bar.emit()
+        clock[0] += 1.0
+        bar.n = 300
+        bar.emit()
+    finally:
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    lines = log.getvalue().splitlines()
+    assert lines[-1] == "steps:  60% 300/500 [01:06<00:04, 50.00it/s]", lines  # the elapsed time is the wall's

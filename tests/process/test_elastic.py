@@ -403,3 +403,41 @@ def test_a_master_port_in_use_is_one_line(config, tmp_path):
         "cannot meet there; pass another MASTER_PORT, or leave it unset on one machine (Lightning then picks a free "
         "one)"), done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_ranks_that_do_not_all_meet_in_time_are_one_line(monkeypatch):
+    """Catches a rank stopped (Ctrl+Z, kill -STOP, a scheduler's suspend), slow to start or never started past the
+    process group's timeout ending the run in torch's traceback (~25 lines, DistStoreError "Timed out after 21
+    seconds waiting for clients. 1/2 clients joined.": a real 2-rank run with DDPStrategy's timeout 20 s) instead of
+    one line that says what happened and what to do."""
+    import datetime
+
+    from tinylm.cli.errors import is_user_error, one_line
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    with pytest.raises(torch.distributed.DistStoreError) as raised:  # rank 0's store, rank 1 never connecting
+        torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=True,
+                                   timeout=datetime.timedelta(seconds=1))
+    line = one_line(raised.value)
+    assert is_user_error(raised.value), line
+    assert line.startswith("the ranks did not all meet at 127.0.0.1:29512 in time (Timed out after ") and \
+        "1/2 clients joined): a rank was stopped (Ctrl+Z, kill -STOP, a scheduler's suspend), slow to start, or " \
+        "never started; run the same command again, on every node" in line, line
+
+
+def test_a_collective_timed_out_on_a_stopped_rank_is_one_line():
+    """Catches a rank stopped alone (kill -STOP, Ctrl+Z of one task, a scheduler suspending one) past the process
+    group's timeout ending rank 0 in ~60 lines of traceback ending "RuntimeError: [.../gloo/transport/tcp/
+    unbound_buffer.cc:78] Timed out waiting 60000ms for recv operation to complete" (a real 2-rank run, rank 1
+    stopped 100 s under DDPStrategy's timeout 60 s), instead of one line with the cause and the resume."""
+    from tinylm.cli.errors import error_line, is_user_error, one_line
+
+    e = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                     "waiting 60000ms for recv operation to complete")
+    assert is_user_error(e)
+    line = error_line("fit", one_line(e), ["--config", "c.yaml"])
+    assert line == ("tinylm fit: error: another rank did not take part in a collective for 60 s (the process group's "
+                    "timeout): it was stopped (Ctrl+Z, kill -STOP, a scheduler's suspend of one task) or stuck that "
+                    "long, so the run stopped; go on with `tinylm fit --config c.yaml --ckpt_path last`\n"), line
+    assert not is_user_error(RuntimeError("Timed out waiting for the GPU"))  # (another timeout: a bug's traceback)

@@ -805,3 +805,44 @@ def test_a_resume_keeps_the_training_losses_a_validation_is_judged_beside():
         monitor._losses.extend([5.0, 5.0])  # two steps after the blow-up, on both sides
         monitor._judge_val(trainer, module, 1140.0)  # val/loss far above ln(vocab)
         assert monitor._diverged is None and monitor._sane_val_step == 12  # beside 1, 1, 1, 5, 5: not diverged
+
+
+def test_tokens_per_sec_leaves_out_a_stop_of_the_process(monkeypatch):
+    """Catches SpeedMonitor counting the time the process was stopped (Ctrl+Z then fg, kill -STOP/-CONT, SLURM's
+    suspend and resume) as training time: a 20 s stop mid-run logged train/tokens_per_sec 126 (~70x too low) in the
+    window's rows of metrics.csv, W&B and the bar, and the CPU counters of that time with it."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import tinylm.train.callbacks as callbacks
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(callbacks, "cpu_wait_seconds", lambda: 0.2 * clock["t"])  # the run waits 20 % of the time
+    monkeypatch.setattr(callbacks, "others_cpu_seconds", lambda: 1.0 * clock["t"])  # other jobs keep 1 CPU busy
+    speed = SpeedMonitor(window=4)
+    trainer = SimpleNamespace(global_step=0, world_size=1, precision="32-true", is_global_zero=True)
+    module = SimpleNamespace(device=torch.device("cpu"), log=lambda *a, **k: None,
+                             model=SimpleNamespace(flops_per_token=lambda: 1.0))
+    batch = (torch.zeros(2, 8, dtype=torch.long),)
+
+    def step(stop: float = 0.0) -> None:
+        clock["t"] += 0.1
+        if stop:
+            clock["t"] += stop
+            os.kill(os.getpid(), signal.SIGCONT)  # as `fg`, `kill -CONT` or SLURM's resume sends it
+        trainer.global_step += 1
+        speed.on_train_batch_end(trainer, module, None, batch, trainer.global_step)
+
+    try:
+        speed.on_train_start(trainer, module)
+        for _ in range(5):
+            step()
+        step(stop=60.0)
+        step()
+    finally:
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    assert speed.tokens_per_sec == pytest.approx(16 / 0.1)  # the window's steps, the stopped one left out
+    assert speed.cpu_wait_fraction == pytest.approx(0.2 / torch.get_num_threads())
+    assert speed.others_busy == pytest.approx(1.0)

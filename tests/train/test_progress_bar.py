@@ -10,6 +10,7 @@ import sys
 import termios
 import threading
 import tty
+import types
 
 import lightning as L
 import pytest
@@ -287,3 +288,40 @@ def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypat
         logger.removeHandler(lightnings)
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_stop_and_continue_is_left_out_of_the_bars_rate_and_time_left(monkeypatch):
+    """Catches the bar on a terminal counting the time the run was stopped (Ctrl+Z, then fg; kill -STOP/-CONT) as
+    training time: its rate is Lightning's (the average since the start), so a 15 s stop with 12 s to go drew
+    "124/400 [00:21<00:46, 5.90it/s]" after fg (22 it/s before), and the time left stayed overstated to the end."""
+    import io
+    import signal
+    import time
+
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(L.pytorch.callbacks.TQDMProgressBar, "on_train_start", lambda *a: None)
+    progress = ProgressBar()
+    out = io.StringIO()
+    bar = Tqdm(total=1, file=out, smoothing=0, ncols=120)  # (Lightning's: smoothing 0)
+    bar._time = lambda: clock[0]
+    progress._train_progress_bar = bar
+    monkeypatch.setattr(progress, "get_metrics", lambda trainer, pl_module: {})
+    trainer = types.SimpleNamespace(global_step=0, max_steps=400, should_stop=False)
+    try:
+        progress.on_train_start(trainer, None)
+        for step in range(1, 301):
+            clock[0] += 0.04  # 25 steps a second
+            if step == 125:
+                clock[0] += 15.0  # stopped mid-step, then continued
+                os.kill(os.getpid(), signal.SIGCONT)
+            trainer.global_step = step
+            progress.on_train_batch_end(trainer, None, None, None, step)
+    finally:
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    rate = bar.format_dict["n"] / bar.format_dict["elapsed"]
+    assert bar.n == 300 and rate == pytest.approx(25, rel=0.05), (bar.n, rate)
+    bar.close()
+    assert out.getvalue().endswith("\n"), repr(out.getvalue()[-200:])  # the bar's line ended: the summary's is its own

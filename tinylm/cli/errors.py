@@ -222,7 +222,7 @@ def is_user_error(e: BaseException) -> bool:
         # transformers' check of its backends: "GPT2LMHeadModel requires PyTorch >= 2.6" (transformers 5 beside an
         # older torch, which the export extra cannot rule out): install a transformers this torch has, or a newer torch
         return True
-    if _port_in_use(e) or _store_gone(e):
+    if _port_in_use(e) or _store_gone(e) or _store_timed_out(e) or _peer_timed_out(e):
         return True
     if isinstance(e, RuntimeError) and (stopping := _module_file("lightning.pytorch.callbacks.early_stopping")):
         # "Early stopping conditioned on metric `x` which is not available. Pass in or modify your `EarlyStopping`
@@ -331,6 +331,24 @@ def _store_gone(e: BaseException) -> bool:
         words in str(e) for words in ("Connection was likely closed", "Connection reset by peer"))
 
 
+def _store_timed_out(e: BaseException) -> bool:
+    """torch's rendezvous given up: a rank did not connect within the process group's timeout (a rank stopped
+    meanwhile, by Ctrl+Z, kill -STOP or a scheduler's suspend; one slow to start, or never started). It ended in
+    torch's traceback, ~25 lines."""
+    dist = sys.modules.get("torch.distributed")
+    store = getattr(dist, "DistStoreError", None) if dist is not None else None
+    return store is not None and isinstance(e, store) and "Timed out" in str(e)
+
+
+def _peer_timed_out(e: BaseException) -> re.Match | None:
+    """gloo's collective given up after the process group's timeout (30 min unless set): another rank did not take
+    part for that long (stopped alone: Ctrl+Z, kill -STOP, a scheduler's suspend of one task; or stuck). Rank 0
+    ended in ~60 lines of traceback; the match's group 1: the milliseconds waited."""
+    if not isinstance(e, RuntimeError):
+        return None
+    return re.search(r"gloo.*Timed out waiting (\d+)ms for (?:recv|send) operation", str(e))
+
+
 def _module_file(name: str) -> Path | None:
     """The file of module ``name`` when it was imported (else an error cannot come from it)."""
     module = sys.modules.get(name)
@@ -361,6 +379,15 @@ def one_line(e: BaseException) -> str:
         return (f"lost the connection to the ranks' meeting point at {where} (node 0's launcher): node 0 ended, and "
                 "this rank cannot go on without it; its own output says why: fix that, then run the same command "
                 "again on every node")
+    if _store_timed_out(e):
+        where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}"
+        return (f"the ranks did not all meet at {where} in time ({text.rstrip('.')}): a rank was stopped (Ctrl+Z, "
+                "kill -STOP, a scheduler's suspend), slow to start, or never started; run the same command again, "
+                "on every node")
+    if waited := _peer_timed_out(e):  # (error_line spells the command out: a fit's resume, or the same command)
+        return (f"another rank did not take part in a collective for {int(waited[1]) / 1000:.0f} s (the process "
+                "group's timeout): it was stopped (Ctrl+Z, kill -STOP, a scheduler's suspend of one task) or stuck "
+                "that long, so the run stopped; go on with `tinylm fit --config ... --ckpt_path last`")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename == STDOUT:
         return (f"{type(e).__name__}: no space left on the disk writing {STDOUT} (where the command's output was "
                 "sent); free some space, or send it to a file on another disk")

@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from tinylm import continued
 from tinylm.progress import Lines, disabled_by_env, draws_bars
 
 
@@ -47,6 +48,7 @@ class ProgressBar(TQDMProgressBar):
         self.min_interval = min_interval
         self._drawn = 0.0
         self._every = 1  # steps between two lines (where they are lines)
+        self._continues = 0  # tinylm.continued's count at the last drawing
 
     @property
     def is_enabled(self) -> bool:
@@ -89,6 +91,8 @@ class ProgressBar(TQDMProgressBar):
             bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
             bar.set_description("steps")
             bar.refresh()
+        continued.watch()
+        self._continues = continued.continues()
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
         if not self._by_steps(trainer):  # epochs are notional: the run's bar goes on across them
@@ -122,6 +126,14 @@ class ProgressBar(TQDMProgressBar):
         last = step >= trainer.max_steps
         if bar.disable or (now - self._drawn < self.min_interval and not last) or bar.n == step:
             return  # the next drawing sets the bar's count to the true position
+        if (seen := continued.continues()) != self._continues:  # stopped since the last drawing (Ctrl+Z, then fg):
+            # tqdm's rate (Lightning's: the average since the start) and time left leave the time since it out, and
+            # its elapsed time with them; counted, a 15 s stop with 12 s to go said 46 s left, and later ones too
+            self._continues = seen
+            if self._drawn:  # (none yet: the bar's start is this run's)
+                # (and its last print with it: one before its start is none to tqdm, which then ended no line at
+                # close, and the run's summary was glued to the bar)
+                bar.start_t, bar.last_print_t = bar.start_t + now - self._drawn, bar.last_print_t + now - self._drawn
         self._drawn = now
         bar.n = step
         bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
