@@ -1034,6 +1034,52 @@ time.sleep(30)
     assert done.stderr == ("" if said else line), done.stderr[-2000:]
 
 
+_BLOCKED_STDERR = """
+import io, os, signal, sys, time
+from tinylm.cli import ranks, signals
+from tinylm.train import stop_state
+
+class Blocked(io.RawIOBase):
+    sent = False
+    def writable(self): return True
+    def fileno(self): return 2
+    def write(self, data):
+        if not Blocked.sent:
+            Blocked.sent = True
+            os.kill(os.getpid(), signal.{signal})  # the handler runs here, the stream's lock held
+            time.sleep(30)
+        return os.write(2, bytes(data))
+
+{setup}
+sys.stderr = io.TextIOWrapper(io.BufferedWriter(Blocked()), line_buffering=True)
+sys.stderr.write("a line of the command's own\\n")
+"""
+
+
+@pytest.mark.parametrize("when", ["ending", "imports"])
+def test_a_signal_inside_a_blocked_write_to_stderr_still_says_its_line(tmp_path, when):
+    """Catches the line lost when a signal whose handler says it landed inside the command's own write to stderr
+    that blocked (a full pipe, a terminal paused by Ctrl+S or slow over ssh): the handler's write through the stream
+    hit that write's lock ("RuntimeError: reentrant call inside <_io.BufferedWriter name='<stderr>'>", swallowed)
+    and the command ended at once without a word: a second Ctrl+C as the command ends (the stop's line, its
+    checkpoint saved) or a second signal during the imports. Here stderr's file sends the signal from inside its
+    write, as the signal interrupts a blocked one."""
+    if when == "ending":
+        setup = ("ranks.COMMAND[:] = ['fit', '--config', 'c.yaml']\n"
+                 "stop_state.line = 'interrupted by SIGINT at step 3; saved runs/x/checkpoints/last.ckpt'\n"
+                 "signals.SAID[0] = False\nsignals.end_at_once_on_ctrl_c()")
+        script, status = _BLOCKED_STDERR.format(signal="SIGINT", setup=setup), 130
+        line = "tinylm fit: error: interrupted by SIGINT at step 3; saved runs/x/checkpoints/last.ckpt\n"
+    else:
+        setup = ("ended = signals.terminate_cleanly('prepare', True); ended.__enter__()\n"
+                 "held = signals.held('prepare', True); held.__enter__()\n"
+                 "os.kill(os.getpid(), signal.SIGTERM)  # the first: held until the imports are done")
+        script, status = _BLOCKED_STDERR.format(signal="SIGTERM", setup=setup), 143
+        line = "tinylm prepare: error: SIGTERM during the imports, after an earlier signal: ended at once\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (status, line), done.stderr[-2000:]
+
+
 def test_a_sigterm_inside_a_best_effort_step_still_ends_the_command(monkeypatch):
     """Catches a SIGTERM that lands inside an ``except Exception`` of tinylm's (here the load of an eval task from
     the hub, which says "no data here" on any failure) being taken for that failure: `tinylm eval` ended in "no data

@@ -218,6 +218,45 @@ def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
     assert not (cfg.parent / "lr.png").exists()
 
 
+def test_ctrl_c_mid_sweep_ends_the_sweeps_bar_and_says_one_line(run_config, capsys, monkeypatch):
+    """Catches a Ctrl+C (or SIGTERM) mid-sweep leaving Lightning's sweep bar open: on a terminal "tinylm:
+    interrupted" was glued to the bar's drawing and the bar drawn again below it as the process exited, after
+    Lightning's own "Detected KeyboardInterrupt, attempting graceful shutdown ..." line: three lines for one."""
+    import logging
+    import signal
+
+    from tinylm.studies import lr_find as sweep
+    from tinylm.train.module import TinyLM
+
+    cfg, steps, closed, made_bar, step = run_config(), [], [], sweep.bar, TinyLM.training_step
+
+    def ctrl_c(self, batch, batch_idx):
+        steps.append(batch_idx)
+        if len(steps) == 3:  # mid-sweep, its bar drawn
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+
+    def recorded(*args, **kwargs):
+        made = made_bar(*args, **kwargs)
+        close = made.close
+        made.close = lambda: closed.append(True) or close()
+        return made
+
+    monkeypatch.setattr(TinyLM, "training_step", ctrl_c)
+    monkeypatch.setattr(sweep, "bar", recorded)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl+Cs as it shuts down: not pytest's
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["lr-find", "--config", str(cfg), "--num_training", "8", "--out", "lr.png"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
+    assert closed == [True]
+    said = logging.LogRecord("lightning", logging.INFO, "", 0, "\nDetected KeyboardInterrupt, attempting graceful "
+                             "shutdown ...", None, None)
+    assert not sweep._SweepLines().filter(said)
+
+
 def test_the_curve_under_accumulation_is_each_steps_mean_loss(run_config):
     """Catches the curve reading Lightning's loss of each step's last micro-batch alone (its range test's): with
     accumulation 4 a curve twice as noisy as the loss the step trains on, which the suggestion is read from."""

@@ -547,6 +547,36 @@ def test_ctrl_c_during_bpe_training_is_not_held_until_it_ends():
     training[0].join()
 
 
+def test_a_stop_while_bpe_training_reads_the_corpus_ends_with_its_status(tmp_path):
+    """Catches `tinylm prepare` aborting on a SIGTERM (or Ctrl+C) that came while BPE training still read the
+    corpus: the training's thread, left inside the tokenizers library, called back for the next text as the
+    interpreter exited, and the process died with "FATAL: exception not rethrown" and exit 134 (SIGABRT) in place of
+    the stop's 143 (1 SIGTERM in 10 to a 1 MB prepare). The library's reading now stops with the command."""
+    script = """
+import os, signal, sys, time
+from tinylm.cli import signals
+from tinylm.cli.errors import Terminated
+from tinylm.tokenize.tokenizer import _train_bpe
+
+def docs():  # a corpus read slowly (a large one, a slow disk): the library reads it as the command stops
+    for i in range(100_000):
+        if i == 50:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.001)
+        yield f"text number {i} to train a tokenizer on "
+
+try:
+    with signals.terminate_cleanly("prepare", True):
+        _train_bpe(docs(), 300)
+except Terminated as e:
+    sys.stderr.write(f"{e}\\n")
+    sys.exit(143)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (143, "terminated by SIGTERM before it finished; run the same `tinylm "
+                                                   "prepare` again\n"), done.stderr[-2000:]
+
+
 def test_a_tokenizer_json_saved_with_truncation_or_padding_encodes_whole_texts(tmp_path, shakespeare_100k, caplog):
     """Catches a tokenizer.json saved with truncation or padding on (BERT-like ones; one saved after a call with
     truncation=True): every document was cut to max_length (61 % of a corpus lost) and each batch padded to its

@@ -41,8 +41,25 @@ def _end_saying_the_stop(signum: int, frame: object) -> None:
     saved, and nothing naming it)."""
     if stop_state.line is not None and not SAID[0] and not ranks.rank() and ranks.COMMAND:
         with contextlib.suppress(Exception):
-            sys.stderr.write(error_line(ranks.COMMAND[0], stop_state.line, list(ranks.COMMAND[1:])))
+            _say_in_handler(error_line(ranks.COMMAND[0], stop_state.line, list(ranks.COMMAND[1:])))
     end_now(signum, frame)
+
+
+def _say_in_handler(text: str) -> None:
+    """Write ``text`` on stderr from a signal handler, which runs inside whatever this thread was doing: a write of
+    its own to stderr that blocked (a full pipe, a terminal paused by Ctrl+S or slow over ssh) holds the stream's
+    lock, and writing through the stream raised "RuntimeError: reentrant call inside <_io.BufferedWriter
+    name='<stderr>'>" there: the line was lost (the process then ended at once, without a word). It then goes
+    straight to the stream's file descriptor."""
+    stream = sys.stderr
+    try:
+        stream.write(text)
+        stream.flush()
+    except RuntimeError:  # the reentrant call (the stream dropped the text)
+        data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
+        fd = stream.fileno()
+        while data:
+            data = data[os.write(fd, data):]
 
 
 def end_now(signum: int, frame: object) -> None:
@@ -150,8 +167,8 @@ def _holding(signum: int) -> bool:
     if _HELD and program:
         with contextlib.suppress(Exception):
             name = "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
-            sys.stderr.write(error_line(command, f"{name} during the imports, after an earlier signal: ended at "
-                                                 "once", []))
+            _say_in_handler(error_line(command, f"{name} during the imports, after an earlier signal: ended at once",
+                                      []))
         end_now(signum, None)
     _HELD.append(signum)
     return True

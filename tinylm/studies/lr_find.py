@@ -4,8 +4,10 @@ optimizer afterwards; this module adds the size-based rule of thumb to compare w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,11 +67,33 @@ class LRFind:
 
 
 class _SweepLines(logging.Filter):
-    """Drops Lightning's info lines about the range test's own temporary checkpoint and its fit's end."""
+    """Drops Lightning's info lines about the range test's own temporary checkpoint and its fit's end, and its
+    "Detected KeyboardInterrupt, attempting graceful shutdown ..." on a Ctrl+C (the command's own line says it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
-        return ".lr_find_" not in msg and not msg.startswith("`Trainer.fit` stopped: `max_steps=")
+        return ".lr_find_" not in msg and not msg.startswith("`Trainer.fit` stopped: `max_steps=") and \
+            "Detected KeyboardInterrupt" not in msg
+
+
+@contextlib.contextmanager
+def _sweep_bar() -> Iterator[None]:
+    """Lightning's sweep draws its own tqdm bar on stderr whatever stderr is: in a log (`> lr.log 2>&1`, SLURM) every
+    redrawing stayed, carriage returns and all; tinylm's bar is plain lines there, as the run's own. A sweep stopped
+    (Ctrl+C, SIGTERM, an error) ends its bar's line before the command's: the line was glued to the bar's drawing,
+    and the bar drawn again below it as the process exited."""
+    from lightning.pytorch.tuner import lr_finder
+
+    own_bar, drawn = lr_finder.tqdm, []
+    lr_finder.tqdm = lambda *args, **kwargs: drawn.append(bar(*args, **kwargs)) or drawn[-1]
+    try:
+        yield
+    except BaseException:
+        for made in drawn:
+            made.close()
+        raise
+    finally:
+        lr_finder.tqdm = own_bar
 
 
 def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, *, params: int,
@@ -99,21 +123,14 @@ def lr_find(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightni
     said = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     sweep_lines = _SweepLines()
     said.addFilter(sweep_lines)
-    # Lightning's sweep draws its own tqdm bar on stderr whatever stderr is: in a log (`> lr.log 2>&1`, SLURM) every
-    # redrawing stayed, carriage returns and all; tinylm's bar is plain lines there, as the run's own
-    from lightning.pytorch.tuner import lr_finder
-
-    own_bar = lr_finder.tqdm
-    lr_finder.tqdm = bar
     try:
-        # the module ends the sweep by tinylm's curve (`diverged`), not Lightning's callback by its own
-        finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
-                                        num_training=num_training, update_attr=False, early_stop_threshold=None)
+        with _sweep_bar():  # the module ends the sweep by tinylm's curve (`diverged`), not Lightning's callback
+            finder = Tuner(trainer).lr_find(module, datamodule=datamodule, min_lr=min_lr, max_lr=max_lr,
+                                            num_training=num_training, update_attr=False, early_stop_threshold=None)
     finally:
         module.muon_lr_ratio, module.lr_range_test = None, False
         quiet.setLevel(level)
         said.removeFilter(sweep_lines)
-        lr_finder.tqdm = own_bar
     # each step's loss: the mean over its micro-batches (Lightning's curve reads the last one's: `smoothed` says why)
     raw, module.range_test_losses = module.range_test_losses, []
     points = [(lr, loss) for lr, loss in zip(finder.results["lr"], smoothed(raw), strict=True) if math.isfinite(loss)]

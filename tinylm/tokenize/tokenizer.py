@@ -423,26 +423,52 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
     return Tokenizer(HFBackend(tok), "bpe")
 
 
-def _while_signals_work(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn`` (a library's call into Rust that runs for long) in a thread of its own, the main thread waiting in
-    Python: Python runs a signal's handler there alone, between its own steps, and a Ctrl+C or SIGTERM during BPE
-    training (1 s per MB) waited for the training's end (10 s on 10 MB). The thread is left to the process's end."""
+STOP_WAIT_S = 10.0
+"""How long a stopped command waits for the BPE trainer's thread to come back out of the library (see
+`_while_signals_work`)."""
+
+
+def _while_signals_work(fn: Callable[..., Any], docs: Iterable[str], **kwargs: Any) -> Any:
+    """``fn(docs, **kwargs)`` (a library's call into Rust that runs for long, reading ``docs``) in a thread of its
+    own, the main thread waiting in Python: Python runs a signal's handler there alone, between its own steps, and a
+    Ctrl+C or SIGTERM during BPE training (1 s per MB) waited for the training's end (10 s on 10 MB).
+
+    A stop meanwhile (a signal's, any error) ends the library's reading of ``docs`` (its next read raises) and waits
+    up to STOP_WAIT_S for the thread to come back out of it: left reading, the thread called back into Python as the
+    interpreter exited, and the process aborted ("FATAL: exception not rethrown", exit 134, in place of the stop's
+    143 or 130 and its line's). A thread past its reading (counting pairs, merging: Rust alone) is left to the
+    process's end, as before."""
     import threading
 
     done: dict[str, Any] = {}
     over = threading.Event()  # (not Thread.join: a Ctrl+C inside it marks a running thread stopped, Python 3.11)
+    stopped: list[bool] = []  # (read by the thread at each document: a list, no lock)
+    reading = [True]  # the library still reads docs, calling back into Python
+
+    def read() -> Iterator[str]:
+        for doc in docs:
+            if stopped:
+                raise InterruptedError("the command stopped")  # (the thread's error, never raised in the main one)
+            yield doc
+        reading.clear()
 
     def run() -> None:
         try:
-            done["value"] = fn(*args, **kwargs)
+            done["value"] = fn(read(), **kwargs)
         except BaseException as e:  # noqa: BLE001 (raised in the main thread)
             done["error"] = e
         finally:
             over.set()
 
     threading.Thread(target=run, daemon=True, name="tinylm-tokenizer-training").start()
-    while not over.wait(0.1):
-        pass
+    try:
+        while not over.wait(0.1):
+            pass
+    except BaseException:
+        stopped.append(True)
+        if reading:
+            over.wait(STOP_WAIT_S)
+        raise
     if "error" in done:
         raise done["error"]
     return done["value"]
