@@ -105,8 +105,9 @@ def _watch(read: int, over: threading.Event, what: str) -> None:
             if not ready:
                 if not noted and time.monotonic() - started > NOTE_S and _speaks():
                     noted = True
-                    sys.stderr.write(f"tinylm: still {what} ({time.monotonic() - started:.0f} s; torch waits up to "
-                                     "30 min for every rank to come; Ctrl+C stops)\n")
+                    sys.stderr.write(f"tinylm: still {what} ({time.monotonic() - started:.0f} s; torch waits for every "
+                                     "rank up to the process group's timeout, 30 min unless the strategy sets one; "
+                                     "Ctrl+C stops)\n")
                     sys.stderr.flush()
                 continue
             got = pipe.read(64)
