@@ -482,17 +482,31 @@ def check_size(config: Any, state: dict[str, Any], ckpt_path: str | os.PathLike)
                               "merged?)")
 
 
-def check_finite(state: dict[str, Any], ckpt_path: str | os.PathLike) -> None:
-    """Refuse weights (``state``: a state_dict) holding NaN or inf: a run that diverged before it saved them (a
-    resume or a validation of them trained from NaN, or scored `val/loss nan`, and named the LR as the cause)."""
+def non_finite(state: dict[str, Any]) -> list[str]:
+    """The names of the floating tensors of ``state`` (a state_dict) that hold NaN or inf."""
     # a sum first (NaN and inf carry through it: ~10x cheaper than isfinite's mask over a 1.5B model); a non-finite
     # sum of finite weights (an overflow) is looked at whole
-    broken = [k for k, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
-              and not torch.isfinite(t.sum()) and not torch.isfinite(t).all()]
+    return [k for k, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
+            and not torch.isfinite(t.sum()) and not torch.isfinite(t).all()]
+
+
+def check_finite(state: dict[str, Any], ckpt_path: str | os.PathLike, what: str = "checkpoint",
+                 fix: str = "the run diverged before this save; use an earlier step-*.ckpt of the run",
+                 optimizer: Any = ()) -> None:
+    """Refuse weights (``state``: a state_dict) holding NaN or inf: a run that diverged before it saved them (a
+    resume or a validation of them trained from NaN, or scored `val/loss nan`, and named the LR as the cause).
+    ``what`` names the file (a Hugging Face model folder: ``fix`` says what to do instead). A resume passes the
+    ``optimizer`` states too: NaN moments over finite weights made every step after it NaN (the guard skipped them
+    and rolled back, or the run stopped, steps later, without naming the file)."""
+    broken = non_finite(state)
     if broken:
-        raise CheckpointError(f"checkpoint {str(ckpt_path)!r} holds non-finite weights (NaN or inf) in {len(broken)} "
-                              f"tensors, e.g. {broken[0]!r}: the run diverged before this save; use an earlier "
-                              "step-*.ckpt of the run")
+        raise CheckpointError(f"{what} {str(ckpt_path)!r} holds non-finite weights (NaN or inf) in {len(broken)} "
+                              f"tensors, e.g. {broken[0]!r}: {fix}")
+    moments = {f"{name!r} of parameter {i}": t for opt in optimizer or ()
+               for i, s in (opt.get("state") or {}).items() for name, t in s.items()}
+    if broken := non_finite(moments):
+        raise CheckpointError(f"{what} {str(ckpt_path)!r} holds a non-finite optimizer state (NaN or inf) in "
+                              f"{len(broken)} tensors, e.g. {broken[0]}: {fix}")
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any], ckpt_path: str | os.PathLike) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from tinylm.checkpoint import load_model
+from tinylm.checkpoint import load_model, non_finite
 from tinylm.model import GPT, GPTConfig
 from tinylm.paths import ASIDE, check_output_path, follow_umask, naming, not_utf8, swap_in_folder
 from tinylm.tokenize.hf import save_hf_tokenizer
@@ -329,8 +329,11 @@ def _write_export(ckpt_path: str | Path, out: Path, dtype: torch.dtype) -> None:
         hf = LlamaForCausalLM(llama_config(c, eos_id=eos_id)).eval()
         state = llama_state_dict(model)
     hf.load_state_dict(state, strict=True)  # strict: every transformers weight comes from the checkpoint
+    if broken := non_finite(hf.to(dtype).state_dict()):  # float16 ends at 65,504: a larger weight was written as inf
+        raise ValueError(f"--dtype {str(dtype).removeprefix('torch.')} cannot hold the weights of {str(ckpt_path)!r}: "
+                         f"{broken[0]!r} overflows it to inf; export with --dtype bfloat16 or float32")
     with quiet_transformers():
-        hf.to(dtype).save_pretrained(out)
+        hf.save_pretrained(out)
     if tokenizer is None:
         warnings.warn(f"checkpoint {str(ckpt_path)!r} holds no tokenizer; exported the model only")
     else:
@@ -402,7 +405,7 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
                                 "directory written by `tinylm export`")
     import pickle
 
-    from tinylm.checkpoint import code_refused
+    from tinylm.checkpoint import check_finite, code_refused
 
     _check_shards(path)
     _check_size(path, model_class.config_class.from_pretrained(path))
@@ -422,7 +425,12 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
         more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
         raise ValueError(f"cannot import {str(path)!r}: its weights do not fit its config.json: {wrong[0]}{more}; "
                          f"{_AGAIN}")
-    return {k: v.float() for k, v in model.state_dict().items()}
+    state = {k: v.float() for k, v in model.state_dict().items()}
+    # NaN or inf weights (an export of a diverged model, an edited file): generate printed garbage, sample-report
+    # and the samples of a fine-tune from them ended in torch.multinomial's traceback
+    check_finite(state, path, "model folder", "export it again from a checkpoint whose weights are finite "
+                 "(tinylm export --ckpt_path CKPT --out DIR), or use another model")
+    return state
 
 
 def _check_shards(path: Path) -> None:

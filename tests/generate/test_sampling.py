@@ -703,3 +703,31 @@ def test_a_numpy_integer_seed_samples_as_the_same_int_seed():
     model = tiny()
     expected = generate(model, PROMPTS, strategy="sample", seed=3, max_new_tokens=8)
     assert generate(model, PROMPTS, strategy="sample", seed=np.int64(3), max_new_tokens=8) == expected
+
+
+def test_training_samples_skip_weights_holding_nan(tmp_path):
+    """Catches the samples a run writes as it trains (SampleText) decoding from weights that hold NaN (a step the
+    guard skipped, a callback that broke them): the run ended in torch.multinomial's traceback ("probability tensor
+    contains either inf, nan or element < 0") before the guard could roll it back. The sample step is skipped with
+    one line naming the step and the tensor, and nothing is written to samples.txt; finite weights still sample."""
+    from types import SimpleNamespace
+
+    from tinylm.tokenize import build_tokenizer
+    from tinylm.train.samples import SampleText
+
+    letters = "".join(chr(ord("A") + i) for i in range(VOCAB - 1))
+    tok = build_tokenizer("char", documents=lambda: [letters, letters])
+    model = tiny()
+    trainer = SimpleNamespace(global_step=5, is_global_zero=True, callbacks=[], loggers=[],
+                              default_root_dir=str(tmp_path), datamodule=SimpleNamespace(tokenizer=tok))
+    module = SimpleNamespace(model=model)
+    SampleText(every_n_steps=5, prompts=["AB"], max_new_tokens=4).on_train_batch_end(trainer, module, None, None, 0)
+    assert (tmp_path / "samples.txt").read_text().startswith("--- step 5 | 'AB'")  # guard: finite weights sample
+    (tmp_path / "samples.txt").unlink()
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.weight.fill_(float("nan"))
+    with pytest.warns(UserWarning, match=r"samples at step 5 skipped: the model's weights hold NaN or inf in 1 "
+                                         r"tensors, e.g. 'transformer.h.0.attn.c_attn.weight'"):
+        SampleText(every_n_steps=5, prompts=["AB"], max_new_tokens=4).on_train_batch_end(trainer, module, None, None,
+                                                                                          0)
+    assert not (tmp_path / "samples.txt").exists()

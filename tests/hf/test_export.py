@@ -190,6 +190,24 @@ def test_export_command_bfloat16_and_summary(tmp_path, char_tokenizer, capsys):
         export_hf(ckpt, tmp_path / "hf2", dtype="int8")
 
 
+def test_export_refuses_a_dtype_its_weights_overflow(tmp_path, char_tokenizer):
+    """Catches `tinylm export --dtype float16` of a model with a weight past float16's range (65,504) writing it as
+    inf, exit 0: the export's users got NaN logits (transformers) or a refusal at load (tinylm), far from the cause.
+    It is one line naming the dtype, the tensor and the fix, and no folder is left; bfloat16 holds the same weights."""
+    ckpt = torch.load(_write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=False, pad_vocab_multiple=64),
+                      weights_only=True)
+    ckpt["state_dict"]["model.transformer.h.1.mlp.c_fc.weight"][0, 0] = 1e6
+    torch.save(ckpt, tmp_path / "big.ckpt")
+    with pytest.raises(ValueError) as err:
+        export_hf(tmp_path / "big.ckpt", tmp_path / "hf", dtype="float16")
+    assert str(err.value) == (f"--dtype float16 cannot hold the weights of {str(tmp_path / 'big.ckpt')!r}: "
+                              "'transformer.h.1.mlp.c_fc.weight' overflows it to inf; export with --dtype bfloat16 or "
+                              "float32")
+    assert not (tmp_path / "hf").exists()
+    export_hf(tmp_path / "big.ckpt", tmp_path / "hf", dtype="bfloat16")  # guard: a wider range holds it
+    assert import_hf(tmp_path / "hf").transformer.h[1].mlp.c_fc.weight[0, 0] == 999424  # (bfloat16 of 1e6)
+
+
 def test_export_says_its_result_once_and_its_files_follow_the_umask(tmp_path, char_tokenizer, capsys):
     """Catches `tinylm export` saying its result twice ("wrote DIR: ..." and "exported CKPT to DIR") and writing
     model.safetensors 0600 (other users of a shared model folder could not read the weights beside a readable
@@ -595,6 +613,35 @@ def test_import_refuses_weights_that_do_not_fit_the_config(tmp_path, family, cha
     with pytest.raises((ValueError, OSError), match=message) as err:
         import_hf(_edit_config(path, **changes))
     assert "\n" not in str(err.value) and is_user_error(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_import_refuses_non_finite_weights(tmp_path, family):
+    """Catches import_hf loading a model folder whose weights hold NaN or inf (an export of a diverged model, an
+    edited file): a .ckpt is refused at load, a folder was not, so `generate --ckpt_path FOLDER` printed garbage
+    (greedy's argmax of NaN logits) and sample-report, eval and a fine-tune's samples ended in torch.multinomial's
+    traceback. It is one line naming the folder and the tensor, a user's error for the CLI."""
+    from safetensors.torch import load_file, save_file
+
+    from tinylm.cli.errors import is_user_error
+    from tinylm.hf_llama import llama_config
+    from tinylm.model import GPTConfig
+
+    if family == "gpt2":
+        path = _transformers_dir(tmp_path / "hf")
+    else:
+        config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
+        transformers.LlamaForCausalLM(llama_config(config, eos_id=None)).save_pretrained(path := tmp_path / "hf")
+    import_hf(path)  # guard: the folder as written imports
+    weights = load_file(path / "model.safetensors")
+    name = next(k for k in sorted(weights) if ".1." in k and weights[k].dim() == 2)  # a layer's matrix: not tied
+    weights[name][0, 0] = float("nan")
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as err:
+        import_hf(path)
+    assert str(err.value).startswith(f"model folder {str(path)!r} holds non-finite weights (NaN or inf) in 1 tensors")
+    assert f"e.g. {name!r}: export it again from a checkpoint whose weights are finite" in str(err.value)
+    assert "\n" not in str(err.value) and is_user_error(err.value)
 
 
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "missing.safetensors"])

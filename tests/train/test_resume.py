@@ -514,6 +514,30 @@ def test_a_checkpoint_of_nan_weights_is_refused_by_resume_and_validate(run_confi
     _one_line_error(capsys, ["validate", "--ckpt_path", str(tmp_path / "nan.ckpt")], said)
 
 
+def test_a_checkpoint_of_nan_optimizer_state_is_refused_by_resume_only(run_config, tmp_path, capsys):
+    """Catches a resume of a checkpoint whose weights are finite but whose optimizer moments hold NaN (saved the
+    step a run diverged): every step after it was NaN, and the run stopped or rolled back steps later without
+    naming the file (with samples on, it ended in torch.multinomial's traceback). The resume is one line naming
+    the file and the state; validate, which reads the weights only, still scores it."""
+    from helpers import _one_line_error
+
+    cfg = run_config(trainer={"max_steps": 2})
+    main(["fit", "--config", str(cfg)])
+    ckpt = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt["optimizer_states"][0]["state"][0]["exp_avg"].fill_(float("nan"))
+    torch.save(ckpt, tmp_path / "nan.ckpt")
+    said = (f"checkpoint '{tmp_path / 'nan.ckpt'}' holds a non-finite optimizer state (NaN or inf) in 1 tensors, "
+            "e.g. 'exp_avg' of parameter 0")
+    _one_line_error(capsys, ["fit", "--config", str(cfg), "--ckpt_path", str(tmp_path / "nan.ckpt"),
+                             "--run.name", "again", "--trainer.max_steps", "4"], said, "use an earlier step-*.ckpt")
+    capsys.readouterr()
+    main(["validate", "--ckpt_path", str(tmp_path / "nan.ckpt")])
+    assert "non-finite" not in capsys.readouterr().err
+    from tinylm.train.module import TinyLM
+
+    TinyLM.load_from_checkpoint(tmp_path / "nan.ckpt", map_location="cpu")  # (Python's load of the weights: no trainer)
+
+
 def test_a_run_whose_tokenizer_file_is_gone_resumes_with_the_checkpoints(run_config, tmp_path, small_bpe, caplog,
                                                                          capsys):
     """Catches a run trained with --data.tokenizer PATH whose file was moved or deleted since refused on resume

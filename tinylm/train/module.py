@@ -544,7 +544,7 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
                                   f"and block_size come from the data: {fix}")
         from tinylm.checkpoint import check_finite, check_weights
 
-        if self._trainer is not None and fitting:
+        if resuming := self._trainer is not None and fitting:
             # a resume that splits the global batch another way (devices traded for accumulation) counts its
             # position in the new micro-batches, before Lightning restores the data module and its loops
             resume_split = getattr(self._trainer.datamodule, "resume_split", None)
@@ -555,7 +555,7 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
         if "state_dict" in checkpoint:
             path = getattr(self._trainer, "ckpt_path", None) or "checkpoint"
             check_weights(checkpoint["state_dict"], self.state_dict(), path)
-            check_finite(checkpoint["state_dict"], path)
+            check_finite(checkpoint["state_dict"], path, optimizer=resuming and checkpoint.get("optimizer_states"))
         self._check_tokenizer(meta.get("tokenizer"))
         self.tokenizer_state = meta.get("tokenizer")
         # the step of the file whose weights these are (a live run's last.ckpt may have been replaced since the

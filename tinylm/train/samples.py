@@ -173,7 +173,7 @@ class SampleText(L.Callback):
             return
         self._last_step = step
         tokenizer = run_tokenizer(trainer, pl_module)
-        if tokenizer is None:
+        if tokenizer is None or self._weights_broken(step, pl_module):
             return
         speeds = [cb for cb in trainer.callbacks if isinstance(cb, SpeedMonitor)]
         started = work_mark() if speeds else None
@@ -183,6 +183,22 @@ class SampleText(L.Callback):
         self._publish(trainer, rows, stats)
         for speed in speeds:
             speed.exclude(started)  # sampling is no training: tokens/sec, MFU and the CPU wait leave it out
+
+    @staticmethod
+    def _weights_broken(step: int, pl_module: L.LightningModule) -> bool:
+        """Whether the weights hold NaN or inf (a step the guard skipped, a callback or a loaded model that broke
+        them), said in one line: sampling from them ended the run in torch.multinomial's traceback ("probability
+        tensor contains either inf, nan"), and greedy decoding printed garbage. (One check per sample step, none per
+        token.)"""
+        from tinylm.checkpoint import non_finite
+
+        with torch.no_grad():
+            broken = non_finite(pl_module.model.state_dict())
+        if broken:
+            warnings.warn(f"samples at step {step} skipped: the model's weights hold NaN or inf in {len(broken)} "
+                          f"tensors, e.g. {broken[0]!r} (the stability guard, --guard, rolls a diverged run back; "
+                          "with it off, resume from an earlier step-*.ckpt with a lower --model.lr)", stacklevel=1)
+        return bool(broken)
 
     def _sample(self, model: torch.nn.Module, tokenizer, prompt: str, index: int = 0,
                 stats: dict[str, int] | None = None) -> str:
