@@ -599,20 +599,27 @@ def test_import_refuses_weights_that_do_not_fit_the_config(tmp_path, family, cha
     RuntimeError, a ZeroDivisionError, its own validation error); n_positions 10**12 allocated its position table
     first. Each is one line naming the field or weight and the fix, a user's error for the CLI."""
     from tinylm.cli.errors import is_user_error
-    from tinylm.hf_llama import llama_config
-    from tinylm.model import GPTConfig
 
-    if family == "gpt2":
-        path = _transformers_dir(tmp_path / "hf")
-    else:
-        config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
-        transformers.LlamaForCausalLM(llama_config(config, eos_id=None)).save_pretrained(path := tmp_path / "hf")
-    import_hf(path)  # guard: the folder as written imports
+    path = _family_dir(tmp_path / "hf", family)
     if not changes:
         (path / "model.safetensors").unlink()
     with pytest.raises((ValueError, OSError), match=message) as err:
         import_hf(_edit_config(path, **changes))
     assert "\n" not in str(err.value) and is_user_error(err.value) and str(path) in str(err.value)
+
+
+def _family_dir(path: Path, family: str) -> Path:
+    """A tiny transformers model's folder of ``family`` (gpt2 or llama), checked to import as written."""
+    from tinylm.hf_llama import llama_config
+    from tinylm.model import GPTConfig
+
+    if family == "gpt2":
+        path = _transformers_dir(path)
+    else:
+        config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
+        transformers.LlamaForCausalLM(llama_config(config, eos_id=None)).save_pretrained(path)
+    import_hf(path)  # guard: the folder as written imports
+    return path
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -624,15 +631,8 @@ def test_import_refuses_non_finite_weights(tmp_path, family):
     from safetensors.torch import load_file, save_file
 
     from tinylm.cli.errors import is_user_error
-    from tinylm.hf_llama import llama_config
-    from tinylm.model import GPTConfig
 
-    if family == "gpt2":
-        path = _transformers_dir(tmp_path / "hf")
-    else:
-        config = GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, **LLAMA)
-        transformers.LlamaForCausalLM(llama_config(config, eos_id=None)).save_pretrained(path := tmp_path / "hf")
-    import_hf(path)  # guard: the folder as written imports
+    path = _family_dir(tmp_path / "hf", family)
     weights = load_file(path / "model.safetensors")
     name = next(k for k in sorted(weights) if ".1." in k and weights[k].dim() == 2)  # a layer's matrix: not tied
     weights[name][0, 0] = float("nan")

@@ -4,6 +4,7 @@ loss, the rule of thumb."""
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,7 +199,6 @@ def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
     """Catches a Ctrl+C during the sweep ending lr-find with exit status 1, as a failure, after Lightning's own
     "Detected KeyboardInterrupt" (it ends its handling in sys.exit(1)): every tinylm command ends a Ctrl+C with
     "tinylm: interrupted" and 130 (128 + SIGINT), as fit does."""
-    import signal
 
     from tinylm.train.module import TinyLM
 
@@ -208,14 +208,22 @@ def test_ctrl_c_mid_sweep_ends_as_interrupted(run_config, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(TinyLM, "training_step", ctrl_c)
+    _interrupted(cfg, capsys, 4)
+    assert not (cfg.parent / "lr.png").exists()
+
+
+def _interrupted(cfg: Path, capsys, num_training: int) -> None:
+    """Run `tinylm lr-find` of ``cfg``, whose training step the caller made raise KeyboardInterrupt: it ends with
+    "tinylm: interrupted" and 130 (128 + SIGINT)."""
+    import signal
+
     handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl+Cs as it shuts down: not pytest's
     try:
         with pytest.raises(SystemExit) as e:
-            main(["lr-find", "--config", str(cfg), "--num_training", "4", "--out", "lr.png"])
+            main(["lr-find", "--config", str(cfg), "--num_training", str(num_training), "--out", "lr.png"])
     finally:
         signal.signal(signal.SIGINT, handler)
     assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
-    assert not (cfg.parent / "lr.png").exists()
 
 
 def test_ctrl_c_mid_sweep_ends_the_sweeps_bar_and_says_one_line(run_config, capsys, monkeypatch):
@@ -223,7 +231,6 @@ def test_ctrl_c_mid_sweep_ends_the_sweeps_bar_and_says_one_line(run_config, caps
     interrupted" was glued to the bar's drawing and the bar drawn again below it as the process exited, after
     Lightning's own "Detected KeyboardInterrupt, attempting graceful shutdown ..." line: three lines for one."""
     import logging
-    import signal
 
     from tinylm.studies import lr_find as sweep
     from tinylm.train.module import TinyLM
@@ -244,13 +251,7 @@ def test_ctrl_c_mid_sweep_ends_the_sweeps_bar_and_says_one_line(run_config, caps
 
     monkeypatch.setattr(TinyLM, "training_step", ctrl_c)
     monkeypatch.setattr(sweep, "bar", recorded)
-    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl+Cs as it shuts down: not pytest's
-    try:
-        with pytest.raises(SystemExit) as e:
-            main(["lr-find", "--config", str(cfg), "--num_training", "8", "--out", "lr.png"])
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    assert e.value.code == 130 and "tinylm: interrupted" in capsys.readouterr().err
+    _interrupted(cfg, capsys, 8)
     assert closed == [True]
     said = logging.LogRecord("lightning", logging.INFO, "", 0, "\nDetected KeyboardInterrupt, attempting graceful "
                              "shutdown ...", None, None)
