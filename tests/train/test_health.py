@@ -567,7 +567,7 @@ def test_cpu_wait_and_other_jobs_leave_out_the_time_left_out_of_the_rate(work, m
         monkeypatch.setattr(samples, "run_tokenizer", lambda trainer, pl_module: object())
         monkeypatch.setattr(sampler, "_publish", lambda *a: None)
         monkeypatch.setattr(sampler, "_sample", lambda *a: clock.update(t=clock["t"] + 10.0) or "")
-        sampler.on_train_batch_end(trainer, SimpleNamespace(model=None), None, batch, 5)
+        sampler.on_train_batch_end(trainer, SimpleNamespace(model=torch.nn.Linear(2, 2)), None, batch, 5)
         assert clock["t"] == pytest.approx(10.5)  # (the sample step ran)
     step()
     assert speed.tokens_per_sec == pytest.approx(4 * 16 / 0.4)  # guard: the window's rate leaves the work out
