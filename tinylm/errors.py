@@ -24,6 +24,14 @@ OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory", "MPS backend out
 refused (errno 12: torch.load's mmap of a checkpoint under `ulimit -v`)."""
 
 
+def where_written(e: OSError) -> str:
+    """" writing FILE" for the file ``e`` (a full disk's error) was writing: a copy's or a move's destination (shutil
+    names its source first: W&B's media copy named a file in /tmp, on a disk with room), else its one name; "" for
+    none."""
+    written = e.filename2 or e.filename
+    return f" writing {written}" if written else ""
+
+
 def is_out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is the memory running out (Python's MemoryError, torch's `OUT_OF_MEMORY` errors): nothing wrong
     with the file or the input being read."""

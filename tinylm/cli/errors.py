@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tinylm.errors import DISK_ERRNOS, TinyLMError, is_out_of_memory
+from tinylm.errors import DISK_ERRNOS, TinyLMError, is_out_of_memory, where_written
 
 log = logging.getLogger("tinylm")
 
@@ -392,11 +392,9 @@ def one_line(e: BaseException) -> str:
         return (f"{type(e).__name__}: no space left on the disk writing {STDOUT} (where the command's output was "
                 "sent); free some space, or send it to a file on another disk")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        # a copy or a move (shutil's: W&B's media) names its source first: the file written is its destination
-        where = f" writing {e.filename2 or e.filename}" if e.filename2 or e.filename else ""
-        return (f"{type(e).__name__}: no space left on the disk{where}; free some space, or write on another "
-                "disk (runs: --trainer.default_root_dir DIR; datasets: --data.cache_dir DIR or $TINYLM_CACHE_DIR; "
-                "export and sample-report: --out DIR)")
+        return (f"{type(e).__name__}: no space left on the disk{where_written(e)}; free some space, or write on "
+                "another disk (runs: --trainer.default_root_dir DIR; datasets: --data.cache_dir DIR or "
+                "$TINYLM_CACHE_DIR; export and sample-report: --out DIR)")
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and "; " not in text:
         if e.errno == errno.EROFS:
             return f"{type(e).__name__}: read-only file system: {e.filename or text}; choose a path on a writable disk"

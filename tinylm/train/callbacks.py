@@ -62,6 +62,11 @@ def work_mark() -> tuple[float, float | None, float | None]:
     return time.perf_counter(), cpu_wait_seconds(), others_cpu_seconds()
 
 
+def _gap(before: tuple, after: tuple) -> list:
+    """``after - before`` item by item (None where either is None: a counter this machine lacks)."""
+    return [None if a is None or b is None else b - a for a, b in zip(before, after)]
+
+
 def _plus(value: float | None, delta: float | None) -> float | None:
     return value if value is None or delta is None else value + delta
 
@@ -127,21 +132,20 @@ class SpeedMonitor(L.Callback):
         its wall time, and its CPU wait and other processes' CPU seconds (left in, divided by the training time alone,
         they made the window after each validation wait for CPUs ~all the time, other jobs busy on more CPUs than
         the machine has)."""
-        seconds, wait, others = (None if a is None or b is None else b - a for a, b in zip(since, work_mark()))
-        self._marks = deque(((t + seconds, n, _plus(w, wait), _plus(o, others)) for t, n, w, o in self._marks),
-                            maxlen=self._marks.maxlen)
+        seconds, wait, others = _gap(since, work_mark())
+        self._shift(seconds, 0, wait, others)
 
     def _leave_out_since_last(self, mark: tuple[float, int, float | None, float | None]) -> None:
         """Leave the interval from the last mark to ``mark`` out of the window (its time, tokens and CPU counters):
         the process was stopped in it (Ctrl+Z, kill -STOP, SLURM's suspend; `tinylm.continued`). Counted, a 20 s
         stop logged tokens/sec 126 for ~9,000 in the rows of the 10-step window it fell in."""
-        if not self._marks:
-            return
-        last = self._marks.pop()
-        gap = [None if a is None or b is None else b - a for a, b in zip(last, mark)]
-        dt, dn, dw, do = gap
-        self._marks = deque(((t + dt, n + dn, _plus(w, dw), _plus(o, do)) for t, n, w, o in self._marks),
-                            maxlen=self._marks.maxlen)
+        if self._marks:
+            self._shift(*_gap(self._marks.pop(), mark))
+
+    def _shift(self, seconds: float, tokens: int, wait: float | None, others: float | None) -> None:
+        """Move the window's marks forward by an interval left out of it (its time, tokens and CPU counters)."""
+        self._marks = deque(((t + seconds, n + tokens, _plus(w, wait), _plus(o, others))
+                             for t, n, w, o in self._marks), maxlen=self._marks.maxlen)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         # The CPU counters of a GPU step's mark are read here, while the GPU still runs the step's backward: read

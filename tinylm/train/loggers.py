@@ -20,7 +20,7 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from tinylm.errors import TinyLMError
+from tinylm.errors import TinyLMError, where_written
 from tinylm.net import reachable
 
 log = logging.getLogger("tinylm")
@@ -462,10 +462,9 @@ def wandb_write_failed(e: OSError) -> None:
     first samples after the disk filled, and lost its steps since the last checkpoint, although the run folder (another
     disk) had room; metrics.csv and samples.txt hold what W&B lacks."""
     if not _WANDB_WRITES_FAILED:
-        where = f" writing {e.filename2 or e.filename}" if e.filename2 or e.filename else ""
         log.warning("W&B: %s%s; the run goes on, and W&B's record of it may be cut short (csv/metrics.csv and "
                     "samples.txt have it all): free some space, or set WANDB_DIR to another disk for the next run",
-                    e.strerror or e, where)
+                    e.strerror or e, where_written(e))
     _WANDB_WRITES_FAILED.append(f"a write failed ({type(e).__name__}: {e.strerror or e})")
 
 
