@@ -38,3 +38,18 @@ def watch() -> None:
 def continues() -> int:
     """How many times this process was continued since `watch` (compare two reads: a stop in between)."""
     return _COUNT[0]
+
+
+class Stops:
+    """Whether this process was stopped and continued between two looks (`since`), counting from when it was made
+    (it starts the count: `watch`)."""
+
+    def __init__(self) -> None:
+        watch()
+        self._seen = continues()
+
+    def since(self) -> bool:
+        """Whether it was continued since the last look (or since it was made)."""
+        seen = continues()
+        stopped, self._seen = seen != self._seen, seen
+        return stopped

@@ -103,8 +103,7 @@ class Lines:
         self.start_t = self._written_t = time.monotonic()
         self._written_n: float | None = None  # the count at the last line written
         self._closed = False
-        continued.watch()
-        self._continues = continued.continues()
+        self._stops = continued.Stops()
         self._left_out = (0.0, 0.0)  # (seconds, count) left out of the rate: intervals with a stop in them
 
     # ---- tqdm's interface --------------------------------------------------------------------------------------
@@ -165,8 +164,7 @@ class Lines:
         a 20 s stop of a run with 8 s to go said 37 s left, and a long run's lines overstated the time left long
         after."""
         now = time.monotonic()
-        if (seen := continued.continues()) != self._continues:
-            self._continues = seen
+        if self._stops.since():
             since = self.initial if self._written_n is None else self._written_n
             self._left_out = (self._left_out[0] + now - self._written_t, self._left_out[1] + self.n - since)
         self._written_n, self._written_t = self.n, now

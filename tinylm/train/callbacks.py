@@ -105,7 +105,7 @@ class SpeedMonitor(L.Callback):
         self.cpu_wait_fraction: float | None = None  # over the same window (read by the health monitor)
         self.others_busy: float | None = None  # CPUs other processes kept busy over the window (health monitor)
         self._cpu_counters: tuple[float | None, float | None] | None = None  # read before a GPU step's wait
-        self._continues = 0  # tinylm.continued's count at the last mark
+        self._stops = continued.Stops()  # stopped and continued since the last mark (made again at the run's start)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flops_per_token = pl_module.model.flops_per_token()
@@ -113,8 +113,7 @@ class SpeedMonitor(L.Callback):
         self._marks.clear()
         self._tokens = 0
         self._step_seen = trainer.global_step
-        continued.watch()
-        self._continues = continued.continues()
+        self._stops = continued.Stops()
 
     # validation time is no training time: the window's marks move forward by it (tokens/sec and MFU fell ~4.5x for
     # the 10 steps after each validation, and the health monitor took that for a slowdown)
@@ -172,8 +171,7 @@ class SpeedMonitor(L.Callback):
         if counters is None:
             counters = (cpu_wait_seconds(), others_cpu_seconds())
         mark = (time.perf_counter(), self._tokens, *counters)
-        if (seen := continued.continues()) != self._continues:
-            self._continues = seen
+        if self._stops.since():
             self._leave_out_since_last(mark)
         self._marks.append(mark)
         self.marks_taken += 1

@@ -48,7 +48,7 @@ class ProgressBar(TQDMProgressBar):
         self.min_interval = min_interval
         self._drawn = 0.0
         self._every = 1  # steps between two lines (where they are lines)
-        self._continues = 0  # tinylm.continued's count at the last drawing
+        self._stops = continued.Stops()  # stopped and continued since the last drawing (made again at the start)
 
     @property
     def is_enabled(self) -> bool:
@@ -91,8 +91,7 @@ class ProgressBar(TQDMProgressBar):
             bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
             bar.set_description("steps")
             bar.refresh()
-        continued.watch()
-        self._continues = continued.continues()
+        self._stops = continued.Stops()
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
         if not self._by_steps(trainer):  # epochs are notional: the run's bar goes on across them
@@ -126,10 +125,9 @@ class ProgressBar(TQDMProgressBar):
         last = step >= trainer.max_steps
         if bar.disable or (now - self._drawn < self.min_interval and not last) or bar.n == step:
             return  # the next drawing sets the bar's count to the true position
-        if (seen := continued.continues()) != self._continues:  # stopped since the last drawing (Ctrl+Z, then fg):
-            # tqdm's rate (Lightning's: the average since the start) and time left leave the time since it out, and
-            # its elapsed time with them; counted, a 15 s stop with 12 s to go said 46 s left, and later ones too
-            self._continues = seen
+        if self._stops.since():  # stopped since the last drawing (Ctrl+Z, then fg): tqdm's rate (Lightning's: the
+            # average since the start) and time left leave the time since it out, and its elapsed time with them;
+            # counted, a 15 s stop with 12 s to go said 46 s left, and later ones too
             if self._drawn:  # (none yet: the bar's start is this run's)
                 # (and its last print with it: one before its start is none to tqdm, which then ended no line at
                 # close, and the run's summary was glued to the bar)
