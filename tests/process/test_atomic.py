@@ -596,6 +596,24 @@ def test_a_folder_of_many_step_checkpoints_is_listed_without_reading_each(tmp_pa
     assert sorted(reads) == ["last.ckpt", "step-41.ckpt"]
 
 
+def test_a_checkpoints_step_is_read_once_until_the_file_is_replaced(tmp_path, monkeypatch):
+    """Catches a resume reading last.ckpt's and best.ckpt's step three times each (its --ckpt_path, the run folder's
+    checks, a cut save's repair: 10 loads of ~0.1 s where 6 do), and a step kept for a file saved over since."""
+    import tinylm.checkpoint as checkpoint
+
+    def save(step: int) -> None:  # as the fits save: a new file renamed over the old one
+        torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / "new")
+        os.replace(tmp_path / "new", tmp_path / "last.ckpt")
+
+    save(3)
+    reads = []
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda path, *a, real=checkpoint.load_checkpoint, **k:
+                        reads.append(Path(path).name) or real(path, *a, **k))
+    assert [checkpoint.checkpoints_by_step(tmp_path)[0][0][0] for _ in range(3)] == [3, 3, 3] and len(reads) == 1
+    save(4)
+    assert checkpoint.checkpoints_by_step(tmp_path)[0] == [(4, True, tmp_path / "last.ckpt")] and len(reads) == 2
+
+
 def test_load_model_leaves_the_callers_random_state_alone_and_names_a_device_it_cannot_use(tmp_path):
     """Catches load_model advancing torch's global RNG (the GPT's random init, then overwritten: a seeded script
     sampled differently after it) and map_location="cuda" on a machine without CUDA ending in torch's
