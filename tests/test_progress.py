@@ -17,6 +17,24 @@ def clock(monkeypatch):
     return now
 
 
+def test_a_bar_on_a_terminal_does_not_follow_the_wall_clocks_steps(clock, monkeypatch):
+    """Catches prepare's, eval's and generate's bars on a terminal timed by tqdm's wall clock (time.time): a clock
+    stepped back an hour mid-loop (NTP, a VM restored from a snapshot) drew "50/100 [-59:55<...]"."""
+    import tqdm.std
+
+    wall = [1.8e9]
+    monkeypatch.setattr(tqdm.std, "time", lambda: wall[0])  # (what a tqdm made now reads)
+    monkeypatch.setattr(progress, "draws_bars", lambda stream: True)  # (a terminal)
+    made = progress.bar(total=100, file=io.StringIO())
+    try:
+        wall[0] -= 3600
+        clock[0] += 5
+        made.n = 50
+        assert made.format_dict["elapsed"] == 5, str(made)
+    finally:
+        made.close()
+
+
 def test_a_loop_in_a_log_writes_a_line_every_so_often_and_none_when_short(clock):
     """Catches a bar's redrawings (carriage returns, several a second) written into a log of prepare, eval or
     sample-report, and the other way round, a line for every loop of a second: a line every LINE_INTERVAL

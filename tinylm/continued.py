@@ -5,8 +5,8 @@ interval with such a stop in it is no measure of the work done in it: a 20 s sto
 were. Those measures leave the interval out (`tinylm.train.callbacks.SpeedMonitor`, `tinylm.progress.Lines`,
 `tinylm.train.progress_bar.ProgressBar`).
 
-A machine's sleep (a laptop's lid) sends no SIGCONT; the monotonic clocks that tokens/sec and a log's lines read stand
-still through it on Linux and macOS (tqdm's bar on a terminal reads the wall clock, and counts it)."""
+A machine's sleep (a laptop's lid) sends no SIGCONT; the monotonic clocks that tokens/sec, a log's lines and the bars
+on a terminal read (`tinylm.progress.on_monotonic_clock`) stand still through it on Linux and macOS."""
 
 from __future__ import annotations
 

@@ -74,8 +74,19 @@ def bar(iterable: Iterable | None = None, *, total: float | None = None, desc: s
         return tqdm(iterable, total=total, disable=True)
     if draws_bars(file or sys.stderr):
         # disable=False as tinylm reads the switch: tqdm's own reading, bool("0"), turned TQDM_DISABLE=0 into "off"
-        return tqdm(iterable, total=total, desc=desc, file=file, disable=False, **kwargs)
+        return on_monotonic_clock(tqdm(iterable, total=total, desc=desc, file=file, disable=False, **kwargs))
     return Lines(iterable, total=total, desc=desc, file=file, interval=LINE_INTERVAL, **kwargs)
+
+
+def on_monotonic_clock(bar: Any) -> Any:
+    """tqdm ``bar`` timed by the monotonic clock, as `Lines` are, not by tqdm's wall clock (time.time): a clock
+    stepped back an hour (NTP, a VM restored from a snapshot, a clock set by hand) drew the training bar's
+    "110/2000 [-59:59<-17:10:37, -0.03it/s]" to the run's end (its rate is the average since the start), and one
+    stepped a day forward "720/2000 [24:01:01<42:41:48, 120.08s/it]"."""
+    if not bar.disable:  # (a disabled tqdm has no clock)
+        shift = time.monotonic() - bar._time()
+        bar._time, bar.start_t, bar.last_print_t = time.monotonic, bar.start_t + shift, bar.last_print_t + shift
+    return bar
 
 
 class Lines:

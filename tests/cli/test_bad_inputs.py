@@ -555,6 +555,20 @@ def test_spawning_strategies_are_one_line(config, capsys, strategy):
                              "--trainer.accelerator", "cpu"], "which pickles", "--trainer.strategy ddp")
 
 
+def test_ddp_from_a_notebook_names_the_option_that_works_there(config, capsys, monkeypatch):
+    """Catches `main(["fit", ..., "--trainer.strategy", "ddp"])` in a notebook's kernel ending in Lightning's advice for
+    Python code: "choose ... `Trainer(strategy='ddp_notebook')` ... include the Trainer creation inside the worker
+    function", where the option to pass is --trainer.strategy ddp_notebook (ddp starts its ranks by running the
+    process's command line again, and a kernel has none to run)."""
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)  # (Lightning's reading of sys.ps1 at import)
+    line = _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "ddp", "--trainer.devices",
+                                    "2", "--trainer.accelerator", "cpu"],
+                           "--trainer.strategy ddp starts its ranks", "--trainer.strategy ddp_notebook")
+    assert "Trainer(" not in line and "worker function" not in line
+
+
 def test_the_nccl_backend_on_the_cpu_is_one_line(config, capsys):
     """Catches a DDPStrategy with process_group_backend nccl on the CPU ending in a traceback from each rank
     ("Distributed package doesn't have NCCL built in")."""

@@ -626,6 +626,40 @@ def test_a_ddp_fork_run_in_process_leaves_no_master_port(run_config, monkeypatch
     assert "MASTER_PORT" not in os.environ
 
 
+def test_a_callers_ddp_fork_run_stopped_by_ctrl_c_returns_once_saved(run_config, monkeypatch):
+    """Catches a notebook's Interrupt (SIGINT to the kernel alone) of `main(["fit", ..., "--trainer.strategy",
+    "ddp_fork"])` ending the call (SystemExit 130, "they finish their step and save last.ckpt") while the training
+    processes still trained: last.ckpt was not there yet, and the next cell's `--ckpt_path last` started the run over
+    from step 0 beside them. A process that is the command waits for them at its exit; a caller's call now does."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from tinylm.train.interrupt import InterruptCheckpoint
+    from tinylm.train.module import TinyLM
+
+    batch_end, stop = TinyLM.on_train_batch_end, InterruptCheckpoint._stop
+
+    def on_train_batch_end(self, *args):  # (in the training processes: forked with the patch)
+        if self.trainer.global_step == 2 and self.trainer.global_rank == 0:
+            os.kill(os.getppid(), signal.SIGINT)  # the kernel's Interrupt: to the launching process alone
+        return batch_end(self, *args)
+
+    def slow_stop(self, trainer, signum):  # a checkpoint that takes a moment to write (a large model's)
+        time.sleep(1)
+        return stop(self, trainer, signum)
+
+    monkeypatch.setattr(TinyLM, "on_train_batch_end", on_train_batch_end)
+    monkeypatch.setattr(InterruptCheckpoint, "_stop", slow_stop)
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(run_config()), "--trainer.strategy", "ddp_fork", "--trainer.devices", "2",
+              "--trainer.max_steps", "1000", "--run.name", "a"])
+    assert e.value.code == 130
+    assert not [child for child in multiprocessing.active_children() if not child.daemon]
+    assert (Path("runs") / "a" / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_a_callers_later_random_seed_is_not_the_last_runs_seed(run_config, monkeypatch):
     """Catches PL_GLOBAL_SEED left in a notebook's or script's process by `main(["fit", ...])` (Lightning's
     seed_everything sets it, and seed_everything(None) reads it back): every later `--seed_everything true` of the
@@ -713,6 +747,42 @@ def test_a_callers_logging_config_prints_each_line_once(run_config, capsys):
     err = capsys.readouterr().err
     assert err.count("CPU threads: 1 (--run.threads)") == 1, err
     assert "ROOT tinylm: CPU threads: 1 (--run.threads)" in err
+
+
+def test_main_takes_paths_and_numbers_as_the_words_they_stand_for(run_config, capsys):
+    """Catches a notebook's `main(["fit", "--config", folder / "x.yaml", "--trainer.max_steps", 20])` (a pathlib path,
+    a number, as subprocess.run takes them) ending in "AttributeError: 'PosixPath' object has no attribute
+    'partition'", and `main("fit --config x.yaml")` (one text) in "unknown command 'f'"."""
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", run_config(), "--trainer.max_steps", 3, "--model.lr", 1e-05, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert e.value.code == 0 and printed["trainer"]["max_steps"] == 3 and printed["model"]["lr"] == 1e-05
+    with pytest.raises(TypeError, match=r"a list of words, got the text 'fit --config x.yaml'; pass main\(shlex"):
+        main("fit --config x.yaml")
+    with pytest.raises(TypeError, match=r"word 2 is None \(NoneType\)"):
+        main(["fit", "--config", None])
+
+
+def test_a_generate_stopped_mid_line_leaves_no_open_line_to_the_next_command(tmp_path, capsys, monkeypatch):
+    """Catches a notebook's `main(["generate", ...])` stopped mid-line (the kernel's Interrupt while it streamed a
+    sample) leaving its open line to every later command of the process: each one's error or stop then wrote an empty
+    line on stdout first (the line was ended already, when the generate stopped)."""
+    from tinylm.cli import commands, console
+
+    def streamed_then_interrupted(command: str, rest: list[str]) -> None:
+        console.write("ROMEO: half a li")
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patched:
+        patched.setattr(commands, "run", streamed_then_interrupted)
+        with pytest.raises(SystemExit) as e:
+            main(["generate", "--ckpt_path", "a.ckpt"])
+    assert e.value.code == 130 and capsys.readouterr().out == "ROMEO: half a li\n"
+    with pytest.raises(SystemExit) as e:  # the next command of the process: its own error, nothing before it
+        main(["generate", "--ckpt_path", str(tmp_path / "none.ckpt")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and out == "" and "none.ckpt" in err, (out, err)
 
 
 def test_a_command_from_another_thread_while_one_runs_is_one_line(run_config, capsys, monkeypatch):

@@ -61,6 +61,25 @@ def test_a_last_validation_before_the_runs_end_is_not_called_final(tmp_path):
     assert "val/loss final 3.2500" in fit_summary(tmp_path, steps=20, first_step=0, tokens_per_step=None, seconds=1)
 
 
+def test_checkpoints_are_called_older_by_the_setting_not_by_the_clock(tmp_path):
+    """Catches the end of a run that saved its checkpoints saying "(saved before this command, which saved none:
+    checkpointing was off)" when last.ckpt's mtime lay before the wall clock's start of the command (a file server's
+    clock 10 minutes behind this machine's, or the clock stepped forward since the save), and a resume with
+    checkpointing off not saying it of a last.ckpt saved within a second of its start."""
+    import os
+    import time
+
+    (tmp_path / "checkpoints").mkdir()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.touch()
+    os.utime(last, (time.time() - 600, time.time() - 600))  # (as a file server 10 minutes behind stamps it)
+    text = fit_summary(tmp_path, steps=4, first_step=0, tokens_per_step=None, seconds=1.0)
+    assert "saved before this command" not in text, text
+    last.touch()  # (just saved, by the run before)
+    text = fit_summary(tmp_path, steps=8, first_step=4, tokens_per_step=None, seconds=1.0, checkpointing=False)
+    assert "(saved before this command, which saved none: checkpointing was off)" in text, text
+
+
 def test_a_run_without_a_logger_still_says_its_validation(run_config, capsys):
     """Catches `--trainer.logger false` ending without the val/loss and val/bpb lines (read from metrics.csv, which
     such a run does not write): the trainer's final numbers, and best.ckpt's val/loss."""

@@ -288,6 +288,30 @@ def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe
     assert sorted(p for p in run.rglob("*") if "eval" not in p.parts) == before
 
 
+def test_eval_rows_carry_their_utc_offset(bpe, tmp_path, monkeypatch, capsys):
+    """Catches eval/metrics.csv (and validate/metrics.csv, the same writer's) rows timed in bare local time: a run
+    evaluated in Kolkata, then in Los Angeles 11 hours behind, got a later row that read as the earlier one (the
+    hour a DST change repeats, the same)."""
+    import time
+    from datetime import datetime
+
+    ckpt = _checkpoint(tmp_path / "runs" / "m" / "checkpoints" / "last.ckpt", bpe)
+    try:
+        for zone in ("Asia/Kolkata", "America/Los_Angeles"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            main(["eval", "--ckpt_path", str(ckpt), "--tasks", "winogrande", "--limit", "2", "--data_dir", str(EVALS),
+                  "--json"])
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    capsys.readouterr()
+    with open(tmp_path / "runs" / "m" / "eval" / "metrics.csv", newline="") as f:
+        stamps = [r["time"] for r in csv.DictReader(f)]
+    assert stamps[0].endswith("+05:30") and stamps[1][-6:] in ("-08:00", "-07:00"), stamps
+    assert datetime.fromisoformat(stamps[1]) >= datetime.fromisoformat(stamps[0]), stamps
+
+
 def test_eval_of_a_hugging_face_folder_scores_what_its_checkpoint_scores(bpe_ckpt, tmp_path, capsys):
     """Catches `tinylm eval --ckpt_path EXPORT_DIR` (or a Hub model's name: `--ckpt_path gpt2`, to set tinylm's scores
     beside published ones) refused as "a Hugging Face model's folder": it scores the folder's model with its own

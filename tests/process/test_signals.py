@@ -1139,6 +1139,23 @@ def test_a_signal_during_the_imports_waits_for_them_then_ends_the_command_in_its
         ended.stderr
 
 
+def test_a_second_ctrl_c_names_the_newest_checkpoint_by_step_not_by_mtime(tmp_path):
+    """Catches the second Ctrl+C's line naming best.ckpt of step 10 "the newest checkpoint" beside last.ckpt of step
+    20 when best.ckpt's mtime was the later one: a run folder copied with `cp -r` (its files stamped in the order
+    copied) and resumed, or the clock stepped back an hour mid-run. `--ckpt_path last` goes on from last.ckpt."""
+    import torch
+
+    from tinylm.train.interrupt import InterruptStop
+
+    for name, at in (("step-10.ckpt", 10), ("step-20.ckpt", 20), ("last.ckpt", 20), ("best.ckpt", 10)):
+        # (copied in this order: best.ckpt stamped last)
+        torch.save({"state_dict": {}, "global_step": at, "tinylm": {"format": 1}}, tmp_path / name)
+    os.utime(tmp_path / "step-10.ckpt", ns=(2**62, 2**62))  # (and one touched: stamped in the future)
+    assert "the newest checkpoint is " + str(tmp_path / "last.ckpt") in InterruptStop(tmp_path)._unsaved_line()
+    (tmp_path / "last.ckpt").unlink()  # (the save after step-20.ckpt's cut short)
+    assert "the newest checkpoint is " + str(tmp_path / "step-20.ckpt") in InterruptStop(tmp_path)._unsaved_line()
+
+
 def test_a_second_ctrl_c_names_last_ckpt_among_checkpoints_saved_as_one_file(tmp_path):
     """Catches the second Ctrl+C's line naming step-1.ckpt, not last.ckpt, for a user who is not root: a step's
     checkpoints are then hard links of one file (one inode, one mtime), and the tie went to the first name."""

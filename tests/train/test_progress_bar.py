@@ -290,6 +290,32 @@ def test_a_log_line_mid_run_goes_above_the_bar_on_a_terminal(terminal, monkeypat
         logger.removeHandler(handler)
 
 
+def test_the_bars_times_do_not_follow_the_wall_clocks_steps(monkeypatch):
+    """Catches the bar on a terminal timed by the wall clock (tqdm's time.time): a clock stepped back an hour mid-run
+    (NTP, a VM restored from a snapshot, a clock set by hand) drew "110/2000 [-59:59<-17:10:37, -0.03it/s]" to the
+    run's end (its rate is the average since the start), and one stepped a day forward "[24:01:01<42:41:48,
+    120.08s/it]"."""
+    import tqdm.std
+
+    from tinylm import progress
+
+    wall, steady = [1.8e9], [100.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: wall[0])  # (what a tqdm made now reads)
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: steady[0]))
+    monkeypatch.setattr(ProgressBar, "_lines", staticmethod(lambda: False))  # (a terminal)
+    bar = ProgressBar().init_train_tqdm()
+    try:
+        bar.reset(total=2000)
+        for step, jump in ((100, 0), (110, -3600), (710, 0), (720, 86400)):
+            wall[0] += 10 + jump
+            steady[0] += 10
+            bar.n = step
+            shown = bar.format_dict
+            assert 0 < shown["elapsed"] <= 40 and "-" not in str(bar), (step, str(bar))
+    finally:
+        bar.close()
+
+
 def test_a_stop_and_continue_is_left_out_of_the_bars_rate_and_time_left(monkeypatch):
     """Catches the bar on a terminal counting the time the run was stopped (Ctrl+Z, then fg; kill -STOP/-CONT) as
     training time: its rate is Lightning's (the average since the start), so a 15 s stop with 12 s to go drew

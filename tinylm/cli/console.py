@@ -23,6 +23,7 @@ def setup() -> None:
     Imports nothing heavy: a command that needs Lightning calls `setup_lightning` when it is about to import it
     (`tinylm prepare` and a refusal before any work never do)."""
     stop_state.terminal_fds.update(fd for fd in (0, 1, 2) if _fd_isatty(fd))
+    _MID_LINE[0] = False  # (an earlier command's open line, in a caller's process: ended when it stopped)
     for name in ("stdout", "stderr"):  # before Lightning's handler takes sys.stderr
         stream = getattr(sys, name)
         if stream is None:  # the descriptor was closed (`tinylm fit >&-`): Python made it None; what is said is dropped
@@ -374,6 +375,10 @@ def write(text: str) -> None:
         _MID_LINE[0] = not text.endswith("\n")
 
 
-def mid_line() -> bool:
-    """Whether stdout was left in the middle of a line (an error's line then starts on a line of its own)."""
-    return _MID_LINE[0]
+def end_line() -> None:
+    """End the line a streamed sample left open on stdout, if one is (an error's line then starts on a line of its
+    own). Once: the next command of the process (a notebook's, after a generate stopped mid-line) has none open."""
+    if _MID_LINE[0]:
+        _MID_LINE[0] = False
+        sys.stdout.write("\n")
+        sys.stdout.flush()

@@ -416,9 +416,25 @@ def one_line(e: BaseException) -> str:
         package = _DISTRIBUTIONS.get(package, package)  # `pip install yaml` installs no PyYAML
         how = f"pip install 'tinylm[{extra}]' (or pip install {package})" if extra else f"pip install {package}"
         return f"{type(e).__name__}: {text}; this command needs it: {how}"
+    if (strategy := _not_interactive(text)) is not None:
+        return strategy
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
     name = "" if isinstance(e, USER_ERRORS) else f"{type(e).__name__}: "
     return name + " ".join(lines) if len(lines) <= 3 else name + lines[0] + " (more with --verbose)"
+
+
+def _not_interactive(text: str) -> str | None:
+    """The line for Lightning's refusal of a strategy that starts its ranks as scripts (ddp, fsdp) in an interactive
+    Python (a notebook's `main(["fit", ..., "--trainer.strategy", "ddp"])`), whose advice is for Python code: "choose
+    `Trainer(strategy='ddp_notebook')` ... include the Trainer creation inside the worker function"; None for another
+    error."""
+    if not (interactive := re.match(r"`Trainer\(strategy=(.+?)\)` is not compatible with an interactive", text)):
+        return None
+    given, instance = interactive[1], re.search(r"(\w+) object at", interactive[1])  # ('ddp'; a class_path's repr)
+    given = given[1:-1] if given[:1] in "'\"" else instance[1] if instance else "this strategy"
+    return (f"--trainer.strategy {given} starts its ranks by running this process's command line again, and an "
+            "interactive Python (a notebook's kernel) has none to run: pass --trainer.strategy ddp_notebook here (or "
+            "ddp_fork, the same), or run the command in a terminal (`!tinylm ...` in a notebook's cell)")
 
 
 # optional packages and the extra of pyproject.toml that installs each (`make train` installs only `plots`)

@@ -33,12 +33,11 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
         json: Print the scores as JSON instead of a table.
     """
     import json as jsonlib
-    import time
 
     from tinylm.cli.launch_checks import refuse_launched
     from tinylm.device import use_free_cpus
     from tinylm.evals import load
-    from tinylm.evals.results import flat
+    from tinylm.evals.results import flat, local_time
     from tinylm.evals.score import check_batch_memory
     from tinylm.evals.score import evaluate as score
     from tinylm.evals.tasks import parse_tasks
@@ -58,7 +57,7 @@ def evaluate(ckpt_path: str, tasks: str = ALL_TASKS, limit: int | None = None, b
     use_free_cpus(next(model.parameters()).device)
     results = score(model, encoded, batch_size=batch_size, progress=True)
     path = None if step is None else _record(_run_dir(ckpt_path) / "eval" / "metrics.csv", {
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(ckpt_path), "step": step,
+        "time": local_time(), "checkpoint": str(ckpt_path), "step": step,
         **flat(results, leave_out=("random",))})
     report = {"checkpoint": str(ckpt_path), "step": step, "tokenizer": tokenizer.kind, "csv": str(path) if path
               else None, "tasks": {t.task.name: {**results[t.task.name], "skipped": t.skipped, "source": t.source}

@@ -12,7 +12,6 @@ import logging
 import os
 import random
 import sys
-import time
 import warnings
 import weakref
 from pathlib import Path
@@ -481,10 +480,12 @@ class TinyLMCLI(LightningCLI):
         """Print the result and append it to ``<run dir>/validate/metrics.csv`` at the checkpoint's step."""
         if not self.trainer.is_global_zero:
             return
+        from tinylm.evals.results import append_row, local_time
+
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
         # the text validated: rows of one checkpoint on the run's data and on other text (--data.corpus) told apart
         corpus = getattr(self.datamodule, "corpus_spec", None)
-        row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(self._section().ckpt_path),
+        row = {"time": local_time(), "checkpoint": str(self._section().ckpt_path),
                # the step of the weights validated: the file Lightning loaded, which a running fit may have
                # replaced since the command read it for the run's settings (ckpt_step)
                "step": getattr(self.model, "loaded_step", getattr(self, "ckpt_step", 0)),
@@ -511,8 +512,6 @@ class TinyLMCLI(LightningCLI):
             self.validate_csv = None
             return
         try:
-            from tinylm.evals.results import append_row
-
             append_row(path, row)
         except (OSError, ValueError) as e:  # a read-only or full disk, a damaged file: printed all the same
             log.warning("could not append the result to %s (%s)", path, getattr(e, "strerror", None) or e)

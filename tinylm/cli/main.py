@@ -12,6 +12,7 @@ import contextvars
 import errno
 import gc
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -69,6 +70,7 @@ def _print_or_141(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     program = argv is None  # this process is the command (not a caller's main([...])): its exit is ours
+    argv = _words(argv)
     if program:  # a library's log file on a full disk (W&B's debug.log in the run folder): no traceback per record
         logging.raiseExceptions = False
     # a caller's process (a notebook, a script) goes on after the command: what the command set for itself is put back
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                      ) if torch is not None else (False, False)
     threads = torch.get_num_threads() if torch is not None else None
     claimed, refused = _claim(argv)
+    callers = set() if program else {child.pid for child in multiprocessing.active_children()}
     try:
         contextvars.copy_context().run(_main, argv, program, refused)
     finally:
@@ -96,9 +99,45 @@ def main(argv: list[str] | None = None) -> None:
             signals.end_at_once_on_ctrl_c()
             _frozen_for_exit()
         elif refused is None:  # (a refused call changed nothing; the running command's state is its own)
+            _join_training_processes(callers)
             _put_back(env, formatwarning, deterministic, threads)
         if claimed:
             _RUNNING.clear()
+
+
+def _words(argv) -> list[str] | None:
+    """A caller's `main([...])` arguments as the command line's words: a path (pathlib, as subprocess.run takes one)
+    and a number are the text they stand for (`main(["fit", "--config", folder / "x.yaml", "--trainer.max_steps",
+    20])` ended in "AttributeError: 'PosixPath' object has no attribute 'partition'"). Anything else is refused, as a
+    Python call's wrong argument: one text (`main("fit --config x.yaml")` was the unknown command 'f') or None."""
+    if argv is None:
+        return None
+    if isinstance(argv, (str, bytes)):
+        raise TypeError(f"tinylm.cli.main takes the command line as a list of words, got the text {argv!r}; pass "
+                        f"main(shlex.split({argv!r})) or main([...])")
+    words = []
+    for i, word in enumerate(argv):
+        word = os.fspath(word) if isinstance(word, os.PathLike) else word
+        word = str(word) if isinstance(word, (int, float)) else word  # (a bool too: "True", as --flag True reads)
+        if not isinstance(word, str):
+            raise TypeError(f"tinylm.cli.main takes the command line's words as texts (or paths and numbers): word "
+                            f"{i} is {word!r} ({type(word).__name__}); pass the text the command line would have")
+        words.append(word)
+    return words
+
+
+def _join_training_processes(callers: set[int]) -> None:
+    """Wait for the training processes the command forked (ddp_fork, ddp_notebook) to end, as a process that is the
+    command does at its exit: a notebook's Interrupt (SIGINT to the kernel alone) is passed on to them and ends the
+    command at once, and `main([...])` returned while they still trained, last.ckpt not saved yet (the next cell's
+    `--ckpt_path last` started the run over beside them). ``callers``: the caller's own processes, not waited for.
+    A second Interrupt stops the waiting (they go on to save, and end on their own)."""
+    try:
+        for child in multiprocessing.active_children():
+            if child.pid not in callers and not child.daemon:
+                child.join()
+    except KeyboardInterrupt:
+        pass
 
 
 _RUNNING: list[tuple[int, str, str]] = []
@@ -208,8 +247,7 @@ def _main(argv: list[str] | None, program: bool, refused: str | None = None) -> 
     except KeyboardInterrupt:
         if program:
             signals.end_at_once_on_ctrl_c()
-        if console.mid_line():  # generate streamed part of a line: end it first
-            print(flush=True)
+        console.end_line()  # generate streamed part of a line: end it first
         if not ranks.rank():  # a terminal's Ctrl+C reaches every rank of a run: rank 0 says it
             # a second Ctrl+C during a run: where it stopped and where it goes on from (tinylm.train.interrupt)
             said = stop_state.line if command in ("fit", "scaling") and stop_state.line is not None else None
@@ -333,7 +371,9 @@ def _fit_summary(cli, seconds: float) -> str:
                        tokens_per_step=tokens, seconds=seconds, prompt=example_prompt(data.tokenizer),
                        exportable=exportable(cli.model),
                        wandb=(wandb_dir(wandb[0]), wandb[0].version) if wandb else None,
-                       final=final, best_loss=best)
+                       final=final, best_loss=best,
+                       # (fast_dev_run saves nothing; with checkpointing off there is no checkpoint callback)
+                       checkpointing=bool(trainer.checkpoint_callbacks) and not trainer.fast_dev_run)
 
 
 def _say(line: str) -> None:
@@ -359,9 +399,7 @@ def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose:
     ranks.end_ranks()  # the ranks it started end with it, not after it
     if verbose or not errors.is_user_error(e):
         raise  # the exception being handled: this runs inside main's `except`
-    if console.mid_line():  # generate streamed part of a line: end it first
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    console.end_line()  # generate streamed part of a line: end it first
     # raised by every rank of a run together (the ranks agree on a stop and on the health checks; rank 0 passes a
     # SIGTERM before training on to the ranks it started): rank 0 says it
     rank = ranks.rank()

@@ -7,7 +7,6 @@ import contextlib
 import csv
 import os
 import shlex
-import time
 from pathlib import Path
 
 from tinylm.paths import is_utf8
@@ -78,11 +77,11 @@ def duration(seconds: float) -> str:
 
 def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: int | None, seconds: float,
                 prompt: str = "ROMEO:", exportable: bool = True, wandb: tuple[Path, str] | None = None,
-                final: dict | None = None, best_loss: float | None = None) -> str:
+                final: dict | None = None, best_loss: float | None = None, checkpointing: bool = True) -> str:
     """The end of a `tinylm fit`: steps and tokens of this command, its wall time, the final and best val/loss and
     val/bpb (from the run's CSV; without one, ``final`` and ``best_loss``: what the trainer holds), where best.ckpt
     and the metrics are, and the next commands. ``wandb``: the folder holding the W&B run's wandb/ folder, and its
-    id."""
+    id. ``checkpointing``: whether this command saved checkpoints (off: the run's files are from before it)."""
     done = steps - first_step
     tokens = f", {tokens_per_step * done:,} tokens" if tokens_per_step else ""
     since = f" (from step {first_step:,})" if first_step else ""
@@ -108,8 +107,10 @@ def fit_summary(run_dir: Path, *, steps: int, first_step: int, tokens_per_step: 
     best_ckpt, last_ckpt = ckpts / "best.ckpt", ckpts / "last.ckpt"
     saved = [shown(p) for p in (best_ckpt, last_ckpt) if p.exists()]  # (FSDP2: a folder of shards)
     # a resume with --trainer.enable_checkpointing false: the files are the run's from before this command
-    # (none due: a resume at the run's end that ran only its final validation, tinylm.train.final_validation)
-    older = steps > first_step and last_ckpt.exists() and last_ckpt.stat().st_mtime < time.time() - seconds - 1
+    # (none due: a resume at the run's end that ran only its final validation, tinylm.train.final_validation). Not
+    # told by last.ckpt's mtime against the wall clock: a clock stepped, or a file server's clock minutes behind this
+    # machine's, said it of the checkpoints a run had just saved; one saved within a second of the resume was not
+    older = not checkpointing and steps > first_step and last_ckpt.exists()
     if saved:
         lines.append(f"  checkpoints: {', '.join(saved)}" + (" (saved before this command, which saved none: "
                                                              "checkpointing was off)" if older else ""))

@@ -155,13 +155,9 @@ class InterruptStop(L.Callback):
         """What a second Ctrl+C left: the steps done, not saved since the newest checkpoint, and where the run goes
         on from. (Lightning's "Detected KeyboardInterrupt, attempting graceful shutdown" and "tinylm: interrupted"
         named neither.) Runs in the signal handler: a checkpoint removed meanwhile is no error of its own."""
-        from tinylm.checkpoint import is_checkpoint
-
         step = "" if self._trainer is None else f" at step {self._trainer.global_step}"
-        try:  # files, or FSDP2's sharded folders
-            saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if is_checkpoint(p)]
-            # (last.ckpt first of files saved together: a non-root user's step-N.ckpt and last.ckpt are one inode)
-            newest = max(saved, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
+        try:
+            newest = self._newest_checkpoint()
         except OSError:
             newest = None
         if newest is None:
@@ -171,6 +167,24 @@ class InterruptStop(L.Callback):
         # `last` is the run's newest checkpoint by step (best.ckpt too); the CLI spells out the user's own command
         return (f"stopped at once by a second Ctrl+C{step}, unsaved (one Ctrl+C finishes the step and saves); the "
                 f"newest checkpoint is {newest}: resume with `tinylm fit --config ... --ckpt_path last`")
+
+    def _newest_checkpoint(self) -> Path | None:
+        """The checkpoint folder's newest by step, as `--ckpt_path last` chooses (last.ckpt first at one step). By
+        mtime, a folder copied with `cp -r` and resumed, or a clock stepped back mid-run, named an older one (best.ckpt,
+        an early step-N.ckpt) the newest. FSDP2's sharded folders (not read here: gathering one takes minutes), and
+        files none of which can be read, by mtime (last.ckpt first of files saved together: a non-root user's
+        step-N.ckpt and last.ckpt are one inode)."""
+        from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
+
+        saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if is_checkpoint(p)]
+        found = []
+        if saved and all(p.is_file() for p in saved):
+            try:
+                found = checkpoints_by_step(self.dirpath)[0]
+            except (RuntimeError, MemoryError):  # (a mapping refused, `ulimit -v`: the line is said all the same)
+                pass
+        return max(found)[2] if found else max(saved, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"),
+                                               default=None)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._step_seen, self._stepped = trainer.global_step, False

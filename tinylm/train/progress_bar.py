@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from tinylm import continued
-from tinylm.progress import Lines, disabled_by_env, draws_bars
+from tinylm.progress import Lines, disabled_by_env, draws_bars, on_monotonic_clock
 
 
 def steps_between_lines(max_steps: int, log_every_n_steps: int, max_lines: int) -> int:
@@ -64,15 +64,15 @@ class ProgressBar(TQDMProgressBar):
 
     def init_train_tqdm(self):
         if self.is_disabled or not self._lines():
-            return super().init_train_tqdm()
+            return on_monotonic_clock(super().init_train_tqdm())
         return Lines(desc=self.train_description, file=sys.stdout)
 
     # the other bars draw nothing in a log: a validation's line comes when it ends (on_validation_end)
     def init_sanity_tqdm(self):
-        return Tqdm(disable=True) if self._lines() else super().init_sanity_tqdm()
+        return Tqdm(disable=True) if self._lines() else on_monotonic_clock(super().init_sanity_tqdm())
 
     def init_validation_tqdm(self):
-        return Tqdm(disable=True) if self._lines() else super().init_validation_tqdm()
+        return Tqdm(disable=True) if self._lines() else on_monotonic_clock(super().init_validation_tqdm())
 
     def init_test_tqdm(self):
         return Tqdm(disable=True) if self._lines() else super().init_test_tqdm()
