@@ -569,6 +569,30 @@ def test_ddp_from_a_notebook_names_the_option_that_works_there(config, capsys, m
     assert "Trainer(" not in line and "worker function" not in line
 
 
+def test_fsdp_from_a_notebook_names_the_option_given(config, capsys, monkeypatch):
+    """Catches `main(["fit", ..., "--trainer.strategy", "fsdp"])` in a notebook's kernel refused as "--trainer.strategy
+    FSDP2Strategy starts its ranks ..." (a value nobody typed: tinylm's strategy object by then), offering
+    ddp_notebook as the fix without saying that it shards nothing."""
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)  # (Lightning's reading of sys.ps1 at import)
+    line = _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "fsdp", "--trainer.devices",
+                                    "2", "--trainer.accelerator", "cpu"],
+                           "--trainer.strategy fsdp (FSDP2) starts its ranks", "nothing sharded")
+    assert "FSDP2Strategy" not in line
+
+
+def test_ddp_spawn_from_a_notebook_names_the_option_that_works_there(config, capsys, monkeypatch):
+    """Catches `main(["fit", ..., "--trainer.strategy", "ddp_spawn"])` in a notebook's kernel advising "use
+    --trainer.strategy ddp", which the kernel then refuses in turn (it has no command line to run again), where
+    ddp_notebook is the option that trains there."""
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    monkeypatch.setattr(accelerator_connector, "_IS_INTERACTIVE", True)  # (Lightning's reading of sys.ps1 at import)
+    _one_line_error(capsys, ["fit", "--config", str(config), "--trainer.strategy", "ddp_spawn", "--trainer.devices",
+                             "2", "--trainer.accelerator", "cpu"], "which pickles", "--trainer.strategy ddp_notebook")
+
+
 def test_the_nccl_backend_on_the_cpu_is_one_line(config, capsys):
     """Catches a DDPStrategy with process_group_backend nccl on the CPU ending in a traceback from each rank
     ("Distributed package doesn't have NCCL built in")."""

@@ -763,6 +763,19 @@ def test_main_takes_paths_and_numbers_as_the_words_they_stand_for(run_config, ca
         main(["fit", "--config", None])
 
 
+def test_main_takes_numpys_numbers_as_the_words_they_stand_for(run_config, capsys):
+    """Catches a sweep's `main(["fit", ..., "--trainer.max_steps", steps])` with ``steps`` from np.arange (or a
+    DataFrame's row: np.int64, np.float32) refused as "word 4 is np.int64(3) (int64)", where the message and
+    docs/python.md say numbers are taken as their text (np.float64, a float's subclass, was)."""
+    import numpy as np
+
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", run_config(), "--trainer.max_steps", np.arange(3, 4)[0], "--model.lr",
+              np.float32(1e-05), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert e.value.code == 0 and printed["trainer"]["max_steps"] == 3 and printed["model"]["lr"] == 1e-05
+
+
 def test_a_generate_stopped_mid_line_leaves_no_open_line_to_the_next_command(tmp_path, capsys, monkeypatch):
     """Catches a notebook's `main(["generate", ...])` stopped mid-line (the kernel's Interrupt while it streamed a
     sample) leaving its open line to every later command of the process: each one's error or stop then wrote an empty

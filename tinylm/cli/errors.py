@@ -432,9 +432,14 @@ def _not_interactive(text: str) -> str | None:
         return None
     given, instance = interactive[1], re.search(r"(\w+) object at", interactive[1])  # ('ddp'; a class_path's repr)
     given = given[1:-1] if given[:1] in "'\"" else instance[1] if instance else "this strategy"
+    # (--trainer.strategy fsdp is tinylm's FSDP2Strategy by then: the line named a value nobody typed, and offered
+    # ddp_notebook, which shards nothing, as the same run)
+    sharded = given == "FSDP2Strategy"
+    given = "fsdp (FSDP2)" if sharded else given
+    ddp = "where the model and AdamW fit one device (DDP: nothing sharded), " if sharded else ""
     return (f"--trainer.strategy {given} starts its ranks by running this process's command line again, and an "
-            "interactive Python (a notebook's kernel) has none to run: pass --trainer.strategy ddp_notebook here (or "
-            "ddp_fork, the same), or run the command in a terminal (`!tinylm ...` in a notebook's cell)")
+            f"interactive Python (a notebook's kernel) has none to run: {ddp}pass --trainer.strategy ddp_notebook here "
+            "(or ddp_fork, the same), or run the command in a terminal (`!tinylm ...` in a notebook's cell)")
 
 
 # optional packages and the extra of pyproject.toml that installs each (`make train` installs only `plots`)

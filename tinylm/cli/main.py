@@ -13,6 +13,7 @@ import errno
 import gc
 import logging
 import multiprocessing
+import numbers
 import os
 import sys
 import threading
@@ -118,7 +119,8 @@ def _words(argv) -> list[str] | None:
     words = []
     for i, word in enumerate(argv):
         word = os.fspath(word) if isinstance(word, os.PathLike) else word
-        word = str(word) if isinstance(word, (int, float)) else word  # (a bool too: "True", as --flag True reads)
+        # (a bool too: "True", as --flag True reads; numpy's numbers, a sweep's np.arange or a DataFrame's row)
+        word = str(word) if isinstance(word, numbers.Real) else word
         if not isinstance(word, str):
             raise TypeError(f"tinylm.cli.main takes the command line's words as texts (or paths and numbers): word "
                             f"{i} is {word!r} ({type(word).__name__}); pass the text the command line would have")

@@ -75,7 +75,8 @@ def check_strategy(trainer_cfg: dict[str, Any]) -> None:
         raise ValueError(f"trainer.strategy {strategy!r} starts its processes by "
                          f"{'a fork server' if start.lower() == 'forkserver' else 'spawning'}, which pickles the "
                          "running trainer and model (tinylm's run holds open files); use --trainer.strategy ddp "
-                         "(one process per device, each running the command: the same training)")
+                         "(one process per device, each running the command: the same training; in a notebook's "
+                         "kernel, which has no command line to run again, --trainer.strategy ddp_notebook)")
 
 
 def check_strategy_name(strategy: Any) -> None:
