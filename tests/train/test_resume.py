@@ -871,3 +871,30 @@ def test_a_run_on_a_dataset_folders_data_files_keyed_by_an_older_tinylm_resumes(
     torch.save(ckpt, last)
     main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4"])
     assert torch.load(last, weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.skipif(not getattr(yaml, "__with_libyaml__", False), reason="PyYAML built without libyaml")
+def test_a_resume_reads_the_runs_config_records_with_libyaml(tmp_path, monkeypatch):
+    """Catches a resume reading its run's config records (config.yaml, config.resume-step<N>.yaml, the checkpoint's
+    copy) with PyYAML's pure-Python parser: ~40 ms a tiny run's config.yaml, two or three per resume, ~8x libyaml's.
+    What they hold is read as yaml.safe_load reads it (a run named 3e-4 stays a name), and a copy holding a lone
+    surrogate is no YAML to read, as before (not a UnicodeEncodeError out of libyaml)."""
+    import yaml.composer
+
+    from tinylm.cli.argv import reloadable_yaml
+    from tinylm.cli.run_folder import kept_settings, read_yaml
+
+    settings = {"seed_everything": 7, "run": {"name": "3e-4", "wandb_project": None, "keep_checkpoints": -1},
+                "trainer": {"max_steps": 8, "gradient_clip_val": 1.0, "callbacks": [{"class_path": "a.B"}]},
+                "model": {"lr": 3e-4, "n_embd": 32}, "data": {"corpus": "données/t.txt", "val_batches": None}}
+    text = reloadable_yaml(settings)
+    (path := tmp_path / "config.yaml").write_text(text, encoding="utf-8")
+
+    def pure_python(*args, **kwargs):
+        raise AssertionError("parsed by PyYAML's pure-Python parser")
+
+    monkeypatch.setattr(yaml.composer.Composer, "compose_document", pure_python)
+    assert read_yaml(path) == settings
+    assert kept_settings({"tinylm": {"config": text}}) == settings
+    monkeypatch.undo()
+    assert kept_settings({"tinylm": {"config": "run:\n  name: \udce9\n"}}) == {}

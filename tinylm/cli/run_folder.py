@@ -188,12 +188,24 @@ def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = N
 
 
 # ---- a run's config records -------------------------------------------------------------------------------------
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)`` for YAML that tinylm wrote (a run's config records, a checkpoint's copy of its config),
+    parsed by libyaml where PyYAML has it: the same values (the same constructor and resolver), ~8x faster than
+    PyYAML's own parser, which took ~40 ms a tiny run's config.yaml, read two or three times by every resume."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except UnicodeEncodeError:  # (a lone surrogate, which libyaml cannot take: PyYAML's parser refuses it as YAML)
+        return yaml.safe_load(text)
+
+
 def read_yaml(path: Path) -> dict:
     """The mapping a YAML file holds; {} for a file that is not there, not YAML or not a mapping."""
     import yaml
 
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
@@ -238,7 +250,7 @@ def kept_settings(ckpt: dict) -> dict:
 
     kept = (ckpt.get("tinylm") or {}).get("config")
     try:
-        settings = yaml.safe_load(kept) if isinstance(kept, str) else None
+        settings = load_yaml(kept) if isinstance(kept, str) else None
     except yaml.YAMLError:
         return {}
     return settings if isinstance(settings, dict) else {}
