@@ -123,9 +123,9 @@ class TinyLMCLI(LightningCLI):
     """LightningCLI with tinylm's run folders, loggers, checkpoints and monitors."""
 
     def subcommands(self) -> dict[str, set[str]]:  # the parser of the command that runs only (~0.1 s each to build)
-        return {k: v for k, v in {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
-                                  "validate": {"model", "dataloaders", "datamodule"}}.items()
-                if k == getattr(self, "_command", k)}  # (set by lightning_main, with that command's parser_kwargs)
+        both = {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+                "validate": {"model", "dataloaders", "datamodule"}}  # (lightning_main passes the one's parser_kwargs)
+        return {k: v for k, v in both.items() if k in getattr(self, "parser_kwargs", {})} or both
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
@@ -570,7 +570,6 @@ def lightning_main(args: list[str], cli_class: type[TinyLMCLI] = TinyLMCLI) -> T
     ranks.COMMAND[:] = args
     console.ignore_lightning_advice()
     failed = False
-    cli_class._command = args[0]
     try:
         cli = cli_class(
             TinyLM,
