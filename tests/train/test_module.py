@@ -171,6 +171,16 @@ def test_max_steps_required_for_schedule():
         module.configure_optimizers()
 
 
+def test_constant_schedule_needs_no_max_steps():
+    """Catches configure_optimizers asking the `constant` schedule for a length it never uses: TinyLM(lr_schedule=
+    "constant") in a Trainer(max_epochs=1) stopped before its first step with "the LR schedule needs a length"
+    (the cosine's refusal above is right: it has no length without max_steps)."""
+    module = TinyLM(**TINY, lr_schedule="constant", lr=2e-3, warmup_steps=0)
+    module.trainer = _trainer(max_epochs=1)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    assert scheduler.get_last_lr() == [2e-3, 2e-3]
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [({"vocab_size": 0}, "vocab_size"), ({"lr_schedule": "linear"}, "lr_schedule"), ({"min_lr": 1.0}, "min_lr")],

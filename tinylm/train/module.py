@@ -355,14 +355,14 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
             return self.lr_now() * (self.hparams.muon_lr / self.hparams.lr if group == -1 else 1.0)
         return float(optimizer.param_groups[group]["lr"])
 
-    def _decay_steps(self) -> int:
+    def _decay_steps(self) -> int | float:
         if self.hparams.decay_steps is not None:
             return self.hparams.decay_steps
         max_steps = self.trainer.max_steps if self._trainer is not None else -1
-        if max_steps is None or max_steps < 1:
+        if (max_steps is None or max_steps < 1) and self.hparams.lr_schedule != "constant":
             raise ValueError(f"the LR schedule needs a length: set --trainer.max_steps N (got {max_steps}) or "
                              "--model.decay_steps N")
-        return max_steps
+        return max_steps if max_steps and max_steps > 0 else math.inf  # (constant needs none: a run of max_epochs)
 
     def _lr_at(self, step: int) -> float:
         hp = self.hparams
