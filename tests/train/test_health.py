@@ -713,6 +713,23 @@ def test_spike_needs_ten_norms_and_more_than_ten_times_the_median(window, norms,
     assert _judge(monitor, [2.0] * len(norms), norms=norms) == alerts
 
 
+def test_a_resume_keeps_the_spike_alerts_rate_limit():
+    """Catches the step of the last `spike` alert left out of the monitor's checkpoint state: a run resumed within
+    spike_window steps of a spike alerted again at the next one, where the uninterrupted run, one alert per
+    spike_window, did not (a second health/spike row and W&B alert for one incident). Spikes at steps 10 and 16,
+    spike_window 50: one alert, also for a run saved at step 13 and resumed."""
+    norms = [1.0] * 10 + [100.0] + [1.0] * 5 + [100.0]
+    straight = HealthMonitor(spike_window=50, stuck_after=10_000, leak_within=-1)
+    assert _judge(straight, [2.0] * 17, norms=norms) == [("spike", 10)]
+    saved = HealthMonitor(spike_window=50, stuck_after=10_000, leak_within=-1)
+    assert _judge(saved, [2.0] * 13, norms=norms[:13]) == [("spike", 10)]
+    resumed = HealthMonitor(spike_window=50, stuck_after=10_000, leak_within=-1)
+    resumed.load_state_dict(saved.state_dict())
+    assert _judge(resumed, [2.0] * 4, first_step=13, norms=norms[13:]) == []
+    quick = HealthMonitor(spike_window=5, stuck_after=10_000, leak_within=-1)  # not vacuous: 16 is a spike
+    assert _judge(quick, [2.0] * 17, norms=norms) == [("spike", 10), ("spike", 16)]
+
+
 def _feed(monitor: HealthMonitor, windows: list[tuple[float, float, float]]) -> set[str]:
     """Give the monitor 10 rates per (tokens/sec, CPU wait, CPUs other processes kept busy), as SpeedMonitor
     hands them over."""

@@ -417,7 +417,7 @@ class HealthMonitor(L.Callback):
             self._check_pending(*self._owner)
         return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate,
                 "sane_val_step": self._sane_val_step, "best_others": self._best_others, "losses": list(self._losses),
-                "norms": list(self._norms)}
+                "norms": list(self._norms), "last_spike_step": self._last_spike_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
@@ -431,6 +431,7 @@ class HealthMonitor(L.Callback):
         # the straight run did not
         self._losses = deque(state_dict.get("losses", []), maxlen=self.window)
         self._norms = deque(state_dict.get("norms", []), maxlen=self._norms.maxlen)  # (`spike`'s running median)
+        self._last_spike_step = int(state_dict.get("last_spike_step", -(10**9)))  # (`spike`: one per spike_window)
 
 
 def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:
