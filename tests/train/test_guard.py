@@ -44,7 +44,14 @@ class _GarbageAt24(L.Callback):
 
 
 class _LRExplodesAt12(L.Callback):
-    """The LR 3000x at optimizer steps 12 and 13 (a schedule bug, a bad restart): the weights blow up."""
+    """The LR 3000x at optimizer steps 12 and 13 (a schedule bug, a bad restart): the weights blow up. Records each
+    checkpoint's LRs by step: its scheduler's last ones and its optimizer's (in the class: the CLI builds it)."""
+
+    saved: dict = {}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.saved[checkpoint["global_step"]] = (checkpoint["lr_schedulers"][0]["_last_lr"],
+                                                 [g["lr"] for g in checkpoint["optimizer_states"][0]["param_groups"]])
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if trainer.global_step in (12, 13):
@@ -102,7 +109,10 @@ def test_a_batch_of_garbage_ids_is_skipped(run_config, tmp_path, caplog):
 
 def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):
     """Catches a run that diverges after a bad LR and never comes back: the guard goes back to the checkpoint saved
-    before it (step-12.ckpt) with half the LR, and the run ends near the loss it had."""
+    before it (step-12.ckpt) with half the LR, and the run ends near the loss it had. And a checkpoint saved at the
+    rollback's step (16) whose scheduler still held the LR from before it: a resume of that file was told that "the
+    LR jumps from 0.00033 to 0.000165" (tinylm.cli.resume_changes), a change of schedule that never happened."""
+    _LRExplodesAt12.saved.clear()
     with caplog.at_level("WARNING", logger="tinylm"):
         main(["fit", "--config", str(_config(run_config, "_LRExplodesAt12"))])
     assert "rolled back to" in caplog.text and "step-12.ckpt" in caplog.text, caplog.text
@@ -117,6 +127,9 @@ def test_an_lr_that_explodes_is_rolled_back(run_config, tmp_path, caplog):
     for step in (8, 25):
         schedule = lr_at(step, schedule="cosine", lr=3e-3, min_lr=3e-4, warmup_steps=2, decay_steps=30)
         assert lrs[step][-1] == pytest.approx(schedule * (0.5 if step > 14 else 1), rel=0.02), (step, lrs[step])
+    assert 16 in _LRExplodesAt12.saved  # (the rollback's step)
+    for step, (scheduled, used) in _LRExplodesAt12.saved.items():
+        assert scheduled == pytest.approx(used, rel=1e-9), step
 
 
 def test_without_the_guard_an_lr_that_explodes_ends_non_zero(run_config, tmp_path, capsys):

@@ -262,6 +262,9 @@ class StabilityGuard(L.Callback):
             sched.base_lrs = [base * self.lr_factor for base in sched.base_lrs]
             for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
                 group["lr"] = base * fn(sched.last_epoch)
+            # as its step() leaves it: a checkpoint of this step kept the LR before the rollback there, and a resume
+            # of it said the LR "jumps" to the one the run had (tinylm.cli.resume_changes.warn_schedule_change)
+            sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
         # the window keeps the steps before the trouble, which the weights are back to: the steps after the rollback
         # are judged against them at once (an empty window let the next explosion through)
         for bad in range(max(first_bad, step - self.window), step):
