@@ -293,6 +293,21 @@ def test_logit_softcap_keeps_a_float64_model_in_float64():
     assert out.dtype == torch.float64
 
 
+def test_rope_turns_a_float64_models_queries_and_keys_in_float64():
+    """Catches RoPE's angles taken in float32 in a `64-true` model: a document's logits depended on where it sat in
+    the window by ~1e-7, where the float64 model holds them to ~1e-15 (RoPE's scores depend on relative positions
+    only, and the document mask hides what came before). Sharpened attention (q and k 30x) makes it show."""
+    model = tiny(block_size=64, positions="rope", attn_mask="document", eos_id=0).double()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(30)
+        doc = ids(1, 8).clamp(min=1)  # (no EOS inside it)
+        alone = model(doc)
+        later = model(torch.cat([ids(1, 40, seed=8).clamp(min=1), torch.zeros(1, 1, dtype=torch.long), doc], 1))
+    torch.testing.assert_close(later[:, -8:], alone, rtol=0, atol=1e-12)
+    assert alone.dtype == torch.float64
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "rms_norm_weight", "rope"])
 def test_one_node_layers_compile_with_eager_gradients(op):
     """The hand-written autograd.Functions under torch.compile: torch 2.11 gave one whose forward ended in a no-op

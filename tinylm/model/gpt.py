@@ -144,7 +144,8 @@ class GPT(nn.Module):
         if c.positions == "learned":
             x = x + self.transformer.wpe(pos)
         else:  # positions continue from the cache, so cached keys and new queries turn by their true positions
-            rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)  # (T, hs) each
+            # (T, hs) each, in fp32 at least: a float64 model's (64-true) in float64, as the rest of it computes
+            rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta, torch.promote_types(x.dtype, torch.float32))
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, mask=mask, is_causal=is_causal, kv_cache=kv_cache, layer=layer, rope=rope)  # (B, T, C)

@@ -124,11 +124,12 @@ class _ReLU2Fn(torch.autograd.Function):
         return (r * grad).mul_(2)
 
 
-def rope_cos_sin(positions: Tensor, head_size: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos and sin (T, hs) of rotary embeddings for absolute `positions` (T,), in fp32 and in Llama's layout: pair i
-    is (x[i], x[i + hs/2]) and turns by angle position · theta^(-2i/hs)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, device=positions.device).float() / head_size)  # (hs/2,)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, hs/2)
+def rope_cos_sin(positions: Tensor, head_size: int, theta: float,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin (T, hs) of rotary embeddings for absolute `positions` (T,), in fp32 (``dtype``: float64 for a
+    float64 model) and in Llama's layout: pair i is (x[i], x[i + hs/2]) and turns by position · theta^(-2i/hs)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_size, 2, device=positions.device, dtype=dtype) / head_size)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]  # (T, hs/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hs): both halves of each pair turn by the same angle
     return angles.cos(), angles.sin()
 
