@@ -134,6 +134,26 @@ def test_grad_norm_is_logged_before_clipping(precision):
     assert logged > 1e-2  # far above the clip value: it is the pre-clip norm
 
 
+class _ExactNorm(L.Callback):
+    """The total norm of the gradients the optimizer is about to use, in float64 (before clipping)."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        grads = [p.grad.double() for p in pl_module.parameters() if p.grad is not None]
+        self.norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+
+def test_grad_norm_of_bf16_gradients_is_not_rounded_to_bf16():
+    """Catches train/grad_norm (and the norm the clipping and the stability guard use) rounded to bf16 under
+    --trainer.precision bf16-true: torch's norm of bf16 gradients is a bf16 number, 3 significant digits (1.453 for
+    the 1.449 of those very gradients); in fp32 it is theirs to ~1e-7."""
+    torch.manual_seed(0)
+    module, exact = TinyLM(**TINY, lr=1e-3, warmup_steps=0), _ExactNorm()
+    trainer = _trainer(max_steps=1, callbacks=[exact], precision="bf16-true")
+    trainer.fit(module, _batches(1))
+    assert trainer.callback_metrics["train/grad_norm"].item() == pytest.approx(exact.norm, rel=1e-5)
+    assert torch.tensor(exact.norm, dtype=torch.bfloat16).item() != pytest.approx(exact.norm, rel=1e-5)  # (bf16 rounds)
+
+
 def test_fp16_gradient_scaling_is_undone_before_clipping():
     """Catches fp16 (16-mixed: a GradScaler, the default on GPUs without bf16) with a fused AdamW: Lightning leaves
     unscaling to the fused step, so clipping and train/grad_norm saw gradients ~65536x too large. The norm seen

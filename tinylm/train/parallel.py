@@ -259,9 +259,17 @@ def clip_by_global_norm(model: nn.Module, max_norm: float, *, sharded: bool | No
     gradients scaled to at most ``max_norm``. Under FSDP2 each rank holds a shard of each gradient: the norm is
     the global one (all shards' squares summed over the ranks, as torchtitan computes it), not this rank's.
     ``sharded``: whether the model may be (the sharded way is right for plain tensors too); None looks at every
-    parameter, which costs ~0.1 ms of Python per call on a small model."""
+    parameter, which costs ~0.1 ms of Python per call on a small model. The norm is in fp32 at least: torch's of
+    16-bit gradients (bf16-true) is a 16-bit number, 3 significant digits (train/grad_norm 1.453 for 1.449)."""
     if not (is_sharded(model) if sharded is None else sharded):
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if next(model.parameters()).dtype not in (torch.float16, torch.bfloat16):
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_ scales them
+        for g in grads:
+            g.mul_(scale)
+        return norm
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
