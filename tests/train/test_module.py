@@ -395,6 +395,31 @@ def test_val_loss_is_the_token_weighted_mean_over_batches():
     assert abs(batch_means - nats.mean()) > 1e-3  # guard: the unweighted mean is another number
 
 
+class _TwoCorpora(L.LightningDataModule):
+    """A mixture's validation (what on_validation_epoch_end reads): corpora `a` and `b`, each the same batch of 16
+    windows 200 times."""
+
+    val_names = ["a", "b"]
+
+    def val_dataloader(self):
+        data = torch.randint(0, 50, (16, 17), generator=torch.Generator().manual_seed(3)).repeat(200, 1)
+        return [DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=16) for _ in self.val_names]
+
+
+def test_val_loss_of_each_corpus_is_summed_in_float64():
+    """Catches a mixture's val/loss/NAME summed over its batches in float32 (val/loss's own sums are float64, as a
+    float32 sum drifted over ~1M batches: 3.3085 for 3.3000): 200 batches already put it 1.3e-6 off the exact
+    mean, 40x the rounding of the logged float32; the drift grows with the batches."""
+    torch.manual_seed(0)
+    module = TinyLM(**TINY)
+    metrics = _trainer(limit_val_batches=None).validate(module, datamodule=_TwoCorpora(), verbose=False)[0]
+    x, y = next(iter(_TwoCorpora().val_dataloader()[0]))
+    with torch.no_grad():
+        nats = F.cross_entropy(module(x).reshape(-1, 50), y.reshape(-1), reduction="none")  # as validation_step
+    exact = nats.double().sum().item() / nats.numel()  # the mean of 200 copies of the same batch
+    assert metrics["val/loss/a"] == metrics["val/loss/b"] == pytest.approx(exact, rel=1e-7)
+
+
 def test_compile_model_compiles_the_model_and_the_loss_as_one_graph(monkeypatch):
     """Catches the training loss running eagerly on the compiled model's logits: it wrote the (B, T, V) logits again
     in fp32 and read them back twice, ~10 % of a GPT-2 124M step on an H200 (docs/gpu/README.md). The compile must

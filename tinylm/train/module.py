@@ -307,7 +307,7 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
         # (a rank's padding batch counts no target: weight 0, and a mean of 0 rather than 0/0)
         self.val_loss.update(nats.sum() / counted.sum().clamp(min=1), weight=counted.sum())
         part = self._val_parts.setdefault(dataloader_idx, [0.0, 0])  # a mixture's corpora: val/loss/NAME each
-        part[0], part[1] = part[0] + nats.sum().detach(), part[1] + counted.sum()
+        part[0], part[1] = part[0] + nats.detach().sum(dtype=wide_dtype(y.device)), part[1] + counted.sum()
         if self.token_bytes is not None:
             ids, table = y.reshape(-1).clamp(min=0), self.token_bytes.to(y.device, wide_dtype(y.device))
             nbytes = table[ids] * counted
