@@ -265,10 +265,14 @@ def clip_by_global_norm(model: nn.Module, max_norm: float, *, sharded: bool | No
         if next(model.parameters()).dtype not in (torch.float16, torch.bfloat16):
             return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
-        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_ scales them
-        for g in grads:
-            g.mul_(scale)
+        if not grads:
+            return torch.zeros(())
+        try:  # one kernel for all of them, as clip_grad_norm_'s
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        except (TypeError, RuntimeError):  # (torch < 2.5: no dtype)
+            norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+        norm = torch.linalg.vector_norm(torch.stack(norms))
+        torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))  # as clip_grad_norm_ scales them
         return norm
     from torch.distributed.tensor import DTensor
 
