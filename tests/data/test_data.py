@@ -64,6 +64,30 @@ def test_pieces_encode_like_the_whole_text_around_whitespace_runs(text, max_char
     assert [i for piece in cut for i in tok.encode(piece)] == tok.encode(text), cut
 
 
+O200K_PATTERN = "|".join([  # tiktoken_ext.openai_public.o200k_base's pat_str (its ranks are downloaded; not here)
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+
+
+def test_pieces_encode_like_the_whole_text_under_o200ks_pattern(tmp_path):
+    """Catches a long document of code cut after the newline of ";\n// ...": o200k_base's pattern (tiktoken:o200k_base)
+    reads punctuation, newlines and slashes as one pre-token (";\n//"), so the pieces ";\n" and "// ..." encoded to
+    other ids than the whole text. A tokenizer with o200k's pattern and a "\n//" merge, as o200k's ranks have."""
+    from tinylm.tokenize.backends import ranks_to_text
+
+    ranks = {bytes([b]): b for b in range(256)} | {b"\n/": 256, b"\n//": 257}
+    tok = Tokenizer.from_state_dict({"version": 1, "kind": "tiktoken", "spec": "tiktoken:o200k_base", "state": {
+        "name": "o200k_base", "pattern": O200K_PATTERN, "ranks": ranks_to_text(ranks), "special_tokens": {EOT: 258}}})
+    text = "".join(f"// step {i} of the loop;\n" for i in range(40))  # each newline: between ";" and "/"
+    (tmp_path / "code.c").write_text(text, encoding="utf-8")
+    out = prepare_dataset(open_corpus(str(tmp_path / "code.c"), cache_dir=tmp_path), tok, val_fraction=0.1,
+                          cache_dir=tmp_path / "cache", piece_chars=100)
+    train = np.fromfile(out / "train.bin", dtype=load_meta(out, tok)["dtype"]).tolist()
+    whole = tok.encode(text[: int(len(text) * 0.9)])
+    assert 257 in whole  # (not vacuous: the whole text has "\n//" tokens for a cut to break)
+    assert train == whole
+
 def test_documents_packed_with_eos_and_pieces_encode_like_whole(small_data, small_bpe, tmp_path):
     """Prevents missing EOS between documents, a wrong val cut, or piecewise encoding changing the ids."""
     corpus = open_corpus(str(small_data / "stories.txt"), cache_dir=tmp_path)

@@ -140,8 +140,8 @@ _PROBE = "Once upon a time there was a cat.\nIt sat on the mat, and it purred.\n
 
 def cuts_exactly(tok: Tokenizer) -> bool:
     """Whether text cut by `pieces` encodes to the ids of the whole text, as it does for tinylm's own kinds (they
-    split text by the GPT-2 or cl100k patterns, or by character). A tokenizer.json may not: SentencePiece-style ones
-    (Metaspace, Llama's prepend scheme) start every text with "▁", so each piece would begin with a space."""
+    split text by the GPT-2, cl100k or o200k patterns, or by character). A tokenizer.json may not: SentencePiece-style
+    ones (Metaspace, Llama's prepend scheme) start every text with "▁", so each piece would begin with a space."""
     if tok.kind != "hf":
         return True
     try:
@@ -153,17 +153,17 @@ def cuts_exactly(tok: Tokenizer) -> bool:
 
 
 def pieces(text: str, max_chars: int) -> Iterator[str]:
-    """Cut text longer than max_chars where no pre-token of the GPT-2 or cl100k patterns can span the cut, so
-    the pieces encode to exactly the ids of the whole text: after a lone newline between two non-space
-    characters, else before a space that follows a non-space character ("ab\\n\\ncd ef" -> "ab\\n\\ncd", " ef";
-    a cut after the second newline would turn the whitespace run "\\n\\n" into one token).
-    Text with neither (one giant word) is cut hard at max_chars."""
+    """Cut text longer than max_chars where no pre-token of the GPT-2, cl100k or o200k patterns can span the cut,
+    so the pieces encode to exactly the ids of the whole text: after a lone newline between two non-space
+    characters, the second not "/" (o200k reads ";\\n//" as one pre-token), else before a space that follows a
+    non-space character ("ab\\n\\ncd ef" -> "ab\\n\\ncd", " ef"; a cut after the second newline would turn the
+    whitespace run "\\n\\n" into one token). Text with neither (one giant word) is cut hard at max_chars."""
     start, n = 0, len(text)
     while n - start > max_chars:
         end = start + max_chars
         cut = end
         i = text.rfind("\n", start + 1, end - 1)
-        while i > start and (text[i - 1].isspace() or text[i + 1].isspace()):
+        while i > start and (text[i - 1].isspace() or text[i + 1].isspace() or text[i + 1] == "/"):
             i = text.rfind("\n", start + 1, i)
         if i > start:
             cut = i + 1
