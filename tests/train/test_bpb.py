@@ -134,3 +134,51 @@ def test_val_bpb_counts_no_byte_for_the_space_a_sentencepiece_tokenizer_prepends
     first = int(next(iter(dm.val_dataloader()))[0][0, 0])  # the split's first token
     # every target of the split is scored once: its text is the split's, less the first token's (never a target)
     assert module.val_bytes == val["bytes"] - len(dm.tokenizer.decode([first]).encode("utf-8"))
+
+
+def test_val_bpb_counts_no_nats_for_a_documents_lone_leading_space_token(tmp_path):
+    """Catches val/bpb counting the nats of a document's first token that stands for no text: a SentencePiece-style
+    tokenizer (Metaspace, prepend_scheme "first": Llama's) starts a document whose first word it has no "▁word"
+    token for (a number: Llama splits digits) with "▁" alone, which is 0 bytes there (the space it prepended), as
+    an EOS is; its bytes were not counted, but its nats were, as if it were text."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from tinylm.data.loader import IGNORE
+
+    # "▁" and the characters alone: every document begins with the lone "▁", 1 byte elsewhere, 0 at a start
+    chars = sorted(set(string.ascii_letters + string.digits + " .,\n"))  # (all of the round-trip probe's)
+    vocab = {"<unk>": 0, "</s>": 1, "▁": 2} | {c: 3 + i for i, c in enumerate(c for c in chars if c != " ")}
+    hf = HFTokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    hf.add_special_tokens(["<unk>", "</s>"])
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    hf.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(EOT.join(f"{i} cats sat on mat {i % 7}." for i in range(80)), encoding="utf-8")
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=str(tmp_path / "tokenizer.json"), block_size=32,
+                          batch_size=4, val_batches=None, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("validate")
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=32, eos_id=dm.eos_id, n_layer=1, n_head=2, n_embd=32,
+                    decay_steps=10)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    bpb = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bpb"]
+
+    tok, lone = dm.tokenizer, hf.token_to_id("▁")
+    nats_sum = nbytes_sum = 0.0
+    starts = 0
+    for x, y in dm.val_dataloader():  # by hand: a target's bytes are its text's (0 for EOS and a start's "▁")
+        with torch.no_grad():
+            nats = F.cross_entropy(module(x).reshape(-1, dm.vocab_size), y.reshape(-1), ignore_index=IGNORE,
+                                   reduction="none")
+        for n, prev, target in zip(nats.tolist(), x.reshape(-1).tolist(), y.reshape(-1).tolist()):
+            at_start = prev == tok.eos_id
+            starts += at_start and target == lone
+            n_bytes = 0 if target in (IGNORE, tok.eos_id) or (at_start and target == lone) else \
+                len(hf.id_to_token(target).replace("▁", " ").encode("utf-8"))
+            nats_sum, nbytes_sum = nats_sum + (n if n_bytes else 0.0), nbytes_sum + n_bytes
+    assert starts > 5  # guard: many documents in the split start with the lone "▁"
+    assert module.val_bytes == nbytes_sum
+    assert bpb == pytest.approx(nats_sum / math.log(2) / nbytes_sum, rel=1e-6)

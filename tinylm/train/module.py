@@ -311,11 +311,11 @@ class TinyLM(SkipFreedZeroGrad, L.LightningModule):
         if self.token_bytes is not None:
             ids, table = y.reshape(-1).clamp(min=0), self.token_bytes.to(y.device, wide_dtype(y.device))
             nbytes = table[ids] * counted
-            self.val_text_nats.update((nats * (nbytes > 0)).sum())  # (a text token's nats count: not an EOS's)
             if self.token_bytes_first is not None and self.hparams.get("eos_id") is not None:
                 # a document's first token: SentencePiece's "▁Once" stands for "Once" there, " Once" elsewhere
                 first = self.token_bytes_first.to(y.device, table.dtype)[ids] * counted
                 nbytes = torch.where(x.reshape(-1) == self.hparams.eos_id, first, nbytes)
+            self.val_text_nats.update((nats * (nbytes > 0)).sum())  # (a text token's: not an EOS, nor a start's "▁")
             self.val_text_bytes.update(nbytes.sum())
 
     def on_validation_epoch_end(self) -> None:
