@@ -760,3 +760,32 @@ def test_tiktoken_batches_start_no_threads_beyond_the_cores_the_process_may_use(
     enc = tiktoken.Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks={bytes([b]): b for b in range(256)},
                             special_tokens={})
     assert encode_in_threads(enc, ["ab", "c", "de f"]) == [[97, 98], [99], [100, 101, 32, 102]]
+
+
+def test_a_tokenizer_json_whose_ids_have_a_gap_covers_its_largest_id(tmp_path):
+    """Catches a tokenizer.json whose ids skip one (a token removed by hand, ids reserved and left out) read as
+    having as many ids as tokens: the vocabulary (and the model's embedding) ended short of the largest id, so its
+    end-of-text id was refused as "outside its vocabulary" (the file called damaged), and without the check a
+    dataset held ids that no embedding row looks up. A byte-level BPE laid out as GPT-2's file: the 256 bytes,
+    "Ġt" 256, (257 unused), "he" 258, <|endoftext|> 259 in the vocabulary and added as special: 259 tokens, 260 ids."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from tinylm.tokenize.bpe import bytes_to_unicode
+
+    vocab = {c: b for b, c in bytes_to_unicode().items()} | {"Ġt": 256, "he": 258, EOT: 259}
+    hf = HF(models.BPE(vocab=vocab, merges=[("Ġ", "t"), ("h", "e")]))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    spec = json.loads(hf.to_str())
+    spec["added_tokens"] = [{"id": 259, "content": EOT, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True}]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    hf = HF.from_file(str(tmp_path / "tokenizer.json"))
+    assert hf.token_to_id(EOT) == 259 and hf.get_vocab_size(with_added_tokens=True) == 259  # (the gap is real)
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert tok.vocab_size == 260 and tok.eos_id == 259
+    ids = tok.encode("the theme")
+    assert 258 in ids and max(ids) < tok.vocab_size and tok.decode(ids) == "the theme"
+    lengths = tok.token_byte_lengths()
+    assert len(lengths) == 260 and lengths[257] == 0 and lengths[259] == 0  # (no token, and the EOS: no text)
+    assert sum(lengths[i] for i in ids) == len("the theme")

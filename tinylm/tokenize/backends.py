@@ -118,7 +118,9 @@ class HFBackend:
 
     @property
     def vocab_size(self) -> int:
-        return self.tok.get_vocab_size(with_added_tokens=True)
+        # the largest id + 1: ids with a gap (a token removed, reserved ids left out) number fewer tokens than that
+        return max(self.tok.get_vocab_size(with_added_tokens=True),
+                   max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1)
 
     def normal_token(self, i: int) -> str | None:
         return self.tok.model.id_to_token(i)  # (the model's own vocabulary: added tokens are not in it)
