@@ -1,7 +1,9 @@
 """Packing, the on-disk dataset, seekable batches, exact resume, and the DataModule's contract with Lightning."""
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 
@@ -1300,6 +1302,34 @@ def test_a_full_disk_while_packing_names_the_file(tmp_path):
     assert e.value.errno == errno.EFBIG and e.value.filename.startswith(str(tmp_path / "cache"))
     assert e.value.filename.endswith("train.bin")
 
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files in /proc (Linux)")
+def test_a_build_that_fails_part_way_leaves_none_of_its_files_open(tmp_path):
+    """Catches a dataset build that failed part-way (a full disk; here a file size limit) keeping its train.bin and
+    val.bin open until a garbage collection: the build removes their .partial folder so that a full disk is freed,
+    but files held open keep their space taken, for good in a notebook (its last traceback holds them)."""
+    import errno
+    import resource
+    import signal
+
+    (tmp_path / "big.txt").write_text("the cat sat on the mat.\n" * 20_000)
+    dm = _dm(tmp_path, tmp_path / "big.txt")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(OSError) as e:  # (`e` keeps the traceback, as a notebook does)
+            dm.prepare_data()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert e.value.errno == errno.EFBIG and not any((tmp_path / "cache" / "datasets").glob("*.partial"))
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # (the listing's own fd, closed by now)
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [path for path in held if path.startswith(str(tmp_path / "cache"))], held
 
 def test_a_fit_starts_at_the_first_batch_whatever_the_data_module_read_before(shakespeare, tmp_path):
     """Catches a notebook's `next(iter(dm.train_dataloader()))` (a peek at a batch), or an earlier fit of the same

@@ -11,6 +11,7 @@ renames into place with meta.json: a `.partial` folder is never a dataset.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -93,18 +94,24 @@ def _write_shards(partial: Path, corpus: Corpus, tok: Tokenizer, dtype: np.dtype
             progress(total, f"tokenizing {corpus.name}", initial=bytes_done) as bar:
         writers: dict[str, SplitWriter] | None = None
         chars, index = 0, skip
-        for parts in itertools.islice(routed(corpus, val_fraction), skip, None):
-            if writers is None:
-                writers = {s: SplitWriter(partial / f"{s}.bin", tok, dtype, piece_chars, pool, bar) for s in SPLITS}
-            for split, text, ends in parts:
-                writers[split].add(text, ends_document=ends)
-                chars += len(text)
-            index += 1
-            if chars >= shard_chars:
+        try:
+            for parts in itertools.islice(routed(corpus, val_fraction), skip, None):
+                if writers is None:
+                    writers = {s: SplitWriter(partial / f"{s}.bin", tok, dtype, piece_chars, pool, bar)
+                               for s in SPLITS}
+                for split, text, ends in parts:
+                    writers[split].add(text, ends_document=ends)
+                    chars += len(text)
+                index += 1
+                if chars >= shard_chars:
+                    done.append(_close_shard(partial, len(done), writers, index))
+                    writers, chars = None, 0
+            if writers is not None:
                 done.append(_close_shard(partial, len(done), writers, index))
-                writers, chars = None, 0
-        if writers is not None:
-            done.append(_close_shard(partial, len(done), writers, index))
+        finally:  # a build that failed (a full disk): its files closed now, not by a garbage collection, so that
+            for writer in (writers or {}).values():  # removing them frees their space
+                with contextlib.suppress(OSError):  # (what a full disk left buffered cannot be written)
+                    writer.file.close()
         read_whole(bar)
     return done
 
