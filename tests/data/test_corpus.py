@@ -1,5 +1,6 @@
 """Corpora: files, directories, globs, dataset files, the named download; documents, fingerprints, bad input."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -141,6 +142,62 @@ def test_named_corpus_without_network_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"could not download corpus 'tinyshakespeare'.*--data\.corpus PATH"):
         open_corpus("tinyshakespeare", cache_dir=tmp_path)
 
+
+
+def test_ranks_that_download_a_named_corpus_at_once_each_get_it(tmp_path, monkeypatch):
+    """Catches processes started at once (torchrun, SLURM: every rank opens the corpus) downloading a named corpus
+    into one temp file: each truncated and wrote the other's copy, and the one that renamed it into place second
+    found no file (a FileNotFoundError traceback), or a copy whose sha256 was wrong. A server on this machine sends
+    half of the text to each of two downloads before either gets the rest."""
+    import hashlib
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tinylm.data.named import NAMED, download_named
+
+    text = b"the cat sat on the mat.\n" * 100_000  # 2.4 MB: several reads of the download
+    both = threading.Barrier(2)
+
+    class Halves(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text[: len(text) // 2])
+            self.wfile.flush()
+            with contextlib.suppress(threading.BrokenBarrierError):  # (one download at a time: no second comes)
+                both.wait(timeout=1)
+            self.wfile.write(text[len(text) // 2:])
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Halves)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # straight to it, whatever proxy urlopen's opener took from the environment when it was first used
+    monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.ProxyHandler({})))
+    monkeypatch.setitem(NAMED, "tinyshakespeare", {"url": f"http://127.0.0.1:{server.server_port}/input.txt",
+                                                   "sha256": hashlib.sha256(text).hexdigest(), "file": "t.txt"})
+    results: list = []
+
+    def rank() -> None:
+        try:
+            results.append(download_named("tinyshakespeare", tmp_path))
+        except Exception as e:  # noqa: BLE001 (the test names it)
+            results.append(e)
+
+    ranks = [threading.Thread(target=rank) for _ in range(2)]
+    try:
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(timeout=60)
+    finally:
+        server.shutdown()
+    assert results == [tmp_path / "corpora" / "t.txt"] * 2, results
+    assert (tmp_path / "corpora" / "t.txt").read_bytes() == text
+    assert sorted(p.name for p in (tmp_path / "corpora").iterdir() if not p.name.endswith(".lock")) == ["t.txt"]
 
 def test_jsonl_file_rows_are_documents(tmp_path):
     """Prevents local dataset files from being read as raw text (JSON syntax in the training data)."""

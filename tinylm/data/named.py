@@ -11,6 +11,11 @@ from typing import Any
 
 from tinylm.errors import UnavailableError
 
+try:
+    import fcntl
+except ImportError:  # (Windows): no lock; ranks that download at once may collide
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 1 << 20
@@ -31,6 +36,20 @@ def download_named(name: str, cache_dir: str | Path) -> Path:
     if target.is_file() and sha256_of(target) == info["sha256"]:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # one download at a time: every rank that torchrun or SLURM starts opens the corpus at once, and their downloads
+    # into one temp file truncated each other's (the second to finish found none); the others find it downloaded
+    locks = Path(cache_dir) / ".locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"corpora-{info['file']}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file() and sha256_of(target) == info["sha256"]:
+            return target
+        return _download(name, info, target)
+
+
+def _download(name: str, info: dict, target: Path) -> Path:
+    """Download named corpus ``name`` (its NAMED entry ``info``) to ``target``, checking its sha256."""
     tmp = target.with_name(target.name + ".part")
     log.info("downloading %s from %s", name, info["url"])
     try:
