@@ -234,6 +234,27 @@ def test_streamed_corpus_is_cleaned_against_its_validation_split(tmp_path):
     assert {k: v["documents"] for k, v in meta["clean"]["removed"].items()} == {"exact": 1, "decontaminate": 1}
 
 
+
+def test_decontaminating_a_corpus_with_its_own_validation_split_does_not_key_it_by_val_fraction(tmp_path):
+    """Catches `data.val_fraction`, which does nothing for a dataset with its own validation split (tinylm says so),
+    still keying its cleaned text under `decontaminate`: another val_fraction trained another tokenizer, packed
+    another dataset of the same tokens, and a resume with it was refused as text "edited or replaced"."""
+    rng = random.Random(6)
+    val = [_doc(rng, 120) for _ in range(5)]
+    train = [_doc(rng, 120) for _ in range(20)] + [_change(rng, val[0], 1)]
+    files = {"train": _jsonl(tmp_path / "t.jsonl", train), "validation": _jsonl(tmp_path / "v.jsonl", val)}
+    dms = [TinyLMDataModule(corpus="hf:json", data_files=files, val_fraction=fraction, tokenizer="char",
+                            block_size=16, cache_dir=str(tmp_path / "cache"), clean=CleanOptions(decontaminate=True))
+           for fraction in (0.1, 0.3)]
+    dms[0].prepare_data()
+    assert dms[0].meta["clean"]["removed"]["decontaminate"]["documents"] == 1  # (not vacuous: it cleaned)
+    assert dms[1].corpora[0].fingerprint == dms[0].corpora[0].fingerprint
+    assert dms[1].dataset_dir == dms[0].dataset_dir  # the dataset made already, not another
+    tail = [TinyLMDataModule(corpus=_corpus_file(tmp_path / "c.txt", train), val_fraction=fraction, tokenizer="char",
+                             block_size=16, cache_dir=str(tmp_path / "cache"), clean=CleanOptions(decontaminate=True))
+            for fraction in (0.1, 0.3)]
+    assert tail[0].corpora[0].fingerprint != tail[1].corpora[0].fingerprint  # a tail's cut decides what is kept
+
 def test_duplicates_are_found_across_the_corpora_of_a_mixture(tmp_path):
     """Catches a mixture whose corpora are de-duplicated each on its own (the same document trained on twice),
     and a corpus's dataset reused when another corpus of the mixture changed what it removes."""

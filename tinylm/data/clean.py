@@ -420,7 +420,8 @@ class CleanCorpus(Corpus):
     def _fingerprint(self) -> str:
         c = self.cleaner
         key = ["tinylm.clean.v1", c.options.key(), [part.fingerprint for part in c.parts], self.index]
-        if c.options.decontaminate:  # the sides of a tail-split corpus's documents depend on where it is cut
+        # the sides of a tail-split corpus's documents depend on where it is cut (no side of one with its own split)
+        if c.options.decontaminate and not all(part.has_validation for part in c.parts):
             key.append(c.val_fraction)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
