@@ -28,6 +28,7 @@ from tinylm.cli.callback_checks import (
     check_time_intervals,
     check_train_monitors,
 )
+from tinylm.cli.config_update import with_checkpoint_settings
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, complete_cut_save, requeued, resolve_ckpt_path
 from tinylm.cli.resume_changes import keep_run_seed
@@ -283,8 +284,7 @@ class TinyLMCLI(LightningCLI):
                                  flags=self._flags, continues=self.continues, check=not printing)
         self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
         self.wandb_project, self.ckpt_threads, self.finish_at = start.wandb_project, start.cpu_threads, start.finish_at
-        with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
-            self.config = self.parser.parse_object({sub: start.update}, self.config)
+        self.config = with_checkpoint_settings(self.parser, self._parser(sub), sub, self.config, start.update)
         text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
         if start.data_state and text and not printing:  # before a tokenizer trains on it
             from tinylm.data import TinyLMDataModule

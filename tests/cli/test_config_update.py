@@ -1,0 +1,65 @@
+"""tinylm.cli.config_update: a checkpoint's settings applied to a parsed command without jsonargparse's whole parse
+give the config (and the error) that parse gives."""
+
+import jsonargparse
+import pytest
+
+from tinylm.cli.config_update import with_checkpoint_settings
+from tinylm.cli.fit import TinyLMCLI, lightning_main
+
+
+class _Parsed(Exception):
+    pass
+
+
+class _ParseOnlyCLI(TinyLMCLI):
+    def _parse_ckpt_path(self) -> None:  # the command as parsed, before tinylm applies a checkpoint to it
+        raise _Parsed(self)
+
+
+def _parsed(sub: str, config) -> TinyLMCLI:
+    with pytest.raises(_Parsed) as caught:
+        lightning_main([sub, "--config", str(config)], cli_class=_ParseOnlyCLI)
+    return caught.value.args[0]
+
+
+def _both(cli, sub: str, update: dict):
+    """(the whole parse's result or error, with_checkpoint_settings' result or error)"""
+    out = []
+    for fn in (lambda: cli.parser.parse_object({sub: update}, cli.config),
+               lambda: with_checkpoint_settings(cli.parser, cli._parser(sub), sub, cli.config, update)):
+        try:
+            out.append(fn())
+        except Exception as e:  # noqa: BLE001 (compared below: the same error)
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("sub", ["fit", "validate"])
+def test_checkpoint_settings_as_a_whole_parse(run_config, sub):
+    """Catches a resume or validate that runs (or refuses) with other settings than the checkpoint's parsed into the
+    command gave: the same values, types (an int lr made a float), links (data.block_size sets model.block_size),
+    nested options (data.clean) and the same error for a bad value, as jsonargparse's parse_object of the whole
+    config, which applying them cheaply replaced."""
+    cli = _parsed(sub, run_config(trainer={"callbacks": [{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                                                          "init_args": {"monitor": "val/loss"}}]}))
+    model = {k: cli.config[sub].model[k] for k in ("n_layer", "n_head", "n_embd", "lr", "warmup_steps", "init_from")}
+    cases = [
+        {"model": model},  # the run's own config: nothing changes
+        {"model": {**model, "lr": 1e-3, "n_layer": 3}},
+        {"model": {**model, "lr": 1}},  # an int for a float
+        {"model": model, "data": {"tokenizer": "/some/where", "block_size": 32, "clean": {"exact": True}}},
+        {"model": {**model, "decay_steps": "12"}},  # a string for an int
+        {"model": {**model, "lr": "abc"}},
+        {"model": model, "data": {"clean": {"exact": "maybe"}}},
+        {"model": {**model, "nope": 1}},
+    ]
+    for update in cases:
+        whole, applied = _both(cli, sub, update)
+        if isinstance(whole, Exception):
+            assert type(applied) is type(whole) and str(applied) == str(whole), update
+        else:
+            assert applied == whole, update
+            assert cli.parser.dump(applied) == cli.parser.dump(whole), update
+    assert isinstance(_both(cli, sub, cases[-1])[0], jsonargparse.ArgumentError)  # (the bad cases do fail)
+    assert with_checkpoint_settings(cli.parser, cli._parser(sub), sub, cli.config, cases[0]) is cli.config
