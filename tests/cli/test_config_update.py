@@ -63,3 +63,22 @@ def test_checkpoint_settings_as_a_whole_parse(run_config, sub):
             assert cli.parser.dump(applied) == cli.parser.dump(whole), update
     assert isinstance(_both(cli, sub, cases[-1])[0], jsonargparse.ArgumentError)  # (the bad cases do fail)
     assert with_checkpoint_settings(cli.parser, cli._parser(sub), sub, cli.config, cases[0]) is cli.config
+
+
+@pytest.mark.parametrize("sub", ["fit", "validate"])
+def test_config_dump_as_lightnings(run_config, sub):
+    """Catches the model's and data module's hyperparameters (what their checkpoints keep) read back from the
+    config's dump other than PyYAML's safe_load read them in LightningCLI._dump_config: libyaml refused a lone
+    surrogate escaped in double quotes ("\\uDCFF", how PyYAML writes one: `validate --data.text_column` of a name in
+    Latin-1 bytes) that PyYAML reads."""
+    import yaml
+
+    from tinylm.cli.config_update import config_dump
+
+    cli = _parsed(sub, run_config())
+    cli.config[sub].samples.prompts = ["multi\nline: x", "ünï ✓ 日本", "1e5", "~", "\u2028\x85", "a b " * 40, "'q'", "#"]
+    cli.config[sub].data.text_column = "x\udcff"
+    cli.config[sub].run.name = "3e-4"
+    lightnings = yaml.safe_load(cli.parser.dump(cli.config, skip_link_targets=False, skip_none=False, format="yaml"))
+    assert config_dump(cli.parser, cli.config) == lightnings[sub]
+    assert lightnings[sub]["data"]["text_column"] == "x\udcff"

@@ -212,3 +212,14 @@ def test_on_exception_checkpoint_turns_no_ckpt_path_into_last():
     source = inspect.getsource(_CheckpointConnector._parse_ckpt_path)
     assert 'ckpt_path = "last"' in source and "ft_checkpoints" in source and "_find_last_checkpoints" in source
     assert "was called without a model" in source and "is set, but there is no last checkpoint" in source
+
+
+def test_cli_dump_config():
+    """TinyLMCLI overrides `_dump_config` (the config dumped and read back into `config_dump`, whose model and data
+    sections the instantiators give the model and data module as their hyperparameters) to read it with libyaml."""
+    from lightning.pytorch.cli import _InstantiatorFn
+
+    assert _params(LightningCLI._dump_config) == ["self"]
+    source = inspect.getsource(LightningCLI._dump_config)
+    assert "self.config_dump = yaml.safe_load(" in source and "skip_link_targets=False, skip_none=False" in source
+    assert "self.cli._dump_config()" in inspect.getsource(_InstantiatorFn.__call__)

@@ -28,7 +28,7 @@ from tinylm.cli.callback_checks import (
     check_time_intervals,
     check_train_monitors,
 )
-from tinylm.cli.config_update import with_checkpoint_settings
+from tinylm.cli.config_update import config_dump, with_checkpoint_settings
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, complete_cut_save, requeued, resolve_ckpt_path
 from tinylm.cli.resume_changes import keep_run_seed
@@ -40,6 +40,7 @@ from tinylm.cli.trainer_checks import (
     check_exception_checkpoints,
     check_fits_in_memory,
     check_trainer_options,
+    precision_plugin,
     trainer_section,
     warn_fp16_weights,
     warn_gpu_recipe_on_cpu,
@@ -198,6 +199,10 @@ class TinyLMCLI(LightningCLI):
         # (on instantiate: the built data module's vocab_size, the tokenizer's real size, not the option's target)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
+
+    def _dump_config(self) -> None:  # Lightning's, read back by libyaml (tinylm.cli.config_update.config_dump)
+        if not hasattr(self, "config_dump"):
+            self.config_dump = config_dump(self.parser, self.config)
 
     # ---- the run folder ----------------------------------------------------------------------------------------
     def _section(self):
@@ -359,7 +364,7 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))
         trainer_cfg["strategy"] = resolve_strategy(trainer_cfg.get("strategy", "auto"))  # `fsdp`: FSDP2
-        if not _precision_plugin(trainer_cfg["plugins"]) or "trainer.precision" in self._flags:
+        if not precision_plugin(trainer_cfg["plugins"]) or "trainer.precision" in self._flags:
             trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
         else:  # a Precision plugin on the command line is the precision (Lightning refused both: "Received both ...")
             trainer_cfg.pop("precision", None)
@@ -537,12 +542,6 @@ def _options(section: Any) -> dict:
     file (``--run run.yaml``), there and in the options it holds (data.clean)."""
     items = section.as_dict() if hasattr(section, "as_dict") else dict(section)
     return {k: _options(v) if isinstance(v, dict) else v for k, v in items.items() if not k.startswith("__")}
-
-
-def _precision_plugin(plugins: Any) -> bool:
-    from lightning.pytorch.plugins.precision import Precision
-
-    return any(isinstance(p, Precision) for p in (plugins if isinstance(plugins, (list, tuple)) else [plugins]))
 
 
 def _check_shape(model: dict) -> None:

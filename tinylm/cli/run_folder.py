@@ -196,8 +196,8 @@ def load_yaml(text: str) -> Any:
 
     try:
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except UnicodeEncodeError:  # (a lone surrogate, which libyaml cannot take: PyYAML's parser refuses it as YAML)
-        return yaml.safe_load(text)
+    except (UnicodeEncodeError, yaml.YAMLError):  # a lone surrogate, which libyaml cannot take, written or escaped
+        return yaml.safe_load(text)  # ("\uDCE9", which PyYAML reads): PyYAML's value, or its error
 
 
 def read_yaml(path: Path) -> dict:

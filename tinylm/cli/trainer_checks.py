@@ -547,3 +547,10 @@ def device_count(opts: dict[str, Any]) -> int:
     else:  # "auto" / -1: every GPU of this machine, or one process on a CPU
         n = max(torch.cuda.device_count(), 1)
     return n * int(opts.get("num_nodes") or 1)
+
+
+def precision_plugin(plugins: Any) -> bool:
+    """Whether ``--trainer.plugins`` holds a Precision plugin (which is the run's precision)."""
+    from lightning.pytorch.plugins.precision import Precision
+
+    return any(isinstance(p, Precision) for p in (plugins if isinstance(plugins, (list, tuple)) else [plugins]))
