@@ -73,6 +73,7 @@ def test_config_dump_as_lightnings(run_config, sub):
     Latin-1 bytes) that PyYAML reads."""
     import yaml
 
+    from tinylm.cli.callback_checks import dumped
     from tinylm.cli.config_update import config_dump
 
     cli = _parsed(sub, run_config())
@@ -80,5 +81,10 @@ def test_config_dump_as_lightnings(run_config, sub):
     cli.config[sub].data.text_column = "x\udcff"
     cli.config[sub].run.name = "3e-4"
     lightnings = yaml.safe_load(cli.parser.dump(cli.config, skip_link_targets=False, skip_none=False, format="yaml"))
-    assert config_dump(cli.parser, cli.config) == lightnings[sub]
+    assert config_dump(cli.parser, cli.config, cli._parser(sub)) == lightnings[sub]
     assert lightnings[sub]["data"]["text_column"] == "x\udcff"
+    dumped(cli._parser(sub), cli.config[sub])  # (a fit's check_recordable: checked, then not validated again)
+    assert config_dump(cli.parser, cli.config, cli._parser(sub)) == lightnings[sub]
+    cli.config[sub].model.lr = "abc"  # changed since: checked again, as Lightning's dump checks it
+    with pytest.raises(TypeError, match="lr"):
+        config_dump(cli.parser, cli.config, cli._parser(sub))

@@ -29,15 +29,20 @@ def with_checkpoint_settings(parser, sub_parser, sub: str, config, update: dict)
             return parser.parse_object({sub: update}, config)
 
 
-def config_dump(parser, config) -> dict:
+def config_dump(parser, config, sub_parser) -> dict:
     """LightningCLI's ``config_dump`` (`_dump_config`: the model's and the data module's hyperparameters that their
     checkpoints keep): the command's section of ``parser.dump(config, ...)`` read back as data, by libyaml
     (tinylm.cli.run_folder.load_yaml: PyYAML's values, ~8x faster than the ~15 ms its own parser took at every
-    fit and validate)."""
+    fit and validate). Not validated again where the command's parser (``sub_parser``) just dumped, and so checked,
+    the command's section as it is (`checked`: a fit's, by check_recordable); the rest the parse checked and tinylm
+    never changes (the subcommand, the --config files)."""
+    from tinylm.cli.callback_checks import checked
     from tinylm.cli.run_folder import load_yaml
 
-    dump = load_yaml(parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml"))
-    return dump[config.subcommand] if "subcommand" in config else dump
+    sub = config.get("subcommand")
+    done = sub is not None and checked(sub_parser, config[sub])
+    dump = load_yaml(parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml", skip_validation=done))
+    return dump[sub] if sub is not None else dump
 
 
 def _leaves(update: dict, prefix: str = "") -> list[tuple[str, Any]]:

@@ -202,7 +202,7 @@ class TinyLMCLI(LightningCLI):
 
     def _dump_config(self) -> None:  # Lightning's, read back by libyaml (tinylm.cli.config_update.config_dump)
         if not hasattr(self, "config_dump"):
-            self.config_dump = config_dump(self.parser, self.config)
+            self.config_dump = config_dump(self.parser, self.config, self._parser(self.config.subcommand))
 
     # ---- the run folder ----------------------------------------------------------------------------------------
     def _section(self):
