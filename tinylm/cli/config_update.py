@@ -36,12 +36,12 @@ def config_dump(parser, config, sub_parser) -> dict:
     fit and validate). Not validated again where the command's parser (``sub_parser``) just dumped, and so checked,
     the command's section as it is (`checked`: a fit's, by check_recordable); the rest the parse checked and tinylm
     never changes (the subcommand, the --config files)."""
-    from tinylm.cli.callback_checks import checked
+    from tinylm.cli.callback_checks import checked, keep_none
     from tinylm.cli.run_folder import load_yaml
 
     sub = config.get("subcommand")
     done = sub is not None and checked(sub_parser, config[sub])
-    dump = load_yaml(parser.dump(config, skip_link_targets=False, skip_none=False, format="yaml", skip_validation=done))
+    dump = load_yaml(parser.dump(config, skip_link_targets=False, **keep_none(), format="yaml", skip_validation=done))
     return dump[sub] if sub is not None else dump
 
 
