@@ -77,7 +77,8 @@ def test_config_dump_as_lightnings(run_config, sub):
     from tinylm.cli.config_update import config_dump
 
     cli = _parsed(sub, run_config())
-    cli.config[sub].samples.prompts = ["multi\nline: x", "ünï ✓ 日本", "1e5", "~", "\u2028\x85", "a b " * 40, "'q'", "#"]
+    cli.config[sub].samples.prompts = ["multi\nline: x", "ünï ✓ 日本", "1e5", "~", "\u2028\x85", "a b " * 40,
+                                       "'q'", "#"]
     cli.config[sub].data.text_column = "x\udcff"
     cli.config[sub].run.name = "3e-4"
     lightnings = yaml.safe_load(cli.parser.dump(cli.config, skip_link_targets=False, skip_none=False, format="yaml"))

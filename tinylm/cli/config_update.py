@@ -17,15 +17,14 @@ def with_checkpoint_settings(parser, sub_parser, sub: str, config, update: dict)
     from jsonargparse._actions import _ActionPrintConfig
 
     section = config[sub]
-    if all(_same(section.get(key), value) for key, value in _leaves(update) if key in section):
-        if all(key in section for key, _ in _leaves(update)):
-            return config
+    if all(key in section and _same(section.get(key), value) for key, value in _leaves(update)):
+        return config
     with _ActionPrintConfig.skip_print_config():  # (parsing prints a --print_config asked)
         try:
             parsed = config.clone()
             parsed[sub] = sub_parser.parse_object(update, section.clone(), defaults=False)
             return parsed
-        except (Exception, SystemExit):  # (the error as the whole parse words it, "fit.model.lr"...)
+        except Exception:  # (the error as the whole parse words it: "fit.model.nope"...)
             return parser.parse_object({sub: update}, config)
 
 
