@@ -3,6 +3,7 @@ another (tinylm.checkpoint_share)."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,6 +159,40 @@ def test_a_shared_file_left_with_one_name_by_tinylm_is_writable_again(tmp_path, 
     remove_checkpoint(step)
     assert best.stat().st_nlink == 1 and best.stat().st_mode & 0o200
     assert load_checkpoint(best)["global_step"] == 4 and last.stat().st_mode & 0o200
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a checkpoint that another user owns")
+def test_another_users_checkpoint_is_copied_where_it_cannot_be_made_read_only(tmp_path, monkeypatch):
+    """Catches `--ckpt_path last` in a run folder a group shares failing with "PermissionError: Operation not
+    permitted" when it completed a cut save from a checkpoint another user wrote (only a file's owner may make it
+    read-only for a hard link, and undoing the failed chmod failed again): such a file is copied instead."""
+    import forked
+    from tinylm.cli.resume import _copy_checkpoint
+
+    torch.save({"global_step": 4}, tmp_path / "step-4.ckpt")
+    tmp_path.chmod(0o777)
+    monkeypatch.chdir(tmp_path)  # (the child, once nobody, reaches it by relative names: pytest's folders above are 0o700)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a user who is neither root nor the file's owner, in a folder it may write to
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            _copy_checkpoint(Path("step-4.ckpt"), Path("last.ckpt"))
+            said = "ok"
+        except BaseException as e:  # noqa: BLE001 (reported to the test)
+            said = f"{type(e).__name__}: {e}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    assert forked.reap(pid, 60) == 0
+    with os.fdopen(read) as f:
+        assert f.read() == "ok"
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True) == {"global_step": 4}
+    assert (tmp_path / "last.ckpt").stat().st_uid == 65534 and (tmp_path / "step-4.ckpt").stat().st_mode & 0o200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-4.ckpt"]  # no .tmp left
 
 
 def test_a_sharded_checkpoints_metadata_pickled_by_python_313_reads_its_paths():

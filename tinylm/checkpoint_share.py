@@ -201,6 +201,9 @@ def _share(path: Path, name: Path, method: str) -> str:
         mode = path.stat().st_mode
         try:
             path.chmod(mode & ~0o222)  # read-only before it has a second name
+        except OSError:  # another user's file (a run folder a group shares): only its owner may; a copy
+            return "copy"
+        try:
             os.link(path, tmp)
         except OSError:  # a filesystem without hard links (FAT, some network shares): copies, as they were
             path.chmod(mode)

@@ -404,13 +404,15 @@ def test_resume_keeps_checkpoint_hyperparameters_and_says_so(config, tmp_path, c
 
 
 def test_resume_takes_runtime_options_from_this_run(config, caplog):
-    """Catches a resume ignoring --model.activation_checkpointing true (the way out of an OOM) as if it were a
-    hyperparameter: it changes memory, not the numbers."""
+    """Catches a resume ignoring --model.activation_checkpointing true (the way out of an OOM) or
+    --model.fsdp_reshard_after_forward (FSDP2's memory for speed) as if it were a hyperparameter: they change
+    memory, not the numbers."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2"])
     with caplog.at_level("WARNING", logger="tinylm"):
         cli = lightning_main(["fit", "--config", str(config), "--trainer.max_steps", "3", "--ckpt_path", "last",
-                              "--model.activation_checkpointing", "true"])
-    assert cli.model.hparams.activation_checkpointing
+                              "--model.activation_checkpointing", "true", "--model.fsdp_reshard_after_forward",
+                              "false"])
+    assert cli.model.hparams.activation_checkpointing and cli.model.hparams.fsdp_reshard_after_forward is False
     assert all(type(b).__name__ == "RecomputedBlock" for b in cli.model.model.transformer.h)
     assert "ignoring" not in caplog.text
 

@@ -898,3 +898,31 @@ def test_a_resume_reads_the_runs_config_records_with_libyaml(tmp_path, monkeypat
     assert kept_settings({"tinylm": {"config": text}}) == settings
     monkeypatch.undo()
     assert kept_settings({"tinylm": {"config": "run:\n  name: \udce9\n"}}) == {}
+
+
+def test_a_branch_from_an_older_checkpoint_compares_with_the_settings_that_trained_it(tmp_path, caplog):
+    """Catches a branch from step-2.ckpt of a run resumed at step 4 with another gradient clipping compared with
+    that later resume's record (config.resume-step4.yaml): the clipping that trained step-2.ckpt was warned of as a
+    change ("trainer.gradient_clip_val 1.0 (the run had 0.5)"), and the later one, a change for the branch, passed
+    in silence. The checkpoint keeps the settings of the command that saved it."""
+    from jsonargparse import Namespace
+
+    from tinylm.cli.resume_changes import warn_training_changes
+
+    def settings(clip: float) -> dict:
+        return {"trainer": {"gradient_clip_val": clip, "precision": "32-true", "accumulate_grad_batches": 1},
+                "data": {"batch_size": 4}}
+
+    (run := tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (run.parent / "config.yaml").write_text(yaml.safe_dump(settings(1.0)))
+    (run.parent / "config.resume-step4.yaml").write_text(yaml.safe_dump(settings(0.5)))
+    ckpt = {"global_step": 2, "tinylm": {"format": 1, "config": yaml.safe_dump(settings(1.0))}}
+    said = {}
+    for clip in (1.0, 0.5):
+        cfg = Namespace(trainer=Namespace(**settings(clip)["trainer"]), data=Namespace(batch_size=4))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinylm"):
+            warn_training_changes(cfg, str(run / "step-2.ckpt"), ckpt=ckpt)
+        said[clip] = caplog.text
+    assert "the run had" not in said[1.0], said[1.0]
+    assert "trainer.gradient_clip_val 0.5 (the run had 1.0)" in said[0.5]

@@ -41,7 +41,7 @@ from tinylm.paths import refuse_model_folder
 log = logging.getLogger("tinylm")
 
 
-RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing")
+RUNTIME_OPTIONS = ("compile_model", "activation_checkpointing", "fsdp_reshard_after_forward")
 """TinyLM options that a resume or validation takes from its own config, not the checkpoint: they change speed and
 memory, never the numbers."""
 

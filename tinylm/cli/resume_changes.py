@@ -20,13 +20,14 @@ _TRAINING_OPTIONS = ("gradient_clip_val", "accumulate_grad_batches", "precision"
 
 
 def _run_config(ckpt_path: str, ckpt: dict | None = None) -> dict:
-    """What the checkpoint's run trained with last: the newest config*.yaml of its run folder (by name: `cp -r`
-    gives a copy's files its own times; and config.previous.yaml is another run's), else the settings the checkpoint
-    keeps (one outside its run folder: the config*.yaml beside its folder is no record of its run); {} if none."""
+    """What the checkpoint's run trained with up to it: the settings the checkpoint keeps (those of the command that
+    saved it: a step-N.ckpt older than the run's latest resume was trained with the settings before it); else (none
+    given, or an older tinylm's) the newest config*.yaml of its run folder (by name: `cp -r` gives a copy's files its
+    own times; and config.previous.yaml is another run's; outside its run folder: none); {} if none."""
+    if kept := kept_settings(ckpt or {}):
+        return kept
     folder = Path(ckpt_path).resolve().parent
-    if folder.name == "checkpoints" and (record := run_record(folder.parent)[1]):
-        return record
-    return kept_settings(ckpt or {})
+    return run_record(folder.parent)[1] if folder.name == "checkpoints" else {}
 
 
 def _started_config(ckpt_path: str, newest: dict) -> dict:
