@@ -167,11 +167,12 @@ def test_another_users_checkpoint_is_copied_where_it_cannot_be_made_read_only(tm
     permitted" when it completed a cut save from a checkpoint another user wrote (only a file's owner may make it
     read-only for a hard link, and undoing the failed chmod failed again): such a file is copied instead."""
     import forked
+
     from tinylm.cli.resume import _copy_checkpoint
 
     torch.save({"global_step": 4}, tmp_path / "step-4.ckpt")
     tmp_path.chmod(0o777)
-    monkeypatch.chdir(tmp_path)  # (the child, once nobody, reaches it by relative names: pytest's folders above are 0o700)
+    monkeypatch.chdir(tmp_path)  # (the child, once nobody, reaches it by relative names: the folders above are 0o700)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # a user who is neither root nor the file's owner, in a folder it may write to

@@ -926,3 +926,24 @@ def test_a_branch_from_an_older_checkpoint_compares_with_the_settings_that_train
         said[clip] = caplog.text
     assert "the run had" not in said[1.0], said[1.0]
     assert "trainer.gradient_clip_val 0.5 (the run had 1.0)" in said[0.5]
+
+
+def test_a_resume_without_clipping_as_the_run_had_none_is_not_told_of_a_change(tmp_path, caplog):
+    """Catches a resume of a run trained with `--trainer.gradient_clip_val 0` (clipping off) under a config that
+    leaves it unset warned of "trainer.gradient_clip_val None (the run had 0.0): the resumed steps train with the new
+    value": 0 and unset both clip nothing (TinyLM.configure_gradient_clipping); 1.0 is a change."""
+    from jsonargparse import Namespace
+
+    from tinylm.cli.resume_changes import warn_training_changes
+
+    trainer = {"gradient_clip_val": 0.0, "precision": "32-true", "accumulate_grad_batches": 1}
+    ckpt = {"global_step": 2, "tinylm": {"format": 1, "config": yaml.safe_dump({"trainer": trainer})}}
+    said = {}
+    for clip in (None, 1.0):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinylm"):
+            warn_training_changes(Namespace(trainer=Namespace(**{**trainer, "gradient_clip_val": clip}),
+                                            data=Namespace()), str(tmp_path / "x.ckpt"), ckpt=ckpt)
+        said[clip] = caplog.text
+    assert "the run had" not in said[None], said[None]
+    assert "trainer.gradient_clip_val 1.0 (the run had 0.0)" in said[1.0]

@@ -118,6 +118,7 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
             trainer["accumulate_grad_batches"] or 1, now["accumulate_grad_batches"] or 1
     changed = [f"trainer.{k} {now[k]!r} (the run had {trainer.get(k)!r})" for k in _TRAINING_OPTIONS
                if k in trainer and now[k] != trainer.get(k)
+               and not (k == "gradient_clip_val" and not now[k] and not trainer[k])  # 0 and unset: no clipping alike
                # accumulation standing in for devices or batch size: the same windows a step (data.datamodule.resplit)
                and not (k == "accumulate_grad_batches"
                         and _windows_a_step(data, trainer) == _windows_a_step(cfg.data, cfg.trainer))]
