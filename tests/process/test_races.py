@@ -151,3 +151,50 @@ def test_a_resume_is_not_refused_by_a_fit_that_holds_the_lock_only_to_be_refused
         check_not_in_use(run_dir)  # the resume's early check: waits for it, as its lock would
     finally:
         proc.wait(timeout=30)
+
+
+def test_a_fit_whose_run_folder_goes_as_it_locks_it_makes_the_folder_again(tmp_path, monkeypatch):
+    """A fit that fails before writing anything removes its run folder, lock file included (release_run_folders).
+    A second fit that had made sure of the folder (mkdir) just before that, and opened its .lock just after, failed
+    with "No such file or directory: .../.lock" instead of making the folder again and going on."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tinylm.cli.run_lock import lock_run_folder, release_run_folder
+
+    run_dir, flags = tmp_path / "runs" / "x", tmp_path / "flags"
+    flags.mkdir()
+    first = ("import pathlib, sys, time\n"
+             "from tinylm.cli.run_lock import lock_run_folder, release_run_folders\n"
+             "flags = pathlib.Path(sys.argv[2]); lock_run_folder(pathlib.Path(sys.argv[1]))\n"
+             "(flags / 'holds').touch()\n"
+             "while not (flags / 'release').exists(): time.sleep(0.005)\n"
+             "release_run_folders(failed=True); (flags / 'released').touch()\n")
+    proc = subprocess.Popen([sys.executable, "-c", first, str(run_dir), str(flags)])
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 30
+        while not (flags / name).exists():
+            assert proc.poll() is None and time.monotonic() < deadline, f"the first fit never got to {name!r}"
+            time.sleep(0.005)
+
+    real_mkdir = Path.mkdir
+
+    def made_then_gone(self, *args, **kwargs):  # the barrier: the first fit lets go, its folder removed, just after
+        real_mkdir(self, *args, **kwargs)  # the second made sure of it
+        if self == run_dir and not (flags / "release").exists():
+            (flags / "release").touch()
+            wait_for("released")
+
+    try:
+        wait_for("holds")
+        monkeypatch.setattr(Path, "mkdir", made_then_gone)
+        lock_run_folder(run_dir)
+        assert (run_dir / ".lock").read_text() == f"pid {os.getpid()}"  # the folder made again, and held
+    finally:
+        release_run_folder(run_dir)
+        (flags / "release").touch()
+        proc.wait(timeout=30)
+    assert (flags / "released").exists()  # (the barrier was met: the folder went between the mkdir and the open)

@@ -48,7 +48,10 @@ def lock_run_folder(run_dir: Path):
                           "--trainer.default_root_dir DIR") from None
     if (run_dir / ".lock").is_symlink():  # a shared folder's link: the pid written through it replaced the text of
         (run_dir / ".lock").unlink()  # the file it points to, outside the run folder
-    f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
+    try:
+        f = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open, and locked, until the process ends)
+    except FileNotFoundError:  # the folder removed since the mkdir (release_run_folders of a run that wrote nothing)
+        return lock_run_folder(run_dir)  # again, from making it
     if not _lock_still_named(f, run_dir):
         _unlock(f)
         f.close()
