@@ -669,7 +669,9 @@ def test_a_resume_names_changed_training_options(config, tmp_path, caplog):
 def test_a_resume_compares_with_the_runs_newest_record_by_its_name(config, tmp_path, caplog):
     """Catches a run folder copied with `cp -r` (each file the copy's time: config.yaml the newest) resumed with its
     newest settings warned as a change from the first ones, and config.previous.yaml (another run's) read as the
-    run's: the newest record is the latest resume's by its name."""
+    run's: the newest record is the latest resume's by its name. And a resume of a folder whose config.yaml is gone
+    (its resume records kept) writing its record as config.yaml, which that order puts first: the next resume without
+    --config went on with the earlier resume's settings."""
     main(["fit", "--config", str(config)])
     main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5",
           "--trainer.gradient_clip_val", "0.5"])
@@ -683,6 +685,14 @@ def test_a_resume_compares_with_the_runs_newest_record_by_its_name(config, tmp_p
         main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "6",
               "--trainer.gradient_clip_val", "0.5"])
     assert "the run had" not in caplog.text
+    from tinylm.cli.run_folder import run_record
+
+    (run / "config.yaml").unlink()
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "7",
+          "--trainer.gradient_clip_val", "0.25"])
+    assert not (run / "config.yaml").exists()
+    assert run_record(run)[0].name == "config.resume-step6.yaml"
+    assert run_record(run)[1]["trainer"]["gradient_clip_val"] == 0.25
 
 
 def test_a_resume_whose_max_time_is_spent_is_refused(config, tmp_path, capsys):

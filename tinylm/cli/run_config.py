@@ -14,6 +14,7 @@ from typing import Any
 from lightning.pytorch.cli import SaveConfigCallback
 
 from tinylm.cli.callback_checks import dumped, keep_none, keep_own_patience
+from tinylm.cli.run_folder import run_config_file
 from tinylm.paths import replace_file
 from tinylm.train.loggers import finish_forked_wandb, wandb_loggers
 
@@ -115,7 +116,7 @@ class RunConfig(SaveConfigCallback):
         if not trainer.is_global_zero:
             return
         path = self.run_dir / "config.yaml"
-        if self.continues and path.exists():
+        if self.continues and (path.exists() or run_config_file(self.run_dir)):  # (config.yaml gone, records kept)
             path = _unused(self.run_dir / f"config.resume-step{self.resume_step}.yaml")  # resumed from this step
             # before (killed in between): that record is kept too
             self.run_dir.mkdir(parents=True, exist_ok=True)
