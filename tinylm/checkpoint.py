@@ -278,17 +278,19 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
     return Path(path).is_file() or is_sharded_checkpoint(path)
 
 
-def load_sharded(path: str | os.PathLike, *, optimizer: bool = True) -> dict[str, Any]:
+def load_sharded(path: str | os.PathLike, *, optimizer: bool = True, weights: bool = True) -> dict[str, Any]:
     """A sharded (DCP) checkpoint folder consolidated into the dict a single-file checkpoint holds: whole tensors
     in ``state_dict``, and (``optimizer``) ``optimizer_states`` indexed by parameter as torch.optim saves them, so
     that one device or DDP resumes it, and generate, validate, export and init_from read it. Read on one process,
     without torch.distributed, and safely: the folder's pickles are unpickled with an allowlist of DCP's metadata
-    classes, its other values with ``weights_only=True``."""
+    classes, its other values with ``weights_only=True``. ``weights=False``: meta.pt's values alone (the step)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     try:
         meta = torch.load(path / SHARDED_METADATA, map_location="cpu", weights_only=True)
+        if not weights and isinstance(meta, dict):
+            return meta
         with open(path / ".metadata", "rb") as f:  # checked here: inside the DCP reader an error is re-wrapped
             _DCPUnpickler(f).load()
         states = _read_dcp(path, ["state_dict"] + (["optimizer_0"] if optimizer else []))
@@ -564,37 +566,3 @@ def check_weights(state: dict[str, Any], expected: dict[str, Any], ckpt_path: st
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {str(ckpt_path)!r} does not match its hyperparameters: missing weights "
                               f"{missing[:5]}, unexpected weights {unexpected[:5]}")
-
-
-STEP_NAME = re.compile(r"step-(\d+)\.ckpt")  # the periodic checkpoints' name (tinylm.train.run): its global_step
-
-
-def checkpoints_by_step(folder: Path) -> tuple[list[tuple[int, bool, Path]], list[str]]:
-    """A checkpoints folder's readable checkpoints as (step, is last.ckpt, path), and the names of the unreadable
-    ones. A ``step-N.ckpt`` is at step N when it is a whole zip archive (torch.save's format, its index at the end:
-    a file cut short is not); the others' metadata is read (mmap). Reading every step-N.ckpt's too took a resume of
-    a run keeping all of them (run.keep_checkpoints -1) ~80 ms a file, twice: minutes for a long run's thousands."""
-    found, broken = [], []
-    for path in sorted(folder.glob("*.ckpt")) if folder.is_dir() else []:
-        try:
-            if (named := STEP_NAME.fullmatch(path.name)) and zipfile.is_zipfile(path):
-                found.append((int(named[1]), False, path))
-                continue
-            found.append((_saved_step(path), path.name == "last.ckpt", path))
-        except FileNotFoundError:  # removed since the listing: a running fit rotating its step-N.ckpt files
-            continue
-        except CheckpointError:
-            broken.append(path.name)
-    return found, broken
-
-
-_STEPS: dict[tuple, int] = {}  # a checkpoint file's global_step, by its path, inode, size and times (a save renamed
-# over it is another key): a resume asked it of last.ckpt and best.ckpt three times each, ~0.1 s a load
-
-
-def _saved_step(path: Path) -> int:
-    st = path.stat()
-    key = (str(path.absolute()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _STEPS:
-        _STEPS[key] = int(load_checkpoint(path, mmap=True).get("global_step", 0))
-    return _STEPS[key]

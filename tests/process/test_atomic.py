@@ -562,7 +562,7 @@ def test_a_checkpoint_replaced_as_it_loads_is_read_whole(tmp_path, monkeypatch):
 def test_a_checkpoint_removed_as_it_loads_is_said_so(tmp_path, monkeypatch):
     """Catches `--ckpt_path last` on a running fit with run.keep_checkpoints failing on a step-N.ckpt it had just
     listed and the fit then rotated out: the listing skips it, and a load of it says it was removed."""
-    from tinylm.checkpoint import checkpoints_by_step
+    from tinylm.checkpoint_steps import checkpoints_by_step
 
     for step in (1, 2):
         torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / f"step-{step}.ckpt")
@@ -582,7 +582,7 @@ def test_a_folder_of_many_step_checkpoints_is_listed_without_reading_each(tmp_pa
     """Catches `--ckpt_path last` reading every step-N.ckpt of a run keeping all of them (run.keep_checkpoints -1),
     twice per resume: ~80 ms a file, 100 s before a resume of 600 files started. A step-N.ckpt cut short is still
     found unreadable, and last.ckpt is still read (its step is inside)."""
-    import tinylm.checkpoint as checkpoint
+    import tinylm.checkpoint_steps as checkpoint
 
     for step in range(1, 41):
         torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / f"step-{step}.ckpt")
@@ -599,7 +599,7 @@ def test_a_folder_of_many_step_checkpoints_is_listed_without_reading_each(tmp_pa
 def test_a_checkpoints_step_is_read_once_until_the_file_is_replaced(tmp_path, monkeypatch):
     """Catches a resume reading last.ckpt's and best.ckpt's step three times each (its --ckpt_path, the run folder's
     checks, a cut save's repair: 10 loads of ~0.1 s where 6 do), and a step kept for a file saved over since."""
-    import tinylm.checkpoint as checkpoint
+    import tinylm.checkpoint_steps as checkpoint
 
     def save(step: int) -> None:  # as the fits save: a new file renamed over the old one
         torch.save({"state_dict": {}, "global_step": step, "tinylm": {"format": 1}}, tmp_path / "new")

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinylm.checkpoint import checkpoint_in_folder, checkpoints_by_step, is_checkpoint
+from tinylm.checkpoint import checkpoint_in_folder, is_checkpoint
+from tinylm.checkpoint_steps import checkpoints_by_step
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
 from tinylm.cli.run_folder import holds_run, slurm_job_of
 from tinylm.cli.run_lock import running_holder
@@ -76,7 +77,8 @@ def complete_cut_save(ckpt_path: str, run_dir: Path, run: Any, max_steps: int | 
     saved at (every run.checkpoint_every of the run that wrote it, or the end), step-N.ckpt and last.ckpt are
     written now as copies of it (the files of one step hold one state; `tinylm.checkpoint_share`), the step-N.ckpt
     files trimmed to run.keep_checkpoints, and last.ckpt returned; else ``ckpt_path``."""
-    from tinylm.checkpoint import STEP_NAME, load_checkpoint, remove_checkpoint
+    from tinylm.checkpoint import load_checkpoint, remove_checkpoint
+    from tinylm.checkpoint_steps import STEP_NAME
 
     path, folder = Path(ckpt_path), run_dir / "checkpoints"
     found, broken = checkpoints_by_step(folder)

@@ -142,7 +142,7 @@ def holds_run(run_dir: Path) -> bool:
 def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
     """Lock the run folder for this process (held until it ends: one writer per run folder) and refuse to start
     over another run's results, or to continue a run from a checkpoint it has gone past; returns the lock."""
-    from tinylm.checkpoint import checkpoints_by_step  # (torch: this module is also read before the imports)
+    from tinylm.checkpoint_steps import checkpoints_by_step  # (torch: this module is also read before the imports)
 
     lock = lock_run_folder(run_dir)
     ckpts = run_dir / "checkpoints"  # made at the first save: found now, not after the training
@@ -236,7 +236,7 @@ def _checkpoint_named(asked: str, run_dir: Path) -> str | None:
         best = run_dir / "checkpoints" / "best.ckpt"
         return str(best) if best.exists() else None
     if asked == "last":
-        from tinylm.checkpoint import checkpoints_by_step
+        from tinylm.checkpoint_steps import checkpoints_by_step
 
         found, _ = checkpoints_by_step(run_dir / "checkpoints")
         return str(max(found)[2]) if found else None

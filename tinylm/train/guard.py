@@ -332,7 +332,7 @@ def last_good_checkpoint(trainer: L.Trainer, first_bad: int,
     (a checkpoint of N steps has seen indices 0 .. N - 1: N <= first_bad) and were not abandoned by a rollback
     (``abandoned``: (lo, hi) spans of steps; the run never trains those steps again, so a checkpoint of one is of
     the abandoned weights), or None."""
-    from tinylm.checkpoint import checkpoints_by_step
+    from tinylm.checkpoint_steps import checkpoints_by_step
 
     dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
     saved = sorted((step, not last, str(path)) for d in dirs for step, last, path in checkpoints_by_step(d)[0]

@@ -438,7 +438,7 @@ def _restart_hint(trainer: L.Trainer, last_good_step: int) -> str:
     """How to go on after a divergence: a new run from the newest weights saved before it (step-N, best or last
     .ckpt, by the step inside). Not a resume, which keeps the checkpoint's lr and other model settings (and, with
     changed data, is refused)."""
-    from tinylm.checkpoint import checkpoints_by_step
+    from tinylm.checkpoint_steps import checkpoints_by_step
 
     dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
     saved = sorted((step, path) for d in dirs for step, _, path in checkpoints_by_step(d)[0] if step < last_good_step)

@@ -174,7 +174,8 @@ class InterruptStop(L.Callback):
         an early step-N.ckpt) the newest. FSDP2's sharded folders (not read here: gathering one takes minutes), and
         files none of which can be read, by mtime (last.ckpt first of files saved together: a non-root user's
         step-N.ckpt and last.ckpt are one inode)."""
-        from tinylm.checkpoint import checkpoints_by_step, is_checkpoint
+        from tinylm.checkpoint import is_checkpoint
+        from tinylm.checkpoint_steps import checkpoints_by_step
 
         saved = [] if self.dirpath is None else [p for p in self.dirpath.glob("*.ckpt") if is_checkpoint(p)]
         found = []
