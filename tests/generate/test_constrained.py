@@ -219,3 +219,20 @@ def test_a_tokenizer_shorter_than_the_vocabulary_is_never_asked_for_ids_it_lacks
     out = generate(model, [[0]], max_new_tokens=30, tokenizer=tok, draft=_model(58, seed=1), strategy="sample",
                    seed=0)[0]
     assert max(out) < tok.vocab_size and model.sample_vocab is None  # restored after the generation
+
+
+@pytest.mark.parametrize("strategy", ["sample", "contrastive"])
+def test_an_eos_id_other_than_the_tokenizers_is_refused_with_a_grammar(strategy):
+    """Catches a constrained row running on unconstrained after the tokenizer's end-of-text token: under an eos_id of
+    another id (a library caller's newline, to stop at a line's end) the grammar's EOS was not the row's end, so it
+    was kept as text, the grammar let go of the row, and regex [ab]{1,5} gave 'ab<|endoftext|>dachabax'."""
+    tok = build_tokenizer("char", documents=lambda: ["abcdefgh xyz\n", "zzz"])  # 2 documents: it has an EOS
+    model = _model(tok.vocab_size)
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_id] += 5 * model.transformer.ln_f.weight.sign()  # EOS wherever it is allowed
+    kwargs = dict(strategy=strategy, regex="[ab]{1,5}", tokenizer=tok, max_new_tokens=12, seed=0)
+    out = generate(model, [tok.encode("ab")], eos_id=tok.eos_id, **kwargs)[0]
+    assert re.fullmatch("[ab]{1,5}", tok.decode(out)) and len(out) < 5  # guard: the model ends the match early
+    with pytest.raises(ValueError, match=rf"eos_id {tok.encode(chr(10))[0]} with a regex.*end-of-text id "
+                                         rf"{tok.eos_id}; leave eos_id unset"):
+        generate(model, [tok.encode("ab")], eos_id=tok.encode("\n")[0], **kwargs)

@@ -357,6 +357,11 @@ def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculati
                          "text, and the tokenizer says which text each id writes)")
     if speculative:
         raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
+    if config.eos_id is not None and tokenizer.eos_id is not None and config.eos_id != tokenizer.eos_id:
+        # the grammar ends a row at the tokenizer's EOS: under another eos_id that one was generated as text, and the
+        # row went on unconstrained ('ab<|endoftext|>dach...' for regex [ab]{1,5})
+        raise ValueError(f"eos_id {config.eos_id} with a regex, json_schema or grammar: constrained decoding ends a "
+                         f"row at the tokenizer's end-of-text id {tokenizer.eos_id}; leave eos_id unset")
     from tinylm.generate.constrained import Grammar, constraint_name, grammar_text
 
     kind = next(k for k in CONSTRAINTS if getattr(config, k))
