@@ -1,6 +1,7 @@
 """Decoding: logits processors by hand, each strategy against its definition, stopping, and bad arguments."""
 
 import itertools
+import math
 import re
 
 import pytest
@@ -21,6 +22,7 @@ from tinylm.generate.processors import (
 )
 from tinylm.generate.strategies import generate
 from tinylm.model import GPT, GPTConfig
+from tinylm.tokenize import build_tokenizer
 
 VOCAB = 48
 
@@ -152,6 +154,23 @@ def test_no_repeat_ngram_bans_what_would_repeat_an_ngram():
     assert banned(6) == [[], []] and banned(0) == [[], []]
     # a row that every token would repeat keeps them all: sampling from nothing would fail
     assert torch.isfinite(ban_repeated_ngrams(torch.zeros(1, 3), torch.tensor([[0, 1, 2]]), 1)).all()
+
+
+def test_no_repeat_ngram_counts_ids_already_removed_when_it_would_leave_none():
+    """Catches the ban's "every token would repeat one: left free" missing ids already at -inf: with a tokenizer of
+    17 ids over a 58-id model (the ids it lacks at -inf) and no_repeat_ngram_size 1, once the 17 were written every
+    finite logit was banned: sampling raised torch.multinomial's RuntimeError, greedy wrote id 0 again and again
+    (argmax of all -inf), contrastive an id the tokenizer has no text for, and beam search returned nothing."""
+    logits = torch.tensor([[0.0, 1.0, -math.inf, -math.inf]])  # by hand: 0 and 1 left, both seen
+    assert ban_repeated_ngrams(logits, torch.tensor([[1, 0]]), 1).tolist() == logits.tolist()
+    assert ban_repeated_ngrams(logits, torch.tensor([[1, 3]]), 1).tolist() == [[0.0, -math.inf, -math.inf, -math.inf]]
+    tok = build_tokenizer("char", documents=lambda: ["abcdefghij klmnop"])
+    model = tiny(vocab_size=58, pad_vocab_multiple=1)
+    for options in ({"strategy": "sample", "seed": 0}, {"strategy": "greedy"}, {"strategy": "contrastive"},
+                    {"strategy": "beam", "num_beams": 2}):
+        out = generate(model, [[0, 1]], max_new_tokens=30, tokenizer=tok, no_repeat_ngram_size=1, **options)[0]
+        assert len(out) == 30 and max(out) < tok.vocab_size, options  # (eos_id 0 of tiny(): none here)
+        assert len(set(out)) >= tok.vocab_size - 2, options  # guard: every id was written before the ban let go
 
 
 def test_typical_p_and_no_repeat_ngram_equal_transformers_processors():

@@ -84,7 +84,9 @@ def ban_repeated_ngrams(logits: Tensor, ids: Tensor, n: int) -> Tensor:
     follows = (windows[..., :-1] == ids[:, L - n + 1 :].unsqueeze(1)).all(dim=-1)  # (B, W): same n - 1 tokens
     banned = torch.where(follows, windows[..., -1], V)  # non-matching windows go to a spare column
     ban = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device).scatter_(1, banned, True)[:, :V]
-    ban &= ~ban.all(dim=-1, keepdim=True)
+    # ids already at -inf (a tokenizer shorter than the vocabulary, a grammar) are gone too: left to them, greedy
+    # took id 0 (argmax of all -inf), contrastive an id the tokenizer lacks, and sampling failed
+    ban &= ~(ban | torch.isneginf(logits)).all(dim=-1, keepdim=True)
     return logits.masked_fill(ban, -math.inf)
 
 
