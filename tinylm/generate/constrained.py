@@ -7,8 +7,9 @@ outlines-core by benchmarks/bench_grammar_engines.py (docs/benchmarks.md): milli
 seconds on GPT-2's vocabulary, the fastest masks there, and Lark grammars (outlines-core has none).
 
 The mask is applied to the model's logits before every other processor, so top-k / top-p choose among the tokens
-the grammar allows. If the other processors then remove every allowed token (a no-repeat n-gram ban, say), the
-grammar wins: that row samples from the allowed tokens under the model's plain logits. EOS is allowed only where the
+the grammar allows. A no-repeat n-gram ban that would remove every allowed token lets go of that row at that step, as
+of any row it would leave no token; should the other processors still remove them all, the grammar wins: that row
+samples from the allowed tokens under the model's plain logits. EOS is allowed only where the
 grammar may end; for a tokenizer without one (a char vocabulary), a row ends as soon as the grammar allows nothing
 more. A row cut short by max_new_tokens is an unfinished match (a prefix of one).
 """
