@@ -85,6 +85,34 @@ def test_memory_states_by_precision_and_checkpointing():
     assert rope.activations - fp32.activations == 2 * (4 * 32) * (2 * 64) * 4  # layers x tokens x 2C x fp32
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_mixed_precision_counts_the_16_bit_copies_autocast_keeps(tie):
+    """Catches bf16-mixed's weights counting a 16-bit copy of the token table of an untied model and of the
+    position table: autocast casts the weights of matmuls (the Linear layers, the tied head) and keeps those for the
+    backward pass, never an embedding's, which a lookup reads in fp32 (2 V x C bytes too many for an untied head:
+    77 MB for GPT-2's vocabulary). The copies are found in what autograd saves during a real forward pass."""
+    from tinylm.train.module import token_loss
+
+    model = _gpt(vocab_size=512, tie_embeddings=tie)
+    weights = {p.data_ptr(): p for p in model.parameters() if p.dim() >= 2}
+    kept = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:  # a 16-bit tensor equal to a weight cast down (or its transpose)
+        for ptr, p in weights.items():
+            low = p.detach().to(torch.bfloat16)
+            if t.dtype == torch.bfloat16 and any(t.shape == w.shape and torch.equal(t, w) for w in (low, low.t())):
+                kept[ptr] = t.numel() * t.element_size()
+        return t
+
+    x = torch.randint(0, 512, (2, 32))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        token_loss(model, x, x, None)
+    assert len(kept) == 4 * 2 + 1  # every block's 4 matrices and the head's (not a vacuous search)
+    fp32 = memory(model, batch_size=2, precision="32-true", checkpointing=False)
+    mixed = memory(model, batch_size=2, precision="bf16-mixed", checkpointing=False)
+    assert mixed.weights - fp32.weights == sum(kept.values())
+
+
 def test_muon_under_fsdp2_counts_the_whole_hidden_matrices_each_rank_gathers():
     """Catches plan's step peak for Muon under FSDP2 without the hidden matrices' updates each rank gathers whole
     (and a buffer of each for its result): `fits_on` then chose a strategy that ran out of memory in the step."""

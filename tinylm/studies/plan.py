@@ -3,8 +3,9 @@ and wall time on a named GPU. Pure functions of the model and the run's settings
 `plot_plan` draws them (memory per device; the run against Chinchilla's frontier).
 
 Memory model (per device, bytes; checked against measured peaks in docs/benchmarks.md):
-    weights    N x 4 (fp32 master weights; 2 under bf16-true), plus a 16-bit copy of every matrix under *-mixed
-               (autocast caches the cast weights for the backward pass)
+    weights    N x 4 (fp32 master weights; 2 under bf16-true), plus a 16-bit copy of every Linear layer's weight
+               under *-mixed (autocast caches the cast weights for the backward pass; an embedding's lookup reads
+               its table in fp32: an untied token table and the position table get no copy)
     gradients  N x the weights' element size
     optimizer  AdamW's exp_avg and exp_avg_sq: 2 x N x the weights' element size
     activations what autograd saves for backward per layer and token (measured with saved-tensor hooks): 17 x n_embd
@@ -44,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from torch import nn
 
 from tinylm.device import precision_dtypes
 from tinylm.model import GPT, GPTShape
@@ -143,7 +146,8 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     n = shape.num_params()
     state, act = element_sizes(precision)
     mixed = state != act
-    matrices = shape.count(p for p in one.parameters() if p.dim() >= 2)
+    # autocast casts the weights that multiply (the Linear layers', a tied table as the head's), never a lookup's
+    matrices = shape.count(m.weight for m in one.modules() if isinstance(m, nn.Linear))
     weights = n * state // shards + (matrices * act if mixed else 0)
     fsdp = fsdp or shards > 1
     gathered = buffers = 0
