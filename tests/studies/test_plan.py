@@ -135,14 +135,15 @@ MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2
     (True, 1, MODERN, 1),  # Muon's step is the peak here
     (False, 1, {"mlp": "swiglu"}, 4),
     (False, 1, {"vocab_size": 8192}, 1), (False, 2, {"vocab_size": 8192}, 1),  # the tied table's two gradients
+    (False, 1, {"vocab_size": 8192, "precision": "64-true"}, 8),  # the head's logits in fp64, not fp32
 ], ids=["plain", "ckpt", "accumulate", "ckpt-accumulate", "modern", "modern-ckpt-small-batch", "swiglu",
-        "tied-large-vocab", "tied-large-vocab-accumulate"])
+        "tied-large-vocab", "tied-large-vocab-accumulate", "fp64-large-vocab"])
 def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
     """The estimate is within 10% of the measured peak of live tensors in the third optimizer step of a real
     Lightning training run. Would fail: gradients kept until the next forward (Lightning's own order), the
     accumulated gradients left out, the modern options' extra saved tensors or Muon's step memory left out, a
-    wrong activation count, a missing optimizer state or the head's logits. Measured with the torch profiler's
-    memory timeline, as benchmarks/bench_memory.py does for larger models."""
+    wrong activation count, a missing optimizer state or the head's logits (under 64-true: counted in fp32).
+    Measured with the torch profiler's memory timeline, as benchmarks/bench_memory.py does for larger models."""
     import lightning as L
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfileTimeline
@@ -174,15 +175,16 @@ def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
 
     torch.manual_seed(0)
     arch = {"vocab_size": 64, **arch}
+    precision = arch.pop("precision", "32-true")
     module = TinyLM(block_size=64, n_layer=2, n_head=2, n_embd=256, pad_vocab_multiple=1,
                     activation_checkpointing=ckpt, warmup_steps=0, **arch)
     data = [(x, x) for x in torch.randint(0, arch["vocab_size"], (12, batch, 64))]
     peak = Peak()
     trainer = L.Trainer(max_steps=5, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, callbacks=[peak],
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1, precision="32-true")
+                        enable_model_summary=False, accelerator="cpu", devices=1, precision=precision)
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
-    est = memory(module.model, batch_size=batch, precision="32-true", checkpointing=ckpt, accumulate=accumulate,
+    est = memory(module.model, batch_size=batch, precision=precision, checkpointing=ckpt, accumulate=accumulate,
                  optimizer=arch.get("optimizer", "adamw")).peak
     assert abs(est / peak.bytes - 1) < 0.10, (est, peak.bytes)
 

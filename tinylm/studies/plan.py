@@ -14,8 +14,8 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                many as GELU, SwiGLU 4 x its hidden width instead of 8 x n_embd); rotary positions or qk_norm add
                the rotated/normed q and k (2 more, v keeps the c_attn output alive), qk_norm its fp32 normed copy
                (2 more in the fp32 stream). SDPA's fused kernels keep no T x T matrix. Plus the head: three B x T x V
-               fp32 tensors are alive at once (the logits or their copy, the log-softmax, and in the backward pass
-               the gradients of both), four with logit_softcap (its tanh).
+               fp32 tensors (fp64 under 64-true) are alive at once (the logits or their copy, the log-softmax, and in
+               the backward pass the gradients of both), four with logit_softcap (its tanh).
                With activation checkpointing: one block input per layer, plus one block recomputed at a time;
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
@@ -168,7 +168,8 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     mlp = 4 * swiglu_hidden(c.n_embd) if c.mlp == "swiglu" else 8 * c.n_embd
     qk = 2 * c.n_embd if (c.qk_norm or c.positions == "rope") else 0  # q and k rotated/normed apart from v
     per_layer = tokens * ((2 * c.n_embd + (qk if c.qk_norm else 0)) * resid + (7 * c.n_embd + qk + mlp) * act)
-    head = (3 + (c.logit_softcap is not None)) * tokens * c.padded_vocab_size * 4  # fp32, see the module docstring
+    # in fp32 at least (token_loss's at_least_fp32: fp64 under 64-true), see the module docstring
+    head = (3 + (c.logit_softcap is not None)) * tokens * c.padded_vocab_size * max(act, 4)
     stream = tokens * c.n_embd * resid  # the input of the final norm / a checkpointed block
     if checkpointing:
         layers = c.n_layer * stream + per_layer  # block inputs + the one block being recomputed
