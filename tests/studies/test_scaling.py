@@ -329,6 +329,20 @@ def test_scaling_retrains_a_run_that_ended_without_its_final_val_loss(run_config
     assert len(aside) == 1 and (aside[0] / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_final_val_loss_leaves_out_a_row_cut_short(tmp_path):
+    """Catches a rung whose final row was cut as it was written (a kill, the machine's end: "0,9,2.0" of
+    "0,9,2.0512") read as finished at the cut number: a rerun reused it and fitted the law to 2.0, where a row
+    without its newline is no row (as plot and a resume read it) and the rung trains again."""
+    from tinylm.cli.scaling import final_val_loss
+
+    (tmp_path / "csv").mkdir()
+    path = tmp_path / "csv" / "metrics.csv"
+    path.write_text("epoch,step,val/loss\r\n0,4,2.5\r\n0,9,2.0512\r\n")  # (csv's own line ends)
+    assert final_val_loss(tmp_path, 10) == 2.0512
+    path.write_text("epoch,step,val/loss\r\n0,4,2.5\r\n0,9,2.0")
+    assert final_val_loss(tmp_path, 10) is None
+
+
 def test_scaling_without_a_law_still_reports(run_config, capsys):
     """Losses that rise with size (a budget past the ladder's optimal size, as happens on small data) give no
     power law, but the command still prints the table and the measured larger model instead of failing after

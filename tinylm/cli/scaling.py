@@ -371,12 +371,15 @@ def check_ladder_run(run_dir: Path, r, shape: dict, settings: dict | None = None
 
 
 def final_val_loss(run_dir: Path, max_steps: int) -> float | None:
-    """The val/loss a finished run logged at its last step, or None (not run, or not finished)."""
+    """The val/loss a finished run logged at its last step, or None (not run, or not finished: a last row without
+    its newline was cut as it was written, "2.0" of "2.0512")."""
+    from tinylm.studies.curves import whole_lines
+
     path = run_dir / "csv" / "metrics.csv"
     if not path.is_file():
         return None
     with open(path, newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val/loss") and r.get("step")]
+        rows = [r for r in csv.DictReader(whole_lines(f)) if r.get("val/loss") and r.get("step")]
     done = [r for r in rows if int(float(r["step"])) >= max_steps - 1]
     return float(done[-1]["val/loss"]) if done else None
 

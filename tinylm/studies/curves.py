@@ -173,7 +173,7 @@ def _read_rows(path: Path, curves: RunCurves, shift: int) -> None:
     dict a row and a list of tuples for every column (train/skipped_steps, a callback's own) took 2.4x the CPU and
     6x the memory."""
     with open(path, newline="", encoding="utf-8", errors="replace") as f:  # damaged bytes: that cell is no number
-        reader = csv.reader(_whole_lines(f))
+        reader = csv.reader(whole_lines(f))
         header = next(reader, [])
         curves.columns = curves.columns or tuple(header)
         index = {key: i for i, key in enumerate(header)}  # (a name twice: its last column, as csv.DictReader's)
@@ -200,7 +200,7 @@ def _read_rows(path: Path, curves: RunCurves, shift: int) -> None:
                     points.values.append(value)
 
 
-def _whole_lines(f):
+def whole_lines(f):
     """The lines of ``f`` but a last one without its newline: being written (a run in progress) or cut by a crash."""
     for line in f:
         if not line.endswith(("\n", "\r")):
