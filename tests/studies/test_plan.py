@@ -136,14 +136,17 @@ MODERN = {"positions": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2
     (False, 1, {"mlp": "swiglu"}, 4),
     (False, 1, {"vocab_size": 8192}, 1), (False, 2, {"vocab_size": 8192}, 1),  # the tied table's two gradients
     (False, 1, {"vocab_size": 8192, "precision": "64-true"}, 8),  # the head's logits in fp64, not fp32
+    # one recomputed block's 16-bit weight copies alive in the backward pass, not every block's (all: 1.108x)
+    (True, 1, {"precision": "bf16-mixed", "n_layer": 8, "n_embd": 128, "within": 0.03}, 4),
 ], ids=["plain", "ckpt", "accumulate", "ckpt-accumulate", "modern", "modern-ckpt-small-batch", "swiglu",
-        "tied-large-vocab", "tied-large-vocab-accumulate", "fp64-large-vocab"])
+        "tied-large-vocab", "tied-large-vocab-accumulate", "fp64-large-vocab", "ckpt-mixed-deep"])
 def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
-    """The estimate is within 10% of the measured peak of live tensors in the third optimizer step of a real
-    Lightning training run. Would fail: gradients kept until the next forward (Lightning's own order), the
-    accumulated gradients left out, the modern options' extra saved tensors or Muon's step memory left out, a
-    wrong activation count, a missing optimizer state or the head's logits (under 64-true: counted in fp32).
-    Measured with the torch profiler's memory timeline, as benchmarks/bench_memory.py does for larger models."""
+    """The estimate is within 10% (``within``) of the measured peak of live tensors in the third optimizer step of a
+    real Lightning training run. Would fail: gradients kept until the next forward (Lightning's own order), the
+    accumulated gradients left out, every checkpointed block's 16-bit weight copies counted in the backward pass,
+    the modern options' extra saved tensors or Muon's step memory left out, a wrong activation count, a missing
+    optimizer state or the head's logits (under 64-true: counted in fp32). Measured with the torch profiler's
+    memory timeline, as benchmarks/bench_memory.py does for larger models."""
     import lightning as L
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfileTimeline
@@ -174,10 +177,10 @@ def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
                 trainer.should_stop = True
 
     torch.manual_seed(0)
-    arch = {"vocab_size": 64, **arch}
-    precision = arch.pop("precision", "32-true")
-    module = TinyLM(block_size=64, n_layer=2, n_head=2, n_embd=256, pad_vocab_multiple=1,
-                    activation_checkpointing=ckpt, warmup_steps=0, **arch)
+    arch = {"vocab_size": 64, "n_layer": 2, "n_embd": 256, **arch}
+    precision, within = arch.pop("precision", "32-true"), arch.pop("within", 0.10)
+    module = TinyLM(block_size=64, n_head=2, pad_vocab_multiple=1, activation_checkpointing=ckpt, warmup_steps=0,
+                    **arch)
     data = [(x, x) for x in torch.randint(0, arch["vocab_size"], (12, batch, 64))]
     peak = Peak()
     trainer = L.Trainer(max_steps=5, accumulate_grad_batches=accumulate, gradient_clip_val=1.0, callbacks=[peak],
@@ -186,7 +189,7 @@ def test_memory_estimate_matches_measured_peak(ckpt, accumulate, arch, batch):
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
     est = memory(module.model, batch_size=batch, precision=precision, checkpointing=ckpt, accumulate=accumulate,
                  optimizer=arch.get("optimizer", "adamw")).peak
-    assert abs(est / peak.bytes - 1) < 0.10, (est, peak.bytes)
+    assert abs(est / peak.bytes - 1) < within, (est, peak.bytes)
 
 
 def test_plan_of_a_rope_model_without_a_position_table(run_config, capsys):

@@ -5,7 +5,8 @@ and wall time on a named GPU. Pure functions of the model and the run's settings
 Memory model (per device, bytes; checked against measured peaks in docs/benchmarks.md):
     weights    N x 4 (fp32 master weights; 2 under bf16-true), plus a 16-bit copy of every Linear layer's weight
                under *-mixed (autocast caches the cast weights for the backward pass; an embedding's lookup reads
-               its table in fp32: an untied token table and the position table get no copy)
+               its table in fp32: an untied token table and the position table get no copy); with activation
+               checkpointing one block's and the head's, the others' alive until the forward pass ends only
     gradients  N x the weights' element size
     optimizer  AdamW's exp_avg and exp_avg_sq: 2 x N x the weights' element size
     activations what autograd saves for backward per layer and token (measured with saved-tensor hooks): 17 x n_embd
@@ -146,10 +147,9 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     n = shape.num_params()
     state, act = element_sizes(precision)
     mixed = state != act
-    # autocast casts the weights that multiply (the Linear layers', a tied table as the head's), never a lookup's
-    matrices = shape.count(m.weight for m in one.modules() if isinstance(m, nn.Linear))
-    weights = n * state // shards + (matrices * act if mixed else 0)
     fsdp = fsdp or shards > 1
+    copies, cached = (k * act for k in _autocast_copies(shape, checkpointing)) if mixed and not fsdp else (0, 0)
+    weights = n * state // shards + copies
     gathered = buffers = 0
     if fsdp:  # FSDP2 (tinylm.train.parallel.shard_gpt): the GPT's own parameters stay gathered through a step,
         # and two blocks' at a time (the one running, the next one prefetched), in the compute dtype
@@ -181,15 +181,28 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     # two: both alive beside every other gradient (measured: exactly 2 V x C more at that moment)
     tied = 2 * first_grad if c.tie_embeddings else 0
     if accumulate > 1:
-        peak = weights + optimizer_bytes + max(gradients + activations + first_grad + buffers, gradients + tied)
+        peak = weights + optimizer_bytes + max(gradients + activations + max(first_grad, cached) + buffers,
+                                               gradients + tied)
     else:  # with checkpointing the first block is recomputed when nearly every gradient exists (and freed before
         # the tied table's lookup makes its gradient)
-        peak = weights + optimizer_bytes + max(activations + first_grad + buffers,
+        peak = weights + optimizer_bytes + max(activations + max(first_grad, cached) + buffers,
                                                gradients + max(per_layer if checkpointing else 0, tied))
     # Muon under FSDP2 gathers every hidden matrix's update whole (and a whole buffer for its result) on each rank
     muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
     return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step) + workspace, gathered, workspace)
+
+
+def _autocast_copies(shape: GPTShape, checkpointing: bool) -> tuple[int, int]:
+    """(elements of the 16-bit weight copies alive through the backward pass, elements of those alive until the
+    forward pass ends only) under *-mixed. Autocast casts the weights that multiply (the Linear layers', a tied table
+    as the head's), never a lookup's table, and each layer saves its copy for the backward pass; a checkpointed block
+    saves none: autocast's cache holds its copies through the forward pass, and the backward pass casts one block's
+    at a time as it recomputes it (measured: the peak falls by n_layer - 1 blocks' copies)."""
+    one = shape.one_block
+    block = sum(m.weight.numel() for m in one.transformer.h.modules() if isinstance(m, nn.Linear))
+    cached = (shape.config.n_layer - 1) * block if checkpointing else 0
+    return shape.count(m.weight for m in one.modules() if isinstance(m, nn.Linear)) - cached, cached
 
 
 def _muon_step_memory(shape: GPTShape, state: int) -> int:
