@@ -26,6 +26,19 @@ def test_token_byte_lengths_are_utf8_bytes_and_zero_for_specials(small_data):
         assert max(lengths) > 1  # guard: multi-byte tokens exist (umlauts, merges)
 
 
+def _validated(tmp_path, corpus, tokenizer: str, *, block_size: int, val_batches: int | None, n_layer: int):
+    """(data module, model, val/bpb) of a fresh tiny model validated on ``corpus`` (30 % held out, batches of 4)."""
+    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=tokenizer, block_size=block_size, batch_size=4,
+                          val_batches=val_batches, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("validate")
+    torch.manual_seed(0)
+    module = TinyLM(vocab_size=dm.vocab_size, block_size=block_size, eos_id=dm.eos_id, n_layer=n_layer, n_head=2,
+                    n_embd=32, decay_steps=10)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    return dm, module, trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bpb"]
+
+
 def test_val_bpb_divides_by_the_bytes_evaluated(tmp_path):
     """Catches val/bpb using the whole split's bytes per token when data.val_batches evaluates only part of it
     (+0.36 % on a BPE model; any tokenizer whose tokens vary in bytes shows it), and counting the EOS between
@@ -33,15 +46,7 @@ def test_val_bpb_divides_by_the_bytes_evaluated(tmp_path):
     corpus = tmp_path / "docs.txt"  # short documents with 1-, 2- and 3-byte characters
     docs = ["Grüße aus Köln, schön war's!", "Ein Bär aß zwölf Äpfel für 3 €.", "Plain ASCII text here."]
     corpus.write_text(EOT.join(docs[i % 3] * (1 + i % 2) for i in range(60)), encoding="utf-8")
-    dm = TinyLMDataModule(corpus=str(corpus), tokenizer="char", block_size=64, batch_size=4,
-                          val_batches=1, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
-    dm.prepare_data()
-    dm.setup("validate")
-    torch.manual_seed(0)
-    module = TinyLM(vocab_size=dm.vocab_size, block_size=64, eos_id=dm.eos_id, n_layer=2, n_head=2, n_embd=32,
-                    decay_steps=10)
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    bpb = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bpb"]
+    dm, module, bpb = _validated(tmp_path, corpus, "char", block_size=64, val_batches=1, n_layer=2)
 
     # by hand: the one evaluated batch, its targets' text (EOS excluded) and their nats
     x, y = next(iter(dm.val_dataloader()))
@@ -120,14 +125,8 @@ def test_val_bpb_counts_no_byte_for_the_space_a_sentencepiece_tokenizer_prepends
     hf.save(str(tmp_path / "tokenizer.json"))
     corpus = tmp_path / "docs.txt"
     corpus.write_text(EOT.join(docs), encoding="utf-8")
-    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=str(tmp_path / "tokenizer.json"), block_size=32,
-                          batch_size=4, val_batches=None, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
-    dm.prepare_data()
-    dm.setup("validate")
-    module = TinyLM(vocab_size=dm.vocab_size, block_size=32, eos_id=dm.eos_id, n_layer=1, n_head=2, n_embd=32,
-                    decay_steps=10)
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    trainer.validate(module, datamodule=dm, verbose=False)
+    dm, module, _ = _validated(tmp_path, corpus, str(tmp_path / "tokenizer.json"), block_size=32, val_batches=None,
+                               n_layer=1)
 
     val = dm.meta["splits"]["val"]
     assert val["documents"] > 5  # guard: many documents start after an EOS inside the split
@@ -156,15 +155,8 @@ def test_val_bpb_counts_no_nats_for_a_documents_lone_leading_space_token(tmp_pat
     hf.save(str(tmp_path / "tokenizer.json"))
     corpus = tmp_path / "docs.txt"
     corpus.write_text(EOT.join(f"{i} cats sat on mat {i % 7}." for i in range(80)), encoding="utf-8")
-    dm = TinyLMDataModule(corpus=str(corpus), tokenizer=str(tmp_path / "tokenizer.json"), block_size=32,
-                          batch_size=4, val_batches=None, val_fraction=0.3, cache_dir=str(tmp_path / "cache"))
-    dm.prepare_data()
-    dm.setup("validate")
-    torch.manual_seed(0)
-    module = TinyLM(vocab_size=dm.vocab_size, block_size=32, eos_id=dm.eos_id, n_layer=1, n_head=2, n_embd=32,
-                    decay_steps=10)
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    bpb = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bpb"]
+    dm, module, bpb = _validated(tmp_path, corpus, str(tmp_path / "tokenizer.json"), block_size=32, val_batches=None,
+                                 n_layer=1)
 
     tok, lone = dm.tokenizer, hf.token_to_id("▁")
     nats_sum = nbytes_sum = 0.0
