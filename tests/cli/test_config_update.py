@@ -39,7 +39,7 @@ def _both(cli, sub: str, update: dict):
 def test_checkpoint_settings_as_a_whole_parse(run_config, sub):
     """Catches a resume or validate that runs (or refuses) with other settings than the checkpoint's parsed into the
     command gave: the same values, types (an int lr made a float), links (data.block_size sets model.block_size),
-    nested options (data.clean) and the same error for a bad value, as jsonargparse's parse_object of the whole
+    nested options (data.clean), a -0.0 the config holds as 0.0, and the same error for a bad value, as jsonargparse's parse_object of the whole
     config, which applying them cheaply replaced."""
     cli = _parsed(sub, run_config(trainer={"callbacks": [{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                                                           "init_args": {"monitor": "val/loss"}}]}))
@@ -48,6 +48,7 @@ def test_checkpoint_settings_as_a_whole_parse(run_config, sub):
         {"model": model},  # the run's own config: nothing changes
         {"model": {**model, "lr": 1e-3, "n_layer": 3}},
         {"model": {**model, "lr": 1}},  # an int for a float
+        {"model": {**model, "dropout": -0.0}},  # equal to the config's 0.0, yet the run's own (its records keep it)
         {"model": model, "data": {"tokenizer": "/some/where", "block_size": 32, "clean": {"exact": True}}},
         {"model": {**model, "decay_steps": "12"}},  # a string for an int
         {"model": {**model, "lr": "abc"}},

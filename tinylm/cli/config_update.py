@@ -4,6 +4,7 @@ PyYAML's reader gave, at a fraction of their cost at every command's start."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -57,9 +58,12 @@ def _leaves(update: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def _same(now: Any, value: Any) -> bool:
     """Whether a parsed option's value ``now`` is ``value`` as a parse keeps it: equal and of the same type, through
-    lists (``1`` is not ``1.0`` nor ``True``; a parse may make one the other)."""
+    lists (``1`` is not ``1.0`` nor ``True``; a parse may make one the other), and of the same sign (``-0.0`` is
+    not ``0.0``: a run's ``--model.dropout -0.0`` is what its resume records)."""
     if type(now) is not type(value):
         return False
     if isinstance(value, (list, tuple)):
         return len(now) == len(value) and all(_same(a, b) for a, b in zip(now, value))
+    if isinstance(value, float):
+        return now == value and math.copysign(1.0, now) == math.copysign(1.0, value)
     return now == value
