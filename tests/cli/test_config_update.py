@@ -39,8 +39,8 @@ def _both(cli, sub: str, update: dict):
 def test_checkpoint_settings_as_a_whole_parse(run_config, sub):
     """Catches a resume or validate that runs (or refuses) with other settings than the checkpoint's parsed into the
     command gave: the same values, types (an int lr made a float), links (data.block_size sets model.block_size),
-    nested options (data.clean), a -0.0 the config holds as 0.0, and the same error for a bad value, as jsonargparse's parse_object of the whole
-    config, which applying them cheaply replaced."""
+    nested options (data.clean), a -0.0 where the config holds 0.0, and the same error for a bad value, as
+    jsonargparse's parse_object of the whole config, which applying them cheaply replaced."""
     cli = _parsed(sub, run_config(trainer={"callbacks": [{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                                                           "init_args": {"monitor": "val/loss"}}]}))
     model = {k: cli.config[sub].model[k] for k in ("n_layer", "n_head", "n_embd", "lr", "warmup_steps", "init_from")}
