@@ -1531,3 +1531,23 @@ def test_nodes_that_find_different_checkpoints_are_refused_not_left_waiting(conf
         assert p.returncode == 1 and len(said) == 1 and said[0].startswith(want), err[-3000:]
         assert "copy runs/tiny to every node" in said[0] and "Traceback" not in err, err[-3000:]
     assert not (node1 / "runs").exists()  # node 1 wrote no run of its own
+
+
+def test_a_run_folder_with_logged_rows_holds_a_run_and_its_metrics_file_is_closed(tmp_path):
+    """Catches holds_run reading the whole metrics.csv through a file it never closed (a ResourceWarning each fit)."""
+    import gc
+    import warnings
+
+    from tinylm.cli.run_folder import holds_run
+
+    (tmp_path / "csv").mkdir()
+    metrics = tmp_path / "csv" / "metrics.csv"
+    held = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for text in ("", "epoch,step,train/loss\n", "epoch,step,train/loss\n0,1,4.0", "epoch,step\n0,1\n0,2\n"):
+            metrics.write_text(text)
+            held[text] = holds_run(tmp_path)
+        gc.collect()
+    assert list(held.values()) == [False, False, True, True]
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

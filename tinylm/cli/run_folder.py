@@ -136,7 +136,10 @@ def holds_run(run_dir: Path) -> bool:
     if ckpts.is_dir() and any(ckpts.glob("*.ckpt")):
         return True
     metrics = run_dir / "csv" / "metrics.csv"
-    return metrics.is_file() and metrics.stat().st_size > 0 and sum(1 for _ in open(metrics, "rb")) > 1
+    if not metrics.is_file():
+        return False
+    with open(metrics, "rb") as f:  # a row under the header: two lines read, not a long run's whole file
+        return bool(f.readline()) and bool(f.readline())
 
 
 def check_run_folder(run_dir: Path, ckpt_path: str | None, asked: str | None = None, *, continues: bool = False):
