@@ -96,6 +96,9 @@ def config(run_config):
         (["--trainer.barebones", "true"], ["trainer.barebones=true turns off logging, checkpoints and callbacks"]),
         (["--trainer.default_root_dir", "/proc/nope"], ["cannot make the run folder /proc/nope", "default_root_dir"]),
         (["--data.cache_dir", "/proc/nope"], ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
+        # a named corpus's download folder: FileNotFoundError's traceback
+        (["--data.corpus", "tinyshakespeare", "--data.cache_dir", "/proc/nope"],
+         ["cannot make the data cache folder /proc/nope", "--data.cache_dir"]),
         # found at the first sample step, these ended the run there, before that step's checkpoint
         (["--samples.every_n_steps", "2", "--samples.prompts", '["é"]'],
          ["samples.prompts: 'é' cannot be encoded", "change --samples.prompts"]),

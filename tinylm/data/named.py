@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tinylm.errors import UnavailableError
+from tinylm.errors import TinyLMError, UnavailableError
 
 try:
     import fcntl
@@ -35,17 +35,26 @@ def download_named(name: str, cache_dir: str | Path) -> Path:
     target = Path(cache_dir) / "corpora" / info["file"]
     if target.is_file() and sha256_of(target) == info["sha256"]:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_in_cache(target.parent)
     # one download at a time: every rank that torchrun or SLURM starts opens the corpus at once, and their downloads
     # into one temp file truncated each other's (the second to finish found none); the others find it downloaded
     locks = Path(cache_dir) / ".locks"
-    locks.mkdir(exist_ok=True)
+    make_in_cache(locks)
     with open(locks / f"corpora-{info['file']}.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file() and sha256_of(target) == info["sha256"]:
             return target
         return _download(name, info, target)
+
+
+def make_in_cache(folder: Path) -> None:
+    """Make `folder`, one of the data cache's (CACHE/corpora, CACHE/.locks), with the folders above it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as e:  # under /proc (a file on the way, a read-only disk: the CLI names those)
+        raise TinyLMError(f"cannot make the data cache folder {folder.parent} ({e.strerror or e}); pick a writable "
+                          "--data.cache_dir DIR (or $TINYLM_CACHE_DIR)") from None
 
 
 def _download(name: str, info: dict, target: Path) -> Path:

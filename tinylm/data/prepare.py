@@ -35,10 +35,10 @@ except ImportError:  # Windows: no lock; concurrent builds still end in one comp
 from tinylm.data.clean import CleanCorpus
 from tinylm.data.corpus import LONG_READ, Corpus, CorpusChanged
 from tinylm.data.mixture import Mixture
+from tinylm.data.named import make_in_cache
 from tinylm.data.pack import write_splits
 from tinylm.data.source import memoized, process_alive, stamp
 from tinylm.data.writer import PIECE_CHARS, Stopwatch, pieces, progress, rate, read_whole
-from tinylm.errors import TinyLMError
 from tinylm.progress import heartbeat
 from tinylm.tokenize import STATE_FILE, TRAINED_SPECS, Tokenizer, build_tokenizer
 
@@ -142,11 +142,7 @@ def _build_once(final: Path, write: Callable[[Path], None], complete: str, corpu
     if (final / complete).is_file():
         return
     locks = final.parent.parent / ".locks"  # CACHE/.locks: out of the folders that list what is cached
-    try:
-        locks.mkdir(parents=True, exist_ok=True)
-    except FileNotFoundError as e:  # under /proc (a file on the way, a read-only disk: the CLI names those)
-        raise TinyLMError(f"cannot make the data cache folder {locks.parent} ({e.strerror or e}); pick a writable "
-                          "--data.cache_dir DIR (or $TINYLM_CACHE_DIR)") from None
+    make_in_cache(locks)
     with open(locks / f"{final.parent.name}-{final.name}.lock", "w") as lock:
         if fcntl is not None:
             try:
