@@ -390,3 +390,15 @@ def test_one_prompt_as_a_str_and_an_empty_prompt_to_score():
     result = sample_report(model, Chars(), prompts="ROMEO:", num_samples=2, max_new_tokens=3, seed=0,
                            strategies=STRATEGIES[:1])
     assert result["prompts"] == ["ROMEO:"]
+
+
+def test_the_reports_prompts_are_shown_as_typed():
+    """Catches report.md's prompts written as bare Python reprs into a Markdown paragraph: `'*hi* <b>x</b>'` read as
+    emphasis and HTML (a viewer showed 'hi x', in italics and bold), a prompt's backticks as the start of code. Each is
+    a code span whose delimiter is longer than any backtick run inside."""
+    metrics = dict.fromkeys(("mean_tokens", "distinct_1", "distinct_2", "distinct_3", "repetition_rate_4", "entropy",
+                             "nll"), 1.0)
+    result = {"prompts": ["*hi* <b>x</b>", "a `q` b", ""], "num_samples": 1, "max_new_tokens": 1, "seed": 0,
+              "strategies": {"greedy": {"samples": 1, "deterministic": True, **metrics, "example": "x"}}}
+    line = next(ln for ln in report.format_markdown(result, plot_name=None).splitlines() if "Prompts:" in ln)
+    assert "Prompts: `'*hi* <b>x</b>'`, ``'a `q` b'``, (empty: starts from end-of-text)." in line, line

@@ -401,7 +401,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def format_markdown(report: dict[str, Any], *, plot_name: str | None) -> str:
     """The report.md text: settings, the metrics table, one example per strategy, how to read it."""
-    prompts = ", ".join(repr(p) if p else "(empty: starts from end-of-text)" for p in report["prompts"])
+    prompts = ", ".join(_code(repr(p)) if p else "(empty: starts from end-of-text)" for p in report["prompts"])
     cols = columns(report)
     lines = [
         "# Sample report",
@@ -429,6 +429,13 @@ def format_markdown(report: dict[str, Any], *, plot_name: str | None) -> str:
         fence = "`" * max(3, _longest_run(text, "`") + 1)  # a fence longer than any backtick run inside
         lines += [f"### {name}", "", fence + "text", text, fence, ""]
     return "\n".join(lines)
+
+
+def _code(text: str) -> str:
+    """``text`` as a Markdown code span, shown as it is: a prompt's ``*hi*``, ``<b>`` or backticks were read as
+    emphasis, HTML and code. (Its delimiter is longer than any backtick run inside; a repr starts with a quote.)"""
+    ticks = "`" * (_longest_run(text, "`") + 1)
+    return ticks + text + ticks
 
 
 def _longest_run(text: str, char: str) -> int:
