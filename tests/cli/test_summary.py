@@ -128,6 +128,19 @@ def test_the_next_generate_prompt_is_one_the_runs_tokenizer_encodes():
     assert next_commands(Path("best.ckpt"), Path("."), "\\t")[0].endswith("--prompt '\\t'")
 
 
+def test_the_next_generate_prompt_of_a_corpus_in_another_script_is_read_back_by_generate():
+    """Catches the prompt of a char-level run on a corpus of CJK text in one line (no 'ROMEO:', no newline) written
+    as Python's escape (--prompt '\\u3053'), which generate reads as six characters: the pasted command failed on
+    the backslash. Generate's reading of the prompt gives back the vocabulary's first character, a backslash too."""
+    from tinylm.cli.prompts import unescape
+    from tinylm.tokenize.tokenizer import build_tokenizer
+
+    for text in ("日本語のテキストです", "\\alpha\\beta"):
+        tokenizer = build_tokenizer("char", documents=lambda text=text: [text])
+        prompt = example_prompt(tokenizer)
+        assert unescape(prompt) == tokenizer.decode([0]) and tokenizer.encode(unescape(prompt)), prompt
+
+
 def test_a_resumed_run_counts_its_own_steps(run_config, capsys):
     """Catches the summary of a resume counting the steps (and tokens) of the run before it."""
     config = run_config(trainer={"max_steps": 2, "val_check_interval": 2})

@@ -42,7 +42,9 @@ def example_prompt(tokenizer) -> str:
             return prompt
         except ValueError:
             continue
-    return tokenizer.decode([0]).encode("unicode_escape").decode("ascii")  # (generate reads escapes: \t, \n)
+    # escaped as generate reads escapes (\t, \n, \r, \\): unicode_escape's \u3053 of a CJK corpus's character was
+    # read as its six characters, and the pasted command failed ("character '\\' is not in the vocabulary")
+    return "".join({"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, c) for c in tokenizer.decode([0]))
 
 
 def next_commands(ckpt: Path, run_dir: Path, prompt: str = "ROMEO:", exportable: bool = True) -> list[str]:
