@@ -351,3 +351,16 @@ def test_a_stop_and_continue_is_left_out_of_the_bars_rate_and_time_left(monkeypa
     assert bar.n == 300 and rate == pytest.approx(25, rel=0.05), (bar.n, rate)
     bar.close()
     assert out.getvalue().endswith("\n"), repr(out.getvalue()[-200:])  # the bar's line ended: the summary's is its own
+
+
+def test_a_log_gets_lines_of_a_run_that_max_time_ends(run_config, capsys, monkeypatch):
+    """Catches a run under --trainer.max_time with a max_steps it never reaches (train for so long) writing no
+    progress line into a log until its end: lines every 1% of max_steps, which it never got to. A line at the first
+    logged step after max_time / max_lines seconds without one (here 3 s / 3)."""
+    monkeypatch.setattr(ProgressBar, "max_lines", 3)
+    config = run_config(trainer={"max_steps": 100_000, "max_time": "00:00:00:03", "val_check_interval": 10_000,
+                                 "enable_progress_bar": True})
+    lightning_main(["fit", "--config", str(config)])
+    steps = [line for line in capsys.readouterr().out.splitlines() if line.startswith("steps:")]
+    assert 2 <= len(steps) <= 4, steps  # (and the last, at the stop)
+    assert all(re.match(r"steps:   0% \d+/100000 \[.*loss=", line) for line in steps), steps

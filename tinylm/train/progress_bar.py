@@ -8,7 +8,7 @@ import time
 from typing import ClassVar
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from tinylm import continued
@@ -34,9 +34,10 @@ class ProgressBar(TQDMProgressBar):
 
     Where stdout (Lightning's bars' stream) is no terminal (``tinylm fit ... > log``, SLURM, nohup, CI) the run's
     progress is plain lines instead (`tinylm.progress.Lines`): the bar's text, every `steps_between_lines` steps
-    (at most ``max_lines`` lines a run) and at the last, and a line with the val loss after each validation; the
-    validation and sanity-check bars write nothing. ``TQDM_DISABLE`` turns the bar off, as
-    ``--trainer.enable_progress_bar false`` does.
+    (at most ``max_lines`` lines a run) and at the last, and a line with the val loss after each validation; under
+    ``max_time``, also at the first logged step after ``max_time / max_lines`` seconds without a line (a run that
+    max_time ended long before max_steps wrote none until its end). The validation and sanity-check bars write
+    nothing. ``TQDM_DISABLE`` turns the bar off, as ``--trainer.enable_progress_bar false`` does.
     """
 
     _SHORT: ClassVar[dict[str, str]] = {"train/loss": "loss", "val/loss": "val", "train/lr": "lr",
@@ -48,6 +49,8 @@ class ProgressBar(TQDMProgressBar):
         self.min_interval = min_interval
         self._drawn = 0.0
         self._every = 1  # steps between two lines (where they are lines)
+        self._seconds: float | None = None  # under max_time: the most seconds without a line (where they are lines)
+        self._line_t = 0.0  # when the last line was written
         self._stops = continued.Stops()  # stopped and continued since the last drawing (made again at the start)
 
     @property
@@ -87,6 +90,9 @@ class ProgressBar(TQDMProgressBar):
             if isinstance(bar, Lines):  # lines at steps (on_train_batch_end), not every so many seconds
                 bar.interval = None
                 self._every = steps_between_lines(trainer.max_steps, trainer.log_every_n_steps, self.max_lines)
+                timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+                left = timer.time_remaining() if timer is not None else None  # (a resume's: what max_time leaves)
+                self._seconds, self._line_t = None if left is None else left / self.max_lines, time.monotonic()
             bar.reset(total=trainer.max_steps)
             bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
             bar.set_description("steps")
@@ -117,7 +123,9 @@ class ProgressBar(TQDMProgressBar):
             return
         bar, step = self.train_progress_bar, trainer.global_step
         if isinstance(bar, Lines):
-            due = step % self._every == 0 or step >= trainer.max_steps or trainer.should_stop
+            due = step % self._every == 0 or step >= trainer.max_steps or trainer.should_stop or (
+                self._seconds is not None and step % max(1, trainer.log_every_n_steps) == 0
+                and time.monotonic() - self._line_t >= self._seconds)
             if due and bar.n != step:
                 self._emit(trainer, pl_module)
             return
@@ -166,6 +174,7 @@ class ProgressBar(TQDMProgressBar):
         bar.n = trainer.global_step
         bar.set_postfix({k: v for k, v in self.get_metrics(trainer, pl_module).items() if not _is_val(k)})
         bar.emit()
+        self._line_t = time.monotonic()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
