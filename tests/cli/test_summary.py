@@ -5,7 +5,7 @@ import shlex
 from pathlib import Path
 
 from tinylm.cli import main
-from tinylm.cli.summary import example_prompt, fit_summary, next_commands
+from tinylm.cli.summary import example_prompt, fit_summary, next_commands, validate_next
 
 
 def _summary(out: str) -> tuple[str, list[str]]:
@@ -139,6 +139,13 @@ def test_the_next_generate_prompt_of_a_corpus_in_another_script_is_read_back_by_
         tokenizer = build_tokenizer("char", documents=lambda text=text: [text])
         prompt = example_prompt(tokenizer)
         assert unescape(prompt) == tokenizer.decode([0]) and tokenizer.encode(unescape(prompt)), prompt
+
+
+def test_validates_next_commands_are_kept_for_a_path_naming_validate():
+    """Catches `tinylm validate --ckpt_path 'runs/to validate later/checkpoints/best.ckpt'` ending on an empty
+    "next:": the validate command was left out by " validate " anywhere in a line, and the path has it in each."""
+    text = validate_next(Path("runs/to validate later/checkpoints/best.ckpt"))
+    assert [c.split()[1] for c in text.splitlines()[1:]] == ["generate", "export"], text
 
 
 def test_a_resumed_run_counts_its_own_steps(run_config, capsys):

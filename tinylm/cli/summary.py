@@ -136,7 +136,7 @@ def validate_next(ckpt: Path, prompt: str = "ROMEO:", exportable: bool = True) -
     """After `tinylm validate`: what else to do with that checkpoint."""
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     return "next:\n" + "\n".join(f"  {c}" for c in next_commands(ckpt, run_dir, prompt, exportable)
-                                  if " validate " not in c)
+                                  if not c.startswith("tinylm validate "))  # (a path may hold " validate ")
 
 
 def exportable(model) -> bool:
