@@ -402,3 +402,12 @@ def test_the_reports_prompts_are_shown_as_typed():
               "strategies": {"greedy": {"samples": 1, "deterministic": True, **metrics, "example": "x"}}}
     line = next(ln for ln in report.format_markdown(result, plot_name=None).splitlines() if "Prompts:" in ln)
     assert "Prompts: `'*hi* <b>x</b>'`, ``'a `q` b'``, (empty: starts from end-of-text)." in line, line
+
+
+def test_a_prompts_file_has_one_prompt_a_line(tmp_path):
+    """Catches a prompts file's line split at a form feed or U+2028 inside it (str.splitlines ends a line at
+    either): two lines were four prompts. Lines end at \\n, \\r\\n or \\r."""
+    from tinylm.cli.prompts import read_prompts_file
+
+    (tmp_path / "p.txt").write_bytes("first\u2028half\r\nsecond\fpage\rthird\n".encode())
+    assert read_prompts_file(str(tmp_path / "p.txt")) == ["first\u2028half", "second\fpage", "third"]

@@ -90,8 +90,9 @@ def read_prompts_file(path: str) -> list[str]:
     """The prompts in ``path`` (``-``: standard input), one a line, escapes such as ``\\n`` read (a prompt of
     several lines is one line of the file), blank lines skipped; one line for a file with none (`read_text_option`
     for the rest)."""
-    prompts = [unescape(line) for line in read_text_option(path, "--prompts_file", "the prompts", "sample-report")
-               .splitlines() if line.strip()]
+    # lines end at \n, \r\n or \r only: str.splitlines also ends one at a form feed, U+2028, \x1c... inside a prompt
+    text = read_text_option(path, "--prompts_file", "the prompts", "sample-report")
+    prompts = [unescape(line) for line in re.split(r"\r\n|\r|\n", text) if line.strip()]
     if not prompts:
         raise ValueError(f"--prompts_file {_file_name(path)} holds no prompt (every line is blank); give one prompt a "
                          "line, or leave it out to start every sample from a fresh document")
