@@ -111,6 +111,7 @@ class Lines:
         self.unit, self.unit_scale, self.unit_divisor = unit, unit_scale, unit_divisor
         self.file, self.interval = file, interval
         self.postfix = ""
+        self.left: float | None = None  # seconds left, where the owner knows them better than the rate (max_time)
         self.start_t = self._written_t = time.monotonic()
         self._written_n: float | None = None  # the count at the last line written
         self._closed = False
@@ -191,10 +192,11 @@ class Lines:
         elapsed = time.monotonic() - self.start_t
         counted = (elapsed - self._left_out[0], self.n - self.initial - self._left_out[1])  # (time, count) of rate
         rate = counted[1] / counted[0] if self._left_out[0] and min(counted) > 0 else None  # (None: tqdm's own)
+        left = {} if self.left is None else {"remaining": tqdm.format_interval(self.left)}  # (tqdm's: from the rate)
         return tqdm.format_meter(self.n, self.total, elapsed, rate=rate, prefix=self.desc,
                                  unit=self.unit, unit_scale=self.unit_scale, unit_divisor=self.unit_divisor,
                                  initial=self.initial, postfix=self.postfix or None, bar_format=form,
-                                 done=int(100 * self.n // self.total) if known else 0)
+                                 done=int(100 * self.n // self.total) if known else 0, **left)
 
     def _out(self, text: str, file: Any = None) -> None:
         stream = file or self.file or sys.stderr  # (what it is now, as tqdm: stderr may have been replaced)

@@ -356,11 +356,24 @@ def test_a_stop_and_continue_is_left_out_of_the_bars_rate_and_time_left(monkeypa
 def test_a_log_gets_lines_of_a_run_that_max_time_ends(run_config, capsys, monkeypatch):
     """Catches a run under --trainer.max_time with a max_steps it never reaches (train for so long) writing no
     progress line into a log until its end: lines every 1% of max_steps, which it never got to. A line at the first
-    logged step after max_time / max_lines seconds without one (here 3 s / 3)."""
+    logged step after max_time / max_lines seconds without one (here 3 s / 3); its time left is max_time's, not the
+    time to max_steps ("0% 64/100000 [00:03<1:32:19" as it stopped)."""
     monkeypatch.setattr(ProgressBar, "max_lines", 3)
     config = run_config(trainer={"max_steps": 100_000, "max_time": "00:00:00:03", "val_check_interval": 10_000,
                                  "enable_progress_bar": True})
     lightning_main(["fit", "--config", str(config)])
     steps = [line for line in capsys.readouterr().out.splitlines() if line.startswith("steps:")]
     assert 2 <= len(steps) <= 4, steps  # (and the last, at the stop)
-    assert all(re.match(r"steps:   0% \d+/100000 \[.*loss=", line) for line in steps), steps
+    assert all(re.match(r"steps:   0% \d+/100000 \[00:0\d<00:0[0-3], .*loss=", line) for line in steps), steps
+
+
+def test_the_bars_time_left_is_max_times_where_it_ends_the_run(run_config, terminal, monkeypatch):
+    """Catches the bar of a run that --trainer.max_time ends long before max_steps drawing tqdm's time to max_steps
+    ("0% 193/100000 [00:05<46:12]" as a run of 5 s stopped): the time max_time leaves, where it is the sooner end."""
+    config = run_config(trainer={"max_steps": 100_000, "max_time": "00:00:00:03", "val_check_interval": 10_000,
+                                 "enable_progress_bar": True})
+    monkeypatch.setattr(sys, "stdout", terminal.file)
+    lightning_main(["fit", "--config", str(config)])
+    drawn = re.findall(r"steps:   0%\|\s*\| \d+/100000 \[\d\d:\d\d<([^,]+),", terminal.shown())
+    left = [t for t in drawn if t != "?"]  # (the drawing at the start has no pace yet)
+    assert left and all(re.fullmatch(r"00:0[0-3]", t) for t in left), drawn

@@ -25,7 +25,8 @@ def steps_between_lines(max_steps: int, log_every_n_steps: int, max_lines: int) 
 
 class ProgressBar(TQDMProgressBar):
     """One bar for the whole run: optimizer steps of ``trainer.max_steps`` (a resumed run's bar starts at its step),
-    with loss, val loss, learning rate and tokens/sec, and tqdm's ETA to the run's end.
+    with loss, val loss, learning rate and tokens/sec, and tqdm's ETA to the run's end (``max_time``'s end where it
+    comes first at the pace so far: "0% 193/100000 [00:05<46:12]" was drawn as a run of 5 s stopped).
 
     Lightning's bar counts the batches of a notional epoch ("Epoch 0: 100% 1307/1307" at 65% of a 2,000-step run)
     and its ETA is the epoch's end. Redrawn at most every ``min_interval`` seconds during training: Lightning redraws
@@ -51,6 +52,7 @@ class ProgressBar(TQDMProgressBar):
         self._every = 1  # steps between two lines (where they are lines)
         self._seconds: float | None = None  # under max_time: the most seconds without a line (where they are lines)
         self._line_t = 0.0  # when the last line was written
+        self._timer: Timer | None = None  # Lightning's, under max_time
         self._stops = continued.Stops()  # stopped and continued since the last drawing (made again at the start)
 
     @property
@@ -87,11 +89,11 @@ class ProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
         if self._by_steps(trainer):
             bar = self.train_progress_bar
+            self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
             if isinstance(bar, Lines):  # lines at steps (on_train_batch_end), not every so many seconds
                 bar.interval = None
                 self._every = steps_between_lines(trainer.max_steps, trainer.log_every_n_steps, self.max_lines)
-                timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
-                left = timer.time_remaining() if timer is not None else None  # (a resume's: what max_time leaves)
+                left = self._timer.time_remaining() if self._timer else None  # (a resume's: what max_time leaves)
                 self._seconds, self._line_t = None if left is None else left / self.max_lines, time.monotonic()
             bar.reset(total=trainer.max_steps)
             bar.initial = bar.n = trainer.global_step  # a resume: the ETA counts the steps left, at this run's pace
@@ -142,6 +144,10 @@ class ProgressBar(TQDMProgressBar):
                 bar.start_t, bar.last_print_t = bar.start_t + now - self._drawn, bar.last_print_t + now - self._drawn
         self._drawn = now
         bar.n = step
+        if self._timer is not None:
+            left = self._time_left(bar)
+            bar.bar_format = self.BAR_FORMAT if left is None else \
+                self.BAR_FORMAT.replace("{remaining}", bar.format_interval(left))
         bar.set_postfix(self.get_metrics(trainer, pl_module))  # (redraws)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -172,9 +178,19 @@ class ProgressBar(TQDMProgressBar):
         says it when it is new)."""
         bar = self.train_progress_bar
         bar.n = trainer.global_step
+        bar.left = self._time_left(bar)
         bar.set_postfix({k: v for k, v in self.get_metrics(trainer, pl_module).items() if not _is_val(k)})
         bar.emit()
         self._line_t = time.monotonic()
+
+    def _time_left(self, bar) -> float | None:
+        """Seconds max_time leaves the run where they are fewer than tqdm's time left (to max_steps, at the pace so
+        far); None without max_time, or where max_steps comes first."""
+        left = self._timer.time_remaining() if self._timer is not None else None
+        done, elapsed = bar.n - bar.initial, time.monotonic() - bar.start_t  # (both bars on the monotonic clock)
+        if left is None or done <= 0 or left >= (bar.total - bar.n) * elapsed / done:
+            return None
+        return max(0.0, left)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
