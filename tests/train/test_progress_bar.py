@@ -335,7 +335,7 @@ def test_a_stop_and_continue_is_left_out_of_the_bars_rate_and_time_left(monkeypa
     bar._time = lambda: clock[0]
     progress._train_progress_bar = bar
     monkeypatch.setattr(progress, "get_metrics", lambda trainer, pl_module: {})
-    trainer = types.SimpleNamespace(global_step=0, max_steps=400, should_stop=False)
+    trainer = types.SimpleNamespace(global_step=0, max_steps=400, should_stop=False, callbacks=[])
     try:
         progress.on_train_start(trainer, None)
         for step in range(1, 301):
