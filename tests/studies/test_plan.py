@@ -752,3 +752,11 @@ def test_studies_doc_quotes_plans_strategies_row_for_the_1_5b_recipe(monkeypatch
     doc = " ".join((repo / "docs" / "studies.md").read_text().split())
     quoted = re.search(r'--trainer\.devices 2` → `\.\.\. (DDP [^`]*)`', doc).group(1)
     assert quoted in printed
+
+
+def test_plans_durations_read_as_numbers_at_the_unit_boundaries():
+    """Catches 0.9996 s said as "1e+03 ms" (milliseconds to 3 digits round up to 1000)."""
+    from tinylm.cli.plan import _duration
+
+    said = [_duration(s) for s in (0.0123, 0.9994, 0.9996, 9.96, 119.6, 7199, 172799)]
+    assert said == ["12.3 ms", "999 ms", "1 s", "10 s", "120 s", "120 min", "48.0 h"]

@@ -151,7 +151,8 @@ def _size(x: int) -> str:
 
 def _duration(s: float) -> str:
     if s < 120:
-        return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
+        # (under 0.9995 s: 0.9996 s in milliseconds to 3 digits read "1e+03 ms")
+        return f"{s * 1e3:.3g} ms" if s < 0.9995 else f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} days" if s < 63072000 else \
