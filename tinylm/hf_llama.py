@@ -35,7 +35,7 @@ _VOCAB_ROWS = ("transformer.wte.weight", "lm_head.weight")  # padded up to pad_v
 def llama_config(config: GPTConfig, *, eos_id: int | None) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    hc = LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=swiglu_hidden(config.n_embd),
         num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_head,
         hidden_act="silu", max_position_embeddings=config.block_size, rms_norm_eps=RMS_NORM_EPS,
@@ -43,6 +43,8 @@ def llama_config(config: GPTConfig, *, eos_id: int | None) -> Any:
         attention_dropout=config.dropout, tie_word_embeddings=config.tie_embeddings, bos_token_id=eos_id,
         eos_token_id=eos_id, tinylm={k: getattr(config, k) for k in EXTRA_FIELDS},
     )
+    hc.rope_theta = config.rope_theta  # 5 keeps it in rope_parameters alone; 4.x reads it here (else 10,000)
+    return hc
 
 
 def llama_state_dict(model: GPT) -> dict[str, torch.Tensor]:

@@ -156,6 +156,19 @@ def test_exported_tokenizer_adds_no_post_processor_tokens(tmp_path, small_data):
     assert exported(text)["input_ids"] == mine.encode(text) and mine.encode(text)[0] != bos
 
 
+def test_exported_tokenizer_gives_the_model_no_token_type_ids(tmp_path, small_data):
+    """Catches an exported tokenizer that hands the model token_type_ids: transformers 4.x (which tinylm supports)
+    reads tokenizer_config.json's class, PreTrainedTokenizerFast, whose default inputs include them, and GPT-2 adds
+    the embedding of id 0 at every position for them: `model(**tokenizer(text))` and `model.generate(**...)` of an
+    export predicted other tokens than tinylm (logits 2.1 apart), and Llama's generate raised on the unused input.
+    The config names the inputs, which every version reads."""
+    save_hf_tokenizer(_tokenizers(small_data)["bpe"](), tmp_path, model_max_length=64)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    assert set(transformers.AutoTokenizer.from_pretrained(tmp_path)("First Citizen")) == {"input_ids",
+                                                                                         "attention_mask"}
+
+
 def test_tiktoken_gpt2_export_is_gpt2s_tokenizer(tmp_path, shared_data, small_data):
     """Catches a tokenizer.json that encodes differently from tiktoken's GPT-2, or vocab.json / merges.txt that differ
     from OpenAI's GPT-2 files (byte-to-unicode spelling, merge order, ids), which GPT2Tokenizer reads."""
@@ -503,6 +516,9 @@ def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie, c
         ours, theirs = model(idx), hf(idx).logits
     assert ours.std() > 0.1 and theirs.shape == ours.shape == (1, 32, tokenizer.vocab_size)
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+    # transformers 4.x (supported) reads RoPE's base at the top level, 5 from rope_parameters: a 5.x export without
+    # the first ran in 4.x with the default 10,000 (logits 0.94 apart)
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 500.0
     back = import_hf(out)
     assert (back.config.positions, back.config.mlp, back.config.rope_theta, back.config.tie_embeddings) == \
         ("rope", "swiglu", 500.0, tie)

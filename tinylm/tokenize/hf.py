@@ -100,6 +100,9 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path, *, model_max_le
     config_path = out / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text(encoding="utf-8"))
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # 4.x's PreTrainedTokenizerFast also returns token_type_ids, which GPT-2 embeds (wte[0] added at every position)
+    # and Llama's generate refuses: the model's inputs named, for every version
+    tok_config["model_input_names"] = ["input_ids", "attention_mask"]
     config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     gpt2_like = isinstance(tok.model, models.BPE) and type(tok.pre_tokenizer) is pre_tokenizers.ByteLevel
     if gpt2_like:  # what GPT2Tokenizer (and tools that predate tokenizer.json) read
