@@ -10,7 +10,8 @@ tinylm's GPT is GPT-2's architecture, so a checkpoint maps onto `GPT2LMHeadModel
   (the padded rows are never inputs nor targets).
 - `bias=False` models get zero biases (GPT-2 always has them), which computes the same function.
 - tinylm's `gelu` MLP is exact GELU, so the config says `activation_function="gelu"`; OpenAI's GPT-2 uses "gelu_new",
-  the tanh approximation, which is tinylm's `mlp: gelu_tanh` (how `--model.init_from gpt2` imports it).
+  the tanh approximation, which is tinylm's `mlp: gelu_tanh` (how `--model.init_from gpt2` imports it); `relu2` is
+  transformers' "relu2", relu(x)².
 The tokenizer is written as a Hugging Face fast tokenizer (tinylm.tokenize.hf), plus tinylm's own copy in
 `tinylm_tokenizer/`.
 """
@@ -53,8 +54,8 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 _EXTRA_FIELDS = ("bias", "pad_vocab_multiple", "attn_mask", "eos_id")
 # model.mlp -> GPT-2's activation_function: tinylm's "gelu" is exact erf GELU (transformers' "gelu"); OpenAI's GPT-2
 # uses the tanh approximation ("gelu_new"; "gelu_pytorch_tanh" is the same function, torch's kernel), tinylm's gelu_tanh
-ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
-_MLP_OF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu2": "relu2"}  # (relu2: relu(x)², 4·C wide in both)
+_MLP_OF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu2": "relu2"}
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which tinylm uses
 
 
@@ -106,7 +107,7 @@ def hf_family(config: GPTConfig) -> str:
                for name, values in wanted.items() if getattr(config, name) not in values]
     if blocks:
         raise ValueError(f"this model cannot be exported: {'; '.join(blocks)}. GPT-2: learned + layernorm + gelu "
-                         "(or gelu_tanh); Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
+                         "(or gelu_tanh, relu2); Llama: rope + rmsnorm + swiglu, no qk_norm, no logit_softcap")
     return family
 
 
@@ -359,7 +360,7 @@ def published_spec(spec: str) -> str:
 # reorder_and_upcast_attn only reorders the same fp32 arithmetic (and sdpa attention ignores it), so it imports.
 _IMPORTABLE = (
     ("activation_function", lambda v, hc: v in _MLP_OF,
-     f"{', '.join(map(repr, _MLP_OF))}: exact erf GELU, and the tanh approximation of OpenAI's GPT-2"),
+     f"{', '.join(map(repr, _MLP_OF))}: exact erf GELU, the tanh approximation of OpenAI's GPT-2, relu(x)²"),
     ("layer_norm_epsilon", lambda v, hc: v == LAYER_NORM_EPS, f"{LAYER_NORM_EPS}, nn.LayerNorm's default"),
     ("n_inner", lambda v, hc: v in (None, 4 * hc.n_embd), "null or 4 * n_embd"),
     ("scale_attn_weights", lambda v, hc: v is True, "true: attention scores divided by sqrt(head size)"),

@@ -62,13 +62,14 @@ def char_tokenizer() -> Tokenizer:
 
 @pytest.mark.parametrize("bias, pad, tie, mlp", [(True, 64, True, "gelu"), (False, 64, True, "gelu"),
                                                 (True, 1, True, "gelu"), (False, 64, False, "gelu"),
-                                                (True, 64, True, "gelu_tanh")],
-                         ids=["bias-padded", "nobias-padded", "bias-unpadded", "untied", "gelu_tanh"])
+                                                (True, 64, True, "gelu_tanh"), (True, 64, True, "relu2")],
+                         ids=["bias-padded", "nobias-padded", "bias-unpadded", "untied", "gelu_tanh", "relu2"])
 def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, tie, mlp):
     """Catches untransposed Conv1D weights, dropped biases, padded vocab rows leaking into the export, tanh GELU
     (gelu_new) instead of tinylm's exact GELU, or a wrong eps/position table: logits must agree to 1e-5. An untied
     LM head (refused: "transformers' GPT-2 needs tie_embeddings=True", which it does not) is its lm_head.weight;
-    mlp gelu_tanh (OpenAI's GPT-2's) is transformers' gelu_new, and imports back as itself."""
+    mlp gelu_tanh (OpenAI's GPT-2's) is transformers' gelu_new, and imports back as itself; relu2 is its "relu2" (it was
+    refused, "transformers' GPT-2 needs mlp='gelu' or 'gelu_tanh'")."""
     ckpt = _write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, bias=bias, pad_vocab_multiple=pad,
                              tie_embeddings=tie, mlp=mlp)
     model, tokenizer, _hparams = load_model(ckpt)
@@ -78,7 +79,7 @@ def test_transformers_logits_match_tinylm(tmp_path, char_tokenizer, bias, pad, t
     hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     config = json.loads((out / "config.json").read_text())
     assert (config["vocab_size"], config["n_positions"], config["activation_function"]) == \
-        (V, 32, {"gelu": "gelu", "gelu_tanh": "gelu_new"}[mlp])
+        (V, 32, {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu2": "relu2"}[mlp])
     assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eos_id
 
     idx = torch.tensor([tokenizer.encode("First Citizen:\nBefore we proceed, hear me."[:32]),
@@ -518,7 +519,7 @@ def test_llama_export_logits_match_tinylm(tmp_path, char_tokenizer, bias, tie, c
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
     # transformers 4.x (supported) reads RoPE's base at the top level, 5 from rope_parameters: a 5.x export without
     # the first ran in 4.x with the default 10,000 (logits 0.94 apart)
-    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 500.0
+    assert config["rope_theta"] == config.get("rope_parameters", config)["rope_theta"] == 500.0
     back = import_hf(out)
     assert (back.config.positions, back.config.mlp, back.config.rope_theta, back.config.tie_embeddings) == \
         ("rope", "swiglu", 500.0, tie)
