@@ -413,9 +413,15 @@ def hf_weights(model_class: Any, path: Path) -> dict[str, torch.Tensor]:
     with quiet_transformers(), _weights_readable(path):  # its load report: the error below says what matters
         try:
             model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True)
-        except pickle.UnpicklingError as e:  # a pytorch_model.bin pickling code: transformers' weights-only load
-            # refused it, in a traceback that advised weights_only=False
-            raise code_refused(path, e, "its weights file", ": pass a directory with model.safetensors (e.g. "
+        except (pickle.UnpicklingError, OSError) as e:  # a pytorch_model.bin pickling code: transformers'
+            # weights-only load refused it, in a traceback that advised weights_only=False (4.x: an OSError raised
+            # over it, "Unable to load weights ... set from_tf=True")
+            refused = e
+            while refused is not None and not isinstance(refused, pickle.UnpicklingError):
+                refused = refused.__cause__ or refused.__context__
+            if refused is None:
+                raise
+            raise code_refused(path, refused, "its weights file", ": pass a directory with model.safetensors (e.g. "
                                "written by `tinylm export`)") from None
     wrong = [f"{name} is {tuple(theirs)} in the weights but {tuple(ours)} by config.json"
              for name, theirs, ours in sorted(info.get("mismatched_keys") or [])]
