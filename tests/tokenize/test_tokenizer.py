@@ -396,6 +396,23 @@ def test_byte_lengths_of_byte_fallback_tokens(tmp_path):
     assert sum(tok.token_byte_lengths()[i] for i in ids) == len("aé".encode())
 
 
+def test_byte_lengths_of_added_tokens_kept_as_written(bpe, tmp_path):
+    """Catches a byte-level tokenizer.json with added (non-special) tokens kept as written, as code models' runs of
+    spaces (CodeGen's, phi-2's "        "), failing fit's bits-per-byte setup: their " " is no letter of GPT-2's byte
+    alphabet (ValueError). The decoder gives such a token's own UTF-8; the lengths must add up to the text's bytes."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HF
+
+    hf = HF.from_str(bpe._b.tok.to_str())
+    hf.add_tokens([AddedToken(" " * 8, normalized=False), AddedToken("→€", normalized=False)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path / "tokenizer.json")
+    text = "def f():\n        return 1 →€"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and {hf.token_to_id(" " * 8), hf.token_to_id("→€")} <= set(ids)
+    assert sum(tok.token_byte_lengths()[i] for i in ids) == len(text.encode())
+
+
 @pytest.mark.parametrize("spec", ["bpe", "scratch-bpe"])
 def test_a_corpus_too_small_for_the_vocabulary_is_named(spec):
     """Catches the Hugging Face trainer returning fewer ids than --data.vocab_size in silence (scratch-bpe said so):

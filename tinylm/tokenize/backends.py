@@ -84,7 +84,10 @@ class HFBackend:
         if self._byte_level:  # GPT-2's byte-to-unicode spelling
             from tinylm.tokenize.bpe import _from_unicode
 
-            return _from_unicode(token)
+            try:
+                return _from_unicode(token)
+            except ValueError:  # an added token kept as written (code models' runs of spaces): its decoder gives
+                return token.encode("utf-8")  # its own UTF-8, as here
         if "ByteFallback" in repr(self.tok.decoder) and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
             return bytes([int(token[3:5], 16)])  # Llama's byte fallback: one byte of a character not in the vocab
         # Other decoders spell a token by its place: SentencePiece's "▁the" is " the" after a word but "the" at the
