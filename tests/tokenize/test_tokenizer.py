@@ -87,6 +87,17 @@ def test_a_lone_surrogate_reads_as_u_fffd_in_every_byte_level_backend(bpe, small
         assert tok.encode_batch(["x", "a\udc80b"]) == [tok.encode("x"), tok.encode("a\ufffdb")]
 
 
+@pytest.mark.parametrize("spec", ["bpe", "scratch-bpe"])
+def test_a_lone_surrogate_in_training_text_reads_as_u_fffd(spec):
+    """Catches bpe training (Hugging Face's trainer) failing with UnicodeEncodeError on a document with a lone
+    surrogate (a JSON "\\ud83d" read by json.loads, Python's surrogateescape), which its own encode and scratch-bpe's
+    training read as U+FFFD: it learns what it would learn from U+FFFD."""
+    def train(text):
+        return build_tokenizer(spec, vocab_size=270, documents=lambda: [text * 20, "a few more words"])
+
+    assert train("an \ud83d emoji cut in two ").fingerprint == train("an \ufffd emoji cut in two ").fingerprint
+
+
 def test_bpe_trained_shape(bpe):
     """Prevents a trained BPE without the 256-byte alphabet, without EOS, or over the requested size."""
     assert 257 <= bpe.vocab_size <= 400

@@ -415,7 +415,10 @@ def _train_bpe(docs: Iterable[str], vocab_size: int, max_piece_chars: int | None
     shown = is_terminal(sys.stdout) and not disabled_by_env()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=shown,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes
-    _while_signals_work(tok.train_from_iterator, docs, trainer=trainer)
+    from tinylm.tokenize.bpe import _valid_utf8
+
+    # a lone surrogate as U+FFFD, as encode reads it (the library's trainer raised UnicodeEncodeError on one)
+    _while_signals_work(tok.train_from_iterator, map(_valid_utf8, docs), trainer=trainer)
     if tok.get_vocab_size() < vocab_size:  # as scratch-bpe says it
         warnings.warn(f"training text ran out of pairs to merge after {tok.get_vocab_size() - 257} merges; vocab_size "
                       f"is {tok.get_vocab_size()} instead of {vocab_size} (give more text for a larger one)")
