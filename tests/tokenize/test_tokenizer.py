@@ -497,6 +497,17 @@ def test_a_truncated_or_edited_tiktoken_file_is_named(small_bpe, tmp_path):
         build_tokenizer(f"tiktoken:{tmp_path / 'negative.tiktoken'}")
 
 
+def test_a_tiktoken_file_without_every_single_byte_is_named(small_bpe, tmp_path):
+    """Catches a .tiktoken file of 256 or more ranks that lacks a single byte (here the NUL's line, of 512) loading
+    without a word: then text holding that byte failed mid-encode with tiktoken's Rust panic ("no entry found for
+    key", a PanicException no `except Exception` catches) instead of one line naming the file at load."""
+    lines = small_bpe.tiktoken.read_text(encoding="ascii").splitlines()
+    (tmp_path / "no-nul.tiktoken").write_text("\n".join(line for line in lines if line.split()[0] != "AA==") + "\n")
+    with pytest.raises(ValueError, match=r"no-nul\.tiktoken is not a \.tiktoken rank file .*lacks 1 of the 256 single "
+                                         r"bytes \(b'\\x00'\)"):
+        build_tokenizer(f"tiktoken:{tmp_path / 'no-nul.tiktoken'}")
+
+
 def test_bpe_training_writes_nothing_to_standard_output_but_a_terminal(capfd):
     """Catches the tokenizers library's progress bars writing blank lines into `tinylm prepare > out.txt` (its bars
     write to standard output, and only redraw on a terminal)."""

@@ -517,10 +517,13 @@ def _load_tiktoken(spec: str) -> Tokenizer:
             raise FileNotFoundError(f"tiktoken rank file {target!r} {what}; pass tiktoken:PATH to an existing "
                                     "`.tiktoken` file")
         with _naming(path, "a .tiktoken rank file (lines of 'base64token rank')"):
-            ranks_text = ranks_to_text(parse_ranks(path.read_text(encoding="utf-8")))
-            ranks = [int(line.rsplit(" ", 1)[1]) for line in ranks_text.splitlines()]
+            parsed = parse_ranks(path.read_text(encoding="utf-8"))
+            ranks_text, ranks = ranks_to_text(parsed), list(parsed.values())
             if len(ranks) < 256:
                 raise FormatError(f"it has {len(ranks)} ranks; a byte-level BPE has at least the 256 single bytes")
+            if lacking := bytes(b for b in range(256) if bytes([b]) not in parsed):  # (text holding one: a Rust panic)
+                raise FormatError(f"it lacks {len(lacking)} of the 256 single bytes ({lacking[:8]!r}) that a "
+                                  "byte-level BPE has, so text holding them could not be encoded")
             # after the highest rank: a file whose ranks have gaps would otherwise give EOS the id of a real token
             return Tokenizer(TiktokenBackend(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
     if target not in tiktoken.list_encoding_names():
