@@ -551,6 +551,27 @@ def test_a_tokenizer_file_that_does_not_give_back_its_text_is_warned_of(shakespe
         assert "use --data.tokenizer bpe, or a tokenizer.json that decodes its own ids to the text" in lines[0]
 
 
+def test_a_byte_level_tokenizer_file_without_every_byte_is_warned_of(shakespeare_100k, tmp_path):
+    """Catches a byte-level tokenizer.json trained without the 256-byte alphabet (on English text: no byte above
+    0x7F) accepted without a word, its round-trip probe being English too: the library drops every byte it has no
+    token for, so "café" was packed as "caf" and a German corpus lost its umlauts, silently."""
+    import warnings
+
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HF(models.BPE())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    hf.train_from_iterator([shakespeare_100k[:30_000]], trainers.BpeTrainer(vocab_size=400))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tok = build_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert tok.decode(tok.encode("café")) == "caf"
+    lines = [str(w.message) for w in said if "of the 256 byte tokens" in str(w.message)]
+    assert len(lines) == 1 and re.search(r"lacks 1\d\d of the 256 byte tokens \(e\.g\. b'\\x00", lines[0]), lines
+
+
 def test_an_empty_tokenizer_spec_is_refused(tmp_path, monkeypatch):
     """Catches `--data.tokenizer ""` (an unset shell variable) read as the working folder: its tokenizer.json, if it
     held one, was taken without a word."""

@@ -381,6 +381,15 @@ def _warn_lossy(tok: Tokenizer) -> None:
         back = tok.decode(tok.encode(_ROUND_TRIP))
     except ValueError:  # characters it has no id for and no unknown token: its own error says so when it encodes
         return
+    if tok._b._byte_level and back == _ROUND_TRIP:  # (English reads back through a vocabulary of English bytes)
+        from tinylm.tokenize.bpe import bytes_to_unicode
+
+        vocab, spelled = tok._b.tok.get_vocab(), bytes_to_unicode()
+        if lacking := bytes(b for b in range(256) if spelled[b] not in vocab):
+            warnings.warn(f"tokenizer {tok.spec} is byte-level but lacks {len(lacking)} of the 256 byte tokens (e.g. "
+                          f"{lacking[:4]!r}): text holding those bytes loses them, silently (the library drops what "
+                          "it has no token for); use --data.tokenizer bpe, or a tokenizer.json trained with "
+                          "initial_alphabet=pre_tokenizers.ByteLevel.alphabet()")
     if back != _ROUND_TRIP:
         i = next((i for i, (a, b) in enumerate(zip(_ROUND_TRIP, back)) if a != b), min(len(back), len(_ROUND_TRIP)))
         start = max(0, i - 10)
