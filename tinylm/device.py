@@ -72,15 +72,17 @@ def precision_dtypes(precision: str | int) -> tuple[torch.dtype, torch.dtype]:
 CPU_BF16_MIN_WIDTH = 256
 
 
-def resolve_precision(requested: str | None, n_embd: int) -> str:
+def resolve_precision(requested: str | None, n_embd: int, accelerator: object = None) -> str:
     """The Trainer precision to use when a config leaves it unset.
 
     bf16-mixed on GPUs that support it (16-mixed on older ones). On CPUs: bf16-mixed only for models at least
-    CPU_BF16_MIN_WIDTH wide on CPUs with native bf16 instructions (AVX512-BF16 or AMX), else 32-true.
+    CPU_BF16_MIN_WIDTH wide on CPUs with native bf16 instructions (AVX512-BF16 or AMX), else 32-true. A run that
+    trains on the CPU of a machine with a GPU (``accelerator`` "cpu", --trainer.accelerator's) takes the CPU's: the
+    GPU's 16-mixed there was Lightning's warning that fp16 AMP does not run on a CPU, and bf16-mixed in its place.
     """
     if requested is not None:
         return str(requested)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not (isinstance(accelerator, str) and accelerator.strip().lower() == "cpu"):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "bf16-mixed" if n_embd >= CPU_BF16_MIN_WIDTH and _cpu_has_native_bf16() else "32-true"
 

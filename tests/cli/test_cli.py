@@ -140,6 +140,22 @@ def test_resume_from_last_continues_from_saved_step(config, tmp_path, monkeypatc
         assert yaml.safe_load(record)["ckpt_path"] is None and "max_steps: 6" in record
 
 
+def test_a_cpu_run_on_a_gpu_machine_takes_the_cpus_precision(run_config, monkeypatch, recwarn):
+    """Catches `--trainer.accelerator cpu` on a machine with a GPU taking the GPU's default precision: 16-mixed (a
+    T4's, a V100's: no bf16), which Lightning said the user had passed and ran as bf16-mixed; bf16-mixed (newer
+    GPUs) on a 32-wide model, where the CPU's rule is 32-true (1.35x faster at 128 wide)."""
+    from tinylm.device import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # this machine with a GPU: a T4, no bf16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert resolve_precision(None, 32) == "16-mixed"  # (not vacuous: the GPU's, where the run trains on it)
+    main(["fit", "--config", str(run_config(trainer={"precision": None})), "--trainer.accelerator", "cpu"])
+    assert not [w for w in recwarn if "AMP with fp16 is not supported on CPU" in str(w.message)]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # an A100
+    assert resolve_precision(None, 32, "cpu") == resolve_precision(None, 32, "CPU") == "32-true"
+    assert resolve_precision(None, 32, "auto") == "bf16-mixed"
+
+
 def test_validate_reproduces_the_runs_last_val_loss(config, tmp_path):
     """Catches validate evaluating different data or different weights than training did."""
     main(["fit", "--config", str(config)])

@@ -616,6 +616,26 @@ def test_a_long_wait_for_the_other_ranks_is_said_once(monkeypatch, capsys):
     assert said.count("tinylm: still connecting to the other ranks at 10.0.0.1:29500 (") == 1, said
 
 
+def test_a_long_wait_is_said_by_one_task_of_a_node_under_srun(monkeypatch, capsys):
+    """Catches every task of an srun step saying the long wait (and a signal's line) into the job's one output:
+    srun sets no LOCAL_RANK, only SLURM_LOCALID, and each task took itself for its node's first. Task 1 is quiet."""
+    from tinylm.cli import ranks, rendezvous
+
+    monkeypatch.setattr(rendezvous, "NOTE_S", 0.2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv(ranks.RANK0_PID, raising=False)
+    for key, value in {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+                       "SLURM_NODEID": "0", "SLURM_JOB_NAME": "train"}.items():
+        monkeypatch.setenv(key, value)
+    with rendezvous.waiting("connecting to the other ranks at 10.0.0.1:29500"):
+        time.sleep(1.5)
+    assert "tinylm: still connecting" not in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_LOCALID", "0")  # (not vacuous: the node's first task says it)
+    with rendezvous.waiting("connecting to the other ranks at 10.0.0.1:29500"):
+        time.sleep(1.5)
+    assert "tinylm: still connecting" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_rank_killed_by_sigkill_is_named_in_one_line(ddp_config, tmp_path):
     """Catches `kill -9` of one rank of a ddp run ending in the other's gloo traceback ("Connection reset by peer")

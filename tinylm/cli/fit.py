@@ -365,7 +365,8 @@ class TinyLMCLI(LightningCLI):
         trainer_cfg["plugins"] = with_atomic_checkpoints(trainer_cfg.get("plugins"))
         trainer_cfg["strategy"] = resolve_strategy(trainer_cfg.get("strategy", "auto"))  # `fsdp`: FSDP2
         if not precision_plugin(trainer_cfg["plugins"]) or "trainer.precision" in self._flags:
-            trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd)
+            trainer_cfg["precision"] = resolve_precision(trainer_cfg.get("precision"), self.model.hparams.n_embd,
+                                                         trainer_cfg.get("accelerator"))
         else:  # a Precision plugin on the command line is the precision (Lightning refused both: "Received both ...")
             trainer_cfg.pop("precision", None)
         if sub == "fit":

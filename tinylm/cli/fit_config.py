@@ -223,7 +223,7 @@ def trainer_options(cli: _ConfigOnlyCLI, *, gpu: str | None = None) -> dict[str,
     opts = dict(cli.config["fit"]["trainer"])
     if opts.get("precision") is None:
         if gpu is None:
-            opts["precision"] = resolve_precision(None, cli.model.hparams.n_embd)
+            opts["precision"] = resolve_precision(None, cli.model.hparams.n_embd, opts.get("accelerator"))
         else:
             no_bf16 = peak_flops_by_name(gpu, "bf16-mixed") is None and peak_flops_by_name(gpu, "16-mixed")
             opts["precision"] = "16-mixed" if no_bf16 else "bf16-mixed"

@@ -90,8 +90,9 @@ def waiting(what: str) -> Iterator[None]:
 
 def _speaks() -> bool:
     """Whether this process says the line: each machine's first rank (a node started by hand, torchrun's local rank
-    0; the ranks that rank 0 started are quiet: it says it)."""
-    return os.environ.get("LOCAL_RANK", "0") == "0" and ranks.rank0_pid() is None
+    0, srun's task 0 of a node: it sets SLURM_LOCALID, no LOCAL_RANK; the ranks that rank 0 started are quiet: it
+    says it)."""
+    return os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0" and ranks.rank0_pid() is None
 
 
 def _watch(read: int, over: threading.Event, what: str) -> None:
