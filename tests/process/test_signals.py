@@ -721,6 +721,27 @@ def test_a_lost_rank_on_another_machine_is_named_by_its_global_rank(monkeypatch)
     assert str(ranks.lost_rank()).startswith("rank 3 (pid 4242) was killed by SIGKILL")
 
 
+@pytest.mark.parametrize("how", ["its handler", "no handler yet"])
+def test_a_rank_ended_by_sighup_before_training_is_said(how):
+    """Catches a rank that a SIGHUP ended before training (its terminal closed, or `kill -HUP`, as the ranks start or
+    connect) ending the run without a word: the rank stops on it quietly, exit 129 (rank 0 says what every rank stops
+    on), and rank 0 took that for an error the rank had said itself, where SIGTERM's 143 and Ctrl+C's 130 were said;
+    killed before its handler, it was "killed by SIGHUP ... the other ranks cannot go on", exit 1."""
+    from tinylm.cli import ranks
+
+    code = "import sys; sys.exit(129)" if how == "its handler" else "import os, signal; os.kill(os.getpid(), 1)"
+    rank = subprocess.Popen([sys.executable, "-c", code])
+    rank.wait(timeout=60)
+    held = ranks.RANKS[:]
+    ranks.RANKS[:] = [rank]
+    try:
+        lost = ranks.lost_rank(wait=0)
+    finally:
+        ranks.RANKS[:] = held
+    assert str(lost) == "terminated by SIGHUP before it finished; run the same `tinylm fit` again"
+    assert (lost.exit_code, lost.said) == (129, False)
+
+
 def test_a_rank_that_the_ending_command_kills_is_not_reported_lost(tmp_path):
     """Catches a second line under a loaded machine's SIGTERM while the ranks connected ("terminated by SIGTERM ..."
     then "rank 1 (pid N) was killed by SIGKILL ...", exit 1 for 143): the command, ending on its error, SIGKILLs a

@@ -164,9 +164,9 @@ def lost_rank(wait: float = 2.0, raised: BaseException | None = None) -> TinyLME
     first = int(os.environ.get("NODE_RANK", "0")) * (len(RANKS) + 1)  # this machine's rank 0 (num_nodes > 1)
     for rank, proc in enumerate(RANKS, start=first + 1):
         code = proc.poll()
-        by = -code if code is not None and code < 0 else code - 128 if code in (130, 143) else None
-        if by in (signal.SIGTERM, signal.SIGINT):  # a stop asked of the run that the rank could not agree on with
-            # this one (it was starting; or this one was): what one process says
+        by = -code if code is not None and code < 0 else code - 128 if code in (129, 130, 143) else None
+        if by in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop asked of the run that the rank could not
+            # agree on with this one (it was starting; or this one was): what one process says
             error = TinyLMError(f"terminated by {signal.Signals(by).name} before it finished; run the same `tinylm "
                                 f"{COMMAND[0]}` again")
             error.exit_code, error.said = 128 + by, False
