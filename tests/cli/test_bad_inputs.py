@@ -850,6 +850,10 @@ def test_use_distributed_sampler_true_is_refused_in_one_line():
      {"num_nodes": 2, "devices": 4}, "SLURM runs this job with --ntasks-per-node 2, but trainer.devices 4; pass "
      "--trainer.devices 2"),
     ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, {"num_nodes": 2, "devices": 1}, None),
+    # the same number of processes, two on one node (torchrun --nnodes 1 --nproc_per_node 2): rank 1's IndexError
+    ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, {"num_nodes": 2, "devices": 1},
+     "torchrun started 2 processes (1 node(s) x --nproc_per_node 2), but trainer.devices 1 asks for 1 a node; pass "
+     "--trainer.num_nodes 1 --trainer.devices 2"),
     ({"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "bash", "SLURM_NTASKS_PER_NODE": "2"}, {"devices": 4}, None),
 ])
 # devices 4 on a machine of fewer cores: tinylm's warning that they take turns, beside this test's point

@@ -53,10 +53,12 @@ def check_launched_processes(nodes: Any, devices: int | None) -> None:
         return
     if "TORCHELASTIC_RUN_ID" in env and env.get("WORLD_SIZE", "").isdigit():  # torchrun (Lightning's detection)
         world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"])
-        if world != devices * nodes:
+        if world != devices * nodes or per_node != devices:  # (the same product, split otherwise: Lightning's
+            # IndexError on the second process of a node, whose local rank it has no device for)
+            asks = f"trainer.num_nodes {nodes} x trainer.devices {devices} is {devices * nodes}" if \
+                world != devices * nodes else f"trainer.devices {devices} asks for {devices} a node"
             raise ValueError(f"torchrun started {world} processes ({world // per_node} node(s) x --nproc_per_node "
-                             f"{per_node}), but trainer.num_nodes {nodes} x trainer.devices {devices} is "
-                             f"{devices * nodes}; pass --trainer.num_nodes {world // per_node} --trainer.devices "
+                             f"{per_node}), but {asks}; pass --trainer.num_nodes {world // per_node} --trainer.devices "
                              f"{per_node} (torchrun's --nnodes and --nproc_per_node)")
     elif "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # srun, as Lightning
         ntasks = env["SLURM_NTASKS"].strip()
