@@ -53,8 +53,10 @@ def check_launched_processes(nodes: Any, devices: int | None) -> None:
         return
     if "TORCHELASTIC_RUN_ID" in env and env.get("WORLD_SIZE", "").isdigit():  # torchrun (Lightning's detection)
         world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE") or env["WORLD_SIZE"])
-        if world != devices * nodes or per_node != devices:  # (the same product, split otherwise: Lightning's
-            # IndexError on the second process of a node, whose local rank it has no device for)
+        # the same product, more a node (--nnodes 1 --nproc_per_node 2 for 2 nodes x 1 device): Lightning's
+        # IndexError on the node's second process, whose local rank has no device
+        split = bool(env.get("LOCAL_WORLD_SIZE")) and per_node > devices
+        if world != devices * nodes or split:
             asks = f"trainer.num_nodes {nodes} x trainer.devices {devices} is {devices * nodes}" if \
                 world != devices * nodes else f"trainer.devices {devices} asks for {devices} a node"
             raise ValueError(f"torchrun started {world} processes ({world // per_node} node(s) x --nproc_per_node "
