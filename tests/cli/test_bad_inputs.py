@@ -138,6 +138,10 @@ def config(run_config):
          ["--trainer.callbacks.monitor val_loss: tinylm logs no such metric; did you mean val/loss?"]),
         (["--trainer.limit_train_batches", "3"], ["trainer.limit_train_batches=3 changes nothing a tinylm run trains",
                                                   "--trainer.max_steps N"]),
+        # 1 == 1.0 let it through: epochs of one batch, and Lightning steps at each epoch's end, so under accumulation
+        # every micro-batch stepped alone (the losses of accumulation 1, the gradient halved)
+        (["--trainer.limit_train_batches", "1", "--trainer.accumulate_grad_batches", "2"],
+         ["trainer.limit_train_batches=1 (a whole number) is one batch an epoch", "--trainer.max_steps"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):

@@ -158,6 +158,11 @@ def _check_fit_limits(trainer_cfg: dict[str, Any]) -> None:
     if limit in (0, 0.0):  # Lightning then ends the run at step 0 without a word
         raise ValueError("trainer.limit_train_batches=0 trains nothing (the run would end at step 0); "
                          "leave it out: tinylm runs are driven by --trainer.max_steps")
+    if limit == 1 and isinstance(limit, int):  # (== 1.0, let through below) an epoch of one batch: Lightning steps
+        # the optimizer at each epoch's end, so under accumulate_grad_batches 2 every micro-batch stepped alone
+        raise ValueError("trainer.limit_train_batches=1 (a whole number) is one batch an epoch, not the whole epoch "
+                         "(1.0), and Lightning steps the optimizer at every epoch's end, whatever "
+                         "accumulate_grad_batches says; leave it out: tinylm runs are driven by --trainer.max_steps")
     if limit not in (None, 1.0):  # it cut the notional epochs shorter and the run trained the same steps
         raise ValueError(f"trainer.limit_train_batches={limit} changes nothing a tinylm run trains (its "
                          "batches are drawn by step, an epoch is a notional pass): the run would take the same "
