@@ -142,6 +142,9 @@ def config(run_config):
         # every micro-batch stepped alone (the losses of accumulation 1, the gradient halved)
         (["--trainer.limit_train_batches", "1", "--trainer.accumulate_grad_batches", "2"],
          ["trainer.limit_train_batches=1 (a whole number) is one batch an epoch", "--trainer.max_steps"]),
+        # DD:HH:MM:SS without the leading zero is YAML's base-60 number: a validation every 216,000 batches, silently
+        (["--trainer.val_check_interval", "1:00:00:00"],
+         ["--trainer.val_check_interval 1:00:00:00: YAML reads this as a base-60 number (216000", "e.g. 01:00:00:00"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
@@ -1540,6 +1543,21 @@ def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path)
                                      "        train_time_interval: 00:00:30:00\n")
     with pytest.raises(TinyLMError, match=r"interval 00:00:30:00: this option is a timedelta.*write 00:30:00"):
         check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])
+
+
+def test_a_base_60_val_check_interval_in_a_config_file_is_refused(tmp_path):
+    """Catches `val_check_interval: 2:00:00` in a --config file (meant as two hours) read by YAML as the number 7200:
+    a validation every 7,200 batches without a word. The same time with its leading zeros is a time, and passes."""
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer:\n  val_check_interval: 00:02:00:00\n")
+    check_time_intervals(["fit", "--config", str(config)])  # (a time: the check is not refusing every time)
+    config.write_text("trainer:\n  val_check_interval: 2:00:00\n")
+    with pytest.raises(TinyLMError, match=r"val_check_interval 2:00:00: YAML reads this as a base-60 number \(7200.*"
+                                          r"e\.g\. 00:02:00:00"):
+        check_time_intervals(["fit", "--config", str(config)])
 
 
 def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):

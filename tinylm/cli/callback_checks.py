@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -121,7 +122,9 @@ def _load_keeping_patience(cb, load, state: dict) -> None:
 def check_time_intervals(argv: list) -> None:
     """A callback's timedelta option (ModelCheckpoint's train_time_interval) written as --trainer.max_time's
     DD:HH:MM:SS: jsonargparse reads a timedelta as H:MM:SS and dropped the last field without a word
-    (`00:00:30:00`, 30 minutes, saved a checkpoint every 30 s; `00:00:00:01` after every step)."""
+    (`00:00:30:00`, 30 minutes, saved a checkpoint every 30 s; `00:00:00:01` after every step). And a
+    --trainer.val_check_interval time whose first field has no leading zero: YAML reads `1:00:00:00` (a day) or
+    `2:00:00` as a base-60 number, 216000 or 7200, which the option takes as batches without a word."""
     argv = [arg for arg in argv if isinstance(arg, str)]
     for key, value in [*options(argv), *_file_options(argv)]:
         if key.endswith("train_time_interval") and isinstance(value, str) and value.count(":") == 3:
@@ -129,6 +132,17 @@ def check_time_intervals(argv: list) -> None:
             raise TinyLMError(f"--{key} {value}: this option is a timedelta, read as H:MM:SS (not --trainer.max_time's "
                               f"DD:HH:MM:SS: it would be read as {d}:{h}:{m}); write " +
                               (f"'{int(d)} days, {h}:{m}:{s}'" if d.isdigit() and int(d) else f"{h}:{m}:{s}"))
+        if key.endswith("val_check_interval") and isinstance(value, str) and _BASE_60.fullmatch(value.strip()):
+            parts = value.strip().replace("_", "").split(":")
+            batches = functools.reduce(lambda n, part: n * 60 + int(part), parts, 0)
+            padded = ":".join(part.zfill(2) for part in ["0"] * (4 - len(parts)) + parts)
+            padded = padded if padded.startswith("0") else f"0{padded}"  # (10:00:00:00 is base 60 too; 010:... not)
+            raise TinyLMError(f"--{key} {value}: YAML reads this as a base-60 number ({batches}: 1:30 is 90), so a "
+                              f"validation every {batches:,} batches; write a time as DD:HH:MM:SS with its leading "
+                              f"zero, e.g. {padded} (or batches as one number)")
+
+
+_BASE_60 = re.compile(r"[1-9][0-9_]*(:[0-5]?[0-9])+")  # YAML 1.1's base-60 int (PyYAML's and jsonargparse's loaders)
 
 
 def check_train_monitors(callbacks: list, log_every_n_steps: Any) -> None:
@@ -171,8 +185,8 @@ def _file_options(argv: list) -> list:
     found: list = []
     for path in config_files(argv):
         try:
-            with open(path, encoding="utf-8") as f:
-                found += _leaves(yaml.safe_load(f))
+            with open(path, encoding="utf-8") as f:  # (every value as the text it is: 1:00:00 is no number here)
+                found += _leaves(yaml.load(f, Loader=yaml.BaseLoader))  # noqa: S506 (a loader of strings only)
         except (OSError, ValueError, yaml.YAMLError):  # (check_config_files names an unreadable file)
             continue
     return found
