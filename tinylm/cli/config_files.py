@@ -113,7 +113,9 @@ def check_config_files(args: list[str]) -> None:
             raise ValueError(f"config file {p!r} must hold a mapping of KEY: VALUE lines (fit's sections trainer:, "
                              f"model:, data:, ...; a command's own options), got a {type(data).__name__}")
         for key, value in data.items():  # `trainer:` with every option commented out is null: a TypeError followed
-            if key in FIT_GROUPS and not isinstance(value, dict):
+            # (a section's own file, `model: model.yaml`, is jsonargparse's too: read from this file's folder)
+            if key in FIT_GROUPS and not isinstance(value, dict) and \
+                    not (isinstance(value, str) and (path.parent / value).is_file()):
                 raise ValueError(f"config file {p!r}: section {key}: must hold {key} options indented below it "
-                                 f"(e.g. `{key}:` then `  OPTION: VALUE`), got {json.dumps(value, default=str)}; "
-                                 "delete the line for no options")
+                                 f"(e.g. `{key}:` then `  OPTION: VALUE`) or name a YAML file of them beside it, got "
+                                 f"{json.dumps(value, default=str)}; delete the line for no options")
