@@ -225,6 +225,23 @@ def test_a_section_from_a_file_is_read(config, tmp_path):
     assert (tmp_path / "runs" / "from-file" / "checkpoints" / "step-3.ckpt").is_file()
 
 
+def test_a_section_from_a_file_named_in_a_config_is_read(config, tmp_path):
+    """Catches `run: run.yaml` in a --config file (a section's options from a file beside it, which jsonargparse reads
+    as it reads `--run run.yaml`) refused as a section that "must hold run options indented below it"."""
+    (tmp_path / "run.yaml").write_text("name: from-file\ncheckpoint_every: 3\nwandb_project: null\n")
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "run": "run.yaml"}))
+    main(["fit", "--config", str(config), "--trainer.max_steps", "3"])
+    assert (tmp_path / "runs" / "from-file" / "checkpoints" / "step-3.ckpt").is_file()
+
+
+def test_prepare_reads_a_data_section_from_a_file(config, tmp_path, capsys):
+    """Catches `tinylm prepare --data data.yaml` (and `data: data.yaml` in a --config file), a section's options from
+    a file as fit takes them, ending in "PreparedData.__init__() got an unexpected keyword argument '__path__'"."""
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump(yaml.safe_load(config.read_text())["data"]))
+    main(["prepare", "--config", str(config), "--data", str(tmp_path / "data.yaml")])
+    assert "vocab" in capsys.readouterr().out
+
+
 def test_prepares_printed_config_reads_back(config, tmp_path, capsys):
     """Catches `tinylm prepare --print_config` writing the fit sections it ignores as `trainer: null`, which neither
     prepare nor fit reads back ("section trainer: must hold trainer options ..."); a recipe's sections stay whole."""

@@ -227,7 +227,8 @@ def prepare(args: list[str]) -> dict[str, Any]:
     # the data options of one table with fit's (`--data.vocab_size 100` with the char tokenizer was silently ignored)
     typed = {key for key, _ in options(args)}
     # (built first: an option out of its range is refused alone, not after a warning that it does nothing)
-    dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()})
+    dm = PreparedData(**{key: home_expanded(key, value) for key, value in cfg.data.as_dict().items()
+                         if not key.startswith("__")})  # (the __path__ of `--data data.yaml`, a section's own file)
     warn_unused_options({"data": cfg.data}, {"data": parser.get_defaults().data}, typed)
     warn_loader_flags(typed)
     dm.prepare_data()
