@@ -145,6 +145,10 @@ def config(run_config):
         # DD:HH:MM:SS without the leading zero is YAML's base-60 number: a validation every 216,000 batches, silently
         (["--trainer.val_check_interval", "1:00:00:00"],
          ["--trainer.val_check_interval 1:00:00:00: YAML reads this as a base-60 number (216000", "e.g. 01:00:00:00"]),
+        # a time that is none: a validation after every batch (as 0 batches is refused)
+        (["--trainer.val_check_interval", "00:00:00:00"], ["trainer.val_check_interval 00:00:00:00 is no time",
+                                                           "validate after every batch", "e.g. 00:00:30:00"]),
+        (["--trainer.val_check_interval", "{minutes: -5}"], ["trainer.val_check_interval {'minutes': -5} is no time"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):
@@ -1543,6 +1547,17 @@ def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path)
                                      "        train_time_interval: 00:00:30:00\n")
     with pytest.raises(TinyLMError, match=r"interval 00:00:30:00: this option is a timedelta.*write 00:30:00"):
         check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])
+
+
+def test_a_positive_validation_time_is_taken():
+    """The other side of the refusal of a val_check_interval time that is none (00:00:00:00, {minutes: -5}): a
+    time above zero, in each of Lightning's forms, passes."""
+    from datetime import timedelta
+
+    from tinylm.cli.trainer_checks import check_validation_interval
+
+    for every in ("00:00:30:00", {"minutes": 5}, timedelta(seconds=1), 0.5, 500):
+        check_validation_interval({"val_check_interval": every, "check_val_every_n_epoch": 1})
 
 
 def test_a_base_60_val_check_interval_in_a_config_file_is_refused(tmp_path):

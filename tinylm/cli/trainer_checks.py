@@ -288,6 +288,9 @@ def _check_processes(trainer_cfg: dict[str, Any], subcommand: str) -> None:
 def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
     """A validation interval that a run of these options can keep: whole batches, at optimizer-step boundaries."""
     every, accumulate = trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches")
+    if (seconds := _seconds(every)) is not None and seconds <= 0:  # (0 batches is refused as not > 0 already)
+        raise ValueError(f"trainer.val_check_interval {every} is no time: Lightning would validate after every "
+                         "batch; pass a positive time (DD:HH:MM:SS, e.g. 00:00:30:00) or a number of batches")
     if isinstance(every, float) and every > 1 and every.is_integer():  # 1e3: read as a float, a share to Lightning
         raise ValueError(f"trainer.val_check_interval={every} is a float (1e3 or 500.0 is read as one), which "
                          f"Lightning takes as a fraction of an epoch; write it as {int(every)} (batches): "
@@ -312,6 +315,21 @@ def check_validation_interval(trainer_cfg: dict[str, Any]) -> None:
                          f"trainer.accumulate_grad_batches={accumulate}: validation would run inside an "
                          f"optimizer step, and a best.ckpt saved there could not be resumed exactly (its "
                          f"accumulated gradients are not saved); use --trainer.val_check_interval {nearest}")
+
+
+def _seconds(value: Any) -> float | None:
+    """The seconds of a time as Lightning reads val_check_interval's (DD:HH:MM:SS, timedelta's keywords, a
+    timedelta), or None for another value."""
+    if isinstance(value, dict):
+        try:
+            value = timedelta(**value)
+        except TypeError:
+            return None
+    parts = value.split(":") if isinstance(value, str) else []
+    if len(parts) == 4 and all(re.fullmatch(r"\s*-?\d+\s*", part) for part in parts):
+        days, hours, minutes, seconds = (int(part) for part in parts)
+        value = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    return value.total_seconds() if isinstance(value, timedelta) else None
 
 
 def _devices_per_node(trainer_cfg: dict[str, Any]) -> int | None:
