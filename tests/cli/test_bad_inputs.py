@@ -149,6 +149,9 @@ def config(run_config):
         (["--trainer.val_check_interval", "00:00:00:00"], ["trainer.val_check_interval 00:00:00:00 is no time",
                                                            "validate after every batch", "e.g. 00:00:30:00"]),
         (["--trainer.val_check_interval", "{minutes: -5}"], ["trainer.val_check_interval {'minutes': -5} is no time"]),
+        # Lightning's -1 is every validation batch, and it took -2 as no sanity check without a word
+        (["--trainer.num_sanity_val_steps", "-2"], ["trainer.num_sanity_val_steps must be a whole number in [-1, inf), "
+                                                    "got -2"]),
     ],
 )
 def test_bad_fit_inputs_are_one_line(config, capsys, override, needles):

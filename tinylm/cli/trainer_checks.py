@@ -14,6 +14,7 @@ from typing import Any
 from tinylm.cli.launch_checks import check_launched_processes, check_nodes
 from tinylm.errors import TinyLMError
 from tinylm.machine import usable_cpus
+from tinylm.ranges import check_ranges
 from tinylm.train.parallel import check_strategy, check_strategy_name
 
 log = logging.getLogger("tinylm")
@@ -97,6 +98,8 @@ def check_trainer_options(trainer_cfg: dict[str, Any], subcommand: str, *, runs:
         value = trainer_cfg.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"trainer.{key} must be >= 0, got {value}")
+    # -1 is every validation batch; Lightning took -2 as 0 without a word
+    check_ranges("trainer", trainer_cfg, {"num_sanity_val_steps": "[-1, inf)"}, whole=("num_sanity_val_steps",))
     check_devices(trainer_cfg, on_cpu=runs and _on_cpu(trainer_cfg))
     check_strategy_name(trainer_cfg.get("strategy"))  # a name Lightning does not know, wherever the config is read
     clip = trainer_cfg.get("gradient_clip_algorithm")  # (TinyLM checks it again for library users, at step 1)
