@@ -149,6 +149,15 @@ def config(run_config):
         (["--trainer.val_check_interval", "00:00:00:00"], ["trainer.val_check_interval 00:00:00:00 is no time",
                                                            "validate after every batch", "e.g. 00:00:30:00"]),
         (["--trainer.val_check_interval", "{minutes: -5}"], ["trainer.val_check_interval {'minutes': -5} is no time"]),
+        # checked at each validation (step 2), and train/loss logged at step 4 first: EarlyStopping's RuntimeError,
+        # ModelCheckpoint's MisconfigurationException, mid-run, before any checkpoint
+        (["--trainer.max_steps", "6", "--trainer.log_every_n_steps", "4", "--trainer.callbacks+=EarlyStopping",
+          "--trainer.callbacks.monitor", "train/loss"],
+         ["EarlyStopping(monitor='train/loss') checks at each validation, every 2 steps",
+          "--trainer.log_every_n_steps 1 (or a divisor of 2)"]),
+        (["--trainer.max_steps", "6", "--trainer.log_every_n_steps", "4", "--trainer.callbacks+=ModelCheckpoint",
+          "--trainer.callbacks.monitor", "train/loss", "--trainer.callbacks.dirpath", "mine"],
+         ["ModelCheckpoint(monitor='train/loss') checks at each validation, every 2 steps"]),
         # Lightning's -1 is every validation batch, and it took -2 as no sanity check without a word
         (["--trainer.num_sanity_val_steps", "-2"], ["trainer.num_sanity_val_steps must be a whole number in [-1, inf), "
                                                     "got -2"]),
@@ -1550,6 +1559,19 @@ def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path)
                                      "        train_time_interval: 00:00:30:00\n")
     with pytest.raises(TinyLMError, match=r"interval 00:00:30:00: this option is a timedelta.*write 00:30:00"):
         check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])
+
+
+def test_a_train_monitor_checked_on_logging_steps_is_taken():
+    """The other side of the refusal of a train/ metric monitored at validations between logging steps: validations
+    on logging steps (4 micro-batches of 2 a step: every 2 steps, logging every 2), logging at every step, and a
+    user's own train/ metric (which their callback may log at every step) pass."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from tinylm.cli.callback_checks import check_train_monitors
+
+    check_train_monitors([EarlyStopping("train/loss"), ModelCheckpoint(monitor="train/grad_norm")], 2, 4, 2)
+    check_train_monitors([EarlyStopping("train/loss")], 1, "00:00:30:00")
+    check_train_monitors([EarlyStopping("train/loss_ema")], 50, 2)
 
 
 def test_a_positive_validation_time_is_taken():

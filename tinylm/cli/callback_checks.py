@@ -145,22 +145,44 @@ def check_time_intervals(argv: list) -> None:
 _BASE_60 = re.compile(r"[1-9][0-9_]*(:[0-5]?[0-9])+")  # YAML 1.1's base-60 int (PyYAML's and jsonargparse's loaders)
 
 
-def check_train_monitors(callbacks: list, log_every_n_steps: Any) -> None:
+def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_interval: Any = None,
+                         accumulate: Any = 1) -> None:
     """A ModelCheckpoint that monitors a train/ metric every N steps, where tinylm logs train/ metrics on logging
     steps only (every --trainer.log_every_n_steps: tinylm.train.module.logging_step), unlike Lightning's every step:
     a check between two logging steps read a value up to that many steps old, and one before the first logging step
-    found none (Lightning's MisconfigurationException mid-run, no checkpoint saved)."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    found none (Lightning's MisconfigurationException mid-run, no checkpoint saved). So with an EarlyStopping, or a
+    ModelCheckpoint without every_n_train_steps, checking at each validation (`val_check_interval` batches of
+    `accumulate` micro-batches a step; a time or a share of an epoch: at any step): EarlyStopping's RuntimeError."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from tinylm.cli.trainer_checks import _METRICS  # (a user's own train/ metric may be logged every step)
 
     every = log_every_n_steps if isinstance(log_every_n_steps, int) and log_every_n_steps > 0 else 50  # (Lightning's)
     for cb in callbacks:
+        monitor = getattr(cb, "monitor", None)
+        if every == 1 or not isinstance(cb, (ModelCheckpoint, EarlyStopping)) or \
+                not str(monitor or "").startswith("train/"):
+            continue
         n = getattr(cb, "_every_n_train_steps", 0)
-        if isinstance(cb, ModelCheckpoint) and str(cb.monitor or "").startswith("train/") and n and n % every:
+        if n and n % every:
             raise TinyLMError(f"ModelCheckpoint(monitor={cb.monitor!r}, every_n_train_steps={n}) checks every {n} "
                               f"steps, and tinylm logs {cb.monitor} every {every} (--trainer.log_every_n_steps: "
                               "train metrics are logged on logging steps only), so it would read a value up to "
                               f"{every - 1} steps old, and none before step {every}; set --trainer.log_every_n_steps "
                               f"to a divisor of {n} (e.g. 1), or every_n_train_steps to a multiple of {every}")
+        whole = isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool)
+        steps = val_check_interval // max(int(accumulate or 1), 1) if whole else None
+        timed = getattr(cb, "_train_time_interval", None) is not None  # (its own time: at any step)
+        if not n and monitor in _METRICS and (timed or not steps or steps % every):
+            when = "after each train_time_interval, at any step" if timed else \
+                f"at each validation, every {steps} steps (--trainer.val_check_interval {val_check_interval})" \
+                if steps else "at each validation, at steps not set in advance (a time, or a share of an epoch)"
+            divisor = f" (or a divisor of {steps})" if steps and not timed else ""
+            raise TinyLMError(f"{type(cb).__name__}(monitor={monitor!r}) checks {when}, and tinylm logs {monitor} "
+                              f"every {every} steps (--trainer.log_every_n_steps: train metrics are logged on logging "
+                              f"steps only), so it would read a value up to {every - 1} steps old, and none before "
+                              f"step {every} (the run failed at its first check); set --trainer.log_every_n_steps "
+                              f"1{divisor}, or monitor a val/ metric")
 
 
 def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:

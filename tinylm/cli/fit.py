@@ -358,7 +358,8 @@ class TinyLMCLI(LightningCLI):
             trainer_cfg["min_epochs"] = 0  # Lightning's default with min_steps is 1: a whole notional epoch more
         check_callback_states(user_callbacks)
         without_epoch_total(user_callbacks)  # a RichProgressBar's "Epoch 0/-2"
-        check_train_monitors(user_callbacks, trainer_cfg.get("log_every_n_steps"))
+        check_train_monitors(user_callbacks, trainer_cfg.get("log_every_n_steps"),
+                             trainer_cfg.get("val_check_interval"), trainer_cfg.get("accumulate_grad_batches"))
         trainer_cfg["callbacks"] = user_callbacks + callbacks
         trainer_cfg["default_root_dir"] = str(self.run_dir)
         trainer_cfg["logger"] = self._loggers(trainer_cfg.get("logger"), run)
