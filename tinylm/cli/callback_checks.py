@@ -181,7 +181,7 @@ def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_inte
             raise TinyLMError(f"{type(cb).__name__}(monitor={monitor!r}) checks {when}, and tinylm logs {monitor} "
                               f"every {every} steps (--trainer.log_every_n_steps: train metrics are logged on logging "
                               f"steps only), so it would read a value up to {every - 1} steps old, and none before "
-                              f"step {every} (the run failed at its first check); set --trainer.log_every_n_steps "
+                              f"step {every}; set --trainer.log_every_n_steps "
                               f"1{divisor}, or monitor a val/ metric")
 
 
