@@ -254,3 +254,17 @@ def test_eval_tasks_with_validation_off_is_named(run_config, caplog):
                      "time); drop it, or turn that on"]
     caplog.clear()
     assert _warnings(run_config, caplog, "--eval.tasks", "piqa", "--trainer.limit_val_batches", "0.5") == []
+
+
+def test_a_sampling_option_out_of_its_range_is_refused_alone(tmp_path, capsys, recwarn):
+    """Catches `tinylm generate --length_penalty 400` (errors.md's row, the default strategy sample) and `--strategy
+    greedy --top_p 1.5` printing "does nothing with --strategy ..." and then the refusal of the same value: the range
+    is checked first (before the checkpoint is read), and its one line is all the user reads, as for fit's options."""
+    from tinylm.cli import main
+
+    for args, said in ((["--length_penalty", "400"], "--length_penalty must be in [-10, 10], got 400.0"),
+                       (["--strategy", "greedy", "--top_p", "1.5"], "--top_p must be in (0, 1], got 1.5")):
+        with pytest.raises(SystemExit):
+            main(["generate", "--ckpt_path", str(tmp_path / "none.ckpt"), *args])
+        assert said in capsys.readouterr().err
+        assert not [w for w in recwarn if "does nothing" in str(w.message)], args

@@ -345,8 +345,7 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
     if num_samples > 1 and strategy != "sample":
         raise ValueError(f"--num_samples {num_samples} with --strategy {strategy} would print {num_samples} identical "
                          f"texts ({strategy} is deterministic); use --strategy sample, or --num_samples 1")
-    if unused := unused_options(strategy, options, surface.defaults, surface.spell):
-        warnings.warn(unused)
+    unused = unused_options(strategy, options, surface.defaults, surface.spell)  # said once the ranges pass
     if strategy != "beam":
         options["num_beams"] = 1  # the beam width of a strategy that has no beams
     if stop is not None:
@@ -357,6 +356,8 @@ def _generate_config(options: dict[str, Any], num_samples: int, stop: str | list
 
         grammar_text(config.regex, config.json_schema, config.grammar)  # a bad one now, not after the prompt
     check_speculative(vars(config), surface.spell, draft_ckpt_path)
+    if unused:
+        warnings.warn(unused)
     if idle := idle_draft_tokens(vars(config), surface.spell, draft_ckpt_path):
         warnings.warn(idle)
     return config
