@@ -760,3 +760,27 @@ def test_plans_durations_read_as_numbers_at_the_unit_boundaries():
 
     said = [_duration(s) for s in (0.0123, 0.9994, 0.9996, 9.96, 119.6, 7199, 172799)]
     assert said == ["12.3 ms", "999 ms", "1 s", "10 s", "120 s", "120 min", "48.0 h"]
+
+
+def test_distributed_doc_quotes_plans_peaks_for_the_1_5b_recipe(monkeypatch, capsys):
+    """docs/distributed.md quotes plan's peak per GPU of `tinylm plan --config configs/gpt2-1.5b.yaml --gpu "H100
+    80GB" --trainer.strategy fsdp --trainer.devices N`; each figure must be what plan prints, to its 0.1 GiB (its
+    30.2 GiB went stale when plan stopped counting every checkpointed block's 16-bit weights: plan says 29.9)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    _offline(monkeypatch)
+    doc = " ".join((repo / "docs" / "distributed.md").read_text().split())
+    quoted = re.search(r"plan's peak per GPU is ([\d.]+) GiB under DDP \(more than a 24 GB card; ([\d.]+) with FSDP2 "
+                       r"on one GPU\), ([\d.]+) GiB with FSDP2 on 2 GPUs, ([\d.]+) on 4, ([\d.]+) on 8 \(([\d.]+) GiB "
+                       r"per GPU under DDP without activation checkpointing\)", doc).groups()
+    printed = {}
+    for n in (1, 2, 4, 8):
+        main(["plan", "--config", str(repo / "configs" / "gpt2-1.5b.yaml"), "--gpu", "H100 80GB",
+              "--trainer.strategy", "fsdp", "--trainer.devices", str(n)])
+        out = capsys.readouterr().out
+        printed[n] = float(re.search(r"^with activation ckpt +([\d.]+) GiB", out, re.M).group(1))
+        ddp, ddp_ckpt = re.search(r"DDP ([\d.]+) GiB, DDP \+ activation ckpt ([\d.]+) GiB", out).groups()
+    figures = [float(ddp_ckpt), printed[1], printed[2], printed[4], printed[8], float(ddp)]
+    assert [float(q) for q in quoted] == [round(f, 1) for f in figures], (quoted, figures)
