@@ -268,3 +268,12 @@ def test_a_sampling_option_out_of_its_range_is_refused_alone(tmp_path, capsys, r
             main(["generate", "--ckpt_path", str(tmp_path / "none.ckpt"), *args])
         assert said in capsys.readouterr().err
         assert not [w for w in recwarn if "does nothing" in str(w.message)], args
+
+
+def test_a_count_out_of_its_range_is_named_as_the_model_names_it(run_config, caplog):
+    """Catches fit's early check (before the data is built) saying `model.prefix_len must be in [0, block_size=16)`
+    where TinyLM's own check, and docs/errors.md, say `must be a whole number in`: the same value, one message."""
+    with pytest.raises(ValueError, match=r"^model\.prefix_len must be a whole number in \[0, block_size=16\), got 16$"):
+        _warnings(run_config, caplog, "--model.attn_mask", "prefix", "--model.prefix_len", "16")
+    with pytest.raises(ValueError, match=r"^model\.warmup_steps must be a whole number in \[0, inf\), got -1$"):
+        _warnings(run_config, caplog, "--model.warmup_steps", "-1")

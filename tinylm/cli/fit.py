@@ -306,12 +306,12 @@ class TinyLMCLI(LightningCLI):
             # it when it was accepted and ignored: it resumes and validates as before
             log.warning("weights_only: false in the config does nothing: tinylm always loads checkpoints with "
                         "weights_only=True (tensors and plain values, never code)")
-        from tinylm.train.options import RANGES
+        from tinylm.train.options import RANGES, WHOLE
 
         # the model's numbers before the data is built (a tokenizer trained, a corpus tokenized: minutes, for a
         # typo) and before the warnings: a value out of its range is refused alone, not after "does nothing"
         model = dict(self._section().get("model") or {})
-        check_ranges("model", model, RANGES)
+        check_ranges("model", model, RANGES, whole=WHOLE)
         _check_shape(model)
         if sub == "fit":  # (after the checkpoint's model options: what the run trains with)
             from tinylm.cli.unused import warn_unused_options
