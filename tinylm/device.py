@@ -320,18 +320,37 @@ def address_space_free() -> int | None:
     return max(0, limit - mapped)
 
 
-def _cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) lets it allocate still, or None
-    without a limit: the machine's MemAvailable counts memory the kernel would kill the container for using. The
-    cgroup's use less its inactive file cache (the working set, as `docker stats` and the kubelet count it): a
-    container that had read its corpus was charged the pages the kernel gives back, and had 0 bytes free."""
+def _cgroup_free(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> int | None:
+    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) and those above it let it allocate
+    still, the least any of them leaves, or None without a limit: the machine's MemAvailable counts memory the kernel
+    would kill the process for using. `own` is the process's cgroup below `root` (/proc/self/cgroup's): a SLURM job's
+    limit sits on the job's cgroup, above the step's that the process runs in (only the root's was read, where a
+    container's cgroup namespace puts it), and a limit's level can be any of them."""
+    folder = root / (_own_cgroup() if own is None else own).strip("/")
+    frees = [_cgroup_level_free(f) for f in (folder, *folder.parents) if f == root or root in f.parents]
+    return min((f for f in frees if f is not None), default=None)
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup v2 path (the "0::/PATH" line of /proc/self/cgroup), "" where none is read."""
     try:
-        limit = (root / "memory.max").read_text().strip()
-        used = int((root / "memory.current").read_text())
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            return next((line[3:].strip() for line in f if line.startswith("0::")), "")
+    except OSError:
+        return ""
+
+
+def _cgroup_level_free(folder: Path) -> int | None:
+    """What one cgroup v2 folder's memory.max leaves free: its use less its inactive file cache (the working set, as
+    `docker stats` and the kubelet count it): a container that had read its corpus was charged the pages the kernel
+    gives back, and had 0 bytes free."""
+    try:
+        limit = (folder / "memory.max").read_text().strip()
+        used = int((folder / "memory.current").read_text())
     except (OSError, ValueError):
         return None
     try:
-        stat = dict(line.split() for line in (root / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
         used -= min(used, int(stat.get("inactive_file", 0)))
     except (OSError, ValueError):
         pass

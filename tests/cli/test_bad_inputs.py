@@ -1392,6 +1392,25 @@ def test_a_cgroups_file_cache_counts_as_free(tmp_path):
     assert _cgroup_free(tmp_path) is None
 
 
+def test_a_limit_on_a_cgroup_above_the_processs_own_is_found(tmp_path):
+    """Catches a SLURM job's memory limit missed: it sits on the job's cgroup (job_7), above the step's that the
+    process runs in (/proc/self/cgroup's path), and only the root's memory.max was read (no limit: no check)."""
+    from tinylm.device import _cgroup_free
+
+    def cgroup(folder, limit, used):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "memory.max").write_text(f"{limit}\n")
+        (folder / "memory.current").write_text(f"{used}\n")
+
+    cgroup(tmp_path, "max", 50 * 2**30)
+    cgroup(tmp_path / "slurm" / "job_7", 8 * 2**30, 6 * 2**30)
+    cgroup(tmp_path / "slurm" / "job_7" / "step_0", "max", 5 * 2**30)
+    assert _cgroup_free(tmp_path, "/slurm/job_7/step_0") == 2 * 2**30
+    cgroup(tmp_path / "slurm" / "job_7" / "step_0", 3 * 2**30, 2 * 2**30)  # the least any level leaves
+    assert _cgroup_free(tmp_path, "/slurm/job_7/step_0") == 2**30
+    assert _cgroup_free(tmp_path, "/") is None and _cgroup_free(tmp_path, "/other/gone") is None
+
+
 @pytest.mark.parametrize("command, target, raised, fix", [
     ("prepare", "tinylm.data.corpus._read_documents", MemoryError(), "--data.tokenizer_train_chars"),
     ("fit", "tinylm.train.module.token_loss", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
