@@ -1617,6 +1617,25 @@ def test_a_base_60_val_check_interval_in_a_config_file_is_refused(tmp_path):
     with pytest.raises(TinyLMError, match=r"val_check_interval 2:00:00: YAML reads this as a base-60 number \(7200.*"
                                           r"e\.g\. 00:02:00:00"):
         check_time_intervals(["fit", "--config", str(config)])
+    config.write_text("trainer:\n  val_check_interval: '2:00:00'\n")  # (quoted: a string to YAML, a time)
+    check_time_intervals(["fit", "--config", str(config)])
+
+
+def test_a_base_60_max_time_in_a_config_file_is_named_with_the_fix(tmp_path):
+    """Catches `max_time: 1:00:00:00` in a --config file (a day; YAML's base-60 number 216000) ending in "--trainer.
+    max_time: expected a str, got 216000", which names no fix; quoted, or with its leading zero, it is a time."""
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    config = tmp_path / "c.yaml"
+    for fine in ("01:00:00:00", "'1:00:00:00'", '"1:00:00:00"'):
+        config.write_text(f"trainer:\n  max_time: {fine}\n")
+        check_time_intervals(["fit", "--config", str(config)])
+    check_time_intervals(["fit", "--trainer.max_time", "1:00:00:00"])  # (the command line's is text)
+    config.write_text("trainer:\n  max_time: 1:00:00:00\n")
+    with pytest.raises(TinyLMError, match=r"trainer\.max_time: 1:00:00:00 in a config file: YAML reads this as a "
+                                          r"base-60 number.*01:00:00:00"):
+        check_time_intervals(["fit", "--config", str(config)])
 
 
 def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):

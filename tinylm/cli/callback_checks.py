@@ -124,15 +124,21 @@ def check_time_intervals(argv: list) -> None:
     DD:HH:MM:SS: jsonargparse reads a timedelta as H:MM:SS and dropped the last field without a word
     (`00:00:30:00`, 30 minutes, saved a checkpoint every 30 s; `00:00:00:01` after every step). And a
     --trainer.val_check_interval time whose first field has no leading zero: YAML reads `1:00:00:00` (a day) or
-    `2:00:00` as a base-60 number, 216000 or 7200, which the option takes as batches without a word."""
+    `2:00:00` as a base-60 number, 216000 or 7200, which the option takes as batches without a word (and max_time's,
+    in a config file, ended in "expected a str, got 216000")."""
     argv = [arg for arg in argv if isinstance(arg, str)]
-    for key, value in [*options(argv), *_file_options(argv)]:
+    in_files = _file_options(argv)
+    for key, value in in_files:  # (the command line's 1:00:00:00 reaches max_time as text)
+        if key.endswith("max_time") and _base_60(value):
+            raise TinyLMError(f"{key}: {value} in a config file: YAML reads this as a base-60 number, not a time; "
+                              f"write it with a leading zero, 0{value.strip()}, or quoted, '{value.strip()}'")
+    for key, value in [*options(argv), *in_files]:
         if key.endswith("train_time_interval") and isinstance(value, str) and value.count(":") == 3:
             d, h, m, s = (part.strip() for part in value.split(":"))
             raise TinyLMError(f"--{key} {value}: this option is a timedelta, read as H:MM:SS (not --trainer.max_time's "
                               f"DD:HH:MM:SS: it would be read as {d}:{h}:{m}); write " +
                               (f"'{int(d)} days, {h}:{m}:{s}'" if d.isdigit() and int(d) else f"{h}:{m}:{s}"))
-        if key.endswith("val_check_interval") and isinstance(value, str) and _BASE_60.fullmatch(value.strip()):
+        if key.endswith("val_check_interval") and _base_60(value):
             parts = value.strip().replace("_", "").split(":")
             batches = functools.reduce(lambda n, part: n * 60 + int(part), parts, 0)
             padded = ":".join(part.zfill(2) for part in ["0"] * (4 - len(parts)) + parts)
@@ -143,6 +149,11 @@ def check_time_intervals(argv: list) -> None:
 
 
 _BASE_60 = re.compile(r"[1-9][0-9_]*(:[0-5]?[0-9])+")  # YAML 1.1's base-60 int (PyYAML's and jsonargparse's loaders)
+
+
+def _base_60(value: Any) -> bool:
+    """Whether YAML reads `value` (a config file's text, or the command line's) as a base-60 number."""
+    return isinstance(value, str) and not isinstance(value, _Quoted) and bool(_BASE_60.fullmatch(value.strip()))
 
 
 def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_interval: Any = None,
@@ -204,11 +215,20 @@ def _file_options(argv: list) -> list:
 
     from tinylm.cli.argv import config_files
 
+    class TextLoader(yaml.BaseLoader):  # every value as the text it is (1:00:00 is no number here), quoted or not
+        def construct_scalar(self, node: Any) -> str:
+            text = super().construct_scalar(node)
+            return _Quoted(text) if node.style in ("'", '"') else text
+
     found: list = []
     for path in config_files(argv):
         try:
-            with open(path, encoding="utf-8") as f:  # (every value as the text it is: 1:00:00 is no number here)
-                found += _leaves(yaml.load(f, Loader=yaml.BaseLoader))  # noqa: S506 (a loader of strings only)
+            with open(path, encoding="utf-8") as f:
+                found += _leaves(yaml.load(f, Loader=TextLoader))  # noqa: S506 (a loader of strings only)
         except (OSError, ValueError, yaml.YAMLError):  # (check_config_files names an unreadable file)
             continue
     return found
+
+
+class _Quoted(str):
+    """A config file's quoted text: a string to YAML whatever it holds ('1:00:00:00' is no base-60 number)."""
