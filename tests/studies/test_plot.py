@@ -155,6 +155,19 @@ def test_plot_takes_runs_as_a_flag_too(tmp_path, monkeypatch, capsys):
         assert printed == ["a", "b"]
 
 
+def test_plot_takes_runs_after_its_options_too(tmp_path, monkeypatch, capsys):
+    """Catches `tinylm plot --out x.png a` (options first, as argparse takes any command's) refused with
+    "unrecognized arguments: a", naming the run it was given as if it were a stray word: only the runs before the
+    first option were read as runs."""
+    monkeypatch.chdir(tmp_path)
+    for name in "ab":
+        _run(tmp_path, name, "0,,0,1.5,4.2,1e-4,900,\n")
+    for args in (["--out", "x.png", "a", "b"], ["a", "--out", "x.png", "b"], ["--metric", "loss", "a", "--runs", "b"]):
+        main(["plot", *args])
+        printed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+        assert printed == ["a", "b"]
+
+
 def test_plot_errors(tmp_path, monkeypatch, capsys):
     """A run folder without metrics is a one-line error naming the file and what to pass."""
     monkeypatch.chdir(tmp_path)

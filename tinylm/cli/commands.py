@@ -173,28 +173,22 @@ def _word(name: str) -> str:
 
 
 def _leading_positionals(fn: Callable, args: list[str]) -> list[str]:
-    """The leading positional arguments of a command that takes them (`_positional_list`) as ``--NAME=[...]`` for
-    jsonargparse."""
+    """The positional arguments of a command that takes them (`_positional_list`) as ``--NAME=[...]`` for
+    jsonargparse: before its options, between or after them (`tinylm plot --out p.png RUN`, as argparse takes
+    them: it was "unrecognized arguments: RUN"), read as tinylm.cli.argv.spans reads the line."""
+    from tinylm.cli.argv import spans
+
     name = _positional_list(fn)
     if name is None:
         return args
-    lead, rest, i = [], [], 0
-    while i < len(args) and not args[i].startswith("-"):
-        lead.append(args[i])
-        i += 1
-    while i < len(args):  # `--runs A B` and `--runs=A` as well (not a JSON list: jsonargparse would refuse them)
-        flag, eq, value = args[i].partition("=")
-        if flag != f"--{name}" or value.startswith("["):
-            rest.append(args[i])
-        elif eq:
-            lead.append(value)
-        elif i + 1 < len(args) and args[i + 1].startswith("["):
-            rest.append(args[i])
+    lead, rest = [], []
+    for key, value, span in spans(args):
+        if key is None and span[0] != "--":  # a word that is neither an option nor an option's value
+            lead += span
+        elif key == name and value is not None and not value.startswith("["):  # `--runs A B`, `--runs=A`
+            lead.append(value)  # (not a JSON list: jsonargparse would refuse them; B is a word of its own)
         else:
-            while i + 1 < len(args) and not args[i + 1].startswith("-"):
-                i += 1
-                lead.append(args[i])
-        i += 1
+            rest += span
     # (as typed: ASCII-escaped, an emoji's "\\ud83d\\ude80" pair is no YAML jsonargparse reads: "expected a list")
     return ([f"--{name}={json.dumps(lead, ensure_ascii=False)}"] if lead else []) + rest
 
