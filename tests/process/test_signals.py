@@ -220,6 +220,18 @@ class SendSignals(L.Callback):
             os.kill(os.getpid(), signum)
 
 
+def test_verbose_keeps_the_exit_status_of_a_run_stopped_by_a_signal(run_config, capsys):
+    """Catches `tinylm fit ... --verbose` stopped by SIGTERM (a scheduler's pre-emption), saved, exiting 1 as a crash
+    does: --verbose adds the traceback, and the status a requeue script or scheduler reads stays 143."""
+    sigterm = {"class_path": "test_signals.SendSignals", "init_args": {"usr1_at": -1, "term_at": 1}}
+    config = run_config(trainer={"max_steps": 6, "callbacks": [sigterm]})
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(config), "--verbose"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" in err and "RunInterrupted: interrupted by SIGTERM at step 1; saved " in err, err[-2000:]
+
+
 class CtrlCTwice(L.Callback):
     """A user pressing Ctrl+C twice after step 2: the first asks for a stop at a whole step, the second for one now."""
 

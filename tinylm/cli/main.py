@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -392,15 +393,20 @@ def _say(line: str) -> None:
 
 
 def _end_on_error(raised: BaseException, command: str, rest: list[str], verbose: bool) -> None:
-    """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose)."""
+    """Say a user's error in one line and exit with its status; re-raise a bug (or any error, with --verbose: a
+    user's error that ends with another status than 1 is said by its traceback, and ends with that status)."""
     if ranks.RANKS:  # the watch of the ranks it started says why it ends, or this does: one line (never released)
         ranks.REPORTING.acquire()  # the watch, saying a rank lost, ends this process before this goes on
     e = errors.out_of_memory(errors.from_training_process(raised), command)
     if not verbose and not errors.is_user_error(e) and (lost := ranks.lost_rank(raised=e)) is not None:
         e = lost  # a rank ended first: this process's collective with it failed, which says nothing
     ranks.end_ranks()  # the ranks it started end with it, not after it
-    if verbose or not errors.is_user_error(e):
+    if not errors.is_user_error(e) or verbose and getattr(e, "exit_code", 1) == 1:
         raise  # the exception being handled: this runs inside main's `except`
+    if verbose:  # (a run stopped by SIGTERM exited 1 with --verbose, as a crash does, not 143; a requeued one, not 0)
+        _say("".join(traceback.format_exception(raised)))
+        signals.SAID[0] = True
+        sys.exit(e.exit_code)
     console.end_line()  # generate streamed part of a line: end it first
     # raised by every rank of a run together (the ranks agree on a stop and on the health checks; rank 0 passes a
     # SIGTERM before training on to the ranks it started): rank 0 says it
