@@ -288,6 +288,23 @@ def test_eval_command_prints_scores_and_appends_them_at_the_checkpoints_step(bpe
     assert sorted(p for p in run.rglob("*") if "eval" not in p.parts) == before
 
 
+def test_a_data_dir_starting_with_a_tilde_is_the_home_folder(bpe, tmp_path, monkeypatch, capsys):
+    """Catches `tinylm eval --data_dir=~/evals` (no shell expands `~` after `=`, in quotes or in a --config file; nor
+    fit's `--eval.data_dir=~/evals`) refused with "--data_dir '~/evals' is not a folder", where every other option
+    that takes a path reads `~` as the home folder."""
+    from tinylm.cli.argv import expand_home
+
+    (home := tmp_path / "home").mkdir()
+    (home / "evals").symlink_to(EVALS)
+    monkeypatch.setenv("HOME", str(home))
+    ckpt = _checkpoint(tmp_path / "runs" / "m" / "checkpoints" / "last.ckpt", bpe)
+    (config := tmp_path / "eval.yaml").write_text("data_dir: ~/evals\n")
+    for given in (["--data_dir=~/evals"], ["--config", str(config)]):
+        main(["eval", "--ckpt_path", str(ckpt), "--tasks", "winogrande", "--limit", "2", "--json", *given])
+        assert json.loads(capsys.readouterr().out)["tasks"]["winogrande"]["items"] == 2
+    assert expand_home(["--eval.data_dir=~/evals"]) == [f"--eval.data_dir={home}/evals"]
+
+
 def test_eval_rows_carry_their_utc_offset(bpe, tmp_path, monkeypatch, capsys):
     """Catches eval/metrics.csv (and validate/metrics.csv, the same writer's) rows timed in bare local time: a run
     evaluated in Kolkata, then in Los Angeles 11 hours behind, got a later row that read as the earlier one (the

@@ -175,11 +175,12 @@ def _at(data: Any, dotted: str) -> Any:
 
 
 HOME_PATH_OPTIONS = ("config", "ckpt_path", "draft_ckpt_path", "default_root_dir", "cache_dir", "init_from",
-                     "corpus", "tokenizer", "out", "prompt_file", "prompts_file")
+                     "corpus", "tokenizer", "out", "prompt_file", "prompts_file", "data_dir")
 """The options (by the last part of their dotted key) that take a path: a leading ``~`` in their value is the home
 folder, as a shell would have made it, which it does not in ``--key=~/x``, in quotes or in a YAML config. Taken
 literally, ``--trainer.default_root_dir=~/runs`` split a run between ./~/runs and $HOME/runs (Lightning's CSV
-logger expands it) and ended in a traceback; ``--data.cache_dir`` made a folder named ``~``."""
+logger expands it) and ended in a traceback; ``--data.cache_dir`` made a folder named ``~``; eval's ``--data_dir``
+(and fit's ``--eval.data_dir``) was "not a folder"."""
 
 
 _SHELL_VARIABLE = re.compile(r"\$(?:([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\})")
