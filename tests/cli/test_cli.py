@@ -367,6 +367,25 @@ def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
     assert proc.returncode == 141 and "Traceback" not in err and "Error" not in err, err
 
 
+def test_validate_into_a_closed_pipe_ends_with_141(config, tmp_path):
+    """Catches `tinylm validate ... | head -1` ending with exit 1 and not a word: Lightning's table of metrics is
+    printed by rich, whose answer to a reader gone is SystemExit(1); every other command ends quietly with 141, as a
+    shell reports a reader gone."""
+    import os
+    import subprocess
+    import sys
+
+    main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "tinylm", "validate", "--ckpt_path", str(ckpt)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc.stdout.close()  # the reader goes away before the table is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err[-2000:]
+    assert "Traceback" not in err and "error" not in err, err[-2000:]
+
+
 @pytest.mark.parametrize("flags, match", [
     (["--top_p", "1.5"], "top_p"), (["--temperature", "0"], "temperature"), (["--top_k", "0"], "top_k"),
     (["--num_beams", "0", "--strategy", "beam"], "num_beams"),

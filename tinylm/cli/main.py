@@ -257,7 +257,10 @@ def _main(argv: list[str] | None, program: bool, refused: str | None = None) -> 
             _say(errors.error_line(command, said, rest) if said else "tinylm: interrupted\n")
         signals.SAID[0] = True
         sys.exit(130)
-    except BrokenPipeError:  # stdout closed by the reader (`tinylm generate ... | head`): stop quietly, as cat does
+    except (BrokenPipeError, SystemExit) as e:  # stdout closed by the reader (`tinylm generate ... | head`): stop
+        # quietly, as cat does; also where rich (Lightning's table of `validate`) answered it with SystemExit(1)
+        if isinstance(e, SystemExit) and not isinstance(e.__context__, BrokenPipeError):
+            raise
         if program:
             signals.end_at_once_on_ctrl_c()
         console.quiet_stdout()
