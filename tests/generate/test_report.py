@@ -411,3 +411,16 @@ def test_a_prompts_file_has_one_prompt_a_line(tmp_path):
 
     (tmp_path / "p.txt").write_bytes("first\u2028half\r\nsecond\fpage\rthird\n".encode())
     assert read_prompts_file(str(tmp_path / "p.txt")) == ["first\u2028half", "second\fpage", "third"]
+
+
+def test_the_terminal_table_keeps_its_columns_for_an_nll_of_ten_or_more(capsys):
+    """Catches the NLL column 5 wide: an untrained model's NLL (10.825 over GPT-2's vocabulary) pushed rep-4 and the
+    columns after it one place to the right of their headers (and strategy names shorter than "strategy" all)."""
+    from tinylm.cli.commands import _print_report_table
+
+    metrics = {"distinct_2": 0.5, "repetition_rate_4": 0.125}
+    _print_report_table({"strategies": {"greedy": {**metrics, "nll": 10.825}, "top_k": {**metrics, "nll": 2.5}}})
+    header, *rows = capsys.readouterr().out.splitlines()
+    ends = {h: header.index(h) + len(h) for h in ("distinct-2", "NLL", "rep-4")}
+    for row, nll in zip(rows, ("10.825", "2.500")):
+        assert row.index(nll) + len(nll) == ends["NLL"] and row.index("0.125") + 5 == ends["rep-4"], (header, row)

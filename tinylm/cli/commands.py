@@ -581,10 +581,11 @@ def _print_report_table(report: dict[str, Any]) -> None:
     """The report's main columns on the terminal (and acceptance, tokens per pass, matches when it has them)."""
     from tinylm.generate.report import _fmt, columns
 
-    width = max(map(len, report["strategies"]))
+    width = max(len("strategy"), *map(len, report["strategies"]))
     extra = [(k, h) for k, h in columns(report) if k in ("acceptance", "tokens_per_pass", "matches")]
-    print(f"{'strategy':<{width}}  distinct-2    NLL  rep-4" + "".join(f"  {h:>11}" for _, h in extra))
+    nll = max(3, *(len(_fmt(m["nll"])) for m in report["strategies"].values()))  # (an untrained model's 10.825)
+    print(f"{'strategy':<{width}}  distinct-2  {'NLL':>{nll}}  rep-4" + "".join(f"  {h:>11}" for _, h in extra))
     for name, m in report["strategies"].items():
         cells = "".join(f"  {_fmt(m.get(k)):>11}" for k, _ in extra)
-        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>5}  {_fmt(m['repetition_rate_4'])}"
-              + cells)
+        print(f"{name:<{width}}  {_fmt(m['distinct_2']):>10}  {_fmt(m['nll']):>{nll}}  "
+              f"{_fmt(m['repetition_rate_4']):>5}" + cells)
