@@ -796,6 +796,14 @@ def test_warmup_longer_than_the_run_warns(config):
     assert not list((config.parent / "runs" / "dev").glob("**/*.ckpt"))  # a smoke test saves nothing to resume
 
 
+def test_a_fast_dev_runs_start_line_names_fast_dev_run_for_its_steps(config, caplog):
+    """Catches the start line of `--trainer.fast_dev_run 2` saying "2 steps (trainer.max_steps)", an option the user
+    never set to 2."""
+    main(["fit", "--config", str(config), "--trainer.fast_dev_run", "2"])
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("global batch:"))
+    assert "; 2 steps (trainer.fast_dev_run) read 64 tokens" in line, line
+
+
 def test_the_run_says_how_much_of_its_corpus_it_reads(config, caplog, recwarn):
     """Catches a run whose optimizer step is larger than its whole training split (--data.batch_size 1200 on 18k
     tokens: every step reads the same text twice over) training without a word, and the start line not saying how

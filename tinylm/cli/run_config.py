@@ -69,7 +69,8 @@ class RunConfig(SaveConfigCallback):
             # a resume: what its steps read (at another accumulation, another batch), then the steps left at this one
             before = data.resumed_batches * B * W * T if 0 < done < max_steps and data.resumed_batches else None
             total = step * max_steps if before is None else before + step * (max_steps - done)
-            run = (f"; {max_steps:,} steps (trainer.max_steps) read {total:,} tokens: "
+            which = "trainer.fast_dev_run" if trainer.fast_dev_run else "trainer.max_steps"
+            run = (f"; {max_steps:,} steps ({which}) read {total:,} tokens: "
                    f"{total / split:.3g} passes over the training split ({split:,} tokens)"
                    if max_steps > 0 else "")
             # data.weights draw each corpus at its own pace (unset: in proportion to its tokens, all at one pace):
