@@ -236,3 +236,13 @@ def test_an_eos_id_other_than_the_tokenizers_is_refused_with_a_grammar(strategy)
     with pytest.raises(ValueError, match=rf"eos_id {tok.encode(chr(10))[0]} with a regex.*end-of-text id "
                                          rf"{tok.eos_id}; leave eos_id unset"):
         generate(model, [tok.encode("ab")], eos_id=tok.encode("\n")[0], **kwargs)
+
+
+def test_a_schema_file_starting_with_a_tilde_is_in_the_home_folder(char_tok, tmp_path, monkeypatch):
+    """Catches `--json_schema=~/s.json` (no shell expands ~ after "=", in quotes or in a config) refused as "cannot be
+    read", where every other path option reads ~ as the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "s.json").write_text('{"type": "string", "maxLength": 3}')
+    out = generate(_model(char_tok.vocab_size), [char_tok.encode("a")], max_new_tokens=8, tokenizer=char_tok,
+                   json_schema="~/s.json", seed=0)
+    assert re.fullmatch(r'"[^"]{0,3}"', char_tok.decode(out[0])), char_tok.decode(out[0])

@@ -101,7 +101,7 @@ def _check_begins(grammar: str, name: str) -> None:
 def _text_or_file(kind: str, value: str) -> str:
     """A grammar or schema given as text, or the text of the file it names."""
     looks_like_text = "\n" in value or value.lstrip().startswith("{") or ":" in value
-    path = Path(value)
+    path = Path(value) if looks_like_text else Path(value).expanduser()  # (`--json_schema=~/s.json`: no shell's ~)
     if not looks_like_text or path.is_file():
         try:
             return path.read_text(encoding="utf-8")
