@@ -947,3 +947,28 @@ def test_a_resume_without_clipping_as_the_run_had_none_is_not_told_of_a_change(t
         said[clip] = caplog.text
     assert "the run had" not in said[None], said[None]
     assert "trainer.gradient_clip_val 1.0 (the run had 0.0)" in said[1.0]
+
+
+def test_a_resume_on_the_gpu_of_a_cpu_run_with_its_precision_unset_is_told_of_the_change(tmp_path, caplog,
+                                                                                         monkeypatch):
+    """Catches a run trained with `--trainer.accelerator cpu` on a GPU machine, its precision unset (32-true there:
+    device.resolve_precision's CPU rule), resumed on the GPU (bf16-mixed) without a word: the run's unset precision
+    was resolved as the GPU's, whatever accelerator it had, and so compared equal; and the other way round."""
+    from jsonargparse import Namespace
+
+    from tinylm.cli.resume_changes import warn_training_changes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with a GPU (an A100: bf16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    said = {}
+    for had, now in (("cpu", "auto"), ("auto", "cpu"), ("cpu", "cpu")):
+        trainer = {"gradient_clip_val": None, "precision": None, "accumulate_grad_batches": 1, "accelerator": had}
+        ckpt = {"global_step": 2, "tinylm": {"format": 1, "config": yaml.safe_dump({"trainer": trainer})}}
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinylm"):
+            warn_training_changes(Namespace(trainer=Namespace(**{**trainer, "accelerator": now}), data=Namespace()),
+                                  str(tmp_path / "x.ckpt"), n_embd=32, ckpt=ckpt)
+        said[had, now] = caplog.text
+    assert "trainer.precision 'bf16-mixed' (the run had '32-true')" in said["cpu", "auto"], said
+    assert "trainer.precision '32-true' (the run had 'bf16-mixed')" in said["auto", "cpu"], said
+    assert "the run had" not in said["cpu", "cpu"], said

@@ -108,8 +108,8 @@ def warn_training_changes(cfg, ckpt_path: str, *, n_embd: int | None = None, dat
     if n_embd and "precision" in trainer:  # an unset precision is resolved by device and width, here as there
         from tinylm.device import resolve_precision
 
-        trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd)}
-        now["precision"] = resolve_precision(now["precision"], n_embd)
+        trainer = {**trainer, "precision": resolve_precision(trainer["precision"], n_embd, trainer.get("accelerator"))}
+        now["precision"] = resolve_precision(now["precision"], n_embd, cfg.trainer.get("accelerator"))
     if "precision" in trainer:  # Lightning's short names are the same precisions: 32 is 32-true, bf16 bf16-mixed
         trainer["precision"], now["precision"] = (_long_precision(trainer["precision"]),
                                                   _long_precision(now["precision"]))
