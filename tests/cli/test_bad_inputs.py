@@ -1638,6 +1638,26 @@ def test_a_base_60_max_time_in_a_config_file_is_named_with_the_fix(tmp_path):
         check_time_intervals(["fit", "--config", str(config)])
 
 
+def test_a_base_60_max_time_in_a_config_file_is_told_a_time_that_runs(tmp_path):
+    """Catches `max_time: 2:00:00` in a --config file (two hours; YAML's 7200) told to write "02:00:00, or quoted,
+    '2:00:00'": both then ended in Lightning's "not a valid duration. Expected ... DD:HH:MM:SS". The time it names
+    is one that Lightning's Timer takes, as the meant two hours, and the check passes."""
+    from lightning.pytorch.callbacks import Timer
+
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    config = tmp_path / "c.yaml"
+    for written, meant in (("2:00:00", 2 * 3600), ("1:00:00:00", 86400), ("10:30", 630)):
+        config.write_text(f"trainer:\n  max_time: {written}\n")
+        with pytest.raises(TinyLMError, match="base-60") as refused:
+            check_time_intervals(["fit", "--config", str(config)])
+        told = re.findall(r"[0-9:]{5,}", str(refused.value).split("base-60")[1])[-1]
+        assert Timer(duration=told)._duration == meant, (written, told)
+        config.write_text(f"trainer:\n  max_time: {told}\n")
+        check_time_intervals(["fit", "--config", str(config)])
+
+
 def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):
     """Catches an error line quoting a 5,000-character value whole (a value pasted by mistake filled the terminal):
     its start and end are shown, with how much was left out."""

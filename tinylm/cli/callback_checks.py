@@ -131,7 +131,7 @@ def check_time_intervals(argv: list) -> None:
     for key, value in in_files:  # (the command line's 1:00:00:00 reaches max_time as text)
         if key.endswith("max_time") and _base_60(value):
             raise TinyLMError(f"{key}: {value} in a config file: YAML reads this as a base-60 number, not a time; "
-                              f"write it with a leading zero, 0{value.strip()}, or quoted, '{value.strip()}'")
+                              f"write it as DD:HH:MM:SS with its leading zero, e.g. {_padded(value)}")
     for key, value in [*options(argv), *in_files]:
         if key.endswith("train_time_interval") and isinstance(value, str) and value.count(":") == 3:
             d, h, m, s = (part.strip() for part in value.split(":"))
@@ -139,13 +139,10 @@ def check_time_intervals(argv: list) -> None:
                               f"DD:HH:MM:SS: it would be read as {d}:{h}:{m}); write " +
                               (f"'{int(d)} days, {h}:{m}:{s}'" if d.isdigit() and int(d) else f"{h}:{m}:{s}"))
         if key.endswith("val_check_interval") and _base_60(value):
-            parts = value.strip().replace("_", "").split(":")
-            batches = functools.reduce(lambda n, part: n * 60 + int(part), parts, 0)
-            padded = ":".join(part.zfill(2) for part in ["0"] * (4 - len(parts)) + parts)
-            padded = padded if padded.startswith("0") else f"0{padded}"  # (10:00:00:00 is base 60 too; 010:... not)
+            batches = functools.reduce(lambda n, part: n * 60 + int(part), value.strip().replace("_", "").split(":"), 0)
             raise TinyLMError(f"--{key} {value}: YAML reads this as a base-60 number ({batches}: 1:30 is 90), so a "
                               f"validation every {batches:,} batches; write a time as DD:HH:MM:SS with its leading "
-                              f"zero, e.g. {padded} (or batches as one number)")
+                              f"zero, e.g. {_padded(value)} (or batches as one number)")
 
 
 _BASE_60 = re.compile(r"[1-9][0-9_]*(:[0-5]?[0-9])+")  # YAML 1.1's base-60 int (PyYAML's and jsonargparse's loaders)
@@ -154,6 +151,13 @@ _BASE_60 = re.compile(r"[1-9][0-9_]*(:[0-5]?[0-9])+")  # YAML 1.1's base-60 int 
 def _base_60(value: Any) -> bool:
     """Whether YAML reads `value` (a config file's text, or the command line's) as a base-60 number."""
     return isinstance(value, str) and not isinstance(value, _Quoted) and bool(_BASE_60.fullmatch(value.strip()))
+
+
+def _padded(value: str) -> str:
+    """A base-60 number's text as the DD:HH:MM:SS time it was meant as (2:00:00 is 00:02:00:00)."""
+    parts = value.strip().replace("_", "").split(":")
+    padded = ":".join(part.zfill(2) for part in ["0"] * (4 - len(parts)) + parts)
+    return padded if padded.startswith("0") else f"0{padded}"  # (10:00:00:00 is base 60 too; 010:... not)
 
 
 def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_interval: Any = None,
