@@ -1658,6 +1658,26 @@ def test_a_base_60_max_time_in_a_config_file_is_told_a_time_that_runs(tmp_path):
         check_time_intervals(["fit", "--config", str(config)])
 
 
+def test_a_base_60_time_in_a_sections_own_file_is_refused(tmp_path):
+    """Catches `val_check_interval: 2:00:00` (YAML's 7200) in a section's own file, `trainer: trainer.yaml` in a
+    --config or `--trainer trainer.yaml`, taken as a validation every 7,200 batches without a word (the check read the
+    --config files alone), and `max_time: 1:00:00:00` there ending in "--trainer: expected a str, got 216000"."""
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    (tmp_path / "sub").mkdir()
+    (config := tmp_path / "sub" / "c.yaml").write_text("trainer: trainer.yaml\n")
+    section = tmp_path / "sub" / "trainer.yaml"
+    for line, refused in (("val_check_interval: 2:00:00", "val_check_interval 2:00:00: YAML reads this as a base-60"),
+                          ("max_time: 1:00:00:00", "max_time: 1:00:00:00 in a config file: YAML reads this")):
+        section.write_text(f"max_steps: 4\n{line}\n")
+        for argv in (["fit", "--config", str(config)], ["fit", "--trainer", str(section)]):
+            with pytest.raises(TinyLMError, match=refused):
+                check_time_intervals(argv)
+    section.write_text("max_steps: 4\nval_check_interval: 00:02:00:00\nmax_time: 01:00:00:00\n")
+    check_time_intervals(["fit", "--config", str(config)])  # (times: the check is not refusing every section file)
+
+
 def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):
     """Catches an error line quoting a 5,000-character value whole (a value pasted by mistake filled the terminal):
     its start and end are shown, with how much was left out."""

@@ -10,6 +10,7 @@ import re
 import warnings
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tinylm.cli.argv import options
@@ -213,11 +214,13 @@ def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _file_options(argv: list) -> list:
-    """The (dotted key, value) leaves of the --config files of ``argv`` (`train_time_interval: 00:00:30:00` in a
-    callback's init_args is a string to YAML, read by jsonargparse as 0:00:30 as from the command line)."""
+    """The (dotted key, value) leaves of the --config files of ``argv``, and of the sections' own files that they or
+    the command line name (`train_time_interval: 00:00:30:00` in a callback's init_args is a string to YAML, read by
+    jsonargparse as 0:00:30 as from the command line)."""
     import yaml
 
     from tinylm.cli.argv import config_files
+    from tinylm.cli.table import FIT_GROUPS
 
     class TextLoader(yaml.BaseLoader):  # every value as the text it is (1:00:00 is no number here), quoted or not
         def construct_scalar(self, node: Any) -> str:
@@ -225,12 +228,19 @@ def _file_options(argv: list) -> list:
             return _Quoted(text) if node.style in ("'", '"') else text
 
     found: list = []
-    for path in config_files(argv):
+    files = [("", path) for path in config_files(argv)] + \
+        [(key, value) for key, value in options(argv) if key in FIT_GROUPS and isinstance(value, str)]  # --trainer F
+    while files:
+        section, path = files.pop(0)
         try:
             with open(path, encoding="utf-8") as f:
-                found += _leaves(yaml.load(f, Loader=TextLoader))  # noqa: S506 (a loader of strings only)
+                data = yaml.load(f, Loader=TextLoader)  # noqa: S506 (a loader of strings only)
         except (OSError, ValueError, yaml.YAMLError):  # (check_config_files names an unreadable file)
             continue
+        if not section and isinstance(data, dict):  # a section's own file, `trainer: trainer.yaml`, beside the config
+            files += [(key, Path(path).parent / name) for key, name in data.items()
+                      if key in FIT_GROUPS and isinstance(name, str) and (Path(path).parent / name).is_file()]
+        found += _leaves(data, section)
     return found
 
 
