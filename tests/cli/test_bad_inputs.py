@@ -1678,6 +1678,24 @@ def test_a_base_60_time_in_a_sections_own_file_is_refused(tmp_path):
     check_time_intervals(["fit", "--config", str(config)])  # (times: the check is not refusing every section file)
 
 
+def test_a_train_monitor_checked_at_each_epochs_end_is_refused():
+    """Catches EarlyStopping(monitor="train/loss", check_on_train_epoch_end=True) (or a ModelCheckpoint's
+    save_on_train_epoch_end) taken where val_check_interval is on logging steps: it checks at each notional epoch's
+    end, not at validations, and a corpus of 33 batches an epoch under --trainer.log_every_n_steps 50 ended at step
+    33 in "Early stopping conditioned on metric `train/loss` which is not available"."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from tinylm.cli.callback_checks import check_train_monitors
+    from tinylm.errors import TinyLMError
+
+    check_train_monitors([EarlyStopping("train/loss", check_on_train_epoch_end=False)], 50, 100)  # (at validations)
+    for cb in (EarlyStopping("train/loss", check_on_train_epoch_end=True),
+               ModelCheckpoint(monitor="train/loss", save_on_train_epoch_end=True)):
+        with pytest.raises(TinyLMError, match=r"checks at each notional epoch's end \((check|save)_on_train_epoch_end"):
+            check_train_monitors([cb], 50, 100)
+        check_train_monitors([cb], 1, 100)  # (logged every step: fresh at any step)
+
+
 def test_a_value_thousands_of_characters_long_is_shown_by_its_ends(tmp_path, capsys):
     """Catches an error line quoting a 5,000-character value whole (a value pasted by mistake filled the terminal):
     its start and end are shown, with how much was left out."""

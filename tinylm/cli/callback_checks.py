@@ -189,11 +189,14 @@ def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_inte
         whole = isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool)
         steps = val_check_interval // max(int(accumulate or 1), 1) if whole else None
         timed = getattr(cb, "_train_time_interval", None) is not None  # (its own time: at any step)
-        if not n and monitor in _METRICS and (timed or not steps or steps % every):
+        at_end = "check" if isinstance(cb, EarlyStopping) else "save"  # (at an epoch's end: a pass, not a step count)
+        at_end = f"{at_end}_on_train_epoch_end" if getattr(cb, f"_{at_end}_on_train_epoch_end", None) else None
+        if not n and monitor in _METRICS and (timed or at_end or not steps or steps % every):
             when = "after each train_time_interval, at any step" if timed else \
+                f"at each notional epoch's end ({at_end}=True), at steps not set in advance" if at_end else \
                 f"at each validation, every {steps} steps (--trainer.val_check_interval {val_check_interval})" \
                 if steps else "at each validation, at steps not set in advance (a time, or a share of an epoch)"
-            divisor = f" (or a divisor of {steps})" if steps and not timed else ""
+            divisor = f" (or a divisor of {steps})" if steps and not (timed or at_end) else ""
             raise TinyLMError(f"{type(cb).__name__}(monitor={monitor!r}) checks {when}, and tinylm logs {monitor} "
                               f"every {every} steps (--trainer.log_every_n_steps: train metrics are logged on logging "
                               f"steps only), so it would read a value up to {every - 1} steps old, and none before "
