@@ -144,16 +144,23 @@ def test_a_cpu_run_on_a_gpu_machine_takes_the_cpus_precision(run_config, monkeyp
     """Catches `--trainer.accelerator cpu` on a machine with a GPU taking the GPU's default precision: 16-mixed (a
     T4's, a V100's: no bf16), which Lightning said the user had passed and ran as bf16-mixed; bf16-mixed (newer
     GPUs) on a 32-wide model, where the CPU's rule is 32-true (1.35x faster at 128 wide)."""
+    import tinylm.device
     from tinylm.device import resolve_precision
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # this machine with a GPU: a T4, no bf16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    assert resolve_precision(None, 32) == "16-mixed"  # (not vacuous: the GPU's, where the run trains on it)
-    main(["fit", "--config", str(run_config(trainer={"precision": None})), "--trainer.accelerator", "cpu"])
+    def on_a_gpu_machine(*args, bf16: bool = False, **kwargs):  # the machine has a GPU while the precision is chosen
+        with monkeypatch.context() as m:  # (only then: the run itself trains on this CPU; a CUDA build of torch
+            m.setattr(torch.cuda, "is_available", lambda: True)  # without a driver fails on a faked GPU)
+            m.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)  # a T4: no bf16
+            return resolve_precision(*args, **kwargs)
+
+    assert on_a_gpu_machine(None, 32) == "16-mixed"  # (not vacuous: the GPU's, where the run trains on it)
+    monkeypatch.setattr(tinylm.device, "resolve_precision", on_a_gpu_machine)
+    cli = lightning_main(["fit", "--config", str(run_config(trainer={"precision": None})), "--trainer.accelerator",
+                          "cpu"])
+    assert cli.trainer.precision == "32-true"
     assert not [w for w in recwarn if "AMP with fp16 is not supported on CPU" in str(w.message)]
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # an A100
-    assert resolve_precision(None, 32, "cpu") == resolve_precision(None, 32, "CPU") == "32-true"
-    assert resolve_precision(None, 32, "auto") == "bf16-mixed"
+    assert on_a_gpu_machine(None, 32, "cpu", bf16=True) == on_a_gpu_machine(None, 32, "CPU", bf16=True) == "32-true"
+    assert on_a_gpu_machine(None, 32, "auto", bf16=True) == "bf16-mixed"  # (an A100's)
 
 
 def test_validate_reproduces_the_runs_last_val_loss(config, tmp_path):

@@ -1442,3 +1442,18 @@ def test_the_bars_of_a_whole_pass_over_a_corpus_end_at_100_percent(tmp_path, mon
         if m := re.match(r"(cleaning c\.txt|training bpe on c\.txt|tokenizing c\.txt): +(\d+)%", line):
             last[m[1]] = int(m[2])
     assert last == {"cleaning c.txt": 100, "training bpe on c.txt": 100, "tokenizing c.txt": 100}
+
+
+def test_batches_are_pinned_only_for_a_run_on_the_gpu(tmp_path, shakespeare, monkeypatch):
+    """Catches a run on the CPU of a GPU machine (--trainer.accelerator cpu) pinning every batch: page-locked host
+    memory and a CUDA context for batches that never go to the GPU (the loaders asked torch.cuda.is_available())."""
+    import lightning as L
+
+    dm = _dm(tmp_path, shakespeare, tokenizer="char")
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the machine has a GPU; the run is on the CPU
+    assert not dm.train_dataloader().pin_memory and not dm.val_dataloader().pin_memory
+    dm.trainer = None  # (a loader made outside a run: pinned where a GPU is)
+    assert dm.train_dataloader().pin_memory

@@ -136,9 +136,15 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         # the first window again, each epoch would train on the first epoch's windows once more
         start = self._train_loader.batches_yielded if self._train_loader is not None else self._resume_batches
         self._train_loader = ResumableLoader(dataset, epoch_length=self._epoch_length(), start=start,
-                                             num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                                             num_workers=self.num_workers, pin_memory=self._pin_memory(),
                                              seed=self.seed, epoch_offset=self._epoch_offset)
         return self._train_loader
+
+    def _pin_memory(self) -> bool:
+        """Whether batches go to the GPU (page-locked host memory copies faster): not for a run on the CPU of a GPU
+        machine (--trainer.accelerator cpu), whose pinned batches cost page-locked memory and a CUDA context."""
+        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        return device.type == "cuda" if isinstance(device, torch.device) else torch.cuda.is_available()
 
     def _epoch_length(self) -> int:
         """The micro-batches of a rank's notional epoch: a whole number of optimizer steps. Lightning ends an epoch
@@ -155,7 +161,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         ranks = {"rank": self.trainer.global_rank, "world_size": self.trainer.world_size} \
             if self.trainer is not None else {}
         loaders = [StoppingLoader(ValBatches(**self._split(i, "val"), limit=self.val_batches, **ranks), batch_size=None,
-                              shuffle=False, num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                              shuffle=False, num_workers=self.num_workers, pin_memory=self._pin_memory(),
                               persistent_workers=self.num_workers > 0,
                               worker_init_fn=worker_signals if self.num_workers else None,
                               # every iteration draws a base seed from `generator`, from the global RNG without
