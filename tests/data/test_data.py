@@ -1457,3 +1457,24 @@ def test_batches_are_pinned_only_for_a_run_on_the_gpu(tmp_path, shakespeare, mon
     assert not dm.train_dataloader().pin_memory and not dm.val_dataloader().pin_memory
     dm.trainer = None  # (a loader made outside a run: pinned where a GPU is)
     assert dm.train_dataloader().pin_memory
+
+
+def test_a_datasets_file_is_closed_with_it(tmp_path, shakespeare):
+    """Catches the .bin file a dataset holds open for its life left to the collector unclosed (a ResourceWarning
+    for every fit in a notebook, a test run, `python -X dev`)."""
+    import gc
+    import warnings
+
+    dm = _dm(tmp_path, shakespeare, tokenizer="char")
+    dm.prepare_data()
+    dm.setup("fit")
+    path = str(dm.dataset_dir / "train.bin")
+    batches = TrainBatches(path, dtype=dm.meta["dtype"], n_tokens=len(_tokens(dm, "train")), block_size=16,
+                           batch_size=2, seed=0)
+    assert batches[0][0].shape == (2, 16)
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del batches
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning) and path in str(w.message)]

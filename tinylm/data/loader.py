@@ -53,6 +53,7 @@ class _TokenWindows(Dataset):
         if self._data is None or self._mapped >= WINDOWS_PER_MAP:
             if self._file is None:
                 self._file = open(self.path, "rb")  # noqa: SIM115 (held for the dataset's life, as a memmap was)
+                weakref.finalize(self, self._file.close)  # closed with it (a ResourceWarning each fit otherwise)
             self._data = np.memmap(self._file, dtype=np.dtype(self.dtype).newbyteorder("<"), mode="r")
             self._mapped = 0
         self._mapped += len(offsets)
