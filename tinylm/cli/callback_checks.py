@@ -174,6 +174,8 @@ def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_inte
     from tinylm.cli.trainer_checks import _METRICS  # (a user's own train/ metric may be logged every step)
 
     every = log_every_n_steps if isinstance(log_every_n_steps, int) and log_every_n_steps > 0 else 50  # (Lightning's)
+    whole = isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool)
+    steps = val_check_interval // max(int(accumulate or 1), 1) if whole else None  # (a validation's steps)
     for cb in callbacks:
         monitor = getattr(cb, "monitor", None)
         if every == 1 or not isinstance(cb, (ModelCheckpoint, EarlyStopping)) or \
@@ -186,11 +188,9 @@ def check_train_monitors(callbacks: list, log_every_n_steps: Any, val_check_inte
                               "train metrics are logged on logging steps only), so it would read a value up to "
                               f"{every - 1} steps old, and none before step {every}; set --trainer.log_every_n_steps "
                               f"to a divisor of {n} (e.g. 1), or every_n_train_steps to a multiple of {every}")
-        whole = isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool)
-        steps = val_check_interval // max(int(accumulate or 1), 1) if whole else None
         timed = getattr(cb, "_train_time_interval", None) is not None  # (its own time: at any step)
-        at_end = "check" if isinstance(cb, EarlyStopping) else "save"  # (at an epoch's end: a pass, not a step count)
-        at_end = f"{at_end}_on_train_epoch_end" if getattr(cb, f"_{at_end}_on_train_epoch_end", None) else None
+        at_end = next((f"{k}_on_train_epoch_end" for k in ("check", "save")  # (EarlyStopping's, ModelCheckpoint's:
+                       if getattr(cb, f"_{k}_on_train_epoch_end", None)), None)  # at an epoch's end, not a step count)
         if not n and monitor in _METRICS and (timed or at_end or not steps or steps % every):
             when = "after each train_time_interval, at any step" if timed else \
                 f"at each notional epoch's end ({at_end}=True), at steps not set in advance" if at_end else \
