@@ -82,9 +82,27 @@ def resolve_precision(requested: str | None, n_embd: int, accelerator: object = 
     """
     if requested is not None:
         return str(requested)
-    if torch.cuda.is_available() and not (isinstance(accelerator, str) and accelerator.strip().lower() == "cpu"):
+    if torch.cuda.is_available() and not names_cpu(accelerator):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "bf16-mixed" if n_embd >= CPU_BF16_MIN_WIDTH and _cpu_has_native_bf16() else "32-true"
+
+
+def names_cpu(accelerator: object) -> bool:
+    """Whether --trainer.accelerator is the CPU: "cpu" (any case), a CPUAccelerator (a config's ``class_path:
+    lightning.pytorch.accelerators.CPUAccelerator``, instantiated), or its class_path as a config record holds it (a
+    dict, jsonargparse's Namespace): an accelerator object took the GPU's 16-mixed on a machine with a GPU."""
+    if isinstance(accelerator, str):
+        return accelerator.strip().lower() == "cpu"
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    if hasattr(accelerator, "get"):  # {"class_path": "lightning.pytorch.accelerators.CPUAccelerator", ...}
+        module, _, name = str(accelerator.get("class_path") or "").rpartition(".")
+        try:
+            accelerator = getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    return isinstance(accelerator, CPUAccelerator) or isinstance(accelerator, type) and \
+        issubclass(accelerator, CPUAccelerator)
 
 
 def _cpu_has_native_bf16() -> bool:

@@ -140,10 +140,17 @@ def test_resume_from_last_continues_from_saved_step(config, tmp_path, monkeypatc
         assert yaml.safe_load(record)["ckpt_path"] is None and "max_steps: 6" in record
 
 
-def test_a_cpu_run_on_a_gpu_machine_takes_the_cpus_precision(run_config, monkeypatch, recwarn):
+CPU_CLASS = "lightning.pytorch.accelerators.CPUAccelerator"
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", {"class_path": CPU_CLASS}])
+def test_a_cpu_run_on_a_gpu_machine_takes_the_cpus_precision(accelerator, run_config, monkeypatch, recwarn):
     """Catches `--trainer.accelerator cpu` on a machine with a GPU taking the GPU's default precision: 16-mixed (a
     T4's, a V100's: no bf16), which Lightning said the user had passed and ran as bf16-mixed; bf16-mixed (newer
-    GPUs) on a 32-wide model, where the CPU's rule is 32-true (1.35x faster at 128 wide)."""
+    GPUs) on a 32-wide model, where the CPU's rule is 32-true (1.35x faster at 128 wide). The accelerator as a
+    config's object (class_path: ...CPUAccelerator) took the GPU's, and so did a resume's reading of it."""
+    from jsonargparse import Namespace
+
     import tinylm.device
     from tinylm.device import resolve_precision
 
@@ -155,9 +162,11 @@ def test_a_cpu_run_on_a_gpu_machine_takes_the_cpus_precision(run_config, monkeyp
 
     assert on_a_gpu_machine(None, 32) == "16-mixed"  # (not vacuous: the GPU's, where the run trains on it)
     monkeypatch.setattr(tinylm.device, "resolve_precision", on_a_gpu_machine)
-    cli = lightning_main(["fit", "--config", str(run_config(trainer={"precision": None})), "--trainer.accelerator",
-                          "cpu"])
+    cli = lightning_main(["fit", "--config", str(run_config(trainer={"precision": None, "accelerator": accelerator}))])
     assert cli.trainer.precision == "32-true"
+    from tinylm.device import names_cpu  # (resume_changes reads the run's record and the config: no object there)
+
+    assert names_cpu(Namespace(class_path=CPU_CLASS)) and not names_cpu({"class_path": "x.CUDAAccelerator"})
     assert not [w for w in recwarn if "AMP with fp16 is not supported on CPU" in str(w.message)]
     assert on_a_gpu_machine(None, 32, "cpu", bf16=True) == on_a_gpu_machine(None, 32, "CPU", bf16=True) == "32-true"
     assert on_a_gpu_machine(None, 32, "auto", bf16=True) == "bf16-mixed"  # (an A100's)
