@@ -376,6 +376,29 @@ def test_a_pre_emption_warning_outside_slurm_saves_at_a_whole_step(run_config, t
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
 
 
+class WarnAsBuilt(L.Callback):
+    """A scheduler's pre-emption warning (SIGUSR1) while `tinylm fit` builds the run, before its training loop's
+    handlers: where a tokenizer trains and the corpus is packed (minutes, for a large one)."""
+
+    def __init__(self) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_a_pre_emption_warning_before_training_ends_the_command_in_its_line(run_config, tmp_path):
+    """Catches SIGUSR1 (SLURM's `--signal=USR1@90`, `timeout -s USR1`) during the data preparation or tokenizer
+    training inside `tinylm fit`, before tinylm.train.interrupt's handler, killing the command by Python's default:
+    status -10, not a word (the shell's "User defined signal 1"). It ends as a SIGTERM there does, in one line, with
+    the status the run's own handler gives (138); once training starts that handler still saves at a whole step."""
+    config = run_config(trainer={"callbacks": [{"class_path": "test_signals.WarnAsBuilt"}]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)),
+                                         os.environ.get("PYTHONPATH", "")])
+    done = forked.run(["fit", "--config", config.name], cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 128 + signal.SIGUSR1, done.stderr[-3000:]
+    assert done.stderr.endswith("tinylm fit: error: terminated by SIGUSR1 before it finished; run the same `tinylm "
+                                "fit` again\n"), done.stderr[-3000:]
+
+
 def test_sigterm_with_checkpointing_off_exits_non_zero(config, tmp_path):
     """Catches SIGTERM ending a run with checkpointing off with exit 0 halfway (a scheduler would record success)."""
     proc = forked.popen(["fit", "--config", str(config), "--trainer.enable_checkpointing", "false",

@@ -1,6 +1,6 @@
 """Signals outside fit's training loop (which tinylm.train.interrupt handles): SIGTERM, SIGHUP (unless the command
-was started to ignore it, as under nohup) and Ctrl+C end a command with its cleanup and one line (128 + the signal),
-and pass on to the training processes it started."""
+was started to ignore it, as under nohup), Ctrl+C and SIGUSR1/SIGUSR2 (unless handled or ignored) end a command with
+its cleanup and one line (128 + the signal), and pass on to the training processes it started."""
 
 from __future__ import annotations
 
@@ -175,14 +175,42 @@ def _holding(signum: int) -> bool:
 
 
 @contextlib.contextmanager
+def _warnings_until_a_run(on_sigterm) -> Iterator[None]:
+    """A scheduler's pre-emption warning left at its default (SLURM's requeue signal SIGUSR1, `timeout -s USR1`, LSF's
+    SIGUSR2) ends the command as ``on_sigterm`` does until fit's run takes it (tinylm.train.interrupt, which reads this
+    handler as the default it stands for): while a tokenizer trained, a corpus was packed or the ranks connected, it
+    killed the command by the default action, without a word (status -10)."""
+    if not callable(on_sigterm):
+        yield
+        return
+
+    def on_warning(signum: int, frame: object) -> None:
+        on_sigterm(signum, frame)
+
+    on_warning.until_a_run = True
+    warnings = [s for s in (signal.SIGUSR1, signal.SIGUSR2) if signal.getsignal(s) == signal.SIG_DFL]
+    for s in warnings:
+        signal.signal(s, on_warning)
+    try:
+        yield
+    finally:
+        for s in warnings:  # (a run stopped on SLURM's requeue signal leaves it ignored: see usr_signals_kept)
+            if signal.getsignal(s) is on_warning:
+                signal.signal(s, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
 def usr_signals_kept(program: bool) -> Iterator[None]:
     """SIGUSR1 and SIGUSR2 as they were after the command, unless this process is the command (``program``): a run
     stopped on SLURM's requeue signal leaves it ignored (tinylm.train.interrupt), so that the signal reaching a rank
-    late, after the rank stopped on another's, does not kill it as it exits (status -10 for a saved run)."""
-    main = threading.current_thread() is threading.main_thread() and not program  # (elsewhere: a ValueError)
-    previous = {s: h for s in (signal.SIGUSR1, signal.SIGUSR2) if main and (h := signal.getsignal(s)) is not None}
+    late, after the rank stopped on another's, does not kill it as it exits (status -10 for a saved run). Meanwhile,
+    `_warnings_until_a_run` with the SIGTERM handler of `terminate_cleanly` (entered just before)."""
+    main = threading.current_thread() is threading.main_thread()  # (elsewhere: a ValueError)
+    previous = {s: h for s in (signal.SIGUSR1, signal.SIGUSR2)
+                if main and not program and (h := signal.getsignal(s)) is not None}
     try:
-        yield
+        with _warnings_until_a_run(signal.getsignal(signal.SIGTERM) if main else None):  # terminate_cleanly's
+            yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

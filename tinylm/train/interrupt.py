@@ -100,6 +100,9 @@ class InterruptStop(L.Callback):
         trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: None
         global _late
         self._trainer, self._received, self._armed, _late = trainer, None, True, None
+        for s in _WARNINGS:  # the command's handler until the run's (tinylm.cli.signals) stands for the default
+            if getattr(signal.getsignal(s), "until_a_run", False):
+                signal.signal(s, signal.SIG_DFL)
         stop_state.over, stop_state.line = False, None
         # None: a handler not installed from Python, which Python cannot reinstall; such a signal is left alone. So
         # is a SIGHUP the command was started to ignore (nohup), and a Ctrl+C (a script's `&` job): ddp_fork's
