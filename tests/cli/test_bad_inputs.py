@@ -1580,6 +1580,25 @@ def test_a_dd_hh_mm_ss_train_time_interval_in_a_config_file_is_refused(tmp_path)
         check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml")])
 
 
+def test_a_dd_hh_mm_ss_train_time_interval_in_a_callbacks_own_file_is_refused(tmp_path, monkeypatch):
+    """Catches a callback's own file (`- cb.yaml` under trainer.callbacks of a section's file, or
+    --trainer.callbacks+=cb.yaml) not read by the check: its `train_time_interval: 00:00:30:00` was read by
+    jsonargparse as 0:00:30 without a word (a checkpoint every 30 s, not 30 minutes)."""
+    from tinylm.cli.callback_checks import check_time_intervals
+    from tinylm.errors import TinyLMError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("trainer: trainer.yaml\n")
+    (tmp_path / "trainer.yaml").write_text("max_steps: 2\ncallbacks:\n  - cb.yaml\n")
+    (tmp_path / "cb.yaml").write_text("class_path: ModelCheckpoint\ninit_args:\n  train_time_interval: 00:30:00\n")
+    check_time_intervals(["fit", "--config", "c.yaml"])  # (H:MM:SS, as the option reads it: not refused)
+    (tmp_path / "cb.yaml").write_text("class_path: ModelCheckpoint\ninit_args:\n  train_time_interval: 00:00:30:00\n")
+    for argv in (["--config", "c.yaml"], ["--trainer.callbacks+=cb.yaml"]):
+        with pytest.raises(TinyLMError, match=r"--trainer\.callbacks(\[0\])?\.init_args\.train_time_interval "
+                                              r"00:00:30:00: this option is a timedelta.*write 00:30:00"):
+            check_time_intervals(["fit", *argv])
+
+
 def test_a_train_monitor_checked_on_logging_steps_is_taken():
     """The other side of the refusal of a train/ metric monitored at validations between logging steps: validations
     on logging steps (4 micro-batches of 2 a step: every 2 steps, logging every 2), logging at every step, and a

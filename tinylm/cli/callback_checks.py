@@ -218,8 +218,9 @@ def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 def _file_options(argv: list) -> list:
     """The (dotted key, value) leaves of the --config files of ``argv``, and of the sections' own files that they or
-    the command line name (`train_time_interval: 00:00:30:00` in a callback's init_args is a string to YAML, read by
-    jsonargparse as 0:00:30 as from the command line)."""
+    the command line name, and of the YAML files named inside those (a callback's own, `- cb.yaml` under
+    trainer.callbacks: its time was read without the check) (`train_time_interval: 00:00:30:00` in a callback's
+    init_args is a string to YAML, read by jsonargparse as 0:00:30 as from the command line)."""
     import yaml
 
     from tinylm.cli.argv import config_files
@@ -230,20 +231,27 @@ def _file_options(argv: list) -> list:
             text = super().construct_scalar(node)
             return _Quoted(text) if node.style in ("'", '"') else text
 
-    found: list = []
+    def names_file(key: str, name: Any, folder: Path) -> bool:  # `trainer: trainer.yaml`, `- cb.yaml`: beside it
+        return isinstance(name, str) and (key in FIT_GROUPS or name.lower().endswith((".yaml", ".yml"))) and \
+            (folder / name).is_file()
+
     files = [("", path) for path in config_files(argv)] + \
-        [(key, value) for key, value in options(argv) if key in FIT_GROUPS and isinstance(value, str)]  # --trainer F
+        [(key.rstrip("+"), Path(value)) for key, value in options(argv) if key != "config" and
+         names_file(key, value, Path())]  # --trainer F, --trainer.callbacks+=cb.yaml
+    found, read = [], set()
     while files:
         section, path = files.pop(0)
+        if (real := Path(path).resolve()) in read:  # (a file that names itself)
+            continue
+        read.add(real)
         try:
             with open(path, encoding="utf-8") as f:
                 data = yaml.load(f, Loader=TextLoader)  # noqa: S506 (a loader of strings only)
         except (OSError, ValueError, yaml.YAMLError):  # (check_config_files names an unreadable file)
             continue
-        if not section and isinstance(data, dict):  # a section's own file, `trainer: trainer.yaml`, beside the config
-            files += [(key, Path(path).parent / name) for key, name in data.items()
-                      if key in FIT_GROUPS and isinstance(name, str) and (Path(path).parent / name).is_file()]
-        found += _leaves(data, section)
+        leaves = list(_leaves(data, section))
+        files += [(key, Path(path).parent / name) for key, name in leaves if names_file(key, name, Path(path).parent)]
+        found += leaves
     return found
 
 
