@@ -338,38 +338,57 @@ def address_space_free() -> int | None:
     return max(0, limit - mapped)
 
 
-def _cgroup_free(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> int | None:
-    """What this process's cgroup (v2: a container's, a SLURM job's memory limit) and those above it let it allocate
+def _cgroup_free(root: Path = Path("/sys/fs/cgroup"), own: str | None = None, own_v1: str | None = None) -> int | None:
+    """What this process's cgroup (a container's, a SLURM job's memory limit) and those above it let it allocate
     still, the least any of them leaves, or None without a limit: the machine's MemAvailable counts memory the kernel
-    would kill the process for using. `own` is the process's cgroup below `root` (/proc/self/cgroup's): a SLURM job's
-    limit sits on the job's cgroup, above the step's that the process runs in (only the root's was read, where a
-    container's cgroup namespace puts it), and a limit's level can be any of them."""
-    folder = root / (_own_cgroup() if own is None else own).strip("/")
-    frees = [_cgroup_level_free(f) for f in (folder, *folder.parents) if f == root or root in f.parents]
+    would kill the process for using. `own` is the process's cgroup v2 below `root` (/proc/self/cgroup's): a SLURM
+    job's limit sits on the job's cgroup, above the step's that the process runs in (only the root's was read, where
+    a container's cgroup namespace puts it), and a limit's level can be any of them. `own_v1`: its cgroup v1 memory
+    controller's, below `root`/memory (a host on cgroup v1 or hybrid, a SLURM cluster's on RHEL 7/8: its limit was
+    not read, and a run the job could not hold was let through to the kernel's OOM kill)."""
+    frees = [*_levels_free(root, _own_cgroup() if own is None else own, v1=False),
+             *_levels_free(root / "memory", _own_cgroup("memory") if own_v1 is None else own_v1, v1=True)]
     return min((f for f in frees if f is not None), default=None)
 
 
-def _own_cgroup() -> str:
-    """This process's cgroup v2 path (the "0::/PATH" line of /proc/self/cgroup), "" where none is read."""
+def _levels_free(root: Path, own: str, *, v1: bool) -> list[int | None]:
+    """`_cgroup_level_free` of the cgroup ``own`` below ``root`` and of each level above it, up to ``root``."""
+    folder = root / own.strip("/")
+    return [_cgroup_level_free(f, v1=v1) for f in (folder, *folder.parents) if f == root or root in f.parents]
+
+
+def _own_cgroup(controller: str = "") -> str:
+    """This process's cgroup path: v2's (the "0::/PATH" line of /proc/self/cgroup), or under cgroup v1 the one of
+    ``controller`` ("4:memory:/PATH"); "" where none is read."""
     try:
         with open("/proc/self/cgroup", encoding="utf-8") as f:
-            return next((line[3:].strip() for line in f if line.startswith("0::")), "")
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
         return ""
+    return next((path for _, names, path in (line for line in lines if len(line) == 3)
+                 if (names == "" if not controller else controller in names.split(","))), "")
 
 
-def _cgroup_level_free(folder: Path) -> int | None:
-    """What one cgroup v2 folder's memory.max leaves free: its use less its inactive file cache (the working set, as
-    `docker stats` and the kubelet count it): a container that had read its corpus was charged the pages the kernel
-    gives back, and had 0 bytes free."""
+_V1_UNLIMITED = 2**62
+"""A cgroup v1 memory.limit_in_bytes this large is none: "unlimited" reads 9223372036854771712 (2^63 less a page)."""
+
+
+def _cgroup_level_free(folder: Path, *, v1: bool = False) -> int | None:
+    """What one cgroup folder's limit (v2's memory.max, v1's memory.limit_in_bytes) leaves free: its use less its
+    inactive file cache (the working set, as `docker stats` and the kubelet count it): a container that had read its
+    corpus was charged the pages the kernel gives back, and had 0 bytes free."""
+    names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if v1 else \
+        ("memory.max", "memory.current", "inactive_file")  # (v1's total_: the level's and those below it, as its use)
     try:
-        limit = (folder / "memory.max").read_text().strip()
-        used = int((folder / "memory.current").read_text())
+        limit = (folder / names[0]).read_text().strip()
+        used = int((folder / names[1]).read_text())
     except (OSError, ValueError):
         return None
     try:
         stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
-        used -= min(used, int(stat.get("inactive_file", 0)))
+        used -= min(used, int(stat.get(names[2], 0)))
     except (OSError, ValueError):
         pass
-    return None if limit == "max" else max(0, int(limit) - used)
+    if limit == "max" or v1 and limit.isdigit() and int(limit) >= _V1_UNLIMITED:
+        return None
+    return max(0, int(limit) - used)

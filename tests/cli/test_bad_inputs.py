@@ -1411,6 +1411,29 @@ def test_a_limit_on_a_cgroup_above_the_processs_own_is_found(tmp_path):
     assert _cgroup_free(tmp_path, "/") is None and _cgroup_free(tmp_path, "/other/gone") is None
 
 
+def test_a_cgroup_v1_memory_limit_is_found(tmp_path):
+    """Catches a cgroup v1 memory limit (a host on cgroup v1 or hybrid: SLURM on RHEL 7/8, older Docker) not read:
+    only v2's memory.max was, so a job limited to 8 GB on a 500 GB node was told the node's memory was free, and a
+    run it could not hold went on to the kernel's OOM kill. v1's "unlimited" (2^63 less a page) is no limit."""
+    from tinylm.device import _cgroup_free
+
+    def cgroup(folder, limit, used, inactive_file=0):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        (folder / "memory.usage_in_bytes").write_text(f"{used}\n")
+        (folder / "memory.stat").write_text(f"inactive_file 0\ntotal_inactive_file {inactive_file}\n")
+
+    unlimited = 9223372036854771712
+    cgroup(tmp_path / "memory", unlimited, 50 * 2**30)
+    cgroup(tmp_path / "memory" / "slurm" / "uid_1" / "job_7", 8 * 2**30, 7 * 2**30, inactive_file=2**30)
+    cgroup(tmp_path / "memory" / "slurm" / "uid_1" / "job_7" / "step_0", unlimited, 5 * 2**30)
+    assert _cgroup_free(tmp_path, "/", "/slurm/uid_1/job_7/step_0") == 2 * 2**30  # 8 GB less 7 used, 1 of it cache
+    assert _cgroup_free(tmp_path, "/", "/") is None and _cgroup_free(tmp_path, "/", "/other/gone") is None
+    (tmp_path / "memory.max").write_text(f"{3 * 2**30}\n")  # (hybrid: a v2 limit beside it, the least of both)
+    (tmp_path / "memory.current").write_text(f"{2 * 2**30 + 2**29}\n")
+    assert _cgroup_free(tmp_path, "/", "/slurm/uid_1/job_7/step_0") == 2**29
+
+
 @pytest.mark.parametrize("command, target, raised, fix", [
     ("prepare", "tinylm.data.corpus._read_documents", MemoryError(), "--data.tokenizer_train_chars"),
     ("fit", "tinylm.train.module.token_loss", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
