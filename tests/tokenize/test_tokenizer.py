@@ -98,6 +98,20 @@ def test_a_lone_surrogate_in_training_text_reads_as_u_fffd(spec):
     assert train("an \ud83d emoji cut in two ").fingerprint == train("an \ufffd emoji cut in two ").fingerprint
 
 
+def test_a_char_tokenizer_trained_on_a_lone_surrogate_is_saved(tmp_path):
+    """Catches a char tokenizer trained through the Python API on text with a lone surrogate (a JSON "\\ud83d" read
+    by json.loads) that could not be saved (UnicodeEncodeError from the state file's UTF-8, and from its fingerprint,
+    which `prepare` keys the dataset by): the surrogate reads as U+FFFD, as the byte-level kinds read it."""
+    tok = build_tokenizer("char", documents=lambda: ["an \ud83d emoji cut in two", "and \ud83d\ude00 one whole"])
+    assert tok.fingerprint == build_tokenizer("char", documents=lambda: ["an \ufffd emoji cut in two",
+                                                                         "and \U0001f600 one whole"]).fingerprint
+    loaded = Tokenizer.load(tok.save(tmp_path / "char"))
+    assert loaded.fingerprint == tok.fingerprint
+    assert loaded.encode("cut \udc80") == loaded.encode("cut \ufffd") == list(loaded.encode_arrays(["cut \udc80"])[0])
+    with pytest.raises(ValueError, match="is not in the char tokenizer"):  # (one it lacks: still refused)
+        loaded.encode_arrays(["cut \u00e9"])
+
+
 def test_bpe_trained_shape(bpe):
     """Prevents a trained BPE without the 256-byte alphabet, without EOS, or over the requested size."""
     assert 257 <= bpe.vocab_size <= 400

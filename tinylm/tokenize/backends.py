@@ -212,6 +212,8 @@ class CharBackend:
         try:
             return [self.stoi[c] for c in text]
         except KeyError as e:
+            if "\ud800" <= e.args[0] <= "\udfff" and (fixed := _valid_utf8(text)) is not text:  # a lone surrogate
+                return self.encode(fixed)  # as U+FFFD, as the byte-level backends read it (and training, _train_char)
             raise MissingCharacter(e.args[0], len(self.chars)) from None
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -227,8 +229,8 @@ class CharBackend:
             self._table[[ord(c) for c in self.chars]] = np.arange(len(self.chars), dtype=np.int32)
         points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         ids = self._table[np.minimum(points, len(self._table) - 1)]
-        if len(ids) and int(ids.min()) < 0:
-            self.encode(text)  # raises MissingCharacter, naming the first character the vocabulary lacks
+        if len(ids) and int(ids.min()) < 0:  # MissingCharacter, naming the first character the vocabulary lacks,
+            return np.asarray(self.encode(text), dtype=np.int32)  # or a lone surrogate's U+FFFD (see encode)
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -496,10 +496,12 @@ def _train_scratch(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def _train_char(docs: Iterable[str]) -> Tokenizer:
+    from tinylm.tokenize.bpe import _valid_utf8
+
     chars: set[str] = set()
     n_docs = 0
     for doc in docs:
-        chars.update(doc)
+        chars.update(_valid_utf8(doc))  # a lone surrogate as U+FFFD, as encode reads it (no UTF-8 file holds one)
         n_docs += 1
     if not chars:
         raise ValueError("cannot build a char tokenizer from an empty corpus; pass --data.corpus PATH to text")
