@@ -159,6 +159,21 @@ def test_tiktoken_name_loads_from_cache_offline(shared_data, gpt2, monkeypatch, 
     assert tok.eos_id == 50256
 
 
+def test_tiktoken_name_is_the_encoding_beside_a_file_of_that_name(shared_data, gpt2, monkeypatch, tmp_path):
+    """Catches `tiktoken:r50k_base` (or `tiktoken:gpt2`) run beside a plain file of that name (notes, a download)
+    reading the file as a rank file ("not a .tiktoken rank file ...") instead of the named encoding; the file is
+    still `tiktoken:./r50k_base`."""
+    _no_network(monkeypatch)
+    cache = tmp_path / "tiktoken_cache"  # conftest points TIKTOKEN_CACHE_DIR here
+    cache.mkdir(exist_ok=True)
+    shutil.copy(shared_data / "gpt2.tiktoken", cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r50k_base").write_text("my notes on the r50k_base encoding\n")
+    assert build_tokenizer("tiktoken:r50k_base").encode("Hello world") == gpt2.encode("Hello world")
+    with pytest.raises(ValueError, match="r50k_base"):  # (the file, named as a path: read as one)
+        build_tokenizer("tiktoken:./r50k_base")
+
+
 def test_tiktoken_name_unreachable_says_use_path(monkeypatch):
     """Prevents an opaque network traceback when a tiktoken encoding cannot be downloaded."""
     _no_network(monkeypatch)

@@ -520,8 +520,9 @@ def _load_tiktoken(spec: str) -> Tokenizer:
     target = spec.split(":", 1)[1]
     if not target:
         raise ValueError(f"tokenizer {spec!r} names no encoding; use tiktoken:gpt2 or tiktoken:PATH.tiktoken")
-    if Path(target).exists() and not Path(target).is_dir() or target.endswith(".tiktoken"):  # (a folder "gpt2"
-        # beside the command is not tiktoken:gpt2)
+    named = target in tiktoken.list_encoding_names()  # a file or folder "gpt2" beside the command is not
+    # tiktoken:gpt2 (the file is tiktoken:./gpt2)
+    if not named and (Path(target).exists() and not Path(target).is_dir() or target.endswith(".tiktoken")):
         path = Path(target)
         if not path.is_file():
             what = "is not a regular file" if path.exists() else "not found"
@@ -537,7 +538,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
                                   "byte-level BPE has, so text holding them could not be encoded")
             # after the highest rank: a file whose ranks have gaps would otherwise give EOS the id of a real token
             return Tokenizer(TiktokenBackend(path.stem, GPT2_PATTERN, ranks_text, {EOT: max(ranks) + 1}), spec)
-    if target not in tiktoken.list_encoding_names():
+    if not named:
         raise ValueError(f"unknown tiktoken encoding {target!r}; known: {tiktoken.list_encoding_names()}, "
                          "or pass tiktoken:PATH to a local .tiktoken rank file")
     try:
