@@ -386,7 +386,8 @@ def test_generate_into_a_closed_pipe_stops_quietly(config, tmp_path):
 def test_validate_into_a_closed_pipe_ends_with_141(config, tmp_path):
     """Catches `tinylm validate ... | head -1` ending with exit 1 and not a word: Lightning's table of metrics is
     printed by rich, whose answer to a reader gone is SystemExit(1); every other command ends quietly with 141, as a
-    shell reports a reader gone."""
+    shell reports a reader gone. And the result it computed lost (`| less` quit before it, `| true`): the table met
+    the reader gone before validate recorded its row in validate/metrics.csv."""
     import os
     import subprocess
     import sys
@@ -400,6 +401,9 @@ def test_validate_into_a_closed_pipe_ends_with_141(config, tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141, err[-2000:]
     assert "Traceback" not in err and "error" not in err, err[-2000:]
+    with open(tmp_path / "runs" / "tiny" / "validate" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["step"] for row in rows] == ["6"] and float(rows[0]["val/loss"]) > 0, rows
 
 
 @pytest.mark.parametrize("flags, match", [

@@ -3,12 +3,14 @@ the commands write to stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from tinylm.cli.errors import STDOUT
@@ -122,6 +124,25 @@ def quiet_stdout() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, sys.stdout.fileno())
     os.close(null)
+
+
+@contextlib.contextmanager
+def kept_to_the_end(on: bool) -> Iterator[None]:
+    """(``on``: validate's command) A reader gone before the command's end (`tinylm validate ... | less` quit before the
+    result, minutes of validation on a large model; `| true`) sends stdout to /dev/null and the command goes on to
+    its end, then exits 141 (main's BrokenPipeError): it met the reader gone at Lightning's table of the metrics,
+    printed before validate records them in validate/metrics.csv, and ended there, the result lost."""
+    if not on or stop_state.reader_gone is not None:
+        yield
+        return
+    gone: list[int] = []
+    stop_state.reader_gone, over, stop_state.over = gone.append, stop_state.over, False  # (a notebook's last fit's)
+    try:
+        yield
+    finally:
+        stop_state.reader_gone, stop_state.over = None, over
+    if gone:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def setup_lightning() -> None:

@@ -309,7 +309,8 @@ def _run(command: str, rest: list[str], program: bool) -> None:
             with signals.held(command, program), _collector_paused(program):
                 console.setup_lightning()
             started = time.perf_counter()
-            cli = COMMANDS[command].function()([command, *rest])
+            with console.kept_to_the_end(command == "validate"):  # (its result recorded, whoever reads stdout)
+                cli = COMMANDS[command].function()([command, *rest])
         if command == "validate" and hasattr(cli, "validate_result"):
             from tinylm.cli.summary import example_prompt, exportable, validate_next
 
