@@ -81,3 +81,13 @@ def test_wsd_decay_fraction_sets_where_the_decay_starts():
     module = TinyLM(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8, lr_schedule="wsd", lr=1e-3,
                     min_lr=1e-4, warmup_steps=10, decay_steps=110, decay_fraction=0.25)
     assert module._lr_at(95) == pytest.approx(6.4e-4) and module._lr_at(84) == pytest.approx(1e-3)
+
+
+def test_wsd_decay_fraction_of_a_whole_number_of_steps_is_that_many_steps():
+    """Catches the stable phase's length taken by int() of a float product: 0.7 x 90 is 62.99999999999999 in floats,
+    so decay_fraction 0.3 of the 90 steps after warmup decayed from step 72 over 28 steps, not from 73 over 27."""
+    kw = dict(KW, warmup_steps=10, decay_steps=100)
+    assert warmup_stable_decay(73, decay_fraction=0.3, **kw) == 1e-3  # 10 + 63 stable steps: the decay starts here
+    assert warmup_stable_decay(74, decay_fraction=0.3, **kw) == pytest.approx(1e-3 - 9e-4 / 27)  # 1/27 of the way
+    assert warmup_stable_decay(77, decay_fraction=0.25, **kw) == 1e-3  # 67.5 stable steps: 67 whole ones, as before
+    assert warmup_stable_decay(78, decay_fraction=0.25, **kw) < 1e-3

@@ -41,7 +41,8 @@ def warmup_stable_decay(
     steps after warmup."""
     if (w := _warmup(step, lr, warmup_steps)) is not None:
         return w
-    decay_start = warmup_steps + int((1.0 - decay_fraction) * (decay_steps - warmup_steps))
+    # whole stable steps, rounded first: 0.7 * 90 is 62.99999999999999 in floats, and int() made it 62
+    decay_start = warmup_steps + int(round((1.0 - decay_fraction) * (decay_steps - warmup_steps), 9))
     if step < decay_start:
         return lr
     if step >= decay_steps:
