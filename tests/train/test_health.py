@@ -863,3 +863,16 @@ def test_tokens_per_sec_leaves_out_a_stop_of_the_process(monkeypatch):
     assert speed.tokens_per_sec == pytest.approx(16 / 0.1)  # the window's steps, the stopped one left out
     assert speed.cpu_wait_fraction == pytest.approx(0.2 / torch.get_num_threads())
     assert speed.others_busy == pytest.approx(1.0)
+
+
+def test_a_resume_on_fewer_devices_judges_its_rate_against_its_own():
+    """Catches a resumed run judged against the rate of the process before it: tokens/sec counts every rank, so a
+    2-device run resumed on 1 device (a resume may change the devices) read half its old rate and, a window later,
+    was told `slowdown` ("look for a memory leak ..."). A leak, growing state or throttling slows one process; a
+    resume is a new process, maybe on other ranks or another machine, whose reference is its own best window."""
+    before = HealthMonitor(window=10)
+    assert _feed(before, [(8000.0, 0.02, 0.0)] * 3) == set()  # 2 ranks of 4,000 tokens/sec each
+    resumed = HealthMonitor(window=10)
+    resumed.load_state_dict(before.state_dict())
+    assert _feed(resumed, [(4000.0, 0.02, 0.0)] * 3) == set()  # 1 rank at the same pace
+    assert _feed(resumed, [(2000.0, 0.02, 0.0)] * 3) == {"slowdown"}  # guard: its own rate halving still fires

@@ -415,17 +415,16 @@ class HealthMonitor(L.Callback):
         # it raises is in this checkpoint (a resume from it would raise it again) and NaN stops the save here
         if self._owner is not None:
             self._check_pending(*self._owner)
-        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val], "best_rate": self._best_rate,
-                "sane_val_step": self._sane_val_step, "best_others": self._best_others, "losses": list(self._losses),
+        # (not `slowdown`'s reference rate: a rate is the process's that measured it, on its ranks and machine; a
+        # resume on 1 device of a 2-device run read half of it, and was told of a slowdown)
+        return {"fired": sorted(self._fired), "val": [list(v) for v in self._val],
+                "sane_val_step": self._sane_val_step, "losses": list(self._losses),
                 "norms": list(self._norms), "last_spike_step": self._last_spike_step}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._fired = set(state_dict.get("fired", []))
         self._val = [tuple(v) for v in state_dict.get("val", [])]
-        # early_rate: its name in older checkpoints
-        self._best_rate = state_dict.get("best_rate", state_dict.get("early_rate"))
-        self._sane_val_step = int(state_dict.get("sane_val_step", -1))
-        self._best_others = state_dict.get("best_others")
+        self._sane_val_step = int(state_dict.get("sane_val_step", -1))  # (an older checkpoint's best_rate: unread)
         # the recent training losses that a validation is judged beside (`diverged`) and `stuck` reads, and the
         # gradient norms: a resumed run judged its first validations on its own few steps and ended "diverged" where
         # the straight run did not
