@@ -9,6 +9,7 @@ Lightning (a fresh interpreter), ddp_fork's forked from the command.
 """
 
 import csv
+import json
 import os
 import re
 import signal
@@ -441,3 +442,76 @@ def test_a_collective_timed_out_on_a_stopped_rank_is_one_line():
                     "timeout): it was stopped (Ctrl+Z, kill -STOP, a scheduler's suspend of one task) or stuck that "
                     "long, so the run stopped; go on with `tinylm fit --config c.yaml --ckpt_path last`\n"), line
     assert not is_user_error(RuntimeError("Timed out waiting for the GPU"))  # (another timeout: a bug's traceback)
+
+
+def _rng_rank(rank: int, port: int, path: Path) -> str:
+    """One of two ranks (gloo) drawing dropout-like numbers through RNGState: its first draws, and whether a resume
+    from the checkpoint (the dict rank 0 writes) draws what it drew after the save (see the test)."""
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from tinylm.train.callbacks import RNGState
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    trainer = SimpleNamespace(global_rank=rank, world_size=2)
+
+    def first_batch(rng: RNGState) -> None:
+        torch.manual_seed(5)  # as seed_everything seeds every rank, alike (their initial weights are the same)
+        rng.on_train_start(trainer, None)
+        rng.on_train_batch_start(trainer, None, None, 0)
+
+    first_batch(rng := RNGState())
+    first = torch.rand(4)
+    state = rng.state_dict()  # every rank takes part (a checkpoint's save); rank 0's dict is the file
+    after = torch.rand(4)
+    if rank == 0:
+        torch.save(state, path)
+    dist.barrier()
+    resumed = RNGState()
+    resumed.load_state_dict(torch.load(path, weights_only=True))
+    first_batch(resumed)
+    return json.dumps({"first": first.tolist(), "after": after.tolist(), "exact": torch.equal(torch.rand(4), after)})
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_resumes_them(tmp_path):
+    """Catches every rank of a run drawing the same dropout masks (seed_everything seeds all ranks alike, and a
+    checkpoint held rank 0's random state alone): rows k and B + k of the global batch dropped the same units, where
+    one device (and nanoGPT's ranks, seeded 1337 + rank) draws each row's own. Each rank's stream also resumes
+    exactly on 2 ranks, and rank 0's on 1. The ranks are processes forked from this one (gloo)."""
+    import socket
+    from types import SimpleNamespace
+
+    from tinylm.train.callbacks import RNGState
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    children = {}
+    for rank in (0, 1):
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a rank: leaves at once)
+            code = 1
+            try:
+                (tmp_path / f"rank-{rank}.txt").write_text(_rng_rank(rank, port, tmp_path / "rng.pt"))
+                code = 0
+            except BaseException:
+                import traceback
+
+                (tmp_path / f"rank-{rank}.txt").write_text(traceback.format_exc())
+            finally:
+                os._exit(code)
+        children[rank] = child
+    codes = [os.waitstatus_to_exitcode(forked.reap(children[rank], 120)) for rank in (0, 1)]
+    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert codes == [0, 0], said
+    rank0, rank1 = (json.loads(line) for line in said)
+    assert rank0["first"] != rank1["first"], said  # each rank its own masks
+    assert rank0["exact"] and rank1["exact"], said  # each resumed on 2 ranks as it went on
+    one, trainer = RNGState(), SimpleNamespace(global_rank=0, world_size=1)  # resumed on 1 device: rank 0's goes on
+    one.load_state_dict(torch.load(tmp_path / "rng.pt", weights_only=True))
+    one.on_train_start(trainer, None)
+    one.on_train_batch_start(trainer, None, None, 0)
+    assert torch.rand(4).tolist() == rank0["after"], said

@@ -199,10 +199,16 @@ class RNGState(L.Callback):
     uninterrupted one. The state is restored at the *first training batch* after loading, not at ``on_train_start``:
     the training DataLoader's iterator is created in between and would otherwise run on the restored state.
     Only tensors and plain Python values are stored, so ``torch.load(weights_only=True)`` can read it back.
+
+    Each rank of a multi-device run draws its own dropout masks, as nanoGPT's ranks do (seed + rank): every rank is
+    seeded alike (the same initial weights), and rank r > 0 moves to seed + r at its first batch; a checkpoint holds
+    every rank's torch and CUDA states (rank 0's alone gave each rank the same masks: rows of the global batch
+    dropped alike in pairs).
     """
 
     def __init__(self) -> None:
         self._pending: dict | None = None
+        self._first = False
 
     def state_dict(self) -> dict:
         import random
@@ -216,26 +222,53 @@ class RNGState(L.Callback):
             "numpy": [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)],
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "ranks": _every_rank([torch.get_rng_state(), torch.cuda.get_rng_state_all()
+                                  if torch.cuda.is_available() else []]),  # (every rank saves: a collective)
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._pending = state_dict
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first = True
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if self._pending is None:
+        if not self._first:
             return
         import random
 
         import numpy as np
 
-        s, self._pending = self._pending, None
-        version, py_state, py_gauss = s["python"]
-        random.setstate((version, tuple(py_state), py_gauss))
-        kind, keys, pos, has_gauss, gauss = s["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
-        torch.set_rng_state(s["torch"])
-        if s["cuda"] and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(s["cuda"])
+        s, self._pending, self._first = self._pending, None, False
+        if s is not None:
+            version, py_state, py_gauss = s["python"]
+            random.setstate((version, tuple(py_state), py_gauss))
+            kind, keys, pos, has_gauss, gauss = s["numpy"]
+            np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+        ranks = s.get("ranks") if s is not None else None
+        if ranks is not None and len(ranks) == trainer.world_size:
+            cpu, cuda = ranks[trainer.global_rank]
+        elif trainer.global_rank > 0:  # a new run, or another number of ranks: rank r's own stream from the seed
+            torch.manual_seed((torch.initial_seed() + trainer.global_rank) % 2**64)
+            return
+        elif s is None:
+            return
+        else:
+            cpu, cuda = s["torch"], s["cuda"]
+        torch.set_rng_state(cpu)
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _every_rank(value: Any) -> list | None:
+    """``value`` of every rank of the run's process group, by rank (a collective), or None without one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 class LoggedStep(L.Callback):
