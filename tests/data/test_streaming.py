@@ -290,3 +290,26 @@ def test_a_tokenizer_sample_of_streamed_corpora_reads_each_of_them(tmp_path):
     assert len(sample) == 2000 and sample.count("a") == sample.count("z") == 800  # half of it each
     assert "zz" in dm.tokenizer.decode(dm.tokenizer.encode("zzzz zzzz")) and \
         len(dm.tokenizer.encode(" zzzz")) == 1  # a piece of the second corpus was learnt
+
+
+def test_a_resume_reading_the_stream_otherwise_is_refused_before_it_is_read_again(run_config, tmp_path, capsys):
+    """Catches a resume of a streamed run with another --data.val_fraction (another held-out head), --data.max_documents
+    or --data.streaming refused only after the whole stream was read and tokenized again into a second dataset (a hub
+    dataset streamed again: hours for a large --data.max_documents), and the held-out head's change said to be "the
+    files were edited or replaced". A val_fraction that holds out as many documents resumes (not vacuous)."""
+    from helpers import _one_line_error
+
+    from tinylm.cli import main
+
+    path = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(120)])
+    config = run_config(data={"corpus": str(path), "streaming": True, "max_documents": 100})  # 10 held out
+    main(["fit", "--config", str(config)])
+    built = sorted((tmp_path / "cache" / "datasets").iterdir())
+    resume = ["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"]
+    for flags, said in ((["--data.val_fraction", "0.2"], "--data.val_fraction 0.1"),
+                        (["--data.max_documents", "80"], "--data.max_documents 100"),
+                        (["--data.streaming", "false"], "--data.streaming true")):
+        _one_line_error(capsys, [*resume, *flags], f"so the resumed run would draw different data; resume with {said}")
+        assert sorted((tmp_path / "cache" / "datasets").iterdir()) == built  # refused before the data was prepared
+    main([*resume, "--data.val_fraction", "0.105"])  # int(0.105 x 100) = 10 documents held out, as the run's
+    assert sorted((tmp_path / "cache" / "datasets").iterdir()) == built

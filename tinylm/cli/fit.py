@@ -290,7 +290,8 @@ class TinyLMCLI(LightningCLI):
         self.ckpt_step, self.resume_step, self.wandb_id = start.step, start.resume_step, start.wandb_id
         self.wandb_project, self.ckpt_threads, self.finish_at = start.wandb_project, start.cpu_threads, start.finish_at
         self.config = with_checkpoint_settings(self.parser, self._parser(sub), sub, self.config, start.update)
-        text = {f for f in self._flags if f in ("data", "data.corpus") or f.startswith("data.clean")}
+        text = {f for f in self._flags if f in ("data", "data.corpus", "data.streaming", "data.max_documents")
+                or f.startswith("data.clean")}
         if start.data_state and text and not printing:  # before a tokenizer trains on it
             from tinylm.data import TinyLMDataModule
 

@@ -231,8 +231,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         # what selects the text: named before the split and the fingerprint that they change (a streamed run resumed
         # without streaming was told "val_fraction=0.1 but this run has val_fraction=0.1"; another max_documents,
         # that the files were edited)
-        diffs += [(f"data.{k}={saved[k]}", f"data.{k}={self._hf[k]}", f"--data.{k} {json.dumps(saved[k])}")
-                  for k in ("streaming", "max_documents") if k in saved and saved[k] != self._hf[k]]
+        diffs += _stream_diffs(saved, self._hf["streaming"], self._hf["max_documents"], self.val_fraction)
         if saved.get("split_settings") not in (None, [m["settings"] for m in self.metas]):
             diffs.append((f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={self.val_fraction}",
                           f"--data.val_fraction {saved['val_fraction']}"))
@@ -268,6 +267,9 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         from tinylm.data.corpus import TextFiles
         from tinylm.data.named import NAMED
 
+        if diffs := _stream_diffs(saved, options.get("streaming", False), options.get("max_documents"),
+                                  options.get("val_fraction")):  # (a stream read otherwise: read again for nothing)
+            raise other_data(*diffs[0])
         corpus, was_fps = options.get("corpus"), saved.get("corpus_fingerprints")
         specs = [corpus] if isinstance(corpus, str) else list(corpus or [])
         if not was_fps or options.get("streaming") or not all(isinstance(s, str) for s in specs) or \
@@ -414,7 +416,10 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
     def check_split_before_preparing(saved: dict, val_fraction: float) -> None:
         """Refuse a resume with another val_fraction from the checkpoint's datamodule state alone: the restore
         refuses it too (`_check_same_data`), but only after the data was prepared, which builds a new dataset for
-        nothing (the split settings are part of a dataset's key)."""
+        nothing (the split settings are part of a dataset's key; a stream's held-out documents, of its fingerprint:
+        the whole stream was read again)."""
+        if diffs := _stream_diffs(saved, saved.get("streaming"), saved.get("max_documents"), val_fraction):
+            raise other_data(*diffs[0])
         cut_by_fraction = any((s or {}).get("val_source") == "tail" for s in saved.get("split_settings") or [])
         if cut_by_fraction and saved.get("val_fraction") != val_fraction:
             raise other_data(f"data.val_fraction={saved['val_fraction']}", f"data.val_fraction={val_fraction}",
@@ -447,6 +452,22 @@ def _other_text(saved: dict, now_fps: list, now_specs: list[str]) -> Exception:
     return CheckpointError(f"the checkpoint was trained on other text than data.corpus {changed!r} holds now ({why}), "
                            "so the resumed run would draw different data; resume with the text it was trained on, or "
                            "start a new run from its weights (--model.init_from CHECKPOINT)")
+
+
+def _stream_diffs(saved: dict, streaming: Any, max_documents: Any, val_fraction: Any) -> list[tuple[str, str, str]]:
+    """(before, after, fix) for `other_data` of each option that reads a stream otherwise than the checkpoint's run
+    (``saved``: the data module's part of it): data.streaming, data.max_documents, and data.val_fraction where it
+    sized the stream's validation (its first val_fraction x max_documents documents: `HFStream.val_documents`; the
+    corpus's fingerprint changes with them, and another one was said to be "the files were edited or replaced")."""
+    now = {"streaming": streaming, "max_documents": max_documents}
+    diffs = [(f"data.{k}={saved[k]}", f"data.{k}={now[k]}", f"--data.{k} {json.dumps(saved[k])}")
+             for k in now if k in saved and saved[k] != now[k]]
+    n, was = saved.get("max_documents"), saved.get("val_fraction")
+    held = lambda fraction: max(1, int(fraction * n))  # as HFStream counts them
+    if not diffs and saved.get("streaming") and n and was is not None and val_fraction is not None and \
+            held(was) != held(val_fraction):
+        diffs.append((f"data.val_fraction={was}", f"data.val_fraction={val_fraction}", f"--data.val_fraction {was}"))
+    return diffs
 
 
 def corpus_paths(specs: list[str]) -> list[str | None]:
