@@ -313,3 +313,31 @@ def test_a_resume_reading_the_stream_otherwise_is_refused_before_it_is_read_agai
         assert sorted((tmp_path / "cache" / "datasets").iterdir()) == built  # refused before the data was prepared
     main([*resume, "--data.val_fraction", "0.105"])  # int(0.105 x 100) = 10 documents held out, as the run's
     assert sorted((tmp_path / "cache" / "datasets").iterdir()) == built
+
+
+def test_validating_a_stream_on_another_held_out_count_says_what_it_scores(tmp_path, caplog):
+    """Catches `tinylm validate --data.val_fraction` on a streamed run's checkpoint said to be "the files were
+    edited or replaced" (the held-out count is part of the stream's fingerprint): a larger held-out head scores
+    documents the run trained on, which is what to say, and the first documents of a dataset's own validation split
+    hold none of them (nothing to warn of)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    rows = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(60)])
+    val = _jsonl(tmp_path / "val.jsonl", [f"dart cod {i}" for i in range(50)])
+    validating = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.VALIDATING), world_size=1)
+    for corpus, extra, said in ((str(rows), {}, "so 6 of them are text the model trained on"),
+                                ("hf:json", {"data_files": {"train": str(rows), "validation": str(val)}}, None)):
+        options = {"corpus": corpus, **extra, "streaming": True, "max_documents": 40, "tokenizer": "char",
+                   "block_size": 4, "cache_dir": str(tmp_path / "cache")}
+        run = TinyLMDataModule(**options)  # validation: the first 4 documents
+        _ = run.metas
+        saved = run.state_dict()
+        dm = TinyLMDataModule(**options, val_fraction=0.25)  # the first 10
+        dm.trainer = validating
+        caplog.clear()
+        dm.load_state_dict(saved)
+        assert "edited" not in caplog.text
+        assert (said in caplog.text) if said else not caplog.text, caplog.text
+        assert dm.metas[0]["corpus_fingerprint"] != saved["corpus_fingerprints"][0]  # not vacuous: other documents

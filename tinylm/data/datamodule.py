@@ -395,7 +395,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         than the run's (the split is the corpus's tail, so it reaches back into the run's training text), or the
         run's own corpus holding other text now."""
         was_fps, now_fps = saved.get("corpus_fingerprints"), [m["corpus_fingerprint"] for m in self.metas]
-        if was_fps is None:
+        if was_fps is None or self._other_head(saved):
             return
         if was_fps != now_fps and not self._older_keys(was_fps, now_fps):  # another corpus, evaluated as such; or
             # the run's own, edited since
@@ -411,6 +411,22 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                         "corpus's tail, so %.0f%% of it is text the model trained on and val/loss comes out low; "
                         "pass --data.val_fraction %s or smaller", self.val_fraction, was,
                         100 * (self.val_fraction - was) / self.val_fraction, was)
+
+    def _other_head(self, saved: dict) -> bool:
+        """Whether the run's own stream is evaluated on another count of its first documents (val_fraction x
+        max_documents), said where a held-out head grew into the documents the run trained on: its fingerprint
+        changes with the count, which was said to be the files edited (a dataset's own split read otherwise, too)."""
+        diffs = _stream_diffs(saved, self._hf["streaming"], self._hf["max_documents"], self.val_fraction)
+        if not diffs or not diffs[0][0].startswith("data.val_fraction"):
+            return False
+        n, was = saved["max_documents"], saved["val_fraction"]
+        grown = max(1, int(self.val_fraction * n)) - max(1, int(was * n))  # documents (as HFStream counts them)
+        if grown > 0 and any(m["settings"]["val_source"] == "held-out head" for m in self.metas):
+            log.warning("data.val_fraction %s is larger than the %s the checkpoint trained with: validation is the "
+                        "stream's first val_fraction x max_documents documents, and the run trained on those after "
+                        "its own %d, so %d of them are text the model trained on and val/loss comes out low; pass "
+                        "--data.val_fraction %s or smaller", self.val_fraction, was, max(1, int(was * n)), grown, was)
+        return True
 
     @staticmethod
     def check_split_before_preparing(saved: dict, val_fraction: float) -> None:
