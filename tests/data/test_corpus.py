@@ -952,3 +952,23 @@ def test_a_memo_temp_file_left_by_a_killed_process_is_removed(tmp_path, monkeypa
     assert source_mod.recalled(memo, "key") == "value"
     assert not stale.exists()
     assert other_host.exists()
+
+
+@pytest.mark.parametrize("spec", ["d", "d/*.txt"], ids=["folder", "glob"])
+def test_a_folder_of_many_files_has_each_files_real_path_worked_out_once(tmp_path, monkeypatch, spec):
+    """Catches the files of a folder or glob corpus each having its real path (a system call per folder of its path)
+    worked out once per file or folder of tinylm's own cache it was compared with: 6 a file, 1.7 s of CPU for a
+    folder of 20,000 files at every command's start on every rank, where one a file took 0.3 s."""
+    from tinylm.data import local_files
+
+    (tmp_path / "d").mkdir()
+    for i in range(40):
+        (tmp_path / "d" / f"{i:02d}.txt").write_text(f"text {i}")
+    (tmp_path / "cache").mkdir()
+    calls = []
+    real = os.path.realpath
+    monkeypatch.setattr(local_files.os.path, "realpath", lambda p, **kw: calls.append(p) or real(p, **kw))
+    found = (local_files.glob_files(str(tmp_path / spec), cache_dir=tmp_path / "cache") if "*" in spec else
+             local_files.files_below(tmp_path / spec, cache_dir=tmp_path / "cache"))
+    assert len(found) == 40  # (not vacuous: every file was looked at)
+    assert len(calls) <= 40 + 10, f"{len(calls)} real paths worked out for 40 files"
