@@ -861,6 +861,21 @@ def test_tokenizer_sample_counts_characters_of_a_multibyte_corpus(tmp_path):
     assert 800 <= kept <= 1000  # about 1000 characters (whole documents; separators are in the size, not the text)
 
 
+def test_tokenizer_sample_of_a_dataset_with_other_wide_columns_is_the_size_asked(tmp_path):
+    """Prevents a dataset whose rows hold more than their text (an `html` or `metadata` column beside `text`) from
+    giving the tokenizer a fraction of the sample it asked for: the share of documents kept was max_chars over the
+    bytes of whole rows (6,840 characters of 30,000 asked, beside a column of 300 bytes a row)."""
+    from tinylm.data.prepare import _sample
+
+    path = tmp_path / "rows.jsonl"  # 1000 rows of 90 characters of text, and 300 of markup
+    path.write_text("".join(json.dumps({"text": f"row {i:04d} " + "y" * 81, "html": "<p>" * 100}) + "\n"
+                            for i in range(1000)), encoding="utf-8")
+    corpus = open_corpus(str(path), cache_dir=tmp_path / "cache")
+    kept = list(_sample(corpus, 30_000))
+    assert 27_000 <= sum(map(len, kept)) <= 30_000  # about 30,000 characters (whole documents)
+    assert kept[-1].startswith("row 09")  # spread to the end (not vacuous: a sample, not the whole corpus)
+
+
 def test_concurrent_ranks_train_the_tokenizer_once(shakespeare, tmp_path, caplog):
     """Prevents every DDP rank training its own tokenizer (torchrun and SLURM start all ranks at once, and
     LightningCLI reads the vocab size at instantiation): the first takes the lock and trains, the others wait

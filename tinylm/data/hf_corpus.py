@@ -206,8 +206,10 @@ class HFDataset(Corpus):
 
     @property
     def size_bytes(self) -> int | None:  # type: ignore[override]
-        dd = self._load()  # Arrow bytes of the splits read: close to the text's size
-        return sum(dd[s].data.nbytes for s in {self.split, self.val_split} if s in dd) or None
+        dd = self._load()  # Arrow bytes of the text column of the splits read: close to the text's size (the whole
+        # rows' bytes counted other columns too: a wide one made a tokenizer's sample a fraction of what was asked)
+        return sum(dd[s].data.column(self.text_column).nbytes for s in {self.split, self.val_split}
+                   if s in dd and self.text_column in dd[s].column_names) or None
 
     def _docs(self, split: str) -> Iterator[str]:
         name = self.split if split == "train" else self.val_split
