@@ -341,3 +341,19 @@ def test_validating_a_stream_on_another_held_out_count_says_what_it_scores(tmp_p
         assert "edited" not in caplog.text
         assert (said in caplog.text) if said else not caplog.text, caplog.text
         assert dm.metas[0]["corpus_fingerprint"] != saved["corpus_fingerprints"][0]  # not vacuous: other documents
+
+
+def test_a_dataset_that_save_to_disk_wrote_streams_as_it_reads_whole(tmp_path):
+    """Catches `hf:DIR --data.streaming true` of one Dataset that `save_to_disk` wrote ending in `datasets`' "Please
+    use `load_from_disk` instead", which no option reaches (read whole, tinylm loads it so): its rows stream, with a
+    column of another name, validation its held-out head."""
+    import datasets
+
+    docs = [f"row {i}: " + "ab " * (i % 5) for i in range(30)]
+    datasets.Dataset.from_dict({"content": docs}).save_to_disk(str(tmp_path / "saved"))
+    dm = TinyLMDataModule(corpus=f"hf:{tmp_path / 'saved'}", text_column="content", streaming=True, max_documents=20,
+                          tokenizer="char", cache_dir=str(tmp_path / "cache"))
+    meta, tok = dm.meta, dm.tokenizer
+    assert meta["settings"]["val_source"] == "held-out head"
+    assert _ids(dm.dataset_dir / "val.bin", meta) == _expected(tok, docs[:2])  # 0.1 x 20 documents
+    assert _ids(dm.dataset_dir / "train.bin", meta) == _expected(tok, docs[2:22])

@@ -260,8 +260,15 @@ class HFStream(Corpus):
             offline = _hub_unreachable(self.path)
             try:
                 with hub_offline(offline is not None), datasets_bars(), _parse_errors_unlogged(self.path):
-                    self._dd = datasets.load_dataset(_load_path(self.path), name=self.config,
-                                                     data_files=self.data_files, revision=self.revision, streaming=True)
+                    if not self.data_files and (Path(self.path).expanduser() / "state.json").is_file():
+                        # one Dataset that `save_to_disk` wrote, as HFDataset reads it (load_dataset refuses it, "use
+                        # load_from_disk", which no option reaches), its rows streamed
+                        self._dd = datasets.IterableDatasetDict(
+                            {self.split: datasets.load_from_disk(self.path).to_iterable_dataset()})
+                    else:
+                        self._dd = datasets.load_dataset(_load_path(self.path), name=self.config,
+                                                         data_files=self.data_files, revision=self.revision,
+                                                         streaming=True)
             except ValueError as e:  # pyarrow's ArrowInvalid: a .parquet cut short, or not parquet at all
                 if self.path in LOCAL_DATASET_BUILDERS.values() and local_files(self.data_files):
                     raise _unreadable(self.data_files, self.path, e) from e
