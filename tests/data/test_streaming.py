@@ -316,25 +316,28 @@ def test_a_resume_reading_the_stream_otherwise_is_refused_before_it_is_read_agai
 
 
 def test_validating_a_stream_on_another_held_out_count_says_what_it_scores(tmp_path, caplog):
-    """Catches `tinylm validate --data.val_fraction` on a streamed run's checkpoint said to be "the files were
-    edited or replaced" (the held-out count is part of the stream's fingerprint): a larger held-out head scores
-    documents the run trained on, which is what to say, and the first documents of a dataset's own validation split
-    hold none of them (nothing to warn of)."""
+    """Catches `tinylm validate --data.val_fraction` (or `--data.max_documents`) on a streamed run's checkpoint said
+    to be "the files were edited or replaced" (the held-out count is part of the stream's fingerprint): a larger
+    held-out head scores documents the run trained on, which is what to say; the same count of documents, or the
+    first documents of a dataset's own validation split, hold none of them (nothing to warn of)."""
     from types import SimpleNamespace
 
     from lightning.pytorch.trainer.states import TrainerFn
 
-    rows = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(60)])
+    rows = _jsonl(tmp_path / "rows.jsonl", [f"story number {i}: " + "la " * (i % 7) for i in range(100)])
     val = _jsonl(tmp_path / "val.jsonl", [f"dart cod {i}" for i in range(50)])
     validating = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.VALIDATING), world_size=1)
-    for corpus, extra, said in ((str(rows), {}, "so 6 of them are text the model trained on"),
-                                ("hf:json", {"data_files": {"train": str(rows), "validation": str(val)}}, None)):
-        options = {"corpus": corpus, **extra, "streaming": True, "max_documents": 40, "tokenizer": "char",
-                   "block_size": 4, "cache_dir": str(tmp_path / "cache")}
-        run = TinyLMDataModule(**options)  # validation: the first 4 documents
+    own_split = {"corpus": "hf:json", "data_files": {"train": str(rows), "validation": str(val)}}
+    for source, changed, said in (({"corpus": str(rows)}, {"val_fraction": 0.25},  # the first 10 documents
+                                   "the checkpoint's run its first 4, and trained on those after them, so 6 of them "
+                                   "are text the model trained on"),
+                                  ({"corpus": str(rows)}, {"val_fraction": 0.05, "max_documents": 80}, None),  # 4
+                                  (own_split, {"val_fraction": 0.25}, None)):
+        options = {**source, "streaming": True, "tokenizer": "char", "block_size": 4, "cache_dir": str(tmp_path / "c")}
+        run = TinyLMDataModule(**options, max_documents=40)  # validation: the first 4 documents
         _ = run.metas
         saved = run.state_dict()
-        dm = TinyLMDataModule(**options, val_fraction=0.25)  # the first 10
+        dm = TinyLMDataModule(**{"max_documents": 40, **options, **changed})
         dm.trainer = validating
         caplog.clear()
         dm.load_state_dict(saved)

@@ -413,19 +413,21 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
                         100 * (self.val_fraction - was) / self.val_fraction, was)
 
     def _other_head(self, saved: dict) -> bool:
-        """Whether the run's own stream is evaluated on another count of its first documents (val_fraction x
-        max_documents), said where a held-out head grew into the documents the run trained on: its fingerprint
-        changes with the count, which was said to be the files edited (a dataset's own split read otherwise, too)."""
-        diffs = _stream_diffs(saved, self._hf["streaming"], self._hf["max_documents"], self.val_fraction)
-        if not diffs or not diffs[0][0].startswith("data.val_fraction"):
+        """Whether the run's own stream is evaluated on its first documents counted otherwise (val_fraction x
+        max_documents, either changed), said where a held-out head grew into the documents the run trained on: the
+        stream's fingerprint changes with them, which was said to be the files edited (for the same count, or a
+        dataset's own split read otherwise, too)."""
+        was_n, n, was_fraction = saved.get("max_documents"), self._hf["max_documents"], saved.get("val_fraction")
+        if not (saved.get("streaming") and self._hf["streaming"] and was_n and n and was_fraction is not None) or \
+                (was_n, was_fraction) == (n, self.val_fraction):
             return False
-        n, was = saved["max_documents"], saved["val_fraction"]
-        grown = max(1, int(self.val_fraction * n)) - max(1, int(was * n))  # documents (as HFStream counts them)
+        was, now = max(1, int(was_fraction * was_n)), max(1, int(self.val_fraction * n))  # as HFStream counts them
+        grown = min(now, was + was_n) - was  # of the documents the run trained on, after its own head
         if grown > 0 and any(m["settings"]["val_source"] == "held-out head" for m in self.metas):
-            log.warning("data.val_fraction %s is larger than the %s the checkpoint trained with: validation is the "
-                        "stream's first val_fraction x max_documents documents, and the run trained on those after "
-                        "its own %d, so %d of them are text the model trained on and val/loss comes out low; pass "
-                        "--data.val_fraction %s or smaller", self.val_fraction, was, max(1, int(was * n)), grown, was)
+            log.warning("validation holds out the stream's first %d documents (data.val_fraction %s x data."
+                        "max_documents %d), the checkpoint's run its first %d, and trained on those after them, so %d "
+                        "of them are text the model trained on and val/loss comes out low; pass --data.val_fraction "
+                        "%s --data.max_documents %d", now, self.val_fraction, n, was, grown, was_fraction, was_n)
         return True
 
     @staticmethod
