@@ -263,12 +263,13 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         only after the data was prepared (a tokenizer trained on the other text, all of it tokenized), and as "a
         different model shape" where its characters made another character vocabulary. The fingerprints are read
         here as preparing the data reads them (cleaning is part of them), of files other than the run's (the run's own
-        are hashed once, by preparing the data); hub and named corpora wait for that too."""
+        are hashed once, by preparing the data); hub and named corpora wait for that too. Likewise a stream read
+        otherwise (`_stream_diffs`: data.streaming, data.max_documents), which would be read again whole."""
         from tinylm.data.corpus import TextFiles
         from tinylm.data.named import NAMED
 
         if diffs := _stream_diffs(saved, options.get("streaming", False), options.get("max_documents"),
-                                  options.get("val_fraction")):  # (a stream read otherwise: read again for nothing)
+                                  options.get("val_fraction")):
             raise other_data(*diffs[0])
         corpus, was_fps = options.get("corpus"), saved.get("corpus_fingerprints")
         specs = [corpus] if isinstance(corpus, str) else list(corpus or [])
