@@ -480,14 +480,17 @@ def test_a_released_run_folder_is_free_while_a_child_still_holds_a_copy_of_its_l
 
 def test_a_resume_with_fewer_checkpoints_to_keep_removes_the_oldest(config, tmp_path):
     """Catches a resume with a smaller --run.keep_checkpoints keeping every step-N.ckpt of the run: Lightning removes
-    one file per save, and only when it holds exactly that many."""
+    one file per save, and only when it holds exactly that many. And a resume with the run's config file, which does
+    not name run.keep_checkpoints (the run kept all by a flag), removing all but the default 3 at its start."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "6", "--run.keep_checkpoints", "-1"])
     ckpts = tmp_path / "runs" / "tiny" / "checkpoints"
     steps = lambda: sorted(p.name for p in ckpts.glob("step-*.ckpt"))
     assert steps() == ["step-2.ckpt", "step-4.ckpt", "step-6.ckpt"]
-    main(["fit", "--config", str(config), "--trainer.max_steps", "8", "--ckpt_path", "last", "--run.keep_checkpoints",
+    main(["fit", "--config", str(config), "--trainer.max_steps", "8", "--ckpt_path", "last"])
+    assert steps() == ["step-2.ckpt", "step-4.ckpt", "step-6.ckpt", "step-8.ckpt"]  # the run's -1 kept
+    main(["fit", "--config", str(config), "--trainer.max_steps", "10", "--ckpt_path", "last", "--run.keep_checkpoints",
           "2"])
-    assert steps() == ["step-6.ckpt", "step-8.ckpt"] and (ckpts / "last.ckpt").is_file()
+    assert steps() == ["step-10.ckpt", "step-8.ckpt"] and (ckpts / "last.ckpt").is_file()
 
 
 def test_a_resume_with_another_checkpoint_interval_still_keeps_only_the_newest(config, tmp_path):

@@ -31,7 +31,7 @@ from tinylm.cli.callback_checks import (
 from tinylm.cli.config_update import config_dump, with_checkpoint_settings
 from tinylm.cli.errors import with_section_hint
 from tinylm.cli.resume import apply_checkpoint, complete_cut_save, requeued, resolve_ckpt_path
-from tinylm.cli.resume_changes import keep_run_seed
+from tinylm.cli.resume_changes import keep_run_checkpoints, keep_run_seed
 from tinylm.cli.run_config import RunConfig
 from tinylm.cli.run_folder import RUNS_ROOT, RunOptions, check_run_folder, run_dir_of, with_run_config
 from tinylm.cli.run_lock import release_run_folders
@@ -247,6 +247,7 @@ class TinyLMCLI(LightningCLI):
         self.continues = bool(ckpt_path) and self.run_dir.resolve() in Path(ckpt_path).resolve().parents
         if getattr(self, "seed_drawn", False):  # said now: a resume keeps the run's seed instead
             keep_run_seed(cfg, ckpt_path if sub == "fit" else None, cfg["seed_everything"], recorded=sub == "fit")
+        keep_run_checkpoints(cfg.run, ckpt_path if sub == "fit" and self.continues else None, self._named)
         printing = _ActionPrintConfig.is_print_config_requested(self.parser)  # (put off by parse_arguments)
         if sub == "fit" and ranks.rank_zero() and not printing:  # other ranks (launched by rank zero) share its folder
             self._lock = check_run_folder(self.run_dir, ckpt_path, asked, continues=self.continues)

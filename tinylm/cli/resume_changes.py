@@ -64,6 +64,22 @@ def keep_run_seed(section, ckpt_path: str | None, drawn: int, *, recorded: bool 
                  " (the run's config.yaml records it)" if recorded else "")
 
 
+def keep_run_checkpoints(run, ckpt_path: str | None, named: set[str]) -> None:
+    """A resume of a run in its own folder (``ckpt_path``; None: no such resume) whose command names no
+    run.keep_checkpoints (neither a flag nor its --config: its default, 3) keeps the run's: a run started with
+    `--run.keep_checkpoints -1` (or more than 3) and resumed with its config file, which did not name it, had its
+    older step-N.ckpt files removed at the resume's start (before a cut save's repair, which trims them too).
+    ``run``: the command's run section, set in place; ``named``: the options the command sets."""
+    if ckpt_path is None or "run.keep_checkpoints" in named:
+        return
+    had = (_run_config(ckpt_path).get("run") or {}).get("keep_checkpoints")
+    if not isinstance(had, int) or isinstance(had, bool) or had == run.keep_checkpoints:
+        return
+    log.info("resuming from %s: run.keep_checkpoints %d, the run's (this command leaves it at its default, %d; "
+             "--run.keep_checkpoints N sets another)", ckpt_path, had, run.keep_checkpoints)
+    run.keep_checkpoints = had
+
+
 def _windows_a_step(data: dict, trainer: dict) -> int | None:
     """The windows an optimizer step draws (data.batch_size x devices x accumulation) under a config's data and trainer
     sections (dicts, or jsonargparse's Namespaces); None when one of them is not a number."""
