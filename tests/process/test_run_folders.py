@@ -527,6 +527,28 @@ def test_a_run_folder_moved_and_resumed_keeps_its_best_score_and_trims_its_check
     assert all(Path(p).parent == ckpts.resolve() for p in periodic.best_k_models)
 
 
+def test_a_copied_run_folder_resumed_beside_its_original_logs_to_a_w_and_b_run_of_its_own(config, tmp_path):
+    """Catches `cp -r runs/tiny runs/copy` then `--run.name copy --ckpt_path last` continuing the original's W&B run:
+    two trainings logged one W&B run's steps 4, 5... twice (W&B keeps the first it is sent of each step, so one of
+    them lost its rows there). A folder moved (`mv`: the original gone) still continues its W&B run."""
+    main(["fit", "--config", str(config)])
+    runs = tmp_path / "runs"
+    last = runs / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True, map_location="cpu")
+    ckpt["tinylm"]["wandb_id"] = "abc12345"  # (as a run logging to W&B saves it; offline W&B costs seconds a run)
+    torch.save(ckpt, last.with_name("edited"))
+    os.replace(last.with_name("edited"), last)
+    wandb_id = lambda run: torch.load(runs / run / "checkpoints" / "last.ckpt", weights_only=True,
+                                      map_location="cpu")["tinylm"]["wandb_id"]
+    shutil.copytree(runs / "tiny", runs / "copy")
+    main(["fit", "--config", str(config), "--run.name", "copy", "--ckpt_path", "last", "--trainer.max_steps", "5"])
+    main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "5"])
+    assert (wandb_id("copy"), wandb_id("tiny")) == (None, "abc12345")
+    shutil.move(runs / "tiny", runs / "moved")
+    main(["fit", "--config", str(config), "--run.name", "moved", "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    assert wandb_id("moved") == "abc12345"
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

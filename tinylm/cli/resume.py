@@ -33,7 +33,7 @@ from typing import Any
 from tinylm.checkpoint import checkpoint_in_folder, is_checkpoint
 from tinylm.checkpoint_steps import checkpoints_by_step
 from tinylm.cli.resume_changes import check_accumulation, check_time_left, warn_schedule_change, warn_training_changes
-from tinylm.cli.run_folder import holds_run, slurm_job_of
+from tinylm.cli.run_folder import copied_from, holds_run, slurm_job_of
 from tinylm.cli.run_lock import running_holder
 from tinylm.errors import TinyLMError
 from tinylm.net import hub_name
@@ -240,7 +240,8 @@ def apply_checkpoint(ckpt_path: str, cfg, sub: str, *, defaults, named: set[str]
         resume_step = step  # the CSV and W&B logs continue from the checkpoint
         # the W&B run too, where this is the checkpoint's own run folder: a branch into another folder logging
         # into its parent's W&B run would log its steps a second time there, under the branch's name
-        wandb_id = meta.get("wandb_id") if continues else None
+        # (of a copy beside its original, `cp -r`, a W&B run of its own: two trainings logged one run's steps twice)
+        wandb_id = meta.get("wandb_id") if continues and not copied_from(ckpt, ckpt_path) else None
         # its project, which a resume without the WANDB_PROJECT that named it would not find (tinylm.train.loggers.
         # wandb_project_for: a --run.wandb_project flag overrides it); a branch's own W&B run goes beside it
         wandb_project = meta.get("wandb_project")

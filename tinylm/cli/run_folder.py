@@ -130,6 +130,31 @@ def slurm_job_of(run_dir: Path) -> str:
         return ""
 
 
+def copied_from(ckpt: dict, ckpt_path: str) -> Path | None:
+    """The run folder that the one holding ``ckpt_path`` was copied from (`cp -r runs/a runs/b`), said in a line,
+    where that one is still there with the same W&B run: the checkpoints folder that saved ``ckpt`` (the checkpoint
+    callbacks' state keeps it) is another one, whose newest checkpoint names the same W&B run. None for a folder
+    moved since (`mv`: the original gone, or another run's by now) or in its place."""
+    from tinylm.checkpoint import CheckpointError, load_checkpoint
+    from tinylm.checkpoint_steps import checkpoints_by_step
+
+    wandb_id = (ckpt.get("tinylm") or {}).get("wandb_id")
+    saved = {state.get("dirpath") for key, state in (ckpt.get("callbacks") or {}).items()  # (tinylm's own: a user's
+             if key.startswith(("PeriodicCheckpoint{", "BestCheckpoint{")) and isinstance(state, dict)}  # saves apart)
+    for was in [Path(p) for p in saved if isinstance(p, str) and p] if wandb_id else []:
+        if not was.is_dir() or was.parent.resolve() in Path(ckpt_path).resolve().parents:
+            continue
+        try:
+            found = checkpoints_by_step(was)[0]
+            if found and (load_checkpoint(max(found)[2], mmap=True).get("tinylm") or {}).get("wandb_id") == wandb_id:
+                log.info("%s is in a copy of the run folder %s, which logs to W&B run %s: this run logs to a W&B run "
+                         "of its own", ckpt_path, was.parent, wandb_id)
+                return was.parent
+        except (OSError, CheckpointError):  # (unreadable: not taken for the original)
+            continue
+    return None
+
+
 def holds_run(run_dir: Path) -> bool:
     """Whether a folder holds another run's results (checkpoints or logged metrics)."""
     ckpts = run_dir / "checkpoints"
