@@ -529,8 +529,9 @@ def test_a_run_folder_moved_and_resumed_keeps_its_best_score_and_trims_its_check
 
 def test_a_copied_run_folder_resumed_beside_its_original_logs_to_a_w_and_b_run_of_its_own(config, tmp_path):
     """Catches `cp -r runs/tiny runs/copy` then `--run.name copy --ckpt_path last` continuing the original's W&B run:
-    two trainings logged one W&B run's steps 4, 5... twice (W&B keeps the first it is sent of each step, so one of
-    them lost its rows there). A folder moved (`mv`: the original gone) still continues its W&B run."""
+    two trainings logged steps 4, 5... of one W&B run twice (W&B ignores a step below the run's latest: once both were
+    synced, one training's rows were missing there). A folder moved (`mv`: the original gone) still continues its
+    W&B run."""
     main(["fit", "--config", str(config)])
     runs = tmp_path / "runs"
     last = runs / "tiny" / "checkpoints" / "last.ckpt"
