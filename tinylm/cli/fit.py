@@ -194,8 +194,7 @@ class TinyLMCLI(LightningCLI):
         parser.add_lightning_class_args(SampleText, "samples")
         parser.add_lightning_class_args(EvalTasks, "eval")
         parser.add_lightning_class_args(StabilityGuard, "guard")
-        # Each fact has one source: the data side decides context length and vocabulary.
-        parser.link_arguments("data.block_size", "model.block_size")
+        parser.link_arguments("data.block_size", "model.block_size")  # the data side decides context and vocabulary
         # (on instantiate: the built data module's vocab_size, the tokenizer's real size, not the option's target)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.eos_id", "model.eos_id", apply_on="instantiate")
