@@ -246,3 +246,21 @@ def test_a_schema_file_starting_with_a_tilde_is_in_the_home_folder(char_tok, tmp
     out = generate(_model(char_tok.vocab_size), [char_tok.encode("a")], max_new_tokens=8, tokenizer=char_tok,
                    json_schema="~/s.json", seed=0)
     assert re.fullmatch(r'"[^"]{0,3}"', char_tok.decode(out[0])), char_tok.decode(out[0])
+
+
+def test_a_constrained_sample_a_stop_string_ended_is_not_blamed_on_max_new_tokens(char_tok, caplog):
+    """Catches `tinylm generate --regex abcdefgh --stop c` saying "the sample ended at --max_new_tokens 6 before its
+    text matched ...; raise --max_new_tokens" of a sample its --stop string ended after 3 tokens: raising
+    --max_new_tokens changes nothing there. A sample max_new_tokens did cut is still named."""
+    from tinylm.cli.commands import _warn_cut_short
+    from tinylm.generate import SamplingConfig
+
+    model = _model(char_tok.vocab_size)
+    for stop, max_new, cut_short in ((["c"], 6, False), (None, 3, True)):
+        config = SamplingConfig(regex="abcdefgh", stop_strings=stop, max_new_tokens=max_new, strategy="greedy")
+        out = generate(model, [char_tok.encode("A")], decode=char_tok.decode, tokenizer=char_tok, **vars(config))
+        assert char_tok.decode(out[0]) == "abc"  # guard: the stop, or max_new_tokens, ended it unmatched
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tinylm"):
+            _warn_cut_short(model, char_tok, config, out)
+        assert ("ended at --max_new_tokens" in caplog.text) == cut_short, (stop, caplog.text)

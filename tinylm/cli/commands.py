@@ -399,7 +399,10 @@ def _warn_cut_short(model, tokenizer, config, out: list[list[int]]) -> None:
     from tinylm.generate.constrained import full_matches, grammar_text
 
     grammar = grammar_text(**{k: getattr(config, k, None) for k in CONSTRAINTS})
-    cut = [i + 1 for i, whole in enumerate(full_matches(grammar, tokenizer, model.config.vocab_size, out)) if not whole]
+    # a row shorter than max_new_tokens that is no whole match ended at a --stop string the user asked for: raising
+    # --max_new_tokens would not change it
+    whole = full_matches(grammar, tokenizer, model.config.vocab_size, out)
+    cut = [i + 1 for i, row in enumerate(out) if not whole[i] and len(row) >= config.max_new_tokens]
     if cut:
         which = "the sample" if len(out) == 1 else f"sample(s) {', '.join(map(str, cut))}"
         logging.getLogger("tinylm").warning(
