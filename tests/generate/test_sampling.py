@@ -421,6 +421,24 @@ def test_batched_prompts_equal_one_at_a_time():
     assert batched == [generate(model, [p], strategy="beam", num_beams=2, max_new_tokens=8)[0] for p in PROMPTS]
 
 
+def test_a_finished_prompts_beams_go_no_further_into_its_grammar():
+    """Catches beam search refusing a batch over a prompt it had finished: the step that finished "c" (its two beams
+    ended as "ab" and "ac", early_stopping) still moved its running beam "a" on to "a\\n", and its dead filler rows
+    took id 0 ("\\n") into their grammar; at the next step, for "d" still running, "a\\n" (the regex then needs a
+    "z" this tokenizer lacks) was refused as a grammar the tokenizer cannot write. Each prompt alone decodes fine."""
+    pytest.importorskip("llguidance")
+    tok = build_tokenizer("char", documents=lambda: ["ab\ncd"])  # ids \n a b c d: no EOS, no "z"
+    _NL, A, B, C, D = range(5)
+    table = [[0.2] * 5 for _ in range(5)]  # row: the next token's probabilities after that token
+    table[C], table[D] = [0, 0.9, 0.1, 0, 0], [0, 0, 1.0, 0, 0]  # the prompts: "c" takes a (or b), "d" takes b
+    table[A], table[B] = [0.1, 0, 0.5, 0.4, 0], [0, 0, 1.0, 0, 0]  # after a: b or c end the match, \n dies
+    kw = {"strategy": "beam", "num_beams": 2, "early_stopping": True, "max_new_tokens": 4, "regex": r"ab|ac|a\nz|b+",
+          "tokenizer": tok, "use_cache": False}
+    alone = [generate(TableLM(table), [[p]], **kw)[0] for p in (C, D)]
+    assert alone == [[A, B], [B, B, B, B]]
+    assert generate(TableLM(table), [[C], [D]], **kw) == alone
+
+
 def test_seed_makes_sampling_reproducible():
     """The same seed must give the same sample (and not depend on the global RNG)."""
     model = tiny()

@@ -111,14 +111,17 @@ class _Hypotheses:
         return self.best[-1][0] >= best_running / length**self.config.length_penalty
 
 
-def _next_beams(run: _Runner, ids: Tensor, src: list[int], tok: list[int], grammar) -> Tensor:
+def _next_beams(run: _Runner, ids: Tensor, src: list[int], tok: list[int], scores: list[float], grammar) -> Tensor:
     """The beams kept: rows ``src`` of ``ids`` extended by ``tok``; the cache and the grammar states follow."""
     index = torch.tensor(src, device=ids.device)
     run.reorder(index)
     if grammar is not None:
         grammar.reorder(src)
-        for row, t in enumerate(tok):
-            grammar.consume(row, t)
+        for row, (t, s) in enumerate(zip(tok, scores, strict=True)):
+            if s == -math.inf:  # a row riding along dead: its filler token (id 0 without an EOS) is no text of it
+                grammar.live[row] = False
+            else:
+                grammar.consume(row, t)
     return torch.cat([ids[index], torch.tensor(tok, device=ids.device)[:, None]], dim=1)
 
 
@@ -162,11 +165,11 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
                 # at the last step the running beams end too, and compete with the ones that ended on EOS there
                 last = step == config.max_new_tokens - 1
                 hyps[b].done = not kept or (not last and hyps[b].is_done(kept[0][2], step + 1))
-            # finished prompts (and any missing beams) ride along as dead rows
-            kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))
+            kept = [] if hyps[b].done else kept  # finished prompts (their beams go no further: not into a grammar)
+            kept += [(b * nb, config.eos_id or 0, -math.inf)] * (nb - len(kept))  # and missing beams ride along dead
             for beam, t, s in kept:
                 src.append(beam), tok.append(t), new_scores.append(s)
-        ids = _next_beams(run, ids, src, tok, grammar)  # (B*nb, L + 1)
+        ids = _next_beams(run, ids, src, tok, new_scores, grammar)  # (B*nb, L + 1)
         scores = torch.tensor(new_scores, device=ids.device).view(B, nb)
         rows.stepped(step + 1)
         if all(h.done for h in hyps):
