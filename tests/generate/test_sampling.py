@@ -439,6 +439,21 @@ def test_a_finished_prompts_beams_go_no_further_into_its_grammar():
     assert generate(TableLM(table), [[C], [D]], **kw) == alone
 
 
+def test_a_beam_no_id_continues_dies_alone():
+    """Catches beam search refusing a regex greedy decoding and the other beams write: the beam "a\\n" (the regex then
+    needs a "z" this tokenizer lacks) ended the whole search in "needs text this char tokenizer cannot write", beside
+    the running "bb" and the ended "ab". That beam dies; a search whose every beam dies so is still refused."""
+    pytest.importorskip("llguidance")
+    tok = build_tokenizer("char", documents=lambda: ["ab\ncd"])  # ids \n a b c d: no EOS, no "z"
+    _NL, A, B, C, _D = range(5)
+    table = [[0.2] * 5 for _ in range(5)]  # row: the next token's probabilities after that token
+    table[C], table[A], table[B] = [0, 0.9, 0.1, 0, 0], [0.5, 0, 0.25, 0.25, 0], [0, 0, 1.0, 0, 0]
+    kw = {"strategy": "beam", "max_new_tokens": 4, "regex": r"ab|ac|a\nz|b+", "tokenizer": tok, "use_cache": False}
+    assert generate(TableLM(table), [[C]], num_beams=2, **kw) == [[B, B, B, B]]  # log .1 / 4 beats "ab": log .225 / 2
+    with pytest.raises(ValueError, match=r"no id continues it after 'a\\n' \(it needs 'z' there\)"):
+        generate(TableLM(table), [[C]], num_beams=1, **kw)  # its one beam took "\\n"
+
+
 def test_seed_makes_sampling_reproducible():
     """The same seed must give the same sample (and not depend on the global RNG)."""
     model = tiny()

@@ -129,19 +129,26 @@ class Grammar:
         self.matchers = [ll.LLMatcher(self.lltok, grammar, log_level=0) for _ in range(rows)]
         self.live = [True] * rows
         self.tokens: list[list[int]] = [[] for _ in range(rows)]  # each row's ids so far, for messages
+        self.stuck: dict[int, str] = {}  # beams: row -> why the first beam of it that no id continued ended there
         check_writable(grammar, tokenizer, vocab_size, name)
 
     def _mask(self, m) -> np.ndarray:
         return _bits(m)[: self.V].astype(bool)
 
-    def allowed(self) -> Tensor:
-        """(B, V) bool: the ids each row may take next (all, for a row that ended)."""
+    def allowed(self, beams: bool = False) -> Tensor:
+        """(B, V) bool: the ids each row may take next (all, for a row that ended). A row no id continues is refused;
+        with ``beams`` it ends there instead (no id: its beam is dead, others may go on), the reason kept in
+        ``stuck`` for a prompt whose every beam dies so."""
         masks = np.ones((len(self.matchers), self.V), dtype=bool)
         for row, m in enumerate(self.matchers):
             if self.live[row]:
                 masks[row] = self._mask(m)
                 if _dead(m, masks[row], self.eos):
-                    raise ValueError(_unwritable(self.name, self.tokenizer, self.tokens[row], self.grammar))
+                    why = _unwritable(self.name, self.tokenizer, self.tokens[row], self.grammar)
+                    if not beams:
+                        raise ValueError(why)
+                    self.live[row], masks[row] = False, False
+                    self.stuck.setdefault(row, why)
         return torch.from_numpy(masks)
 
     def consume(self, row: int, token: int) -> None:

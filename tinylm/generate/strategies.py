@@ -138,7 +138,7 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
         logits, _ = run(ids)  # (B*nb, V)
         # as in transformers' beam search, the penalty scales log-probabilities (all <= 0: a seen token's log p is
         # multiplied by it) and they are not renormalised, so beams and their scores match Hugging Face's
-        mask = None if grammar is None else grammar.allowed()
+        mask = None if grammar is None else grammar.allowed(beams=True)  # a beam no id continues dies alone
         logprobs = restrict(logits.log_softmax(dim=-1), mask)
         logprobs = rescue(constrained_logits(logprobs, ids, config), logprobs, mask)  # (B*nb, V)
         V = logprobs.size(-1)
@@ -180,11 +180,21 @@ def _beam_search(run: _Runner, ids: Tensor, rows: _Rows, grammar=None) -> None:
             for j in range(nb):
                 if scores[b, j] > -math.inf:
                     hyps[b].add(generated[b * nb + j], float(scores[b, j]), len(generated[b * nb + j]))
-        best = hyps[b].best[0][1] if hyps[b].best else []
+        best = hyps[b].best[0][1] if hyps[b].best else _no_beam_left(grammar, b, nb)
         rows.tokens[b] = list(best)
         if rows.on_token is not None:
             for t in best:
                 rows.on_token(b, t)
+
+
+def _no_beam_left(grammar, prompt: int, nb: int) -> list[int]:
+    """The output of a prompt that ended with no hypothesis: refused with why its beams died where none could go
+    on (a grammar the tokenizer cannot write, as greedy decoding refuses it); else none."""
+    stuck = sorted(grammar.stuck.items()) if grammar is not None else []
+    why = next((w for row, w in stuck if row // nb == prompt), None)  # (a prompt's beams are rows prompt * nb ...)
+    if why is not None:
+        raise ValueError(why)
+    return []
 
 
 # ---- entry points -----------------------------------------------------------------------------------------------
