@@ -351,3 +351,33 @@ def reap(pid: int, timeout: float = 120) -> int:
             os.waitpid(pid, 0)
         raise
     return done[1]
+
+
+def two_ranks(work, folder: Path, timeout: float = 120) -> list[str]:
+    """What ``work(rank, port)`` returned in each of 2 ranks: children the test forks from its own process (torch and
+    tinylm imported once), rank 0 and rank 1, given a free port of this machine for their process group; each one's
+    text (or traceback) is written into ``folder``; the test fails with both where a rank did not end with 0."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    children = {}
+    for rank in (0, 1):
+        child = os.fork()
+        if child == 0:  # pragma: no cover (a rank: leaves at once)
+            code = 1
+            try:
+                (folder / f"rank-{rank}.txt").write_text(work(rank, port))
+                code = 0
+            except BaseException:
+                import traceback
+
+                (folder / f"rank-{rank}.txt").write_text(traceback.format_exc())
+            finally:
+                os._exit(code)
+        children[rank] = child
+    codes = [os.waitstatus_to_exitcode(reap(children[rank], timeout)) for rank in (0, 1)]
+    said = [(folder / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert codes == [0, 0], said
+    return said

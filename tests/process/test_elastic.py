@@ -481,32 +481,11 @@ def test_each_rank_draws_its_own_dropout_masks_and_resumes_them(tmp_path):
     checkpoint held rank 0's random state alone): rows k and B + k of the global batch dropped the same units, where
     one device (and nanoGPT's ranks, seeded 1337 + rank) draws each row's own. Each rank's stream also resumes
     exactly on 2 ranks, and rank 0's on 1. The ranks are processes forked from this one (gloo)."""
-    import socket
     from types import SimpleNamespace
 
     from tinylm.train.callbacks import RNGState
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    children = {}
-    for rank in (0, 1):
-        child = os.fork()
-        if child == 0:  # pragma: no cover (a rank: leaves at once)
-            code = 1
-            try:
-                (tmp_path / f"rank-{rank}.txt").write_text(_rng_rank(rank, port, tmp_path / "rng.pt"))
-                code = 0
-            except BaseException:
-                import traceback
-
-                (tmp_path / f"rank-{rank}.txt").write_text(traceback.format_exc())
-            finally:
-                os._exit(code)
-        children[rank] = child
-    codes = [os.waitstatus_to_exitcode(forked.reap(children[rank], 120)) for rank in (0, 1)]
-    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
-    assert codes == [0, 0], said
+    said = forked.two_ranks(lambda rank, port: _rng_rank(rank, port, tmp_path / "rng.pt"), tmp_path)
     rank0, rank1 = (json.loads(line) for line in said)
     assert rank0["first"] != rank1["first"], said  # each rank its own masks
     assert rank0["exact"] and rank1["exact"], said  # each resumed on 2 ranks as it went on

@@ -261,28 +261,7 @@ def test_muon_on_sharded_parameters_steps_as_one_process(tmp_path):
     import tinylm.train.optim  # noqa: F401
     import tinylm.train.parallel  # noqa: F401
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    children = {}
-    for rank in (0, 1):
-        child = os.fork()
-        if child == 0:  # pragma: no cover (a rank: leaves at once)
-            code = 1
-            try:
-                said = _muon_rank(rank, port)
-                (tmp_path / f"rank-{rank}.txt").write_text(said)
-                code = 0
-            except BaseException:
-                import traceback
-
-                (tmp_path / f"rank-{rank}.txt").write_text(traceback.format_exc())
-            finally:
-                os._exit(code)
-        children[rank] = child
-    codes = [os.waitstatus_to_exitcode(forked.reap(children[rank], 300)) for rank in (0, 1)]
-    line = (tmp_path / "rank-0.txt").read_text()
-    assert codes == [0, 0], line + (tmp_path / "rank-1.txt").read_text()
+    line = forked.two_ranks(_muon_rank, tmp_path, timeout=300)[0]
     worst, resumed = float(line.split()[1]), float(line.split()[3])
     assert worst == 0.0 and resumed == 0.0, line
     assert "(96, 32)" in line and "(128, 32)" in line  # whole matrices: c_attn (3C, C), mlp.c_fc (4C, C)
