@@ -40,7 +40,32 @@ def test_a_branch_from_a_checkpoint_replaced_between_its_two_reads_is_refused(ru
     assert not (tmp_path / "runs" / "b").exists()  # refused before it trained: no folder left
 
 
-def test_a_resume_is_not_refused_while_another_fit_only_tests_the_lock(tmp_path):
+def _let_go_in_the_first_wait(monkeypatch, flags) -> list[float]:
+    """The barrier of the two tests below: the other process holds the lock until this one, refused once, waits
+    before its next try (run_lock's sleep): it lets go then (``flags``/release; ``flags``/released once it has).
+    Held for a fixed 0.1 s instead, it was let go before a loaded machine's test process got to its lock (a stall
+    of that length): the tests passed with run_lock's retries removed. The waits this process made, returned."""
+    import time
+
+    from tinylm.cli import run_lock
+
+    waits = []
+
+    def sleep(seconds: float) -> None:
+        if not waits:
+            (flags / "release").touch()
+            deadline = time.monotonic() + 30
+            while not (flags / "released").exists():
+                assert time.monotonic() < deadline, "the other process never let go"
+                time.sleep(0.005)
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(run_lock, "time", type("Time", (), {"sleep": staticmethod(sleep)}))
+    return waits
+
+
+def test_a_resume_is_not_refused_while_another_fit_only_tests_the_lock(tmp_path, monkeypatch):
     """Every `fit` tests its run folder's lock before its imports (early.check_run_folder_free -> running_holder) by
     taking it for a moment. A resume whose own lock fell in that moment was refused as "in use by another tinylm
     process (pid N)", N the run's last process, long gone, while the tester went on (or was itself refused: a fresh
@@ -51,29 +76,34 @@ def test_a_resume_is_not_refused_while_another_fit_only_tests_the_lock(tmp_path)
 
     from tinylm.cli.run_lock import lock_run_folder, release_run_folder
 
-    run_dir = tmp_path / "runs" / "x"
+    run_dir, flags = tmp_path / "runs" / "x", tmp_path / "flags"
     run_dir.mkdir(parents=True)
+    flags.mkdir()
     (run_dir / ".lock").write_text("pid 999999")  # what the run's last (finished) process left in it
-    testing = tmp_path / "testing"
     probe = ("import fcntl, pathlib, sys, time\n"
-             "real = fcntl.flock\n"
-             "def held(f, op):\n"  # the barrier: the tester says it holds the lock, and holds it 0.1 s
+             "flags = pathlib.Path(sys.argv[2]); real = fcntl.flock\n"
+             "def held(f, op):\n"  # the barrier: the tester says it holds the lock, and holds it until told
              "    real(f, op)\n"
              "    if not op & fcntl.LOCK_UN:\n"
-             "        pathlib.Path(sys.argv[2]).touch(); time.sleep(0.1)\n"
+             "        (flags / 'testing').touch()\n"
+             "        while not (flags / 'release').exists(): time.sleep(0.005)\n"
              "fcntl.flock = held\n"
              "from tinylm.cli.run_lock import running_holder\n"
-             "print(running_holder(pathlib.Path(sys.argv[1])))\n")
-    tester = subprocess.Popen([sys.executable, "-c", probe, str(run_dir), str(testing)], stdout=subprocess.PIPE,
+             "print(running_holder(pathlib.Path(sys.argv[1])), flush=True)\n"
+             "(flags / 'released').touch()\n")
+    waits = _let_go_in_the_first_wait(monkeypatch, flags)
+    tester = subprocess.Popen([sys.executable, "-c", probe, str(run_dir), str(flags)], stdout=subprocess.PIPE,
                               text=True)
     try:
         deadline = time.monotonic() + 30
-        while not testing.exists():
+        while not (flags / "testing").exists():
             assert tester.poll() is None and time.monotonic() < deadline, "the tester never took the lock"
             time.sleep(0.005)
         lock_run_folder(run_dir)  # the resume's own lock, while the tester holds it
         assert (run_dir / ".lock").read_text() == f"pid {os.getpid()}"
+        assert waits, "the resume's first try found the lock free: the test proved nothing"
     finally:
+        (flags / "release").touch()
         release_run_folder(run_dir)
         out, _ = tester.communicate(timeout=30)
     assert out.strip() == "None"  # and the tester found no other holder either
@@ -126,7 +156,7 @@ def test_a_fit_that_opened_the_lock_as_its_holder_removed_it_does_not_share_the_
         proc.wait(timeout=30)
 
 
-def test_a_resume_is_not_refused_by_a_fit_that_holds_the_lock_only_to_be_refused(tmp_path):
+def test_a_resume_is_not_refused_by_a_fit_that_holds_the_lock_only_to_be_refused(tmp_path, monkeypatch):
     """A fresh `fit` over an existing run takes the folder's lock, is refused, and lets go (~70 ms). A resume whose
     early check (before the imports) fell in that moment was refused as "in use by another tinylm process (pid N)",
     N the refused fit's, gone a moment later: its own lock would have waited for it (lock_run_folder's tries)."""
@@ -136,20 +166,26 @@ def test_a_resume_is_not_refused_by_a_fit_that_holds_the_lock_only_to_be_refused
 
     from tinylm.cli.run_lock import check_not_in_use
 
-    run_dir, holding = tmp_path / "runs" / "x", tmp_path / "holding"
+    run_dir, flags = tmp_path / "runs" / "x", tmp_path / "flags"
     run_dir.mkdir(parents=True)
+    flags.mkdir()
     refused = ("import pathlib, sys, time\n"
                "from tinylm.cli.run_lock import lock_run_folder, release_run_folders\n"
-               "lock_run_folder(pathlib.Path(sys.argv[1])); pathlib.Path(sys.argv[2]).touch()\n"
-               "time.sleep(0.1); release_run_folders(failed=True)\n")  # (what a refused fit holds it for)
-    proc = subprocess.Popen([sys.executable, "-c", refused, str(run_dir), str(holding)])
+               "flags = pathlib.Path(sys.argv[2]); lock_run_folder(pathlib.Path(sys.argv[1]))\n"
+               "(flags / 'holding').touch()\n"
+               "while not (flags / 'release').exists(): time.sleep(0.005)\n"  # (what a refused fit holds it for)
+               "release_run_folders(failed=True); (flags / 'released').touch()\n")
+    waits = _let_go_in_the_first_wait(monkeypatch, flags)
+    proc = subprocess.Popen([sys.executable, "-c", refused, str(run_dir), str(flags)])
     try:
         deadline = time.monotonic() + 30
-        while not holding.exists():
+        while not (flags / "holding").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the refused fit never took the lock"
             time.sleep(0.005)
         check_not_in_use(run_dir)  # the resume's early check: waits for it, as its lock would
+        assert waits, "the early check found the folder free at once: the test proved nothing"
     finally:
+        (flags / "release").touch()
         proc.wait(timeout=30)
 
 
