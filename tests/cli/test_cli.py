@@ -557,13 +557,17 @@ def test_help_into_a_closed_pipe_ends_quietly(flag):
     """Catches `tinylm --help | head -3` (or `tinylm --version | true`) ending in a BrokenPipeError traceback: the
     usage (the version) was printed outside the handling every command's output has (exit 141, as a shell reports a
     reader gone, and nothing on stderr)."""
+    import os
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.close()\ntime.sleep(0.5)\n"
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader gone before anything is written (closed 0.5 s into the child's start instead, it was
+    # not yet gone when this process was held up that long on a loaded machine: exit 0)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.close()\n"
                              f"from tinylm.cli import main\nsys.argv = ['tinylm', '{flag}']\nmain()"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    proc.stdout.close()  # the reader goes away before anything is written
+                            stdout=writer, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    os.close(writer)
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err, err
