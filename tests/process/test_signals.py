@@ -904,10 +904,14 @@ def test_a_rank_slow_to_end_after_its_error_is_waited_for(monkeypatch):
     other error still waits 2 s."""
     from tinylm.cli import ranks
 
-    rank = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(4); sys.exit(1)"])
+    # (it ends 2.5 s after its stdin closes, not 4 s after its start: a test process held up 2 s meanwhile found it
+    # ended in the first wait)
+    rank = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(2.5); sys.exit(1)"],
+                            stdin=subprocess.PIPE)
     try:
         monkeypatch.setattr(ranks, "RANKS", [rank])
         assert ranks.lost_rank(raised=RuntimeError("[pair.cc:553] Read error: Connection reset by gremlins")) is None
+        rank.stdin.close()  # it ends, once past a plain error's 2 s
         closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                               "[127.0.0.1]:18856")
         lost = ranks.lost_rank(raised=closed)
