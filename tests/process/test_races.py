@@ -46,6 +46,7 @@ def _let_go_in_the_first_wait(monkeypatch, flags) -> list[float]:
     Held for a fixed 0.1 s instead, it was let go before a loaded machine's test process got to its lock (a stall
     of that length): the tests passed with run_lock's retries removed. The waits this process made, returned."""
     import time
+    import types
 
     from tinylm.cli import run_lock
 
@@ -61,7 +62,7 @@ def _let_go_in_the_first_wait(monkeypatch, flags) -> list[float]:
         waits.append(seconds)
         time.sleep(seconds)
 
-    monkeypatch.setattr(run_lock, "time", type("Time", (), {"sleep": staticmethod(sleep)}))
+    monkeypatch.setattr(run_lock, "time", types.SimpleNamespace(sleep=sleep))
     return waits
 
 
