@@ -203,12 +203,14 @@ class RNGState(L.Callback):
     Each rank of a multi-device run draws its own dropout masks, as nanoGPT's ranks do (seed + rank): every rank is
     seeded alike (the same initial weights), and rank r > 0 moves to seed + r at its first batch; a checkpoint holds
     every rank's torch and CUDA states (rank 0's alone gave each rank the same masks: rows of the global batch
-    dropped alike in pairs).
+    dropped alike in pairs). A failure's checkpoint (Lightning's OnExceptionCheckpoint) holds rank 0's alone: the
+    failure may have reached one rank, and a collective with ranks that never join it hangs the run for good.
     """
 
     def __init__(self) -> None:
         self._pending: dict | None = None
         self._first = False
+        self._failed = False  # an exception ends the run: its checkpoint gathers no other rank's state
 
     def state_dict(self) -> dict:
         import random
@@ -222,7 +224,7 @@ class RNGState(L.Callback):
             "numpy": [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)],
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "ranks": _every_rank([torch.get_rng_state(), torch.cuda.get_rng_state_all()
+            "ranks": None if self._failed else _every_rank([torch.get_rng_state(), torch.cuda.get_rng_state_all()
                                   if torch.cuda.is_available() else []]),  # (every rank saves: a collective)
         }
 
@@ -230,7 +232,10 @@ class RNGState(L.Callback):
         self._pending = state_dict
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._first = True
+        self._first, self._failed = True, False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._failed = True  # (before a checkpoint callback's save: Lightning calls those last)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if not self._first:
