@@ -310,6 +310,27 @@ def test_slurm_requeue_saves_at_a_whole_step_and_requeues(run_config, tmp_path, 
     assert exit_.value.code == 0 and "is already at step 6 >= --trainer.max_steps 6" in capsys.readouterr().err
 
 
+class WarnInValidation(L.Callback):
+    """SLURM's requeue warning (SIGUSR1) as `tinylm validate` evaluates its first batch."""
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == 0 and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_slurm_requeue_during_validate_is_lightnings_requeue(run_config, tmp_path, monkeypatch, capsys):
+    """Catches the command's stand-in for SIGUSR1 before a run (it ends the command as SIGTERM does) kept through
+    `tinylm validate` under SLURM's auto-requeue: Lightning found a handler there and installed none, so validate
+    ended at once with 138 and the job was not requeued; Lightning's handler requeues it and validate goes on."""
+    config = run_config()
+    main(["fit", "--config", str(config)])
+    calls = _slurm_job(monkeypatch, tmp_path)
+    main(["validate", "--config", str(config), "--ckpt_path", "runs/tiny/checkpoints/last.ckpt",
+          "--trainer.callbacks+=test_signals.WarnInValidation"])
+    assert "val/loss" in capsys.readouterr().out
+    assert calls.read_text() == "requeue 123\n"
+
+
 def test_a_failed_slurm_requeue_says_how_to_resume(run_config, tmp_path, monkeypatch, capsys):
     """Catches a run stopped by SLURM's requeue signal whose `scontrol requeue` failed (a job submitted with
     --no-requeue) ending without a word of it: the job is over, and nothing will go on from the checkpoint."""

@@ -305,7 +305,7 @@ def _run(command: str, rest: list[str], program: bool) -> None:
     # (Lightning's import, seconds, inside the handlers: a SIGTERM there ended the command without a word)
     if COMMANDS[command].lightning:
         # while fit trains, tinylm.train.interrupt's handler takes over: it stops at a whole step and saves
-        with signals.terminate_cleanly(command, program), signals.usr_signals_kept(program):
+        with signals.terminate_cleanly(command, program), signals.usr_signals_kept(program, command):
             with signals.held(command, program), _collector_paused(program):
                 console.setup_lightning()
             started = time.perf_counter()

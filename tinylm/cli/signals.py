@@ -175,7 +175,7 @@ def _holding(signum: int) -> bool:
 
 
 @contextlib.contextmanager
-def _warnings_until_a_run(on_sigterm) -> Iterator[None]:
+def _warnings_until_a_run(on_sigterm, command: str = "") -> Iterator[None]:
     """A scheduler's pre-emption warning left at its default (SLURM's requeue signal SIGUSR1, `timeout -s USR1`, LSF's
     SIGUSR2) ends the command as ``on_sigterm`` does until fit's run takes it (tinylm.train.interrupt, which reads this
     handler as the default it stands for): while a tokenizer trained, a corpus was packed or the ranks connected, it
@@ -189,6 +189,9 @@ def _warnings_until_a_run(on_sigterm) -> Iterator[None]:
 
     on_warning.until_a_run = True
     warnings = [s for s in (signal.SIGUSR1, signal.SIGUSR2) if signal.getsignal(s) == signal.SIG_DFL]
+    if command == "validate" and "SLURM_NTASKS" in os.environ and \
+            os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):  # (SLURMEnvironment.detect)
+        warnings.remove(signal.SIGUSR1)  # Lightning's auto-requeue handler takes it (it finds none there): requeued
     for s in warnings:
         signal.signal(s, on_warning)
     try:
@@ -200,7 +203,7 @@ def _warnings_until_a_run(on_sigterm) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def usr_signals_kept(program: bool) -> Iterator[None]:
+def usr_signals_kept(program: bool, command: str = "") -> Iterator[None]:
     """SIGUSR1 and SIGUSR2 as they were after the command, unless this process is the command (``program``): a run
     stopped on SLURM's requeue signal leaves it ignored (tinylm.train.interrupt), so that the signal reaching a rank
     late, after the rank stopped on another's, does not kill it as it exits (status -10 for a saved run). Meanwhile,
@@ -209,7 +212,7 @@ def usr_signals_kept(program: bool) -> Iterator[None]:
     previous = {s: h for s in (signal.SIGUSR1, signal.SIGUSR2)
                 if main and not program and (h := signal.getsignal(s)) is not None}
     try:
-        with _warnings_until_a_run(signal.getsignal(signal.SIGTERM) if main else None):  # terminate_cleanly's
+        with _warnings_until_a_run(signal.getsignal(signal.SIGTERM) if main else None, command):  # terminate_cleanly's
             yield
     finally:
         for s, handler in previous.items():
