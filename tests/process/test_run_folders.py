@@ -550,6 +550,31 @@ def test_a_copied_run_folder_resumed_beside_its_original_logs_to_a_w_and_b_run_o
     assert wandb_id("moved") == "abc12345"
 
 
+def test_a_run_folder_reached_by_another_path_is_no_copy_of_itself(config, tmp_path, monkeypatch):
+    """Catches a run resumed in its own folder by another path to it (a bind mount: /scratch and /lustre/scratch, a
+    container's and the host's) taken for a copy of itself beside its original (the checkpoint names the folder by
+    the path it was saved through, and that path's newest checkpoint names the same W&B run): it logged to a new W&B
+    run where it continues its own. (Needs a bind mount: root.)"""
+    from tinylm.cli.run_folder import copied_from
+
+    main(["fit", "--config", str(config)])
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True, map_location="cpu")
+    ckpt["tinylm"]["wandb_id"] = "abc12345"  # (as a run logging to W&B saves it)
+    torch.save(ckpt, last)
+    (other := tmp_path.parent / f"{tmp_path.name}-mount").mkdir()
+    if subprocess.run(["mount", "--bind", str(tmp_path), str(other)], capture_output=True).returncode:
+        pytest.skip("no bind mount here (not root)")
+    try:
+        monkeypatch.chdir(other)
+        assert copied_from(ckpt, "runs/tiny/checkpoints/last.ckpt") is None
+        shutil.copytree(other / "runs" / "tiny", other / "runs" / "copy")  # (a copy still is one)
+        assert copied_from(ckpt, "runs/copy/checkpoints/last.ckpt") == tmp_path / "runs" / "tiny"
+    finally:
+        monkeypatch.chdir(tmp_path)
+        subprocess.run(["umount", str(other)], check=True)
+
+
 def test_default_root_dir_is_where_runs_go(config, tmp_path):
     """Catches --trainer.default_root_dir being shown by --help and silently ignored."""
     main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", "elsewhere"])

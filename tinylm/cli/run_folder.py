@@ -142,8 +142,8 @@ def copied_from(ckpt: dict, ckpt_path: str) -> Path | None:
     saved = {state.get("dirpath") for key, state in (ckpt.get("callbacks") or {}).items()  # (tinylm's own: a user's
              if key.startswith(("PeriodicCheckpoint{", "BestCheckpoint{")) and isinstance(state, dict)}  # saves apart)
     for was in [Path(p) for p in saved if isinstance(p, str) and p] if wandb_id else []:
-        if not was.is_dir() or was.parent.resolve() in Path(ckpt_path).resolve().parents:
-            continue
+        if not was.is_dir() or any(was.parent.samefile(p) for p in Path(ckpt_path).resolve().parents):
+            continue  # (samefile: the folder itself by another path, a bind mount's, is no copy)
         try:
             found = checkpoints_by_step(was)[0]
             if found and (load_checkpoint(max(found)[2], mmap=True).get("tinylm") or {}).get("wandb_id") == wandb_id:
