@@ -1915,3 +1915,15 @@ def test_a_missing_checkpoint_under_a_folder_here_is_not_looked_up_on_the_hub(tm
         line = _one_line_error(capsys, ["generate", "--ckpt_path", given, "--prompt", "a"],
                                f"checkpoint {given!r} not found")
         assert "Hugging Face Hub" not in line
+
+
+def test_a_long_inline_section_is_no_file_name_to_the_time_checks(tmp_path):
+    """Catches the time checks looking for a section's own file under an inline section's text (`--trainer '{...}'`,
+    jsonargparse's form): one longer than 255 bytes ended `tinylm fit` in 'OSError: file name too long' before it
+    began, where it trained."""
+    from tinylm.cli.callback_checks import check_time_intervals
+
+    inline = "{" + ", ".join(f'"limit_val_batches": {i}' for i in range(20)) + ', "max_steps": 3}'
+    assert len(inline) > 255
+    (tmp_path / "c.yaml").write_text("trainer:\n  max_steps: 2\n")
+    check_time_intervals(["fit", "--config", str(tmp_path / "c.yaml"), "--trainer", inline])

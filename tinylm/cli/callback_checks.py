@@ -232,8 +232,11 @@ def _file_options(argv: list) -> list:
             return _Quoted(text) if node.style in ("'", '"') else text
 
     def names_file(key: str, name: Any, folder: Path) -> bool:  # `trainer: trainer.yaml`, `- cb.yaml`: beside it
-        return isinstance(name, str) and (key in FIT_GROUPS or name.lower().endswith((".yaml", ".yml"))) and \
-            (folder / name).is_file()
+        try:
+            return isinstance(name, str) and (key in FIT_GROUPS or name.lower().endswith((".yaml", ".yml"))) and \
+                (folder / name).is_file()
+        except OSError:  # a section inline, `--trainer '{...}'`, longer than a file's name may be (ENAMETOOLONG)
+            return False
 
     files = [("", path) for path in config_files(argv)] + \
         [(key.rstrip("+"), Path(value)) for key, value in options(argv) if key != "config" and
