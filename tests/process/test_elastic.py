@@ -522,27 +522,5 @@ def test_a_failure_of_one_rank_saves_its_checkpoint_without_the_others(tmp_path)
     state: a failure of one rank (its data, a callback) saved there alone, and the gather waited for ranks that never
     joined it; `tinylm fit` on 2 devices hung for good (SIGTERM waits for a step's end that never comes) where it
     ended with the failure's traceback. The checkpoint holds rank 0's state alone (``ranks`` None)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    children = {}
-    for rank in (0, 1):
-        child = os.fork()
-        if child == 0:  # pragma: no cover (a rank: leaves at once)
-            code = 1
-            try:
-                (tmp_path / f"rank-{rank}.txt").write_text(_failed_rank(rank, port))
-                code = 0
-            except BaseException:
-                import traceback
-
-                (tmp_path / f"rank-{rank}.txt").write_text(traceback.format_exc())
-            finally:
-                os._exit(code)
-        children[rank] = child
-    codes = [os.waitstatus_to_exitcode(forked.reap(children[rank], 120)) for rank in (0, 1)]
-    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
-    assert codes == [0, 0], said
+    said = forked.two_ranks(_failed_rank, tmp_path)
     assert json.loads(said[1]) == {"ranks": None}, said
