@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinylm.generate import generate
+from tinylm.generate.constrained import grammar_text
 from tinylm.model import GPT, GPTConfig
 from tinylm.tokenize import build_tokenizer
 
@@ -111,6 +112,8 @@ def test_the_grammar_wins_over_a_ban_that_removes_every_allowed_token(char_tok):
     ({"regex": "a("}, "the regex does not compile"),
     ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
     ({"json_schema": "missing.json"}, "json_schema file 'missing.json' cannot be read"),
+    ({"json_schema": '[{"type": "string"}]'},
+     r"json_schema must be a JSON object \(a JSON Schema\) or true / false, got the JSON list '\[\{\"type\": "),
     ({"grammar": "start: x\n"}, "the grammar does not compile"),
     ({"regex": "ü+"}, r"the regex 'ü\+' needs text this char tokenizer \(\d+ ids\) cannot write"),
     ({"regex": "a", "grammar": "start: \"a\""}, "regex and grammar both constrain the text"),
@@ -125,6 +128,25 @@ def test_bad_grammars_are_one_line(char_tok, kwargs, message):
     failing deep inside the engine or decoding free text."""
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         generate(_model(char_tok.vocab_size), [char_tok.encode("a")], max_new_tokens=4, tokenizer=char_tok, **kwargs)
+
+
+def test_a_tokenizer_spec_in_place_of_the_tokenizer_is_named(char_tok):
+    """Catches generate(..., tokenizer="char", regex=...) (the spec TinyLMDataModule takes) failing in "'str' object
+    has no attribute 'eos_id'"."""
+    with pytest.raises(ValueError, match=re.escape("need tokenizer= the model's Tokenizer (load_model's, or "
+                                                   "build_tokenizer(spec)'s), got 'char'")):
+        generate(_model(char_tok.vocab_size), [char_tok.encode("a")], max_new_tokens=4, tokenizer="char", regex="a+")
+
+
+@pytest.mark.parametrize("schema, grammar_of", [("true", "{}"), ("false", None)])
+def test_a_boolean_json_schema_is_a_schema_not_a_file_name(schema, grammar_of):
+    """Catches --json_schema true (a valid JSON Schema: any JSON value; false: none) read as a file name and refused
+    as "json_schema file 'true' cannot be read"."""
+    if grammar_of is not None:
+        assert grammar_text(None, schema, None) == grammar_text(None, grammar_of, None)
+    else:
+        with pytest.raises(ValueError, match="the json_schema does not compile: Unsatisfiable schema: schema is false"):
+            grammar_text(None, schema, None)
 
 
 @pytest.fixture(scope="module")

@@ -148,10 +148,26 @@ def test_bad_arguments_name_the_fix():
     """Catches silently writing an empty report for num_samples=0, or a crash for a tokenizer with no start token."""
     model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=32)).eval()
     tok = build_tokenizer("char", documents=lambda: ["abca"])  # one document: no <|endoftext|>, no "\n"
-    with pytest.raises(ValueError, match="num_samples must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=re.escape("num_samples must be a whole number in [1, inf), got 0")):
         sample_report(model, tok, num_samples=0)
     with pytest.raises(ValueError, match="pass a prompt"):
         sample_report(model, tok, num_samples=1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompts": []}, "prompts is empty: give at least one (e.g. prompts=['ROMEO:']), or None to start every sample "
+                      "from a fresh document"),
+    ({"num_samples": 2.5}, "num_samples must be a whole number in [1, inf), got 2.5"),
+    ({"num_samples": True}, "num_samples must be a whole number in [1, inf), got True"),
+])
+def test_an_empty_prompt_list_or_a_fractional_sample_count_is_refused(kwargs, message):
+    """Catches sample_report(prompts=[]) reporting on the default prompt, as if none were given (the command refuses an
+    empty --prompts), num_samples=2.5 ending in a TypeError from range(), and True reported as its number."""
+    tok = build_tokenizer("char", documents=lambda: ["abca\n", "b"])
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=2, n_head=2, n_embd=32)).eval()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sample_report(model, tok, **{"prompts": ["a"], "num_samples": 1, "max_new_tokens": 2,
+                                     "strategies": STRATEGIES[:2], **kwargs})
 
 
 def test_write_report_refuses_what_is_no_report_before_making_its_folder(tmp_path):

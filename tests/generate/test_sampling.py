@@ -20,7 +20,7 @@ from tinylm.generate.processors import (
     top_p_filter,
     typical_filter,
 )
-from tinylm.generate.strategies import generate
+from tinylm.generate.strategies import generate, generate_with
 from tinylm.model import GPT, GPTConfig
 from tinylm.tokenize import build_tokenizer
 
@@ -559,6 +559,19 @@ def test_bad_arguments_raise(kwargs, message):
     """Out-of-range options must fail up front with the value named, not produce NaNs or silent defaults."""
     with pytest.raises(ValueError, match=message):
         generate(tiny(), PROMPTS, **kwargs)
+
+
+@pytest.mark.parametrize("functions, message", [
+    ({"on_token": 1}, "on_token must be a function on_token(row, token_id), or None; got int 1"),
+    ({"decode": "x"}, "decode must be a function decode(ids) -> text (e.g. tokenizer.decode), or None; got str 'x'"),
+    ({"on_step": True}, "on_step must be a function on_step(new_tokens), or None; got bool True"),
+])
+def test_a_function_argument_that_is_no_function_is_named(functions, message):
+    """Catches on_token=1 or decode="x" (with stop strings) failing mid-generation in "'int' object is not callable",
+    which names neither the argument nor what it takes."""
+    config = SamplingConfig(strategy="greedy", max_new_tokens=2, stop_strings=["x"])
+    with pytest.raises(TypeError, match=re.escape(message)):
+        generate_with(tiny(), PROMPTS, config, **{"decode": lambda ids: "", **functions})
 
 
 def test_numpy_prompts_are_prompts():

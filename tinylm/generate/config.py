@@ -87,8 +87,9 @@ class SamplingConfig:
     length_penalty: float = 1.0
     """beam: hypotheses are ranked by sum(log-probs) / length**length_penalty; > 0 favours longer ones."""
     early_stopping: bool = False
-    """beam: stop a prompt as soon as num_beams hypotheses have ended; false stops when no running beam can
-    still win."""
+    """beam: stop a prompt as soon as num_beams hypotheses have ended; false stops once the best running beam,
+    scored as if it ended now, ranks below them all (transformers' heuristic: exact for length_penalty <= 0; above
+    0 a longer beam could still have won)."""
     penalty_alpha: float = 0.6
     """contrastive: weight of the degeneration penalty (max cosine similarity to earlier hidden states), in
     [0, 1]; 0 is greedy."""

@@ -68,9 +68,15 @@ def _json_schema_grammar(text: str) -> str:
     except json.JSONDecodeError as e:
         raise ValueError(f"json_schema is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); pass a JSON "
                          "Schema or the path of a .json file holding one") from None
+    if not isinstance(schema, (dict, bool)):  # (llguidance: "Expecting object schema to apply options")
+        raise ValueError(f"json_schema must be a JSON object (a JSON Schema) or true / false, got the JSON "
+                         f"{type(schema).__name__} {text.strip()[:40]!r}; a list of schemas is {{\"anyOf\": [...]}}")
+    if schema is False:  # a boolean schema that no value meets: refused by _check ("Unsatisfiable schema")
+        return _llguidance().LLMatcher.grammar_from_json_schema(False)  # (llguidance's defaults take an object)
     # compact JSON (", " and ": " as separators, no free whitespace): a char vocabulary without "{" is refused at the
     # first step instead of writing whitespace forever, and a small model is not tempted into padding
-    return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    return _llguidance().LLMatcher.grammar_from_json_schema({} if schema is True else schema,  # true: any value
+                                                            defaults={"whitespace_flexible": False})
 
 
 def constraint_name(kind: str, value: str, spelled: str | None = None) -> str:
@@ -100,7 +106,8 @@ def _check_begins(grammar: str, name: str) -> None:
 
 def _text_or_file(kind: str, value: str) -> str:
     """A grammar or schema given as text, or the text of the file it names."""
-    looks_like_text = "\n" in value or value.lstrip().startswith("{") or ":" in value
+    looks_like_text = "\n" in value or value.lstrip().startswith("{") or ":" in value or (
+        kind == "json_schema" and value.strip() in ("true", "false"))  # a boolean JSON Schema
     path = Path(value) if looks_like_text else Path(value).expanduser()  # (`--json_schema=~/s.json`: no shell's ~)
     if not looks_like_text or path.is_file():
         try:

@@ -32,6 +32,7 @@ from tinylm.generate.rows import decode_after
 from tinylm.generate.strategies import generate_with
 from tinylm.model import GPT
 from tinylm.paths import check_output_path, naming, not_utf8
+from tinylm.ranges import check_ranges
 
 
 # ---- metrics: pure functions of token ids -----------------------------------------------------------------------
@@ -227,6 +228,9 @@ def check_report_inputs(model: GPT, tokenizer, prompts: Sequence[str] | str | No
     grammar the tokenizer cannot write, a prompt it cannot encode. Returns the prompts encoded (`encode_prompt`)."""
     if isinstance(prompts, str):  # one prompt (iterated, it was one prompt per character)
         prompts = [prompts]
+    if prompts is not None and not (prompts := list(prompts)):  # (it reported on the default prompt, as if None)
+        raise ValueError("prompts is empty: give at least one (e.g. prompts=['ROMEO:']), or None to start every "
+                         "sample from a fresh document")
     if any(s.draft for s in strategies) and draft is None:
         raise ValueError("a strategy drafts with the draft model, and none was given (draft=)")
     constraints = {(k, v) for s in strategies for k, v in s.constraint.items()}
@@ -264,8 +268,7 @@ def sample_report(
     draft: the draft model of the strategies whose ``draft`` is set (same tokenizer as ``model``).
     progress: show progress over (strategy, prompt) pairs (a bar on a terminal, lines in a log).
     """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    check_ranges("", {"num_samples": num_samples}, {"num_samples": "[1, inf)"}, whole=("num_samples",))  # 2.5: range()
     encoded = check_report_inputs(model, tokenizer, prompts, strategies, draft)
     results = _generate_all(model, tokenizer, draft, strategies, encoded, num_samples, max_new_tokens, seed,
                             progress)

@@ -297,9 +297,7 @@ def generate_with(
     (steps, tokens, drafted, kept, accepted: see `speculative.decode`). ``on_step(n)``: called after each decoding
     step of every strategy with the new tokens so far (the longest row's; a progress bar: beam search's
     ``on_token`` fires only at its end)."""
-    if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
-        raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
-                        ".model)")  # of a GPT passes)
+    _check_arguments(model, decode=decode, on_token=on_token, on_step=on_step)
     config = replace(config)  # its checks again: a field changed after it was made (temperature = 0) skipped them
     speculative = draft is not None or config.prompt_lookup > 0
     if speculative:
@@ -343,6 +341,22 @@ def generate_with(
     return rows.tokens
 
 
+FUNCTIONS = {"decode": "decode(ids) -> text (e.g. tokenizer.decode)", "on_token": "on_token(row, token_id)",
+             "on_step": "on_step(new_tokens)"}  # generate_with's function arguments, as messages show them
+
+
+def _check_arguments(model, **functions) -> None:
+    """Refuse the LightningModule as the model, and a function argument (`FUNCTIONS`) that is no function, in one
+    line: each failed deep in decoding ("'TinyLM' object has no attribute 'config'", "'int' object is not
+    callable")."""
+    if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):  # (torch.compile's wrapper
+        raise TypeError(f"model must be a tinylm GPT, got a {type(model).__name__} (the LightningModule: pass its "
+                        ".model)")  # of a GPT passes)
+    for name, f in functions.items():
+        if f is not None and not callable(f):
+            raise TypeError(f"{name} must be a function {FUNCTIONS[name]}, or None; got {type(f).__name__} {f!r:.40}")
+
+
 def _decode(model: GPT, ids: Tensor, rows: _Rows, generator, draft: GPT | None, grammar) -> dict[str, int] | None:
     config = rows.config
     run = _Runner(model, use_cache=config.use_cache, prompt_len=ids.size(1))
@@ -365,9 +379,12 @@ def _grammar(model: GPT, config: SamplingConfig, tokenizer, rows: int, speculati
     """The constrained.Grammar of config's regex / json_schema / grammar for ``rows`` rows; None when none is set."""
     if not any(getattr(config, k) for k in CONSTRAINTS):
         return None
-    if tokenizer is None:
-        raise ValueError("regex, json_schema and grammar need tokenizer= (the model's tokenizer: the grammar is over "
-                         "text, and the tokenizer says which text each id writes)")
+    from tinylm.tokenize import Tokenizer  # (here: plain decoding needs no tokenizer library)
+
+    if not isinstance(tokenizer, Tokenizer):  # (a spec, tokenizer="char": "'str' object has no attribute 'eos_id'")
+        raise ValueError(f"regex, json_schema and grammar need tokenizer= the model's Tokenizer (load_model's, or "
+                         f"build_tokenizer(spec)'s), got {tokenizer!r:.60}: the grammar is over text, and the "
+                         "tokenizer says which text each id writes")
     if speculative:
         raise ValueError("speculative decoding does not take a grammar yet; drop the draft model or the grammar")
     if config.eos_id is not None and tokenizer.eos_id is not None and config.eos_id != tokenizer.eos_id:
