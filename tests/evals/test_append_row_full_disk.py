@@ -50,6 +50,16 @@ def test_a_row_cut_by_a_kill_is_dropped_before_the_next(tmp_path):
     assert _rows(path) == [{"step": "1", "val/loss": "3.5"}, {"step": "3", "val/loss": "3.3"}]
 
 
+def test_a_row_cut_by_a_kill_is_dropped_when_a_new_column_rewrites_the_file(tmp_path):
+    """Catches the half row kept by the rewrite that widens the header: step 2's cut "3." (of 3.4) was recorded as
+    its loss."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,val/loss\n1,3.5\n2,3.", encoding="utf-8")
+    append_row(path, {"step": 3, "val/loss": 3.3, "val/bpb": 1.2})
+    assert _rows(path) == [{"step": "1", "val/loss": "3.5", "val/bpb": ""},
+                           {"step": "3", "val/loss": "3.3", "val/bpb": "1.2"}]
+
+
 def test_a_failed_rewrite_leaves_no_tmp(tmp_path, monkeypatch):
     path = tmp_path / "metrics.csv"
 

@@ -77,7 +77,10 @@ def _append(path: Path, row: dict) -> None:
     if path.is_file():
         from tinylm.paths import utf8_text
 
-        reader = csv.DictReader(io.StringIO(utf8_text(path, "move it aside (a new one is started)"), newline=""))
+        text = utf8_text(path, "move it aside (a new one is started)")
+        if not text.endswith("\n") and "\n" in text:  # a row cut by a kill: dropped, as `_append_whole` drops it
+            text = text[:text.rfind("\n") + 1]
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         old = list(reader.fieldnames or [])
         if old and set(row) <= set(old):
             _append_whole(path, lambda out: csv.DictWriter(out, fieldnames=old, extrasaction="ignore").writerow(row))
