@@ -12,7 +12,7 @@ tokenizers).
 Context longer than the model's block_size is cut from the left, as lm-eval cuts it: a request is scored on its
 last block_size + 1 tokens. A continuation that does not fit that window (a char model's HellaSwag ending, say)
 is scored in full all the same: its tokens before the window are scored in more windows to its left, each token
-seeing the block_size tokens before it at most (lm-eval would score only part of it).
+seeing the block_size tokens before it at most (lm-eval refuses it: `assert len(continuation_enc) <= max_length`).
 
 Requests are batched longest first (right-padded rows; the causal mask keeps the padding out of every scored
 position), and only the scored positions go through the softmax.
