@@ -19,7 +19,16 @@ from tinylm.checkpoint import load_model
 from tinylm.cli import main
 from tinylm.evals import load
 from tinylm.evals import tasks as tasks_module
-from tinylm.evals.score import RequestScore, encode_items, encode_pair, item_sums, plan_rows, score_requests, windows
+from tinylm.evals.score import (
+    EncodedItem,
+    RequestScore,
+    encode_items,
+    encode_pair,
+    item_sums,
+    plan_rows,
+    score_requests,
+    windows,
+)
 from tinylm.evals.tasks import TASKS, TaskDataError, load_items, parse_tasks
 from tinylm.tokenize.tokenizer import build_tokenizer
 from tinylm.train.module import TinyLM
@@ -162,6 +171,18 @@ def test_acc_and_acc_norm_choose_as_lm_eval_does():
     assert sums[3:5] == [12.0, len(" a much longer choice")] and sums[6] == 0.5
     tie = item_sums(task, item, [RequestScore(-3.0), RequestScore(-3.0)])
     assert tie[1] == 0.0  # the first of equals: choice 0, wrong
+
+
+def test_a_choice_empty_after_preprocessing_is_never_the_acc_norm_pick():
+    """Catches a ZeroDivisionError that ended `tinylm eval` (and a fit with --eval.tasks) at an item with a choice of
+    no characters (a HellaSwag ending "[step]", empty once its brackets are removed): lm-eval's numpy divides to
+    -inf, a choice never picked."""
+    item = TASKS["hellaswag"].to_item({"activity_label": "Food", "ctx_a": "Boil water.", "ctx_b": "then",
+                                       "endings": ["[step]", "wait."], "label": "1"})
+    assert item.norm_lengths == (0, 5)
+    encoded = EncodedItem(((((1,), (2,))), ((1,), (3,))), 1, item.norm_lengths, 6)
+    sums = item_sums(TASKS["hellaswag"], encoded, [RequestScore(-3.0), RequestScore(-20.0)])
+    assert sums[1:3] == [0.0, 1.0]  # acc: the empty choice's -3 wins; acc_norm: -20 / 5 against -inf
 
 
 def test_a_continuation_over_several_windows_is_greedy_only_if_every_window_is():

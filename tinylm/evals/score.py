@@ -202,7 +202,8 @@ def item_sums(task: Task, item: EncodedItem, scores: Sequence[RequestScore]) -> 
         chance = 0.0
     else:
         acc = float(max(range(len(lls)), key=lls.__getitem__) == item.gold)  # first of equals, as np.argmax
-        normed = [ll / n for ll, n in zip(lls, item.norm_lengths)]
+        # a choice empty after preprocessing (a HellaSwag ending "[step]"): lm-eval's numpy ll / 0 is -inf, never picked
+        normed = [ll / n if n else -math.inf for ll, n in zip(lls, item.norm_lengths)]
         acc_norm = float(max(range(len(normed)), key=normed.__getitem__) == item.gold)
         chance = 1 / len(lls)
     return [1.0, acc, acc_norm, -lls[item.gold], float(item.gold_bytes), lls[item.gold], chance]
