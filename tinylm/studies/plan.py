@@ -14,9 +14,11 @@ Memory model (per device, bytes; checked against measured peaks in docs/benchmar
                inputs, q, k, v, the attention output, the MLP's hidden values: 1+1+3+1+1+4+4; relu2 keeps as
                many as GELU, SwiGLU 4 x its hidden width instead of 8 x n_embd); rotary positions or qk_norm add
                the rotated/normed q and k (2 more, v keeps the c_attn output alive), qk_norm its fp32 normed copy
-               (2 more in the fp32 stream). SDPA's fused kernels keep no T x T matrix. Plus the head: three B x T x V
-               fp32 tensors (fp64 under 64-true) are alive at once (the logits or their copy, the log-softmax, and in
-               the backward pass the gradients of both), four with logit_softcap (its tanh).
+               (2 more in the fp32 stream). SDPA's fused kernels keep no T x T matrix; on a CPU with dropout SDPA takes
+               its math path (q and k scaled apart, the softmax, its mask and the dropped weights: 2 x n_embd + 3 x
+               n_head x T more, fp32) and each dropout keeps its mask (2 per layer, 1 for the embedding). Plus the
+               head: three B x T x V fp32 tensors (fp64 under 64-true) are alive at once (the logits or their copy,
+               the log-softmax, and in the backward pass the gradients of both), four with logit_softcap (its tanh).
                With activation checkpointing: one block input per layer, plus one block recomputed at a time;
                the first block is recomputed last, beside nearly all the gradients (peak: gradients + one block).
     FSDP2      weights, gradients and optimizer states / devices, plus the gathered parameters: the GPT's own
@@ -175,7 +177,7 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
         layers = c.n_layer * stream + per_layer  # block inputs + the one block being recomputed
     else:
         layers = c.n_layer * per_layer
-    activations = layers + stream + head
+    activations = layers + stream + head + (0 if workspace else _cpu_dropout(c, tokens, resid, checkpointing))
     first_grad = c.padded_vocab_size * c.n_embd * state  # the head's weight gradient, made first in the backward
     # a table tied to the head gets a second gradient last, from the token lookup (dense, V x C), and the sum of the
     # two: both alive beside every other gradient (measured: exactly 2 V x C more at that moment)
@@ -191,6 +193,19 @@ def memory(model: GPT | GPTShape, *, batch_size: int, precision: str, checkpoint
     muon_step = _muon_step_memory(shape, state) + (muon * state if shards > 1 else 0) if muon else 0
     step = weights + optimizer_bytes + gradients + muon_step
     return Memory(weights, gradients, optimizer_bytes, activations, max(peak, step) + workspace, gathered, workspace)
+
+
+def _cpu_dropout(config, tokens: int, resid: int, checkpointing: bool) -> int:
+    """Bytes that dropout adds to the activations of a step on a CPU (a plan without CUDA's workspace), in every
+    block or, with checkpointing, the one recomputed: each dropout keeps its mask as a tensor (2 a layer, 1 for the
+    embedding), and SDPA with dropout takes its math path, which keeps q and k scaled apart and three B x H x T x T
+    tensors (the softmax, its mask, the dropped weights); all in fp32 under autocast (measured with saved-tensor
+    hooks). 0 without dropout."""
+    c = config
+    if not c.dropout:
+        return 0
+    layers = 1 if checkpointing else c.n_layer
+    return tokens * ((4 * c.n_embd + 3 * c.n_head * c.block_size) * layers + c.n_embd) * resid
 
 
 def _autocast_copies(shape: GPTShape, checkpointing: bool) -> tuple[int, int]:
