@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
+from tinylm.data.hf_corpus import held_out
 from tinylm.data.loader import (
     MixedTrainBatches,
     ResumableLoader,
@@ -422,7 +423,7 @@ class TinyLMDataModule(PreparedData, L.LightningDataModule):
         if not (saved.get("streaming") and self._hf["streaming"] and was_n and n and was_fraction is not None) or \
                 (was_n, was_fraction) == (n, self.val_fraction):
             return False
-        was, now = max(1, int(was_fraction * was_n)), max(1, int(self.val_fraction * n))  # as HFStream counts them
+        was, now = held_out(was_fraction, was_n), held_out(self.val_fraction, n)
         grown = min(now, was + was_n) - was  # of the documents the run trained on, after its own head
         if grown > 0 and any(m["settings"]["val_source"] == "held-out head" for m in self.metas):
             log.warning("validation holds out the stream's first %d documents (data.val_fraction %s x data."
@@ -482,9 +483,8 @@ def _stream_diffs(saved: dict, streaming: Any, max_documents: Any, val_fraction:
     diffs = [(f"data.{k}={saved[k]}", f"data.{k}={now[k]}", f"--data.{k} {json.dumps(saved[k])}")
              for k in now if k in saved and saved[k] != now[k]]
     n, was = saved.get("max_documents"), saved.get("val_fraction")
-    held = lambda fraction: max(1, int(fraction * n))  # as HFStream counts them
     if not diffs and saved.get("streaming") and n and was is not None and val_fraction is not None and \
-            held(was) != held(val_fraction):
+            held_out(was, n) != held_out(val_fraction, n):
         diffs.append((f"data.val_fraction={was}", f"data.val_fraction={val_fraction}", f"--data.val_fraction {was}"))
     return diffs
 

@@ -234,6 +234,12 @@ class HFDataset(Corpus):
         return self._fingerprint(by_datasets=True) if self.data_files and _local_folder(self.path) else None
 
 
+def held_out(val_fraction: float, max_documents: int) -> int:
+    """The documents a stream of ``max_documents`` holds out at its head for validation (where it has no split of its
+    own): val_fraction of them, at least one."""
+    return max(1, int(val_fraction * max_documents))
+
+
 class HFStream(Corpus):
     """A Hugging Face dataset read with `streaming=True`: rows arrive as they are downloaded and only the tokens
     are kept. Training takes `max_documents` documents of `split` (None: all). Validation is the dataset's own
@@ -249,7 +255,7 @@ class HFStream(Corpus):
         self.cache_dir = cache_dir  # (its fingerprints.json: local files hashed once while they keep their stamps)
         self.text_column, self.data_files, self.config, self.revision = text_column, data_files, config, revision
         self.max_documents = max_documents
-        self.val_documents = None if max_documents is None else max(1, int(val_fraction * max_documents))
+        self.val_documents = None if max_documents is None else held_out(val_fraction, max_documents)
         self._dd: Any = None
         self._said: set = set()  # the splits whose rows without text were counted in a warning
 
