@@ -219,13 +219,13 @@ class RNGState(L.Callback):
 
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         version, py_state, py_gauss = random.getstate()
+        own = [torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []]
         return {
             "python": [version, list(py_state), py_gauss],
             "numpy": [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss)],
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "ranks": None if self._failed else _every_rank([torch.get_rng_state(), torch.cuda.get_rng_state_all()
-                                  if torch.cuda.is_available() else []]),  # (every rank saves: a collective)
+            "torch": own[0],
+            "cuda": own[1],
+            "ranks": None if self._failed else _every_rank(own),  # (every rank saves: a collective)
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -250,7 +250,7 @@ class RNGState(L.Callback):
             random.setstate((version, tuple(py_state), py_gauss))
             kind, keys, pos, has_gauss, gauss = s["numpy"]
             np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
-        ranks = s.get("ranks") if s is not None else None
+        ranks = (s or {}).get("ranks")
         if ranks is not None and len(ranks) == trainer.world_size:
             cpu, cuda = ranks[trainer.global_rank]
         elif trainer.global_rank > 0:  # a new run, or another number of ranks: rank r's own stream from the seed
