@@ -77,10 +77,8 @@ def _append(path: Path, row: dict) -> None:
     if path.is_file():
         from tinylm.paths import utf8_text
 
-        text = utf8_text(path, "move it aside (a new one is started)")
-        if not text.endswith("\n") and "\n" in text:  # a row cut by a kill: dropped, as `_append_whole` drops it
-            text = text[:text.rfind("\n") + 1]
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+        _drop_cut_row(path)  # (before the row goes after it, or the file is rewritten with it)
+        reader = csv.DictReader(io.StringIO(utf8_text(path, "move it aside (a new one is started)"), newline=""))
         old = list(reader.fieldnames or [])
         if old and set(row) <= set(old):
             _append_whole(path, lambda out: csv.DictWriter(out, fieldnames=old, extrasaction="ignore").writerow(row))
@@ -99,18 +97,22 @@ def _append(path: Path, row: dict) -> None:
         raise
 
 
-def _append_whole(path: Path, write) -> None:
-    """Append one row to ``path`` by ``write(f)``, whole or not at all: a full disk cut the row after some of its
-    bytes, and the next command's row was appended onto that half row (a row of shifted columns). A last line
-    without its newline (a command killed mid-append) is dropped first."""
+def _drop_cut_row(path: Path) -> None:
+    """Drop a last line without its newline (a command killed mid-append): the next row was appended onto it, and a
+    rewrite for a new column kept it as a row (`2,3.` for a loss of 3.4)."""
     with open(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size:
             f.seek(max(0, size - 65536))
             tail = f.read()
             if not tail.endswith(b"\n") and b"\n" in tail:
-                size -= len(tail) - tail.rfind(b"\n") - 1
-                f.truncate(size)
+                f.truncate(size - (len(tail) - tail.rfind(b"\n") - 1))
+
+
+def _append_whole(path: Path, write) -> None:
+    """Append one row to ``path`` by ``write(f)``, whole or not at all: a full disk cut the row after some of its
+    bytes, and the next command's row was appended onto that half row (a row of shifted columns)."""
+    size = path.stat().st_size
     try:
         with open(path, "a", newline="", encoding="utf-8") as out:
             write(out)
