@@ -93,12 +93,14 @@ def names_cpu(accelerator: object) -> bool:
     dict, jsonargparse's Namespace): an accelerator object took the GPU's 16-mixed on a machine with a GPU."""
     if isinstance(accelerator, str):
         return accelerator.strip().lower() == "cpu"
+    import importlib
+
     from lightning.pytorch.accelerators import CPUAccelerator
 
     if hasattr(accelerator, "get"):  # {"class_path": "lightning.pytorch.accelerators.CPUAccelerator", ...}
         module, _, name = str(accelerator.get("class_path") or "").rpartition(".")
         try:
-            accelerator = getattr(__import__(module, fromlist=[name]), name)
+            accelerator = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError, ValueError):
             return False
     return isinstance(accelerator, CPUAccelerator) or isinstance(accelerator, type) and \
